@@ -1,0 +1,28 @@
+"""sartor: compile an ONNX vision model into an engine tailored to one device."""
+from __future__ import annotations
+
+from .errors import SartorError
+from .runtime import Engine, ExecutionContext, load
+from .version import __version__
+
+
+def build(model: str, output: str, *, device: str | None = None, precision: str = "fp32",
+          min_shapes: dict | None = None, opt_shapes: dict | None = None, max_shapes: dict | None = None,
+          profiles: list | None = None, layer_precision: dict | None = None, op_precision: dict | None = None,
+          overflow_guard: bool = True):
+    """Build an engine file, as `sartor build` does; returns the BuildResult.
+
+    Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
+    for several profiles (then leave min/opt/max_shapes out).
+    """
+    from .builder import BuildConfig
+    from .builder import build as run_build
+    if profiles is None and (min_shapes or opt_shapes or max_shapes):
+        profiles = [{"min": min_shapes or {}, "opt": opt_shapes or {}, "max": max_shapes or {}}]
+    config = BuildConfig(model_path=str(model), output_path=str(output), device=device, precision=precision,
+                         profiles=profiles or [], layer_precision=dict(layer_precision or {}),
+                         op_precision=dict(op_precision or {}), overflow_guard=overflow_guard)
+    return run_build(config)
+
+
+__all__ = ["Engine", "ExecutionContext", "SartorError", "__version__", "build", "load"]

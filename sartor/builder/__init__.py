@@ -1,0 +1,4 @@
+from .pipeline import BuildResult, build
+from .config import BuildConfig
+
+__all__ = ["BuildConfig", "BuildResult", "build"]

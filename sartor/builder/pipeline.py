@@ -1,0 +1,165 @@
+"""The builder: the one place that calls import → passes → profiles → precision → memory plan →
+engine file. Each stage is a plain function; this file only sequences them and records what they did."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..frontend import import_onnx
+from ..ir import Graph, verify_graph
+from ..ops.util import NUMPY_TO_TORCH
+from ..passes import optimize
+from ..runtime.engine_file import check_writable, pack, write_atomic
+from ..runtime.executor import Executor
+from ..runtime.fingerprint import device_fingerprint, parse_device
+from ..runtime.graph_codec import encode_graph
+from ..runtime.memory_plan import lifetimes, plan_offsets
+from ..runtime.profiles import Profile, make_profile
+from ..version import __version__
+from .config import BuildConfig
+from .precision import overflowing_layers, plan_precision, unmatched_overrides
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class BuildResult:
+    path: str
+    header: dict
+    onnx_nodes: int
+    layers: int
+    seconds: float
+    stage_seconds: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+
+
+def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: torch.Generator) -> dict:
+    feeds = {}
+    for info in graph.inputs:
+        dtype = NUMPY_TO_TORCH[info.dtype]
+        shape = shapes[info.name]
+        if dtype.is_floating_point:
+            feeds[info.name] = torch.rand(shape, generator=generator, dtype=torch.float32).to(dtype).to(device)
+        else:
+            feeds[info.name] = torch.zeros(shape, dtype=dtype, device=device)
+    return feeds
+
+
+def _tactic(node_op: str, device: torch.device) -> str:
+    library = {"cuda": "cudnn/cublas", "cpu": "onednn/mkl"}[device.type]
+    if node_op in ("Conv", "FusedConv", "ConvTranspose"):
+        return f"torch.conv ({library})" + (" + epilogue" if node_op == "FusedConv" else "")
+    if node_op in ("Gemm", "FusedGemm", "MatMul"):
+        return f"torch.matmul ({library})"
+    return "torch"
+
+
+def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: torch.device,
+                 generator: torch.Generator) -> dict:
+    """Arena size per profile from the lifetimes and sizes of activations at the max shapes."""
+    executor = Executor(graph, weights, device)
+    plans = []
+    for profile in profiles:
+        sizes: dict[str, int] = {}
+
+        def observe(index, step, outputs, sizes=sizes):
+            if step.on_host:
+                return
+            for name, t in zip(step.node.outputs, outputs):
+                if name and isinstance(t, torch.Tensor):
+                    sizes[name] = t.numel() * t.element_size()
+
+        with torch.inference_mode():
+            executor.run(_random_feeds(graph, profile.max_shapes(), device, generator), observe=observe)
+        _, arena = plan_offsets(lifetimes(executor.steps, sizes, {v.name for v in graph.outputs}))
+        naive = sum(sizes.values())
+        plans.append({"arena_bytes": int(arena), "unplanned_bytes": int(naive), "shapes": "max"})
+    return {"profiles": plans}
+
+
+def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
+    progress = progress or (lambda stage: None)
+    config.validate()
+    check_writable(config.output_path)
+    device = parse_device(config.device)
+    started = time.perf_counter()
+    stage_seconds: dict[str, float] = {}
+    log: list[str] = []
+
+    def stage(name):
+        progress(name)
+        stage_seconds[name] = time.perf_counter()
+
+    def done(name):
+        stage_seconds[name] = round(time.perf_counter() - stage_seconds[name], 3)
+
+    stage("import")
+    imported = import_onnx(config.model_path)
+    graph = imported.graph
+    onnx_nodes = len(graph.nodes)
+    done("import")
+
+    stage("profiles")
+    declared = {v.name: v.shape for v in graph.inputs}
+    specs = config.profiles or [{"min": {}, "opt": {}, "max": {}}]
+    profiles = [make_profile(declared, p.get("min", {}), p.get("opt", {}), p.get("max", {})) for p in specs]
+    done("profiles")
+
+    stage("optimize")
+    report = optimize(graph)
+    verify_graph(graph)
+    for name, count in report.rewrites.items():
+        log.append(f"pass {name}: {count} rewrite(s)")
+    done("optimize")
+
+    stage("precision")
+    missing = unmatched_overrides(graph, config)
+    if missing:
+        raise ConfigError(f"precision override(s) match no layer: {', '.join(missing)}")
+    generator = torch.Generator().manual_seed(config.seed)
+    weights = {name: torch.from_numpy(np.array(a)) for name, a in graph.initializers.items()}
+    overflow = {}
+    if config.precision == "fp16" and config.overflow_guard:
+        samples = [_random_feeds(graph, profiles[0].opt_shapes(), device, generator) for _ in range(config.guard_samples)]
+        overflow = overflowing_layers(graph, weights, samples, config.overflow_threshold, device)
+    plan = plan_precision(graph, config, overflow)
+    for name, reason in plan.reasons.items():
+        log.append(f"layer {name} runs {plan.layers[name]}: {reason}")
+    done("precision")
+
+    stage("memory")
+    memory = _memory_plan(graph, weights, profiles, device, generator)
+    done("memory")
+
+    stage("serialize")
+    graph_header, tensors = encode_graph(graph)
+    layers = [{"name": n.name, "op": n.op_type, "origin": n.origin, "precision": plan.layers[n.name],
+               "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n.op_type, device),
+               "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k == "residual_after_activation"}}
+              for n in graph.nodes]
+    seconds = round(time.perf_counter() - started, 3)
+    header = {
+        "format": "sartor-engine",
+        "fingerprint": device_fingerprint(device),
+        "device": str(device),
+        "channels_last": device.type == "cuda",
+        "profiles": [p.to_json() for p in profiles],
+        "graph": graph_header,
+        "layers": layers,
+        "memory": memory,
+        "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
+        "build_log": log,
+        "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
+                       "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
+                       "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "build_seconds": seconds, "sartor": __version__, "calibration": None},
+    }
+    write_atomic(config.output_path, pack(header, tensors))
+    done("serialize")
+    return BuildResult(str(config.output_path), header, onnx_nodes, len(graph.nodes),
+                       round(time.perf_counter() - started, 3), stage_seconds, log)

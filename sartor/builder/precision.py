@@ -1,0 +1,86 @@
+"""The precision plan: which precision each layer runs at, and why."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ir import Graph, Node
+from ..runtime.executor import Executor
+from .config import BuildConfig
+
+# A fused layer answers to the op types it was made of, so --op-precision Conv=fp32 reaches FusedConv.
+BASE_OP = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
+
+
+@dataclass
+class PrecisionPlan:
+    layers: dict = field(default_factory=dict)  # node name -> precision
+    reasons: dict = field(default_factory=dict)  # node name -> why it differs from the build precision
+
+    def mix(self) -> dict:
+        counts: dict[str, int] = {}
+        for p in self.layers.values():
+            counts[p] = counts.get(p, 0) + 1
+        return counts
+
+
+def _override(node: Node, config: BuildConfig) -> tuple[str, str] | None:
+    for pattern, precision in config.layer_precision.items():
+        if any(fnmatch.fnmatchcase(origin, pattern) for origin in node.origin + [node.name]):
+            return precision, f"--layer-precision {pattern}={precision}"
+    for op_type, precision in config.op_precision.items():
+        if op_type in (node.op_type, BASE_OP.get(node.op_type)):
+            return precision, f"--op-precision {op_type}={precision}"
+    return None
+
+
+def unmatched_overrides(graph: Graph, config: BuildConfig) -> list[str]:
+    """Overrides that name no layer: almost always a typo the user wants to hear about."""
+    names = [o for node in graph.nodes for o in node.origin + [node.name]]
+    ops = {node.op_type for node in graph.nodes} | {BASE_OP.get(n.op_type, n.op_type) for n in graph.nodes}
+    missing = [f"--layer-precision {p}" for p in config.layer_precision if not fnmatch.filter(names, p)]
+    missing += [f"--op-precision {op}" for op in config.op_precision if op not in ops]
+    return missing
+
+
+def overflowing_layers(graph: Graph, weights: dict, feeds_list: list[dict], threshold: float,
+                       device: torch.device) -> dict[str, float]:
+    """Layers whose FP32 outputs exceed `threshold` in magnitude on the sample inputs."""
+    executor = Executor(graph, weights, device)
+    peaks: dict[str, float] = {}
+
+    def observe(index, step, outputs):
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                peak = float(t.detach().abs().amax())
+                if peak > peaks.get(step.node.name, 0.0):
+                    peaks[step.node.name] = peak
+
+    with torch.inference_mode():
+        for feeds in feeds_list:
+            executor.run(feeds, observe=observe)
+    return {name: peak for name, peak in peaks.items() if peak > threshold or peak != peak}
+
+
+def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float]) -> PrecisionPlan:
+    """Overrides first; then, in FP16 builds, layers whose outputs overflow FP16 stay FP32 and so
+    do the layers reading those outputs (they would otherwise cast the large values back down)."""
+    plan = PrecisionPlan()
+    producers = graph.producers()
+    for node in graph.nodes:
+        chosen = _override(node, config)
+        overflowing_inputs = [producers[i].name for i in node.present_inputs() if i in producers
+                              and producers[i].name in overflow]
+        if chosen is not None:
+            plan.layers[node.name], plan.reasons[node.name] = chosen
+        elif config.precision == "fp16" and node.name in overflow:
+            plan.layers[node.name] = "fp32"
+            plan.reasons[node.name] = f"FP16 overflow guard: FP32 output reached {overflow[node.name]:.3g}"
+        elif config.precision == "fp16" and overflowing_inputs:
+            plan.layers[node.name] = "fp32"
+            plan.reasons[node.name] = f"FP16 overflow guard: reads the FP32 output of {overflowing_inputs[0]}"
+        else:
+            plan.layers[node.name] = config.precision
+    return plan

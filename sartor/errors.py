@@ -1,0 +1,49 @@
+"""Every failure a user can cause is a SartorError with a one-line message."""
+from __future__ import annotations
+
+
+class SartorError(Exception):
+    """Base class: the CLI prints the message on one line and exits 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class ModelLoadError(SartorError):
+    """The model file is missing, truncated, not ONNX or fails the ONNX checker."""
+
+
+class UnsupportedModelError(SartorError):
+    """The graph holds ops, attributes or dtypes sartor cannot compile."""
+
+
+class GraphError(SartorError):
+    """The graph is malformed (cycle, undefined value, duplicate producer)."""
+
+
+class ProfileError(SartorError):
+    """A shape profile is malformed or an input falls outside every profile."""
+
+
+class InputError(SartorError):
+    """Inputs passed to a context do not match the engine's bindings."""
+
+
+class EngineFileError(SartorError):
+    """The engine file is truncated, tampered, of another format or not an engine."""
+
+
+class FingerprintMismatchError(SartorError):
+    """The engine was built for another device or toolkit."""
+
+
+class OutputPathError(SartorError):
+    """The output path cannot be written."""
+
+
+class DeviceError(SartorError):
+    """The requested device is not available here."""
+
+
+class ConfigError(SartorError):
+    """A build option is malformed or contradicts another."""

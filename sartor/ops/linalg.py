@@ -1,0 +1,54 @@
+"""Matrix products: Gemm, MatMul and the fused GEMM the passes produce."""
+from __future__ import annotations
+
+import torch
+
+from .elementwise import apply_activation
+from .registry import OpTable
+from .util import same_device
+
+OPS = OpTable("linalg")
+
+
+@OPS.op("Gemm", attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0})
+def gemm(inputs, attrs):
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    if attrs["transA"]:
+        a = a.t()
+    if attrs["transB"]:
+        b = b.t()
+    y = a @ b.to(a.dtype)
+    if attrs["alpha"] != 1.0:
+        y = y * attrs["alpha"]
+    if c is not None:
+        c = same_device(c, y).to(y.dtype)
+        y = y + (c * attrs["beta"] if attrs["beta"] != 1.0 else c)
+    return y
+
+
+@OPS.internal("FusedGemm")
+def fused_gemm(inputs, attrs):
+    """Gemm (+residual) (+activation) epilogue."""
+    y = gemm(inputs[:3], {k: attrs.get(k, d) for k, d in (("alpha", 1.0), ("beta", 1.0), ("transA", 0), ("transB", 0))})
+    if attrs.get("activation"):
+        y = apply_activation(y, attrs["activation"], attrs.get("activation_alpha"), attrs.get("activation_beta"))
+    return y
+
+
+@OPS.op("MatMul")
+def matmul(inputs, attrs):
+    a, b = inputs
+    if not a.is_floating_point():
+        return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(torch.promote_types(a.dtype, b.dtype))
+    return torch.matmul(a, b.to(a.dtype))
+
+
+@OPS.op("MatMulInteger")
+def matmul_integer(inputs, attrs):
+    a, b = inputs[0].to(torch.int32), inputs[1].to(torch.int32)
+    if len(inputs) > 2 and inputs[2] is not None:
+        a = a - inputs[2].to(torch.int32)
+    if len(inputs) > 3 and inputs[3] is not None:
+        b = b - inputs[3].to(torch.int32)
+    return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(torch.int32)

@@ -1,0 +1,126 @@
+"""The op registry: each op is declared once and read by the importer, the passes and the executor.
+
+An op family module makes an `OpTable` and decorates its reference implementations:
+
+    OPS = OpTable("elementwise")
+
+    @OPS.op("Relu")
+    def relu(inputs, attrs):
+        return torch.relu(inputs[0])
+
+Implementations take the node's inputs as torch tensors (None for an omitted optional input) and
+its attributes with defaults filled in, and return one tensor or a tuple of tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Optional
+
+REQUIRED = object()  # marks an attribute without a default
+ANY_ATTRS = object()  # an op that accepts any attribute set (internal ops only)
+
+Impl = Callable[[list, dict], Any]
+# A check sees the node's attributes (defaults filled) and its input dtypes (numpy names, None if
+# unknown) and returns a reason when this use of the op is unsupported.
+Check = Callable[[dict, list], Optional[str]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    impl: Impl
+    family: str
+    attrs: dict = field(default_factory=dict)
+    # Inputs read as Python values (shapes, axes, sizes): always kept on the host so that reading
+    # them never synchronises the device or breaks CUDA-graph capture.
+    host_inputs: tuple = ()
+    # Cheap integer arithmetic that may run on the host when all its inputs are host values
+    # (the "shape tensor" subgraphs that exporters emit around Reshape and Resize).
+    shape_arith: bool = False
+    check: Optional[Check] = None
+    # Ops whose float inputs must not be lowered below FP32 (statistics, index arithmetic).
+    keeps_fp32: bool = False
+    domain: str = ""
+
+    def fill_attrs(self, given: dict) -> dict:
+        if self.attrs is ANY_ATTRS:
+            return dict(given)
+        filled = {}
+        for key, default in self.attrs.items():
+            if key in given:
+                filled[key] = given[key]
+            elif default is not REQUIRED:
+                filled[key] = default
+        return filled
+
+    def unsupported_reason(self, given_attrs: dict, input_dtypes: list) -> Optional[str]:
+        if self.attrs is not ANY_ATTRS:
+            unknown = sorted(set(given_attrs) - set(self.attrs))
+            if unknown:
+                return f"attribute(s) {', '.join(unknown)} not supported"
+            missing = [k for k, v in self.attrs.items() if v is REQUIRED and k not in given_attrs]
+            if missing:
+                return f"required attribute(s) {', '.join(missing)} missing"
+        if self.check is not None:
+            return self.check(self.fill_attrs(given_attrs), input_dtypes)
+        return None
+
+
+class OpTable:
+    """The ops of one family; `OpRegistry` merges the tables."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self.defs: dict[tuple, OpDef] = {}
+
+    def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
+           shape_arith: bool = False, check: Check | None = None, keeps_fp32: bool = False,
+           domain: str = "") -> Callable[[Impl], Impl]:
+        def register(impl: Impl) -> Impl:
+            for name in names:
+                key = (domain, name)
+                if key in self.defs:
+                    raise RuntimeError(f"op {name} registered twice in {self.family}")
+                self.defs[key] = OpDef(name=name, impl=impl, family=self.family,
+                                       attrs={} if attrs is None else attrs,
+                                       host_inputs=tuple(host_inputs), shape_arith=shape_arith,
+                                       check=check, keeps_fp32=keeps_fp32, domain=domain)
+            return impl
+        return register
+
+    def internal(self, *names: str, **kwargs) -> Callable[[Impl], Impl]:
+        """An op made by sartor's passes, not by ONNX exporters."""
+        return self.op(*names, domain="sartor", attrs=ANY_ATTRS, **kwargs)
+
+
+class OpRegistry:
+    def __init__(self, tables: Iterable[OpTable]) -> None:
+        self._defs: dict[tuple, OpDef] = {}
+        for table in tables:
+            for key, opdef in table.defs.items():
+                if key in self._defs:
+                    raise RuntimeError(f"op {key} registered by {self._defs[key].family} and {table.family}")
+                self._defs[key] = opdef
+
+    def get(self, op_type: str, domain: str = "") -> OpDef | None:
+        return self._defs.get((domain, op_type)) or self._defs.get(("sartor", op_type))
+
+    def __contains__(self, op_type: str) -> bool:
+        return self.get(op_type) is not None
+
+    def onnx_op_types(self) -> list[str]:
+        return sorted(name for (domain, name) in self._defs if domain == "")
+
+    def __getitem__(self, op_type: str) -> OpDef:
+        opdef = self.get(op_type)
+        if opdef is None:
+            raise KeyError(op_type)
+        return opdef
+
+
+@lru_cache(maxsize=1)
+def default_registry() -> OpRegistry:
+    """Every op family sartor ships; built once, read-only afterwards."""
+    from . import families
+    return OpRegistry(families.all_tables())

@@ -1,0 +1,228 @@
+"""Resize (and its ancestor Upsample), Pad: the ops whose ONNX rules need care per axis.
+
+Resize is computed axis by axis from ONNX's coordinate formulas (exact for every mode), with a
+fast path through torch's interpolate for the integer-scale nearest resize detectors use.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .registry import OpTable
+from .util import floats, ints, norm_axis
+
+OPS = OpTable("resize")
+
+RESIZE_ATTRS = {"antialias": 0, "axes": None, "coordinate_transformation_mode": "half_pixel",
+                "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
+                "keep_aspect_ratio_policy": "stretch", "mode": "nearest", "nearest_mode": "round_prefer_floor"}
+
+
+def _resize_check(attrs: dict, dtypes: list):
+    if attrs.get("antialias"):
+        return "antialias=1 not supported"
+    if attrs.get("mode") not in ("nearest", "linear", "cubic"):
+        return f"mode {attrs.get('mode')} not supported"
+    return None
+
+
+def _source_coords(out_size, in_size, scale, mode, roi_start, roi_end, device):
+    x = torch.arange(out_size, dtype=torch.float64, device=device)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out_size > 1 else torch.zeros_like(x)
+    if mode == "align_corners":
+        return x * (in_size - 1) / (out_size - 1) if out_size > 1 else torch.zeros_like(x)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    if mode == "half_pixel_symmetric":
+        adjustment = out_size / (scale * in_size)
+        offset = in_size / 2 * (1 - adjustment)
+        return offset + (x + 0.5) / scale - 0.5
+    if mode == "tf_crop_and_resize":
+        if out_size > 1:
+            return roi_start * (in_size - 1) + x * (roi_end - roi_start) * (in_size - 1) / (out_size - 1)
+        return torch.full_like(x, 0.5 * (roi_start + roi_end) * (in_size - 1))
+    raise ValueError(f"coordinate_transformation_mode {mode}")
+
+
+def _nearest_index(coords, in_size, rule, scale):
+    if rule == "round_prefer_floor":
+        idx = torch.ceil(coords - 0.5)
+    elif rule == "round_prefer_ceil":
+        idx = torch.floor(coords + 0.5)
+    elif rule == "floor":
+        idx = torch.floor(coords)
+    else:
+        idx = torch.ceil(coords)
+    return idx.clamp(0, in_size - 1).to(torch.int64)
+
+
+def _cubic_weights(t, a):
+    t = t.unsqueeze(-1)
+    s = torch.cat([t + 1, t, 1 - t, 2 - t], dim=-1).abs()
+    near = ((a + 2) * s - (a + 3)) * s * s + 1
+    far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
+    return torch.where(s <= 1, near, torch.where(s < 2, far, torch.zeros_like(s)))
+
+
+def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
+    in_size = x.shape[axis]
+    coords = _source_coords(out_size, in_size, scale, attrs["coordinate_transformation_mode"], roi_start, roi_end,
+                            x.device)
+    mode = attrs["mode"]
+    if mode == "nearest":
+        out = x.index_select(axis, _nearest_index(coords, in_size, attrs["nearest_mode"], scale))
+    else:
+        base = torch.floor(coords)
+        t = coords - base
+        if mode == "linear":
+            offsets = [0, 1]
+            weights = torch.stack([1 - t, t], dim=-1)
+        else:
+            offsets = [-1, 0, 1, 2]
+            weights = _cubic_weights(t, attrs["cubic_coeff_a"])
+        taps = torch.stack([base + o for o in offsets], dim=-1)
+        if attrs["exclude_outside"]:
+            inside = (taps >= 0) & (taps <= in_size - 1)
+            weights = weights * inside
+            weights = weights / weights.sum(-1, keepdim=True)
+        taps = taps.clamp(0, in_size - 1).to(torch.int64)
+        moved = x.movedim(axis, -1).to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        gathered = moved[..., taps]  # [..., out, taps]
+        out = (gathered * weights.to(gathered.dtype)).sum(-1).to(x.dtype).movedim(-1, axis)
+    if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        outside = (coords < 0) | (coords > in_size - 1)
+        if bool(outside.any()):
+            shape = [1] * x.dim()
+            shape[axis] = out_size
+            out = torch.where(outside.view(shape), torch.tensor(attrs["extrapolation_value"], dtype=out.dtype,
+                                                                device=out.device), out)
+    return out
+
+
+def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] | None, attrs: dict,
+                  roi: list[float] | None = None, axes: list[int] | None = None) -> torch.Tensor:
+    rank = x.dim()
+    axes = [norm_axis(a, rank) for a in (axes or range(rank))]
+    in_sizes = [x.shape[a] for a in axes]
+    if sizes:
+        if attrs["keep_aspect_ratio_policy"] != "stretch":
+            pick = min if attrs["keep_aspect_ratio_policy"] == "not_larger" else max
+            s = pick(o / i for o, i in zip(sizes, in_sizes))
+            scales = [s] * len(axes)
+            sizes = [int(math.floor(i * s + 0.5)) for i in in_sizes]
+        else:
+            scales = [o / i for o, i in zip(sizes, in_sizes)]
+    else:
+        sizes = [int(math.floor(i * s)) for i, s in zip(in_sizes, scales)]
+    if roi:
+        n = len(roi) // 2
+        roi_start = dict(zip(axes, roi[:n])) if n == len(axes) else dict(enumerate(roi[:n]))
+        roi_end = dict(zip(axes, roi[n:])) if n == len(axes) else dict(enumerate(roi[n:]))
+    else:
+        roi_start, roi_end = {}, {}
+    fast = _fast_nearest(x, axes, sizes, scales, attrs)
+    if fast is not None:
+        return fast
+    out = x
+    for axis, size, scale in zip(axes, sizes, scales):
+        if size != x.shape[axis] or scale != 1.0 or attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
+            out = _resize_axis(out, axis, size, scale, attrs, roi_start.get(axis, 0.0), roi_end.get(axis, 1.0))
+    return out
+
+
+def _fast_nearest(x, axes, sizes, scales, attrs):
+    """Integer-factor upsampling of H and W where the ONNX rule picks source i // f, as torch does."""
+    if attrs["mode"] != "nearest" or x.dim() != 4 or not x.is_floating_point():
+        return None
+    by_axis = {a: s for a, s in zip(axes, scales)}
+    if by_axis.get(0, 1.0) != 1.0 or by_axis.get(1, 1.0) != 1.0:
+        return None
+    factors = [by_axis.get(2, 1.0), by_axis.get(3, 1.0)]
+    if any(f < 1 or f != int(f) for f in factors):
+        return None
+    if [int(x.shape[a] * f) for a, f in zip((2, 3), factors)] != [s for a, s in zip(axes, sizes) if a in (2, 3)]:
+        return None
+    mode, rule = attrs["coordinate_transformation_mode"], attrs["nearest_mode"]
+    floor_asymmetric = mode == "asymmetric" and rule == "floor"
+    rounded_half_pixel = mode in ("half_pixel", "pytorch_half_pixel") and rule in ("round_prefer_floor", "round_prefer_ceil")
+    if not (floor_asymmetric or rounded_half_pixel):
+        return None
+    return F.interpolate(x, scale_factor=factors, mode="nearest")
+
+
+@OPS.op("Resize", attrs=dict(RESIZE_ATTRS), host_inputs=(1, 2, 3), check=_resize_check)
+def resize(inputs, attrs):
+    x = inputs[0]
+    roi = floats(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    scales = floats(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
+    sizes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+    if len(inputs) == 2:  # opset 10: (X, scales)
+        scales, roi = roi, None
+    return resize_tensor(x, sizes or None, scales or None, attrs, roi or None, attrs["axes"])
+
+
+@OPS.op("Upsample", attrs={"mode": "nearest", "scales": None}, host_inputs=(1,))
+def upsample(inputs, attrs):
+    scales = floats(inputs[1]) if len(inputs) > 1 else attrs["scales"]
+    resize_attrs = dict(RESIZE_ATTRS, mode="linear" if attrs["mode"] in ("linear", "bilinear") else "nearest",
+                        coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    return resize_tensor(inputs[0], None, scales, resize_attrs)
+
+
+@OPS.op("Pad", attrs={"mode": "constant", "pads": None, "value": 0.0}, host_inputs=(1, 2, 3))
+def pad(inputs, attrs):
+    x = inputs[0]
+    pads = ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else list(attrs["pads"])
+    value = attrs["value"]
+    if len(inputs) > 2 and inputs[2] is not None and inputs[2].numel():
+        value = inputs[2].reshape(-1)[0].item()
+    axes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(x.dim()))
+    axes = [norm_axis(a, x.dim()) for a in axes]
+    n = len(axes)
+    out = x
+    for axis, lo, hi in zip(axes, pads[:n], pads[n:]):
+        out = _pad_axis(out, axis, lo, hi, attrs["mode"], value)
+    return out
+
+
+def _pad_axis(x, axis, lo, hi, mode, value):
+    if lo < 0:
+        x = x.narrow(axis, -lo, x.shape[axis] + lo)
+        lo = 0
+    if hi < 0:
+        x = x.narrow(axis, 0, x.shape[axis] + hi)
+        hi = 0
+    if lo == 0 and hi == 0:
+        return x
+    size = x.shape[axis]
+    if mode == "constant":
+        shape = list(x.shape)
+        parts = []
+        if lo:
+            shape[axis] = lo
+            parts.append(torch.full(shape, value, dtype=x.dtype, device=x.device))
+        parts.append(x)
+        if hi:
+            shape[axis] = hi
+            parts.append(torch.full(shape, value, dtype=x.dtype, device=x.device))
+        return torch.cat(parts, dim=axis)
+    pos = torch.arange(-lo, size + hi, device=x.device)
+    if mode == "edge":
+        idx = pos.clamp(0, size - 1)
+    elif mode == "reflect":
+        period = 2 * (size - 1) if size > 1 else 1
+        m = torch.remainder(pos, period)
+        idx = torch.where(m >= size, period - m, m)
+    elif mode == "wrap":
+        idx = torch.remainder(pos, size)
+    else:
+        raise ValueError(f"pad mode {mode}")
+    return x.index_select(axis, idx)
+

@@ -1,0 +1,67 @@
+"""Small helpers shared by the op families."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# ONNX TensorProto element types that sartor computes, mapped to torch and numpy.
+ONNX_TO_TORCH = {
+    1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32,
+    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
+}
+NUMPY_TO_TORCH = {
+    "float32": torch.float32, "float16": torch.float16, "float64": torch.float64,
+    "bfloat16": torch.bfloat16, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
+    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
+}
+TORCH_TO_NUMPY = {v: k for k, v in NUMPY_TO_TORCH.items()}
+SUPPORTED_DTYPES = frozenset(NUMPY_TO_TORCH)
+FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
+
+
+def ints(t) -> list[int]:
+    """A host tensor, list or scalar read as a list of Python ints."""
+    if t is None:
+        return []
+    if isinstance(t, torch.Tensor):
+        return [int(v) for v in t.reshape(-1).tolist()]
+    if isinstance(t, np.ndarray):
+        return [int(v) for v in t.reshape(-1).tolist()]
+    if isinstance(t, (list, tuple)):
+        return [int(v) for v in t]
+    return [int(t)]
+
+
+def floats(t) -> list[float]:
+    if t is None:
+        return []
+    if isinstance(t, torch.Tensor):
+        return [float(v) for v in t.reshape(-1).tolist()]
+    return [float(v) for v in np.asarray(t).reshape(-1).tolist()]
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def same_device(value, like: torch.Tensor) -> torch.Tensor:
+    """Bring a (possibly host-side) tensor beside `like`, keeping 0-d host tensors as scalars."""
+    if not isinstance(value, torch.Tensor):
+        return torch.as_tensor(value, device=like.device)
+    if value.device != like.device and value.dim() > 0:
+        return value.to(like.device)
+    return value
+
+
+def is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point()
+
+
+def only_dtypes(allowed: set[str], positions: tuple = (0,)):
+    """A registry check that refuses inputs of other dtypes (unknown dtypes pass)."""
+    def check(attrs: dict, dtypes: list):
+        for i in positions:
+            if i < len(dtypes) and dtypes[i] is not None and dtypes[i] not in allowed:
+                return f"input {i} dtype {dtypes[i]} not supported"
+        return None
+    return check

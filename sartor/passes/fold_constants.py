@@ -1,0 +1,75 @@
+"""Evaluate nodes whose inputs are all known at build time, and Shape of statically shaped values."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..ir import Graph, Node
+from ..ops import default_registry
+from ..ops.util import TORCH_TO_NUMPY
+
+MAX_FOLDED_ELEMENTS = 1 << 24  # larger results stay computed at run time rather than bloat the engine
+NEVER_FOLD = {"NonMaxSuppression"}
+
+
+def _static_shape_value(graph: Graph, node: Node) -> np.ndarray | None:
+    """Shape (or Size) of a value whose shape inference gave every dim."""
+    if node.op_type not in ("Shape", "Size"):
+        return None
+    shape = graph.shape_of(node.inputs[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    if node.op_type == "Size":
+        return np.asarray(int(np.prod(shape)), dtype=np.int64)
+    rank = len(shape)
+    start = node.attrs.get("start", 0)
+    end = node.attrs.get("end")
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
+    return np.asarray(shape[start:end], dtype=np.int64)
+
+
+def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
+    opdef = default_registry().get(node.op_type)
+    if opdef is None:
+        return None
+    args = [torch.from_numpy(np.array(graph.initializers[name])) if name else None
+            for name in node.inputs]
+    try:
+        result = opdef.impl(args, opdef.fill_attrs(node.attrs))
+    except Exception:  # a node that cannot be evaluated here is left for run time
+        return None
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    arrays = []
+    for tensor in results[:len(node.outputs)]:
+        if tensor.numel() > MAX_FOLDED_ELEMENTS or tensor.dtype not in TORCH_TO_NUMPY:
+            return None
+        arrays.append(tensor.detach().cpu().contiguous().numpy().copy())
+    return arrays
+
+
+def fold_constants(graph: Graph) -> int:
+    folded = 0
+    outputs = graph.output_names()
+    for node in list(graph.nodes):
+        if node.op_type in NEVER_FOLD:
+            continue
+        static = _static_shape_value(graph, node)
+        if static is not None:
+            values = [static]
+        elif node.present_inputs() and all(graph.is_constant(i) for i in node.present_inputs()):
+            values = _evaluate(node, graph)
+            if values is None:
+                continue
+        else:
+            continue
+        if any(out in outputs for out in node.outputs):
+            continue  # a graph output keeps a producing node
+        for out, value in zip(node.outputs, values):
+            if out:
+                graph.initializers[out] = value
+        graph.nodes.remove(node)
+        folded += 1
+    if folded:
+        graph.remove_unused_initializers()
+    return folded

@@ -1,0 +1,177 @@
+"""ExecutionContext: the gate (names, ranks, dtypes, profile ranges), device transfer, and on CUDA
+one captured CUDA graph per input shape, replayed on later runs of that shape."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..errors import InputError, ProfileError
+from ..ops.util import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+WARMUP_RUNS_BEFORE_CAPTURE = 2
+
+
+@dataclass
+class _CapturedShape:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict
+    outputs: dict
+
+
+@contextlib.contextmanager
+def _matmul_precision(tf32: bool):
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class ExecutionContext:
+    def __init__(self, engine: "Engine", profile: int | None = None, use_cuda_graphs: bool = True) -> None:
+        if profile is not None and not 0 <= profile < len(engine.profiles):
+            raise ProfileError(f"profile {profile} does not exist; the engine has {len(engine.profiles)} "
+                               f"profile(s) (0..{len(engine.profiles) - 1})")
+        self.engine = engine
+        self.profile = profile
+        self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda"
+        self._captured: dict[tuple, _CapturedShape] = {}
+        self._device_copies: dict[tuple, dict] = {}
+        self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
+
+    # ---- the gate -----------------------------------------------------------------------
+    def _profiles_text(self) -> str:
+        chosen = [self.profile] if self.profile is not None else range(len(self.engine.profiles))
+        return "; ".join(f"profile {k}: {self.engine.profiles[k].describe()}" for k in chosen)
+
+    def check_inputs(self, feeds: dict[str, Any]) -> dict[str, tuple]:
+        """Validate names, ranks, dtypes and shapes; returns the input shapes."""
+        if not isinstance(feeds, dict):
+            raise InputError("inputs must be a dict of {name: array}")
+        declared = {v.name: v for v in self.engine.inputs}
+        unknown = sorted(set(feeds) - set(declared))
+        if unknown:
+            raise InputError(f"unknown input name(s) {', '.join(unknown)}; the engine's inputs are "
+                             f"{', '.join(declared)}")
+        missing = [name for name in declared if name not in feeds]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(missing)}")
+        shapes = {}
+        for name, value in feeds.items():
+            if not isinstance(value, (np.ndarray, torch.Tensor)):
+                raise InputError(f"input {name!r} must be a numpy array or torch tensor, not {type(value).__name__}")
+            info = declared[name]
+            dtype = TORCH_TO_NUMPY.get(value.dtype) if isinstance(value, torch.Tensor) else str(value.dtype)
+            if dtype != info.dtype:
+                raise InputError(f"input {name!r} has dtype {dtype}; the engine expects {info.dtype}")
+            shape = tuple(int(d) for d in value.shape)
+            if info.shape is not None and len(shape) != len(info.shape):
+                raise InputError(f"input {name!r} has rank {len(shape)} (shape {'x'.join(map(str, shape))}); "
+                                 f"the engine expects rank {len(info.shape)}")
+            shapes[name] = shape
+        return shapes
+
+    def select_profile(self, shapes: dict[str, tuple]) -> int:
+        candidates = [self.profile] if self.profile is not None else range(len(self.engine.profiles))
+        for k in candidates:
+            if self.engine.profiles[k].admits(shapes):
+                return k
+        described = ", ".join(f"{name} {'x'.join(map(str, s))}" for name, s in shapes.items())
+        raise ProfileError(f"input shape(s) {described} outside the allowed ranges ({self._profiles_text()})")
+
+    # ---- running ------------------------------------------------------------------------
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Run once. numpy in → numpy out (copies); torch in → torch tensors on the engine's device.
+
+        On CUDA the returned tensors are this context's output buffers: valid until its next run.
+        """
+        shapes = self.check_inputs(feeds)
+        self.select_profile(shapes)
+        as_numpy = any(isinstance(v, np.ndarray) for v in feeds.values())
+        device = self.engine.device
+        tensors = {name: (torch.from_numpy(v if v.flags.c_contiguous else np.array(v, order="C")) if isinstance(v, np.ndarray) else v)
+                   for name, v in feeds.items()}
+        tensors = {name: t.to(device, non_blocking=True) if t.device != device else t for name, t in tensors.items()}
+        with _matmul_precision(self.engine.precision == "tf32"):
+            if self.use_cuda_graphs:
+                outputs = self._run_graph(tensors, shapes)
+            else:
+                outputs = self._run_eager(tensors, shapes)
+        if as_numpy:
+            return {name: t.detach().cpu().numpy() for name, t in outputs.items()}
+        return outputs
+
+    def _copies_for(self, key: tuple) -> dict:
+        return self._device_copies.setdefault(key, {})
+
+    def _run_eager(self, tensors: dict, shapes: dict) -> dict:
+        key = tuple(sorted(shapes.items()))
+        with torch.inference_mode():
+            if self.stream is None:
+                return self.engine.executor.run(tensors, self._copies_for(key))
+            self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
+            with torch.cuda.stream(self.stream):
+                out = self.engine.executor.run(tensors, self._copies_for(key))
+            torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
+            return out
+
+    def _run_graph(self, tensors: dict, shapes: dict) -> dict:
+        key = tuple(sorted(shapes.items()))
+        captured = self._captured.get(key)
+        if captured is None:
+            captured = self._capture(tensors, key)
+            self._captured[key] = captured
+        current = torch.cuda.current_stream(self.engine.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            for name, t in tensors.items():
+                captured.inputs[name].copy_(t, non_blocking=True)
+            captured.graph.replay()
+        current.wait_stream(self.stream)
+        return captured.outputs
+
+    def _capture(self, tensors: dict, key: tuple) -> _CapturedShape:
+        executor = self.engine.executor
+        static_in = {name: t.clone() for name, t in tensors.items()}
+        copies = self._copies_for(key)
+        with torch.inference_mode():
+            self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
+                    executor.run(static_in, copies)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.stream):
+                static_out = executor.run(static_in, copies)
+        return _CapturedShape(graph, static_in, static_out)
+
+    def warmup(self, iterations: int = 1) -> None:
+        """Run every profile this context may use at min, opt and max shapes, so that graphs are
+        captured and kernels loaded before the first real request."""
+        chosen = [self.profile] if self.profile is not None else range(len(self.engine.profiles))
+        for k in chosen:
+            profile = self.engine.profiles[k]
+            declared = {v.name: v.dtype for v in self.engine.inputs}
+            for pick in ("min", "opt", "max"):
+                feeds = {name: _random_input(getattr(r, pick), declared[name], self.engine.device)
+                         for name, r in profile.shapes.items()}
+                for _ in range(iterations):
+                    self.run(feeds)
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+
+
+def _random_input(shape: tuple, dtype: str, device: torch.device) -> torch.Tensor:
+    torch_dtype = NUMPY_TO_TORCH[dtype]
+    if torch_dtype.is_floating_point:
+        return torch.rand(shape, dtype=torch_dtype, device=device)
+    return torch.zeros(shape, dtype=torch_dtype, device=device)

@@ -1,0 +1,84 @@
+"""A loaded engine: its layers, weights on the device, profiles, and the contexts that run it."""
+from __future__ import annotations
+
+import os
+import shlex
+
+import torch
+
+from ..errors import EngineFileError
+from .context import ExecutionContext
+from .engine_file import read_engine_file
+from .executor import Executor
+from .fingerprint import check_fingerprint, device_fingerprint, parse_device
+from .graph_codec import decode_graph
+from .profiles import Profile
+
+
+class Engine:
+    def __init__(self, header: dict, tensors: dict[str, torch.Tensor], device: torch.device,
+                 path: str | None = None) -> None:
+        self.header = header
+        self.path = path
+        self.device = device
+        self.graph, weights = decode_graph(header["graph"], tensors)
+        self.profiles = [Profile.from_json(p) for p in header["profiles"]]
+        self.layer_precision = {layer["name"]: layer["precision"] for layer in header["layers"]}
+        self.precision = header["build_config"]["precision"]
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.executor = Executor(self.graph, weights, device, self.layer_precision,
+                                 channels_last=device.type == "cuda" and header.get("channels_last", False))
+        self._contexts: list[ExecutionContext] = []
+
+    # ---- what the engine declares ------------------------------------------------------
+    @property
+    def inputs(self):
+        return self.graph.inputs
+
+    @property
+    def outputs(self):
+        return self.graph.outputs
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.header["fingerprint"]
+
+    @property
+    def layers(self) -> list[dict]:
+        return self.header["layers"]
+
+    @property
+    def provenance(self) -> dict:
+        return self.header["provenance"]
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Weights on the device plus the largest activation arena any profile needs."""
+        arenas = [p.get("arena_bytes", 0) for p in self.header.get("memory", {}).get("profiles", [])]
+        return self.weight_bytes + max(arenas, default=0)
+
+    def context(self, profile: int | None = None) -> ExecutionContext:
+        """A context bound to profile `profile`, or (None) to the first profile admitting each run."""
+        ctx = ExecutionContext(self, profile)
+        self._contexts.append(ctx)
+        return ctx
+
+
+def rebuild_command(header: dict) -> str:
+    config = header.get("build_config", {})
+    args = ["sartor", "build", config.get("model_path", "MODEL.onnx"), "-o", config.get("output_path", "OUT.plan"),
+            "--precision", config.get("precision", "fp32")]
+    return " ".join(shlex.quote(a) for a in args) + " --device <this device> (plus the original shape flags)"
+
+
+def load(path: str | os.PathLike, device: str | None = None) -> Engine:
+    """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT)."""
+    header, tensors = read_engine_file(path)
+    try:
+        built_for = header["fingerprint"]
+        kind = built_for["kind"]
+    except (KeyError, TypeError):
+        raise EngineFileError(f"{path} has no device fingerprint in its header") from None
+    target = parse_device(device or ("cuda" if kind == "cuda" else "cpu"))
+    check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
+    return Engine(header, tensors, target, str(path))

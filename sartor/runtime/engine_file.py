@@ -1,0 +1,115 @@
+"""The engine container: never pickle, always signed.
+
+    MAGIC (8) | format version (u32 LE) | header length (u64 LE) | header (UTF-8 JSON)
+    | weights length (u64 LE) | weights (safetensors) | SHA-256 of everything before (32)
+
+Loading checks the magic, the version, the length fields and the digest before it parses anything,
+so a truncated, tampered or foreign file is refused with one line and no code from it runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from ..errors import EngineFileError, OutputPathError
+
+MAGIC = b"SARTOR\x00E"
+FORMAT_VERSION = 1
+_DIGEST = 32
+_PICKLE_PREFIXES = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+
+
+def pack(header: dict, weights: dict[str, torch.Tensor]) -> bytes:
+    header_bytes = json.dumps(header, sort_keys=True).encode("utf-8")
+    weight_bytes = save_safetensors({k: v.detach().cpu().contiguous() for k, v in weights.items()})
+    body = (MAGIC + struct.pack("<I", FORMAT_VERSION) + struct.pack("<Q", len(header_bytes)) + header_bytes
+            + struct.pack("<Q", len(weight_bytes)) + weight_bytes)
+    return body + hashlib.sha256(body).digest()
+
+
+def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
+    if data.startswith(_PICKLE_PREFIXES):
+        raise EngineFileError(f"{where} is a pickle/zip file, not a sartor engine; sartor never unpickles files")
+    if len(data) < len(MAGIC) + 4 or data[:len(MAGIC)] != MAGIC:
+        raise EngineFileError(f"{where} is not a sartor engine (bad magic)")
+    version = struct.unpack_from("<I", data, len(MAGIC))[0]
+    if version != FORMAT_VERSION:
+        raise EngineFileError(f"{where} has engine format version {version}; this sartor reads version "
+                              f"{FORMAT_VERSION}: rebuild the engine from its ONNX model")
+    offset = len(MAGIC) + 4
+    try:
+        header_len = struct.unpack_from("<Q", data, offset)[0]
+        offset += 8
+        header_bytes = data[offset:offset + header_len]
+        offset += header_len
+        weights_len = struct.unpack_from("<Q", data, offset)[0]
+        offset += 8
+    except struct.error:
+        raise EngineFileError(f"{where} is truncated") from None
+    expected_end = offset + weights_len + _DIGEST
+    if len(header_bytes) != header_len or len(data) < expected_end:
+        raise EngineFileError(f"{where} is truncated ({len(data)} of {expected_end} bytes)")
+    if len(data) > expected_end:
+        raise EngineFileError(f"{where} has {len(data) - expected_end} unexpected trailing bytes")
+    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        raise EngineFileError(f"{where} failed its integrity check (SHA-256 mismatch): corrupted or tampered")
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+        weights = load_safetensors(bytes(data[offset:offset + weights_len]))
+    except Exception as exc:
+        raise EngineFileError(f"{where} is signed but unreadable ({type(exc).__name__})") from None
+    return header, weights
+
+
+def read_engine_file(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    path = Path(path)
+    if not path.is_file():
+        raise EngineFileError(f"engine file not found: {path}")
+    return unpack(path.read_bytes(), str(path))
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: no half-written file under the name."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputPathError(f"cannot write {path}: it is a directory")
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail before a long build rather than after it."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputPathError(f"cannot write {path}: it is a directory")
+    if not parent.is_dir():
+        raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OutputPathError(f"cannot write {path}: directory {parent} is not writable")

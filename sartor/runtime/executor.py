@@ -1,0 +1,158 @@
+"""Runs a graph's layers in order with torch, each at its planned precision.
+
+Values that only depend on input shapes (the Shape → Gather → Concat → Reshape chains exporters
+write) are computed on the host, so reading them never synchronises the device and a whole run can
+be captured as one CUDA graph. Intermediate tensors are released right after their last reader,
+so peak memory follows tensor lifetimes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..ir import Graph, Node
+from ..ops import OpRegistry, default_registry
+from ..ops.util import NUMPY_TO_TORCH
+
+HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
+
+PRECISION_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Step:
+    node: Node
+    impl: Any
+    attrs: dict
+    on_host: bool
+    host_positions: frozenset
+    compute_dtype: torch.dtype | None
+    constants: dict = field(default_factory=dict)  # input position -> prepared tensor
+    release: list = field(default_factory=list)  # values whose last reader is this step
+
+
+class Executor:
+    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], device: torch.device,
+                 layer_precision: dict[str, str] | None = None, channels_last: bool = False,
+                 registry: OpRegistry | None = None) -> None:
+        self.graph = graph
+        self.device = device
+        self.channels_last = channels_last
+        registry = registry or default_registry()
+        layer_precision = layer_precision or {}
+        self.output_dtypes = {v.name: v.dtype for v in graph.outputs}
+        host_values: set[str] = set()
+        self.steps: list[Step] = []
+        for node in graph.nodes:
+            opdef = registry[node.op_type]
+            on_host = self._runs_on_host(node, opdef, host_values, weights)
+            if on_host:
+                host_values.update(o for o in node.outputs if o)
+            dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
+            step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
+                        frozenset(opdef.host_inputs), dtype)
+            for position, name in enumerate(node.inputs):
+                if name in weights:
+                    step.constants[position] = self._prepare_constant(weights[name], step, position, node)
+            self.steps.append(step)
+        self.host_values = host_values
+        self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
+        self._plan_releases()
+
+    # ---- planning ---------------------------------------------------------------------
+    @staticmethod
+    def _runs_on_host(node: Node, opdef, host_values: set, weights: dict) -> bool:
+        if node.op_type in ("Shape", "Size"):
+            return True
+        if not opdef.shape_arith:
+            return False
+        present = node.present_inputs()
+        if not any(name in host_values for name in present):
+            return False
+        return all(name in host_values or (name in weights and weights[name].numel() <= HOST_CONSTANT_LIMIT)
+                   for name in present)
+
+    def _prepare_constant(self, tensor: torch.Tensor, step: Step, position: int, node: Node) -> torch.Tensor:
+        if step.on_host or position in step.host_positions:
+            return tensor.cpu()
+        tensor = tensor.to(self.device)
+        if step.compute_dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(step.compute_dtype)
+        if self.channels_last and tensor.dim() == 4 and node.op_type in ("Conv", "FusedConv") and position == 1:
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    def _plan_releases(self) -> None:
+        last_reader: dict[str, int] = {}
+        for index, step in enumerate(self.steps):
+            for name in step.node.present_inputs():
+                last_reader[name] = index
+        keep = {v.name for v in self.graph.outputs}
+        for name, index in last_reader.items():
+            if name not in keep:
+                self.steps[index].release.append(name)
+
+    # ---- execution --------------------------------------------------------------------
+    def run(self, feeds: dict[str, torch.Tensor], device_copies: dict | None = None,
+            observe=None) -> dict[str, torch.Tensor]:
+        """Execute once. `device_copies` caches host values that device layers read as data; a
+        caller capturing CUDA graphs fills it on a warm-up run so the capture copies nothing.
+        `observe(step_index, node, outputs)` sees every layer's outputs (build-time analyses)."""
+        device_copies = {} if device_copies is None else device_copies
+        env: dict[str, torch.Tensor] = {}
+        for name, tensor in feeds.items():
+            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda:
+                tensor = tensor.contiguous(memory_format=torch.channels_last)
+            env[name] = tensor
+        for index, step in enumerate(self.steps):
+            args = self._arguments(step, env, device_copies)
+            result = step.impl(args, step.attrs)
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            for name, value in zip(step.node.outputs, results):
+                if name:
+                    env[name] = value
+            if observe is not None:
+                observe(index, step, results[:len(step.node.outputs)])
+            for name in step.release:
+                env.pop(name, None)
+        return {v.name: self._finish_output(v.name, env, device_copies) for v in self.graph.outputs}
+
+    def _arguments(self, step: Step, env: dict, device_copies: dict) -> list:
+        args = []
+        for position, name in enumerate(step.node.inputs):
+            if not name:
+                args.append(None)
+                continue
+            if position in step.constants:
+                args.append(step.constants[position])
+                continue
+            value = env[name]
+            if not step.on_host and position not in step.host_positions and name in self.host_values \
+                    and value.dim() > 0:
+                value = self._device_copy(name, value, device_copies)
+            if step.compute_dtype is not None and value.is_floating_point() and value.dtype != step.compute_dtype \
+                    and name not in self.host_values:
+                value = value.to(step.compute_dtype)
+            args.append(value)
+        return args
+
+    def _device_copy(self, name: str, value: torch.Tensor, device_copies: dict) -> torch.Tensor:
+        if value.device == self.device:
+            return value
+        # Host values depend on input shapes only, and callers keep one cache per input shape.
+        cached = device_copies.get(name)
+        if cached is None:
+            cached = value.to(self.device)
+            device_copies[name] = cached
+        return cached
+
+    def _finish_output(self, name: str, env: dict, device_copies: dict) -> torch.Tensor:
+        value = env[name] if name in env else self.constant_outputs[name]
+        if value.device != self.device:
+            value = self._device_copy(name, value, device_copies)
+        dtype = NUMPY_TO_TORCH.get(self.output_dtypes.get(name))
+        if dtype is not None and value.dtype != dtype:
+            value = value.to(dtype)
+        return value.contiguous()
