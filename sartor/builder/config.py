@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -25,6 +26,8 @@ class BuildConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        if Path(self.output_path).resolve() == Path(self.model_path).resolve():
+            raise ConfigError(f"output {self.output_path} is the model file itself: choose another output path")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         for kind, table in (("layer", self.layer_precision), ("op", self.op_precision)):

@@ -6,13 +6,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
-from ..ops.util import NUMPY_TO_TORCH
+from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
 from ..runtime.engine_file import check_writable, pack, write_atomic
 from ..runtime.executor import Executor
@@ -20,6 +19,7 @@ from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..runtime.graph_codec import encode_graph
 from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
+from ..tactics import select_tactics
 from ..version import __version__
 from .config import BuildConfig
 from .precision import overflowing_layers, plan_precision, unmatched_overrides
@@ -50,11 +50,17 @@ def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: t
     return feeds
 
 
-def _tactic(node_op: str, device: torch.device) -> str:
+def _tactic(node, device: torch.device) -> str:
+    """What runs the layer, in words (the timed choice for fused convolutions)."""
     library = {"cuda": "cudnn/cublas", "cpu": "onednn/mkl"}[device.type]
-    if node_op in ("Conv", "FusedConv", "ConvTranspose"):
-        return f"torch.conv ({library})" + (" + epilogue" if node_op == "FusedConv" else "")
-    if node_op in ("Gemm", "FusedGemm", "MatMul"):
+    chosen = node.attrs.get("tactic")
+    if chosen == "cudnn_fused":
+        return "cudnn conv+bias(+add)+relu fused"
+    if chosen == "triton_epilogue":
+        return f"torch.conv ({library}) + triton epilogue"
+    if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
+        return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
+    if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
         return f"torch.matmul ({library})"
     return "torch"
 
@@ -122,7 +128,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     if missing:
         raise ConfigError(f"precision override(s) match no layer: {', '.join(missing)}")
     generator = torch.Generator().manual_seed(config.seed)
-    weights = {name: torch.from_numpy(np.array(a)) for name, a in graph.initializers.items()}
+    weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
     overflow = {}
     if config.precision == "fp16" and config.overflow_guard:
         samples = [_random_feeds(graph, profiles[0].opt_shapes(), device, generator) for _ in range(config.guard_samples)]
@@ -132,6 +138,17 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
         log.append(f"layer {name} runs {plan.layers[name]}: {reason}")
     done("precision")
 
+    stage("tactics")
+    tactics = {}
+    if device.type == "cuda":
+        feeds = _random_feeds(graph, profiles[0].opt_shapes(), device, generator)
+        tactics = select_tactics(graph, weights, feeds, device, plan.layers, channels_last=True,
+                                 tf32=config.precision == "tf32")
+        for node in graph.nodes:
+            if node.name in tactics:
+                node.attrs["tactic"] = tactics[node.name]["tactic"]
+    done("tactics")
+
     stage("memory")
     memory = _memory_plan(graph, weights, profiles, device, generator)
     done("memory")
@@ -139,7 +156,9 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     stage("serialize")
     graph_header, tensors = encode_graph(graph)
     layers = [{"name": n.name, "op": n.op_type, "origin": n.origin, "precision": plan.layers[n.name],
-               "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n.op_type, device),
+               "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n, device),
+               "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
+               "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
                "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k == "residual_after_activation"}}
               for n in graph.nodes]
     seconds = round(time.perf_counter() - started, 3)

@@ -60,10 +60,30 @@ def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
     return model, hashlib.sha256(data).hexdigest()
 
 
+def _cycle(model: onnx.ModelProto) -> str | None:
+    """The nodes on a cycle of the top-level graph, described, or None when it has none."""
+    g = model.graph
+    nodes = [Node(p.op_type, p.name or f"{p.op_type}_{i}", list(p.input), list(p.output))
+             for i, p in enumerate(g.node)]
+    available = [vi.name for vi in g.input] + [t.name for t in g.initializer]
+    produced = {out for node in nodes for out in node.outputs if out}
+    # Values nobody produces are the checker's business, not a cycle: treat them as available.
+    available += [name for node in nodes for name in node.present_inputs() if name not in produced]
+    try:
+        topological_order(nodes, available)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _check(model: onnx.ModelProto, where: str) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
+        # The checker reports a cycle as an unsorted node and prints the node's proto; name the cycle.
+        cycle = _cycle(model)
+        if cycle:
+            raise GraphError(f"{where}: {cycle}") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"{where} fails the ONNX checker: {first}") from None
 
@@ -107,6 +127,9 @@ def _dims(type_proto: onnx.TypeProto, name: str) -> tuple | None:
 
 
 def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
+    kind = vi.type.WhichOneof("value")
+    if kind not in (None, "tensor_type"):  # sequence, optional, map, sparse tensor: never computed
+        return ValueInfo(vi.name, kind.replace("_type", "").replace("_", " "), None)
     return ValueInfo(vi.name, elem_type_name(vi.type.tensor_type.elem_type), _dims(vi.type, vi.name))
 
 
@@ -145,6 +168,10 @@ def _normalise_attrs(op_type: str, attrs: dict, node: onnx.NodeProto, opset: int
     if op_type in ("Softmax", "LogSoftmax", "Hardmax") and opset < 13:
         attrs.setdefault("axis", 1)
         attrs["_coerce_2d"] = 1
+    if op_type == "RoiAlign" and opset < 16:  # RoiAlign-10 had no such attribute and worked this way
+        attrs.setdefault("coordinate_transformation_mode", "output_half_pixel")
+    if op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        attrs["_with_indices"] = 1
     if op_type == "Split" and "split" not in attrs and len(node.input) < 2:
         attrs.setdefault("num_outputs", len(node.output))
     return attrs

@@ -1,9 +1,12 @@
 """Convolution family: Conv, ConvTranspose and the fused convolution the passes produce."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
+from ..kernels.epilogue import epilogue_supported, fused_epilogue
 from .elementwise import apply_activation
 from .registry import OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -63,12 +66,76 @@ def conv(inputs, attrs):
     return conv_nd(x, w, b, attrs)
 
 
+def _symmetric_padding(x, w, attrs):
+    spatial = x.dim() - 2
+    kernel = list(attrs.get("kernel_shape") or w.shape[2:])
+    strides = list(attrs.get("strides") or [1] * spatial)
+    dilations = list(attrs.get("dilations") or [1] * spatial)
+    begin, end = resolve_padding(list(x.shape[2:]), kernel, strides, dilations, attrs.get("pads"),
+                                 attrs.get("auto_pad", "NOTSET"))
+    return (begin, strides, dilations) if begin == end else None
+
+
+def cudnn_fused_applicable(x, w, residual, attrs) -> bool:
+    """cuDNN's conv+bias(+add)+ReLU fusion: ReLU epilogue, residual (if any) added before it."""
+    if not x.is_cuda or x.dim() != 4 or attrs.get("activation") != "Relu":
+        return False
+    if residual is not None and (attrs.get("residual_after_activation") or residual.shape[1] != w.shape[0]):
+        return False
+    return _symmetric_padding(x, w, attrs) is not None
+
+
+def _conv_cudnn_fused(x, w, b, residual, attrs):
+    padding, strides, dilations = _symmetric_padding(x, w, attrs)
+    group = attrs.get("group", 1)
+    b = b.to(x.dtype) if b is not None else None
+    if residual is None:
+        return torch.cudnn_convolution_relu(x, w, b, strides, padding, dilations, group)
+    return torch.cudnn_convolution_add_relu(x, w, residual.to(x.dtype).contiguous(memory_format=torch.channels_last),
+                                            1.0, b, strides, padding, dilations, group)
+
+
+def _conv_triton_epilogue(x, w, b, residual, attrs):
+    y = conv_nd(x, w, None, attrs)
+    if residual is not None:
+        residual = residual.to(y.dtype)
+    if not epilogue_supported(y, residual):
+        return None
+    return fused_epilogue(y, None if b is None else b.to(y.dtype), residual, attrs.get("activation"),
+                          attrs.get("activation_alpha"), attrs.get("activation_beta"),
+                          attrs.get("residual_after_activation", False))
+
+
+# Implementations of one fused conv that the builder times against each other (tactics).
+FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused")
+
+
+def applicable_conv_tactics(inputs, attrs) -> list[str]:
+    x, w = inputs[0], inputs[1]
+    residual = inputs[3] if len(inputs) > 3 else None
+    tactics = ["torch"]
+    if x.is_cuda and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        from ..kernels.epilogue import triton
+        if triton is not None:
+            tactics.append("triton_epilogue")
+        if cudnn_fused_applicable(x, w, residual, attrs):
+            tactics.append("cudnn_fused")
+    return tactics
+
+
 @OPS.internal("FusedConv")
 def fused_conv(inputs, attrs):
     """Conv (+bias) (+residual) (+activation); the residual adds before or after the activation."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    tactic = attrs.get("tactic", "torch")
+    if tactic == "cudnn_fused" and cudnn_fused_applicable(x, w, residual, attrs):
+        return _conv_cudnn_fused(x, w, b, residual, attrs)
+    if tactic == "triton_epilogue" and x.is_cuda:
+        y = _conv_triton_epilogue(x, w, b, residual, attrs)
+        if y is not None:
+            return y
     y = conv_nd(x, w, b, attrs)
     activation = attrs.get("activation")
     if residual is not None and not attrs.get("residual_after_activation", False):
@@ -96,11 +163,12 @@ def conv_transpose(inputs, attrs):
     full = [(i - 1) * s + op + (k - 1) * d + 1 for i, s, op, k, d in zip(in_sizes, strides, out_pad, kernel, dilations)]
     if attrs.get("output_shape"):
         target = list(attrs["output_shape"])[-spatial:]
+        # A negative total (output_shape beyond the full result) extends the output at the end.
         total = [f - t for f, t in zip(full, target)]
         if attrs.get("auto_pad") == "SAME_LOWER":
-            begin = [t - t // 2 for t in total]
+            begin = [t - int(t / 2) for t in total]
         else:
-            begin = [t // 2 for t in total]
+            begin = [int(t / 2) for t in total]
         end = [t - bg for t, bg in zip(total, begin)]
     elif attrs.get("auto_pad") in ("SAME_UPPER", "SAME_LOWER"):
         target = [i * s for i, s in zip(in_sizes, strides)]
@@ -115,9 +183,48 @@ def conv_transpose(inputs, attrs):
     else:
         begin, end = [0] * spatial, [0] * spatial
     fn = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[spatial]
-    y = fn(x, w.to(x.dtype), None if b is None else b.to(x.dtype), strides, 0, out_pad, attrs.get("group", 1), dilations)
-    # Crop the padding afterwards: handles asymmetric pads and output_padding in one place.
-    index = [slice(None), slice(None)]
-    for size, lo, hi in zip(y.shape[2:], begin, end):
-        index.append(slice(lo, size - hi))
-    return y[tuple(index)]
+    if min(begin + end) >= 0:
+        y = fn(x, w.to(x.dtype), None if b is None else b.to(x.dtype), strides, 0, out_pad, attrs.get("group", 1),
+               dilations)
+        # Crop the padding afterwards: handles asymmetric pads and output_padding in one place.
+        index = [slice(None), slice(None)]
+        for size, lo, hi in zip(y.shape[2:], begin, end):
+            index.append(slice(lo, size - hi))
+        return y[tuple(index)]
+    # Negative padding grows the output: zeros beyond the full result, then the bias everywhere.
+    y = fn(x, w.to(x.dtype), None, strides, 0, out_pad, attrs.get("group", 1), dilations)
+    pad_arg = []
+    for lo, hi in zip(reversed(begin), reversed(end)):
+        pad_arg += [-lo, -hi]
+    y = F.pad(y, pad_arg)
+    return y if b is None else y + b.to(y.dtype).reshape((1, -1) + (1,) * spatial)
+
+
+@OPS.op("Col2Im", attrs={"dilations": None, "pads": None, "strides": None}, host_inputs=(1, 2))
+def col2im(inputs, attrs):
+    """Sum sliding blocks [N, C * prod(block), L] back into images [N, C, *image_shape], any rank."""
+    x = inputs[0]
+    image = [int(v) for v in inputs[1].reshape(-1).tolist()]
+    block = [int(v) for v in inputs[2].reshape(-1).tolist()]
+    n_dims = len(image)
+    dilations = list(attrs["dilations"] or [1] * n_dims)
+    strides = list(attrs["strides"] or [1] * n_dims)
+    pads = list(attrs["pads"] or [0] * (2 * n_dims))
+    counts = [(size + pads[i] + pads[i + n_dims] - d * (k - 1) - 1) // s + 1
+              for i, (size, k, d, s) in enumerate(zip(image, block, dilations, strides))]
+    # Per dim: image coordinate of (kernel offset, block position), broadcast over all dims.
+    kernel_grid = torch.meshgrid(*[torch.arange(k) for k in block], indexing="ij")
+    block_grid = torch.meshgrid(*[torch.arange(c) for c in counts], indexing="ij")
+    flat = torch.zeros(math.prod(block), math.prod(counts), dtype=torch.int64)
+    valid = torch.ones_like(flat, dtype=torch.bool)
+    for i in range(n_dims):
+        coord = (block_grid[i].reshape(1, -1) * strides[i] - pads[i]
+                 + kernel_grid[i].reshape(-1, 1) * dilations[i])
+        valid &= (coord >= 0) & (coord < image[i])
+        flat = flat * image[i] + coord
+    n, c = x.shape[0], x.shape[1] // math.prod(block)
+    cols = x.reshape(n, c, math.prod(block) * math.prod(counts))
+    keep = valid.reshape(-1).to(x.device)
+    out = torch.zeros(n, c, math.prod(image), dtype=x.dtype, device=x.device)
+    out.index_add_(2, flat.reshape(-1).to(x.device)[keep], cols[:, :, keep])
+    return out.reshape([n, c] + image)

@@ -66,10 +66,24 @@ for _name, _fn in _UNARY.items():
     OPS.op(_name, check=_float_only if _name in _FLOAT_UNARY else None)(_make_unary(_fn))
 
 
-@OPS.op("Identity", "Dropout", attrs={"seed": 0})
+@OPS.op("Identity")
 def identity(inputs, attrs):
-    # Dropout is an identity at inference; its optional mask output is never requested by exporters.
     return inputs[0]
+
+
+def _dropout_check(attrs: dict, dtypes: list):
+    # Inputs: data, ratio, training_mode. A training_mode input may switch random dropout on, which
+    # an inference engine cannot reproduce; without one Dropout is an identity.
+    if len(dtypes) > 2 and dtypes[2] is not None:
+        return "training_mode input (random training-time dropout) not supported"
+    return None
+
+
+@OPS.op("Dropout", attrs={"seed": 0, "ratio": 0.5}, check=_dropout_check)  # ratio: opset < 12
+def dropout(inputs, attrs):
+    # Inference: output = data, mask (the optional second output) = all true.
+    x = inputs[0]
+    return x, torch.ones((), dtype=torch.bool, device=x.device).expand(x.shape)  # a view: no allocation
 
 
 @OPS.op("Not")
@@ -150,6 +164,8 @@ def clip(inputs, attrs):
     hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else attrs["max"]
     lo = lo.item() if isinstance(lo, torch.Tensor) else lo
     hi = hi.item() if isinstance(hi, torch.Tensor) else hi
+    if lo is None and hi is None:
+        return x
     if lo is not None and hi is not None and lo > hi:
         return torch.full_like(x, hi)  # ONNX: every element becomes max when min > max
     return torch.clamp(x, lo, hi)
@@ -180,9 +196,14 @@ def _pow(a, b):
 
 
 def _mod(a, b, fmod):
-    if fmod or a.is_floating_point():
+    if fmod:
         return torch.fmod(a, b)
-    return torch.remainder(a, b)
+    if not (a.is_floating_point() or b.is_floating_point()):
+        return torch.remainder(a, b)
+    # fmod=0 on floats: the result takes the divisor's sign, as numpy's mod (inf and zero cases too).
+    r = torch.fmod(a, b)
+    r = torch.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+    return torch.where(r == 0, torch.copysign(torch.zeros_like(r), b), r)
 
 
 _BINARY = {
@@ -259,3 +280,39 @@ def cast(inputs, attrs):
 def cast_like(inputs, attrs):
     return cast_to(inputs[0], inputs[1].dtype)
 
+
+
+@OPS.op("Swish", attrs={"alpha": 1.0}, check=_float_only)
+def swish(inputs, attrs):
+    x = inputs[0]
+    return x * torch.sigmoid(attrs["alpha"] * x)
+
+
+@OPS.op("Shrink", attrs={"bias": 0.0, "lambd": 0.5})
+def shrink(inputs, attrs):
+    x = inputs[0]
+    lambd, bias = attrs["lambd"], attrs["bias"]
+    out = torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
+    return out.to(x.dtype)
+
+
+def _bitshift_check(attrs: dict, dtypes: list):
+    if attrs["direction"] not in ("LEFT", "RIGHT"):
+        return f"direction {attrs['direction']} not supported"
+    return only_dtypes({"uint8", "int8", "int16", "int32", "int64"}, (0, 1))(attrs, dtypes)
+
+
+@OPS.op("BitShift", attrs={"direction": REQUIRED}, check=_bitshift_check)
+def bit_shift(inputs, attrs):
+    a, b = inputs
+    b = same_device(b, a).to(a.dtype)
+    bits = torch.iinfo(a.dtype).bits
+    a, b = torch.broadcast_tensors(a, b)
+    out_of_range = (b < 0) | (b >= bits)
+    safe = torch.where(out_of_range, torch.zeros_like(b), b)
+    if attrs["direction"] == "LEFT":
+        out = torch.bitwise_left_shift(a, safe)
+        return torch.where(out_of_range, torch.zeros_like(a), out)
+    out = torch.bitwise_right_shift(a, safe)  # arithmetic for signed types, as ONNX asks
+    fill = torch.where(a < 0, -torch.ones_like(a), torch.zeros_like(a)) if a.dtype != torch.uint8 else torch.zeros_like(a)
+    return torch.where(out_of_range, fill, out)

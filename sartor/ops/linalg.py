@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from .elementwise import apply_activation
-from .registry import OpTable
-from .util import same_device
+from .registry import REQUIRED, OpTable
+from .util import FLOAT_DTYPES, only_dtypes, same_device
 
 OPS = OpTable("linalg")
 
@@ -18,7 +18,12 @@ def gemm(inputs, attrs):
         a = a.t()
     if attrs["transB"]:
         b = b.t()
-    y = a @ b.to(a.dtype)
+    b = b.to(a.dtype)
+    if c is not None and a.dim() == 2 and c.dim() <= 2:
+        # cuBLAS/MKL add the bias inside the product (one pass instead of two).
+        c = same_device(c, a).to(a.dtype)
+        return torch.addmm(c, a, b, beta=attrs["beta"], alpha=attrs["alpha"])
+    y = a @ b
     if attrs["alpha"] != 1.0:
         y = y * attrs["alpha"]
     if c is not None:
@@ -52,3 +57,21 @@ def matmul_integer(inputs, attrs):
     if len(inputs) > 3 and inputs[3] is not None:
         b = b - inputs[3].to(torch.int32)
     return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(torch.int32)
+
+
+@OPS.op("Einsum", attrs={"equation": REQUIRED})
+def einsum(inputs, attrs):
+    equation = attrs["equation"].replace(" ", "")
+    dtype = inputs[0].dtype
+    if dtype in (torch.float16, torch.bfloat16):  # accumulate in FP32, as the ONNX reference does
+        return torch.einsum(equation, *[t.float() for t in inputs]).to(dtype)
+    if not dtype.is_floating_point:  # integer einsum is not implemented by every torch backend
+        return torch.einsum(equation, *[t.to(torch.int64) for t in inputs]).to(dtype)
+    return torch.einsum(equation, *inputs)
+
+
+@OPS.op("Det", check=only_dtypes(set(FLOAT_DTYPES)))
+def det(inputs, attrs):
+    x = inputs[0]
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return torch.linalg.det(x.to(compute)).to(x.dtype)

@@ -12,15 +12,33 @@ _float_only = only_dtypes(set(FLOAT_DTYPES))
 
 
 def _bn_check(attrs: dict, dtypes: list):
-    if attrs.get("training_mode", 0):
-        return "training_mode=1 (batch statistics) is not an inference op"
+    if not attrs.get("spatial", 1):
+        return "spatial=0 (per-element statistics) not supported"
     return _float_only(attrs, dtypes)
+
+
+def _batch_norm_training(x, scale, bias, mean, var, attrs):
+    """training_mode=1: normalise with the batch's statistics (population variance) and return
+    the updated running statistics as the optional outputs."""
+    dims = [d for d in range(x.dim()) if d != 1]
+    xf = x.to(torch.float32)
+    batch_mean = xf.mean(dim=dims)
+    batch_var = xf.var(dim=dims, unbiased=False)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    y = (xf - batch_mean.view(shape)) * torch.rsqrt(batch_var.view(shape) + attrs["epsilon"])
+    y = y * scale.to(torch.float32).view(shape) + bias.to(torch.float32).view(shape)
+    m = attrs["momentum"]
+    running_mean = mean.to(torch.float32) * m + batch_mean * (1 - m)
+    running_var = var.to(torch.float32) * m + batch_var * (1 - m)
+    return y.to(x.dtype), running_mean.to(mean.dtype), running_var.to(var.dtype)
 
 
 @OPS.op("BatchNormalization", attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0, "spatial": 1},
         check=_bn_check)
 def batch_norm(inputs, attrs):
     x, scale, bias, mean, var = inputs[:5]
+    if attrs["training_mode"]:
+        return _batch_norm_training(x, scale, bias, mean, var, attrs)
     shape = (1, -1) + (1,) * (x.dim() - 2)
     inv = torch.rsqrt(var.to(torch.float32) + attrs["epsilon"])
     mult = (scale.to(torch.float32) * inv).to(x.dtype).view(shape)
@@ -80,3 +98,26 @@ def mvn(inputs, attrs):
     mean = x.mean(dim=axes, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=axes, keepdim=True)
     return (x - mean) / torch.sqrt(var + 1e-9)
+
+
+def _lp_check(attrs: dict, dtypes: list):
+    if attrs["p"] not in (1, 2):
+        return f"p={attrs['p']} not supported (1 or 2)"
+    return _float_only(attrs, dtypes)
+
+
+@OPS.op("LpNormalization", attrs={"axis": -1, "p": 2}, check=_lp_check)
+def lp_norm(inputs, attrs):
+    x = inputs[0]
+    axis = norm_axis(attrs["axis"], x.dim())
+    norm = x.abs().sum(axis, keepdim=True) if attrs["p"] == 1 else torch.sqrt((x * x).sum(axis, keepdim=True))
+    return torch.where(norm == 0, torch.zeros_like(x), x / norm)
+
+
+@OPS.op("RMSNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, check=_float_only)
+def rms_norm(inputs, attrs):
+    x, scale = inputs
+    dims = tuple(range(norm_axis(attrs["axis"], x.dim()), x.dim()))
+    xf = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    inv = torch.rsqrt((xf * xf).mean(dim=dims, keepdim=True) + attrs["epsilon"])
+    return (xf * inv * scale.to(xf.dtype)).to(x.dtype)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .conv import resolve_padding
-from .registry import OpTable
+from .registry import REQUIRED, OpTable
 from .util import FLOAT_DTYPES, only_dtypes
 
 OPS = OpTable("pool")
@@ -52,15 +52,40 @@ def _pad_for_pool(x, attrs, fill):
     return padded, kernel, strides, dilations, begin, end, extra
 
 
-@OPS.op("MaxPool", attrs=dict(POOL_ATTRS, storage_order=0), check=_pool_check)
+# `_with_indices` is set by the importer when the node's Indices output is used.
+@OPS.op("MaxPool", attrs=dict(POOL_ATTRS, storage_order=0, _with_indices=0), check=_pool_check)
 def max_pool(inputs, attrs):
     x = inputs[0]
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[x.dim() - 2]
     if not x.is_floating_point():
-        return max_pool([x.float()], attrs).to(x.dtype)
+        out = max_pool([x.float()], attrs)
+        return (out[0].to(x.dtype), out[1]) if isinstance(out, tuple) else out.to(x.dtype)
     low = torch.finfo(x.dtype).min
-    padded, kernel, strides, dilations, *_ = _pad_for_pool(x, attrs, low)
-    return fn(padded, kernel, strides, 0, dilations)
+    padded, kernel, strides, dilations, begin, *_ = _pad_for_pool(x, attrs, low)
+    if not attrs.get("_with_indices"):
+        return fn(padded, kernel, strides, 0, dilations)
+    y, where = fn(padded, kernel, strides, 0, dilations, return_indices=True)
+    return y, _onnx_indices(where, padded.shape[2:], x.shape, begin, attrs["storage_order"])
+
+
+def _onnx_indices(where, padded_spatial, in_shape, begin, storage_order):
+    """torch's per-plane indices into the padded input → ONNX's indices into the whole input
+    tensor, row-major (storage_order 0) or column-major over the spatial dims (1)."""
+    spatial = list(in_shape[2:])
+    coords, rest = [], where
+    for size in reversed(padded_spatial):
+        coords.append(rest % size)
+        rest = rest // size
+    coords = [c - b for c, b in zip(reversed(coords), begin)]
+    flat = torch.zeros_like(where)
+    stride = 1
+    order = range(len(spatial)) if storage_order else reversed(range(len(spatial)))
+    for i in order:
+        flat = flat + coords[i] * stride
+        stride *= spatial[i]
+    n, c = in_shape[:2]
+    plane = torch.arange(n * c, dtype=torch.int64, device=where.device).reshape((n, c) + (1,) * len(spatial))
+    return flat + plane * stride
 
 
 @OPS.op("AveragePool", attrs=dict(POOL_ATTRS, count_include_pad=0), check=_pool_check)
@@ -88,16 +113,18 @@ def _count_mask(x, begin, end, extra, attrs):
     return F.pad(ones, overhang, value=0.0)
 
 
+def _window_sum(t, kernel, strides, dilations):
+    """Sum over each (dilated) pooling window of every channel: a grouped convolution with ones."""
+    channels = t.shape[1]
+    ones = torch.ones((channels, 1) + tuple(kernel), dtype=t.dtype, device=t.device)
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[t.dim() - 2]
+    return fn(t, ones, None, strides, 0, dilations, channels)
+
+
 def _dilated_average(x, padded, attrs, kernel, strides, dilations, begin, end, extra):
-    if x.dim() != 4:
-        raise NotImplementedError("dilated AveragePool is supported for 2-D inputs")
-    n, c = x.shape[:2]
-    cols = F.unfold(padded, kernel, dilation=dilations, stride=strides)
-    counts = F.unfold(_count_mask(x, begin, end, extra, attrs), kernel, dilation=dilations, stride=strides).sum(1)
-    out_h = (padded.shape[2] - ((kernel[0] - 1) * dilations[0] + 1)) // strides[0] + 1
-    out_w = (padded.shape[3] - ((kernel[1] - 1) * dilations[1] + 1)) // strides[1] + 1
-    total = cols.view(n, c, -1, cols.shape[-1]).sum(2)
-    return (total / counts).view(n, c, out_h, out_w)
+    total = _window_sum(padded, kernel, strides, dilations)
+    counts = _window_sum(_count_mask(x, begin, end, extra, attrs), kernel, strides, dilations)
+    return total / counts
 
 
 @OPS.op("GlobalAveragePool")
@@ -117,9 +144,9 @@ def lp_pool(inputs, attrs):
     x = inputs[0]
     p = attrs["p"]
     padded, kernel, strides, dilations, *_ = _pad_for_pool(x, attrs, 0.0)
-    fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[x.dim() - 2]
     if any(d != 1 for d in dilations):
-        raise NotImplementedError("dilated LpPool")
+        return _window_sum(padded.abs() ** p, kernel, strides, dilations) ** (1.0 / p)
+    fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[x.dim() - 2]
     return (fn(padded.abs() ** p, kernel, strides, 0) * math.prod(kernel)) ** (1.0 / p)
 
 
@@ -128,3 +155,25 @@ def global_lp_pool(inputs, attrs):
     x = inputs[0]
     p = attrs["p"]
     return (x.abs() ** p).sum(dim=tuple(range(2, x.dim())), keepdim=True) ** (1.0 / p)
+
+
+@OPS.op("MaxUnpool", attrs={"kernel_shape": REQUIRED, "pads": None, "strides": None}, host_inputs=(2,))
+def max_unpool(inputs, attrs):
+    """Scatter each value to its (whole-tensor, row-major) index, as MaxPool's Indices give it."""
+    x, indices = inputs[0], inputs[1]
+    kernel = list(attrs["kernel_shape"])
+    n = len(kernel)
+    strides = list(attrs["strides"] or [1] * n)
+    pads = list(attrs["pads"] or [0] * (2 * n))
+    spatial = [(size - 1) * s - (pads[i] + pads[i + n]) + k
+               for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]
+    shape = list(x.shape[:2]) + spatial
+    out = torch.zeros(math.prod(shape), dtype=x.dtype, device=x.device)
+    out = out.scatter(0, indices.to(x.device).reshape(-1).to(torch.int64), x.reshape(-1)).reshape(shape)
+    if len(inputs) > 2 and inputs[2] is not None:  # output_shape: zero-pad at the end
+        target = [int(v) for v in inputs[2].reshape(-1).tolist()]
+        pad_arg = []
+        for have, want in zip(reversed(shape), reversed(target)):
+            pad_arg += [0, want - have]
+        out = F.pad(out, pad_arg)
+    return out

@@ -42,19 +42,26 @@ def _prod(x, axes, keep):
     return out
 
 
+def _extreme(dtype: torch.dtype, low: bool):
+    """The identity of max (low=True) or min over an empty set: -inf/+inf, the integer bounds, False/True."""
+    if dtype == torch.bool:
+        return not low
+    if dtype.is_floating_point:
+        return float("-inf") if low else float("inf")
+    return torch.iinfo(dtype).min if low else torch.iinfo(dtype).max
+
+
 def _amax(x, axes, keep):
     if x.numel() == 0:
         shape = [1 if i in axes else s for i, s in enumerate(x.shape)] if keep else [s for i, s in enumerate(x.shape) if i not in axes]
-        low = torch.finfo(x.dtype).min if x.is_floating_point() else torch.iinfo(x.dtype).min
-        return torch.full(shape, low, dtype=x.dtype, device=x.device)
+        return torch.full(shape, _extreme(x.dtype, low=True), dtype=x.dtype, device=x.device)
     return torch.amax(x, dim=axes, keepdim=keep)
 
 
 def _amin(x, axes, keep):
     if x.numel() == 0:
         shape = [1 if i in axes else s for i, s in enumerate(x.shape)] if keep else [s for i, s in enumerate(x.shape) if i not in axes]
-        high = torch.finfo(x.dtype).max if x.is_floating_point() else torch.iinfo(x.dtype).max
-        return torch.full(shape, high, dtype=x.dtype, device=x.device)
+        return torch.full(shape, _extreme(x.dtype, low=False), dtype=x.dtype, device=x.device)
     return torch.amin(x, dim=axes, keepdim=keep)
 
 
@@ -142,9 +149,27 @@ def cumsum(inputs, attrs):
     axis = norm_axis(ints(inputs[1])[0], x.dim())
     if attrs["reverse"]:
         x = torch.flip(x, (axis,))
+    if attrs["exclusive"]:  # shift by one (not cumsum - x: exact for floats, inf and NaN too)
+        x = _shift_in(x, axis, 0)
     out = torch.cumsum(x, dim=axis).to(x.dtype)
-    if attrs["exclusive"]:
-        out = out - x
+    return torch.flip(out, (axis,)) if attrs["reverse"] else out
+
+
+def _shift_in(x, axis, fill):
+    """x shifted one step along axis: `fill` in front, the last element dropped."""
+    if x.shape[axis] == 0:
+        return x
+    first = torch.full_like(x.narrow(axis, 0, 1), fill)
+    return torch.cat([first, x.narrow(axis, 0, x.shape[axis] - 1)], dim=axis)
+
+
+@OPS.op("CumProd", attrs={"exclusive": 0, "reverse": 0}, host_inputs=(1,))
+def cumprod(inputs, attrs):
+    x = inputs[0]
+    axis = norm_axis(ints(inputs[1])[0], x.dim())
     if attrs["reverse"]:
-        out = torch.flip(out, (axis,))
-    return out
+        x = torch.flip(x, (axis,))
+    if attrs["exclusive"]:
+        x = _shift_in(x, axis, 1)
+    out = torch.cumprod(x, dim=axis).to(x.dtype)
+    return torch.flip(out, (axis,)) if attrs["reverse"] else out

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .registry import OpTable
-from .util import floats, ints, norm_axis
+from .util import floats, ints, norm_axis, only_dtypes
 
 OPS = OpTable("resize")
 
@@ -21,8 +21,8 @@ RESIZE_ATTRS = {"antialias": 0, "axes": None, "coordinate_transformation_mode": 
 
 
 def _resize_check(attrs: dict, dtypes: list):
-    if attrs.get("antialias"):
-        return "antialias=1 not supported"
+    if attrs.get("antialias") and attrs.get("mode") == "nearest":
+        return "antialias=1 with mode nearest not supported"
     if attrs.get("mode") not in ("nearest", "linear", "cubic"):
         return f"mode {attrs.get('mode')} not supported"
     return None
@@ -30,12 +30,17 @@ def _resize_check(attrs: dict, dtypes: list):
 
 def _source_coords(out_size, in_size, scale, mode, roi_start, roi_end, device):
     x = torch.arange(out_size, dtype=torch.float64, device=device)
+    # The formulas' "length_resized" is in_size * scale, unrounded (it differs from out_size when
+    # scales are given and in_size * scale is not an integer).
+    length = in_size * scale
+    if abs(length - round(length)) < 1e-9 * max(1.0, length):
+        length = float(round(length))
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if out_size > 1 else torch.zeros_like(x)
     if mode == "align_corners":
-        return x * (in_size - 1) / (out_size - 1) if out_size > 1 else torch.zeros_like(x)
+        return x * (in_size - 1) / (length - 1) if length != 1 else torch.zeros_like(x)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_half_pixel_for_nn":
@@ -45,8 +50,8 @@ def _source_coords(out_size, in_size, scale, mode, roi_start, roi_end, device):
         offset = in_size / 2 * (1 - adjustment)
         return offset + (x + 0.5) / scale - 0.5
     if mode == "tf_crop_and_resize":
-        if out_size > 1:
-            return roi_start * (in_size - 1) + x * (roi_end - roi_start) * (in_size - 1) / (out_size - 1)
+        if length != 1:
+            return roi_start * (in_size - 1) + x * (roi_end - roi_start) * (in_size - 1) / (length - 1)
         return torch.full_like(x, 0.5 * (roi_start + roi_end) * (in_size - 1))
     raise ValueError(f"coordinate_transformation_mode {mode}")
 
@@ -63,12 +68,24 @@ def _nearest_index(coords, in_size, rule, scale):
     return idx.clamp(0, in_size - 1).to(torch.int64)
 
 
-def _cubic_weights(t, a):
-    t = t.unsqueeze(-1)
-    s = torch.cat([t + 1, t, 1 - t, 2 - t], dim=-1).abs()
-    near = ((a + 2) * s - (a + 3)) * s * s + 1
-    far = ((a * s - 5 * a) * s + 8 * a) * s - 4 * a
-    return torch.where(s <= 1, near, torch.where(s < 2, far, torch.zeros_like(s)))
+def _filter_taps(t, mode, a, scale, antialias):
+    """Tap offsets (from base = ceil(coord) - 1, so t in (0, 1]) and weights of the linear or cubic
+    filter. With antialias a downsampling filter is stretched by 1 / scale and normalised."""
+    s = min(scale, 1.0) if antialias else 1.0
+    support = 1 if mode == "linear" else 2
+    start = math.floor(-support / s) + 1
+    offsets = list(range(start, 2 - start))
+    args = (torch.tensor(offsets, dtype=t.dtype, device=t.device) - t.unsqueeze(-1)) * s
+    x = args.abs()
+    if mode == "linear":
+        weights = (1 - x).clamp(0, 1)
+    else:
+        near = ((a + 2) * x - (a + 3)) * x * x + 1
+        far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+        weights = torch.where(x <= 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
+    if antialias:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return offsets, weights
 
 
 def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
@@ -79,14 +96,9 @@ def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
     if mode == "nearest":
         out = x.index_select(axis, _nearest_index(coords, in_size, attrs["nearest_mode"], scale))
     else:
-        base = torch.floor(coords)
+        base = torch.ceil(coords) - 1
         t = coords - base
-        if mode == "linear":
-            offsets = [0, 1]
-            weights = torch.stack([1 - t, t], dim=-1)
-        else:
-            offsets = [-1, 0, 1, 2]
-            weights = _cubic_weights(t, attrs["cubic_coeff_a"])
+        offsets, weights = _filter_taps(t, mode, attrs["cubic_coeff_a"], scale, attrs["antialias"])
         taps = torch.stack([base + o for o in offsets], dim=-1)
         if attrs["exclude_outside"]:
             inside = (taps >= 0) & (taps <= in_size - 1)
@@ -226,3 +238,26 @@ def _pad_axis(x, axis, lo, hi, mode, value):
         raise ValueError(f"pad mode {mode}")
     return x.index_select(axis, idx)
 
+
+
+_GRID_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic",
+               "bicubic": "bicubic"}
+
+
+def _grid_sample_check(attrs: dict, dtypes: list):
+    if attrs["mode"] not in _GRID_MODES:
+        return f"mode {attrs['mode']} not supported"
+    if attrs["padding_mode"] not in ("zeros", "border", "reflection"):
+        return f"padding_mode {attrs['padding_mode']} not supported"
+    return only_dtypes({"float32", "float16", "float64", "bfloat16"}, (0, 1))(attrs, dtypes)
+
+
+@OPS.op("GridSample", attrs={"align_corners": 0, "mode": "linear", "padding_mode": "zeros"}, check=_grid_sample_check)
+def grid_sample(inputs, attrs):
+    # ONNX defines GridSample as torch's grid_sample (4-D input; 5-D for linear and nearest).
+    x, grid = inputs
+    mode = _GRID_MODES[attrs["mode"]]
+    if mode == "bicubic" and x.dim() != 4:
+        raise NotImplementedError("GridSample cubic is defined for 4-D inputs only")
+    return F.grid_sample(x, grid.to(x.dtype), mode=mode, padding_mode=attrs["padding_mode"],
+                         align_corners=bool(attrs["align_corners"]))

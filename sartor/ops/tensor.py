@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from .registry import REQUIRED, OpTable
-from .util import ONNX_TO_TORCH, ints, norm_axis, same_device
+from .util import ONNX_TO_TORCH, ints, norm_axis, same_device, tensor_from_numpy
 
 OPS = OpTable("tensor")
 
@@ -230,9 +230,9 @@ def _constant_value(attrs):
     return value if value is not None else np.zeros([1], dtype=np.float32)
 
 
-@OPS.op("ConstantOfShape", attrs={"value": None}, host_inputs=(0,))
+@OPS.op("ConstantOfShape", attrs={"value": None}, host_inputs=(0,), shape_arith=True)
 def constant_of_shape(inputs, attrs):
-    value = torch.as_tensor(np.asarray(_constant_value(attrs)))
+    value = tensor_from_numpy(_constant_value(attrs))
     return torch.full(ints(inputs[0]), value.reshape(-1)[0].item(), dtype=value.dtype)
 
 
@@ -289,12 +289,20 @@ def depth_to_space(inputs, attrs):
     return y.reshape(n, c // (b * b), h * b, w * b)
 
 
-@OPS.op("SpaceToDepth", attrs={"blocksize": REQUIRED})
+def _space_to_depth_check(attrs: dict, dtypes: list):
+    if attrs["mode"] not in ("DCR", "CRD"):
+        return f"mode {attrs['mode']} not supported"
+    return None
+
+
+@OPS.op("SpaceToDepth", attrs={"blocksize": REQUIRED, "mode": "DCR"}, check=_space_to_depth_check)
 def space_to_depth(inputs, attrs):
     x = inputs[0]
     b = attrs["blocksize"]
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    # DCR: output channel (bh * b + bw) * C + c; CRD: c * b * b + bh * b + bw.
+    y = y.permute(0, 3, 5, 1, 2, 4) if attrs["mode"] == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
@@ -318,3 +326,90 @@ def one_hot(inputs, attrs):
     hot = hot.movedim(-1, axis)
     values = same_device(values, hot)
     return torch.where(hot.bool(), values[1], values[0])
+
+
+@OPS.op("Compress", attrs={"axis": None})
+def compress(inputs, attrs):
+    x, condition = inputs
+    keep = torch.nonzero(same_device(condition, x).reshape(-1).to(torch.bool)).reshape(-1)
+    if attrs["axis"] is None:
+        flat = x.reshape(-1)
+        return flat.index_select(0, keep[keep < flat.numel()])
+    axis = norm_axis(attrs["axis"], x.dim())
+    return x.index_select(axis, keep[keep < x.shape[axis]])
+
+
+@OPS.op("ReverseSequence", attrs={"batch_axis": 1, "time_axis": 0})
+def reverse_sequence(inputs, attrs):
+    x, lens = inputs
+    batch_axis, time_axis = attrs["batch_axis"], attrs["time_axis"]
+    steps = x.shape[time_axis]
+    t = torch.arange(steps, device=x.device).unsqueeze(0)  # [1, T]
+    lens = same_device(lens, x).to(torch.int64).unsqueeze(1)  # [B, 1]
+    source = torch.where(t < lens, lens - 1 - t, t)  # [B, T]: reversed inside each sequence
+    moved = x.movedim((batch_axis, time_axis), (0, 1))
+    index = source.reshape(source.shape + (1,) * (moved.dim() - 2)).expand(moved.shape)
+    return torch.gather(moved, 1, index).movedim((0, 1), (batch_axis, time_axis))
+
+
+@OPS.op("CenterCropPad", attrs={"axes": None}, host_inputs=(1,))
+def center_crop_pad(inputs, attrs):
+    x = inputs[0]
+    target = ints(inputs[1])
+    axes = [norm_axis(a, x.dim()) for a in (attrs["axes"] or range(x.dim()))]
+    out = x
+    for axis, size in zip(axes, target):
+        dim = out.shape[axis]
+        if size < dim:  # crop: the extra element of an odd difference comes off the end
+            out = out.narrow(axis, (dim - size) // 2, size)
+        elif size > dim:  # pad with zeros, the extra element of an odd difference at the end
+            shape = list(out.shape)
+            before = (size - dim) // 2
+            shape[axis] = size
+            padded = torch.zeros(shape, dtype=out.dtype, device=out.device)
+            padded.narrow(axis, before, dim).copy_(out)
+            out = padded
+    return out
+
+
+def _window(fn):
+    def impl(inputs, attrs):
+        size = ints(inputs[0])[0]
+        n = torch.arange(size, dtype=torch.float64)
+        period = size if attrs["periodic"] else size - 1
+        return fn(2 * torch.pi * n / period).to(ONNX_TO_TORCH[attrs["output_datatype"]])
+    return impl
+
+
+def _window_check(attrs: dict, dtypes: list):
+    if attrs["output_datatype"] not in ONNX_TO_TORCH:
+        return f"output_datatype {attrs['output_datatype']} not supported"
+    return None
+
+
+WINDOW_ATTRS = {"output_datatype": 1, "periodic": 1}
+OPS.op("HannWindow", attrs=dict(WINDOW_ATTRS), host_inputs=(0,), check=_window_check)(
+    _window(lambda a: 0.5 - 0.5 * torch.cos(a)))
+OPS.op("HammingWindow", attrs=dict(WINDOW_ATTRS), host_inputs=(0,), check=_window_check)(
+    _window(lambda a: 25 / 46 - (1 - 25 / 46) * torch.cos(a)))
+OPS.op("BlackmanWindow", attrs=dict(WINDOW_ATTRS), host_inputs=(0,), check=_window_check)(
+    _window(lambda a: 0.42 - 0.5 * torch.cos(a) + 0.08 * torch.cos(2 * a)))
+
+
+@OPS.op("Unique", attrs={"axis": None, "sorted": 1})
+def unique(inputs, attrs):
+    """Unique values (or slices along `axis`), first-occurrence indices, inverse indices, counts."""
+    x = inputs[0]
+    axis = None if attrs["axis"] is None else norm_axis(attrs["axis"], x.dim())
+    source = x.reshape(-1) if axis is None else x
+    dim = 0 if axis is None else axis
+    values, inverse, counts = torch.unique(source, sorted=True, return_inverse=True, return_counts=True, dim=dim)
+    positions = torch.arange(source.shape[dim], device=x.device)
+    first = torch.full((values.shape[dim],), source.shape[dim], dtype=torch.int64, device=x.device)
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+    if not attrs["sorted"]:  # order of first occurrence
+        order = torch.argsort(first)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order), device=x.device)
+        values, first, counts, inverse = values.index_select(dim, order), first[order], counts[order], rank[inverse]
+    return values, first, inverse.to(torch.int64), counts.to(torch.int64)

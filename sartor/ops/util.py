@@ -19,6 +19,23 @@ SUPPORTED_DTYPES = frozenset(NUMPY_TO_TORCH)
 FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
 
+def tensor_from_numpy(array) -> torch.Tensor:
+    """A weight (numpy, maybe ml_dtypes bfloat16, maybe 0-d) as a torch tensor of the same dtype."""
+    array = np.array(array)  # a copy, keeping 0-d arrays 0-d
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """The inverse of `tensor_from_numpy`: bfloat16 comes back as ml_dtypes bfloat16."""
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+        return tensor.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+    return tensor.numpy().copy()
+
+
 def ints(t) -> list[int]:
     """A host tensor, list or scalar read as a list of Python ints."""
     if t is None:

@@ -45,9 +45,11 @@ def _fold_into_gemm(graph: Graph, gemm: Node, mult: np.ndarray, shift: np.ndarra
     bias = graph.constant(gemm.inputs[2]) if len(gemm.inputs) > 2 and gemm.inputs[2] else np.zeros(n)
     if bias is None:
         return False
-    bias = np.broadcast_to(bias.astype(np.float64) * beta, (n,)) if bias.size in (1, n) else None
-    if bias is None:
+    # C broadcasts to [M, N]: only a per-column bias ([N], [1, N], [1], [1, 1], scalar) folds;
+    # an [M, 1] or [M, N] bias differs per row.
+    if bias.ndim > 2 or (bias.ndim >= 1 and bias.shape[-1] not in (1, n)) or (bias.ndim == 2 and bias.shape[0] != 1):
         return False
+    bias = np.broadcast_to((bias.astype(np.float64) * beta).reshape(-1), (n,))
     w = weight.astype(np.float64) * alpha
     new_w = (w * mult[:, None] if trans_b else w * mult[None, :]).astype(weight.dtype)
     new_b = (bias * mult + shift).astype(weight.dtype)

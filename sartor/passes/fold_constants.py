@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..ir import Graph, Node
 from ..ops import default_registry
-from ..ops.util import TORCH_TO_NUMPY
+from ..ops.util import TORCH_TO_NUMPY, tensor_from_numpy, tensor_to_numpy
 
 MAX_FOLDED_ELEMENTS = 1 << 24  # larger results stay computed at run time rather than bloat the engine
 NEVER_FOLD = {"NonMaxSuppression"}
@@ -33,8 +32,7 @@ def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
     opdef = default_registry().get(node.op_type)
     if opdef is None:
         return None
-    args = [torch.from_numpy(np.array(graph.initializers[name])) if name else None
-            for name in node.inputs]
+    args = [tensor_from_numpy(graph.initializers[name]) if name else None for name in node.inputs]
     try:
         result = opdef.impl(args, opdef.fill_attrs(node.attrs))
     except Exception:  # a node that cannot be evaluated here is left for run time
@@ -44,7 +42,7 @@ def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
     for tensor in results[:len(node.outputs)]:
         if tensor.numel() > MAX_FOLDED_ELEMENTS or tensor.dtype not in TORCH_TO_NUMPY:
             return None
-        arrays.append(tensor.detach().cpu().contiguous().numpy().copy())
+        arrays.append(tensor_to_numpy(tensor))
     return arrays
 
 

@@ -92,7 +92,10 @@ def fuse_activation_patterns(graph: Graph) -> int:
             continue
         x, matched, out = found
         inner = [n.outputs[0] for n in matched[:-1]]
-        if any(v in graph.output_names() for v in inner):
+        # Every intermediate value must die inside the pattern (e.g. x / sqrt(2) read elsewhere).
+        matched_ids = {id(n) for n in matched}
+        if any(v in graph.output_names() or any(id(u) not in matched_ids for u in consumers.get(v, []))
+               for v in inner):
             continue
         position = graph.nodes.index(matched[-1])
         fused = Node(op_type, graph.fresh_name(matched[-1].name + f"_{op_type.lower()}"), [x], [out], {},

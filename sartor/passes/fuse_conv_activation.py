@@ -32,6 +32,8 @@ def _activation_of(graph: Graph, node: Node) -> tuple | None:
                 bounds.append(value)
             else:
                 bounds.append(node.attrs.get(attr))
+        if bounds[0] is None and bounds[1] is None:
+            return None  # an unbounded Clip is an identity, not an epilogue (torch.clamp refuses it)
         return "Clip", bounds[0], bounds[1]
     return None
 

@@ -9,10 +9,46 @@ from ..ir import Graph, Node, topological_order
 from .base import single_consumer
 
 
-def _same_known_shape(graph: Graph, a: str, b: str) -> bool:
+def _same_known_shape(graph: Graph, a: str, b: str, producers: dict | None = None) -> bool:
     sa, sb = graph.shape_of(a), graph.shape_of(b)
-    return sa is not None and sb is not None and len(sa) == len(sb) and all(
-        x == y for x, y in zip(sa, sb))
+    if sa is not None and sb is not None and len(sa) == len(sb) and all(x == y for x, y in zip(sa, sb)):
+        return True
+    # Shape inference names every unknown dim afresh ("unk__4" vs "unk__8"), so with dynamic H/W
+    # equal shapes only show after following shape-preserving convs back to a common value.
+    producers = producers if producers is not None else graph.producers()
+    sa, sb = _traced_shape(graph, a, producers), _traced_shape(graph, b, producers)
+    return sa is not None and sb is not None and len(sa) == len(sb) and all(x == y for x, y in zip(sa, sb))
+
+
+def _preserves_spatial(graph: Graph, node: Node) -> bool:
+    """A Conv with stride 1 whose padding keeps every spatial size (3x3 pad 1, 1x1, 'SAME')."""
+    weight = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if weight is None or weight.ndim < 3:
+        return False
+    kernel = list(weight.shape[2:])
+    n = len(kernel)
+    strides = list(node.attrs.get("strides") or [1] * n)
+    dilations = list(node.attrs.get("dilations") or [1] * n)
+    if any(s != 1 for s in strides):
+        return False
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return True
+    if auto_pad == "VALID":
+        return all(k == 1 for k in kernel)
+    pads = list(node.attrs.get("pads") or [0] * (2 * n))
+    return all(pads[i] + pads[i + n] == d * (k - 1) for i, (k, d) in enumerate(zip(kernel, dilations)))
+
+
+def _traced_shape(graph: Graph, value: str, producers: dict, depth: int = 64) -> tuple | None:
+    """The shape of `value`, written in the dims of the first value up a chain of shape-preserving
+    convs (batch and spatial dims pass through; channels come from the weight)."""
+    node = producers.get(value)
+    if depth and node is not None and node.op_type in ("Conv", "FusedConv") and _preserves_spatial(graph, node):
+        source = _traced_shape(graph, node.inputs[0], producers, depth - 1)
+        if source is not None and len(source) >= 3:
+            return (source[0], int(graph.constant(node.inputs[1]).shape[0])) + tuple(source[2:])
+    return graph.shape_of(value)
 
 
 def _conv_input_order(graph: Graph, add: Node, producers: dict) -> tuple[Node, str] | None:
@@ -25,7 +61,7 @@ def _conv_input_order(graph: Graph, add: Node, producers: dict) -> tuple[Node, s
             continue
         if single_consumer(graph, conv.outputs[0]) is not add:
             continue
-        if not _same_known_shape(graph, conv.outputs[0], other):
+        if not _same_known_shape(graph, conv.outputs[0], other, producers):
             continue
         return conv, other
     return None

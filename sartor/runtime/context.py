@@ -26,7 +26,8 @@ class _CapturedShape:
 
 
 @contextlib.contextmanager
-def _matmul_precision(tf32: bool):
+def matmul_precision(tf32: bool):
+    """TF32 on or off for cuBLAS and cuDNN for the duration (FP32 engines must not use it)."""
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
@@ -47,6 +48,10 @@ class ExecutionContext:
         self._captured: dict[tuple, _CapturedShape] = {}
         self._device_copies: dict[tuple, dict] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
+        if engine.device.type == "cuda":
+            # cuDNN times its algorithms per shape on first use (captured before the CUDA graph):
+            # the library-level tactic choice until sartor's own tactics replace it.
+            torch.backends.cudnn.benchmark = True
 
     # ---- the gate -----------------------------------------------------------------------
     def _profiles_text(self) -> str:
@@ -101,7 +106,7 @@ class ExecutionContext:
         tensors = {name: (torch.from_numpy(v if v.flags.c_contiguous else np.array(v, order="C")) if isinstance(v, np.ndarray) else v)
                    for name, v in feeds.items()}
         tensors = {name: t.to(device, non_blocking=True) if t.device != device else t for name, t in tensors.items()}
-        with _matmul_precision(self.engine.precision == "tf32"):
+        with matmul_precision(self.engine.precision == "tf32"):
             if self.use_cuda_graphs:
                 outputs = self._run_graph(tensors, shapes)
             else:

@@ -68,7 +68,20 @@ def rebuild_command(header: dict) -> str:
     config = header.get("build_config", {})
     args = ["sartor", "build", config.get("model_path", "MODEL.onnx"), "-o", config.get("output_path", "OUT.plan"),
             "--precision", config.get("precision", "fp32")]
-    return " ".join(shlex.quote(a) for a in args) + " --device <this device> (plus the original shape flags)"
+    for index, profile in enumerate(config.get("profiles") or []):
+        if index:
+            args.append("--profile")
+        for kind in ("min", "opt", "max"):
+            shapes = profile.get(kind) or {}
+            if shapes:
+                args += [f"--{kind}-shapes",
+                         ",".join(f"{name}:{'x'.join(str(d) for d in shape)}" for name, shape in shapes.items())]
+    for flag, table in (("--layer-precision", config.get("layer_precision")), ("--op-precision", config.get("op_precision"))):
+        for key, value in (table or {}).items():
+            args += [flag, f"{key}={value}"]
+    if config.get("overflow_guard") is False:
+        args.append("--no-overflow-guard")
+    return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
 def load(path: str | os.PathLike, device: str | None = None) -> Engine:

@@ -38,7 +38,11 @@ def pack(header: dict, weights: dict[str, torch.Tensor]) -> bytes:
 def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
     if data.startswith(_PICKLE_PREFIXES):
         raise EngineFileError(f"{where} is a pickle/zip file, not a sartor engine; sartor never unpickles files")
-    if len(data) < len(MAGIC) + 4 or data[:len(MAGIC)] != MAGIC:
+    if not data:
+        raise EngineFileError(f"{where} is empty, not a sartor engine")
+    if len(data) < len(MAGIC) + 4 and MAGIC.startswith(data[:len(MAGIC)]):
+        raise EngineFileError(f"{where} is truncated ({len(data)} bytes)")
+    if data[:len(MAGIC)] != MAGIC:
         raise EngineFileError(f"{where} is not a sartor engine (bad magic)")
     version = struct.unpack_from("<I", data, len(MAGIC))[0]
     if version != FORMAT_VERSION:
@@ -77,14 +81,24 @@ def read_engine_file(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Ten
     return unpack(path.read_bytes(), str(path))
 
 
+def _check_parent(path: Path, parent: Path) -> None:
+    if parent.is_dir():
+        return
+    for above in [parent, *parent.parents]:
+        if above.exists():
+            if not above.is_dir():
+                raise OutputPathError(f"cannot write {path}: {above} is a file, not a directory")
+            break
+    raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
+
+
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename: no half-written file under the name."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OutputPathError(f"cannot write {path}: it is a directory")
-    if not parent.is_dir():
-        raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
+    _check_parent(path, parent)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:
@@ -109,7 +123,6 @@ def check_writable(path: str | os.PathLike) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OutputPathError(f"cannot write {path}: it is a directory")
-    if not parent.is_dir():
-        raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
+    _check_parent(path, parent)
     if not os.access(parent, os.W_OK):
         raise OutputPathError(f"cannot write {path}: directory {parent} is not writable")

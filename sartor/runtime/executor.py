@@ -96,10 +96,11 @@ class Executor:
 
     # ---- execution --------------------------------------------------------------------
     def run(self, feeds: dict[str, torch.Tensor], device_copies: dict | None = None,
-            observe=None) -> dict[str, torch.Tensor]:
+            observe=None, before=None) -> dict[str, torch.Tensor]:
         """Execute once. `device_copies` caches host values that device layers read as data; a
         caller capturing CUDA graphs fills it on a warm-up run so the capture copies nothing.
-        `observe(step_index, node, outputs)` sees every layer's outputs (build-time analyses)."""
+        `observe(step_index, step, outputs)` sees every layer's outputs and `before(step_index, step,
+        args)` its arguments (build-time analyses and tactic timing)."""
         device_copies = {} if device_copies is None else device_copies
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
@@ -108,6 +109,8 @@ class Executor:
             env[name] = tensor
         for index, step in enumerate(self.steps):
             args = self._arguments(step, env, device_copies)
+            if before is not None:
+                before(index, step, args)
             result = step.impl(args, step.attrs)
             results = result if isinstance(result, (tuple, list)) else (result,)
             for name, value in zip(step.node.outputs, results):

@@ -5,14 +5,13 @@ import numpy as np
 import torch
 
 from ..ir import Graph, Node, ValueInfo
-from ..ops.util import NUMPY_TO_TORCH
+from ..ops.util import tensor_from_numpy, tensor_to_numpy
 
 _TENSOR_KEY = "__tensor__"
 
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:
-    # np.array, not np.ascontiguousarray: the latter turns 0-d arrays into 1-d ones.
-    return torch.from_numpy(np.array(array, order="C", copy=True))
+    return tensor_from_numpy(array)
 
 
 def _encode_attr(value, key: str, tensors: dict):
@@ -30,7 +29,7 @@ def _encode_attr(value, key: str, tensors: dict):
 
 def _decode_attr(value, tensors: dict):
     if isinstance(value, dict) and _TENSOR_KEY in value:
-        return tensors[value[_TENSOR_KEY]].numpy()
+        return tensor_to_numpy(tensors[value[_TENSOR_KEY]])
     if isinstance(value, list):
         return [_decode_attr(v, tensors) for v in value]
     return value

@@ -95,8 +95,8 @@ def make_profile(declared: dict[str, tuple | None], min_shapes: dict, opt_shapes
         lo, opt, hi = (g if g is not None else anchor for g in given)
         if not (len(lo) == len(opt) == len(hi)):
             raise ProfileError(f"input {name!r}: min/opt/max shapes have different ranks")
-        for label, s in (("min", lo), ("opt", opt), ("max", hi)):
-            if not _compatible(shape, s):
+        for label, s, g in zip(("min", "opt", "max"), (lo, opt, hi), given):
+            if g is not None and not _compatible(shape, s):  # name the flag the user gave
                 dims = "x".join(str(d) for d in shape)
                 raise ProfileError(f"input {name!r}: {label} shape {'x'.join(map(str, s))} does not fit the model's "
                                    f"declared shape {dims}")

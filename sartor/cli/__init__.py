@@ -1,0 +1,1 @@
+"""The `sartor` command line: one module per subcommand, `main.py` ties them together."""

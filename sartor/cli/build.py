@@ -1,0 +1,186 @@
+"""`sartor build MODEL.onnx -o OUT.plan`: compile an ONNX model into an engine file."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ..builder import BuildConfig
+from ..builder import build as run_build
+from ..builder.config import PRECISIONS, parse_precision_overrides
+from ..errors import ConfigError
+from ..runtime.fingerprint import describe
+from ..runtime.profiles import Profile, parse_shape_spec
+from .common import console, fmt_bytes, key_values, table, text
+
+# The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).
+STAGES = ("import", "profiles", "optimize", "precision", "tactics", "memory", "serialize")
+SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
+
+DESCRIPTION = "Compile an ONNX model into an engine file for one device."
+EPILOG = """\
+shapes and profiles:
+  Dynamic inputs need a shape range: --min-shapes, --opt-shapes and --max-shapes take
+  NAME:1x3x320x320 (comma-separate several inputs). Kernels are chosen at the opt shape; a run
+  outside min..max is refused. Give just one of the three for a fixed shape.
+
+  --profile starts a new optimization profile: the --min/--opt/--max-shapes after it belong to
+  that profile, those before the first --profile to profile 0. Example with two profiles:
+
+    sartor build m.onnx -o m.plan \\
+      --min-shapes images:1x3x320x320 --opt-shapes images:1x3x320x320 --max-shapes images:4x3x320x320 \\
+      --profile \\
+      --min-shapes images:8x3x320x320 --opt-shapes images:16x3x320x320 --max-shapes images:32x3x320x320
+
+  A run uses the first profile that admits its shapes (or the one its context is bound to).
+
+precision overrides:
+  --layer-precision NODE=fp32 pins ONNX nodes (glob on node names, e.g. '/head/*=fp32');
+  --op-precision LayerNormalization=fp32 pins every node of an op type. An override that matches
+  no layer is an error.
+"""
+
+
+class _ShapeEvent(argparse.Action):
+    """Records --min/--opt/--max-shapes and --profile in command-line order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        events = list(getattr(namespace, self.dest, None) or [])
+        events.append((SHAPE_KINDS[option_string], values))
+        setattr(namespace, self.dest, events)
+
+
+def add_parser(subparsers, parents) -> None:
+    p = subparsers.add_parser("build", parents=parents, help=DESCRIPTION.rstrip("."), description=DESCRIPTION,
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL.onnx", help="the ONNX model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.plan", help="where to write the engine")
+    p.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available, else cpu)")
+    p.add_argument("--precision", default="fp32", type=str.lower, choices=PRECISIONS,
+                   help="precision of the layers not pinned otherwise (default fp32)")
+    for flag, kind in (("--min-shapes", "min"), ("--opt-shapes", "opt"), ("--max-shapes", "max")):
+        p.add_argument(flag, action=_ShapeEvent, dest="shape_events", metavar="NAME:1x3x320x320[,...]",
+                       help=f"{kind} shapes of the current profile")
+    p.add_argument("--profile", action=_ShapeEvent, dest="shape_events", nargs=0,
+                   help="start a new profile: the shape flags after it belong to it")
+    p.add_argument("--layer-precision", action="append", default=[], metavar="NODE=PRECISION",
+                   help="pin ONNX nodes matching a glob to a precision (repeatable)")
+    p.add_argument("--op-precision", action="append", default=[], metavar="OP=PRECISION",
+                   help="pin every node of an op type to a precision (repeatable)")
+    p.add_argument("--no-overflow-guard", action="store_true",
+                   help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
+    p.set_defaults(func=run, shape_events=None)
+
+
+def profiles_from_events(events: list[tuple[str, object]] | None) -> list[dict]:
+    """The shape flags, in order, as BuildConfig profiles: a --profile starts the next profile."""
+    profiles = [{"min": {}, "opt": {}, "max": {}}]
+    opened = False  # a leading --profile just opens profile 0
+
+    def empty(profile):
+        return not any(profile.values())
+
+    for kind, value in events or []:
+        if kind == "profile":
+            if empty(profiles[-1]):
+                if len(profiles) == 1 and not opened:
+                    opened = True
+                    continue
+                raise ConfigError(f"profile {len(profiles) - 1} has no shapes: give --min-shapes/--opt-shapes/"
+                                  f"--max-shapes after each --profile")
+            profiles.append({"min": {}, "opt": {}, "max": {}})
+            continue
+        shapes = parse_shape_spec(value)
+        if not shapes:
+            raise ConfigError(f"--{kind}-shapes {value!r} names no input")
+        current = profiles[-1][kind]
+        for name, shape in shapes.items():
+            if name in current:
+                raise ConfigError(f"--{kind}-shapes gives input {name!r} twice in profile {len(profiles) - 1}")
+            current[name] = shape
+    if empty(profiles[-1]):
+        if len(profiles) > 1 or opened:
+            raise ConfigError(f"profile {len(profiles) - 1} has no shapes: give --min-shapes/--opt-shapes/"
+                              f"--max-shapes after each --profile")
+        return []
+    return profiles
+
+
+def config_from_args(args) -> BuildConfig:
+    return BuildConfig(
+        model_path=args.model, output_path=args.output, device=args.device, precision=args.precision,
+        profiles=profiles_from_events(args.shape_events),
+        layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
+        op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
+        overflow_guard=not args.no_overflow_guard)
+
+
+def run(args) -> int:
+    config = config_from_args(args)
+    err = console(stderr=True)
+    out = console()
+    # A live bar on a terminal; in logs and pipes just one line per finished stage.
+    progress = Progress(SpinnerColumn(), TextColumn("[bold]build[/] {task.description:<10}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
+                        disable=not err.is_terminal)
+    current: dict = {}
+
+    def finish_stage() -> None:
+        if current:
+            progress.console.print(f"  [green]✓[/] {current['name']:<10} {time.perf_counter() - current['start']:.3f} s")
+
+    stages = list(STAGES)
+    with progress:
+        task = progress.add_task("", total=len(stages))
+
+        def on_stage(name: str) -> None:
+            finish_stage()
+            current.update(name=name, start=time.perf_counter())
+            if name not in stages:
+                stages.insert(len(stages) - 1, name)
+            progress.update(task, description=name, total=len(stages), completed=stages.index(name))
+
+        result = run_build(config, progress=on_stage)
+        finish_stage()
+        progress.update(task, description="done", completed=len(stages))
+    print_summary(out, result)
+    return 0
+
+
+def precision_mix(layers: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for layer in layers:
+        counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+    return ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def print_summary(out, result) -> None:
+    header = result.header
+    profiles = [Profile.from_json(p) for p in header["profiles"]]
+    size = Path(result.path).stat().st_size if Path(result.path).is_file() else 0
+    arenas = [p.get("arena_bytes", 0) for p in header.get("memory", {}).get("profiles", [])]
+    rows = [
+        ("engine", f"{result.path} ({fmt_bytes(size)})"),
+        ("device", f"{header['device']}: {describe(header['fingerprint'])}"),
+        ("precision", header["build_config"]["precision"]),
+        ("ONNX nodes", result.onnx_nodes),
+        ("layers", f"{result.layers} after fusion"),
+        ("precision mix", precision_mix(header["layers"])),
+    ]
+    rows += [(f"profile {k}", p.describe()) for k, p in enumerate(profiles)]
+    rows += [("activation arena", ", ".join(fmt_bytes(a) for a in arenas) or "-"),
+             ("build seconds", f"{result.seconds:.3f}")]
+    out.print(key_values("Build summary", rows))
+    stages = table("Stage seconds", *result.stage_seconds.keys())
+    stages.add_row(*(f"{s:.3f}" for s in result.stage_seconds.values()))
+    out.print(stages)
+    out.print("[bold]Build log[/]")
+    if not result.log:
+        out.print("  (nothing to report)")
+    for line in result.log:
+        out.print(text(f"  {line}"))
+    pinned = [layer for layer in header["layers"] if layer["precision"] != header["build_config"]["precision"]]
+    if not pinned and header["build_config"]["precision"] != "fp32":
+        out.print(f"  every layer runs {header['build_config']['precision']}")

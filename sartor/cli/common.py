@@ -1,0 +1,126 @@
+"""What several subcommands share: consoles, `--input NAME=FILE.npy`, formatting, npz output."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import InputError
+
+WIDE = 160  # columns when the output is not a terminal (logs, pipes, tests): fewer wrapped cells
+
+
+def console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else WIDE, highlight=False)
+
+
+def text(value) -> Text:
+    """Cell text taken literally (layer names may hold `[...]`, which rich would read as markup)."""
+    return Text("-" if value is None or value == "" else str(value))
+
+
+def table(title: str | None, *columns: str, **kwargs) -> Table:
+    t = Table(title=title, title_justify="left", **kwargs)
+    for column in columns:
+        t.add_column(column)
+    return t
+
+
+def key_values(title: str | None, rows: list[tuple[str, object]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for key, value in rows:
+        t.add_row(key, text(value))
+    return t
+
+
+def fmt_shape(shape) -> str:
+    if shape is None:
+        return "?"
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def fmt_bytes(n: int | float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+def fmt_float(value: float | None, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return format(value, spec)
+
+
+def print_json(data: dict) -> None:
+    """JSON on stdout; inf/nan become strings so that the output stays strict JSON."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return str(v)
+        if isinstance(v, dict):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    sys.stdout.write(json.dumps(clean(data), indent=2, sort_keys=False, default=str) + "\n")
+
+
+def _load_array(name: str, path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise InputError(f"--input {name}={path}: file not found")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise InputError(f"--input {name}={path}: not a .npy/.npz array file ({type(exc).__name__})") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            keys = list(loaded.files)
+            key = name if name in keys else (keys[0] if len(keys) == 1 else None)
+            if key is None:
+                raise InputError(f"--input {name}={path}: the .npz holds {', '.join(keys) or 'no arrays'}, "
+                                 f"not {name!r}")
+            return loaded[key]
+    return loaded
+
+
+def parse_inputs(items: list[str] | None, input_names: list[str]) -> dict[str, np.ndarray]:
+    """`--input NAME=FILE.npy` (repeatable; a bare FILE.npy when the engine has one input)."""
+    feeds: dict[str, np.ndarray] = {}
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        if not sep:
+            if len(input_names) != 1:
+                raise InputError(f"--input {item!r} must look like NAME=FILE.npy (the engine's inputs are "
+                                 f"{', '.join(input_names)})")
+            name, file = input_names[0], item
+        if not name or not file:
+            raise InputError(f"--input {item!r} must look like NAME=FILE.npy")
+        if name in feeds:
+            raise InputError(f"--input {name} is given twice")
+        feeds[name] = _load_array(name, Path(file))
+    return feeds
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """An .npz archive in memory (as numpy.savez writes it), for write_atomic; any array name works."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
+    return buffer.getvalue()

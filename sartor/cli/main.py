@@ -1,0 +1,69 @@
+"""`sartor` entry point: subcommands, and one policy for errors.
+
+Exit status: 0 success; 1 a check failed (compare over tolerance); 2 a usage error or any
+SartorError (printed as one `error: ...` line); 3 an internal error (a bug: one `internal error:`
+line). --verbose adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from ..errors import SartorError
+from ..version import __version__
+from . import bench, build, compare, inspect, run
+
+COMMANDS = (build, run, inspect, compare, bench)
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sartor", description="Compile ONNX vision models into engines "
+                                     "tailored to one device, and run, inspect, compare and time them.")
+    parser.add_argument("-V", "--version", action="version", version=f"sartor {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    # --verbose is accepted after the subcommand as well; SUPPRESS keeps the top-level value otherwise.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.add_parser(subparsers, [common])
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (2), --help and --version (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    verbose = getattr(args, "verbose", False)
+    try:
+        return args.func(args)
+    except SartorError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        message = _one_line(exc) or "(no message)"
+        print(f"internal error: {type(exc).__name__}: {message} (rerun with --verbose for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

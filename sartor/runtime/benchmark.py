@@ -1,0 +1,107 @@
+"""Latency and throughput of an engine, with and without the host↔device copies.
+
+"with copies": numpy inputs in, numpy outputs out, as an application feeding host memory sees it.
+"device only": inputs already on the device, outputs left there; on CUDA each iteration ends with
+torch.cuda.synchronize so the time covers the work, not just its launch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+@dataclass
+class LatencyStats:
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    throughput: float  # inputs per second: batch / mean latency
+
+    @staticmethod
+    def from_seconds(samples: list[float], batch: int) -> "LatencyStats":
+        ms = np.asarray(samples, dtype=np.float64) * 1e3
+        p50, p90, p99 = (float(np.percentile(ms, q)) for q in (50, 90, 99))
+        mean = float(ms.mean())
+        return LatencyStats(p50, p90, p99, mean, float(ms.min()), float(ms.max()),
+                            batch / (mean / 1e3) if mean > 0 else float("inf"))
+
+
+@dataclass
+class BenchmarkResult:
+    device: str
+    shapes: dict  # input name -> shape
+    batch: int
+    iterations: int
+    warmup: int
+    profile: int  # the profile these shapes ran under
+    with_copies: LatencyStats
+    device_only: LatencyStats
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["shapes"] = {k: list(v) for k, v in self.shapes.items()}
+        return data
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _host_inputs(engine: "Engine", shapes: dict, seed: int) -> dict:
+    from ..validate.compare import random_inputs
+    return random_inputs(engine, seed=seed, shapes=shapes)
+
+
+def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
+              seed: int = 0) -> BenchmarkResult:
+    """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
+    out run at profile 0's opt shape)."""
+    if iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, not {iterations}")
+    if warmup < 0:
+        raise ConfigError(f"--warmup must be 0 or more, not {warmup}")
+    shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - {v.name for v in engine.inputs})
+    if unknown:
+        raise ConfigError(f"--shapes names unknown input(s) {', '.join(unknown)}; the engine's inputs are "
+                          f"{', '.join(v.name for v in engine.inputs)}")
+    host = _host_inputs(engine, shapes, seed)
+    context = engine.context()
+    used = context.check_inputs(host)
+    profile = context.select_profile(used)
+    first = next(iter(used.values()), ())
+    batch = int(first[0]) if len(first) >= 1 else 1
+    device = engine.device
+    on_device = {name: torch.from_numpy(a).to(device) for name, a in host.items()}
+
+    def timed(feeds: dict, to_host: bool) -> list[float]:
+        for _ in range(warmup):
+            context.run(feeds)
+        _sync(device)
+        samples = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            outputs = context.run(feeds)
+            if not to_host:
+                _sync(device)
+            samples.append(time.perf_counter() - start)
+            del outputs
+        return samples
+
+    with_copies = timed(host, to_host=True)
+    device_only = timed(on_device, to_host=False)
+    return BenchmarkResult(str(device), {k: tuple(v) for k, v in used.items()}, batch, iterations, warmup, profile,
+                           LatencyStats.from_seconds(with_copies, batch), LatencyStats.from_seconds(device_only, batch))

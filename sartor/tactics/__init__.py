@@ -1,0 +1,3 @@
+from .select import select_tactics
+
+__all__ = ["select_tactics"]

@@ -1,0 +1,162 @@
+"""Helpers for the pass tests: build small ONNX graphs, import them, run sartor and ONNX Runtime.
+
+Not a test module (no test_ prefix); `tests/test_passes.py` imports it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from sartor.frontend.onnx import import_model_proto
+from sartor.ir import Graph, verify_graph
+from sartor.runtime.executor import Executor
+
+FLOAT = TensorProto.FLOAT
+
+
+class OnnxBuilder:
+    """Accumulates nodes and seeded random weights, then makes a checked ModelProto.
+
+        b = OnnxBuilder(seed=0)
+        x = b.input("x", [1, 3, 8, 8])
+        y = b.node("Conv", [x, b.weight("w", [4, 3, 3, 3])], name="conv", pads=[1, 1, 1, 1])
+        model = b.model([y])
+    """
+
+    def __init__(self, seed: int = 0, opset: int = 17) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.input_shapes: dict[str, list] = {}
+        self._count = 0
+
+    def _fresh(self, base: str) -> str:
+        self._count += 1
+        return f"{base}_{self._count}"
+
+    def input(self, name: str, shape: list, elem_type: int = FLOAT) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        self.input_shapes[name] = list(shape)
+        return name
+
+    def const(self, name: str, array) -> str:
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def scalar(self, value: float, name: str | None = None, dtype=np.float32) -> str:
+        return self.const(name or self._fresh("c"), np.asarray(value, dtype=dtype))
+
+    def weight(self, name: str, shape: list, scale: float = 0.3, low: float | None = None) -> str:
+        if low is None:
+            array = self.rng.standard_normal(shape) * scale
+        else:  # uniform in [low, low + scale): BN variances and scales
+            array = low + self.rng.random(shape) * scale
+        return self.const(name, array.astype(np.float32))
+
+    def node(self, op_type: str, inputs: list, name: str | None = None, outputs: int | list = 1, **attrs):
+        name = name or self._fresh(op_type.lower())
+        if isinstance(outputs, int):
+            outputs = [name + "_out" if outputs == 1 else f"{name}_out{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    # ---- common blocks -------------------------------------------------------------
+    def conv(self, x: str, cin: int, cout: int, name: str, k: int = 3, bias: bool = True, **attrs) -> str:
+        inputs = [x, self.weight(name + "_w", [cout, cin, k, k])]
+        if bias:
+            inputs.append(self.weight(name + "_b", [cout], scale=0.1))
+        attrs.setdefault("pads", [k // 2] * 4)
+        return self.node("Conv", inputs, name=name, **attrs)
+
+    def batchnorm(self, x: str, channels: int, name: str, epsilon: float = 1e-5) -> str:
+        scale = self.weight(name + "_scale", [channels], scale=1.0, low=0.5)
+        bias = self.weight(name + "_bias", [channels], scale=0.2)
+        mean = self.weight(name + "_mean", [channels], scale=0.2)
+        var = self.weight(name + "_var", [channels], scale=1.0, low=0.5)
+        return self.node("BatchNormalization", [x, scale, bias, mean, var], name=name, epsilon=epsilon)
+
+    def model(self, outputs: list[str], output_shapes: dict | None = None) -> onnx.ModelProto:
+        output_shapes = output_shapes or {}
+        outs = [helper.make_tensor_value_info(o, FLOAT, output_shapes.get(o)) for o in outputs]
+        graph = helper.make_graph(self.nodes, "pass_test", self.inputs, outs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 8 if self.opset <= 17 else 9
+        # Graph outputs need a shape field: take the ranks and dims shape inference finds.
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        for out in model.graph.output:
+            if not out.type.tensor_type.HasField("shape") and known.get(out.name) is not None \
+                    and known[out.name].type.tensor_type.HasField("shape"):
+                out.type.CopyFrom(known[out.name].type)
+        onnx.checker.check_model(model)
+        return model
+
+    def feeds(self, seed: int = 1, shapes: dict | None = None) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        shapes = dict(self.input_shapes, **(shapes or {}))
+        return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+# ---- running ------------------------------------------------------------------------------
+def import_graph(model: onnx.ModelProto) -> Graph:
+    graph = import_model_proto(model)
+    verify_graph(graph)
+    return graph
+
+
+def run_sartor(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in graph.initializers.items()}
+    executor = Executor(graph, weights, torch.device("cpu"))
+    with torch.inference_mode():
+        out = executor.run({k: torch.from_numpy(np.array(v)) for k, v in feeds.items()})
+    return {k: v.cpu().numpy() for k, v in out.items()}
+
+
+def run_ort(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    source = model if isinstance(model, str) else model.SerializeToString()
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def max_rel_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max|a - b| / max|b| (0 when both are all zeros)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != reference {expected.shape}"
+    diff = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    if scale == 0.0:
+        return diff
+    return diff / scale
+
+
+def assert_matches_ort(graph: Graph, model: onnx.ModelProto, feeds: dict, rtol: float = 1e-4) -> None:
+    """Every graph output of `graph` matches ONNX Runtime on `model` within rtol (max-relative)."""
+    ours = run_sartor(graph, feeds)
+    ref = run_ort(model, feeds)
+    assert set(ours) == set(ref), f"outputs {sorted(ours)} != reference {sorted(ref)}"
+    for name, expected in ref.items():
+        err = max_rel_error(ours[name], expected)
+        assert np.all(np.isfinite(ours[name])), f"output {name} has non-finite values"
+        assert err <= rtol, f"output {name}: max relative error {err:.3g} > {rtol}"
+
+
+def nodes_of(graph: Graph, op_type: str) -> list:
+    return [n for n in graph.nodes if n.op_type == op_type]
+
+
+def op_counts(graph: Graph) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
