@@ -37,7 +37,7 @@ def _greedy_nms(boxes, scores, iou_threshold):
     return keep
 
 
-@OPS.op("NonMaxSuppression", attrs={"center_point_box": 0}, host_inputs=(2, 3, 4))
+@OPS.op("NonMaxSuppression", attrs={"center_point_box": 0}, host_inputs=(2, 3, 4), data_dependent_shape=True)
 def non_max_suppression(inputs, attrs):
     boxes, scores = inputs[0].float(), inputs[1].float()
     max_out = ints(inputs[2])[0] if len(inputs) > 2 and inputs[2] is not None and inputs[2].numel() else 0

@@ -39,8 +39,9 @@ class OpDef:
     # (the "shape tensor" subgraphs that exporters emit around Reshape and Resize).
     shape_arith: bool = False
     check: Optional[Check] = None
-    # Ops whose float inputs must not be lowered below FP32 (statistics, index arithmetic).
-    keeps_fp32: bool = False
+    # Output size depends on input values: the device must be read back, so a run holding such an
+    # op cannot be captured as a CUDA graph.
+    data_dependent_shape: bool = False
     domain: str = ""
 
     def fill_attrs(self, given: dict) -> dict:
@@ -75,7 +76,7 @@ class OpTable:
         self.defs: dict[tuple, OpDef] = {}
 
     def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
-           shape_arith: bool = False, check: Check | None = None, keeps_fp32: bool = False,
+           shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            domain: str = "") -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
@@ -85,7 +86,7 @@ class OpTable:
                 self.defs[key] = OpDef(name=name, impl=impl, family=self.family,
                                        attrs={} if attrs is None else attrs,
                                        host_inputs=tuple(host_inputs), shape_arith=shape_arith,
-                                       check=check, keeps_fp32=keeps_fp32, domain=domain)
+                                       check=check, data_dependent_shape=data_dependent_shape, domain=domain)
             return impl
         return register
 

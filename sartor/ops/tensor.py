@@ -306,7 +306,7 @@ def space_to_depth(inputs, attrs):
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
-@OPS.op("NonZero")
+@OPS.op("NonZero", data_dependent_shape=True)
 def nonzero(inputs, attrs):
     x = inputs[0]
     if x.dim() == 0:
@@ -328,7 +328,7 @@ def one_hot(inputs, attrs):
     return torch.where(hot.bool(), values[1], values[0])
 
 
-@OPS.op("Compress", attrs={"axis": None})
+@OPS.op("Compress", attrs={"axis": None}, data_dependent_shape=True)
 def compress(inputs, attrs):
     x, condition = inputs
     keep = torch.nonzero(same_device(condition, x).reshape(-1).to(torch.bool)).reshape(-1)
@@ -396,7 +396,7 @@ OPS.op("BlackmanWindow", attrs=dict(WINDOW_ATTRS), host_inputs=(0,), check=_wind
     _window(lambda a: 0.42 - 0.5 * torch.cos(a) + 0.08 * torch.cos(2 * a)))
 
 
-@OPS.op("Unique", attrs={"axis": None, "sorted": 1})
+@OPS.op("Unique", attrs={"axis": None, "sorted": 1}, data_dependent_shape=True)
 def unique(inputs, attrs):
     """Unique values (or slices along `axis`), first-occurrence indices, inverse indices, counts."""
     x = inputs[0]

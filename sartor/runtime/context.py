@@ -44,7 +44,7 @@ class ExecutionContext:
                                f"profile(s) (0..{len(engine.profiles) - 1})")
         self.engine = engine
         self.profile = profile
-        self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda"
+        self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
         self._captured: dict[tuple, _CapturedShape] = {}
         self._device_copies: dict[tuple, dict] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None

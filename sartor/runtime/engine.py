@@ -7,6 +7,7 @@ import shlex
 import torch
 
 from ..errors import EngineFileError
+from ..ops import default_registry
 from .context import ExecutionContext
 from .engine_file import read_engine_file
 from .executor import Executor
@@ -28,6 +29,9 @@ class Engine:
         self.weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.executor = Executor(self.graph, weights, device, self.layer_precision,
                                  channels_last=device.type == "cuda" and header.get("channels_last", False))
+        registry = default_registry()
+        # Data-dependent output sizes need a device read-back mid-run, which a CUDA graph cannot hold.
+        self.graph_capturable = not any(registry[n.op_type].data_dependent_shape for n in self.graph.nodes)
         self._contexts: list[ExecutionContext] = []
 
     # ---- what the engine declares ------------------------------------------------------

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv with torch, torchvision and sartor installed editable. Sourced by the
+# other scripts. torch 2.14.1 + torchvision 0.29.1 run on the CPU and on NVIDIA GPUs alike.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
+  pip install -q torch==2.14.1 torchvision==0.29.1
+fi
+pip install -q -e ".[test]"
