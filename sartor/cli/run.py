@@ -5,7 +5,7 @@ import numpy as np
 
 from ..runtime import load
 from ..runtime.engine_file import check_writable, write_atomic
-from ..validate.compare import random_inputs
+from ..runtime.sample_inputs import random_inputs
 from .common import console, fmt_float, fmt_shape, npz_bytes, parse_inputs, table, text
 
 DESCRIPTION = "Run an engine once on inputs from .npy files and print (or save) its outputs."

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from .sample_inputs import random_inputs
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -60,11 +61,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _host_inputs(engine: "Engine", shapes: dict, seed: int) -> dict:
-    from ..validate.compare import random_inputs
-    return random_inputs(engine, seed=seed, shapes=shapes)
-
-
 def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
               seed: int = 0) -> BenchmarkResult:
     """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
@@ -78,7 +74,7 @@ def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 10
     if unknown:
         raise ConfigError(f"--shapes names unknown input(s) {', '.join(unknown)}; the engine's inputs are "
                           f"{', '.join(v.name for v in engine.inputs)}")
-    host = _host_inputs(engine, shapes, seed)
+    host = random_inputs(engine, seed=seed, shapes=shapes)
     context = engine.context()
     used = context.check_inputs(host)
     profile = context.select_profile(used)

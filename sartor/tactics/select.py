@@ -15,7 +15,8 @@ from ..runtime.executor import Executor
 REFERENCE_TACTIC = "torch"
 
 
-def _time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float:
+def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float:
+    """Median milliseconds of `fn` after warm-up: CUDA events on a GPU, the host clock on a CPU."""
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
@@ -66,7 +67,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             if not _close(out, reference):
                 rejected[tactic] = "output differs from reference"
                 continue
-            timings[tactic] = round(_time_ms(lambda: step.impl(args, attrs), device, iterations), 5)
+            timings[tactic] = round(time_ms(lambda: step.impl(args, attrs), device, iterations), 5)
         best = min(timings, key=timings.get)
         step.attrs["tactic"] = best
         chosen[step.node.name] = {"tactic": best, "timings_ms": timings, "rejected": rejected}
