@@ -9,11 +9,12 @@ from .version import __version__
 def build(model: str, output: str, *, device: str | None = None, precision: str = "fp32",
           min_shapes: dict | None = None, opt_shapes: dict | None = None, max_shapes: dict | None = None,
           profiles: list | None = None, layer_precision: dict | None = None, op_precision: dict | None = None,
-          overflow_guard: bool = True):
+          overflow_guard: bool = True, preprocess: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
-    for several profiles (then leave min/opt/max_shapes out).
+    for several profiles (then leave min/opt/max_shapes out). `preprocess` is a spec such as
+    "letterbox=640,mean=0,std=255,rgb,nchw" (a PreprocessSpec is accepted too), stored in the engine.
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -21,7 +22,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         profiles = [{"min": min_shapes or {}, "opt": opt_shapes or {}, "max": max_shapes or {}}]
     config = BuildConfig(model_path=str(model), output_path=str(output), device=device, precision=precision,
                          profiles=profiles or [], layer_precision=dict(layer_precision or {}),
-                         op_precision=dict(op_precision or {}), overflow_guard=overflow_guard)
+                         op_precision=dict(op_precision or {}), overflow_guard=overflow_guard,
+                         preprocess=preprocess if preprocess is None or isinstance(preprocess, str)
+                         else preprocess.describe())
     return run_build(config)
 
 

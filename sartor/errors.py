@@ -47,3 +47,7 @@ class DeviceError(SartorError):
 
 class ConfigError(SartorError):
     """A build option is malformed or contradicts another."""
+
+
+class DataError(SartorError):
+    """A dataset, its annotations or one of its images is missing, malformed or inconsistent."""

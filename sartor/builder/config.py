@@ -24,6 +24,7 @@ class BuildConfig:
     overflow_threshold: float = FP16_MAX
     guard_samples: int = 2  # random batches at the opt shape used by the FP16 overflow guard
     seed: int = 0
+    preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
 
     def validate(self) -> None:
         if Path(self.output_path).resolve() == Path(self.model_path).resolve():
@@ -34,6 +35,14 @@ class BuildConfig:
             for key, value in table.items():
                 if value not in PRECISIONS:
                     raise ConfigError(f"--{kind}-precision {key}={value}: precision must be one of {', '.join(PRECISIONS)}")
+        self.preprocess_spec()
+
+    def preprocess_spec(self):
+        """The parsed --preprocess spec, or None."""
+        if self.preprocess is None:
+            return None
+        from ..data.preprocess import parse_preprocess
+        return parse_preprocess(self.preprocess)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -47,3 +56,37 @@ def parse_precision_overrides(items: list[str] | None, flag: str) -> dict:
             raise ConfigError(f"{flag} {item!r} must look like NAME=fp32")
         table[key.strip()] = value.strip().lower()
     return table
+
+
+def check_preprocess(spec, inputs, profiles) -> None:
+    """The preprocess spec must produce what the engine takes: the image input (the first 4-D input)
+    has 3 channels where the layout puts them, the spec's dtype, and an H×W every profile admits."""
+    if spec is None:
+        return
+    image = next((v for v in inputs if v.shape is not None and len(v.shape) == 4), None)
+    if image is None:
+        raise ConfigError(f"--preprocess {spec.describe()}: the model has no 4-D image input "
+                          f"(inputs: {', '.join(v.name for v in inputs)})")
+    channel_axis, hw_axes = (1, (2, 3)) if spec.layout == "nchw" else (3, (1, 2))
+    if image.dtype != spec.dtype:
+        raise ConfigError(f"--preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "
+                          f"takes {image.dtype}: add dtype={image.dtype}")
+    for k, profile in enumerate(profiles):
+        r = profile.shapes.get(image.name)
+        if r is None:
+            continue
+        shape = f"{'x'.join(map(str, r.min))}" + ("" if r.min == r.max else f"..{'x'.join(map(str, r.max))}")
+        if not r.min[channel_axis] <= 3 <= r.max[channel_axis]:
+            raise ConfigError(f"--preprocess {spec.describe()} makes 3-channel {spec.layout.upper()} images but "
+                              f"input {image.name!r} is {shape} in profile {k}: check nchw/nhwc")
+        if spec.resize == "none":
+            continue
+        if not all(r.min[a] <= d <= r.max[a] for a, d in zip(hw_axes, spec.size)):
+            h, w = spec.size
+            ph = "x".join(str(r.min[a]) if r.min[a] == r.max[a] else f"{r.min[a]}..{r.max[a]}" for a in hw_axes)
+            fixed = all(r.min[a] == r.max[a] for a in hw_axes)
+            eh, ew = (r.min[a] for a in hw_axes)
+            fix = (f"use {spec.resize}={eh}" + ("" if eh == ew else f"x{ew}") if fixed
+                   else "use a size in that range")
+            raise ConfigError(f"--preprocess {spec.describe()} makes {h}x{w} images but input {image.name!r} is "
+                              f"{ph} (H x W) in profile {k} ({shape}): {fix}, or build the profile for {h}x{w}")

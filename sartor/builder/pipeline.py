@@ -21,7 +21,7 @@ from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
 from ..tactics import select_tactics
 from ..version import __version__
-from .config import BuildConfig
+from .config import BuildConfig, check_preprocess
 from .precision import overflowing_layers, plan_precision, unmatched_overrides
 
 Progress = Callable[[str], None]
@@ -114,6 +114,8 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     declared = {v.name: v.shape for v in graph.inputs}
     specs = config.profiles or [{"min": {}, "opt": {}, "max": {}}]
     profiles = [make_profile(declared, p.get("min", {}), p.get("opt", {}), p.get("max", {})) for p in specs]
+    preprocess = config.preprocess_spec()
+    check_preprocess(preprocess, graph.inputs, profiles)
     done("profiles")
 
     stage("optimize")
@@ -173,6 +175,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
         "memory": memory,
         "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
         "build_log": log,
+        "preprocess": preprocess.to_json() if preprocess is not None else None,
         "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                        "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
                        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

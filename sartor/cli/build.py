@@ -5,7 +5,14 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from ..builder import BuildConfig
 from ..builder import build as run_build
@@ -40,6 +47,16 @@ precision overrides:
   --layer-precision NODE=fp32 pins ONNX nodes (glob on node names, e.g. '/head/*=fp32');
   --op-precision LayerNormalization=fp32 pins every node of an op type. An override that matches
   no layer is an error.
+
+preprocessing:
+  --preprocess records how an image becomes the input (comma-separated tokens):
+    letterbox=N or HxW   keep the aspect ratio, scale to fit, pad centered with 114 (pad=V to change)
+    resize=HxW           stretch to HxW;  none: use images as they are (default)
+    mean=M or M1:M2:M3   subtract (default 0), in 0..255 pixel units
+    std=S or S1:S2:S3    then divide (default 1)
+    rgb | bgr            channel order (default rgb);  nchw | nhwc  layout (default nchw)
+    dtype=float32|float16|uint8
+  The size must match the image input's H and W in every profile.
 """
 
 
@@ -69,6 +86,10 @@ def add_parser(subparsers, parents) -> None:
                    help="pin ONNX nodes matching a glob to a precision (repeatable)")
     p.add_argument("--op-precision", action="append", default=[], metavar="OP=PRECISION",
                    help="pin every node of an op type to a precision (repeatable)")
+    p.add_argument("--preprocess", metavar="SPEC",
+                   help="how images become the input, stored in the engine for `sartor validate`, e.g. "
+                        "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
+                        "std=58.395:57.12:57.375 (see 'preprocessing' below)")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.set_defaults(func=run, shape_events=None)
@@ -114,7 +135,7 @@ def config_from_args(args) -> BuildConfig:
         profiles=profiles_from_events(args.shape_events),
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
-        overflow_guard=not args.no_overflow_guard)
+        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess)
 
 
 def run(args) -> int:
@@ -170,6 +191,8 @@ def print_summary(out, result) -> None:
         ("precision mix", precision_mix(header["layers"])),
     ]
     rows += [(f"profile {k}", p.describe()) for k, p in enumerate(profiles)]
+    if header.get("preprocess"):
+        rows.append(("preprocess", header["preprocess"].get("text", "")))
     rows += [("activation arena", ", ".join(fmt_bytes(a) for a in arenas) or "-"),
              ("build seconds", f"{result.seconds:.3f}")]
     out.print(key_values("Build summary", rows))

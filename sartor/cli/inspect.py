@@ -77,6 +77,7 @@ def engine_summary(path: str) -> dict:
         "provenance": header.get("provenance", {}),
         "build_config": config,
         "build_log": header.get("build_log", []),
+        "preprocess": header.get("preprocess"),
     }
 
 
@@ -94,6 +95,7 @@ def run(args) -> int:
         ("built for", describe(info["fingerprint"] or {})),
         ("matches this machine", match),
         ("precision", info["precision"]),
+        ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):

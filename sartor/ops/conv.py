@@ -39,13 +39,20 @@ def _conv_func(rank: int):
     return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank]
 
 
-def conv_nd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, attrs: dict) -> torch.Tensor:
+def conv_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> tuple[list, list, list, list]:
+    """(strides, dilations, begin pads, end pads) of a convolution of `x` by `w` under ONNX rules."""
     spatial = x.dim() - 2
     kernel = list(attrs.get("kernel_shape") or w.shape[2:])
     strides = list(attrs.get("strides") or [1] * spatial)
     dilations = list(attrs.get("dilations") or [1] * spatial)
     begin, end = resolve_padding(list(x.shape[2:]), kernel, strides, dilations, attrs.get("pads"),
                                  attrs.get("auto_pad", "NOTSET"))
+    return strides, dilations, begin, end
+
+
+def conv_nd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, attrs: dict) -> torch.Tensor:
+    spatial = x.dim() - 2
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
     if begin == end:
         padding = begin
     else:
@@ -67,12 +74,7 @@ def conv(inputs, attrs):
 
 
 def _symmetric_padding(x, w, attrs):
-    spatial = x.dim() - 2
-    kernel = list(attrs.get("kernel_shape") or w.shape[2:])
-    strides = list(attrs.get("strides") or [1] * spatial)
-    dilations = list(attrs.get("dilations") or [1] * spatial)
-    begin, end = resolve_padding(list(x.shape[2:]), kernel, strides, dilations, attrs.get("pads"),
-                                 attrs.get("auto_pad", "NOTSET"))
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
     return (begin, strides, dilations) if begin == end else None
 
 

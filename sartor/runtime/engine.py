@@ -56,6 +56,13 @@ class Engine:
         return self.header["provenance"]
 
     @property
+    def preprocess(self):
+        """The PreprocessSpec given at build time (`--preprocess`), or None."""
+        from ..data.preprocess import PreprocessSpec
+        record = self.header.get("preprocess")
+        return PreprocessSpec.from_json(record) if record else None
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device plus the largest activation arena any profile needs."""
         arenas = [p.get("arena_bytes", 0) for p in self.header.get("memory", {}).get("profiles", [])]
@@ -83,6 +90,8 @@ def rebuild_command(header: dict) -> str:
     for flag, table in (("--layer-precision", config.get("layer_precision")), ("--op-precision", config.get("op_precision"))):
         for key, value in (table or {}).items():
             args += [flag, f"{key}={value}"]
+    if config.get("preprocess"):
+        args += ["--preprocess", config["preprocess"]]
     if config.get("overflow_guard") is False:
         args.append("--no-overflow-guard")
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"

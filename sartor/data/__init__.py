@@ -1,0 +1,25 @@
+"""The data layer: datasets (COCO, ImageFolder, manifests), image preprocessing, batches.
+
+A bottom layer: it imports only sartor.errors, numpy and Pillow (and rich for a progress bar)."""
+from .datasets import (
+                       Dataset,
+                       Sample,
+                       balanced_sample,
+                       iterate_batches,
+                       load_coco,
+                       load_image_folder,
+                       load_manifest,
+                       open_dataset,
+)
+from .preprocess import (
+                       ImageMeta,
+                       PreprocessSpec,
+                       load_image,
+                       parse_preprocess,
+                       preprocess_batch,
+                       preprocess_image,
+)
+
+__all__ = ["Dataset", "ImageMeta", "PreprocessSpec", "Sample", "balanced_sample", "iterate_batches", "load_coco",
+           "load_image", "load_image_folder", "load_manifest", "open_dataset", "parse_preprocess",
+           "preprocess_batch", "preprocess_image"]

@@ -1,0 +1,338 @@
+"""Image preprocessing: a spec in one line of text, and the function that applies it.
+
+`letterbox=320,mean=0,std=255,rgb,nchw` reads: keep the aspect ratio, scale the image to fit 320×320,
+pad it (centered, with 114 as Ultralytics does), keep RGB order, compute (x - 0) / 255, lay it out
+channels first, as float32. Every image comes back with an `ImageMeta` that maps boxes found in the
+network input back to the original image.
+
+Images are resized with Pillow's bilinear filter (antialiased when shrinking) and are not rotated by
+their EXIF orientation: annotation files give boxes in stored-pixel coordinates.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ..errors import ConfigError, DataError
+
+RESIZE_MODES = ("letterbox", "resize", "none")
+CHANNELS = ("rgb", "bgr")
+LAYOUTS = ("nchw", "nhwc")
+DTYPES = ("float32", "float16", "uint8")
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "u8": "uint8"}
+SYNTAX = ("letterbox=H[xW] | resize=HxW | none, mean=M or M1:M2:M3, std=S or S1:S2:S3, rgb | bgr, "
+          "nchw | nhwc, dtype=float32|float16|uint8, pad=0..255")
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    resize: str = "none"  # letterbox | resize | none
+    size: tuple[int, int] = (0, 0)  # (H, W) of the network input; (0, 0) with resize "none"
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)  # per channel, in the output channel order
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    channels: str = "rgb"  # rgb | bgr
+    layout: str = "nchw"  # nchw | nhwc
+    dtype: str = "float32"  # float32 | float16 | uint8
+    pad_value: int = 114  # letterbox padding, in 0..255 pixel units (before mean/std)
+
+    def __post_init__(self) -> None:
+        if self.resize not in RESIZE_MODES:
+            raise ConfigError(f"preprocess resize {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
+        if self.channels not in CHANNELS:
+            raise ConfigError(f"preprocess channels {self.channels!r} is not one of {', '.join(CHANNELS)}")
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"preprocess layout {self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"preprocess dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        size = tuple(int(v) for v in self.size)
+        if len(size) != 2 or (self.resize != "none" and min(size) <= 0):
+            raise ConfigError(f"preprocess size {self.size!r} must be two positive integers (H, W)")
+        mean, std = _triple(self.mean, "mean"), _triple(self.std, "std")
+        if any(s == 0 for s in std):
+            raise ConfigError("preprocess std must not be 0")
+        if not 0 <= int(self.pad_value) <= 255:
+            raise ConfigError(f"preprocess pad {self.pad_value} must be in 0..255")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "pad_value", int(self.pad_value))
+
+    @property
+    def height(self) -> int:
+        return self.size[0]
+
+    @property
+    def width(self) -> int:
+        return self.size[1]
+
+    def input_shape(self, batch: int = 1) -> tuple[int, ...] | None:
+        """The network input shape this spec produces, or None when "none" keeps image sizes."""
+        if self.resize == "none":
+            return None
+        h, w = self.size
+        return (batch, 3, h, w) if self.layout == "nchw" else (batch, h, w, 3)
+
+    def to_json(self) -> dict:
+        return {"resize": self.resize, "size": list(self.size), "mean": list(self.mean), "std": list(self.std),
+                "channels": self.channels, "layout": self.layout, "dtype": self.dtype, "pad_value": self.pad_value,
+                "text": self.describe()}
+
+    @staticmethod
+    def from_json(d: dict) -> PreprocessSpec:
+        try:
+            return PreprocessSpec(resize=d["resize"], size=tuple(d["size"]), mean=tuple(d["mean"]),
+                                  std=tuple(d["std"]), channels=d["channels"], layout=d["layout"],
+                                  dtype=d["dtype"], pad_value=d.get("pad_value", 114))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"preprocess record {d!r} is malformed: {exc}") from None
+
+    def describe(self) -> str:
+        """The canonical text form; parse_preprocess(spec.describe()) == spec."""
+        parts = []
+        if self.resize == "none":
+            parts.append("none")
+        else:
+            h, w = self.size
+            parts.append(f"{self.resize}={h}" + (f"x{w}" if (w != h or self.resize == "resize") else ""))
+        parts.append(f"mean={_fmt_triple(self.mean)}")
+        parts.append(f"std={_fmt_triple(self.std)}")
+        parts += [self.channels, self.layout]
+        if self.dtype != "float32":
+            parts.append(f"dtype={self.dtype}")
+        if self.resize == "letterbox" and self.pad_value != 114:
+            parts.append(f"pad={self.pad_value}")
+        return ",".join(parts)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _triple(value, name: str) -> tuple[float, float, float]:
+    if isinstance(value, (int, float)):
+        value = (value,)
+    values = tuple(float(v) for v in value)
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise ConfigError(f"preprocess {name} needs 1 or 3 values, got {len(values)}")
+    return values  # type: ignore[return-value]
+
+
+def _fmt_num(v: float) -> str:
+    return f"{v:g}" if float(f"{v:g}") == v else repr(float(v))
+
+
+def _fmt_triple(values: tuple[float, float, float]) -> str:
+    if values[0] == values[1] == values[2]:
+        return _fmt_num(values[0])
+    return ":".join(_fmt_num(v) for v in values)
+
+
+def _parse_size(token: str, value: str, square_ok: bool) -> tuple[int, int]:
+    parts = value.lower().split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        dims = []
+    if len(dims) == 1 and square_ok:
+        dims = dims * 2
+    if len(dims) != 2 or min(dims) <= 0:
+        form = "N or HxW" if square_ok else "HxW"
+        raise ConfigError(f"preprocess token {token!r}: size must be {form} with positive integers")
+    return dims[0], dims[1]
+
+
+def parse_preprocess(text: str) -> PreprocessSpec:
+    """`letterbox=320,mean=0,std=255,rgb,nchw` → PreprocessSpec (see SYNTAX)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"preprocess spec is empty: expected {SYNTAX}")
+    fields: dict = {}
+    seen: dict[str, str] = {}
+
+    def set_field(key: str, value, token: str) -> None:
+        if key in seen:
+            raise ConfigError(f"preprocess token {token!r} sets {key} again (already {seen[key]!r})")
+        seen[key] = token
+        fields[key] = value
+
+    for raw in text.split(","):
+        token = raw.strip()
+        if not token:
+            raise ConfigError(f"preprocess spec {text!r} has an empty token")
+        key, sep, value = token.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if sep and not value:
+            raise ConfigError(f"preprocess token {token!r} has no value")
+        if key in ("letterbox", "resize") and sep:
+            if key == "resize" and value.lower() == "none":
+                set_field("resize", "none", token)
+                continue
+            set_field("resize", key, token)
+            fields["size"] = _parse_size(token, value, square_ok=True)
+        elif key == "none" and not sep:
+            set_field("resize", "none", token)
+        elif key in ("mean", "std") and sep:
+            try:
+                values = tuple(float(v) for v in value.split(":"))
+            except ValueError:
+                raise ConfigError(f"preprocess token {token!r}: {key} must be a number or three numbers "
+                                  f"separated by ':'") from None
+            if len(values) not in (1, 3):
+                raise ConfigError(f"preprocess token {token!r}: {key} needs 1 or 3 values, got {len(values)}")
+            if key == "std" and any(v == 0 for v in values):
+                raise ConfigError(f"preprocess token {token!r}: std must not be 0")
+            set_field(key, values, token)
+        elif key in CHANNELS and not sep:
+            set_field("channels", key, token)
+        elif key in LAYOUTS and not sep:
+            set_field("layout", key, token)
+        elif key == "dtype" and sep:
+            dtype = _DTYPE_ALIASES.get(value.lower(), value.lower())
+            if dtype not in DTYPES:
+                raise ConfigError(f"preprocess token {token!r}: dtype must be one of {', '.join(DTYPES)}")
+            set_field("dtype", dtype, token)
+        elif key in ("pad", "pad_value") and sep:
+            try:
+                pad = int(value)
+            except ValueError:
+                pad = -1
+            if not 0 <= pad <= 255:
+                raise ConfigError(f"preprocess token {token!r}: pad must be an integer in 0..255")
+            set_field("pad_value", pad, token)
+        else:
+            raise ConfigError(f"preprocess token {token!r} is not understood: expected {SYNTAX}")
+    return PreprocessSpec(**fields)
+
+
+# ---- images ----------------------------------------------------------------------------------------
+
+@dataclass
+class ImageMeta:
+    path: str
+    orig_size: tuple[int, int]  # (H, W) of the original image
+    scale: tuple[float, float]  # (y, x) factors applied: input pixel = original pixel * scale + pad
+    pad: tuple[int, int]  # (top, left) padding added, in input pixels
+    input_size: tuple[int, int] | None = None  # (H, W) of the network input
+
+    def to_original(self, boxes_xyxy: np.ndarray) -> np.ndarray:
+        """Boxes (N×4 x1 y1 x2 y2) in network-input pixels → original-image pixels, clipped to the image."""
+        boxes = np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4).copy()
+        top, left = self.pad
+        sy, sx = self.scale
+        h, w = self.orig_size
+        boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - left) / sx, 0, w)
+        boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - top) / sy, 0, h)
+        return boxes
+
+    def to_input(self, boxes_xyxy: np.ndarray) -> np.ndarray:
+        """Original-image boxes → network-input pixels (the inverse of to_original, without clipping)."""
+        boxes = np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4).copy()
+        top, left = self.pad
+        sy, sx = self.scale
+        boxes[:, [0, 2]] = boxes[:, [0, 2]] * sx + left
+        boxes[:, [1, 3]] = boxes[:, [1, 3]] * sy + top
+        return boxes
+
+
+def load_image(path: str | os.PathLike) -> Image.Image:
+    """Open and fully decode an image as RGB; a missing or unreadable file is a DataError naming it."""
+    path = str(path)
+    if not os.path.exists(path):
+        raise DataError(f"image {path} does not exist")
+    if os.path.isdir(path):
+        raise DataError(f"image {path} is a directory, not an image file")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.convert("RGB")
+    except UnidentifiedImageError:
+        raise DataError(f"image {path} is not an image Pillow can read (corrupt or another file type)") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise DataError(f"image {path} is corrupt or truncated: {exc}") from None
+
+
+def _letterbox_geometry(h: int, w: int, out_h: int, out_w: int) -> tuple[int, int, int, int]:
+    """(new_h, new_w, top, left) exactly as Ultralytics' LetterBox(auto=False, center=True)."""
+    r = min(out_h / h, out_w / w)
+    new_w, new_h = round(w * r), round(h * r)
+    dw, dh = (out_w - new_w) / 2, (out_h - new_h) / 2
+    top, left = round(dh - 0.1), round(dw - 0.1)
+    return new_h, new_w, top, left
+
+
+def _resize(image: Image.Image, w: int, h: int) -> Image.Image:
+    if image.size == (w, h):
+        return image
+    return image.resize((w, h), Image.Resampling.BILINEAR)
+
+
+def preprocess_image(image: Image.Image | np.ndarray | str | os.PathLike,
+                     spec: PreprocessSpec, path: str | None = None) -> tuple[np.ndarray, ImageMeta]:
+    """One image (PIL RGB, an H×W×3 uint8 RGB array, or a path) → (array without batch dim, ImageMeta)."""
+    if isinstance(image, (str, os.PathLike)):
+        path = str(image) if path is None else path
+        image = load_image(image)
+    elif isinstance(image, np.ndarray):
+        if image.ndim != 3 or image.shape[2] != 3:
+            raise DataError(f"image array of shape {image.shape} is not H×W×3 RGB")
+        image = Image.fromarray(np.ascontiguousarray(image.astype(np.uint8, copy=False)))
+    elif image.mode != "RGB":
+        image = image.convert("RGB")
+    path = path if path is not None else (getattr(image, "filename", "") or "<image>")
+    w, h = image.size
+    if spec.resize == "letterbox":
+        out_h, out_w = spec.size
+        new_h, new_w, top, left = _letterbox_geometry(h, w, out_h, out_w)
+        canvas = np.full((out_h, out_w, 3), spec.pad_value, dtype=np.uint8)
+        canvas[top:top + new_h, left:left + new_w] = np.asarray(_resize(image, new_w, new_h))
+        pixels = canvas
+        scale, pad = (new_h / h, new_w / w), (top, left)
+    elif spec.resize == "resize":
+        out_h, out_w = spec.size
+        pixels = np.asarray(_resize(image, out_w, out_h))
+        scale, pad = (out_h / h, out_w / w), (0, 0)
+    else:
+        pixels = np.asarray(image)
+        scale, pad = (1.0, 1.0), (0, 0)
+    if spec.channels == "bgr":
+        pixels = pixels[..., ::-1]
+    array = _normalize(pixels, spec)
+    if spec.layout == "nchw":
+        array = array.transpose(2, 0, 1)
+    meta = ImageMeta(path=str(path), orig_size=(h, w), scale=scale, pad=pad,
+                     input_size=(pixels.shape[0], pixels.shape[1]))
+    return np.ascontiguousarray(array), meta
+
+
+def _normalize(pixels: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
+    identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
+    if spec.dtype == "uint8" and identity:
+        return pixels.astype(np.uint8, copy=True)
+    x = pixels.astype(np.float32)
+    if not identity:
+        x = (x - np.asarray(spec.mean, np.float32)) / np.asarray(spec.std, np.float32)
+    if spec.dtype == "uint8":
+        return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    return x.astype(np.float16) if spec.dtype == "float16" else x
+
+
+def preprocess_batch(items: Sequence[Image.Image | np.ndarray | str | os.PathLike],
+                     spec: PreprocessSpec) -> tuple[np.ndarray, list[ImageMeta]]:
+    """Several images → (batch array N×…, one ImageMeta each). With resize "none" they must share a size."""
+    if not len(items):
+        raise DataError("preprocess_batch got no images")
+    arrays, metas = [], []
+    for item in items:
+        array, meta = preprocess_image(item, spec)
+        arrays.append(array)
+        metas.append(meta)
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        sizes = ", ".join(f"{m.path} {m.orig_size[0]}x{m.orig_size[1]}" for m in metas[:5])
+        raise DataError(f"images of different sizes cannot share a batch with preprocess "
+                        f"{spec.describe()!r} ({sizes}): use letterbox= or resize=")
+    return np.stack(arrays), metas
