@@ -9,12 +9,16 @@ from .version import __version__
 def build(model: str, output: str, *, device: str | None = None, precision: str = "fp32",
           min_shapes: dict | None = None, opt_shapes: dict | None = None, max_shapes: dict | None = None,
           profiles: list | None = None, layer_precision: dict | None = None, op_precision: dict | None = None,
-          overflow_guard: bool = True, preprocess: str | None = None):
+          overflow_guard: bool = True, preprocess: str | None = None, calib: str | None = None,
+          calib_size: int = 500, calib_method: str | None = None, percentile: float = 99.99,
+          calib_cache: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
     for several profiles (then leave min/opt/max_shapes out). `preprocess` is a spec such as
     "letterbox=640,mean=0,std=255,rgb,nchw" (a PreprocessSpec is accepted too), stored in the engine.
+    INT8 (`precision="int8"`) takes `calib` (a .npy/.npz of input samples or a dataset) and/or
+    `calib_cache`, as `sartor build --calib/--calib-cache` do.
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -24,7 +28,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
                          profiles=profiles or [], layer_precision=dict(layer_precision or {}),
                          op_precision=dict(op_precision or {}), overflow_guard=overflow_guard,
                          preprocess=preprocess if preprocess is None or isinstance(preprocess, str)
-                         else preprocess.describe())
+                         else preprocess.describe(),
+                         calib=None if calib is None else str(calib), calib_size=calib_size, calib_method=calib_method,
+                         percentile=percentile, calib_cache=None if calib_cache is None else str(calib_cache))
     return run_build(config)
 
 

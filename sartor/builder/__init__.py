@@ -1,4 +1,4 @@
-from .pipeline import BuildResult, build
 from .config import BuildConfig
+from .pipeline import BuildResult, build
 
 __all__ = ["BuildConfig", "BuildResult", "build"]

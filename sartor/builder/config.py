@@ -6,7 +6,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8")
+CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
 FP16_MAX = 65504.0
 
 
@@ -25,6 +26,13 @@ class BuildConfig:
     guard_samples: int = 2  # random batches at the opt shape used by the FP16 overflow guard
     seed: int = 0
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
+    # INT8 (sartor/quant): calibration data (.npy/.npz of input samples, or a dataset), how many
+    # samples, the threshold method (None: entropy) and the calibration cache file.
+    calib: str | None = None
+    calib_size: int = 500
+    calib_method: str | None = None
+    percentile: float = 99.99
+    calib_cache: str | None = None
 
     def validate(self) -> None:
         if Path(self.output_path).resolve() == Path(self.model_path).resolve():
@@ -36,6 +44,27 @@ class BuildConfig:
                 if value not in PRECISIONS:
                     raise ConfigError(f"--{kind}-precision {key}={value}: precision must be one of {', '.join(PRECISIONS)}")
         self.preprocess_spec()
+        self._validate_int8()
+
+    def wants_int8(self) -> bool:
+        return self.precision == "int8" or "int8" in (*self.layer_precision.values(), *self.op_precision.values())
+
+    def _validate_int8(self) -> None:
+        if self.calib_method is not None and self.calib_method not in CALIB_METHODS:
+            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(CALIB_METHODS)}")
+        if not 0.0 < self.percentile <= 100.0:
+            raise ConfigError(f"--percentile {self.percentile:g} must be in (0, 100]")
+        if self.calib_size < 1:
+            raise ConfigError(f"--calib-size {self.calib_size} must be at least 1")
+        if not self.wants_int8():
+            return
+        cached = self.calib_cache is not None and Path(self.calib_cache).is_file()
+        if not self.calib and not cached:
+            raise ConfigError("INT8 needs calibration: give --calib DATA (a .npy/.npz of input samples or a dataset)"
+                              + (f"; --calib-cache {self.calib_cache} does not exist yet" if self.calib_cache else
+                                 " or an existing --calib-cache FILE"))
+        if self.calib and not cached and not Path(self.calib).exists():
+            raise ConfigError(f"--calib {self.calib}: not found")
 
     def preprocess_spec(self):
         """The parsed --preprocess spec, or None."""

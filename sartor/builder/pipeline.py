@@ -22,9 +22,11 @@ from ..runtime.profiles import Profile, make_profile
 from ..tactics import select_tactics
 from ..version import __version__
 from .config import BuildConfig, check_preprocess
-from .precision import overflowing_layers, plan_precision, unmatched_overrides
+from .precision import base_precision, overflowing_layers, plan_precision, unmatched_overrides
 
 Progress = Callable[[str], None]
+# Layer attributes shown by `inspect` besides the activation: the epilogue order and INT8 scales.
+LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale")
 
 
 @dataclass
@@ -62,6 +64,8 @@ def _tactic(node, device: torch.device) -> str:
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
     if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
         return f"torch.matmul ({library})"
+    if node.op_type in ("QConv", "QGemm"):
+        return "int8 emulation (exact integer accumulation in float64)"
     return "torch"
 
 
@@ -132,13 +136,21 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     generator = torch.Generator().manual_seed(config.seed)
     weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
     overflow = {}
-    if config.precision == "fp16" and config.overflow_guard:
+    if base_precision(config, device) == "fp16" and config.overflow_guard:
         samples = [_random_feeds(graph, profiles[0].opt_shapes(), device, generator) for _ in range(config.guard_samples)]
         overflow = overflowing_layers(graph, weights, samples, config.overflow_threshold, device)
-    plan = plan_precision(graph, config, overflow)
+    plan = plan_precision(graph, config, overflow, device)
     for name, reason in plan.reasons.items():
         log.append(f"layer {name} runs {plan.layers[name]}: {reason}")
     done("precision")
+
+    calibration = None
+    if "int8" in plan.layers.values():
+        stage("calibrate")
+        from ..quant.stage import quantize_for_build
+        calibration = quantize_for_build(graph, weights, plan.layers, config, imported.sha256, device, profiles, log)
+        weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
+        done("calibrate")
 
     stage("tactics")
     tactics = {}
@@ -161,7 +173,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
                "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n, device),
                "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
                "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
-               "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k == "residual_after_activation"}}
+               "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
               for n in graph.nodes]
     seconds = round(time.perf_counter() - started, 3)
     header = {
@@ -179,7 +191,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
         "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                        "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
                        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "build_seconds": seconds, "sartor": __version__, "calibration": None},
+                       "build_seconds": seconds, "sartor": __version__, "calibration": calibration},
     }
     write_atomic(config.output_path, pack(header, tensors))
     done("serialize")

@@ -64,23 +64,42 @@ def overflowing_layers(graph: Graph, weights: dict, feeds_list: list[dict], thre
     return {name: peak for name, peak in peaks.items() if peak > threshold or peak != peak}
 
 
-def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float]) -> PrecisionPlan:
-    """Overrides first; then, in FP16 builds, layers whose outputs overflow FP16 stay FP32 and so
+def base_precision(config: BuildConfig, device: torch.device | None) -> str:
+    """The precision of the layers nothing else decides. INT8 builds run the layers that do not
+    run INT8 at FP16 on CUDA and FP32 on the CPU."""
+    if config.precision == "int8":
+        return "fp16" if device is not None and device.type == "cuda" else "fp32"
+    return config.precision
+
+
+def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float],
+                   device: torch.device | None = None) -> PrecisionPlan:
+    """Overrides first; in INT8 builds, conv/gemm layers run INT8 except output heads (see
+    `sartor.quant.plan`); then, in FP16 builds, layers whose outputs overflow FP16 stay FP32 and so
     do the layers reading those outputs (they would otherwise cast the large values back down)."""
+    from ..quant.plan import int8_decisions, int8_unsupported
     plan = PrecisionPlan()
     producers = graph.producers()
+    base = base_precision(config, device)
+    int8 = int8_decisions(graph, base) if config.precision == "int8" else {}
     for node in graph.nodes:
         chosen = _override(node, config)
         overflowing_inputs = [producers[i].name for i in node.present_inputs() if i in producers
                               and producers[i].name in overflow]
+        if chosen is not None and chosen[0] == "int8" and int8_unsupported(graph, node) is not None:
+            chosen = base, f"{chosen[1]} not applied: {int8_unsupported(graph, node)}"
         if chosen is not None:
             plan.layers[node.name], plan.reasons[node.name] = chosen
-        elif config.precision == "fp16" and node.name in overflow:
+        elif node.name in int8 and int8[node.name][0] == "int8":
+            plan.layers[node.name] = "int8"
+        elif base == "fp16" and node.name in overflow:
             plan.layers[node.name] = "fp32"
             plan.reasons[node.name] = f"FP16 overflow guard: FP32 output reached {overflow[node.name]:.3g}"
-        elif config.precision == "fp16" and overflowing_inputs:
+        elif base == "fp16" and overflowing_inputs:
             plan.layers[node.name] = "fp32"
             plan.reasons[node.name] = f"FP16 overflow guard: reads the FP32 output of {overflowing_inputs[0]}"
         else:
-            plan.layers[node.name] = config.precision
+            plan.layers[node.name] = base
+            if node.name in int8:
+                plan.reasons[node.name] = int8[node.name][1]
     return plan

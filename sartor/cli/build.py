@@ -16,7 +16,7 @@ from rich.progress import (
 
 from ..builder import BuildConfig
 from ..builder import build as run_build
-from ..builder.config import PRECISIONS, parse_precision_overrides
+from ..builder.config import CALIB_METHODS, PRECISIONS, parse_precision_overrides
 from ..errors import ConfigError
 from ..runtime.fingerprint import describe
 from ..runtime.profiles import Profile, parse_shape_spec
@@ -57,6 +57,15 @@ preprocessing:
     rgb | bgr            channel order (default rgb);  nchw | nhwc  layout (default nchw)
     dtype=float32|float16|uint8
   The size must match the image input's H and W in every profile.
+
+INT8:
+  --precision int8 --calib DATA runs Conv/Gemm/MatMul layers with constant weights in INT8
+  (per-channel weight scales, per-tensor activation scales from calibration) and the others in
+  FP16 on CUDA, FP32 on the CPU. DATA is a .npy (one input: [N, ...] samples) or .npz (one array
+  per input) of preprocessed samples, or an image dataset read with --preprocess. The final
+  conv/gemm of each output branch stays out of INT8 unless pinned with --layer-precision NODE=int8;
+  --layer-precision NODE=fp16 keeps any layer out. --calib-cache FILE is written after calibrating
+  and read (skipping calibration) when it exists; delete it to recalibrate.
 """
 
 
@@ -90,6 +99,16 @@ def add_parser(subparsers, parents) -> None:
                    help="how images become the input, stored in the engine for `sartor validate`, e.g. "
                         "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
+    p.add_argument("--calib", metavar="DATA",
+                   help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset")
+    p.add_argument("--calib-size", type=int, default=500, metavar="N",
+                   help="calibration samples to use (default 500)")
+    p.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
+                   help="INT8 threshold method (default entropy)")
+    p.add_argument("--percentile", type=float, default=99.99, metavar="P",
+                   help="percentile of |x| for --calib-method percentile (default 99.99)")
+    p.add_argument("--calib-cache", metavar="FILE",
+                   help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.set_defaults(func=run, shape_events=None)
@@ -135,7 +154,9 @@ def config_from_args(args) -> BuildConfig:
         profiles=profiles_from_events(args.shape_events),
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
-        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess)
+        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess,
+        calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
+        calib_cache=args.calib_cache)
 
 
 def run(args) -> int:
@@ -193,6 +214,11 @@ def print_summary(out, result) -> None:
     rows += [(f"profile {k}", p.describe()) for k, p in enumerate(profiles)]
     if header.get("preprocess"):
         rows.append(("preprocess", header["preprocess"].get("text", "")))
+    calibration = header["provenance"].get("calibration")
+    if calibration:
+        rows.append(("calibration", f"{calibration['method']}, {calibration['calib_size']} samples, sha256 "
+                                    f"{calibration['calib_sha256'][:12]}…"
+                                    + (f" (from cache {calibration['cache']})" if calibration["from_cache"] else "")))
     rows += [("activation arena", ", ".join(fmt_bytes(a) for a in arenas) or "-"),
              ("build seconds", f"{result.seconds:.3f}")]
     out.print(key_values("Build summary", rows))

@@ -1,8 +1,8 @@
 """`sartor` entry point: subcommands, and one policy for errors.
 
-Exit status: 0 success; 1 a check failed (compare over tolerance); 2 a usage error or any
-SartorError (printed as one `error: ...` line); 3 an internal error (a bug: one `internal error:`
-line). --verbose adds the traceback.
+Exit status: 0 success; 1 a check failed (compare over tolerance, validate over --max-drop); 2 a
+usage error or any SartorError (printed as one `error: ...` line); 3 an internal error (a bug: one
+`internal error:` line). --verbose adds the traceback.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import traceback
 
 from ..errors import SartorError
 from ..version import __version__
-from . import bench, build, compare, inspect, run
+from . import bench, build, compare, inspect, run, sensitivity, serve, validate
 
-COMMANDS = (build, run, inspect, compare, bench)
+COMMANDS = (build, run, inspect, compare, validate, bench, serve, sensitivity)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 

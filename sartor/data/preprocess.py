@@ -249,7 +249,9 @@ def load_image(path: str | os.PathLike) -> Image.Image:
         with Image.open(path) as im:
             im.load()
             return im.convert("RGB")
-    except UnidentifiedImageError:
+    except (UnidentifiedImageError, ImportError):
+        # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds
+        # a HEIF fallback) fail that way on bytes no reader recognises.
         raise DataError(f"image {path} is not an image Pillow can read (corrupt or another file type)") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise DataError(f"image {path} is corrupt or truncated: {exc}") from None

@@ -5,6 +5,17 @@ from .registry import OpTable
 
 
 def all_tables() -> list[OpTable]:
-    from . import conv, detection, elementwise, linalg, norm, pool, reduce, resize, tensor
+    from . import (
+        conv,
+        detection,
+        elementwise,
+        linalg,
+        norm,
+        pool,
+        quantized,
+        reduce,
+        resize,
+        tensor,
+    )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS]
+            detection.OPS, quantized.OPS]

@@ -92,6 +92,9 @@ def rebuild_command(header: dict) -> str:
             args += [flag, f"{key}={value}"]
     if config.get("preprocess"):
         args += ["--preprocess", config["preprocess"]]
+    for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
+        if config.get(key):
+            args += [flag, str(config[key])]
     if config.get("overflow_guard") is False:
         args.append("--no-overflow-guard")
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"

@@ -1,0 +1,246 @@
+"""`sartor serve` throughput against concurrency (1..256), with and without dynamic batching.
+
+Builds a model repository around one engine (two entries: `<name>_batched` with dynamic batching,
+`<name>_single` without), starts the server in this process on loopback, and drives it with Triton
+clients: perf_analyzer when it is installed (`--concurrency-range`), else tritonclient in several
+client processes (threads within each, one client per thread). Reports inferences/s and p50/p90/p99
+latency per concurrency level, writes results.json and results.md under --out.
+
+For the GPU (not run in CI):
+
+    PYTHONPATH=. python bench/serve_throughput.py --plan resnet50_fp16.plan --out $OUT \
+        --device cuda:0 --instances 2 --max-queue-delay-us 500 --protocol grpc
+
+`--url HOST:PORT` measures a server that is already running (then --models names its models).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def make_repository(plan: Path, root: Path, max_batch: int, delay_us: int, instances: int, device: str | None) -> list[str]:
+    name = plan.stem.replace(".", "_")
+    gpus = f" gpus: [{device.partition(':')[2] or 0}]" if device and device.startswith("cuda") else ""
+    group = f"instance_group [{{ count: {instances}{gpus} }}]\n"
+    models = {f"{name}_batched": f"max_batch_size: {max_batch}\ndynamic_batching {{ max_queue_delay_microseconds: "
+                                 f"{delay_us} }}\n{group}",
+              f"{name}_single": f"max_batch_size: {max_batch}\n{group}"}
+    for model, config in models.items():
+        (root / model / "1").mkdir(parents=True)
+        shutil.copyfile(plan, root / model / "1" / "model.plan")
+        (root / model / "config.pbtxt").write_text(config)
+    return list(models)
+
+
+def request_inputs(metadata: dict, batch: int, protocol: str, seed: int = 0):
+    if protocol == "grpc":
+        import tritonclient.grpc as client_lib
+    else:
+        import tritonclient.http as client_lib
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for spec in metadata["inputs"]:
+        shape = [batch if d == -1 and i == 0 else (d if d > 0 else 1) for i, d in enumerate(spec["shape"])]
+        dtype = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8}[spec["datatype"]]
+        data = rng.standard_normal(shape).astype(dtype) if dtype in (np.float32, np.float16) else np.zeros(shape, dtype)
+        tensor = client_lib.InferInput(spec["name"], shape, spec["datatype"])
+        if protocol == "grpc":
+            tensor.set_data_from_numpy(data)
+        else:
+            tensor.set_data_from_numpy(data, binary_data=True)
+        inputs.append(tensor)
+    return inputs
+
+
+def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: int, threads: int,
+                    duration: float, warmup: float, queue) -> None:
+    import threading
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start_at = time.monotonic() + warmup
+    stop_at = start_at + duration
+
+    def worker(k: int) -> None:
+        if protocol == "grpc":
+            import tritonclient.grpc as client_lib
+            client = client_lib.InferenceServerClient(url)
+        else:
+            import tritonclient.http as client_lib
+            client = client_lib.InferenceServerClient(url, network_timeout=120.0)
+        inputs = request_inputs(metadata, batch, protocol, seed=k)
+        mine = []
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop_at:
+                break
+            try:
+                client.infer(model, inputs)
+            except Exception:
+                with lock:
+                    errors[0] += 1
+                continue
+            t1 = time.monotonic()
+            if t0 >= start_at:
+                mine.append(t1 - t0)
+        with lock:
+            latencies.extend(mine)
+        client.close()
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    queue.put((latencies, errors[0]))
+
+
+def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, concurrency: int,
+            duration: float, warmup: float, processes: int) -> dict:
+    processes = max(1, min(processes, concurrency))
+    shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_client_process, args=(url, protocol, model, metadata, batch, n, duration, warmup, queue))
+             for n in shares]
+    for p in procs:
+        p.start()
+    latencies, errors = [], 0
+    for _ in procs:
+        lat, err = queue.get(timeout=duration + warmup + 600)
+        latencies += lat
+        errors += err
+    for p in procs:
+        p.join(60)
+    ms = sorted(v * 1e3 for v in latencies)
+    pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
+    return {"concurrency": concurrency, "requests": len(ms), "errors": errors,
+            "infer_per_s": len(ms) * batch / duration, "p50_ms": pick(0.5), "p90_ms": pick(0.9),
+            "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms) if ms else float("nan")}
+
+
+def perf_analyzer(url: str, protocol: str, model: str, levels, batch: int, out: Path) -> list[dict]:
+    csv = out / f"perf_analyzer_{model}.csv"
+    cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
+           "--concurrency-range", f"{levels[0]}:{levels[-1]}:2" if levels == sorted(levels) else str(levels[0]),
+           "-f", str(csv), "--percentile=99"]
+    subprocess.run(cmd, check=True)
+    rows = []
+    lines = csv.read_text().splitlines()
+    header = lines[0].split(",")
+    for line in lines[1:]:
+        values = dict(zip(header, line.split(",")))
+        rows.append({"concurrency": int(values["Concurrency"]), "infer_per_s": float(values["Inferences/Second"]),
+                     "p50_ms": float(values.get("p50 latency", "nan")) / 1e3,
+                     "p90_ms": float(values.get("p90 latency", "nan")) / 1e3,
+                     "p99_ms": float(values.get("p99 latency", "nan")) / 1e3, "errors": 0})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan", type=Path, help="the engine to serve (builds a temporary repository)")
+    parser.add_argument("--url", help="measure a running server instead (HOST:PORT of its HTTP or gRPC endpoint)")
+    parser.add_argument("--models", help="with --url: comma-separated model names")
+    parser.add_argument("--out", type=Path, default=Path("out/serve_throughput"))
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--concurrency", default=",".join(map(str, LEVELS)), help="comma-separated levels")
+    parser.add_argument("--batch", type=int, default=1, help="batch size of each request (default 1)")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per level")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each level")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 4, help="client processes")
+    parser.add_argument("--device", help="cpu or cuda:N for the served instances")
+    parser.add_argument("--instances", type=int, default=1, help="instance_group count")
+    parser.add_argument("--max-batch", type=int, default=0, help="max_batch_size (default: the engine's profile max)")
+    parser.add_argument("--max-queue-delay-us", type=int, default=500)
+    parser.add_argument("--no-perf-analyzer", action="store_true", help="use tritonclient even if perf_analyzer exists")
+    args = parser.parse_args()
+    levels = [int(v) for v in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    server = None
+    workdir = None
+    if args.url:
+        url, models = args.url, [m for m in (args.models or "").split(",") if m]
+        if not models:
+            parser.error("--url needs --models")
+    elif args.plan:
+        import sartor
+        from sartor.serve import ServeOptions, Server
+        from sartor.serve.config import engine_max_batch
+        engine = sartor.load(args.plan, device=args.device)
+        max_batch = args.max_batch or engine_max_batch(engine)
+        if not max_batch:
+            parser.error(f"{args.plan} has no dynamic batch dimension: nothing to batch")
+        del engine
+        workdir = Path(tempfile.mkdtemp(prefix="sartor-serve-bench-"))
+        models = make_repository(args.plan, workdir, max_batch, args.max_queue_delay_us, args.instances, args.device)
+        server = Server(ServeOptions(str(workdir), http_port=0, grpc_port=0, metrics_port=None, poll_interval=None,
+                                     devices=[args.device] if args.device else None,
+                                     max_queue_size=max(4096, 4 * max(levels)))).start()
+        url = server.grpc_url if args.protocol == "grpc" else server.http_url
+    else:
+        parser.error("give --plan or --url")
+
+    results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration, "models": {}}
+    try:
+        for model in models:
+            if args.protocol == "grpc":
+                import tritonclient.grpc as client_lib
+                metadata = client_lib.InferenceServerClient(url).get_model_metadata(model, as_json=True)
+                for spec in metadata["inputs"]:
+                    spec["shape"] = [int(d) for d in spec["shape"]]
+            else:
+                import tritonclient.http as client_lib
+                metadata = client_lib.InferenceServerClient(url).get_model_metadata(model)
+            if shutil.which("perf_analyzer") and not args.no_perf_analyzer:
+                rows = perf_analyzer(url, args.protocol, model, levels, args.batch, args.out)
+            else:
+                rows = []
+                for level in levels:
+                    row = measure(url, args.protocol, model, metadata, args.batch, level, args.duration, args.warmup,
+                                  args.processes)
+                    print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
+                          f"p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", flush=True)
+                    rows.append(row)
+            results["models"][model] = rows
+        if server is not None:
+            text = server.metrics.render()
+            results["batch_size_histograms"] = [line for line in text.splitlines()
+                                                if line.startswith("nv_inference_batch_size_")]
+    finally:
+        if server is not None:
+            server.stop()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch})", "",
+             "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|"]
+    for model, rows in results["models"].items():
+        for r in rows:
+            lines.append(f"| {model} | {r['concurrency']} | {r['infer_per_s']:.1f} | {r['p50_ms']:.2f} | "
+                         f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} |")
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""`sartor serve --model-repository DIR`: a KServe v2 / Triton-compatible inference server (HTTP/REST,
+gRPC, Prometheus metrics) with dynamic batching, version polling and hot swap. See sartor/serve/."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from ..errors import ConfigError, SartorError
+from ..runtime.fingerprint import parse_device
+from .common import console, table, text
+
+DESCRIPTION = ("Serve the engines of a Triton-layout model repository (<repo>/<model>/<version>/model.plan, "
+               "optional <repo>/<model>/config.pbtxt) over KServe v2 HTTP/REST and gRPC, with dynamic batching "
+               "and Prometheus metrics.")
+
+
+def _port(text_value: str) -> int | None:
+    value = int(text_value)
+    return None if value < 0 else value
+
+
+def add_parser(subparsers, parents) -> None:
+    p = subparsers.add_parser("serve", parents=parents, help="Serve engines over KServe v2 HTTP and gRPC",
+                              description=DESCRIPTION)
+    p.add_argument("--model-repository", required=True, metavar="DIR", help="the model repository")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--http-port", type=_port, default=8000, help="HTTP/REST port (default 8000; 0 any free; -1 off)")
+    p.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default 8001; 0 any free; -1 off)")
+    p.add_argument("--metrics-port", type=_port, default=8002, help="Prometheus /metrics port (default 8002; -1 off)")
+    p.add_argument("--device", metavar="cpu|cuda:0,cuda:1",
+                   help="devices the instances run on (default: each engine on the kind it was built for, cuda:0)")
+    p.add_argument("--poll-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="scan the repository for new versions and models this often (default 5; 0 off)")
+    p.add_argument("--max-queue-size", type=int, default=1024,
+                   help="requests queued per model before new ones are refused with 503/UNAVAILABLE (default 1024)")
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="default request timeout; a request's `timeout` parameter (microseconds) overrides it "
+                        "(default 60; 0 none)")
+    p.add_argument("--max-request-bytes", type=int, default=64 << 20,
+                   help="largest request body accepted (default 64 MiB)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="load and warm up every model, print the repository index, then exit (1 if any model is "
+                        "unavailable)")
+    p.set_defaults(func=run)
+
+
+def _devices(spec: str | None) -> list[str] | None:
+    if not spec:
+        return None
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    if not devices:
+        raise ConfigError(f"--device {spec!r} names no device")
+    return [str(parse_device(d)) for d in devices]
+
+
+def _index_table(server):
+    rows = table("Models", "model", "version", "state", "reason")
+    for row in server.repository.index():
+        rows.add_row(text(row["name"]), text(row["version"]), text(row["state"]), text(row["reason"]))
+    return rows
+
+
+def run(args) -> int:
+    try:
+        from ..serve import Server, ServeOptions
+    except ImportError as exc:
+        raise SartorError(f"sartor serve needs its extra dependencies ({exc.name} is missing): "
+                          f"pip install 'sartor[serve]'") from None
+    options = ServeOptions(model_repository=args.model_repository, host=args.host,
+                           http_port=None if args.dry_run else args.http_port,
+                           grpc_port=None if args.dry_run else args.grpc_port,
+                           metrics_port=None if args.dry_run else args.metrics_port,
+                           devices=_devices(args.device), poll_interval=args.poll_interval or None,
+                           max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
+                           max_request_bytes=args.max_request_bytes)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    out = console()
+    server = Server(options)
+    if args.dry_run:
+        server.repository.load_all()
+        out.print(_index_table(server))
+        unavailable = [r for r in server.repository.index() if r["state"] != "READY"]
+        server.repository.shutdown()
+        return 1 if unavailable else 0
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        out.print(_index_table(server))
+        endpoints = [f"{label} {options.host}:{port}" for label, port in
+                     (("HTTP", server.http_port), ("gRPC", server.grpc_port), ("metrics", server.metrics_port))
+                     if port is not None]
+        out.print(text("serving on " + ", ".join(endpoints) + " (Ctrl-C stops)"))
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+        out.print(text("stopping: draining queued requests"))
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

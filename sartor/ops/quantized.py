@@ -1,0 +1,115 @@
+"""INT8 layers: QConv and QGemm, made by `sartor.quant.quantize_graph` from Conv/FusedConv and
+Gemm/FusedGemm/MatMul layers planned INT8.
+
+What one INT8 layer computes, in the order a GPU kernel does it:
+
+1. Its data input arrives either as INT8 (the producer was an INT8 layer that wrote INT8) or as
+   floats, which are quantized here: q = clamp(round_half_even(x * inv_scale), -127, 127).
+2. int8 × int8 products accumulated exactly in integers, plus the INT32 bias (quantized at build
+   time with scale input_scale · weight_scale[c]).
+3. Dequantize: float32(acc + bias) * dequant_scale[c], where dequant_scale = input_scale ·
+   weight_scale[c] (float32, computed at build time).
+4. The FP32 epilogue: the residual (INT8 residuals are dequantized with their own scale), then
+   the activation, in the order the fused layer asks.
+5. When every reader of the output is an INT8 layer, the output is re-quantized with its scale
+   (round half to even, saturate to ±127) and written as INT8; otherwise it stays FP32.
+
+Exact integer accumulation runs as float64 convolutions/matmuls of integer-valued tensors: every
+int8 × int8 product and every partial sum below 2^53 is exact in float64, whatever the summation
+order, so the result equals an int32/int64 accumulator (tests check it against int64). cuDNN is
+turned off for these calls on CUDA so that no transform-based algorithm (FFT, Winograd) runs: the
+native im2col + DGEMM and direct depthwise kernels then produce the same integers as the CPU.
+Quantization multiplies by a float32 reciprocal that is stored with the layer (on CUDA, dividing
+by a host scalar is itself a multiplication by a reciprocal, so the reciprocal is explicit).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .conv import conv_nd
+from .elementwise import apply_activation
+from .registry import OpTable
+
+OPS = OpTable("quantized")
+
+QMAX = 127
+
+# Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
+QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
+               "weight_scale")
+
+
+def quantize(x: torch.Tensor, inv_scale: float) -> torch.Tensor:
+    """Symmetric INT8: clamp(round_half_even(x * inv_scale), -127, 127) as int8."""
+    return torch.round(x.float() * inv_scale).clamp_(-QMAX, QMAX).to(torch.int8)
+
+
+def as_int8(x: torch.Tensor, inv_scale: float) -> torch.Tensor:
+    """The layer's INT8 input: as it arrived when the producer wrote INT8, else quantized here."""
+    return x if x.dtype == torch.int8 else quantize(x, inv_scale)
+
+
+def _exact_integer_math(device: torch.device):
+    if device.type == "cuda":
+        return torch.backends.cudnn.flags(enabled=False)
+    return contextlib.nullcontext()
+
+
+def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
+    """The exact integer accumulator of an int8 convolution, as a float64 tensor."""
+    with _exact_integer_math(xq.device):
+        return conv_nd(xq.to(torch.float64), wq.to(torch.float64), None, attrs)
+
+
+def int8_matmul_accumulate(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
+    """x [..., K] · w[M, K]ᵀ accumulated exactly, as a float64 tensor [..., M]."""
+    return torch.matmul(xq.to(torch.float64), wq.to(torch.float64).t())
+
+
+def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: torch.Tensor, axis: int) -> torch.Tensor:
+    shape = [1] * acc.dim()
+    shape[axis] = -1
+    if bias is not None:
+        acc = acc + bias.to(torch.float64).reshape(shape)  # int32 + int32, exact in float64
+    return acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
+
+
+def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> torch.Tensor:
+    if residual is not None:
+        if residual.dtype == torch.int8:
+            residual = residual.to(torch.float32) * attrs["residual_scale"]
+        else:
+            residual = residual.to(torch.float32)
+    after = attrs.get("residual_after_activation", False)
+    if residual is not None and not after:
+        y = y + residual
+    if attrs.get("activation"):
+        y = apply_activation(y, attrs["activation"], attrs.get("activation_alpha"), attrs.get("activation_beta"))
+    if residual is not None and after:
+        y = y + residual
+    if attrs.get("output_inv_scale") is not None:
+        return quantize(y, attrs["output_inv_scale"])
+    return y
+
+
+@OPS.internal("QConv")
+def qconv(inputs, attrs):
+    """inputs: x, weight (int8, [M, C/group, *k]), bias (int32 [M] or omitted), residual (or
+    omitted), dequant scale (float32 [M])."""
+    x, wq = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    residual = inputs[3] if len(inputs) > 3 else None
+    acc = int8_conv_accumulate(as_int8(x, attrs["input_inv_scale"]), wq, attrs)
+    return _epilogue(_dequantize(acc, bias, inputs[4], 1), residual, attrs)
+
+
+@OPS.internal("QGemm")
+def qgemm(inputs, attrs):
+    """inputs: x [..., K], weight (int8 [M, K]), bias (int32 [M] or omitted), unused, dequant scale
+    (float32 [M]). Gemm's alpha/beta and MatMul's weight layout were folded in at build time."""
+    x, wq = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    acc = int8_matmul_accumulate(as_int8(x, attrs["input_inv_scale"]), wq)
+    return _epilogue(_dequantize(acc, bias, inputs[4], -1), None, attrs)

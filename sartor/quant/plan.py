@@ -1,0 +1,139 @@
+"""Which layers run INT8.
+
+A layer can run INT8 when it is a Conv/FusedConv, a Gemm/FusedGemm or a MatMul whose weights are
+constants (see `int8_unsupported` for the exact conditions). In an INT8 build every such layer
+runs INT8 except, by default, the *output heads*: a conv/gemm whose output reaches a graph output
+through no other conv/gemm (only Reshape/Concat/Sigmoid/Softmax/Mul/Add/… decode and
+post-processing layers, or nothing at all) keeps the higher precision. Those layers produce the
+logits, box offsets and scores that decoding reads directly, where INT8's coarse steps cost the
+most accuracy. `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
+(or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
+and FP32 on the CPU.
+"""
+from __future__ import annotations
+
+from ..ir import Graph, Node
+
+CONV_OPS = ("Conv", "FusedConv")
+GEMM_OPS = ("Gemm", "FusedGemm", "MatMul")
+INT8_OPS = CONV_OPS + GEMM_OPS
+FLOAT_TYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _float_or_unknown(graph: Graph, name: str) -> bool:
+    dtype = graph.dtype_of(name)
+    return dtype is None or dtype in FLOAT_TYPES
+
+
+def gemm_weight_rows(graph: Graph, node: Node) -> int | None:
+    """M (output features) of a Gemm/MatMul with a constant 2-D weight."""
+    w = graph.constant(node.inputs[1]) if len(node.inputs) > 1 else None
+    if w is None or w.ndim != 2:
+        return None
+    if node.op_type == "MatMul":
+        return int(w.shape[1])
+    return int(w.shape[0] if node.attrs.get("transB", 0) else w.shape[1])
+
+
+def int8_unsupported(graph: Graph, node: Node) -> str | None:
+    """Why this layer cannot run INT8 (None when it can)."""
+    if node.op_type not in INT8_OPS:
+        return f"no INT8 kernel for {node.op_type}"
+    if not node.inputs or not node.inputs[0] or graph.is_constant(node.inputs[0]):
+        return "its data input is a constant"
+    if not _float_or_unknown(graph, node.inputs[0]):
+        return f"its data input is {graph.dtype_of(node.inputs[0])}"
+    weight = graph.constant(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
+    if weight is None:
+        return "its weights are not constants"
+    if weight.dtype.name not in FLOAT_TYPES:
+        return f"its weights are {weight.dtype.name}"
+    if node.op_type in CONV_OPS:
+        if weight.ndim < 3:
+            return "its weights are not a convolution kernel"
+        bias = node.inputs[2] if len(node.inputs) > 2 else ""
+        if bias and not graph.is_constant(bias):
+            return "its bias is not a constant"
+        return None
+    if weight.ndim != 2:
+        return f"its weight has rank {weight.ndim}, not 2"
+    if node.op_type == "MatMul":
+        return None
+    if node.attrs.get("transA", 0):
+        return "transA=1"
+    if len(node.inputs) > 3 and any(node.inputs[3:]):
+        return "it has a residual input"
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    if bias:
+        c = graph.constant(bias)
+        if c is None:
+            return "its bias is not a constant"
+        if c.size not in (1, gemm_weight_rows(graph, node)) or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:
+            return f"its bias has shape {list(c.shape)}, not one value per output"
+    return None
+
+
+def int8_candidates(graph: Graph) -> list[Node]:
+    return [node for node in graph.nodes if int8_unsupported(graph, node) is None]
+
+
+def int8_positions(node: Node) -> list[int]:
+    """Input positions an INT8 layer reads in INT8: the data input, and a FusedConv's residual."""
+    positions = [0]
+    if node.op_type in CONV_OPS and len(node.inputs) > 3 and node.inputs[3]:
+        positions.append(3)
+    return positions
+
+
+def calibration_targets(graph: Graph) -> dict[str, list[int]]:
+    """layer name → the input positions to calibrate, for every layer that could run INT8
+    (whatever the plan: a calibration cache then serves any later choice of layers)."""
+    return {node.name: int8_positions(node) for node in int8_candidates(graph)}
+
+
+def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
+    """candidate name → the graph output it reaches through no other candidate."""
+    candidate_names = {n.name for n in candidates}
+    consumers = graph.consumers()
+    outputs = graph.output_names()
+    heads = {}
+    for node in candidates:
+        frontier = [o for o in node.outputs if o]
+        visited = set(frontier)
+        reached = None
+        while frontier and reached is None:
+            value = frontier.pop()
+            if value in outputs:
+                reached = value
+                break
+            for user in consumers.get(value, []):
+                if user.name in candidate_names:
+                    continue
+                for out in user.outputs:
+                    if out and out not in visited:
+                        visited.add(out)
+                        frontier.append(out)
+        if reached is not None:
+            heads[node.name] = reached
+    return heads
+
+
+def int8_decisions(graph: Graph, base: str) -> dict[str, tuple[str, str]]:
+    """For an INT8 build: layer name → (precision, reason) for every conv/gemm layer. Candidates
+    run INT8 (reason ""); output heads and the layers without an INT8 kernel get `base`."""
+    candidates = int8_candidates(graph)
+    heads = output_heads(graph, candidates)
+    decisions = {}
+    for node in graph.nodes:
+        if node.op_type not in INT8_OPS:
+            continue
+        why = int8_unsupported(graph, node)
+        if why is not None:
+            decisions[node.name] = (base, f"not INT8: {why}")
+        elif node.name in heads:
+            reason = (f"output head, kept out of INT8: reaches output {heads[node.name]!r} through no other "
+                      f"conv/gemm (--layer-precision {node.name}=int8 to quantize it)")
+            decisions[node.name] = (base, reason)
+        else:
+            decisions[node.name] = ("int8", "")
+    return decisions

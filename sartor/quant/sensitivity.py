@@ -1,0 +1,165 @@
+"""Per-layer INT8 sensitivity: quantize one layer at a time (everything else FP32), run the
+calibration batches, and measure the model outputs' SNR against FP32. The least robust layers
+are the first candidates for `--layer-precision NODE=fp16`. The same pass records each layer's
+FP32 output peak, which says which layers would overflow FP16 (|x| > 65504)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..builder.config import FP16_MAX
+from ..ir import Graph
+from ..ops.util import tensor_from_numpy
+from ..runtime.context import matmul_precision
+from ..runtime.executor import Executor
+from .plan import int8_candidates, int8_decisions
+from .quantize import quantize_graph
+
+
+@dataclass
+class LayerSensitivity:
+    name: str
+    op: str
+    origin: list
+    snr_db: float  # model outputs, this layer alone INT8, against FP32
+    cosine: float
+    default: str  # "int8", or why the default INT8 plan keeps it out
+    fp32_peak: float  # max |output| in FP32 over the batches
+
+    @property
+    def overflows_fp16(self) -> bool:
+        return not self.fp32_peak <= FP16_MAX
+
+    def to_json(self) -> dict:
+        return dict(dataclasses.asdict(self), overflows_fp16=self.overflows_fp16)
+
+
+@dataclass
+class SensitivityReport:
+    layers: list  # LayerSensitivity, least robust (lowest SNR) first
+    all_int8_snr_db: float  # the default INT8 plan, every planned layer at once
+    all_int8_cosine: float
+    samples: int
+    method: str
+    fp16_overflow: list = field(default_factory=list)  # layer names, any op, whose FP32 output exceeds FP16
+
+    def to_json(self) -> dict:
+        return {"samples": self.samples, "method": self.method, "all_int8_snr_db": self.all_int8_snr_db,
+                "all_int8_cosine": self.all_int8_cosine, "fp16_overflow": self.fp16_overflow,
+                "layers": [layer.to_json() for layer in self.layers]}
+
+
+def _outputs(executor: Executor, batches: list[dict], device: torch.device, observe=None) -> list[np.ndarray]:
+    results = []
+    with torch.inference_mode(), matmul_precision(False):
+        for batch in batches:
+            feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+            outputs = executor.run(feeds, observe=observe)
+            results.append(np.concatenate([t.detach().double().cpu().numpy().ravel() for t in outputs.values()]))
+    return results
+
+
+def _snr_cosine(reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[float, float]:
+    signal = sum(float(r @ r) for r in reference)
+    noise = sum(float((r - c) @ (r - c)) for r, c in zip(reference, candidate))
+    dot = sum(float(r @ c) for r, c in zip(reference, candidate))
+    norm_c = math.sqrt(sum(float(c @ c) for c in candidate))
+    snr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+    cos = dot / (math.sqrt(signal) * norm_c) if signal > 0 and norm_c > 0 else float("nan")
+    return snr, cos
+
+
+def _quantized_copy(graph: Graph, layers: dict, amax: dict) -> Graph:
+    copy = Graph([dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs))
+                  for n in graph.nodes], list(graph.inputs), list(graph.outputs), dict(graph.initializers),
+                 dict(graph.value_info), graph.opset, graph.name)
+    quantize_graph(copy, layers, amax)
+    return copy
+
+
+def _weights_for(graph: Graph, base: dict) -> dict:
+    return {name: base[name] if name in base else tensor_from_numpy(a) for name, a in graph.initializers.items()}
+
+
+def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: dict, device: torch.device,
+                      method: str = "", on_layer: Callable[[int, int, str], None] | None = None) -> SensitivityReport:
+    """Quantize each INT8-capable layer alone and measure the outputs against FP32."""
+    peaks: dict[str, float] = {}
+
+    def observe(index, step, outputs):
+        for t in outputs:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                peak = float(t.detach().abs().amax())
+                previous = peaks.get(step.node.name, 0.0)
+                if not math.isnan(previous) and not peak <= previous:  # a NaN peak sticks
+                    peaks[step.node.name] = peak
+
+    reference = _outputs(Executor(graph, weights, device), batches, device, observe)
+    decisions = int8_decisions(graph, "fp32")
+    candidates = int8_candidates(graph)
+    rows = []
+    for k, node in enumerate(candidates):
+        if on_layer is not None:
+            on_layer(k, len(candidates), node.name)
+        quantized = _quantized_copy(graph, {node.name: "int8"}, amax)
+        outputs = _outputs(Executor(quantized, _weights_for(quantized, weights), device), batches, device)
+        snr, cos = _snr_cosine(reference, outputs)
+        precision, reason = decisions.get(node.name, ("int8", ""))
+        rows.append(LayerSensitivity(node.name, node.op_type, list(node.origin), snr, cos,
+                                     "int8" if precision == "int8" else reason, peaks.get(node.name, 0.0)))
+    plan = {name: p for name, (p, _) in decisions.items() if p == "int8"}
+    if plan:
+        quantized = _quantized_copy(graph, plan, amax)
+        total_snr, total_cos = _snr_cosine(reference, _outputs(
+            Executor(quantized, _weights_for(quantized, weights), device), batches, device))
+    else:
+        total_snr, total_cos = math.inf, 1.0
+    rows.sort(key=lambda r: (r.snr_db, r.name))
+    overflow = [n.name for n in graph.nodes if n.name in peaks and not peaks[n.name] <= FP16_MAX]
+    samples = sum(len(next(iter(b.values()))) for b in batches)
+    return SensitivityReport(rows, total_snr, total_cos, samples, method, overflow)
+
+
+def analyze(model_path: str, calib: str, calib_size: int = 64, method: str | None = None,
+            percentile: float = 99.99, calib_cache: str | None = None, preprocess: str | None = None,
+            device: str | None = "cpu", on_layer: Callable[[int, int, str], None] | None = None) -> SensitivityReport:
+    """Import and optimize `model_path` as the builder does, take thresholds from `calib_cache`
+    (when it exists) or by calibrating on `calib`, and rank the layers on `calib`'s samples."""
+    from pathlib import Path
+
+    from ..frontend import import_onnx
+    from ..passes import optimize
+    from ..runtime.fingerprint import parse_device
+    from .cache import read_cache
+    from .calibrate import amax_from_histograms, collect_histograms
+    from .calibrators import DEFAULT_METHOD
+    from .data import open_calibration
+    from .plan import calibration_targets
+    from .stage import CALIB_BATCH
+
+    target = parse_device(device)
+    imported = import_onnx(model_path)
+    graph = imported.graph
+    optimize(graph)
+    weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
+    spec = None
+    if preprocess is not None:
+        from ..data.preprocess import parse_preprocess
+        spec = parse_preprocess(preprocess)
+    batch = next((v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)), CALIB_BATCH)
+    batches = list(open_calibration(calib, graph.inputs, calib_size, batch, spec))
+    if calib_cache and Path(calib_cache).is_file():
+        cache = read_cache(calib_cache, imported.sha256, spec.describe() if spec is not None else None,
+                           check_preprocess=True)
+        amax, method = cache.amax, cache.method
+    else:
+        method = method or DEFAULT_METHOD
+        with matmul_precision(False):
+            observers = collect_histograms(graph, weights, batches, calibration_targets(graph), target)
+        amax = amax_from_histograms(observers, method, percentile)
+    return layer_sensitivity(graph, weights, batches, amax, target, method, on_layer)

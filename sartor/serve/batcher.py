@@ -1,0 +1,375 @@
+"""Dynamic batching: one bounded queue per served model version, drained by one worker thread per
+execution context (instance).
+
+A worker takes the oldest request and adds the queued requests that share its input signature
+(names, dtypes, the dims after the batch dim) while the summed batch stays within max_batch_size and
+some profile of the engine admits it. It dispatches at once when the batch reaches the largest
+preferred batch size (max_batch_size without preferred sizes), when max_queue_delay has passed since
+the oldest request arrived, or when the delay is 0; otherwise it waits. The batch is concatenated
+along dim 0, run, and the outputs are split back per request. Requests whose timeout passes while
+queued are answered with RequestTimeout; requests whose caller went away are dropped.
+
+Runs that may capture a CUDA graph (a context's first run of a shape) take the GPUs alone, through
+`DeviceGate`, because a capture must not overlap other CUDA work of the process.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SartorError
+from .errors import (BatcherClosed, ExecutionError, InvalidRequest, ModelUnavailable, QueueFull, RequestTimeout,
+                     ServeError)
+
+log = logging.getLogger("sartor.serve")
+
+
+# ---- one device's capture gate ----------------------------------------------------------------------
+
+class DeviceGate:
+    """A readers-writer lock: ordinary runs share the device, runs that may capture take it alone."""
+
+    def __init__(self, needed: bool) -> None:
+        self.needed = needed
+        self._cv = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting_exclusive = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        if not self.needed:
+            yield
+            return
+        with self._cv:
+            while self._exclusive or self._waiting_exclusive:
+                self._cv.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._shared -= 1
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        if not self.needed:
+            yield
+            return
+        with self._cv:
+            self._waiting_exclusive += 1
+            while self._exclusive or self._shared:
+                self._cv.wait()
+            self._waiting_exclusive -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._exclusive = False
+                self._cv.notify_all()
+
+
+_CUDA_GATE = DeviceGate(needed=True)
+_NO_GATE = DeviceGate(needed=False)
+
+
+def device_gate(device: str | None) -> DeviceGate:
+    """One gate for every CUDA device of the process: torch captures CUDA graphs in the "global" error
+    mode, where unsafe calls from any thread (an allocation, a synchronisation) break a capture on any
+    device. Captures and engine loads are rare (warm-up, a new shape, a new version), so taking all
+    GPUs for them costs little. None: the device an engine will pick (CUDA when there is one)."""
+    if device is None:
+        import torch
+        return _CUDA_GATE if torch.cuda.is_available() else _NO_GATE
+    return _CUDA_GATE if str(device).startswith("cuda") else _NO_GATE
+
+
+def shape_key(feeds: dict) -> tuple:
+    return tuple(sorted((name, tuple(int(d) for d in value.shape)) for name, value in feeds.items()))
+
+
+@dataclass
+class Instance:
+    """One execution context, the device it runs on, and the input shapes it has already run."""
+    context: object
+    device: str
+    seen: set = field(default_factory=set)
+
+    def run(self, feeds: dict) -> dict:
+        key = shape_key(feeds)
+        gate = device_gate(self.device)
+        with (gate.shared() if key in self.seen else gate.exclusive()):
+            out = self.context.run(feeds)
+        self.seen.add(key)
+        return out
+
+
+# ---- requests and the policy ------------------------------------------------------------------------
+
+@dataclass
+class BatchPolicy:
+    max_batch_size: int  # 0: no batch dim, each request runs alone
+    dynamic: bool
+    preferred: tuple = ()
+    max_delay_s: float = 0.0
+    max_queue_size: int = 1024
+
+
+@dataclass
+class BatchResult:
+    outputs: dict
+    queue_s: float
+    compute_s: float
+    batch_size: int
+
+
+@dataclass(eq=False)
+class _Pending:
+    inputs: dict
+    batch: int
+    signature: tuple
+    enqueued: float
+    deadline: float | None
+    future: Future
+
+
+class Batcher:
+    def __init__(self, model: str, version: str, instances: list[Instance], policy: BatchPolicy,
+                 profiles: list, metrics) -> None:
+        self.model, self.version = model, version
+        self.policy = policy
+        self.profiles = profiles
+        self.metrics = metrics
+        self.labels = {"model": model, "version": version}
+        self._cv = threading.Condition()
+        self._form = threading.Lock()  # one worker forms a batch at a time
+        self._queue: deque[_Pending] = deque()
+        self._closed = False
+        self._paused = False
+        self._admits_cache: dict = {}
+        self._threads = [threading.Thread(target=self._worker, args=(inst,), daemon=True,
+                                          name=f"sartor-serve-{model}-v{version}-{inst.device}-{i}")
+                         for i, inst in enumerate(instances)]
+        for thread in self._threads:
+            thread.start()
+
+    # ---- the producer side ----------------------------------------------------------------------
+    def submit(self, inputs: dict, batch: int, deadline: float | None) -> Future:
+        """Queue one request (inputs already validated). Raises QueueFull, or BatcherClosed once this
+        batcher stopped taking requests (the caller retries with the version now served)."""
+        signature = tuple(sorted((name, a.dtype.str, a.shape[1:] if self.policy.max_batch_size else a.shape)
+                                 for name, a in inputs.items()))
+        pending = _Pending(inputs, batch, signature, time.monotonic(), deadline, Future())
+        with self._cv:
+            if self._closed:
+                raise BatcherClosed()
+            if len(self._queue) >= self.policy.max_queue_size:
+                raise QueueFull(f"model '{self.model}' version {self.version}: the queue is full "
+                                f"({self.policy.max_queue_size} requests waiting); retry later")
+            self._queue.append(pending)
+            self.metrics.set("nv_inference_pending_request_count", self.labels, len(self._queue))
+            self._cv.notify()
+        return pending.future
+
+    @property
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def pause(self) -> None:
+        """Hold the queue: workers finish what they run but take nothing new (maintenance, tests)."""
+        with self._cv:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Take no new requests; the workers run what is queued, then exit."""
+        with self._cv:
+            self._closed = True
+            self._paused = False
+            self._cv.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def abort(self, message: str) -> None:
+        """Answer every queued request with ModelUnavailable(message) (server shutdown)."""
+        with self._cv:
+            dropped = list(self._queue)
+            self._queue.clear()
+            self._closed = True
+            self._paused = False
+            self._cv.notify_all()
+        for p in dropped:
+            _fail(p.future, ModelUnavailable(message))
+
+    # ---- forming a batch ------------------------------------------------------------------------
+    def _admits(self, signature: tuple, total: int) -> bool:
+        key = (signature, total)
+        hit = self._admits_cache.get(key)
+        if hit is None:
+            shapes = {name: (total, *rest) for name, _, rest in signature}
+            hit = any(p.admits(shapes) for p in self.profiles)
+            if len(self._admits_cache) < 4096:
+                self._admits_cache[key] = hit
+        return hit
+
+    def _gather(self, head: _Pending) -> tuple[list[_Pending], int]:
+        chosen, total = [head], head.batch
+        if not self.policy.dynamic:
+            return chosen, total
+        limit = self.policy.max_batch_size
+        for p in itertools.islice(self._queue, 1, None):
+            if total >= limit:
+                break
+            if p.signature != head.signature or p.future.cancelled():
+                continue
+            n = total + p.batch
+            if n <= limit and self._admits(head.signature, n):
+                chosen.append(p)
+                total = n
+        return chosen, total
+
+    def _expire(self, now: float) -> float | None:
+        """Answer queued requests whose deadline passed or whose caller left; the next deadline."""
+        expired, kept, next_deadline = [], deque(), None
+        for p in self._queue:
+            if p.future.cancelled():
+                continue
+            if p.deadline is not None and p.deadline <= now:
+                expired.append(p)
+                continue
+            kept.append(p)
+            if p.deadline is not None:
+                next_deadline = p.deadline if next_deadline is None else min(next_deadline, p.deadline)
+        if len(kept) != len(self._queue):
+            self._queue = kept
+            self.metrics.set("nv_inference_pending_request_count", self.labels, len(kept))
+        for p in expired:
+            _fail(p.future, RequestTimeout(f"model '{self.model}': the request timed out after "
+                                           f"{(now - p.enqueued) * 1e3:.0f} ms in the queue"))
+        return next_deadline
+
+    def _next_batch(self) -> list[_Pending] | None:
+        policy = self.policy
+        target = max(policy.preferred) if policy.preferred else policy.max_batch_size
+        with self._form, self._cv:
+            while True:
+                now = time.monotonic()
+                next_deadline = self._expire(now)
+                if not self._queue:
+                    if self._closed:
+                        return None
+                    self._cv.wait(None if next_deadline is None else max(next_deadline - now, 0.001))
+                    continue
+                if self._paused:
+                    self._cv.wait(max(next_deadline - now, 0.001) if next_deadline else 0.5)
+                    continue
+                head = self._queue[0]
+                chosen, total = self._gather(head)
+                dispatch_at = head.enqueued + policy.max_delay_s
+                if (not policy.dynamic or total >= target or policy.max_delay_s <= 0 or self._closed
+                        or now >= dispatch_at):
+                    taken = set(map(id, chosen))
+                    self._queue = deque(p for p in self._queue if id(p) not in taken)
+                    self.metrics.set("nv_inference_pending_request_count", self.labels, len(self._queue))
+                    return chosen
+                wake = dispatch_at if next_deadline is None else min(dispatch_at, next_deadline)
+                self._cv.wait(max(wake - now, 0.0005))
+
+    # ---- running it -------------------------------------------------------------------------------
+    def _worker(self, instance: Instance) -> None:
+        while True:
+            try:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._execute(instance, batch)
+            except Exception:  # never let a worker die: its requests were answered in _execute
+                log.exception("batcher worker of model %s failed", self.model)
+                time.sleep(0.01)
+
+    def _execute(self, instance: Instance, batch: list[_Pending]) -> None:
+        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        start = time.monotonic()
+        total = sum(p.batch for p in live)
+        try:
+            if len(live) == 1:
+                feeds = live[0].inputs
+            else:
+                feeds = {name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs}
+            ready = time.monotonic()
+            outputs = instance.run(feeds)
+            ran = time.monotonic()
+            parts = self._split(outputs, live, total)
+        except ServeError as exc:
+            for p in live:
+                _fail(p.future, exc)
+            return
+        except SartorError as exc:
+            for p in live:
+                _fail(p.future, InvalidRequest(f"model '{self.model}': {exc}"))
+            return
+        except Exception as exc:
+            log.exception("model %s version %s failed on a batch of %d", self.model, self.version, total)
+            message = " ".join(str(exc).split())[:500]
+            for p in live:
+                _fail(p.future, ExecutionError(f"model '{self.model}' failed to run: {type(exc).__name__}: {message}"))
+            return
+        done = time.monotonic()
+        m, labels = self.metrics, self.labels
+        m.inc("nv_inference_exec_count", labels)
+        m.inc("nv_inference_count", labels, total)
+        m.observe("nv_inference_batch_size", labels, total)
+        m.inc("nv_inference_compute_input_duration_us", labels, (ready - start) * 1e6)
+        m.inc("nv_inference_compute_infer_duration_us", labels, (ran - ready) * 1e6)
+        m.inc("nv_inference_compute_output_duration_us", labels, (done - ran) * 1e6)
+        m.observe("nv_inference_compute_infer_histogram_ms", labels, (ran - ready) * 1e3)
+        for p, out in zip(live, parts):
+            queued = start - p.enqueued
+            m.inc("nv_inference_queue_duration_us", labels, queued * 1e6)
+            m.observe("nv_inference_queue_histogram_ms", labels, queued * 1e3)
+            if not p.future.done():
+                p.future.set_result(BatchResult(out, queued, ran - ready, total))
+
+    def _split(self, outputs: dict, live: list[_Pending], total: int) -> list[dict]:
+        if len(live) == 1:
+            return [dict(outputs)]
+        parts: list[dict] = [{} for _ in live]
+        for name, value in outputs.items():
+            value = np.asarray(value)
+            if value.ndim == 0 or value.shape[0] != total:
+                raise ExecutionError(f"output {name!r} of shape {list(value.shape)} has no batch dim of "
+                                     f"{total}: it cannot be split between batched requests")
+            offset = 0
+            for part, p in zip(parts, live):
+                part[name] = value[offset:offset + p.batch]
+                offset += p.batch
+        return parts
+
+
+def _fail(future: Future, error: Exception) -> None:
+    if future.done():
+        return
+    if not future.running() and not future.set_running_or_notify_cancel():
+        return  # the caller went away
+    future.set_exception(error)

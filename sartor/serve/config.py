@@ -1,0 +1,205 @@
+"""`config.pbtxt` (Triton's protobuf text format) -> model_config_pb2.ModelConfig, completed from
+the engine (inputs, outputs, max_batch_size), and the settings the server acts on (`ModelSettings`).
+
+Read: max_batch_size, dynamic_batching { preferred_batch_size, max_queue_delay_microseconds,
+default_queue_policy { default_timeout_microseconds, max_queue_size } }, instance_group [{ count,
+kind, gpus }], input/output names and data types (checked against the engine), default_model_filename,
+and parameters { key: "preprocess" value: { string_value: "letterbox=640,..." } } (used by the image
+route when the engine stores no preprocessing). Other fields are kept and reported but not acted on.
+
+As Triton's auto-complete does: without max_batch_size in the config, it is the largest batch the
+engine's profiles admit (0 when the engine has no shared dynamic batch dim), and a batching model
+then gets `dynamic_batching { }` (no delay) unless the config says otherwise.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ConfigError
+from .tensors import kserve_datatype
+
+CONFIG_FILE = "config.pbtxt"
+DEFAULT_MODEL_FILE = "model.plan"
+PLATFORM = "sartor_plan"
+MAX_INSTANCES = 64
+
+
+@dataclass
+class ModelSettings:
+    """What the server does with one model, after the config is completed from the engine."""
+    max_batch_size: int  # 0: requests give full shapes, no batching
+    dynamic_batching: bool
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_s: float = 0.0
+    max_queue_size: int = 0  # 0: the server default
+    default_timeout_s: float | None = None  # None: the server default
+    allow_timeout_override: bool = True
+    instances: list[tuple[str, int]] = field(default_factory=list)  # (device, count)
+    preprocess: str | None = None  # config.pbtxt parameter "preprocess"
+
+
+def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
+    """(config, whether max_batch_size was written); an empty config when the file is absent."""
+    path = Path(model_dir) / CONFIG_FILE
+    config = mc.ModelConfig()
+    if not path.is_file():
+        return config, False
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({type(exc).__name__})") from None
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return config, re.search(r"(^|[\s{;,])max_batch_size\s*:", text) is not None
+
+
+def _dim0_symbol(shape) -> object:
+    return shape[0] if shape else None
+
+
+def engine_max_batch(engine) -> int:
+    """The largest batch the engine's profiles admit when dim 0 of every input and output is one
+    shared dynamic (batch) dimension; 0 when the engine has no batch dimension."""
+    inputs, outputs = engine.inputs, engine.outputs
+    if not inputs or any(v.shape is None or len(v.shape) == 0 for v in list(inputs) + list(outputs)):
+        return 0
+    symbols = {_dim0_symbol(v.shape) for v in inputs}
+    if len(symbols) != 1:
+        return 0
+    symbol = symbols.pop()
+    if isinstance(symbol, int) or any(_dim0_symbol(v.shape) != symbol for v in outputs):
+        return 0
+    best = 0
+    for profile in engine.profiles:
+        ranges = [profile.shapes[v.name] for v in inputs if v.name in profile.shapes]
+        if ranges:
+            best = max(best, min(r.max[0] for r in ranges))
+    return best
+
+
+def _dims(engine, name: str, batch: bool) -> list[int]:
+    """Dims as Triton reports them: -1 where the profiles allow a range (the batch dim left out)."""
+    ranges = [p.shapes[name] for p in engine.profiles if name in p.shapes]
+    if ranges:
+        rank = len(ranges[0].min)
+        dims = []
+        for axis in range(rank):
+            values = {r.min[axis] for r in ranges} | {r.max[axis] for r in ranges}
+            dims.append(values.pop() if len(values) == 1 else -1)
+    else:
+        value = next(v for v in list(engine.inputs) + list(engine.outputs) if v.name == name)
+        dims = [d if isinstance(d, int) else -1 for d in (value.shape or ())]
+    return dims[1:] if batch else dims
+
+
+def _output_dims(value, batch: bool) -> list[int]:
+    dims = [d if isinstance(d, int) else -1 for d in (value.shape or ())]
+    return dims[1:] if batch else dims
+
+
+def _check_io(config_entries, engine_values, kind: str, where: str) -> None:
+    declared = {v.name: v for v in engine_values}
+    for entry in config_entries:
+        if entry.name not in declared:
+            raise ConfigError(f"{where}: {kind} {entry.name!r} is not one of the engine's {kind}s "
+                              f"({', '.join(declared)})")
+        if entry.data_type != mc.TYPE_INVALID:
+            want = "TYPE_" + kserve_datatype(declared[entry.name].dtype)
+            got = mc.DataType.Name(entry.data_type)
+            if want != got:
+                raise ConfigError(f"{where}: {kind} {entry.name!r} is {got} in the config but the engine has {want}")
+
+
+def _instances(config: mc.ModelConfig, devices: list[str] | None, engine_kind: str,
+               where: str) -> list[tuple[str, int]]:
+    default = devices or (["cuda:0"] if engine_kind == "cuda" else ["cpu"])
+    groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
+    counts: dict[str, int] = {}
+    for group in groups:
+        count = group.count or 1
+        if not 0 < count <= MAX_INSTANCES:
+            raise ConfigError(f"{where}: instance_group count {count} must be in 1..{MAX_INSTANCES}")
+        if group.kind == mc.ModelInstanceGroup.KIND_CPU:
+            targets = ["cpu"]
+        elif group.gpus:
+            targets = [f"cuda:{g}" for g in group.gpus]
+            if devices and not all(t in devices for t in targets):
+                raise ConfigError(f"{where}: instance_group gpus {list(group.gpus)} are not among the server's "
+                                  f"devices ({', '.join(devices)})")
+            if not devices and engine_kind != "cuda":
+                raise ConfigError(f"{where}: instance_group names gpus {list(group.gpus)} but the engine is "
+                                  f"built for the CPU")
+        else:
+            targets = default
+        for target in targets:
+            counts[target] = counts.get(target, 0) + count
+    return list(counts.items())
+
+
+def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engine,
+                    devices: list[str] | None, where: str) -> tuple[mc.ModelConfig, ModelSettings]:
+    """Fill in what the engine knows (as Triton's auto-complete does) and check what the user wrote."""
+    config = mc.ModelConfig.FromString(config.SerializeToString())
+    if config.name and config.name != name:
+        raise ConfigError(f"{where}: name {config.name!r} differs from the model directory name {name!r}")
+    config.name = name
+    config.platform = config.platform or PLATFORM
+    config.backend = config.backend or "sartor"
+    engine_batch = engine_max_batch(engine)
+    if not has_max_batch:
+        config.max_batch_size = engine_batch
+        if engine_batch and not config.HasField("dynamic_batching") and not config.HasField("sequence_batching"):
+            config.dynamic_batching.SetInParent()  # as Triton's auto-complete does for batching models
+    max_batch = config.max_batch_size
+    if max_batch < 0:
+        raise ConfigError(f"{where}: max_batch_size {max_batch} must be >= 0")
+    if max_batch > 0 and engine_batch == 0:
+        raise ConfigError(f"{where}: max_batch_size {max_batch} but the engine has no shared dynamic batch "
+                          f"dimension: set max_batch_size: 0")
+    if max_batch > engine_batch > 0:
+        raise ConfigError(f"{where}: max_batch_size {max_batch} exceeds the largest batch the engine's profiles "
+                          f"admit ({engine_batch}): lower it or rebuild with a larger --max-shapes batch")
+    _check_io(config.input, engine.inputs, "input", where)
+    _check_io(config.output, engine.outputs, "output", where)
+    batch = max_batch > 0
+    del config.input[:]
+    del config.output[:]
+    for v in engine.inputs:
+        config.input.add(name=v.name, data_type=mc.DataType.Value("TYPE_" + kserve_datatype(v.dtype)),
+                         dims=_dims(engine, v.name, batch))
+    for v in engine.outputs:
+        config.output.add(name=v.name, data_type=mc.DataType.Value("TYPE_" + kserve_datatype(v.dtype)),
+                          dims=_output_dims(v, batch))
+
+    settings = ModelSettings(max_batch_size=max_batch, dynamic_batching=batch and config.HasField("dynamic_batching"))
+    if config.HasField("dynamic_batching"):
+        db = config.dynamic_batching
+        preferred = tuple(int(p) for p in db.preferred_batch_size)
+        bad = [p for p in preferred if not 0 < p <= max(max_batch, 1)]
+        if bad:
+            raise ConfigError(f"{where}: preferred_batch_size {bad} must be in 1..max_batch_size ({max_batch})")
+        settings.preferred_batch_sizes = tuple(sorted(set(preferred)))
+        settings.max_queue_delay_s = db.max_queue_delay_microseconds / 1e6
+        policy = db.default_queue_policy
+        settings.max_queue_size = int(policy.max_queue_size)
+        if policy.default_timeout_microseconds:
+            settings.default_timeout_s = policy.default_timeout_microseconds / 1e6
+        settings.allow_timeout_override = policy.allow_timeout_override or not policy.default_timeout_microseconds
+    settings.instances = _instances(config, devices, engine.fingerprint.get("kind", "cpu"), where)
+    del config.instance_group[:]
+    for device, count in settings.instances:
+        kind = mc.ModelInstanceGroup.KIND_CPU if device == "cpu" else mc.ModelInstanceGroup.KIND_GPU
+        group = config.instance_group.add(name=f"{name}_{device.replace(':', '')}", kind=kind, count=count)
+        if device != "cpu":
+            group.gpus.append(int(device.partition(":")[2] or 0))
+    if "preprocess" in config.parameters:
+        settings.preprocess = config.parameters["preprocess"].string_value or None
+    config.default_model_filename = config.default_model_filename or DEFAULT_MODEL_FILE
+    return config, settings

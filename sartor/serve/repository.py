@@ -1,0 +1,436 @@
+"""The model repository in Triton's layout, and what is served from it.
+
+    <repository>/<model>/config.pbtxt          optional (see config.py)
+    <repository>/<model>/<version>/model.plan  a sartor engine; the newest version is served
+
+Loading a version reads its config, loads the engine on each instance device (the fingerprint check
+included), makes one execution context per instance, warms each up (every profile's min/opt/max, and
+the batch sizes dynamic batching will form), starts its batcher, and only then swaps it in. The old
+version's batcher stops taking requests and runs what it has queued, so a swap loses nothing; a
+caller that reaches a closed batcher retries with the new version.
+
+A version that fails to load is recorded with its reason (repository index, model ready = false);
+when an older version is being served it keeps serving. The poller retries a failed version only
+once its files change.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError, SartorError
+from ..runtime import load as load_engine
+from ..runtime.fingerprint import parse_device
+from .batcher import Batcher, BatchPolicy, Instance, device_gate, shape_key
+from .config import DEFAULT_MODEL_FILE, ModelSettings, complete_config, read_config
+from .errors import InvalidRequest, ModelUnavailable
+from .tensors import kserve_datatype
+
+log = logging.getLogger("sartor.serve")
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+WARM_EVERY_BATCH_UP_TO = 64  # beyond this, warm powers of two and the preferred sizes only
+RETIRE_TIMEOUT_S = 120.0
+
+
+def _stat(path: Path):
+    try:
+        st = path.stat()
+        return (st.st_mtime_ns, st.st_size)
+    except OSError:
+        return None
+
+
+@dataclass
+class ServedModel:
+    """One loaded version: its config, engines (one per device), batcher and metadata."""
+    name: str
+    version: str
+    path: Path
+    config: object  # model_config_pb2.ModelConfig, completed
+    settings: ModelSettings
+    engines: dict  # device -> Engine
+    batcher: Batcher
+    stamp: tuple
+    checker: object = None  # an ExecutionContext used only for its (stateless) input checks
+    preprocess: object = None  # PreprocessSpec or None
+    last_inference_ms: int = 0
+
+    @property
+    def engine(self):
+        return next(iter(self.engines.values()))
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.settings.max_batch_size
+
+    def _shape(self, name: str) -> list[int]:
+        for entry in list(self.config.input) + list(self.config.output):
+            if entry.name == name:
+                dims = [int(d) for d in entry.dims]
+                return ([-1] + dims) if self.max_batch_size else dims
+        return []
+
+    def metadata(self) -> dict:
+        def io(values) -> list[dict]:
+            return [{"name": v.name, "datatype": kserve_datatype(v.dtype), "shape": self._shape(v.name)}
+                    for v in values]
+
+        return {"name": self.name, "versions": [self.version], "platform": self.config.platform,
+                "inputs": io(self.engine.inputs), "outputs": io(self.engine.outputs)}
+
+    def check_outputs(self, names) -> None:
+        declared = [v.name for v in self.engine.outputs]
+        unknown = [n for n in names if n not in declared]
+        if unknown:
+            raise InvalidRequest(f"model '{self.name}': unknown output(s) {', '.join(map(repr, unknown))}; "
+                                 f"the outputs are {', '.join(declared)}")
+
+    def check_inputs(self, inputs: dict) -> int:
+        """Names, dtypes, ranks, batch size and profile ranges; returns the request's batch size."""
+        context = self.checker
+        try:
+            shapes = context.check_inputs(inputs)
+        except SartorError as exc:
+            raise InvalidRequest(f"model '{self.name}': {exc}") from None
+        batch = 1
+        if self.max_batch_size:
+            batches = {s[0] for s in shapes.values() if len(s)}
+            if len(batches) != 1 or any(len(s) == 0 for s in shapes.values()):
+                described = ", ".join(f"{n} {list(s)}" for n, s in shapes.items())
+                raise InvalidRequest(f"model '{self.name}': every input needs the same batch size as its first "
+                                     f"dim ({described})")
+            batch = batches.pop()
+            if not 1 <= batch <= self.max_batch_size:
+                raise InvalidRequest(f"model '{self.name}': batch size {batch} is outside 1..{self.max_batch_size} "
+                                     f"(max_batch_size)")
+        try:
+            context.select_profile(shapes)
+        except SartorError as exc:
+            raise InvalidRequest(f"model '{self.name}': {exc}") from None
+        return batch
+
+
+@dataclass
+class ModelRecord:
+    name: str
+    state: str = UNAVAILABLE
+    reason: str = ""
+    served: ServedModel | None = None
+    failures: dict = field(default_factory=dict)  # version -> (stamp, reason)
+    user_unloaded: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one load/unload at a time
+
+
+class Repository:
+    def __init__(self, root, metrics, devices: list[str] | None = None, max_queue_size: int = 1024,
+                 poll_interval: float | None = None) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository {self.root} is not a directory")
+        self.metrics = metrics
+        self.devices = [str(parse_device(d)) for d in devices] if devices else None
+        self.max_queue_size = max_queue_size
+        self.poll_interval = poll_interval
+        self._records: dict[str, ModelRecord] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._retiring: list[threading.Thread] = []
+        self.ready = False
+
+    # ---- the files ------------------------------------------------------------------------------------
+    def model_dirs(self) -> dict[str, Path]:
+        try:
+            entries = sorted(self.root.iterdir())
+        except OSError:
+            return {}
+        return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
+
+    @staticmethod
+    def newest_version(model_dir: Path, filename: str) -> tuple[str, Path] | None:
+        versions = []
+        try:
+            for p in model_dir.iterdir():
+                if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / filename).is_file():
+                    versions.append((int(p.name), p))
+        except OSError:
+            return None
+        if not versions:
+            return None
+        number, path = max(versions)
+        return str(number), path / filename
+
+    def _stamp(self, model_dir: Path) -> tuple | None:
+        try:
+            config, _ = read_config(model_dir)
+            filename = config.default_model_filename or DEFAULT_MODEL_FILE
+        except SartorError:
+            filename = DEFAULT_MODEL_FILE
+        newest = self.newest_version(model_dir, filename)
+        config_stat = _stat(model_dir / "config.pbtxt")
+        if newest is None:
+            return (None, None, config_stat)
+        return (newest[0], _stat(newest[1]), config_stat)
+
+    # ---- loading ---------------------------------------------------------------------------------------
+    def load_all(self) -> None:
+        for name in self.model_dirs():
+            try:
+                self.load(name)
+            except SartorError as exc:
+                log.warning("%s", exc)
+        self.ready = True
+
+    def load(self, name: str) -> ServedModel:
+        """(Re)load the newest version of `name` and swap it in; raises ModelUnavailable on failure
+        (the previous version, if any, keeps serving)."""
+        model_dir = self.model_dirs().get(name)
+        if model_dir is None:
+            raise InvalidRequest(f"no model '{name}' in the repository {self.root}")
+        with self._lock:
+            record = self._records.setdefault(name, ModelRecord(name))
+        with record.lock:
+            record.user_unloaded = False
+            if record.served is None:
+                record.state, record.reason = LOADING, ""
+            stamp = self._stamp(model_dir)
+            version = stamp[0] if stamp else None
+            try:
+                served = self._build(name, model_dir, stamp)
+            except Exception as exc:
+                reason = (str(exc) if isinstance(exc, SartorError)
+                          else f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+                if not isinstance(exc, SartorError):
+                    log.exception("loading model %s failed", name)
+                with self._lock:
+                    record.failures[version or ""] = (stamp, reason)
+                    if record.served is None:
+                        record.state, record.reason = UNAVAILABLE, reason
+                raise ModelUnavailable(f"failed to load model '{name}'"
+                                       + (f" version {version}" if version else "") + f": {reason}") from None
+            with self._lock:
+                old = record.served
+                record.served, record.state, record.reason = served, READY, ""
+                record.failures = {v: f for v, f in record.failures.items() if v and int(v) > int(served.version)}
+            for device, engine in served.engines.items():
+                self.metrics.set("nv_model_device_memory_bytes",
+                                 {"model": name, "version": served.version, "device": device},
+                                 engine.device_memory_bytes)
+            log.info("model %s version %s ready (%s)", name, served.version,
+                     ", ".join(f"{d} x{c}" for d, c in served.settings.instances))
+        if old is not None:
+            self._retire(old)
+        return served
+
+    def _build(self, name: str, model_dir: Path, stamp) -> ServedModel:
+        where = str(model_dir / "config.pbtxt")
+        config, has_max_batch = read_config(model_dir)
+        filename = config.default_model_filename or DEFAULT_MODEL_FILE
+        version = stamp[0] if stamp else None  # the version the stamp describes, even if a newer one appeared since
+        if version is None:
+            raise ConfigError(f"{model_dir} has no version directory with a {filename} (expected "
+                              f"{model_dir}/1/{filename})")
+        plan = model_dir / version / filename
+        first_device = self.devices[0] if self.devices else None
+        with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
+            first = load_engine(plan, device=first_device)
+        config, settings = complete_config(config, has_max_batch, name, first, self.devices, where)
+        engines = {str(first.device): first}
+        for device, _ in settings.instances:
+            if device not in engines:
+                with device_gate(device).exclusive():
+                    engines[device] = load_engine(plan, device=device)
+        instances = []
+        for device, count in settings.instances:
+            for _ in range(count):
+                with device_gate(device).exclusive():
+                    context = engines[device].context()
+                instance = Instance(context, device)
+                self._warm(instance, engines[device], settings)
+                instances.append(instance)
+        preprocess = first.preprocess
+        if preprocess is None and settings.preprocess:
+            from ..data.preprocess import parse_preprocess
+            preprocess = parse_preprocess(settings.preprocess)
+        policy = BatchPolicy(max_batch_size=settings.max_batch_size, dynamic=settings.dynamic_batching,
+                             preferred=settings.preferred_batch_sizes, max_delay_s=settings.max_queue_delay_s,
+                             max_queue_size=settings.max_queue_size or self.max_queue_size)
+        with device_gate(str(first.device)).exclusive():
+            checker = first.context()  # used only for its input checks
+        batcher = Batcher(name, version, instances, policy, first.profiles, self.metrics)  # starts the workers
+        return ServedModel(name, version, plan, config, settings, engines, batcher, stamp, checker, preprocess)
+
+    @staticmethod
+    def _warm(instance: Instance, engine, settings: ModelSettings) -> None:
+        """ctx.warmup() (each profile at min/opt/max), then the batch sizes batching will form."""
+        with device_gate(instance.device).exclusive():
+            instance.context.warmup()
+            for profile in engine.profiles:
+                for pick in ("min", "opt", "max"):
+                    shapes = {n: np.empty(getattr(r, pick), np.uint8) for n, r in profile.shapes.items()}
+                    instance.seen.add(shape_key(shapes))
+            if not settings.dynamic_batching:
+                return
+            top = settings.max_batch_size
+            if top <= WARM_EVERY_BATCH_UP_TO:
+                sizes = set(range(1, top + 1))
+            else:
+                sizes = {1 << k for k in range(top.bit_length())} | {top} | set(settings.preferred_batch_sizes)
+            dtypes = {v.name: v.dtype for v in engine.inputs}
+            for profile in engine.profiles:
+                for b in sorted(sizes):
+                    shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
+                    if not profile.admits(shapes):
+                        continue
+                    feeds = {n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()}
+                    key = shape_key(feeds)
+                    if key not in instance.seen:
+                        instance.context.run(feeds)
+                        instance.seen.add(key)
+
+    def _retire(self, old: ServedModel) -> None:
+        """Stop taking requests for `old`; its workers run what is queued, then exit."""
+        old.batcher.close()
+
+        def wait() -> None:
+            if not old.batcher.join(RETIRE_TIMEOUT_S):
+                old.batcher.abort(f"model '{old.name}' version {old.version} was unloaded")
+                old.batcher.join(5)
+            for device in old.engines:
+                self.metrics.forget("nv_model_device_memory_bytes",
+                                    {"model": old.name, "version": old.version, "device": device})
+            log.info("model %s version %s retired", old.name, old.version)
+
+        thread = threading.Thread(target=wait, daemon=True, name=f"sartor-serve-retire-{old.name}-v{old.version}")
+        thread.start()
+        with self._lock:
+            self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
+
+    def unload(self, name: str, reason: str = "unloaded", forget: bool = False) -> None:
+        with self._lock:
+            record = self._records.get(name)
+        if record is None:
+            raise InvalidRequest(f"no model '{name}' in the repository {self.root}")
+        with record.lock:
+            with self._lock:
+                old, record.served = record.served, None
+                record.state, record.reason, record.user_unloaded = UNAVAILABLE, reason, not forget
+                if forget:
+                    self._records.pop(name, None)
+        if old is not None:
+            self._retire(old)
+
+    # ---- polling ----------------------------------------------------------------------------------------
+    def poll_once(self) -> None:
+        """Load new models and new versions, retry changed failures, unload models whose directory is gone."""
+        dirs = self.model_dirs()
+        with self._lock:
+            records = dict(self._records)
+        for name, record in records.items():
+            if name not in dirs:
+                log.info("model %s left the repository: unloading", name)
+                self.unload(name, "removed from the repository", forget=True)
+        for name, model_dir in dirs.items():
+            record = records.get(name)
+            if record is not None and (record.user_unloaded or record.lock.locked()):
+                continue
+            stamp = self._stamp(model_dir)
+            if record is not None:
+                if record.served is not None and record.served.stamp == stamp:
+                    continue
+                failed = record.failures.get(stamp[0] or "") if stamp else None
+                if failed is not None and failed[0] == stamp:
+                    continue
+            try:
+                self.load(name)
+            except SartorError as exc:
+                log.warning("%s", exc)
+
+    def start_polling(self) -> None:
+        if not self.poll_interval or self._poller is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.wait(self.poll_interval):
+                try:
+                    self.poll_once()
+                except Exception:
+                    log.exception("repository poll failed")
+
+        self._poller = threading.Thread(target=loop, daemon=True, name="sartor-serve-poller")
+        self._poller.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout)
+        with self._lock:
+            served = [r.served for r in self._records.values() if r.served is not None]
+            retiring = list(self._retiring)
+        end = time.monotonic() + timeout
+        for model in served:
+            model.batcher.close()
+        for model in served:
+            if not model.batcher.join(max(0.0, end - time.monotonic())):
+                model.batcher.abort("the server is shutting down")
+        for thread in retiring:
+            thread.join(max(0.0, end - time.monotonic()))
+
+    # ---- lookups ----------------------------------------------------------------------------------------
+    def served(self, name: str, version: str | None = None) -> ServedModel:
+        with self._lock:
+            record = self._records.get(name)
+            served = record.served if record is not None else None
+        if record is None:
+            raise InvalidRequest(f"unknown model '{name}'" + (f" (models: {', '.join(sorted(self._records))})"
+                                                              if self._records else ""))
+        if version not in (None, ""):
+            if served is not None and version == served.version:
+                return served
+            failed = record.failures.get(version)
+            if failed is not None:
+                raise ModelUnavailable(f"model '{name}' version {version} is unavailable: {failed[1]}")
+            serving = f"version {served.version} is served" if served is not None else "no version is served"
+            raise InvalidRequest(f"model '{name}' has no version {version!r} ready ({serving})")
+        if served is None:
+            state = "is loading" if record.state == LOADING else "is unavailable"
+            raise ModelUnavailable(f"model '{name}' {state}" + (f": {record.reason}" if record.reason else ""))
+        return served
+
+    def is_ready(self, name: str, version: str | None = None) -> bool:
+        try:
+            self.served(name, version)
+            return True
+        except SartorError:
+            return False
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        rows = []
+        with self._lock:
+            records = sorted(self._records.items())
+            known = set(self._records)
+        for name, record in records:
+            if record.served is not None:
+                rows.append({"name": name, "version": record.served.version, "state": READY, "reason": ""})
+            for version, (_, reason) in sorted(record.failures.items()):
+                if record.served is not None and version == record.served.version:
+                    continue
+                rows.append({"name": name, "version": version, "state": UNAVAILABLE, "reason": reason})
+            if record.served is None and not record.failures:
+                rows.append({"name": name, "version": "", "state": record.state, "reason": record.reason})
+        if not ready_only:
+            for name in sorted(set(self.model_dirs()) - known):
+                rows.append({"name": name, "version": "", "state": UNAVAILABLE, "reason": "not loaded"})
+        else:
+            rows = [r for r in rows if r["state"] == READY]
+        return rows
+
+    def served_models(self) -> list[ServedModel]:
+        with self._lock:
+            return [r.served for r in self._records.values() if r.served is not None]

@@ -1,0 +1,526 @@
+"""`validate`: the task metric of an engine and of its FP32 ONNX reference, on the same images,
+overall and per split, and the accuracy gate (reference − engine ≤ max_drop in every split).
+
+Both models see the same preprocessed batches (the engine's `--preprocess` spec, or an override).
+With labels, both are scored against them. Without labels, the reference's own outputs are the
+ground truth: argmax agreement for classifiers, pseudo-label mAP for detectors (the reference's
+detections above `pseudo_conf`), so the reference scores 1.0 and the engine's figure is how much
+of the reference it reproduces.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..data.datasets import Dataset, iterate_batches, open_dataset
+from ..data.preprocess import PreprocessSpec, parse_preprocess
+from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
+from .compare import _first_line
+from .decoders import DecodeOptions, Decoder, Detections, make_decoder
+from .metrics import (
+    COCO_MAX_DETS,
+    DEFAULT_PSEUDO_CONF,
+    coco_map,
+    histogram_top,
+    label_ranks,
+    metrics_from_ranks,
+    predictions,
+    probabilities,
+    pseudo_labels,
+    score_histogram,
+)
+
+TASKS = ("classify", "detect")
+METRIC_NAMES = {"classify": "top-1", "detect": "mAP@[.5:.95]"}
+DEFAULT_MAX_BATCH = 32  # default batch: the profile's max batch, capped here
+HIST_BINS = 20
+DROP_EPS = 1e-9  # float noise allowed over max_drop
+
+
+# ---- the report ------------------------------------------------------------------------------------
+
+@dataclass
+class SplitResult:
+    name: str
+    images: int
+    reference: float | None  # the task metric (top-1, or mAP@[.5:.95]); None when undefined (no ground truth)
+    engine: float | None
+    instances: int = 0  # ground-truth objects (detection)
+    reference_extra: dict = field(default_factory=dict)  # top5 / map50
+    engine_extra: dict = field(default_factory=dict)
+    max_drop: float | None = None
+
+    @property
+    def drop(self) -> float | None:
+        if self.reference is None or self.engine is None:
+            return None
+        return self.reference - self.engine
+
+    @property
+    def passed(self) -> bool:
+        drop = self.drop
+        return self.max_drop is None or drop is None or drop <= self.max_drop + DROP_EPS
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "images": self.images, "instances": self.instances, "reference": self.reference,
+                "engine": self.engine, "drop": self.drop, "passed": self.passed,
+                "reference_extra": self.reference_extra, "engine_extra": self.engine_extra}
+
+
+@dataclass
+class ValidationReport:
+    engine_path: str
+    reference_path: str
+    data: str
+    task: str
+    mode: str  # "labels": scored against the dataset's labels; "reference": against the FP32 model's outputs
+    metric: str
+    overall: SplitResult
+    splits: list = field(default_factory=list)  # SplitResult per value of split_by
+    split_by: str | None = None
+    max_drop: float | None = None
+    per_class: list = field(default_factory=list)  # {"id", "name", "instances", "reference", "engine"}
+    scores: dict = field(default_factory=dict)  # {"what", "edges", "reference", "engine"}: histograms
+    class_names: list = field(default_factory=list)
+    preprocess: str = ""
+    decoder: str | None = None
+    batch: int = 0
+    device: str = ""
+    precision: str = ""
+    options: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def gated(self) -> bool:
+        return self.max_drop is not None
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in [self.overall, *self.splits])
+
+    @property
+    def failed_splits(self) -> list:
+        return [s for s in [self.overall, *self.splits] if not s.passed]
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "gated": self.gated, "max_drop": self.max_drop, "task": self.task,
+                "mode": self.mode, "metric": self.metric, "engine": self.engine_path,
+                "reference_model": self.reference_path, "data": self.data, "device": self.device,
+                "precision": self.precision, "preprocess": self.preprocess, "decoder": self.decoder,
+                "batch": self.batch, "options": self.options, "overall": self.overall.to_json(),
+                "split_by": self.split_by, "splits": [s.to_json() for s in self.splits],
+                "per_class": self.per_class, "scores": self.scores, "class_names": self.class_names,
+                "notes": self.notes, "seconds": self.seconds}
+
+
+# ---- the ONNX Runtime reference -------------------------------------------------------------------
+
+class OnnxReference:
+    """One ONNX Runtime FP32 CPU session, kept for every batch."""
+
+    def __init__(self, path: str | Path) -> None:
+        import onnxruntime as ort
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"reference model not found: {self.path}")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {_first_line(exc)}") from None
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.class_names = _metadata_class_names(self.session)
+
+    def run(self, feeds: dict, names: Sequence[str]) -> dict:
+        try:
+            values = self.session.run(list(names), {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+        except Exception as exc:
+            raise InputError(f"ONNX Runtime cannot run {self.path} on these inputs: {_first_line(exc)}") from None
+        return dict(zip(names, values))
+
+
+def _metadata_class_names(session) -> list[str]:
+    """Class names the exporter stored in the model's metadata: Ultralytics' `names` ("{0: 'person',
+    ...}") or PaddleOCR-style `character` (one per line); [] when there are none."""
+    import ast
+    try:
+        meta = session.get_modelmeta().custom_metadata_map or {}
+    except Exception:
+        return []
+    if meta.get("names"):
+        try:
+            names = ast.literal_eval(meta["names"])
+        except (ValueError, SyntaxError):
+            return []
+        if isinstance(names, dict):
+            try:
+                return [str(names[k]) for k in sorted(names, key=int)]
+            except (TypeError, ValueError):
+                return []
+        if isinstance(names, (list, tuple)):
+            return [str(n) for n in names]
+    if meta.get("character"):
+        return [line for line in meta["character"].splitlines() if line.strip()]
+    return []
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---- set-up helpers ---------------------------------------------------------------------------------
+
+def _engine_preprocess(engine) -> PreprocessSpec | None:
+    spec = getattr(engine, "preprocess", None)
+    if spec is not None:
+        return spec
+    record = (engine.header or {}).get("preprocess")
+    return PreprocessSpec.from_json(record) if record else None
+
+
+def _image_input(engine):
+    images = [v for v in engine.inputs if v.shape is not None and len(v.shape) == 4]
+    if len(engine.inputs) != 1 or len(images) != 1:
+        listing = ", ".join(f"{v.name} {list(v.shape) if v.shape is not None else '?'}" for v in engine.inputs)
+        raise ConfigError(f"validate needs an engine with one 4-D image input; this one takes {listing}")
+    return images[0]
+
+
+def _choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None) -> tuple[int, int, int]:
+    """(batch, profile, min batch) for images of the spec's size within one profile of the engine."""
+    probe = spec.input_shape(1)
+    candidates = []
+    for k, profile in enumerate(engine.profiles):
+        r = profile.shapes.get(name)
+        if r is None:
+            continue
+        if probe is not None and not all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])):
+            continue
+        candidates.append((k, int(r.min[0]), int(r.max[0])))
+    if not candidates:
+        shape = "x".join(map(str, probe[1:])) if probe is not None else "(image size)"
+        ranges = "; ".join(f"profile {k}: {p.describe()}" for k, p in enumerate(engine.profiles))
+        raise ConfigError(f"preprocess {spec.describe()} makes {shape} inputs, which no profile of the engine "
+                          f"admits ({ranges})")
+    if spec.resize == "none":  # images keep their own sizes: one per batch
+        if requested not in (None, 1):
+            raise ConfigError(f"--batch {requested}: with preprocess 'none' images differ in size, so the batch is 1")
+        k, lo, hi = candidates[0]
+        return 1, k, lo
+    if requested is not None:
+        if requested < 1:
+            raise ConfigError(f"--batch must be at least 1, not {requested}")
+        for k, lo, hi in candidates:
+            if requested <= hi:
+                return requested, k, lo
+        top = max(hi for _, _, hi in candidates)
+        raise ConfigError(f"--batch {requested} is over the engine's max batch {top} for this input size")
+    k, lo, hi = candidates[0]
+    return min(hi, max(lo, DEFAULT_MAX_BATCH)), k, lo
+
+
+def _has_labels(dataset: Dataset) -> bool:
+    if dataset.task == "detect":
+        return any(len(s.boxes) or len(getattr(s, "crowd_boxes", ())) for s in dataset.samples)
+    labelled = [s for s in dataset.samples if s.label is not None]
+    if labelled and len(labelled) != len(dataset.samples):
+        missing = [s.path for s in dataset.samples if s.label is None]
+        raise DataError(f"dataset {dataset.source}: {len(missing)} of {len(dataset.samples)} images have no label "
+                        f"(first: {missing[0]}): label every image, or none for reference mode")
+    return bool(labelled)
+
+
+def _split_indices(dataset: Dataset, split_by: str | None) -> dict[str, list[int]]:
+    if not split_by:
+        return {}
+    present = dataset.attributes()
+    if split_by not in present:
+        raise DataError(f"--split-by {split_by}: no image of {dataset.source} has that attribute "
+                        f"(attributes: {', '.join(present) or 'none'})")
+    position = {id(s): i for i, s in enumerate(dataset.samples)}
+    return {value: [position[id(s)] for s in samples] for value, samples in dataset.splits(split_by).items()}
+
+
+def _is_class_scores(shape) -> bool:
+    """[B, C], or [B, C, 1, 1] as some exporters leave it."""
+    return len(shape) >= 2 and all(d == 1 for d in shape[2:])
+
+
+def _pick_classifier_output(shapes: dict) -> str:
+    rank2 = [k for k, s in shapes.items() if _is_class_scores(s)]
+    if not rank2:
+        listing = ", ".join(f"{k} {list(s)}" for k, s in shapes.items())
+        raise DataError(f"a classifier needs an output of shape [B, classes]; the model gives {listing}")
+    return rank2[0]
+
+
+def _auto_task(shapes: dict) -> str:
+    """Without labels: classify when the outputs hold class scores and nothing shaped like detections."""
+    if any(_is_class_scores(s) for s in shapes.values()) and not any(len(s) == 3 for s in shapes.values()):
+        return "classify"
+    return "detect"
+
+
+def _check_classes(dataset: Dataset, num_classes: int | None, labelled: bool, task: str) -> None:
+    """The dataset's classes must be the model's: same count, every label inside the outputs."""
+    if num_classes is None or not labelled:
+        return
+    names = list(dataset.class_names)
+    if task == "classify":
+        labels = [s.label for s in dataset.samples if s.label is not None]
+        top = max(labels) if labels else -1
+    else:
+        top = max((int(c.max()) for s in dataset.samples for c in (s.classes,) if len(c)), default=-1)
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    integer_names = all(n.isdigit() for n in names)  # manifests with integer labels: names are "0".."max"
+    if len(names) != num_classes and not integer_names:
+        raise DataError(f"dataset {dataset.source} has {len(names)} classes ({shown}) but the model outputs "
+                        f"{num_classes}: give the model's {num_classes} class names in output order (--classes)")
+    if top >= num_classes:
+        raise DataError(f"dataset {dataset.source} has class {top} ({names[top] if top < len(names) else '?'}) "
+                        f"but the model outputs {num_classes} classes: give the class names in the model's "
+                        f"output order (--classes)")
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+
+def validate(engine_path, data, reference: str | Path | None = None, task: str | None = None,
+             split_by: str | None = None, max_drop: float | None = None, batch: int | None = None,
+             decoder: str | None = None, preprocess: str | PreprocessSpec | None = None, device: str | None = None,
+             conf: float = DecodeOptions.conf, iou: float = DecodeOptions.iou,
+             max_det: int = DecodeOptions.max_det, pseudo_conf: float = DEFAULT_PSEUDO_CONF,
+             class_names: list[str] | None = None, progress: bool = False) -> ValidationReport:
+    """Run the engine and the FP32 ONNX reference on the dataset `data` and compare their task metric.
+
+    `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (or a
+    Dataset). `reference` defaults to the model the engine was built from. Returns a
+    ValidationReport; `report.passed` is False when a split's drop exceeds `max_drop`.
+    """
+    from ..runtime import load
+    started = time.perf_counter()
+    if task not in (None, *TASKS):
+        raise ConfigError(f"--task {task!r} must be classify or detect")
+    if max_drop is not None and max_drop < 0:
+        raise ConfigError(f"--max-drop {max_drop} must not be negative")
+    options = DecodeOptions(conf=conf, iou=iou, max_det=max_det)
+    options.check()
+    if not 0.0 <= pseudo_conf <= 1.0:
+        raise ConfigError(f"--pseudo-conf {pseudo_conf} must be in [0, 1]")
+
+    engine = engine_path if hasattr(engine_path, "context") else load(engine_path, device=device)
+    engine_label = str(getattr(engine, "path", None) or engine_path)
+    if isinstance(preprocess, str):
+        spec = parse_preprocess(preprocess)
+    else:
+        spec = preprocess or _engine_preprocess(engine)
+    if spec is None:
+        raise ConfigError(f"engine {engine_label} records no preprocessing: rebuild it with --preprocess, or give "
+                          f"--preprocess (e.g. letterbox=640,mean=0,std=255,rgb,nchw)")
+    image_input = _image_input(engine)
+    if image_input.dtype != spec.dtype:
+        raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image_input.name!r} "
+                          f"takes {image_input.dtype}: add dtype={image_input.dtype}")
+
+    notes: list[str] = []
+    config = engine.header.get("build_config", {}) if getattr(engine, "header", None) else {}
+    if reference is None:
+        built_from = config.get("model_path")
+        if not built_from or not Path(built_from).is_file():
+            raise ConfigError(f"give --reference MODEL.onnx: the model the engine was built from "
+                              f"({built_from or 'unknown'}) is not found")
+        reference = built_from
+    reference = Path(reference)
+    onnx = OnnxReference(reference)
+    if onnx.inputs != [image_input.name]:
+        raise InputError(f"the reference model's inputs ({', '.join(onnx.inputs)}) are not the engine's "
+                         f"({image_input.name}): was the engine built from {reference}?")
+    output_names = [v.name for v in engine.outputs]
+    missing = [n for n in output_names if n not in onnx.outputs]
+    if missing:
+        raise InputError(f"engine output(s) {', '.join(missing)} are not outputs of {reference}: "
+                         f"was the engine built from it?")
+    built_sha = (engine.header.get("provenance") or {}).get("onnx_sha256")
+    if built_sha and _sha256(reference) != built_sha:
+        notes.append(f"the reference {reference} is not the file the engine was built from (SHA-256 differs)")
+
+    dataset = data if isinstance(data, Dataset) else open_dataset(data, class_names=class_names)
+    labelled = _has_labels(dataset)
+    if task is not None and labelled and task != dataset.task:
+        kinds = {"classify": "classification", "detect": "detection"}
+        raise DataError(f"dataset {dataset.source} holds {kinds[dataset.task]} labels, but --task {task} was given")
+    splits = _split_indices(dataset, split_by)
+    batch_size, profile, min_batch = _choose_batch(engine, image_input.name, spec, batch)
+    context = engine.context(profile)
+
+    # ---- run both models over the same batches --------------------------------------------------
+    class_stats: list[dict] = []  # classification, per batch: ranks, predictions, top-1 probabilities
+    num_classes = 0
+    ref_dets: list[Detections] = []
+    eng_dets: list[Detections] = []
+    chosen: Decoder | None = None
+    class_output = None
+    engine_seconds = reference_seconds = 0.0
+    for arrays, metas, samples in iterate_batches(dataset.samples, spec, batch_size, progress=progress):
+        count = len(samples)
+        run_size = max(count, min_batch if spec.resize == "none" else batch_size)
+        if run_size > count:  # fill the batch with copies of the last image (the profile's batch range)
+            arrays = np.concatenate([arrays, np.repeat(arrays[-1:], run_size - count, axis=0)])
+        feeds = {image_input.name: arrays.astype(spec.dtype, copy=False)}
+        t0 = time.perf_counter()
+        got = context.run(feeds)
+        t1 = time.perf_counter()
+        expected = onnx.run(feeds, output_names)
+        t2 = time.perf_counter()
+        engine_seconds += t1 - t0
+        reference_seconds += t2 - t1
+        got = {k: _to_numpy(v)[:count] for k, v in got.items()}
+        expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
+        if task is None:
+            task = dataset.task if labelled else _auto_task({k: v.shape for k, v in expected.items()})
+        if task == "classify":
+            if class_output is None:
+                class_output = _pick_classifier_output({k: v.shape for k, v in expected.items()})
+                num_classes = int(np.prod(expected[class_output].shape[1:]))
+                _check_classes(dataset, num_classes, labelled, task)
+            labels = np.asarray([s.label for s in samples], dtype=np.int64) if labelled else None
+            class_stats.append(_class_stats(expected[class_output].reshape(count, -1),
+                                            got[class_output].reshape(count, -1), labels))
+        else:
+            if chosen is None:
+                chosen = make_decoder(decoder, {k: v.shape for k, v in expected.items()},
+                                      {k: v.dtype for k, v in expected.items()}, options)
+                _check_classes(dataset, chosen.num_classes, labelled, task)
+            ref_dets.extend(chosen(expected, metas))
+            eng_dets.extend(chosen(got, metas))
+    if task is None:
+        raise DataError(f"dataset {dataset.source} has no images")
+
+    split_items = list(splits.items())
+    if task == "classify":
+        stats = {k: np.concatenate([b[k] for b in class_stats]) for k in class_stats[0]}
+        result = _score_classification(stats, num_classes, split_items, max_drop)
+        if not labelled:
+            notes.append("the dataset has no labels: the reference's top-1 classes are the ground truth "
+                         "(engine figure = top-1 agreement with the reference)")
+    else:
+        if not labelled:
+            notes.append(f"the dataset has no labels: the reference's detections with score ≥ {pseudo_conf:g} are "
+                         f"the ground truth (pseudo-labels)")
+        if not labelled and not any(len(d.above(pseudo_conf)) for d in ref_dets):
+            top = max((float(d.scores.max()) for d in ref_dets if len(d)), default=None)
+            best = "none over --conf" if top is None else f"the highest is {top:.3g}"
+            raise DataError(f"no pseudo-labels: no reference detection reached --pseudo-conf {pseudo_conf:g} "
+                            f"({best}); lower --pseudo-conf (and --conf) to compare an untrained or weak model")
+        result = _score_detection(dataset, labelled, ref_dets, eng_dets, split_items, max_drop, pseudo_conf)
+    overall, split_results, per_class, scores = result
+    names = list(dataset.class_names)
+    if not names and onnx.class_names:
+        names = list(onnx.class_names)
+    elif labelled and onnx.class_names and names != onnx.class_names and not all(n.isdigit() for n in names):
+        notes.append(f"the dataset's class names ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}) are "
+                     f"not the model's ({', '.join(onnx.class_names[:4])}"
+                     f"{', ...' if len(onnx.class_names) > 4 else ''}): check the class order (--classes)")
+    for row in per_class:
+        row["name"] = names[row["id"]] if 0 <= row["id"] < len(names) else str(row["id"])
+    return ValidationReport(
+        engine_path=engine_label, reference_path=str(reference), data=str(dataset.source), task=task,
+        mode="labels" if labelled else "reference", metric=METRIC_NAMES[task], overall=overall,
+        splits=split_results, split_by=split_by, max_drop=max_drop, per_class=per_class, scores=scores,
+        class_names=names, preprocess=spec.describe(), decoder=chosen.name if chosen is not None else None,
+        batch=batch_size, device=str(engine.device), precision=str(getattr(engine, "precision", "")),
+        options={"conf": conf, "iou": iou, "max_det": max_det, "pseudo_conf": pseudo_conf,
+                 "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {},
+        notes=notes, seconds={"engine": engine_seconds, "reference": reference_seconds,
+                              "total": time.perf_counter() - started})
+
+
+def _to_numpy(value) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            return (value.float() if value.dtype == torch.bfloat16 else value).cpu().numpy()
+    except ImportError:
+        pass
+    return np.asarray(value)
+
+
+def _histograms(what: str, reference: np.ndarray, engine: np.ndarray) -> dict:
+    top = histogram_top(reference, engine)
+    edges = [float(f"{v:.6g}") for v in np.linspace(0, top, HIST_BINS + 1)]
+    return {"what": what, "edges": edges, "reference": score_histogram(reference, HIST_BINS, top),
+            "engine": score_histogram(engine, HIST_BINS, top)}
+
+
+def _class_stats(ref: np.ndarray, eng: np.ndarray, labels: np.ndarray | None) -> dict:
+    """What the metrics need from one batch, so that [N, classes] scores are never kept: the label's
+    rank under each model (without labels: the reference's top-1 class is the label), each model's
+    top-1 class and top-1 probability."""
+    ref_pred, eng_pred = predictions(ref), predictions(eng)
+    labels = ref_pred if labels is None else labels
+    return {"labels": labels, "ref_rank": label_ranks(ref, labels), "eng_rank": label_ranks(eng, labels),
+            "ref_pred": ref_pred, "eng_pred": eng_pred,
+            "ref_prob": np.nan_to_num(probabilities(ref).max(axis=1), nan=0.0).astype(np.float32),
+            "eng_prob": np.nan_to_num(probabilities(eng).max(axis=1), nan=0.0).astype(np.float32)}
+
+
+def _score_classification(stats: dict, num_classes: int, splits: list, max_drop: float | None) -> tuple:
+    labels = stats["labels"]
+
+    def result(name: str, idx) -> tuple:
+        r = metrics_from_ranks(stats["ref_rank"][idx], labels[idx], num_classes)
+        e = metrics_from_ranks(stats["eng_rank"][idx], labels[idx], num_classes)
+        agree = stats["ref_pred"][idx] == stats["eng_pred"][idx]
+        split = SplitResult(name, len(idx), r["top1"], e["top1"], reference_extra={"top5": r["top5"]},
+                            engine_extra={"top5": e["top5"], "agreement": float(agree.mean()) if len(idx) else None},
+                            max_drop=max_drop)
+        return split, r, e
+
+    overall, r, e = result("all", np.arange(len(labels)))
+    split_results = [result(name, np.asarray(idx, dtype=np.int64))[0] for name, idx in splits]
+    per_class = [{"id": int(c), "instances": int(np.sum(labels == c)), "reference": r["per_class"].get(c),
+                  "engine": e["per_class"].get(c)} for c in sorted(r["per_class"])]
+    scores = _histograms("top-1 probability", stats["ref_prob"], stats["eng_prob"])
+    return overall, split_results, per_class, scores
+
+
+def _score_detection(dataset: Dataset, labelled: bool, ref: list, eng: list, splits: list,
+                     max_drop: float | None, pseudo_conf: float) -> tuple:
+    truth = list(dataset.samples) if labelled else pseudo_labels(ref, pseudo_conf)
+    sizes = [s.size or (0, 0) for s in dataset.samples]
+    class_ids = list(range(len(dataset.class_names))) if labelled and dataset.class_names else None
+
+    def result(name: str, idx: Sequence[int]) -> tuple:
+        gt = [truth[i] for i in idx]
+        r = coco_map(gt, [ref[i] for i in idx], class_ids, [sizes[i] for i in idx])
+        e = coco_map(gt, [eng[i] for i in idx], class_ids, [sizes[i] for i in idx])
+        split = SplitResult(name, len(idx), r.map, e.map, instances=r.instances,
+                            reference_extra={"map50": r.map50, "detections": r.detections},
+                            engine_extra={"map50": e.map50, "detections": e.detections}, max_drop=max_drop)
+        return split, r, e
+
+    overall, r, e = result("all", range(len(truth)))
+    split_results = [result(name, idx)[0] for name, idx in splits]
+    per_class = [{"id": int(c), "instances": v["instances"], "reference": v["ap"],
+                  "engine": e.per_class.get(c, {}).get("ap"), "reference_ap50": v["ap50"],
+                  "engine_ap50": e.per_class.get(c, {}).get("ap50")} for c, v in sorted(r.per_class.items())]
+    scores = _histograms("detection score", np.concatenate([d.scores for d in ref]) if ref else np.zeros(0),
+                         np.concatenate([d.scores for d in eng]) if eng else np.zeros(0))
+    return overall, split_results, per_class, scores
+
+
+__all__ = ["OnnxReference", "SartorError", "SplitResult", "ValidationReport", "validate"]

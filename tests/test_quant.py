@@ -1,0 +1,465 @@
+"""INT8: observers and threshold methods, exact integer accumulation, INT8 builds against FP32,
+the calibration cache, and the refusals."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import (
+    IMAGE,
+    assert_cli_error,
+    classifier_model,
+    make_model,
+    save,
+    shape_flag,
+)
+from onnx import TensorProto, helper, numpy_helper
+
+import sartor
+from sartor.errors import ConfigError, SartorError
+from sartor.ops.quantized import int8_conv_accumulate, int8_matmul_accumulate, quantize
+from sartor.quant import (
+    CalibrationCache,
+    StaleCalibrationCacheError,
+    calibrate,
+    compute_amax,
+    read_cache,
+    write_cache,
+)
+from sartor.quant.calibrators import METHODS, entropy_amax, mse_errors, percentile_amax
+from sartor.quant.observers import DEFAULT_BINS, HistogramObserver, histogram_of
+from sartor.quant.quantize import activation_scale, quantize_weight
+from sartor.runtime.engine_file import read_engine_file
+
+SHAPES = {"min": {"images": (1, 3, IMAGE, IMAGE)}, "opt": {"images": (2, 3, IMAGE, IMAGE)},
+          "max": {"images": (8, 3, IMAGE, IMAGE)}}
+SHAPE_ARGS = ("--min-shapes", shape_flag(SHAPES["min"]), "--opt-shapes", shape_flag(SHAPES["opt"]),
+              "--max-shapes", shape_flag(SHAPES["max"]))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# ---- observers -------------------------------------------------------------------------------------
+
+def test_histogram_regrowth_is_an_exact_merge():
+    """Batches with growing maxima give the same counts as one pass binned over the final range."""
+    rng = np.random.default_rng(0)
+    chunks = [rng.standard_normal(10_000).astype(np.float32) * s for s in (0.1, 1.0, 0.5, 7.0, 3.0)]
+    observer = HistogramObserver()
+    for chunk in chunks:
+        observer.update(torch.from_numpy(chunk))
+    everything = np.abs(np.concatenate(chunks))
+    assert observer.amax == float(everything.max())
+    assert observer.count == everything.size and observer.counts.sum() == everything.size
+    assert observer.range > observer.amax >= observer.range / 2  # the data fills over half of the bins
+    index = np.minimum(np.floor(everything * np.float32(DEFAULT_BINS / observer.range)), DEFAULT_BINS - 1)
+    assert np.array_equal(observer.counts, np.bincount(index.astype(np.int64), minlength=DEFAULT_BINS))
+
+
+def test_observer_ignores_nonfinite_and_handles_zeros():
+    observer = HistogramObserver()
+    observer.update(torch.zeros(100))
+    assert observer.range == 0.0 and observer.counts[0] == 100
+    observer.update(torch.tensor([1.0, float("nan"), float("inf"), -2.0]))
+    assert observer.nonfinite == 2 and observer.amax == 2.0 and observer.counts.sum() == 102
+    assert observer.counts[0] == 100
+
+
+# ---- threshold methods -------------------------------------------------------------------------------
+
+def test_minmax_is_the_exact_max():
+    x = np.random.default_rng(1).laplace(size=50_000).astype(np.float32)
+    assert compute_amax(histogram_of(x, batches=5), "minmax") == float(np.abs(x).max())
+
+
+@pytest.mark.parametrize("percentile", [99.0, 99.9, 99.99])
+def test_percentile_matches_numpy_within_a_bin(percentile):
+    x = np.random.default_rng(2).standard_normal(200_000).astype(np.float32)
+    observer = histogram_of(x, batches=4)
+    got = percentile_amax(observer, percentile)
+    assert abs(got - np.percentile(np.abs(x), percentile)) <= observer.bin_width
+
+
+def test_entropy_clips_long_tails_and_keeps_uniform_whole():
+    rng = np.random.default_rng(3)
+    tailed = histogram_of(rng.lognormal(size=200_000).astype(np.float32), batches=3)
+    assert entropy_amax(tailed) < 0.5 * tailed.amax
+    uniform = histogram_of(rng.random(200_000).astype(np.float32), batches=3)
+    assert entropy_amax(uniform) >= 0.99 * uniform.amax
+    # ReLU outputs: half exact zeros must not drag the threshold down (zero bin levelled).
+    relu = histogram_of(np.maximum(rng.standard_normal(200_000), 0).astype(np.float32))
+    assert entropy_amax(relu) > 0.6 * relu.amax
+
+
+def test_mse_threshold_minimises_the_real_quantization_error():
+    x = np.random.default_rng(4).laplace(size=200_000).astype(np.float32)
+    observer = histogram_of(x, batches=2)
+    best = compute_amax(observer, "mse")
+
+    def real_mse(t):
+        s = t / 127
+        return float(np.mean((x - np.clip(np.round(x / s), -127, 127) * s) ** 2))
+    assert real_mse(best) < real_mse(0.85 * best) and real_mse(best) < real_mse(1.15 * best)
+    assert real_mse(best) < real_mse(observer.amax)
+    # The histogram's expected error tracks the measured one.
+    i = round(best / observer.bin_width)
+    assert mse_errors(observer, np.array([i]))[0] / x.size == pytest.approx(real_mse(best), rel=0.05)
+
+
+def test_every_method_on_a_degenerate_tensor():
+    observer = HistogramObserver()
+    observer.update(torch.zeros(10))
+    for method in METHODS:
+        assert compute_amax(observer, method) == 0.0
+    assert activation_scale(0.0)[0] > 0
+
+
+# ---- INT8 arithmetic ---------------------------------------------------------------------------------
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    x = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, 126.5, 127.5, 300.0, -300.0])
+    assert quantize(x, 1.0).tolist() == [0, 2, 2, 0, -2, 126, 127, 127, -127]
+    assert quantize(x, 1.0).dtype == torch.int8
+
+
+def test_weight_quantization_is_per_output_channel():
+    w = np.stack([np.linspace(-1, 1, 9), np.linspace(-0.01, 0.02, 9), np.zeros(9)]).reshape(3, 1, 3, 3)
+    q, scale = quantize_weight(w)
+    assert q.dtype == np.int8 and scale.dtype == np.float32
+    assert np.abs(q.reshape(3, -1)).max(axis=1).tolist() == [127, 127, 0]
+    assert scale[2] == 1.0 and scale[1] == np.float32(0.02 / 127)
+    assert np.abs(q * scale[:, None, None, None] - w).max() <= scale.max() / 2 + 1e-9
+
+
+def _conv_int64_reference(x, w, stride, pads, dilation, groups):
+    """Direct int64 convolution (2-D): sum over kernel offsets of shifted slices × weights."""
+    x = F.pad(x.to(torch.int64), (pads[1], pads[3], pads[0], pads[2]))
+    n, _, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    oh = (h - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd - dilation * (kw - 1) - 1) // stride + 1
+    out = torch.zeros(n, m, oh, ow, dtype=torch.int64)
+    w = w.to(torch.int64)
+    mg = m // groups
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i * dilation: i * dilation + (oh - 1) * stride + 1: stride,
+                      j * dilation: j * dilation + (ow - 1) * stride + 1: stride]
+            for g in range(groups):
+                out[:, g * mg:(g + 1) * mg] += torch.einsum(
+                    "nchw,oc->nohw", patch[:, g * cg:(g + 1) * cg], w[g * mg:(g + 1) * mg, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("groups,stride,dilation,pads", [(1, 1, 1, [1, 1, 1, 1]), (2, 2, 1, [0, 1, 2, 1]),
+                                                        (8, 1, 2, [2, 2, 2, 2])])
+def test_integer_accumulation_is_exact(groups, stride, dilation, pads):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-127, 128, (2, 8, 9, 11), generator=g, dtype=torch.int8)
+    w = torch.randint(-127, 128, (16, 8 // groups, 3, 3), generator=g, dtype=torch.int8)
+    attrs = {"strides": [stride, stride], "dilations": [dilation, dilation], "pads": pads, "group": groups}
+    got = int8_conv_accumulate(x, w, attrs)
+    assert got.dtype == torch.float64
+    assert torch.equal(got.to(torch.int64), _conv_int64_reference(x, w, stride, pads, dilation, groups))
+
+
+def test_worst_case_accumulators_stay_exact():
+    """All ±127 over 512 × 3 × 3 products: -74.3 M, beyond float32's exact integers."""
+    x = torch.full((1, 512, 3, 3), 127, dtype=torch.int8)
+    w = torch.full((4, 512, 3, 3), -127, dtype=torch.int8)
+    w[1] = 127
+    w[2, ::2] = 1
+    got = int8_conv_accumulate(x, w, {}).to(torch.int64).reshape(-1)
+    reference = (x.to(torch.int64).reshape(1, -1) * w.to(torch.int64).reshape(4, -1)).sum(1)
+    assert torch.equal(got, reference) and abs(int(reference[0])) > 2 ** 24
+    a = torch.randint(-127, 128, (5, 7, 4608), generator=torch.Generator().manual_seed(6), dtype=torch.int8)
+    b = torch.randint(-127, 128, (33, 4608), generator=torch.Generator().manual_seed(7), dtype=torch.int8)
+    assert torch.equal(int8_matmul_accumulate(a, b).to(torch.int64), a.to(torch.int64) @ b.to(torch.int64).t())
+
+
+# ---- INT8 builds ----------------------------------------------------------------------------------------
+
+def deeper_model(seed: int = 0) -> onnx.ModelProto:
+    """conv → relu → conv s2 → relu → depthwise conv + add → pool → flatten → gemm (alpha, transB=0)
+    → relu → matmul: every INT8 layer kind, the residual, and int8 passed between layers."""
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
+
+    def b(name, n):
+        return numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), name)
+    inits = [w("c1.w", 16, 3, 3, 3), b("c1.b", 16), w("c2.w", 16, 16, 3, 3), b("c2.b", 16),
+             w("dw.w", 16, 1, 3, 3), b("dw.b", 16), w("fc.w", 16, 32), b("fc.b", 32), w("mm.w", 32, 10)]
+    nodes = [
+        helper.make_node("Conv", ["images", "c1.w", "c1.b"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "c2.w", "c2.b"], ["c2"], name="conv2", pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "dw.w", "dw.b"], ["d"], name="dw", pads=[1, 1, 1, 1], group=16),
+        helper.make_node("Add", ["d", "r2"], ["s"], name="add"),
+        helper.make_node("GlobalAveragePool", ["s"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["g"], name="fc", alpha=0.5),
+        helper.make_node("Relu", ["g"], ["gr"], name="relu3"),
+        helper.make_node("MatMul", ["gr", "mm.w"], ["logits"], name="mm"),
+    ]
+    model = make_model(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, IMAGE, IMAGE])],
+                       [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], inits, name="deeper")
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("quant")
+
+
+@pytest.fixture(scope="module")
+def calib_npy(work) -> Path:
+    path = work / "calib.npy"
+    np.save(path, np.random.default_rng(10).standard_normal((48, 3, IMAGE, IMAGE)).astype(np.float32))
+    return path
+
+
+@pytest.fixture(scope="module")
+def test_images() -> np.ndarray:
+    return np.random.default_rng(11).standard_normal((8, 3, IMAGE, IMAGE)).astype(np.float32)
+
+
+def _run(plan: Path, images: np.ndarray) -> np.ndarray:
+    outputs = sartor.load(plan, device="cpu").context().run({"images": images})
+    return next(iter(outputs.values()))
+
+
+def _build(model: Path, out: Path, **kwargs):
+    return sartor.build(model, out, device="cpu", profiles=[SHAPES], **kwargs)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_int8_build_tracks_fp32(work, calib_npy, test_images, method):
+    model = save(deeper_model(), work / f"deeper_{method}.onnx")
+    _build(model, work / "deeper_fp32.plan")
+    result = _build(model, work / f"deeper_{method}.plan", precision="int8", calib=calib_npy, calib_method=method,
+                    layer_precision={"mm": "int8"})
+    layers = {layer["name"]: layer for layer in result.header["layers"]}
+    assert {name: (layer["op"], layer["precision"]) for name, layer in layers.items() if layer["precision"] == "int8"} \
+        == {"conv1": ("QConv", "int8"), "conv2": ("QConv", "int8"), "dw": ("QConv", "int8"),
+            "fc": ("QGemm", "int8"), "mm": ("QGemm", "int8")}
+    assert {layers[n]["precision"] for n in ("pool", "flatten")} == {"fp32"}
+    # INT8 passes between INT8 layers: conv1 → conv2 → dw (as its input and its residual).
+    assert layers["conv1"]["attrs"]["output_scale"] and layers["conv2"]["attrs"]["output_scale"]
+    assert layers["dw"]["attrs"]["residual_scale"] == layers["conv2"]["attrs"]["output_scale"]
+    assert layers["dw"]["attrs"]["output_scale"] is None  # read by the FP32 pool
+    fp32, int8 = _run(work / "deeper_fp32.plan", test_images), _run(work / f"deeper_{method}.plan", test_images)
+    assert cosine(fp32, int8) >= 0.99, method
+
+
+def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_images):
+    model = save(classifier_model(), work / "tiny.onnx")
+    _build(model, work / "tiny_fp32.plan")
+    result = _build(model, work / "tiny_int8.plan", precision="int8", calib=calib_npy, calib_size=40)
+    assert cosine(_run(work / "tiny_fp32.plan", test_images), _run(work / "tiny_int8.plan", test_images)) >= 0.99
+    header, tensors = read_engine_file(work / "tiny_int8.plan")
+    assert tensors["w/conv1.w_int8"].dtype == torch.int8 and tensors["w/conv2.b_int32"].dtype == torch.int32
+    assert not any(k.startswith("w/conv1.w") and t.dtype == torch.float32 for k, t in tensors.items()
+                   if k != "w/conv1.w_int8")
+    calibration = header["provenance"]["calibration"]
+    samples = np.load(calib_npy)[:40]
+    assert calibration["calib_size"] == 40 and calibration["method"] == "entropy" and not calibration["from_cache"]
+    assert len(calibration["calib_sha256"]) == 64
+    # The fc layer is the output head: FP32 by default, with the reason in the build log.
+    layers = {layer["name"]: layer for layer in header["layers"]}
+    assert layers["fc"]["precision"] == "fp32" and "output head" in layers["fc"]["reason"]
+    assert any("calibration: 40 samples" in line for line in result.log)
+    # The same samples from a .npz give the same calibration digest.
+    np.savez(work / "calib.npz", images=samples)
+    again = _build(model, work / "tiny_npz.plan", precision="int8", calib=work / "calib.npz")
+    assert again.header["provenance"]["calibration"]["calib_sha256"] == calibration["calib_sha256"]
+
+
+def test_calibrate_api_returns_amax_per_int8_input():
+    import tempfile
+
+    from sartor.frontend import import_onnx
+    from sartor.ops.util import tensor_from_numpy
+    from sartor.passes import optimize
+    with tempfile.TemporaryDirectory() as d:
+        graph = import_onnx(save(classifier_model(), Path(d) / "m.onnx")).graph
+    optimize(graph)
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    rng = np.random.default_rng(12)
+    batches = [{"images": rng.standard_normal((4, 3, IMAGE, IMAGE)).astype(np.float32)} for _ in range(3)]
+    amax = calibrate(graph, weights, batches, method="minmax")
+    assert set(amax) == {"images", "r1", "f"}  # conv1, conv2 (input and residual), fc inputs
+    assert amax["images"] == max(float(np.abs(b["images"]).max()) for b in batches)
+
+
+# ---- the calibration cache ---------------------------------------------------------------------------
+
+def test_cache_floats_round_trip_bit_for_bit(tmp_path):
+    values = {"a": 0.1 + 0.2, "b": 5e-324, "c": float(np.float32(3.3)), "d": 1.0 / 3.0, "e": 1e300, "f": 0.0}
+    cache = CalibrationCache("ab" * 32, "percentile", "cd" * 32, 7, values, "resize=16x16", 99.9)
+    write_cache(tmp_path / "c.json", cache)
+    back = read_cache(tmp_path / "c.json")
+    assert {k: v.hex() for k, v in back.amax.items()} == {k: v.hex() for k, v in values.items()}
+    assert (back.method, back.percentile, back.calib_size, back.preprocess) == ("percentile", 99.9, 7, "resize=16x16")
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["format"] == "sartor-calib-1" and data["amax"]["a"] == values["a"]
+    data["amax"]["a"] = 0.3
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    with pytest.raises(SartorError, match="amax_hex says"):
+        read_cache(tmp_path / "c.json")
+
+
+def test_rebuild_from_cache_is_identical(work, calib_npy, tmp_path, cli):
+    model = save(deeper_model(), work / "deeper_cache.onnx")
+    cache = tmp_path / "calib.json"
+    first = cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", *SHAPE_ARGS, "--precision", "int8",
+                "--calib", calib_npy, "--calib-method", "percentile", "--percentile", "99.9", "--calib-cache", cache)
+    assert first.code == 0, first
+    assert "wrote cache" in first.out
+    amax = read_cache(cache).amax
+    assert set(amax) == {"images", "r1", "r2", "f", "gr"}
+    # No --calib this time: the cache alone, calibration skipped.
+    second = cli("build", model, "-o", tmp_path / "b.plan", "--device", "cpu", *SHAPE_ARGS, "--precision", "int8",
+                 "--calib-cache", cache)
+    assert second.code == 0, second
+    assert "calibration skipped" in second.out
+    header_a, tensors_a = read_engine_file(tmp_path / "a.plan")
+    header_b, tensors_b = read_engine_file(tmp_path / "b.plan")
+    assert tensors_a.keys() == tensors_b.keys()
+    assert all(torch.equal(tensors_a[k], tensors_b[k]) for k in tensors_a)
+    assert [layer["attrs"] for layer in header_a["layers"]] == [layer["attrs"] for layer in header_b["layers"]]
+    scales = {layer["name"]: layer["attrs"]["input_scale"] for layer in header_a["layers"] if layer["precision"] == "int8"}
+    assert scales["conv1"] == activation_scale(amax["images"])[0]
+    cal_a, cal_b = header_a["provenance"]["calibration"], header_b["provenance"]["calibration"]
+    assert cal_b["from_cache"] and cal_a["calib_sha256"] == cal_b["calib_sha256"] and cal_b["method"] == "percentile"
+    # Asking for another method than the cache holds is refused.
+    assert_cli_error(cli("build", model, "-o", tmp_path / "c.plan", "--device", "cpu", *SHAPE_ARGS, "--precision",
+                         "int8", "--calib-cache", cache, "--calib-method", "mse"), "holds percentile thresholds")
+
+
+def test_stale_cache_is_refused(work, calib_npy, tmp_path, cli):
+    model = save(classifier_model(seed=0), tmp_path / "m.onnx")
+    cache = tmp_path / "cache.json"
+    _build(model, tmp_path / "a.plan", precision="int8", calib=calib_npy, calib_cache=cache)
+    other = save(classifier_model(seed=1), tmp_path / "other.onnx")
+    with pytest.raises(StaleCalibrationCacheError, match="stale calibration cache: .* built for ONNX sha256"):
+        _build(other, tmp_path / "b.plan", precision="int8", calib_cache=cache)
+    line = assert_cli_error(cli("build", other, "-o", tmp_path / "b.plan", "--device", "cpu", *SHAPE_ARGS,
+                                "--precision", "int8", "--calib-cache", cache), "stale calibration cache")
+    assert "but the model is" in line
+    assert not (tmp_path / "b.plan").exists()
+
+
+# ---- refusals and overrides -----------------------------------------------------------------------------
+
+def test_int8_without_calibration_is_refused(work, tmp_path, cli):
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    with pytest.raises(ConfigError, match="INT8 needs calibration"):
+        _build(model, tmp_path / "a.plan", precision="int8")
+    with pytest.raises(ConfigError, match="INT8 needs calibration"):
+        _build(model, tmp_path / "a.plan", layer_precision={"conv1": "int8"})
+    assert_cli_error(cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", "--precision", "int8"),
+                     "INT8 needs calibration", "--calib DATA")
+    assert_cli_error(cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", "--precision", "int8",
+                         "--calib-cache", tmp_path / "missing.json"), "does not exist yet")
+    assert_cli_error(cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", "--precision", "int8",
+                         "--calib", tmp_path / "missing.npy"), "--calib", "not found")
+    np.save(tmp_path / "bad.npy", np.zeros((4, 3, 8, 8), np.float32))
+    assert_cli_error(cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", *SHAPE_ARGS, "--precision",
+                         "int8", "--calib", tmp_path / "bad.npy"), "size 16 on axis 2")
+    assert not (tmp_path / "a.plan").exists()
+
+
+def test_layer_precision_keeps_a_layer_out_of_int8(work, calib_npy, tmp_path, cli):
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    plan = tmp_path / "mixed.plan"
+    result = cli("build", model, "-o", plan, "--device", "cpu", *SHAPE_ARGS, "--precision", "int8", "--calib",
+                 calib_npy, "--layer-precision", "conv2=fp32")
+    assert result.code == 0, result
+    assert "layer conv2 runs fp32: --layer-precision conv2=fp32" in result.out
+    info = json.loads(cli("inspect", plan, "--json").out)
+    layers = {layer["name"]: layer for layer in info["layers"]}
+    assert (layers["conv1"]["op"], layers["conv1"]["precision"]) == ("QConv", "int8")
+    assert (layers["conv2"]["op"], layers["conv2"]["precision"]) == ("FusedConv", "fp32")
+    assert layers["conv2"]["reason"] == "--layer-precision conv2=fp32"
+    # conv1's output feeds an FP32 layer now, so it is written in FP32.
+    assert layers["conv1"]["attrs"]["output_scale"] is None
+    table = cli("inspect", plan).out
+    assert "int8" in table and "--layer-precision conv2=fp32" in table
+    # A non-conv layer pinned to int8 runs at the base precision, saying why.
+    result = cli("build", model, "-o", plan, "--device", "cpu", *SHAPE_ARGS, "--precision", "int8", "--calib",
+                 calib_npy, "--layer-precision", "pool=int8")
+    assert result.code == 0, result
+    assert "layer pool runs fp32: --layer-precision pool=int8 not applied: no INT8 kernel for GlobalAveragePool" \
+        in result.out
+
+
+def test_entropy_does_not_clip_sparse_histograms():
+    """A few hundred values (the pooled features of a small calibration set) spread over a thousand
+    bins: the divergence is noise, so the threshold is the max."""
+    x = np.random.default_rng(13).laplace(size=500).astype(np.float32)
+    observer = histogram_of(x)
+    assert entropy_amax(observer) == observer.amax
+    # Enough values once bins are merged: clipping again.
+    x = np.random.default_rng(13).lognormal(size=20_000).astype(np.float32)
+    assert entropy_amax(histogram_of(x)) < 0.5 * float(x.max())
+
+
+# ---- sensitivity --------------------------------------------------------------------------------------
+
+def test_sensitivity_ranks_layers_and_finds_fp16_overflow(work, calib_npy, tmp_path, cli):
+    model = classifier_model()
+    for init in model.graph.initializer:
+        if init.name in ("conv1.w", "conv1.b"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1e5, init.name))
+    path = save(model, tmp_path / "loud.onnx")
+    result = cli("sensitivity", path, "--calib", calib_npy, "--calib-size", "16", "--json")
+    assert result.code == 0, result
+    report = json.loads(result.out)
+    layers = report["layers"]
+    assert [layer["name"] for layer in layers] and {layer["name"] for layer in layers} == {"conv1", "conv2", "fc"}
+    assert [layer["snr_db"] for layer in layers] == sorted(layer["snr_db"] for layer in layers)
+    assert report["samples"] == 16 and report["all_int8_cosine"] > 0.99
+    by_name = {layer["name"]: layer for layer in layers}
+    assert by_name["conv1"]["overflows_fp16"] and by_name["conv1"]["origin"] == ["conv1", "relu1"]
+    assert {"conv1", "conv2"} <= set(report["fp16_overflow"])
+    assert "output head" in by_name["fc"]["default"] and by_name["conv2"]["default"] == "int8"
+    table = cli("sensitivity", path, "--calib", calib_npy, "--calib-size", "16", "--top", "2")
+    assert table.code == 0 and "overflows FP16" in table.out and "SNR" in table.out
+    assert_cli_error(cli("sensitivity", path, "--calib", tmp_path / "none.npy"), "not found")
+
+
+def test_calibration_from_an_image_dataset(tmp_path):
+    from PIL import Image
+    for label in ("cat", "dog"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for k in range(5):
+            pixels = np.random.default_rng(k + (label == "dog") * 10).integers(0, 256, (20, 24, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "images" / label / f"{k}.png")
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    cache = tmp_path / "cache.json"
+    result = _build(model, tmp_path / "a.plan", precision="int8", calib=tmp_path / "images", calib_size=6,
+                    preprocess="resize=16x16,std=255", calib_cache=cache)
+    calibration = result.header["provenance"]["calibration"]
+    assert calibration["calib_size"] == 6 and calibration["source"] == str(tmp_path / "images")
+    assert read_cache(cache).preprocess == "resize=16x16,mean=0,std=255,rgb,nchw"
+    # The same preprocessing, spelt differently, reuses the cache; another one is refused.
+    again = _build(model, tmp_path / "b.plan", precision="int8", preprocess="resize=16x16,mean=0,std=255,rgb",
+                   calib_cache=cache)
+    assert again.header["provenance"]["calibration"]["from_cache"]
+    with pytest.raises(StaleCalibrationCacheError, match="calibrated with --preprocess"):
+        _build(model, tmp_path / "c.plan", precision="int8", preprocess="resize=16x16,std=128", calib_cache=cache)
+    with pytest.raises(ConfigError, match="give --preprocess"):
+        _build(model, tmp_path / "d.plan", precision="int8", calib=tmp_path / "images")

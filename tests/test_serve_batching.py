@@ -1,0 +1,304 @@
+"""`sartor serve` scheduling: dynamic batching under concurrent clients, the batcher's dispatch rules,
+the bounded queue, timeouts, and version swaps under load. CPU engines, loopback only, bounded."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+from serve_helpers import (BATCHING, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
+                           publish_version, reference, running, wait_for)
+from serve_helpers import plan_v2  # noqa: F401, F811  (a fixture, used by name)
+
+from sartor.runtime.profiles import Profile, ShapeRange
+from sartor.serve.batcher import Batcher, BatchPolicy, Instance
+from sartor.serve.errors import QueueFull, RequestTimeout
+from sartor.serve.metrics import Metrics
+from tritonclient.utils import InferenceServerException
+
+
+# ---- the batcher alone, with a fake context -------------------------------------------------------------
+
+class FakeContext:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[int] = []
+        self.delay = delay
+
+    def run(self, feeds):
+        time.sleep(self.delay)
+        self.batches.append(len(feeds["x"]))
+        return {"y": feeds["x"] * 2}
+
+
+PROFILE = Profile({"x": ShapeRange((1, 2), (4, 2), (6, 2))})
+
+
+def make_batcher(max_batch=8, dynamic=True, preferred=(), delay=0.0, queue=64, run_delay=0.0, profiles=(PROFILE,)):
+    ctx = FakeContext(run_delay)
+    batcher = Batcher("m", "1", [Instance(ctx, "cpu")],
+                      BatchPolicy(max_batch, dynamic, tuple(preferred), delay, queue), list(profiles), Metrics())
+    return batcher, ctx
+
+
+def submit(batcher, n, value=1.0, width=2, deadline=None) -> Future:
+    return batcher.submit({"x": np.full((n, width), value, np.float32)}, n, deadline)
+
+
+def test_batcher_dispatches_at_the_preferred_size_without_waiting_the_delay():
+    batcher, ctx = make_batcher(preferred=(4,), delay=5.0)
+    try:
+        batcher.pause()
+        futures = [submit(batcher, 1, value=i) for i in range(4)]
+        start = time.monotonic()
+        batcher.resume()
+        results = [f.result(timeout=10) for f in futures]
+        assert time.monotonic() - start < 2.0  # well below the 5 s delay
+        assert ctx.batches == [4]
+        for i, r in enumerate(results):
+            np.testing.assert_array_equal(r.outputs["y"], np.full((1, 2), 2.0 * i))
+            assert r.batch_size == 4
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_batcher_waits_at_most_the_delay_for_a_partial_batch():
+    batcher, ctx = make_batcher(delay=0.15)
+    try:
+        start = time.monotonic()
+        result = submit(batcher, 1).result(timeout=10)
+        waited = time.monotonic() - start
+        assert 0.14 <= waited < 3.0 and ctx.batches == [1] and result.queue_s >= 0.14
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_batcher_keeps_within_the_profile_max_batch_and_signature():
+    batcher, ctx = make_batcher(max_batch=8, delay=0.0)
+    try:
+        batcher.pause()
+        sizes = [3, 2, 2, 1, 4]
+        futures = [submit(batcher, n, value=n) for n in sizes]
+        odd = submit(batcher, 1, width=3)  # another signature: never batched with the others
+        batcher.resume()
+        for n, f in zip(sizes, futures):
+            out = f.result(timeout=10).outputs["y"]
+            assert out.shape == (n, 2) and np.all(out == 2.0 * n)
+        assert odd.result(timeout=10).outputs["y"].shape == (1, 3)
+        # The profile admits at most 6 (max_batch 8 is larger): 3+2+1, then 2+4, then the odd one.
+        assert ctx.batches == [6, 6, 1]
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_batcher_without_dynamic_batching_runs_requests_alone():
+    batcher, ctx = make_batcher(dynamic=False)
+    try:
+        batcher.pause()
+        futures = [submit(batcher, 2) for _ in range(3)]
+        batcher.resume()
+        for f in futures:
+            f.result(timeout=10)
+        assert ctx.batches == [2, 2, 2]
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_batcher_queue_bound_timeouts_and_drain_on_close():
+    batcher, ctx = make_batcher(queue=2)
+    batcher.pause()
+    first, second = submit(batcher, 1), submit(batcher, 1)
+    with pytest.raises(QueueFull, match="queue is full"):
+        submit(batcher, 1)
+    expired = make_batcher(queue=4)
+    try:
+        expiring, _ = expired
+        expiring.pause()
+        doomed = submit(expiring, 1, deadline=time.monotonic() + 0.05)
+        with pytest.raises(RequestTimeout, match="timed out after"):
+            doomed.result(timeout=10)
+    finally:
+        expired[0].close()
+        expired[0].join(5)
+    batcher.close()  # closing drains what is queued, even when paused
+    assert first.result(timeout=10) and second.result(timeout=10)
+    assert batcher.join(5)
+
+
+# ---- through the server ----------------------------------------------------------------------------------
+
+def test_concurrent_clients_get_correct_batched_responses(tmp_path, tiny_plan):
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    pool = [images(1 + i % 2, seed=100 + i) for i in range(16)]
+    expected = [reference(tiny_plan, x) for x in pool]
+    threads_n, per_thread = 16, 20
+    errors: list = []
+    done = [0] * threads_n
+    with running(root) as server:
+        barrier = threading.Barrier(threads_n, timeout=30)
+
+        def client_thread(k: int) -> None:
+            try:
+                use_grpc = k % 2 == 1
+                client = grpc_client(server) if use_grpc else http_client(server)
+                barrier.wait()
+                rng = np.random.default_rng(k)
+                for _ in range(per_thread):
+                    j = int(rng.integers(len(pool)))
+                    result = grpc_infer(client, pool[j]) if use_grpc else http_infer(client, pool[j])
+                    np.testing.assert_allclose(result.as_numpy("logits"), expected[j], rtol=1e-5, atol=1e-6)
+                    done[k] += 1
+                client.close()
+            except Exception as exc:  # reported below
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        histogram = server.metrics.histogram("nv_inference_batch_size", {"model": "tiny", "version": "1"})
+    assert not errors, errors[:3]
+    assert sum(done) == threads_n * per_thread
+    assert histogram["count"] > 0
+    executions_over_2 = histogram["count"] - histogram["buckets"][2]
+    assert executions_over_2 > 0, histogram  # single requests are batch 1 or 2: > 2 means batched
+    assert histogram["count"] < threads_n * per_thread
+
+
+def test_queue_full_is_refused_at_once(tmp_path, tiny_plan):
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 1000 "
+                                       "default_queue_policy { max_queue_size: 2 } }\n")
+    with running(root) as server:
+        batcher = server.repository.served("tiny").batcher
+        batcher.pause()
+        results: list = []
+
+        def queued(k: int) -> None:
+            client = http_client(server)
+            results.append(http_infer(client, images(1, k)).as_numpy("logits"))
+            client.close()
+
+        threads = [threading.Thread(target=queued, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: batcher.pending == 2, what="2 queued requests")
+        h, g = http_client(server), grpc_client(server)
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException, match="queue is full") as info:
+            http_infer(h, images(1, 5))
+        assert info.value.status() == "503"
+        with pytest.raises(InferenceServerException, match="StatusCode.UNAVAILABLE.*queue is full"):
+            grpc_infer(g, images(1, 5))
+        assert time.monotonic() - start < 5.0  # refused at once, not after a wait
+        batcher.resume()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 2
+        http_infer(h, images(1, 6))
+        rejected = server.metrics.get("nv_inference_request_failure", {"model": "tiny", "version": "1", "reason": "REJECTED"})
+        assert rejected == 2
+
+
+def test_request_timeouts(tmp_path, tiny_plan):
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    with running(root, request_timeout=30.0) as server:
+        batcher = server.repository.served("tiny").batcher
+        batcher.pause()
+        h, g = http_client(server), grpc_client(server)
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException, match="timed out") as info:
+            http_infer(h, images(1, 0), timeout=200_000)  # Triton's `timeout` parameter, microseconds
+        assert info.value.status() == "504"
+        with pytest.raises(InferenceServerException, match="DEADLINE_EXCEEDED"):
+            grpc_infer(g, images(1, 0), timeout=200_000)
+        with pytest.raises(InferenceServerException, match="Deadline Exceeded|DEADLINE_EXCEEDED"):
+            grpc_infer(g, images(1, 0), client_timeout=0.3)  # the gRPC deadline
+        assert time.monotonic() - start < 15.0
+        batcher.resume()
+        assert http_infer(h, images(1, 0), timeout=5_000_000).as_numpy("logits").shape == (1, 10)
+        wait_for(lambda: batcher.pending == 0, what="an empty queue")
+
+
+def test_version_swap_under_load_loses_no_request(tmp_path, tiny_plan, plan_v2):
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    pool = [images(1 + i % 3, seed=200 + i) for i in range(8)]
+    expected = {"1": [reference(tiny_plan, x) for x in pool], "2": [reference(plan_v2, x) for x in pool]}
+    stop = threading.Event()
+    errors: list = []
+    seen: dict = {"1": 0, "2": 0}
+    lock = threading.Lock()
+    with running(root, poll_interval=0.1) as server:
+        def load(k: int) -> None:
+            use_grpc = k % 2 == 1
+            client = grpc_client(server) if use_grpc else http_client(server)
+            rng = np.random.default_rng(k)
+            end = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < end:
+                j = int(rng.integers(len(pool)))
+                try:
+                    result = grpc_infer(client, pool[j]) if use_grpc else http_infer(client, pool[j])
+                    version = result.get_response().model_version if use_grpc else result.get_response()["model_version"]
+                    np.testing.assert_allclose(result.as_numpy("logits"), expected[version][j], rtol=1e-5, atol=1e-6)
+                    with lock:
+                        seen[version] += 1
+                except Exception as exc:
+                    errors.append(repr(exc))
+            client.close()
+
+        threads = [threading.Thread(target=load, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            wait_for(lambda: seen["1"] >= 30, what="load on version 1")
+            # Requests parked in version 1's queue at the moment of the swap must be answered too.
+            old = server.repository.served("tiny").batcher
+            old.pause()
+            wait_for(lambda: old.pending >= 3, what="requests queued on version 1")
+            publish_version(root, "tiny", plan_v2, 2)
+            wait_for(lambda: server.repository.is_ready("tiny", "2"), what="version 2 to be served")
+            assert old.join(30), "version 1's workers did not drain and exit"
+            served_at_swap = seen["2"]
+            wait_for(lambda: seen["2"] >= served_at_swap + 30, what="load on version 2")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        assert not errors, errors[:3]
+        assert seen["1"] >= 30 and seen["2"] >= 30
+        h = http_client(server)
+        assert h.get_model_metadata("tiny")["versions"] == ["2"]
+        assert not h.is_model_ready("tiny", "1") and h.is_model_ready("tiny", "2")
+
+
+def test_poller_adds_models_and_keeps_serving_through_a_bad_version(tmp_path, tiny_plan, plan_v2):
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    with running(root, poll_interval=0.1) as server:
+        h = http_client(server)
+        (root / "tiny" / "2").mkdir()
+        (root / "tiny" / "2" / "model.plan").write_bytes(tiny_plan.read_bytes()[:1000])
+        wait_for(lambda: any(r["version"] == "2" for r in h.get_model_repository_index()), what="version 2 failure")
+        rows = {(r["version"], r["state"]): r["reason"] for r in h.get_model_repository_index()}
+        assert ("1", "READY") in rows and "truncated" in rows[("2", "UNAVAILABLE")]
+        assert h.is_model_ready("tiny") and not h.is_model_ready("tiny", "2")
+        with pytest.raises(InferenceServerException, match="version 2 is unavailable"):
+            http_infer(h, images(1, 0), model_version="2")
+        x = images(1, 1)
+        np.testing.assert_allclose(http_infer(h, x).as_numpy("logits"), reference(tiny_plan, x), rtol=1e-5, atol=1e-6)
+        # A new model directory is picked up; a fixed version replaces the bad one.
+        add_model(root, "other", plan_v2)
+        wait_for(lambda: h.is_model_ready("other"), what="model 'other'")
+        (root / "tiny" / "2" / "model.plan").write_bytes(plan_v2.read_bytes())
+        wait_for(lambda: h.is_model_ready("tiny", "2"), what="the fixed version 2")
+        np.testing.assert_allclose(http_infer(h, x).as_numpy("logits"), reference(plan_v2, x), rtol=1e-5, atol=1e-6)
