@@ -9,6 +9,8 @@ from ..errors import ConfigError
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8")
 CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
 FP16_MAX = 65504.0
+# How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
+DEFAULT_BUILDER_EFFORT = 2
 
 
 @dataclass
@@ -26,6 +28,8 @@ class BuildConfig:
     guard_samples: int = 2  # random batches at the opt shape used by the FP16 overflow guard
     seed: int = 0
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
+    builder_effort: int = DEFAULT_BUILDER_EFFORT
+    timing_cache: str | None = None  # JSON file of tactic timings: read before tactic selection, merged after
     # INT8 (sartor/quant): calibration data (.npy/.npz of input samples, or a dataset), how many
     # samples, the threshold method (None: entropy) and the calibration cache file.
     calib: str | None = None
@@ -33,6 +37,14 @@ class BuildConfig:
     calib_method: str | None = None
     percentile: float = 99.99
     calib_cache: str | None = None
+    calib_balance_by: str | None = None  # draw the calibration images equally from each value of this attribute
+    # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
+    # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
+    # has the planner (sartor/quant/planner.py) keep the most sensitive layers out of INT8 until
+    # the metric drop against the FP32 ONNX model is within the budget overall and in every split.
+    data: str | None = None
+    split_by: str | None = None
+    accuracy_budget: float | None = None
 
     def validate(self) -> None:
         if Path(self.output_path).resolve() == Path(self.model_path).resolve():
@@ -43,6 +55,8 @@ class BuildConfig:
             for key, value in table.items():
                 if value not in PRECISIONS:
                     raise ConfigError(f"--{kind}-precision {key}={value}: precision must be one of {', '.join(PRECISIONS)}")
+        if self.builder_effort not in range(6):
+            raise ConfigError(f"--builder-effort {self.builder_effort} must be 0..5")
         self.preprocess_spec()
         self._validate_int8()
 
@@ -56,15 +70,38 @@ class BuildConfig:
             raise ConfigError(f"--percentile {self.percentile:g} must be in (0, 100]")
         if self.calib_size < 1:
             raise ConfigError(f"--calib-size {self.calib_size} must be at least 1")
+        self._validate_planner()
         if not self.wants_int8():
             return
         cached = self.calib_cache is not None and Path(self.calib_cache).is_file()
-        if not self.calib and not cached:
+        if not self.calib and not cached and not _has_qdq(self.model_path):  # Q/DQ models carry their scales
             raise ConfigError("INT8 needs calibration: give --calib DATA (a .npy/.npz of input samples or a dataset)"
                               + (f"; --calib-cache {self.calib_cache} does not exist yet" if self.calib_cache else
                                  " or an existing --calib-cache FILE"))
         if self.calib and not cached and not Path(self.calib).exists():
             raise ConfigError(f"--calib {self.calib}: not found")
+        if self.calib_balance_by and not self.calib:
+            raise ConfigError(f"--calib-balance-by {self.calib_balance_by} needs --calib DATA (an image dataset)")
+
+    def _validate_planner(self) -> None:
+        if self.accuracy_budget is not None:
+            if not 0.0 <= self.accuracy_budget < float("inf"):
+                raise ConfigError(f"--accuracy-budget {self.accuracy_budget:g} must be a finite value ≥ 0")
+            if self.precision != "int8":
+                raise ConfigError(f"--accuracy-budget moves layers out of INT8: it needs --precision int8, "
+                                  f"not {self.precision}")
+            if not self.data:
+                raise ConfigError("--accuracy-budget needs --data VAL (the validation set the drop is measured on)")
+            if not self.preprocess:
+                raise ConfigError("--accuracy-budget needs --preprocess (how the --data images become the input)")
+        if self.split_by and not self.data:
+            raise ConfigError(f"--split-by {self.split_by} needs --data VAL")
+        if self.data:
+            if not self.wants_int8():
+                raise ConfigError("--data is for INT8 builds (calibration coverage, --accuracy-budget): "
+                                  "use `sartor validate` to measure other engines")
+            if not Path(self.data).exists():
+                raise ConfigError(f"--data {self.data}: not found")
 
     def preprocess_spec(self):
         """The parsed --preprocess spec, or None."""
@@ -75,6 +112,11 @@ class BuildConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def _has_qdq(model_path) -> bool:
+    from ..frontend.onnx import has_quantization_nodes
+    return has_quantization_nodes(model_path)
 
 
 def parse_precision_overrides(items: list[str] | None, flag: str) -> dict:

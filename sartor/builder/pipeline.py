@@ -1,9 +1,11 @@
-"""The builder: the one place that calls import → passes → profiles → precision → memory plan →
-engine file. Each stage is a plain function; this file only sequences them and records what they did."""
+"""The builder: the one place that calls import → passes → profiles → precision → (INT8:
+calibrate → planner → quantize) → tactics → memory plan → engine file. Each stage is a plain
+function; this file only sequences them and records what they did."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -19,7 +21,7 @@ from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..runtime.graph_codec import encode_graph
 from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
-from ..tactics import select_tactics
+from ..tactics import TacticSelection, TimingCache, select_tactics
 from ..version import __version__
 from .config import BuildConfig, check_preprocess
 from .precision import base_precision, overflowing_layers, plan_precision, unmatched_overrides
@@ -38,6 +40,7 @@ class BuildResult:
     seconds: float
     stage_seconds: dict = field(default_factory=dict)
     log: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)  # lines also in `log`
 
 
 def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: torch.Generator) -> dict:
@@ -60,6 +63,8 @@ def _tactic(node, device: torch.device) -> str:
         return "cudnn conv+bias(+add)+relu fused"
     if chosen == "triton_epilogue":
         return f"torch.conv ({library}) + triton epilogue"
+    if chosen == "channels_last":
+        return f"torch.conv channels-last ({library}) + torch epilogue"
     if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
     if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
@@ -92,10 +97,23 @@ def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: t
     return {"profiles": plans}
 
 
-def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
+def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None
+          ) -> BuildResult:
+    """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
+    `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings."""
     progress = progress or (lambda stage: None)
+    warnings: list[str] = []
+
+    def warn_and_keep(line: str) -> None:
+        warnings.append(line)
+        if warn is not None:
+            warn(line)
     config.validate()
     check_writable(config.output_path)
+    timing_cache = None
+    if config.timing_cache is not None:  # read (and refused when corrupt) before the long stages
+        check_writable(config.timing_cache)
+        timing_cache = TimingCache(config.timing_cache)
     device = parse_device(config.device)
     started = time.perf_counter()
     stage_seconds: dict[str, float] = {}
@@ -127,6 +145,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     verify_graph(graph)
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")
+    log.extend(report.notes)  # Q/DQ models: pairs folded and left as fake quantization
     done("optimize")
 
     stage("precision")
@@ -144,23 +163,38 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
         log.append(f"layer {name} runs {plan.layers[name]}: {reason}")
     done("precision")
 
-    calibration = None
+    calibration = planner = None
     if "int8" in plan.layers.values():
+        from ..quant.stage import quantize_for_build, thresholds_for_build
         stage("calibrate")
-        from ..quant.stage import quantize_for_build
-        calibration = quantize_for_build(graph, weights, plan.layers, config, imported.sha256, device, profiles, log)
-        weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
+        amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
+                                                 warn_and_keep)
         done("calibrate")
+        if config.accuracy_budget is not None:
+            stage("planner")
+            from ..quant.planner import plan_for_budget
+            plan, planner = plan_for_budget(graph, weights, plan, amax, calibration, config, imported.sha256, device,
+                                            profiles, log)
+            done("planner")
+        stage("quantize")
+        quantize_for_build(graph, plan.layers, amax, log)
+        weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
+        done("quantize")
 
     stage("tactics")
-    tactics = {}
-    if device.type == "cuda":
+    selection = TacticSelection()
+    if config.builder_effort > 0:
         feeds = _random_feeds(graph, profiles[0].opt_shapes(), device, generator)
-        tactics = select_tactics(graph, weights, feeds, device, plan.layers, channels_last=True,
-                                 tf32=config.precision == "tf32")
-        for node in graph.nodes:
-            if node.name in tactics:
-                node.attrs["tactic"] = tactics[node.name]["tactic"]
+        selection = select_tactics(graph, weights, feeds, device, plan.layers, channels_last=device.type == "cuda",
+                                   tf32=config.precision == "tf32", effort=config.builder_effort, cache=timing_cache)
+    tactics = selection.layers
+    for node in graph.nodes:
+        if node.name in tactics:
+            node.attrs["tactic"] = tactics[node.name]["tactic"]
+    log.append(selection.summary() if config.builder_effort > 0 else
+               "tactics: builder effort 0, nothing timed (every layer runs its reference kernel)")
+    if timing_cache is not None and (timing_cache.new or not Path(config.timing_cache).exists()):
+        timing_cache.save()
     done("tactics")
 
     stage("memory")
@@ -173,6 +207,7 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
                "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n, device),
                "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
                "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
+               "tactic_source": tactics.get(n.name, {}).get("source"),
                "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
               for n in graph.nodes]
     seconds = round(time.perf_counter() - started, 3)
@@ -185,9 +220,12 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
         "graph": graph_header,
         "layers": layers,
         "memory": memory,
+        "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
+                    "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
         "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
         "build_log": log,
         "preprocess": preprocess.to_json() if preprocess is not None else None,
+        "planner": planner,
         "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                        "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
                        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -196,4 +234,4 @@ def build(config: BuildConfig, progress: Progress | None = None) -> BuildResult:
     write_atomic(config.output_path, pack(header, tensors))
     done("serialize")
     return BuildResult(str(config.output_path), header, onnx_nodes, len(graph.nodes),
-                       round(time.perf_counter() - started, 3), stage_seconds, log)
+                       round(time.perf_counter() - started, 3), stage_seconds, log, warnings)

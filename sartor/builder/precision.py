@@ -78,11 +78,16 @@ def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float]
     `sartor.quant.plan`); then, in FP16 builds, layers whose outputs overflow FP16 stay FP32 and so
     do the layers reading those outputs (they would otherwise cast the large values back down)."""
     from ..quant.plan import int8_decisions, int8_unsupported
+    from ..quant.qdq import fixed_precision
     plan = PrecisionPlan()
     producers = graph.producers()
     base = base_precision(config, device)
     int8 = int8_decisions(graph, base) if config.precision == "int8" else {}
     for node in graph.nodes:
+        fixed = fixed_precision(node, base)  # Q/DQ models: the layers the model quantized run INT8
+        if fixed is not None:
+            plan.layers[node.name], plan.reasons[node.name] = fixed
+            continue
         chosen = _override(node, config)
         overflowing_inputs = [producers[i].name for i in node.present_inputs() if i in producers
                               and producers[i].name in overflow]

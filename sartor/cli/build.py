@@ -16,7 +16,12 @@ from rich.progress import (
 
 from ..builder import BuildConfig
 from ..builder import build as run_build
-from ..builder.config import CALIB_METHODS, PRECISIONS, parse_precision_overrides
+from ..builder.config import (
+    CALIB_METHODS,
+    DEFAULT_BUILDER_EFFORT,
+    PRECISIONS,
+    parse_precision_overrides,
+)
 from ..errors import ConfigError
 from ..runtime.fingerprint import describe
 from ..runtime.profiles import Profile, parse_shape_spec
@@ -66,6 +71,22 @@ INT8:
   conv/gemm of each output branch stays out of INT8 unless pinned with --layer-precision NODE=int8;
   --layer-precision NODE=fp16 keeps any layer out. --calib-cache FILE is written after calibrating
   and read (skipping calibration) when it exists; delete it to recalibrate.
+
+  --calib-balance-by lighting draws the calibration images equally from each value of an image
+  attribute. --data VAL (a dataset as `sartor validate` takes) with --split-by lighting: a split of
+  VAL that the calibration sample misses, or holds under 25% of its fair share of, is warned about
+  (build log and stderr). --accuracy-budget 0.008 measures the engine's metric drop against the
+  FP32 ONNX model on VAL (overall and per split) and keeps the most INT8-sensitive layers at FP16
+  (FP32 on the CPU) until every drop is within the budget; the build fails when even no INT8 layer
+  at all misses it. `sartor inspect` shows the layers kept and why, and each measured iteration.
+
+tactics:
+  Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
+  torch, triton_epilogue, cudnn_fused; CPU: torch, channels_last); those whose output differs from
+  the reference are rejected, the fastest is kept. --builder-effort 0 times nothing (the reference
+  kernel everywhere), 1 times briefly, 2 is the default, 3..5 time longer. --timing-cache FILE keeps
+  the timings (JSON, per device fingerprint, shareable between machines): layers timed before on this
+  device are not timed again. Delete the file to start over.
 """
 
 
@@ -109,6 +130,20 @@ def add_parser(subparsers, parents) -> None:
                    help="percentile of |x| for --calib-method percentile (default 99.99)")
     p.add_argument("--calib-cache", metavar="FILE",
                    help="calibration cache: read when it exists (calibration skipped), written otherwise")
+    p.add_argument("--builder-effort", type=int, choices=range(6), default=DEFAULT_BUILDER_EFFORT, metavar="0..5",
+                   help=f"how hard to search for the fastest kernels: 0 no timing, 1 quick, {DEFAULT_BUILDER_EFFORT} "
+                        f"default, up to 5 (more warm-up and iterations)")
+    p.add_argument("--timing-cache", metavar="FILE",
+                   help="tactic timing cache: read before tactic selection, new timings merged in after")
+    p.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
+                   help="image datasets: draw the calibration images equally from each value of this attribute")
+    p.add_argument("--data", metavar="VAL",
+                   help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
+                        "--accuracy-budget")
+    p.add_argument("--split-by", metavar="ATTRIBUTE", help="with --data: the image attribute that splits it")
+    p.add_argument("--accuracy-budget", type=float, metavar="X",
+                   help="INT8: keep the most sensitive layers out of INT8 until the metric drop against the FP32 ONNX "
+                        "model on --data is at most X overall and in every split (e.g. 0.008)")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.set_defaults(func=run, shape_events=None)
@@ -156,7 +191,9 @@ def config_from_args(args) -> BuildConfig:
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
         overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
-        calib_cache=args.calib_cache)
+        calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
+        calib_balance_by=args.calib_balance_by, data=args.data, split_by=args.split_by,
+        accuracy_budget=args.accuracy_budget)
 
 
 def run(args) -> int:
@@ -184,7 +221,10 @@ def run(args) -> int:
                 stages.insert(len(stages) - 1, name)
             progress.update(task, description=name, total=len(stages), completed=stages.index(name))
 
-        result = run_build(config, progress=on_stage)
+        def on_warning(line: str) -> None:
+            progress.console.print(text(line), soft_wrap=True)
+
+        result = run_build(config, progress=on_stage, warn=on_warning)
         finish_stage()
         progress.update(task, description="done", completed=len(stages))
     print_summary(out, result)
@@ -196,6 +236,10 @@ def precision_mix(layers: list[dict]) -> str:
     for layer in layers:
         counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
     return ", ".join(f"{p} {n}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _drop(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def print_summary(out, result) -> None:
@@ -219,6 +263,14 @@ def print_summary(out, result) -> None:
         rows.append(("calibration", f"{calibration['method']}, {calibration['calib_size']} samples, sha256 "
                                     f"{calibration['calib_sha256'][:12]}…"
                                     + (f" (from cache {calibration['cache']})" if calibration["from_cache"] else "")))
+        for attribute, counts in (calibration.get("splits") or {}).items():
+            rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
+    planner = header.get("planner")
+    if planner:
+        rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "
+                                        f"{len(planner['ranking'])} INT8 layer(s) kept at {planner['precision']} after "
+                                        f"{len(planner['iterations'])} measurement(s); drop "
+                                        + ", ".join(f"{k} {_drop(v)}" for k, v in planner["drops"].items())))
     rows += [("activation arena", ", ".join(fmt_bytes(a) for a in arenas) or "-"),
              ("build seconds", f"{result.seconds:.3f}")]
     out.print(key_values("Build summary", rows))

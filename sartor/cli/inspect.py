@@ -42,6 +42,48 @@ def epilogue(attrs: dict) -> str:
     return " → ".join(steps)
 
 
+def tactic_timings(layer: dict) -> str:
+    """The timed candidates, fastest (the winner) first, and the rejected ones, in one line:
+    "channels_last 0.121, torch 0.154 ms; rejected triton_epilogue (timing cache)"."""
+    timings = layer.get("tactic_timings_ms") or {}
+    if not timings:
+        return ""
+    line = ", ".join(f"{name} {ms:.3g}" for name, ms in sorted(timings.items(), key=lambda kv: kv[1])) + " ms"
+    if layer.get("tactic_rejected"):
+        line += "; rejected " + ", ".join(layer["tactic_rejected"])
+    if layer.get("tactic_source") == "timing cache":
+        line += " (timing cache)"
+    return line
+
+
+def _tactics_line(tactics: dict | None) -> str:
+    if not tactics:
+        return "not recorded"
+    line = (f"builder effort {tactics.get('builder_effort')}: {tactics.get('timed', 0)} layer(s) timed, "
+            f"{tactics.get('from_timing_cache', 0)} from timing cache")
+    return line + (f" {tactics['timing_cache']}" if tactics.get("timing_cache") else "")
+
+
+def _drop(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def print_planner(out, planner: dict) -> None:
+    """The INT8 accuracy planner: the budget, each measured plan with its drops, and the layers kept."""
+    splits = list(planner["iterations"][0]["drops"]) if planner["iterations"] else []
+    title = (f"INT8 planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
+             f"({planner['images']} images" + (f", split by {planner['split_by']}" if planner.get("split_by") else "")
+             + f"); INT8 layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
+    t = table(title, "iteration", f"layers at {planner['precision']}", *(f"{s} drop" for s in splits), "budget",
+              "seconds")
+    for k, it in enumerate(planner["iterations"]):
+        t.add_row(str(k), str(it["layers_out"]), *(_drop(it["drops"].get(s)) for s in splits),
+                  "holds" if it["holds"] else "over", f"{it['seconds']:.1f}")
+    out.print(t)
+    kept = planner["kept_out"]
+    out.print(text(f"  kept out of INT8 ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+
+
 def _fingerprint_here(header: dict) -> dict:
     built_for = header.get("fingerprint") or {}
     try:
@@ -77,6 +119,8 @@ def engine_summary(path: str) -> dict:
         "provenance": header.get("provenance", {}),
         "build_config": config,
         "build_log": header.get("build_log", []),
+        "tactics": header.get("tactics"),
+        "planner": header.get("planner"),
         "preprocess": header.get("preprocess"),
     }
 
@@ -96,6 +140,7 @@ def run(args) -> int:
         ("matches this machine", match),
         ("precision", info["precision"]),
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
+        ("tactics", _tactics_line(info["tactics"])),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):
@@ -107,17 +152,21 @@ def run(args) -> int:
         for name, r in Profile.from_json(p).shapes.items():
             profiles.add_row(str(k), text(name), fmt_shape(r.min), fmt_shape(r.opt), fmt_shape(r.max))
     out.print(profiles)
-    layers = table("Layers", "#", "name", "op", "fused from (ONNX nodes)", "precision", "tactic", "epilogue")
+    layers = table("Layers", "#", "name", "op", "fused from (ONNX nodes)", "precision", "tactic",
+                   "timings (fastest first)", "epilogue")
     for i, layer in enumerate(info["layers"]):
         precision = layer["precision"] + (f" ({layer['reason']})" if layer.get("reason") else "")
         layers.add_row(str(i), text(layer["name"]), text(layer["op"]), text(", ".join(layer.get("origin") or [])),
-                       text(precision), text(layer.get("tactic")), text(layer["epilogue"]))
+                       text(precision), text(layer.get("tactic")), text(tactic_timings(layer)),
+                       text(layer["epilogue"]))
     out.print(layers)
     memory = info["memory"]
     out.print(key_values("Memory", [("weights", fmt_bytes(memory["weight_bytes"]))]
                          + [(f"activation arena, profile {k}", f"{fmt_bytes(a)} at max shapes")
                             for k, a in enumerate(memory["arena_bytes"])]
                          + [("device total", fmt_bytes(memory["device_bytes"]))]))
+    if info["planner"]:
+        print_planner(out, info["planner"])
     prov = info["provenance"]
     out.print(key_values("Provenance", [(k, v) for k, v in prov.items()]))
     if info["build_log"]:

@@ -27,6 +27,8 @@ def add_parser(subparsers, parents) -> None:
                    help="threshold method (default entropy)")
     p.add_argument("--percentile", type=float, default=99.99, metavar="P",
                    help="percentile for --calib-method percentile (default 99.99)")
+    p.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
+                   help="image datasets: draw the samples equally from each value of this image attribute")
     p.add_argument("--calib-cache", metavar="FILE", help="take the thresholds from this cache when it exists")
     p.add_argument("--preprocess", metavar="SPEC", help="how images become the input (image datasets)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
@@ -48,7 +50,8 @@ def run(args) -> int:
     with err.status("calibrating") as status:
         report = analyze(args.model, args.calib, args.calib_size, args.calib_method, args.percentile,
                          args.calib_cache, args.preprocess, args.device,
-                         on_layer=lambda k, n, name: status.update(f"layer {k + 1}/{n}: {name}"))
+                         on_layer=lambda k, n, name: status.update(f"layer {k + 1}/{n}: {name}"),
+                         balance_by=args.calib_balance_by)
     rows = report.layers[:args.top] if args.top > 0 else report.layers
     if args.json:
         print_json(dict(report.to_json(), layers=[r.to_json() for r in rows]))

@@ -60,6 +60,20 @@ def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
     return model, hashlib.sha256(data).hexdigest()
 
 
+QUANTIZATION_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                    "ConvInteger", "MatMulInteger")
+
+
+def has_quantization_nodes(path: str | os.PathLike) -> bool:
+    """Whether the ONNX file holds quantization ops (a Q/DQ or QOperator model, which carries its
+    own INT8 scales). False for anything unreadable: loading reports that properly."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return False
+    return any(n.op_type in QUANTIZATION_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
 def _cycle(model: onnx.ModelProto) -> str | None:
     """The nodes on a cycle of the top-level graph, described, or None when it has none."""
     g = model.graph

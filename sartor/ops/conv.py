@@ -108,15 +108,37 @@ def _conv_triton_epilogue(x, w, b, residual, attrs):
                           attrs.get("residual_after_activation", False))
 
 
-# Implementations of one fused conv that the builder times against each other (tactics).
-FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused")
+def _conv_channels_last(x, w, b, residual, attrs):
+    """CPU candidate: the convolution in channels-last layout (oneDNN's preferred one), the epilogue
+    in torch, the output back in the input's memory format."""
+    nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    y = conv_nd(x.contiguous(memory_format=torch.channels_last), conv_weight_for_tactic(w, "channels_last"), b, attrs)
+    y = y.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+    return _torch_epilogue(y, residual, attrs)
+
+
+def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
+    """A FusedConv weight in the layout its tactic reads (the executor stores it so once, at load)."""
+    if tactic == "channels_last" and w.dim() == 4:
+        return w.contiguous(memory_format=torch.channels_last)
+    return w
+
+
+# Implementations of one fused conv that the builder times against each other (tactics): the
+# first three on CUDA, "torch" and "channels_last" on the CPU. "torch" is the reference.
+FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last")
 
 
 def applicable_conv_tactics(inputs, attrs) -> list[str]:
+    """The candidates for one FusedConv with these arguments, the reference ("torch") first."""
     x, w = inputs[0], inputs[1]
     residual = inputs[3] if len(inputs) > 3 else None
     tactics = ["torch"]
-    if x.is_cuda and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+    if not x.is_cuda:
+        if x.dim() == 4:
+            tactics.append("channels_last")
+        return tactics
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
         from ..kernels.epilogue import triton
         if triton is not None:
             tactics.append("triton_epilogue")
@@ -138,7 +160,13 @@ def fused_conv(inputs, attrs):
         y = _conv_triton_epilogue(x, w, b, residual, attrs)
         if y is not None:
             return y
-    y = conv_nd(x, w, b, attrs)
+    if tactic == "channels_last" and not x.is_cuda and x.dim() == 4:
+        return _conv_channels_last(x, w, b, residual, attrs)
+    return _torch_epilogue(conv_nd(x, w, b, attrs), residual, attrs)
+
+
+def _torch_epilogue(y, residual, attrs):
+    """(+ residual) (+ activation) (+ residual), as a FusedConv's attributes say, in torch."""
     activation = attrs.get("activation")
     if residual is not None and not attrs.get("residual_after_activation", False):
         y = y + residual.to(y.dtype)

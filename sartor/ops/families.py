@@ -12,10 +12,11 @@ def all_tables() -> list[OpTable]:
         linalg,
         norm,
         pool,
+        qdq,
         quantized,
         reduce,
         resize,
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, quantized.OPS]
+            detection.OPS, quantized.OPS, qdq.OPS]

@@ -53,7 +53,9 @@ def matmul(inputs, attrs):
 def matmul_integer(inputs, attrs):
     a, b = inputs[0].to(torch.int32), inputs[1].to(torch.int32)
     if len(inputs) > 2 and inputs[2] is not None:
-        a = a - inputs[2].to(torch.int32)
+        zp = inputs[2].to(torch.int32)
+        # a 1-D a_zero_point holds one value per row of a (b's, one per column, broadcasts as is)
+        a = a - (zp.reshape(-1, 1) if zp.dim() == 1 and zp.numel() > 1 and a.dim() >= 2 else zp)
     if len(inputs) > 3 and inputs[3] is not None:
         b = b - inputs[3].to(torch.int32)
     return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(torch.int32)

@@ -14,6 +14,10 @@ What one INT8 layer computes, in the order a GPU kernel does it:
 5. When every reader of the output is an INT8 layer, the output is re-quantized with its scale
    (round half to even, saturate to ±127) and written as INT8; otherwise it stays FP32.
 
+Saturation is to [-127, 127] (symmetric) for the layers sartor calibrates. Layers folded from a
+Q/DQ model (`sartor/passes/fold_qdq.py`) carry `qmin = -128`: they saturate to [-128, 127] as ONNX
+QuantizeLinear does, so that they compute what the model's Q/DQ nodes compute.
+
 Exact integer accumulation runs as float64 convolutions/matmuls of integer-valued tensors: every
 int8 × int8 product and every partial sum below 2^53 is exact in float64, whatever the summation
 order, so the result equals an int32/int64 accumulator (tests check it against int64). cuDNN is
@@ -38,17 +42,18 @@ QMAX = 127
 
 # Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
 QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
-               "weight_scale")
+               "weight_scale", "qmin")
 
 
-def quantize(x: torch.Tensor, inv_scale: float) -> torch.Tensor:
-    """Symmetric INT8: clamp(round_half_even(x * inv_scale), -127, 127) as int8."""
-    return torch.round(x.float() * inv_scale).clamp_(-QMAX, QMAX).to(torch.int8)
+def quantize(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
+    """Symmetric INT8: clamp(round_half_even(x * inv_scale), qmin, 127) as int8 (qmin -127, or
+    -128 for layers folded from Q/DQ)."""
+    return torch.round(x.float() * inv_scale).clamp_(qmin, QMAX).to(torch.int8)
 
 
-def as_int8(x: torch.Tensor, inv_scale: float) -> torch.Tensor:
+def as_int8(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
     """The layer's INT8 input: as it arrived when the producer wrote INT8, else quantized here."""
-    return x if x.dtype == torch.int8 else quantize(x, inv_scale)
+    return x if x.dtype == torch.int8 else quantize(x, inv_scale, qmin)
 
 
 def _exact_integer_math(device: torch.device):
@@ -90,7 +95,7 @@ def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> to
     if residual is not None and after:
         y = y + residual
     if attrs.get("output_inv_scale") is not None:
-        return quantize(y, attrs["output_inv_scale"])
+        return quantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
     return y
 
 
@@ -101,7 +106,7 @@ def qconv(inputs, attrs):
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
-    acc = int8_conv_accumulate(as_int8(x, attrs["input_inv_scale"]), wq, attrs)
+    acc = int8_conv_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq, attrs)
     return _epilogue(_dequantize(acc, bias, inputs[4], 1), residual, attrs)
 
 
@@ -111,5 +116,5 @@ def qgemm(inputs, attrs):
     (float32 [M]). Gemm's alpha/beta and MatMul's weight layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    acc = int8_matmul_accumulate(as_int8(x, attrs["input_inv_scale"]), wq)
+    acc = int8_matmul_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq)
     return _epilogue(_dequantize(acc, bias, inputs[4], -1), None, attrs)

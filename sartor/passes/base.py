@@ -14,6 +14,7 @@ Pass = Callable[[Graph], int]
 @dataclass
 class PipelineReport:
     rewrites: dict = field(default_factory=dict)  # pass name -> rewrites
+    notes: list = field(default_factory=list)  # build-log lines about what the passes did (Q/DQ models)
 
     def total(self) -> int:
         return sum(self.rewrites.values())

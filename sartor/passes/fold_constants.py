@@ -1,4 +1,7 @@
-"""Evaluate nodes whose inputs are all known at build time, and Shape of statically shaped values."""
+"""Evaluate nodes whose inputs are all known at build time, and Shape of statically shaped values.
+
+A DequantizeLinear of constant weights is kept when its layer's data input is dequantized too:
+`fold_qdq` reads the integers and scales from it."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +12,7 @@ from ..ops.util import TORCH_TO_NUMPY, tensor_from_numpy, tensor_to_numpy
 
 MAX_FOLDED_ELEMENTS = 1 << 24  # larger results stay computed at run time rather than bloat the engine
 NEVER_FOLD = {"NonMaxSuppression"}
+QDQ_LAYERS = ("Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul")  # what `fold_qdq` folds
 
 
 def _static_shape_value(graph: Graph, node: Node) -> np.ndarray | None:
@@ -46,11 +50,25 @@ def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
     return arrays
 
 
+def _quantized_weights(node: Node, producers: dict, consumers: dict) -> bool:
+    """A DequantizeLinear read as the weights or bias of a conv/gemm/matmul whose data input is
+    also dequantized: kept, for `fold_qdq` takes the integers and scales from it."""
+    if node.op_type != "DequantizeLinear":
+        return False
+    for user in consumers.get(node.outputs[0], []):
+        data = producers.get(user.inputs[0]) if user.inputs else None
+        if user.op_type in QDQ_LAYERS and node.outputs[0] in user.inputs[1:] and data is not None \
+                and data.op_type == "DequantizeLinear":
+            return True
+    return False
+
+
 def fold_constants(graph: Graph) -> int:
     folded = 0
     outputs = graph.output_names()
+    producers, consumers = graph.producers(), graph.consumers()
     for node in list(graph.nodes):
-        if node.op_type in NEVER_FOLD:
+        if node.op_type in NEVER_FOLD or _quantized_weights(node, producers, consumers):
             continue
         static = _static_shape_value(graph, node)
         if static is not None:

@@ -4,19 +4,27 @@ from __future__ import annotations
 from ..ir import Graph
 from .base import Pass, PipelineReport, run_passes
 from .cleanup_reshapes import cleanup_reshapes
+from .drop_redundant_qdq import drop_redundant_qdq
 from .eliminate_dead_nodes import eliminate_dead_nodes
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
+from .fold_qdq import fold_qdq, qdq_census, qdq_notes
 from .fuse_activation_patterns import fuse_activation_patterns
 from .fuse_conv_activation import fuse_conv_activation
 from .fuse_residual_add import fuse_residual_add
 from .remove_identities import remove_identities
 
 SIMPLIFY: list[Pass] = [fold_constants, remove_identities, cleanup_reshapes, eliminate_dead_nodes]
-FUSE: list[Pass] = [fold_batchnorm, fuse_activation_patterns, fuse_conv_activation, fuse_residual_add,
-                    fuse_conv_activation]
-OPTIMIZE: list[Pass] = SIMPLIFY + FUSE + [eliminate_dead_nodes]
+FUSE: list[Pass] = [fold_batchnorm, drop_redundant_qdq, fuse_activation_patterns, fuse_conv_activation,
+                    fuse_residual_add, fuse_conv_activation]
+# Q/DQ models: after fusion, so that the folded INT8 layers keep their activation and residual.
+QUANTIZED: list[Pass] = [fold_qdq]
+OPTIMIZE: list[Pass] = SIMPLIFY + FUSE + QUANTIZED + [eliminate_dead_nodes]
 
 
 def optimize(graph: Graph, verify: bool = False) -> PipelineReport:
-    return run_passes(graph, OPTIMIZE, verify=verify)
+    """Run `OPTIMIZE`; for Q/DQ models the report's notes say what became of the Q/DQ nodes."""
+    before = qdq_census(graph)
+    report = run_passes(graph, OPTIMIZE, verify=verify)
+    report.notes.extend(qdq_notes(graph, before))
+    return report

@@ -3,10 +3,13 @@ device, other precision overrides) skips calibration and gets the same INT8 scal
 
     {"format": "sartor-calib-1", "onnx_sha256": ..., "preprocess": ..., "method": ...,
      "percentile": ..., "calib_sha256": ..., "calib_size": N,
-     "amax": {tensor: float}, "amax_hex": {tensor: float.hex()}}
+     "amax": {tensor: float}, "amax_hex": {tensor: float.hex()},
+     "splits": {attribute: {value: images}}}   # optional: the sample's per-split counts
 
 `amax` is for people; `amax_hex` is what is read (exact whatever the JSON reader), and the two
-must agree. A cache made for another ONNX model (by SHA-256) or another --preprocess is refused.
+must agree. `splits` (image datasets only) lets a build from the cache still record and check
+which conditions calibration saw. A cache made for another ONNX model (by SHA-256) or another
+--preprocess is refused.
 """
 from __future__ import annotations
 
@@ -38,13 +41,17 @@ class CalibrationCache:
     amax: dict = field(default_factory=dict)  # tensor name -> float
     preprocess: object = None
     percentile: float | None = None
+    splits: dict = field(default_factory=dict)  # attribute -> {value: images in the calibration sample}
 
     def to_json(self) -> dict:
         amax = {name: float(value) for name, value in sorted(self.amax.items())}
-        return {"format": FORMAT, "onnx_sha256": self.onnx_sha256, "preprocess": self.preprocess,
+        data = {"format": FORMAT, "onnx_sha256": self.onnx_sha256, "preprocess": self.preprocess,
                 "method": self.method, "percentile": self.percentile, "calib_sha256": self.calib_sha256,
                 "calib_size": int(self.calib_size), "amax": amax,
                 "amax_hex": {name: value.hex() for name, value in amax.items()}}
+        if self.splits:
+            data["splits"] = {str(a): {str(v): int(n) for v, n in counts.items()} for a, counts in self.splits.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict, where: str = "calibration cache") -> CalibrationCache:
@@ -68,8 +75,13 @@ class CalibrationCache:
         if bad:
             raise CalibrationCacheError(f"{where}: amax of {bad[0]!r} is {amax[bad[0]]!r}, not a finite value ≥ 0")
         percentile = data.get("percentile")
+        splits = data.get("splits") or {}
+        try:
+            splits = {str(a): {str(v): int(n) for v, n in counts.items()} for a, counts in splits.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise CalibrationCacheError(f"{where}: \"splits\" must map attribute → {{value: images}}") from None
         return cls(onnx_sha, method, calib_sha, size, amax, data.get("preprocess"),
-                   None if percentile is None else float(percentile))
+                   None if percentile is None else float(percentile), splits)
 
 
 def write_cache(path: str | Path, cache: CalibrationCache) -> None:

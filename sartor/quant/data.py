@@ -7,7 +7,12 @@
   model).
 - anything else (an image folder, a COCO .json, a .jsonl/.csv manifest): read with
   `sartor.data.open_dataset` and preprocessed with the build's `--preprocess`; `calib_size`
-  images spread evenly over the dataset.
+  images spread evenly over the dataset, or, with `--calib-balance-by ATTR`, drawn equally from
+  each value of that image attribute (`sartor.data.balanced_sample`).
+
+`split_coverage` compares the calibration sample with the validation set (`--data`) split by an
+attribute: a split of the validation set that calibration never saw, or saw far less than its fair
+share of, gets thresholds fitted to other conditions (a day-only calibration clips night scenes).
 
 The SHA-256 covers each sample used, in order: input name, dtype, shape and bytes; so the same
 samples give the same digest whether they came batched or not, from .npy or .npz.
@@ -26,16 +31,29 @@ from ..ir import ValueInfo
 ARRAY_SUFFIXES = (".npy", ".npz")
 
 
+COVERAGE_SHARE = 0.25  # a validation split below this fraction of its fair share of the calibration sample is warned about
+
+
 class CalibrationSet:
     """Streams batches ({input name: array}); `sha256` and `size` describe the samples yielded
-    (final after a full pass)."""
+    (final after a full pass). `samples` holds the dataset samples drawn (image datasets; None for
+    arrays) and `balance_by` the attribute they were balanced on."""
 
-    def __init__(self, source: str, batches: Callable[[], Iterator[dict]], available: int) -> None:
+    def __init__(self, source: str, batches: Callable[[], Iterator[dict]], available: int,
+                 samples: list | None = None, balance_by: str | None = None) -> None:
         self.source = source
         self._batches = batches
         self.available = available
+        self.samples = samples
+        self.balance_by = balance_by
         self.size = 0
         self._digest = hashlib.sha256()
+
+    def split_counts(self, attribute: str) -> dict[str, int] | None:
+        """Attribute value → images of the calibration sample (None: array samples carry no attributes)."""
+        if self.samples is None:
+            return None
+        return split_counts(self.samples, attribute)
 
     @property
     def sha256(self) -> str:
@@ -128,9 +146,37 @@ def _spread(samples: list, limit: int) -> list:
     return [samples[(k * len(samples)) // limit] for k in range(limit)]
 
 
-def _dataset_set(path: Path, inputs: list[ValueInfo], limit: int, batch_size: int, preprocess) -> CalibrationSet:
+def split_counts(samples: list, attribute: str) -> dict[str, int]:
+    """Attribute value (as `Dataset.splits` spells it) → number of samples."""
+    from ..data.datasets import Dataset
+    return {value: len(group) for value, group in Dataset(list(samples), [], "classify", "(samples)")
+            .splits(attribute).items()}
+
+
+def split_coverage(calib_counts: dict[str, int], data_counts: dict[str, int], attribute: str,
+                   data: str) -> list[str]:
+    """Warnings (one line each) for the splits of the validation set that the calibration sample
+    misses or holds under COVERAGE_SHARE of their fair share (its size / the number of splits)."""
+    total = sum(calib_counts.values())
+    fair = total / max(1, len(data_counts))
+    warnings = []
+    for value, images in data_counts.items():
+        have = calib_counts.get(value, 0)
+        if have == 0:
+            warnings.append(f"warning: the calibration sample ({total} images) holds no {attribute}={value} image, "
+                            f"a split of --data {data} ({images} images): the INT8 thresholds never saw it "
+                            f"(calibrate on a set that has such images, with --calib-balance-by {attribute})")
+        elif have < COVERAGE_SHARE * fair:
+            warnings.append(f"warning: the calibration sample holds {have} {attribute}={value} image(s) of {total}, "
+                            f"under {COVERAGE_SHARE:.0%} of a fair share ({fair:.0f}) for that split of --data "
+                            f"{data} (--calib-balance-by {attribute} to draw equally)")
+    return warnings
+
+
+def _dataset_set(path: Path, inputs: list[ValueInfo], limit: int, batch_size: int, preprocess,
+                 balance_by: str | None = None, seed: int = 0) -> CalibrationSet:
     try:
-        from ..data import iterate_batches, open_dataset
+        from ..data import balanced_sample, iterate_batches, open_dataset
     except ImportError:
         raise ConfigError(f"--calib {path}: image datasets need sartor.data, which this build lacks; give a "
                           f".npy/.npz of preprocessed input samples") from None
@@ -141,22 +187,34 @@ def _dataset_set(path: Path, inputs: list[ValueInfo], limit: int, batch_size: in
         raise ConfigError(f"--calib {path} is an image dataset: give --preprocess to say how images become the "
                           f"input (or a .npy/.npz of preprocessed samples)")
     info = inputs[0]
-    samples = _spread(list(open_dataset(path).samples), limit)
+    dataset = open_dataset(path)
+    if balance_by is None:
+        samples = _spread(list(dataset.samples), limit)
+    else:
+        if balance_by not in dataset.attributes():
+            raise ConfigError(f"--calib-balance-by {balance_by}: no image of --calib {path} has that attribute "
+                              f"(attributes: {', '.join(dataset.attributes()) or 'none'})")
+        samples = balanced_sample(dataset, balance_by, limit, seed)
 
     def batches():
         for array, _, _ in iterate_batches(samples, preprocess, batch_size):
             yield {info.name: _check(info.name, array, info, path)}
-    return CalibrationSet(str(path), batches, len(samples))
+    return CalibrationSet(str(path), batches, len(samples), samples, balance_by)
 
 
 def open_calibration(path: str | Path, inputs: list[ValueInfo], limit: int, batch_size: int,
-                     preprocess=None) -> CalibrationSet:
+                     preprocess=None, balance_by: str | None = None, seed: int = 0) -> CalibrationSet:
+    """The calibration batches of `path`; `balance_by` (image datasets only) draws `limit` images
+    equally from each value of that attribute, deterministically for `seed`."""
     path = Path(path)
     batch_size = max(1, batch_size)
     if not path.exists():
         raise ConfigError(f"--calib {path}: not found")
     if not (path.is_file() and path.suffix in ARRAY_SUFFIXES):
-        return _dataset_set(path, inputs, limit, batch_size, preprocess)
+        return _dataset_set(path, inputs, limit, batch_size, preprocess, balance_by, seed)
+    if balance_by is not None:
+        raise ConfigError(f"--calib-balance-by {balance_by}: --calib {path} is a {path.suffix} of samples without "
+                          f"attributes; give an image dataset (COCO, ImageFolder or a manifest)")
     arrays = _load_arrays(path, inputs)
     available = min(len(a) for a in arrays.values())
     if available == 0:

@@ -13,6 +13,7 @@ and FP32 on the CPU.
 from __future__ import annotations
 
 from ..ir import Graph, Node
+from .qdq import explicit_int8_unsupported, refuse_asymmetric
 
 CONV_OPS = ("Conv", "FusedConv")
 GEMM_OPS = ("Gemm", "FusedGemm", "MatMul")
@@ -39,6 +40,9 @@ def int8_unsupported(graph: Graph, node: Node) -> str | None:
     """Why this layer cannot run INT8 (None when it can)."""
     if node.op_type not in INT8_OPS:
         return f"no INT8 kernel for {node.op_type}"
+    explicit = explicit_int8_unsupported(graph, node)  # Q/DQ models: INT8 only where the model says
+    if explicit is not None:
+        return explicit
     if not node.inputs or not node.inputs[0] or graph.is_constant(node.inputs[0]):
         return "its data input is a constant"
     if not _float_or_unknown(graph, node.inputs[0]):
@@ -120,7 +124,9 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
 
 def int8_decisions(graph: Graph, base: str) -> dict[str, tuple[str, str]]:
     """For an INT8 build: layer name → (precision, reason) for every conv/gemm layer. Candidates
-    run INT8 (reason ""); output heads and the layers without an INT8 kernel get `base`."""
+    run INT8 (reason ""); output heads and the layers without an INT8 kernel get `base`. A Q/DQ
+    model with asymmetric activation zero points is refused (`sartor.quant.qdq`)."""
+    refuse_asymmetric(graph)
     candidates = int8_candidates(graph)
     heads = output_heads(graph, candidates)
     decisions = {}

@@ -19,6 +19,7 @@ from ..ops.quantized import QMAX
 from .plan import CONV_OPS, int8_positions, int8_unsupported
 
 INT32_MAX = 2 ** 31 - 1
+Q_LAYERS = ("QConv", "QGemm")
 CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 
@@ -82,8 +83,10 @@ def _gemm_weight(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | Non
 
 
 def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str, float]) -> dict:
-    """Rewrite every layer planned "int8" in place; returns {"layers": n, "int8_tensors": [...]}."""
-    int8_nodes = {n.name: n for n in graph.nodes if layer_precision.get(n.name) == "int8"}
+    """Rewrite every layer planned "int8" in place; returns {"layers": n, "int8_tensors": [...]}
+    counting every INT8 layer of the result (layers folded from a Q/DQ model are INT8 already)."""
+    int8_nodes = {n.name: n for n in graph.nodes if layer_precision.get(n.name) == "int8"
+                  and n.op_type not in Q_LAYERS}
     for node in int8_nodes.values():
         why = int8_unsupported(graph, node)
         if why is not None:
@@ -99,7 +102,9 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
         info = graph.value_info.get(value)
         graph.value_info[value] = ValueInfo(value, "int8", info.shape if info else None)
     graph.remove_unused_initializers()
-    return {"layers": len(int8_nodes), "int8_tensors": sorted(stored)}
+    layers = [n for n in graph.nodes if n.op_type in Q_LAYERS]
+    stored |= {n.outputs[0] for n in layers if n.attrs.get("output_scale") is not None}
+    return {"layers": len(layers), "int8_tensors": sorted(stored)}
 
 
 def _rewrite(graph: Graph, node: Node, amax: dict, stored: set) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,8 +87,10 @@ def _weights_for(graph: Graph, base: dict) -> dict:
 
 
 def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: dict, device: torch.device,
-                      method: str = "", on_layer: Callable[[int, int, str], None] | None = None) -> SensitivityReport:
-    """Quantize each INT8-capable layer alone and measure the outputs against FP32."""
+                      method: str = "", on_layer: Callable[[int, int, str], None] | None = None,
+                      layers: Collection[str] | None = None) -> SensitivityReport:
+    """Quantize each INT8-capable layer alone (only those named in `layers`, when given) and
+    measure the outputs against FP32."""
     peaks: dict[str, float] = {}
 
     def observe(index, step, outputs):
@@ -101,7 +103,7 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
 
     reference = _outputs(Executor(graph, weights, device), batches, device, observe)
     decisions = int8_decisions(graph, "fp32")
-    candidates = int8_candidates(graph)
+    candidates = [n for n in int8_candidates(graph) if layers is None or n.name in layers]
     rows = []
     for k, node in enumerate(candidates):
         if on_layer is not None:
@@ -127,9 +129,11 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
 
 def analyze(model_path: str, calib: str, calib_size: int = 64, method: str | None = None,
             percentile: float = 99.99, calib_cache: str | None = None, preprocess: str | None = None,
-            device: str | None = "cpu", on_layer: Callable[[int, int, str], None] | None = None) -> SensitivityReport:
+            device: str | None = "cpu", on_layer: Callable[[int, int, str], None] | None = None,
+            balance_by: str | None = None) -> SensitivityReport:
     """Import and optimize `model_path` as the builder does, take thresholds from `calib_cache`
-    (when it exists) or by calibrating on `calib`, and rank the layers on `calib`'s samples."""
+    (when it exists) or by calibrating on `calib`, and rank the layers on `calib`'s samples
+    (drawn equally from each value of the attribute `balance_by`, for image datasets)."""
     from pathlib import Path
 
     from ..frontend import import_onnx
@@ -152,7 +156,7 @@ def analyze(model_path: str, calib: str, calib_size: int = 64, method: str | Non
         from ..data.preprocess import parse_preprocess
         spec = parse_preprocess(preprocess)
     batch = next((v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)), CALIB_BATCH)
-    batches = list(open_calibration(calib, graph.inputs, calib_size, batch, spec))
+    batches = list(open_calibration(calib, graph.inputs, calib_size, batch, spec, balance_by))
     if calib_cache and Path(calib_cache).is_file():
         cache = read_cache(calib_cache, imported.sha256, spec.describe() if spec is not None else None,
                            check_preprocess=True)

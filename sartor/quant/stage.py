@@ -1,7 +1,9 @@
-"""The builder's INT8 stage: thresholds (from the calibration cache, or by calibrating on --calib
-and then writing the cache), then the rewrite of the INT8 layers."""
+"""The builder's INT8 stages: thresholds (from the calibration cache, or by calibrating on --calib
+and then writing the cache) with the check that calibration covered every split of --data, and
+the rewrite of the INT8 layers. (The planner between the two is `planner.plan_for_budget`.)"""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -12,11 +14,13 @@ from ..runtime.context import matmul_precision
 from .cache import CalibrationCache, read_cache, write_cache
 from .calibrate import amax_from_histograms, collect_histograms
 from .calibrators import DEFAULT_METHOD
-from .data import open_calibration
+from .data import CalibrationSet, open_calibration, split_coverage
 from .plan import calibration_targets
+from .qdq import is_qdq_model
 from .quantize import quantize_graph
 
 CALIB_BATCH = 8  # samples per calibration batch when the batch dimension is dynamic
+RECORDED_VALUES = 16  # per-split counts are recorded for attributes with at most this many values (not ids)
 
 
 def calibration_batch_size(graph: Graph, profiles: list) -> int:
@@ -30,9 +34,52 @@ def calibration_batch_size(graph: Graph, profiles: list) -> int:
     return max(1, min(sizes)) if sizes else 1
 
 
+def split_attributes(config) -> list[str]:
+    """The attributes whose per-split counts are recorded and checked: --split-by, --calib-balance-by."""
+    return list(dict.fromkeys(a for a in (config.split_by, config.calib_balance_by) if a))
+
+
+def open_build_calibration(graph: Graph, config, profiles: list, limit: int | None = None,
+                           source: str | None = None) -> CalibrationSet:
+    """The build's calibration batches (`source` instead of --calib when given)."""
+    return open_calibration(source or config.calib, graph.inputs, limit or config.calib_size,
+                            calibration_batch_size(graph, profiles), config.preprocess_spec(),
+                            config.calib_balance_by, config.seed)
+
+
+def check_coverage(splits: dict, config, log: list, warn: Callable[[str], None] | None) -> None:
+    """With --data: warn (build log and `warn`) about each of its splits that the calibration
+    sample (`splits`: attribute → {value: images}) misses or under-represents."""
+    if not config.data:
+        return
+    from ..data import open_dataset
+    dataset = open_dataset(config.data)
+    for attribute in split_attributes(config):
+        if attribute not in dataset.attributes():
+            if attribute == config.split_by:
+                raise ConfigError(f"--split-by {attribute}: no image of --data {config.data} has that attribute "
+                                  f"(attributes: {', '.join(dataset.attributes()) or 'none'})")
+            continue
+        counts = splits.get(attribute)
+        if counts is None:
+            log.append(f"calibration: split coverage by {attribute} not checked (the calibration samples carry no "
+                       f"attributes)")
+            continue
+        data_counts = {value: len(group) for value, group in dataset.splits(attribute).items()}
+        for line in split_coverage(counts, data_counts, attribute, config.data):
+            log.append(line)
+            if warn is not None:
+                warn(line)
+
+
 def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, device: torch.device,
-                         profiles: list, log: list) -> tuple[dict, dict]:
-    """({tensor: amax}, provenance record)."""
+                         profiles: list, log: list, warn: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+    """({tensor: amax}, provenance record); warns through `warn` when calibration misses a split of
+    --data."""
+    if is_qdq_model(graph):  # explicit quantization: the INT8 layers carry the model's scales
+        log.append("calibration: none needed: the model is quantized with Q/DQ nodes and its INT8 layers use its "
+                   "scales" + (f" (--calib {config.calib} not used)" if config.calib else ""))
+        return {}, None
     method = config.calib_method or DEFAULT_METHOD
     percentile = config.percentile if method == "percentile" else None
     cache_path = config.calib_cache
@@ -45,40 +92,49 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
                               f"{config.calib_method} was asked: delete the cache to recalibrate")
         log.append(f"calibration: {len(cache.amax)} thresholds read from cache {cache_path} ({cache.method}, "
                    f"{cache.calib_size} samples, calibration set sha256 {cache.calib_sha256[:12]}…): calibration skipped")
+        if config.calib_balance_by:
+            log.append(f"calibration: --calib-balance-by {config.calib_balance_by} not applied (calibration skipped)")
+        check_coverage(cache.splits, config, log, warn)
         return cache.amax, {"method": cache.method, "percentile": cache.percentile, "calib_sha256": cache.calib_sha256,
                             "calib_size": cache.calib_size, "source": None, "cache": str(cache_path),
-                            "from_cache": True, "tensors": len(cache.amax)}
+                            "from_cache": True, "tensors": len(cache.amax), "balance_by": None,
+                            "splits": cache.splits}
     if not config.calib:
         raise ConfigError(f"INT8 needs calibration data: --calib-cache {cache_path} does not exist; give --calib DATA "
                           f"to create it")
-    calibration = open_calibration(config.calib, graph.inputs, config.calib_size,
-                                   calibration_batch_size(graph, profiles), preprocess)
+    calibration = open_build_calibration(graph, config, profiles)
+    splits = {}
+    if calibration.samples is not None:  # the asked attributes, and any other with few values (lighting, weather)
+        present = sorted({k for sample in calibration.samples for k in sample.attributes})
+        for attribute in dict.fromkeys(split_attributes(config) + present):
+            counts = calibration.split_counts(attribute)
+            if attribute in split_attributes(config) or len(counts) <= RECORDED_VALUES:
+                splits[attribute] = counts
+    for attribute, counts in splits.items():
+        log.append(f"calibration: images per {attribute}: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
+    check_coverage(splits, config, log, warn)  # before the long part
     with matmul_precision(False):
         observers = collect_histograms(graph, weights, calibration, calibration_targets(graph), device)
     amax = amax_from_histograms(observers, method, config.percentile)
     log.append(f"calibration: {calibration.size} samples from {config.calib} (sha256 {calibration.sha256[:12]}…), "
                f"{len(amax)} tensors, {method}" + (f" {config.percentile}" if percentile is not None else "")
-               + " thresholds")
+               + " thresholds" + (f", drawn equally by {config.calib_balance_by}" if config.calib_balance_by else ""))
     nonfinite = sorted(name for name, o in observers.items() if o.nonfinite)
     if nonfinite:
         log.append(f"calibration: non-finite values left out of the statistics of {', '.join(nonfinite[:5])}")
     record = {"method": method, "percentile": percentile, "calib_sha256": calibration.sha256,
               "calib_size": calibration.size, "source": str(config.calib), "cache": None, "from_cache": False,
-              "tensors": len(amax)}
+              "tensors": len(amax), "balance_by": config.calib_balance_by, "splits": splits}
     if cache_path:
         write_cache(cache_path, CalibrationCache(onnx_sha256, method, calibration.sha256, calibration.size, amax,
-                                                 preprocess_text, percentile))
+                                                 preprocess_text, percentile, splits))
         log.append(f"calibration: wrote cache {cache_path}")
         record["cache"] = str(cache_path)
     return amax, record
 
 
-def quantize_for_build(graph: Graph, weights: dict, layer_precision: dict, config, onnx_sha256: str,
-                       device: torch.device, profiles: list, log: list) -> dict:
-    """Calibrate (or read the cache), then rewrite the INT8 layers in place; returns the
-    provenance record of the calibration."""
-    amax, record = thresholds_for_build(graph, weights, config, onnx_sha256, device, profiles, log)
+def quantize_for_build(graph: Graph, layer_precision: dict, amax: dict, log: list) -> None:
+    """Rewrite the INT8 layers in place."""
     report = quantize_graph(graph, layer_precision, amax)
     log.append(f"int8: {report['layers']} layer(s) INT8, {len(report['int8_tensors'])} tensor(s) passed between "
                f"them in INT8")
-    return record

@@ -57,7 +57,9 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         weights_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
     except struct.error:
-        raise EngineFileError(f"{where} is truncated") from None
+        # Cut inside the header: the full size is unknown, but not what it must at least be.
+        at_least = max(offset, len(MAGIC) + 12) + 8 + _DIGEST
+        raise EngineFileError(f"{where} is truncated ({len(data)} bytes; an engine needs at least {at_least})") from None
     expected_end = offset + weights_len + _DIGEST
     if len(header_bytes) != header_len or len(data) < expected_end:
         raise EngineFileError(f"{where} is truncated ({len(data)} of {expected_end} bytes)")

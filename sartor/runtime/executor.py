@@ -14,6 +14,7 @@ import torch
 
 from ..ir import Graph, Node
 from ..ops import OpRegistry, default_registry
+from ..ops.conv import conv_weight_for_tactic
 from ..ops.util import NUMPY_TO_TORCH
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
@@ -82,6 +83,8 @@ class Executor:
             tensor = tensor.to(step.compute_dtype)
         if self.channels_last and tensor.dim() == 4 and node.op_type in ("Conv", "FusedConv") and position == 1:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
+        if node.op_type == "FusedConv" and position == 1:
+            tensor = conv_weight_for_tactic(tensor, step.attrs.get("tactic"))
         return tensor
 
     def _plan_releases(self) -> None:

@@ -1,3 +1,4 @@
-from .select import select_tactics
+from .select import EFFORTS, TacticSelection, select_tactics
+from .timing_cache import TimingCache, TimingCacheError
 
-__all__ = ["select_tactics"]
+__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "select_tactics"]

@@ -1,18 +1,29 @@
 """Tactic selection: for each fused layer, time every implementation that applies at the profile's
 opt shape on the build device, discard those whose output differs from the reference, keep the
-fastest. The winner is written into the layer (and the engine); runners-up go to `inspect`."""
+fastest. The winner is written into the layer (and the engine); runners-up go to `inspect`.
+
+With a timing cache, a layer whose signature was timed before on this device (same fingerprint)
+takes the cached winner without timing anything; the winner is still run once and checked against
+the reference. `--builder-effort` sets how long each candidate is timed (0: not at all)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 
 import torch
 
 from ..ir import Graph
-from ..ops.conv import applicable_conv_tactics
+from ..ops.conv import applicable_conv_tactics, conv_weight_for_tactic
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
+from ..runtime.fingerprint import device_fingerprint
+from .timing_cache import TimingCache, conv_signature
 
 REFERENCE_TACTIC = "torch"
+# Builder effort -> (warm-up runs, timed runs) per candidate. Effort 0 times nothing: every layer
+# runs its first candidate, the reference. Higher efforts will also widen the Triton search.
+EFFORT_TIMING = {1: (1, 3), 2: (3, 10), 3: (5, 25), 4: (10, 50), 5: (20, 100)}
+EFFORTS = (0, *EFFORT_TIMING)
 
 
 def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float:
@@ -38,40 +49,103 @@ def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float
     return statistics.median(times)
 
 
-def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    if out.shape != ref.shape or not torch.isfinite(out).all():
-        return False
+def _mismatch(out, ref: torch.Tensor) -> str | None:
+    """Why a candidate's output is not the reference's, or None when it matches."""
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return f"output shape {tuple(getattr(out, 'shape', ()))} is not the reference's {tuple(ref.shape)}"
+    if not torch.isfinite(out).all():
+        return "output has non-finite values"
     tolerance = 1e-2 if ref.dtype in (torch.float16, torch.bfloat16) else 1e-4
     scale = float(ref.abs().max()) + 1e-6
-    return float((out.float() - ref.float()).abs().max()) <= tolerance * scale
+    error = float((out.float() - ref.float()).abs().max()) / scale
+    if error > tolerance:
+        return f"output differs from reference (max error {error:.2e} of max |ref|, tolerance {tolerance:g})"
+    return None
+
+
+@dataclass
+class TacticSelection:
+    """What select_tactics chose: per layer {"tactic", "timings_ms", "rejected", "source"} (source:
+    "timed" or "timing cache"), and how many layers were timed or served from the timing cache."""
+    layers: dict[str, dict] = field(default_factory=dict)
+    timed: int = 0
+    cached: int = 0
+
+    def summary(self) -> str:
+        return f"tactics: {self.timed} timed, {self.cached} from timing cache"
+
+
+def _run(step, args: list, tactic: str):
+    """One run of a candidate, with the weight in the layout the engine will store it in."""
+    args = list(args)
+    args[1] = conv_weight_for_tactic(args[1], tactic)
+    attrs = dict(step.attrs, tactic=tactic)
+    return step.impl(args, attrs), lambda: step.impl(args, attrs)
+
+
+def _time_candidates(step, args, candidates, reference, device, effort) -> tuple[dict, dict]:
+    """({tactic: median ms}, {tactic: why rejected}) over the candidates that match the reference."""
+    warmup, iterations = EFFORT_TIMING[effort]
+    timings, rejected = {}, {}
+    for tactic in candidates:
+        try:
+            out, call = _run(step, args, tactic)
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is simply not a candidate
+            rejected[tactic] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+            continue
+        why = None if tactic == REFERENCE_TACTIC else _mismatch(out, reference)
+        if why is not None:
+            rejected[tactic] = why
+            continue
+        timings[tactic] = round(time_ms(call, device, iterations, warmup), 5)
+    return timings, rejected
+
+
+def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference) -> dict | None:
+    """The cached entry for this layer, if there is one, its winner applies here and, run once,
+    still matches the reference."""
+    entry = cache.lookup(fingerprint, signature, effort) if cache is not None else None
+    if entry is None or entry["winner"] not in candidates:
+        return None
+    try:
+        out, _ = _run(step, args, entry["winner"])
+    except Exception:  # noqa: BLE001 - it cannot run here any more: time the candidates again
+        return None
+    return entry if entry["winner"] == REFERENCE_TACTIC or _mismatch(out, reference) is None else None
 
 
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
-                   channels_last: bool, tf32: bool, iterations: int = 10) -> dict[str, dict]:
-    """{layer name: {"tactic": winner, "timings_ms": {tactic: ms}, "rejected": {tactic: why}}}."""
+                   channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
+                   fingerprint: dict | None = None) -> TacticSelection:
+    """Choose each FusedConv's tactic at the shapes of `feeds`, reading and extending `cache` (or
+    None) for this device's `fingerprint` (default: the build device's)."""
+    selection = TacticSelection()
+    if effort == 0:
+        return selection
+    fingerprint = fingerprint or device_fingerprint(device)
     executor = Executor(graph, weights, device, layer_precision, channels_last=channels_last)
-    chosen: dict[str, dict] = {}
 
     def before(index, step, args):
         if step.node.op_type != "FusedConv":
             return
+        name = step.node.name
+        candidates = applicable_conv_tactics(args, step.attrs)
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
-        timings, rejected = {}, {}
-        for tactic in applicable_conv_tactics(args, step.attrs):
-            attrs = dict(step.attrs, tactic=tactic)
-            try:
-                out = step.impl(args, attrs)
-            except Exception as exc:  # a candidate that cannot run here is simply not a candidate
-                rejected[tactic] = f"{type(exc).__name__}"
-                continue
-            if not _close(out, reference):
-                rejected[tactic] = "output differs from reference"
-                continue
-            timings[tactic] = round(time_ms(lambda: step.impl(args, attrs), device, iterations), 5)
-        best = min(timings, key=timings.get)
-        step.attrs["tactic"] = best
-        chosen[step.node.name] = {"tactic": best, "timings_ms": timings, "rejected": rejected}
+        signature = conv_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32)
+        entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference)
+        if entry is not None:
+            selection.cached += 1
+            winner, timings, rejected, source = entry["winner"], entry["timings_ms"], entry["rejected"], "timing cache"
+        else:
+            selection.timed += 1
+            timings, rejected = _time_candidates(step, args, candidates, reference, device, effort)
+            winner, source = min(timings, key=timings.get), "timed"
+            if cache is not None:
+                cache.record(fingerprint, signature, winner, timings, rejected, effort)
+        step.attrs["tactic"] = winner
+        selection.layers[name] = {"tactic": winner, "timings_ms": dict(timings), "rejected": dict(rejected),
+                                  "source": source}
 
     with torch.inference_mode(), matmul_precision(tf32):
         executor.run(feeds, before=before)
-    return chosen
+    return selection

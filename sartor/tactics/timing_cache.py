@@ -1,0 +1,176 @@
+"""The timing cache: what tactic selection measured, kept in a readable JSON file so that the next
+build of the same layers (same model or another one) times nothing it has timed before.
+
+    {"format": "sartor-timing-cache-1",
+     "devices": {"<fingerprint digest>": {
+         "fingerprint": {...the device fingerprint, in full...},
+         "entries": {"<layer signature>": {"winner": "channels_last",
+                                           "timings_ms": {"torch": 0.41, "channels_last": 0.29},
+                                           "rejected": {"...": "why"}, "effort": 2,
+                                           "measured_at": "2025-01-01T00:00:00Z"}}}}}
+
+An entry is used only on a device with the same fingerprint (GPU or CPU model, driver, CUDA,
+torch, Triton and sartor versions) and when it was measured with at least the build's effort.
+Entries for other fingerprints are kept as they are, so one file can be shared between machines.
+The digest is recomputed from the recorded fingerprint when the file is read: the fingerprint,
+not its key, says which device an entry belongs to.
+
+A layer signature is a canonical string of what determines a kernel's speed: op type, input shapes,
+dtypes and memory formats at the profile's opt shape, the weight's, the convolution's geometry,
+the epilogue, the precision (and TF32). See `conv_signature`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import SartorError
+from ..ops.conv import conv_geometry
+from ..runtime.engine_file import write_atomic
+
+FORMAT = "sartor-timing-cache-1"
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+           torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
+
+
+class TimingCacheError(SartorError):
+    """The timing cache file is unreadable or malformed."""
+
+
+def fingerprint_digest(fingerprint: dict) -> str:
+    canonical = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def _tensor(t: torch.Tensor) -> str:
+    fmt = "nhwc" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
+        and not t.is_contiguous() else "contiguous"
+    return f"{_DTYPES.get(t.dtype, str(t.dtype))}[{'x'.join(map(str, t.shape))}]:{fmt}"
+
+
+def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool) -> str:
+    """One FusedConv's timing identity, e.g.
+    FusedConv x=f32[2x3x16x16]:contiguous w=f32[8x3x3x3]:contiguous b=f32 strides=1,1 pads=1,1/1,1
+    dilations=1,1 group=1 act=Relu residual=none precision=fp32 tf32=0"""
+    x, w = args[0], args[1]
+    b = args[2] if len(args) > 2 else None
+    residual = args[3] if len(args) > 3 else None
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
+    if residual is None:
+        res = "none"
+    else:
+        res = f"{_tensor(residual)}@{'after' if attrs.get('residual_after_activation') else 'before'}"
+    parts = [op_type, f"x={_tensor(x)}", f"w={_tensor(w)}",
+             f"b={'none' if b is None else _DTYPES.get(b.dtype, str(b.dtype))}",
+             f"strides={','.join(map(str, strides))}",
+             f"pads={','.join(map(str, begin))}/{','.join(map(str, end))}",
+             f"dilations={','.join(map(str, dilations))}", f"group={attrs.get('group', 1)}",
+             f"act={attrs.get('activation') or 'none'}", f"residual={res}",
+             f"precision={precision}", f"tf32={int(bool(tf32))}"]
+    return " ".join(parts)
+
+
+def _check_entry(entry, where: str) -> dict:
+    if not (isinstance(entry, dict) and isinstance(entry.get("winner"), str)
+            and isinstance(entry.get("timings_ms"), dict)
+            and all(isinstance(v, (int, float)) for v in entry["timings_ms"].values())
+            and isinstance(entry.get("rejected", {}), dict) and isinstance(entry.get("effort", 0), int)):
+        raise TimingCacheError(f"{where} is malformed")
+    return entry
+
+
+def _parse(data, where: str) -> dict[str, dict]:
+    """{digest: {"fingerprint": {...}, "entries": {...}}}, digests recomputed from the fingerprints."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise TimingCacheError(f"{where} is not a sartor timing cache (format {found!r}, expected {FORMAT!r})")
+    devices = data.get("devices")
+    if not isinstance(devices, dict):
+        raise TimingCacheError(f"{where} is malformed (no 'devices' object)")
+    parsed: dict[str, dict] = {}
+    for key, device in devices.items():
+        if not (isinstance(device, dict) and isinstance(device.get("fingerprint"), dict)
+                and isinstance(device.get("entries"), dict)):
+            raise TimingCacheError(f"{where}: device {key!r} is malformed (needs 'fingerprint' and 'entries')")
+        digest = fingerprint_digest(device["fingerprint"])
+        slot = parsed.setdefault(digest, {"fingerprint": device["fingerprint"], "entries": {}})
+        for signature, entry in device["entries"].items():
+            slot["entries"][signature] = _check_entry(entry, f"{where}: entry {signature!r}")
+    return parsed
+
+
+def _read(path: Path) -> dict[str, dict]:
+    """The file's devices; {} when it does not exist yet."""
+    reset = "fix it, or delete it (or give another --timing-cache) to start a new cache"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except IsADirectoryError:
+        raise TimingCacheError(f"timing cache {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TimingCacheError(f"timing cache {path} is not readable ({type(exc).__name__}): {reset}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TimingCacheError(f"timing cache {path} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
+                               f"{reset}") from None
+    try:
+        return _parse(data, f"timing cache {path}")
+    except TimingCacheError as exc:
+        raise TimingCacheError(f"{exc}: {reset}") from None
+
+
+class TimingCache:
+    """The entries of one cache file (or none: an in-memory cache). `lookup` serves only the given
+    fingerprint; `record` adds what this build measured; `save` merges that into the file."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self.devices = _read(self.path) if self.path is not None else {}
+        self.new: dict[tuple[str, str], dict] = {}  # (digest, signature) -> entry recorded by this build
+        self._fingerprints: dict[str, dict] = {}
+
+    def __len__(self) -> int:
+        return sum(len(d["entries"]) for d in self.devices.values())
+
+    def lookup(self, fingerprint: dict, signature: str, effort: int = 0) -> dict | None:
+        """The entry for this device and layer, if one was measured with at least `effort`."""
+        entry = self.devices.get(fingerprint_digest(fingerprint), {}).get("entries", {}).get(signature)
+        if entry is None or entry.get("effort", 0) < effort:
+            return None
+        return entry
+
+    def record(self, fingerprint: dict, signature: str, winner: str, timings_ms: dict, rejected: dict,
+               effort: int) -> dict:
+        digest = fingerprint_digest(fingerprint)
+        entry = {"winner": winner, "timings_ms": dict(timings_ms), "rejected": dict(rejected), "effort": int(effort),
+                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        slot = self.devices.setdefault(digest, {"fingerprint": dict(fingerprint), "entries": {}})
+        slot["entries"][signature] = entry
+        self._fingerprints[digest] = dict(fingerprint)
+        self.new[(digest, signature)] = entry
+        return entry
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT,
+                "devices": {digest: {"fingerprint": d["fingerprint"], "entries": dict(sorted(d["entries"].items()))}
+                            for digest, d in sorted(self.devices.items())}}
+
+    def save(self, path: str | Path | None = None) -> None:
+        """Merge this build's entries into the file as it is now (another build may have written
+        to it meanwhile; its entries and those of other devices are kept), atomically."""
+        path = Path(path) if path is not None else self.path
+        if path is None:
+            raise ValueError("TimingCache.save needs a path")
+        merged = TimingCache()
+        merged.devices = _read(path)
+        for (digest, signature), entry in self.new.items():
+            slot = merged.devices.setdefault(digest, {"fingerprint": self._fingerprints[digest], "entries": {}})
+            slot["entries"][signature] = entry
+        write_atomic(path, (json.dumps(merged.to_json(), indent=1) + "\n").encode("utf-8"))
+        self.devices = merged.devices

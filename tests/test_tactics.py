@@ -1,0 +1,309 @@
+"""Tactic selection on the CPU: the channels_last candidate, rejection of wrong candidates, the
+builder effort, and the timing cache (round trip, warm builds, other fingerprints, corrupt files)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error, shape_flag
+
+import sartor
+from sartor.errors import ConfigError
+from sartor.ops import conv as conv_ops
+from sartor.runtime.engine_file import read_engine_file
+from sartor.runtime.fingerprint import device_fingerprint
+from sartor.tactics import TimingCache, TimingCacheError, select
+from sartor.tactics.timing_cache import FORMAT, conv_signature, fingerprint_digest
+
+SHAPES = {"min_shapes": MIN_SHAPES, "opt_shapes": OPT_SHAPES, "max_shapes": MAX_SHAPES}
+SHAPE_ARGS = ["--min-shapes", shape_flag(MIN_SHAPES), "--opt-shapes", shape_flag(OPT_SHAPES),
+              "--max-shapes", shape_flag(MAX_SHAPES)]
+CPU = device_fingerprint(torch.device("cpu"))
+
+
+@pytest.fixture
+def timing_calls(monkeypatch) -> list:
+    """Every call of the timing function during the test, as (device type, iterations, warm-up)."""
+    calls = []
+    real = select.time_ms
+
+    def counted(fn, device, iterations, warmup=3):
+        calls.append((device.type, iterations, warmup))
+        return real(fn, device, iterations, warmup)
+    monkeypatch.setattr(select, "time_ms", counted)
+    return calls
+
+
+def build(model, out, **kwargs) -> tuple[dict, list]:
+    result = sartor.build(model, out, device="cpu", **SHAPES, **kwargs)
+    header, _ = read_engine_file(out)
+    return header, result.log
+
+
+def conv_layers(header: dict) -> dict:
+    return {layer["name"]: layer for layer in header["layers"] if layer["op"] == "FusedConv"}
+
+
+def chosen(header: dict) -> dict:
+    """{layer: tactic attribute} as the engine's graph stores it."""
+    return {n["name"]: n["attrs"].get("tactic") for n in header["graph"]["nodes"] if n["op"] == "FusedConv"}
+
+
+# ---- the CPU candidate ----------------------------------------------------------------------------
+
+CONV_CASES = [
+    {},
+    {"strides": [2, 2], "pads": [1, 1, 1, 1], "activation": "Relu"},
+    {"pads": [0, 1, 2, 1], "dilations": [2, 1], "activation": "LeakyRelu", "activation_alpha": 0.1},
+    {"group": 4, "pads": [1, 1, 1, 1], "activation": "Sigmoid", "residual": True},
+    {"pads": [1, 1, 1, 1], "activation": "HardSwish", "residual": True, "residual_after_activation": True},
+    {"auto_pad": "SAME_UPPER", "strides": [2, 2], "activation": "Clip", "activation_alpha": 0.0,
+     "activation_beta": 6.0},
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: ",".join(c) or "plain")
+@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "nhwc"])
+def test_channels_last_candidate_matches_the_reference(case, nhwc):
+    g = torch.Generator().manual_seed(0)
+    attrs = dict(case)
+    residual = attrs.pop("residual", False)
+    group = attrs.get("group", 1)
+    x = torch.randn(2, 8, 13, 11, generator=g)
+    w = torch.randn(16, 8 // group, 3, 3, generator=g)
+    b = torch.randn(16, generator=g)
+    if nhwc:
+        x = x.contiguous(memory_format=torch.channels_last)
+    inputs = [x, w, b]
+    reference = conv_ops.fused_conv(inputs, dict(attrs, tactic="torch"))
+    if residual:
+        inputs.append(torch.randn(reference.shape, generator=g))
+        reference = conv_ops.fused_conv(inputs, dict(attrs, tactic="torch"))
+    assert conv_ops.applicable_conv_tactics(inputs, attrs) == ["torch", "channels_last"]
+    out = conv_ops.fused_conv(inputs, dict(attrs, tactic="channels_last"))
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+    assert select._mismatch(out, reference) is None
+    # the output keeps the input's memory format
+    assert out.is_contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+    # the weight as the executor stores it for this tactic gives the same result
+    stored = conv_ops.conv_weight_for_tactic(w, "channels_last")
+    assert stored.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(conv_ops.fused_conv([x, stored, *inputs[2:]], dict(attrs, tactic="channels_last")), out)
+
+
+# ---- selection on CPU builds -----------------------------------------------------------------------
+
+def test_cpu_build_times_both_candidates_and_runs_the_winner(tiny_onnx, tmp_path, timing_calls):
+    header, log = build(tiny_onnx, tmp_path / "m.plan")
+    layers = conv_layers(header)
+    assert set(layers) == {"conv1", "conv2"}
+    for name, layer in layers.items():
+        assert set(layer["tactic_timings_ms"]) == {"torch", "channels_last"}, layer
+        assert layer["tactic_rejected"] == {} and layer["tactic_source"] == "timed"
+        winner = min(layer["tactic_timings_ms"], key=layer["tactic_timings_ms"].get)
+        assert chosen(header)[name] == winner
+        assert ("channels-last" in layer["tactic"]) == (winner == "channels_last")
+    assert len(timing_calls) == 4 and {c[1:] for c in timing_calls} == {(10, 3)}  # effort 2: 3 warm-up, 10 runs
+    assert "tactics: 2 timed, 0 from timing cache" in log
+    assert header["tactics"] == {"builder_effort": 2, "timed": 2, "from_timing_cache": 0, "timing_cache": None}
+    assert header["build_config"]["builder_effort"] == 2
+    # whichever tactic won, the engine computes what the reference tactic computes
+    images = torch.randn(OPT_SHAPES["images"]).numpy()
+    out = sartor.load(tmp_path / "m.plan").context().run({"images": images})["logits"]
+    build(tiny_onnx, tmp_path / "ref.plan", builder_effort=0)
+    ref = sartor.load(tmp_path / "ref.plan").context().run({"images": images})["logits"]
+    torch.testing.assert_close(torch.from_numpy(out), torch.from_numpy(ref), rtol=1e-4, atol=1e-5)
+
+
+def test_effort_zero_times_nothing(tiny_onnx, tmp_path, timing_calls, cli):
+    header, log = build(tiny_onnx, tmp_path / "m.plan", builder_effort=0)
+    assert timing_calls == []
+    assert set(chosen(header).values()) == {None}  # the reference kernel
+    for layer in conv_layers(header).values():
+        assert layer["tactic_timings_ms"] == {} and layer["tactic_source"] is None
+        assert layer["tactic"] == "torch.conv (onednn/mkl) + torch epilogue"
+    assert header["tactics"]["builder_effort"] == 0 and header["build_config"]["builder_effort"] == 0
+    assert any("builder effort 0, nothing timed" in line for line in log)
+    # effort 1 times briefly
+    build(tiny_onnx, tmp_path / "m1.plan", builder_effort=1)
+    assert {c[1:] for c in timing_calls} == {(3, 1)} and select.EFFORT_TIMING[1] == (1, 3)  # (warm-up, runs)
+    with pytest.raises(ConfigError, match="--builder-effort 7 must be 0..5"):
+        sartor.build(tiny_onnx, tmp_path / "x.plan", device="cpu", builder_effort=7)
+    result = cli("build", tiny_onnx, "-o", tmp_path / "x.plan", "--device", "cpu", "--builder-effort", "9")
+    assert result.code == 2 and "--builder-effort" in result.err
+
+
+def test_wrong_candidate_is_rejected_with_its_reason(tiny_onnx, tmp_path, monkeypatch, timing_calls):
+    real = conv_ops._conv_channels_last
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", lambda *args: real(*args) * 1.5 + 0.25)
+    header, _ = build(tiny_onnx, tmp_path / "m.plan")
+    for name, layer in conv_layers(header).items():
+        assert list(layer["tactic_timings_ms"]) == ["torch"]
+        assert layer["tactic_rejected"]["channels_last"].startswith("output differs from reference (max error")
+        assert chosen(header)[name] == "torch"
+    assert len(timing_calls) == 2  # the wrong candidate is not even timed
+
+    # a candidate that raises is rejected too, with the exception
+    def broken(*args):
+        raise RuntimeError("no kernel for this shape")
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", broken)
+    header, _ = build(tiny_onnx, tmp_path / "m2.plan")
+    assert {layer["tactic_rejected"]["channels_last"] for layer in conv_layers(header).values()} == {
+        "RuntimeError: no kernel for this shape"}
+
+
+# ---- the timing cache ------------------------------------------------------------------------------
+
+def test_timing_cache_round_trip(tmp_path):
+    path = tmp_path / "timing.json"
+    cache = TimingCache(path)  # a missing file is an empty cache
+    assert len(cache) == 0 and not path.exists()
+    other = dict(CPU, cpu="Some Other CPU")
+    sig = "FusedConv x=f32[2x3x16x16]:contiguous"
+    cache.record(CPU, sig, "channels_last", {"torch": 0.5, "channels_last": 0.25}, {"x": "why"}, effort=2)
+    cache.record(other, sig, "torch", {"torch": 0.1}, {}, effort=1)
+    cache.save()
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT == "sartor-timing-cache-1"
+    assert data["devices"][fingerprint_digest(CPU)]["fingerprint"] == CPU  # recorded in full
+    entry = data["devices"][fingerprint_digest(CPU)]["entries"][sig]
+    assert entry["winner"] == "channels_last" and entry["timings_ms"] == {"torch": 0.5, "channels_last": 0.25}
+    assert entry["rejected"] == {"x": "why"} and entry["effort"] == 2 and entry["measured_at"].endswith("Z")
+    again = TimingCache(path)
+    assert len(again) == 2
+    assert again.lookup(CPU, sig) == entry and again.lookup(CPU, sig, effort=2) == entry
+    assert again.lookup(CPU, sig, effort=3) is None  # measured with less effort than asked: re-time
+    assert again.lookup(other, sig)["winner"] == "torch"
+    assert again.lookup(dict(CPU, torch="0.0"), sig) is None
+    assert again.lookup(CPU, sig + " ") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.json"]  # atomic: no temporary left
+
+    # save merges: entries written by another build in between are kept
+    late = TimingCache(path)
+    cache2 = TimingCache(path)
+    cache2.record(CPU, "sig-b", "torch", {"torch": 1.0}, {}, effort=2)
+    cache2.save()
+    late.record(CPU, "sig-c", "torch", {"torch": 2.0}, {}, effort=2)
+    late.save()
+    assert {"sig-b", "sig-c", sig} <= set(TimingCache(path).devices[fingerprint_digest(CPU)]["entries"])
+
+
+def test_conv_signature_is_what_determines_speed():
+    x, w, b = torch.zeros(2, 8, 16, 16), torch.zeros(16, 8, 3, 3), torch.zeros(16)
+    attrs = {"pads": [1, 1, 1, 1], "activation": "Relu", "group": 1}
+    sig = conv_signature("FusedConv", [x, w, b], attrs, "fp32", False)
+    assert sig == ("FusedConv x=f32[2x8x16x16]:contiguous w=f32[16x8x3x3]:contiguous b=f32 strides=1,1 "
+                   "pads=1,1/1,1 dilations=1,1 group=1 act=Relu residual=none precision=fp32 tf32=0")
+    assert conv_signature("FusedConv", [x, w, b], dict(attrs, activation_alpha=0.3), "fp32", False) == sig
+    variants = [
+        conv_signature("FusedConv", [torch.zeros(4, 8, 16, 16), w, b], attrs, "fp32", False),
+        conv_signature("FusedConv", [x.contiguous(memory_format=torch.channels_last), w, b], attrs, "fp32", False),
+        conv_signature("FusedConv", [x, w, None], attrs, "fp32", False),
+        conv_signature("FusedConv", [x, w, b], dict(attrs, strides=[2, 2]), "fp32", False),
+        conv_signature("FusedConv", [x, w, b], dict(attrs, pads=[0, 0, 1, 1]), "fp32", False),
+        conv_signature("FusedConv", [x, w, b], dict(attrs, activation="SiLU"), "fp32", False),
+        conv_signature("FusedConv", [x, w, b, torch.zeros(2, 16, 16, 16)], attrs, "fp32", False),
+        conv_signature("FusedConv", [x, w, b, torch.zeros(2, 16, 16, 16)], dict(attrs, residual_after_activation=True),
+                       "fp32", False),
+        conv_signature("FusedConv", [x.half(), w.half(), b.half()], attrs, "fp16", False),
+        conv_signature("FusedConv", [x, w, b], attrs, "fp32", True),
+    ]
+    assert len({sig, *variants}) == len(variants) + 1
+
+
+def test_warm_build_times_nothing_and_picks_the_same_tactics(tiny_onnx, tmp_path, timing_calls, cli):
+    cache = tmp_path / "timing.json"
+    cold, log = build(tiny_onnx, tmp_path / "cold.plan", timing_cache=cache)
+    assert len(timing_calls) == 4 and "tactics: 2 timed, 0 from timing cache" in log
+    assert len(TimingCache(cache)) == 2
+    stored = cache.read_text()
+
+    timing_calls.clear()
+    result = cli("build", tiny_onnx, "-o", tmp_path / "warm.plan", "--device", "cpu", *SHAPE_ARGS,
+                 "--timing-cache", cache)
+    assert result.code == 0, result
+    assert timing_calls == []
+    assert "tactics: 0 timed, 2 from timing cache" in result.out
+    warm, _ = read_engine_file(tmp_path / "warm.plan")
+    assert chosen(warm) == chosen(cold)
+    assert warm["tactics"] == {"builder_effort": 2, "timed": 0, "from_timing_cache": 2, "timing_cache": str(cache)}
+    for name, layer in conv_layers(warm).items():
+        assert layer["tactic_source"] == "timing cache"
+        assert layer["tactic_timings_ms"] == conv_layers(cold)[name]["tactic_timings_ms"]
+        assert layer["tactic"] == conv_layers(cold)[name]["tactic"]
+    assert cache.read_text() == stored  # nothing new: the file is not rewritten
+
+    # inspect shows the runners-up with their times, fastest first, and marks cached layers
+    shown = cli("inspect", tmp_path / "warm.plan")
+    assert shown.code == 0, shown
+    for layer in conv_layers(warm).values():
+        ranked = sorted(layer["tactic_timings_ms"].items(), key=lambda kv: kv[1])
+        assert f"{ranked[0][0]} {ranked[0][1]:.3g}" in shown.out
+    assert "(timing cache)" in shown.out and "2 from timing cache" in shown.out
+    info = json.loads(cli("inspect", tmp_path / "warm.plan", "--json").out)
+    assert {layer["tactic_source"] for layer in info["layers"] if layer["op"] == "FusedConv"} == {"timing cache"}
+    assert info["tactics"]["from_timing_cache"] == 2
+
+    # a higher effort re-times what was measured with less
+    build(tiny_onnx, tmp_path / "e3.plan", timing_cache=cache, builder_effort=3)
+    assert len(timing_calls) == 4
+
+
+def test_cache_for_another_fingerprint_is_kept_but_not_used(tiny_onnx, tmp_path, timing_calls):
+    cache = tmp_path / "timing.json"
+    build(tiny_onnx, tmp_path / "a.plan", timing_cache=cache)
+    data = json.loads(cache.read_text())
+    (device,) = data["devices"].values()
+    device["fingerprint"]["cpu"] = "Another CPU, another machine"
+    foreign_entries = device["entries"]
+    copy = tmp_path / "foreign.json"
+    copy.write_text(json.dumps(data))
+
+    timing_calls.clear()
+    _, log = build(tiny_onnx, tmp_path / "b.plan", timing_cache=copy)
+    assert len(timing_calls) == 4 and "tactics: 2 timed, 0 from timing cache" in log
+    merged = json.loads(copy.read_text())
+    assert len(merged["devices"]) == 2
+    by_cpu = {d["fingerprint"]["cpu"]: d for d in merged["devices"].values()}
+    assert by_cpu["Another CPU, another machine"]["entries"] == foreign_entries  # preserved as it was
+    assert set(by_cpu[CPU["cpu"]]["entries"]) == set(foreign_entries)  # same layers, timed here
+    assert merged["devices"][fingerprint_digest(CPU)]["fingerprint"] == CPU
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "is not valid JSON (line 1"),
+    ('{"format": "sartor-calib-1", "amax": {}}', "is not a sartor timing cache (format 'sartor-calib-1'"),
+    ('{"format": "sartor-timing-cache-1", "devices": {"x": {"fingerprint": {}, "entries": {"s": {"winner": 3}}}}}',
+     "entry 's' is malformed"),
+    ("\xff\xfe", "is not readable (UnicodeDecodeError)"),
+], ids=["json", "format", "entry", "binary"])
+def test_corrupt_cache_is_refused_in_one_line(tiny_onnx, tmp_path, cli, content, fragment):
+    cache = tmp_path / "timing.json"
+    cache.write_bytes(content.encode("latin-1"))
+    result = cli("build", tiny_onnx, "-o", tmp_path / "m.plan", "--device", "cpu", *SHAPE_ARGS,
+                 "--timing-cache", cache)
+    assert_cli_error(result, f"timing cache {cache}", fragment, "delete it")
+    assert not (tmp_path / "m.plan").exists() and cache.read_bytes() == content.encode("latin-1")
+    with pytest.raises(TimingCacheError):
+        TimingCache(cache)
+
+
+def test_cached_winner_that_no_longer_matches_is_timed_again(tiny_onnx, tmp_path, monkeypatch, timing_calls):
+    """A cache says channels_last wins everywhere, but channels_last now computes wrong numbers:
+    the cached winner is checked against the reference, so the layer is timed again."""
+    cache = tmp_path / "timing.json"
+    build(tiny_onnx, tmp_path / "a.plan", timing_cache=cache)
+    data = json.loads(cache.read_text())
+    for entry in data["devices"][fingerprint_digest(CPU)]["entries"].values():
+        entry["winner"] = "channels_last"
+    cache.write_text(json.dumps(data))
+    real = conv_ops._conv_channels_last
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", lambda *args: -real(*args))
+    timing_calls.clear()
+    header, log = build(tiny_onnx, tmp_path / "b.plan", timing_cache=cache)
+    assert "tactics: 2 timed, 0 from timing cache" in log and len(timing_calls) == 2
+    assert set(chosen(header).values()) == {"torch"}
+    entries = TimingCache(cache).devices[fingerprint_digest(CPU)]["entries"].values()
+    assert {e["winner"] for e in entries} == {"torch"}
+    assert all("output differs" in e["rejected"]["channels_last"] for e in entries)
