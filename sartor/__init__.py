@@ -13,7 +13,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           calib_size: int = 500, calib_method: str | None = None, percentile: float = 99.99,
           calib_cache: str | None = None, builder_effort: int | None = None, timing_cache: str | None = None,
           calib_balance_by: str | None = None, data: str | None = None, split_by: str | None = None,
-          accuracy_budget: float | None = None):
+          accuracy_budget: float | None = None, classes: list | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
@@ -23,7 +23,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     `calib_cache`, as `sartor build --calib/--calib-cache` do. `builder_effort` (0..5, default 2) and
     `timing_cache` (a JSON file) are `--builder-effort` and `--timing-cache`. `calib_balance_by`,
     `data`, `split_by` and `accuracy_budget` are `--calib-balance-by`, `--data`, `--split-by` and
-    `--accuracy-budget`; warnings (a split of `data` that calibration missed) are in the result's
+    `--accuracy-budget` (`classes`: the class names of `data`, as `--classes`); warnings (a split of `data` that calibration missed) are in the result's
     `warnings` and build log.
     """
     from .builder import BuildConfig
@@ -41,7 +41,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
                          builder_effort=DEFAULT_BUILDER_EFFORT if builder_effort is None else builder_effort,
                          timing_cache=None if timing_cache is None else str(timing_cache),
                          calib_balance_by=calib_balance_by, data=None if data is None else str(data), split_by=split_by,
-                         accuracy_budget=accuracy_budget)
+                         accuracy_budget=accuracy_budget, classes=None if classes is None else list(classes))
     return run_build(config)
 
 

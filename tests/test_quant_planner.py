@@ -226,7 +226,7 @@ def test_planner_keeps_the_sensitive_layer_out_until_the_budget_holds(tmp_path, 
     out = tmp_path / "loud.plan"
     result = cli("build", model, "-o", out, "--device", "cpu", "--precision", "int8", "--preprocess", SPEC,
                  *SHAPE_ARGS, "--calib", val, "--calib-balance-by", "light", "--calib-size", "12", "--data", val,
-                 "--split-by", "light", "--accuracy-budget", "0.05")
+                 "--split-by", "light", "--accuracy-budget", "0.05", "--classes", ",".join(map(str, range(10))))
     assert result.code == 0, result
     header, _ = read_engine_file(out)
     layers = {layer["name"]: layer for layer in header["layers"]}

@@ -45,6 +45,7 @@ class BuildConfig:
     data: str | None = None
     split_by: str | None = None
     accuracy_budget: float | None = None
+    classes: list | None = None  # the class names of --data in the model's output order (as `sartor validate --classes`)
 
     def validate(self) -> None:
         if Path(self.output_path).resolve() == Path(self.model_path).resolve():

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..runtime.fingerprint import describe
 from ..runtime.profiles import Profile, parse_shape_spec
 from .common import console, fmt_bytes, key_values, table, text
+from .validate import read_class_names
 
 # The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).
 STAGES = ("import", "profiles", "optimize", "precision", "tactics", "memory", "serialize")
@@ -141,6 +142,8 @@ def add_parser(subparsers, parents) -> None:
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
                         "--accuracy-budget")
     p.add_argument("--split-by", metavar="ATTRIBUTE", help="with --data: the image attribute that splits it")
+    p.add_argument("--classes", metavar="FILE|a,b,c",
+                   help="with --data: its class names in the model's output order (as `sartor validate --classes`)")
     p.add_argument("--accuracy-budget", type=float, metavar="X",
                    help="INT8: keep the most sensitive layers out of INT8 until the metric drop against the FP32 ONNX "
                         "model on --data is at most X overall and in every split (e.g. 0.008)")
@@ -193,7 +196,7 @@ def config_from_args(args) -> BuildConfig:
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
         calib_balance_by=args.calib_balance_by, data=args.data, split_by=args.split_by,
-        accuracy_budget=args.accuracy_budget)
+        accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes))
 
 
 def run(args) -> int:

@@ -168,7 +168,7 @@ def plan_for_budget(graph: Graph, weights: dict, plan, amax: dict, calibration: 
     budget = config.accuracy_budget
     higher = base_precision(config, device)
     candidates = [name for name, p in plan.layers.items() if p == "int8" and name not in plan.reasons]
-    dataset = open_dataset(config.data)  # before the ranking: a bad --data fails at once
+    dataset = open_dataset(config.data, class_names=config.classes)  # before the ranking: a bad --data fails now
     ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles) if candidates else ([], {})
     if ranking:
         log.append(f"planner: ranked {len(ranking)} INT8 layer(s) on {where['samples']} samples of the "

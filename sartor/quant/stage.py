@@ -53,7 +53,7 @@ def check_coverage(splits: dict, config, log: list, warn: Callable[[str], None] 
     if not config.data:
         return
     from ..data import open_dataset
-    dataset = open_dataset(config.data)
+    dataset = open_dataset(config.data, class_names=config.classes)
     for attribute in split_attributes(config):
         if attribute not in dataset.attributes():
             if attribute == config.split_by:
