@@ -26,6 +26,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sartor  # noqa: E402
+from sartor.tactics.select import timing_samples_ms  # noqa: E402
 
 CLASSIFIERS = ["resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
                "convnext_tiny", "densenet121", "shufflenet_v2_x0_5", "squeezenet1_0", "vgg11", "googlenet"]
@@ -116,18 +117,7 @@ def accuracy_row(name: str, path: Path, input_name: str, shape: tuple, directory
 
 
 def cuda_time(fn, iterations: int, warmup: int = 10) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return timing_samples_ms(fn, torch.device("cuda"), iterations, warmup)
 
 
 def eager_graph_runner(batch: int):

@@ -8,6 +8,7 @@ the reference. `--builder-effort` sets how long each candidate is timed (0: not 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,12 +27,14 @@ EFFORT_TIMING = {1: (1, 3), 2: (3, 10), 3: (5, 25), 4: (10, 50), 5: (20, 100)}
 EFFORTS = (0, *EFFORT_TIMING)
 
 
-def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float:
-    """Median milliseconds of `fn` after warm-up: CUDA events on a GPU, the host clock on a CPU."""
+def timing_samples_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> list[float]:
+    """Milliseconds of each of `iterations` calls after `warmup` untimed ones: CUDA events around
+    each call on a GPU, the host clock on a CPU."""
     for _ in range(warmup):
         fn()
+    times = []
     if device.type == "cuda":
-        times = []
+        torch.cuda.synchronize(device)
         for _ in range(iterations):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -39,14 +42,17 @@ def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return statistics.median(times)
-    import time
-    times = []
+        return times
     for _ in range(iterations):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def time_ms(fn, device: torch.device, iterations: int, warmup: int = 3) -> float:
+    """Median milliseconds of `fn` after warm-up."""
+    return statistics.median(timing_samples_ms(fn, device, iterations, warmup))
 
 
 def _mismatch(out, ref: torch.Tensor) -> str | None:
