@@ -75,9 +75,10 @@ def _tactic(node, device: torch.device) -> str:
 
 
 def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: torch.device,
-                 generator: torch.Generator) -> dict:
-    """Arena size per profile from the lifetimes and sizes of activations at the max shapes."""
-    executor = Executor(graph, weights, device)
+                 generator: torch.Generator, layer_precision: dict) -> dict:
+    """Arena size per profile from the lifetimes and sizes of activations at the max shapes, each
+    layer at its planned precision (an FP16 layer's outputs take half an FP32 layer's bytes)."""
+    executor = Executor(graph, weights, device, layer_precision)
     plans = []
     for profile in profiles:
         sizes: dict[str, int] = {}
@@ -198,7 +199,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     done("tactics")
 
     stage("memory")
-    memory = _memory_plan(graph, weights, profiles, device, generator)
+    memory = _memory_plan(graph, weights, profiles, device, generator, plan.layers)
     done("memory")
 
     stage("serialize")
