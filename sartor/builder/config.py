@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..quant.calibrators import DEFAULT_PERCENTILE
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8")
 CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
@@ -35,7 +36,7 @@ class BuildConfig:
     calib: str | None = None
     calib_size: int = 500
     calib_method: str | None = None
-    percentile: float = 99.99
+    percentile: float = DEFAULT_PERCENTILE
     calib_cache: str | None = None
     calib_balance_by: str | None = None  # draw the calibration images equally from each value of this attribute
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration

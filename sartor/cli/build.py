@@ -123,12 +123,12 @@ def add_parser(subparsers, parents) -> None:
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
     p.add_argument("--calib", metavar="DATA",
                    help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset")
-    p.add_argument("--calib-size", type=int, default=500, metavar="N",
-                   help="calibration samples to use (default 500)")
+    p.add_argument("--calib-size", type=int, default=BuildConfig.calib_size, metavar="N",
+                   help=f"calibration samples to use (default {BuildConfig.calib_size})")
     p.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
                    help="INT8 threshold method (default entropy)")
-    p.add_argument("--percentile", type=float, default=99.99, metavar="P",
-                   help="percentile of |x| for --calib-method percentile (default 99.99)")
+    p.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
+                   help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
     p.add_argument("--calib-cache", metavar="FILE",
                    help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--builder-effort", type=int, choices=range(6), default=DEFAULT_BUILDER_EFFORT, metavar="0..5",

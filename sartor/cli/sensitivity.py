@@ -5,6 +5,7 @@ import argparse
 import math
 
 from ..builder.config import CALIB_METHODS
+from ..quant.calibrators import DEFAULT_PERCENTILE
 from .common import console, fmt_float, key_values, print_json, table, text
 
 DESCRIPTION = "Rank layers by how much INT8 alone in that layer degrades the outputs (SNR vs FP32)."
@@ -25,8 +26,8 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--calib-size", type=int, default=64, metavar="N", help="samples to use (default 64)")
     p.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
                    help="threshold method (default entropy)")
-    p.add_argument("--percentile", type=float, default=99.99, metavar="P",
-                   help="percentile for --calib-method percentile (default 99.99)")
+    p.add_argument("--percentile", type=float, default=DEFAULT_PERCENTILE, metavar="P",
+                   help=f"percentile for --calib-method percentile (default {DEFAULT_PERCENTILE})")
     p.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
                    help="image datasets: draw the samples equally from each value of this image attribute")
     p.add_argument("--calib-cache", metavar="FILE", help="take the thresholds from this cache when it exists")

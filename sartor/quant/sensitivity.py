@@ -17,6 +17,7 @@ from ..ir import Graph
 from ..ops.util import tensor_from_numpy
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
+from .calibrators import DEFAULT_PERCENTILE
 from .plan import int8_candidates, int8_decisions
 from .quantize import quantize_graph
 
@@ -128,7 +129,7 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
 
 
 def analyze(model_path: str, calib: str, calib_size: int = 64, method: str | None = None,
-            percentile: float = 99.99, calib_cache: str | None = None, preprocess: str | None = None,
+            percentile: float = DEFAULT_PERCENTILE, calib_cache: str | None = None, preprocess: str | None = None,
             device: str | None = "cpu", on_layer: Callable[[int, int, str], None] | None = None,
             balance_by: str | None = None) -> SensitivityReport:
     """Import and optimize `model_path` as the builder does, take thresholds from `calib_cache`
