@@ -13,7 +13,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           calib_size: int | None = None, calib_method: str | None = None, percentile: float | None = None,
           calib_cache: str | None = None, builder_effort: int | None = None, timing_cache: str | None = None,
           calib_balance_by: str | None = None, data: str | None = None, split_by: str | None = None,
-          accuracy_budget: float | None = None, classes: list | None = None):
+          accuracy_budget: float | None = None, classes: list | None = None,
+          int8_fallback_precision: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -26,6 +27,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     `data`, `split_by` and `accuracy_budget` are `--calib-balance-by`, `--data`, `--split-by` and
     `--accuracy-budget` (`classes`: the class names of `data`, as `--classes`); warnings (a split of
     `data` that calibration missed) are in the result's `warnings` and build log.
+    `int8_fallback_precision` ("fp32", "fp16" or "bf16") is `--int8-fallback-precision`: what an
+    INT8 build's other layers run at (by default FP16 on CUDA, FP32 on the CPU).
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -44,6 +47,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "timing_cache": as_text(timing_cache), "calib_balance_by": calib_balance_by, "data": as_text(data),
         "split_by": split_by, "accuracy_budget": accuracy_budget,
         "classes": None if classes is None else list(classes),
+        "int8_fallback_precision": int8_fallback_precision,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

@@ -406,6 +406,42 @@ def test_layer_precision_keeps_a_layer_out_of_int8(work, calib_npy, tmp_path, cl
         in result.out
 
 
+def test_int8_fallback_precision_sets_the_other_layers(calib_npy, test_images, tmp_path, cli):
+    """CPU INT8 builds run the non-INT8 layers FP32 unless told otherwise; with the flag they run
+    what CUDA builds would, and the engine says which and why."""
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    default = _build(model, tmp_path / "default.plan", precision="int8", calib=calib_npy)
+    assert default.header["int8_fallback_precision"] == "fp32"
+    assert default.header["build_config"]["int8_fallback_precision"] is None
+    plan = tmp_path / "fp16.plan"
+    result = cli("build", model, "-o", plan, "--device", "cpu", *SHAPE_ARGS, "--precision", "int8", "--calib",
+                 calib_npy, "--int8-fallback-precision", "FP16", "--layer-precision", "pool=fp32")
+    assert result.code == 0, result
+    assert "layers outside INT8 run fp16 (--int8-fallback-precision)" in result.out
+    info = json.loads(cli("inspect", plan, "--json").out)
+    assert info["int8_fallback_precision"] == "fp16" and info["build_config"]["int8_fallback_precision"] == "fp16"
+    precisions = {layer["name"]: layer["precision"] for layer in info["layers"]}
+    assert precisions["conv1"] == precisions["conv2"] == "int8"
+    assert precisions["fc"] == precisions["flatten"] == "fp16" and precisions["pool"] == "fp32"  # a pin still wins
+    table = cli("inspect", plan).out
+    assert "layers outside INT8 run fp16 (--int8-fallback-precision)" in table
+    assert "layers outside INT8 run fp32 (the cpu default)" in cli("inspect", tmp_path / "default.plan").out
+    bf16 = _build(model, tmp_path / "bf16.plan", precision="int8", calib=calib_npy, int8_fallback_precision="bf16")
+    assert {layer["precision"] for layer in bf16.header["layers"]} == {"int8", "bf16"}
+    assert cosine(_run(tmp_path / "default.plan", test_images), _run(tmp_path / "bf16.plan", test_images)) >= 0.99
+
+
+def test_int8_fallback_precision_needs_an_int8_build(tmp_path, cli):
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    with pytest.raises(ConfigError, match="needs --precision int8, not fp16"):
+        _build(model, tmp_path / "a.plan", precision="fp16", int8_fallback_precision="fp32")
+    with pytest.raises(ConfigError, match="'fp8' is not one of fp32, fp16, bf16"):
+        _build(model, tmp_path / "a.plan", precision="int8", int8_fallback_precision="fp8")
+    assert_cli_error(cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", "--int8-fallback-precision",
+                         "fp16"), "--int8-fallback-precision", "needs --precision int8, not fp32")
+    assert not (tmp_path / "a.plan").exists()
+
+
 def test_entropy_does_not_clip_sparse_histograms():
     """A few hundred values (the pooled features of a small calibration set) spread over a thousand
     bins: the divergence is noise, so the threshold is the max."""
@@ -439,6 +475,92 @@ def test_sensitivity_ranks_layers_and_finds_fp16_overflow(work, calib_npy, tmp_p
     table = cli("sensitivity", path, "--calib", calib_npy, "--calib-size", "16", "--top", "2")
     assert table.code == 0 and "overflows FP16" in table.out and "SNR" in table.out
     assert_cli_error(cli("sensitivity", path, "--calib", tmp_path / "none.npy"), "not found")
+
+
+def yolo_head_model(size: int = 8, classes: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """A YOLO-format raw head [B, 4+C, size²]: a box branch in pixels (×200) and a score branch
+    (sigmoid) whose first conv has one ±50 weight per output channel, so per-channel INT8 rounds its
+    other weights to a few levels: the layer that hurts the scores most, in errors of 0..1."""
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape, outliers=False):
+        a = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+        if outliers:
+            a[:, 0, 0, 0], a[:, 0, 1, 1] = 50.0, -50.0
+        return numpy_helper.from_array(a.astype(np.float32), name)
+    anchors = size * size
+    inits = [w("box1.w", 8, 3, 3, 3), w("box2.w", 4, 8, 1, 1), w("score1.w", 8, 3, 3, 3, outliers=True),
+             w("score2.w", classes, 8, 1, 1), numpy_helper.from_array(np.array(200, np.float32), "px"),
+             numpy_helper.from_array(np.array([0, 4 + classes, anchors], np.int64), "head_shape")]
+    nodes = [
+        helper.make_node("Conv", ["images", "box1.w"], ["b1"], name="box1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b1"], ["b1r"], name="box1_relu"),
+        helper.make_node("Conv", ["b1r", "box2.w"], ["b2"], name="box2"),
+        helper.make_node("Mul", ["b2", "px"], ["boxes"], name="to_pixels"),
+        helper.make_node("Conv", ["images", "score1.w"], ["s1"], name="score1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["s1"], ["s1r"], name="score1_relu"),
+        helper.make_node("Conv", ["s1r", "score2.w"], ["s2"], name="score2"),
+        helper.make_node("Sigmoid", ["s2"], ["scores"], name="score_sigmoid"),
+        helper.make_node("Concat", ["boxes", "scores"], ["head"], name="concat", axis=1),
+        helper.make_node("Reshape", ["head", "head_shape"], ["output0"], name="reshape"),
+    ]
+    model = make_model(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, size, size])],
+                       [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["batch", 4 + classes, anchors])],
+                       inits, name="yolo_head")
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_sensitivity_per_box_and_score_group_finds_the_score_critical_layer(tmp_path, cli):
+    """One SNR over the raw head ranks the score branch last (its errors are 0..1 next to box
+    coordinates of hundreds of pixels); compared per group it comes first, by its score SNR."""
+    model = save(yolo_head_model(), tmp_path / "det.onnx")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(1).standard_normal((16, 3, 8, 8)).astype(np.float32))
+    raw = json.loads(cli("sensitivity", model, "--calib", calib, "--json").out)
+    result = cli("sensitivity", model, "--calib", calib, "--decoder", "yolo", "--json")
+    assert result.code == 0, result
+    grouped = json.loads(result.out)
+    raw_order = [layer["name"] for layer in raw["layers"]]
+    assert raw_order[:2] == ["box2", "box1"] and raw["decoder"] is None and raw["layers"][0]["groups"] == {}
+    assert grouped["decoder"] == "yolo" and grouped["layers"][0]["name"] == "score1"
+    by_name = {layer["name"]: layer for layer in grouped["layers"]}
+    score1, box1 = by_name["score1"], by_name["box1"]
+    assert set(score1["groups"]) == {"boxes", "scores"} and score1["groups"]["boxes"]["snr_db"] == "inf"
+    assert score1["snr_db"] == score1["groups"]["scores"]["snr_db"] < box1["groups"]["boxes"]["snr_db"] == \
+        box1["snr_db"]
+    # The raw SNR barely hears score1 (the box signal swamps it), 40+ dB more than its score SNR.
+    raw_score1 = next(layer for layer in raw["layers"] if layer["name"] == "score1")
+    assert raw_score1["snr_db"] > score1["snr_db"] + 40
+    assert set(grouped["all_int8_groups"]) == {"boxes", "scores"}
+    table = cli("sensitivity", model, "--calib", calib, "--decoder", "yolo", "--top", "2").out
+    assert "boxes SNR dB" in table and "scores SNR dB" in table and "worst of boxes, scores SNR" in table
+
+
+def test_sensitivity_output_groups_of_graphs_that_end_in_boxes():
+    from sartor.quant.sensitivity import output_groups
+    b, n = 2, 5
+    boxes, scores = np.arange(b * n * 4, dtype=np.float64).reshape(b, n, 4), np.full((b, n, 3), 0.5)
+    split = output_groups("boxes", {"boxes": boxes.shape, "scores": scores.shape, "num": (b, 1)})
+    groups = split({"boxes": boxes, "scores": scores, "num": np.ones((b, 1))})
+    assert list(groups) == ["boxes", "scores", "num"] and np.array_equal(groups["boxes"], boxes.ravel())
+    combined = np.random.default_rng(0).random((b, n, 6))
+    groups = output_groups("boxes", {"det": combined.shape})({"det": combined})
+    assert np.array_equal(groups["scores"], combined[..., 4].ravel()) and set(groups) == {"boxes", "scores", "classes"}
+    groups = output_groups(None, {"a": (2, 3)})({"a": np.ones((2, 3)), "b": np.zeros(4)})
+    assert list(groups) == ["outputs"] and len(groups["outputs"]) == 10
+
+
+def test_sensitivity_decoder_errors(work, calib_npy, tmp_path, cli):
+    classifier = save(classifier_model(), tmp_path / "m.onnx")
+    assert_cli_error(cli("sensitivity", classifier, "--calib", calib_npy, "--decoder", "mymodule:decode"),
+                     "--decoder 'mymodule:decode'", "yolo or boxes")
+    assert_cli_error(cli("sensitivity", classifier, "--calib", calib_npy, "--calib-size", "4", "--decoder", "yolo"),
+                     "--decoder yolo needs one output [B, 4+C, N]", "the model gives logits [")
+    model = save(yolo_head_model(), tmp_path / "det.onnx")
+    np.save(tmp_path / "calib.npy", np.zeros((2, 3, 8, 8), np.float32))
+    assert_cli_error(cli("sensitivity", model, "--calib", tmp_path / "calib.npy", "--decoder", "boxes"),
+                     "--decoder boxes needs boxes [B,N,4]", "the model gives output0 [2, 6, 64]")
 
 
 def test_calibration_from_an_image_dataset(tmp_path):

@@ -9,6 +9,9 @@ from ..quant.calibrators import DEFAULT_PERCENTILE
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8")
 CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
+# What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
+# --int8 --fp16 lets them run FP16).
+INT8_FALLBACK_PRECISIONS = ("fp32", "fp16", "bf16")
 FP16_MAX = 65504.0
 # How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
 DEFAULT_BUILDER_EFFORT = 2
@@ -39,6 +42,9 @@ class BuildConfig:
     percentile: float = DEFAULT_PERCENTILE
     calib_cache: str | None = None
     calib_balance_by: str | None = None  # draw the calibration images equally from each value of this attribute
+    # The precision of an INT8 build's other layers. None: FP16 on CUDA, FP32 on the CPU; setting
+    # it makes CPU and CUDA engines run the same precisions, so that they can be compared.
+    int8_fallback_precision: str | None = None
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/quant/planner.py) keep the most sensitive layers out of INT8 until
@@ -66,6 +72,13 @@ class BuildConfig:
         return self.precision == "int8" or "int8" in (*self.layer_precision.values(), *self.op_precision.values())
 
     def _validate_int8(self) -> None:
+        if self.int8_fallback_precision is not None:
+            if self.int8_fallback_precision not in INT8_FALLBACK_PRECISIONS:
+                raise ConfigError(f"--int8-fallback-precision {self.int8_fallback_precision!r} is not one of "
+                                  f"{', '.join(INT8_FALLBACK_PRECISIONS)}")
+            if self.precision != "int8":
+                raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 build keeps "
+                                  f"out of INT8: it needs --precision int8, not {self.precision}")
         if self.calib_method is not None and self.calib_method not in CALIB_METHODS:
             raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(CALIB_METHODS)}")
         if not 0.0 < self.percentile <= 100.0:

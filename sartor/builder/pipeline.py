@@ -65,6 +65,9 @@ def _tactic(node, device: torch.device) -> str:
         return f"torch.conv ({library}) + triton epilogue"
     if chosen == "channels_last":
         return f"torch.conv channels-last ({library}) + torch epilogue"
+    if chosen and chosen.startswith("igemm_"):
+        kind = "int8 tensor cores, int32 accumulate" if node.op_type in ("QConv", "QGemm") else "fp32 accumulate"
+        return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + fused epilogue"
     if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
     if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
@@ -224,6 +227,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
                     "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
         "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
+        # What the layers outside INT8 ran at, also when the device chose it (build_config holds None then).
+        "int8_fallback_precision": base_precision(config, device) if config.precision == "int8" else None,
         "build_log": log,
         "preprocess": preprocess.to_json() if preprocess is not None else None,
         "planner": planner,

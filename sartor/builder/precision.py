@@ -66,8 +66,10 @@ def overflowing_layers(graph: Graph, weights: dict, feeds_list: list[dict], thre
 
 def base_precision(config: BuildConfig, device: torch.device | None) -> str:
     """The precision of the layers nothing else decides. INT8 builds run the layers that do not
-    run INT8 at FP16 on CUDA and FP32 on the CPU."""
+    run INT8 at `config.int8_fallback_precision`, by default FP16 on CUDA and FP32 on the CPU."""
     if config.precision == "int8":
+        if config.int8_fallback_precision is not None:
+            return config.int8_fallback_precision
         return "fp16" if device is not None and device.type == "cuda" else "fp32"
     return config.precision
 

@@ -17,15 +17,15 @@ from rich.progress import (
 from ..builder import BuildConfig
 from ..builder import build as run_build
 from ..builder.config import (
-    CALIB_METHODS,
     DEFAULT_BUILDER_EFFORT,
+    INT8_FALLBACK_PRECISIONS,
     PRECISIONS,
     parse_precision_overrides,
 )
 from ..errors import ConfigError
 from ..runtime.fingerprint import describe
 from ..runtime.profiles import Profile, parse_shape_spec
-from .common import console, fmt_bytes, key_values, table, text
+from .common import add_calibration_args, console, describe_precision, fmt_bytes, key_values, table, text
 from .validate import read_class_names
 
 # The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).
@@ -67,7 +67,8 @@ preprocessing:
 INT8:
   --precision int8 --calib DATA runs Conv/Gemm/MatMul layers with constant weights in INT8
   (per-channel weight scales, per-tensor activation scales from calibration) and the others in
-  FP16 on CUDA, FP32 on the CPU. DATA is a .npy (one input: [N, ...] samples) or .npz (one array
+  FP16 on CUDA, FP32 on the CPU (--int8-fallback-precision fp32|fp16|bf16 sets it, e.g. to compare
+  CPU and CUDA engines layer for layer). DATA is a .npy (one input: [N, ...] samples) or .npz (one array
   per input) of preprocessed samples, or an image dataset read with --preprocess. The final
   conv/gemm of each output branch stays out of INT8 unless pinned with --layer-precision NODE=int8;
   --layer-precision NODE=fp16 keeps any layer out. --calib-cache FILE is written after calibrating
@@ -108,6 +109,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available, else cpu)")
     p.add_argument("--precision", default="fp32", type=str.lower, choices=PRECISIONS,
                    help="precision of the layers not pinned otherwise (default fp32)")
+    p.add_argument("--int8-fallback-precision", type=str.lower, choices=INT8_FALLBACK_PRECISIONS,
+                   help="with --precision int8: the precision of the layers that do not run INT8 (default fp16 "
+                        "on CUDA, fp32 on the CPU; give one to make CPU and CUDA engines comparable)")
     for flag, kind in (("--min-shapes", "min"), ("--opt-shapes", "opt"), ("--max-shapes", "max")):
         p.add_argument(flag, action=_ShapeEvent, dest="shape_events", metavar="NAME:1x3x320x320[,...]",
                        help=f"{kind} shapes of the current profile")
@@ -121,23 +125,13 @@ def add_parser(subparsers, parents) -> None:
                    help="how images become the input, stored in the engine for `sartor validate`, e.g. "
                         "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
-    p.add_argument("--calib", metavar="DATA",
-                   help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset")
-    p.add_argument("--calib-size", type=int, default=BuildConfig.calib_size, metavar="N",
-                   help=f"calibration samples to use (default {BuildConfig.calib_size})")
-    p.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
-                   help="INT8 threshold method (default entropy)")
-    p.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
-                   help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
-    p.add_argument("--calib-cache", metavar="FILE",
-                   help="calibration cache: read when it exists (calibration skipped), written otherwise")
+    add_calibration_args(p, BuildConfig.calib_size, required=False,
+                         cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--builder-effort", type=int, choices=range(6), default=DEFAULT_BUILDER_EFFORT, metavar="0..5",
                    help=f"how hard to search for the fastest kernels: 0 no timing, 1 quick, {DEFAULT_BUILDER_EFFORT} "
                         f"default, up to 5 (more warm-up and iterations)")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
-    p.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
-                   help="image datasets: draw the calibration images equally from each value of this attribute")
     p.add_argument("--data", metavar="VAL",
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
                         "--accuracy-budget")
@@ -195,7 +189,8 @@ def config_from_args(args) -> BuildConfig:
         overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
-        calib_balance_by=args.calib_balance_by, data=args.data, split_by=args.split_by,
+        calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,
+        data=args.data, split_by=args.split_by,
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes))
 
 
@@ -253,7 +248,7 @@ def print_summary(out, result) -> None:
     rows = [
         ("engine", f"{result.path} ({fmt_bytes(size)})"),
         ("device", f"{header['device']}: {describe(header['fingerprint'])}"),
-        ("precision", header["build_config"]["precision"]),
+        ("precision", describe_precision(header)),
         ("ONNX nodes", result.onnx_nodes),
         ("layers", f"{result.layers} after fusion"),
         ("precision mix", precision_mix(header["layers"])),

@@ -1,6 +1,8 @@
-"""What several subcommands share: consoles, `--input NAME=FILE.npy`, formatting, npz output."""
+"""What several subcommands share: consoles, `--input NAME=FILE.npy`, the calibration flags,
+formatting, npz output."""
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
@@ -42,6 +44,36 @@ def key_values(title: str | None, rows: list[tuple[str, object]]) -> Table:
     for key, value in rows:
         t.add_row(key, text(value))
     return t
+
+
+def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, required: bool, cache_help: str) -> None:
+    """The INT8 calibration flags `sartor build` and `sartor sensitivity` share (--calib, --calib-size,
+    --calib-method, --percentile, --calib-balance-by, --calib-cache)."""
+    from ..builder.config import CALIB_METHODS, BuildConfig
+    parser.add_argument("--calib", required=required, metavar="DATA",
+                        help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset "
+                             "read with --preprocess")
+    parser.add_argument("--calib-size", type=int, default=calib_size, metavar="N",
+                        help=f"calibration samples to use (default {calib_size})")
+    parser.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
+                        help="INT8 threshold method (default entropy)")
+    parser.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
+                        help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
+    parser.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
+                        help="image datasets: draw the calibration images equally from each value of this attribute")
+    parser.add_argument("--calib-cache", metavar="FILE", help=cache_help)
+
+
+def describe_precision(header: dict) -> str:
+    """The build precision; for INT8, what the other layers run at and who chose it. `header` is an
+    engine header, or `sartor inspect`'s summary (the same keys)."""
+    config = header.get("build_config") or {}
+    fallback = header.get("int8_fallback_precision")
+    if config.get("precision") != "int8" or fallback is None:
+        return str(config.get("precision"))
+    chosen = ("--int8-fallback-precision" if config.get("int8_fallback_precision")
+              else f"the {header.get('device', 'device')} default")
+    return f"int8; layers outside INT8 run {fallback} ({chosen})"
 
 
 def fmt_shape(shape) -> str:

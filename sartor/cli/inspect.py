@@ -11,7 +11,7 @@ from ..errors import DeviceError
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..runtime.profiles import Profile
-from .common import console, fmt_bytes, fmt_shape, key_values, print_json, table, text
+from .common import console, describe_precision, fmt_bytes, fmt_shape, key_values, print_json, table, text
 
 DESCRIPTION = "Show an engine's layers, profiles, fingerprint, provenance and memory."
 
@@ -107,6 +107,7 @@ def engine_summary(path: str) -> dict:
         "format_version": FORMAT_VERSION,
         "device": header.get("device"),
         "precision": config.get("precision"),
+        "int8_fallback_precision": header.get("int8_fallback_precision"),
         "fingerprint": header.get("fingerprint"),
         "fingerprint_here": _fingerprint_here(header),
         "inputs": graph.get("inputs", []),
@@ -138,7 +139,7 @@ def run(args) -> int:
         ("device", info["device"]),
         ("built for", describe(info["fingerprint"] or {})),
         ("matches this machine", match),
-        ("precision", info["precision"]),
+        ("precision", describe_precision(info)),
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
         ("tactics", _tactics_line(info["tactics"])),
     ]))

@@ -6,7 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.epilogue import epilogue_supported, fused_epilogue
+from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
+from ..kernels.epilogue import epilogue_supported, fused_epilogue, triton
 from .elementwise import apply_activation
 from .registry import OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -117,19 +118,44 @@ def _conv_channels_last(x, w, b, residual, attrs):
     return _torch_epilogue(y, residual, attrs)
 
 
+def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> ConvGeometry | None:
+    """The geometry the implicit-GEMM kernel needs, or None when it does not apply: it runs dense
+    (group 1) 2-D convolutions of CUDA tensors."""
+    if triton is None or not x.is_cuda or x.dim() != 4 or attrs.get("group", 1) != 1:
+        return None
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
+    kernel = w.shape[2:]
+    out_hw = tuple((size + lo + hi - d * (k - 1) - 1) // s + 1
+                   for size, lo, hi, d, k, s in zip(x.shape[2:], begin, end, dilations, kernel, strides))
+    return ConvGeometry(tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), out_hw)
+
+
+def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig):
+    """The Triton implicit-GEMM kernel with the whole epilogue (w packed by `pack_weight`)."""
+    geometry = igemm_geometry(x, w, attrs)
+    if geometry is None:
+        return None
+    return conv_igemm(x, w, b, geometry, tile, residual=residual, activation=attrs.get("activation"),
+                      alpha=attrs.get("activation_alpha"), beta=attrs.get("activation_beta"),
+                      residual_after_activation=attrs.get("residual_after_activation", False))
+
+
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
     """A FusedConv weight in the layout its tactic reads (the executor stores it so once, at load)."""
     if tactic == "channels_last" and w.dim() == 4:
         return w.contiguous(memory_format=torch.channels_last)
+    if tactic is not None and TileConfig.parse(tactic) is not None:
+        return pack_weight(w)
     return w
 
 
-# Implementations of one fused conv that the builder times against each other (tactics): the
-# first three on CUDA, "torch" and "channels_last" on the CPU. "torch" is the reference.
-FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last")
+# Implementations of one fused conv that the builder times against each other (tactics): on CUDA
+# the library ones and the implicit-GEMM tiles ("igemm_..."), on the CPU "torch" and
+# "channels_last". "torch" is the reference.
+FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*")
 
 
-def applicable_conv_tactics(inputs, attrs) -> list[str]:
+def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     """The candidates for one FusedConv with these arguments, the reference ("torch") first."""
     x, w = inputs[0], inputs[1]
     residual = inputs[3] if len(inputs) > 3 else None
@@ -139,15 +165,16 @@ def applicable_conv_tactics(inputs, attrs) -> list[str]:
             tactics.append("channels_last")
         return tactics
     if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        from ..kernels.epilogue import triton
         if triton is not None:
             tactics.append("triton_epilogue")
         if cudnn_fused_applicable(x, w, residual, attrs):
             tactics.append("cudnn_fused")
+        if x.dtype in (torch.float16, torch.bfloat16) and igemm_geometry(x, w, attrs) is not None:
+            tactics += [tile.name for tile in candidate_tiles(int8=False, effort=effort)]
     return tactics
 
 
-@OPS.internal("FusedConv")
+@OPS.internal("FusedConv", tactics=applicable_conv_tactics, weight_for_tactic=conv_weight_for_tactic)
 def fused_conv(inputs, attrs):
     """Conv (+bias) (+residual) (+activation); the residual adds before or after the activation."""
     x, w = inputs[0], inputs[1]
@@ -162,6 +189,11 @@ def fused_conv(inputs, attrs):
             return y
     if tactic == "channels_last" and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
+    tile = TileConfig.parse(tactic)
+    if tile is not None:
+        y = _conv_igemm(x, w, b, residual, attrs, tile)
+        if y is not None:
+            return y
     return _torch_epilogue(conv_nd(x, w, b, attrs), residual, attrs)
 
 

@@ -25,6 +25,10 @@ turned off for these calls on CUDA so that no transform-based algorithm (FFT, Wi
 native im2col + DGEMM and direct depthwise kernels then produce the same integers as the CPU.
 Quantization multiplies by a float32 reciprocal that is stored with the layer (on CUDA, dividing
 by a host scalar is itself a multiplication by a reciprocal, so the reciprocal is explicit).
+
+That emulation is the reference ("torch" tactic). On CUDA the builder also times the Triton
+implicit-GEMM kernel's tiles (`sartor/kernels/conv_igemm.py`): int8 tensor-core products with int32
+accumulation and this same epilogue, fused, producing the same numbers.
 """
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ import contextlib
 
 import torch
 
-from .conv import conv_nd
+from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
+from ..kernels.epilogue import triton
+from .conv import conv_nd, igemm_geometry
 from .elementwise import apply_activation
 from .registry import OpTable
 
@@ -99,22 +105,66 @@ def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> to
     return y
 
 
-@OPS.internal("QConv")
+def _igemm_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict, gemm: bool) -> ConvGeometry | None:
+    """Where the implicit-GEMM kernel applies: dense 2-D convolutions, and GEMMs over 2-D inputs
+    (a 1×1 convolution of 1×1 pixels), on CUDA."""
+    if gemm:
+        return ConvGeometry.gemm() if triton is not None and x.is_cuda and x.dim() == 2 else None
+    return igemm_geometry(x, wq, attrs)
+
+
+def _qlayer_tactics(gemm: bool):
+    def tactics(inputs, attrs, effort: int = 2) -> list[str]:
+        """The exact emulation ("torch", the reference) and, on CUDA, the INT8 implicit-GEMM tiles."""
+        names = ["torch"]
+        if _igemm_geometry(inputs[0], inputs[1], attrs, gemm) is not None:
+            names += [tile.name for tile in candidate_tiles(int8=True, effort=effort)]
+        return names
+    return tactics
+
+
+def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
+    return pack_weight(wq) if tactic is not None and TileConfig.parse(tactic) is not None else wq
+
+
+def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool):
+    geometry = _igemm_geometry(x, wq, attrs, gemm)
+    if geometry is None:
+        return None
+    return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual,
+                      activation=attrs.get("activation"), alpha=attrs.get("activation_alpha"),
+                      beta=attrs.get("activation_beta"),
+                      residual_after_activation=attrs.get("residual_after_activation", False),
+                      input_inv_scale=attrs["input_inv_scale"], residual_scale=attrs.get("residual_scale"),
+                      output_inv_scale=attrs.get("output_inv_scale"), qmin=attrs.get("qmin", -QMAX))
+
+
+@OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic)
 def qconv(inputs, attrs):
     """inputs: x, weight (int8, [M, C/group, *k]), bias (int32 [M] or omitted), residual (or
     omitted), dequant scale (float32 [M])."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    tile = TileConfig.parse(attrs.get("tactic") or "")
+    if tile is not None:
+        y = _qlayer_igemm(x, wq, bias, residual, inputs[4], attrs, tile, gemm=False)
+        if y is not None:
+            return y
     acc = int8_conv_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq, attrs)
     return _epilogue(_dequantize(acc, bias, inputs[4], 1), residual, attrs)
 
 
-@OPS.internal("QGemm")
+@OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic)
 def qgemm(inputs, attrs):
     """inputs: x [..., K], weight (int8 [M, K]), bias (int32 [M] or omitted), unused, dequant scale
     (float32 [M]). Gemm's alpha/beta and MatMul's weight layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    tile = TileConfig.parse(attrs.get("tactic") or "")
+    if tile is not None:
+        y = _qlayer_igemm(x, wq, bias, None, inputs[4], attrs, tile, gemm=True)
+        if y is not None:
+            return y
     acc = int8_matmul_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq)
     return _epilogue(_dequantize(acc, bias, inputs[4], -1), None, attrs)

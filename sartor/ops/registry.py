@@ -43,6 +43,11 @@ class OpDef:
     # op cannot be captured as a CUDA graph.
     data_dependent_shape: bool = False
     domain: str = ""
+    # Layers with several implementations (tactics): `tactics(inputs, attrs, effort)` lists the
+    # candidates for these arguments, the reference first; `weight_for_tactic(weight, tactic)` is
+    # the weight (input 1) in the layout that tactic reads, stored so once at load.
+    tactics: Optional[Callable[[list, dict, int], list]] = None
+    weight_for_tactic: Optional[Callable[[Any, Optional[str]], Any]] = None
 
     def fill_attrs(self, given: dict) -> dict:
         if self.attrs is ANY_ATTRS:
@@ -77,7 +82,8 @@ class OpTable:
 
     def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
-           domain: str = "") -> Callable[[Impl], Impl]:
+           domain: str = "", tactics: Callable | None = None,
+           weight_for_tactic: Callable | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -86,7 +92,8 @@ class OpTable:
                 self.defs[key] = OpDef(name=name, impl=impl, family=self.family,
                                        attrs={} if attrs is None else attrs,
                                        host_inputs=tuple(host_inputs), shape_arith=shape_arith,
-                                       check=check, data_dependent_shape=data_dependent_shape, domain=domain)
+                                       check=check, data_dependent_shape=data_dependent_shape, domain=domain,
+                                       tactics=tactics, weight_for_tactic=weight_for_tactic)
             return impl
         return register
 

@@ -14,7 +14,6 @@ import torch
 
 from ..ir import Graph, Node
 from ..ops import OpRegistry, default_registry
-from ..ops.conv import conv_weight_for_tactic
 from ..ops.util import NUMPY_TO_TORCH
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
@@ -30,6 +29,7 @@ class Step:
     on_host: bool
     host_positions: frozenset
     compute_dtype: torch.dtype | None
+    weight_for_tactic: Any = None  # the op's weight layout per tactic (OpDef.weight_for_tactic)
     constants: dict = field(default_factory=dict)  # input position -> prepared tensor
     release: list = field(default_factory=list)  # values whose last reader is this step
 
@@ -53,7 +53,7 @@ class Executor:
                 host_values.update(o for o in node.outputs if o)
             dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
-                        frozenset(opdef.host_inputs), dtype)
+                        frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic)
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
@@ -83,8 +83,8 @@ class Executor:
             tensor = tensor.to(step.compute_dtype)
         if self.channels_last and tensor.dim() == 4 and node.op_type in ("Conv", "FusedConv") and position == 1:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
-        if node.op_type == "FusedConv" and position == 1:
-            tensor = conv_weight_for_tactic(tensor, step.attrs.get("tactic"))
+        if step.weight_for_tactic is not None and position == 1:
+            tensor = step.weight_for_tactic(tensor, step.attrs.get("tactic"))
         return tensor
 
     def _plan_releases(self) -> None:

@@ -71,6 +71,8 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
              f"dilations={','.join(map(str, dilations))}", f"group={attrs.get('group', 1)}",
              f"act={attrs.get('activation') or 'none'}", f"residual={res}",
              f"precision={precision}", f"tf32={int(bool(tf32))}"]
+    if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
+        parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
     return " ".join(parts)
 
 

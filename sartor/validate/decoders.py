@@ -166,7 +166,7 @@ def decode_yolo(outputs: dict, metas: Sequence, options: DecodeOptions | None = 
                 output: str | None = None) -> list[Detections]:
     """`[B, 4+C, N]` (cx, cy, w, h, C class scores per anchor) → detections per image."""
     options = options or DecodeOptions()
-    name = output or _yolo_output(outputs)
+    name = output or yolo_output(outputs)
     if name is None:
         shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in outputs.items())
         raise DataError(f"decoder yolo needs one output of shape [B, 4+C, N] with N > 4+C; the model gives {shapes}")
@@ -194,7 +194,7 @@ def _shape(value) -> tuple:
     return tuple(np.shape(value))
 
 
-def _yolo_output(outputs: dict) -> str | None:
+def yolo_output(outputs: dict) -> str | None:
     """The first output shaped [B, 4+C, N] with N > 4+C (values: arrays or shapes)."""
     for name, value in outputs.items():
         shape = _shape(value)
@@ -222,7 +222,7 @@ class BoxesLayout:
         return self.classes is None and not self.combined
 
 
-def _boxes_layout(shapes: dict, dtypes: dict | None = None) -> BoxesLayout | None:
+def boxes_layout(shapes: dict, dtypes: dict | None = None) -> BoxesLayout | None:
     """Which output is which, from shapes (and dtypes/names where shapes tie)."""
     dtypes = dtypes or {}
     rank3 = {k: s for k, s in shapes.items() if len(s) == 3}
@@ -259,7 +259,7 @@ def _boxes_layout(shapes: dict, dtypes: dict | None = None) -> BoxesLayout | Non
 def decode_boxes(outputs: dict, metas: Sequence, options: DecodeOptions | None = None,
                  layout: BoxesLayout | None = None) -> list[Detections]:
     options = options or DecodeOptions()
-    layout = layout or _boxes_layout({k: np.shape(v) for k, v in outputs.items()},
+    layout = layout or boxes_layout({k: np.shape(v) for k, v in outputs.items()},
                                      {k: np.asarray(v).dtype for k, v in outputs.items()})
     if layout is None:
         shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in outputs.items())
@@ -364,9 +364,9 @@ class Decoder:
 def detect_decoder(shapes: dict, dtypes: dict | None = None) -> str | None:
     """`yolo`, `boxes`, or None when the output shapes fit neither."""
     shapes = {k: tuple(s) for k, s in shapes.items()}
-    if _boxes_layout(shapes, dtypes) is not None:
+    if boxes_layout(shapes, dtypes) is not None:
         return "boxes"
-    if _yolo_output(shapes) is not None:
+    if yolo_output(shapes) is not None:
         return "yolo"
     return None
 
@@ -386,12 +386,12 @@ def make_decoder(spec: str | None, shapes: dict, dtypes: dict | None = None,
             raise DataError(f"cannot tell how to decode detections from the outputs {listing}: give --decoder "
                             f"yolo, boxes or module:function")
     if name == "yolo":
-        out = _yolo_output(shapes)
+        out = yolo_output(shapes)
         if out is None:
             raise DataError(f"decoder yolo needs one output [B, 4+C, N] with N > 4+C; the model gives {listing}")
         return Decoder("yolo", lambda o, m: decode_yolo(o, m, options, out), yolo_num_classes(shapes[out]), options)
     if name == "boxes":
-        layout = _boxes_layout(shapes, dtypes)
+        layout = boxes_layout(shapes, dtypes)
         if layout is None:
             raise DataError(f"decoder boxes needs boxes [B,N,4] with scores [B,N,C] or scores [B,N] + classes "
                             f"[B,N] (or one [B,N,6]); the model gives {listing}")

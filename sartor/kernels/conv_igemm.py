@@ -1,0 +1,273 @@
+"""Implicit-GEMM convolution in Triton, NHWC, with the whole epilogue fused.
+
+One kernel serves three cases, chosen by constexpr flags:
+- INT8 (QConv/QGemm): int8 × int8 products accumulated in int32 on the tensor cores, + the int32
+  bias, dequantized in float32 with the per-channel scale, then residual, activation and, when the
+  next layers read INT8, requantization (round half to even, saturate) so INT8 goes straight to
+  them. Float inputs are quantized as they are loaded. The arithmetic is the one documented in
+  `sartor/ops/quantized.py`, step for step, so the output equals the exact emulation's.
+- FP16/BF16 (FusedConv): products accumulated in float32, bias, residual, activation, one store.
+
+The GEMM is [output pixels, K] × [K, output channels] with K = kh·kw·C ordered (kh, kw, c): the
+weight is packed once at load as [output channels, K], K fastest ("K-major"), the layout the
+tensor cores read fastest. Two ways of walking K: channel blocks inside each filter tap when C is
+a multiple of BLOCK_K (one row mask per tap, contiguous channel loads), or a flat gather over
+(kh, kw, c) for small or ragged C (the 3-channel stem). The activation input may have any strides
+(NCHW or NHWC); the output is written channels-last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .epilogue import ACTIVATION_CODES, triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from .epilogue import _activate
+
+    @triton.jit
+    def _round_half_even(v):
+        # floor + exact fraction: v - floor(v) is exact in float32, unlike floor(v + 0.5).
+        r = tl.floor(v)
+        f = v - r
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        up = (f > 0.5) | ((f == 0.5) & odd)
+        return tl.where(up, r + 1.0, r)
+
+    @triton.jit
+    def _quantize(v, inv_scale, qmin):
+        q = _round_half_even(v * inv_scale)
+        return tl.minimum(tl.maximum(q, qmin), 127.0)
+
+    @triton.jit
+    def _conv_igemm_kernel(
+            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            M, COUT, C, H, W, OH, OW,
+            sxn, sxc, sxh, sxw, srn, src, srh, srw,
+            pad_h, pad_w, dil_h, dil_w,
+            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
+            KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+            INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_INT8: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_INT8: tl.constexpr, K_GATHER: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(COUT, BLOCK_N)
+        group_size = GROUP_M * num_pid_n
+        first_m = (pid // group_size) * GROUP_M
+        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group_size) % rows
+        pid_n = (pid % group_size) // rows
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_ok = offs_m < M
+        n_ok = offs_n < COUT
+        pixels = OH * OW
+        n_idx = offs_m // pixels
+        rem = offs_m - n_idx * pixels
+        oh = rem // OW
+        ow = rem - oh * OW
+        ih0 = oh * STRIDE_H - pad_h
+        iw0 = ow * STRIDE_W - pad_w
+        x_row = n_idx.to(tl.int64) * sxn
+        k_total = KH * KW * C
+        w_col = offs_n.to(tl.int64) * k_total
+
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+        if K_GATHER:
+            for k0 in range(0, k_total, BLOCK_K):
+                kk = k0 + offs_k
+                tap = kk // C
+                c = kk - tap * C
+                kh = tap // KW
+                kw = tap - kh * KW
+                ih = ih0[:, None] + (kh * dil_h)[None, :]
+                iw = iw0[:, None] + (kw * dil_w)[None, :]
+                a_mask = m_ok[:, None] & (kk < k_total)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0)
+                b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
+                            other=0)
+                if QUANTIZE_INPUT:
+                    a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+                if INT8:
+                    acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+                else:
+                    acc = tl.dot(a, b, acc)
+        else:
+            c_blocks = tl.cdiv(C, BLOCK_K)
+            for step in range(0, KH * KW * c_blocks):
+                tap = step // c_blocks
+                c0 = (step - tap * c_blocks) * BLOCK_K
+                kh = tap // KW
+                kw = tap - kh * KW
+                ih = ih0 + kh * dil_h
+                iw = iw0 + kw * dil_w
+                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                cc = c0 + offs_k
+                a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
+                            mask=row_ok[:, None], other=0)
+                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0)
+                if QUANTIZE_INPUT:
+                    a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+                if INT8:
+                    acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+                else:
+                    acc = tl.dot(a, b, acc)
+
+        if INT8:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
+            y = acc.to(tl.float32) * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        else:
+            y = acc
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            r_row = n_idx.to(tl.int64) * srn + oh * srh + ow * srw
+            residual = tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0)
+            if RES_INT8:
+                residual = residual.to(tl.float32) * res_scale
+            else:
+                residual = residual.to(tl.float32)
+            if not RES_AFTER:
+                y = y + residual
+        y = _activate(y, ACT, alpha, beta)
+        if HAS_RES:
+            if RES_AFTER:
+                y = y + residual
+        if OUT_INT8:
+            y = _quantize(y, out_inv_scale, qmin)
+        y_offsets = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+        tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One kernel configuration: the tile, the warps and the software-pipeline depth."""
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, tactic: str) -> "TileConfig | None":
+        if not tactic.startswith("igemm_"):
+            return None
+        try:
+            tile, warps, stages = tactic[len("igemm_"):].split("_")
+            bm, bn, bk = (int(v) for v in tile.split("x"))
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]))
+        except ValueError:
+            return None
+
+
+# Candidate tiles, best guesses first: the builder times the first few at low effort and more at
+# higher effort. 8-bit inputs take a deeper K tile (the tensor-core K step is 32 bytes).
+_INT8_TILES = (TileConfig(128, 128, 64, 8, 3), TileConfig(64, 64, 64, 4, 4), TileConfig(128, 64, 128, 4, 3),
+               TileConfig(64, 128, 128, 4, 3), TileConfig(128, 256, 64, 8, 3), TileConfig(64, 32, 128, 4, 4),
+               TileConfig(256, 128, 64, 8, 3), TileConfig(128, 128, 128, 8, 3), TileConfig(32, 64, 128, 4, 4),
+               TileConfig(64, 64, 128, 4, 3))
+_FLOAT_TILES = (TileConfig(128, 128, 32, 8, 3), TileConfig(64, 64, 32, 4, 4), TileConfig(128, 64, 64, 4, 3),
+                TileConfig(64, 128, 64, 4, 3), TileConfig(128, 256, 32, 8, 3), TileConfig(64, 32, 64, 4, 4),
+                TileConfig(256, 128, 32, 8, 3), TileConfig(128, 128, 64, 8, 3), TileConfig(32, 64, 64, 4, 4),
+                TileConfig(64, 64, 64, 4, 3))
+# Builder effort -> how many candidate tiles are timed.
+TILES_PER_EFFORT = {1: 2, 2: 6, 3: 8, 4: 10, 5: 10}
+
+
+def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
+    tiles = _INT8_TILES if int8 else _FLOAT_TILES
+    return list(tiles[:TILES_PER_EFFORT.get(effort, len(tiles))])
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D convolution's (or a GEMM's, as a 1×1 conv over 1×1 pixels) shape parameters."""
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int]  # top, left; the output size already accounts for the bottom/right pads
+    dilations: tuple[int, int]
+    out_hw: tuple[int, int]
+
+    @classmethod
+    def gemm(cls) -> "ConvGeometry":
+        return cls((1, 1), (1, 1), (0, 0), (1, 1), (1, 1))
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """The weight with K = (kh, kw, c) fastest per output channel: a 4-D [Cout, C, kh, kw] weight in
+    channels-last memory (its shape kept, so the geometry still reads from it), a GEMM's [Cout, K]
+    row-major."""
+    return w.contiguous(memory_format=torch.channels_last) if w.dim() == 4 else w.contiguous()
+
+
+def is_packed(w: torch.Tensor) -> bool:
+    return w.permute(0, 2, 3, 1).is_contiguous() if w.dim() == 4 else w.is_contiguous()
+
+
+def _as_nchw_view(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 4 else x.reshape(x.shape[0], x.shape[1], 1, 1)
+
+
+def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
+               tile: TileConfig, *, dequant_scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+               activation: str | None = None, alpha: float | None = None, beta: float | None = None,
+               residual_after_activation: bool = False, input_inv_scale: float | None = None,
+               residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
+
+    INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
+    w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.
+    Otherwise x and w_packed share a float dtype and the output has it too. 4-D outputs are
+    channels-last, 2-D ones row-major."""
+    if not is_packed(w_packed):
+        raise ValueError("conv_igemm needs the weight packed by pack_weight")
+    int8 = dequant_scale is not None
+    quantize_input = int8 and x.dtype != torch.int8
+    x4 = _as_nchw_view(x)
+    n, c, h, w_in = x4.shape
+    oh, ow = geometry.out_hw
+    cout = w_packed.shape[0]
+    if out_dtype is None:
+        out_dtype = (torch.int8 if output_inv_scale is not None else torch.float32) if int8 else x.dtype
+    if x.dim() == 4:
+        y = torch.empty((n, cout, oh, ow), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    else:
+        y = torch.empty((n, cout), dtype=out_dtype, device=x.device)
+    res4 = _as_nchw_view(residual) if residual is not None else None
+    rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    m = n * oh * ow
+    k_gather = c % tile.block_k != 0
+    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
+    _conv_igemm_kernel[grid](
+        x4, w_packed, bias if bias is not None else w_packed, dequant_scale if int8 else w_packed,
+        res4 if res4 is not None else y, y,
+        m, cout, c, h, w_in, oh, ow, *x4.stride(), *rs,
+        geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
+        float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
+        INT8=int8, QUANTIZE_INPUT=quantize_input, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        RES_INT8=residual is not None and residual.dtype == torch.int8, RES_AFTER=bool(residual_after_activation),
+        ACT=ACTIVATION_CODES[activation], OUT_INT8=int8 and output_inv_scale is not None, K_GATHER=k_gather,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
+        num_warps=tile.warps, num_stages=tile.stages)
+    return y

@@ -1,0 +1,180 @@
+"""The implicit-GEMM convolution kernel: float path against torch's conv2d, INT8 path against the
+exact emulation of `sartor/ops/quantized.py` (bit for bit), through Triton's interpreter on CPU and
+natively on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+triton = pytest.importorskip("triton")
+
+from sartor.kernels.conv_igemm import (  # noqa: E402
+    ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.conv import igemm_geometry  # noqa: E402
+from sartor.ops.quantized import qconv, qgemm, quantize  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_TILE = TileConfig(16, 16, 32, 1, 1)
+
+# (in channels, kernel, strides, pads (top, left, bottom, right), dilations): the blocked walk over
+# K (channels a multiple of BLOCK_K) and the gather walk (3 channels, 48 channels), asymmetric pads.
+GEOMETRIES = [
+    (32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    (64, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
+    (3, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    (48, (3, 3), (1, 2), (0, 1, 2, 1), (2, 1)),
+]
+
+
+def _geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> ConvGeometry:
+    """igemm_geometry's arithmetic, on any device (it declines CPU tensors outside tests)."""
+    from sartor.ops.conv import conv_geometry
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
+    out = tuple((s + lo + hi - d * (k - 1) - 1) // st + 1
+                for s, lo, hi, d, k, st in zip(x.shape[2:], begin, end, dilations, w.shape[2:], strides))
+    return ConvGeometry(tuple(w.shape[2:]), tuple(strides), tuple(begin), tuple(dilations), out)
+
+
+def _attrs(kernel, strides, pads, dilations) -> dict:
+    return {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads), "dilations": list(dilations)}
+
+
+def _reference_conv(x, w, b, attrs):
+    top, left, bottom, right = attrs["pads"]
+    return F.conv2d(F.pad(x, [left, right, top, bottom]), w, b, attrs["strides"], 0, attrs["dilations"])
+
+
+@pytest.mark.parametrize("channels,kernel,strides,pads,dilations", GEOMETRIES)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_float_conv_matches_torch(channels, kernel, strides, pads, dilations, layout):
+    generator = torch.Generator().manual_seed(1)
+    attrs = _attrs(kernel, strides, pads, dilations)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    x = torch.randn(2, channels, 11, 10, generator=generator)
+    w = torch.randn(24, channels, *kernel, generator=generator) / (channels * kernel[0] * kernel[1]) ** 0.5
+    b = torch.randn(24, generator=generator)
+    expected = _reference_conv(x, w, b, attrs)
+    residual = torch.randn(expected.shape, generator=generator)
+    expected = torch.relu(expected + residual)
+    x, w, b, residual = (t.to(DEVICE, dtype) for t in (x, w, b, residual))
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), SMALL_TILE, residual=residual, activation="Relu")
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.dtype == dtype
+    tolerance = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("channels,kernel,strides,pads,dilations", GEOMETRIES)
+@pytest.mark.parametrize("int8_input", [True, False])
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_int8_conv_equals_emulation(channels, kernel, strides, pads, dilations, int8_input, int8_output):
+    generator = torch.Generator().manual_seed(2)
+    attrs = dict(_attrs(kernel, strides, pads, dilations), input_inv_scale=21.0, residual_scale=0.03,
+                 activation="Relu", qmin=-127)
+    if int8_output:
+        attrs["output_inv_scale"] = 9.5
+    x = torch.randint(-127, 128, (2, channels, 11, 10), dtype=torch.int8, generator=generator)
+    if not int8_input:
+        x = torch.randn(2, channels, 11, 10, generator=generator) * 3
+    wq = torch.randint(-127, 128, (24, channels, *kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (24,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(24, generator=generator) * 1e-3
+    geometry = _geometry(x, wq, attrs)
+    residual = torch.randint(-127, 128, (2, 24, *geometry.out_hw), dtype=torch.int8, generator=generator)
+    expected = qconv([x, wq, bias, residual, scale], attrs)
+    x, wq, bias, residual, scale = (t.to(DEVICE) for t in (x, wq, bias, residual, scale))
+    out = conv_igemm(x, pack_weight(wq), bias, geometry, SMALL_TILE, dequant_scale=scale, residual=residual,
+                     activation="Relu", input_inv_scale=21.0, residual_scale=0.03,
+                     output_inv_scale=attrs.get("output_inv_scale"))
+    assert out.dtype == (torch.int8 if int8_output else torch.float32)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
+@pytest.mark.parametrize("activation,after", [("SiLU", False), (None, True), ("Clip", False)])
+def test_int8_epilogue_variants(activation, after):
+    """Float residual, residual after the activation, Q/DQ-style saturation at -128; SiLU may move
+    a value across a rounding boundary by its last ulp, so it is held to one step."""
+    generator = torch.Generator().manual_seed(3)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "input_inv_scale": 1.0, "output_inv_scale": 30.0,
+             "activation": activation, "activation_alpha": 0.0 if activation == "Clip" else None,
+             "activation_beta": 2.0 if activation == "Clip" else None, "residual_after_activation": after,
+             "qmin": -128}
+    x = torch.randint(-128, 128, (1, 32, 6, 7), dtype=torch.int8, generator=generator)
+    wq = torch.randint(-127, 128, (16, 32, 3, 3), dtype=torch.int8, generator=generator)
+    scale = torch.rand(16, generator=generator) * 1e-4
+    residual = torch.randn(1, 16, 6, 7, generator=generator)
+    expected = qconv([x, wq, None, residual, scale], attrs)
+    out = conv_igemm(x.to(DEVICE), pack_weight(wq).to(DEVICE), None, _geometry(x, wq, attrs), SMALL_TILE,
+                     dequant_scale=scale.to(DEVICE), residual=residual.to(DEVICE), activation=activation,
+                     alpha=attrs["activation_alpha"], beta=attrs["activation_beta"], residual_after_activation=after,
+                     input_inv_scale=1.0, output_inv_scale=30.0, qmin=-128).cpu()
+    assert int(out.int().min()) >= -128
+    limit = 1 if activation == "SiLU" else 0
+    assert int((out.int() - expected.int()).abs().max()) <= limit
+
+
+def test_int8_gemm_equals_emulation():
+    generator = torch.Generator().manual_seed(4)
+    attrs = {"input_inv_scale": 13.0, "activation": None}
+    x = torch.randn(5, 96, generator=generator)
+    wq = torch.randint(-127, 128, (40, 96), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-500, 500, (40,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(40, generator=generator) * 1e-2
+    expected = qgemm([x, wq, bias, None, scale], attrs)
+    out = conv_igemm(x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), ConvGeometry.gemm(), SMALL_TILE,
+                     dequant_scale=scale.to(DEVICE), input_inv_scale=13.0)
+    assert out.shape == (5, 40)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_input_quantization_rounds_half_to_even():
+    """Ties and the float32 value just below one half: floor(v + 0.5) would get these wrong."""
+    values = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 126.5, 127.5, -127.5, 300.0, -300.0])
+    channels = values.numel()
+    eye = torch.eye(channels, dtype=torch.int8)
+    out = conv_igemm(values.reshape(1, -1).to(DEVICE), eye.to(DEVICE), None, ConvGeometry.gemm(), SMALL_TILE,
+                     dequant_scale=torch.ones(channels, device=DEVICE), input_inv_scale=1.0).cpu()
+    assert out.flatten().tolist() == quantize(values, 1.0).float().tolist()
+    assert out.flatten()[:7].tolist() == [0, 2, 2, -0, -2, -2, 0]
+
+
+def test_unpacked_weight_is_refused():
+    w = torch.zeros(8, 16, 3, 3)
+    assert not is_packed(w) and is_packed(pack_weight(w))
+    with pytest.raises(ValueError, match="packed"):
+        conv_igemm(torch.zeros(1, 16, 4, 4), w, None, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (4, 4)),
+                   SMALL_TILE)
+
+
+def test_tile_names_round_trip_and_effort_widens_the_search():
+    for tile in candidate_tiles(int8=True, effort=5) + candidate_tiles(int8=False, effort=5):
+        assert TileConfig.parse(tile.name) == tile
+    assert TileConfig.parse("cudnn_fused") is None and TileConfig.parse("igemm_bad") is None
+    assert len(candidate_tiles(int8=True, effort=1)) < len(candidate_tiles(int8=True, effort=3))
+
+
+def test_cpu_layers_offer_only_their_reference():
+    """On the CPU the implicit-GEMM kernel is not a candidate: INT8 layers keep the emulation."""
+    registry = default_registry()
+    x = torch.zeros(1, 16, 8, 8)
+    w = torch.zeros(8, 16, 3, 3, dtype=torch.int8)
+    assert registry["QConv"].tactics([x, w], {}, 2) == ["torch"]
+    assert igemm_geometry(x, w, {}) is None
+    assert registry["QConv"].weight_for_tactic(w, "torch") is w
+    assert is_packed(registry["QConv"].weight_for_tactic(w, candidate_tiles(True, 1)[0].name))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the tactic lists the kernel on CUDA tensors only")
+def test_cuda_layers_offer_the_kernel():
+    x = torch.zeros(1, 16, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.zeros(8, 16, 3, 3, dtype=torch.int8, device="cuda")
+    names = default_registry()["QConv"].tactics([x.to(torch.int8), w], {}, 2)
+    assert names[0] == "torch" and all(TileConfig.parse(n) for n in names[1:]) and len(names) > 1
+    float_names = default_registry()["FusedConv"].tactics([x.half(), w.half()], {}, 2)
+    assert any(TileConfig.parse(n) for n in float_names)
+
