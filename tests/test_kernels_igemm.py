@@ -178,3 +178,25 @@ def test_cuda_layers_offer_the_kernel():
     float_names = default_registry()["FusedConv"].tactics([x.half(), w.half()], {}, 2)
     assert any(TileConfig.parse(n) for n in float_names)
 
+
+
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_im2col_tactic_equals_emulation(int8_output):
+    """The 3-channel stem's tactic: INT8 columns with K padded to 32, then the GEMM kernel."""
+    from sartor.ops.quantized import _im2col_conv, qlayer_weight_for_tactic
+    generator = torch.Generator().manual_seed(5)
+    attrs = {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3], "input_inv_scale": 40.0,
+             "activation": "Relu", "qmin": -127}
+    if int8_output:
+        attrs["output_inv_scale"] = 3.0
+    x = torch.randn(2, 3, 15, 13, generator=generator)
+    wq = torch.randint(-127, 128, (16, 3, 7, 7), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-3000, 3000, (16,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(16, generator=generator) * 1e-3
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    tactic = "im2col_" + SMALL_TILE.name
+    flat = qlayer_weight_for_tactic(wq, tactic)
+    assert flat.shape == (16, 160) and not flat[:, 147:].any()
+    out = _im2col_conv(x.to(DEVICE), flat.to(DEVICE), bias.to(DEVICE), scale.to(DEVICE), attrs, SMALL_TILE)
+    assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out.cpu(), expected)

@@ -269,5 +269,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         RES_INT8=residual is not None and residual.dtype == torch.int8, RES_AFTER=bool(residual_after_activation),
         ACT=ACTIVATION_CODES[activation], OUT_INT8=int8 and output_inv_scale is not None, K_GATHER=k_gather,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
-        num_warps=tile.warps, num_stages=tile.stages)
+        num_warps=tile.warps, num_stages=tile.stages,
+        # INT8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
+        # one rounding) can move a value across a quantization boundary.
+        enable_fp_fusion=not int8)
     return y

@@ -118,10 +118,11 @@ def _conv_channels_last(x, w, b, residual, attrs):
     return _torch_epilogue(y, residual, attrs)
 
 
-def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> ConvGeometry | None:
+def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: bool = True) -> ConvGeometry | None:
     """The geometry the implicit-GEMM kernel needs, or None when it does not apply: it runs dense
-    (group 1) 2-D convolutions of CUDA tensors."""
-    if triton is None or not x.is_cuda or x.dim() != 4 or attrs.get("group", 1) != 1:
+    (group 1) 2-D convolutions of CUDA tensors (of any tensors under Triton's interpreter, for
+    tests, with `require_cuda=False`)."""
+    if triton is None or (require_cuda and not x.is_cuda) or x.dim() != 4 or attrs.get("group", 1) != 1:
         return None
     strides, dilations, begin, end = conv_geometry(x, w, attrs)
     kernel = w.shape[2:]

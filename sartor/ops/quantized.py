@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import triton
@@ -113,18 +114,65 @@ def _igemm_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict, gemm: bool) 
     return igemm_geometry(x, wq, attrs)
 
 
+# A convolution reading few channels (the 3-channel stem) walks K in steps far narrower than the
+# tensor cores' 32 bytes; it runs better as an explicit im2col (INT8 columns, K padded to a multiple
+# of 32) followed by the GEMM kernel. The tactic names are "im2col_" + the GEMM tile's name.
+IM2COL_PREFIX = "im2col_"
+IM2COL_MAX_CHANNELS = 16
+IM2COL_K_MULTIPLE = 32
+
+
+def _im2col_tile(tactic: str | None) -> TileConfig | None:
+    if not tactic or not tactic.startswith(IM2COL_PREFIX):
+        return None
+    return TileConfig.parse(tactic[len(IM2COL_PREFIX):])
+
+
 def _qlayer_tactics(gemm: bool):
     def tactics(inputs, attrs, effort: int = 2) -> list[str]:
-        """The exact emulation ("torch", the reference) and, on CUDA, the INT8 implicit-GEMM tiles."""
+        """The exact emulation ("torch", the reference) and, on CUDA, the INT8 implicit-GEMM tiles
+        (and, for convolutions of few channels, im2col + GEMM)."""
         names = ["torch"]
         if _igemm_geometry(inputs[0], inputs[1], attrs, gemm) is not None:
-            names += [tile.name for tile in candidate_tiles(int8=True, effort=effort)]
+            tiles = candidate_tiles(int8=True, effort=effort)
+            names += [tile.name for tile in tiles]
+            if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
+                names += [IM2COL_PREFIX + tile.name for tile in tiles]
         return names
     return tactics
 
 
 def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
+    """Packed for the implicit-GEMM tiles; flattened to [Cout, kh·kw·C] (K zero-padded to a
+    multiple of 32) for im2col; as built for the emulation."""
+    if _im2col_tile(tactic) is not None and wq.dim() == 4:
+        flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
+        return F.pad(flat, (0, -flat.shape[1] % IM2COL_K_MULTIPLE)).contiguous()
     return pack_weight(wq) if tactic is not None and TileConfig.parse(tactic) is not None else wq
+
+
+def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
+    """Quantize, gather the INT8 columns [N·OH·OW, kh·kw·C (padded)], one GEMM with the epilogue."""
+    kernel = attrs["kernel_shape"]
+    full = torch.empty((w_flat.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
+    geometry = igemm_geometry(x, full, attrs, require_cuda=False)
+    if geometry is None:
+        return None
+    xq = as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)).permute(0, 2, 3, 1)  # NHWC view
+    n, h, w, c = xq.shape
+    (kh, kw), (sh, sw), (top, left), (dh, dw), (oh, ow) = (geometry.kernel, geometry.strides, geometry.pads,
+                                                           geometry.dilations, geometry.out_hw)
+    bottom = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - top)
+    right = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w - left)
+    padded = F.pad(xq, (0, 0, left, right, top, bottom)).contiguous()
+    s_n, s_h, s_w, s_c = padded.stride()
+    windows = padded.as_strided((n, oh, ow, kh, kw, c), (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, s_c))
+    columns = F.pad(windows.reshape(n * oh * ow, kh * kw * c), (0, w_flat.shape[1] - kh * kw * c))
+    y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
+                   activation=attrs.get("activation"), alpha=attrs.get("activation_alpha"),
+                   beta=attrs.get("activation_beta"), input_inv_scale=attrs["input_inv_scale"],
+                   output_inv_scale=attrs.get("output_inv_scale"), qmin=attrs.get("qmin", -QMAX))
+    return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool):
@@ -146,6 +194,11 @@ def qconv(inputs, attrs):
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    im2col_tile = _im2col_tile(attrs.get("tactic"))
+    if im2col_tile is not None and residual is None:
+        y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)
+        if y is not None:
+            return y
     tile = TileConfig.parse(attrs.get("tactic") or "")
     if tile is not None:
         y = _qlayer_igemm(x, wq, bias, residual, inputs[4], attrs, tile, gemm=False)

@@ -130,6 +130,8 @@ def _rewrite(graph: Graph, node: Node, amax: dict, stored: set) -> None:
             graph.initializers[names[suffix]] = array
     attrs = {k: node.attrs[k] for k in CONV_ATTR_KEYS if conv and k in node.attrs}
     attrs.update({k: node.attrs[k] for k in EPILOGUE_KEYS if k in node.attrs})
+    if conv:  # recorded because some tactics store the weight flattened (see ops/quantized.py)
+        attrs["kernel_shape"] = [int(k) for k in wq.shape[2:]]
     attrs.update(input_scale=input_scale, input_inv_scale=input_inv, weight_scale=weight_scale,
                  residual_scale=None, output_scale=None, output_inv_scale=None)
     if residual and residual in stored:
