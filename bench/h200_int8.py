@@ -81,10 +81,19 @@ def compiled_runner(batch: int, mode: str):
     return run, compile_s
 
 
+STEM = "/conv1/Conv"
+
+
 def build_engine(onnx: Path, plan: Path, precision: str, batch: int, effort: int, calib: Path | None,
                  cache: Path, timing_cache: Path) -> dict:
+    """precision: fp32, fp16, int8, or int8_stem_fp16 (INT8 with the 3-channel stem kept FP16)."""
     shapes = {"input": (batch, 3, 224, 224)}
-    kwargs = dict(calib=str(calib), calib_size=64, calib_cache=str(cache)) if precision == "int8" else {}
+    kwargs = {}
+    if precision.startswith("int8"):
+        kwargs = {"calib": str(calib), "calib_size": 64, "calib_cache": str(cache)}
+        if precision == "int8_stem_fp16":
+            kwargs["layer_precision"] = {STEM: "fp16"}
+            precision = "int8"
     t0 = time.perf_counter()
     result = sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes,
                           opt_shapes=shapes, max_shapes=shapes, builder_effort=effort,
@@ -156,6 +165,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--batches", default="1,256")
     parser.add_argument("--peers", action="store_true", help="also time torch.compile reduce-overhead")
+    parser.add_argument("--skip-agreement", action="store_true", help="skip the INT8 kernel vs emulation check")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +201,7 @@ def main() -> None:
     # Agreement and accuracy at batch 16: FP32, INT8 emulation (effort 0), INT8 tensor cores.
     agreement_plans = {"fp32": (work / "agree_fp32.plan", "fp32", 0), "emulation": (work / "agree_emu.plan", "int8", 0),
                        "int8": (work / "agree_int8.plan", "int8", args.effort)}
-    for key, (plan, precision, effort) in agreement_plans.items():
+    for key, (plan, precision, effort) in ({} if args.skip_agreement else agreement_plans).items():
         built = step(f"build {key} b16", lambda p=plan, pr=precision, e=effort: build_engine(
             onnx, p, pr, 16, e, calib, cache, timing_cache))
         if built:
@@ -205,12 +215,13 @@ def main() -> None:
                 "elements": int(diff.size), "cosine_int8_vs_fp32": cosine(outs["int8"], outs["fp32"]),
                 "cosine_emulation_vs_fp32": cosine(outs["emulation"], outs["fp32"]),
                 "top1_agreement_int8_vs_fp32": float((outs["int8"].argmax(1) == outs["fp32"].argmax(1)).mean())}
-    results["agreement"] = step("agreement", agreement)
-    results["tactics_b16"] = step("tactics int8 b16", lambda: tactic_summary(agreement_plans["int8"][0]))
+    if not args.skip_agreement:
+        results["agreement"] = step("agreement", agreement)
+        results["tactics_b16"] = step("tactics int8 b16", lambda: tactic_summary(agreement_plans["int8"][0]))
 
     for batch in [int(b) for b in args.batches.split(",")]:
         plans = {}
-        for precision in ("fp16", "int8"):
+        for precision in ("fp16", "int8", "int8_stem_fp16"):
             plan = work / f"rn50_{precision}_b{batch}.plan"
             built = step(f"build {precision} b{batch}", lambda p=plan, pr=precision: build_engine(
                 onnx, p, pr, batch, args.effort, calib, cache, timing_cache))

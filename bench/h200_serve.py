@@ -1,0 +1,93 @@
+"""One device call for issue 6: `sartor serve` throughput against concurrency, with and without
+dynamic batching, for ResNet-50 FP16 (224) and the sample detector FP16 (320), next to each
+engine's offline throughput at its best batch, measured in the same run.
+
+    PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4]
+
+The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
+same machine). Writes serve.json under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import sartor  # noqa: E402
+from h200_models import export_classifier  # noqa: E402
+from sartor.tactics.select import timing_samples_ms  # noqa: E402
+
+MODELS = {
+    "resnet50": {"input": "input", "hw": 224, "max_batch": 128, "opt_batch": 64, "batches": (1, 8, 32, 64, 128)},
+    "detector": {"input": "images", "hw": 320, "max_batch": 32, "opt_batch": 32, "batches": (1, 8, 32)},
+}
+
+
+def build(name: str, onnx: Path, plan: Path) -> float:
+    spec = MODELS[name]
+    shape = lambda b: (b, 3, spec["hw"], spec["hw"])  # noqa: E731
+    t0 = time.perf_counter()
+    sartor.build(str(onnx), str(plan), device="cuda", precision="fp16",
+                 min_shapes={spec["input"]: shape(1)}, opt_shapes={spec["input"]: shape(spec["opt_batch"])},
+                 max_shapes={spec["input"]: shape(spec["max_batch"])})
+    return time.perf_counter() - t0
+
+
+def offline(name: str, plan: Path) -> list[dict]:
+    """img/s of the engine called directly (inputs already on the GPU) at each batch."""
+    spec = MODELS[name]
+    ctx = sartor.load(str(plan)).context()
+    rows = []
+    for batch in spec["batches"]:
+        x = torch.rand(batch, 3, spec["hw"], spec["hw"], device="cuda")
+        ctx.run({spec["input"]: x})
+        ms = statistics.median(timing_samples_ms(lambda: ctx.run({spec["input"]: x}), torch.device("cuda"), 50, 10))
+        rows.append({"batch": batch, "ms": round(ms, 4), "img_s": round(batch / ms * 1e3, 1)})
+    return rows
+
+
+def served(plan: Path, out: Path, levels: str, duration: float) -> dict:
+    cmd = [sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--plan", str(plan), "--out", str(out),
+           "--device", "cuda:0", "--protocol", "grpc", "--concurrency", levels, "--duration", str(duration),
+           "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
+    path = out / "results.json"
+    return json.loads(path.read_text()) if path.exists() else {"error": done.stderr[-800:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--levels", default="1,8,32,128,256")
+    parser.add_argument("--duration", type=float, default=4.0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path("/tmp/sartor_serve")
+    work.mkdir(exist_ok=True)
+    onnx = {"resnet50": export_classifier("resnet50", work), "detector": ROOT / "samples/detector/sample_detector.onnx"}
+    results = {}
+    for name in MODELS:
+        plan = work / f"{name}_fp16.plan"
+        row = {"build_s": round(build(name, onnx[name], plan), 1), "offline": offline(name, plan)}
+        print(name, json.dumps(row), flush=True)
+        row["serve"] = served(plan, work / f"serve_{name}", args.levels, args.duration)
+        results[name] = row
+        (out / "serve.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
