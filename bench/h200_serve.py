@@ -34,13 +34,13 @@ MODELS = {
 }
 
 
-def build(name: str, onnx: Path, plan: Path) -> float:
+def build(name: str, onnx: Path, plan: Path, effort: int) -> float:
     spec = MODELS[name]
     shape = lambda b: (b, 3, spec["hw"], spec["hw"])  # noqa: E731
     t0 = time.perf_counter()
     sartor.build(str(onnx), str(plan), device="cuda", precision="fp16",
                  min_shapes={spec["input"]: shape(1)}, opt_shapes={spec["input"]: shape(spec["opt_batch"])},
-                 max_shapes={spec["input"]: shape(spec["max_batch"])})
+                 max_shapes={spec["input"]: shape(spec["max_batch"])}, builder_effort=effort)
     return time.perf_counter() - t0
 
 
@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--levels", default="1,8,32,128,256")
     parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--effort", type=int, default=2, help="builder effort of the served engines")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ def main() -> None:
     results = {}
     for name in MODELS:
         plan = work / f"{name}_fp16.plan"
-        row = {"build_s": round(build(name, onnx[name], plan), 1), "offline": offline(name, plan)}
+        row = {"build_s": round(build(name, onnx[name], plan, args.effort), 1), "offline": offline(name, plan)}
         print(name, json.dumps(row), flush=True)
         row["serve"] = served(plan, work / f"serve_{name}", args.levels, args.duration)
         results[name] = row
