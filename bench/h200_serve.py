@@ -62,7 +62,8 @@ def served(plan: Path, out: Path, levels: str, duration: float) -> dict:
            "--device", "cuda:0", "--protocol", "grpc", "--concurrency", levels, "--duration", str(duration),
            "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
     print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
     path = out / "results.json"
     return json.loads(path.read_text()) if path.exists() else {"error": done.stderr[-800:]}
