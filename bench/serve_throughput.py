@@ -2,20 +2,29 @@
 
 Builds a model repository around one engine (two entries: `<name>_batched` with dynamic batching,
 `<name>_single` without), starts the server in this process on loopback, and drives it with Triton
-clients: perf_analyzer when it is installed (`--concurrency-range`), else tritonclient in several
-client processes (threads within each, one client per thread). Reports inferences/s and p50/p90/p99
-latency per concurrency level, writes results.json and results.md under --out.
+clients. The load generator (`--load-generator`):
+
+- `python` (the default): tritonclient in several client processes (threads within each, one client
+  per thread, synchronous requests), needing nothing beyond the serve extras;
+- `perf_analyzer`: Triton's own load generator, one run per concurrency level (shared memory off).
+  It is looked for at `--perf-analyzer`, then on PATH, then at `.cache/perf_analyzer/perf_analyzer`
+  in this tree, where `bash scripts/install_perf_analyzer.sh` puts it (a machine without internet
+  needs that folder copied along: nothing is downloaded here).
+
+Reports inferences/s and p50/p90/p99 latency per concurrency level, writes results.json and
+results.md under --out.
 
 For the GPU (not run in CI):
 
     PYTHONPATH=. python bench/serve_throughput.py --plan resnet50_fp16.plan --out $OUT \
-        --device cuda:0 --instances 2 --max-queue-delay-us 500 --protocol grpc
+        --device cuda:0 --instances 2 --max-queue-delay-us 500 --protocol grpc [--load-generator perf_analyzer]
 
 `--url HOST:PORT` measures a server that is already running (then --models names its models).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import multiprocessing as mp
 import os
@@ -135,22 +144,50 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
             "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms) if ms else float("nan")}
 
 
-def perf_analyzer(url: str, protocol: str, model: str, levels, batch: int, out: Path) -> list[dict]:
-    csv = out / f"perf_analyzer_{model}.csv"
-    cmd = ["perf_analyzer", "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
-           "--concurrency-range", f"{levels[0]}:{levels[-1]}:2" if levels == sorted(levels) else str(levels[0]),
-           "-f", str(csv), "--percentile=99"]
-    subprocess.run(cmd, check=True)
-    rows = []
-    lines = csv.read_text().splitlines()
-    header = lines[0].split(",")
-    for line in lines[1:]:
-        values = dict(zip(header, line.split(",")))
-        rows.append({"concurrency": int(values["Concurrency"]), "infer_per_s": float(values["Inferences/Second"]),
-                     "p50_ms": float(values.get("p50 latency", "nan")) / 1e3,
-                     "p90_ms": float(values.get("p90 latency", "nan")) / 1e3,
-                     "p99_ms": float(values.get("p99 latency", "nan")) / 1e3, "errors": 0})
-    return rows
+def find_perf_analyzer(explicit: str | None) -> str | None:
+    """The perf_analyzer to run, or None; a candidate counts only once `--version` runs (its shared
+    libraries resolve on this machine)."""
+    local = Path(__file__).resolve().parents[1] / ".cache" / "perf_analyzer" / "perf_analyzer"
+    candidates = [explicit] if explicit else [shutil.which("perf_analyzer"), str(local)]
+    for candidate in candidates:
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        try:
+            probe = subprocess.run([candidate, "--version"], check=False, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def perf_analyzer(binary: str, url: str, protocol: str, model: str, batch: int, level: int, duration: float,
+                  out: Path) -> dict:
+    """One concurrency level. perf_analyzer's range step is additive (1:256:2 is 1, 3, 5, ...), so
+    each level of the geometric series is its own run."""
+    report = out / f"perf_analyzer_{model}_c{level}.csv"
+    base = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch), "--concurrency-range", f"{level}:{level}",
+            "--measurement-interval", str(max(int(duration * 1000), 500)), "--shared-memory", "none",
+            "--max-trials", "10", "-f", str(report)]
+    # Its default 10% stability bound can fail on a noisy level (exit 2, no report): then measure once
+    # more without the bound and say so in the row.
+    for stable, extra in ((True, []), (False, ["--stability-percentage", "100"])):
+        report.unlink(missing_ok=True)
+        done = subprocess.run(base + extra, check=False, capture_output=True, text=True,
+                              timeout=max(600.0, 20 * duration + 120))
+        (out / f"perf_analyzer_{model}_c{level}.log").write_text(done.stdout + done.stderr)
+        if done.returncode == 0 and report.is_file():
+            break
+    else:
+        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        print(f"{model:>28} c={level:<4} perf_analyzer exit {done.returncode}: {last[0]}", flush=True)
+        return {"concurrency": level, "infer_per_s": float("nan"), "p50_ms": float("nan"), "p90_ms": float("nan"),
+                "p99_ms": float("nan"), "errors": 1, "perf_analyzer_exit": done.returncode}
+    (values,) = [r for r in csv.DictReader(report.read_text().splitlines())
+                 if int(r["Concurrency"]) == level]
+    usec = lambda key: float(values.get(key) or "nan") / 1e3  # noqa: E731
+    return {"concurrency": level, "infer_per_s": float(values["Inferences/Second"]), "p50_ms": usec("p50 latency"),
+            "p90_ms": usec("p90 latency"), "p99_ms": usec("p99 latency"), "errors": 0, "stable": stable}
 
 
 def main() -> int:
@@ -169,10 +206,19 @@ def main() -> int:
     parser.add_argument("--instances", type=int, default=1, help="instance_group count")
     parser.add_argument("--max-batch", type=int, default=0, help="max_batch_size (default: the engine's profile max)")
     parser.add_argument("--max-queue-delay-us", type=int, default=500)
-    parser.add_argument("--no-perf-analyzer", action="store_true", help="use tritonclient even if perf_analyzer exists")
+    parser.add_argument("--load-generator", choices=("python", "perf_analyzer"), default="python",
+                        help="tritonclient processes (default) or Triton's perf_analyzer")
+    parser.add_argument("--perf-analyzer", metavar="PATH", help="the perf_analyzer binary (default: PATH, then "
+                                                                ".cache/perf_analyzer/perf_analyzer)")
     args = parser.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
+    binary = None
+    if args.load_generator == "perf_analyzer":
+        binary = find_perf_analyzer(args.perf_analyzer)
+        if binary is None:
+            parser.error("--load-generator perf_analyzer: no working perf_analyzer (give --perf-analyzer PATH, or run "
+                         "bash scripts/install_perf_analyzer.sh and copy .cache/perf_analyzer along)")
 
     server = None
     workdir = None
@@ -198,7 +244,8 @@ def main() -> int:
     else:
         parser.error("give --plan or --url")
 
-    results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration, "models": {}}
+    results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration,
+               "load_generator": args.load_generator, "models": {}}
     try:
         for model in models:
             if args.protocol == "grpc":
@@ -209,16 +256,16 @@ def main() -> int:
             else:
                 import tritonclient.http as client_lib
                 metadata = client_lib.InferenceServerClient(url).get_model_metadata(model)
-            if shutil.which("perf_analyzer") and not args.no_perf_analyzer:
-                rows = perf_analyzer(url, args.protocol, model, levels, args.batch, args.out)
-            else:
-                rows = []
-                for level in levels:
+            rows = []
+            for level in levels:
+                if binary is not None:
+                    row = perf_analyzer(binary, url, args.protocol, model, args.batch, level, args.duration, args.out)
+                else:
                     row = measure(url, args.protocol, model, metadata, args.batch, level, args.duration, args.warmup,
                                   args.processes)
-                    print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
-                          f"p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", flush=True)
-                    rows.append(row)
+                print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
+                      f"p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", flush=True)
+                rows.append(row)
             results["models"][model] = rows
         if server is not None:
             text = server.metrics.render()
@@ -231,7 +278,7 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch})", "",
+    lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch}, {args.load_generator})", "",
              "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|"]
     for model, rows in results["models"].items():
         for r in rows:

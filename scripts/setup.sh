@@ -11,3 +11,5 @@ if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
   pip install -q torch==2.14.1 torchvision==0.29.1
 fi
 pip install -q -e ".[test]"
+# Triton's perf_analyzer, for the serve test that runs it (that test skips without it).
+bash scripts/install_perf_analyzer.sh || echo "warning: perf_analyzer is not installed; its serve test will skip" >&2

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -464,3 +465,75 @@ def test_instances_spread_over_the_server_devices():
     assert _instances(config(""), None, "cuda", "w") == [("cuda:0", 1)]
     with pytest.raises(ConfigError, match=r"gpus \[2\] are not among the server's devices"):
         _instances(config("instance_group [{ gpus: [2] }]"), gpus, "cuda", "w")
+
+
+def test_device_list_is_checked_before_anything_starts(cli, tmp_path, tiny_plan):
+    import torch
+
+    from sartor.errors import SartorError
+    from sartor.serve import ServeOptions, Server
+
+    absent = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU (cuda:0 without any)
+    cases = [([absent], "requested but"), (["tpu"], "unknown device 'tpu'"),
+             (["cpu", "cpu"], "names cpu more than once"), (["cpu", "cuda:0"], "mixes the CPU and GPUs")]
+    for devices, fragment in cases:
+        with pytest.raises(SartorError, match=re.escape(fragment)) as caught:
+            Server(ServeOptions(str(tmp_path), devices=devices))
+        assert "\n" not in str(caught.value)
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan)
+    result = cli("serve", "--model-repository", root, "--device", f"cuda:0,{absent}", "--dry-run")
+    assert result.code == 2 and "requested but" in result.err and result.err.count("\n") == 1, result
+
+
+def test_several_gpus_with_several_instances_each(tmp_path, tiny_plan, monkeypatch):
+    """--device cuda:0,cuda:1 and instance_group { count, gpus }: one engine per GPU that holds
+    instances, the contexts spread as configured, each with its own worker. No GPU here: each "GPU"
+    is the CPU engine under a GPU's name, which walks the same code path short of the kernels."""
+    import torch
+
+    import sartor.serve.config as config_module
+    import sartor.serve.repository as repository_module
+
+    real_load = repository_module.load_engine
+    loads = []
+
+    class OnNamedGpu:
+        def __init__(self, engine, device: str) -> None:
+            self._engine, self.device = engine, torch.device(device)
+
+        def __getattr__(self, name):
+            return getattr(self._engine, name)
+
+    def load_as(plan, device=None):
+        loads.append((Path(plan).parent.parent.name, device))
+        return OnNamedGpu(real_load(plan, device="cpu"), device)
+
+    monkeypatch.setattr(config_module, "parse_device", lambda spec: torch.device(spec if ":" in spec else spec + ":0"))
+    monkeypatch.setattr(repository_module, "load_engine", load_as)
+    root = tmp_path / "repo"
+    add_model(root, "spread", tiny_plan, BATCHING + "instance_group [{ count: 2 }, { count: 1, gpus: [1] }]\n")
+    add_model(root, "second_gpu", tiny_plan, BATCHING + "instance_group [{ count: 2, gpus: [1] }]\n")
+    with running(root, devices=["cuda:0", "cuda:1"]) as server:
+        workers = sorted(t.name.rsplit("-", 1)[0] for t in threading.enumerate()
+                         if t.name.startswith("sartor-serve-spread") or t.name.startswith("sartor-serve-second"))
+        client = http_client(server)
+        for model in ("spread", "second_gpu"):
+            x = images(3, seed=5)
+            np.testing.assert_allclose(http_infer(client, x, model=model).as_numpy("logits"),
+                                       reference(tiny_plan, x), rtol=1e-5, atol=1e-6)
+        groups = {m: [(g["kind"], g["count"], g["gpus"]) for g in client.get_model_config(m)["instance_group"]]
+                  for m in ("spread", "second_gpu")}
+        engines = {m: sorted(server.repository.served(m).engines) for m in ("spread", "second_gpu")}
+        with urllib.request.urlopen(f"http://{HOST}:{server.metrics_port}/metrics", timeout=20) as response:
+            metrics = response.read().decode()
+    assert sorted(loads) == [("second_gpu", "cuda:0"), ("second_gpu", "cuda:1"), ("spread", "cuda:0"),
+                             ("spread", "cuda:1")]
+    assert groups == {"spread": [("KIND_GPU", 2, [0]), ("KIND_GPU", 3, [1])],
+                      "second_gpu": [("KIND_GPU", 2, [1])]}
+    # The engine loaded first on cuda:0 holds no instance of second_gpu, so it is not kept.
+    assert engines == {"spread": ["cuda:0", "cuda:1"], "second_gpu": ["cuda:1"]}
+    assert workers == ["sartor-serve-second_gpu-v1-cuda:1"] * 2 + ["sartor-serve-spread-v1-cuda:0"] * 2 + \
+        ["sartor-serve-spread-v1-cuda:1"] * 3
+    memory = re.findall(r'nv_model_device_memory_bytes\{device="([^"]+)",model="([^"]+)"', metrics)
+    assert sorted(memory) == [("cuda:0", "spread"), ("cuda:1", "second_gpu"), ("cuda:1", "spread")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -302,3 +303,137 @@ def test_poller_adds_models_and_keeps_serving_through_a_bad_version(tmp_path, ti
         (root / "tiny" / "2" / "model.plan").write_bytes(plan_v2.read_bytes())
         wait_for(lambda: h.is_model_ready("tiny", "2"), what="the fixed version 2")
         np.testing.assert_allclose(http_infer(h, x).as_numpy("logits"), reference(plan_v2, x), rtol=1e-5, atol=1e-6)
+
+
+# ---- instances and torch's process-global flags ------------------------------------------------------------
+
+def test_two_instances_run_at_the_same_time():
+    meeting = threading.Barrier(2, timeout=10)  # passes only when both instances are inside run at once
+
+    class Meeting(FakeContext):
+        def run(self, feeds):
+            meeting.wait()
+            return super().run(feeds)
+
+    a, b = Meeting(), Meeting()
+    batcher = Batcher("m", "1", [Instance(a, "cpu"), Instance(b, "cpu")], BatchPolicy(8, False), [PROFILE], Metrics())
+    try:
+        futures = [submit(batcher, 1, value=v) for v in (1.0, 2.0)]
+        results = [f.result(timeout=20) for f in futures]
+    finally:
+        batcher.close()
+        batcher.join(5)
+    assert [float(r.outputs["y"][0, 0]) for r in results] == [2.0, 4.0]
+    assert a.batches == [1] and b.batches == [1]
+
+
+@pytest.fixture
+def torch_tf32_flags():
+    import torch
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class _FlagLog:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = {False: 0, True: 0}
+        self.overlaps = 0  # a run of one precision began while a run of the other was inside
+        self.wrong_flags = 0  # a run saw torch's TF32 flags other than its engine wants
+        self.runs = 0
+
+
+class PrecisionContext(FakeContext):
+    """Runs as ExecutionContext.run does: sets the TF32 flags for its engine around the work."""
+
+    def __init__(self, precision: str, log: _FlagLog) -> None:
+        super().__init__()
+        self.engine = SimpleNamespace(precision=precision)
+        self.log = log
+
+    def run(self, feeds):
+        import torch
+
+        from sartor.runtime.context import matmul_precision
+        tf32 = self.engine.precision == "tf32"
+        with matmul_precision(tf32):
+            with self.log.lock:
+                self.log.overlaps += self.log.active[not tf32] > 0
+                self.log.active[tf32] += 1
+            for _ in range(3):
+                time.sleep(0.001)
+                wrong = torch.backends.cuda.matmul.allow_tf32 != tf32 or torch.backends.cudnn.allow_tf32 != tf32
+                with self.log.lock:
+                    self.log.wrong_flags += wrong
+            with self.log.lock:
+                self.log.active[tf32] -= 1
+                self.log.runs += 1
+        return super().run(feeds)
+
+
+def test_models_with_different_tf32_settings_never_overlap(torch_tf32_flags):
+    log = _FlagLog()
+    batchers = [Batcher(name, "1", [Instance(PrecisionContext(precision, log), "cpu") for _ in range(2)],
+                        BatchPolicy(8, False), [PROFILE], Metrics())
+                for name, precision in (("tf32_model", "tf32"), ("fp32_model", "fp32"))]
+    try:
+        futures = [submit(b, 1, value=float(i)) for i in range(30) for b in batchers]
+        for f in futures:
+            f.result(timeout=30)
+    finally:
+        for b in batchers:
+            b.close()
+            b.join(5)
+    assert log.runs == 60
+    assert log.overlaps == 0 and log.wrong_flags == 0, vars(log)
+
+
+def test_cpu_instances_of_one_model_serve_concurrently(tmp_path, tiny_plan, monkeypatch):
+    """instance_group count 2 on the CPU: two execution contexts whose runs overlap (the flag gate
+    lets runs that agree share it), never more than two at once, every answer right."""
+    from sartor.runtime.context import ExecutionContext
+    real_run = ExecutionContext.run
+    lock = threading.Lock()
+    state = {"active": 0, "peak": 0}
+
+    def observed_run(self, feeds):
+        if not threading.current_thread().name.startswith("sartor-serve"):
+            return real_run(self, feeds)  # the test's own reference runs
+        with lock:
+            state["active"] += 1
+            state["peak"] = max(state["peak"], state["active"])
+        try:
+            time.sleep(0.03)
+            return real_run(self, feeds)
+        finally:
+            with lock:
+                state["active"] -= 1
+
+    monkeypatch.setattr(ExecutionContext, "run", observed_run)
+    repo = tmp_path / "repo"
+    add_model(repo, "tiny", tiny_plan, "max_batch_size: 4\ninstance_group [{ count: 2, kind: KIND_CPU }]\n")
+    with running(repo) as server:
+        state["peak"] = 0  # warm-up ran its contexts one after the other
+        errors, done = [], []
+
+        def client(k: int) -> None:
+            try:
+                c = http_client(server)
+                for i in range(2):
+                    x = images(1, seed=100 * k + i)
+                    np.testing.assert_allclose(http_infer(c, x).as_numpy("logits"), reference(tiny_plan, x),
+                                               rtol=1e-5, atol=1e-6)
+                    done.append(1)
+            except Exception as exc:  # reported below with the others
+                errors.append(exc)
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        config = http_client(server).get_model_config("tiny")
+    assert not errors and len(done) == 12, errors
+    assert state["peak"] == 2, state
+    assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]

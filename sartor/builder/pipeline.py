@@ -24,7 +24,12 @@ from ..runtime.profiles import Profile, make_profile
 from ..tactics import TacticSelection, TimingCache, select_tactics
 from ..version import __version__
 from .config import BuildConfig, check_preprocess
-from .precision import base_precision, overflowing_layers, plan_precision, unmatched_overrides
+from .precision import (
+    base_precision,
+    overflowing_layers,
+    plan_precision,
+    unmatched_overrides,
+)
 
 Progress = Callable[[str], None]
 # Layer attributes shown by `inspect` besides the activation: the epilogue order and INT8 scales.

@@ -25,7 +25,15 @@ from ..builder.config import (
 from ..errors import ConfigError
 from ..runtime.fingerprint import describe
 from ..runtime.profiles import Profile, parse_shape_spec
-from .common import add_calibration_args, console, describe_precision, fmt_bytes, key_values, table, text
+from .common import (
+    add_calibration_args,
+    console,
+    describe_precision,
+    fmt_bytes,
+    key_values,
+    table,
+    text,
+)
 from .validate import read_class_names
 
 # The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).

@@ -11,7 +11,16 @@ from ..errors import DeviceError
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..runtime.profiles import Profile
-from .common import console, describe_precision, fmt_bytes, fmt_shape, key_values, print_json, table, text
+from .common import (
+    console,
+    describe_precision,
+    fmt_bytes,
+    fmt_shape,
+    key_values,
+    print_json,
+    table,
+    text,
+)
 
 DESCRIPTION = "Show an engine's layers, profiles, fingerprint, provenance and memory."
 

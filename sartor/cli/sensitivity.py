@@ -5,7 +5,15 @@ import argparse
 import math
 
 from ..quant.sensitivity import DEFAULT_SAMPLES
-from .common import add_calibration_args, console, fmt_float, key_values, print_json, table, text
+from .common import (
+    add_calibration_args,
+    console,
+    fmt_float,
+    key_values,
+    print_json,
+    table,
+    text,
+)
 
 DESCRIPTION = "Rank layers by how much INT8 alone in that layer degrades the outputs (SNR vs FP32)."
 EPILOG = """\

@@ -10,7 +10,8 @@ along dim 0, run, and the outputs are split back per request. Requests whose tim
 queued are answered with RequestTimeout; requests whose caller went away are dropped.
 
 Runs that may capture a CUDA graph (a context's first run of a shape) take the GPUs alone, through
-`DeviceGate`, because a capture must not overlap other CUDA work of the process.
+`DeviceGate`, because a capture must not overlap other CUDA work of the process. Runs whose engines
+want different process-global TF32 settings never overlap either, through `FlagGate`.
 """
 from __future__ import annotations
 
@@ -94,6 +95,74 @@ def device_gate(device: str | None) -> DeviceGate:
     return _CUDA_GATE if str(device).startswith("cuda") else _NO_GATE
 
 
+# ---- process-global torch flags ----------------------------------------------------------------------
+
+def _set_tf32(enabled: bool) -> None:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+class FlagGate:
+    """Runs that want TF32 and runs that must not have it never overlap; runs that agree do.
+
+    `ExecutionContext.run` sets torch's TF32 flags for its engine (on for `tf32` engines, off for all
+    others) and restores the previous values when it returns, around graph replays too. The flags
+    are process-global and read whenever any thread launches or captures a matmul or convolution, so
+    an FP32 model running beside a TF32 one could launch its matmuls and convolutions in TF32, and
+    interleaved restores could leave either value behind.
+    Here the first run of a group sets the group's value before any of its runs starts, so each run's
+    own set-and-restore is a no-op while the group holds the gate. A group with runs waiting stops
+    admitting newcomers of the other group, so neither starves. When every model agrees (the usual
+    case) nothing ever waits.
+
+    `torch.backends.cudnn.benchmark` needs no gate: every CUDA context sets it to True and nothing
+    sets it back."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._mode: bool | None = None
+        self._active = 0
+        self._waiting = {False: 0, True: 0}
+
+    @contextlib.contextmanager
+    def hold(self, tf32: bool):
+        with self._cv:
+            self._waiting[tf32] += 1
+            while self._active and (self._mode != tf32 or self._waiting[not tf32]):
+                self._cv.wait()
+            self._waiting[tf32] -= 1
+            if not self._active:
+                self._mode = tf32
+                _set_tf32(tf32)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._active -= 1
+                if not self._active:
+                    self._cv.notify_all()
+
+
+FLAG_GATE = FlagGate()
+
+
+def wants_tf32(context) -> bool:
+    return getattr(getattr(context, "engine", None), "precision", None) == "tf32"
+
+
+def on_device(context):
+    """The context's GPU as the thread's current device. A worker thread starts on cuda:0, and code
+    that launches on "the current device" rather than on its tensors' device (Triton kernels pick
+    their stream that way) must see the instance's own GPU when there are several."""
+    device = getattr(getattr(context, "engine", None), "device", None)
+    if getattr(device, "type", None) == "cuda":
+        import torch
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def shape_key(feeds: dict) -> tuple:
     return tuple(sorted((name, tuple(int(d) for d in value.shape)) for name, value in feeds.items()))
 
@@ -108,7 +177,9 @@ class Instance:
     def run(self, feeds: dict) -> dict:
         key = shape_key(feeds)
         gate = device_gate(self.device)
-        with (gate.shared() if key in self.seen else gate.exclusive()):
+        # Always the device gate first, then the flag gate (a fixed order: no deadlock).
+        with (gate.shared() if key in self.seen else gate.exclusive()), FLAG_GATE.hold(wants_tf32(self.context)), \
+                on_device(self.context):
             out = self.context.run(feeds)
         self.seen.add(key)
         return out

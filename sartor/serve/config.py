@@ -21,6 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
+from ..runtime.fingerprint import parse_device
 from .tensors import kserve_datatype
 
 CONFIG_FILE = "config.pbtxt"
@@ -115,6 +116,26 @@ def _check_io(config_entries, engine_values, kind: str, where: str) -> None:
             got = mc.DataType.Name(entry.data_type)
             if want != got:
                 raise ConfigError(f"{where}: {kind} {entry.name!r} is {got} in the config but the engine has {want}")
+
+
+def check_devices(devices: list[str] | None) -> list[str] | None:
+    """The server's device list (`--device cuda:0,cuda:1`), normalised ("cuda" is "cuda:0") and
+    checked against this machine at start-up, so that a GPU that is not there is one line before
+    any model loads rather than every model failing with it."""
+    if devices is None:
+        return None
+    if not devices:
+        raise ConfigError("--device names no device")
+    kinds = {str(d).strip().partition(":")[0] for d in devices}
+    if kinds == {"cpu", "cuda"}:
+        raise ConfigError(f"--device {','.join(devices)} mixes the CPU and GPUs: name one kind (a model's "
+                          f"instance_group {{ kind: KIND_CPU }} puts its instances on the CPU)")
+    normalised = [str(parse_device(str(d).strip())) for d in devices]
+    twice = sorted({d for d in normalised if normalised.count(d) > 1})
+    if twice:
+        raise ConfigError(f"--device names {', '.join(twice)} more than once (several execution contexts on one "
+                          f"GPU come from instance_group {{ count: N }})")
+    return normalised
 
 
 def _instances(config: mc.ModelConfig, devices: list[str] | None, engine_kind: str,

@@ -25,9 +25,9 @@ import numpy as np
 
 from ..errors import ConfigError, SartorError
 from ..runtime import load as load_engine
-from ..runtime.fingerprint import parse_device
-from .batcher import Batcher, BatchPolicy, Instance, device_gate, shape_key
-from .config import DEFAULT_MODEL_FILE, ModelSettings, complete_config, read_config
+from .batcher import (FLAG_GATE, Batcher, BatchPolicy, Instance, device_gate, on_device, shape_key,
+                      wants_tf32)
+from .config import DEFAULT_MODEL_FILE, ModelSettings, check_devices, complete_config, read_config
 from .errors import InvalidRequest, ModelUnavailable
 from .tensors import kserve_datatype
 
@@ -134,7 +134,7 @@ class Repository:
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a directory")
         self.metrics = metrics
-        self.devices = [str(parse_device(d)) for d in devices] if devices else None
+        self.devices = check_devices(devices) if devices else None
         self.max_queue_size = max_queue_size
         self.poll_interval = poll_interval
         self._records: dict[str, ModelRecord] = {}
@@ -241,11 +241,15 @@ class Repository:
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
             first = load_engine(plan, device=first_device)
         config, settings = complete_config(config, has_max_batch, name, first, self.devices, where)
-        engines = {str(first.device): first}
+        loaded = {str(first.device): first}
+        engines = {}  # only the devices that hold instances: `first` is dropped when none runs on its device
         for device, _ in settings.instances:
-            if device not in engines:
+            if device not in loaded:
                 with device_gate(device).exclusive():
-                    engines[device] = load_engine(plan, device=device)
+                    loaded[device] = load_engine(plan, device=device)
+            engines[device] = loaded[device]
+        preprocess = first.preprocess
+        del loaded, first
         instances = []
         for device, count in settings.instances:
             for _ in range(count):
@@ -254,22 +258,23 @@ class Repository:
                 instance = Instance(context, device)
                 self._warm(instance, engines[device], settings)
                 instances.append(instance)
-        preprocess = first.preprocess
         if preprocess is None and settings.preprocess:
             from ..data.preprocess import parse_preprocess
             preprocess = parse_preprocess(settings.preprocess)
         policy = BatchPolicy(max_batch_size=settings.max_batch_size, dynamic=settings.dynamic_batching,
                              preferred=settings.preferred_batch_sizes, max_delay_s=settings.max_queue_delay_s,
                              max_queue_size=settings.max_queue_size or self.max_queue_size)
-        with device_gate(str(first.device)).exclusive():
-            checker = first.context()  # used only for its input checks
-        batcher = Batcher(name, version, instances, policy, first.profiles, self.metrics)  # starts the workers
+        checker_device = settings.instances[0][0]
+        with device_gate(checker_device).exclusive():
+            checker = engines[checker_device].context()  # used only for its input checks
+        batcher = Batcher(name, version, instances, policy, checker.engine.profiles, self.metrics)  # starts the workers
         return ServedModel(name, version, plan, config, settings, engines, batcher, stamp, checker, preprocess)
 
     @staticmethod
     def _warm(instance: Instance, engine, settings: ModelSettings) -> None:
         """ctx.warmup() (each profile at min/opt/max), then the batch sizes batching will form."""
-        with device_gate(instance.device).exclusive():
+        with device_gate(instance.device).exclusive(), FLAG_GATE.hold(wants_tf32(instance.context)), \
+                on_device(instance.context):
             instance.context.warmup()
             for profile in engine.profiles:
                 for pick in ("min", "opt", "max"):

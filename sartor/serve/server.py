@@ -12,6 +12,7 @@ import grpc
 from aiohttp import web
 
 from ..errors import ConfigError
+from .config import check_devices
 from .core import InferenceCore
 from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend, metrics_app
@@ -49,6 +50,7 @@ class ServeOptions:
             raise ConfigError(f"--poll-interval {self.poll_interval} must be >= 0")
         if self.request_timeout is not None and self.request_timeout < 0:
             raise ConfigError(f"--request-timeout {self.request_timeout} must be >= 0")
+        self.devices = check_devices(self.devices)
 
 
 class Server:
