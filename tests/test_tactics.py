@@ -28,9 +28,9 @@ def timing_calls(monkeypatch) -> list:
     calls = []
     real = select.time_ms
 
-    def counted(fn, device, iterations, warmup=3):
+    def counted(fn, device, iterations, warmup=3, graph=False):
         calls.append((device.type, iterations, warmup))
-        return real(fn, device, iterations, warmup)
+        return real(fn, device, iterations, warmup, graph)
     monkeypatch.setattr(select, "time_ms", counted)
     return calls
 
@@ -307,3 +307,14 @@ def test_cached_winner_that_no_longer_matches_is_timed_again(tiny_onnx, tmp_path
     entries = TimingCache(cache).devices[fingerprint_digest(CPU)]["entries"].values()
     assert {e["winner"] for e in entries} == {"torch"}
     assert all("output differs" in e["rejected"]["channels_last"] for e in entries)
+
+
+def test_other_layers_are_signed_by_inputs_and_attributes():
+    from sartor.tactics.timing_cache import layer_signature
+    x = torch.zeros(2, 8, 16, 16)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "tactic": "torch"}
+    sig = layer_signature("MaxPool", [x], attrs, "fp16", False)
+    assert sig.startswith("MaxPool in=f32[2x8x16x16]:contiguous") and "strides=2,2" in sig and "tactic" not in sig
+    assert layer_signature("MaxPool", [x], dict(attrs, tactic="triton_nhwc"), "fp16", False) == sig
+    assert layer_signature("MaxPool", [x], dict(attrs, strides=[1, 1]), "fp16", False) != sig
+    assert layer_signature("FusedConv", [x, torch.zeros(4, 8, 3, 3)], {}, "fp32", False).startswith("FusedConv x=")

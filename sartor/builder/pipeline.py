@@ -70,6 +70,10 @@ def _tactic(node, device: torch.device) -> str:
         return f"torch.conv ({library}) + triton epilogue"
     if chosen == "channels_last":
         return f"torch.conv channels-last ({library}) + torch epilogue"
+    if chosen == "triton_nhwc":
+        return "triton channels-last max pool (padding by masks)"
+    if chosen and chosen.startswith("im2col_igemm_"):
+        return f"int8 im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
     if chosen and chosen.startswith("igemm_"):
         kind = "int8 tensor cores, int32 accumulate" if node.op_type in ("QConv", "QGemm") else "fp32 accumulate"
         return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + fused epilogue"

@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kernels.pool import max_pool_nhwc, max_pool_nhwc_supported
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -27,8 +28,8 @@ def _out_size(size, k, s, d, lo, hi, ceil_mode):
     return (math.ceil(span / s) if ceil_mode else span // s) + 1
 
 
-def _pad_for_pool(x, attrs, fill):
-    """Apply ONNX padding (explicit, SAME_* or ceil_mode overhang) as an explicit pad with `fill`."""
+def _pool_geometry(x, attrs):
+    """(kernel, strides, dilations, begin pads, end pads, output sizes) under ONNX rules."""
     spatial = x.dim() - 2
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides") or [1] * spatial)
@@ -42,6 +43,12 @@ def _pad_for_pool(x, attrs, fill):
             # A window must start inside the input or left padding (PyTorch and ONNX agree on this).
             if (o - 1) * s >= n + begin[i]:
                 outs[i] = o - 1
+    return kernel, strides, dilations, begin, end, outs
+
+
+def _pad_for_pool(x, attrs, fill):
+    """Apply ONNX padding (explicit, SAME_* or ceil_mode overhang) as an explicit pad with `fill`."""
+    kernel, strides, dilations, begin, end, outs = _pool_geometry(x, attrs)
     # Extra padding so that a floor-mode pool over the padded tensor gives the ceil-mode size.
     extra = [max((o - 1) * s + (k - 1) * d + 1 - (n + lo + hi), 0)
              for n, k, s, d, o, lo, hi in zip(x.shape[2:], kernel, strides, dilations, outs, begin, end)]
@@ -52,10 +59,23 @@ def _pad_for_pool(x, attrs, fill):
     return padded, kernel, strides, dilations, begin, end, extra
 
 
+def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
+    """"torch" (the reference: explicit padding, then PyTorch's pool) and, for channels-last
+    CUDA tensors without an Indices output, the Triton kernel that pads by masks."""
+    x = inputs[0]
+    if x.is_cuda and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
+        return ["torch", "triton_nhwc"]
+    return ["torch"]
+
+
 # `_with_indices` is set by the importer when the node's Indices output is used.
-@OPS.op("MaxPool", attrs=dict(POOL_ATTRS, storage_order=0, _with_indices=0), check=_pool_check)
+@OPS.op("MaxPool", attrs=dict(POOL_ATTRS, storage_order=0, _with_indices=0), check=_pool_check,
+        tactics=max_pool_tactics)
 def max_pool(inputs, attrs):
     x = inputs[0]
+    if attrs.get("tactic") == "triton_nhwc" and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
+        kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
+        return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[x.dim() - 2]
     if not x.is_floating_point():
         out = max_pool([x.float()], attrs)

@@ -18,7 +18,7 @@ from ..ops import default_registry
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint
-from .timing_cache import TimingCache, conv_signature
+from .timing_cache import TimingCache, layer_signature
 
 REFERENCE_TACTIC = "torch"
 # Builder effort -> (warm-up runs, timed runs) per candidate. Effort 0 times nothing: every layer
@@ -112,7 +112,8 @@ class TacticSelection:
 def _run(step, args: list, tactic: str):
     """One run of a candidate, with the weight in the layout the engine will store it in."""
     args = list(args)
-    args[1] = step.weight_for_tactic(args[1], tactic)
+    if step.weight_for_tactic is not None:
+        args[1] = step.weight_for_tactic(args[1], tactic)
     attrs = dict(step.attrs, tactic=tactic)
     return step.impl(args, attrs), lambda: step.impl(args, attrs)
 
@@ -169,7 +170,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
         if len(candidates) == 1:  # nothing to choose between (INT8 emulation on the CPU)
             return
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
-        signature = conv_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32)
+        signature = layer_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32)
         entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference)
         if entry is not None:
             selection.cached += 1
@@ -181,7 +182,8 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             if cache is not None:
                 cache.record(fingerprint, signature, winner, timings, rejected, effort)
         step.attrs["tactic"] = winner
-        args[1] = step.weight_for_tactic(args[1], winner)  # this run goes on with the winner
+        if step.weight_for_tactic is not None:
+            args[1] = step.weight_for_tactic(args[1], winner)  # this run goes on with the winner
         selection.layers[name] = {"tactic": winner, "timings_ms": dict(timings), "rejected": dict(rejected),
                                   "source": source}
 

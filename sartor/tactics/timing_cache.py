@@ -17,7 +17,8 @@ not its key, says which device an entry belongs to.
 
 A layer signature is a canonical string of what determines a kernel's speed: op type, input shapes,
 dtypes and memory formats at the profile's opt shape, the weight's, the convolution's geometry,
-the epilogue, the precision (and TF32). See `conv_signature`.
+the epilogue, the precision (and TF32). See `conv_signature`; other layers with tactics (MaxPool)
+are identified by their input tensors and attributes (`layer_signature`).
 """
 from __future__ import annotations
 
@@ -74,6 +75,18 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
     if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
         parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
     return " ".join(parts)
+
+
+def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool) -> str:
+    """The timing identity of any layer with tactics: conv_signature for the convolution and GEMM
+    layers (which have weights), otherwise op type, input tensors and attributes, e.g.
+    MaxPool in=f16[8x64x112x112]:nhwc kernel_shape=3,3 pads=1,1,1,1 strides=2,2 precision=fp16"""
+    if op_type in ("FusedConv", "QConv", "QGemm", "Conv"):
+        return conv_signature(op_type, args, attrs, precision, tf32)
+    tensors = " ".join(f"in={_tensor(a)}" for a in args if isinstance(a, torch.Tensor))
+    settings = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+                        for key, value in sorted(attrs.items()) if key != "tactic" and value is not None)
+    return f"{op_type} {tensors} {settings} precision={precision}"
 
 
 def _check_entry(entry, where: str) -> dict:

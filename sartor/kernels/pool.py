@@ -1,0 +1,64 @@
+"""2-D max pooling over channels-last tensors in Triton: padding by masks, one read of each window.
+
+PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NHWC kernel, which
+on the H200 took 0.83 ms for ResNet-50's stem pool at batch 256 — several times what moving its
+bytes costs. Here each program owns a block of output pixels × a block of channels; channel vectors
+are contiguous in NHWC, so every tap is a coalesced load.
+"""
+from __future__ import annotations
+
+import torch
+
+from .epilogue import triton
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w,
+                              KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                              DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        p_ok = offs_p < P
+        c_ok = offs_c < C
+        pixels = OH * OW
+        n = offs_p // pixels
+        rem = offs_p - n * pixels
+        oh = rem // OW
+        ow = rem - oh * OW
+        base = n.to(tl.int64) * sxn
+        acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=tl.float32)
+        for kh in tl.static_range(KH):
+            for kw in tl.static_range(KW):
+                ih = oh * SH - pad_h + kh * DH
+                iw = ow * SW - pad_w + kw * DW
+                ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
+                            mask=ok[:, None] & c_ok[None, :], other=float("-inf"))
+                acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)
+        y_offsets = offs_p.to(tl.int64)[:, None] * C + offs_c[None, :]
+        tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
+
+
+def max_pool_nhwc_supported(x: torch.Tensor) -> bool:
+    return (triton is not None and x.dim() == 4 and x.is_floating_point()
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
+                  dilations: tuple[int, int], out_hw: tuple[int, int]) -> torch.Tensor:
+    """Max pool of a channels-last [N, C, H, W] tensor; `pads` are the top/left pads, `out_hw` the
+    output size (which already accounts for bottom/right pads and ceil mode)."""
+    n, c, h, w = x.shape
+    oh, ow = out_hw
+    y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    sxn, _, sxh, sxw = x.stride()
+    pixels = n * oh * ow
+    block_c = min(64, triton.next_power_of_2(c))
+    block_p = max(16, 4096 // block_c)
+    grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
+    _max_pool_nhwc_kernel[grid](x, y, pixels, c, h, w, oh, ow, sxn, sxh, sxw, pads[0], pads[1],
+                                KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
+                                DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+    return y

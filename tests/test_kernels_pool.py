@@ -1,0 +1,50 @@
+"""The channels-last max-pool kernel against the MaxPool reference, through Triton's interpreter on
+CPU (and natively on a GPU); and its place among MaxPool's tactics."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+triton = pytest.importorskip("triton")
+
+from sartor.kernels.pool import max_pool_nhwc, max_pool_nhwc_supported  # noqa: E402
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CASES = [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},  # ResNet's stem pool
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2]},  # YOLO's SPPF
+    {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [0, 1, 2, 0], "dilations": [2, 1]},
+    {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]},
+]
+
+
+@pytest.mark.parametrize("attrs", CASES)
+@pytest.mark.parametrize("channels", [8, 70])
+def test_max_pool_kernel_matches_reference(attrs, channels):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, channels, 11, 9, generator=generator)
+    x[0, 0, 0, 0] = float("nan")  # NaN propagates, as in PyTorch
+    expected = max_pool([x], dict(attrs))
+    x_cl = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+    kernel, strides, dilations, begin, _, outs = _pool_geometry(x_cl, attrs)
+    out = max_pool_nhwc(x_cl, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out.cpu(), expected, equal_nan=True, rtol=0, atol=0)
+
+
+def test_max_pool_tactics():
+    tactics = default_registry()["MaxPool"].tactics
+    x = torch.zeros(1, 8, 6, 6)
+    assert tactics([x], {"kernel_shape": [2, 2]}) == ["torch"]  # CPU: the reference only
+    assert not max_pool_nhwc_supported(x) and max_pool_nhwc_supported(x.contiguous(memory_format=torch.channels_last))
+    assert not max_pool_nhwc_supported(torch.zeros(1, 8, 6, 6, dtype=torch.int8))
+    if DEVICE == "cuda":
+        x_cl = x.cuda().contiguous(memory_format=torch.channels_last)
+        assert tactics([x_cl], {"kernel_shape": [2, 2]}) == ["torch", "triton_nhwc"]
+        assert tactics([x_cl], {"kernel_shape": [2, 2], "_with_indices": 1}) == ["torch"]
