@@ -318,3 +318,20 @@ def test_other_layers_are_signed_by_inputs_and_attributes():
     assert layer_signature("MaxPool", [x], dict(attrs, tactic="triton_nhwc"), "fp16", False) == sig
     assert layer_signature("MaxPool", [x], dict(attrs, strides=[1, 1]), "fp16", False) != sig
     assert layer_signature("FusedConv", [x, torch.zeros(4, 8, 3, 3)], {}, "fp32", False).startswith("FusedConv x=")
+
+
+def test_feeds_take_their_readers_dtype_in_the_layout_change(tiny_onnx):
+    """An FP16 engine's image input is cast in the same copy that makes it channels-last."""
+    import numpy as np
+
+    from sartor.frontend.onnx import import_onnx
+    from sartor.runtime.executor import Executor
+    graph = import_onnx(str(tiny_onnx)).graph
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in graph.initializers.items()}
+    name = graph.inputs[0].name
+    half = Executor(graph, weights, torch.device("cpu"), {node.name: "fp16" for node in graph.nodes})
+    assert half.feed_dtypes == {name: torch.float16}
+    mixed = {node.name: "fp16" for node in graph.nodes}
+    readers = [node.name for node in graph.nodes if name in node.inputs]
+    mixed[readers[0]] = "fp32"
+    assert Executor(graph, weights, torch.device("cpu"), mixed).feed_dtypes.get(name) in (None, torch.float32)

@@ -59,6 +59,7 @@ class Executor:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
             self.steps.append(step)
         self.host_values = host_values
+        self.feed_dtypes = self._feed_dtypes()
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
 
@@ -87,6 +88,17 @@ class Executor:
             tensor = step.weight_for_tactic(tensor, step.attrs.get("tactic"))
         return tensor
 
+    def _feed_dtypes(self) -> dict[str, torch.dtype]:
+        """Graph inputs whose every device reader computes in one float dtype: converted to it on
+        arrival, in the same copy as the change to channels-last (one pass over the input, not two)."""
+        readers: dict[str, set] = {}
+        for step in self.steps:
+            for name in step.node.present_inputs():
+                readers.setdefault(name, set()).add(None if step.on_host else step.compute_dtype)
+        feeds = {v.name for v in self.graph.inputs}
+        return {name: next(iter(dtypes)) for name, dtypes in readers.items()
+                if name in feeds and len(dtypes) == 1 and next(iter(dtypes)) is not None}
+
     def _plan_releases(self) -> None:
         last_reader: dict[str, int] = {}
         for index, step in enumerate(self.steps):
@@ -108,7 +120,8 @@ class Executor:
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
             if self.channels_last and tensor.dim() == 4 and tensor.is_cuda:
-                tensor = tensor.contiguous(memory_format=torch.channels_last)
+                dtype = self.feed_dtypes.get(name) if tensor.is_floating_point() else None
+                tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
             env[name] = tensor
         for index, step in enumerate(self.steps):
             args = self._arguments(step, env, device_copies)
