@@ -1,0 +1,209 @@
+"""Issue 5's table in one device call per group of models: sartor FP16 (and INT8 where asked)
+against PyTorch eager FP16 channels-last + CUDA graph and torch.compile reduce-overhead, per batch,
+in the same process; with build time (cold and with a warm timing cache), load time, first
+inference and device memory.
+
+    PYTHONPATH=. python bench/h200_table.py --out $OUT --models resnet50,mobilenet_v3_large \\
+        [--batches 1,8,64,256] [--int8] [--onnx-dir .carry] [--no-compile]
+
+Models: resnet50, mobilenet_v3_large, efficientnet_b0 (torchvision, 224, random weights with settled
+BatchNorm), detector (the sample detector, 320; its PyTorch peer is samples/detector/model.py),
+yolov8n and yolo11n (640, ONNX from --onnx-dir; no PyTorch peer there: Ultralytics is not installed).
+Detectors use batches 1, 8 and 32 whatever --batches says. Writes table.json and table.md; a device
+call has 10 minutes, so give a few models per call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "samples" / "detector"))
+
+import sartor  # noqa: E402
+from h200_models import export_classifier, settle_batchnorm, versions  # noqa: E402
+from sartor.tactics.select import timing_samples_ms  # noqa: E402
+
+CLASSIFIERS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0")
+DETECTOR_BATCHES = (1, 8, 32)
+SPEC = {"detector": ("images", 320), "yolov8n": ("images", 640), "yolo11n": ("images", 640)}
+
+
+def torch_model(name: str) -> torch.nn.Module | None:
+    if name in CLASSIFIERS:
+        import torchvision
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(weights=None)
+        settle_batchnorm(model)
+        return model.eval()
+    if name == "detector":
+        from model import Detector
+        torch.manual_seed(0)
+        model = Detector().eval()
+        model.export = True
+        return model
+    return None
+
+
+def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
+    if name in CLASSIFIERS:
+        return export_classifier(name, work)
+    if name == "detector":
+        return ROOT / "samples" / "detector" / "sample_detector.onnx"
+    if onnx_dir is None:
+        raise FileNotFoundError(f"{name} needs --onnx-dir with {name}.onnx")
+    return onnx_dir / f"{name}.onnx"
+
+
+def graph_runner(model: torch.nn.Module, x: torch.Tensor):
+    """Eager FP16 channels-last, captured as one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        model(x)
+    return graph.replay
+
+
+def compiled_runner(model: torch.nn.Module, x: torch.Tensor):
+    compiled = torch.compile(model, mode="reduce-overhead")
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for _ in range(3):
+            compiled(x)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+
+    def run():
+        with torch.inference_mode():
+            compiled(x)
+    return run, compile_s
+
+
+def timed(fn, batch: int, iterations: int) -> dict:
+    samples = timing_samples_ms(fn, torch.device("cuda"), iterations, 20)
+    median = statistics.median(samples)
+    return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
+            "img_s": round(batch / median * 1e3, 1)}
+
+
+def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
+               calib: Path | None) -> dict:
+    """Cold build, warm-cache build, load, first inference, steady state, device memory."""
+    shapes = {input_name: shape}
+    cache = work / f"timing_{onnx.stem}_{precision}.json"
+    cache.unlink(missing_ok=True)
+    kwargs = {"calib": str(calib), "calib_size": 64} if precision == "int8" else {}
+    plan = work / f"{onnx.stem}_{precision}_b{shape[0]}.plan"
+    builds = []
+    for _ in range(2):  # cold, then with the timing cache the first build wrote
+        t0 = time.perf_counter()
+        sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes, opt_shapes=shapes,
+                     max_shapes=shapes, timing_cache=str(cache), **kwargs)
+        builds.append(round(time.perf_counter() - t0, 1))
+    t0 = time.perf_counter()
+    engine = sartor.load(str(plan))
+    load_s = time.perf_counter() - t0
+    ctx = engine.context()
+    x = torch.rand(*shape, device="cuda")
+    t0 = time.perf_counter()
+    ctx.run({input_name: x})
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    row = timed(lambda: ctx.run({input_name: x}), shape[0], iterations)
+    row.update(build_cold_s=builds[0], build_warm_s=builds[1], load_s=round(load_s, 3),
+               first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--models", default="resnet50")
+    parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--int8", action="store_true", help="also sartor INT8 (calibrated on street scenes)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--onnx-dir", type=Path, default=None)
+    parser.add_argument("--iterations", type=int, default=100)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path("/tmp/sartor_table")
+    work.mkdir(exist_ok=True)
+    torch.backends.cudnn.benchmark = True
+    results = {"versions": versions(), "rows": [], "errors": {}}
+    calib = None
+    if args.int8:
+        from h200_int8 import scene_images
+        calib = work / "calib.npy"
+        np.save(calib, scene_images(64, 50_000))
+
+    def save():
+        (out / "table.json").write_text(json.dumps(results, indent=1))
+
+    for name in args.models.split(","):
+        input_name, size = SPEC.get(name, ("input", 224))
+        batches = DETECTOR_BATCHES if name in SPEC else tuple(int(b) for b in args.batches.split(","))
+        model = torch_model(name)
+        if model is not None:
+            model = model.half().cuda().to(memory_format=torch.channels_last)
+        for batch in batches:
+            shape = (batch, 3, size, size)
+            row = {"model": name, "batch": batch, "input": "x".join(map(str, shape))}
+            jobs = [("sartor_fp16", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name, shape,
+                                                       "fp16", work, args.iterations, None))]
+            if args.int8 and name in CLASSIFIERS:
+                jobs.append(("sartor_int8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
+                                                               shape, "int8", work, args.iterations, calib)))
+            if model is not None:
+                x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
+                jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
+                if not args.no_compile:
+                    def compile_job():
+                        run, compile_s = compiled_runner(model, x)
+                        return dict(timed(run, batch, args.iterations), compile_s=round(compile_s, 1))
+                    jobs.append(("torch_compile_reduce_overhead", compile_job))
+            for key, job in jobs:
+                try:
+                    row[key] = job()
+                except Exception as exc:  # noqa: BLE001 - the other cells are still worth measuring
+                    results["errors"][f"{name} b{batch} {key}"] = f"{type(exc).__name__}: {exc}"[:600]
+                    traceback.print_exc()
+                print(json.dumps({key: row.get(key)}), flush=True)
+            peers = [row[k]["median_ms"] for k in ("eager_fp16_cuda_graph", "torch_compile_reduce_overhead") if k in row]
+            if "sartor_fp16" in row and peers:
+                row["sartor_fp16_speedup_over_best_peer"] = round(min(peers) / row["sartor_fp16"]["median_ms"], 3)
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            save()
+    lines = ["| model | batch | sartor FP16 ms | INT8 ms | eager+graph ms | compile r-o ms | FP16 vs best peer |",
+             "|---|---|---|---|---|---|---|"]
+    cell = lambda r, k: f"{r[k]['median_ms']:.3f}" if k in r else "–"  # noqa: E731
+    for r in results["rows"]:
+        lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
+                     f"{cell(r, 'eager_fp16_cuda_graph')} | {cell(r, 'torch_compile_reduce_overhead')} | "
+                     f"{r.get('sartor_fp16_speedup_over_best_peer', '–')} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    save()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
