@@ -217,6 +217,8 @@ def _rewrite(graph: Graph, node: Node, fold: _Fold) -> None:
             graph.initializers[names[suffix]] = array
     attrs = {k: node.attrs[k] for k in CONV_ATTR_KEYS if conv and k in node.attrs}
     attrs.update({k: node.attrs[k] for k in EPILOGUE_KEYS if k in node.attrs})
+    if conv:  # as quantize records it: some tactics store the weight flattened
+        attrs["kernel_shape"] = [int(k) for k in fold.weight.shape[2:]]
     attrs.update(input_scale=float(fold.scale), input_inv_scale=_inv(fold.scale), weight_scale=fold.weight_scale,
                  residual_scale=None, output_scale=None, output_inv_scale=None, qmin=QDQ_QMIN)
     node.op_type = "QConv" if conv else "QGemm"
