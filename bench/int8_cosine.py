@@ -3,7 +3,7 @@ YOLOv8n, one INT8 engine per calibration method, measured on held-out crops of r
 
     PYTHONPATH=. python bench/int8_cosine.py --out /tmp/int8cos [--models resnet50,yolov8n]
         [--calib 64] [--test 16] [--yolo-size 320] [--methods entropy,percentile,minmax,mse]
-        [--recover] [--budget 0.02]
+        [--recover mse,entropy] [--budget 0.02] [--tune 32] [--overrides 4,8,16 --override-methods mse]
 
 Inputs are random square crops (scale, position, horizontal flip) of the photographs bundled
 with scikit-image, resized to the model's input. Three disjoint draws (independent seeds) are
@@ -20,9 +20,11 @@ issue's measure), over the 4 box rows and over the 80 class rows, each with the 
 mean over the evaluation images removed ("centred"), because an untrained box branch is a
 nearly constant anchor grid that makes the plain cosine ≈ 1 whatever INT8 does to the rest.
 
-With --recover, every (model, method) under 0.99 is rebuilt with `--accuracy-budget B` on the
-tuning crops (no labels: the planner measures top-1 agreement / pseudo-label mAP against ONNX
-Runtime FP32) and measured again on the evaluation crops.
+With --recover METHODS, each of those methods' engines is rebuilt with
+`--accuracy-budget B` on the tuning crops (no labels: the planner measures top-1 agreement /
+pseudo-label mAP against ONNX Runtime FP32) and measured again on the evaluation crops. With
+--overrides K1,K2,…, `sartor sensitivity` ranks the layers (on 32 calibration crops) and the first
+K of them are pinned to FP32 with --layer-precision, one engine per K.
 
 Nothing is downloaded: the photos ship inside scikit-image and Ultralytics builds YOLOv8n from
 its yaml. Prints one table and writes results.json under --out.
@@ -35,6 +37,7 @@ import io
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -140,8 +143,8 @@ def export_yolov8n(directory: Path, settle: np.ndarray, size: int) -> Path:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yolo = YOLO("yolov8n.yaml")
             settle_batchnorm(yolo.model, torch.from_numpy(settle))
-            exported = yolo.export(format="onnx", imgsz=size, dynamic=True, opset=17, simplify=False, device="cpu",
-                                   verbose=False)
+            exported = Path(yolo.export(format="onnx", imgsz=size, dynamic=True, opset=17, simplify=False,
+                                        device="cpu", verbose=False)).resolve()
     finally:
         os.chdir(previous)
     path = directory / f"yolov8n_{size}.onnx"
@@ -186,6 +189,51 @@ def write_manifest(directory: Path, images: np.ndarray) -> Path:
     return directory / "images.jsonl"
 
 
+def recover_with_planner(args, out: Path, pool, model: str, size: int, onnx_path: Path, calib: Path, method: str,
+                         common: dict, ref: np.ndarray, name: str, test: np.ndarray) -> dict:
+    """`--accuracy-budget` on the tuning crops. They carry no labels, so the planner measures top-1
+    agreement (classifier) or pseudo-label mAP (detector) against ONNX Runtime FP32."""
+    tune = write_manifest(out / f"{model}_tune", crops(pool, args.tune, size, SEEDS["tune"] + 100 * size))
+    plan = out / f"{model}_int8_{method}_budget.plan"
+    started = time.perf_counter()
+    result = sartor.build(onnx_path, plan, precision="int8", calib=calib, calib_size=args.calib, calib_method=method,
+                          calib_cache=out / f"{model}_{method}.calib.json", data=tune, accuracy_budget=args.budget,
+                          **common)
+    build_s = time.perf_counter() - started
+    planner = result.header.get("planner") or {}
+    return dict(model=model, size=size, method=method, plan=f"budget {args.budget:g}",
+                int8_layers=sum(layer["precision"] == "int8" for layer in result.header["layers"]),
+                kept_out=planner.get("kept_out", []), planner_drops=planner.get("drops"), build_s=round(build_s, 1),
+                **measures(model, ref, run(plan, name, test, args.batch)))
+
+
+def recover_with_overrides(args, out: Path, model: str, onnx_path: Path, calib: Path, method: str, common: dict,
+                           ref: np.ndarray, name: str, test: np.ndarray) -> list[dict]:
+    """The first K layers of `sartor sensitivity`'s ranking pinned to FP32 with --layer-precision,
+    for each K of --overrides."""
+    from sartor.quant.planner import _literal
+    cache = out / f"{model}_{method}.calib.json"
+    command = [sys.executable, "-m", "sartor", "sensitivity", str(onnx_path), "--calib", str(calib), "--calib-size",
+               str(min(args.calib, 32)), "--calib-method", method, "--calib-cache", str(cache), "--preprocess", common["preprocess"], "--json"]
+    if model == "yolov8n":
+        command += ["--decoder", "yolo"]  # rank by the worse of boxes and scores, not by pixel-sized boxes alone
+    started = time.perf_counter()
+    report = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+    ranking = [layer["name"] for layer in report["layers"] if layer["default"] == "int8"]
+    print(f"{model} {method}: sensitivity ranking of {len(ranking)} layers in {time.perf_counter() - started:.0f} s; "
+          f"least robust: {', '.join(ranking[:4])}", flush=True)
+    rows = []
+    for k in (int(v) for v in args.overrides.split(",")):
+        plan = out / f"{model}_int8_{method}_top{k}.plan"
+        result = sartor.build(onnx_path, plan, precision="int8", calib_cache=cache, calib_method=method,
+                              layer_precision={_literal(n): "fp32" for n in ranking[:k]}, **common)
+        rows.append(dict(model=model, size=common["profiles"][0]["opt"][name][-1], method=method,
+                         plan=f"top-{k} fp32", int8_layers=sum(layer["precision"] == "int8"
+                                                               for layer in result.header["layers"]),
+                         kept_out=ranking[:k], **measures(model, ref, run(plan, name, test, args.batch))))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -196,9 +244,12 @@ def main() -> None:
     parser.add_argument("--yolo-size", type=int, default=320)
     parser.add_argument("--methods", default="entropy,percentile,minmax,mse")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--recover", action="store_true", help="rerun each case under 0.99 with --accuracy-budget")
+    parser.add_argument("--recover", default="", help="methods also rebuilt with --accuracy-budget")
     parser.add_argument("--budget", type=float, default=0.02, help="the planner's budget for --recover")
     parser.add_argument("--tune", type=int, default=32, help="tuning crops for --recover")
+    parser.add_argument("--overrides", default="", help="e.g. 4,8,16: pin the first K layers of the sensitivity "
+                                                        "ranking to FP32, one engine per K")
+    parser.add_argument("--override-methods", default="mse", help="the methods --overrides runs for")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,7 +268,7 @@ def main() -> None:
         test = normalise(sets["test"], model)
         profile = {"min": {name: (1, 3, size, size)}, "opt": {name: (args.batch, 3, size, size)},
                    "max": {name: (args.batch, 3, size, size)}}
-        common = dict(device="cpu", profiles=[profile], preprocess=spec, builder_effort=0)
+        common = {"device": "cpu", "profiles": [profile], "preprocess": spec, "builder_effort": 0}
         sartor.build(onnx_path, out / f"{model}_fp32.plan", **common)
         ref = run(out / f"{model}_fp32.plan", name, test, args.batch)
         for method in args.methods.split(","):
@@ -234,22 +285,15 @@ def main() -> None:
                        **measures(model, ref, got))
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
-            if args.recover and row["cosine"] < 0.99:
-                tune = write_manifest(out / f"{model}_tune", crops(pool, args.tune, size, SEEDS["tune"] + 100 * size))
-                started = time.perf_counter()
-                result = sartor.build(onnx_path, out / f"{model}_int8_{method}_budget.plan", precision="int8",
-                                      calib=calib, calib_size=args.calib, calib_method=method,
-                                      calib_cache=out / f"{model}_{method}.calib.json", data=tune,
-                                      accuracy_budget=args.budget, **common)
-                build_s = time.perf_counter() - started
-                got = run(out / f"{model}_int8_{method}_budget.plan", name, test, args.batch)
-                planner = result.header.get("planner") or {}
-                int8 = sum(layer["precision"] == "int8" for layer in result.header["layers"])
-                row = dict(model=model, size=size, method=method, plan=f"budget {args.budget:g}", int8_layers=int8,
-                           kept_out=planner.get("kept_out", []), build_s=round(build_s, 1),
-                           **measures(model, ref, got))
+            if method in args.recover.split(","):
+                row = recover_with_planner(args, out, pool, model, size, onnx_path, calib, method, common, ref,
+                                           name, test)
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
+            if method in args.override_methods.split(",") and args.overrides:
+                for row in recover_with_overrides(args, out, model, onnx_path, calib, method, common, ref, name, test):
+                    results["rows"].append(row)
+                    print(json.dumps(row), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\ntorch {results['torch']}, {results['photos']} photos, {args.calib} calibration / {args.test} "
           f"evaluation crops (disjoint draws)")

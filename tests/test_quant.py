@@ -287,6 +287,37 @@ def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_i
     assert again.header["provenance"]["calibration"]["calib_sha256"] == calibration["calib_sha256"]
 
 
+def test_a_shape_reader_does_not_make_an_output_head(work, calib_npy, test_images):
+    """Ultralytics' dynamic export sizes the anchor grid from Shape of the neck's feature maps: the
+    convs that write them reach the output through Shape alone, which carries no values, so they
+    are not output heads and run INT8."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), n)
+             for n, s in (("c1.w", (8, 3, 3, 3)), ("c2.w", (4, 8, 3, 3)))]
+    inits.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+    nodes = [
+        helper.make_node("Conv", ["images", "c1.w"], ["c1"], name="neck", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        helper.make_node("Conv", ["r1", "c2.w"], ["c2"], name="head", pads=[1, 1, 1, 1]),
+        helper.make_node("Shape", ["r1"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="gather", axis=0),
+        helper.make_node("Cast", ["batch"], ["batch_f"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["c2", "batch_f"], ["out"], name="add"),
+    ]
+    model = make_model(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, IMAGE, IMAGE])],
+                       [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 4, IMAGE, IMAGE])], inits,
+                       name="shape_reader")
+    onnx.checker.check_model(model)
+    path = save(model, work / "shape_reader.onnx")
+    _build(path, work / "shape_reader_fp32.plan")
+    result = _build(path, work / "shape_reader_int8.plan", precision="int8", calib=calib_npy)
+    layers = {layer["name"]: layer for layer in result.header["layers"]}
+    assert layers["neck"]["precision"] == "int8", layers["neck"]["reason"]
+    assert layers["head"]["precision"] == "fp32" and "output head" in layers["head"]["reason"]
+    fp32, int8 = _run(work / "shape_reader_fp32.plan", test_images), _run(work / "shape_reader_int8.plan", test_images)
+    assert cosine(fp32, int8) >= 0.99
+
+
 def test_calibrate_api_returns_amax_per_int8_input():
     import tempfile
 

@@ -4,7 +4,8 @@ A layer can run INT8 when it is a Conv/FusedConv, a Gemm/FusedGemm or a MatMul w
 constants (see `int8_unsupported` for the exact conditions). In an INT8 build every such layer
 runs INT8 except, by default, the *output heads*: a conv/gemm whose output reaches a graph output
 through no other conv/gemm (only Reshape/Concat/Sigmoid/Softmax/Mul/Add/… decode and
-post-processing layers, or nothing at all) keeps the higher precision. Those layers produce the
+post-processing layers, or nothing at all; a Shape/Size reader carries no values and does not
+count) keeps the higher precision. Those layers produce the
 logits, box offsets and scores that decoding reads directly, where INT8's coarse steps cost the
 most accuracy. `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
 (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
@@ -19,6 +20,10 @@ CONV_OPS = ("Conv", "FusedConv")
 GEMM_OPS = ("Gemm", "FusedGemm", "MatMul")
 INT8_OPS = CONV_OPS + GEMM_OPS
 FLOAT_TYPES = ("float32", "float16", "bfloat16", "float64")
+# Ops that read an input's shape and never its values. Exporters size a detector's anchor grid from
+# Shape of the feature maps (Ultralytics with dynamic=True): that path carries no activation to the
+# output, so it must not make the conv that writes a feature map an output head.
+SHAPE_ONLY_OPS = ("Shape", "Size")
 
 
 def _float_or_unknown(graph: Graph, name: str) -> bool:
@@ -111,7 +116,7 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
                 reached = value
                 break
             for user in consumers.get(value, []):
-                if user.name in candidate_names:
+                if user.name in candidate_names or user.op_type in SHAPE_ONLY_OPS:
                     continue
                 for out in user.outputs:
                     if out and out not in visited:
