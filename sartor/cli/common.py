@@ -50,13 +50,14 @@ def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, requi
     """The INT8 calibration flags `sartor build` and `sartor sensitivity` share (--calib, --calib-size,
     --calib-method, --percentile, --calib-balance-by, --calib-cache)."""
     from ..builder.config import CALIB_METHODS, BuildConfig
+    from ..quant.calibrators import DEFAULT_METHOD
     parser.add_argument("--calib", required=required, metavar="DATA",
                         help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset "
                              "read with --preprocess")
     parser.add_argument("--calib-size", type=int, default=calib_size, metavar="N",
                         help=f"calibration samples to use (default {calib_size})")
     parser.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
-                        help="INT8 threshold method (default entropy)")
+                        help=f"INT8 threshold method (default {DEFAULT_METHOD})")
     parser.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
                         help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
     parser.add_argument("--calib-balance-by", metavar="ATTRIBUTE",
