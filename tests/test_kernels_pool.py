@@ -48,3 +48,13 @@ def test_max_pool_tactics():
         x_cl = x.cuda().contiguous(memory_format=torch.channels_last)
         assert tactics([x_cl], {"kernel_shape": [2, 2]}) == ["torch", "triton_nhwc"]
         assert tactics([x_cl], {"kernel_shape": [2, 2], "_with_indices": 1}) == ["torch"]
+
+
+def test_the_chosen_tactic_reaches_the_executor():
+    """A schema'd ONNX op keeps the builder's tactic through attribute filling (an H200 build chose
+    triton_nhwc for ResNet-50's pool while the engine still ran PyTorch's: the key was dropped)."""
+    opdef = default_registry()["MaxPool"]
+    attrs = opdef.fill_attrs({"kernel_shape": [3, 3], "tactic": "triton_nhwc"})
+    assert attrs["tactic"] == "triton_nhwc"
+    assert opdef.unsupported_reason({"kernel_shape": [3, 3], "tactic": "triton_nhwc"}, ["float32"]) is None
+    assert "tactic" not in default_registry()["Relu"].fill_attrs({"tactic": "x"})

@@ -53,6 +53,8 @@ class OpDef:
         if self.attrs is ANY_ATTRS:
             return dict(given)
         filled = {}
+        if self.tactics is not None and "tactic" in given:  # the builder's choice, kept for the executor
+            filled["tactic"] = given["tactic"]
         for key, default in self.attrs.items():
             if key in given:
                 filled[key] = given[key]
@@ -62,7 +64,7 @@ class OpDef:
 
     def unsupported_reason(self, given_attrs: dict, input_dtypes: list) -> Optional[str]:
         if self.attrs is not ANY_ATTRS:
-            unknown = sorted(set(given_attrs) - set(self.attrs))
+            unknown = sorted(set(given_attrs) - set(self.attrs) - ({"tactic"} if self.tactics else set()))
             if unknown:
                 return f"attribute(s) {', '.join(unknown)} not supported"
             missing = [k for k, v in self.attrs.items() if v is REQUIRED and k not in given_attrs]
