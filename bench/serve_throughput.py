@@ -82,6 +82,7 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
     import threading
     latencies: list[float] = []
     errors = [0]
+    answered = [0]  # warm-up included: what the server's CPU time is spent on
     lock = threading.Lock()
     start_at = time.monotonic() + warmup
     stop_at = start_at + duration
@@ -95,6 +96,7 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
             client = client_lib.InferenceServerClient(url, network_timeout=120.0)
         inputs = request_inputs(metadata, batch, protocol, seed=k)
         mine = []
+        count = 0
         while True:
             t0 = time.monotonic()
             if t0 >= stop_at:
@@ -106,10 +108,12 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
                     errors[0] += 1
                 continue
             t1 = time.monotonic()
+            count += 1
             if t0 >= start_at:
                 mine.append(t1 - t0)
         with lock:
             latencies.extend(mine)
+            answered[0] += count
         client.close()
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
@@ -117,11 +121,14 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
         t.start()
     for t in pool:
         t.join()
-    queue.put((latencies, errors[0]))
+    queue.put((latencies, errors[0], answered[0]))
 
 
 def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, concurrency: int,
-            duration: float, warmup: float, processes: int) -> dict:
+            duration: float, warmup: float, processes: int, server_in_process: bool = False) -> dict:
+    """One level. With the server in this process, also its CPU time per request (the client
+    processes are children, not counted), which says what the server costs when the load generator
+    shares the cores."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     ctx = mp.get_context("spawn")
@@ -130,18 +137,22 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
              for n in shares]
     for p in procs:
         p.start()
-    latencies, errors = [], 0
+    cpu_before = time.process_time()
+    latencies, errors, answered = [], 0, 0
     for _ in procs:
-        lat, err = queue.get(timeout=duration + warmup + 600)
+        lat, err, count = queue.get(timeout=duration + warmup + 600)
         latencies += lat
         errors += err
+        answered += count
     for p in procs:
         p.join(60)
+    cpu_s = time.process_time() - cpu_before
     ms = sorted(v * 1e3 for v in latencies)
     pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
     return {"concurrency": concurrency, "requests": len(ms), "errors": errors,
             "infer_per_s": len(ms) * batch / duration, "p50_ms": pick(0.5), "p90_ms": pick(0.9),
-            "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms) if ms else float("nan")}
+            "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms) if ms else float("nan"),
+            "server_cpu_ms_per_request": cpu_s * 1e3 / max(answered, 1) if server_in_process else float("nan")}
 
 
 def find_perf_analyzer(explicit: str | None) -> str | None:
@@ -262,9 +273,10 @@ def main() -> int:
                     row = perf_analyzer(binary, url, args.protocol, model, args.batch, level, args.duration, args.out)
                 else:
                     row = measure(url, args.protocol, model, metadata, args.batch, level, args.duration, args.warmup,
-                                  args.processes)
+                                  args.processes, server_in_process=server is not None)
                 print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
-                      f"p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", flush=True)
+                      f"p99 {row['p99_ms']:8.2f} ms  server CPU {row.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/req  "
+                      f"errors {row['errors']}", flush=True)
                 rows.append(row)
             results["models"][model] = rows
         if server is not None:
@@ -279,11 +291,13 @@ def main() -> int:
 
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch}, {args.load_generator})", "",
-             "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|"]
+             "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | server CPU ms/request | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for model, rows in results["models"].items():
         for r in rows:
             lines.append(f"| {model} | {r['concurrency']} | {r['infer_per_s']:.1f} | {r['p50_ms']:.2f} | "
-                         f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} |")
+                         f"{r['p90_ms']:.2f} | {r['p99_ms']:.2f} | {r.get('server_cpu_ms_per_request', float('nan')):.3f} | "
+                         f"{r['errors']} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -6,15 +6,17 @@ import threading
 import time
 from concurrent.futures import Future
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import pytest
+from conftest import IMAGE
 from serve_helpers import (BATCHING, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
                            publish_version, reference, running, wait_for)
 from serve_helpers import plan_v2  # noqa: F401, F811  (a fixture, used by name)
 
 from sartor.runtime.profiles import Profile, ShapeRange
-from sartor.serve.batcher import Batcher, BatchPolicy, Instance
+from sartor.serve.batcher import Batcher, BatchPolicy, Instance, shape_key
 from sartor.serve.errors import QueueFull, RequestTimeout
 from sartor.serve.metrics import Metrics
 from tritonclient.utils import InferenceServerException
@@ -437,3 +439,126 @@ def test_cpu_instances_of_one_model_serve_concurrently(tmp_path, tiny_plan, monk
     assert not errors and len(done) == 12, errors
     assert state["peak"] == 2, state
     assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]
+
+
+# ---- cold batch sizes ---------------------------------------------------------------------------------------
+
+def test_batcher_pads_a_batch_up_to_a_size_its_instance_already_ran():
+    ctx = FakeContext()
+    instance_seen = {(("x", (b, 2)),) for b in (1, 2, 4, 6)}
+    instance = Instance(ctx, "cpu", seen=set(instance_seen))
+    batcher = Batcher("m", "1", [instance], BatchPolicy(6, True, (), 0.0, 64), [PROFILE], Metrics())
+    try:
+        batcher.pause()
+        futures = [submit(batcher, n, value=n) for n in (2, 1)]  # 3 rows: run as 4, one of them padding
+        odd = submit(batcher, 1, width=3)  # no warmed size for this signature: runs at its own size
+        batcher.resume()
+        for n, f in zip((2, 1), futures):
+            result = f.result(timeout=10)
+            assert result.outputs["y"].shape == (n, 2) and np.all(result.outputs["y"] == 2.0 * n)
+            assert result.batch_size == 3
+        assert odd.result(timeout=10).outputs["y"].shape == (1, 3)
+        assert ctx.batches == [4, 1]
+        assert instance.seen == instance_seen | {(("x", (1, 3)),)}
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+
+def test_outputs_that_alias_the_staging_buffer_survive_the_next_batch():
+    """Decoded inputs are read-only views of the wire bytes, so the batcher copies them into a
+    staging buffer it reuses; an engine whose output is its input must not hand out that buffer."""
+    class IdentityContext(FakeContext):
+        def run(self, feeds):
+            self.batches.append(len(feeds["x"]))
+            return {"y": feeds["x"]}
+
+    ctx = IdentityContext()
+    batcher = Batcher("m", "1", [Instance(ctx, "cpu")], BatchPolicy(8, True, (), 0.0, 64), [PROFILE], Metrics())
+
+    def read_only(value: float) -> Future:
+        x = np.frombuffer(np.full((1, 2), value, np.float32).tobytes(), np.float32).reshape(1, 2)
+        return batcher.submit({"x": x}, 1, None)
+
+    try:
+        batcher.pause()
+        first = [read_only(1.0), read_only(2.0)]
+        batcher.resume()
+        kept = [f.result(timeout=10).outputs["y"] for f in first]
+        batcher.pause()
+        second = [read_only(7.0), read_only(8.0)]
+        batcher.resume()
+        for f in second:
+            f.result(timeout=10)
+        assert ctx.batches == [2, 2]
+        np.testing.assert_array_equal(np.concatenate(kept), [[1.0, 1.0], [2.0, 2.0]])
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+class CaptureCostInstance(Instance):
+    """An instance whose first run of a shape costs what it costs on CUDA: a graph capture after cuDNN
+    has timed its algorithms for the shape (about a second for ResNet-50), every GPU held meanwhile.
+    The repository's warm-up calls the context directly, so only runs after warm-up pay."""
+    COLD_RUN_S = 1.0
+    cold_runs: ClassVar[list] = []
+
+    def run(self, feeds):
+        key = shape_key(feeds)
+        if key not in self.seen:
+            type(self).cold_runs.append(key)
+            time.sleep(self.COLD_RUN_S)
+        return super().run(feeds)
+
+
+def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_path, tiny_onnx, monkeypatch):
+    """max_batch_size 128 warms powers of two and multiples of 16 only; 16 concurrent clients form
+    batches of every size up to 16. Each size's first run used to stall every queued request for the
+    length of a capture (p90 ~0.9 s and p99 ~1.1 s at 16 clients on the H200); batches are now
+    padded up to a warmed size."""
+    import sartor
+    from sartor.serve import repository
+    monkeypatch.setattr(repository, "Instance", CaptureCostInstance)
+    monkeypatch.setattr(CaptureCostInstance, "cold_runs", [])
+    plan = tmp_path / "tiny128.plan"
+    sartor.build(tiny_onnx, plan, device="cpu", min_shapes={"images": (1, 3, IMAGE, IMAGE)},
+                 opt_shapes={"images": (16, 3, IMAGE, IMAGE)}, max_shapes={"images": (128, 3, IMAGE, IMAGE)})
+    root = tmp_path / "repo"
+    add_model(root, "tiny", plan, "max_batch_size: 128\ndynamic_batching { max_queue_delay_microseconds: 500 }\n")
+    pool = [images(1, seed=300 + i) for i in range(8)]
+    expected = [reference(plan, x) for x in pool]
+    threads_n, per_thread = 16, 12
+    latencies: list = []
+    errors: list = []
+    with running(root) as server:
+        barrier = threading.Barrier(threads_n, timeout=30)
+
+        def client_thread(k: int) -> None:
+            try:
+                client = grpc_client(server)
+                barrier.wait()
+                for i in range(per_thread):
+                    j = (k + i) % len(pool)
+                    start = time.monotonic()
+                    result = grpc_infer(client, pool[j])
+                    latencies.append(time.monotonic() - start)
+                    np.testing.assert_allclose(result.as_numpy("logits"), expected[j], rtol=1e-5, atol=1e-6)
+                client.close()
+            except Exception as exc:  # reported below
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        histogram = server.metrics.histogram("nv_inference_batch_size", {"model": "tiny", "version": "1"})
+    assert not errors, errors[:3]
+    assert len(latencies) == threads_n * per_thread
+    assert histogram["count"] < threads_n * per_thread  # requests were batched
+    assert CaptureCostInstance.cold_runs == []
+    p99 = sorted(latencies)[int(0.99 * len(latencies))]
+    assert p99 < 0.3, f"p99 latency {p99 * 1e3:.0f} ms"

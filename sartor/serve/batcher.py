@@ -5,8 +5,10 @@ A worker takes the oldest request and adds the queued requests that share its in
 (names, dtypes, the dims after the batch dim) while the summed batch stays within max_batch_size and
 some profile of the engine admits it. It dispatches at once when the batch reaches the largest
 preferred batch size (max_batch_size without preferred sizes), when max_queue_delay has passed since
-the oldest request arrived, or when the delay is 0; otherwise it waits. The batch is concatenated
-along dim 0, run, and the outputs are split back per request. Requests whose timeout passes while
+the oldest request arrived, or when the delay is 0; otherwise it waits. The batch is copied along
+dim 0 into a staging buffer of the instance (pinned on CUDA), padded up to the next batch size the
+instance has already run (see `Instance.warm_batch`), run, and the outputs are split back per
+request as views. Requests whose timeout passes while
 queued are answered with RequestTimeout; requests whose caller went away are dropped.
 
 Runs that may capture a CUDA graph (a context's first run of a shape) take the GPUs alone, through
@@ -173,6 +175,8 @@ class Instance:
     context: object
     device: str
     seen: set = field(default_factory=set)
+    _warm_cache: dict = field(default_factory=dict, repr=False)
+    _staging: dict = field(default_factory=dict, repr=False)
 
     def run(self, feeds: dict) -> dict:
         key = shape_key(feeds)
@@ -181,8 +185,68 @@ class Instance:
         with (gate.shared() if key in self.seen else gate.exclusive()), FLAG_GATE.hold(wants_tf32(self.context)), \
                 on_device(self.context):
             out = self.context.run(feeds)
-        self.seen.add(key)
+        if key not in self.seen:
+            self.seen.add(key)
+            self._warm_cache.clear()
         return out
+
+    def warm_batch(self, rest: dict, total: int) -> int:
+        """The smallest batch >= total at which every input (batch, *rest[name]) has run already, else
+        total. A shape's first run on CUDA captures a graph after cuDNN has timed its algorithms for it,
+        about a second for ResNet-50, with every GPU of the process held (DeviceGate): padding a batch
+        up to a warmed size costs a few rows of compute instead of stalling every queued request."""
+        wanted = tuple(sorted(rest.items()))
+        hit = self._warm_cache.get((wanted, total))
+        if hit is None:
+            names = tuple(name for name, _ in wanted)
+            best = None
+            for key in list(self.seen):
+                if tuple(name for name, _ in key) != names or any(not shape for _, shape in key):
+                    continue
+                batches = {shape[0] for _, shape in key}
+                b = batches.pop()
+                if (batches or b < total or (best is not None and b >= best)
+                        or any(shape[1:] != dims for (_, shape), (_, dims) in zip(key, wanted))):
+                    continue
+                best = b
+            hit = total if best is None else best
+            if len(self._warm_cache) >= 4096:
+                self._warm_cache.clear()
+            self._warm_cache[(wanted, total)] = hit
+        return hit
+
+    def staging(self, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """A host buffer of `shape`, the leading rows of one kept per input and row shape and reused from
+        batch to batch (one worker thread per instance uses it): no page faults of a fresh 100 MB
+        allocation per batch, and on CUDA pinned memory, so the context's host-to-device copy is one
+        DMA transfer rather than a staged pageable copy."""
+        key = (name, tuple(shape[1:]), dtype.str, len(shape))
+        buffer = self._staging.get(key)
+        if buffer is None or (shape and len(buffer) < shape[0]):
+            if buffer is None and len(self._staging) >= MAX_STAGING_BUFFERS:
+                self._staging.clear()
+            buffer = _host_buffer(tuple(shape), dtype, pinned=str(self.device).startswith("cuda"))
+            self._staging[key] = buffer
+        return buffer[:shape[0]] if shape else buffer
+
+    def owns(self, array: np.ndarray) -> bool:
+        return any(np.may_share_memory(array, b) for b in self._staging.values())
+
+
+MAX_STAGING_BUFFERS = 16  # per instance; a model has one per input unless shapes past the batch dim vary
+
+
+def _host_buffer(shape: tuple, dtype: np.dtype, pinned: bool) -> np.ndarray:
+    if pinned:
+        try:
+            import torch
+
+            from ..ops.util import NUMPY_TO_TORCH
+            # The array keeps the pinned tensor alive through its base.
+            return torch.empty(shape, dtype=NUMPY_TO_TORCH[dtype.name], pin_memory=True).numpy()
+        except (KeyError, RuntimeError, TypeError):
+            pass  # a dtype torch lacks, or no pinnable memory left: pageable still works
+    return np.empty(shape, dtype)
 
 
 # ---- requests and the policy ------------------------------------------------------------------------
@@ -384,14 +448,11 @@ class Batcher:
         start = time.monotonic()
         total = sum(p.batch for p in live)
         try:
-            if len(live) == 1:
-                feeds = live[0].inputs
-            else:
-                feeds = {name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs}
+            feeds, rows = self._feeds(instance, live, total)
             ready = time.monotonic()
             outputs = instance.run(feeds)
             ran = time.monotonic()
-            parts = self._split(outputs, live, total)
+            parts = self._split(instance, outputs, live, rows)
         except ServeError as exc:
             for p in live:
                 _fail(p.future, exc)
@@ -422,15 +483,49 @@ class Batcher:
             if not p.future.done():
                 p.future.set_result(BatchResult(out, queued, ran - ready, total))
 
-    def _split(self, outputs: dict, live: list[_Pending], total: int) -> list[dict]:
-        if len(live) == 1:
-            return [dict(outputs)]
+    def _feeds(self, instance: Instance, live: list[_Pending], total: int) -> tuple[dict, int]:
+        """The batch's inputs and its rows (total, or more when padded up to a warmed batch), copied
+        once into the instance's staging buffers. The requests' arrays may be read-only views of the
+        wire bytes (decoding does not copy): this is their one copy."""
+        first = live[0].inputs
+        if (len(live) == 1 and not str(instance.device).startswith("cuda")
+                and all(a.flags.writeable and a.flags.c_contiguous for a in first.values())):
+            return first, total
+        if not self.policy.max_batch_size:
+            feeds = {}
+            for name, a in first.items():
+                feeds[name] = instance.staging(name, a.shape, a.dtype)
+                np.copyto(feeds[name], a)
+            return feeds, total
+        rows = total
+        if self.policy.dynamic:
+            rows = instance.warm_batch({name: tuple(a.shape[1:]) for name, a in first.items()}, total)
+        feeds = {}
+        for name, a in first.items():
+            buffer = instance.staging(name, (rows, *a.shape[1:]), a.dtype)
+            offset = 0
+            for p in live:
+                part = p.inputs[name]
+                buffer[offset:offset + len(part)] = part
+                offset += len(part)
+            if rows > total:
+                buffer[total:] = 0  # padding rows: defined values, their outputs are dropped
+            feeds[name] = buffer
+        return feeds, rows
+
+    def _split(self, instance: Instance, outputs: dict, live: list[_Pending], rows: int) -> list[dict]:
+        outputs = {name: np.asarray(value) for name, value in outputs.items()}
+        # An output that is a view of a staging buffer (an identity-like engine on CPU) would change
+        # under the response while the next batch fills the buffer.
+        outputs = {name: value.copy() if value.size and instance.owns(value) else value
+                   for name, value in outputs.items()}
+        if len(live) == 1 and rows == live[0].batch:
+            return [outputs]
         parts: list[dict] = [{} for _ in live]
         for name, value in outputs.items():
-            value = np.asarray(value)
-            if value.ndim == 0 or value.shape[0] != total:
+            if value.ndim == 0 or value.shape[0] != rows:
                 raise ExecutionError(f"output {name!r} of shape {list(value.shape)} has no batch dim of "
-                                     f"{total}: it cannot be split between batched requests")
+                                     f"{rows}: it cannot be split between batched requests")
             offset = 0
             for part, p in zip(parts, live):
                 part[name] = value[offset:offset + p.batch]

@@ -34,7 +34,7 @@ from .tensors import kserve_datatype
 log = logging.getLogger("sartor.serve")
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
-WARM_EVERY_BATCH_UP_TO = 64  # beyond this, warm powers of two and the preferred sizes only
+WARM_EVERY_BATCH_UP_TO = 64  # beyond this, powers of two, multiples of max/8 and the preferred sizes
 RETIRE_TIMEOUT_S = 120.0
 
 
@@ -286,7 +286,10 @@ class Repository:
             if top <= WARM_EVERY_BATCH_UP_TO:
                 sizes = set(range(1, top + 1))
             else:
-                sizes = {1 << k for k in range(top.bit_length())} | {top} | set(settings.preferred_batch_sizes)
+                # The batcher pads a batch up to the next warmed size: steps of top/8 bound the padding.
+                step = -(-top // 8)
+                sizes = ({1 << k for k in range(top.bit_length())} | set(range(step, top, step)) | {top}
+                         | set(settings.preferred_batch_sizes))
             dtypes = {v.name: v.dtype for v in engine.inputs}
             for profile in engine.profiles:
                 for b in sorted(sizes):

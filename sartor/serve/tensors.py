@@ -47,13 +47,18 @@ def element_count(shape: tuple[int, ...]) -> int:
 
 
 def array_from_bytes(raw, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
-    """Raw little-endian row-major bytes -> array; the byte size must match the shape exactly."""
+    """Raw little-endian row-major bytes -> array, read-only on little-endian hosts; the byte size
+    must match the shape exactly."""
     expected = element_count(shape) * dtype.itemsize
     if len(raw) != expected:
         raise InvalidRequest(f"{where}: {len(raw)} bytes of data for shape {list(shape)} "
                              f"{kserve_datatype(dtype.name)}; expected {expected} bytes")
-    # A writable copy in native byte order (torch refuses to share read-only buffers).
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
+    wire = dtype.newbyteorder("<")
+    if wire == dtype:
+        # A read-only view of the request's bytes, no copy: the batcher copies each request once,
+        # into the batch it runs in.
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return np.frombuffer(raw, dtype=wire).astype(dtype).reshape(shape)
 
 
 def array_from_list(data, shape: tuple[int, ...], dtype: np.dtype, where: str) -> np.ndarray:
