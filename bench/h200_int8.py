@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "samples" / "detector"))
 
 import sartor  # noqa: E402
-from h200_models import eager_graph_runner, export_classifier, versions  # noqa: E402
+from h200_models import compiled_runner, eager_graph_runner, export_classifier, versions  # noqa: E402
 from sartor.tactics.select import timing_samples_ms  # noqa: E402
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1)
@@ -62,23 +62,13 @@ def stats(samples_ms: list[float], batch: int) -> dict:
             "img_s": round(batch / median * 1e3, 1)}
 
 
-def compiled_runner(batch: int, mode: str):
+def resnet50_compiled(batch: int):
+    """torch.compile reduce-overhead on the peer's model: FP16, channels-last."""
     import torchvision
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval().half().cuda().to(memory_format=torch.channels_last)
-    compiled = torch.compile(model, mode=mode)
     x = torch.rand(batch, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for _ in range(3):
-            compiled(x)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-
-    def run():
-        with torch.inference_mode():
-            compiled(x)
-    return run, compile_s
+    return compiled_runner(model, x)
 
 
 STEM = "/conv1/Conv"
@@ -246,7 +236,7 @@ def main() -> None:
             eager_graph_runner(batch), torch.device("cuda"), args.iterations, 20), batch))
         if args.peers:
             def peer():
-                run, compile_s = compiled_runner(batch, "reduce-overhead")
+                run, compile_s = resnet50_compiled(batch)
                 return dict(stats(timing_samples_ms(run, torch.device("cuda"), args.iterations, 20), batch),
                             compile_s=round(compile_s, 1))
             row["torch_compile_reduce_overhead"] = step(f"time compile b{batch}", peer)

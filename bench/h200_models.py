@@ -120,22 +120,43 @@ def cuda_time(fn, iterations: int, warmup: int = 10) -> list[float]:
     return timing_samples_ms(fn, torch.device("cuda"), iterations, warmup)
 
 
+def graph_runner(model: torch.nn.Module, x: torch.Tensor):
+    """`model(x)` captured as one CUDA graph (after warm-up on a side stream): its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        for _ in range(3):
+            model(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        model(x)
+    return graph.replay
+
+
+def compiled_runner(model: torch.nn.Module, x: torch.Tensor, mode: str = "reduce-overhead"):
+    """(a call of torch.compile(model, mode) on x, seconds the first three calls took to compile)."""
+    compiled = torch.compile(model, mode=mode)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for _ in range(3):
+            compiled(x)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+
+    def run():
+        with torch.inference_mode():
+            compiled(x)
+    return run, compile_s
+
+
 def eager_graph_runner(batch: int):
     """PyTorch's own best non-compiled path: eager FP16, channels-last, captured in a CUDA graph."""
     import torchvision
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval().half().cuda().to(memory_format=torch.channels_last)
     static = torch.rand(batch, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(stream):
-        for _ in range(3):
-            model(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        model(static)
-    return graph.replay
+    return graph_runner(model, static)
 
 
 FRESH_LOAD = '''

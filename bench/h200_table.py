@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "samples" / "detector"))
 
 import sartor  # noqa: E402
-from h200_models import export_classifier, settle_batchnorm, versions  # noqa: E402
+from h200_models import compiled_runner, export_classifier, graph_runner, settle_batchnorm, versions  # noqa: E402
 from sartor.tactics.select import timing_samples_ms  # noqa: E402
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0")
@@ -66,35 +66,6 @@ def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
     if onnx_dir is None:
         raise FileNotFoundError(f"{name} needs --onnx-dir with {name}.onnx")
     return onnx_dir / f"{name}.onnx"
-
-
-def graph_runner(model: torch.nn.Module, x: torch.Tensor):
-    """Eager FP16 channels-last, captured as one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(stream):
-        for _ in range(3):
-            model(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        model(x)
-    return graph.replay
-
-
-def compiled_runner(model: torch.nn.Module, x: torch.Tensor):
-    compiled = torch.compile(model, mode="reduce-overhead")
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for _ in range(3):
-            compiled(x)
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-
-    def run():
-        with torch.inference_mode():
-            compiled(x)
-    return run, compile_s
 
 
 def timed(fn, batch: int, iterations: int) -> dict:

@@ -29,6 +29,15 @@ if triton is not None:
     from .epilogue import _activate
 
     @triton.jit
+    def pixel_coords(offsets, OH, OW):
+        """Flat output-pixel indices of an NHWC tensor → (n, oh, ow)."""
+        pixels = OH * OW
+        n = offsets // pixels
+        rem = offsets - n * pixels
+        oh = rem // OW
+        return n, oh, rem - oh * OW
+
+    @triton.jit
     def _round_half_even(v):
         # floor + exact fraction: v - floor(v) is exact in float32, unlike floor(v + 0.5).
         r = tl.floor(v)
@@ -41,6 +50,17 @@ if triton is not None:
     def _quantize(v, inv_scale, qmin):
         q = _round_half_even(v * inv_scale)
         return tl.minimum(tl.maximum(q, qmin), 127.0)
+
+    @triton.jit
+    def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr):
+        """acc += a·b on the tensor cores; float A tiles of an INT8 layer are quantized first."""
+        if QUANTIZE_INPUT:
+            a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+        if INT8:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(a, b, acc)
+        return acc
 
     @triton.jit
     def _conv_igemm_kernel(
@@ -69,11 +89,7 @@ if triton is not None:
         offs_k = tl.arange(0, BLOCK_K)
         m_ok = offs_m < M
         n_ok = offs_n < COUT
-        pixels = OH * OW
-        n_idx = offs_m // pixels
-        rem = offs_m - n_idx * pixels
-        oh = rem // OW
-        ow = rem - oh * OW
+        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
         ih0 = oh * STRIDE_H - pad_h
         iw0 = ow * STRIDE_W - pad_w
         x_row = n_idx.to(tl.int64) * sxn
@@ -98,12 +114,7 @@ if triton is not None:
                 a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0)
                 b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
                             other=0)
-                if QUANTIZE_INPUT:
-                    a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
-                if INT8:
-                    acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-                else:
-                    acc = tl.dot(a, b, acc)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, QUANTIZE_INPUT)
         else:
             c_blocks = tl.cdiv(C, BLOCK_K)
             for step in range(0, KH * KW * c_blocks):
@@ -118,12 +129,7 @@ if triton is not None:
                 a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                             mask=row_ok[:, None], other=0)
                 b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0)
-                if QUANTIZE_INPUT:
-                    a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
-                if INT8:
-                    acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-                else:
-                    acc = tl.dot(a, b, acc)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, QUANTIZE_INPUT)
 
         if INT8:
             if HAS_BIAS:

@@ -14,6 +14,8 @@ from .epilogue import triton
 if triton is not None:
     import triton.language as tl
 
+    from .conv_igemm import pixel_coords
+
     @triton.jit
     def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w,
                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
@@ -22,11 +24,7 @@ if triton is not None:
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
         c_ok = offs_c < C
-        pixels = OH * OW
-        n = offs_p // pixels
-        rem = offs_p - n * pixels
-        oh = rem // OW
-        ow = rem - oh * OW
+        n, oh, ow = pixel_coords(offs_p, OH, OW)
         base = n.to(tl.int64) * sxn
         acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=tl.float32)
         for kh in tl.static_range(KH):
