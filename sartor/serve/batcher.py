@@ -17,6 +17,7 @@ want different process-global TF32 settings never overlap either, through `FlagG
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import logging
@@ -175,8 +176,25 @@ class Instance:
     context: object
     device: str
     seen: set = field(default_factory=set)
-    _warm_cache: dict = field(default_factory=dict, repr=False)
+    # The batch sizes run so far per input signature past the batch dim, sorted: what warm_batch
+    # searches. Derived from `seen`; mark_run keeps the two together.
+    _warm_batches: dict = field(default_factory=dict, repr=False)
     _staging: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        keys, self.seen = self.seen, set()
+        for key in keys:
+            self.mark_run(key)
+
+    def mark_run(self, key: tuple) -> None:
+        """Record that the context has run inputs of these shapes (a shape_key)."""
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        batches = {shape[0] if shape else None for _, shape in key}
+        if len(batches) == 1 and None not in batches:
+            rows = tuple((name, shape[1:]) for name, shape in key)
+            bisect.insort(self._warm_batches.setdefault(rows, []), batches.pop())
 
     def run(self, feeds: dict) -> dict:
         key = shape_key(feeds)
@@ -185,9 +203,7 @@ class Instance:
         with (gate.shared() if key in self.seen else gate.exclusive()), FLAG_GATE.hold(wants_tf32(self.context)), \
                 on_device(self.context):
             out = self.context.run(feeds)
-        if key not in self.seen:
-            self.seen.add(key)
-            self._warm_cache.clear()
+        self.mark_run(key)
         return out
 
     def warm_batch(self, rest: dict, total: int) -> int:
@@ -195,25 +211,9 @@ class Instance:
         total. A shape's first run on CUDA captures a graph after cuDNN has timed its algorithms for it,
         about a second for ResNet-50, with every GPU of the process held (DeviceGate): padding a batch
         up to a warmed size costs a few rows of compute instead of stalling every queued request."""
-        wanted = tuple(sorted(rest.items()))
-        hit = self._warm_cache.get((wanted, total))
-        if hit is None:
-            names = tuple(name for name, _ in wanted)
-            best = None
-            for key in list(self.seen):
-                if tuple(name for name, _ in key) != names or any(not shape for _, shape in key):
-                    continue
-                batches = {shape[0] for _, shape in key}
-                b = batches.pop()
-                if (batches or b < total or (best is not None and b >= best)
-                        or any(shape[1:] != dims for (_, shape), (_, dims) in zip(key, wanted))):
-                    continue
-                best = b
-            hit = total if best is None else best
-            if len(self._warm_cache) >= 4096:
-                self._warm_cache.clear()
-            self._warm_cache[(wanted, total)] = hit
-        return hit
+        sizes = self._warm_batches.get(tuple(sorted(rest.items())), [])
+        at = bisect.bisect_left(sizes, total)
+        return sizes[at] if at < len(sizes) else total
 
     def staging(self, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """A host buffer of `shape`, the leading rows of one kept per input and row shape and reused from

@@ -279,7 +279,7 @@ class Repository:
             for profile in engine.profiles:
                 for pick in ("min", "opt", "max"):
                     shapes = {n: np.empty(getattr(r, pick), np.uint8) for n, r in profile.shapes.items()}
-                    instance.seen.add(shape_key(shapes))
+                    instance.mark_run(shape_key(shapes))
             if not settings.dynamic_batching:
                 return
             top = settings.max_batch_size
@@ -300,7 +300,7 @@ class Repository:
                     key = shape_key(feeds)
                     if key not in instance.seen:
                         instance.context.run(feeds)
-                        instance.seen.add(key)
+                        instance.mark_run(key)
 
     def _retire(self, old: ServedModel) -> None:
         """Stop taking requests for `old`; its workers run what is queued, then exit."""
