@@ -131,14 +131,19 @@ def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: 
     return ConvGeometry(tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), out_hw)
 
 
+def igemm_epilogue(attrs: dict) -> dict:
+    """A fused layer's epilogue attributes as conv_igemm's keyword arguments."""
+    return {"activation": attrs.get("activation"), "alpha": attrs.get("activation_alpha"),
+            "beta": attrs.get("activation_beta"),
+            "residual_after_activation": attrs.get("residual_after_activation", False)}
+
+
 def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig):
     """The Triton implicit-GEMM kernel with the whole epilogue (w packed by `pack_weight`)."""
     geometry = igemm_geometry(x, w, attrs)
     if geometry is None:
         return None
-    return conv_igemm(x, w, b, geometry, tile, residual=residual, activation=attrs.get("activation"),
-                      alpha=attrs.get("activation_alpha"), beta=attrs.get("activation_beta"),
-                      residual_after_activation=attrs.get("residual_after_activation", False))
+    return conv_igemm(x, w, b, geometry, tile, residual=residual, **igemm_epilogue(attrs))
 
 
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:

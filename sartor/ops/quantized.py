@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import triton
-from .conv import conv_nd, igemm_geometry
+from .conv import conv_nd, igemm_epilogue, igemm_geometry
 from .elementwise import apply_activation
 from .registry import OpTable
 
@@ -151,6 +151,13 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     return pack_weight(wq) if tactic is not None and TileConfig.parse(tactic) is not None else wq
 
 
+def _int8_epilogue(attrs: dict) -> dict:
+    """An INT8 layer's epilogue and scales as conv_igemm's keyword arguments."""
+    return dict(igemm_epilogue(attrs), input_inv_scale=attrs["input_inv_scale"],
+                residual_scale=attrs.get("residual_scale"), output_inv_scale=attrs.get("output_inv_scale"),
+                qmin=attrs.get("qmin", -QMAX))
+
+
 def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     """Quantize, gather the INT8 columns [N·OH·OW, kh·kw·C (padded)], one GEMM with the epilogue."""
     kernel = attrs["kernel_shape"]
@@ -169,9 +176,7 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     windows = padded.as_strided((n, oh, ow, kh, kw, c), (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, s_c))
     columns = F.pad(windows.reshape(n * oh * ow, kh * kw * c), (0, w_flat.shape[1] - kh * kw * c))
     y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
-                   activation=attrs.get("activation"), alpha=attrs.get("activation_alpha"),
-                   beta=attrs.get("activation_beta"), input_inv_scale=attrs["input_inv_scale"],
-                   output_inv_scale=attrs.get("output_inv_scale"), qmin=attrs.get("qmin", -QMAX))
+                   **_int8_epilogue(attrs))
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
@@ -180,11 +185,7 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
     if geometry is None:
         return None
     return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual,
-                      activation=attrs.get("activation"), alpha=attrs.get("activation_alpha"),
-                      beta=attrs.get("activation_beta"),
-                      residual_after_activation=attrs.get("residual_after_activation", False),
-                      input_inv_scale=attrs["input_inv_scale"], residual_scale=attrs.get("residual_scale"),
-                      output_inv_scale=attrs.get("output_inv_scale"), qmin=attrs.get("qmin", -QMAX))
+                      **_int8_epilogue(attrs))
 
 
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic)

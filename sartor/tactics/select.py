@@ -152,8 +152,9 @@ def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
                    channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
                    fingerprint: dict | None = None) -> TacticSelection:
-    """Choose the tactic of each layer whose op has several (FusedConv, QConv, QGemm) at the shapes of `feeds`, reading and extending `cache` (or
-    None) for this device's `fingerprint` (default: the build device's)."""
+    """Choose the tactic of each layer whose op lists several (FusedConv, QConv, QGemm, MaxPool) at
+    the shapes of `feeds`, reading and extending `cache` (or None) for this device's `fingerprint`
+    (default: the build device's)."""
     selection = TacticSelection()
     if effort == 0:
         return selection
