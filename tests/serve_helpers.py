@@ -73,6 +73,16 @@ def running(repo: Path, **options):
              what="the server's threads to end")
 
 
+def run_threads(target, count: int, timeout: float) -> None:
+    """target(k) for k in range(count), each in its own thread; all must finish within `timeout` each."""
+    threads = [threading.Thread(target=target, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads)
+
+
 def http_client(server, **kwargs):
     import tritonclient.http as httpclient
     return httpclient.InferenceServerClient(server.http_url, connection_timeout=10.0, network_timeout=30.0, **kwargs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import IMAGE
 from serve_helpers import (BATCHING, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
-                           publish_version, reference, running, wait_for)
+                           publish_version, reference, run_threads, running, wait_for)
 from serve_helpers import plan_v2  # noqa: F401, F811  (a fixture, used by name)
 
 from sartor.runtime.profiles import Profile, ShapeRange
@@ -161,12 +161,7 @@ def test_concurrent_clients_get_correct_batched_responses(tmp_path, tiny_plan):
             except Exception as exc:  # reported below
                 errors.append(repr(exc))
 
-        threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(threads_n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads)
+        run_threads(client_thread, threads_n, timeout=120)
         histogram = server.metrics.histogram("nv_inference_batch_size", {"model": "tiny", "version": "1"})
     assert not errors, errors[:3]
     assert sum(done) == threads_n * per_thread
@@ -549,12 +544,7 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
             except Exception as exc:  # reported below
                 errors.append(repr(exc))
 
-        threads = [threading.Thread(target=client_thread, args=(k,)) for k in range(threads_n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not any(t.is_alive() for t in threads)
+        run_threads(client_thread, threads_n, timeout=120)
         histogram = server.metrics.histogram("nv_inference_batch_size", {"model": "tiny", "version": "1"})
     assert not errors, errors[:3]
     assert len(latencies) == threads_n * per_thread
