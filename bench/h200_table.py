@@ -8,8 +8,8 @@ inference and device memory.
 
 Models: resnet50, mobilenet_v3_large, efficientnet_b0 (torchvision, 224, random weights with settled
 BatchNorm), detector (the sample detector, 320; its PyTorch peer is samples/detector/model.py),
-yolov8n and yolo11n (640, ONNX from --onnx-dir; no PyTorch peer there: Ultralytics is not installed).
-Detectors use batches 1, 8 and 32 whatever --batches says. Writes table.json and table.md; a device
+yolov8n and yolo11n (640, ONNX from --onnx-dir; PyTorch peer from Ultralytics' yaml where it imports).
+Detectors take --detector-batches (1, 8, 32 unless told). Writes table.json and table.md; a device
 call has 10 minutes, so give a few models per call.
 """
 from __future__ import annotations
@@ -49,6 +49,8 @@ def torch_model(name: str) -> torch.nn.Module | None:
         model = getattr(torchvision.models, name)(weights=None)
         settle_batchnorm(model)
         return model.eval()
+    if name in ("yolov8n", "yolo11n"):
+        return yolo_model(name)
     if name == "detector":
         from model import Detector
         torch.manual_seed(0)
@@ -56,6 +58,20 @@ def torch_model(name: str) -> torch.nn.Module | None:
         model.export = True
         return model
     return None
+
+
+def yolo_model(name: str) -> torch.nn.Module | None:
+    """Ultralytics' own PyTorch model built from its yaml (random weights, BatchNorm folded as its
+    exporter does, head in export mode: one output tensor as in the ONNX). None where Ultralytics
+    is not installed (on the device, carry its wheel: it imports without polars and thop)."""
+    try:
+        from ultralytics.nn.tasks import DetectionModel
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    model = DetectionModel(f"{name}.yaml", verbose=False).fuse(verbose=False).eval()
+    model.model[-1].export = True
+    return model
 
 
 def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
@@ -109,6 +125,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--models", default="resnet50")
     parser.add_argument("--batches", default="1,8,64,256")
+    parser.add_argument("--detector-batches", default=",".join(map(str, DETECTOR_BATCHES)))
     parser.add_argument("--int8", action="store_true", help="also sartor INT8 (calibrated on street scenes)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--onnx-dir", type=Path, default=None)
@@ -131,7 +148,7 @@ def main() -> None:
 
     for name in args.models.split(","):
         input_name, size = SPEC.get(name, ("input", 224))
-        batches = DETECTOR_BATCHES if name in SPEC else tuple(int(b) for b in args.batches.split(","))
+        batches = tuple(int(b) for b in (args.detector_batches if name in SPEC else args.batches).split(","))
         model = torch_model(name)
         if model is not None:
             model = model.half().cuda().to(memory_format=torch.channels_last)

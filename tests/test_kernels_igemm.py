@@ -200,3 +200,35 @@ def test_im2col_tactic_equals_emulation(int8_output):
     out = _im2col_conv(x.to(DEVICE), flat.to(DEVICE), bias.to(DEVICE), scale.to(DEVICE), attrs, SMALL_TILE)
     assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out.cpu(), expected)
+
+
+def test_output_into_a_channel_slice_with_a_sliced_input_and_residual():
+    """A Concat's producer writes its channels into a slice of the Concat's buffer, reading a Split
+    half (a channel slice) and a residual that is one too; the other channels stay untouched."""
+    generator = torch.Generator().manual_seed(3)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    source = torch.randn(2, 40, 9, 8, generator=generator).contiguous(memory_format=torch.channels_last)
+    x = source[:, 8:40]  # 32 channels, pixel stride 40
+    w = torch.randn(24, 32, 3, 3, generator=generator) / (32 * 9) ** 0.5
+    b = torch.randn(24, generator=generator)
+    residual = source[:, 16:40]
+    expected = torch.relu(_reference_conv(x.contiguous(), w, b, attrs) + residual)
+    buffer = torch.full((2, 56, 9, 8), 7.0).contiguous(memory_format=torch.channels_last).to(DEVICE, dtype)
+    x, residual, w, b = (t.to(DEVICE, dtype) for t in (x, residual, w, b))
+    out = buffer.narrow(1, 20, 24)
+    written = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), SMALL_TILE, residual=residual,
+                         activation="Relu", out=out)
+    assert written.data_ptr() == out.data_ptr()
+    tolerance = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(buffer[:, 20:44].float().cpu(), expected, rtol=tolerance, atol=tolerance)
+    assert (buffer[:, :20] == 7).all() and (buffer[:, 44:] == 7).all()
+
+
+def test_output_slice_of_the_wrong_shape_is_refused():
+    x = torch.randn(1, 32, 5, 5).to(DEVICE)
+    w = torch.randn(8, 32, 1, 1).to(DEVICE)
+    attrs = _attrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1))
+    out = torch.empty(1, 16, 5, 5).contiguous(memory_format=torch.channels_last).to(DEVICE).narrow(1, 0, 7)
+    with pytest.raises(ValueError, match="cannot hold"):
+        conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs), SMALL_TILE, out=out)

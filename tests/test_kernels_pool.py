@@ -58,3 +58,21 @@ def test_the_chosen_tactic_reaches_the_executor():
     assert attrs["tactic"] == "triton_nhwc"
     assert opdef.unsupported_reason({"kernel_shape": [3, 3], "tactic": "triton_nhwc"}, ["float32"]) is None
     assert "tactic" not in default_registry()["Relu"].fill_attrs({"tactic": "x"})
+
+
+def test_sppf_pool_reads_and_writes_channel_slices_of_one_buffer():
+    """YOLO's SPPF with its Concat written in place: each pool reads the previous one's slice of
+    the Concat buffer and writes its own (MaxPool's write_into); the first slice stays as it was."""
+    from sartor.ops.pool import max_pool_into
+    attrs = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": "triton_nhwc"}
+    generator = torch.Generator().manual_seed(5)
+    first = torch.randn(2, 6, 7, 7, generator=generator)
+    buffer = torch.zeros(2, 24, 7, 7).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    buffer[:, :6] = first.to(DEVICE)
+    expected = [first]
+    for k in range(1, 4):
+        expected.append(max_pool([expected[-1]], dict(attrs, tactic="torch")))
+        written = max_pool_into([buffer[:, 6 * (k - 1):6 * k]], attrs, buffer[:, 6 * k:6 * (k + 1)])
+        assert written is not None and written.data_ptr() == buffer[:, 6 * k:].data_ptr()
+    torch.testing.assert_close(buffer.cpu(), torch.cat(expected, 1), rtol=0, atol=0)
+    assert max_pool_into([buffer[:, :6]], dict(attrs, tactic="torch"), buffer[:, 6:12]) is None

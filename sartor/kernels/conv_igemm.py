@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .epilogue import ACTIVATION_CODES, triton
+from .epilogue import ACTIVATION_CODES, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -65,7 +65,7 @@ if triton is not None:
     @triton.jit
     def _conv_igemm_kernel(
             x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
-            M, COUT, C, H, W, OH, OW,
+            M, COUT, C, H, W, OH, OW, y_row,
             sxn, sxc, sxh, sxw, srn, src, srh, srw,
             pad_h, pad_w, dil_h, dil_w,
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
@@ -155,7 +155,7 @@ if triton is not None:
                 y = y + residual
         if OUT_INT8:
             y = _quantize(y, out_inv_scale, qmin)
-        y_offsets = offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]
+        y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -237,13 +237,14 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                residual_after_activation: bool = False, input_inv_scale: float | None = None,
                residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
 
     INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
     w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.
     Otherwise x and w_packed share a float dtype and the output has it too. 4-D outputs are
-    channels-last, 2-D ones row-major."""
+    channels-last, 2-D ones row-major; `out`, when given, receives the result: the output's shape
+    and dtype, channels fastest, pixels evenly spaced (a channel slice of a wider buffer)."""
     if not is_packed(w_packed):
         raise ValueError("conv_igemm needs the weight packed by pack_weight")
     int8 = dequant_scale is not None
@@ -254,10 +255,16 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     cout = w_packed.shape[0]
     if out_dtype is None:
         out_dtype = (torch.int8 if output_inv_scale is not None else torch.float32) if int8 else x.dtype
-    if x.dim() == 4:
-        y = torch.empty((n, cout, oh, ow), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
+    if out is not None:
+        if tuple(out.shape) != shape or out.dtype != out_dtype or pixel_stride(out) is None:
+            raise ValueError(f"conv_igemm: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot hold "
+                             f"the output {shape} {out_dtype}")
+        y = out
+    elif x.dim() == 4:
+        y = torch.empty(shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
     else:
-        y = torch.empty((n, cout), dtype=out_dtype, device=x.device)
+        y = torch.empty(shape, dtype=out_dtype, device=x.device)
     res4 = _as_nchw_view(residual) if residual is not None else None
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
@@ -266,7 +273,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     _conv_igemm_kernel[grid](
         x4, w_packed, bias if bias is not None else w_packed, dequant_scale if int8 else w_packed,
         res4 if res4 is not None else y, y,
-        m, cout, c, h, w_in, oh, ow, *x4.stride(), *rs,
+        m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
         float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import triton
+from .epilogue import pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -17,7 +17,7 @@ if triton is not None:
     from .conv_igemm import pixel_coords
 
     @triton.jit
-    def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w,
+    def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, y_row, sxn, sxh, sxw, pad_h, pad_w,
                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                               DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -35,28 +35,35 @@ if triton is not None:
                 v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
                             mask=ok[:, None] & c_ok[None, :], other=float("-inf"))
                 acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)
-        y_offsets = offs_p.to(tl.int64)[:, None] * C + offs_c[None, :]
+        y_offsets = offs_p.to(tl.int64)[:, None] * y_row + offs_c[None, :]
         tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
 
 
 def max_pool_nhwc_supported(x: torch.Tensor) -> bool:
-    return (triton is not None and x.dim() == 4 and x.is_floating_point()
-            and x.is_contiguous(memory_format=torch.channels_last))
+    """Channels-last tensors and channel slices of them (pixels evenly spaced, channels contiguous)."""
+    return triton is not None and x.dim() == 4 and x.is_floating_point() and pixel_stride(x) is not None
 
 
 def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
-                  dilations: tuple[int, int], out_hw: tuple[int, int]) -> torch.Tensor:
+                  dilations: tuple[int, int], out_hw: tuple[int, int], out: torch.Tensor | None = None) -> torch.Tensor:
     """Max pool of a channels-last [N, C, H, W] tensor; `pads` are the top/left pads, `out_hw` the
-    output size (which already accounts for bottom/right pads and ceil mode)."""
+    output size (which already accounts for bottom/right pads and ceil mode). `out`, when given,
+    receives the result (a channel slice of a Concat's buffer)."""
     n, c, h, w = x.shape
     oh, ow = out_hw
-    y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if out is not None:
+        if tuple(out.shape) != (n, c, oh, ow) or out.dtype != x.dtype or pixel_stride(out) is None:
+            raise ValueError(f"max_pool_nhwc: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot "
+                             f"hold the output {(n, c, oh, ow)} {x.dtype}")
+        y = out
+    else:
+        y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
     sxn, _, sxh, sxw = x.stride()
     pixels = n * oh * ow
     block_c = min(64, triton.next_power_of_2(c))
     block_p = max(16, 4096 // block_c)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
-    _max_pool_nhwc_kernel[grid](x, y, pixels, c, h, w, oh, ow, sxn, sxh, sxw, pads[0], pads[1],
+    _max_pool_nhwc_kernel[grid](x, y, pixels, c, h, w, oh, ow, pixel_stride(y), sxn, sxh, sxw, pads[0], pads[1],
                                 KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
                                 DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
     return y

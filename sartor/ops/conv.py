@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
-from ..kernels.epilogue import epilogue_supported, fused_epilogue, triton
+from ..kernels.epilogue import epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
 from .registry import OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -155,6 +155,31 @@ def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
     return w
 
 
+def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
+    """FusedConv written straight into `out` (a channel slice of a Concat's buffer) by the tactics
+    whose last kernel can store there: the implicit GEMM and the Triton epilogue. None for the
+    others: the executor then copies their result."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    residual = inputs[3] if len(inputs) > 3 else None
+    tactic = attrs.get("tactic", "torch")
+    if out.dtype != x.dtype:
+        return None
+    tile = TileConfig.parse(tactic)
+    if tile is not None:
+        geometry = igemm_geometry(x, w, attrs)
+        if geometry is not None:
+            return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, **igemm_epilogue(attrs))
+    if tactic == "triton_epilogue" and x.is_cuda:
+        y = conv_nd(x, w, None, attrs)
+        residual = residual.to(y.dtype) if residual is not None else None
+        if epilogue_supported(y, residual) and y.shape == out.shape:
+            return fused_epilogue(y, None if b is None else b.to(y.dtype), residual, attrs.get("activation"),
+                                  attrs.get("activation_alpha"), attrs.get("activation_beta"),
+                                  attrs.get("residual_after_activation", False), out=out)
+    return None
+
+
 # Implementations of one fused conv that the builder times against each other (tactics): on CUDA
 # the library ones and the implicit-GEMM tiles ("igemm_..."), on the CPU "torch" and
 # "channels_last". "torch" is the reference.
@@ -170,7 +195,9 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
         if x.dim() == 4:
             tactics.append("channels_last")
         return tactics
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+    # Channel slices of a channels-last buffer (Split outputs, a Concat's inputs written in place)
+    # qualify too: the Triton kernels read any pixel stride, cuDNN copies them first.
+    if x.dim() == 4 and pixel_stride(x) is not None:
         if triton is not None:
             tactics.append("triton_epilogue")
         if cudnn_fused_applicable(x, w, residual, attrs):
@@ -180,7 +207,8 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return tactics
 
 
-@OPS.internal("FusedConv", tactics=applicable_conv_tactics, weight_for_tactic=conv_weight_for_tactic)
+@OPS.internal("FusedConv", tactics=applicable_conv_tactics, weight_for_tactic=conv_weight_for_tactic,
+              write_into=fused_conv_into)
 def fused_conv(inputs, attrs):
     """Conv (+bias) (+residual) (+activation); the residual adds before or after the activation."""
     x, w = inputs[0], inputs[1]

@@ -68,9 +68,20 @@ def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return ["torch"]
 
 
+def max_pool_into(inputs, attrs, out):
+    """The Triton tactic's result stored straight into `out` (a channel slice of a Concat's
+    buffer, as in YOLO's SPPF); None for PyTorch's kernel."""
+    x = inputs[0]
+    if attrs.get("tactic") != "triton_nhwc" or attrs.get("_with_indices") or not max_pool_nhwc_supported(x) \
+            or out.dtype != x.dtype:
+        return None
+    kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
+    return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out)
+
+
 # `_with_indices` is set by the importer when the node's Indices output is used.
 @OPS.op("MaxPool", attrs=dict(POOL_ATTRS, storage_order=0, _with_indices=0), check=_pool_check,
-        tactics=max_pool_tactics)
+        tactics=max_pool_tactics, write_into=max_pool_into)
 def max_pool(inputs, attrs):
     x = inputs[0]
     if attrs.get("tactic") == "triton_nhwc" and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):

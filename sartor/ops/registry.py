@@ -48,6 +48,10 @@ class OpDef:
     # the weight (input 1) in the layout that tactic reads, stored so once at load.
     tactics: Optional[Callable[[list, dict, int], list]] = None
     weight_for_tactic: Optional[Callable[[Any, Optional[str]], Any]] = None
+    # `write_into(inputs, attrs, out)`: the op's one output stored straight into `out` (a channel
+    # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
+    # tactic cannot, and the executor copies the result there instead.
+    write_into: Optional[Callable[[list, dict, Any], Any]] = None
 
     def fill_attrs(self, given: dict) -> dict:
         if self.attrs is ANY_ATTRS:
@@ -85,7 +89,7 @@ class OpTable:
     def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            domain: str = "", tactics: Callable | None = None,
-           weight_for_tactic: Callable | None = None) -> Callable[[Impl], Impl]:
+           weight_for_tactic: Callable | None = None, write_into: Callable | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -95,7 +99,8 @@ class OpTable:
                                        attrs={} if attrs is None else attrs,
                                        host_inputs=tuple(host_inputs), shape_arith=shape_arith,
                                        check=check, data_dependent_shape=data_dependent_shape, domain=domain,
-                                       tactics=tactics, weight_for_tactic=weight_for_tactic)
+                                       tactics=tactics, weight_for_tactic=weight_for_tactic,
+                                       write_into=write_into)
             return impl
         return register
 

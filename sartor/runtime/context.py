@@ -11,6 +11,7 @@ import torch
 
 from ..errors import InputError, ProfileError
 from ..ops.util import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from .concat_plan import ShapeMemo
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -46,7 +47,7 @@ class ExecutionContext:
         self.profile = profile
         self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
         self._captured: dict[tuple, _CapturedShape] = {}
-        self._device_copies: dict[tuple, dict] = {}
+        self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
         if engine.device.type == "cuda":
             # cuDNN times its algorithms per shape on first use (captured before the CUDA graph):
@@ -115,17 +116,20 @@ class ExecutionContext:
             return {name: t.detach().cpu().numpy() for name, t in outputs.items()}
         return outputs
 
-    def _copies_for(self, key: tuple) -> dict:
-        return self._device_copies.setdefault(key, {})
+    def memo_for(self, key: tuple) -> ShapeMemo:
+        memo = self._memos.get(key)
+        if memo is None:
+            memo = self._memos[key] = ShapeMemo()
+        return memo
 
     def _run_eager(self, tensors: dict, shapes: dict) -> dict:
         key = tuple(sorted(shapes.items()))
         with torch.inference_mode():
             if self.stream is None:
-                return self.engine.executor.run(tensors, self._copies_for(key))
+                return self.engine.executor.run(tensors, self.memo_for(key))
             self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
             with torch.cuda.stream(self.stream):
-                out = self.engine.executor.run(tensors, self._copies_for(key))
+                out = self.engine.executor.run(tensors, self.memo_for(key))
             torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
             return out
 
@@ -147,16 +151,16 @@ class ExecutionContext:
     def _capture(self, tensors: dict, key: tuple) -> _CapturedShape:
         executor = self.engine.executor
         static_in = {name: t.clone() for name, t in tensors.items()}
-        copies = self._copies_for(key)
+        memo = self.memo_for(key)
         with torch.inference_mode():
             self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
             with torch.cuda.stream(self.stream):
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
-                    executor.run(static_in, copies)
+                    executor.run(static_in, memo)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=self.stream):
-                static_out = executor.run(static_in, copies)
+                static_out = executor.run(static_in, memo)
         return _CapturedShape(graph, static_in, static_out)
 
     def warmup(self, iterations: int = 1) -> None:

@@ -15,6 +15,7 @@ import torch
 from ..ir import Graph, Node
 from ..ops import OpRegistry, default_registry
 from ..ops.util import NUMPY_TO_TORCH
+from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
 
@@ -30,6 +31,7 @@ class Step:
     host_positions: frozenset
     compute_dtype: torch.dtype | None
     weight_for_tactic: Any = None  # the op's weight layout per tactic (OpDef.weight_for_tactic)
+    write_into: Any = None  # stores the output into a given slice (OpDef.write_into)
     constants: dict = field(default_factory=dict)  # input position -> prepared tensor
     release: list = field(default_factory=list)  # values whose last reader is this step
 
@@ -53,7 +55,7 @@ class Executor:
                 host_values.update(o for o in node.outputs if o)
             dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
-                        frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic)
+                        frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into)
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
@@ -62,6 +64,8 @@ class Executor:
         self.feed_dtypes = self._feed_dtypes()
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
+        self.concat_plan = plan_concats(self.steps, {v.name for v in graph.inputs}, set(self.output_dtypes),
+                                        host_values)
 
     # ---- planning ---------------------------------------------------------------------
     @staticmethod
@@ -110,13 +114,19 @@ class Executor:
                 self.steps[index].release.append(name)
 
     # ---- execution --------------------------------------------------------------------
-    def run(self, feeds: dict[str, torch.Tensor], device_copies: dict | None = None,
+    def run(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None,
             observe=None, before=None) -> dict[str, torch.Tensor]:
-        """Execute once. `device_copies` caches host values that device layers read as data; a
-        caller capturing CUDA graphs fills it on a warm-up run so the capture copies nothing.
+        """Execute once. `memo` is what runs at one input shape keep: device copies of host values
+        that device layers read as data (a caller capturing CUDA graphs fills it on a warm-up run so
+        the capture copies nothing) and the value shapes that let Concats be written in place
+        (concat_plan.py; recorded by the first run with this memo, used by the next ones).
         `observe(step_index, step, outputs)` sees every layer's outputs and `before(step_index, step,
         args)` its arguments (build-time analyses and tactic timing)."""
-        device_copies = {} if device_copies is None else device_copies
+        memo = ShapeMemo() if memo is None else memo
+        device_copies = memo.copies
+        in_place = ConcatBuffers(self.concat_plan, memo.value_meta, self.device) \
+            if memo.value_meta is not None and self.concat_plan.concats else None
+        recorded = {} if memo.value_meta is None and self.concat_plan.concats else None
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
             if self.channels_last and tensor.dim() == 4 and tensor.is_cuda:
@@ -127,16 +137,36 @@ class Executor:
             args = self._arguments(step, env, device_copies)
             if before is not None:
                 before(index, step, args)
-            result = step.impl(args, step.attrs)
+            result = self._run_step(step, args, in_place)
             results = result if isinstance(result, (tuple, list)) else (result,)
             for name, value in zip(step.node.outputs, results):
                 if name:
                     env[name] = value
+                    if recorded is not None and name in self.concat_plan.values:
+                        recorded[name] = value
             if observe is not None:
                 observe(index, step, results[:len(step.node.outputs)])
             for name in step.release:
                 env.pop(name, None)
+        if recorded is not None:
+            record_meta(memo, recorded)
         return {v.name: self._finish_output(v.name, env, device_copies) for v in self.graph.outputs}
+
+    @staticmethod
+    def _run_step(step: Step, args: list, in_place: ConcatBuffers | None):
+        if in_place is not None:
+            outputs = step.node.outputs
+            if step.node.op_type == "Concat":
+                assembled = in_place.assemble(outputs[0], args)
+                if assembled is not None:
+                    return assembled
+            elif step.write_into is not None and len([o for o in outputs if o]) == 1:
+                out = in_place.slice_for(outputs[0])
+                if out is not None:
+                    written = step.write_into(args, step.attrs, out)
+                    if written is not None:
+                        return written
+        return step.impl(args, step.attrs)
 
     def _arguments(self, step: Step, env: dict, device_copies: dict) -> list:
         args = []

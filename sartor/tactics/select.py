@@ -15,6 +15,7 @@ import torch
 
 from ..ir import Graph
 from ..ops import default_registry
+from ..runtime.concat_plan import ShapeMemo
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint
@@ -189,5 +190,9 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
                                   "source": source}
 
     with torch.inference_mode(), matmul_precision(tf32):
-        executor.run(feeds, before=before)
+        # A first run records the shapes that let Concats be written in place, so that candidates
+        # are timed on the layouts the engine will run them on (channel slices of Concat buffers).
+        memo = ShapeMemo()
+        executor.run(feeds, memo)
+        executor.run(feeds, memo, before=before)
     return selection

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SartorError
+from ..kernels.epilogue import pixel_stride
 from ..ops.conv import conv_geometry
 from ..runtime.engine_file import write_atomic
 
@@ -48,8 +49,14 @@ def fingerprint_digest(fingerprint: dict) -> str:
 
 
 def _tensor(t: torch.Tensor) -> str:
-    fmt = "nhwc" if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) \
-        and not t.is_contiguous() else "contiguous"
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+        fmt = "nhwc"
+    elif t.is_contiguous():
+        fmt = "contiguous"
+    elif t.dim() == 4 and pixel_stride(t) is not None:  # a channel slice: pixels `pixel_stride` apart
+        fmt = f"nhwc/{pixel_stride(t)}"
+    else:
+        fmt = "strided"
     return f"{_DTYPES.get(t.dtype, str(t.dtype))}[{'x'.join(map(str, t.shape))}]:{fmt}"
 
 

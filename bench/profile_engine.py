@@ -1,0 +1,124 @@
+"""Where an engine spends its time, for one device call: sartor's layers timed one by one (CUDA
+events around each step, no CUDA graph) and summed per op type, then the top GPU kernels of
+sartor and of the PyTorch peer (torch.compile default mode) from torch.profiler.
+
+    PYTHONPATH=. python bench/profile_engine.py --model yolov8n --batch 32 [--onnx-dir .carry]
+        [--precision fp16] [--compiled-peer]
+
+Models are those of bench/h200_table.py. A diagnosis tool: its figures are not benchmark results
+(no graph replay, and events between steps include the launch gaps).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import sartor  # noqa: E402
+from h200_table import SPEC, onnx_path, torch_model  # noqa: E402
+from sartor.runtime.context import ExecutionContext  # noqa: E402
+
+
+def top_kernels(fn, label: str, rows: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    total = sum(e.device_time_total for e in events)
+    print(f"== {label}: {total / 1e3:.3f} ms of kernels, {sum(e.count for e in events)} launches")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:rows]:
+        print(f"  {e.device_time_total / 1e3:8.3f} ms  x{e.count:4d}  {e.key[:120]}")
+
+
+def step_times(ctx: ExecutionContext, feeds: dict, repeats: int = 5) -> list[tuple[str, str, float, str]]:
+    """(op type, node name, median ms, tactic) per device step."""
+    executor = ctx.engine.executor
+    samples: dict[int, list[float]] = collections.defaultdict(list)
+    for _ in range(repeats):
+        events: dict[int, tuple] = {}
+
+        def before(index, step, args):
+            if not step.on_host:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                events[index] = (start,)
+
+        def observe(index, step, outputs):
+            if index in events:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                events[index] = (events[index][0], end)
+
+        with torch.inference_mode():
+            executor.run(feeds, ctx.memo_for(("profile",)), observe=observe, before=before)
+        torch.cuda.synchronize()
+        for index, (start, end) in events.items():
+            samples[index].append(start.elapsed_time(end))
+    rows = []
+    for index, values in samples.items():
+        step = executor.steps[index]
+        values.sort()
+        rows.append((step.node.op_type, step.node.name, values[len(values) // 2], str(step.attrs.get("tactic", ""))))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--onnx-dir", type=Path, default=None)
+    parser.add_argument("--effort", type=int, default=None)
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--compiled-peer", action="store_true", help="also list torch.compile's kernels")
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = True
+    work = Path("/tmp/sartor_profile")
+    work.mkdir(exist_ok=True)
+    input_name, size = SPEC.get(args.model, ("input", 224))
+    shape = (args.batch, 3, size, size)
+    plan = work / f"{args.model}_{args.precision}_b{args.batch}.plan"
+    shapes = {input_name: shape}
+    sartor.build(str(onnx_path(args.model, work, args.onnx_dir)), str(plan), device="cuda",
+                 precision=args.precision, min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
+                 builder_effort=args.effort)
+    engine = sartor.load(str(plan))
+    ctx = ExecutionContext(engine, use_cuda_graphs=False)
+    x = torch.rand(shape, device="cuda")
+    rows = step_times(ctx, {input_name: x})
+    by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for op, _, ms, _ in rows:
+        by_op[op][0] += ms
+        by_op[op][1] += 1
+    print(f"== sartor steps, {args.model} b{args.batch} {args.precision}: {sum(r[2] for r in rows):.3f} ms "
+          f"over {len(rows)} device steps")
+    for op, (ms, count) in sorted(by_op.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {ms:8.3f} ms  x{count:4d}  {op}")
+    print("== slowest steps")
+    for op, name, ms, tactic in sorted(rows, key=lambda r: -r[2])[:args.rows]:
+        print(f"  {ms:8.3f} ms  {op:14s} {name[:60]:60s} {tactic}")
+    with torch.inference_mode():
+        top_kernels(lambda: ctx.run({input_name: x}), "sartor kernels", args.rows)
+        model = torch_model(args.model)
+        if args.compiled_peer and model is not None:
+            model = model.half().cuda().to(memory_format=torch.channels_last)
+            xh = x.half().contiguous(memory_format=torch.channels_last)
+            compiled = torch.compile(model)
+            top_kernels(lambda: compiled(xh), "torch.compile kernels", args.rows)
+
+
+if __name__ == "__main__":
+    main()
