@@ -116,8 +116,7 @@ class ConcatBuffers:
         inputs = self.plan.concats[concat]
         if concat not in self.meta or any(name not in self.meta for name in inputs):
             return False
-        shape, dtype, _ = self.meta[concat]
-        return len(shape) == 4 and all(len(self.meta[n][0]) == 4 for n in inputs)
+        return len(self.meta[concat][0]) == 4 and all(len(self.meta[n][0]) == 4 for n in inputs)
 
     def _buffer(self, concat: str) -> torch.Tensor:
         buffer = self.buffers.get(concat)
@@ -149,7 +148,7 @@ class ConcatBuffers:
         when this Concat runs as a plain one."""
         if concat not in self.plan.concats or not self._usable(concat):
             return None
-        shape, dtype, _ = self.meta[concat]
+        shape = self.meta[concat][0]
         if any(tuple(p.shape[:1] + p.shape[2:]) != shape[:1] + shape[2:] for p in parts) \
                 or sum(p.shape[1] for p in parts) != shape[1]:
             return None
