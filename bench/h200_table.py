@@ -115,9 +115,23 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     row = timed(lambda: ctx.run({input_name: x}), shape[0], iterations)
+    if shape[0] == 1:
+        row.update(agreement_with_onnxruntime(onnx, input_name, x, ctx.run({input_name: x})))
     row.update(build_cold_s=builds[0], build_warm_s=builds[1], load_s=round(load_s, 3),
                first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1))
     return row
+
+
+def agreement_with_onnxruntime(onnx: Path, input_name: str, x: torch.Tensor, outputs: dict) -> dict:
+    """The engine's first output against ONNX Runtime FP32 (CPU) on the same input: a check that
+    the timed engine computes the model, not only a figure."""
+    import onnxruntime
+    session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {input_name: x.cpu().numpy()})[0].astype(np.float64).ravel()
+    got = next(iter(outputs.values())).float().cpu().numpy().astype(np.float64).ravel()
+    cosine = float(expected @ got / (np.linalg.norm(expected) * np.linalg.norm(got) + 1e-30))
+    return {"cosine_vs_onnxruntime": round(cosine, 6),
+            "max_abs_diff_vs_onnxruntime": round(float(np.abs(expected - got).max()), 5)}
 
 
 def main() -> None:
