@@ -103,3 +103,20 @@ def test_parts_in_place_are_kept_and_others_copied():
 def test_a_memo_records_shapes_once():
     memo = ShapeMemo()
     assert memo.value_meta is None and memo.copies == {}
+
+
+def test_an_nchw_buffer_gets_no_slices_and_producers_refuse_non_channels_last_outputs():
+    """On the H200 a YOLO11n Concat fed by reshaped attention outputs came out NCHW; its producers
+    must then leave the Concat to copy rather than write pixels into a layout they cannot store."""
+    from sartor.ops.conv import fused_conv_into
+    from sartor.ops.pool import max_pool_into
+    plan = ConcatPlan(targets={"p": SliceTarget("cat", 0)}, concats={"cat": ["p", "q"]})
+    meta = {"cat": ((1, 5, 2, 2), torch.float32, False), "p": ((1, 3, 2, 2), torch.float32, False),
+            "q": ((1, 2, 2, 2), torch.float32, False)}
+    assert ConcatBuffers(plan, meta, torch.device("cpu")).slice_for("p") is None
+    nchw_slice = torch.empty(1, 5, 2, 2).narrow(1, 0, 3)
+    x = torch.randn(1, 4, 2, 2).contiguous(memory_format=torch.channels_last)
+    conv_attrs = {"tactic": "igemm_16x16x32_w1_s1", "kernel_shape": [1, 1]}
+    assert fused_conv_into([x, torch.randn(3, 4, 1, 1)], conv_attrs, nchw_slice) is None
+    pool_attrs = {"tactic": "triton_nhwc", "kernel_shape": [1, 1]}
+    assert max_pool_into([x[:, :3]], pool_attrs, nchw_slice) is None

@@ -163,7 +163,7 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
     tactic = attrs.get("tactic", "torch")
-    if out.dtype != x.dtype:
+    if out.dtype != x.dtype or pixel_stride(out) is None:
         return None
     tile = TileConfig.parse(tactic)
     if tile is not None:

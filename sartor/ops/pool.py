@@ -6,6 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kernels.epilogue import pixel_stride
 from ..kernels.pool import max_pool_nhwc, max_pool_nhwc_supported
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
@@ -73,7 +74,7 @@ def max_pool_into(inputs, attrs, out):
     buffer, as in YOLO's SPPF); None for PyTorch's kernel."""
     x = inputs[0]
     if attrs.get("tactic") != "triton_nhwc" or attrs.get("_with_indices") or not max_pool_nhwc_supported(x) \
-            or out.dtype != x.dtype:
+            or out.dtype != x.dtype or pixel_stride(out) is None:
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
     return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out)

@@ -137,7 +137,9 @@ class ConcatBuffers:
         if target is None or value not in self.meta or not self._usable(target.buffer):
             return None
         shape, dtype, _ = self.meta[value]
-        if dtype != self.meta[target.buffer][1] or len(shape) != 4:
+        # Producers store channels-last pixels; a buffer in NCHW (a Concat fed by reshaped
+        # attention outputs, say) has no slice they can write, and the Concat copies as before.
+        if dtype != self.meta[target.buffer][1] or len(shape) != 4 or not self.meta[target.buffer][2]:
             return None
         buffer = self._buffer(target.buffer)
         view = buffer.narrow(1, self._offset(target.buffer, target.first_input), shape[1])
