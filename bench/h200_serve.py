@@ -2,10 +2,13 @@
 dynamic batching, for ResNet-50 FP16 (224) and the sample detector FP16 (320), next to each
 engine's offline throughput at its best batch, measured in the same run.
 
-    PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4]
+    PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4] \
+        [--shared-memory none,system,cuda]
 
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
-same machine). Writes serve.json under --out.
+same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
+body (`none`), in system shared memory, in CUDA shared memory (each client thread its own regions).
+Writes serve.json under --out: per model `serve` (the body) and `serve_system` / `serve_cuda`.
 """
 from __future__ import annotations
 
@@ -57,10 +60,11 @@ def offline(name: str, plan: Path) -> list[dict]:
     return rows
 
 
-def served(plan: Path, out: Path, levels: str, duration: float) -> dict:
+def served(plan: Path, out: Path, levels: str, duration: float, shared_memory: str = "none") -> dict:
     cmd = [sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--plan", str(plan), "--out", str(out),
            "--device", "cuda:0", "--protocol", "grpc", "--concurrency", levels, "--duration", str(duration),
-           "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500"]
+           "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500",
+           "--shared-memory", shared_memory]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                               filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
@@ -75,20 +79,29 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,32,128,256")
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--effort", type=int, default=2, help="builder effort of the served engines")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
+    parser.add_argument("--shared-memory", default="none",
+                        help="comma-separated: none (tensors in the body), system, cuda; each is measured")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.shared_memory.split(",") if m.strip()]
+    if not modes or set(modes) - {"none", "system", "cuda"}:
+        parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/sartor_serve")
     work.mkdir(exist_ok=True)
-    onnx = {"resnet50": export_classifier("resnet50", work), "detector": ROOT / "samples/detector/sample_detector.onnx"}
+    onnx = {"resnet50": lambda: export_classifier("resnet50", work),
+            "detector": lambda: ROOT / "samples/detector/sample_detector.onnx"}
     results = {}
-    for name in MODELS:
+    for name in args.models.split(","):
         plan = work / f"{name}_fp16.plan"
-        row = {"build_s": round(build(name, onnx[name], plan, args.effort), 1), "offline": offline(name, plan)}
+        row = {"build_s": round(build(name, onnx[name](), plan, args.effort), 1), "offline": offline(name, plan)}
         print(name, json.dumps(row), flush=True)
-        row["serve"] = served(plan, work / f"serve_{name}", args.levels, args.duration)
         results[name] = row
-        (out / "serve.json").write_text(json.dumps(results, indent=1))
+        for mode in modes:
+            key = "serve" if mode == "none" else f"serve_{mode}"
+            row[key] = served(plan, work / f"{key}_{name}", args.levels, args.duration, mode)
+            (out / "serve.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

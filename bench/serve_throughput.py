@@ -6,10 +6,16 @@ clients. The load generator (`--load-generator`):
 
 - `python` (the default): tritonclient in several client processes (threads within each, one client
   per thread, synchronous requests), needing nothing beyond the serve extras;
-- `perf_analyzer`: Triton's own load generator, one run per concurrency level (shared memory off).
+- `perf_analyzer`: Triton's own load generator, one run per concurrency level.
   It is looked for at `--perf-analyzer`, then on PATH, then at `.cache/perf_analyzer/perf_analyzer`
   in this tree, where `bash scripts/install_perf_analyzer.sh` puts it (a machine without internet
   needs that folder copied along: nothing is downloaded here).
+
+`--shared-memory none|system|cuda` passes the tensors in the request body (the default), in POSIX
+shared memory, or in CUDA shared memory (cudaIpc handles; the client process allocates on GPU 0).
+With the python load generator every client thread creates and registers its own input and output
+regions (names and keys carry the process id and thread number) and unregisters them at the end of
+its level; perf_analyzer does the same per run.
 
 Reports inferences/s and p50/p90/p99 latency per concurrency level, writes results.json and
 results.md under --out.
@@ -66,19 +72,80 @@ def request_inputs(metadata: dict, batch: int, protocol: str, seed: int = 0):
     inputs = []
     for spec in metadata["inputs"]:
         shape = [batch if d == -1 and i == 0 else (d if d > 0 else 1) for i, d in enumerate(spec["shape"])]
-        dtype = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8}[spec["datatype"]]
+        dtype = NUMPY[spec["datatype"]]
         data = rng.standard_normal(shape).astype(dtype) if dtype in (np.float32, np.float16) else np.zeros(shape, dtype)
         tensor = client_lib.InferInput(spec["name"], shape, spec["datatype"])
         if protocol == "grpc":
             tensor.set_data_from_numpy(data)
         else:
             tensor.set_data_from_numpy(data, binary_data=True)
+        tensor._sartor_data = data  # for Regions: the same values, in shared memory
         inputs.append(tensor)
     return inputs
 
 
+NUMPY = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8}
+
+
+def tensor_bytes(spec: dict, batch: int) -> int:
+    """Bytes of one request's tensor (batch dim -1 -> batch; another dynamic dim counts as 1)."""
+    shape = [batch if d == -1 and i == 0 else (d if d > 0 else 1) for i, d in enumerate(spec["shape"])]
+    return int(np.prod(shape)) * np.dtype(NUMPY[spec["datatype"]]).itemsize
+
+
+class Regions:
+    """One client thread's shared-memory regions (one per input and output), registered with the
+    server under names of its own; `close()` unregisters and frees them."""
+
+    def __init__(self, client, protocol: str, kind: str, metadata: dict, batch: int, inputs, tag: str) -> None:
+        if protocol == "grpc":
+            import tritonclient.grpc as client_lib
+        else:
+            import tritonclient.http as client_lib
+        self.client, self.kind, self.handles = client, kind, []
+        self.outputs = []
+        for tensor in inputs:
+            data = tensor._sartor_data  # kept by request_inputs
+            name = f"{tag}_in_{tensor.name()}"
+            self._region(name, data.nbytes, data)
+            tensor.set_shared_memory(name, data.nbytes)
+        for spec in metadata["outputs"]:
+            name, size = f"{tag}_out_{spec['name']}", tensor_bytes(spec, batch)
+            self._region(name, size, None)
+            output = client_lib.InferRequestedOutput(spec["name"])
+            output.set_shared_memory(name, size)
+            self.outputs.append(output)
+
+    def _region(self, name: str, size: int, data) -> None:
+        if self.kind == "system":
+            import tritonclient.utils.shared_memory as shm
+            key = f"/sartor_bench_{name}"
+            handle = shm.create_shared_memory_region(name, key, size)
+            if data is not None:
+                shm.set_shared_memory_region(handle, [data])
+            self.client.register_system_shared_memory(name, key, size)
+        else:
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            handle = cudashm.create_shared_memory_region(name, size, 0)
+            if data is not None:
+                cudashm.set_shared_memory_region(handle, [data])
+            self.client.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), 0, size)
+        self.handles.append((name, handle))
+
+    def close(self) -> None:
+        for name, handle in self.handles:
+            if self.kind == "system":
+                import tritonclient.utils.shared_memory as shm
+                self.client.unregister_system_shared_memory(name)
+                shm.destroy_shared_memory_region(handle)
+            else:
+                import tritonclient.utils.cuda_shared_memory as cudashm
+                self.client.unregister_cuda_shared_memory(name)
+                cudashm.destroy_shared_memory_region(handle)
+
+
 def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: int, threads: int,
-                    duration: float, warmup: float, queue) -> None:
+                    duration: float, warmup: float, queue, shared_memory: str = "none") -> None:
     import threading
     latencies: list[float] = []
     errors = [0]
@@ -95,6 +162,10 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
             import tritonclient.http as client_lib
             client = client_lib.InferenceServerClient(url, network_timeout=120.0)
         inputs = request_inputs(metadata, batch, protocol, seed=k)
+        regions = None
+        if shared_memory != "none":
+            regions = Regions(client, protocol, shared_memory, metadata, batch, inputs, f"p{os.getpid()}_t{k}")
+        outputs = regions.outputs if regions is not None else None
         mine = []
         count = 0
         while True:
@@ -102,7 +173,7 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
             if t0 >= stop_at:
                 break
             try:
-                client.infer(model, inputs)
+                client.infer(model, inputs, outputs=outputs)
             except Exception:
                 with lock:
                     errors[0] += 1
@@ -114,6 +185,8 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
         with lock:
             latencies.extend(mine)
             answered[0] += count
+        if regions is not None:
+            regions.close()
         client.close()
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
@@ -125,7 +198,8 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
 
 
 def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, concurrency: int,
-            duration: float, warmup: float, processes: int, server_in_process: bool = False) -> dict:
+            duration: float, warmup: float, processes: int, server_in_process: bool = False,
+            shared_memory: str = "none") -> dict:
     """One level. With the server in this process, also its CPU time per request (the client
     processes are children, not counted), which says what the server costs when the load generator
     shares the cores."""
@@ -133,7 +207,8 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_client_process, args=(url, protocol, model, metadata, batch, n, duration, warmup, queue))
+    procs = [ctx.Process(target=_client_process,
+                         args=(url, protocol, model, metadata, batch, n, duration, warmup, queue, shared_memory))
              for n in shares]
     for p in procs:
         p.start()
@@ -173,13 +248,15 @@ def find_perf_analyzer(explicit: str | None) -> str | None:
 
 
 def perf_analyzer(binary: str, url: str, protocol: str, model: str, batch: int, level: int, duration: float,
-                  out: Path) -> dict:
+                  out: Path, shared_memory: str = "none", output_bytes: int = 0) -> dict:
     """One concurrency level. perf_analyzer's range step is additive (1:256:2 is 1, 3, 5, ...), so
     each level of the geometric series is its own run."""
     report = out / f"perf_analyzer_{model}_c{level}.csv"
     base = [binary, "-m", model, "-u", url, "-i", protocol, "-b", str(batch), "--concurrency-range", f"{level}:{level}",
-            "--measurement-interval", str(max(int(duration * 1000), 500)), "--shared-memory", "none",
+            "--measurement-interval", str(max(int(duration * 1000), 500)), "--shared-memory", shared_memory,
             "--max-trials", "10", "-f", str(report)]
+    if shared_memory != "none" and output_bytes:
+        base += ["--output-shared-memory-size", str(output_bytes)]
     # Its default 10% stability bound can fail on a noisy level (exit 2, no report): then measure once
     # more without the bound and say so in the row.
     for stable, extra in ((True, []), (False, ["--stability-percentage", "100"])):
@@ -221,6 +298,8 @@ def main() -> int:
                         help="tritonclient processes (default) or Triton's perf_analyzer")
     parser.add_argument("--perf-analyzer", metavar="PATH", help="the perf_analyzer binary (default: PATH, then "
                                                                 ".cache/perf_analyzer/perf_analyzer)")
+    parser.add_argument("--shared-memory", choices=("none", "system", "cuda"), default="none",
+                        help="tensors in the request body (default), in system or in CUDA shared memory")
     args = parser.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -256,13 +335,13 @@ def main() -> int:
         parser.error("give --plan or --url")
 
     results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration,
-               "load_generator": args.load_generator, "models": {}}
+               "load_generator": args.load_generator, "shared_memory": args.shared_memory, "models": {}}
     try:
         for model in models:
             if args.protocol == "grpc":
                 import tritonclient.grpc as client_lib
                 metadata = client_lib.InferenceServerClient(url).get_model_metadata(model, as_json=True)
-                for spec in metadata["inputs"]:
+                for spec in metadata["inputs"] + metadata["outputs"]:
                     spec["shape"] = [int(d) for d in spec["shape"]]
             else:
                 import tritonclient.http as client_lib
@@ -270,10 +349,13 @@ def main() -> int:
             rows = []
             for level in levels:
                 if binary is not None:
-                    row = perf_analyzer(binary, url, args.protocol, model, args.batch, level, args.duration, args.out)
+                    output_bytes = max(tensor_bytes(spec, args.batch) for spec in metadata["outputs"])
+                    row = perf_analyzer(binary, url, args.protocol, model, args.batch, level, args.duration, args.out,
+                                        args.shared_memory, output_bytes)
                 else:
                     row = measure(url, args.protocol, model, metadata, args.batch, level, args.duration, args.warmup,
-                                  args.processes, server_in_process=server is not None)
+                                  args.processes, server_in_process=server is not None,
+                                  shared_memory=args.shared_memory)
                 print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
                       f"p99 {row['p99_ms']:8.2f} ms  server CPU {row.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/req  "
                       f"errors {row['errors']}", flush=True)
@@ -290,7 +372,8 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch}, {args.load_generator})", "",
+    lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch}, {args.load_generator}, "
+             f"shared memory {args.shared_memory})", "",
              "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | server CPU ms/request | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for model, rows in results["models"].items():

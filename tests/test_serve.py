@@ -318,7 +318,7 @@ def test_bad_grpc_requests_get_invalid_argument(repo):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "malformed ModelInferRequest" in info.value.details()
         with pytest.raises(grpc.RpcError) as info:
-            stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), timeout=20)
+            stub.TraceSetting(pb.TraceSettingRequest(), timeout=20)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # Still serving.
         x = images(1, 2)

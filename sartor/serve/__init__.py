@@ -14,6 +14,7 @@ validate layer (detection decoders); nothing below imports it. One concern per m
 | `grpc_frontend.py` | the gRPC servicer (grpc.aio) on tritonclient's generated protos |
 | `image.py` | the image route: preprocessing and detection decoding |
 | `metrics.py` | Prometheus text format, Triton's metric names |
+| `shared_memory.py` | Triton's system and CUDA shared-memory regions: registry, leases, reads and writes |
 | `tensors.py` | KServe datatypes, arrays from JSON lists or raw bytes |
 | `errors.py` | request errors and their HTTP / gRPC codes |
 | `server.py` | the event loop, the endpoints, start/stop |

@@ -8,7 +8,9 @@ preferred batch size (max_batch_size without preferred sizes), when max_queue_de
 the oldest request arrived, or when the delay is 0; otherwise it waits. The batch is copied along
 dim 0 into a staging buffer of the instance (pinned on CUDA), padded up to the next batch size the
 instance has already run (see `Instance.warm_batch`), run, and the outputs are split back per
-request as views. Requests whose timeout passes while
+request as views. An input may also be a torch tensor (a view of a CUDA shared-memory region): a
+batch holding one is assembled in a device buffer of the instance instead, by device-to-device
+copies. Requests whose timeout passes while
 queued are answered with RequestTimeout; requests whose caller went away are dropped.
 
 Runs that may capture a CUDA graph (a context's first run of a shape) take the GPUs alone, through
@@ -166,6 +168,20 @@ def on_device(context):
     return contextlib.nullcontext()
 
 
+def _is_tensor(value) -> bool:
+    """A torch tensor rather than a numpy array (checked without importing torch)."""
+    return not isinstance(value, np.ndarray) and type(value).__module__.startswith("torch")
+
+
+def dtype_key(value) -> str:
+    """The numpy dtype string of an array or a torch tensor: a CUDA shared-memory input batches with
+    body inputs of the same dtype."""
+    if _is_tensor(value):
+        from ..ops.util import TORCH_TO_NUMPY
+        return np.dtype(TORCH_TO_NUMPY[value.dtype]).str
+    return value.dtype.str
+
+
 def shape_key(feeds: dict) -> tuple:
     return tuple(sorted((name, tuple(int(d) for d in value.shape)) for name, value in feeds.items()))
 
@@ -180,6 +196,7 @@ class Instance:
     # searches. Derived from `seen`; mark_run keeps the two together.
     _warm_batches: dict = field(default_factory=dict, repr=False)
     _staging: dict = field(default_factory=dict, repr=False)
+    _device_staging: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         keys, self.seen = self.seen, set()
@@ -227,6 +244,19 @@ class Instance:
                 self._staging.clear()
             buffer = _host_buffer(tuple(shape), dtype, pinned=str(self.device).startswith("cuda"))
             self._staging[key] = buffer
+        return buffer[:shape[0]] if shape else buffer
+
+    def device_staging(self, name: str, shape: tuple, dtype):
+        """A torch buffer on the instance's device (`dtype` a torch dtype), reused like `staging`: where
+        a batch with an input in CUDA shared memory is assembled by device-to-device copies."""
+        import torch
+        key = (name, tuple(shape[1:]), str(dtype), len(shape))
+        buffer = self._device_staging.get(key)
+        if buffer is None or (shape and buffer.shape[0] < shape[0]):
+            if buffer is None and len(self._device_staging) >= MAX_STAGING_BUFFERS:
+                self._device_staging.clear()
+            buffer = torch.empty(tuple(shape), dtype=dtype, device=torch.device(self.device))
+            self._device_staging[key] = buffer
         return buffer[:shape[0]] if shape else buffer
 
     def owns(self, array: np.ndarray) -> bool:
@@ -302,7 +332,7 @@ class Batcher:
     def submit(self, inputs: dict, batch: int, deadline: float | None) -> Future:
         """Queue one request (inputs already validated). Raises QueueFull, or BatcherClosed once this
         batcher stopped taking requests (the caller retries with the version now served)."""
-        signature = tuple(sorted((name, a.dtype.str, a.shape[1:] if self.policy.max_batch_size else a.shape)
+        signature = tuple(sorted((name, dtype_key(a), tuple(a.shape[1:] if self.policy.max_batch_size else a.shape))
                                  for name, a in inputs.items()))
         pending = _Pending(inputs, batch, signature, time.monotonic(), deadline, Future())
         with self._cv:
@@ -489,32 +519,38 @@ class Batcher:
         wire bytes (decoding does not copy): this is their one copy."""
         first = live[0].inputs
         if (len(live) == 1 and not str(instance.device).startswith("cuda")
-                and all(a.flags.writeable and a.flags.c_contiguous for a in first.values())):
+                and all(isinstance(a, np.ndarray) and a.flags.writeable and a.flags.c_contiguous
+                        for a in first.values())):
             return first, total
-        if not self.policy.max_batch_size:
-            feeds = {}
-            for name, a in first.items():
-                feeds[name] = instance.staging(name, a.shape, a.dtype)
-                np.copyto(feeds[name], a)
-            return feeds, total
+        batched = bool(self.policy.max_batch_size)
         rows = total
-        if self.policy.dynamic:
+        if batched and self.policy.dynamic:
             rows = instance.warm_batch({name: tuple(a.shape[1:]) for name, a in first.items()}, total)
         feeds = {}
         for name, a in first.items():
-            buffer = instance.staging(name, (rows, *a.shape[1:]), a.dtype)
-            offset = 0
-            for p in live:
-                part = p.inputs[name]
-                buffer[offset:offset + len(part)] = part
-                offset += len(part)
-            if rows > total:
-                buffer[total:] = 0  # padding rows: defined values, their outputs are dropped
+            parts = [p.inputs[name] for p in live]
+            shape = (rows, *a.shape[1:]) if batched else tuple(a.shape)
+            if any(_is_tensor(part) for part in parts):
+                feeds[name] = _fill_device(instance, name, shape, parts, total, batched)
+                continue
+            buffer = instance.staging(name, shape, a.dtype)
+            if not batched:
+                np.copyto(buffer, a)
+            else:
+                offset = 0
+                for part in parts:
+                    buffer[offset:offset + len(part)] = part
+                    offset += len(part)
+                if rows > total:
+                    buffer[total:] = 0  # padding rows: defined values, their outputs are dropped
             feeds[name] = buffer
         return feeds, rows
 
     def _split(self, instance: Instance, outputs: dict, live: list[_Pending], rows: int) -> list[dict]:
-        outputs = {name: np.asarray(value) for name, value in outputs.items()}
+        # Outputs are torch tensors when every input was (CUDA shared memory): on CUDA the context's
+        # own buffers, valid until its next run, so they are copied to the host here.
+        outputs = {name: value.detach().to("cpu", copy=True).numpy() if _is_tensor(value) else np.asarray(value)
+                   for name, value in outputs.items()}
         # An output that is a view of a staging buffer (an identity-like engine on CPU) would change
         # under the response while the next batch fills the buffer.
         outputs = {name: value.copy() if value.size and instance.owns(value) else value
@@ -531,6 +567,34 @@ class Batcher:
                 part[name] = value[offset:offset + p.batch]
                 offset += p.batch
         return parts
+
+
+def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total: int, batched: bool):
+    """The batch's input `name` in a device buffer of the instance: torch parts (CUDA shared memory)
+    are copied device to device, numpy parts host to device, padding rows zeroed."""
+    import torch
+
+    from ..ops.util import NUMPY_TO_TORCH
+    first = parts[0]
+    dtype = first.dtype if _is_tensor(first) else NUMPY_TO_TORCH[first.dtype.name]
+    buffer = instance.device_staging(name, shape, dtype)
+
+    def tensor(part):
+        if _is_tensor(part):
+            return part
+        # torch.from_numpy warns on read-only arrays (views of a request body): copy those.
+        return torch.from_numpy(part if part.flags.writeable else np.array(part))
+
+    if not batched:
+        buffer.copy_(tensor(first))
+        return buffer
+    offset = 0
+    for part in parts:
+        buffer[offset:offset + len(part)].copy_(tensor(part))
+        offset += len(part)
+    if shape[0] > total:
+        buffer[total:].zero_()
+    return buffer
 
 
 def _fail(future: Future, error: Exception) -> None:

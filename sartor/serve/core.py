@@ -1,21 +1,29 @@
 """What both frontends call: server and model metadata, inference with retries across a version
-swap, timeouts, statistics. Frontends only translate wire formats to and from these calls."""
+swap, timeouts, shared memory, statistics. Frontends only translate wire formats to and from these
+calls."""
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..version import __version__
 from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, RequestTimeout, ServeError
 from .repository import Repository, ServedModel
+from .shared_memory import Lease, SharedMemoryRegistry, ShmInput, ShmRef
 
 SERVER_NAME = "sartor"
-EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data", "parameters",
-              "statistics", "infer_image"]
+EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "system_shared_memory",
+              "binary_tensor_data", "parameters", "statistics", "infer_image"]
+# Listed only where torch sees a GPU. A Triton client that checks the extensions before using CUDA
+# shared memory then learns the truth; one that does not check gets a one-line UNIMPLEMENTED at
+# registration. The routes exist either way, so that unregistering everything (what perf_analyzer
+# does at start, for both kinds) succeeds on a CPU-only server too.
+CUDA_EXTENSION = "cuda_shared_memory"
+OFFLOAD_BYTES = 1 << 20  # write shared-memory outputs larger than this off the event loop
 COMPLETION_GRACE_S = 1.0  # how long past its deadline a request that already runs may take
 SWAP_RETRIES = 8
 
@@ -24,17 +32,24 @@ SWAP_RETRIES = 8
 class InferOutcome:
     model: ServedModel
     outputs: dict  # name -> np.ndarray, in the engine's output order, filtered to those requested
+    # name -> bytes written, for the outputs written to shared memory: their response entries carry
+    # name, datatype and shape only, as Triton's (perf_analyzer's HTTP client reads an entry that has
+    # "parameters" as binary data and fails without binary_data_size)
+    shared_memory: dict = field(default_factory=dict)
 
 
 class InferenceCore:
-    def __init__(self, repository: Repository, metrics, default_timeout_s: float | None = None) -> None:
+    def __init__(self, repository: Repository, metrics, default_timeout_s: float | None = None,
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.repository = repository
         self.metrics = metrics
         self.default_timeout_s = default_timeout_s
+        self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
+        self.extensions = EXTENSIONS + ([CUDA_EXTENSION] if self.shared_memory.cuda_available() else [])
 
     # ---- server -------------------------------------------------------------------------------------
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(self.extensions)}
 
     def live(self) -> bool:
         return True
@@ -54,12 +69,30 @@ class InferenceCore:
             return float(timeout_us) / 1e6
         return default
 
-    async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
-                    outputs: list[str] | None = None, timeout_us=None, client_deadline_s: float | None = None
-                    ) -> InferOutcome:
-        """Validate, queue, await. `client_deadline_s`: seconds the client still waits (gRPC deadline)."""
+    async def infer(self, name: str, version: str | None, inputs: dict, outputs: list[str] | None = None,
+                    timeout_us=None, client_deadline_s: float | None = None,
+                    output_regions: dict[str, ShmRef] | None = None) -> InferOutcome:
+        """Validate, queue, await. `inputs`: name -> np.ndarray, or ShmInput (data in a registered
+        region). `output_regions`: outputs to write into shared memory instead of the response.
+        `client_deadline_s`: seconds the client still waits (gRPC deadline)."""
+        if not output_regions and not any(isinstance(v, ShmInput) for v in inputs.values()):
+            return await self._infer(name, version, inputs, outputs, timeout_us, client_deadline_s, None, None)
+        lease = self.shared_memory.lease()
+        try:
+            inputs = {n: lease.read(v) if isinstance(v, ShmInput) else v for n, v in inputs.items()}
+            for ref in (output_regions or {}).values():
+                lease.check_output(ref)
+            return await self._infer(name, version, inputs, outputs, timeout_us, client_deadline_s, lease,
+                                     output_regions)
+        finally:
+            lease.release()
+
+    async def _infer(self, name: str, version: str | None, inputs: dict, outputs: list[str] | None, timeout_us,
+                     client_deadline_s: float | None, lease: Lease | None, output_regions: dict | None
+                     ) -> InferOutcome:
         start = time.monotonic()
         model = None
+        written: dict = {}
         try:
             for _ in range(SWAP_RETRIES):
                 model = self.repository.served(name, version)
@@ -78,11 +111,18 @@ class InferenceCore:
                     await asyncio.sleep(0.001)
             else:
                 raise ModelUnavailable(f"model '{name}' is being reloaded; retry")
+            if lease is not None:
+                # The batcher may still read the regions after this handler gave up (a timeout):
+                # they stay mapped until its future is done too.
+                lease.hold()
+                future.add_done_callback(lambda _: lease.release())
             wait = None if deadline is None else max(deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
             try:
                 result = await asyncio.wait_for(asyncio.wrap_future(future), wait)
             except asyncio.TimeoutError:
                 raise RequestTimeout(f"model '{name}': the request timed out after {timeout_s * 1e3:.0f} ms") from None
+            if output_regions:
+                written = await self._write_outputs(lease, output_regions, result.outputs)
         except ServeError as exc:
             if model is not None:
                 self.metrics.inc("nv_inference_request_failure",
@@ -93,7 +133,17 @@ class InferenceCore:
         self.metrics.inc("nv_inference_request_duration_us", labels, (time.monotonic() - start) * 1e6)
         model.last_inference_ms = int(time.time() * 1000)
         wanted = outputs or list(result.outputs)
-        return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted})
+        return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written)
+
+    @staticmethod
+    async def _write_outputs(lease: Lease, output_regions: dict, outputs: dict) -> dict:
+        def write() -> dict:
+            return {n: lease.write(ref, np.asarray(outputs[n])) for n, ref in output_regions.items()}
+
+        size = sum(np.asarray(outputs[n]).nbytes for n in output_regions)
+        if size > OFFLOAD_BYTES:
+            return await asyncio.get_running_loop().run_in_executor(None, write)
+        return write()
 
     # ---- statistics -----------------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> list[dict]:

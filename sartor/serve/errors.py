@@ -44,6 +44,25 @@ class ExecutionError(ServeError):
     metric_reason = "BACKEND"
 
 
+class RegionNotFound(ServeError):
+    """A shared-memory region that is not registered (status, or a tensor that names it): Triton's
+    NOT_FOUND, which its HTTP endpoint answers with 404."""
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+
+class RegionExists(ServeError):
+    """A shared-memory region name that is already registered (Triton's ALREADY_EXISTS, HTTP 400)."""
+    grpc_code = "ALREADY_EXISTS"
+
+
+class Unsupported(ServeError):
+    """A feature this server cannot offer here (CUDA shared memory without a GPU): Triton's
+    UNSUPPORTED, HTTP 501 / gRPC UNIMPLEMENTED."""
+    http_status = 501
+    grpc_code = "UNIMPLEMENTED"
+
+
 class BatcherClosed(Exception):
     """Internal: the batcher stopped taking requests (its model version was swapped or unloaded);
     the caller retries with the model now served."""

@@ -3,7 +3,7 @@
 The servicer subclasses the generated `GRPCInferenceServiceServicer`. Methods are registered from
 the service descriptor with a deserializer that never raises: a request that is not valid protobuf
 is answered INVALID_ARGUMENT by the method itself, rather than an opaque INTERNAL from grpc.
-Shared memory, tracing and log settings answer UNIMPLEMENTED.
+Tracing and log settings answer UNIMPLEMENTED.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..errors import SartorError
 from .errors import InvalidRequest, ServeError
+from .shared_memory import ShmInput, ShmRef, shm_ref
 from .tensors import array_from_bytes, check_shape, element_count, kserve_datatype, numpy_dtype
 
 log = logging.getLogger("sartor.serve")
@@ -28,7 +29,9 @@ CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int
                   "FP64": "fp64_contents"}
 IMPLEMENTED = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
                "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
-               "RepositoryModelUnload")
+               "RepositoryModelUnload", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+               "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+               "CudaSharedMemoryUnregister")
 
 
 class _Malformed:
@@ -45,27 +48,43 @@ def _safe_deserializer(cls):
     return deserialize
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+def tensor_shm_ref(tensor, where: str) -> ShmRef | None:
+    """The shared-memory parameters of a request tensor (input or requested output), or None."""
+    if not any(key.startswith("shared_memory_") for key in tensor.parameters):
+        return None
+    return shm_ref({k: _param(v) for k, v in tensor.parameters.items()}, where)
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> dict:
+    """name -> np.ndarray, or ShmInput for an input in shared memory. As tritonclient sends them,
+    raw_input_contents holds one entry per input that is not in shared memory, in order."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidRequest(f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs")
     if not request.inputs:
         raise InvalidRequest("the request has no inputs")
-    inputs: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    refs = [tensor_shm_ref(t, f"input {t.name!r}") for t in request.inputs]
+    in_body = sum(ref is None for ref in refs)
+    if raw and len(raw) != in_body:
+        raise InvalidRequest(f"raw_input_contents holds {len(raw)} entries for {in_body} inputs not in shared memory")
+    inputs: dict = {}
+    next_raw = 0
+    for i, (tensor, ref) in enumerate(zip(request.inputs, refs)):
         if not tensor.name:
             raise InvalidRequest(f"input {i} has no name")
         where = f"input {tensor.name!r}"
         if tensor.name in inputs:
             raise InvalidRequest(f"{where} is given twice")
-        if "shared_memory_region" in tensor.parameters:
-            raise InvalidRequest(f"{where}: shared memory is not supported")
         dtype = numpy_dtype(tensor.datatype, where)
         shape = check_shape(list(tensor.shape), where)
+        if ref is not None:
+            if tensor.HasField("contents") and tensor.contents.ByteSize():
+                raise InvalidRequest(f"{where} has both contents and shared_memory_region")
+            inputs[tensor.name] = ShmInput(ref, shape, dtype)
+            continue
         if raw:
             if tensor.HasField("contents") and tensor.contents.ByteSize():
                 raise InvalidRequest(f"{where} has both contents and raw_input_contents")
-            inputs[tensor.name] = array_from_bytes(raw[i], shape, dtype, where)
+            inputs[tensor.name] = array_from_bytes(raw[next_raw], shape, dtype, where)
+            next_raw += 1
             continue
         field = CONTENTS_FIELD.get(tensor.datatype)
         if field is None:
@@ -134,29 +153,69 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         await asyncio.get_running_loop().run_in_executor(None, self.core.repository.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # ---- shared memory ---------------------------------------------------------------------------------
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        rows = self.core.shared_memory.status("system", request.name or None)
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={r["name"]: pb.SystemSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self._off_loop(self.core.shared_memory.register_system, request.name, request.key, request.offset,
+                             request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        await self._off_loop(self.core.shared_memory.unregister, "system", request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        rows = self.core.shared_memory.status("cuda", request.name or None)
+        return pb.CudaSharedMemoryStatusResponse(
+            regions={r["name"]: pb.CudaSharedMemoryStatusResponse.RegionStatus(**r) for r in rows})
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await self._off_loop(self.core.shared_memory.register_cuda, request.name, request.raw_handle,
+                             request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        await self._off_loop(self.core.shared_memory.unregister, "cuda", request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # ---- inference ------------------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest, context) -> pb.ModelInferResponse:
         if not request.model_name:
             raise InvalidRequest("the request names no model")
         inputs = decode_inputs(request)
-        outputs = []
+        outputs, regions = [], {}
         for o in request.outputs:
             if "classification" in o.parameters:
                 raise InvalidRequest(f"output {o.name!r}: the classification extension is not supported")
             if o.name in outputs:
                 raise InvalidRequest(f"output {o.name!r} is requested twice")
             outputs.append(o.name)
+            ref = tensor_shm_ref(o, f"output {o.name!r}")
+            if ref is not None:
+                regions[o.name] = ref
         params = {k: _param(v) for k, v in request.parameters.items()}
         if params.get("sequence_id") not in (None, 0, ""):
             raise InvalidRequest("parameter sequence_id is not supported (no sequence batching)")
         remaining = context.time_remaining() if context is not None else None
         outcome = await self.core.infer(request.model_name, request.model_version or None, inputs, outputs or None,
-                                        params.get("timeout"), remaining)
+                                        params.get("timeout"), remaining, output_regions=regions)
         response = pb.ModelInferResponse(model_name=outcome.model.name, model_version=outcome.model.version,
                                          id=request.id)
         for name, array in outcome.outputs.items():
-            array = np.ascontiguousarray(array)
             response.outputs.add(name=name, datatype=kserve_datatype(array.dtype.name), shape=list(array.shape))
+            if name in outcome.shared_memory:
+                # No data, and an empty raw entry: as Triton does, raw_output_contents keeps one entry
+                # per output, so that a client finds the others at their index.
+                response.raw_output_contents.append(b"")
+                continue
+            array = np.ascontiguousarray(array)
             response.raw_output_contents.append(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
         return response
 
@@ -210,8 +269,8 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
 
 
 async def _unimplemented(request, context):
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not supported by sartor serve (shared memory, tracing and "
-                                                       "log settings are not implemented)")
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not supported by sartor serve (tracing and log settings are "
+                                                       "not implemented)")
 
 
 def _wrap_unary(method):

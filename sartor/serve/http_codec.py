@@ -1,5 +1,6 @@
 """KServe v2 HTTP/REST bodies: the JSON inference request with the binary tensor data extension
-(`Inference-Header-Content-Length`, `binary_data_size`), and the response, JSON or binary.
+(`Inference-Header-Content-Length`, `binary_data_size`) and the shared-memory parameters
+(`shared_memory_region`, `_byte_size`, `_offset`), and the response, JSON or binary.
 
 Pure functions of bytes, so that they can run off the event loop for large bodies and be fuzzed."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidRequest
+from .shared_memory import ShmInput, shm_ref
 from .tensors import array_from_bytes, array_from_list, check_shape, kserve_datatype, numpy_dtype
 
 MAX_TENSORS = 1024
@@ -20,10 +22,11 @@ MAX_TENSORS = 1024
 @dataclass
 class HttpInferRequest:
     id: str | None
-    inputs: dict  # name -> np.ndarray
+    inputs: dict  # name -> np.ndarray, or ShmInput (data in a shared-memory region)
     outputs: list = field(default_factory=list)  # [(name, binary or None)], empty: all outputs
     binary_output: bool = False  # the request-level binary_data_output parameter
     timeout_us: object = None
+    output_regions: dict = field(default_factory=dict)  # name -> ShmRef, outputs to write to shared memory
 
 
 def _object(value, where: str) -> dict:
@@ -101,8 +104,12 @@ def parse_infer_request(body: bytes, header_length: str | None) -> HttpInferRequ
         dtype = numpy_dtype(tensor.get("datatype"), where)
         shape = check_shape(tensor.get("shape"), where)
         tparams = _object(tensor.get("parameters", {}), f"{where} parameters")
-        if "shared_memory_region" in tparams:
-            raise InvalidRequest(f"{where}: shared memory is not supported")
+        ref = shm_ref(tparams, where)
+        if ref is not None:
+            if "data" in tensor:
+                raise InvalidRequest(f"{where} has both \"data\" and shared_memory_region")
+            inputs[name] = ShmInput(ref, shape, dtype)
+            continue
         size = tparams.get("binary_data_size")
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -122,7 +129,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> HttpInferRequ
         raise InvalidRequest(f"{len(binary) - offset} bytes of binary data after the inputs are not claimed by "
                              f"any binary_data_size")
 
-    outputs = []
+    outputs, regions = [], {}
     raw_outputs = request.get("outputs")
     if raw_outputs is not None:
         if not isinstance(raw_outputs, list) or len(raw_outputs) > MAX_TENSORS:
@@ -139,11 +146,12 @@ def parse_infer_request(body: bytes, header_length: str | None) -> HttpInferRequ
             oparams = _object(tensor.get("parameters", {}), f"output {name!r} parameters")
             if oparams.get("classification"):
                 raise InvalidRequest(f"output {name!r}: the classification extension is not supported")
-            if "shared_memory_region" in oparams:
-                raise InvalidRequest(f"output {name!r}: shared memory is not supported")
+            ref = shm_ref(oparams, f"output {name!r}")
+            if ref is not None:
+                regions[name] = ref
             binary = oparams.get("binary_data")
             outputs.append((name, None if binary is None else _bool(binary, f"output {name!r} binary_data")))
-    return HttpInferRequest(request_id, inputs, outputs, binary_output, params.get("timeout"))
+    return HttpInferRequest(request_id, inputs, outputs, binary_output, params.get("timeout"), regions)
 
 
 def _json_values(array: np.ndarray) -> list:
@@ -153,14 +161,18 @@ def _json_values(array: np.ndarray) -> list:
     return flat.tolist()
 
 
-def encode_infer_response(model_name: str, version: str, outputs: dict, request: HttpInferRequest
-                          ) -> tuple[bytes, dict]:
-    """(body, headers): JSON, or a JSON header followed by the binary outputs."""
+def encode_infer_response(model_name: str, version: str, outputs: dict, request: HttpInferRequest,
+                          shared_memory: dict | None = None) -> tuple[bytes, dict]:
+    """(body, headers): JSON, or a JSON header followed by the binary outputs. `shared_memory`: the
+    outputs already written to shared memory: name, datatype and shape only (no data, no parameters)."""
     binary_for = {name: b for name, b in request.outputs}
     entries, chunks = [], []
     for name, array in outputs.items():
-        array = np.ascontiguousarray(array)
         entry = {"name": name, "datatype": kserve_datatype(array.dtype.name), "shape": list(array.shape)}
+        if shared_memory and name in shared_memory:
+            entries.append(entry)
+            continue
+        array = np.ascontiguousarray(array)
         binary = binary_for.get(name)
         if binary is None:
             binary = request.binary_output

@@ -10,14 +10,22 @@
     POST /v2/models/{m}[/versions/{v}]/infer_image         image bytes in, detections or outputs out
     POST /v2/repository/index                              repository index
     POST /v2/repository/models/{m}/load | /unload          load (newest version) / unload
+    GET  /v2/systemsharedmemory[/region/{r}]/status        registered system shared-memory regions
+    POST /v2/systemsharedmemory/region/{r}/register        {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{r}]/unregister    one region, or all of them
+    .../v2/cudasharedmemory/...                            the same for CUDA shared memory; register takes
+                                                           {"raw_handle": {"b64"}, "device_id", "byte_size"}
     GET  /metrics                                          (metrics port) Prometheus text format
 
-Errors are `{"error": "<one line>"}` with 400 (bad request, unknown or unavailable model), 503 (queue
+Errors are `{"error": "<one line>"}` with 400 (bad request, unknown or unavailable model), 404 (a
+shared-memory region that is not registered), 501 (CUDA shared memory without a GPU), 503 (queue
 full), 504 (timed out in the queue) or 500 (the engine failed).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import re
@@ -73,6 +81,12 @@ class HttpFrontend:
         r.add_post("/v2/repository/index", self.index)
         r.add_post("/v2/repository/models/{model}/load", self.load)
         r.add_post("/v2/repository/models/{model}/unload", self.unload)
+        for prefix in ("/v2/systemsharedmemory", "/v2/cudasharedmemory"):
+            r.add_get(prefix + "/status", self.shm_status)
+            r.add_get(prefix + "/region/{region}/status", self.shm_status)
+            r.add_post(prefix + "/region/{region}/register", self.shm_register)
+            r.add_post(prefix + "/unregister", self.shm_unregister)
+            r.add_post(prefix + "/region/{region}/unregister", self.shm_unregister)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
             r.add_get(prefix + "/ready", self.model_ready)
@@ -166,6 +180,41 @@ class HttpFrontend:
         await asyncio.get_running_loop().run_in_executor(None, self.core.repository.unload, request.match_info["model"])
         return web.Response(status=200)
 
+    # ---- shared memory ---------------------------------------------------------------------------------
+    @staticmethod
+    def _shm_kind(request: web.Request) -> str:
+        return "cuda" if request.path.startswith("/v2/cudasharedmemory") else "system"
+
+    async def shm_status(self, request):
+        return web.json_response(self.core.shared_memory.status(self._shm_kind(request),
+                                                                request.match_info.get("region")))
+
+    async def shm_register(self, request):
+        body = await self._json_body(request)
+        name = request.match_info["region"]
+        registry = self.core.shared_memory
+        if self._shm_kind(request) == "system":
+            args = (registry.register_system, name, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+        else:
+            handle = body.get("raw_handle")
+            if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str):
+                raise InvalidRequest(f"region '{name}': \"raw_handle\" must be {{\"b64\": \"<base64 of the "
+                                     f"cudaIpcMemHandle_t>\"}}")
+            try:
+                raw = base64.b64decode(handle["b64"], validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidRequest(f"region '{name}': raw_handle.b64 is not base64") from None
+            args = (registry.register_cuda, name, raw, body.get("device_id", 0), body.get("byte_size"))
+        # Opening a CUDA IPC handle may initialise CUDA: off the event loop.
+        await asyncio.get_running_loop().run_in_executor(None, *args)
+        return web.Response(status=200)
+
+    async def shm_unregister(self, request):
+        await self._json_body(request)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.shared_memory.unregister,
+                                                         self._shm_kind(request), request.match_info.get("region"))
+        return web.Response(status=200)
+
     # ---- inference ------------------------------------------------------------------------------------
     async def infer(self, request):
         name, version = self._target(request)
@@ -173,10 +222,11 @@ class HttpFrontend:
         parsed = await self._offload(len(body), parse_infer_request, body,
                                      request.headers.get("Inference-Header-Content-Length"))
         outcome = await self.core.infer(name, version, parsed.inputs, [n for n, _ in parsed.outputs] or None,
-                                        parsed.timeout_us)
-        size = sum(a.nbytes for a in outcome.outputs.values())
+                                        parsed.timeout_us, output_regions=parsed.output_regions)
+        size = sum(a.nbytes for n, a in outcome.outputs.items() if n not in outcome.shared_memory)
         payload, headers = await self._offload(size, encode_infer_response, outcome.model.name,
-                                               outcome.model.version, outcome.outputs, parsed)
+                                               outcome.model.version, outcome.outputs, parsed,
+                                               outcome.shared_memory)
         payload, encoding = await self._offload(len(payload), compress, payload, request.headers.get("Accept-Encoding"))
         if encoding:
             headers["Content-Encoding"] = encoding

@@ -139,6 +139,8 @@ class Server:
             except Exception:
                 log.exception("stopping the endpoints failed")
         self.repository.shutdown(timeout=grace)
+        # After the batchers have drained: a region still leased is closed when its request ends.
+        self.core.shared_memory.close()
         if self._loop is not None and self._loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(self._close_executor(), self._loop).result(grace + 10)
