@@ -4,6 +4,7 @@ YOLOv8n, one INT8 engine per calibration method, measured on held-out crops of r
     PYTHONPATH=. python bench/int8_cosine.py --out /tmp/int8cos [--models resnet50,yolov8n]
         [--calib 64] [--test 16] [--yolo-size 320] [--methods entropy,percentile,minmax,mse]
         [--recover mse,entropy] [--budget 0.02] [--tune 32] [--overrides 4,8,16 --override-methods mse]
+        [--cosine-recover mse] [--min-cosine 0.99]
 
 Inputs are random square crops (scale, position, horizontal flip) of the photographs bundled
 with scikit-image, resized to the model's input. Three disjoint draws (independent seeds) are
@@ -24,7 +25,14 @@ With --recover METHODS, each of those methods' engines is rebuilt with
 `--accuracy-budget B` on the tuning crops (no labels: the planner measures top-1 agreement /
 pseudo-label mAP against ONNX Runtime FP32) and measured again on the evaluation crops. With
 --overrides K1,K2,…, `sartor sensitivity` ranks the layers (on 32 calibration crops) and the first
-K of them are pinned to FP32 with --layer-precision, one engine per K.
+K of them are pinned to FP32 with --layer-precision, one engine per K. With --cosine-recover
+METHODS, those methods' engines are rebuilt with the label-free `--min-cosine C`: --calib is then
+the calibration crops followed by the tuning crops, with --calib-size the calibration count, so
+that the planner measures on the tuning crops (held out: never calibrated on) and the evaluation
+crops stay a third, independent set.
+
+Besides the cosine over all outputs, each row has the per-sample cosine over the evaluation
+crops (mean and minimum), the statistic --min-cosine gates on.
 
 Nothing is downloaded: the photos ship inside scikit-image and Ultralytics builds YOLOv8n from
 its yaml. Prints one table and writes results.json under --out.
@@ -158,7 +166,9 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def measures(model: str, ref: np.ndarray, got: np.ndarray) -> dict:
-    row = {"cosine": cosine(ref, got), "max_rel": float(np.abs(ref - got).max() / np.abs(ref).max())}
+    per_sample = [cosine(r, g) for r, g in zip(ref, got)]
+    row = {"cosine": cosine(ref, got), "max_rel": float(np.abs(ref - got).max() / np.abs(ref).max()),
+           "sample_cos_mean": float(np.mean(per_sample)), "sample_cos_min": float(np.min(per_sample))}
     if model == "resnet50":
         row["top1_agreement"] = float((ref.argmax(-1) == got.argmax(-1)).mean())
     else:
@@ -207,6 +217,31 @@ def recover_with_planner(args, out: Path, pool, model: str, size: int, onnx_path
                 **measures(model, ref, run(plan, name, test, args.batch)))
 
 
+def recover_with_cosine(args, out: Path, pool, model: str, size: int, onnx_path: Path, calib: Path, method: str,
+                        common: dict, ref: np.ndarray, name: str, test: np.ndarray) -> dict:
+    """`--min-cosine` with the tuning crops appended to the calibration crops in --calib: the
+    planner measures on them (the samples after --calib-size) and the engine is scored on the
+    evaluation crops. The default build's calibration cache is reused; the planner checks that
+    its samples are the first --calib-size of this file."""
+    tune = normalise(crops(pool, args.tune, size, SEEDS["tune"] + 100 * size), model)
+    extended = out / f"{model}_calib_and_tune.npy"
+    np.save(extended, np.concatenate([np.load(calib), tune]))
+    plan = out / f"{model}_int8_{method}_cosine.plan"
+    started = time.perf_counter()
+    result = sartor.build(onnx_path, plan, precision="int8", calib=extended, calib_size=args.calib,
+                          calib_method=method, calib_cache=out / f"{model}_{method}.calib.json",
+                          min_cosine=args.min_cosine, cosine_samples=args.tune, **common)
+    build_s = time.perf_counter() - started
+    planner = result.header["planner"]
+    stages = {k: round(v, 1) for k, v in result.stage_seconds.items()}
+    return dict(model=model, size=size, method=method, plan=f"min-cos {args.min_cosine:g}",
+                int8_layers=sum(layer["precision"] == "int8" for layer in result.header["layers"]),
+                kept_out=planner["kept_out"], planner_iterations=[(it["layers_out"], it["outputs"])
+                                                                  for it in planner["iterations"]],
+                held_out=planner["held_out"], build_s=round(build_s, 1), stage_s=stages,
+                **measures(model, ref, run(plan, name, test, args.batch)))
+
+
 def recover_with_overrides(args, out: Path, model: str, onnx_path: Path, calib: Path, method: str, common: dict,
                            ref: np.ndarray, name: str, test: np.ndarray) -> list[dict]:
     """The first K layers of `sartor sensitivity`'s ranking pinned to FP32 with --layer-precision,
@@ -250,6 +285,8 @@ def main() -> None:
     parser.add_argument("--overrides", default="", help="e.g. 4,8,16: pin the first K layers of the sensitivity "
                                                         "ranking to FP32, one engine per K")
     parser.add_argument("--override-methods", default="mse", help="the methods --overrides runs for")
+    parser.add_argument("--cosine-recover", default="", help="methods also rebuilt with --min-cosine")
+    parser.add_argument("--min-cosine", type=float, default=0.99, help="the planner's target for --cosine-recover")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -290,6 +327,11 @@ def main() -> None:
                                            name, test)
                 results["rows"].append(row)
                 print(json.dumps(row), flush=True)
+            if method in args.cosine_recover.split(","):
+                row = recover_with_cosine(args, out, pool, model, size, onnx_path, calib, method, common, ref,
+                                          name, test)
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
             if method in args.override_methods.split(",") and args.overrides:
                 for row in recover_with_overrides(args, out, model, onnx_path, calib, method, common, ref, name, test):
                     results["rows"].append(row)
@@ -297,13 +339,14 @@ def main() -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\ntorch {results['torch']}, {results['photos']} photos, {args.calib} calibration / {args.test} "
           f"evaluation crops (disjoint draws)")
-    print(f"{'model':<10} {'size':>4} {'method':<10} {'plan':<12} {'INT8':>4} {'cosine':>9} {'max rel':>8} "
-          f"{'top-1 agr / box c / cls c':>26}")
+    print(f"{'model':<10} {'size':>4} {'method':<10} {'plan':<12} {'INT8':>4} {'cosine':>9} {'per-sample mean/min':>19} "
+          f"{'max rel':>8} {'top-1 agr / box c / cls c':>26}")
     for r in results["rows"]:
         extra = (f"{r['top1_agreement']:.3f}" if "top1_agreement" in r
                  else f"{r['box_centred']:.5f} / {r['cls_centred']:.5f}")
         print(f"{r['model']:<10} {r['size']:>4} {r['method']:<10} {r['plan']:<12} {r['int8_layers']:>4} "
-              f"{r['cosine']:>9.6f} {r['max_rel']:>8.4f} {extra:>26}")
+              f"{r['cosine']:>9.6f} {r['sample_cos_mean']:>9.5f}/{r['sample_cos_min']:.5f} {r['max_rel']:>8.4f} "
+              f"{extra:>26}")
 
 
 if __name__ == "__main__":

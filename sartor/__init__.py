@@ -14,7 +14,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           calib_cache: str | None = None, builder_effort: int | None = None, timing_cache: str | None = None,
           calib_balance_by: str | None = None, data: str | None = None, split_by: str | None = None,
           accuracy_budget: float | None = None, classes: list | None = None,
-          int8_fallback_precision: str | None = None):
+          int8_fallback_precision: str | None = None, min_cosine: float | None = None,
+          cosine_samples: int | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -29,6 +30,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     `data` that calibration missed) are in the result's `warnings` and build log.
     `int8_fallback_precision` ("fp32", "fp16" or "bf16") is `--int8-fallback-precision`: what an
     INT8 build's other layers run at (by default FP16 on CUDA, FP32 on the CPU).
+    `min_cosine` and `cosine_samples` are `--min-cosine` and `--cosine-samples`: the planner's
+    label-free target (the engine's outputs against FP32 on held-out samples), instead of
+    `accuracy_budget`.
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -36,7 +40,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         profiles = [{"min": min_shapes or {}, "opt": opt_shapes or {}, "max": max_shapes or {}}]
     if preprocess is not None and not isinstance(preprocess, str):
         preprocess = preprocess.describe()
-    as_text = lambda value: None if value is None else str(value)  # noqa: E731 (paths may be Path objects)
+    as_text = lambda value: None if value is None else str(value)
     options = {
         "device": device, "precision": precision, "profiles": profiles,
         "layer_precision": None if layer_precision is None else dict(layer_precision),
@@ -47,7 +51,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "timing_cache": as_text(timing_cache), "calib_balance_by": calib_balance_by, "data": as_text(data),
         "split_by": split_by, "accuracy_budget": accuracy_budget,
         "classes": None if classes is None else list(classes),
-        "int8_fallback_precision": int8_fallback_precision,
+        "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
+        "cosine_samples": cosine_samples,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

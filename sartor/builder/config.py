@@ -52,6 +52,11 @@ class BuildConfig:
     data: str | None = None
     split_by: str | None = None
     accuracy_budget: float | None = None
+    # The planner's label-free target, instead of accuracy_budget: the engine's outputs against the
+    # FP32 model's on up to cosine_samples held-out samples (images of --data, else samples of --calib
+    # that calibration does not use); the worst output's mean per-sample cosine must reach min_cosine.
+    min_cosine: float | None = None
+    cosine_samples: int = 64
     classes: list | None = None  # the class names of --data in the model's output order (as `sartor validate --classes`)
 
     def validate(self) -> None:
@@ -99,6 +104,23 @@ class BuildConfig:
             raise ConfigError(f"--calib-balance-by {self.calib_balance_by} needs --calib DATA (an image dataset)")
 
     def _validate_planner(self) -> None:
+        if self.cosine_samples < 1:
+            raise ConfigError(f"--cosine-samples {self.cosine_samples} must be at least 1")
+        if self.min_cosine is not None:
+            # `not 0 < x <= 1` also refuses NaN.
+            if not 0.0 < self.min_cosine <= 1.0:
+                raise ConfigError(f"--min-cosine {self.min_cosine:g} must be in (0, 1]")
+            if self.accuracy_budget is not None:
+                raise ConfigError("--min-cosine and --accuracy-budget are two planner targets: give one (the budget "
+                                  "needs --data with labels or a reference, the cosine needs no labels)")
+            if self.precision != "int8":
+                raise ConfigError(f"--min-cosine moves layers out of INT8: it needs --precision int8, "
+                                  f"not {self.precision}")
+            if not self.calib and not self.data:
+                raise ConfigError("--min-cosine needs samples to measure on: --calib DATA (the samples calibration "
+                                  "does not use) or --data VAL")
+            if self.data and not self.preprocess:
+                raise ConfigError("--min-cosine with --data needs --preprocess (how the --data images become the input)")
         if self.accuracy_budget is not None:
             if not 0.0 <= self.accuracy_budget < float("inf"):
                 raise ConfigError(f"--accuracy-budget {self.accuracy_budget:g} must be a finite value ≥ 0")
@@ -113,7 +135,7 @@ class BuildConfig:
             raise ConfigError(f"--split-by {self.split_by} needs --data VAL")
         if self.data:
             if not self.wants_int8():
-                raise ConfigError("--data is for INT8 builds (calibration coverage, --accuracy-budget): "
+                raise ConfigError("--data is for INT8 builds (calibration coverage, --accuracy-budget, --min-cosine): "
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")

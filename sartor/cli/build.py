@@ -89,6 +89,9 @@ INT8:
   FP32 ONNX model on VAL (overall and per split) and keeps the most INT8-sensitive layers at FP16
   (FP32 on the CPU) until every drop is within the budget; the build fails when even no INT8 layer
   at all misses it. `sartor inspect` shows the layers kept and why, and each measured iteration.
+  --min-cosine 0.99 (instead of --accuracy-budget) needs no labels: the same search, until every
+  output's mean per-sample cosine against FP32 reaches 0.99 on --cosine-samples held-out samples
+  (VAL when given, else --calib samples beyond the calibration draw; never a calibration sample).
 
 tactics:
   Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
@@ -149,6 +152,12 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--accuracy-budget", type=float, metavar="X",
                    help="INT8: keep the most sensitive layers out of INT8 until the metric drop against the FP32 ONNX "
                         "model on --data is at most X overall and in every split (e.g. 0.008)")
+    p.add_argument("--min-cosine", type=float, metavar="C",
+                   help="INT8, no labels needed: keep the most sensitive layers out of INT8 until, for every output, "
+                        "the mean per-sample cosine against FP32 on held-out samples (--data, else --calib samples "
+                        "that calibration does not use) is at least C (e.g. 0.99)")
+    p.add_argument("--cosine-samples", type=int, default=BuildConfig.cosine_samples, metavar="N",
+                   help=f"held-out samples --min-cosine is measured on (default {BuildConfig.cosine_samples})")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.set_defaults(func=run, shape_events=None)
@@ -199,7 +208,8 @@ def config_from_args(args) -> BuildConfig:
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,
         data=args.data, split_by=args.split_by,
-        accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes))
+        accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
+        min_cosine=args.min_cosine, cosine_samples=args.cosine_samples)
 
 
 def run(args) -> int:
@@ -248,6 +258,10 @@ def _drop(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _cosine(value) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
 def print_summary(out, result) -> None:
     header = result.header
     profiles = [Profile.from_json(p) for p in header["profiles"]]
@@ -272,7 +286,13 @@ def print_summary(out, result) -> None:
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")
-    if planner:
+    if planner and planner.get("target") == "min_cosine":
+        rows.append(("min cosine", f"{planner['min_cosine']:g} on {planner['held_out']['samples']} held-out samples: "
+                                   f"{len(planner['kept_out'])} of {len(planner['ranking'])} INT8 layer(s) kept at "
+                                   f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
+                                   + ", ".join(f"{k} mean {_cosine(v['mean'])} (min {_cosine(v['min'])})"
+                                               for k, v in planner["outputs"].items())))
+    elif planner:
         rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "
                                         f"{len(planner['ranking'])} INT8 layer(s) kept at {planner['precision']} after "
                                         f"{len(planner['iterations'])} measurement(s); drop "

@@ -77,8 +77,34 @@ def _drop(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _cosine(value) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
+def print_cosine_planner(out, planner: dict) -> None:
+    """The planner's --min-cosine target: where it measured, each measured plan with the mean and
+    minimum cosine per output, and the layers kept."""
+    held = planner["held_out"]
+    names = list(planner["iterations"][0]["outputs"]) if planner["iterations"] else []
+    title = (f"INT8 planner: min cosine {planner['min_cosine']:g} ({planner['statistic']}) on {held['samples']} "
+             f"held-out samples of {held['source']}; INT8 layers ranked on "
+             f"{planner['sensitivity'].get('samples', 0)} samples")
+    t = table(title, "iteration", f"layers at {planner['precision']}",
+              *(f"{n} {stat}" for n in names for stat in ("mean", "min")), "target", "seconds")
+    for k, it in enumerate(planner["iterations"]):
+        cells = [_cosine(it["outputs"][n][stat]) for n in names for stat in ("mean", "min")]
+        t.add_row(str(k), str(it["layers_out"]), *cells, "meets" if it["holds"] else "under", f"{it['seconds']:.1f}")
+    out.print(t)
+    out.print(text(f"  held-out samples disjoint from calibration: {held['disjoint']}"))
+    kept = planner["kept_out"]
+    out.print(text(f"  kept out of INT8 ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+
+
 def print_planner(out, planner: dict) -> None:
     """The INT8 accuracy planner: the budget, each measured plan with its drops, and the layers kept."""
+    if planner.get("target") == "min_cosine":
+        print_cosine_planner(out, planner)
+        return
     splits = list(planner["iterations"][0]["drops"]) if planner["iterations"] else []
     title = (f"INT8 planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
              f"({planner['images']} images" + (f", split by {planner['split_by']}" if planner.get("split_by") else "")

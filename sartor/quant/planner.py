@@ -1,26 +1,44 @@
-"""The INT8 accuracy planner: `sartor build --precision int8 --accuracy-budget B --data VAL
-[--split-by ATTR]`.
+"""The INT8 accuracy planner. Two targets, one at a time:
 
-It starts from the default INT8 plan. For each candidate plan it builds a temporary engine (the
-same thresholds, through a calibration cache in a temporary directory) and measures the task
-metric's drop against the FP32 ONNX model with `sartor.validate` — overall and per split. While a
-drop is over the budget, the most sensitive INT8 layers move to the higher precision (FP16 on
-CUDA, FP32 on the CPU):
+- `sartor build --precision int8 --accuracy-budget B --data VAL [--split-by ATTR]`: the task
+  metric's drop against the FP32 ONNX model, measured with `sartor.validate` on labelled (or
+  reference-labelled) --data, overall and per split, must be at most B;
+- `sartor build --precision int8 --calib DATA --min-cosine C [--cosine-samples N] [--data VAL]`:
+  no labels, no metric. The engine's outputs must agree with the FP32 model's (the reference
+  executor on the same optimized graph, in FP32) on held-out samples: for each output, the cosine
+  between engine and FP32 per sample, averaged over the samples; the worst output's mean must be
+  at least C. The minimum over samples is recorded and shown, not gated on: one near-zero output
+  (a blank image) can have any cosine, and a gate on the minimum would chase that sample.
+
+The held-out samples are never calibration samples. They are up to N (--cosine-samples) images
+of --data when given, else samples of --calib, always without the calibration draw: for an
+image dataset the images calibration drew (by path) are left out; for a .npy/.npz, whose
+calibration takes the first --calib-size samples, the samples after those. When the thresholds
+come from a calibration cache, the build's draw is checked against the cache's SHA-256 of its
+samples; where it does not match (or cannot be checked: --data beside a .npy --calib, or no
+--calib) the record and the build log say so. The held-out samples are also what the search
+tunes on, so its figure is the one it optimised; an independent check needs a third set
+(bench/int8_cosine.py measures one).
+
+For each candidate plan the planner builds a temporary engine (the same thresholds, through a
+calibration cache in a temporary directory) and measures the target. While the target fails,
+the most sensitive INT8 layers move to the higher precision (FP16 on CUDA, FP32 on the CPU):
 
 1. rank the plan's INT8 layers with `sensitivity.layer_sensitivity` on (up to
    SENSITIVITY_SAMPLES of) the calibration samples: each layer quantized alone, lowest output SNR
    first;
-2. grow: keep the first 1, 2, 4, 8 … layers of the ranking out of INT8 until the budget holds;
+2. grow: keep the first 1, 2, 4, 8 … layers of the ranking out of INT8 until the target holds;
 3. bisect back between the last count that failed and the first that held, for the smallest
    prefix of the ranking that holds.
 
 Each layer kept out records why ("planner: sensitivity rank k, SNR x dB; needed for budget B
-(night drop 0.012 → 0.004)"), and the engine header's "planner" record holds the ranking and
-every measured iteration (`sartor inspect` shows both). When the budget still fails with every
-INT8 layer moved out, the build fails with one line (PlannerError).
+(night drop 0.012 → 0.004)", or "needed for --min-cosine 0.99 (logits mean cosine 0.9843 →
+0.9921)"), and the engine header's "planner" record holds the target, the ranking and every
+measured iteration (`sartor inspect` shows them). When the target still fails with every INT8
+layer moved out, the build fails with one line (PlannerError).
 
-The search assumes that keeping more layers out of INT8 does not make the drop worse. Where that
-is not so, it still ends on a set that was measured to meet the budget. Layers pinned with
+The search assumes that keeping more layers out of INT8 does not make the result worse. Where that
+is not so, it still ends on a set that was measured to meet the target. Layers pinned with
 --layer-precision are never moved.
 """
 from __future__ import annotations
@@ -32,17 +50,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ..errors import SartorError
+from ..errors import ConfigError, SartorError
 from ..ir import Graph
 
 SENSITIVITY_SAMPLES = 32  # calibration samples the ranking runs on (each INT8 layer costs one pass over them)
 DROP_EPS = 1e-9  # float noise allowed over the budget, as in `sartor validate --max-drop`
+COSINE_EPS = 1e-12  # float noise allowed under --min-cosine (cosines are computed in float64)
 
 
 class PlannerError(SartorError):
-    """The accuracy budget cannot be met, even with every INT8 layer at higher precision."""
+    """The planner's target cannot be met, even with every INT8 layer at higher precision."""
 
 
 @dataclass
@@ -78,18 +98,48 @@ class Trial:
                 "seconds": round(self.seconds, 3)}
 
 
-def search(ranking: list[str], measure: Callable[[list[str]], Trial], budget: float) -> tuple[Trial | None, list]:
-    """(the first plan found that holds, or None; every trial in order). `measure(names)` measures
-    the plan with the layers `names` kept out of INT8; only prefixes of `ranking` are tried."""
-    trials: list[Trial] = []
+@dataclass
+class CosineTrial:
+    """One plan measured for --min-cosine: per output, the per-sample cosine against FP32 averaged
+    over the held-out samples ("mean"), its minimum ("min") and the output's SNR over all samples
+    ("snr_db"). None stands for a figure that is not finite (a NaN in the engine's output)."""
+    kept_out: list
+    outputs: dict  # output name -> {"mean": float | None, "min": float | None, "snr_db": float | None}
+    seconds: float = 0.0
 
-    def run(count: int) -> Trial:
+    def under(self, target: float) -> list[str]:
+        return [k for k, o in self.outputs.items() if o["mean"] is None or o["mean"] < target - COSINE_EPS]
+
+    def holds(self, target: float) -> bool:
+        return not self.under(target)
+
+    def worst(self) -> tuple[str, float | None]:
+        """The output with the lowest mean cosine (a non-finite one first)."""
+        name = min(self.outputs, key=lambda k: (self.outputs[k]["mean"] is not None, self.outputs[k]["mean"] or 0.0))
+        return name, self.outputs[name]["mean"]
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} mean {_cos(o['mean'])} (min {_cos(o['min'])})" for k, o in self.outputs.items())
+
+    def to_json(self, target: float) -> dict:
+        return {"layers_out": len(self.kept_out), "kept_out": list(self.kept_out), "outputs": self.outputs,
+                "holds": self.holds(target), "seconds": round(self.seconds, 3)}
+
+
+def search(ranking: list[str], measure: Callable[[list[str]], Trial | CosineTrial],
+           target: float) -> tuple[Trial | CosineTrial | None, list]:
+    """(the first plan found that holds, or None; every trial in order). `measure(names)` measures
+    the plan with the layers `names` kept out of INT8, and `trial.holds(target)` judges it; only
+    prefixes of `ranking` are tried."""
+    trials: list = []
+
+    def run(count: int):
         trial = measure(list(ranking[:count]))
         trials.append(trial)
         return trial
 
     best = run(0)
-    if best.holds(budget):
+    if best.holds(target):
         return best, trials
     failing, count, best, held = 0, 1, None, None
     while best is None:  # grow: 1, 2, 4, 8 … (then all of them)
@@ -97,14 +147,14 @@ def search(ranking: list[str], measure: Callable[[list[str]], Trial], budget: fl
         if count == failing:
             return None, trials
         trial = run(count)
-        if trial.holds(budget):
+        if trial.holds(target):
             best, held = trial, count
         else:
             failing, count = count, count * 2
     while held - failing > 1:  # bisect back to the smallest prefix that holds
         middle = (failing + held) // 2
         trial = run(middle)
-        if trial.holds(budget):
+        if trial.holds(target):
             best, held = trial, middle
         else:
             failing = middle
@@ -122,6 +172,38 @@ def measure_drops(engine_path: str | Path, dataset, config) -> Trial:
                  {s.name: s.engine for s in rows}, report.metric)
 
 
+def sample_cosines(reference: np.ndarray, engine: np.ndarray, batch: int) -> np.ndarray:
+    """The cosine between `reference` and `engine` per sample (axis 0 when it holds `batch` of
+    them; else the whole array counts as one sample), in float64. Two zero vectors agree (1); a zero
+    against a non-zero one does not (0); a non-finite engine value gives NaN."""
+    n = batch if reference.ndim and reference.shape[0] == batch else 1
+    r = np.asarray(reference, np.float64).reshape(n, -1)
+    e = np.asarray(engine, np.float64).reshape(n, -1)
+    nr, ne = np.linalg.norm(r, axis=1), np.linalg.norm(e, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.clip((r * e).sum(axis=1) / (nr * ne), -1.0, 1.0)  # rounding can step past ±1; NaN stays
+    cos[(nr == 0) & (ne == 0)] = 1.0
+    cos[(nr == 0) != (ne == 0)] = 0.0
+    return cos
+
+
+def compare_outputs(reference: list[dict], engine: list[dict], sizes: list[int]) -> dict:
+    """Per output name: {"mean", "min"} of the per-sample cosines over all batches, and "snr_db"
+    (10·log10 of signal over error energy, over all samples). `reference`/`engine` hold one
+    {name: array} per batch, of `sizes` samples each."""
+    result = {}
+    for name in reference[0]:
+        cosines, signal, noise = [], 0.0, 0.0
+        for ref, got, batch in zip(reference, engine, sizes):
+            r, g = np.asarray(ref[name], np.float64), np.asarray(got[name], np.float64)
+            cosines.append(sample_cosines(r, g, batch))
+            signal, noise = signal + float((r * r).sum()), noise + float(((r - g) ** 2).sum())
+        cos = np.concatenate(cosines)
+        snr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+        result[name] = {"mean": _finite(cos.mean()), "min": _finite(cos.min()), "snr_db": _finite(snr)}
+    return result
+
+
 def _literal(name: str) -> str:
     """A --layer-precision pattern that matches exactly `name` (glob characters escaped)."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
@@ -129,6 +211,10 @@ def _literal(name: str) -> str:
 
 def _fmt(drop: float | None) -> str:
     return "-" if drop is None else f"{drop:.4f}"
+
+
+def _cos(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.4f}"
 
 
 def _finite(value: float) -> float | None:
@@ -155,20 +241,205 @@ def _ranking(graph: Graph, weights: dict, amax: dict, candidates: list[str], con
     return report.layers, where
 
 
-def plan_for_budget(graph: Graph, weights: dict, plan, amax: dict, calibration: dict, config, onnx_sha256: str,
-                    device: torch.device, profiles: list, log: list):
-    """The builder's planner stage: (the precision plan that meets config.accuracy_budget, the
-    header's "planner" record). `plan` is the default INT8 plan; `calibration` the calibration
-    stage's provenance record."""
+# ---- the samples --min-cosine is measured on ------------------------------------------------------------
+
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) -> tuple[list[dict], dict]:
+    """(up to config.cosine_samples held-out batches, where they came from): images of --data, else
+    samples of --calib, without the calibration draw (module docstring). Raises ConfigError when
+    nothing is left to measure on."""
+    from ..data import balanced_sample, iterate_batches, open_dataset
+    from .data import (
+        ARRAY_SUFFIXES,
+        CalibrationSet,
+        _array_batches,
+        _check,
+        _load_arrays,
+        _spread,
+    )
+    from .stage import calibration_batch_size, open_build_calibration
+    limit, batch = config.cosine_samples, calibration_batch_size(graph, profiles)
+    calib_is_array = bool(config.calib) and Path(config.calib).suffix in ARRAY_SUFFIXES and Path(config.calib).is_file()
+    drawn = open_build_calibration(graph, config, profiles) if config.calib else None  # lazy: reads no image yet
+    if drawn is None:
+        disjoint = "assumed: no --calib to compare with (thresholds from the cache alone)"
+    elif not calibration["from_cache"]:
+        disjoint = f"yes: the {calibration['calib_size']} calibration samples are left out"
+    else:  # the cache does not list its samples: redraw ours and compare the digests
+        list(drawn)
+        disjoint = (f"yes: the cache's {calibration['calib_size']} calibration samples are this build's draw of "
+                    f"--calib (SHA-256 matches) and are left out" if drawn.sha256 == calibration["calib_sha256"] else
+                    f"unverified: thresholds from cache {calibration['cache']}, whose calibration samples (sha256 "
+                    f"{calibration['calib_sha256'][:12]}…) are not the draw of --calib {config.calib} with "
+                    f"--calib-size {config.calib_size}")
+    if calib_is_array and not config.data:
+        arrays = _load_arrays(Path(config.calib), graph.inputs)
+        available = min(len(a) for a in arrays.values())
+        start = min(available, config.calib_size)
+        stop = min(available, start + limit)
+        if stop <= start:
+            raise ConfigError(f"--min-cosine measures on samples calibration does not use, but --calib {config.calib} "
+                              f"holds {available} and calibration uses {start} (--calib-size {config.calib_size}): "
+                              f"give more samples than --calib-size, or --data with other images")
+        samples = CalibrationSet(str(config.calib), _array_batches({k: a[start:stop] for k, a in arrays.items()},
+                                                                   stop - start, batch), stop - start)
+        source = f"--calib {config.calib}, samples {start}..{stop - 1} (calibration uses 0..{start - 1})"
+    else:
+        path = config.data or config.calib
+        if len(graph.inputs) != 1:
+            raise ConfigError(f"--min-cosine: image datasets feed one-input models, and this one has "
+                              f"{len(graph.inputs)}; give --calib as a .npz with one array per input")
+        pool = list(open_dataset(path).samples)
+        if drawn is not None and drawn.samples is not None:  # both image datasets: leave the drawn images out
+            used = {_resolved(s.path) for s in drawn.samples}
+            pool = [s for s in pool if _resolved(s.path) not in used]
+        elif config.data and calib_is_array:
+            disjoint = f"assumed: --calib {config.calib} holds arrays, which cannot be matched with the --data images"
+        flag = "--data" if config.data else "--calib"
+        if not pool:
+            raise ConfigError(f"--min-cosine measures on images calibration does not use, but every image of {flag} "
+                              f"{path} is in the calibration draw (--calib-size {config.calib_size}): give --data "
+                              f"with other images, or a smaller --calib-size")
+        by = config.split_by if config.data else config.calib_balance_by
+        chosen = balanced_sample(pool, by, limit, config.seed) if by else _spread(pool, limit)
+        info, spec = graph.inputs[0], config.preprocess_spec()
+
+        def batches():
+            for array, _, _ in iterate_batches(chosen, spec, batch):
+                yield {info.name: _check(info.name, array, info, Path(path))}
+        samples = CalibrationSet(str(path), batches, len(chosen), chosen)
+        source = f"{flag} {path}: {len(chosen)} of {len(pool)} images outside the calibration draw" + (
+            f", drawn equally by {by}" if by else "")
+    loaded = list(samples)
+    return loaded, {"source": source, "samples": samples.size, "sha256": samples.sha256, "disjoint": disjoint}
+
+
+def fp32_outputs(graph: Graph, weights: dict, batches: list[dict], device: torch.device) -> list[dict]:
+    """The FP32 model's outputs on `batches` (the reference executor on the optimized graph)."""
+    from ..runtime.context import matmul_precision
+    from ..runtime.executor import Executor
+    executor = Executor(graph, weights, device)
+    results = []
+    with torch.inference_mode(), matmul_precision(False):
+        for batch in batches:
+            feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+            results.append({k: t.detach().float().cpu().numpy() for k, t in executor.run(feeds).items()})
+    return results
+
+
+def measure_cosine(engine_path: str | Path, batches: list[dict], reference: list[dict],
+                   device: torch.device) -> CosineTrial:
+    """Run the engine at `engine_path` on `batches` and compare with the FP32 `reference` outputs."""
+    from ..runtime import load
+    context = load(engine_path, str(device)).context()
+    outputs = []
+    for batch in batches:
+        result = context.run({k: np.ascontiguousarray(v) for k, v in batch.items()})
+        outputs.append({k: np.asarray(v, np.float32) for k, v in result.items()})
+    sizes = [len(next(iter(batch.values()))) for batch in batches]
+    return CosineTrial([], compare_outputs(reference, outputs, sizes))
+
+
+# ---- the two targets --------------------------------------------------------------------------------------
+
+class _BudgetTarget:
+    """--accuracy-budget: the metric drop on --data, overall and per split."""
+
+    def __init__(self, config) -> None:
+        from ..data import open_dataset
+        self.config, self.value = config, config.accuracy_budget
+        self.flag = f"--accuracy-budget {self.value:g}"
+        self.dataset = open_dataset(config.data, class_names=config.classes)  # before the ranking: a bad --data fails now
+
+    def measure(self, engine_path: Path) -> Trial:
+        return measure_drops(engine_path, self.dataset, self.config)
+
+    def verdict(self, trial: Trial) -> str:
+        over = trial.over(self.value)
+        return (f"drop {trial.describe()}" + (f" — over budget {self.value:g} in {', '.join(over)}" if over
+                                              else f" — within budget {self.value:g}"))
+
+    def reason(self, first: Trial, best: Trial) -> str:
+        split, before = first.worst()
+        return f"needed for budget {self.value:g} ({split} drop {_fmt(before)} → {_fmt(best.drops.get(split))})"
+
+    def summary(self, best: Trial) -> tuple[str, str]:
+        return f"for budget {self.value:g}", f"drop {best.describe()}"
+
+    def unreachable(self, first: Trial, last: Trial) -> str:
+        split, before = first.worst()
+        worst, drop = last.worst()
+        return (f"the {worst} drop on --data {self.config.data} is still {_fmt(drop)} (default INT8 plan: {split} drop "
+                f"{_fmt(before)})")
+
+    def record(self, first: Trial, best: Trial) -> dict:
+        return {"target": "accuracy_budget", "budget": self.value, "data": str(self.config.data),
+                "split_by": self.config.split_by, "metric": first.metric, "images": len(self.dataset),
+                "drops": best.drops, "worst_split": first.worst()[0]}
+
+
+class _CosineTarget:
+    """--min-cosine: the worst output's mean per-sample cosine against FP32 on held-out samples."""
+    statistic = "per output, the mean over the held-out samples of the per-sample cosine against FP32; the worst output"
+
+    def __init__(self, graph: Graph, weights: dict, config, profiles: list, calibration: dict,
+                 device: torch.device, log: list) -> None:
+        self.value, self.device = config.min_cosine, device
+        self.flag = f"--min-cosine {self.value:g}"
+        self.batches, self.held_out = held_out_samples(graph, config, profiles, calibration)
+        self.reference = fp32_outputs(graph, weights, self.batches, device)
+        log.append(f"planner: {self.flag} measured on {self.held_out['samples']} held-out samples from "
+                   f"{self.held_out['source']}; disjoint from calibration: {self.held_out['disjoint']}")
+
+    def measure(self, engine_path: Path) -> CosineTrial:
+        return measure_cosine(engine_path, self.batches, self.reference, self.device)
+
+    def verdict(self, trial: CosineTrial) -> str:
+        under = trial.under(self.value)
+        return (f"cosine {trial.describe()}" + (f" — under {self.flag} in {', '.join(under)}" if under
+                                                else f" — meets {self.flag}"))
+
+    def reason(self, first: CosineTrial, best: CosineTrial) -> str:
+        name, before = first.worst()
+        return f"needed for {self.flag} ({name} mean cosine {_cos(before)} → {_cos(best.outputs[name]['mean'])})"
+
+    def summary(self, best: CosineTrial) -> tuple[str, str]:
+        return f"for {self.flag}", f"cosine {best.describe()}"
+
+    def unreachable(self, first: CosineTrial, last: CosineTrial) -> str:
+        name, value = last.worst()
+        return (f"output {name} has mean cosine {_cos(value)} over {self.held_out['samples']} held-out samples "
+                f"(default INT8 plan: {_cos(first.worst()[1])})")
+
+    def record(self, first: CosineTrial, best: CosineTrial) -> dict:
+        return {"target": "min_cosine", "min_cosine": self.value, "statistic": self.statistic,
+                "reference": "FP32 (reference executor, optimized graph)", "held_out": self.held_out,
+                "outputs": best.outputs, "worst_output": first.worst()[0]}
+
+
+def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: dict | None, config,
+                    onnx_sha256: str, device: torch.device, profiles: list, log: list):
+    """The builder's planner stage: (the precision plan that meets config.accuracy_budget or
+    config.min_cosine, the header's "planner" record). `plan` is the default INT8 plan;
+    `calibration` the calibration stage's provenance record (None for a Q/DQ model)."""
     from ..builder.pipeline import build
     from ..builder.precision import PrecisionPlan, base_precision
-    from ..data import open_dataset
     from .cache import CalibrationCache, write_cache
 
-    budget = config.accuracy_budget
+    flag = (f"--accuracy-budget {config.accuracy_budget:g}" if config.accuracy_budget is not None
+            else f"--min-cosine {config.min_cosine:g}")
+    if calibration is None:
+        raise ConfigError(f"{flag}: the model is quantized with Q/DQ nodes, whose INT8 layers the planner does not "
+                          f"move; keep layers out of INT8 with --layer-precision NODE=fp16")
     higher = base_precision(config, device)
     candidates = [name for name, p in plan.layers.items() if p == "int8" and name not in plan.reasons]
-    dataset = open_dataset(config.data, class_names=config.classes)  # before the ranking: a bad --data fails now
+    pinned = [name for name, p in plan.layers.items() if p == "int8" and name in plan.reasons]
+    # Built before the ranking, so that bad data fails now and not after it.
+    target = (_BudgetTarget(config) if config.accuracy_budget is not None else
+              _CosineTarget(graph, weights, config, profiles, calibration, device, log))
     ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles) if candidates else ([], {})
     if ranking:
         log.append(f"planner: ranked {len(ranking)} INT8 layer(s) on {where['samples']} samples of the "
@@ -183,46 +454,39 @@ def plan_for_budget(graph: Graph, weights: dict, plan, amax: dict, calibration: 
                                             calibration.get("percentile")))
         count = [0]
 
-        def measure(kept_out: list[str]) -> Trial:
+        def measure(kept_out: list[str]):
             started = time.perf_counter()
             path = Path(tmp) / f"trial{count[0]}.plan"
             pins = {_literal(name): higher for name in kept_out}
             build(replace(config, output_path=str(path), calib=None, calib_cache=str(cache), calib_balance_by=None,
-                          data=None, split_by=None, accuracy_budget=None,
+                          data=None, split_by=None, accuracy_budget=None, min_cosine=None,
                           layer_precision={**pins, **config.layer_precision}))
-            trial = measure_drops(path, dataset, config)
+            trial = target.measure(path)
             path.unlink(missing_ok=True)
             trial.kept_out, trial.seconds = list(kept_out), time.perf_counter() - started
-            over = trial.over(budget)
-            log.append(f"planner: iteration {count[0]}: {len(kept_out)} layer(s) out of INT8: drop {trial.describe()}"
-                       + (f" — over budget {budget:g} in {', '.join(over)}" if over else f" — within budget {budget:g}")
-                       + f" ({trial.seconds:.1f} s)")
+            log.append(f"planner: iteration {count[0]}: {len(kept_out)} layer(s) out of INT8: {target.verdict(trial)} "
+                       f"({trial.seconds:.1f} s)")
             count[0] += 1
             return trial
 
-        best, trials = search([r.name for r in ranking], measure, budget)
+        best, trials = search([r.name for r in ranking], measure, target.value)
     first = trials[0]
-    split, before = first.worst()
     if best is None:
-        last = trials[-1]
-        worst, drop = last.worst()
-        raise PlannerError(f"--accuracy-budget {budget:g} cannot be met: with all {len(ranking)} INT8 layer(s) moved "
-                           f"to {higher}, the {worst} drop on --data {config.data} is still {_fmt(drop)} "
-                           f"(default INT8 plan: {split} drop {_fmt(before)})")
+        stuck = (f"; {len(pinned)} INT8 layer(s) pinned by --layer-precision stay INT8 ({', '.join(pinned[:3])}"
+                 + (" …" if len(pinned) > 3 else "") + ")") if pinned else ""
+        raise PlannerError(f"{flag} cannot be met: with all {len(ranking)} INT8 layer(s) moved to {higher}, "
+                           f"{target.unreachable(first, trials[-1])}{stuck}")
     updated = PrecisionPlan(dict(plan.layers), dict(plan.reasons))
     rank = {r.name: (k + 1, r.snr_db) for k, r in enumerate(ranking)}
-    after = best.drops.get(split)
     for name in best.kept_out:
         k, snr = rank[name]
         updated.layers[name] = higher
-        updated.reasons[name] = (f"planner: sensitivity rank {k}, SNR {snr:.1f} dB; needed for budget {budget:g} "
-                                 f"({split} drop {_fmt(before)} → {_fmt(after)})")
+        updated.reasons[name] = f"planner: sensitivity rank {k}, SNR {snr:.1f} dB; {target.reason(first, best)}"
         log.append(f"layer {name} runs {higher}: {updated.reasons[name]}")
-    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} INT8 layer(s) kept at {higher} for budget {budget:g} "
-               f"after {len(trials)} measurement(s): drop {best.describe()}")
-    record = {"budget": budget, "data": str(config.data), "split_by": config.split_by, "metric": first.metric,
-              "images": len(dataset), "precision": higher, "sensitivity": where,
-              "ranking": [{"name": r.name, "snr_db": _finite(r.snr_db)} for r in ranking],
-              "iterations": [t.to_json(budget) for t in trials], "kept_out": list(best.kept_out),
-              "drops": best.drops, "worst_split": split}
+    goal, result = target.summary(best)
+    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} INT8 layer(s) kept at {higher} {goal} after "
+               f"{len(trials)} measurement(s): {result}")
+    record = dict(target.record(first, best), precision=higher, sensitivity=where,
+                  ranking=[{"name": r.name, "snr_db": _finite(r.snr_db)} for r in ranking],
+                  iterations=[t.to_json(target.value) for t in trials], kept_out=list(best.kept_out))
     return updated, record

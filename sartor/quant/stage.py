@@ -1,6 +1,6 @@
 """The builder's INT8 stages: thresholds (from the calibration cache, or by calibrating on --calib
 and then writing the cache) with the check that calibration covered every split of --data, and
-the rewrite of the INT8 layers. (The planner between the two is `planner.plan_for_budget`.)"""
+the rewrite of the INT8 layers. (The planner between the two is `planner.plan_for_target`.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
