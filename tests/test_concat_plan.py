@@ -100,9 +100,17 @@ def test_parts_in_place_are_kept_and_others_copied():
     assert ConcatBuffers(plan, meta, torch.device("cpu")).assemble("cat", [torch.ones(1, 3, 4, 4), q]) is None
 
 
-def test_a_memo_records_shapes_once():
+def test_a_memo_records_shapes_on_its_first_run_only(tmp_path):
+    _, engine = _engine(c2f_block(), tmp_path)
+    executor = engine.executor
     memo = ShapeMemo()
-    assert memo.value_meta is None and memo.copies == {}
+    x = torch.from_numpy(np.random.default_rng(2).random(SHAPE, dtype=np.float32))
+    executor.run({"images": x}, memo)
+    recorded = memo.value_meta
+    assert set(recorded) == executor.concat_plan.values
+    assert recorded["cat_out"] == ((2, 12, 8, 8), torch.float32, False)
+    executor.run({"images": x}, memo)
+    assert memo.value_meta is recorded
 
 
 def test_an_nchw_buffer_gets_no_slices_and_producers_refuse_non_channels_last_outputs():

@@ -98,15 +98,17 @@ def _conv_cudnn_fused(x, w, b, residual, attrs):
                                             1.0, b, strides, padding, dilations, group)
 
 
-def _conv_triton_epilogue(x, w, b, residual, attrs):
+def _conv_triton_epilogue(x, w, b, residual, attrs, out: torch.Tensor | None = None):
+    """cuDNN's convolution, then the Triton epilogue in place or into `out`; None where the
+    epilogue does not apply."""
     y = conv_nd(x, w, None, attrs)
     if residual is not None:
         residual = residual.to(y.dtype)
-    if not epilogue_supported(y, residual):
+    if not epilogue_supported(y, residual) or (out is not None and y.shape != out.shape):
         return None
     return fused_epilogue(y, None if b is None else b.to(y.dtype), residual, attrs.get("activation"),
                           attrs.get("activation_alpha"), attrs.get("activation_beta"),
-                          attrs.get("residual_after_activation", False))
+                          attrs.get("residual_after_activation", False), out=out)
 
 
 def _conv_channels_last(x, w, b, residual, attrs):
@@ -138,12 +140,13 @@ def igemm_epilogue(attrs: dict) -> dict:
             "residual_after_activation": attrs.get("residual_after_activation", False)}
 
 
-def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig):
-    """The Triton implicit-GEMM kernel with the whole epilogue (w packed by `pack_weight`)."""
+def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig, out: torch.Tensor | None = None):
+    """The Triton implicit-GEMM kernel with the whole epilogue (w packed by `pack_weight`), its
+    result new or in `out`; None where the kernel does not apply."""
     geometry = igemm_geometry(x, w, attrs)
     if geometry is None:
         return None
-    return conv_igemm(x, w, b, geometry, tile, residual=residual, **igemm_epilogue(attrs))
+    return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, **igemm_epilogue(attrs))
 
 
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
@@ -158,7 +161,7 @@ def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
 def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     """FusedConv written straight into `out` (a channel slice of a Concat's buffer) by the tactics
     whose last kernel can store there: the implicit GEMM and the Triton epilogue. None for the
-    others: the executor then copies their result."""
+    others: the layer then runs as usual and the Concat copies its result."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
@@ -167,16 +170,9 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
         return None
     tile = TileConfig.parse(tactic)
     if tile is not None:
-        geometry = igemm_geometry(x, w, attrs)
-        if geometry is not None:
-            return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, **igemm_epilogue(attrs))
+        return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
     if tactic == "triton_epilogue" and x.is_cuda:
-        y = conv_nd(x, w, None, attrs)
-        residual = residual.to(y.dtype) if residual is not None else None
-        if epilogue_supported(y, residual) and y.shape == out.shape:
-            return fused_epilogue(y, None if b is None else b.to(y.dtype), residual, attrs.get("activation"),
-                                  attrs.get("activation_alpha"), attrs.get("activation_beta"),
-                                  attrs.get("residual_after_activation", False), out=out)
+        return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
     return None
 
 

@@ -69,15 +69,21 @@ def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return ["torch"]
 
 
-def max_pool_into(inputs, attrs, out):
-    """The Triton tactic's result stored straight into `out` (a channel slice of a Concat's
-    buffer, as in YOLO's SPPF); None for PyTorch's kernel."""
-    x = inputs[0]
-    if attrs.get("tactic") != "triton_nhwc" or attrs.get("_with_indices") or not max_pool_nhwc_supported(x) \
-            or out.dtype != x.dtype or pixel_stride(out) is None:
+def _triton_max_pool(x: torch.Tensor, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The "triton_nhwc" tactic, its result new or in `out`; None where it is not the tactic or
+    does not apply."""
+    if attrs.get("tactic") != "triton_nhwc" or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
     return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out)
+
+
+def max_pool_into(inputs, attrs, out):
+    """The Triton tactic's result stored straight into `out` (a channel slice of a Concat's
+    buffer, as in YOLO's SPPF); None for PyTorch's kernel."""
+    if out.dtype != inputs[0].dtype or pixel_stride(out) is None:
+        return None
+    return _triton_max_pool(inputs[0], attrs, out)
 
 
 # `_with_indices` is set by the importer when the node's Indices output is used.
@@ -85,9 +91,9 @@ def max_pool_into(inputs, attrs, out):
         tactics=max_pool_tactics, write_into=max_pool_into)
 def max_pool(inputs, attrs):
     x = inputs[0]
-    if attrs.get("tactic") == "triton_nhwc" and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
-        kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
-        return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
+    pooled = _triton_max_pool(x, attrs)
+    if pooled is not None:
+        return pooled
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[x.dim() - 2]
     if not x.is_floating_point():
         out = max_pool([x.float()], attrs)

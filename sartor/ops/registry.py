@@ -50,7 +50,7 @@ class OpDef:
     weight_for_tactic: Optional[Callable[[Any, Optional[str]], Any]] = None
     # `write_into(inputs, attrs, out)`: the op's one output stored straight into `out` (a channel
     # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
-    # tactic cannot, and the executor copies the result there instead.
+    # tactic cannot: the op then runs as usual and the Concat copies its result.
     write_into: Optional[Callable[[list, dict, Any], Any]] = None
 
     def fill_attrs(self, given: dict) -> dict:

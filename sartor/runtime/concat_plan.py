@@ -39,25 +39,18 @@ class ShapeMemo:
 class ConcatPlan:
     targets: dict  # value name -> SliceTarget
     concats: dict  # Concat output name -> its input names (all device values)
+    values: frozenset = field(init=False)  # every value whose shape a run records
 
-    @property
-    def values(self) -> set:
-        names = set(self.concats)
+    def __post_init__(self) -> None:
+        names = set(self.concats) | set(self.targets)
         for inputs in self.concats.values():
             names.update(inputs)
-        return names | set(self.targets)
+        self.values = frozenset(names)
 
 
 def plan_concats(steps: list, graph_inputs: set, graph_outputs: set, host_values: set) -> ConcatPlan:
     """Which values are written into which Concat's buffer (see the module's docstring)."""
-    producer = {}
-    readers_of: dict[str, int] = {}
-    for index, step in enumerate(steps):
-        for name in step.node.outputs:
-            if name:
-                producer[name] = index
-        for name in step.node.present_inputs():
-            readers_of[name] = readers_of.get(name, 0) + 1
+    producer = {name: index for index, step in enumerate(steps) for name in step.node.outputs if name}
     targets: dict[str, SliceTarget] = {}
     concats: dict[str, list] = {}
 

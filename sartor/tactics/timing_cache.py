@@ -53,10 +53,9 @@ def _tensor(t: torch.Tensor) -> str:
         fmt = "nhwc"
     elif t.is_contiguous():
         fmt = "contiguous"
-    elif t.dim() == 4 and pixel_stride(t) is not None:  # a channel slice: pixels `pixel_stride` apart
-        fmt = f"nhwc/{pixel_stride(t)}"
-    else:
-        fmt = "strided"
+    else:  # a channel slice of a channels-last buffer: pixels `pixel_stride` apart
+        row = pixel_stride(t) if t.dim() == 4 else None
+        fmt = "strided" if row is None else f"nhwc/{row}"
     return f"{_DTYPES.get(t.dtype, str(t.dtype))}[{'x'.join(map(str, t.shape))}]:{fmt}"
 
 
