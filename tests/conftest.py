@@ -35,6 +35,17 @@ def _weight(rng: np.random.Generator, name: str, *shape: int) -> onnx.TensorProt
     return numpy_helper.from_array(data, name)
 
 
+def initializer_makers(rng: np.random.Generator):
+    """(weight(name, *shape), bias(name, n)) drawing from `rng` in call order: weights scaled by
+    1/sqrt(fan-in), biases by 0.1."""
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return _weight(rng, name, *shape)
+
+    def bias(name: str, n: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), name)
+    return weight, bias
+
+
 def make_model(nodes, inputs, outputs, initializers=(), name="tiny", opset=OPSET) -> onnx.ModelProto:
     graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="sartor-tests")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_cli_error, make_model, save
+from conftest import assert_cli_error, initializer_makers, make_model, save
 from onnx import TensorProto, helper, numpy_helper
 from passes_helpers import import_graph, op_counts, run_ort, run_sartor
 
@@ -162,14 +162,7 @@ def test_blocked_quantization_is_refused_with_its_reason():
 def float_net(seed: int = 0) -> onnx.ModelProto:
     """conv → relu → conv s2 → relu → depthwise → relu6 → pointwise + residual add → pool → flatten →
     gemm (transB=0) → relu → matmul: every layer kind fold_qdq folds, with Clip and a residual."""
-    rng = np.random.default_rng(seed)
-
-    def w(name, *shape):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
-
-    def b(name, n):
-        return numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), name)
+    w, b = initializer_makers(np.random.default_rng(seed))
     inits = [w("c1.w", 16, 3, 3, 3), b("c1.b", 16), w("c2.w", 32, 16, 3, 3), b("c2.b", 32),
              w("dw.w", 32, 1, 3, 3), b("dw.b", 32), w("pw.w", 32, 32, 1, 1), b("pw.b", 32),
              w("fc.w", 32, 24), b("fc.b", 24), w("mm.w", 24, 10),

@@ -14,6 +14,7 @@ from conftest import (
     IMAGE,
     assert_cli_error,
     classifier_model,
+    initializer_makers,
     make_model,
     save,
     shape_flag,
@@ -191,14 +192,7 @@ def test_worst_case_accumulators_stay_exact():
 def deeper_model(seed: int = 0) -> onnx.ModelProto:
     """conv → relu → conv s2 → relu → depthwise conv + add → pool → flatten → gemm (alpha, transB=0)
     → relu → matmul: every INT8 layer kind, the residual, and int8 passed between layers."""
-    rng = np.random.default_rng(seed)
-
-    def w(name, *shape):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
-
-    def b(name, n):
-        return numpy_helper.from_array((rng.standard_normal(n) * 0.1).astype(np.float32), name)
+    w, b = initializer_makers(np.random.default_rng(seed))
     inits = [w("c1.w", 16, 3, 3, 3), b("c1.b", 16), w("c2.w", 16, 16, 3, 3), b("c2.b", 16),
              w("dw.w", 16, 1, 3, 3), b("dw.b", 16), w("fc.w", 16, 32), b("fc.b", 32), w("mm.w", 32, 10)]
     nodes = [

@@ -512,8 +512,6 @@ def test_cuda_region_path_with_a_host_stand_in(repo, tiny_plan):
 def test_perf_analyzer_with_system_shared_memory(tmp_path, tiny_plan, protocol):
     from test_serve_perf_analyzer import perf_analyzer_binary
     binary = perf_analyzer_binary()
-    if binary is None:
-        pytest.skip("perf_analyzer is not installed (bash scripts/install_perf_analyzer.sh)")
     repo = tmp_path / "repo"
     add_model(repo, "tiny", tiny_plan, BATCHING + "instance_group [{ count: 2 }]\n")
     report = tmp_path / "perf.csv"
