@@ -7,10 +7,12 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..quant.calibrators import DEFAULT_PERCENTILE
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+# Precisions whose layers are calibrated and quantized (sartor/quant): INT8 and FP8 E4M3.
+QUANTIZED_PRECISIONS = ("int8", "fp8")
 CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
-# --int8 --fp16 lets them run FP16).
+# --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
 INT8_FALLBACK_PRECISIONS = ("fp32", "fp16", "bf16")
 FP16_MAX = 65504.0
 # How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
@@ -76,14 +78,23 @@ class BuildConfig:
     def wants_int8(self) -> bool:
         return self.precision == "int8" or "int8" in (*self.layer_precision.values(), *self.op_precision.values())
 
+    def wants_calibration(self) -> bool:
+        """Whether any layer may run INT8 or FP8 (both need activation scales from calibration)."""
+        asked = (self.precision, *self.layer_precision.values(), *self.op_precision.values())
+        return any(p in QUANTIZED_PRECISIONS for p in asked)
+
+    def _wants_fp8(self) -> bool:
+        return "fp8" in (self.precision, *self.layer_precision.values(), *self.op_precision.values())
+
     def _validate_int8(self) -> None:
         if self.int8_fallback_precision is not None:
             if self.int8_fallback_precision not in INT8_FALLBACK_PRECISIONS:
                 raise ConfigError(f"--int8-fallback-precision {self.int8_fallback_precision!r} is not one of "
                                   f"{', '.join(INT8_FALLBACK_PRECISIONS)}")
-            if self.precision != "int8":
-                raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 build keeps "
-                                  f"out of INT8: it needs --precision int8, not {self.precision}")
+            if self.precision not in QUANTIZED_PRECISIONS:
+                raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 (FP8) build "
+                                  f"keeps out of INT8 (FP8): it needs --precision int8, not {self.precision} "
+                                  f"(or --precision fp8)")
         if self.calib_method is not None and self.calib_method not in CALIB_METHODS:
             raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(CALIB_METHODS)}")
         if not 0.0 < self.percentile <= 100.0:
@@ -91,11 +102,14 @@ class BuildConfig:
         if self.calib_size < 1:
             raise ConfigError(f"--calib-size {self.calib_size} must be at least 1")
         self._validate_planner()
-        if not self.wants_int8():
+        if not self.wants_calibration():
             return
         cached = self.calib_cache is not None and Path(self.calib_cache).is_file()
-        if not self.calib and not cached and not _has_qdq(self.model_path):  # Q/DQ models carry their scales
-            raise ConfigError("INT8 needs calibration: give --calib DATA (a .npy/.npz of input samples or a dataset)"
+        # Q/DQ models carry their INT8 scales (and run no layer FP8)
+        if not self.calib and not cached and not _has_qdq(self.model_path):
+            kind = "FP8" if self._wants_fp8() else "INT8"
+            raise ConfigError(f"{kind} needs calibration: give --calib DATA (a .npy/.npz of input samples or a "
+                              f"dataset)"
                               + (f"; --calib-cache {self.calib_cache} does not exist yet" if self.calib_cache else
                                  " or an existing --calib-cache FILE"))
         if self.calib and not cached and not Path(self.calib).exists():
@@ -134,7 +148,7 @@ class BuildConfig:
         if self.split_by and not self.data:
             raise ConfigError(f"--split-by {self.split_by} needs --data VAL")
         if self.data:
-            if not self.wants_int8():
+            if not self.wants_calibration():
                 raise ConfigError("--data is for INT8 builds (calibration coverage, --accuracy-budget, --min-cosine): "
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():

@@ -1,4 +1,4 @@
-"""The builder: the one place that calls import → passes → profiles → precision → (INT8:
+"""The builder: the one place that calls import → passes → profiles → precision → (INT8/FP8:
 calibrate → planner → quantize) → tactics → memory plan → engine file. Each stage is a plain
 function; this file only sequences them and records what they did."""
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
+from ..ops.fp8 import is_fp8
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
 from ..runtime.engine_file import check_writable, pack, write_atomic
@@ -23,7 +24,7 @@ from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
 from ..tactics import TacticSelection, TimingCache, select_tactics
 from ..version import __version__
-from .config import BuildConfig, check_preprocess
+from .config import QUANTIZED_PRECISIONS, BuildConfig, check_preprocess
 from .precision import (
     base_precision,
     overflowing_layers,
@@ -32,8 +33,9 @@ from .precision import (
 )
 
 Progress = Callable[[str], None]
-# Layer attributes shown by `inspect` besides the activation: the epilogue order and INT8 scales.
-LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale")
+# Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales
+# and the FP8 format.
+LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat")
 
 
 @dataclass
@@ -71,16 +73,24 @@ def _tactic(node, device: torch.device) -> str:
     if chosen == "channels_last":
         return f"torch.conv channels-last ({library}) + torch epilogue"
     if chosen == "triton_nhwc":
+        if node.op_type in ("Resize", "Upsample"):
+            return "triton channels-last nearest upsample"
         return "triton channels-last max pool (padding by masks)"
+    if chosen == "triton_yolo_decode":
+        return "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)"
+    fp8 = is_fp8(node.attrs)
     if chosen and chosen.startswith("im2col_igemm_"):
-        return f"int8 im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
+        return f"{'fp8' if fp8 else 'int8'} im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
     if chosen and chosen.startswith("igemm_"):
         kind = "int8 tensor cores, int32 accumulate" if node.op_type in ("QConv", "QGemm") else "fp32 accumulate"
+        kind = "fp8 e4m3 tensor cores, fp32 accumulate" if fp8 else kind
         return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + fused epilogue"
     if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
     if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
         return f"torch.matmul ({library})"
+    if node.op_type in ("QConv", "QGemm") and fp8:
+        return "fp8 e4m3 emulation (exact accumulation in float64)"
     if node.op_type in ("QConv", "QGemm"):
         return "int8 emulation (exact integer accumulation in float64)"
     return "torch"
@@ -177,7 +187,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     done("precision")
 
     calibration = planner = None
-    if "int8" in plan.layers.values():
+    if any(p in QUANTIZED_PRECISIONS for p in plan.layers.values()):
         from ..quant.stage import quantize_for_build, thresholds_for_build
         stage("calibrate")
         amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
@@ -236,8 +246,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
                     "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
         "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
-        # What the layers outside INT8 ran at, also when the device chose it (build_config holds None then).
-        "int8_fallback_precision": base_precision(config, device) if config.precision == "int8" else None,
+        # What the layers outside INT8 (FP8) ran at, also when the device chose it (build_config holds None then).
+        "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS
+        else None,
         "build_log": log,
         "preprocess": preprocess.to_json() if preprocess is not None else None,
         "planner": planner,

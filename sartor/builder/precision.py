@@ -8,7 +8,7 @@ import torch
 
 from ..ir import Graph, Node
 from ..runtime.executor import Executor
-from .config import BuildConfig
+from .config import QUANTIZED_PRECISIONS, BuildConfig
 
 # A fused layer answers to the op types it was made of, so --op-precision Conv=fp32 reaches FusedConv.
 BASE_OP = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
@@ -65,9 +65,10 @@ def overflowing_layers(graph: Graph, weights: dict, feeds_list: list[dict], thre
 
 
 def base_precision(config: BuildConfig, device: torch.device | None) -> str:
-    """The precision of the layers nothing else decides. INT8 builds run the layers that do not
-    run INT8 at `config.int8_fallback_precision`, by default FP16 on CUDA and FP32 on the CPU."""
-    if config.precision == "int8":
+    """The precision of the layers nothing else decides. INT8 (FP8) builds run the layers that do
+    not run INT8 (FP8) at `config.int8_fallback_precision`, by default FP16 on CUDA and FP32 on the
+    CPU."""
+    if config.precision in QUANTIZED_PRECISIONS:
         if config.int8_fallback_precision is not None:
             return config.int8_fallback_precision
         return "fp16" if device is not None and device.type == "cuda" else "fp32"
@@ -76,15 +77,17 @@ def base_precision(config: BuildConfig, device: torch.device | None) -> str:
 
 def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float],
                    device: torch.device | None = None) -> PrecisionPlan:
-    """Overrides first; in INT8 builds, conv/gemm layers run INT8 except output heads (see
-    `sartor.quant.plan`); then, in FP16 builds, layers whose outputs overflow FP16 stay FP32 and so
-    do the layers reading those outputs (they would otherwise cast the large values back down)."""
-    from ..quant.plan import int8_decisions, int8_unsupported
+    """Overrides first; in INT8 (FP8) builds, conv/gemm layers run INT8 (FP8) except output heads
+    (see `sartor.quant.plan`); then, in FP16 builds, layers whose outputs overflow FP16 stay FP32
+    and so do the layers reading those outputs (they would otherwise cast the large values back
+    down). An override to a quantized precision a layer cannot run says why in the plan."""
+    from ..quant.plan import int8_decisions, quantized_unsupported
     from ..quant.qdq import fixed_precision
     plan = PrecisionPlan()
     producers = graph.producers()
     base = base_precision(config, device)
-    int8 = int8_decisions(graph, base) if config.precision == "int8" else {}
+    quantized = config.precision if config.precision in QUANTIZED_PRECISIONS else None
+    int8 = int8_decisions(graph, base, quantized) if quantized else {}
     for node in graph.nodes:
         fixed = fixed_precision(node, base)  # Q/DQ models: the layers the model quantized run INT8
         if fixed is not None:
@@ -93,12 +96,14 @@ def plan_precision(graph: Graph, config: BuildConfig, overflow: dict[str, float]
         chosen = _override(node, config)
         overflowing_inputs = [producers[i].name for i in node.present_inputs() if i in producers
                               and producers[i].name in overflow]
-        if chosen is not None and chosen[0] == "int8" and int8_unsupported(graph, node) is not None:
-            chosen = base, f"{chosen[1]} not applied: {int8_unsupported(graph, node)}"
+        if chosen is not None and chosen[0] in QUANTIZED_PRECISIONS:
+            why = quantized_unsupported(graph, node, chosen[0])
+            if why is not None:
+                chosen = base, f"{chosen[1]} not applied: {why}"
         if chosen is not None:
             plan.layers[node.name], plan.reasons[node.name] = chosen
-        elif node.name in int8 and int8[node.name][0] == "int8":
-            plan.layers[node.name] = "int8"
+        elif node.name in int8 and int8[node.name][0] == quantized:
+            plan.layers[node.name] = quantized
         elif base == "fp16" and node.name in overflow:
             plan.layers[node.name] = "fp32"
             plan.reasons[node.name] = f"FP16 overflow guard: FP32 output reached {overflow[node.name]:.3g}"

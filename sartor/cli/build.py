@@ -93,6 +93,15 @@ INT8:
   output's mean per-sample cosine against FP32 reaches 0.99 on --cosine-samples held-out samples
   (VAL when given, else --calib samples beyond the calibration draw; never a calibration sample).
 
+FP8:
+  --precision fp8 --calib DATA quantizes the same layers to FP8 E4M3 instead (per-channel weight
+  scales max|w|/448, per-tensor activation scales amax/448 from the same calibration options,
+  float32 bias), with the same output-head rule and --int8-fallback-precision for the other
+  layers; --layer-precision NODE=fp8 or --op-precision Conv=fp8 pins layers in any build. On the
+  CPU FP8 layers run an exact emulation; on CUDA the FP8 tensor-core kernel needs compute
+  capability 8.9 or newer (elsewhere the emulation runs). --accuracy-budget and --min-cosine
+  plan INT8 builds only.
+
 tactics:
   Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
   torch, triton_epilogue, cudnn_fused; CPU: torch, channels_last); those whose output differs from
@@ -121,8 +130,8 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--precision", default="fp32", type=str.lower, choices=PRECISIONS,
                    help="precision of the layers not pinned otherwise (default fp32)")
     p.add_argument("--int8-fallback-precision", type=str.lower, choices=INT8_FALLBACK_PRECISIONS,
-                   help="with --precision int8: the precision of the layers that do not run INT8 (default fp16 "
-                        "on CUDA, fp32 on the CPU; give one to make CPU and CUDA engines comparable)")
+                   help="with --precision int8 or fp8: the precision of the layers that do not run INT8 (FP8) "
+                        "(default fp16 on CUDA, fp32 on the CPU; give one to make CPU and CUDA engines comparable)")
     for flag, kind in (("--min-shapes", "min"), ("--opt-shapes", "opt"), ("--max-shapes", "max")):
         p.add_argument(flag, action=_ShapeEvent, dest="shape_events", metavar="NAME:1x3x320x320[,...]",
                        help=f"{kind} shapes of the current profile")

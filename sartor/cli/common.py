@@ -66,15 +66,16 @@ def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, requi
 
 
 def describe_precision(header: dict) -> str:
-    """The build precision; for INT8, what the other layers run at and who chose it. `header` is an
-    engine header, or `sartor inspect`'s summary (the same keys)."""
+    """The build precision; for INT8 (FP8), what the other layers run at and who chose it. `header`
+    is an engine header, or `sartor inspect`'s summary (the same keys)."""
     config = header.get("build_config") or {}
     fallback = header.get("int8_fallback_precision")
-    if config.get("precision") != "int8" or fallback is None:
-        return str(config.get("precision"))
+    precision = config.get("precision")
+    if precision not in ("int8", "fp8") or fallback is None:
+        return str(precision)
     chosen = ("--int8-fallback-precision" if config.get("int8_fallback_precision")
               else f"the {header.get('device', 'device')} default")
-    return f"int8; layers outside INT8 run {fallback} ({chosen})"
+    return f"{precision}; layers outside {precision.upper()} run {fallback} ({chosen})"
 
 
 def fmt_shape(shape) -> str:

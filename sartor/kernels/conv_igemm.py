@@ -1,11 +1,19 @@
 """Implicit-GEMM convolution in Triton, NHWC, with the whole epilogue fused.
 
-One kernel serves three cases, chosen by constexpr flags:
+One kernel serves these cases, chosen by constexpr flags:
 - INT8 (QConv/QGemm): int8 × int8 products accumulated in int32 on the tensor cores, + the int32
   bias, dequantized in float32 with the per-channel scale, then residual, activation and, when the
   next layers read INT8, requantization (round half to even, saturate) so INT8 goes straight to
   them. Float inputs are quantized as they are loaded. The arithmetic is the one documented in
   `sartor/ops/quantized.py`, step for step, so the output equals the exact emulation's.
+- FP8 E4M3 (QConv/QGemm with qformat fp8e4m3; `tl.float8e4nv`, sm_89 and newer): e4m3 × e4m3
+  products accumulated in float32, dequantized with the per-channel scale, + the float32 bias, the
+  same epilogue, and requantization to e4m3 when the next layers read FP8. The rounding to e4m3
+  (clamp to ±448, nearest, ties to even) is done in float32 arithmetic, so that the cast that
+  follows is exact on every backend (Triton's interpreter does not round fp32 → fp8 to nearest
+  even). Equal to the emulation up to float32 accumulation order: on Hopper the tensor cores'
+  FP8 accumulation is promoted into the float32 accumulator after every BLOCK_K products
+  (`max_num_imprecise_acc`), not kept in their narrower internal accumulator for the whole K.
 - FP16/BF16 (FusedConv): products accumulated in float32, bias, residual, activation, one store.
 
 The GEMM is [output pixels, K] × [K, output channels] with K = kh·kw·C ordered (kh, kw, c): the
@@ -52,12 +60,28 @@ if triton is not None:
         return tl.minimum(tl.maximum(q, qmin), 127.0)
 
     @triton.jit
-    def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr):
-        """acc += a·b on the tensor cores; float A tiles of an INT8 layer are quantized first."""
+    def _quantize_fp8(v, inv_scale):
+        """clamp(v · inv_scale, ±448) rounded to the e4m3 grid (ties to even), still float32: the
+        grid step is 2^(e-3) for a value in [2^e, 2^(e+1)), and 2^-9 below 2^-6 (subnormals)."""
+        v = tl.minimum(tl.maximum(v * inv_scale, -448.0), 448.0)
+        exponent = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+        step = ((exponent + 124) << 23).to(tl.float32, bitcast=True)  # 2^(exponent-3)
+        inv_step = ((130 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(3-exponent)
+        return _round_half_even(v * inv_step) * step
+
+    @triton.jit
+    def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
+                    QUANTIZE_INPUT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """acc += a·b on the tensor cores; float A tiles of an INT8 (FP8) layer are quantized first."""
         if QUANTIZE_INPUT:
-            a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+            if FP8:
+                a = _quantize_fp8(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+            else:
+                a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
         if INT8:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        elif FP8:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
         else:
             acc = tl.dot(a, b, acc)
         return acc
@@ -70,9 +94,9 @@ if triton is not None:
             pad_h, pad_w, dil_h, dil_w,
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
-            INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
-            HAS_RES: tl.constexpr, RES_INT8: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
-            OUT_INT8: tl.constexpr, K_GATHER: tl.constexpr,
+            INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -111,10 +135,10 @@ if triton is not None:
                 ih = ih0[:, None] + (kh * dil_h)[None, :]
                 iw = iw0[:, None] + (kw * dil_w)[None, :]
                 a_mask = m_ok[:, None] & (kk < k_total)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0)
+                a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0.0)
                 b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
-                            other=0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, QUANTIZE_INPUT)
+                            other=0.0)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
         else:
             c_blocks = tl.cdiv(C, BLOCK_K)
             for step in range(0, KH * KW * c_blocks):
@@ -127,14 +151,18 @@ if triton is not None:
                 row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 cc = c0 + offs_k
                 a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                            mask=row_ok[:, None], other=0)
-                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, QUANTIZE_INPUT)
+                            mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
         if INT8:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
             y = acc.to(tl.float32) * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        elif FP8:  # the float32 bias comes after the scale
+            y = acc * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
         else:
             y = acc
             if HAS_BIAS:
@@ -142,8 +170,8 @@ if triton is not None:
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             r_row = n_idx.to(tl.int64) * srn + oh * srh + ow * srw
-            residual = tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0)
-            if RES_INT8:
+            residual = tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0.0)
+            if RES_QUANT:
                 residual = residual.to(tl.float32) * res_scale
             else:
                 residual = residual.to(tl.float32)
@@ -153,8 +181,11 @@ if triton is not None:
         if HAS_RES:
             if RES_AFTER:
                 y = y + residual
-        if OUT_INT8:
-            y = _quantize(y, out_inv_scale, qmin)
+        if OUT_QUANT:
+            if FP8:
+                y = _quantize_fp8(y, out_inv_scale)
+            else:
+                y = _quantize(y, out_inv_scale, qmin)
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
@@ -237,24 +268,28 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                residual_after_activation: bool = False, input_inv_scale: float | None = None,
                residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-               out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+               fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
 
     INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
     w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.
-    Otherwise x and w_packed share a float dtype and the output has it too. 4-D outputs are
+    FP8 when `dequant_scale` is given with `fp8`: the same with float8_e4m3fn for int8 and a
+    float32 bias. Otherwise x and w_packed share a float dtype and the output has it too. 4-D outputs are
     channels-last, 2-D ones row-major; `out`, when given, receives the result: the output's shape
     and dtype, channels fastest, pixels evenly spaced (a channel slice of a wider buffer)."""
     if not is_packed(w_packed):
         raise ValueError("conv_igemm needs the weight packed by pack_weight")
-    int8 = dequant_scale is not None
-    quantize_input = int8 and x.dtype != torch.int8
+    quantized = dequant_scale is not None
+    int8, fp8 = quantized and not fp8, quantized and fp8
+    code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
+    quantize_input = quantized and x.dtype != code_dtype
     x4 = _as_nchw_view(x)
     n, c, h, w_in = x4.shape
     oh, ow = geometry.out_hw
     cout = w_packed.shape[0]
     if out_dtype is None:
-        out_dtype = (torch.int8 if output_inv_scale is not None else torch.float32) if int8 else x.dtype
+        out_dtype = (code_dtype if output_inv_scale is not None else torch.float32) if quantized else x.dtype
     shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
     if out is not None:
         if tuple(out.shape) != shape or out.dtype != out_dtype or pixel_stride(out) is None:
@@ -271,19 +306,19 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     k_gather = c % tile.block_k != 0
     grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
     _conv_igemm_kernel[grid](
-        x4, w_packed, bias if bias is not None else w_packed, dequant_scale if int8 else w_packed,
+        x4, w_packed, bias if bias is not None else w_packed, dequant_scale if quantized else w_packed,
         res4 if res4 is not None else y, y,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
         float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
-        INT8=int8, QUANTIZE_INPUT=quantize_input, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        RES_INT8=residual is not None and residual.dtype == torch.int8, RES_AFTER=bool(residual_after_activation),
-        ACT=ACTIVATION_CODES[activation], OUT_INT8=int8 and output_inv_scale is not None, K_GATHER=k_gather,
+        INT8=int8, FP8=fp8, QUANTIZE_INPUT=quantize_input, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        RES_QUANT=residual is not None and residual.dtype == code_dtype, RES_AFTER=bool(residual_after_activation),
+        ACT=ACTIVATION_CODES[activation], OUT_QUANT=quantized and output_inv_scale is not None, K_GATHER=k_gather,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages,
-        # INT8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
-        # one rounding) can move a value across a quantization boundary.
-        enable_fp_fusion=not int8)
+        # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual
+        # in one rounding) can move a value across a quantization boundary.
+        enable_fp_fusion=not quantized)
     return y

@@ -29,6 +29,16 @@ by a host scalar is itself a multiplication by a reciprocal, so the reciprocal i
 That emulation is the reference ("torch" tactic). On CUDA the builder also times the Triton
 implicit-GEMM kernel's tiles (`sartor/kernels/conv_igemm.py`): int8 tensor-core products with int32
 accumulation and this same epilogue, fused, producing the same numbers.
+
+FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
+ops with three differences:
+- quantization is q = e4m3(clamp(x · inv_scale, -448, 448)) (round to nearest even), inputs and
+  stored outputs are torch.float8_e4m3fn, residuals stored FP8 are dequantized with their scale;
+- the bias stays float32 and is added after dequantization: float32(acc) · dequant_scale[c] + bias[c];
+- the e4m3 × e4m3 products are accumulated in float64, exactly for K ≤ 171196 (the argument is in
+  `sartor/ops/fp8.py`). The GPU kernel accumulates in float32 (FP8 tensor cores, sm_89 and newer),
+  so its result equals this one up to float32 accumulation order, not bit for bit; the tactic
+  check accepts one e4m3 step of difference in FP8 outputs.
 """
 from __future__ import annotations
 
@@ -41,6 +51,8 @@ from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv
 from ..kernels.epilogue import triton
 from .conv import conv_nd, igemm_epilogue, igemm_geometry
 from .elementwise import apply_activation
+from .fp8 import DTYPE as FP8_DTYPE
+from .fp8 import is_fp8, quantize_fp8
 from .registry import OpTable
 
 OPS = OpTable("quantized")
@@ -49,7 +61,7 @@ QMAX = 127
 
 # Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
 QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
-               "weight_scale", "qmin")
+               "weight_scale", "qmin", "qformat")
 
 
 def quantize(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
@@ -63,6 +75,20 @@ def as_int8(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tenso
     return x if x.dtype == torch.int8 else quantize(x, inv_scale, qmin)
 
 
+def as_quantized(x: torch.Tensor, attrs: dict) -> torch.Tensor:
+    """The layer's data input in its format (INT8 or FP8): as it arrived when the producer stored
+    it so, else quantized here."""
+    if is_fp8(attrs):
+        return x if x.dtype == FP8_DTYPE else quantize_fp8(x, attrs["input_inv_scale"])
+    return as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
+
+
+def _requantize(y: torch.Tensor, attrs: dict) -> torch.Tensor:
+    if is_fp8(attrs):
+        return quantize_fp8(y, attrs["output_inv_scale"])
+    return quantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
+
+
 def _exact_integer_math(device: torch.device):
     if device.type == "cuda":
         return torch.backends.cudnn.flags(enabled=False)
@@ -70,19 +96,24 @@ def _exact_integer_math(device: torch.device):
 
 
 def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
-    """The exact integer accumulator of an int8 convolution, as a float64 tensor."""
+    """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution, as a float64 tensor."""
     with _exact_integer_math(xq.device):
         return conv_nd(xq.to(torch.float64), wq.to(torch.float64), None, attrs)
 
 
 def int8_matmul_accumulate(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
-    """x [..., K] · w[M, K]ᵀ accumulated exactly, as a float64 tensor [..., M]."""
+    """x [..., K] · w[M, K]ᵀ accumulated exactly (int8, or e4m3 with K ≤ 171196), as a float64
+    tensor [..., M]."""
     return torch.matmul(xq.to(torch.float64), wq.to(torch.float64).t())
 
 
-def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: torch.Tensor, axis: int) -> torch.Tensor:
+def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: torch.Tensor, axis: int,
+                fp8: bool = False) -> torch.Tensor:
     shape = [1] * acc.dim()
     shape[axis] = -1
+    if fp8:  # float32 bias, added after the scale
+        y = acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
+        return y if bias is None else y + bias.to(torch.float32).reshape(shape)
     if bias is not None:
         acc = acc + bias.to(torch.float64).reshape(shape)  # int32 + int32, exact in float64
     return acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
@@ -90,7 +121,7 @@ def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: tor
 
 def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> torch.Tensor:
     if residual is not None:
-        if residual.dtype == torch.int8:
+        if residual.dtype in (torch.int8, FP8_DTYPE):
             residual = residual.to(torch.float32) * attrs["residual_scale"]
         else:
             residual = residual.to(torch.float32)
@@ -102,7 +133,7 @@ def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> to
     if residual is not None and after:
         y = y + residual
     if attrs.get("output_inv_scale") is not None:
-        return quantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
+        return _requantize(y, attrs)
     return y
 
 
@@ -128,11 +159,18 @@ def _im2col_tile(tactic: str | None) -> TileConfig | None:
     return TileConfig.parse(tactic[len(IM2COL_PREFIX):])
 
 
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """FP8 tensor-core products (Triton's FP8 tl.dot) need compute capability 8.9 or newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _qlayer_tactics(gemm: bool):
     def tactics(inputs, attrs, effort: int = 2) -> list[str]:
-        """The exact emulation ("torch", the reference) and, on CUDA, the INT8 implicit-GEMM tiles
-        (and, for convolutions of few channels, im2col + GEMM)."""
+        """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
+        implicit-GEMM tiles (and, for convolutions of few channels, im2col + GEMM)."""
         names = ["torch"]
+        if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
+            return names
         if _igemm_geometry(inputs[0], inputs[1], attrs, gemm) is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
             names += [tile.name for tile in tiles]
@@ -147,34 +185,41 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     multiple of 32) for im2col; as built for the emulation."""
     if _im2col_tile(tactic) is not None and wq.dim() == 4:
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
-        return F.pad(flat, (0, -flat.shape[1] % IM2COL_K_MULTIPLE)).contiguous()
+        return _pad_columns(flat, -flat.shape[1] % IM2COL_K_MULTIPLE).contiguous()
     return pack_weight(wq) if tactic is not None and TileConfig.parse(tactic) is not None else wq
 
 
+def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
+    """Zero columns appended to a 2-D 8-bit tensor (INT8 or FP8: both encode zero as byte 0;
+    padding goes through the bytes, which every torch release pads)."""
+    return F.pad(t.view(torch.uint8), (0, extra)).view(t.dtype)
+
+
 def _int8_epilogue(attrs: dict) -> dict:
-    """An INT8 layer's epilogue and scales as conv_igemm's keyword arguments."""
+    """An INT8 or FP8 layer's epilogue and scales as conv_igemm's keyword arguments."""
     return dict(igemm_epilogue(attrs), input_inv_scale=attrs["input_inv_scale"],
                 residual_scale=attrs.get("residual_scale"), output_inv_scale=attrs.get("output_inv_scale"),
-                qmin=attrs.get("qmin", -QMAX))
+                qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs))
 
 
 def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
-    """Quantize, gather the INT8 columns [N·OH·OW, kh·kw·C (padded)], one GEMM with the epilogue."""
+    """Quantize, gather the INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)], one GEMM with the
+    epilogue."""
     kernel = attrs["kernel_shape"]
     full = torch.empty((w_flat.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
     if geometry is None:
         return None
-    xq = as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)).permute(0, 2, 3, 1)  # NHWC view
+    xq = as_quantized(x, attrs).permute(0, 2, 3, 1)  # NHWC view
     n, h, w, c = xq.shape
     (kh, kw), (sh, sw), (top, left), (dh, dw), (oh, ow) = (geometry.kernel, geometry.strides, geometry.pads,
                                                            geometry.dilations, geometry.out_hw)
     bottom = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - top)
     right = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w - left)
-    padded = F.pad(xq, (0, 0, left, right, top, bottom)).contiguous()
+    padded = F.pad(xq.view(torch.uint8), (0, 0, left, right, top, bottom)).view(xq.dtype).contiguous()
     s_n, s_h, s_w, s_c = padded.stride()
     windows = padded.as_strided((n, oh, ow, kh, kw, c), (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, s_c))
-    columns = F.pad(windows.reshape(n * oh * ow, kh * kw * c), (0, w_flat.shape[1] - kh * kw * c))
+    columns = _pad_columns(windows.reshape(n * oh * ow, kh * kw * c), w_flat.shape[1] - kh * kw * c)
     y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
                    **_int8_epilogue(attrs))
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
@@ -190,8 +235,8 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
 
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic)
 def qconv(inputs, attrs):
-    """inputs: x, weight (int8, [M, C/group, *k]), bias (int32 [M] or omitted), residual (or
-    omitted), dequant scale (float32 [M])."""
+    """inputs: x, weight (int8 or float8_e4m3fn, [M, C/group, *k]), bias (int32 [M], FP8: float32
+    [M], or omitted), residual (or omitted), dequant scale (float32 [M])."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
@@ -205,14 +250,15 @@ def qconv(inputs, attrs):
         y = _qlayer_igemm(x, wq, bias, residual, inputs[4], attrs, tile, gemm=False)
         if y is not None:
             return y
-    acc = int8_conv_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq, attrs)
-    return _epilogue(_dequantize(acc, bias, inputs[4], 1), residual, attrs)
+    acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
+    return _epilogue(_dequantize(acc, bias, inputs[4], 1, is_fp8(attrs)), residual, attrs)
 
 
 @OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic)
 def qgemm(inputs, attrs):
-    """inputs: x [..., K], weight (int8 [M, K]), bias (int32 [M] or omitted), unused, dequant scale
-    (float32 [M]). Gemm's alpha/beta and MatMul's weight layout were folded in at build time."""
+    """inputs: x [..., K], weight (int8 or float8_e4m3fn [M, K]), bias (int32 [M], FP8: float32
+    [M], or omitted), unused, dequant scale (float32 [M]). Gemm's alpha/beta and MatMul's weight
+    layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     tile = TileConfig.parse(attrs.get("tactic") or "")
@@ -220,5 +266,5 @@ def qgemm(inputs, attrs):
         y = _qlayer_igemm(x, wq, bias, None, inputs[4], attrs, tile, gemm=True)
         if y is not None:
             return y
-    acc = int8_matmul_accumulate(as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX)), wq)
-    return _epilogue(_dequantize(acc, bias, inputs[4], -1), None, attrs)
+    acc = int8_matmul_accumulate(as_quantized(x, attrs), wq)
+    return _epilogue(_dequantize(acc, bias, inputs[4], -1, is_fp8(attrs)), None, attrs)

@@ -24,15 +24,20 @@ def tensor_from_numpy(array) -> torch.Tensor:
     array = np.array(array)  # a copy, keeping 0-d arrays 0-d
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if array.dtype.name == "float8_e4m3fn":  # FP8 layer weights (sartor/ops/fp8.py)
+        return torch.from_numpy(array.view(np.uint8)).view(torch.float8_e4m3fn)
     return torch.from_numpy(array)
 
 
 def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """The inverse of `tensor_from_numpy`: bfloat16 comes back as ml_dtypes bfloat16."""
+    """The inverse of `tensor_from_numpy`: bfloat16 and float8_e4m3fn come back as ml_dtypes types."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
         return tensor.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+    if tensor.dtype == torch.float8_e4m3fn:
+        import ml_dtypes
+        return tensor.view(torch.uint8).numpy().copy().view(ml_dtypes.float8_e4m3fn)
     return tensor.numpy().copy()
 
 

@@ -10,11 +10,15 @@ logits, box offsets and scores that decoding reads directly, where INT8's coarse
 most accuracy. `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
 (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
 and FP32 on the CPU.
+
+FP8 (`--precision fp8`, `--layer-precision NAME=fp8`) follows the same rules with the same layers:
+FP8 QConv/QGemm exist for exactly the layers INT8 ones do. A model quantized with Q/DQ nodes runs
+INT8 where its nodes say and no layer of it runs FP8.
 """
 from __future__ import annotations
 
 from ..ir import Graph, Node
-from .qdq import explicit_int8_unsupported, refuse_asymmetric
+from .qdq import explicit_int8_unsupported, is_qdq_model, refuse_asymmetric
 
 CONV_OPS = ("Conv", "FusedConv")
 GEMM_OPS = ("Gemm", "FusedGemm", "MatMul")
@@ -39,6 +43,19 @@ def gemm_weight_rows(graph: Graph, node: Node) -> int | None:
     if node.op_type == "MatMul":
         return int(w.shape[1])
     return int(w.shape[0] if node.attrs.get("transB", 0) else w.shape[1])
+
+
+QUANTIZED_PRECISIONS = ("int8", "fp8")
+
+
+def quantized_unsupported(graph: Graph, node: Node, precision: str) -> str | None:
+    """Why this layer cannot run at `precision` ("int8" or "fp8"; None when it can)."""
+    if precision == "fp8":
+        if node.op_type not in INT8_OPS:
+            return f"no FP8 kernel for {node.op_type}"
+        if is_qdq_model(graph):
+            return "the model is quantized with Q/DQ nodes (INT8 with its own scales): no layer of it runs FP8"
+    return int8_unsupported(graph, node)
 
 
 def int8_unsupported(graph: Graph, node: Node) -> str | None:
@@ -127,24 +144,27 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
     return heads
 
 
-def int8_decisions(graph: Graph, base: str) -> dict[str, tuple[str, str]]:
-    """For an INT8 build: layer name → (precision, reason) for every conv/gemm layer. Candidates
-    run INT8 (reason ""); output heads and the layers without an INT8 kernel get `base`. A Q/DQ
-    model with asymmetric activation zero points is refused (`sartor.quant.qdq`)."""
-    refuse_asymmetric(graph)
-    candidates = int8_candidates(graph)
+def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
+    """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
+    Candidates run `precision` (reason ""); output heads and the layers without a kernel at that
+    precision get `base`. A Q/DQ model with asymmetric activation zero points is refused
+    (`sartor.quant.qdq`)."""
+    if precision == "int8":
+        refuse_asymmetric(graph)
+    word = precision.upper()
+    candidates = [node for node in graph.nodes if quantized_unsupported(graph, node, precision) is None]
     heads = output_heads(graph, candidates)
     decisions = {}
     for node in graph.nodes:
         if node.op_type not in INT8_OPS:
             continue
-        why = int8_unsupported(graph, node)
+        why = quantized_unsupported(graph, node, precision)
         if why is not None:
-            decisions[node.name] = (base, f"not INT8: {why}")
+            decisions[node.name] = (base, f"not {word}: {why}")
         elif node.name in heads:
-            reason = (f"output head, kept out of INT8: reaches output {heads[node.name]!r} through no other "
-                      f"conv/gemm (--layer-precision {node.name}=int8 to quantize it)")
+            reason = (f"output head, kept out of {word}: reaches output {heads[node.name]!r} through no other "
+                      f"conv/gemm (--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         else:
-            decisions[node.name] = ("int8", "")
+            decisions[node.name] = (precision, "")
     return decisions

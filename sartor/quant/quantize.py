@@ -8,6 +8,15 @@
 - A tensor is *stored* INT8 (its producer re-quantizes its output) when an INT8 layer produces
   it, it is no graph output, and every reader is an INT8 layer reading it as its data input or
   as its residual. Otherwise INT8 layers write FP32 and their readers quantize on entry.
+
+Layers planned "fp8" become the same QConv/QGemm with `qformat="fp8e4m3"` (`sartor/ops/fp8.py`):
+- Weights: per output channel, scale_c = max|w_c| / 448 (float32), q = e4m3(clamp(w / scale_c,
+  ±448)), w / scale_c rounded to float32 first, then to e4m3 (nearest, ties to even). A channel of
+  zeros gets scale 1. Stored as float8_e4m3fn (the engine file keeps the bytes).
+- Activations: per tensor, scale = amax / 448 (float32), from the same calibration.
+- Bias: float32, added after dequantization (no integer bias).
+- Stored FP8 under the rule above, with FP8 in place of INT8: a tensor passes between two layers
+  quantized only when both sides use the same format.
 """
 from __future__ import annotations
 
@@ -15,8 +24,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir import Graph, Node, ValueInfo
+from ..ops import fp8
 from ..ops.quantized import QMAX
-from .plan import CONV_OPS, int8_positions, int8_unsupported
+from .plan import CONV_OPS, QUANTIZED_PRECISIONS, int8_positions, quantized_unsupported
 
 INT32_MAX = 2 ** 31 - 1
 Q_LAYERS = ("QConv", "QGemm")
@@ -24,12 +34,13 @@ CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "str
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 
 
-def activation_scale(amax: float) -> tuple[float, float]:
-    """(scale, 1/scale) as float32 values (Python floats that are exact float32 numbers)."""
+def activation_scale(amax: float, qmax: float = QMAX) -> tuple[float, float]:
+    """(scale, 1/scale) as float32 values (Python floats that are exact float32 numbers): scale =
+    amax / qmax, qmax 127 for INT8, 448 for FP8."""
     if not (amax > 0.0 and np.isfinite(amax)):
         amax = 1.0  # never non-zero in calibration: any scale quantizes zeros to zero
-    scale = np.float32(np.float64(amax) / QMAX)
-    if scale == 0:  # amax below 127 · the smallest float32
+    scale = np.float32(np.float64(amax) / qmax)
+    if scale == 0:  # amax below qmax · the smallest float32
         scale = np.float32(np.finfo(np.float32).tiny)
     return float(scale), float(np.float32(1.0 / np.float64(scale)))
 
@@ -45,6 +56,17 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.reshape(w64.shape), scale
 
 
+def quantize_weight_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel (axis 0) E4M3: (ml_dtypes float8_e4m3fn weights, float32 scales)."""
+    w64 = np.asarray(w, dtype=np.float64)
+    flat = w64.reshape(w64.shape[0], -1)
+    maxabs = np.abs(flat).max(axis=1) if flat.shape[1] else np.zeros(w64.shape[0])
+    scale = (maxabs / fp8.FP8_MAX).astype(np.float32)
+    scale[scale == 0] = 1.0
+    q = fp8.quantize_fp8_numpy(flat / scale.astype(np.float64)[:, None])
+    return q.reshape(w64.shape), scale
+
+
 def quantize_bias(b: np.ndarray | None, dequant_scale: np.ndarray) -> np.ndarray | None:
     if b is None:
         return None
@@ -52,17 +74,20 @@ def quantize_bias(b: np.ndarray | None, dequant_scale: np.ndarray) -> np.ndarray
     return np.clip(q, -INT32_MAX, INT32_MAX).astype(np.int32)
 
 
-def _stored_int8(graph: Graph, int8_nodes: dict[str, Node], amax: dict) -> set[str]:
+def _stored_quantized(graph: Graph, quantized: dict[str, Node], formats: dict[str, str], amax: dict) -> set[str]:
+    """The tensors written quantized: produced and read only by layers of one format (`formats`:
+    layer name → "int8" or "fp8"), each reading it as data input or residual."""
     outputs = graph.output_names()
     consumers = graph.consumers()
     stored = set()
-    for node in int8_nodes.values():
+    for node in quantized.values():
         value = node.outputs[0]
         readers = consumers.get(value, [])
         if not value or value in outputs or not readers or value not in amax:
             continue
-        if all(r.name in int8_nodes and all(r.inputs[p] != value for p in range(len(r.inputs))
-                                            if p not in int8_positions(r)) for r in readers):
+        if all(r.name in quantized and formats[r.name] == formats[node.name]
+               and all(r.inputs[p] != value for p in range(len(r.inputs)) if p not in int8_positions(r))
+               for r in readers):
             stored.add(value)
     return stored
 
@@ -83,33 +108,41 @@ def _gemm_weight(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | Non
 
 
 def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str, float]) -> dict:
-    """Rewrite every layer planned "int8" in place; returns {"layers": n, "int8_tensors": [...]}
-    counting every INT8 layer of the result (layers folded from a Q/DQ model are INT8 already)."""
-    int8_nodes = {n.name: n for n in graph.nodes if layer_precision.get(n.name) == "int8"
-                  and n.op_type not in Q_LAYERS}
-    for node in int8_nodes.values():
-        why = int8_unsupported(graph, node)
+    """Rewrite every layer planned "int8" or "fp8" in place; returns {"layers": n, "int8_tensors":
+    [...], "fp8_layers": n, "fp8_tensors": [...]} counting every INT8 (FP8) layer of the result
+    (layers folded from a Q/DQ model are INT8 already)."""
+    formats = {n.name: layer_precision[n.name] for n in graph.nodes
+               if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in Q_LAYERS}
+    quantized = {n.name: n for n in graph.nodes if n.name in formats}
+    for node in quantized.values():
+        why = quantized_unsupported(graph, node, formats[node.name])
         if why is not None:
-            raise ConfigError(f"layer {node.name} ({node.op_type}) cannot run INT8: {why}")
+            raise ConfigError(f"layer {node.name} ({node.op_type}) cannot run {formats[node.name].upper()}: {why}")
         for position in int8_positions(node):
             if node.inputs[position] not in amax:
                 raise ConfigError(f"the calibration has no threshold for tensor {node.inputs[position]!r} read by "
                                   f"layer {node.name}: recalibrate (delete the calibration cache)")
-    stored = _stored_int8(graph, int8_nodes, amax)
-    for node in int8_nodes.values():
-        _rewrite(graph, node, amax, stored)
+    stored = _stored_quantized(graph, quantized, formats, amax)
+    stored_fp8 = {n.outputs[0] for n in quantized.values() if n.outputs[0] in stored and formats[n.name] == "fp8"}
+    for node in quantized.values():
+        _rewrite(graph, node, amax, stored, formats[node.name] == "fp8")
     for value in stored:
         info = graph.value_info.get(value)
-        graph.value_info[value] = ValueInfo(value, "int8", info.shape if info else None)
+        dtype = fp8.numpy_dtype().name if value in stored_fp8 else "int8"
+        graph.value_info[value] = ValueInfo(value, dtype, info.shape if info else None)
     graph.remove_unused_initializers()
     layers = [n for n in graph.nodes if n.op_type in Q_LAYERS]
-    stored |= {n.outputs[0] for n in layers if n.attrs.get("output_scale") is not None}
-    return {"layers": len(layers), "int8_tensors": sorted(stored)}
+    written = {n.outputs[0] for n in layers if n.attrs.get("output_scale") is not None}
+    fp8_layers = [n for n in layers if fp8.is_fp8(n.attrs)]
+    fp8_written = {n.outputs[0] for n in fp8_layers if n.outputs[0] in written}
+    return {"layers": len(layers) - len(fp8_layers), "int8_tensors": sorted(written - fp8_written),
+            "fp8_layers": len(fp8_layers), "fp8_tensors": sorted(fp8_written)}
 
 
-def _rewrite(graph: Graph, node: Node, amax: dict, stored: set) -> None:
+def _rewrite(graph: Graph, node: Node, amax: dict, stored: set, is_fp8: bool) -> None:
     x = node.inputs[0]
-    input_scale, input_inv = activation_scale(amax[x])
+    qmax = fp8.FP8_MAX if is_fp8 else QMAX
+    input_scale, input_inv = activation_scale(amax[x], qmax)
     conv = node.op_type in CONV_OPS
     if conv:
         w = np.asarray(graph.constant(node.inputs[1]), dtype=np.float64)
@@ -119,26 +152,33 @@ def _rewrite(graph: Graph, node: Node, amax: dict, stored: set) -> None:
     else:
         w, bias = _gemm_weight(graph, node)
         residual = ""
-    wq, weight_scale = quantize_weight(w)
+    wq, weight_scale = quantize_weight_fp8(w) if is_fp8 else quantize_weight(w)
     dequant = (np.float32(input_scale) * weight_scale).astype(np.float32)
-    bq = quantize_bias(bias, dequant)
+    if is_fp8:
+        bias32 = None if bias is None else bias.astype(np.float32)
+        arrays = (("w_fp8", wq), ("b_fp32", bias32), ("dequant_scale", dequant))
+    else:
+        arrays = (("w_int8", wq), ("b_int32", quantize_bias(bias, dequant)), ("dequant_scale", dequant))
 
     names = {}
-    for suffix, array in (("w_int8", wq), ("b_int32", bq), ("dequant_scale", dequant)):
+    for suffix, array in arrays:
         if array is not None:
             names[suffix] = graph.fresh_name(f"{node.name}.{suffix}")
             graph.initializers[names[suffix]] = array
+    weight_name, bias_name = arrays[0][0], arrays[1][0]
     attrs = {k: node.attrs[k] for k in CONV_ATTR_KEYS if conv and k in node.attrs}
     attrs.update({k: node.attrs[k] for k in EPILOGUE_KEYS if k in node.attrs})
     if conv:  # recorded because some tactics store the weight flattened (see ops/quantized.py)
         attrs["kernel_shape"] = [int(k) for k in wq.shape[2:]]
     attrs.update(input_scale=input_scale, input_inv_scale=input_inv, weight_scale=weight_scale,
                  residual_scale=None, output_scale=None, output_inv_scale=None)
+    if is_fp8:
+        attrs["qformat"] = fp8.QFORMAT
     if residual and residual in stored:
-        attrs["residual_scale"] = activation_scale(amax[residual])[0]
+        attrs["residual_scale"] = activation_scale(amax[residual], qmax)[0]
     out = node.outputs[0]
     if out in stored:
-        attrs["output_scale"], attrs["output_inv_scale"] = activation_scale(amax[out])
+        attrs["output_scale"], attrs["output_inv_scale"] = activation_scale(amax[out], qmax)
     node.op_type = "QConv" if conv else "QGemm"
-    node.inputs = [x, names["w_int8"], names.get("b_int32", ""), residual, names["dequant_scale"]]
+    node.inputs = [x, names[weight_name], names.get(bias_name, ""), residual, names["dequant_scale"]]
     node.attrs = attrs

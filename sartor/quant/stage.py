@@ -1,6 +1,6 @@
-"""The builder's INT8 stages: thresholds (from the calibration cache, or by calibrating on --calib
-and then writing the cache) with the check that calibration covered every split of --data, and
-the rewrite of the INT8 layers. (The planner between the two is `planner.plan_for_target`.)"""
+"""The builder's INT8 (and FP8) stages: thresholds (from the calibration cache, or by calibrating
+on --calib and then writing the cache) with the check that calibration covered every split of
+--data, and the rewrite of the INT8 and FP8 layers. (The planner between the two is `planner.plan_for_target`.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -134,7 +134,11 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
 
 
 def quantize_for_build(graph: Graph, layer_precision: dict, amax: dict, log: list) -> None:
-    """Rewrite the INT8 layers in place."""
+    """Rewrite the INT8 and FP8 layers in place."""
     report = quantize_graph(graph, layer_precision, amax)
-    log.append(f"int8: {report['layers']} layer(s) INT8, {len(report['int8_tensors'])} tensor(s) passed between "
-               f"them in INT8")
+    if report["layers"] or not report["fp8_layers"]:
+        log.append(f"int8: {report['layers']} layer(s) INT8, {len(report['int8_tensors'])} tensor(s) passed between "
+                   f"them in INT8")
+    if report["fp8_layers"]:
+        log.append(f"fp8: {report['fp8_layers']} layer(s) FP8 (E4M3), {len(report['fp8_tensors'])} tensor(s) passed "
+                   f"between them in FP8")
