@@ -1,7 +1,9 @@
 """Resize (and its ancestor Upsample), Pad: the ops whose ONNX rules need care per axis.
 
 Resize is computed axis by axis from ONNX's coordinate formulas (exact for every mode), with a
-fast path through torch's interpolate for the integer-scale nearest resize detectors use.
+fast path through torch's interpolate for the integer-scale nearest resize detectors use. That
+resize also has a Triton tactic over channels-last tensors which can store straight into a channel
+slice of the Concat that follows it in detector necks (runtime/concat_plan.py).
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kernels.epilogue import pixel_stride
+from ..kernels.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported
 from .registry import OpTable
 from .util import floats, ints, norm_axis, only_dtypes
 
@@ -118,8 +122,9 @@ def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
     return out
 
 
-def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] | None, attrs: dict,
-                  roi: list[float] | None = None, axes: list[int] | None = None) -> torch.Tensor:
+def _output_geometry(x: torch.Tensor, sizes: list[int] | None, scales: list[float] | None, attrs: dict,
+                     axes: list[int] | None) -> tuple[list, list, list]:
+    """(axes, output sizes, scales) of the resized axes under ONNX's rules, from sizes or scales."""
     rank = x.dim()
     axes = [norm_axis(a, rank) for a in (axes or range(rank))]
     in_sizes = [x.shape[a] for a in axes]
@@ -133,6 +138,12 @@ def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] 
             scales = [o / i for o, i in zip(sizes, in_sizes)]
     else:
         sizes = [int(math.floor(i * s)) for i, s in zip(in_sizes, scales)]
+    return axes, sizes, scales
+
+
+def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] | None, attrs: dict,
+                  roi: list[float] | None = None, axes: list[int] | None = None) -> torch.Tensor:
+    axes, sizes, scales = _output_geometry(x, sizes, scales, attrs, axes)
     if roi:
         n = len(roi) // 2
         roi_start = dict(zip(axes, roi[:n])) if n == len(axes) else dict(enumerate(roi[:n]))
@@ -151,6 +162,13 @@ def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] 
 
 def _fast_nearest(x, axes, sizes, scales, attrs):
     """Integer-factor upsampling of H and W where the ONNX rule picks source i // f, as torch does."""
+    factors = _nearest_factors(x, axes, sizes, scales, attrs)
+    return None if factors is None else F.interpolate(x, scale_factor=factors, mode="nearest")
+
+
+def _nearest_factors(x, axes, sizes, scales, attrs) -> tuple[int, int] | None:
+    """(fh, fw) when this resize is a nearest upsampling of H and W by integer factors whose ONNX
+    coordinate rule picks source i // f; None otherwise."""
     if attrs["mode"] != "nearest" or x.dim() != 4 or not x.is_floating_point():
         return None
     by_axis = {a: s for a, s in zip(axes, scales)}
@@ -166,26 +184,97 @@ def _fast_nearest(x, axes, sizes, scales, attrs):
     rounded_half_pixel = mode in ("half_pixel", "pytorch_half_pixel") and rule in ("round_prefer_floor", "round_prefer_ceil")
     if not (floor_asymmetric or rounded_half_pixel):
         return None
-    return F.interpolate(x, scale_factor=factors, mode="nearest")
+    return int(factors[0]), int(factors[1])
 
 
-@OPS.op("Resize", attrs=dict(RESIZE_ATTRS), host_inputs=(1, 2, 3), check=_resize_check)
-def resize(inputs, attrs):
+# ---- the ops: a request is (x, sizes, scales, roi, axes, Resize attributes) ----------------------
+TRITON_NEAREST = "triton_nhwc"
+
+
+def _resize_request(inputs: list, attrs: dict) -> tuple:
     x = inputs[0]
     roi = floats(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
     scales = floats(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
     sizes = ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
     if len(inputs) == 2:  # opset 10: (X, scales)
         scales, roi = roi, None
-    return resize_tensor(x, sizes or None, scales or None, attrs, roi or None, attrs["axes"])
+    return x, sizes or None, scales or None, roi or None, attrs["axes"], attrs
 
 
-@OPS.op("Upsample", attrs={"mode": "nearest", "scales": None}, host_inputs=(1,))
-def upsample(inputs, attrs):
+def _upsample_request(inputs: list, attrs: dict) -> tuple:
     scales = floats(inputs[1]) if len(inputs) > 1 else attrs["scales"]
     resize_attrs = dict(RESIZE_ATTRS, mode="linear" if attrs["mode"] in ("linear", "bilinear") else "nearest",
                         coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-    return resize_tensor(inputs[0], None, scales, resize_attrs)
+    return inputs[0], None, scales, None, None, resize_attrs
+
+
+def _triton_factors(request: tuple) -> tuple[int, int] | None:
+    """The integer factors when the Triton kernel computes this request exactly, else None."""
+    x, sizes, scales, _, axes, attrs = request
+    if not upsample_nearest_nhwc_supported(x):
+        return None
+    axes, sizes, scales = _output_geometry(x, sizes, scales, attrs, axes)
+    return _nearest_factors(x, axes, sizes, scales, attrs)
+
+
+def _nearest_tactics(request: tuple) -> list[str]:
+    """"torch" (the reference) and, for channels-last CUDA float tensors upsampled by integer
+    factors under a rule that picks source i // f, the Triton kernel."""
+    if request[0].is_cuda and _triton_factors(request) is not None:
+        return ["torch", TRITON_NEAREST]
+    return ["torch"]
+
+
+def _triton_nearest(request: tuple, tactic: str | None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The Triton tactic's result, new or in `out`; None where it is not the tactic or does not apply."""
+    if tactic != TRITON_NEAREST:
+        return None
+    factors = _triton_factors(request)
+    return None if factors is None else upsample_nearest_nhwc(request[0], factors, out=out)
+
+
+def _nearest_into(request: tuple, tactic: str | None, out: torch.Tensor) -> torch.Tensor | None:
+    """The Triton tactic's result stored straight into `out` (a channel slice of a Concat's buffer,
+    as in YOLO's necks); None for PyTorch's kernel."""
+    if out.dtype != request[0].dtype or pixel_stride(out) is None:
+        return None
+    return _triton_nearest(request, tactic, out)
+
+
+def _run_request(request: tuple, tactic: str | None) -> torch.Tensor:
+    computed = _triton_nearest(request, tactic)
+    if computed is not None:
+        return computed
+    x, sizes, scales, roi, axes, attrs = request
+    return resize_tensor(x, sizes, scales, attrs, roi, axes)
+
+
+def resize_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    return _nearest_tactics(_resize_request(inputs, attrs))
+
+
+def resize_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
+    return _nearest_into(_resize_request(inputs, attrs), attrs.get("tactic"), out)
+
+
+@OPS.op("Resize", attrs=dict(RESIZE_ATTRS), host_inputs=(1, 2, 3), check=_resize_check, tactics=resize_tactics,
+        write_into=resize_into)
+def resize(inputs, attrs):
+    return _run_request(_resize_request(inputs, attrs), attrs.get("tactic"))
+
+
+def upsample_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    return _nearest_tactics(_upsample_request(inputs, attrs))
+
+
+def upsample_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
+    return _nearest_into(_upsample_request(inputs, attrs), attrs.get("tactic"), out)
+
+
+@OPS.op("Upsample", attrs={"mode": "nearest", "scales": None}, host_inputs=(1,), tactics=upsample_tactics,
+        write_into=upsample_into)
+def upsample(inputs, attrs):
+    return _run_request(_upsample_request(inputs, attrs), attrs.get("tactic"))
 
 
 @OPS.op("Pad", attrs={"mode": "constant", "pads": None, "value": 0.0}, host_inputs=(1, 2, 3))
