@@ -8,6 +8,7 @@ def all_tables() -> list[OpTable]:
     from . import (
         conv,
         detection,
+        detection_head,
         elementwise,
         linalg,
         norm,
@@ -19,4 +20,4 @@ def all_tables() -> list[OpTable]:
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, quantized.OPS, qdq.OPS]
+            detection.OPS, detection_head.OPS, quantized.OPS, qdq.OPS]

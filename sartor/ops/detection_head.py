@@ -1,0 +1,70 @@
+"""Detection-head decoding made by sartor's passes: YoloDecode (see passes/fuse_yolo_head.py).
+
+YoloDecode's inputs are the head's per-scale box logits [B, 4·reg_max, H_i, W_i] for every scale,
+then the class logits [B, NC, H_i, W_i] in the same scale order; its attributes `reg_max` (DFL bins)
+and `strides` (one per scale). Its output is Ultralytics' `output0`: [B, 4 + NC, Σ H_i W_i], per
+anchor the box (cx, cy, w, h) in input pixels and the class scores after the sigmoid.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.yolo_head import yolo_decode, yolo_decode_supported
+from .registry import OpTable
+
+OPS = OpTable("detection_head")
+
+REFERENCE = "torch"
+TRITON = "triton_yolo_decode"
+
+
+def _split_inputs(inputs: list, attrs: dict) -> tuple[list, list]:
+    scales = len(attrs["strides"])
+    if len(inputs) != 2 * scales:
+        raise ValueError(f"YoloDecode: {len(inputs)} inputs for {scales} scales (box and class logits per scale)")
+    boxes, classes = list(inputs[:scales]), list(inputs[scales:])
+    for box, cls in zip(boxes, classes):
+        if box.shape[0] != cls.shape[0] or box.shape[2:] != cls.shape[2:] or box.shape[1] != 4 * attrs["reg_max"]:
+            raise ValueError(f"YoloDecode: box logits {tuple(box.shape)} and class logits {tuple(cls.shape)} are "
+                             f"not one scale's ({attrs['reg_max']} bins per side)")
+    return boxes, classes
+
+
+def _anchor_grid(height: int, width: int, device: torch.device) -> torch.Tensor:
+    """[2, H·W]: each cell's centre (x + 0.5, y + 0.5), row-major, as Ultralytics' make_anchors."""
+    ys = torch.arange(height, dtype=torch.float32, device=device) + 0.5
+    xs = torch.arange(width, dtype=torch.float32, device=device) + 0.5
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)))
+
+
+def yolo_decode_reference(boxes: list, classes: list, reg_max: int, strides: list) -> torch.Tensor:
+    """The decode in PyTorch, in FP32 whatever the inputs' dtype, returned in that dtype."""
+    bins = torch.arange(reg_max, dtype=torch.float32, device=boxes[0].device).reshape(1, 1, reg_max, 1)
+    scales = []
+    for box, cls, stride in zip(boxes, classes, strides):
+        batch, _, height, width = box.shape
+        logits = box.float().reshape(batch, 4, reg_max, height * width)
+        distance = (logits.softmax(2) * bins).sum(2)  # [B, 4, HW]: left, top, right, bottom
+        anchors = _anchor_grid(height, width, box.device).unsqueeze(0)
+        top_left = anchors - distance[:, :2]
+        bottom_right = anchors + distance[:, 2:]
+        xywh = torch.cat(((top_left + bottom_right) / 2, bottom_right - top_left), 1) * float(stride)
+        scales.append(torch.cat((xywh, cls.float().reshape(batch, cls.shape[1], height * width).sigmoid()), 1))
+    return torch.cat(scales, 2).to(boxes[0].dtype)
+
+
+def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
+    """The PyTorch reference and, on CUDA, the one-pass Triton kernel."""
+    boxes, classes = _split_inputs(inputs, attrs)
+    if boxes[0].is_cuda and yolo_decode_supported(boxes, classes, attrs["reg_max"]):
+        return [REFERENCE, TRITON]
+    return [REFERENCE]
+
+
+@OPS.internal("YoloDecode", tactics=yolo_decode_tactics)
+def yolo_decode_op(inputs, attrs):
+    boxes, classes = _split_inputs(inputs, attrs)
+    if attrs.get("tactic") == TRITON and yolo_decode_supported(boxes, classes, attrs["reg_max"]):
+        return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"])
+    return yolo_decode_reference(boxes, classes, attrs["reg_max"], attrs["strides"])
