@@ -335,3 +335,76 @@ def test_feeds_take_their_readers_dtype_in_the_layout_change(tiny_onnx):
     readers = [node.name for node in graph.nodes if name in node.inputs]
     mixed[readers[0]] = "fp32"
     assert Executor(graph, weights, torch.device("cpu"), mixed).feed_dtypes.get(name) in (None, torch.float32)
+
+
+# ---- layers whose output the engine places in a Concat's buffer -----------------------------------
+
+def _conv_concat_graph(tmp_path):
+    """x -> conv+relu a, conv+relu b -> Concat(axis 1) -> Relu: both convs are Concat targets."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from sartor.frontend.onnx import import_onnx
+    from sartor.passes.pipelines import optimize
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [8, 4, 3, 3], rng.standard_normal(288).astype(np.float32))
+             for n in ("wa", "wb")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a0"], name="conv_a", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a0"], ["a"], name="relu_a"),
+             helper.make_node("Conv", ["x", "wb"], ["b0"], name="conv_b", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["b0"], ["b"], name="relu_b"),
+             helper.make_node("Concat", ["a", "b"], ["c"], name="cat", axis=1),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 9, 9])], inits)
+    path = tmp_path / "cat.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    g = import_onnx(str(path)).graph
+    optimize(g)
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in g.initializers.items()}
+    return g, weights, {"x": torch.randn(2, 4, 9, 9).contiguous(memory_format=torch.channels_last)}
+
+
+def test_concat_targets_are_timed_storing_into_their_slice(tmp_path, monkeypatch, timing_calls):
+    """A layer placed in a Concat is timed as the engine runs it: through write_into where the
+    tactic can store into the slice, else computed and copied there; its signature says so."""
+    graph, weights, feeds = _conv_concat_graph(tmp_path)
+    stored = []
+
+    def write_into(inputs, attrs, out):
+        if attrs["tactic"] != "channels_last":
+            return None
+        stored.append(out.data_ptr())
+        return out.copy_(conv_ops.fused_conv(inputs, attrs))
+    monkeypatch.setattr(select.Executor, "__init__", _with_write_into(select.Executor.__init__, write_into))
+    cpu = torch.device("cpu")
+    selection = select.select_tactics(graph, weights, feeds, cpu, {}, channels_last=True, tf32=False)
+    assert set(selection.layers) == {"conv_a", "conv_b"}
+    # both timed (2 candidates each), the write_into path ran for channels_last into the Concat's buffer
+    assert len(timing_calls) == 4 and stored
+    cache = TimingCache()
+    select.select_tactics(graph, weights, feeds, cpu, {}, channels_last=True, tf32=False, cache=cache)
+    signatures = [s for device in cache.to_json()["devices"].values() for s in device["entries"]]
+    # the two convs are the same layer (same shapes, same slice geometry): one entry
+    assert len(signatures) == 1 and signatures[0].endswith(" into=f32[2x8x9x9]:nhwc/16"), signatures
+
+
+def _with_write_into(init, write_into):
+    """Executor.__init__ that gives its FusedConv steps `write_into` (on the CPU the real one never
+    stores: only the Triton tactics can)."""
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for step in self.steps:
+            if step.node.op_type == "FusedConv":
+                step.write_into = write_into
+    return patched
+
+
+def test_layers_outside_concats_are_signed_without_a_slice(tmp_path):
+    from sartor.tactics.timing_cache import layer_signature
+    x = torch.zeros(1, 8, 4, 4)
+    plain = layer_signature("Resize", [x, torch.tensor([1.0, 1.0, 2.0, 2.0])], {"mode": "nearest"}, "fp16", False)
+    other = layer_signature("Resize", [x, torch.tensor([1.0, 1.0, 3.0, 3.0])], {"mode": "nearest"}, "fp16", False)
+    assert plain != other and "=1.0,1.0,2.0,2.0" in plain  # small host inputs are signed by value
+    assert "into=" not in plain

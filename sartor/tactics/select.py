@@ -123,22 +123,30 @@ class TacticSelection:
         return f"tactics: {self.timed} timed, {self.cached} from timing cache"
 
 
-def _run(step, args: list, tactic: str):
-    """One run of a candidate, with the weight in the layout the engine will store it in."""
+def _run(step, args: list, tactic: str, into: torch.Tensor | None = None):
+    """One run of a candidate, with the weight in the layout the engine will store it in. With
+    `into` (the Concat slice the engine places this layer's output in), the candidate runs as the
+    engine will run it: stored there by `write_into` when it can, else computed and then copied
+    there by the Concat, so a tactic that saves that copy is credited for it."""
     args = list(args)
     if step.weight_for_tactic is not None:
         args[1] = step.weight_for_tactic(args[1], tactic)
     attrs = dict(step.attrs, tactic=tactic)
+    if into is not None:
+        if step.write_into is not None and step.write_into(args, attrs, into) is not None:
+            return into, lambda: step.write_into(args, attrs, into)
+        return into.copy_(step.impl(args, attrs)), lambda: into.copy_(step.impl(args, attrs))
     return step.impl(args, attrs), lambda: step.impl(args, attrs)
 
 
-def _time_candidates(step, args, candidates, reference, device, effort) -> tuple[dict, dict]:
+def _time_candidates(step, args, candidates, reference, device, effort,
+                     into: torch.Tensor | None = None) -> tuple[dict, dict]:
     """({tactic: median ms}, {tactic: why rejected}) over the candidates that match the reference."""
     warmup, iterations = EFFORT_TIMING[effort]
     timings, rejected = {}, {}
     for tactic in candidates:
         try:
-            out, call = _run(step, args, tactic)
+            out, call = _run(step, args, tactic, into)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is simply not a candidate
             rejected[tactic] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
             continue
@@ -150,14 +158,15 @@ def _time_candidates(step, args, candidates, reference, device, effort) -> tuple
     return timings, rejected
 
 
-def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference) -> dict | None:
+def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference,
+                   into: torch.Tensor | None = None) -> dict | None:
     """The cached entry for this layer, if there is one, its winner applies here and, run once,
     still matches the reference."""
     entry = cache.lookup(fingerprint, signature, effort) if cache is not None else None
     if entry is None or entry["winner"] not in candidates:
         return None
     try:
-        out, _ = _run(step, args, entry["winner"])
+        out, _ = _run(step, args, entry["winner"], into)
     except Exception:  # noqa: BLE001 - it cannot run here any more: time the candidates again
         return None
     return entry if entry["winner"] == REFERENCE_TACTIC or _mismatch(out, reference) is None else None
@@ -175,6 +184,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
     fingerprint = fingerprint or device_fingerprint(device)
     registry = default_registry()
     executor = Executor(graph, weights, device, layer_precision, channels_last=channels_last, registry=registry)
+    slices = None  # scratch Concat buffers: where layers placed in a Concat are timed storing
 
     def before(index, step, args):
         opdef = registry[step.node.op_type]
@@ -185,14 +195,16 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
         if len(candidates) == 1:  # nothing to choose between (INT8 emulation on the CPU)
             return
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
-        signature = layer_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32)
-        entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference)
+        into = slices.slice_for(step.node.outputs[0]) if slices is not None and len(step.node.outputs) == 1 else None
+        signature = layer_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32,
+                                    into)
+        entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference, into)
         if entry is not None:
             selection.cached += 1
             winner, timings, rejected, source = entry["winner"], entry["timings_ms"], entry["rejected"], "timing cache"
         else:
             selection.timed += 1
-            timings, rejected = _time_candidates(step, args, candidates, reference, device, effort)
+            timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into)
             winner, source = min(timings, key=timings.get), "timed"
             if cache is not None:
                 cache.record(fingerprint, signature, winner, timings, rejected, effort)
@@ -207,5 +219,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
         # are timed on the layouts the engine will run them on (channel slices of Concat buffers).
         memo = ShapeMemo()
         executor.run(feeds, memo)
+        if memo.value_meta is not None and executor.concat_plan.concats:
+            slices = ConcatBuffers(executor.concat_plan, memo.value_meta, device)
         executor.run(feeds, memo, before=before)
     return selection

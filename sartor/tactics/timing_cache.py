@@ -48,6 +48,9 @@ def fingerprint_digest(fingerprint: dict) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
+SMALL_HOST_TENSOR = 16
+
+
 def _tensor(t: torch.Tensor) -> str:
     if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
         fmt = "nhwc"
@@ -83,16 +86,28 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
     return " ".join(parts)
 
 
-def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool) -> str:
+def _input_label(t: torch.Tensor) -> str:
+    """A tensor's label, with its values when it is a small host tensor (Resize's scales or sizes:
+    two Resizes of one input by different factors are different layers)."""
+    if t.device.type == "cpu" and t.numel() <= SMALL_HOST_TENSOR:
+        return f"{_tensor(t)}={','.join(str(v) for v in t.reshape(-1).tolist())}"
+    return _tensor(t)
+
+
+def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool,
+                    into: torch.Tensor | None = None) -> str:
     """The timing identity of any layer with tactics: conv_signature for the convolution and GEMM
     layers (which have weights), otherwise op type, input tensors and attributes, e.g.
-    MaxPool in=f16[8x64x112x112]:nhwc kernel_shape=3,3 pads=1,1,1,1 strides=2,2 precision=fp16"""
+    MaxPool in=f16[8x64x112x112]:nhwc kernel_shape=3,3 pads=1,1,1,1 strides=2,2 precision=fp16.
+    `into`: the Concat slice the layer's output goes to, when it was timed storing there."""
     if op_type in ("FusedConv", "QConv", "QGemm", "Conv"):
-        return conv_signature(op_type, args, attrs, precision, tf32)
-    tensors = " ".join(f"in={_tensor(a)}" for a in args if isinstance(a, torch.Tensor))
-    settings = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
-                        for key, value in sorted(attrs.items()) if key != "tactic" and value is not None)
-    return f"{op_type} {tensors} {settings} precision={precision}"
+        signature = conv_signature(op_type, args, attrs, precision, tf32)
+    else:
+        tensors = " ".join(f"in={_input_label(a)}" for a in args if isinstance(a, torch.Tensor))
+        settings = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+                            for key, value in sorted(attrs.items()) if key != "tactic" and value is not None)
+        signature = f"{op_type} {tensors} {settings} precision={precision}"
+    return signature if into is None else f"{signature} into={_tensor(into)}"
 
 
 def _check_entry(entry, where: str) -> dict:
