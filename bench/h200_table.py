@@ -97,7 +97,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     shapes = {input_name: shape}
     cache = work / f"timing_{onnx.stem}_{precision}.json"
     cache.unlink(missing_ok=True)
-    kwargs = {"calib": str(calib), "calib_size": 64} if precision == "int8" else {}
+    kwargs = {"calib": str(calib), "calib_size": 64} if precision in ("int8", "fp8") else {}
     plan = work / f"{onnx.stem}_{precision}_b{shape[0]}.plan"
     builds = []
     for _ in range(2):  # cold, then with the timing cache the first build wrote
@@ -141,6 +141,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--detector-batches", default=",".join(map(str, DETECTOR_BATCHES)))
     parser.add_argument("--int8", action="store_true", help="also sartor INT8 (calibrated on street scenes)")
+    parser.add_argument("--fp8", action="store_true", help="also sartor FP8 E4M3 (same calibration as INT8)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--onnx-dir", type=Path, default=None)
     parser.add_argument("--iterations", type=int, default=100)
@@ -152,7 +153,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     results = {"versions": versions(), "rows": [], "errors": {}}
     calib = None
-    if args.int8:
+    if args.int8 or args.fp8:
         from h200_int8 import scene_images
         calib = work / "calib.npy"
         np.save(calib, scene_images(64, 50_000))
@@ -174,6 +175,9 @@ def main() -> None:
             if args.int8 and name in CLASSIFIERS:
                 jobs.append(("sartor_int8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
                                                                shape, "int8", work, args.iterations, calib)))
+            if args.fp8 and name in CLASSIFIERS:
+                jobs.append(("sartor_fp8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
+                                                              shape, "fp8", work, args.iterations, calib)))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
@@ -195,11 +199,11 @@ def main() -> None:
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
             save()
-    lines = ["| model | batch | sartor FP16 ms | INT8 ms | eager+graph ms | compile r-o ms | FP16 vs best peer |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | sartor FP16 ms | INT8 ms | FP8 ms | eager+graph ms | compile r-o ms | FP16 vs best peer |",
+             "|---|---|---|---|---|---|---|---|"]
     cell = lambda r, k: f"{r[k]['median_ms']:.3f}" if k in r else "–"  # noqa: E731
     for r in results["rows"]:
-        lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
+        lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_fp8')} | "
                      f"{cell(r, 'eager_fp16_cuda_graph')} | {cell(r, 'torch_compile_reduce_overhead')} | "
                      f"{r.get('sartor_fp16_speedup_over_best_peer', '–')} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
