@@ -3,12 +3,14 @@ dynamic batching, for ResNet-50 FP16 (224) and the sample detector FP16 (320), n
 engine's offline throughput at its best batch, measured in the same run.
 
     PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4] \
-        [--shared-memory none,system,cuda]
+        [--shared-memory none,system,cuda] [--frontends 1,8]
 
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
 same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
 body (`none`), in system shared memory, in CUDA shared memory (each client thread its own regions).
-Writes serve.json under --out: per model `serve` (the body) and `serve_system` / `serve_cuda`.
+`--frontends` lists the server's frontend-process counts (serve --frontends N), each measured in
+turn with every shared-memory mode. Writes serve.json under --out: per model `serve` (the body) and
+`serve_system` / `serve_cuda`, with `_f<N>` appended for N > 1 frontends.
 """
 from __future__ import annotations
 
@@ -60,11 +62,12 @@ def offline(name: str, plan: Path) -> list[dict]:
     return rows
 
 
-def served(plan: Path, out: Path, levels: str, duration: float, shared_memory: str = "none") -> dict:
+def served(plan: Path, out: Path, levels: str, duration: float, shared_memory: str = "none",
+           frontends: int = 1) -> dict:
     cmd = [sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--plan", str(plan), "--out", str(out),
            "--device", "cuda:0", "--protocol", "grpc", "--concurrency", levels, "--duration", str(duration),
            "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500",
-           "--shared-memory", shared_memory]
+           "--shared-memory", shared_memory, "--frontends", str(frontends)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                               filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
@@ -82,7 +85,15 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     parser.add_argument("--shared-memory", default="none",
                         help="comma-separated: none (tensors in the body), system, cuda; each is measured")
+    parser.add_argument("--frontends", default="1",
+                        help="comma-separated frontend-process counts of the server (serve --frontends); each is measured")
     args = parser.parse_args()
+    try:
+        frontend_counts = [int(v) for v in args.frontends.split(",") if v.strip()]
+    except ValueError:
+        frontend_counts = []
+    if not frontend_counts or not all(1 <= n <= 64 for n in frontend_counts):
+        parser.error(f"--frontends {args.frontends!r}: a comma-separated list of counts in 1..64")
     modes = [m.strip() for m in args.shared_memory.split(",") if m.strip()]
     if not modes or set(modes) - {"none", "system", "cuda"}:
         parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
@@ -98,10 +109,11 @@ def main() -> None:
         row = {"build_s": round(build(name, onnx[name](), plan, args.effort), 1), "offline": offline(name, plan)}
         print(name, json.dumps(row), flush=True)
         results[name] = row
-        for mode in modes:
-            key = "serve" if mode == "none" else f"serve_{mode}"
-            row[key] = served(plan, work / f"{key}_{name}", args.levels, args.duration, mode)
-            (out / "serve.json").write_text(json.dumps(results, indent=1))
+        for frontends in frontend_counts:
+            for mode in modes:
+                key = ("serve" if mode == "none" else f"serve_{mode}") + (f"_f{frontends}" if frontends > 1 else "")
+                row[key] = served(plan, work / f"{key}_{name}", args.levels, args.duration, mode, frontends)
+                (out / "serve.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

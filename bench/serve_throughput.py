@@ -199,10 +199,11 @@ def _client_process(url: str, protocol: str, model: str, metadata: dict, batch: 
 
 def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, concurrency: int,
             duration: float, warmup: float, processes: int, server_in_process: bool = False,
-            shared_memory: str = "none") -> dict:
+            shared_memory: str = "none", frontend_pids: list | None = None) -> dict:
     """One level. With the server in this process, also its CPU time per request (the client
     processes are children, not counted), which says what the server costs when the load generator
-    shares the cores."""
+    shares the cores. With frontend processes (serve --frontends N), "server CPU" is this main
+    process only (batching and running), and theirs is reported apart."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     ctx = mp.get_context("spawn")
@@ -213,6 +214,7 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
     for p in procs:
         p.start()
     cpu_before = time.process_time()
+    frontends_before = _cpu_s(frontend_pids or [])
     latencies, errors, answered = [], 0, 0
     for _ in procs:
         lat, err, count = queue.get(timeout=duration + warmup + 600)
@@ -222,12 +224,26 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
     for p in procs:
         p.join(60)
     cpu_s = time.process_time() - cpu_before
+    frontends_s = _cpu_s(frontend_pids or []) - frontends_before
     ms = sorted(v * 1e3 for v in latencies)
     pick = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))] if ms else float("nan")  # noqa: E731
     return {"concurrency": concurrency, "requests": len(ms), "errors": errors,
             "infer_per_s": len(ms) * batch / duration, "p50_ms": pick(0.5), "p90_ms": pick(0.9),
             "p99_ms": pick(0.99), "mean_ms": statistics.fmean(ms) if ms else float("nan"),
-            "server_cpu_ms_per_request": cpu_s * 1e3 / max(answered, 1) if server_in_process else float("nan")}
+            "server_cpu_ms_per_request": cpu_s * 1e3 / max(answered, 1) if server_in_process else float("nan"),
+            "frontend_cpu_ms_per_request": frontends_s * 1e3 / max(answered, 1) if frontend_pids else float("nan")}
+
+
+def _cpu_s(pids: list) -> float:
+    """User + system CPU seconds of these processes (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def find_perf_analyzer(explicit: str | None) -> str | None:
@@ -300,6 +316,8 @@ def main() -> int:
                                                                 ".cache/perf_analyzer/perf_analyzer)")
     parser.add_argument("--shared-memory", choices=("none", "system", "cuda"), default="none",
                         help="tensors in the request body (default), in system or in CUDA shared memory")
+    parser.add_argument("--frontends", type=int, default=1,
+                        help="frontend processes of the server (serve --frontends; default 1: in this process)")
     args = parser.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -329,12 +347,12 @@ def main() -> int:
         models = make_repository(args.plan, workdir, max_batch, args.max_queue_delay_us, args.instances, args.device)
         server = Server(ServeOptions(str(workdir), http_port=0, grpc_port=0, metrics_port=None, poll_interval=None,
                                      devices=[args.device] if args.device else None,
-                                     max_queue_size=max(4096, 4 * max(levels)))).start()
+                                     max_queue_size=max(4096, 4 * max(levels)), frontends=args.frontends)).start()
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
     else:
         parser.error("give --plan or --url")
 
-    results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration,
+    results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration, "frontends": args.frontends,
                "load_generator": args.load_generator, "shared_memory": args.shared_memory, "models": {}}
     try:
         for model in models:
@@ -355,9 +373,11 @@ def main() -> int:
                 else:
                     row = measure(url, args.protocol, model, metadata, args.batch, level, args.duration, args.warmup,
                                   args.processes, server_in_process=server is not None,
-                                  shared_memory=args.shared_memory)
+                                  shared_memory=args.shared_memory,
+                                  frontend_pids=server.frontend_pids if server is not None else None)
                 print(f"{model:>28} c={level:<4} {row['infer_per_s']:10.1f} inf/s  p50 {row['p50_ms']:8.2f} ms  "
                       f"p99 {row['p99_ms']:8.2f} ms  server CPU {row.get('server_cpu_ms_per_request', float('nan')):6.3f} ms/req  "
+                      f"frontends CPU {row.get('frontend_cpu_ms_per_request', float('nan')):6.3f} ms/req  "
                       f"errors {row['errors']}", flush=True)
                 rows.append(row)
             results["models"][model] = rows
@@ -373,7 +393,7 @@ def main() -> int:
 
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [f"# sartor serve throughput ({args.protocol}, request batch {args.batch}, {args.load_generator}, "
-             f"shared memory {args.shared_memory})", "",
+             f"shared memory {args.shared_memory}, frontends {args.frontends})", "",
              "| model | concurrency | infer/s | p50 ms | p90 ms | p99 ms | server CPU ms/request | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for model, rows in results["models"].items():

@@ -39,6 +39,9 @@ def add_parser(subparsers, parents) -> None:
                         "(default 60; 0 none)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20,
                    help="largest request body accepted (default 64 MiB)")
+    p.add_argument("--frontends", type=int, default=1, metavar="N",
+                   help="HTTP and gRPC in N processes sharing the ports, feeding this one (default 1: in this "
+                        "process; 1..64)")
     p.add_argument("--dry-run", action="store_true",
                    help="load and warm up every model, print the repository index, then exit (1 if any model is "
                         "unavailable)")
@@ -73,7 +76,7 @@ def run(args) -> int:
                            metrics_port=None if args.dry_run else args.metrics_port,
                            devices=_devices(args.device), poll_interval=args.poll_interval or None,
                            max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
-                           max_request_bytes=args.max_request_bytes)
+                           max_request_bytes=args.max_request_bytes, frontends=args.frontends)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     out = console()

@@ -18,6 +18,9 @@ validate layer (detection decoders); nothing below imports it. One concern per m
 | `tensors.py` | KServe datatypes, arrays from JSON lists or raw bytes |
 | `errors.py` | request errors and their HTTP / gRPC codes |
 | `server.py` | the event loop, the endpoints, start/stop |
+| `frontend_pool.py` | `--frontends N`: the frontend processes, their ports, restarts, and the main side of their channels |
+| `workers.py` | one frontend process: HTTP and gRPC on shared ports, inference handed to the main process |
+| `ipc.py` | the frontend channel: framed JSON headers plus raw tensors, replies and errors |
 """
 from .server import Server, ServeOptions
 

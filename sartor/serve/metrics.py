@@ -7,7 +7,8 @@ nv_inference_compute_input_duration_us, nv_inference_compute_infer_duration_us,
 nv_inference_compute_output_duration_us), the gauge nv_inference_pending_request_count. Added by
 sartor: histograms of the batch size executed (nv_inference_batch_size), of queue and compute time
 (nv_inference_queue_histogram_ms, nv_inference_compute_infer_histogram_ms), and the gauge
-nv_model_device_memory_bytes (engine.device_memory_bytes per model version and device).
+nv_model_device_memory_bytes (engine.device_memory_bytes per model version and device), and with
+`--frontends N` the counter sartor_frontend_request_count (requests per frontend process).
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ FAMILIES = {
     "nv_inference_batch_size": (HISTOGRAM, "Batch size of each model execution"),
     "nv_inference_queue_histogram_ms": (HISTOGRAM, "Time each request waited in the queue, in milliseconds"),
     "nv_inference_compute_infer_histogram_ms": (HISTOGRAM, "Time of each model execution, in milliseconds"),
+    "sartor_frontend_request_count": (COUNTER, "Inference requests each frontend process passed to the main process "
+                                               "(serve --frontends N), by frontend index"),
     "nv_model_device_memory_bytes": (GAUGE, "Device memory of a loaded model version: weights plus the largest "
                                             "activation arena (engine.device_memory_bytes), per device"),
 }

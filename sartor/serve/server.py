@@ -14,6 +14,7 @@ from aiohttp import web
 from ..errors import ConfigError
 from .config import check_devices
 from .core import InferenceCore
+from .frontend_pool import FrontendPool
 from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend, metrics_app
 from .metrics import Metrics
@@ -36,12 +37,15 @@ class ServeOptions:
     request_timeout: float | None = 60.0  # seconds; a request's `timeout` parameter overrides it
     max_request_bytes: int = 64 << 20
     grpc_max_concurrent: int | None = None
+    frontends: int = 1  # >1: HTTP and gRPC in that many processes (frontend_pool.py); 1: in this process
 
     def check(self) -> None:
         for label, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
                             ("--metrics-port", self.metrics_port)):
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{label} {port} must be in 0..65535")
+        if isinstance(self.frontends, bool) or not isinstance(self.frontends, int) or not 1 <= self.frontends <= 64:
+            raise ConfigError(f"--frontends {self.frontends} must be in 1..64")
         if self.max_queue_size < 1:
             raise ConfigError(f"--max-queue-size {self.max_queue_size} must be at least 1")
         if self.max_request_bytes < 1024:
@@ -66,6 +70,7 @@ class Server:
         self._thread: threading.Thread | None = None
         self._runners: list[web.AppRunner] = []
         self._grpc: grpc.aio.Server | None = None
+        self._pool: FrontendPool | None = None
         self._stopped = threading.Event()
 
     # ---- life cycle ---------------------------------------------------------------------------------
@@ -86,7 +91,8 @@ class Server:
     async def _start_endpoints(self) -> None:
         o = self.options
         sites = []
-        if o.http_port is not None:
+        in_process = o.frontends == 1
+        if o.http_port is not None and in_process:
             sites.append(("http", HttpFrontend(self.core, o.max_request_bytes).app(), o.http_port))
         if o.metrics_port is not None:
             sites.append(("metrics", metrics_app(self.metrics), o.metrics_port))
@@ -101,7 +107,7 @@ class Server:
                 raise ConfigError(f"cannot listen for {label} on {o.host}:{port}: {exc.strerror or exc}") from None
             bound = runner.addresses[-1][1] if runner.addresses else port
             setattr(self, f"{label}_port", bound)
-        if o.grpc_port is not None:
+        if o.grpc_port is not None and in_process:
             server = grpc.aio.server(options=[("grpc.max_receive_message_length", o.max_request_bytes),
                                               ("grpc.max_send_message_length", -1),
                                               ("grpc.so_reuseport", 0)],
@@ -116,8 +122,15 @@ class Server:
             await server.start()
             self._grpc = server
             self.grpc_port = bound
+        if not in_process:
+            self._pool = FrontendPool(self.core, self.metrics, o)
+            await self._pool.start()
+            self.http_port, self.grpc_port = self._pool.http_port, self._pool.grpc_port
 
     async def _stop_endpoints(self, grace: float) -> None:
+        if self._pool is not None:  # first: its workers' requests in flight need this process
+            await self._pool.stop(grace)
+            self._pool = None
         if self._grpc is not None:
             await self._grpc.stop(grace)
             self._grpc = None
@@ -165,6 +178,11 @@ class Server:
         self.stop()
 
     # ---- helpers --------------------------------------------------------------------------------------
+    @property
+    def frontend_pids(self) -> list[int]:
+        """The frontend processes' ids (--frontends N > 1), else []."""
+        return self._pool.pids if self._pool is not None else []
+
     @property
     def http_url(self) -> str:
         return f"{self.options.host}:{self.http_port}"
