@@ -15,10 +15,14 @@ import torch
 from ..ir import Graph, Node
 from ..ops import OpRegistry, default_registry
 from ..ops.util import NUMPY_TO_TORCH
+from ..kernels.epilogue import pixel_stride
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
 
+# In channels-last engines, the inputs (by position) whose fast kernels read channels-last pixels:
+# data and residual of the convolutions, data of pooling and upsampling.
+CHANNELS_LAST_READS = {"FusedConv": (0, 3), "QConv": (0, 3), "MaxPool": (0,), "Resize": (0,), "Upsample": (0,)}
 PRECISION_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -184,6 +188,14 @@ class Executor:
             if step.compute_dtype is not None and value.is_floating_point() and value.dtype != step.compute_dtype \
                     and name not in self.host_values:
                 value = value.to(step.compute_dtype)
+            if self.channels_last and position in CHANNELS_LAST_READS.get(step.node.op_type, ()) \
+                    and value.dim() == 4 and pixel_stride(value) is None and name not in self.host_values:
+                # An NCHW tensor (a Reshape of a MatMul in an attention block) would make this
+                # layer and, through its output, every layer after it run NCHW: cuDNN with layout
+                # transforms and no Triton tactic. One copy here, kept for the value's other readers.
+                value = value.contiguous(memory_format=torch.channels_last)
+                if env.get(name) is not None and env[name].dtype == value.dtype:
+                    env[name] = value
             args.append(value)
         return args
 
