@@ -1,6 +1,6 @@
 """The builder: the one place that calls import → passes → profiles → precision → (INT8/FP8:
-calibrate → planner → quantize) → tactics → memory plan → engine file. Each stage is a plain
-function; this file only sequences them and records what they did."""
+calibrate → planner → quantize) → tactics → memory plan → (CUDA: kernels) → engine file. Each stage
+is a plain function; this file only sequences them and records what they did."""
 from __future__ import annotations
 
 import time
@@ -20,11 +20,13 @@ from ..runtime.engine_file import check_writable, pack, write_atomic
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..runtime.graph_codec import encode_graph
+from ..runtime.kernel_store import describe_record, not_embedded, pack_kernels
 from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
 from ..tactics import TacticSelection, TimingCache, select_tactics
 from ..version import __version__
 from .config import QUANTIZED_PRECISIONS, BuildConfig, check_preprocess
+from .kernels import CaptureUnavailable, capture_kernels
 from .precision import (
     base_precision,
     overflowing_layers,
@@ -118,6 +120,38 @@ def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: t
         naive = sum(sizes.values())
         plans.append({"arena_bytes": int(arena), "unplanned_bytes": int(naive), "shapes": "max"})
     return {"profiles": plans}
+
+
+def _profile_shapes(profile: Profile) -> list[dict]:
+    """min, opt and max of a profile, each once (Triton specializes on sizes, so each may differ)."""
+    picks = [{name: getattr(r, pick) for name, r in profile.shapes.items()} for pick in ("min", "opt", "max")]
+    return [shapes for k, shapes in enumerate(picks) if shapes not in picks[:k]]
+
+
+def _embed_kernels(config: BuildConfig, header: dict, tensors: dict, device: torch.device, profiles: list[Profile],
+                   graph: Graph, generator: torch.Generator, log: list) -> tuple[dict, dict]:
+    """The header record and tensors of the compiled Triton kernels the engine runs (CUDA builds)."""
+    if not config.embed_kernels:
+        record, kernel_tensors = not_embedded("built with --no-embed-kernels"), {}
+    else:
+        try:
+            import triton
+        except ImportError:
+            triton = None
+        if triton is None:
+            record, kernel_tensors = not_embedded("triton is not installed"), {}
+        else:
+            def feeds_of_profile(k: int) -> list[dict]:
+                return [_random_feeds(graph, shapes, device, generator) for shapes in _profile_shapes(profiles[k])]
+            try:
+                entries, runs = capture_kernels(header, tensors, device, feeds_of_profile)
+            except CaptureUnavailable as exc:
+                record, kernel_tensors = not_embedded(str(exc)), {}
+            else:
+                record, kernel_tensors = pack_kernels(entries, triton.__version__)
+                record["capture_runs"] = runs
+    log.append(f"kernels: {describe_record(record)}")
+    return record, kernel_tensors
 
 
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None
@@ -224,39 +258,52 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     memory = _memory_plan(graph, weights, profiles, device, generator, plan.layers)
     done("memory")
 
+    def engine_header() -> tuple[dict, dict]:
+        graph_header, tensors = encode_graph(graph)
+        layers = [{"name": n.name, "op": n.op_type, "origin": n.origin, "precision": plan.layers[n.name],
+                   "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n, device),
+                   "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
+                   "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
+                   "tactic_source": tactics.get(n.name, {}).get("source"),
+                   "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
+                  for n in graph.nodes]
+        seconds = round(time.perf_counter() - started, 3)
+        header = {
+            "format": "sartor-engine",
+            "fingerprint": device_fingerprint(device),
+            "device": str(device),
+            "channels_last": device.type == "cuda",
+            "profiles": [p.to_json() for p in profiles],
+            "graph": graph_header,
+            "layers": layers,
+            "memory": memory,
+            "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
+                        "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
+            "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
+            # What the layers outside INT8 (FP8) ran at, also when the device chose it (build_config holds None then).
+            "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS
+            else None,
+            "build_log": log,
+            "preprocess": preprocess.to_json() if preprocess is not None else None,
+            "planner": planner,
+            "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
+                           "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
+                           "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "build_seconds": seconds, "sartor": __version__, "calibration": calibration},
+        }
+        return header, tensors
+
+    kernels = None
+    if device.type == "cuda":
+        stage("kernels")
+        kernels = _embed_kernels(config, *engine_header(), device, profiles, graph, generator, log)
+        done("kernels")
+
     stage("serialize")
-    graph_header, tensors = encode_graph(graph)
-    layers = [{"name": n.name, "op": n.op_type, "origin": n.origin, "precision": plan.layers[n.name],
-               "reason": plan.reasons.get(n.name, ""), "tactic": _tactic(n, device),
-               "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
-               "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
-               "tactic_source": tactics.get(n.name, {}).get("source"),
-               "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
-              for n in graph.nodes]
-    seconds = round(time.perf_counter() - started, 3)
-    header = {
-        "format": "sartor-engine",
-        "fingerprint": device_fingerprint(device),
-        "device": str(device),
-        "channels_last": device.type == "cuda",
-        "profiles": [p.to_json() for p in profiles],
-        "graph": graph_header,
-        "layers": layers,
-        "memory": memory,
-        "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
-                    "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
-        "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
-        # What the layers outside INT8 (FP8) ran at, also when the device chose it (build_config holds None then).
-        "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS
-        else None,
-        "build_log": log,
-        "preprocess": preprocess.to_json() if preprocess is not None else None,
-        "planner": planner,
-        "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
-                       "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
-                       "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "build_seconds": seconds, "sartor": __version__, "calibration": calibration},
-    }
+    header, tensors = engine_header()
+    if kernels is not None:
+        header["kernels"], kernel_tensors = kernels
+        tensors = {**tensors, **kernel_tensors}
     write_atomic(config.output_path, pack(header, tensors))
     done("serialize")
     return BuildResult(str(config.output_path), header, onnx_nodes, len(graph.nodes),

@@ -24,6 +24,7 @@ from ..builder.config import (
 )
 from ..errors import ConfigError
 from ..runtime.fingerprint import describe
+from ..runtime.kernel_store import describe_record
 from ..runtime.profiles import Profile, parse_shape_spec
 from .common import (
     add_calibration_args,
@@ -109,6 +110,12 @@ tactics:
   kernel everywhere), 1 times briefly, 2 is the default, 3..5 time longer. --timing-cache FILE keeps
   the timings (JSON, per device fingerprint, shareable between machines): layers timed before on this
   device are not timed again. Delete the file to start over.
+
+kernels:
+  A CUDA build runs the finished engine once at each profile's min, opt and max shapes and stores
+  the compiled Triton kernels it ran (GPU binary and metadata, no host code) in the engine file.
+  Loading writes those that Triton's cache lacks into it, so the first run on a fresh machine
+  compiles nothing. --no-embed-kernels leaves them out (smaller file). `sartor inspect` shows them.
 """
 
 
@@ -169,6 +176,9 @@ def add_parser(subparsers, parents) -> None:
                    help=f"held-out samples --min-cosine is measured on (default {BuildConfig.cosine_samples})")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
+    p.add_argument("--no-embed-kernels", action="store_true",
+                   help="CUDA: do not store the compiled Triton kernels in the engine (a smaller file; the first "
+                        "run on a machine whose Triton cache lacks them JIT-compiles them)")
     p.set_defaults(func=run, shape_events=None)
 
 
@@ -218,7 +228,7 @@ def config_from_args(args) -> BuildConfig:
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,
         data=args.data, split_by=args.split_by,
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
-        min_cosine=args.min_cosine, cosine_samples=args.cosine_samples)
+        min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels)
 
 
 def run(args) -> int:
@@ -306,6 +316,8 @@ def print_summary(out, result) -> None:
                                         f"{len(planner['ranking'])} INT8 layer(s) kept at {planner['precision']} after "
                                         f"{len(planner['iterations'])} measurement(s); drop "
                                         + ", ".join(f"{k} {_drop(v)}" for k, v in planner["drops"].items())))
+    if "kernels" in header:
+        rows.append(("kernels", describe_record(header["kernels"], header["fingerprint"].get("kind", "cuda"))))
     rows += [("activation arena", ", ".join(fmt_bytes(a) for a in arenas) or "-"),
              ("build seconds", f"{result.seconds:.3f}")]
     out.print(key_values("Build summary", rows))

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import DeviceError
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
+from ..runtime.kernel_store import TENSOR_PREFIX, describe_record
 from ..runtime.profiles import Profile
 from .common import (
     console,
@@ -130,6 +131,16 @@ def _fingerprint_here(header: dict) -> dict:
     return {"matches": not differing, "differs_in": differing, "here": here, "note": ""}
 
 
+def _kernels_summary(header: dict, tensors: dict) -> dict:
+    """The compiled kernels the file carries: the header's record and the bytes actually stored."""
+    record = header.get("kernels")
+    stored = sum(t.numel() for k, t in tensors.items() if k.startswith(TENSOR_PREFIX))
+    kind = (header.get("fingerprint") or {}).get("kind", "cuda")
+    return {"embedded": bool(record and record.get("embedded")), "entries": len((record or {}).get("entries") or []),
+            "bytes": int(stored), "triton": (record or {}).get("triton"),
+            "text": describe_record(record, kind), "record": record}
+
+
 def engine_summary(path: str) -> dict:
     header, tensors = read_engine_file(path)
     weight_bytes = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("w/"))
@@ -158,6 +169,7 @@ def engine_summary(path: str) -> dict:
         "tactics": header.get("tactics"),
         "planner": header.get("planner"),
         "preprocess": header.get("preprocess"),
+        "kernels": _kernels_summary(header, tensors),
     }
 
 
@@ -177,6 +189,7 @@ def run(args) -> int:
         ("precision", describe_precision(info)),
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
         ("tactics", _tactics_line(info["tactics"])),
+        ("kernels", info["kernels"]["text"]),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):

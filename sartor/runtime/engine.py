@@ -13,6 +13,7 @@ from .engine_file import read_engine_file
 from .executor import Executor
 from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
+from .kernel_store import cuda_arch, install_engine_kernels, split_kernel_tensors
 from .profiles import Profile
 
 
@@ -33,6 +34,8 @@ class Engine:
         # Data-dependent output sizes need a device read-back mid-run, which a CUDA graph cannot hold.
         self.graph_capturable = not any(registry[n.op_type].data_dependent_shape for n in self.graph.nodes)
         self._contexts: list[ExecutionContext] = []
+        # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
+        self.kernels_installed = None
 
     # ---- what the engine declares ------------------------------------------------------
     @property
@@ -97,6 +100,8 @@ def rebuild_command(header: dict) -> str:
             args += [flag, str(config[key])]
     if config.get("overflow_guard") is False:
         args.append("--no-overflow-guard")
+    if config.get("embed_kernels") is False:
+        args.append("--no-embed-kernels")
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
@@ -110,4 +115,9 @@ def load(path: str | os.PathLike, device: str | None = None) -> Engine:
         raise EngineFileError(f"{path} has no device fingerprint in its header") from None
     target = parse_device(device or ("cuda" if kind == "cuda" else "cpu"))
     check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
-    return Engine(header, tensors, target, str(path))
+    tensors, kernel_tensors = split_kernel_tensors(tensors)
+    # Before the first run: the JIT then finds every kernel the engine runs in its cache.
+    installed = install_engine_kernels(header, kernel_tensors, cuda_arch(target)) if target.type == "cuda" else None
+    engine = Engine(header, tensors, target, str(path))
+    engine.kernels_installed = installed
+    return engine

@@ -1,0 +1,487 @@
+"""Compiled Triton kernels inside the engine file (sartor/runtime/kernel_store.py, builder/kernels.py).
+
+The CPU tests compile a real kernel for an sm_90 target with Triton's own compiler (it needs no GPU),
+so the cache entries they collect, store and install have Triton's real layout, and a second
+compile after installation shows whether Triton finds them. The last test runs on CUDA only.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
+from triton.runtime.jit import JITFunction
+
+import sartor
+from sartor.builder import BuildConfig
+from sartor.builder import kernels as capture
+from sartor.builder.pipeline import _embed_kernels
+from sartor.cli.build import add_parser, config_from_args
+from sartor.cli.inspect import engine_summary
+from sartor.errors import EngineFileError
+from sartor.runtime import kernel_store as ks
+from sartor.runtime.engine import rebuild_command
+from sartor.runtime.engine_file import pack, read_engine_file, unpack
+
+ARCH = "90"
+
+
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+
+# Built directly: under TRITON_INTERPRET=1 (conftest) @triton.jit gives the interpreter's function.
+ADD_ONE = JITFunction(_add_one)
+
+
+@contextlib.contextmanager
+def triton_cache_at(directory: Path):
+    """Triton's file cache in `directory` for the duration (it reads TRITON_CACHE_DIR on each use)."""
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_CACHE_DIR"]
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+
+
+@contextlib.contextmanager
+def listening(listener):
+    previous = triton.knobs.compilation.listener
+    triton.knobs.compilation.listener = listener
+    try:
+        yield
+    finally:
+        triton.knobs.compilation.listener = previous
+
+
+def compile_add_one(block: int = 128):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    source = ASTSource(ADD_ONE, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": block})
+    return triton.compile(source, target=GPUTarget("cuda", int(ARCH), 32))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.hits, self.misses = 0, 0
+
+    def __call__(self, **event) -> None:
+        if event["cache_hit"]:
+            self.hits += 1
+        else:
+            self.misses += 1
+
+
+@pytest.fixture(scope="session")
+def built_cache(tmp_path_factory):
+    """A Triton cache holding one compiled kernel, and the entries a KernelRecorder collected from it."""
+    cache = tmp_path_factory.mktemp("triton_cache")
+    recorder = ks.KernelRecorder()
+    with triton_cache_at(cache), listening(recorder):
+        try:
+            compile_add_one()
+        except Exception as exc:  # noqa: BLE001
+            pytest.skip(f"Triton cannot compile for sm_{ARCH} here ({type(exc).__name__}: {exc})")
+    return cache, ks.collect_entries(recorder.groups.values())
+
+
+def _engine_file_bytes(entries, header=None) -> bytes:
+    record, tensors = ks.pack_kernels(entries, triton.__version__)
+    return pack(dict(header or {"format": "test"}, kernels=record), {"w/x": torch.zeros(3), **tensors})
+
+
+def _roundtrip(entries):
+    header, tensors = unpack(_engine_file_bytes(entries))
+    own, kernel_tensors = ks.split_kernel_tensors(tensors)
+    assert set(own) == {"w/x"}
+    return header, kernel_tensors
+
+
+# ---- collection -------------------------------------------------------------------------------
+
+def test_collects_binary_and_metadata_of_a_real_entry(built_cache):
+    cache, entries = built_cache
+    assert len(entries) == 1
+    entry = entries[0]
+    directory = cache / entry.key
+    assert directory.is_dir(), "the key is the directory Triton's file cache made"
+    assert sorted(entry.files) == ["_add_one.cubin", "_add_one.json"]
+    assert entry.files["_add_one.cubin"] == (directory / "_add_one.cubin").read_bytes()
+    assert (entry.name, entry.triton, entry.arch) == ("_add_one", triton.__version__, ARCH)
+    everything = sum(f.stat().st_size for f in directory.iterdir())
+    assert entry.nbytes < everything, "IR stages and the group file are not stored"
+
+
+def test_recorder_ignores_compiles_without_a_binary(tmp_path):
+    (tmp_path / "k.json").write_text(json.dumps({"hash": "ab" * 32, "name": "k"}))
+    recorder = ks.KernelRecorder()
+    recorder(metadata_group={"k.json": str(tmp_path / "k.json"), "k.ttir": str(tmp_path / "k.ttir")}, cache_hit=True)
+    assert ks.collect_entries(recorder.groups.values()) == []
+
+
+# ---- engine file ------------------------------------------------------------------------------
+
+def test_pack_and_unpack_through_the_engine_file(built_cache):
+    _, entries = built_cache
+    header, kernel_tensors = _roundtrip(entries)
+    record = header["kernels"]
+    assert record["embedded"] and record["scheme"] == ks.SCHEME and record["triton"] == triton.__version__
+    assert record["bytes"] == entries[0].nbytes
+    assert all(k.startswith(f"{ks.TENSOR_PREFIX}{entries[0].key}/") for k in kernel_tensors)
+    back, problems = ks.unpack_kernels(record, kernel_tensors)
+    assert problems == [] and back == entries
+
+
+def test_tampered_kernel_bytes_fail_the_integrity_check(built_cache):
+    data = bytearray(_engine_file_bytes(built_cache[1]))
+    cubin = built_cache[1][0].files["_add_one.cubin"]
+    at = bytes(data).index(cubin[64:96])
+    data[at] ^= 0xFF
+    with pytest.raises(EngineFileError, match="integrity"):
+        unpack(bytes(data))
+
+
+@pytest.mark.parametrize("key,name", [("../../ETC", "_add_one.cubin"), (None, "../evil.cubin"),
+                                      (None, "launcher.so"), (None, "__grp__x.json")])
+def test_malformed_entries_are_skipped(built_cache, key, name):
+    """Names come from the file's header: a path, host code or a group file never reaches the cache."""
+    entry = built_cache[1][0]
+    files = {name: b"\x00" * 8, "_add_one.json": entry.files["_add_one.json"]}
+    bad = ks.KernelEntry(key or entry.key, "evil", entry.triton, entry.arch, files)
+    record, tensors = ks.pack_kernels([bad], triton.__version__)
+    entries, problems = ks.unpack_kernels(record, tensors)
+    assert entries == [] and len(problems) == 1 and "malformed" in problems[0]
+
+
+def test_another_scheme_is_ignored_with_a_line(built_cache):
+    record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    entries, problems = ks.unpack_kernels(dict(record, scheme="other/9"), tensors)
+    assert entries == [] and "other/9" in problems[0]
+
+
+# ---- installation -----------------------------------------------------------------------------
+
+def test_installed_entries_make_triton_compile_nothing(built_cache, tmp_path):
+    header, kernel_tensors = _roundtrip(built_cache[1])
+    entries, _ = ks.unpack_kernels(header["kernels"], kernel_tensors)
+    fresh = tmp_path / "fresh_cache"
+    report = ks.install_kernels(entries, fresh, triton.__version__, ARCH)
+    assert report.installed == [entries[0].key] and not report.present and not report.ignored
+    before = sorted(p.relative_to(fresh) for p in fresh.rglob("*"))
+    events = Events()
+    with triton_cache_at(fresh), listening(events):
+        kernel = compile_add_one()
+    assert (events.hits, events.misses) == (1, 0), "Triton found the installed entry"
+    assert kernel.asm["cubin"] == entries[0].files["_add_one.cubin"]
+    assert sorted(p.relative_to(fresh) for p in fresh.rglob("*")) == before, "nothing compiled or written"
+
+
+def test_without_installation_triton_compiles(tmp_path):
+    """The check above can fail: an empty cache makes Triton compile."""
+    events = Events()
+    with triton_cache_at(tmp_path / "empty"), listening(events):
+        compile_add_one()
+    assert (events.hits, events.misses) == (0, 1)
+
+
+def test_group_file_points_at_the_installed_files(built_cache, tmp_path):
+    entry = built_cache[1][0]
+    ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    group = json.loads((tmp_path / entry.key / "__grp___add_one.json").read_text())
+    assert group["child_paths"] == {name: str(tmp_path / entry.key / name) for name in entry.files}
+    assert not list(tmp_path.glob("tmp.*")), "no staging directory left"
+
+
+def test_an_existing_entry_is_never_overwritten(built_cache, tmp_path):
+    entry = built_cache[1][0]
+    mine = tmp_path / entry.key
+    mine.mkdir()
+    (mine / "__grp___add_one.json").write_text("{\"child_paths\": {}}")
+    (mine / "_add_one.cubin").write_bytes(b"theirs")
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    assert report.present == [entry.key] and not report.installed
+    assert (mine / "_add_one.cubin").read_bytes() == b"theirs"
+
+
+def test_an_empty_directory_from_a_triton_lookup_is_filled(built_cache, tmp_path):
+    entry = built_cache[1][0]
+    (tmp_path / entry.key).mkdir()
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    assert report.installed == [entry.key]
+    assert (tmp_path / entry.key / "_add_one.cubin").read_bytes() == entry.files["_add_one.cubin"]
+
+
+def test_an_entry_triton_is_writing_is_left_alone(built_cache, tmp_path):
+    entry = built_cache[1][0]
+    (tmp_path / entry.key).mkdir()
+    (tmp_path / entry.key / "_add_one.ttir").write_text("half")
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    assert report.busy == [entry.key] and not report.installed
+    assert sorted(p.name for p in (tmp_path / entry.key).iterdir()) == ["_add_one.ttir"]
+    assert not list(tmp_path.glob("tmp.*"))
+
+
+def test_a_failed_write_leaves_no_half_entry(built_cache, tmp_path, monkeypatch):
+    entry = built_cache[1][0]
+    real = Path.write_bytes
+    calls = []
+
+    def failing(self, data):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+    monkeypatch.setattr(Path, "write_bytes", failing)
+    with pytest.raises(OSError):
+        ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    assert list(tmp_path.iterdir()) == [], "neither the entry nor its staging directory exists"
+
+
+def test_concurrent_installs_each_entry_once(built_cache, tmp_path):
+    entry = built_cache[1][0]
+    reports, barrier = [], threading.Barrier(8)
+
+    def install():
+        barrier.wait()
+        reports.append(ks.install_kernels([entry], tmp_path, triton.__version__, ARCH))
+    threads = [threading.Thread(target=install) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(r.installed) for r in reports) == 1
+    assert sum(len(r.present) for r in reports) == 7
+    assert sorted(p.name for p in (tmp_path / entry.key).iterdir()) == sorted(
+        ["__grp___add_one.json", *entry.files])
+    assert [p.name for p in tmp_path.iterdir()] == [entry.key]
+
+
+@pytest.mark.parametrize("version,arch", [("0.0.1", ARCH), (None, "80")])
+def test_entries_for_another_triton_or_arch_are_ignored(built_cache, tmp_path, version, arch):
+    entry = built_cache[1][0]
+    other = ks.KernelEntry(entry.key, entry.name, version or entry.triton, arch, entry.files)
+    report = ks.install_kernels([other], tmp_path, triton.__version__, ARCH)
+    assert not report.installed and len(report.ignored) == 1
+    assert (version or f"arch {arch}") in report.ignored[0]
+    assert not (tmp_path / entry.key).exists()
+
+
+def test_load_step_logs_ignored_kernels_and_installs_the_rest(built_cache, tmp_path, caplog):
+    entry = built_cache[1][0]
+    other = ks.KernelEntry("A" * 52, "old_kernel", "0.0.1", ARCH, entry.files)
+    record, tensors = ks.pack_kernels([entry, other], triton.__version__)
+    with triton_cache_at(tmp_path), caplog.at_level(logging.INFO, logger="sartor.runtime"):
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH)
+    assert report.installed == [entry.key] and report.cache_dir == str(tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Triton 0.0.1" in warnings[0] and "old_kernel" in warnings[0]
+    assert any("1 Triton kernel(s) installed" in r.getMessage() for r in caplog.records)
+
+
+def test_engines_without_kernels_install_nothing(tmp_path):
+    with triton_cache_at(tmp_path):
+        assert ks.install_engine_kernels({"format": "sartor-engine"}, {}, ARCH) is None
+        assert ks.install_engine_kernels({"kernels": ks.not_embedded("off")}, {}, ARCH) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_custom_cache_manager_is_not_written_to(built_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "triton.runtime.cache:FileCacheManager")
+    record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    with triton_cache_at(tmp_path):
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH)
+    assert not report.installed and "cache manager" in report.ignored[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- capture: fresh JIT tables + the compilation listener -------------------------------------
+
+def test_capture_sees_kernels_already_compiled_in_this_process(built_cache, monkeypatch):
+    """A kernel in a JIT function's in-memory table is launched without a compile; the capture
+    empties the tables of sartor's functions (and restores them), so that it is compiled from
+    Triton's disk cache and the listener names its entry."""
+    cache, entries = built_cache
+    module = types.ModuleType("sartor._kernel_store_test")
+    module.ADD_ONE = ADD_ONE
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    original = ADD_ONE.device_caches
+    original[0] = ("compiled", "earlier")
+    outer = Events()
+    recorder = ks.KernelRecorder()
+    with triton_cache_at(cache), listening(outer):
+        with capture._fresh_jit_tables(), capture._listening(recorder):
+            assert ADD_ONE.device_caches is not original and not ADD_ONE.device_caches
+            compile_add_one()
+        assert ADD_ONE.device_caches is original and triton.knobs.compilation.listener is outer
+    del original[0]
+    assert ks.collect_entries(recorder.groups.values()) == entries
+    assert outer.hits == 1, "a listener set before the capture still hears the compiles"
+
+
+def test_capture_refuses_a_triton_without_jit_tables(monkeypatch):
+    module = types.ModuleType("sartor._kernel_store_test")
+    module.ADD_ONE = JITFunction(_add_one)
+    module.ADD_ONE.device_caches = {}
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(capture.CaptureUnavailable, match="device_caches"):
+        with capture._fresh_jit_tables():
+            pass
+
+
+def test_profile_shapes_are_min_opt_max_once():
+    from sartor.runtime.profiles import Profile, ShapeRange
+    one = Profile({"x": ShapeRange((1, 3), (8, 3), (8, 3))})
+    assert capture_shapes(one) == [{"x": (1, 3)}, {"x": (8, 3)}]
+
+
+def capture_shapes(profile):
+    from sartor.builder.pipeline import _profile_shapes
+    return _profile_shapes(profile)
+
+
+# ---- builds, inspect, options -----------------------------------------------------------------
+
+def test_cpu_engines_are_unchanged(tiny_plan, tiny_engine):
+    header, tensors = read_engine_file(tiny_plan)
+    assert "kernels" not in header and not any(k.startswith(ks.TENSOR_PREFIX) for k in tensors)
+    assert not any(line.startswith("kernels:") for line in header["build_log"])
+    assert tiny_engine.kernels_installed is None
+    summary = engine_summary(str(tiny_plan))["kernels"]
+    assert summary["embedded"] is False and summary["entries"] == 0 and summary["text"] == "none (CPU engine)"
+
+
+def test_an_engine_carrying_kernels_stays_valid_loads_and_runs(built_cache, plan_copy, tiny_engine, images):
+    header, tensors = read_engine_file(plan_copy)
+    record, kernel_tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    plan_copy.write_bytes(pack(dict(header, kernels=record), {**tensors, **kernel_tensors}))
+    engine = sartor.load(plan_copy, device="cpu")  # digest checked; the CPU installs nothing
+    assert engine.kernels_installed is None
+    assert engine.weight_bytes == tiny_engine.weight_bytes, "the kernel files are not weights"
+    np.testing.assert_array_equal(engine.context().run({"images": images})["logits"],
+                                  tiny_engine.context().run({"images": images})["logits"])
+    summary = engine_summary(str(plan_copy))["kernels"]
+    assert summary["embedded"] and summary["entries"] == 1 and summary["bytes"] == built_cache[1][0].nbytes
+    assert summary["text"].startswith(f"1 Triton kernel(s) embedded, {summary['bytes'] / 1024:.1f} KiB (Triton "
+                                      f"{triton.__version__}, sm_{ARCH}): _add_one")
+
+
+def test_inspect_shows_the_kernels(built_cache, plan_copy, cli):
+    header, tensors = read_engine_file(plan_copy)
+    record, kernel_tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    plan_copy.write_bytes(pack(dict(header, kernels=record), {**tensors, **kernel_tensors}))
+    result = cli("inspect", plan_copy)
+    assert result.code == 0, result
+    assert "1 Triton kernel(s) embedded" in result.out
+    as_json = cli("inspect", plan_copy, "--json")
+    assert json.loads(as_json.out)["kernels"]["entries"] == 1
+
+
+def test_inspect_says_when_kernels_were_left_out(plan_copy, cli):
+    header, tensors = read_engine_file(plan_copy)
+    header["fingerprint"] = dict(header["fingerprint"], kind="cuda")  # inspect reads; it does not bind
+    plan_copy.write_bytes(pack(dict(header, kernels=ks.not_embedded("built with --no-embed-kernels")), tensors))
+    result = cli("inspect", plan_copy)
+    assert "not embedded (built with --no-embed-kernels)" in result.out, result
+
+
+def test_no_embed_kernels_option(tiny_onnx, tmp_path):
+    import argparse
+    assert BuildConfig("m.onnx", "o.plan").embed_kernels is True
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(), [])
+    for argv, expected in ((["build", "m.onnx", "-o", "o.plan"], True),
+                           (["build", "m.onnx", "-o", "o.plan", "--no-embed-kernels"], False)):
+        assert config_from_args(parser.parse_args(argv)).embed_kernels is expected
+    result = sartor.build(tiny_onnx, tmp_path / "t.plan", device="cpu", min_shapes=MIN_SHAPES,
+                          opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES, embed_kernels=False)
+    assert result.header["build_config"]["embed_kernels"] is False
+    assert "--no-embed-kernels" in rebuild_command(result.header)
+    assert "--no-embed-kernels" not in rebuild_command({"build_config": {"embed_kernels": True}})
+
+
+def test_the_kernels_stage_records_a_disabled_embedding():
+    config = BuildConfig("m.onnx", "o.plan", embed_kernels=False)
+    log = []
+    record, tensors = _embed_kernels(config, {}, {}, torch.device("cpu"), [], None, None, log)
+    assert record == ks.not_embedded("built with --no-embed-kernels") and tensors == {}
+    assert log == ["kernels: not embedded (built with --no-embed-kernels): the first run on a fresh machine "
+                   "JIT-compiles them"]
+
+
+# ---- the real thing (CUDA) --------------------------------------------------------------------
+
+_COLD_LOAD = r"""
+import json, sys
+import numpy as np
+import triton
+events = {"hits": 0, "misses": 0}
+triton.knobs.compilation.listener = lambda **e: events.__setitem__("hits" if e["cache_hit"] else "misses",
+                                                                   events["hits" if e["cache_hit"] else "misses"] + 1)
+import sartor
+engine = sartor.load(sys.argv[1])
+out = engine.context().run({"images": np.load(sys.argv[2])})
+np.save(sys.argv[3], out["logits"])
+report = engine.kernels_installed
+print(json.dumps(dict(events, installed=report.installed, present=report.present)))
+"""
+
+
+def _force_triton_tactics(timing_cache: Path) -> int:
+    """Make the Triton epilogue win every fused conv it was timed for (a cached winner is taken as is)."""
+    data = json.loads(timing_cache.read_text())
+    forced = 0
+    for device in data.get("devices", {}).values():
+        for entry in device.get("entries", {}).values():
+            if "triton_epilogue" in entry.get("timings_ms", {}):
+                entry["winner"] = "triton_epilogue"
+                forced += 1
+    timing_cache.write_text(json.dumps(data))
+    return forced
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: on the CPU Triton's interpreter "
+                    "compiles nothing, so there are no kernels to embed")
+def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_path, images):
+    timing = tmp_path / "timing.json"
+    shapes = dict(device="cuda", precision="fp16", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES,
+                  max_shapes=MAX_SHAPES, timing_cache=timing)
+    sartor.build(tiny_onnx, tmp_path / "timed.plan", **shapes)
+    assert _force_triton_tactics(timing) > 0, timing.read_text()[:2000]
+    plan = tmp_path / "tiny_cuda.plan"
+    result = sartor.build(tiny_onnx, plan, **shapes)
+    assert any("triton" in layer["tactic"] for layer in result.header["layers"]), result.header["layers"]
+    record = result.header["kernels"]
+    assert record["embedded"] and record["entries"], record
+    expected = sartor.load(plan).context().run({"images": images})["logits"]
+
+    cache = tmp_path / "empty_triton_cache"
+    cache.mkdir()
+    np.save(tmp_path / "images.npy", images)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(plan), str(tmp_path / "images.npy"),
+                          str(tmp_path / "out.npy")], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    events = json.loads(run.stdout.strip().splitlines()[-1])
+    assert events["misses"] == 0 and events["hits"] >= 1, events
+    assert sorted(events["installed"]) == sorted(e["key"] for e in record["entries"])
+    kernel_dirs = {p.parent.name for p in cache.glob("*/__grp__*.json")}
+    assert kernel_dirs == set(events["installed"]), "Triton wrote no kernel entry of its own"
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=0, atol=0)
