@@ -43,7 +43,8 @@ def test_max_pool_tactics():
     x = torch.zeros(1, 8, 6, 6)
     assert tactics([x], {"kernel_shape": [2, 2]}) == ["torch"]  # CPU: the reference only
     assert not max_pool_nhwc_supported(x) and max_pool_nhwc_supported(x.contiguous(memory_format=torch.channels_last))
-    assert not max_pool_nhwc_supported(torch.zeros(1, 8, 6, 6, dtype=torch.int8))
+    assert not max_pool_nhwc_supported(torch.zeros(1, 8, 6, 6, dtype=torch.int8))  # NCHW (int8 channels-last: see
+    # tests/test_quant_passthrough.py)
     if DEVICE == "cuda":
         x_cl = x.cuda().contiguous(memory_format=torch.channels_last)
         assert tactics([x_cl], {"kernel_shape": [2, 2]}) == ["torch", "triton_nhwc"]

@@ -4,6 +4,11 @@ PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NH
 on the H200 took 0.83 ms for ResNet-50's stem pool at batch 256 — several times what moving its
 bytes costs. Here each program owns a block of output pixels × a block of channels; channel vectors
 are contiguous in NHWC, so every tap is a coalesced load.
+
+INT8 and FP8 (E4M3) tensors pool too (a pooling layer between two INT8 layers, see
+`sartor/quant/quantize.py`): the codes are compared as float32 values, which holds every int8 and
+e4m3 value exactly, and padded taps are left out by a select rather than by a fill value, so no
+dtype needs an encoding of -inf (e4m3fn has none) and padding never wins the max, as ONNX says.
 """
 from __future__ import annotations
 
@@ -32,16 +37,24 @@ if triton is not None:
                 ih = oh * SH - pad_h + kh * DH
                 iw = ow * SW - pad_w + kw * DW
                 ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
-                            mask=ok[:, None] & c_ok[None, :], other=float("-inf"))
-                acc = tl.maximum(acc, v.to(tl.float32), propagate_nan=tl.PropagateNan.ALL)
+                tap_ok = ok[:, None] & c_ok[None, :]
+                v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :], mask=tap_ok)
+                v = tl.where(tap_ok, v.to(tl.float32), float("-inf"))
+                acc = tl.maximum(acc, v, propagate_nan=tl.PropagateNan.ALL)
         y_offsets = offs_p.to(tl.int64)[:, None] * y_row + offs_c[None, :]
-        tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=p_ok[:, None] & c_ok[None, :])
+        y_ok = p_ok[:, None] & c_ok[None, :]
+        # Lanes outside the tensor hold -inf, which has no int8 value: zero them before the cast.
+        y = tl.where(y_ok, acc, 0.0).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + y_offsets, y, mask=y_ok)
+
+
+POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
 
 
 def max_pool_nhwc_supported(x: torch.Tensor) -> bool:
-    """Channels-last tensors and channel slices of them (pixels evenly spaced, channels contiguous)."""
-    return triton is not None and x.dim() == 4 and x.is_floating_point() and pixel_stride(x) is not None
+    """Channels-last tensors and channel slices of them (pixels evenly spaced, channels contiguous)
+    of a float, INT8 or FP8 dtype."""
+    return triton is not None and x.dim() == 4 and x.dtype in POOLED_DTYPES and pixel_stride(x) is not None
 
 
 def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],

@@ -14,6 +14,9 @@ from .util import FLOAT_DTYPES, only_dtypes
 
 OPS = OpTable("pool")
 
+# The dtypes PyTorch's max pool takes on every device; others are pooled in float32.
+POOLED_IN_PLACE = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 POOL_ATTRS = {"auto_pad": "NOTSET", "ceil_mode": 0, "dilations": None, "kernel_shape": None,
               "pads": None, "strides": None}
 
@@ -95,7 +98,10 @@ def max_pool(inputs, attrs):
     if pooled is not None:
         return pooled
     fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[x.dim() - 2]
-    if not x.is_floating_point():
+    if x.dtype not in POOLED_IN_PLACE:
+        # INT8 and FP8 codes (a pool between two INT8 layers), other integers: float32 holds every
+        # int8, uint8 and e4m3 value exactly and its lowest value never wins the max, so pooling
+        # there and converting back is exact. PyTorch's CPU pool takes neither int8 nor FP8.
         out = max_pool([x.float()], attrs)
         return (out[0].to(x.dtype), out[1]) if isinstance(out, tuple) else out.to(x.dtype)
     low = torch.finfo(x.dtype).min

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
-from ..kernels.epilogue import triton
+from ..kernels.epilogue import pixel_stride, triton
 from .conv import conv_nd, igemm_epilogue, igemm_geometry
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -225,15 +225,37 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
-def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool):
+def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
+                  out: torch.Tensor | None = None):
     geometry = _igemm_geometry(x, wq, attrs, gemm)
     if geometry is None:
         return None
-    return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual,
+    return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
                       **_int8_epilogue(attrs))
 
 
-@OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic)
+def qlayer_output_dtype(attrs: dict) -> torch.dtype:
+    """What an INT8 (FP8) layer writes: its codes when its output is stored quantized, else float32."""
+    if attrs.get("output_inv_scale") is None:
+        return torch.float32
+    return FP8_DTYPE if is_fp8(attrs) else torch.int8
+
+
+def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
+    """QConv written straight into `out` (a channel slice of a Concat's buffer: INT8 or FP8 codes
+    when the Concat passes them through, see `sartor/quant/quantize.py`) by the implicit-GEMM
+    tiles, whose epilogue stores any pixel stride. None for the emulation and for im2col (whose
+    GEMM writes rows of its own): the layer then runs as usual and the Concat copies its result."""
+    tile = TileConfig.parse(attrs.get("tactic") or "")
+    if tile is None or out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
+        return None
+    bias = inputs[2] if len(inputs) > 2 else None
+    residual = inputs[3] if len(inputs) > 3 else None
+    return _qlayer_igemm(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tile, gemm=False, out=out)
+
+
+@OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,
+              write_into=qconv_into)
 def qconv(inputs, attrs):
     """inputs: x, weight (int8 or float8_e4m3fn, [M, C/group, *k]), bias (int32 [M], FP8: float32
     [M], or omitted), residual (or omitted), dequant scale (float32 [M])."""

@@ -17,6 +17,18 @@ Layers planned "fp8" become the same QConv/QGemm with `qformat="fp8e4m3"` (`sart
 - Bias: float32, added after dequantization (no integer bias).
 - Stored FP8 under the rule above, with FP8 in place of INT8: a tensor passes between two layers
   quantized only when both sides use the same format.
+
+Pass-through layers: a MaxPool, Concat or Split between INT8 layers runs on the INT8 codes when
+its every data input is produced by an INT8 layer (or another pass-through layer) and its every
+output is read only by INT8 layers (as data or residual) or pass-through layers, none being a
+graph output. Those layers only select and move values, and quantization is monotonic
+(q(max(a, b)) = max(q(a), q(b))) and elementwise, so on codes that share one scale they compute
+exactly the codes of their float results. The tensors such layers connect form one *scale group*
+with one scale: the largest calibrated amax among them (TensorRT requantizes a Concat's inputs to a
+common scale the same way). The producers requantize to it in their epilogue and the readers read
+with it. For a chain conv → MaxPool → conv that is the pool output's own amax, so the engine's
+numbers are those it computes without pass-through. FP8 passes through the same way (a common
+scale, e4m3 rounding is monotonic too); a layer never mixes the formats.
 """
 from __future__ import annotations
 
@@ -30,6 +42,8 @@ from .plan import CONV_OPS, QUANTIZED_PRECISIONS, int8_positions, quantized_unsu
 
 INT32_MAX = 2 ** 31 - 1
 Q_LAYERS = ("QConv", "QGemm")
+# Layers that only select or move values: they can run on INT8 (FP8) codes (module docstring).
+PASS_THROUGH_OPS = ("MaxPool", "Concat", "Split")
 CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 
@@ -74,21 +88,114 @@ def quantize_bias(b: np.ndarray | None, dequant_scale: np.ndarray) -> np.ndarray
     return np.clip(q, -INT32_MAX, INT32_MAX).astype(np.int32)
 
 
-def _stored_quantized(graph: Graph, quantized: dict[str, Node], formats: dict[str, str], amax: dict) -> set[str]:
+def _data_inputs(node: Node) -> list[str]:
+    """The inputs a pass-through layer moves values of (a Split's sizes are not data)."""
+    return [v for v in node.inputs if v] if node.op_type == "Concat" else node.inputs[:1]
+
+
+def _reads_quantized(reader: Node, value: str, fmt: str, quantized: dict, formats: dict, passing: dict) -> bool:
+    """`reader` reads `value` only where it takes codes of format `fmt`: an INT8 (FP8) layer's data
+    input or residual, a pass-through layer's data input."""
+    if reader.name in quantized:
+        positions = int8_positions(reader)
+        return formats[reader.name] == fmt and all(reader.inputs[p] != value for p in range(len(reader.inputs))
+                                                   if p not in positions)
+    if reader.name in passing:
+        return passing[reader.name] == fmt and value in _data_inputs(reader)
+    return False
+
+
+def _carried(value: str, fmt: str, graph_outputs: set, consumers: dict, quantized: dict, formats: dict,
+             passing: dict) -> bool:
+    """`value` can be stored as codes of format `fmt`: no graph output, read, and only by layers
+    that take it so."""
+    readers = consumers.get(value, [])
+    return bool(value) and value not in graph_outputs and bool(readers) and all(
+        _reads_quantized(r, value, fmt, quantized, formats, passing) for r in readers)
+
+
+def _passes_through(node: Node) -> bool:
+    if node.op_type == "MaxPool":
+        return not node.attrs.get("_with_indices") and len([o for o in node.outputs if o]) == 1
+    return node.op_type in PASS_THROUGH_OPS
+
+
+def _pass_through_layers(graph: Graph, quantized: dict[str, Node], formats: dict[str, str]) -> dict[str, str]:
+    """layer name → format ("int8" or "fp8") of the pass-through layers (see the module's
+    docstring). The largest set that satisfies the rule: every candidate whose inputs come quantized
+    is assumed in, then those with an input or output that cannot be carried are dropped until none is."""
+    producers = graph.producers()
+    consumers = graph.consumers()
+    graph_outputs = graph.output_names()
+    passing: dict[str, str] = {}
+
+    def source_format(value: str) -> str | None:
+        producer = producers.get(value)
+        if producer is None:
+            return None
+        return formats.get(producer.name) if producer.name in quantized else passing.get(producer.name)
+
+    for node in graph.nodes:  # topological: a candidate's producers are decided before it
+        if _passes_through(node):
+            sources = {source_format(v) for v in _data_inputs(node)}
+            if len(sources) == 1 and None not in sources:
+                passing[node.name] = sources.pop()
+    nodes = {n.name: n for n in graph.nodes}
+    changed = True
+    while changed:
+        changed = False
+        for name, fmt in list(passing.items()):
+            node = nodes[name]
+            values = _data_inputs(node) + [o for o in node.outputs if o]
+            if any(source_format(v) != fmt for v in _data_inputs(node)) or not all(
+                    _carried(v, fmt, graph_outputs, consumers, quantized, formats, passing) for v in values):
+                del passing[name]
+                changed = True
+    return passing
+
+
+def _group_thresholds(graph: Graph, passing: dict[str, str], amax: dict) -> dict:
+    """`amax` with every tensor of a scale group (the tensors pass-through layers connect) given
+    the group's threshold: the largest calibrated one among them. Every group holds a calibrated
+    tensor: its last tensors are read by INT8 layers, whose inputs calibration covers."""
+    parent: dict[str, str] = {}
+
+    def root(value: str) -> str:
+        while parent.setdefault(value, value) != value:
+            parent[value] = parent[parent[value]]
+            value = parent[value]
+        return value
+
+    for node in graph.nodes:
+        if node.name in passing:
+            values = _data_inputs(node) + [o for o in node.outputs if o]
+            for value in values[1:]:
+                parent[root(value)] = root(values[0])
+    groups: dict[str, list[str]] = {}
+    for value in parent:
+        groups.setdefault(root(value), []).append(value)
+    shared = dict(amax)
+    for members in groups.values():
+        calibrated = [amax[v] for v in members if v in amax]
+        if calibrated:
+            shared.update({v: max(calibrated) for v in members})
+    return shared
+
+
+def _stored_quantized(graph: Graph, quantized: dict[str, Node], formats: dict[str, str], amax: dict,
+                      passing: dict[str, str]) -> set[str]:
     """The tensors written quantized: produced and read only by layers of one format (`formats`:
-    layer name → "int8" or "fp8"), each reading it as data input or residual."""
-    outputs = graph.output_names()
+    layer name → "int8" or "fp8"; `passing`: the pass-through layers and theirs), each INT8 (FP8)
+    layer reading it as data input or residual."""
+    graph_outputs = graph.output_names()
     consumers = graph.consumers()
     stored = set()
-    for node in quantized.values():
-        value = node.outputs[0]
-        readers = consumers.get(value, [])
-        if not value or value in outputs or not readers or value not in amax:
-            continue
-        if all(r.name in quantized and formats[r.name] == formats[node.name]
-               and all(r.inputs[p] != value for p in range(len(r.inputs)) if p not in int8_positions(r))
-               for r in readers):
-            stored.add(value)
+    writers = [(node, formats[node.name]) for node in quantized.values()]
+    writers += [(node, passing[node.name]) for node in graph.nodes if node.name in passing]
+    for node, fmt in writers:
+        for value in (o for o in node.outputs if o):
+            if value in amax and _carried(value, fmt, graph_outputs, consumers, quantized, formats, passing):
+                stored.add(value)
     return stored
 
 
@@ -107,10 +214,12 @@ def _gemm_weight(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | Non
     return w, np.broadcast_to(c, (w.shape[0],)).copy()
 
 
-def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str, float]) -> dict:
+def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str, float],
+                   pass_through: bool = True) -> dict:
     """Rewrite every layer planned "int8" or "fp8" in place; returns {"layers": n, "int8_tensors":
-    [...], "fp8_layers": n, "fp8_tensors": [...]} counting every INT8 (FP8) layer of the result
-    (layers folded from a Q/DQ model are INT8 already)."""
+    [...], "fp8_layers": n, "fp8_tensors": [...], "pass_through": {layer: format}} counting every
+    INT8 (FP8) layer of the result (layers folded from a Q/DQ model are INT8 already) and every
+    tensor stored quantized. `pass_through=False` keeps MaxPool/Concat/Split in floating point."""
     formats = {n.name: layer_precision[n.name] for n in graph.nodes
                if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in Q_LAYERS}
     quantized = {n.name: n for n in graph.nodes if n.name in formats}
@@ -122,8 +231,11 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
             if node.inputs[position] not in amax:
                 raise ConfigError(f"the calibration has no threshold for tensor {node.inputs[position]!r} read by "
                                   f"layer {node.name}: recalibrate (delete the calibration cache)")
-    stored = _stored_quantized(graph, quantized, formats, amax)
+    passing = _pass_through_layers(graph, quantized, formats) if pass_through else {}
+    amax = _group_thresholds(graph, passing, amax)
+    stored = _stored_quantized(graph, quantized, formats, amax, passing)
     stored_fp8 = {n.outputs[0] for n in quantized.values() if n.outputs[0] in stored and formats[n.name] == "fp8"}
+    stored_fp8 |= {o for n in graph.nodes if passing.get(n.name) == "fp8" for o in n.outputs if o in stored}
     for node in quantized.values():
         _rewrite(graph, node, amax, stored, formats[node.name] == "fp8")
     for value in stored:
@@ -135,8 +247,10 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
     written = {n.outputs[0] for n in layers if n.attrs.get("output_scale") is not None}
     fp8_layers = [n for n in layers if fp8.is_fp8(n.attrs)]
     fp8_written = {n.outputs[0] for n in fp8_layers if n.outputs[0] in written}
-    return {"layers": len(layers) - len(fp8_layers), "int8_tensors": sorted(written - fp8_written),
-            "fp8_layers": len(fp8_layers), "fp8_tensors": sorted(fp8_written)}
+    moved = {o for n in graph.nodes if n.name in passing for o in n.outputs if o}
+    return {"layers": len(layers) - len(fp8_layers), "int8_tensors": sorted((written | moved) - fp8_written - stored_fp8),
+            "fp8_layers": len(fp8_layers), "fp8_tensors": sorted(fp8_written | (moved & stored_fp8)),
+            "pass_through": passing}
 
 
 def _rewrite(graph: Graph, node: Node, amax: dict, stored: set, is_fp8: bool) -> None:
