@@ -3,20 +3,29 @@ dynamic batching, for ResNet-50 FP16 (224) and the sample detector FP16 (320), n
 engine's offline throughput at its best batch, measured in the same run.
 
     PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4] \
-        [--shared-memory none,system,cuda] [--frontends 1,8]
+        [--shared-memory none,system,cuda] [--frontends 1,8] [--variants batched] [--budget-s 420]
 
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
 same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
 body (`none`), in system shared memory, in CUDA shared memory (each client thread its own regions).
-`--frontends` lists the server's frontend-process counts (serve --frontends N), each measured in
-turn with every shared-memory mode. Writes serve.json under --out: per model `serve` (the body) and
-`serve_system` / `serve_cuda`, with `_f<N>` appended for N > 1 frontends.
+`--frontends` lists the server's frontend-process counts (serve --frontends N): one server per count
+and model, on which every shared-memory mode is measured. Writes serve.json under --out: per model
+`serve` (the body) and `serve_system` / `serve_cuda`, with `_f<N>` appended for N > 1 frontends.
+
+Nothing waits silently: every stage prints a line with the elapsed time as it ends, the load
+generator's own lines stream through as they come, and serve.json is rewritten whenever a
+measurement lands (the load generator writes its results.json, under --out/runs/, after each one).
+Each measurement has its own budget (`--measure-budget-s`; past it: `{"error": "timed out after S s
+at stage X"}` and the next one starts), `--budget-s` bounds the whole run (a server that no longer
+fits is recorded as skipped), and a load generator that outlives its share is asked for its stacks
+(SIGUSR1, written under --out/runs/<key>/stacks/) and killed with everything it started.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +46,21 @@ MODELS = {
     "resnet50": {"input": "input", "hw": 224, "max_batch": 128, "opt_batch": 64, "batches": (1, 8, 32, 64, 128)},
     "detector": {"input": "images", "hw": 320, "max_batch": 32, "opt_batch": 32, "batches": (1, 8, 32)},
 }
+MODE_KEYS = {"none": "serve", "system": "serve_system", "cuda": "serve_cuda"}
+KILL_GRACE_S = 20.0  # past the load generator's own budget, before it is killed from here
+STOP_S = 15.0  # what stopping a server takes (drain, frontend processes' exit), reserved in each budget
+
+
+class Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget_s if budget_s > 0 else float("inf")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.t0:7.1f} s] {message}", flush=True)
 
 
 def build(name: str, onnx: Path, plan: Path, effort: int) -> float:
@@ -62,18 +86,106 @@ def offline(name: str, plan: Path) -> list[dict]:
     return rows
 
 
-def served(plan: Path, out: Path, levels: str, duration: float, shared_memory: str = "none",
-           frontends: int = 1) -> dict:
+def key_of(mode: str, frontends: int) -> str:
+    return MODE_KEYS[mode] + (f"_f{frontends}" if frontends > 1 else "")
+
+
+def served_rows(run: dict, modes: list[str], frontends: int) -> dict:
+    """serve.json's entries (one per mode) from the load generator's results.json so far."""
+    common = {k: run[k] for k in ("frontends", "duration_s", "warmup_s", "server_start_s", "batch_size_histograms")
+              if k in run}
+    return {key_of(mode, frontends): dict(common, shared_memory=mode, models=run["runs"][mode])
+            for mode in modes if mode in run.get("runs", {})}
+
+
+def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget_s: float, clock: Clock,
+           on_results) -> dict:
+    """One server (`frontends` frontend processes) measured in every mode by bench/serve_throughput.py,
+    its output streamed. `on_results(entries)` is called whenever its results.json changes. Returns
+    the entries, with an error entry for each mode it did not reach."""
     cmd = [sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--plan", str(plan), "--out", str(out),
-           "--device", "cuda:0", "--protocol", "grpc", "--concurrency", levels, "--duration", str(duration),
-           "--warmup", "1", "--processes", str(min(16, os.cpu_count() or 4)), "--max-queue-delay-us", "500",
-           "--shared-memory", shared_memory, "--frontends", str(frontends)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
-    print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
-    path = out / "results.json"
-    return json.loads(path.read_text()) if path.exists() else {"error": done.stderr[-800:]}
+           "--device", args.device, "--protocol", "grpc", "--concurrency", args.levels, "--duration", str(args.duration),
+           "--warmup", str(args.warmup), "--processes", str(args.processes), "--max-queue-delay-us", "500",
+           "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
+           "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
+           "--budget-s", str(round(budget_s, 1))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    results = out / "results.json"
+    results.unlink(missing_ok=True)
+    # Its own session: the clients and frontend processes it starts are killed with it if need be.
+    process = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    kill_at = time.monotonic() + budget_s + KILL_GRACE_S
+    seen = None
+    entries: dict = {}
+    while process.poll() is None and time.monotonic() < kill_at:
+        time.sleep(1.0)
+        seen, entries = _reread(results, seen, entries, modes, frontends, on_results)
+    if process.poll() is None:
+        clock.say(f"serve_throughput (frontends {frontends}) ran past {budget_s + KILL_GRACE_S:.0f} s: "
+                  f"asking for its stacks, then killing it")
+        _kill(process)
+    seen, entries = _reread(results, seen, entries, modes, frontends, on_results)
+    if process.returncode == 0:
+        return entries
+    progress = _progress(out)
+    stage = _stage(progress)
+    why = (f"timed out after {budget_s + KILL_GRACE_S:.0f} s at stage {stage}" if process.returncode < 0
+           else f"serve_throughput exited with code {process.returncode} at stage {stage}")
+    # The measurement it was in gets the error row it could not write; modes it never reached, one entry.
+    current = entries.get(key_of(progress.get("shared_memory", ""), frontends)) if "shared_memory" in progress else None
+    if current is not None:
+        rows = current["models"].setdefault(progress["model"], [])
+        if all(r.get("concurrency") != progress["concurrency"] for r in rows):
+            rows.append({"concurrency": progress["concurrency"], "error": why})
+    for mode in modes:
+        if key_of(mode, frontends) not in entries:
+            entries[key_of(mode, frontends)] = {"error": why, "shared_memory": mode}
+    on_results(entries)
+    return entries
+
+
+def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: int, on_results) -> tuple:
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return seen, entries
+    if stamp == seen:
+        return seen, entries
+    try:
+        entries = served_rows(json.loads(path.read_text()), modes, frontends)
+    except (OSError, ValueError):
+        return seen, entries  # replaced while read: the next poll reads it
+    on_results(entries)
+    return stamp, entries
+
+
+def _progress(out: Path) -> dict:
+    """The load generator's last stage (its progress.json), {} where it wrote none."""
+    try:
+        return json.loads((out / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _stage(progress: dict) -> str:
+    if not progress:
+        return "unknown (no progress.json)"
+    where = " ".join(f"{k}={progress[k]}" for k in ("model", "shared_memory", "concurrency") if k in progress)
+    return f"{progress.get('stage')}" + (f" ({where})" if where else "")
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGUSR1 to the load generator (it writes its stacks), then its whole process group."""
+    try:
+        os.kill(process.pid, signal.SIGUSR1)
+        time.sleep(2.0)
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+    except ProcessLookupError:
+        pass
 
 
 def main() -> None:
@@ -81,12 +193,26 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--levels", default="1,8,32,128,256")
     parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--effort", type=int, default=2, help="builder effort of the served engines")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     parser.add_argument("--shared-memory", default="none",
                         help="comma-separated: none (tensors in the body), system, cuda; each is measured")
     parser.add_argument("--frontends", default="1",
                         help="comma-separated frontend-process counts of the server (serve --frontends); each is measured")
+    parser.add_argument("--variants", default="batched,single",
+                        help="the served entries: batched (dynamic batching), single (none), or both")
+    parser.add_argument("--device", default="cuda:0", help="where the server runs the engine (the build is on cuda)")
+    parser.add_argument("--processes", type=int, default=min(16, os.cpu_count() or 4), help="client processes")
+    parser.add_argument("--measure-budget-s", type=float, default=45.0,
+                        help="wall-clock seconds for one measurement (mode, model, level), set-up and drain included")
+    parser.add_argument("--request-timeout-s", type=float, default=20.0, help="client-side timeout of every request")
+    parser.add_argument("--server-start-s", type=float, default=60.0,
+                        help="what a server start (engine load, warm-up, frontend processes) is expected to take: "
+                             "a server is skipped when this plus one measurement no longer fits")
+    parser.add_argument("--budget-s", type=float, default=0.0, help="wall-clock seconds for the whole run (0: none)")
+    parser.add_argument("--reuse-plan", action="store_true",
+                        help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()
     try:
         frontend_counts = [int(v) for v in args.frontends.split(",") if v.strip()]
@@ -95,25 +221,58 @@ def main() -> None:
     if not frontend_counts or not all(1 <= n <= 64 for n in frontend_counts):
         parser.error(f"--frontends {args.frontends!r}: a comma-separated list of counts in 1..64")
     modes = [m.strip() for m in args.shared_memory.split(",") if m.strip()]
-    if not modes or set(modes) - {"none", "system", "cuda"}:
+    if not modes or set(modes) - set(MODE_KEYS):
         parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
+    clock = Clock(args.budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/sartor_serve")
     work.mkdir(exist_ok=True)
     onnx = {"resnet50": lambda: export_classifier("resnet50", work),
             "detector": lambda: ROOT / "samples/detector/sample_detector.onnx"}
-    results = {}
+    results: dict = {}
+
+    def save() -> None:
+        partial = out / "serve.json.partial"
+        partial.write_text(json.dumps(results, indent=1))
+        os.replace(partial, out / "serve.json")
+
     for name in args.models.split(","):
+        row = results[name] = {}
         plan = work / f"{name}_fp16.plan"
-        row = {"build_s": round(build(name, onnx[name](), plan, args.effort), 1), "offline": offline(name, plan)}
-        print(name, json.dumps(row), flush=True)
-        results[name] = row
+        if args.reuse_plan and plan.exists():
+            clock.say(f"{name}: reusing {plan}")
+        else:
+            clock.say(f"{name}: exporting and building (effort {args.effort})")
+            row["build_s"] = round(build(name, onnx[name](), plan, args.effort), 1)
+            clock.say(f"{name}: built in {row['build_s']} s")
+        row["offline"] = offline(name, plan)
+        torch.cuda.empty_cache()  # the served engine's server is another process
+        best = max(row["offline"], key=lambda r: r["img_s"])
+        clock.say(f"{name}: offline {json.dumps(row['offline'])}; best {best['img_s']} img/s at batch {best['batch']}")
+        save()
         for frontends in frontend_counts:
-            for mode in modes:
-                key = ("serve" if mode == "none" else f"serve_{mode}") + (f"_f{frontends}" if frontends > 1 else "")
-                row[key] = served(plan, work / f"{key}_{name}", args.levels, args.duration, mode, frontends)
-                (out / "serve.json").write_text(json.dumps(results, indent=1))
+            left = clock.left() - STOP_S
+            if left < args.server_start_s + args.measure_budget_s:
+                for mode in modes:
+                    row[key_of(mode, frontends)] = {"skipped": f"did not fit: {max(left, 0):.0f} s of --budget-s left",
+                                                    "shared_memory": mode}
+                clock.say(f"{name}: frontends {frontends} skipped ({max(left, 0):.0f} s left)")
+                save()
+                continue
+            clock.say(f"{name}: serving with {frontends} frontend process(es), modes {','.join(modes)}")
+
+            def on_results(entries: dict, row=row) -> None:
+                row.update(entries)
+                save()
+
+            # Its share: a generous start, every measurement's budget, the stop; never past the run's end.
+            measurements = len(modes) * len(args.variants.split(",")) * len(args.levels.split(","))
+            need = 2 * args.server_start_s + measurements * args.measure_budget_s + STOP_S
+            served(plan, out / "runs" / f"{name}_f{frontends}", args, modes, frontends, min(left, need), clock,
+                   on_results)
+            clock.say(f"{name}: frontends {frontends} done")
+    clock.say("finished")
 
 
 if __name__ == "__main__":

@@ -237,6 +237,7 @@ class CudaRegion(Region):
         super().__init__(name, byte_size)
         self.device_id = device_id
         self._ipc = ipc
+        self._stream = None  # where outputs are copied in (write), made at the first
         self._ptr, size = ipc.open(raw_handle, device_id, name)
         try:
             if size is not None and byte_size > size:
@@ -272,9 +273,20 @@ class CudaRegion(Region):
         host = data.reshape(-1).view(np.uint8)
         if not host.flags.writeable:
             host = host.copy()  # torch.from_numpy warns on read-only arrays
-        self.tensor[offset:offset + data.nbytes].copy_(torch.from_numpy(host))
-        if self.tensor.device.type == "cuda":
-            torch.cuda.synchronize(self.tensor.device)  # the client reads the region once the response arrives
+        target, source = self.tensor[offset:offset + data.nbytes], torch.from_numpy(host)
+        if target.device.type != "cuda":
+            target.copy_(source)
+            return
+        # The client reads the region once the response arrives, so the copy must be done before this
+        # returns; but only this copy. A device-wide synchronize here (it runs on the event loop) would
+        # wait for whatever batch the engine is running, once per response; the thread's default stream
+        # would too (the batcher's default stream waits on the engine's). A high-priority stream comes
+        # from another pool than the engines' (default-priority) streams.
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(target.device, priority=-1)
+        with torch.cuda.stream(self._stream):
+            target.copy_(source)
+        self._stream.synchronize()
 
     def _close(self) -> None:
         self.tensor = None
