@@ -74,6 +74,8 @@ def _tactic(node, device: torch.device) -> str:
         return f"torch.conv ({library}) + triton epilogue"
     if chosen == "channels_last":
         return f"torch.conv channels-last ({library}) + torch epilogue"
+    if chosen == "triton_depthwise":
+        return "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue"
     if chosen == "triton_nhwc":
         if node.op_type in ("Resize", "Upsample"):
             return "triton channels-last nearest upsample"

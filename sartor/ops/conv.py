@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
-from ..kernels.epilogue import epilogue_supported, fused_epilogue, pixel_stride, triton
+from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
+from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
 from .registry import OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -120,17 +121,33 @@ def _conv_channels_last(x, w, b, residual, attrs):
     return _torch_epilogue(y, residual, attrs)
 
 
+def _geometry_2d(x: torch.Tensor, w: torch.Tensor, attrs: dict) -> ConvGeometry:
+    strides, dilations, begin, end = conv_geometry(x, w, attrs)
+    kernel = w.shape[2:]
+    out_hw = tuple((size + lo + hi - d * (k - 1) - 1) // s + 1
+                   for size, lo, hi, d, k, s in zip(x.shape[2:], begin, end, dilations, kernel, strides))
+    return ConvGeometry(tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), out_hw)
+
+
 def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: bool = True) -> ConvGeometry | None:
     """The geometry the implicit-GEMM kernel needs, or None when it does not apply: it runs dense
     (group 1) 2-D convolutions of CUDA tensors (of any tensors under Triton's interpreter, for
     tests, with `require_cuda=False`)."""
     if triton is None or (require_cuda and not x.is_cuda) or x.dim() != 4 or attrs.get("group", 1) != 1:
         return None
-    strides, dilations, begin, end = conv_geometry(x, w, attrs)
-    kernel = w.shape[2:]
-    out_hw = tuple((size + lo + hi - d * (k - 1) - 1) // s + 1
-                   for size, lo, hi, d, k, s in zip(x.shape[2:], begin, end, dilations, kernel, strides))
-    return ConvGeometry(tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), out_hw)
+    return _geometry_2d(x, w, attrs)
+
+
+def depthwise_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: bool = True) -> ConvGeometry | None:
+    """The geometry the depthwise kernel needs, or None when it does not apply: 2-D convolutions
+    with group = C = Cout (channel multiplier 1) of float channels-last CUDA tensors (any tensors
+    under Triton's interpreter, with `require_cuda=False`) and an epilogue the kernel knows."""
+    if (require_cuda and not x.is_cuda) or not depthwise_supported(x, w) or attrs.get("group", 1) != x.shape[1]:
+        return None
+    if attrs.get("activation") not in ACTIVATION_CODES:
+        return None
+    geometry = _geometry_2d(x, w, attrs)
+    return geometry if min(geometry.out_hw) > 0 else None
 
 
 def igemm_epilogue(attrs: dict) -> dict:
@@ -149,19 +166,32 @@ def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig, out: torch.Tensor | 
     return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, **igemm_epilogue(attrs))
 
 
+def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, require_cuda: bool = True):
+    """The Triton depthwise kernel with the whole epilogue, its result new or in `out`; None where
+    the kernel does not apply (then the layer runs as "torch" does)."""
+    geometry = depthwise_geometry(x, w, attrs, require_cuda)
+    if geometry is None:
+        return None
+    if residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1], *geometry.out_hw):
+        return None  # a broadcast residual: torch's epilogue handles it
+    return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, **igemm_epilogue(attrs))
+
+
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
     """A FusedConv weight in the layout its tactic reads (the executor stores it so once, at load)."""
     if tactic == "channels_last" and w.dim() == 4:
         return w.contiguous(memory_format=torch.channels_last)
     if tactic is not None and TileConfig.parse(tactic) is not None:
         return pack_weight(w)
+    if tactic == "triton_depthwise" and w.dim() == 4 and w.shape[1] == 1:
+        return pack_depthwise_weight(w)
     return w
 
 
 def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     """FusedConv written straight into `out` (a channel slice of a Concat's buffer) by the tactics
-    whose last kernel can store there: the implicit GEMM and the Triton epilogue. None for the
-    others: the layer then runs as usual and the Concat copies its result."""
+    whose last kernel can store there: the implicit GEMM, the depthwise kernel and the Triton
+    epilogue. None for the others: the layer then runs as usual and the Concat copies its result."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
@@ -171,15 +201,17 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     tile = TileConfig.parse(tactic)
     if tile is not None:
         return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
+    if tactic == "triton_depthwise":
+        return _conv_depthwise(x, w, b, residual, attrs, out=out)
     if tactic == "triton_epilogue" and x.is_cuda:
         return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
     return None
 
 
 # Implementations of one fused conv that the builder times against each other (tactics): on CUDA
-# the library ones and the implicit-GEMM tiles ("igemm_..."), on the CPU "torch" and
-# "channels_last". "torch" is the reference.
-FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*")
+# the library ones, the implicit-GEMM tiles ("igemm_...") and, for depthwise convs, the Triton
+# depthwise kernel; on the CPU "torch" and "channels_last". "torch" is the reference.
+FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*", "triton_depthwise")
 
 
 def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -200,6 +232,8 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
             tactics.append("cudnn_fused")
         if x.dtype in (torch.float16, torch.bfloat16) and igemm_geometry(x, w, attrs) is not None:
             tactics += [tile.name for tile in candidate_tiles(int8=False, effort=effort)]
+        if depthwise_geometry(x, w, attrs) is not None:
+            tactics.append("triton_depthwise")
     return tactics
 
 
@@ -219,6 +253,10 @@ def fused_conv(inputs, attrs):
             return y
     if tactic == "channels_last" and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
+    if tactic == "triton_depthwise":
+        y = _conv_depthwise(x, w, b, residual, attrs)
+        if y is not None:
+            return y
     tile = TileConfig.parse(tactic)
     if tile is not None:
         y = _conv_igemm(x, w, b, residual, attrs, tile)
