@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The tests whose kernels only compile and run natively on a GPU (Triton, CUDA shared memory, FP8
+# tensor cores, kernels inside the engine), in one device call: a summary line per file under $OUT.
+#   OUT=... bash bench/h200_checks.sh [SECONDS_PER_FILE]
+set -uo pipefail
+per_file=${1:-90}
+files="test_kernels_igemm test_kernels_epilogue test_kernels_pool test_kernels_resize test_kernels_depthwise
+       test_yolo_head test_fp8 test_quant_passthrough test_tactics test_concat_plan test_executor_layout
+       test_kernel_store test_serve_shm test_serve_shm_stream test_serve_frontends"
+mkdir -p "$OUT/checks"
+for f in $files; do
+  [ -f "tests/$f.py" ] || continue
+  start=$(date +%s)
+  timeout "$per_file" python -m pytest -q -rs -p no:cacheprovider "tests/$f.py" > "$OUT/checks/$f.txt" 2>&1
+  rc=$?
+  echo "$f rc=$rc $(( $(date +%s) - start ))s: $(tail -1 "$OUT/checks/$f.txt")" | tee -a "$OUT/checks/summary.txt"
+done
