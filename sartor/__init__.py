@@ -15,7 +15,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           calib_balance_by: str | None = None, data: str | None = None, split_by: str | None = None,
           accuracy_budget: float | None = None, classes: list | None = None,
           int8_fallback_precision: str | None = None, min_cosine: float | None = None,
-          cosine_samples: int | None = None, embed_kernels: bool | None = None):
+          cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
+          decoder: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -32,7 +33,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     INT8 build's other layers run at (by default FP16 on CUDA, FP32 on the CPU).
     `min_cosine` and `cosine_samples` are `--min-cosine` and `--cosine-samples`: the planner's
     label-free target (the engine's outputs against FP32 on held-out samples), instead of
-    `accuracy_budget`. `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not
+    `accuracy_budget`; `min_snr` is `--min-snr` (the other label-free target: the worst output's SNR
+    in dB against FP32 on the same held-out samples) and `decoder` `--decoder` (compare a detector's
+    boxes and scores apart for those targets). `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not
     carry its compiled Triton kernels (a smaller file; the first run on a fresh machine compiles them).
     """
     from .builder import BuildConfig
@@ -53,7 +56,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "split_by": split_by, "accuracy_budget": accuracy_budget,
         "classes": None if classes is None else list(classes),
         "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
-        "cosine_samples": cosine_samples, "embed_kernels": embed_kernels,
+        "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

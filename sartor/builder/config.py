@@ -61,7 +61,14 @@ class BuildConfig:
     # FP32 model's on up to cosine_samples held-out samples (images of --data, else samples of --calib
     # that calibration does not use); the worst output's mean per-sample cosine must reach min_cosine.
     min_cosine: float | None = None
+    # The other label-free target: the SNR in dB of the engine's outputs against FP32 on the same
+    # held-out samples; the worst output's (with `decoder`, the worst output group's) must reach it.
+    min_snr: float | None = None
+    # How many held-out samples either label-free target measures on (the name predates --min-snr).
     cosine_samples: int = 64
+    # The label-free targets compare a detector's boxes and scores apart (yolo | boxes), as
+    # `sartor sensitivity --decoder` does; None: each output on its own.
+    decoder: str | None = None
     classes: list | None = None  # the class names of --data in the model's output order (as `sartor validate --classes`)
 
     def validate(self) -> None:
@@ -85,6 +92,14 @@ class BuildConfig:
         """Whether any layer may run INT8 or FP8 (both need activation scales from calibration)."""
         asked = (self.precision, *self.layer_precision.values(), *self.op_precision.values())
         return any(p in QUANTIZED_PRECISIONS for p in asked)
+
+    def planner_flag(self) -> str | None:
+        """The planner target asked for, as its flag ("--min-snr 30"), or None: no planner."""
+        for flag, value in (("--accuracy-budget", self.accuracy_budget), ("--min-cosine", self.min_cosine),
+                            ("--min-snr", self.min_snr)):
+            if value is not None:
+                return f"{flag} {value:g}"
+        return None
 
     def _wants_fp8(self) -> bool:
         return "fp8" in (self.precision, *self.layer_precision.values(), *self.op_precision.values())
@@ -123,27 +138,36 @@ class BuildConfig:
     def _validate_planner(self) -> None:
         if self.cosine_samples < 1:
             raise ConfigError(f"--cosine-samples {self.cosine_samples} must be at least 1")
-        if self.min_cosine is not None:
-            # `not 0 < x <= 1` also refuses NaN.
-            if not 0.0 < self.min_cosine <= 1.0:
-                raise ConfigError(f"--min-cosine {self.min_cosine:g} must be in (0, 1]")
-            if self.accuracy_budget is not None:
-                raise ConfigError("--min-cosine and --accuracy-budget are two planner targets: give one (the budget "
-                                  "needs --data with labels or a reference, the cosine needs no labels)")
-            if self.precision != "int8":
-                raise ConfigError(f"--min-cosine moves layers out of INT8: it needs --precision int8, "
-                                  f"not {self.precision}")
+        targets = [flag for flag, value in (("--min-cosine", self.min_cosine), ("--min-snr", self.min_snr),
+                                            ("--accuracy-budget", self.accuracy_budget)) if value is not None]
+        if len(targets) > 1:
+            count = "two" if len(targets) == 2 else "three"
+            raise ConfigError(f"{' and '.join(targets)} are {count} planner targets: give one (the budget needs "
+                              f"--data with labels or a reference; --min-cosine and --min-snr need no labels)")
+        # `not 0 < x <= 1` also refuses NaN.
+        if self.min_cosine is not None and not 0.0 < self.min_cosine <= 1.0:
+            raise ConfigError(f"--min-cosine {self.min_cosine:g} must be in (0, 1]")
+        if self.min_snr is not None and not abs(self.min_snr) < float("inf"):
+            raise ConfigError(f"--min-snr {self.min_snr:g} must be a finite number of dB")
+        if targets and self.precision not in QUANTIZED_PRECISIONS:
+            raise ConfigError(f"{targets[0]} moves layers out of the quantized precision: it needs --precision int8 "
+                              f"or fp8, not {self.precision}")
+        if self.min_cosine is not None or self.min_snr is not None:
+            flag = targets[0]
             if not self.calib and not self.data:
-                raise ConfigError("--min-cosine needs samples to measure on: --calib DATA (the samples calibration "
-                                  "does not use) or --data VAL")
+                raise ConfigError(f"{flag} needs samples to measure on: --calib DATA (the samples calibration "
+                                  f"does not use) or --data VAL")
             if self.data and not self.preprocess:
-                raise ConfigError("--min-cosine with --data needs --preprocess (how the --data images become the input)")
+                raise ConfigError(f"{flag} with --data needs --preprocess (how the --data images become the input)")
+        elif self.decoder is not None:
+            raise ConfigError(f"--decoder {self.decoder} groups the outputs --min-snr and --min-cosine compare: "
+                              f"give one of them (`sartor validate --decoder` decodes for the metric)")
+        if self.decoder is not None:
+            from ..quant.sensitivity import check_decoder
+            check_decoder(self.decoder)
         if self.accuracy_budget is not None:
             if not 0.0 <= self.accuracy_budget < float("inf"):
                 raise ConfigError(f"--accuracy-budget {self.accuracy_budget:g} must be a finite value ≥ 0")
-            if self.precision != "int8":
-                raise ConfigError(f"--accuracy-budget moves layers out of INT8: it needs --precision int8, "
-                                  f"not {self.precision}")
             if not self.data:
                 raise ConfigError("--accuracy-budget needs --data VAL (the validation set the drop is measured on)")
             if not self.preprocess:
@@ -152,7 +176,8 @@ class BuildConfig:
             raise ConfigError(f"--split-by {self.split_by} needs --data VAL")
         if self.data:
             if not self.wants_calibration():
-                raise ConfigError("--data is for INT8 builds (calibration coverage, --accuracy-budget, --min-cosine): "
+                raise ConfigError("--data is for INT8 builds and FP8 ones (calibration coverage, --accuracy-budget, "
+                                  "--min-cosine, --min-snr): "
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")

@@ -229,7 +229,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
                                                  warn_and_keep)
         done("calibrate")
-        if config.accuracy_budget is not None or config.min_cosine is not None:
+        if config.planner_flag() is not None:
             stage("planner")
             from ..quant.planner import plan_for_target
             plan, planner = plan_for_target(graph, weights, plan, amax, calibration, config, imported.sha256, device,

@@ -93,6 +93,11 @@ INT8:
   --min-cosine 0.99 (instead of --accuracy-budget) needs no labels: the same search, until every
   output's mean per-sample cosine against FP32 reaches 0.99 on --cosine-samples held-out samples
   (VAL when given, else --calib samples beyond the calibration draw; never a calibration sample).
+  --min-snr 30 (instead of either) needs no labels either: the same search on the same held-out
+  samples, until every output's SNR against FP32, 10·log10(Σref² / Σ(ref−out)²) over the samples,
+  reaches 30 dB. --decoder yolo|boxes makes both label-free targets compare a detector's boxes and
+  scores apart (as `sartor sensitivity --decoder`), so that box coordinates in pixels do not drown
+  the scores' error; the worst group decides.
 
 FP8:
   --precision fp8 --calib DATA quantizes the same layers to FP8 E4M3 instead (per-channel weight
@@ -100,8 +105,9 @@ FP8:
   float32 bias), with the same output-head rule and --int8-fallback-precision for the other
   layers; --layer-precision NODE=fp8 or --op-precision Conv=fp8 pins layers in any build. On the
   CPU FP8 layers run an exact emulation; on CUDA the FP8 tensor-core kernel needs compute
-  capability 8.9 or newer (elsewhere the emulation runs). --accuracy-budget and --min-cosine
-  plan INT8 builds only.
+  capability 8.9 or newer (elsewhere the emulation runs). --accuracy-budget, --min-cosine and
+  --min-snr plan FP8 builds as they plan INT8 ones: the layers FP8 hurts most (ranked as `sartor
+  sensitivity --precision fp8` ranks them) move to the fallback precision.
 
 tactics:
   Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
@@ -172,8 +178,16 @@ def add_parser(subparsers, parents) -> None:
                    help="INT8, no labels needed: keep the most sensitive layers out of INT8 until, for every output, "
                         "the mean per-sample cosine against FP32 on held-out samples (--data, else --calib samples "
                         "that calibration does not use) is at least C (e.g. 0.99)")
+    p.add_argument("--min-snr", type=float, metavar="DB",
+                   help="INT8/FP8, no labels needed: keep the most sensitive layers out of the quantized precision "
+                        "until every output's SNR against FP32 on the held-out samples of --min-cosine is at least "
+                        "DB decibels (e.g. 30)")
     p.add_argument("--cosine-samples", type=int, default=BuildConfig.cosine_samples, metavar="N",
-                   help=f"held-out samples --min-cosine is measured on (default {BuildConfig.cosine_samples})")
+                   help=f"held-out samples --min-cosine and --min-snr are measured on (default "
+                        f"{BuildConfig.cosine_samples})")
+    p.add_argument("--decoder", metavar="yolo|boxes",
+                   help="with --min-snr or --min-cosine: compare a detector's boxes and scores apart (yolo: the raw "
+                        "[B, 4+C, N] head; boxes: boxes [B,N,4] with scores); default: each output as a whole")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.add_argument("--no-embed-kernels", action="store_true",
@@ -228,7 +242,8 @@ def config_from_args(args) -> BuildConfig:
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,
         data=args.data, split_by=args.split_by,
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
-        min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels)
+        min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
+        min_snr=args.min_snr, decoder=args.decoder)
 
 
 def run(args) -> int:
@@ -281,6 +296,10 @@ def _cosine(value) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
+def _db(value) -> str:
+    return "nan" if value is None else f"{value:.2f} dB"
+
+
 def print_summary(out, result) -> None:
     header = result.header
     profiles = [Profile.from_json(p) for p in header["profiles"]]
@@ -305,15 +324,21 @@ def print_summary(out, result) -> None:
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")
-    if planner and planner.get("target") == "min_cosine":
+    word = planner.get("quantized", "int8").upper() if planner else ""
+    if planner and planner.get("target") == "min_snr":
+        rows.append(("min SNR", f"{planner['min_snr']:g} dB on {planner['held_out']['samples']} held-out samples: "
+                                f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
+                                f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
+                                + ", ".join(f"{k} {_db(v['snr_db'])}" for k, v in planner["outputs"].items())))
+    elif planner and planner.get("target") == "min_cosine":
         rows.append(("min cosine", f"{planner['min_cosine']:g} on {planner['held_out']['samples']} held-out samples: "
-                                   f"{len(planner['kept_out'])} of {len(planner['ranking'])} INT8 layer(s) kept at "
+                                   f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
                                    f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
                                    + ", ".join(f"{k} mean {_cosine(v['mean'])} (min {_cosine(v['min'])})"
                                                for k, v in planner["outputs"].items())))
     elif planner:
         rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "
-                                        f"{len(planner['ranking'])} INT8 layer(s) kept at {planner['precision']} after "
+                                        f"{len(planner['ranking'])} {word} layer(s) kept at {planner['precision']} after "
                                         f"{len(planner['iterations'])} measurement(s); drop "
                                         + ", ".join(f"{k} {_drop(v)}" for k, v in planner["drops"].items())))
     if "kernels" in header:

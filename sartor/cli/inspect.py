@@ -82,34 +82,45 @@ def _cosine(value) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
-def print_cosine_planner(out, planner: dict) -> None:
-    """The planner's --min-cosine target: where it measured, each measured plan with the mean and
-    minimum cosine per output, and the layers kept."""
+def _snr(value) -> str:
+    return "nan" if value is None else f"{value:.2f}"
+
+
+def print_label_free_planner(out, planner: dict) -> None:
+    """The planner's --min-cosine (--min-snr) target: where it measured, each measured plan with the
+    mean and minimum cosine (the SNR) per output, and the layers kept."""
+    word = planner.get("quantized", "int8").upper()
     held = planner["held_out"]
     names = list(planner["iterations"][0]["outputs"]) if planner["iterations"] else []
-    title = (f"INT8 planner: min cosine {planner['min_cosine']:g} ({planner['statistic']}) on {held['samples']} "
-             f"held-out samples of {held['source']}; INT8 layers ranked on "
-             f"{planner['sensitivity'].get('samples', 0)} samples")
+    if planner["target"] == "min_snr":
+        goal, stats, shown = f"min SNR {planner['min_snr']:g} dB", ("snr_db",), _snr
+    else:
+        goal, stats, shown = f"min cosine {planner['min_cosine']:g}", ("mean", "min"), _cosine
+    title = (f"{word} planner: {goal} ({planner['statistic']}) on {held['samples']} "
+             f"held-out samples of {held['source']}" + (f", outputs grouped by --decoder {planner['decoder']}"
+                                                        if planner.get("decoder") else "")
+             + f"; {word} layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
     t = table(title, "iteration", f"layers at {planner['precision']}",
-              *(f"{n} {stat}" for n in names for stat in ("mean", "min")), "target", "seconds")
+              *(f"{n} {stat.replace('snr_db', 'SNR dB')}" for n in names for stat in stats), "target", "seconds")
     for k, it in enumerate(planner["iterations"]):
-        cells = [_cosine(it["outputs"][n][stat]) for n in names for stat in ("mean", "min")]
+        cells = [shown(it["outputs"][n][stat]) for n in names for stat in stats]
         t.add_row(str(k), str(it["layers_out"]), *cells, "meets" if it["holds"] else "under", f"{it['seconds']:.1f}")
     out.print(t)
     out.print(text(f"  held-out samples disjoint from calibration: {held['disjoint']}"))
     kept = planner["kept_out"]
-    out.print(text(f"  kept out of INT8 ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+    out.print(text(f"  kept out of {word} ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
 
 
 def print_planner(out, planner: dict) -> None:
-    """The INT8 accuracy planner: the budget, each measured plan with its drops, and the layers kept."""
-    if planner.get("target") == "min_cosine":
-        print_cosine_planner(out, planner)
+    """The accuracy planner: the budget, each measured plan with its drops, and the layers kept."""
+    if planner.get("target") in ("min_cosine", "min_snr"):
+        print_label_free_planner(out, planner)
         return
+    word = planner.get("quantized", "int8").upper()
     splits = list(planner["iterations"][0]["drops"]) if planner["iterations"] else []
-    title = (f"INT8 planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
+    title = (f"{word} planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
              f"({planner['images']} images" + (f", split by {planner['split_by']}" if planner.get("split_by") else "")
-             + f"); INT8 layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
+             + f"); {word} layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
     t = table(title, "iteration", f"layers at {planner['precision']}", *(f"{s} drop" for s in splits), "budget",
               "seconds")
     for k, it in enumerate(planner["iterations"]):
@@ -117,7 +128,7 @@ def print_planner(out, planner: dict) -> None:
                   "holds" if it["holds"] else "over", f"{it['seconds']:.1f}")
     out.print(t)
     kept = planner["kept_out"]
-    out.print(text(f"  kept out of INT8 ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+    out.print(text(f"  kept out of {word} ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
 
 
 def _fingerprint_here(header: dict) -> dict:

@@ -1,4 +1,5 @@
-"""The INT8 accuracy planner. Two targets, one at a time:
+"""The accuracy planner of quantized builds (--precision int8, or fp8: FP8 E4M3; "INT8" below
+stands for the build's quantized format). Three targets, one at a time:
 
 - `sartor build --precision int8 --accuracy-budget B --data VAL [--split-by ATTR]`: the task
   metric's drop against the FP32 ONNX model, measured with `sartor.validate` on labelled (or
@@ -9,6 +10,12 @@
   between engine and FP32 per sample, averaged over the samples; the worst output's mean must be
   at least C. The minimum over samples is recorded and shown, not gated on: one near-zero output
   (a blank image) can have any cosine, and a gate on the minimum would chase that sample.
+- `sartor build --precision int8 --calib DATA --min-snr DB [--decoder yolo|boxes]`: no labels
+  either, on the same held-out samples: for each output, the SNR 10·log10(Σref² / Σ(ref−engine)²)
+  over all held-out samples against FP32; the worst output's must be at least DB. With --decoder
+  (either label-free target), a detector's boxes and scores are compared apart, as `sartor
+  sensitivity --decoder` does, and the worst group decides: box coordinates in pixels would
+  otherwise drown the scores' error.
 
 The held-out samples are never calibration samples. They are up to N (--cosine-samples) images
 of --data when given, else samples of --calib, always without the calibration draw: for an
@@ -33,7 +40,8 @@ the most sensitive INT8 layers move to the higher precision (FP16 on CUDA, FP32 
 
 Each layer kept out records why ("planner: sensitivity rank k, SNR x dB; needed for budget B
 (night drop 0.012 → 0.004)", or "needed for --min-cosine 0.99 (logits mean cosine 0.9843 →
-0.9921)"), and the engine header's "planner" record holds the target, the ranking and every
+0.9921)", or "needed for --min-snr 30 (logits SNR 21.40 dB → 31.02 dB)"), and the engine
+header's "planner" record holds the target, the quantized format ("quantized"), the ranking and every
 measured iteration (`sartor inspect` shows them). When the target still fails with every INT8
 layer moved out, the build fails with one line (PlannerError).
 
@@ -49,6 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -59,6 +68,7 @@ from ..ir import Graph
 SENSITIVITY_SAMPLES = 32  # calibration samples the ranking runs on (each INT8 layer costs one pass over them)
 DROP_EPS = 1e-9  # float noise allowed over the budget, as in `sartor validate --max-drop`
 COSINE_EPS = 1e-12  # float noise allowed under --min-cosine (cosines are computed in float64)
+SNR_EPS = 1e-9  # float noise allowed under --min-snr, in dB
 
 
 class PlannerError(SartorError):
@@ -99,35 +109,70 @@ class Trial:
 
 
 @dataclass
-class CosineTrial:
-    """One plan measured for --min-cosine: per output, the per-sample cosine against FP32 averaged
-    over the held-out samples ("mean"), its minimum ("min") and the output's SNR over all samples
-    ("snr_db"). None stands for a figure that is not finite (a NaN in the engine's output)."""
+class OutputTrial:
+    """One plan measured for a label-free target: per output (or output group), the per-sample
+    cosine against FP32 averaged over the held-out samples ("mean"), its minimum ("min") and the
+    SNR over all samples ("snr_db"; +inf when the engine matches exactly). None stands for a figure
+    that is not finite (a NaN in the engine's output). `key` names the figure the target gates on."""
     kept_out: list
     outputs: dict  # output name -> {"mean": float | None, "min": float | None, "snr_db": float | None}
     seconds: float = 0.0
+    key: ClassVar[str]
+    label: ClassVar[str]  # the figure, in words
+    eps: ClassVar[float]
+
+    def value(self, name: str) -> float | None:
+        return self.outputs[name][self.key]
 
     def under(self, target: float) -> list[str]:
-        return [k for k, o in self.outputs.items() if o["mean"] is None or o["mean"] < target - COSINE_EPS]
+        return [k for k in self.outputs if self.value(k) is None or self.value(k) < target - self.eps]
 
     def holds(self, target: float) -> bool:
         return not self.under(target)
 
     def worst(self) -> tuple[str, float | None]:
-        """The output with the lowest mean cosine (a non-finite one first)."""
-        name = min(self.outputs, key=lambda k: (self.outputs[k]["mean"] is not None, self.outputs[k]["mean"] or 0.0))
-        return name, self.outputs[name]["mean"]
+        """The output with the lowest figure (a non-finite one first)."""
+        name = min(self.outputs, key=lambda k: (self.value(k) is not None, self.value(k) or 0.0))
+        return name, self.value(name)
+
+    @staticmethod
+    def format(value: float | None) -> str:
+        raise NotImplementedError
 
     def describe(self) -> str:
-        return ", ".join(f"{k} mean {_cos(o['mean'])} (min {_cos(o['min'])})" for k, o in self.outputs.items())
+        raise NotImplementedError
 
     def to_json(self, target: float) -> dict:
         return {"layers_out": len(self.kept_out), "kept_out": list(self.kept_out), "outputs": self.outputs,
                 "holds": self.holds(target), "seconds": round(self.seconds, 3)}
 
 
-def search(ranking: list[str], measure: Callable[[list[str]], Trial | CosineTrial],
-           target: float) -> tuple[Trial | CosineTrial | None, list]:
+class CosineTrial(OutputTrial):
+    """--min-cosine: gated on each output's mean per-sample cosine."""
+    key, label, eps = "mean", "mean cosine", COSINE_EPS
+
+    @staticmethod
+    def format(value: float | None) -> str:
+        return _cos(value)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} mean {_cos(o['mean'])} (min {_cos(o['min'])})" for k, o in self.outputs.items())
+
+
+class SnrTrial(OutputTrial):
+    """--min-snr: gated on each output's SNR over all held-out samples."""
+    key, label, eps = "snr_db", "SNR", SNR_EPS
+
+    @staticmethod
+    def format(value: float | None) -> str:
+        return _db(value)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {_db(o['snr_db'])}" for k, o in self.outputs.items())
+
+
+def search(ranking: list[str], measure: Callable[[list[str]], Trial | OutputTrial],
+           target: float) -> tuple[Trial | OutputTrial | None, list]:
     """(the first plan found that holds, or None; every trial in order). `measure(names)` measures
     the plan with the layers `names` kept out of INT8, and `trial.holds(target)` judges it; only
     prefixes of `ranking` are tried."""
@@ -189,8 +234,8 @@ def sample_cosines(reference: np.ndarray, engine: np.ndarray, batch: int) -> np.
 
 def compare_outputs(reference: list[dict], engine: list[dict], sizes: list[int]) -> dict:
     """Per output name: {"mean", "min"} of the per-sample cosines over all batches, and "snr_db"
-    (10·log10 of signal over error energy, over all samples). `reference`/`engine` hold one
-    {name: array} per batch, of `sizes` samples each."""
+    (10·log10 of signal over error energy, over all samples; +inf when they are equal). `reference`/
+    `engine` hold one {name: array} per batch, of `sizes` samples each."""
     result = {}
     for name in reference[0]:
         cosines, signal, noise = [], 0.0, 0.0
@@ -200,7 +245,8 @@ def compare_outputs(reference: list[dict], engine: list[dict], sizes: list[int])
             signal, noise = signal + float((r * r).sum()), noise + float(((r - g) ** 2).sum())
         cos = np.concatenate(cosines)
         snr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
-        result[name] = {"mean": _finite(cos.mean()), "min": _finite(cos.min()), "snr_db": _finite(snr)}
+        result[name] = {"mean": _finite(cos.mean()), "min": _finite(cos.min()),
+                        "snr_db": snr if snr == math.inf else _finite(snr)}  # an exact match meets any --min-snr
     return result
 
 
@@ -217,13 +263,18 @@ def _cos(value: float | None) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
+def _db(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.2f} dB"
+
+
 def _finite(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
 def _ranking(graph: Graph, weights: dict, amax: dict, candidates: list[str], config, device: torch.device,
-             profiles: list) -> tuple[list, dict]:
-    """The candidates, least robust first, and where the ranking was measured."""
+             profiles: list, precision: str) -> tuple[list, dict]:
+    """The candidates, least robust first when quantized alone to `precision`, and where the ranking
+    was measured."""
     from .data import open_calibration
     from .sensitivity import layer_sensitivity
     from .stage import calibration_batch_size, open_build_calibration
@@ -236,21 +287,22 @@ def _ranking(graph: Graph, weights: dict, amax: dict, candidates: list[str], con
         source = f"--data {config.data} (no --calib given)"
         batches = list(open_calibration(config.data, graph.inputs, limit, calibration_batch_size(graph, profiles),
                                         config.preprocess_spec(), config.split_by, config.seed))
-    report = layer_sensitivity(graph, weights, batches, amax, device, layers=set(candidates))
+    report = layer_sensitivity(graph, weights, batches, amax, device, layers=set(candidates), precision=precision)
     where = {"samples": report.samples, "source": source, "seconds": round(time.perf_counter() - started, 3)}
     return report.layers, where
 
 
-# ---- the samples --min-cosine is measured on ------------------------------------------------------------
+# ---- the samples --min-cosine and --min-snr are measured on ------------------------------------------------------------
 
 def _resolved(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) -> tuple[list[dict], dict]:
+def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
+                     flag: str = "--min-cosine") -> tuple[list[dict], dict]:
     """(up to config.cosine_samples held-out batches, where they came from): images of --data, else
-    samples of --calib, without the calibration draw (module docstring). Raises ConfigError when
-    nothing is left to measure on."""
+    samples of --calib, without the calibration draw (module docstring). Raises ConfigError, naming
+    the target's `flag`, when nothing is left to measure on."""
     from ..data import balanced_sample, iterate_batches, open_dataset
     from .data import (
         ARRAY_SUFFIXES,
@@ -281,7 +333,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) ->
         start = min(available, config.calib_size)
         stop = min(available, start + limit)
         if stop <= start:
-            raise ConfigError(f"--min-cosine measures on samples calibration does not use, but --calib {config.calib} "
+            raise ConfigError(f"{flag} measures on samples calibration does not use, but --calib {config.calib} "
                               f"holds {available} and calibration uses {start} (--calib-size {config.calib_size}): "
                               f"give more samples than --calib-size, or --data with other images")
         samples = CalibrationSet(str(config.calib), _array_batches({k: a[start:stop] for k, a in arrays.items()},
@@ -290,7 +342,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) ->
     else:
         path = config.data or config.calib
         if len(graph.inputs) != 1:
-            raise ConfigError(f"--min-cosine: image datasets feed one-input models, and this one has "
+            raise ConfigError(f"{flag}: image datasets feed one-input models, and this one has "
                               f"{len(graph.inputs)}; give --calib as a .npz with one array per input")
         pool = list(open_dataset(path).samples)
         if drawn is not None and drawn.samples is not None:  # both image datasets: leave the drawn images out
@@ -298,9 +350,9 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) ->
             pool = [s for s in pool if _resolved(s.path) not in used]
         elif config.data and calib_is_array:
             disjoint = f"assumed: --calib {config.calib} holds arrays, which cannot be matched with the --data images"
-        flag = "--data" if config.data else "--calib"
+        source_flag = "--data" if config.data else "--calib"
         if not pool:
-            raise ConfigError(f"--min-cosine measures on images calibration does not use, but every image of {flag} "
+            raise ConfigError(f"{flag} measures on images calibration does not use, but every image of {source_flag} "
                               f"{path} is in the calibration draw (--calib-size {config.calib_size}): give --data "
                               f"with other images, or a smaller --calib-size")
         by = config.split_by if config.data else config.calib_balance_by
@@ -311,7 +363,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict) ->
             for array, _, _ in iterate_batches(chosen, spec, batch):
                 yield {info.name: _check(info.name, array, info, Path(path))}
         samples = CalibrationSet(str(path), batches, len(chosen), chosen)
-        source = f"{flag} {path}: {len(chosen)} of {len(pool)} images outside the calibration draw" + (
+        source = f"{source_flag} {path}: {len(chosen)} of {len(pool)} images outside the calibration draw" + (
             f", drawn equally by {by}" if by else "")
     loaded = list(samples)
     return loaded, {"source": source, "samples": samples.size, "sha256": samples.sha256, "disjoint": disjoint}
@@ -330,27 +382,43 @@ def fp32_outputs(graph: Graph, weights: dict, batches: list[dict], device: torch
     return results
 
 
-def measure_cosine(engine_path: str | Path, batches: list[dict], reference: list[dict],
-                   device: torch.device) -> CosineTrial:
-    """Run the engine at `engine_path` on `batches` and compare with the FP32 `reference` outputs."""
+def engine_outputs(engine_path: str | Path, batches: list[dict], device: torch.device) -> list[dict]:
+    """The outputs of the engine at `engine_path` on `batches`."""
     from ..runtime import load
     context = load(engine_path, str(device)).context()
     outputs = []
     for batch in batches:
         result = context.run({k: np.ascontiguousarray(v) for k, v in batch.items()})
         outputs.append({k: np.asarray(v, np.float32) for k, v in result.items()})
-    sizes = [len(next(iter(batch.values()))) for batch in batches]
-    return CosineTrial([], compare_outputs(reference, outputs, sizes))
+    return outputs
 
 
-# ---- the two targets --------------------------------------------------------------------------------------
+def batch_sizes(batches: list[dict]) -> list[int]:
+    return [len(next(iter(batch.values()))) for batch in batches]
+
+
+def grouped_outputs(outputs: list[dict], groups, sizes: list[int]) -> list[dict]:
+    """Each batch's outputs split into `groups` (`sensitivity.output_groups`: boxes, scores, …;
+    None: as they are). A group comes back flat; where it divides into the batch's samples it is
+    shaped [samples, -1] again (the groups are cut per anchor, sample-major), so that the cosine
+    stays per sample."""
+    if groups is None:
+        return outputs
+    result = []
+    for batch, size in zip(outputs, sizes):
+        flat = groups({k: np.asarray(v, np.float64) for k, v in batch.items()})
+        result.append({k: a.reshape(size, -1) if size and a.size % size == 0 else a for k, a in flat.items()})
+    return result
+
+
+# ---- the three targets --------------------------------------------------------------------------------------
 
 class _BudgetTarget:
     """--accuracy-budget: the metric drop on --data, overall and per split."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, word: str) -> None:
         from ..data import open_dataset
-        self.config, self.value = config, config.accuracy_budget
+        self.config, self.value, self.word = config, config.accuracy_budget, word
         self.flag = f"--accuracy-budget {self.value:g}"
         self.dataset = open_dataset(config.data, class_names=config.classes)  # before the ranking: a bad --data fails now
 
@@ -372,8 +440,8 @@ class _BudgetTarget:
     def unreachable(self, first: Trial, last: Trial) -> str:
         split, before = first.worst()
         worst, drop = last.worst()
-        return (f"the {worst} drop on --data {self.config.data} is still {_fmt(drop)} (default INT8 plan: {split} drop "
-                f"{_fmt(before)})")
+        return (f"the {worst} drop on --data {self.config.data} is still {_fmt(drop)} (default {self.word} plan: "
+                f"{split} drop {_fmt(before)})")
 
     def record(self, first: Trial, best: Trial) -> dict:
         return {"target": "accuracy_budget", "budget": self.value, "data": str(self.config.data),
@@ -381,68 +449,102 @@ class _BudgetTarget:
                 "drops": best.drops, "worst_split": first.worst()[0]}
 
 
-class _CosineTarget:
-    """--min-cosine: the worst output's mean per-sample cosine against FP32 on held-out samples."""
-    statistic = "per output, the mean over the held-out samples of the per-sample cosine against FP32; the worst output"
+class _LabelFreeTarget:
+    """A target without labels: the engine's outputs against the FP32 model's on held-out samples,
+    per output (per output group with --decoder); the worst one's figure (`trial.key`) must reach
+    the value. The subclasses name the figure."""
+    trial: ClassVar[type[OutputTrial]]
+    name: ClassVar[str]  # the record's "target", and the key that holds the value
+    statistic: ClassVar[str]
 
-    def __init__(self, graph: Graph, weights: dict, config, profiles: list, calibration: dict,
-                 device: torch.device, log: list) -> None:
-        self.value, self.device = config.min_cosine, device
-        self.flag = f"--min-cosine {self.value:g}"
-        self.batches, self.held_out = held_out_samples(graph, config, profiles, calibration)
-        self.reference = fp32_outputs(graph, weights, self.batches, device)
+    def __init__(self, value: float, graph: Graph, weights: dict, config, profiles: list, calibration: dict,
+                 device: torch.device, log: list, word: str) -> None:
+        from .sensitivity import output_groups
+        self.value, self.device, self.word, self.decoder = value, device, word, config.decoder
+        self.flag = f"--{self.name.replace('_', '-')} {value:g}"
+        self.batches, self.held_out = held_out_samples(graph, config, profiles, calibration, self.flag.split()[0])
+        self.sizes = batch_sizes(self.batches)
+        reference = fp32_outputs(graph, weights, self.batches, device)
+        self.groups = None if self.decoder is None else output_groups(
+            self.decoder, {k: a.shape for k, a in reference[0].items()})
+        self.reference = grouped_outputs(reference, self.groups, self.sizes)
         log.append(f"planner: {self.flag} measured on {self.held_out['samples']} held-out samples from "
-                   f"{self.held_out['source']}; disjoint from calibration: {self.held_out['disjoint']}")
+                   f"{self.held_out['source']}" + (f", outputs grouped by --decoder {self.decoder}" if self.decoder
+                                                   else "") + f"; disjoint from calibration: {self.held_out['disjoint']}")
 
-    def measure(self, engine_path: Path) -> CosineTrial:
-        return measure_cosine(engine_path, self.batches, self.reference, self.device)
+    def measure(self, engine_path: Path) -> OutputTrial:
+        outputs = grouped_outputs(engine_outputs(engine_path, self.batches, self.device), self.groups, self.sizes)
+        return self.trial([], compare_outputs(self.reference, outputs, self.sizes))
 
-    def verdict(self, trial: CosineTrial) -> str:
+    def verdict(self, trial: OutputTrial) -> str:
         under = trial.under(self.value)
-        return (f"cosine {trial.describe()}" + (f" — under {self.flag} in {', '.join(under)}" if under
-                                                else f" — meets {self.flag}"))
+        return (f"{trial.label} {trial.describe()}" + (f" — under {self.flag} in {', '.join(under)}" if under
+                                                       else f" — meets {self.flag}"))
 
-    def reason(self, first: CosineTrial, best: CosineTrial) -> str:
+    def reason(self, first: OutputTrial, best: OutputTrial) -> str:
         name, before = first.worst()
-        return f"needed for {self.flag} ({name} mean cosine {_cos(before)} → {_cos(best.outputs[name]['mean'])})"
+        return f"needed for {self.flag} ({name} {first.label} {first.format(before)} → {best.format(best.value(name))})"
 
-    def summary(self, best: CosineTrial) -> tuple[str, str]:
-        return f"for {self.flag}", f"cosine {best.describe()}"
+    def summary(self, best: OutputTrial) -> tuple[str, str]:
+        return f"for {self.flag}", f"{best.label} {best.describe()}"
 
-    def unreachable(self, first: CosineTrial, last: CosineTrial) -> str:
+    def unreachable(self, first: OutputTrial, last: OutputTrial) -> str:
         name, value = last.worst()
-        return (f"output {name} has mean cosine {_cos(value)} over {self.held_out['samples']} held-out samples "
-                f"(default INT8 plan: {_cos(first.worst()[1])})")
+        return (f"output {name} has {last.label} {last.format(value)} over {self.held_out['samples']} held-out samples "
+                f"(default {self.word} plan: {first.format(first.worst()[1])})")
 
-    def record(self, first: CosineTrial, best: CosineTrial) -> dict:
-        return {"target": "min_cosine", "min_cosine": self.value, "statistic": self.statistic,
+    def record(self, first: OutputTrial, best: OutputTrial) -> dict:
+        return {"target": self.name, self.name: self.value, "statistic": self.statistic, "decoder": self.decoder,
                 "reference": "FP32 (reference executor, optimized graph)", "held_out": self.held_out,
                 "outputs": best.outputs, "worst_output": first.worst()[0]}
 
 
+class _CosineTarget(_LabelFreeTarget):
+    """--min-cosine: the worst output's mean per-sample cosine against FP32."""
+    trial, name = CosineTrial, "min_cosine"
+    statistic = "per output, the mean over the held-out samples of the per-sample cosine against FP32; the worst output"
+
+
+class _SnrTarget(_LabelFreeTarget):
+    """--min-snr: the worst output's SNR against FP32 over all held-out samples."""
+    trial, name = SnrTrial, "min_snr"
+    statistic = ("per output, 10·log10(Σref² / Σ(ref−engine)²) in dB over the held-out samples against FP32; "
+                 "the worst output")
+
+
 def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: dict | None, config,
                     onnx_sha256: str, device: torch.device, profiles: list, log: list):
-    """The builder's planner stage: (the precision plan that meets config.accuracy_budget or
-    config.min_cosine, the header's "planner" record). `plan` is the default INT8 plan;
-    `calibration` the calibration stage's provenance record (None for a Q/DQ model)."""
+    """The builder's planner stage: (the precision plan that meets config.accuracy_budget,
+    config.min_cosine or config.min_snr, the header's "planner" record). `plan` is the default plan
+    of the build's quantized precision (INT8 or FP8); `calibration` the calibration stage's
+    provenance record (None for a Q/DQ model)."""
+    from ..builder.config import QUANTIZED_PRECISIONS
     from ..builder.pipeline import build
     from ..builder.precision import PrecisionPlan, base_precision
     from .cache import CalibrationCache, write_cache
 
-    flag = (f"--accuracy-budget {config.accuracy_budget:g}" if config.accuracy_budget is not None
-            else f"--min-cosine {config.min_cosine:g}")
+    flag = config.planner_flag()
+    quantized = config.precision
+    if quantized not in QUANTIZED_PRECISIONS:
+        raise ConfigError(f"{flag} moves layers out of the quantized precision: it needs --precision "
+                          f"{' or '.join(QUANTIZED_PRECISIONS)}, not {quantized}")
+    word = quantized.upper()
     if calibration is None:
         raise ConfigError(f"{flag}: the model is quantized with Q/DQ nodes, whose INT8 layers the planner does not "
                           f"move; keep layers out of INT8 with --layer-precision NODE=fp16")
     higher = base_precision(config, device)
-    candidates = [name for name, p in plan.layers.items() if p == "int8" and name not in plan.reasons]
-    pinned = [name for name, p in plan.layers.items() if p == "int8" and name in plan.reasons]
+    candidates = [name for name, p in plan.layers.items() if p == quantized and name not in plan.reasons]
+    pinned = [name for name, p in plan.layers.items() if p == quantized and name in plan.reasons]
     # Built before the ranking, so that bad data fails now and not after it.
-    target = (_BudgetTarget(config) if config.accuracy_budget is not None else
-              _CosineTarget(graph, weights, config, profiles, calibration, device, log))
-    ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles) if candidates else ([], {})
+    if config.accuracy_budget is not None:
+        target = _BudgetTarget(config, word)
+    else:
+        kind, value = (_CosineTarget, config.min_cosine) if config.min_cosine is not None else (_SnrTarget, config.min_snr)
+        target = kind(value, graph, weights, config, profiles, calibration, device, log, word)
+    ranking, where = (_ranking(graph, weights, amax, candidates, config, device, profiles, quantized) if candidates
+                      else ([], {}))
     if ranking:
-        log.append(f"planner: ranked {len(ranking)} INT8 layer(s) on {where['samples']} samples of the "
+        log.append(f"planner: ranked {len(ranking)} {word} layer(s) on {where['samples']} samples of the "
                    f"{where['source']} in {where['seconds']:.1f} s; least robust: "
                    + ", ".join(f"{r.name} ({r.snr_db:.1f} dB)" for r in ranking[:3]))
     preprocess = config.preprocess_spec()
@@ -459,12 +561,12 @@ def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: 
             path = Path(tmp) / f"trial{count[0]}.plan"
             pins = {_literal(name): higher for name in kept_out}
             build(replace(config, output_path=str(path), calib=None, calib_cache=str(cache), calib_balance_by=None,
-                          data=None, split_by=None, accuracy_budget=None, min_cosine=None,
+                          data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
                           layer_precision={**pins, **config.layer_precision}))
             trial = target.measure(path)
             path.unlink(missing_ok=True)
             trial.kept_out, trial.seconds = list(kept_out), time.perf_counter() - started
-            log.append(f"planner: iteration {count[0]}: {len(kept_out)} layer(s) out of INT8: {target.verdict(trial)} "
+            log.append(f"planner: iteration {count[0]}: {len(kept_out)} layer(s) out of {word}: {target.verdict(trial)} "
                        f"({trial.seconds:.1f} s)")
             count[0] += 1
             return trial
@@ -472,9 +574,9 @@ def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: 
         best, trials = search([r.name for r in ranking], measure, target.value)
     first = trials[0]
     if best is None:
-        stuck = (f"; {len(pinned)} INT8 layer(s) pinned by --layer-precision stay INT8 ({', '.join(pinned[:3])}"
+        stuck = (f"; {len(pinned)} {word} layer(s) pinned by --layer-precision stay {word} ({', '.join(pinned[:3])}"
                  + (" …" if len(pinned) > 3 else "") + ")") if pinned else ""
-        raise PlannerError(f"{flag} cannot be met: with all {len(ranking)} INT8 layer(s) moved to {higher}, "
+        raise PlannerError(f"{flag} cannot be met: with all {len(ranking)} {word} layer(s) moved to {higher}, "
                            f"{target.unreachable(first, trials[-1])}{stuck}")
     updated = PrecisionPlan(dict(plan.layers), dict(plan.reasons))
     rank = {r.name: (k + 1, r.snr_db) for k, r in enumerate(ranking)}
@@ -484,9 +586,9 @@ def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: 
         updated.reasons[name] = f"planner: sensitivity rank {k}, SNR {snr:.1f} dB; {target.reason(first, best)}"
         log.append(f"layer {name} runs {higher}: {updated.reasons[name]}")
     goal, result = target.summary(best)
-    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} INT8 layer(s) kept at {higher} {goal} after "
+    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} {word} layer(s) kept at {higher} {goal} after "
                f"{len(trials)} measurement(s): {result}")
-    record = dict(target.record(first, best), precision=higher, sensitivity=where,
+    record = dict(target.record(first, best), quantized=quantized, precision=higher, sensitivity=where,
                   ranking=[{"name": r.name, "snr_db": _finite(r.snr_db)} for r in ranking],
                   iterations=[t.to_json(target.value) for t in trials], kept_out=list(best.kept_out))
     return updated, record

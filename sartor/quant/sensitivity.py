@@ -1,5 +1,5 @@
-"""Per-layer INT8 sensitivity: quantize one layer at a time (everything else FP32), run the
-calibration batches, and measure the model outputs' SNR against FP32. The least robust layers
+"""Per-layer INT8 (or FP8 E4M3) sensitivity: quantize one layer at a time (everything else FP32),
+run the calibration batches, and measure the model outputs' SNR against FP32. The least robust layers
 are the first candidates for `--layer-precision NODE=fp16`. The same pass records each layer's
 FP32 output peak, which says which layers would overflow FP16 (|x| > 65504).
 
@@ -25,7 +25,7 @@ from ..ops.util import TORCH_TO_NUMPY, tensor_from_numpy
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
 from .calibrators import DEFAULT_PERCENTILE
-from .plan import int8_candidates, int8_decisions
+from .plan import QUANTIZED_PRECISIONS, int8_decisions, quantized_unsupported
 from .quantize import quantize_graph
 
 DEFAULT_SAMPLES = 64  # calibration samples `sartor sensitivity` ranks on
@@ -38,9 +38,9 @@ class LayerSensitivity:
     name: str
     op: str
     origin: list
-    snr_db: float  # model outputs, this layer alone INT8, against FP32
+    snr_db: float  # model outputs, this layer alone quantized (INT8 or FP8), against FP32
     cosine: float
-    default: str  # "int8", or why the default INT8 plan keeps it out
+    default: str  # the quantized precision ("int8", "fp8"), or why the default plan keeps it out
     fp32_peak: float  # max |output| in FP32 over the batches
     # With a detector layout: {"boxes": {"snr_db", "cosine"}, "scores": {...}, ...}; snr_db and
     # cosine above are then the worst group's.
@@ -64,9 +64,12 @@ class SensitivityReport:
     fp16_overflow: list = field(default_factory=list)  # layer names, any op, whose FP32 output exceeds FP16
     decoder: str | None = None  # the detector layout the outputs were split by, or None: all outputs as one
     all_int8_groups: dict = field(default_factory=dict)  # the default INT8 plan, per output group
+    # The quantized format under test. The all_int8_* figures are the default plan at this precision
+    # (their names predate FP8 and stay, for the JSON's readers).
+    precision: str = "int8"
 
     def to_json(self) -> dict:
-        return {"samples": self.samples, "method": self.method, "decoder": self.decoder,
+        return {"precision": self.precision, "samples": self.samples, "method": self.method, "decoder": self.decoder,
                 "all_int8_snr_db": self.all_int8_snr_db, "all_int8_cosine": self.all_int8_cosine,
                 "all_int8_groups": self.all_int8_groups, "fp16_overflow": self.fp16_overflow,
                 "layers": [layer.to_json() for layer in self.layers]}
@@ -167,10 +170,11 @@ def _weights_for(graph: Graph, base: dict) -> dict:
 def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: dict, device: torch.device,
                       method: str = "", on_layer: Callable[[int, int, str], None] | None = None,
                       layers: Collection[str] | None = None, groups: Groups | None = None,
-                      decoder: str | None = None) -> SensitivityReport:
-    """Quantize each INT8-capable layer alone (only those named in `layers`, when given) and
-    measure the outputs against FP32, per output group (`output_groups`; all outputs as one when
-    None). `decoder` names the layout `groups` came from, for the report."""
+                      decoder: str | None = None, precision: str = "int8") -> SensitivityReport:
+    """Quantize each layer that can run `precision` ("int8" or "fp8") alone (only those named in
+    `layers`, when given) and measure the outputs against FP32, per output group (`output_groups`;
+    all outputs as one when None). `decoder` names the layout `groups` came from, for the report."""
+    check_precision(precision)
     grouped = groups is not None
     groups = groups or _all_outputs
     peaks: dict[str, float] = {}
@@ -184,20 +188,21 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
                     peaks[step.node.name] = peak
 
     reference = _outputs(Executor(graph, weights, device), batches, device, groups, observe)
-    decisions = int8_decisions(graph, "fp32")
-    candidates = [n for n in int8_candidates(graph) if layers is None or n.name in layers]
+    decisions = int8_decisions(graph, "fp32", precision)
+    candidates = [n for n in graph.nodes if quantized_unsupported(graph, n, precision) is None
+                  and (layers is None or n.name in layers)]
     rows = []
     for k, node in enumerate(candidates):
         if on_layer is not None:
             on_layer(k, len(candidates), node.name)
-        quantized = _quantized_copy(graph, {node.name: "int8"}, amax)
+        quantized = _quantized_copy(graph, {node.name: precision}, amax)
         outputs = _outputs(Executor(quantized, _weights_for(quantized, weights), device), batches, device, groups)
         snr, cos, per_group = _compare(reference, outputs)
-        precision, reason = decisions.get(node.name, ("int8", ""))
+        default, reason = decisions.get(node.name, (precision, ""))
         rows.append(LayerSensitivity(node.name, node.op_type, list(node.origin), snr, cos,
-                                     "int8" if precision == "int8" else reason, peaks.get(node.name, 0.0),
+                                     precision if default == precision else reason, peaks.get(node.name, 0.0),
                                      per_group if grouped else {}))
-    plan = {name: p for name, (p, _) in decisions.items() if p == "int8"}
+    plan = {name: p for name, (p, _) in decisions.items() if p == precision}
     if plan:
         quantized = _quantized_copy(graph, plan, amax)
         total_snr, total_cos, total_groups = _compare(reference, _outputs(
@@ -209,17 +214,26 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
     overflow = [n.name for n in graph.nodes if n.name in peaks and not peaks[n.name] <= FP16_MAX]
     samples = sum(len(next(iter(b.values()))) for b in batches)
     return SensitivityReport(rows, total_snr, total_cos, samples, method, overflow, decoder,
-                             total_groups if grouped else {})
+                             total_groups if grouped else {}, precision)
+
+
+def check_precision(precision: str) -> None:
+    """Refuse, before any work, a precision that is not a calibrated quantized format."""
+    if precision not in QUANTIZED_PRECISIONS:
+        raise ConfigError(f"--precision {precision}: sensitivity ranks layers under a quantized format, "
+                          f"{' or '.join(QUANTIZED_PRECISIONS)}")
 
 
 def analyze(model_path: str, calib: str, calib_size: int = DEFAULT_SAMPLES, method: str | None = None,
             percentile: float = DEFAULT_PERCENTILE, calib_cache: str | None = None, preprocess: str | None = None,
             device: str | None = "cpu", on_layer: Callable[[int, int, str], None] | None = None,
-            balance_by: str | None = None, decoder: str | None = None) -> SensitivityReport:
+            balance_by: str | None = None, decoder: str | None = None, precision: str = "int8") -> SensitivityReport:
     """Import and optimize `model_path` as the builder does, take thresholds from `calib_cache`
     (when it exists) or by calibrating on `calib`, and rank the layers on `calib`'s samples
     (drawn equally from each value of the attribute `balance_by`, for image datasets). With
-    `decoder` (yolo | boxes), detector outputs are compared as boxes and scores apart."""
+    `decoder` (yolo | boxes), detector outputs are compared as boxes and scores apart. `precision`
+    is the format each layer is quantized to in turn: "int8" or "fp8" (E4M3, from the same
+    thresholds)."""
     from pathlib import Path
 
     from ..frontend import import_onnx
@@ -233,6 +247,7 @@ def analyze(model_path: str, calib: str, calib_size: int = DEFAULT_SAMPLES, meth
     from .stage import CALIB_BATCH
 
     check_decoder(decoder)
+    check_precision(precision)
     target = parse_device(device)
     imported = import_onnx(model_path)
     graph = imported.graph
@@ -261,4 +276,4 @@ def analyze(model_path: str, calib: str, calib_size: int = DEFAULT_SAMPLES, meth
             observers = collect_histograms(graph, weights, batches, calibration_targets(graph), target)
         amax = amax_from_histograms(observers, method, percentile)
     return layer_sensitivity(graph, weights, batches, amax, target, method, on_layer, groups=groups,
-                             decoder=decoder)
+                             decoder=decoder, precision=precision)
