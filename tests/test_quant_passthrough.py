@@ -150,7 +150,7 @@ def test_engine_with_pass_through_tracks_onnxruntime(tmp_path):
     np.save(tmp_path / "calib.npy", _images(30, 24))
     result = sartor.build(path, tmp_path / "chain.plan", device="cpu", profiles=[SHAPES], precision="int8",
                           calib=tmp_path / "calib.npy")
-    assert "int8: 1 MaxPool/Concat/Split layer(s) pass INT8 through: pool" in result.log
+    assert "int8: 1 MaxPool/Concat/Split/Resize layer(s) pass INT8 through: pool" in result.log
     assert "int8: 2 layer(s) INT8, 2 tensor(s) passed between them in INT8" in result.log
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert layers["pool"]["precision"] == "int8"

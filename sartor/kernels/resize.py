@@ -6,6 +6,10 @@ interpolate writes a tensor of its own that the Concat then copies: the upsample
 memory twice more. Here each program owns a block of input pixels × a block of channels, loads it
 once (channel vectors are contiguous in NHWC, so the load is coalesced) and stores it to each of
 its FH × FW output pixels, through a pixel (row) stride so the output may be a Concat's slice.
+
+INT8 and FP8 codes (a resize between two INT8 layers, see `sartor/quant/quantize.py`) are copied
+too. The kernel only moves values, so 1-byte float dtypes travel as their uint8 bytes: exact, and
+independent of which float8 types a Triton release can load and store.
 """
 from __future__ import annotations
 
@@ -37,9 +41,15 @@ if triton is not None:
 
 
 def upsample_nearest_nhwc_supported(x: torch.Tensor) -> bool:
-    """Float 4-D channels-last tensors and channel slices of them (pixels evenly spaced, channels
-    contiguous)."""
-    return triton is not None and x.dim() == 4 and x.is_floating_point() and pixel_stride(x) is not None
+    """4-D channels-last tensors and channel slices of them (pixels evenly spaced, channels
+    contiguous) of a float dtype (FP8 included) or INT8."""
+    return (triton is not None and x.dim() == 4 and (x.is_floating_point() or x.dtype == torch.int8)
+            and pixel_stride(x) is not None)
+
+
+def _as_moved(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the kernel loads and stores it: 1-byte floats (FP8) as their bytes, same strides."""
+    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
 def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,9 +74,10 @@ def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.
     sxn, _, sxh, sxw = x.stride()
     block_c = min(64, triton.next_power_of_2(c))
     # Each loaded block is stored fh * fw times: fewer pixels per program for larger factors keeps
-    # the grid wide enough to fill the GPU at the small feature maps of a detector's neck.
-    block_p = max(16, 4096 // block_c // min(fh * fw, 4))
+    # the grid wide enough to fill the GPU at the small feature maps of a detector's neck. (A power
+    # of two: tl.arange takes no other size, so a product of 3 is taken as 4.)
+    block_p = max(16, 4096 // block_c // triton.next_power_of_2(min(fh * fw, 4)))
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
-    _upsample_nearest_nhwc_kernel[grid](x, y, pixels, c, h, w, pixel_stride(y), sxn, sxh, sxw, FH=fh, FW=fw,
-                                        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+    _upsample_nearest_nhwc_kernel[grid](_as_moved(x), _as_moved(y), pixels, c, h, w, pixel_stride(y), sxn, sxh, sxw,
+                                        FH=fh, FW=fw, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
     return y

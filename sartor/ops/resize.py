@@ -4,6 +4,10 @@ Resize is computed axis by axis from ONNX's coordinate formulas (exact for every
 fast path through torch's interpolate for the integer-scale nearest resize detectors use. That
 resize also has a Triton tactic over channels-last tensors which can store straight into a channel
 slice of the Concat that follows it in detector necks (runtime/concat_plan.py).
+
+A nearest resize between two INT8 (FP8) layers runs on their 1-byte codes (sartor/quant/quantize.py).
+It only copies values, so it moves them as uint8 bytes: PyTorch's interpolate and index_select take
+uint8 on every device, but not int8 or float8 everywhere (the CPU's interpolate takes neither).
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from .registry import OpTable
 from .util import floats, ints, norm_axis, only_dtypes
 
 OPS = OpTable("resize")
+
+BYTE_CODES = (torch.int8, torch.float8_e4m3fn)  # moved as uint8 by nearest resizes (module docstring)
 
 RESIZE_ATTRS = {"antialias": 0, "axes": None, "coordinate_transformation_mode": "half_pixel",
                 "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
@@ -98,7 +104,8 @@ def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
                             x.device)
     mode = attrs["mode"]
     if mode == "nearest":
-        out = x.index_select(axis, _nearest_index(coords, in_size, attrs["nearest_mode"], scale))
+        index = _nearest_index(coords, in_size, attrs["nearest_mode"], scale)
+        out = _copy_codes(lambda t: t.index_select(axis, index), x)
     else:
         base = torch.ceil(coords) - 1
         t = coords - base
@@ -160,16 +167,25 @@ def resize_tensor(x: torch.Tensor, sizes: list[int] | None, scales: list[float] 
     return out
 
 
+def _copy_codes(copy, x: torch.Tensor) -> torch.Tensor:
+    """`copy(x)` for a function that only moves values; INT8 and FP8 codes are moved as bytes."""
+    if x.dtype in BYTE_CODES:
+        return copy(x.view(torch.uint8)).view(x.dtype)
+    return copy(x)
+
+
 def _fast_nearest(x, axes, sizes, scales, attrs):
     """Integer-factor upsampling of H and W where the ONNX rule picks source i // f, as torch does."""
     factors = _nearest_factors(x, axes, sizes, scales, attrs)
-    return None if factors is None else F.interpolate(x, scale_factor=factors, mode="nearest")
+    if factors is None:
+        return None
+    return _copy_codes(lambda t: F.interpolate(t, scale_factor=factors, mode="nearest"), x)
 
 
 def _nearest_factors(x, axes, sizes, scales, attrs) -> tuple[int, int] | None:
     """(fh, fw) when this resize is a nearest upsampling of H and W by integer factors whose ONNX
     coordinate rule picks source i // f; None otherwise."""
-    if attrs["mode"] != "nearest" or x.dim() != 4 or not x.is_floating_point():
+    if attrs["mode"] != "nearest" or x.dim() != 4 or not (x.is_floating_point() or x.dtype in BYTE_CODES):
         return None
     by_axis = {a: s for a, s in zip(axes, scales)}
     if by_axis.get(0, 1.0) != 1.0 or by_axis.get(1, 1.0) != 1.0:

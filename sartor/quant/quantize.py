@@ -18,12 +18,13 @@ Layers planned "fp8" become the same QConv/QGemm with `qformat="fp8e4m3"` (`sart
 - Stored FP8 under the rule above, with FP8 in place of INT8: a tensor passes between two layers
   quantized only when both sides use the same format.
 
-Pass-through layers: a MaxPool, Concat or Split between INT8 layers runs on the INT8 codes when
-its every data input is produced by an INT8 layer (or another pass-through layer) and its every
-output is read only by INT8 layers (as data or residual) or pass-through layers, none being a
-graph output. Those layers only select and move values, and quantization is monotonic
-(q(max(a, b)) = max(q(a), q(b))) and elementwise, so on codes that share one scale they compute
-exactly the codes of their float results. The tensors such layers connect form one *scale group*
+Pass-through layers: a MaxPool, Concat, Split or nearest Resize (Upsample) between INT8 layers
+runs on the INT8 codes when its every data input is produced by an INT8 layer (or another
+pass-through layer) and its every output is read only by INT8 layers (as data or residual) or
+pass-through layers, none being a graph output. Those layers only select, copy and move values,
+and quantization is monotonic (q(max(a, b)) = max(q(a), q(b))) and elementwise, so on codes that
+share one scale they compute exactly the codes of their float results (a linear or cubic Resize
+mixes values and stays float). The tensors such layers connect form one *scale group*
 with one scale: the largest calibrated amax among them (TensorRT requantizes a Concat's inputs to a
 common scale the same way). The producers requantize to it in their epilogue and the readers read
 with it. For a chain conv → MaxPool → conv that is the pool output's own amax, so the engine's
@@ -43,7 +44,8 @@ from .plan import CONV_OPS, QUANTIZED_PRECISIONS, int8_positions, quantized_unsu
 INT32_MAX = 2 ** 31 - 1
 Q_LAYERS = ("QConv", "QGemm")
 # Layers that only select or move values: they can run on INT8 (FP8) codes (module docstring).
-PASS_THROUGH_OPS = ("MaxPool", "Concat", "Split")
+# Resize and Upsample only in nearest mode (`_copies_values`); linear and cubic ones mix values.
+PASS_THROUGH_OPS = ("MaxPool", "Concat", "Split", "Resize", "Upsample")
 CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 
@@ -114,9 +116,20 @@ def _carried(value: str, fmt: str, graph_outputs: set, consumers: dict, quantize
         _reads_quantized(r, value, fmt, quantized, formats, passing) for r in readers)
 
 
+def _copies_values(node: Node) -> bool:
+    """A Resize or Upsample whose every output value is a copy of an input value: nearest mode,
+    and no tf_crop_and_resize (it writes `extrapolation_value` outside the crop). The attribute
+    defaults are ONNX's: both ops default to nearest."""
+    if node.attrs.get("mode", "nearest") != "nearest":
+        return False
+    return node.op_type == "Upsample" or node.attrs.get("coordinate_transformation_mode") != "tf_crop_and_resize"
+
+
 def _passes_through(node: Node) -> bool:
     if node.op_type == "MaxPool":
         return not node.attrs.get("_with_indices") and len([o for o in node.outputs if o]) == 1
+    if node.op_type in ("Resize", "Upsample"):
+        return _copies_values(node)
     return node.op_type in PASS_THROUGH_OPS
 
 
@@ -219,7 +232,7 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
     """Rewrite every layer planned "int8" or "fp8" in place; returns {"layers": n, "int8_tensors":
     [...], "fp8_layers": n, "fp8_tensors": [...], "pass_through": {layer: format}} counting every
     INT8 (FP8) layer of the result (layers folded from a Q/DQ model are INT8 already) and every
-    tensor stored quantized. `pass_through=False` keeps MaxPool/Concat/Split in floating point."""
+    tensor stored quantized. `pass_through=False` keeps MaxPool/Concat/Split/Resize in floating point."""
     formats = {n.name: layer_precision[n.name] for n in graph.nodes
                if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in Q_LAYERS}
     quantized = {n.name: n for n in graph.nodes if n.name in formats}

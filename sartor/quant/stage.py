@@ -134,7 +134,7 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
 
 
 def quantize_for_build(graph: Graph, layer_precision: dict, amax: dict, log: list) -> None:
-    """Rewrite the INT8 and FP8 layers in place. The MaxPool/Concat/Split layers that then run on
+    """Rewrite the INT8 and FP8 layers in place. The MaxPool/Concat/Split/Resize layers that run on
     INT8 (FP8) codes get that precision in `layer_precision`: the engine records it, and their
     inputs are not converted to the float dtype of the layers around them."""
     report = quantize_graph(graph, layer_precision, amax)
@@ -143,7 +143,8 @@ def quantize_for_build(graph: Graph, layer_precision: dict, amax: dict, log: lis
     for fmt, word in (("int8", "INT8"), ("fp8", "FP8")):
         names = sorted(name for name, f in passing.items() if f == fmt)
         if names:
-            log.append(f"{fmt}: {len(names)} MaxPool/Concat/Split layer(s) pass {word} through: {', '.join(names[:8])}"
+            log.append(f"{fmt}: {len(names)} MaxPool/Concat/Split/Resize layer(s) pass {word} through: "
+                       f"{', '.join(names[:8])}"
                        + (", …" if len(names) > 8 else ""))
     if report["layers"] or not report["fp8_layers"]:
         log.append(f"int8: {report['layers']} layer(s) INT8, {len(report['int8_tensors'])} tensor(s) passed between "
