@@ -117,6 +117,24 @@ def images() -> np.ndarray:
     return np.random.default_rng(1).standard_normal(OPT_SHAPES["images"]).astype(np.float32)
 
 
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of two outputs, flattened, in float64."""
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def gaussian_images(seed: int, count: int, size: int = IMAGE) -> np.ndarray:
+    """Seeded standard-normal NCHW images: calibration sets and held-out test batches."""
+    return np.random.default_rng(seed).standard_normal((count, 3, size, size)).astype(np.float32)
+
+
+def first_output_on_cpu(plan: Path, images: np.ndarray) -> np.ndarray:
+    """The first output of a CPU engine on `images` (the tiny models' input is "images")."""
+    import sartor
+    outputs = sartor.load(plan, device="cpu").context().run({"images": images})
+    return next(iter(outputs.values()))
+
+
 # ---- models that must be refused -----------------------------------------------------------------
 
 def _io(name: str, shape, elem=TensorProto.FLOAT):

@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import IMAGE, initializer_makers, make_model, save, shape_flag
+from conftest import (IMAGE, cosine, first_output_on_cpu, gaussian_images, initializer_makers, make_model, save,
+                      shape_flag)
 from onnx import TensorProto, helper, numpy_helper
 
 import sartor
@@ -29,10 +30,6 @@ SHAPE_ARGS = ("--min-shapes", shape_flag(SHAPES["min"]), "--opt-shapes", shape_f
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 SUBNORMAL = 2.0 ** -9  # the smallest positive e4m3 value
 
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def all_e4m3_values() -> torch.Tensor:
@@ -191,13 +188,13 @@ def model(work) -> Path:
 @pytest.fixture(scope="module")
 def calib_npy(work) -> Path:
     path = work / "calib.npy"
-    np.save(path, np.random.default_rng(10).standard_normal((32, 3, IMAGE, IMAGE)).astype(np.float32))
+    np.save(path, gaussian_images(10, 32))
     return path
 
 
 @pytest.fixture(scope="module")
 def test_images() -> np.ndarray:
-    return np.random.default_rng(11).standard_normal((8, 3, IMAGE, IMAGE)).astype(np.float32)
+    return gaussian_images(11, 8)
 
 
 @pytest.fixture(scope="module")
@@ -210,10 +207,6 @@ def fp32_plan(work, model) -> Path:
 def fp8_build(work, model, calib_npy):
     return _build(model, work / "fp8.plan", precision="fp8", calib=calib_npy, layer_precision={"mm": "fp8"})
 
-
-def _run(plan: Path, images: np.ndarray) -> np.ndarray:
-    outputs = sartor.load(plan, device="cpu").context().run({"images": images})
-    return next(iter(outputs.values()))
 
 
 def _build(model: Path, out: Path, **kwargs):
@@ -234,7 +227,7 @@ def test_fp8_build_tracks_fp32_and_passes_fp8_between_layers(fp8_build, fp32_pla
     assert layers["fc"]["attrs"]["output_scale"] and layers["mm"]["attrs"]["output_scale"] is None
     assert "fp8: 5 layer(s) FP8 (E4M3), 3 tensor(s) passed between them in FP8" in fp8_build.log
     assert not any(line.startswith("int8:") for line in fp8_build.log)
-    assert cosine(_run(fp32_plan, test_images), _run(work / "fp8.plan", test_images)) >= 0.99
+    assert cosine(first_output_on_cpu(fp32_plan, test_images), first_output_on_cpu(work / "fp8.plan", test_images)) >= 0.99
 
 
 def test_the_engine_stores_fp8_weights_losslessly(fp8_build, model, work, test_images):
@@ -265,7 +258,7 @@ def test_fp8_layer_inside_an_fp16_build_and_what_the_cli_shows(model, calib_npy,
     assert {layers[n]["precision"] for n in ("conv1", "conv3", "fc", "pool")} == {"fp16"}
     assert layers["conv2"]["attrs"]["output_scale"] is None  # its readers are FP16 layers
     assert "fp8" in cli("inspect", plan).out
-    assert cosine(_run(fp32_plan, test_images), _run(plan, test_images)) >= 0.99
+    assert cosine(first_output_on_cpu(fp32_plan, test_images), first_output_on_cpu(plan, test_images)) >= 0.99
 
 
 def test_fp8_fallback_precision_and_summary(model, calib_npy, tmp_path, cli):
@@ -451,7 +444,7 @@ def test_cuda_fp8_engine_matches_the_cpu_emulation(model, calib_npy, work, test_
     for name in ("conv2", "conv3", "fc", "mm"):
         assert "fp8 e4m3 tensor cores" in layers[name]["tactic"], (name, layers[name])
         assert not layers[name]["tactic_rejected"], (name, layers[name]["tactic_rejected"])
-    cpu = _run(work / "cpu_fp8.plan", test_images)
+    cpu = first_output_on_cpu(work / "cpu_fp8.plan", test_images)
     cuda = next(iter(sartor.load(work / "cuda_fp8.plan", device="cuda").context().run({"images": test_images})
                      .values()))
     cuda = cuda.cpu().numpy() if isinstance(cuda, torch.Tensor) else np.asarray(cuda)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_cli_error, initializer_makers, make_model, save
+from conftest import assert_cli_error, cosine, initializer_makers, make_model, save
 from onnx import TensorProto, helper, numpy_helper
 from passes_helpers import import_graph, op_counts, run_ort, run_sartor
 
@@ -32,10 +32,6 @@ INT8_ZERO = np.int8(0)
 PROFILE = [{"min": {"images": (1, 3, SIZE, SIZE)}, "opt": {"images": (8, 3, SIZE, SIZE)},
             "max": {"images": (8, 3, SIZE, SIZE)}}]
 
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def ort_session(path: Path, optimized: bool = False):

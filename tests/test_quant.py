@@ -14,6 +14,9 @@ from conftest import (
     IMAGE,
     assert_cli_error,
     classifier_model,
+    cosine,
+    first_output_on_cpu,
+    gaussian_images,
     initializer_makers,
     make_model,
     save,
@@ -43,10 +46,6 @@ SHAPES = {"min": {"images": (1, 3, IMAGE, IMAGE)}, "opt": {"images": (2, 3, IMAG
 SHAPE_ARGS = ("--min-shapes", shape_flag(SHAPES["min"]), "--opt-shapes", shape_flag(SHAPES["opt"]),
               "--max-shapes", shape_flag(SHAPES["max"]))
 
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 # ---- observers -------------------------------------------------------------------------------------
@@ -222,18 +221,14 @@ def work(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def calib_npy(work) -> Path:
     path = work / "calib.npy"
-    np.save(path, np.random.default_rng(10).standard_normal((48, 3, IMAGE, IMAGE)).astype(np.float32))
+    np.save(path, gaussian_images(10, 48))
     return path
 
 
 @pytest.fixture(scope="module")
 def test_images() -> np.ndarray:
-    return np.random.default_rng(11).standard_normal((8, 3, IMAGE, IMAGE)).astype(np.float32)
+    return gaussian_images(11, 8)
 
-
-def _run(plan: Path, images: np.ndarray) -> np.ndarray:
-    outputs = sartor.load(plan, device="cpu").context().run({"images": images})
-    return next(iter(outputs.values()))
 
 
 def _build(model: Path, out: Path, **kwargs):
@@ -255,7 +250,7 @@ def test_int8_build_tracks_fp32(work, calib_npy, test_images, method):
     assert layers["conv1"]["attrs"]["output_scale"] and layers["conv2"]["attrs"]["output_scale"]
     assert layers["dw"]["attrs"]["residual_scale"] == layers["conv2"]["attrs"]["output_scale"]
     assert layers["dw"]["attrs"]["output_scale"] is None  # read by the FP32 pool
-    fp32, int8 = _run(work / "deeper_fp32.plan", test_images), _run(work / f"deeper_{method}.plan", test_images)
+    fp32, int8 = first_output_on_cpu(work / "deeper_fp32.plan", test_images), first_output_on_cpu(work / f"deeper_{method}.plan", test_images)
     assert cosine(fp32, int8) >= 0.99, method
 
 
@@ -263,7 +258,7 @@ def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_i
     model = save(classifier_model(), work / "tiny.onnx")
     _build(model, work / "tiny_fp32.plan")
     result = _build(model, work / "tiny_int8.plan", precision="int8", calib=calib_npy, calib_size=40)
-    assert cosine(_run(work / "tiny_fp32.plan", test_images), _run(work / "tiny_int8.plan", test_images)) >= 0.99
+    assert cosine(first_output_on_cpu(work / "tiny_fp32.plan", test_images), first_output_on_cpu(work / "tiny_int8.plan", test_images)) >= 0.99
     header, tensors = read_engine_file(work / "tiny_int8.plan")
     assert tensors["w/conv1.w_int8"].dtype == torch.int8 and tensors["w/conv2.b_int32"].dtype == torch.int32
     assert not any(k.startswith("w/conv1.w") and t.dtype == torch.float32 for k, t in tensors.items()
@@ -309,7 +304,7 @@ def test_a_shape_reader_does_not_make_an_output_head(work, calib_npy, test_image
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert layers["neck"]["precision"] == "int8", layers["neck"]["reason"]
     assert layers["head"]["precision"] == "fp32" and "output head" in layers["head"]["reason"]
-    fp32, int8 = _run(work / "shape_reader_fp32.plan", test_images), _run(work / "shape_reader_int8.plan", test_images)
+    fp32, int8 = first_output_on_cpu(work / "shape_reader_fp32.plan", test_images), first_output_on_cpu(work / "shape_reader_int8.plan", test_images)
     assert cosine(fp32, int8) >= 0.99
 
 
@@ -454,7 +449,7 @@ def test_int8_fallback_precision_sets_the_other_layers(calib_npy, test_images, t
     assert "layers outside INT8 run fp32 (the cpu default)" in cli("inspect", tmp_path / "default.plan").out
     bf16 = _build(model, tmp_path / "bf16.plan", precision="int8", calib=calib_npy, int8_fallback_precision="bf16")
     assert {layer["precision"] for layer in bf16.header["layers"]} == {"int8", "bf16"}
-    assert cosine(_run(tmp_path / "default.plan", test_images), _run(tmp_path / "bf16.plan", test_images)) >= 0.99
+    assert cosine(first_output_on_cpu(tmp_path / "default.plan", test_images), first_output_on_cpu(tmp_path / "bf16.plan", test_images)) >= 0.99
 
 
 def test_int8_fallback_precision_needs_an_int8_build(tmp_path, cli):
