@@ -316,6 +316,7 @@ class Batcher:
         self.profiles = profiles
         self.metrics = metrics
         self.labels = {"model": model, "version": version}
+        self._series = metrics.key(self.labels)
         self._cv = threading.Condition()
         self._form = threading.Lock()  # one worker forms a batch at a time
         self._queue: deque[_Pending] = deque()
@@ -342,7 +343,7 @@ class Batcher:
                 raise QueueFull(f"model '{self.model}' version {self.version}: the queue is full "
                                 f"({self.policy.max_queue_size} requests waiting); retry later")
             self._queue.append(pending)
-            self.metrics.set("nv_inference_pending_request_count", self.labels, len(self._queue))
+            self.metrics.set("nv_inference_pending_request_count", self._series, len(self._queue))
             self._cv.notify()
         return pending.future
 
@@ -426,7 +427,7 @@ class Batcher:
                 next_deadline = p.deadline if next_deadline is None else min(next_deadline, p.deadline)
         if len(kept) != len(self._queue):
             self._queue = kept
-            self.metrics.set("nv_inference_pending_request_count", self.labels, len(kept))
+            self.metrics.set("nv_inference_pending_request_count", self._series, len(kept))
         for p in expired:
             _fail(p.future, RequestTimeout(f"model '{self.model}': the request timed out after "
                                            f"{(now - p.enqueued) * 1e3:.0f} ms in the queue"))
@@ -454,7 +455,7 @@ class Batcher:
                         or now >= dispatch_at):
                     taken = set(map(id, chosen))
                     self._queue = deque(p for p in self._queue if id(p) not in taken)
-                    self.metrics.set("nv_inference_pending_request_count", self.labels, len(self._queue))
+                    self.metrics.set("nv_inference_pending_request_count", self._series, len(self._queue))
                     return chosen
                 wake = dispatch_at if next_deadline is None else min(dispatch_at, next_deadline)
                 self._cv.wait(max(wake - now, 0.0005))
@@ -498,20 +499,20 @@ class Batcher:
                 _fail(p.future, ExecutionError(f"model '{self.model}' failed to run: {type(exc).__name__}: {message}"))
             return
         done = time.monotonic()
-        m, labels = self.metrics, self.labels
-        m.inc("nv_inference_exec_count", labels)
-        m.inc("nv_inference_count", labels, total)
-        m.observe("nv_inference_batch_size", labels, total)
-        m.inc("nv_inference_compute_input_duration_us", labels, (ready - start) * 1e6)
-        m.inc("nv_inference_compute_infer_duration_us", labels, (ran - ready) * 1e6)
-        m.inc("nv_inference_compute_output_duration_us", labels, (done - ran) * 1e6)
-        m.observe("nv_inference_compute_infer_histogram_ms", labels, (ran - ready) * 1e3)
-        for p, out in zip(live, parts):
-            queued = start - p.enqueued
-            m.inc("nv_inference_queue_duration_us", labels, queued * 1e6)
-            m.observe("nv_inference_queue_histogram_ms", labels, queued * 1e3)
+        queued = [start - p.enqueued for p in live]
+        # Per batch, not per request: one lock and one key for the whole batch.
+        m, series = self.metrics, self._series
+        m.inc_many(series, {"nv_inference_exec_count": 1, "nv_inference_count": total,
+                            "nv_inference_compute_input_duration_us": (ready - start) * 1e6,
+                            "nv_inference_compute_infer_duration_us": (ran - ready) * 1e6,
+                            "nv_inference_compute_output_duration_us": (done - ran) * 1e6,
+                            "nv_inference_queue_duration_us": sum(queued) * 1e6})
+        m.observe("nv_inference_batch_size", series, total)
+        m.observe("nv_inference_compute_infer_histogram_ms", series, (ran - ready) * 1e3)
+        m.observe_many("nv_inference_queue_histogram_ms", series, [q * 1e3 for q in queued])
+        for p, out, waited in zip(live, parts, queued):
             if not p.future.done():
-                p.future.set_result(BatchResult(out, queued, ran - ready, total))
+                p.future.set_result(BatchResult(out, waited, ran - ready, total))
 
     def _feeds(self, instance: Instance, live: list[_Pending], total: int) -> tuple[dict, int]:
         """The batch's inputs and its rows (total, or more when padded up to a warmed batch), copied

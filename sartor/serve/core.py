@@ -12,6 +12,7 @@ import numpy as np
 
 from ..version import __version__
 from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, RequestTimeout, ServeError
+from .relay import LoopRelay, expire
 from .repository import Repository, ServedModel
 from .shared_memory import Lease, SharedMemoryRegistry, ShmInput, ShmRef
 
@@ -46,6 +47,8 @@ class InferenceCore:
         self.default_timeout_s = default_timeout_s
         self.shared_memory = shared_memory if shared_memory is not None else SharedMemoryRegistry()
         self.extensions = EXTENSIONS + ([CUDA_EXTENSION] if self.shared_memory.cuda_available() else [])
+        self._loop_relay: LoopRelay | None = None
+        self._series_of: dict = {}
 
     # ---- server -------------------------------------------------------------------------------------
     def server_metadata(self) -> dict:
@@ -117,10 +120,15 @@ class InferenceCore:
                 lease.hold()
                 future.add_done_callback(lambda _: lease.release())
             wait = None if deadline is None else max(deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
+            waiter = self._relay().wait(future)
+            timer = None if wait is None else waiter.get_loop().call_later(wait, expire, waiter, future)
             try:
-                result = await asyncio.wait_for(asyncio.wrap_future(future), wait)
+                result = await waiter
             except asyncio.TimeoutError:
                 raise RequestTimeout(f"model '{name}': the request timed out after {timeout_s * 1e3:.0f} ms") from None
+            finally:
+                if timer is not None:
+                    timer.cancel()
             if output_regions:
                 written = await self._write_outputs(lease, output_regions, result.outputs)
         except ServeError as exc:
@@ -128,12 +136,25 @@ class InferenceCore:
                 self.metrics.inc("nv_inference_request_failure",
                                  {"model": model.name, "version": model.version, "reason": exc.metric_reason})
             raise
-        labels = {"model": model.name, "version": model.version}
-        self.metrics.inc("nv_inference_request_success", labels)
-        self.metrics.inc("nv_inference_request_duration_us", labels, (time.monotonic() - start) * 1e6)
+        self.metrics.inc_many(self._series(model), {"nv_inference_request_success": 1,
+                                                    "nv_inference_request_duration_us": (time.monotonic() - start) * 1e6})
         model.last_inference_ms = int(time.time() * 1000)
         wanted = outputs or list(result.outputs)
         return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written)
+
+    def _relay(self) -> LoopRelay:
+        loop = asyncio.get_running_loop()
+        if self._loop_relay is None or self._loop_relay.loop is not loop:
+            self._loop_relay = LoopRelay(loop)
+        return self._loop_relay
+
+    def _series(self, model: ServedModel) -> tuple:
+        """The metrics key of a model version, made once."""
+        series = self._series_of.get((model.name, model.version))
+        if series is None:
+            series = self._series_of[(model.name, model.version)] = self.metrics.key(
+                {"model": model.name, "version": model.version})
+        return series
 
     @staticmethod
     async def _write_outputs(lease: Lease, output_regions: dict, outputs: dict) -> dict:

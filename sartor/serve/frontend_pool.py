@@ -71,12 +71,12 @@ class _Link:
         self.index: int | None = None
         self.channel = Channel(self.on_frame, self.on_lost)
         self.tasks: dict[int, asyncio.Task] = {}
-        self.labels: dict = {}
+        self.series: tuple = ()  # its metrics key, once it said hello
 
     def on_frame(self, header: dict, payload: memoryview) -> None:
         kind = header.get("k")
         if kind == "i":
-            self.pool.metrics.inc("sartor_frontend_request_count", self.labels)
+            self.pool.metrics.inc("sartor_frontend_request_count", self.series)
             request_id = header["id"]
             task = asyncio.get_running_loop().create_task(self.infer(header, payload))
             self.tasks[request_id] = task
@@ -87,7 +87,7 @@ class _Link:
                 task.cancel()
         elif kind == "hello":
             self.index = int(header["index"])
-            self.labels = {"frontend": str(self.index)}
+            self.series = self.pool.metrics.key({"frontend": str(self.index)})
             self.pool.hello(self, int(header["pid"]))
         elif kind == "failed":
             self.pool.failures[int(header["index"])] = str(header.get("message", ""))

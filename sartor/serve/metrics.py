@@ -71,31 +71,50 @@ class Metrics:
         self._histograms: dict[str, dict[tuple, list]] = {name: {} for name in BUCKETS}
 
     @staticmethod
-    def _key(labels: dict) -> tuple:
+    def key(labels) -> tuple:
+        """The series key of a labels dict. Callers on a hot path compute it once and pass it instead
+        of the dict (every method takes either)."""
+        if isinstance(labels, tuple):
+            return labels
         return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
-    def inc(self, name: str, labels: dict, value: float = 1) -> None:
+    _key = key
+
+    def inc(self, name: str, labels, value: float = 1) -> None:
         key = self._key(labels)
         with self._lock:
             table = self._values[name]
             table[key] = table.get(key, 0) + value
 
-    def set(self, name: str, labels: dict, value: float) -> None:
+    def inc_many(self, labels, increments: dict) -> None:
+        """Several counters of one series under one lock: name -> value."""
+        key = self._key(labels)
+        with self._lock:
+            for name, value in increments.items():
+                table = self._values[name]
+                table[key] = table.get(key, 0) + value
+
+    def set(self, name: str, labels, value: float) -> None:
         with self._lock:
             self._values[name][self._key(labels)] = value
 
-    def observe(self, name: str, labels: dict, value: float) -> None:
+    def observe(self, name: str, labels, value: float) -> None:
+        self.observe_many(name, labels, (value,))
+
+    def observe_many(self, name: str, labels, values) -> None:
         key = self._key(labels)
         buckets = BUCKETS[name]
         with self._lock:
             entry = self._histograms[name].get(key)
             if entry is None:
                 entry = self._histograms[name][key] = [[0] * len(buckets), 0.0, 0]
-            for i, bound in enumerate(buckets):
-                if value <= bound:
-                    entry[0][i] += 1
-            entry[1] += value
-            entry[2] += 1
+            counts = entry[0]
+            for value in values:
+                for i, bound in enumerate(buckets):
+                    if value <= bound:
+                        counts[i] += 1
+                entry[1] += value
+                entry[2] += 1
 
     def get(self, name: str, labels: dict) -> float:
         with self._lock:

@@ -36,6 +36,7 @@ log = logging.getLogger("sartor.serve")
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 WARM_EVERY_BATCH_UP_TO = 64  # beyond this, powers of two, multiples of max/8 and the preferred sizes
 RETIRE_TIMEOUT_S = 120.0
+CHECKED_SIGNATURES = 256  # input signatures a model version remembers as valid (see ServedModel.check_inputs)
 
 
 def _stat(path: Path):
@@ -60,6 +61,9 @@ class ServedModel:
     checker: object = None  # an ExecutionContext used only for its (stateless) input checks
     preprocess: object = None  # PreprocessSpec or None
     last_inference_ms: int = 0
+    # (name, type, dtype, shape) of each input -> batch size, for input sets that passed check_inputs:
+    # the checks read nothing else, so a request shaped like an earlier one skips them.
+    _checked: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def engine(self):
@@ -93,6 +97,19 @@ class ServedModel:
 
     def check_inputs(self, inputs: dict) -> int:
         """Names, dtypes, ranks, batch size and profile ranges; returns the request's batch size."""
+        try:
+            signature = tuple((name, type(v), v.dtype, tuple(v.shape)) for name, v in inputs.items())
+        except AttributeError:  # not arrays: the full checks word the error
+            signature = None
+        batch = self._checked.get(signature) if signature is not None else None
+        if batch is not None:
+            return batch
+        batch = self._check_inputs(inputs)
+        if signature is not None and len(self._checked) < CHECKED_SIGNATURES:
+            self._checked[signature] = batch
+        return batch
+
+    def _check_inputs(self, inputs: dict) -> int:
         context = self.checker
         try:
             shapes = context.check_inputs(inputs)
