@@ -347,6 +347,36 @@ class Batcher:
             self._cv.notify()
         return pending.future
 
+    def submit_many(self, requests: list) -> list:
+        """Queue several requests, (inputs, batch, deadline) each, under one lock: a Future each, or
+        the QueueFull a request that did not fit gets (as `submit` raises it). Raises BatcherClosed
+        for all of them once this batcher stopped taking requests."""
+        batched = bool(self.policy.max_batch_size)
+        signatures: dict = {}  # requests of one group usually share their shapes
+        pendings = []
+        now = time.monotonic()
+        for inputs, batch, deadline in requests:
+            shapes = tuple((name, type(a), a.dtype, a.shape) for name, a in inputs.items())
+            signature = signatures.get(shapes)
+            if signature is None:
+                signature = signatures[shapes] = tuple(sorted(
+                    (name, dtype_key(a), tuple(a.shape[1:] if batched else a.shape)) for name, a in inputs.items()))
+            pendings.append(_Pending(inputs, batch, signature, now, deadline, Future()))
+        answers: list = []
+        with self._cv:
+            if self._closed:
+                raise BatcherClosed()
+            for pending in pendings:
+                if len(self._queue) >= self.policy.max_queue_size:
+                    answers.append(QueueFull(f"model '{self.model}' version {self.version}: the queue is full "
+                                             f"({self.policy.max_queue_size} requests waiting); retry later"))
+                    continue
+                self._queue.append(pending)
+                answers.append(pending.future)
+            self.metrics.set("nv_inference_pending_request_count", self._series, len(self._queue))
+            self._cv.notify(len(requests))
+        return answers
+
     @property
     def pending(self) -> int:
         with self._cv:

@@ -7,6 +7,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -37,6 +38,37 @@ class InferOutcome:
     # name, datatype and shape only, as Triton's (perf_analyzer's HTTP client reads an entry that has
     # "parameters" as binary data and fails without binary_data_size)
     shared_memory: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class GroupMember:
+    """One inference request of a group (a frontend process's grouped frame), as `infer` takes its
+    arguments, and what start_group keeps of it while it runs."""
+    key: int
+    name: str
+    version: str | None
+    inputs: dict
+    outputs: list | None = None
+    timeout_us: object = None
+    client_deadline_s: float | None = None
+    output_regions: dict = field(default_factory=dict)
+    start: float = 0.0
+    model: ServedModel | None = None
+    batch: int = 0
+    timeout_s: float | None = None
+    deadline: float | None = None
+    lease: Lease | None = None
+    waiter: asyncio.Future | None = None
+    timer: asyncio.TimerHandle | None = None
+    task: asyncio.Task | None = None
+    cancelled: bool = False
+
+
+def _release(m: GroupMember) -> None:
+    """The member's own lease hold, once."""
+    lease, m.lease = m.lease, None
+    if lease is not None:
+        lease.release()
 
 
 class InferenceCore:
@@ -90,6 +122,15 @@ class InferenceCore:
         finally:
             lease.release()
 
+    def _deadline(self, model: ServedModel, timeout_us, client_deadline_s: float | None,
+                  start: float) -> tuple[float | None, float | None]:
+        """(timeout in seconds, monotonic deadline) of a request that arrived at `start`."""
+        timeout_s = self._timeout(model, timeout_us)
+        if client_deadline_s is not None:
+            client_deadline_s = max(client_deadline_s, 0.0)
+            timeout_s = client_deadline_s if timeout_s is None else min(timeout_s, client_deadline_s)
+        return timeout_s, (start + timeout_s if timeout_s is not None else None)
+
     async def _infer(self, name: str, version: str | None, inputs: dict, outputs: list[str] | None, timeout_us,
                      client_deadline_s: float | None, lease: Lease | None, output_regions: dict | None
                      ) -> InferOutcome:
@@ -102,11 +143,7 @@ class InferenceCore:
                 batch = model.check_inputs(inputs)
                 if outputs:
                     model.check_outputs(outputs)
-                timeout_s = self._timeout(model, timeout_us)
-                if client_deadline_s is not None:
-                    client_deadline_s = max(client_deadline_s, 0.0)
-                    timeout_s = client_deadline_s if timeout_s is None else min(timeout_s, client_deadline_s)
-                deadline = start + timeout_s if timeout_s is not None else None
+                timeout_s, deadline = self._deadline(model, timeout_us, client_deadline_s, start)
                 try:
                     future = model.batcher.submit(inputs, batch, deadline)
                     break
@@ -141,6 +178,144 @@ class InferenceCore:
         model.last_inference_ms = int(time.time() * 1000)
         wanted = outputs or list(result.outputs)
         return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written)
+
+    # ---- grouped inference (frontend processes) ---------------------------------------------------
+    def start_group(self, members: list["GroupMember"], done: Callable[["GroupMember", object], None]
+                    ) -> list["GroupMember"]:
+        """Validate and queue a group of requests at once, without a task each (call on the event loop).
+        `done(member, answer)` runs on the loop once per member: an InferOutcome, the exception `infer`
+        would raise, or None where the member was cancelled (`cancel_member`). Requests naming the
+        same shared-memory region share one lease of it. Returns the members whose batcher was being
+        replaced (a version swap): run each through `infer_member`, which retries as `infer` does."""
+        loop = asyncio.get_running_loop()
+        lease: Lease | None = None
+        by_batcher: dict[int, tuple] = {}
+        retry: list[GroupMember] = []
+        try:
+            for m in members:
+                if m.cancelled:
+                    done(m, None)
+                    continue
+                m.start = time.monotonic()
+                try:
+                    if m.output_regions or any(isinstance(v, ShmInput) for v in m.inputs.values()):
+                        if lease is None:
+                            lease = self.shared_memory.lease()
+                        lease.hold()  # the member's own hold, released once it is answered
+                        m.lease = lease
+                        m.inputs = {n: lease.read(v) if isinstance(v, ShmInput) else v for n, v in m.inputs.items()}
+                        for ref in m.output_regions.values():
+                            lease.check_output(ref)
+                    m.model = self.repository.served(m.name, m.version)
+                    m.batch = m.model.check_inputs(m.inputs)
+                    if m.outputs:
+                        m.model.check_outputs(m.outputs)
+                    m.timeout_s, m.deadline = self._deadline(m.model, m.timeout_us, m.client_deadline_s, m.start)
+                except Exception as exc:  # noqa: BLE001 (the member's answer)
+                    self._member_failed(m, exc, done)
+                    continue
+                batcher = m.model.batcher
+                by_batcher.setdefault(id(batcher), (batcher, []))[1].append(m)
+            relay = self._relay()
+            for batcher, queued in by_batcher.values():
+                try:
+                    answers = batcher.submit_many([(m.inputs, m.batch, m.deadline) for m in queued])
+                except BatcherClosed:
+                    retry.extend(queued)
+                    continue
+                for m, answer in zip(queued, answers):
+                    if isinstance(answer, BaseException):
+                        self._member_failed(m, answer, done)
+                    else:
+                        self._member_queued(loop, relay, m, answer, done)
+        finally:
+            if lease is not None:
+                lease.release()  # the group's hold; its members hold it as long as they need it
+        return retry
+
+    async def infer_member(self, m: "GroupMember") -> InferOutcome:
+        """A member that start_group gave back, run the per-request way (its lease hold included)."""
+        try:
+            return await self._infer(m.name, m.version, m.inputs, m.outputs, m.timeout_us, m.client_deadline_s,
+                                     m.lease, m.output_regions)
+        finally:
+            _release(m)
+
+    @staticmethod
+    def cancel_member(m: "GroupMember") -> None:
+        """Its caller went away: drop it from the batcher queue if it has not started running (or
+        before it is queued)."""
+        m.cancelled = True
+        if m.task is not None:
+            m.task.cancel()
+        elif m.waiter is not None:
+            m.waiter.cancel()
+
+    def _member_queued(self, loop, relay: LoopRelay, m: "GroupMember", future, done) -> None:
+        if m.lease is not None:
+            # The batcher may still read the regions after the member gave up (a timeout).
+            lease = m.lease
+            lease.hold()
+            future.add_done_callback(lambda _: lease.release())
+        m.waiter = relay.wait(future)
+        if m.deadline is not None:
+            wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
+            m.timer = loop.call_later(wait, expire, m.waiter, future)
+        m.waiter.add_done_callback(lambda waiter: self._member_answered(m, waiter, done))
+
+    def _member_answered(self, m: "GroupMember", waiter: asyncio.Future, done) -> None:
+        if m.timer is not None:
+            m.timer.cancel()
+        if waiter.cancelled():
+            _release(m)
+            done(m, None)
+            return
+        error = waiter.exception()
+        if error is not None:
+            if isinstance(error, asyncio.TimeoutError):
+                error = RequestTimeout(f"model '{m.name}': the request timed out after {m.timeout_s * 1e3:.0f} ms")
+            self._member_failed(m, error, done)
+            return
+        result = waiter.result()
+        if not m.output_regions:
+            self._member_succeeded(m, result, {}, done)
+        elif sum(np.asarray(result.outputs[n]).nbytes for n in m.output_regions) > OFFLOAD_BYTES:
+            m.task = asyncio.get_running_loop().create_task(self._member_write(m, result, done))
+        else:
+            try:
+                written = {n: m.lease.write(ref, np.asarray(result.outputs[n])) for n, ref in m.output_regions.items()}
+            except Exception as exc:  # noqa: BLE001 (the member's answer)
+                self._member_failed(m, exc, done)
+                return
+            self._member_succeeded(m, result, written, done)
+
+    async def _member_write(self, m: "GroupMember", result, done) -> None:
+        try:
+            written = await self._write_outputs(m.lease, m.output_regions, result.outputs)
+        except asyncio.CancelledError:
+            _release(m)
+            done(m, None)
+            raise
+        except Exception as exc:  # noqa: BLE001 (the member's answer)
+            self._member_failed(m, exc, done)
+            return
+        self._member_succeeded(m, result, written, done)
+
+    def _member_succeeded(self, m: "GroupMember", result, written: dict, done) -> None:
+        model = m.model
+        self.metrics.inc_many(self._series(model), {"nv_inference_request_success": 1,
+                                                    "nv_inference_request_duration_us": (time.monotonic() - m.start) * 1e6})
+        model.last_inference_ms = int(time.time() * 1000)
+        wanted = m.outputs or list(result.outputs)
+        _release(m)
+        done(m, InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written))
+
+    def _member_failed(self, m: "GroupMember", error: BaseException, done) -> None:
+        if isinstance(error, ServeError) and m.model is not None:
+            self.metrics.inc("nv_inference_request_failure",
+                             {"model": m.model.name, "version": m.model.version, "reason": error.metric_reason})
+        _release(m)
+        done(m, error)
 
     def _relay(self) -> LoopRelay:
         loop = asyncio.get_running_loop()

@@ -28,9 +28,10 @@ import grpc
 from aiohttp import web
 
 from ..errors import ConfigError, SartorError
+from .core import GroupMember
 from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend
-from .ipc import Channel, decode_regions, decode_tensors, error_header, reply
+from .ipc import Channel, decode_regions, decode_tensors, error_header, group_members, reply
 from .workers import UNLIMITED
 
 log = logging.getLogger("sartor.serve")
@@ -64,27 +65,36 @@ def reserve_port(host: str, port: int, label: str) -> socket.socket:
 
 
 class _Link:
-    """One worker's channel, as the main process sees it: its requests in flight, by id."""
+    """One worker's channel, as the main process sees it: its requests in flight, by id. Grouped
+    requests ("g") are tracked as GroupMembers without a task each; single ones ("i", and members
+    that must retry across a version swap) as tasks. Every answer of one loop iteration leaves in one
+    grouped frame."""
 
     def __init__(self, pool: "FrontendPool") -> None:
         self.pool = pool
         self.index: int | None = None
         self.channel = Channel(self.on_frame, self.on_lost)
         self.tasks: dict[int, asyncio.Task] = {}
+        self.members: dict[int, GroupMember] = {}
         self.series: tuple = ()  # its metrics key, once it said hello
+        self._arrived: list[GroupMember] = []  # decoded, started once the frames of this read are in
+        self._answers: list = []
+        self._answer_buffers: list = []
 
     def on_frame(self, header: dict, payload: memoryview) -> None:
         kind = header.get("k")
-        if kind == "i":
+        if kind == "g":
+            self.on_group(header, payload)
+        elif kind == "i":
             self.pool.metrics.inc("sartor_frontend_request_count", self.series)
-            request_id = header["id"]
-            task = asyncio.get_running_loop().create_task(self.infer(header, payload))
-            self.tasks[request_id] = task
-            task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+            self.start_task(header["id"], self.infer(header, payload))
         elif kind == "c":
-            task = self.tasks.get(header.get("id"))
+            request_id = header.get("id")
+            task = self.tasks.get(request_id)
             if task is not None:
                 task.cancel()
+            elif request_id in self.members:
+                self.pool.core.cancel_member(self.members[request_id])
         elif kind == "hello":
             self.index = int(header["index"])
             self.series = self.pool.metrics.key({"frontend": str(self.index)})
@@ -92,26 +102,101 @@ class _Link:
         elif kind == "failed":
             self.pool.failures[int(header["index"])] = str(header.get("message", ""))
 
+    def start_task(self, request_id: int, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+
+    # ---- grouped requests ---------------------------------------------------------------------------
+    def on_group(self, header: dict, payload: memoryview) -> None:
+        entries = group_members(header, payload)
+        self.pool.metrics.inc("sartor_frontend_request_count", self.series, len(entries))
+        group = []
+        for entry, part in entries:
+            request_id = entry["id"]
+            try:
+                inputs = decode_tensors(entry["inputs"], part)
+            except Exception as exc:  # noqa: BLE001 (this member's answer; the others go on)
+                self.answered_with(request_id, exc)
+                continue
+            member = GroupMember(request_id, entry["model"], entry["version"], inputs, entry["outputs"] or None,
+                                 entry["timeout"], entry["deadline"], decode_regions(entry["regions"]))
+            self.members[request_id] = member
+            group.append(member)
+        # Started together with the other groups of this socket read: a frontend's wake-up often
+        # holds one request, a read of the channel many frames.
+        if group and not self._arrived:
+            asyncio.get_running_loop().call_soon(self._start_arrived)
+        self._arrived.extend(group)
+
+    def _start_arrived(self) -> None:
+        arrived, self._arrived = self._arrived, []
+        for member in self.pool.core.start_group(arrived, self.member_answered):
+            self.members.pop(member.key, None)
+            self.start_task(member.key, self.infer_member(member))
+
+    def member_answered(self, member: GroupMember, answer) -> None:
+        if self.members.get(member.key) is member:
+            del self.members[member.key]
+        if answer is not None:  # None: cancelled, its caller went away
+            self.answered_with(member.key, answer)
+
+    async def infer_member(self, member: GroupMember) -> None:
+        try:
+            outcome = await self.pool.core.infer_member(member)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the request's answer)
+            self.answered_with(member.key, exc)
+            return
+        self.answered_with(member.key, outcome)
+
+    # ---- single requests ------------------------------------------------------------------------------
     async def infer(self, header: dict, payload: memoryview) -> None:
-        request_id = header["id"]
         try:
             inputs = decode_tensors(header["inputs"], payload)
             outcome = await self.pool.core.infer(header["model"], header["version"], inputs, header["outputs"] or None,
                                                  header["timeout"], header["deadline"],
                                                  output_regions=decode_regions(header["regions"]))
-            frame = reply(request_id, outcome)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            if not isinstance(exc, SartorError):
-                log.exception("inference for a frontend failed")
-            self.channel.send(error_header(request_id, exc))
+        except Exception as exc:  # noqa: BLE001 (the request's answer)
+            self.answered_with(header["id"], exc)
             return
-        self.channel.send(*frame)
+        self.answered_with(header["id"], outcome)
+
+    # ---- answers --------------------------------------------------------------------------------------
+    def answered_with(self, request_id: int, answer) -> None:
+        """Queue the reply (an InferOutcome) or error of a request; those of one loop iteration leave
+        together in one grouped frame."""
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, SartorError):
+                log.error("inference for a frontend failed", exc_info=answer)
+            self._answers.append(error_header(request_id, answer))
+        else:
+            try:
+                header, buffers = reply(request_id, answer)
+            except Exception as exc:  # noqa: BLE001 (an output that cannot cross the channel)
+                self.answered_with(request_id, exc)
+                return
+            self._answers.append(header)
+            self._answer_buffers.extend(buffers)
+        if len(self._answers) == 1:
+            asyncio.get_running_loop().call_soon(self._send_answers)
+
+    def _send_answers(self) -> None:
+        answers, buffers = self._answers, self._answer_buffers
+        self._answers, self._answer_buffers = [], []
+        if len(answers) == 1:
+            self.channel.send(answers[0], buffers)
+        elif answers:
+            self.channel.send({"k": "G", "rs": answers}, buffers)
 
     def on_lost(self) -> None:
         for task in list(self.tasks.values()):
             task.cancel()  # nobody is left to answer
+        for member in list(self.members.values()):
+            self.pool.core.cancel_member(member)
         self.pool.lost(self)
 
 

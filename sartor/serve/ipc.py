@@ -11,10 +11,17 @@ write (the main process answers many requests per wake-up).
     worker -> main   {"k": "hello", "index", "pid"}               after binding its ports
                      {"k": "i", "id", "model", "version", "inputs", "outputs", "regions", "timeout",
                       "deadline"}                                 an inference request
+                     {"k": "g", "rs": [request, ...]}             the requests of one wake-up (each
+                                                                  an "i" header; payloads in order)
                      {"k": "c", "id"}                             its caller went away
     main -> worker   {"k": "r", "id", "model", "version", "outputs"}   the reply
                      {"k": "e", "id", "error", "message"}         the request failed
+                     {"k": "G", "rs": [reply or error, ...]}      the answers of one wake-up
                      {"k": "stop", "grace"}                       finish what runs, then exit
+
+Grouping exists for the main process's CPU: one header to parse, one batcher lock and one frame to
+write per wake-up rather than per request. Each member keeps its own id, error, timeout and
+cancellation.
 """
 from __future__ import annotations
 
@@ -238,6 +245,22 @@ def encode_regions(regions: dict | None) -> dict:
 
 def decode_regions(encoded: dict | None) -> dict:
     return {name: ShmRef(*fields) for name, fields in (encoded or {}).items()}
+
+
+def payload_bytes(described: list) -> int:
+    """The payload bytes of tensor descriptors (inputs of a request, outputs of a reply)."""
+    return sum(entry.get("bytes", 0) for entry in described)
+
+
+def group_members(header: dict, payload: memoryview) -> list[tuple[dict, memoryview]]:
+    """(header, payload) of each member of a grouped frame."""
+    found, offset = [], 0
+    for entry in header["rs"]:
+        # A request's payload is its inputs'; a reply's its outputs' (an error's none).
+        size = payload_bytes(entry["inputs"] if "inputs" in entry else entry.get("outputs") or ())
+        found.append((entry, payload[offset:offset + size]))
+        offset += size
+    return found
 
 
 # ---- replies --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from yarl import URL
 from .errors import ModelUnavailable
 from .grpc_frontend import SERVICE, GrpcFrontend, _safe_deserializer, _wrap_unary
 from .http_frontend import HttpFrontend, _errors
-from .ipc import Channel, encode_regions, encode_tensors, error_of, outcome_of
+from .ipc import Channel, encode_regions, encode_tensors, error_of, group_members, outcome_of
 
 log = logging.getLogger("sartor.serve")
 LOCAL_GRPC = ("ModelInfer", "ModelStreamInfer")
@@ -40,12 +40,14 @@ UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_le
 
 
 class RemoteCore:
-    """`InferenceCore.infer` as the frontends call it, answered by the main process."""
+    """`InferenceCore.infer` as the frontends call it, answered by the main process. The requests made
+    in one loop iteration leave in one grouped frame."""
 
     def __init__(self) -> None:
         self.channel: Channel | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
+        self._unsent: dict[int, tuple[dict, list]] = {}  # id -> (request header, payload buffers)
         self.stop_requested = asyncio.Event()
         self.grace = 5.0
 
@@ -58,26 +60,47 @@ class RemoteCore:
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
-        channel.send({"k": "i", "id": request_id, "model": name, "version": version, "inputs": described,
-                      "outputs": outputs, "regions": encode_regions(output_regions), "timeout": timeout_us,
-                      "deadline": client_deadline_s}, buffers)
+        self._unsent[request_id] = ({"k": "i", "id": request_id, "model": name, "version": version,
+                                     "inputs": described, "outputs": outputs,
+                                     "regions": encode_regions(output_regions), "timeout": timeout_us,
+                                     "deadline": client_deadline_s}, buffers)
+        if len(self._unsent) == 1:
+            asyncio.get_running_loop().call_soon(self._send_requests)
         try:
             return await future
         except asyncio.CancelledError:
-            channel.send({"k": "c", "id": request_id})  # the main process drops it from the queue
+            if self._unsent.pop(request_id, None) is None:
+                channel.send({"k": "c", "id": request_id})  # the main process drops it from the queue
             raise
         finally:
             self._waiting.pop(request_id, None)
 
+    def _send_requests(self) -> None:
+        unsent, self._unsent = self._unsent, {}
+        if not unsent or self.channel is None:
+            return
+        headers, buffers = [], []
+        for header, payload in unsent.values():
+            headers.append(header)
+            buffers.extend(payload)
+        self.channel.send({"k": "g", "rs": headers}, tuple(buffers))
+
     def on_frame(self, header: dict, payload: memoryview) -> None:
         kind = header.get("k")
-        if kind == "stop":
+        if kind == "G":
+            for entry, part in group_members(header, payload):
+                self._answer(entry, part)
+        elif kind == "stop":
             self.grace = float(header.get("grace", self.grace))
             self.stop_requested.set()
-            return
+        else:
+            self._answer(header, payload)
+
+    def _answer(self, header: dict, payload: memoryview) -> None:
         future = self._waiting.get(header.get("id"))
         if future is None or future.done():
             return  # its caller went away
+        kind = header.get("k")
         if kind == "r":
             # The outputs view the frame's buffer; it lives as long as they do.
             future.set_result(outcome_of(header, payload))
