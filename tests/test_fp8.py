@@ -393,6 +393,22 @@ def test_fp8_kernel_quantizes_on_load_exactly():
     assert torch.equal(y.float(), fp8.quantize_fp8(x, 1.0).float())  # (a -0 input may come back +0)
 
 
+@pytest.mark.skipif(KERNEL_DEVICE != "cuda", reason="Triton's interpreter casts a float32 NaN to a finite e4m3 "
+                    "value (384), so only compiled code can show NaN handling")
+def test_fp8_kernel_keeps_nan_inputs_nan():
+    """A NaN activation stays NaN through the kernel's quantization, as through the emulation's cast
+    (a GPU's maximum/minimum return the other operand: an unguarded clamp makes NaN -448)."""
+    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    channels = 32
+    x = torch.ones(1, channels, 1, 4)
+    x[..., 1] = float("nan")
+    w = torch.eye(channels).reshape(channels, channels, 1, 1).to(fp8.DTYPE)
+    geometry = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (1, 4))
+    y = conv_igemm(x.to(KERNEL_DEVICE), pack_weight(w.to(KERNEL_DEVICE)), None, geometry, TileConfig(16, 16, 32, 1, 1),
+                   dequant_scale=torch.ones(channels).to(KERNEL_DEVICE), input_inv_scale=1.0, fp8=True).cpu().float()
+    assert torch.isnan(y[..., 1]).all() and torch.equal(y[..., [0, 2, 3]], torch.ones(1, channels, 1, 3))
+
+
 @needs_fp8_kernel
 def test_fp8_gemm_and_im2col_kernels_match_the_emulation():
     from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
@@ -494,3 +510,18 @@ def test_a_qdq_model_runs_no_layer_fp8(tmp_path, calib_npy):
     assert layers["conv2"]["precision"] == "fp32"
     reason = layers["conv2"]["reason"]
     assert "--layer-precision conv2=fp8 not applied: the model is quantized with Q/DQ nodes" in reason
+
+
+@pytest.mark.parametrize("inner, refused", [(fp8.FP8_EXACT_K, False), (fp8.FP8_EXACT_K + 1, True)])
+def test_fp8_is_refused_where_the_emulation_would_not_be_exact(inner, refused):
+    """Past FP8_EXACT_K products per output the float64 sums of the CPU emulation can round."""
+    from passes_helpers import OnnxBuilder, import_graph
+
+    from sartor.quant.plan import quantized_unsupported
+    b = OnnxBuilder()
+    x = b.input("x", [1, inner])
+    model = b.model([b.node("MatMul", [x, b.const("w", np.zeros((inner, 2), dtype=np.float32))], name="mm")])
+    graph = import_graph(model)
+    reason = quantized_unsupported(graph, graph.nodes[0], "fp8")
+    assert (reason is not None and "exceeds 171196" in reason) == refused, reason
+    assert quantized_unsupported(graph, graph.nodes[0], "int8") is None

@@ -63,7 +63,10 @@ if triton is not None:
     def _quantize_fp8(v, inv_scale):
         """clamp(v · inv_scale, ±448) rounded to the e4m3 grid (ties to even), still float32: the
         grid step is 2^(e-3) for a value in [2^e, 2^(e+1)), and 2^-9 below 2^-6 (subnormals)."""
-        v = tl.minimum(tl.maximum(v * inv_scale, -448.0), 448.0)
+        v = v * inv_scale
+        # NaN stays NaN, as the emulation's cast keeps it (a GPU maximum/minimum returns the
+        # other operand, which would turn NaN into -448).
+        v = tl.where(v == v, tl.minimum(tl.maximum(v, -448.0), 448.0), v)
         exponent = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
         step = ((exponent + 124) << 23).to(tl.float32, bitcast=True)  # 2^(exponent-3)
         inv_step = ((130 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(3-exponent)

@@ -17,7 +17,10 @@ INT8 where its nodes say and no layer of it runs FP8.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import Graph, Node
+from ..ops.fp8 import FP8_EXACT_K
 from .qdq import explicit_int8_unsupported, is_qdq_model, refuse_asymmetric
 
 CONV_OPS = ("Conv", "FusedConv")
@@ -55,7 +58,22 @@ def quantized_unsupported(graph: Graph, node: Node, precision: str) -> str | Non
             return f"no FP8 kernel for {node.op_type}"
         if is_qdq_model(graph):
             return "the model is quantized with Q/DQ nodes (INT8 with its own scales): no layer of it runs FP8"
+        reason = int8_unsupported(graph, node)
+        if reason is None and _reduction_length(graph, node) > FP8_EXACT_K:
+            return (f"its reduction length {_reduction_length(graph, node)} exceeds {FP8_EXACT_K}, beyond which the "
+                    f"CPU emulation of FP8 sums is no longer exact")
+        return reason
     return int8_unsupported(graph, node)
+
+
+def _reduction_length(graph: Graph, node: Node) -> int:
+    """K: the products summed into each output (kh·kw·C/group for a conv, the inner size of a GEMM)."""
+    weight = graph.constant(node.inputs[1])
+    if node.op_type in CONV_OPS:
+        return int(np.prod(weight.shape[1:]))
+    if node.op_type in ("Gemm", "FusedGemm"):
+        return int(weight.shape[1] if node.attrs.get("transB", 0) else weight.shape[0])
+    return int(weight.shape[-2])
 
 
 def int8_unsupported(graph: Graph, node: Node) -> str | None:
