@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also sartor INT8 (calibrated on street scenes)")
     parser.add_argument("--fp8", action="store_true", help="also sartor FP8 E4M3 (same calibration as INT8)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--max-autotune", action="store_true",
+                        help="also torch.compile mode max-autotune (minutes of compile per shape)")
     parser.add_argument("--onnx-dir", type=Path, default=None)
     parser.add_argument("--iterations", type=int, default=100)
     args = parser.parse_args()
@@ -186,6 +188,11 @@ def main() -> None:
                         run, compile_s = compiled_runner(model, x)
                         return dict(timed(run, batch, args.iterations), compile_s=round(compile_s, 1))
                     jobs.append(("torch_compile_reduce_overhead", compile_job))
+                if args.max_autotune:
+                    def autotune_job():
+                        run, compile_s = compiled_runner(model, x, mode="max-autotune")
+                        return dict(timed(run, batch, args.iterations), compile_s=round(compile_s, 1))
+                    jobs.append(("torch_compile_max_autotune", autotune_job))
             for key, job in jobs:
                 try:
                     row[key] = job()
@@ -193,7 +200,8 @@ def main() -> None:
                     results["errors"][f"{name} b{batch} {key}"] = f"{type(exc).__name__}: {exc}"[:600]
                     traceback.print_exc()
                 print(json.dumps({key: row.get(key)}), flush=True)
-            peers = [row[k]["median_ms"] for k in ("eager_fp16_cuda_graph", "torch_compile_reduce_overhead") if k in row]
+            peers = [row[k]["median_ms"] for k in ("eager_fp16_cuda_graph", "torch_compile_reduce_overhead",
+                                                    "torch_compile_max_autotune") if k in row]
             if "sartor_fp16" in row and peers:
                 row["sartor_fp16_speedup_over_best_peer"] = round(min(peers) / row["sartor_fp16"]["median_ms"], 3)
             results["rows"].append(row)
