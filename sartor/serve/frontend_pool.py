@@ -31,7 +31,9 @@ from ..errors import ConfigError, SartorError
 from .core import GroupMember
 from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend
-from .ipc import Channel, decode_regions, decode_tensors, error_header, group_members, reply
+from .errors import InvalidRequest
+from .ipc import (REPLY_PAYLOAD_LIMIT, Channel, decode_regions, decode_tensors, error_header, frame_limit,
+                  group_members, grouped_frames, reply, request_payload_limit)
 from .workers import UNLIMITED
 
 log = logging.getLogger("sartor.serve")
@@ -73,13 +75,14 @@ class _Link:
     def __init__(self, pool: "FrontendPool") -> None:
         self.pool = pool
         self.index: int | None = None
-        self.channel = Channel(self.on_frame, self.on_lost)
+        # A worker keeps its request frames within this limit; a larger frame is a corrupt stream.
+        self.channel = Channel(self.on_frame, self.on_lost,
+                               max_frame=frame_limit(request_payload_limit(pool.options.max_request_bytes)))
         self.tasks: dict[int, asyncio.Task] = {}
         self.members: dict[int, GroupMember] = {}
         self.series: tuple = ()  # its metrics key, once it said hello
         self._arrived: list[GroupMember] = []  # decoded, started once the frames of this read are in
-        self._answers: list = []
-        self._answer_buffers: list = []
+        self._answers: list[tuple[dict, list]] = []  # (reply or error header, payload buffers)
 
     def on_frame(self, header: dict, payload: memoryview) -> None:
         kind = header.get("k")
@@ -172,25 +175,30 @@ class _Link:
         if isinstance(answer, BaseException):
             if not isinstance(answer, SartorError):
                 log.error("inference for a frontend failed", exc_info=answer)
-            self._answers.append(error_header(request_id, answer))
+            self._answers.append((error_header(request_id, answer), []))
         else:
             try:
                 header, buffers = reply(request_id, answer)
             except Exception as exc:  # noqa: BLE001 (an output that cannot cross the channel)
                 self.answered_with(request_id, exc)
                 return
-            self._answers.append(header)
-            self._answer_buffers.extend(buffers)
+            size = sum(memoryview(b).nbytes for b in buffers)
+            if size > REPLY_PAYLOAD_LIMIT:
+                self.answered_with(request_id, InvalidRequest(
+                    f"the outputs ({size} bytes) exceed the {REPLY_PAYLOAD_LIMIT}-byte limit of the frontend "
+                    "channel; ask for them in shared memory"))
+                return
+            self._answers.append((header, buffers))
         if len(self._answers) == 1:
             asyncio.get_running_loop().call_soon(self._send_answers)
 
     def _send_answers(self) -> None:
-        answers, buffers = self._answers, self._answer_buffers
-        self._answers, self._answer_buffers = [], []
+        answers, self._answers = self._answers, []
         if len(answers) == 1:
-            self.channel.send(answers[0], buffers)
-        elif answers:
-            self.channel.send({"k": "G", "rs": answers}, buffers)
+            self.channel.send(*answers[0])
+            return
+        for header, buffers in grouped_frames("G", answers, REPLY_PAYLOAD_LIMIT):
+            self.channel.send(header, buffers)
 
     def on_lost(self) -> None:
         for task in list(self.tasks.values()):

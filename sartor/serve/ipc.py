@@ -22,6 +22,11 @@ write (the main process answers many requests per wake-up).
 Grouping exists for the main process's CPU: one header to parse, one batcher lock and one frame to
 write per wake-up rather than per request. Each member keeps its own id, error, timeout and
 cancellation.
+
+Frames are bounded (`frame_limit`): a sender splits a group that would exceed its peer's limit, and
+a receiver closes the channel on a frame that asks for more (a corrupt length prefix; the worker is
+then restarted as a dead one is). A frame whose header cannot be read is dropped: its length prefix
+was good, so the next frame starts where it ends.
 """
 from __future__ import annotations
 
@@ -43,6 +48,17 @@ log = logging.getLogger("sartor.serve")
 PREFIX = struct.Struct("<II")
 READ_BUFFER = 256 << 10
 OWN_BUFFER_FROM = 64 << 10  # a frame at least this large is read into a buffer of its own
+# Room for a frame's JSON header beside its payload. A member's header names its tensors, shapes and
+# dtypes (well under 16 KiB); groups hold at most MAX_GROUP members, so their headers stay within it.
+HEADER_ROOM = 16 << 20
+MAX_GROUP = 1024
+# A request body's tensors decode to at most 8 bytes per byte of body: a one-byte varint in a gRPC
+# INT64/UINT64/FP64 field, "0," in JSON decoded as an 8-byte type (4x); binary data is 1:1.
+REQUEST_EXPANSION = 8
+# Replies carry model outputs, which no option bounds; 2 GiB is far above a vision model's outputs
+# for one request, and below the 4 GiB the prefix's payload field can state. Larger outputs can be
+# asked for in shared memory, where they do not cross the channel.
+REPLY_PAYLOAD_LIMIT = 2 << 30
 WIRE_DTYPES = {np.dtype(name).str: np.dtype(name) for name in TO_NUMPY.values()}
 # The request errors a reply may carry, by class name: the worker raises the same class, so that its
 # frontends answer with the same HTTP status and gRPC code as the in-process server.
@@ -58,6 +74,19 @@ class RemoteInternalError(ServeError):
 
 # ---- frames ---------------------------------------------------------------------------------------------
 
+def request_payload_limit(max_request_bytes: int) -> int:
+    """The most payload bytes one request (and one group of requests) carries on the channel."""
+    return REQUEST_EXPANSION * max_request_bytes
+
+
+def frame_limit(payload_limit: int) -> int:
+    """The largest frame a receiver accepts when its peer keeps payloads within `payload_limit`."""
+    return PREFIX.size + HEADER_ROOM + payload_limit
+
+
+REPLY_FRAME_LIMIT = frame_limit(REPLY_PAYLOAD_LIMIT)
+
+
 def frame(header: dict, buffers: tuple = ()) -> list:
     """The pieces of one frame (header bytes first, then the payload buffers as they are)."""
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -70,15 +99,37 @@ def parse(data) -> tuple[dict, memoryview]:
     view = memoryview(data)
     head, size = PREFIX.unpack_from(view)
     start = PREFIX.size + head
-    return json.loads(bytes(view[PREFIX.size:start])), view[start:start + size]
+    header = json.loads(bytes(view[PREFIX.size:start]))
+    if not isinstance(header, dict):
+        raise ValueError(f"a frame header is a JSON object, not {type(header).__name__}")
+    return header, view[start:start + size]
+
+
+def grouped_frames(kind: str, members: list[tuple[dict, list]], payload_limit: int):
+    """The frames ({"k": kind, "rs": headers}, buffers) that carry `members` (header, payload buffers):
+    as few as keep each within `payload_limit` payload bytes and MAX_GROUP members. A member larger
+    than the limit on its own is the caller's to refuse before it is queued."""
+    headers, buffers, size = [], [], 0
+    for header, pieces in members:
+        nbytes = sum(memoryview(piece).nbytes for piece in pieces)
+        if headers and (size + nbytes > payload_limit or len(headers) == MAX_GROUP):
+            yield {"k": kind, "rs": headers}, buffers
+            headers, buffers, size = [], [], 0
+        headers.append(header)
+        buffers.extend(pieces)
+        size += nbytes
+    if headers:
+        yield {"k": kind, "rs": headers}, buffers
 
 
 class Channel(asyncio.BufferedProtocol):
     """One end of a frame stream. `on_frame(header, payload)` runs on the event loop for each frame;
-    `on_lost()` once the connection is gone."""
+    `on_lost()` once the connection is gone. A frame larger than `max_frame` bytes closes it."""
 
-    def __init__(self, on_frame, on_lost=None) -> None:
+    def __init__(self, on_frame, on_lost=None, max_frame: int = REPLY_FRAME_LIMIT) -> None:
         self.on_frame, self.on_lost = on_frame, on_lost
+        self.max_frame = max_frame
+        self._refused = False  # an oversized frame arrived: the rest of the stream is not read
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray(READ_BUFFER)
         self._start = self._end = 0
@@ -105,6 +156,8 @@ class Channel(asyncio.BufferedProtocol):
         self._start, self._end = 0, pending
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._refused:
+            return
         if self._own is not None:
             self._own_filled += nbytes
             if self._own_filled < len(self._own):
@@ -120,6 +173,9 @@ class Channel(asyncio.BufferedProtocol):
         while self._end - self._start >= PREFIX.size:
             head, size = PREFIX.unpack_from(view, self._start)
             total = PREFIX.size + head + size
+            if total > self.max_frame:
+                self._refuse(total)
+                return
             available = self._end - self._start
             if available >= total:
                 # Copied out: the read buffer is reused. Only small frames (or the rare large one
@@ -137,8 +193,21 @@ class Channel(asyncio.BufferedProtocol):
         if self._start == self._end:
             self._start = self._end = 0
 
+    def _refuse(self, total: int) -> None:
+        log.error("a frontend channel frame of %d bytes exceeds the limit of %d bytes: closing the channel",
+                  total, self.max_frame)
+        self._refused = True
+        self._start = self._end = 0
+        if self.transport is not None:
+            self.transport.close()
+
     def _deliver(self, data) -> None:
-        header, payload = parse(data)
+        try:
+            header, payload = parse(data)
+        except Exception as exc:  # noqa: BLE001 (the length prefix was good: the stream stays in step)
+            log.warning("a frontend channel frame was dropped: its header cannot be read (%s)",
+                        " ".join(f"{type(exc).__name__}: {exc}".split()))
+            return
         try:
             self.on_frame(header, payload)
         except Exception:

@@ -27,10 +27,11 @@ from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 from tritonclient.grpc import service_pb2 as pb
 from yarl import URL
 
-from .errors import ModelUnavailable
+from .errors import InvalidRequest, ModelUnavailable
 from .grpc_frontend import SERVICE, GrpcFrontend, _safe_deserializer, _wrap_unary
 from .http_frontend import HttpFrontend, _errors
-from .ipc import Channel, encode_regions, encode_tensors, error_of, group_members, outcome_of
+from .ipc import (Channel, RemoteInternalError, encode_regions, encode_tensors, error_of, group_members,
+                  grouped_frames, outcome_of, payload_bytes, request_payload_limit)
 
 log = logging.getLogger("sartor.serve")
 LOCAL_GRPC = ("ModelInfer", "ModelStreamInfer")
@@ -41,9 +42,11 @@ UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_le
 
 class RemoteCore:
     """`InferenceCore.infer` as the frontends call it, answered by the main process. The requests made
-    in one loop iteration leave in one grouped frame."""
+    in one loop iteration leave in one grouped frame (more where they exceed `payload_limit`, which
+    the main process's channel enforces)."""
 
-    def __init__(self) -> None:
+    def __init__(self, payload_limit: int) -> None:
+        self.payload_limit = payload_limit
         self.channel: Channel | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
@@ -57,6 +60,9 @@ class RemoteCore:
         if channel is None or channel.transport is None:
             raise ModelUnavailable("the server is shutting down")
         described, buffers = encode_tensors(inputs)
+        if payload_bytes(described) > self.payload_limit:
+            raise InvalidRequest(f"the request's tensors ({payload_bytes(described)} bytes) exceed the "
+                                 f"{self.payload_limit}-byte limit of the frontend channel")
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
@@ -79,33 +85,56 @@ class RemoteCore:
         unsent, self._unsent = self._unsent, {}
         if not unsent or self.channel is None:
             return
-        headers, buffers = [], []
-        for header, payload in unsent.values():
-            headers.append(header)
-            buffers.extend(payload)
-        self.channel.send({"k": "g", "rs": headers}, tuple(buffers))
+        for header, buffers in grouped_frames("g", list(unsent.values()), self.payload_limit):
+            self.channel.send(header, tuple(buffers))
 
     def on_frame(self, header: dict, payload: memoryview) -> None:
         kind = header.get("k")
         if kind == "G":
-            for entry, part in group_members(header, payload):
-                self._answer(entry, part)
+            self._answer_group(header, payload)
         elif kind == "stop":
             self.grace = float(header.get("grace", self.grace))
             self.stop_requested.set()
         else:
             self._answer(header, payload)
 
+    def _answer_group(self, header: dict, payload: memoryview) -> None:
+        try:
+            members = group_members(header, payload)
+        except Exception as exc:  # noqa: BLE001 (which bytes are whose is unknown: all it names fail)
+            entries = header.get("rs")
+            named = [e.get("id") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+            self._fail(named, exc)
+            return
+        for entry, part in members:
+            self._answer(entry, part)
+
     def _answer(self, header: dict, payload: memoryview) -> None:
-        future = self._waiting.get(header.get("id"))
+        request_id = header.get("id")
+        future = self._waiting.get(request_id) if isinstance(request_id, int) else None
         if future is None or future.done():
             return  # its caller went away
         kind = header.get("k")
-        if kind == "r":
-            # The outputs view the frame's buffer; it lives as long as they do.
-            future.set_result(outcome_of(header, payload))
-        elif kind == "e":
-            future.set_exception(error_of(header))
+        try:
+            if kind == "r":
+                # The outputs view the frame's buffer; it lives as long as they do.
+                future.set_result(outcome_of(header, payload))
+            elif kind == "e":
+                future.set_exception(error_of(header))
+            else:
+                raise ValueError(f"an answer of kind {kind!r}")
+        except Exception as exc:  # noqa: BLE001 (the request fails rather than wait forever)
+            self._fail([request_id], exc)
+
+    def _fail(self, request_ids: list, exc: Exception) -> None:
+        """Requests whose answer arrived but cannot be read: each fails with a 500 / INTERNAL."""
+        message = " ".join(f"internal error: the main process's answer cannot be read: "
+                           f"{type(exc).__name__}: {exc}".split())
+        log.error("%s (request ids %s)", message, request_ids)
+        for request_id in request_ids:
+            future = self._waiting.pop(request_id, None) if isinstance(request_id, int) else None
+            if future is not None and not future.done():
+                future.set_exception(RemoteInternalError(message))
 
     def on_lost(self) -> None:
         for future in self._waiting.values():
@@ -187,7 +216,7 @@ def grpc_handler(core: RemoteCore, control: grpc.aio.Channel):
 
 async def _serve(settings: dict) -> None:
     loop = asyncio.get_running_loop()
-    core = RemoteCore()
+    core = RemoteCore(request_payload_limit(settings["max_request_bytes"]))
     _, channel = await loop.create_unix_connection(lambda: Channel(core.on_frame, core.on_lost), settings["ipc"])
     core.channel = channel
     loop.add_signal_handler(signal.SIGTERM, core.stop_requested.set)
