@@ -7,6 +7,7 @@ compile after installation shows whether Triton finds them. The last test runs o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,8 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
 
 # Built directly: under TRITON_INTERPRET=1 (conftest) @triton.jit gives the interpreter's function.
 ADD_ONE = JITFunction(_add_one)
+# The kernels installation accepts here: the test kernel stands in for sartor's (sartor_kernel_names()).
+KERNELS = frozenset({"_add_one"})
 
 
 @contextlib.contextmanager
@@ -190,16 +193,121 @@ def test_tampered_kernel_bytes_fail_the_integrity_check(built_cache):
         unpack(bytes(data))
 
 
-@pytest.mark.parametrize("key,name", [("../../ETC", "_add_one.cubin"), (None, "../evil.cubin"),
-                                      (None, "launcher.so"), (None, "__grp__x.json")])
-def test_malformed_entries_are_skipped(built_cache, key, name):
-    """Names come from the file's header: a path, host code or a group file never reaches the cache."""
+@pytest.mark.parametrize("key,extra", [("../../ETC", None), (None, "../evil.cubin"), (None, "launcher.so"),
+                                       (None, "__grp__x.json"), (None, "__grp___add_one.json"),
+                                       (None, "_add_one.ptx"), (None, "other.cubin")])
+def test_malformed_entries_are_skipped(built_cache, key, extra):
+    """Names come from the file's header: a path, host code or a group file never reaches the cache.
+    Each case is otherwise a valid entry (its real cubin and metadata), so only the rule on names
+    rejects it."""
     entry = built_cache[1][0]
-    files = {name: b"\x00" * 8, "_add_one.json": entry.files["_add_one.json"]}
-    bad = ks.KernelEntry(key or entry.key, "evil", entry.triton, entry.arch, files)
+    files = dict(entry.files, **({extra: b"\x7fELF" + b"\x00" * 8} if extra else {}))
+    bad = ks.KernelEntry(key or entry.key, entry.name, entry.triton, entry.arch, files)
     record, tensors = ks.pack_kernels([bad], triton.__version__)
     entries, problems = ks.unpack_kernels(record, tensors)
     assert entries == [] and len(problems) == 1 and "malformed" in problems[0]
+
+
+def test_files_must_be_named_after_the_kernel(built_cache):
+    entry = built_cache[1][0]
+    renamed = ks.KernelEntry(entry.key, "_other", entry.triton, entry.arch, entry.files)
+    record, tensors = ks.pack_kernels([renamed, entry], triton.__version__)
+    entries, problems = ks.unpack_kernels(record, tensors)
+    assert entries == [entry] and len(problems) == 1 and "malformed" in problems[0]
+
+
+# Shapes a crafted or damaged header can give the record (the review's cases and a few more).
+_MALFORMED_RECORDS = [
+    ["embedded"],
+    "embedded",
+    {"embedded": True, "scheme": ks.SCHEME, "entries": {"key": "A" * 16}},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": "A" * 16},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": ["x", 3, None, []]},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": [{"key": "A" * 16, "files": ["a.json"]}]},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": [{"key": "A" * 16, "name": "n",
+                                                        "files": {"n.json": 1, "n.cubin": 1}}]},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": [{"key": 7, "name": ["n"], "files": {"n.json": "1"}}]},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": [{"key": "A" * 16, "name": "n",
+                                                        "files": {"n.json": None, "n.cubin": 1.5}}]},
+    {"embedded": True, "scheme": ["x"], "entries": [1]},
+    {"embedded": True, "scheme": ks.SCHEME, "entries": [], "bytes": "many", "triton": {"v": 1}},
+]
+
+
+@pytest.mark.parametrize("record", _MALFORMED_RECORDS, ids=range(len(_MALFORMED_RECORDS)))
+def test_malformed_records_give_lines_not_errors(record, tmp_path):
+    entries, problems = ks.unpack_kernels(record, {})
+    assert entries == [] and all(isinstance(p, str) and "\n" not in p for p in problems)
+    assert problems or record_has_no_entries(record)
+    assert isinstance(ks.describe_record(record), str)
+    with triton_cache_at(tmp_path):
+        report = ks.install_engine_kernels({"kernels": record}, {}, ARCH, kernel_names=KERNELS)
+    assert report is None or not report.installed
+    assert list(tmp_path.iterdir()) == []
+
+
+def record_has_no_entries(record) -> bool:
+    return isinstance(record, dict) and record.get("entries") == []
+
+
+def _random_json(rng: np.random.Generator, depth: int = 0):
+    kind = int(rng.integers(0, 9 if depth < 3 else 6))
+    if kind == 0:
+        return None
+    if kind == 1:
+        return bool(rng.integers(0, 2))
+    if kind == 2:
+        return int(rng.integers(-5, 1 << 20))
+    if kind == 3:
+        return float(rng.normal())
+    if kind == 4:
+        return str(rng.choice(["", "A" * 16, "_add_one", "_add_one.json", "../x", ks.SCHEME, "90"]))
+    if kind == 5:
+        return "".join(rng.choice(list("AZ27az_.-/é"), size=int(rng.integers(0, 20))))
+    if kind == 6:
+        return [_random_json(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    keys = ["embedded", "scheme", "entries", "key", "name", "files", "arch", "triton", "bytes", "_add_one.json"]
+    return {str(rng.choice(keys)): _random_json(rng, depth + 1) for _ in range(int(rng.integers(0, 5)))}
+
+
+def _with_random_leaf(value, rng: np.random.Generator):
+    """`value` (a JSON tree) with one node, picked at random, replaced by random JSON."""
+    if rng.random() < 0.25 or not isinstance(value, (dict, list)) or not value:
+        return _random_json(rng)
+    if isinstance(value, dict):
+        key = list(value)[int(rng.integers(0, len(value)))]
+        return dict(value, **{key: _with_random_leaf(value[key], rng)})
+    at = int(rng.integers(0, len(value)))
+    return [*value[:at], _with_random_leaf(value[at], rng), *value[at + 1:]]
+
+
+def test_fuzzed_records_never_raise(built_cache, tmp_path):
+    """Random records and random damage to a real one: lines or entries, never an exception, and
+    whatever is installed is a valid entry."""
+    record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    real = built_cache[1][0]
+    rng = np.random.default_rng(0)
+    kept = skipped = 0
+    for i in range(400):
+        fuzzed = _with_random_leaf(record, rng) if i % 2 else _random_json(rng)
+        entries, problems = ks.unpack_kernels(fuzzed, tensors)
+        kept, skipped = kept + len(entries), skipped + len(problems)
+        assert all(isinstance(p, str) for p in problems), fuzzed
+        assert all((e.key, e.name, e.files) == (real.key, real.name, real.files) for e in entries), fuzzed
+        assert isinstance(ks.describe_record(fuzzed), str), fuzzed
+        with triton_cache_at(tmp_path / str(i)):
+            ks.install_engine_kernels({"kernels": fuzzed}, tensors, ARCH, kernel_names=KERNELS)
+    assert kept > 0 and skipped > 0, "the fuzz reaches both outcomes"
+
+
+def test_inspect_reports_a_malformed_record_in_one_line(plan_copy, cli):
+    header, tensors = read_engine_file(plan_copy)
+    header["fingerprint"] = dict(header["fingerprint"], kind="cuda")
+    plan_copy.write_bytes(pack(dict(header, kernels=["embedded"]), tensors))
+    result = cli("inspect", plan_copy)
+    assert result.code == 0, result
+    assert "malformed (the engine's kernels record is a list" in result.out, result.out
+    assert json.loads(cli("inspect", plan_copy, "--json").out)["kernels"]["entries"] == 0
 
 
 def test_another_scheme_is_ignored_with_a_line(built_cache):
@@ -214,7 +322,7 @@ def test_installed_entries_make_triton_compile_nothing(built_cache, tmp_path):
     header, kernel_tensors = _roundtrip(built_cache[1])
     entries, _ = ks.unpack_kernels(header["kernels"], kernel_tensors)
     fresh = tmp_path / "fresh_cache"
-    report = ks.install_kernels(entries, fresh, triton.__version__, ARCH)
+    report = ks.install_kernels(entries, fresh, triton.__version__, ARCH, KERNELS)
     assert report.installed == [entries[0].key] and not report.present and not report.ignored
     before = sorted(p.relative_to(fresh) for p in fresh.rglob("*"))
     events = Events()
@@ -235,7 +343,7 @@ def test_without_installation_triton_compiles(tmp_path):
 
 def test_group_file_points_at_the_installed_files(built_cache, tmp_path):
     entry = built_cache[1][0]
-    ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     group = json.loads((tmp_path / entry.key / "__grp___add_one.json").read_text())
     assert group["child_paths"] == {name: str(tmp_path / entry.key / name) for name in entry.files}
     assert not list(tmp_path.glob("tmp.*")), "no staging directory left"
@@ -247,7 +355,7 @@ def test_an_existing_entry_is_never_overwritten(built_cache, tmp_path):
     mine.mkdir()
     (mine / "__grp___add_one.json").write_text("{\"child_paths\": {}}")
     (mine / "_add_one.cubin").write_bytes(b"theirs")
-    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     assert report.present == [entry.key] and not report.installed
     assert (mine / "_add_one.cubin").read_bytes() == b"theirs"
 
@@ -255,7 +363,7 @@ def test_an_existing_entry_is_never_overwritten(built_cache, tmp_path):
 def test_an_empty_directory_from_a_triton_lookup_is_filled(built_cache, tmp_path):
     entry = built_cache[1][0]
     (tmp_path / entry.key).mkdir()
-    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     assert report.installed == [entry.key]
     assert (tmp_path / entry.key / "_add_one.cubin").read_bytes() == entry.files["_add_one.cubin"]
 
@@ -264,7 +372,7 @@ def test_an_entry_triton_is_writing_is_left_alone(built_cache, tmp_path):
     entry = built_cache[1][0]
     (tmp_path / entry.key).mkdir()
     (tmp_path / entry.key / "_add_one.ttir").write_text("half")
-    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     assert report.busy == [entry.key] and not report.installed
     assert sorted(p.name for p in (tmp_path / entry.key).iterdir()) == ["_add_one.ttir"]
     assert not list(tmp_path.glob("tmp.*"))
@@ -282,7 +390,7 @@ def test_a_failed_write_leaves_no_half_entry(built_cache, tmp_path, monkeypatch)
         return real(self, data)
     monkeypatch.setattr(Path, "write_bytes", failing)
     with pytest.raises(OSError):
-        ks.install_kernels([entry], tmp_path, triton.__version__, ARCH)
+        ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     assert list(tmp_path.iterdir()) == [], "neither the entry nor its staging directory exists"
 
 
@@ -292,7 +400,7 @@ def test_concurrent_installs_each_entry_once(built_cache, tmp_path):
 
     def install():
         barrier.wait()
-        reports.append(ks.install_kernels([entry], tmp_path, triton.__version__, ARCH))
+        reports.append(ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS))
     threads = [threading.Thread(target=install) for _ in range(8)]
     for t in threads:
         t.start()
@@ -309,21 +417,119 @@ def test_concurrent_installs_each_entry_once(built_cache, tmp_path):
 def test_entries_for_another_triton_or_arch_are_ignored(built_cache, tmp_path, version, arch):
     entry = built_cache[1][0]
     other = ks.KernelEntry(entry.key, entry.name, version or entry.triton, arch, entry.files)
-    report = ks.install_kernels([other], tmp_path, triton.__version__, ARCH)
+    report = ks.install_kernels([other], tmp_path, triton.__version__, ARCH, KERNELS)
     assert not report.installed and len(report.ignored) == 1
     assert (version or f"arch {arch}") in report.ignored[0]
     assert not (tmp_path / entry.key).exists()
 
 
+def _with_metadata(entry: ks.KernelEntry, key: str | None = None, **changes) -> ks.KernelEntry:
+    """`entry` with its metadata's fields changed (a field set to None is removed) and maybe its key."""
+    metadata = json.loads(entry.files[entry.metadata_file])
+    metadata.update(changes)
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    files = dict(entry.files, **{entry.metadata_file: json.dumps(metadata).encode()})
+    return ks.KernelEntry(key or entry.key, entry.name, entry.triton, entry.arch, files)
+
+
+_OTHER_HASH = hashlib.sha256(b"another program's kernel").hexdigest()
+
+
+@pytest.mark.parametrize("case,why", [
+    ("key_of_another_hash", "key is not the one Triton derives"),
+    ("hash_of_another_key", "key is not the one Triton derives"),
+    ("no_hash", "key is not the one Triton derives"),
+    ("metadata_names_another_kernel", "metadata names kernel 'other'"),
+    ("not_a_sartor_kernel", "not a Triton kernel sartor ships"),
+    ("metadata_for_another_arch", "targets arch 80"),
+    ("metadata_without_target", "targets arch None"),
+    ("metadata_not_json", "not a JSON object"),
+    ("metadata_not_utf8", "not a JSON object"),
+    ("metadata_a_list", "not a JSON object"),
+])
+def test_entries_that_disagree_with_their_metadata_are_not_installed(built_cache, tmp_path, case, why):
+    """The header says where an entry goes; Triton loads what its metadata says. A file whose two
+    disagree could plant a binary or corrupt metadata under another kernel's key."""
+    entry = built_cache[1][0]
+    names = KERNELS
+    bad = {
+        "key_of_another_hash": lambda: ks.KernelEntry(ks.entry_key(_OTHER_HASH), entry.name, entry.triton,
+                                                      entry.arch, entry.files),
+        "hash_of_another_key": lambda: _with_metadata(entry, hash=_OTHER_HASH),
+        "no_hash": lambda: _with_metadata(entry, hash=None),
+        "metadata_names_another_kernel": lambda: _with_metadata(entry, name="other"),
+        "not_a_sartor_kernel": lambda: entry,
+        "metadata_for_another_arch": lambda: _with_metadata(entry, target={"backend": "cuda", "arch": 80,
+                                                                           "warp_size": 32}),
+        "metadata_without_target": lambda: _with_metadata(entry, target=None),
+        "metadata_not_json": lambda: ks.KernelEntry(entry.key, entry.name, entry.triton, entry.arch,
+                                                    dict(entry.files, **{entry.metadata_file: b"{not json"})),
+        "metadata_not_utf8": lambda: ks.KernelEntry(entry.key, entry.name, entry.triton, entry.arch,
+                                                    dict(entry.files, **{entry.metadata_file: b"\xff\xfe{}"})),
+        "metadata_a_list": lambda: ks.KernelEntry(entry.key, entry.name, entry.triton, entry.arch,
+                                                  dict(entry.files, **{entry.metadata_file: b"[]"})),
+    }[case]()
+    if case == "not_a_sartor_kernel":
+        names = None  # sartor's own kernels: the test kernel is not one of them
+    report = ks.install_kernels([bad], tmp_path, triton.__version__, ARCH, names)
+    assert not report.installed and not report.present and len(report.ignored) == 1
+    assert why in report.ignored[0], report.ignored
+    assert list(tmp_path.iterdir()) == [], "nothing written to the cache"
+
+
+def test_the_unaltered_entry_passes_the_same_checks(built_cache, tmp_path):
+    """The cases above can fail: the real entry, re-serialized the same way, is installed."""
+    entry = _with_metadata(built_cache[1][0])
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
+    assert report.installed == [entry.key] and not report.ignored
+
+
+def test_sartor_kernel_names_are_its_triton_functions():
+    names = ks.sartor_kernel_names()
+    assert {"_conv_igemm_kernel", "_epilogue_kernel", "_depthwise_nhwc_kernel", "_max_pool_nhwc_kernel",
+            "_upsample_nearest_nhwc_kernel", "_yolo_decode_kernel"} <= names
+    assert "_add_one" not in names and "conv_igemm" not in names, "plain Python functions are not kernels"
+
+
+@pytest.mark.parametrize("install,env,refused", [
+    (True, None, ""), (True, "0", ""), (False, None, "install_kernels=False"),
+    (True, "1", "SARTOR_NO_KERNEL_INSTALL=1"), (False, "1", "install_kernels=False")])
+def test_install_refusal(monkeypatch, install, env, refused):
+    if env is None:
+        monkeypatch.delenv(ks.NO_INSTALL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ks.NO_INSTALL_ENV, env)
+    got = ks.install_refusal(install)
+    assert refused in got if refused else got == ""
+
+
+def test_a_refused_load_writes_nothing(built_cache, tmp_path, caplog):
+    record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
+    with triton_cache_at(tmp_path), caplog.at_level(logging.INFO, logger="sartor.runtime"):
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, "sartor.load(install_kernels=False)",
+                                           kernel_names=KERNELS)
+        assert list(tmp_path.iterdir()) == []
+        allowed = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, "", kernel_names=KERNELS)
+    assert not report.installed and "install_kernels=False" in report.ignored[0]
+    assert not any(r.levelno >= logging.WARNING for r in caplog.records), "an opt-out is not a warning"
+    assert allowed.installed == [built_cache[1][0].key], "the same record is installed without the refusal"
+
+
+def test_load_takes_install_kernels(plan_copy, tiny_engine, images):
+    engine = sartor.load(plan_copy, device="cpu", install_kernels=False)
+    np.testing.assert_array_equal(engine.context().run({"images": images})["logits"],
+                                  tiny_engine.context().run({"images": images})["logits"])
+
+
 def test_load_step_logs_ignored_kernels_and_installs_the_rest(built_cache, tmp_path, caplog):
     entry = built_cache[1][0]
-    other = ks.KernelEntry("A" * 52, "old_kernel", "0.0.1", ARCH, entry.files)
+    other = ks.KernelEntry("A" * 52, entry.name, "0.0.1", ARCH, entry.files)
     record, tensors = ks.pack_kernels([entry, other], triton.__version__)
     with triton_cache_at(tmp_path), caplog.at_level(logging.INFO, logger="sartor.runtime"):
-        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH)
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS)
     assert report.installed == [entry.key] and report.cache_dir == str(tmp_path)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "Triton 0.0.1" in warnings[0] and "old_kernel" in warnings[0]
+    assert len(warnings) == 1 and "Triton 0.0.1" in warnings[0] and "AAAAAAAAAAAA" in warnings[0]
     assert any("1 Triton kernel(s) installed" in r.getMessage() for r in caplog.records)
 
 
@@ -517,3 +723,13 @@ def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_p
     kernel_dirs = {p.parent.name for p in cache.glob("*/__grp__*.json")}
     assert kernel_dirs == set(events["installed"]), "Triton wrote no kernel entry of its own"
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=0, atol=0)
+
+    opted_out = tmp_path / "opted_out_triton_cache"
+    opted_out.mkdir()
+    env = dict(env, TRITON_CACHE_DIR=str(opted_out), SARTOR_NO_KERNEL_INSTALL="1")
+    run = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(plan), str(tmp_path / "images.npy"),
+                          str(tmp_path / "out_opted_out.npy")], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    events = json.loads(run.stdout.strip().splitlines()[-1])
+    assert events["misses"] >= 1 and events["installed"] == [], events
+    np.testing.assert_allclose(np.load(tmp_path / "out_opted_out.npy"), expected, rtol=0, atol=0)

@@ -36,8 +36,9 @@ class BuildConfig:
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
     builder_effort: int = DEFAULT_BUILDER_EFFORT
     timing_cache: str | None = None  # JSON file of tactic timings: read before tactic selection, merged after
-    # CUDA builds store the compiled Triton kernels the engine runs in the engine file, so that loading
-    # on a fresh machine JIT-compiles nothing (sartor/runtime/kernel_store.py); False keeps files small.
+    # CUDA builds store the compiled Triton kernels the engine runs at its profiles' min, opt and max
+    # shapes, so that loading on a fresh machine JIT-compiles nothing there (other sizes inside a
+    # profile may compile once; sartor/runtime/kernel_store.py); False keeps files small.
     embed_kernels: bool = True
     # INT8 (sartor/quant): calibration data (.npy/.npz of input samples, or a dataset), how many
     # samples, the threshold method (None: entropy) and the calibration cache file.

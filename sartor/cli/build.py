@@ -121,7 +121,8 @@ kernels:
   A CUDA build runs the finished engine once at each profile's min, opt and max shapes and stores
   the compiled Triton kernels it ran (GPU binary and metadata, no host code) in the engine file.
   Loading writes those that Triton's cache lacks into it, so the first run on a fresh machine
-  compiles nothing. --no-embed-kernels leaves them out (smaller file). `sartor inspect` shows them.
+  compiles nothing at those shapes (other sizes inside a profile may compile once; set
+  SARTOR_NO_KERNEL_INSTALL=1 where engines come from elsewhere). --no-embed-kernels leaves them out (smaller file). `sartor inspect` shows them.
 """
 
 

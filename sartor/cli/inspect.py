@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import DeviceError
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
-from ..runtime.kernel_store import TENSOR_PREFIX, describe_record
+from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
 from ..runtime.profiles import Profile
 from .common import (
     console,
@@ -147,8 +147,8 @@ def _kernels_summary(header: dict, tensors: dict) -> dict:
     record = header.get("kernels")
     stored = sum(t.numel() for k, t in tensors.items() if k.startswith(TENSOR_PREFIX))
     kind = (header.get("fingerprint") or {}).get("kind", "cuda")
-    return {"embedded": bool(record and record.get("embedded")), "entries": len((record or {}).get("entries") or []),
-            "bytes": int(stored), "triton": (record or {}).get("triton"),
+    return {"embedded": is_embedded(record), "entries": len(record_entries(record)),
+            "bytes": int(stored), "triton": record.get("triton") if isinstance(record, dict) else None,
             "text": describe_record(record, kind), "record": record}
 
 

@@ -13,7 +13,7 @@ from .engine_file import read_engine_file
 from .executor import Executor
 from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
-from .kernel_store import cuda_arch, install_engine_kernels, split_kernel_tensors
+from .kernel_store import cuda_arch, install_engine_kernels, install_refusal, split_kernel_tensors
 from .profiles import Profile
 
 
@@ -105,8 +105,18 @@ def rebuild_command(header: dict) -> str:
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> Engine:
-    """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT)."""
+def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True) -> Engine:
+    """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT).
+
+    A CUDA engine's compiled Triton kernels are installed into this process's Triton cache (shared
+    with every later process of this user), so that runs at the profiles' min, opt and max shapes
+    compile nothing. Trust boundary: loading checks that each entry's key, kernel name and arch
+    agree with its metadata and that the kernel is one sartor ships, so a file cannot plant entries
+    under another program's keys; it cannot prove that a cubin is the compile of sartor's source, so
+    whoever built the engine is trusted with the GPU code of sartor's kernels. Loading engines you
+    did not build, pass `install_kernels=False` (or set SARTOR_NO_KERNEL_INSTALL=1): their kernels
+    are then compiled here.
+    """
     header, tensors = read_engine_file(path)
     try:
         built_for = header["fingerprint"]
@@ -117,7 +127,8 @@ def load(path: str | os.PathLike, device: str | None = None) -> Engine:
     check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
     tensors, kernel_tensors = split_kernel_tensors(tensors)
     # Before the first run: the JIT then finds every kernel the engine runs in its cache.
-    installed = install_engine_kernels(header, kernel_tensors, cuda_arch(target)) if target.type == "cuda" else None
+    installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target), install_refusal(install_kernels))
+                 if target.type == "cuda" else None)
     engine = Engine(header, tensors, target, str(path))
     engine.kernels_installed = installed
     return engine

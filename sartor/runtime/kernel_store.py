@@ -1,4 +1,5 @@
-"""Compiled Triton kernels inside the engine file, so that loading on a fresh machine compiles nothing.
+"""Compiled Triton kernels inside the engine file, so that a fresh machine compiles nothing at the
+shapes the build ran (each profile's min, opt and max; other sizes inside a profile may compile once).
 
 Triton's JIT keeps each compiled kernel on disk as one *cache entry*: a directory named by the
 compilation's key (base32 of the SHA-256 of the kernel source, its specialization, the compile
@@ -13,16 +14,25 @@ itself keeps under TRITON_STORE_BINARY_ONLY) as uint8 tensors `__kernels__/<key>
 writes them back as entries with a group file that points at their new place. Host code (Triton's
 compiled launcher modules, `.so`) is never stored: loading an engine must not be able to run code on
 the host.
+
+Triton's cache is the user's, shared by every process and program, so an entry is written only when
+what Triton will load agrees with where it lands: the key is the one Triton derives from the
+metadata's own hash, the kernel is one sartor ships, and the metadata's arch is this GPU's. That
+keeps an engine file from planting entries under another program's keys or corrupt metadata; it
+cannot prove that a cubin is the compile of sartor's source (see `sartor.load(install_kernels=...)`).
 """
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import logging
 import os
+import pkgutil
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +49,13 @@ BINARY_SUFFIXES = (".cubin",)
 METADATA_SUFFIX = ".json"
 # Bounds on what an engine file may ask loading to write (the names come from its header).
 _KEY = re.compile(r"[A-Z2-7]{16,128}")
-_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
+_HASH = re.compile(r"[0-9a-f]{64}")  # Triton's compilation hash: a SHA-256 hex digest
+# Triton names an entry's files after the kernel, cut to this many characters (compiler.compile).
+_FILE_STEM_CHARS = 150
 MAX_ENTRIES = 4096
+# Set (to anything but "0") where engines come from elsewhere: their kernels are then compiled here.
+NO_INSTALL_ENV = "SARTOR_NO_KERNEL_INSTALL"
 
 
 @dataclass(frozen=True)
@@ -66,9 +81,43 @@ def entry_key(kernel_hash: str) -> str:
     return base64.b32encode(bytes.fromhex(kernel_hash)).decode("ascii").rstrip("=")
 
 
-def _valid_file(name: str) -> bool:
-    return (bool(_FILE.fullmatch(name)) and ".." not in name and not name.startswith(GROUP_PREFIX)
-            and name.endswith((*BINARY_SUFFIXES, METADATA_SUFFIX)))
+def _valid_files(kernel: str, files: Collection[str]) -> bool:
+    """The name rule: an entry of kernel `kernel` carries exactly the files Triton's cache entry of it
+    loads, `<kernel>.json` and `<kernel>.cubin`. Paths, host code (a launcher `.so`), group files and
+    any other name are refused: they come from the file's header."""
+    stem = kernel[:_FILE_STEM_CHARS]
+    metadata, binaries = stem + METADATA_SUFFIX, {stem + suffix for suffix in BINARY_SUFFIXES}
+    return (bool(_KERNEL_NAME.fullmatch(kernel)) and metadata in files and any(b in files for b in binaries)
+            and all(name == metadata or name in binaries for name in files))
+
+
+def sartor_kernel_names() -> frozenset[str]:
+    """The names of the Triton functions sartor ships (sartor/kernels/*.py): the only kernels an
+    engine may install. Under TRITON_INTERPRET they are interpreter objects; both kinds keep the
+    Python function in `.fn` (and Autotuner/Heuristics wrap them in `.fn` too)."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return frozenset()
+    kinds: tuple[type, ...] = (JITFunction,)
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        kinds += (InterpretedFunction,)
+    except ImportError:
+        pass
+    from .. import kernels as package
+    names = set()
+    for module_info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        for value in vars(module).values():
+            for _ in range(4):
+                if isinstance(value, kinds):
+                    names.add(value.fn.__name__)
+                    break
+                value = getattr(value, "fn", None)
+                if value is None:
+                    break
+    return frozenset(names)
 
 
 # ---- build: which kernels ran, and their files ------------------------------------------------
@@ -135,28 +184,75 @@ def split_kernel_tensors(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     return own, {k: t for k, t in tensors.items() if k.startswith(TENSOR_PREFIX)}
 
 
-def unpack_kernels(record: dict | None, tensors: dict[str, torch.Tensor]) -> tuple[list[KernelEntry], list[str]]:
-    """The entries an engine carries, and a line per entry it carries malformed (skipped)."""
-    if not record or not record.get("embedded"):
+def is_embedded(record) -> bool:
+    """Whether a header's `kernels` record says the file carries kernels (any JSON value is accepted)."""
+    return isinstance(record, dict) and bool(record.get("embedded"))
+
+
+def record_entries(record) -> list:
+    """The record's entry list as written (empty where the record or its list is malformed)."""
+    entries = record.get("entries") if isinstance(record, dict) else None
+    return entries if isinstance(entries, list) else []
+
+
+def _malformed_record(record) -> str | None:
+    """Why a whole `kernels` record cannot be read (None when its entries can be, one by one)."""
+    if not isinstance(record, dict):
+        return f"the engine's kernels record is a {type(record).__name__}, not an object: embedded kernels ignored"
+    entries = record.get("entries") or []
+    if not isinstance(entries, list):
+        return f"the engine's kernel entries are a {type(entries).__name__}, not a list: embedded kernels ignored"
+    return None
+
+
+def _other_scheme(record: dict) -> str | None:
+    if record.get("scheme") == SCHEME:
+        return None
+    return (f"kernel scheme {record.get('scheme')!r} is not {SCHEME!r}: all {len(record_entries(record))} "
+            f"embedded kernel(s) ignored")
+
+
+def _entry_label(item) -> str:
+    key = item.get("key") if isinstance(item, dict) else None
+    return repr(key[:16]) if isinstance(key, str) else f"<{type(item).__name__}>"
+
+
+def _entry_from_item(item, tensors: dict[str, torch.Tensor]) -> KernelEntry | None:
+    """The entry one header item describes, its files read from `tensors`; None if malformed."""
+    if not isinstance(item, dict):
+        return None
+    key, name, files = item.get("key"), item.get("name"), item.get("files")
+    if not (isinstance(key, str) and _KEY.fullmatch(key) and isinstance(name, str) and isinstance(files, dict)
+            and _valid_files(name, files)):
+        return None
+    data = {file: tensors.get(f"{TENSOR_PREFIX}{key}/{file}") for file in files}
+    for file, tensor in data.items():
+        size = files[file]
+        if not (isinstance(tensor, torch.Tensor) and tensor.dtype == torch.uint8 and tensor.dim() == 1
+                and tensor.numel() == size):
+            return None
+    return KernelEntry(key, name, str(item.get("triton", "")), str(item.get("arch", "")),
+                       {file: t.contiguous().numpy().tobytes() for file, t in data.items()})
+
+
+def unpack_kernels(record, tensors: dict[str, torch.Tensor]) -> tuple[list[KernelEntry], list[str]]:
+    """The entries an engine carries, and a line per entry it carries malformed (skipped), or one
+    line when the whole record is. Total over any JSON value: the record comes from the file."""
+    if not record or (isinstance(record, dict) and not record.get("embedded")):
         return [], []
-    if record.get("scheme") != SCHEME:
-        return [], [f"kernel scheme {record.get('scheme')!r} is not {SCHEME!r}: all {len(record.get('entries', []))} "
-                     f"embedded kernel(s) ignored"]
+    problem = _malformed_record(record) or _other_scheme(record)
+    if problem is not None:
+        return [], [problem]
+    items = record_entries(record)
     entries, problems = [], []
-    for item in list(record.get("entries") or [])[:MAX_ENTRIES]:
-        key, files = str(item.get("key", "")), dict(item.get("files") or {})
-        data = {name: tensors.get(f"{TENSOR_PREFIX}{key}/{name}") for name in files}
-        valid = (_KEY.fullmatch(key) and files and all(_valid_file(n) for n in files)
-                 and sum(n.endswith(METADATA_SUFFIX) for n in files) == 1
-                 and any(n.endswith(BINARY_SUFFIXES) for n in files)
-                 and all(t is not None and t.dtype == torch.uint8 and t.dim() == 1 and t.numel() == files[n]
-                         for n, t in data.items()))
-        if not valid:
-            problems.append(f"kernel entry {key[:16]!r} is malformed: skipped")
-            continue
-        entries.append(KernelEntry(key, str(item.get("name", "")), str(item.get("triton", "")),
-                                   str(item.get("arch", "")),
-                                   {n: t.contiguous().numpy().tobytes() for n, t in data.items()}))
+    if len(items) > MAX_ENTRIES:
+        problems.append(f"{len(items) - MAX_ENTRIES} kernel entries beyond the first {MAX_ENTRIES}: skipped")
+    for item in items[:MAX_ENTRIES]:
+        entry = _entry_from_item(item, tensors)
+        if entry is None:
+            problems.append(f"kernel entry {_entry_label(item)} is malformed: skipped")
+        else:
+            entries.append(entry)
     return entries, problems
 
 
@@ -177,17 +273,48 @@ class InstallReport:
         return line + (f" ({self.cache_dir})" if self.cache_dir else "")
 
 
+def _content_problem(entry: KernelEntry, triton_version: str, arch: str, kernel_names: Collection[str]) -> str | None:
+    """Why `entry` must not be written to Triton's cache, or None. The header names the key, kernel
+    and arch; the metadata Triton will load must agree with each, so that an entry lands only under
+    the key Triton gives that metadata, for a kernel sartor ships and this GPU."""
+    label = f"kernel {entry.name} ({entry.key[:12]}…)"
+    if entry.triton != triton_version or entry.arch != str(arch):
+        return (f"{label} was compiled by Triton {entry.triton} for arch {entry.arch}; this process runs "
+                f"Triton {triton_version} on arch {arch}")
+    try:
+        metadata = json.loads(entry.files[entry.metadata_file])
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+        metadata = None
+    if not isinstance(metadata, dict):
+        return f"{label}: its metadata is not a JSON object: not installed"
+    kernel_hash = metadata.get("hash")
+    if not (isinstance(kernel_hash, str) and _HASH.fullmatch(kernel_hash) and entry_key(kernel_hash) == entry.key):
+        return f"{label}: its key is not the one Triton derives from its metadata's hash: not installed"
+    if metadata.get("name") != entry.name:
+        return f"{label}: its metadata names kernel {metadata.get('name')!r}: not installed"
+    if entry.name not in kernel_names:
+        return f"{label}: not a Triton kernel sartor ships: not installed"
+    target = metadata.get("target")
+    built_for = target.get("arch") if isinstance(target, dict) else None
+    if str(built_for) != entry.arch:
+        return f"{label}: its metadata targets arch {built_for}, not {entry.arch}: not installed"
+    return None
+
+
 def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, triton_version: str,
-                    arch: str) -> InstallReport:
+                    arch: str, kernel_names: Collection[str] | None = None) -> InstallReport:
     """Write each entry Triton's cache lacks, atomically (built in a temporary directory, then
     renamed into place), so that neither a concurrent load nor a running Triton sees half an entry.
-    An existing entry is never overwritten. Entries of another Triton version or GPU arch are skipped."""
+    An existing entry is never overwritten. Entries of another Triton version or GPU arch, of a
+    kernel not in `kernel_names` (by default sartor's) or whose metadata disagrees with the header
+    are skipped with a line."""
     root = Path(cache_dir)
     report = InstallReport(str(root))
+    kernel_names = sartor_kernel_names() if kernel_names is None else kernel_names
     for entry in entries:
-        if entry.triton != triton_version or entry.arch != str(arch):
-            report.ignored.append(f"kernel {entry.name} ({entry.key[:12]}…) was compiled by Triton {entry.triton} "
-                                  f"for arch {entry.arch}; this process runs Triton {triton_version} on arch {arch}")
+        problem = _content_problem(entry, triton_version, str(arch), kernel_names)
+        if problem is not None:
+            report.ignored.append(problem)
             continue
         final = root / entry.key
         if (final / (GROUP_PREFIX + entry.metadata_file)).exists():
@@ -236,20 +363,36 @@ def cuda_arch(device: torch.device) -> str:
     return str(major * 10 + minor)
 
 
-def install_engine_kernels(header: dict, tensors: dict[str, torch.Tensor], arch: str) -> InstallReport | None:
+def install_refusal(install_kernels: bool = True) -> str:
+    """Why this load must not install an engine's kernels ("" when it may): the caller said so, or
+    the environment (`SARTOR_NO_KERNEL_INSTALL=1`) does."""
+    if not install_kernels:
+        return "sartor.load(install_kernels=False)"
+    if os.environ.get(NO_INSTALL_ENV, "") not in ("", "0"):
+        return f"{NO_INSTALL_ENV}={os.environ[NO_INSTALL_ENV]}"
+    return ""
+
+
+def install_engine_kernels(header: dict, tensors: dict[str, torch.Tensor], arch: str, refusal: str = "",
+                           kernel_names: Collection[str] | None = None) -> InstallReport | None:
     """Install the kernels an engine file carries into this process' Triton cache before its first
-    run, for GPU arch `arch` (None when the file carries none)."""
+    run, for GPU arch `arch` (None when the file carries none). With a `refusal` (install_refusal),
+    nothing is written and the JIT compiles them as it would without the file's kernels."""
     record = header.get("kernels")
-    if not record or not record.get("embedded"):
-        return None
     entries, problems = unpack_kernels(record, tensors)
+    if not is_embedded(record) and not problems:
+        return None
+    if refusal:
+        report = InstallReport(None, ignored=[f"{len(entries)} embedded kernel(s) not installed: {refusal}"])
+        log.info("engine kernels: %s (the JIT compiles them)", report.ignored[0])
+        return report
     cache_dir, why_not = triton_cache_dir()
     if cache_dir is None:
         report = InstallReport(None, ignored=[f"{len(entries)} embedded kernel(s) not installed: {why_not}"])
     else:
         import triton
         try:
-            report = install_kernels(entries, cache_dir, triton.__version__, arch)
+            report = install_kernels(entries, cache_dir, triton.__version__, arch, kernel_names)
         except OSError as exc:
             report = InstallReport(cache_dir, ignored=[f"embedded kernels not installed in {cache_dir}: "
                                                        f"{exc.strerror or exc}"])
@@ -260,18 +403,25 @@ def install_engine_kernels(header: dict, tensors: dict[str, torch.Tensor], arch:
     return report
 
 
-def describe_record(record: dict | None, device_kind: str = "cuda") -> str:
-    """One line for `sartor inspect` and the build log."""
+def describe_record(record, device_kind: str = "cuda") -> str:
+    """One line for `sartor inspect` and the build log (any JSON value: the record comes from the file)."""
     if not record:
         return ("none (CPU engine)" if device_kind == "cpu" else
                 "none recorded (built before kernels were embedded): the first run on a fresh machine JIT-compiles")
-    if not record.get("embedded"):
+    if isinstance(record, dict) and not record.get("embedded"):
         return f"not embedded ({record.get('reason', '')}): the first run on a fresh machine JIT-compiles them"
-    entries = record.get("entries") or []
+    malformed = _malformed_record(record)
+    if malformed is not None:
+        return f"malformed ({malformed}): the first run on a fresh machine JIT-compiles them"
+    entries = record_entries(record)
     if not entries:
         return "none: no layer of this engine runs a Triton kernel"
-    arches = sorted({str(e.get("arch")) for e in entries})
-    names = sorted({e.get("name", "") for e in entries})
-    return (f"{len(entries)} Triton kernel(s) embedded, {record.get('bytes', 0) / 1024:.1f} KiB (Triton "
+    items = [e for e in entries if isinstance(e, dict)]
+    arches = sorted({str(e.get("arch")) for e in items})
+    names = sorted({str(e.get("name", "")) for e in items})
+    size = record.get("bytes")
+    kib = size / 1024 if isinstance(size, (int, float)) and not isinstance(size, bool) else 0.0
+    return (f"{len(entries)} Triton kernel(s) embedded, {kib:.1f} KiB (Triton "
             f"{record.get('triton')}{', sm_' + '/'.join(arches) if arches else ''})"
-            + (f": {', '.join(names)}" if names else ""))
+            + (f": {', '.join(names)}" if names else "")
+            + (f" [{_other_scheme(record)}]" if _other_scheme(record) else ""))
