@@ -23,7 +23,7 @@ from ..runtime.graph_codec import encode_graph
 from ..runtime.kernel_store import describe_record, not_embedded, pack_kernels
 from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
-from ..tactics import TacticSelection, TimingCache, select_tactics
+from ..tactics import TacticSelection, TimingCache, record_tactics, select_tactics_by_profile, summary_by_profile
 from ..version import __version__
 from .config import QUANTIZED_PRECISIONS, BuildConfig, check_preprocess
 from .kernels import CaptureUnavailable, capture_kernels
@@ -100,13 +100,29 @@ def _tactic(node, device: torch.device) -> str:
     return "torch"
 
 
+def _tactics_by_profile(node, selections: list[TacticSelection]) -> dict:
+    """A layer record's per-profile choices (engines with several profiles, layers with tactics):
+    {"tactic_by_profile": [{"tactic", "timings_ms", "rejected", "source"} or None per profile]}."""
+    if "tactic_by_profile" not in node.attrs:
+        return {}
+    return {"tactic_by_profile": [selection.layers.get(node.name) for selection in selections]}
+
+
+def _tactics_record(config: BuildConfig, selections: list[TacticSelection]) -> dict:
+    record = {"builder_effort": config.builder_effort, "timed": sum(s.timed for s in selections),
+              "from_timing_cache": sum(s.cached for s in selections), "timing_cache": config.timing_cache}
+    if len(selections) > 1:
+        record["by_profile"] = [{"timed": s.timed, "from_timing_cache": s.cached} for s in selections]
+    return record
+
+
 def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: torch.device,
                  generator: torch.Generator, layer_precision: dict) -> dict:
     """Arena size per profile from the lifetimes and sizes of activations at the max shapes, each
     layer at its planned precision (an FP16 layer's outputs take half an FP32 layer's bytes)."""
     executor = Executor(graph, weights, device, layer_precision)
     plans = []
-    for profile in profiles:
+    for k, profile in enumerate(profiles):
         sizes: dict[str, int] = {}
 
         def observe(index, step, outputs, sizes=sizes):
@@ -117,7 +133,7 @@ def _memory_plan(graph: Graph, weights: dict, profiles: list[Profile], device: t
                     sizes[name] = t.numel() * t.element_size()
 
         with torch.inference_mode():
-            executor.run(_random_feeds(graph, profile.max_shapes(), device, generator), observe=observe)
+            executor.run(_random_feeds(graph, profile.max_shapes(), device, generator), observe=observe, profile=k)
         _, arena = plan_offsets(lifetimes(executor.steps, sizes, {v.name for v in graph.outputs}))
         naive = sum(sizes.values())
         plans.append({"arena_bytes": int(arena), "unplanned_bytes": int(naive), "shapes": "max"})
@@ -241,16 +257,17 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         done("quantize")
 
     stage("tactics")
-    selection = TacticSelection()
+    selections = [TacticSelection()]
     if config.builder_effort > 0:
-        feeds = _random_feeds(graph, profiles[0].opt_shapes(), device, generator)
-        selection = select_tactics(graph, weights, feeds, device, plan.layers, channels_last=device.type == "cuda",
-                                   tf32=config.precision == "tf32", effort=config.builder_effort, cache=timing_cache)
-    tactics = selection.layers
-    for node in graph.nodes:
-        if node.name in tactics:
-            node.attrs["tactic"] = tactics[node.name]["tactic"]
-    log.append(selection.summary() if config.builder_effort > 0 else
+        # Each profile's winners at its own opt shapes; feeds made one profile at a time (a batch-256
+        # input is large).
+        feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
+        selections = select_tactics_by_profile(graph, weights, feeds, device, plan.layers,
+                                               channels_last=device.type == "cuda", tf32=config.precision == "tf32",
+                                               effort=config.builder_effort, cache=timing_cache)
+    record_tactics(graph, selections)
+    tactics = selections[0].layers
+    log.append(summary_by_profile(selections) if config.builder_effort > 0 else
                "tactics: builder effort 0, nothing timed (every layer runs its reference kernel)")
     if timing_cache is not None and (timing_cache.new or not Path(config.timing_cache).exists()):
         timing_cache.save()
@@ -267,6 +284,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                    "tactic_timings_ms": tactics.get(n.name, {}).get("timings_ms", {}),
                    "tactic_rejected": tactics.get(n.name, {}).get("rejected", {}),
                    "tactic_source": tactics.get(n.name, {}).get("source"),
+                   **_tactics_by_profile(n, selections),
                    "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
                   for n in graph.nodes]
         seconds = round(time.perf_counter() - started, 3)
@@ -279,8 +297,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             "graph": graph_header,
             "layers": layers,
             "memory": memory,
-            "tactics": {"builder_effort": config.builder_effort, "timed": selection.timed,
-                        "from_timing_cache": selection.cached, "timing_cache": config.timing_cache},
+            "tactics": _tactics_record(config, selections),
             "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
             # What the layers outside INT8 (FP8) ran at, also when the device chose it (build_config holds None then).
             "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS

@@ -66,6 +66,16 @@ def tactic_timings(layer: dict) -> str:
     return line
 
 
+def profile_tactics(layer: dict) -> str:
+    """The layer's winner per profile when the profiles' winners differ, else "":
+    "profile 0: igemm_64x64x32_w4_s4, profile 1: igemm_128x128x32_w8_s3" (reference: the layer's
+    reference kernel, where a profile had nothing to choose between)."""
+    chosen = [(entry or {}).get("tactic") or "reference" for entry in layer.get("tactic_by_profile") or []]
+    if len(set(chosen)) < 2:
+        return ""
+    return ", ".join(f"profile {k}: {tactic}" for k, tactic in enumerate(chosen))
+
+
 def _tactics_line(tactics: dict | None) -> str:
     if not tactics:
         return "not recorded"
@@ -220,6 +230,11 @@ def run(args) -> int:
                        text(precision), text(layer.get("tactic")), text(tactic_timings(layer)),
                        text(layer["epilogue"]))
     out.print(layers)
+    differing = [(layer["name"], profile_tactics(layer)) for layer in info["layers"] if profile_tactics(layer)]
+    if differing:
+        out.print("[bold]Tactics per profile[/] (layers whose profiles run different tactics)")
+        for name, line in differing:
+            out.print(text(f"  {name}: {line}"))
     memory = info["memory"]
     out.print(key_values("Memory", [("weights", fmt_bytes(memory["weight_bytes"]))]
                          + [(f"activation arena, profile {k}", f"{fmt_bytes(a)} at max shapes")

@@ -101,7 +101,7 @@ class ExecutionContext:
         On CUDA the returned tensors are this context's output buffers: valid until its next run.
         """
         shapes = self.check_inputs(feeds)
-        self.select_profile(shapes)
+        profile = self.select_profile(shapes)  # its tactics run these inputs
         as_numpy = any(isinstance(v, np.ndarray) for v in feeds.values())
         device = self.engine.device
         tensors = {name: (torch.from_numpy(v if v.flags.c_contiguous else np.array(v, order="C")) if isinstance(v, np.ndarray) else v)
@@ -109,9 +109,9 @@ class ExecutionContext:
         tensors = {name: t.to(device, non_blocking=True) if t.device != device else t for name, t in tensors.items()}
         with matmul_precision(self.engine.precision == "tf32"):
             if self.use_cuda_graphs:
-                outputs = self._run_graph(tensors, shapes)
+                outputs = self._run_graph(tensors, shapes, profile)
             else:
-                outputs = self._run_eager(tensors, shapes)
+                outputs = self._run_eager(tensors, shapes, profile)
         if as_numpy:
             return {name: t.detach().cpu().numpy() for name, t in outputs.items()}
         return outputs
@@ -122,22 +122,22 @@ class ExecutionContext:
             memo = self._memos[key] = ShapeMemo()
         return memo
 
-    def _run_eager(self, tensors: dict, shapes: dict) -> dict:
+    def _run_eager(self, tensors: dict, shapes: dict, profile: int = 0) -> dict:
         key = tuple(sorted(shapes.items()))
         with torch.inference_mode():
             if self.stream is None:
-                return self.engine.executor.run(tensors, self.memo_for(key))
+                return self.engine.executor.run(tensors, self.memo_for(key), profile=profile)
             self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
             with torch.cuda.stream(self.stream):
-                out = self.engine.executor.run(tensors, self.memo_for(key))
+                out = self.engine.executor.run(tensors, self.memo_for(key), profile=profile)
             torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
             return out
 
-    def _run_graph(self, tensors: dict, shapes: dict) -> dict:
+    def _run_graph(self, tensors: dict, shapes: dict, profile: int = 0) -> dict:
         key = tuple(sorted(shapes.items()))
         captured = self._captured.get(key)
         if captured is None:
-            captured = self._capture(tensors, key)
+            captured = self._capture(tensors, key, profile)
             self._captured[key] = captured
         current = torch.cuda.current_stream(self.engine.device)
         self.stream.wait_stream(current)
@@ -148,7 +148,7 @@ class ExecutionContext:
         current.wait_stream(self.stream)
         return captured.outputs
 
-    def _capture(self, tensors: dict, key: tuple) -> _CapturedShape:
+    def _capture(self, tensors: dict, key: tuple, profile: int = 0) -> _CapturedShape:
         executor = self.engine.executor
         static_in = {name: t.clone() for name, t in tensors.items()}
         memo = self.memo_for(key)
@@ -156,11 +156,11 @@ class ExecutionContext:
             self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
             with torch.cuda.stream(self.stream):
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
-                    executor.run(static_in, memo)
+                    executor.run(static_in, memo, profile=profile)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=self.stream):
-                static_out = executor.run(static_in, memo)
+                static_out = executor.run(static_in, memo, profile=profile)
         return _CapturedShape(graph, static_in, static_out)
 
     def warmup(self, iterations: int = 1) -> None:

@@ -30,6 +30,8 @@ class Engine:
         self.weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         self.executor = Executor(self.graph, weights, device, self.layer_precision,
                                  channels_last=device.type == "cuda" and header.get("channels_last", False))
+        # Weights a profile's tactic reads in another layout than profile 0's, kept a second time.
+        self.profile_weight_bytes = self.executor.profile_weight_bytes
         registry = default_registry()
         # Data-dependent output sizes need a device read-back mid-run, which a CUDA graph cannot hold.
         self.graph_capturable = not any(registry[n.op_type].data_dependent_shape for n in self.graph.nodes)
@@ -67,9 +69,10 @@ class Engine:
 
     @property
     def device_memory_bytes(self) -> int:
-        """Weights on the device plus the largest activation arena any profile needs."""
+        """Weights on the device (with the copies some profiles' tactics read in another layout) plus
+        the largest activation arena any profile needs."""
         arenas = [p.get("arena_bytes", 0) for p in self.header.get("memory", {}).get("profiles", [])]
-        return self.weight_bytes + max(arenas, default=0)
+        return self.weight_bytes + self.profile_weight_bytes + max(arenas, default=0)
 
     def context(self, profile: int | None = None) -> ExecutionContext:
         """A context bound to profile `profile`, or (None) to the first profile admitting each run."""

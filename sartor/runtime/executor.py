@@ -38,6 +38,18 @@ class Step:
     write_into: Any = None  # stores the output into a given slice (OpDef.write_into)
     constants: dict = field(default_factory=dict)  # input position -> prepared tensor
     release: list = field(default_factory=list)  # values whose last reader is this step
+    # Profiles whose builder-chosen tactic is not `attrs["tactic"]` (profile 0's): profile ->
+    # ProfileVariant. Other profiles run `attrs` and `constants` as they are.
+    profile_variants: dict = field(default_factory=dict)
+
+
+@dataclass
+class ProfileVariant:
+    """How a layer runs in one profile whose tactic differs from profile 0's: its attributes with that
+    tactic, and its constants with the weight in the layout that tactic reads (the very tensor of
+    another profile when the layouts agree, so equal layouts are stored once)."""
+    attrs: dict
+    constants: dict
 
 
 class Executor:
@@ -63,6 +75,9 @@ class Executor:
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
+            by_profile = node.attrs.get("tactic_by_profile") if opdef.tactics is not None else None
+            if by_profile:
+                self._prepare_profile_variants(step, weights, list(by_profile))
             self.steps.append(step)
         self.host_values = host_values
         self.feed_dtypes = self._feed_dtypes()
@@ -84,7 +99,9 @@ class Executor:
         return all(name in host_values or (name in weights and weights[name].numel() <= HOST_CONSTANT_LIMIT)
                    for name in present)
 
-    def _prepare_constant(self, tensor: torch.Tensor, step: Step, position: int, node: Node) -> torch.Tensor:
+    def _prepare_constant(self, tensor: torch.Tensor, step: Step, position: int, node: Node,
+                          attrs: dict | None = None) -> torch.Tensor:
+        attrs = step.attrs if attrs is None else attrs
         if step.on_host or position in step.host_positions:
             return tensor.cpu()
         tensor = tensor.to(self.device)
@@ -93,8 +110,43 @@ class Executor:
         if self.channels_last and tensor.dim() == 4 and node.op_type in ("Conv", "FusedConv") and position == 1:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         if step.weight_for_tactic is not None and position == 1:
-            tensor = step.weight_for_tactic(tensor, step.attrs.get("tactic"))
+            tensor = step.weight_for_tactic(tensor, attrs.get("tactic"))
         return tensor
+
+    def _prepare_profile_variants(self, step: Step, weights: dict, tactics: list) -> None:
+        """The variants of a layer for the profiles whose tactic is not profile 0's, each weight
+        prepared for its tactic once per distinct layout."""
+        prepared = {position: [t] for position, t in step.constants.items()}  # distinct tensors so far
+        for profile, tactic in enumerate(tactics):
+            if tactic == step.attrs.get("tactic"):
+                continue
+            attrs = {k: v for k, v in step.attrs.items() if k != "tactic"}
+            if tactic is not None:
+                attrs["tactic"] = tactic
+            constants = {}
+            for position, base in step.constants.items():
+                if position != 1 or step.weight_for_tactic is None:
+                    constants[position] = base  # only the weight's layout depends on the tactic
+                    continue
+                tensor = self._prepare_constant(weights[step.node.inputs[position]], step, position, step.node, attrs)
+                same = next((t for t in prepared[position] if _same_layout(t, tensor)), None)
+                if same is None:
+                    prepared[position].append(tensor)
+                constants[position] = tensor if same is None else same
+            step.profile_variants[profile] = ProfileVariant(attrs, constants)
+
+    @property
+    def profile_weight_bytes(self) -> int:
+        """Device bytes of the weights kept in a second layout for some profile's tactic."""
+        seen = {id(t) for step in self.steps for t in step.constants.values()}
+        total = 0
+        for step in self.steps:
+            for variant in step.profile_variants.values():
+                for t in variant.constants.values():
+                    if id(t) not in seen:
+                        seen.add(id(t))
+                        total += t.numel() * t.element_size()
+        return total
 
     def _feed_dtypes(self) -> dict[str, torch.dtype]:
         """Graph inputs whose every device reader computes in one float dtype: converted to it on
@@ -119,13 +171,14 @@ class Executor:
 
     # ---- execution --------------------------------------------------------------------
     def run(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None,
-            observe=None, before=None) -> dict[str, torch.Tensor]:
+            observe=None, before=None, profile: int = 0) -> dict[str, torch.Tensor]:
         """Execute once. `memo` is what runs at one input shape keep: device copies of host values
         that device layers read as data (a caller capturing CUDA graphs fills it on a warm-up run so
         the capture copies nothing) and the value shapes that let Concats be written in place
         (concat_plan.py; recorded by the first run with this memo, used by the next ones).
         `observe(step_index, step, outputs)` sees every layer's outputs and `before(step_index, step,
-        args)` its arguments (build-time analyses and tactic timing)."""
+        args)` its arguments (build-time analyses and tactic timing). Each layer runs the tactic the
+        builder chose for `profile`, the profile these inputs fall in."""
         memo = ShapeMemo() if memo is None else memo
         device_copies = memo.copies
         in_place = ConcatBuffers(self.concat_plan, memo.value_meta, self.device) \
@@ -138,10 +191,12 @@ class Executor:
                 tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
             env[name] = tensor
         for index, step in enumerate(self.steps):
-            args = self._arguments(step, env, device_copies)
+            variant = step.profile_variants.get(profile)
+            constants, attrs = (step.constants, step.attrs) if variant is None else (variant.constants, variant.attrs)
+            args = self._arguments(step, env, device_copies, constants)
             if before is not None:
                 before(index, step, args)
-            result = self._run_step(step, args, in_place)
+            result = self._run_step(step, args, in_place, attrs)
             results = result if isinstance(result, (tuple, list)) else (result,)
             for name, value in zip(step.node.outputs, results):
                 if name:
@@ -157,7 +212,7 @@ class Executor:
         return {v.name: self._finish_output(v.name, env, device_copies) for v in self.graph.outputs}
 
     @staticmethod
-    def _run_step(step: Step, args: list, in_place: ConcatBuffers | None):
+    def _run_step(step: Step, args: list, in_place: ConcatBuffers | None, attrs: dict):
         if in_place is not None:
             outputs = step.node.outputs
             if step.node.op_type == "Concat":
@@ -167,19 +222,19 @@ class Executor:
             elif step.write_into is not None and len([o for o in outputs if o]) == 1:
                 out = in_place.slice_for(outputs[0])
                 if out is not None:
-                    written = step.write_into(args, step.attrs, out)
+                    written = step.write_into(args, attrs, out)
                     if written is not None:
                         return written
-        return step.impl(args, step.attrs)
+        return step.impl(args, attrs)
 
-    def _arguments(self, step: Step, env: dict, device_copies: dict) -> list:
+    def _arguments(self, step: Step, env: dict, device_copies: dict, constants: dict) -> list:
         args = []
         for position, name in enumerate(step.node.inputs):
             if not name:
                 args.append(None)
                 continue
-            if position in step.constants:
-                args.append(step.constants[position])
+            if position in constants:
+                args.append(constants[position])
                 continue
             value = env[name]
             if not step.on_host and position not in step.host_positions and name in self.host_values \
@@ -217,3 +272,11 @@ class Executor:
         if dtype is not None and value.dtype != dtype:
             value = value.to(dtype)
         return value.contiguous()
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two prepared weights are interchangeable: one tensor, or equal values in equal memory."""
+    if a is b:
+        return True
+    return (a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and a.device == b.device
+            and torch.equal(a, b))

@@ -1,4 +1,12 @@
-from .select import EFFORTS, TacticSelection, select_tactics
+from .select import (
+    EFFORTS,
+    TacticSelection,
+    record_tactics,
+    select_tactics,
+    select_tactics_by_profile,
+    summary_by_profile,
+)
 from .timing_cache import TimingCache, TimingCacheError
 
-__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "select_tactics"]
+__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "record_tactics", "select_tactics",
+           "select_tactics_by_profile", "summary_by_profile"]

@@ -1,6 +1,8 @@
 """Tactic selection: for each fused layer, time every implementation that applies at the profile's
 opt shape on the build device, discard those whose output differs from the reference, keep the
 fastest. The winner is written into the layer (and the engine); runners-up go to `inspect`.
+Engines with several profiles choose per profile (the best tile at batch 1 is not the best at
+batch 256): `select_tactics_by_profile`, `record_tactics`.
 
 With a timing cache, a layer whose signature was timed before on this device (same fingerprint)
 takes the cached winner without timing anything; the winner is still run once and checked against
@@ -10,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -223,3 +226,45 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             slices = ConcatBuffers(executor.concat_plan, memo.value_meta, device)
         executor.run(feeds, memo, before=before)
     return selection
+
+
+def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Iterable[dict], device: torch.device,
+                              layer_precision: dict, channels_last: bool, tf32: bool, effort: int = 2,
+                              cache: TimingCache | None = None, fingerprint: dict | None = None
+                              ) -> list[TacticSelection]:
+    """select_tactics at each profile's opt shapes (`feeds_by_profile`, one feed set per profile,
+    produced as they are needed). The profiles share `cache` or, without one, a cache of this build's
+    own timings, so a layer whose signature a previous profile timed is not timed again."""
+    feeds_by_profile = iter(feeds_by_profile)
+    first = next(feeds_by_profile)
+    second = next(feeds_by_profile, None)
+    if second is None:  # one profile: exactly the single-profile selection
+        return [select_tactics(graph, weights, first, device, layer_precision, channels_last, tf32, effort, cache,
+                               fingerprint)]
+    shared = cache if cache is not None else TimingCache()
+    selections = []
+    for feeds in (first, second, *feeds_by_profile):
+        selections.append(select_tactics(graph, weights, feeds, device, layer_precision, channels_last, tf32,
+                                         effort, shared, fingerprint))
+    return selections
+
+
+def record_tactics(graph: Graph, selections: list[TacticSelection]) -> None:
+    """Write the winners into the layers: `tactic` is profile 0's (what engines with one profile, and
+    readers of older engines, know); with several profiles `tactic_by_profile` lists every profile's
+    winner (None: the profile runs the reference), which the executor runs per profile."""
+    for node in graph.nodes:
+        winners = [selection.layers.get(node.name, {}).get("tactic") for selection in selections]
+        if winners[0] is not None:
+            node.attrs["tactic"] = winners[0]
+        if len(winners) > 1 and any(w is not None for w in winners):
+            node.attrs["tactic_by_profile"] = winners
+
+
+def summary_by_profile(selections: list[TacticSelection]) -> str:
+    """The build log's tactics line: totals, and per profile when there are several."""
+    total = TacticSelection(timed=sum(s.timed for s in selections), cached=sum(s.cached for s in selections))
+    if len(selections) == 1:
+        return total.summary()
+    each = "; ".join(f"profile {k}: {s.timed} timed, {s.cached} from timing cache" for k, s in enumerate(selections))
+    return f"{total.summary()} ({each})"
