@@ -550,5 +550,7 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
     assert len(latencies) == threads_n * per_thread
     assert histogram["count"] < threads_n * per_thread  # requests were batched
     assert CaptureCostInstance.cold_runs == []
+    # Not a speed target: a stall costs a whole simulated capture (COLD_RUN_S), so half of one tells a
+    # stall from a loaded machine (a CI run under load measured 326 ms against an earlier 0.3 s bound).
     p99 = sorted(latencies)[int(0.99 * len(latencies))]
-    assert p99 < 0.3, f"p99 latency {p99 * 1e3:.0f} ms"
+    assert p99 < CaptureCostInstance.COLD_RUN_S / 2, f"p99 latency {p99 * 1e3:.0f} ms"
