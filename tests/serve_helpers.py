@@ -130,6 +130,33 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02, what: str
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def fill_queue_and_expect_refusal(server, batcher, model: str = "tiny") -> tuple[list, list]:
+    """With `batcher` paused, queue 2 requests from client threads (the queue's size in the tests'
+    configs), then check that one more is refused at once: HTTP 503 and gRPC UNAVAILABLE, both
+    "queue is full". Returns (the threads, their results); the caller resumes and joins."""
+    from tritonclient.utils import InferenceServerException
+    results: list = []
+
+    def queued(k: int) -> None:
+        client = http_client(server)
+        results.append(http_infer(client, images(1, k), model=model).as_numpy("logits"))
+        client.close()
+
+    threads = [threading.Thread(target=queued, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: batcher.pending == 2, what="2 queued requests")
+    h, g = http_client(server), grpc_client(server)
+    start = time.monotonic()
+    with pytest.raises(InferenceServerException, match="queue is full") as info:
+        http_infer(h, images(1, 5), model=model)
+    assert info.value.status() == "503"
+    with pytest.raises(InferenceServerException, match="StatusCode.UNAVAILABLE.*queue is full"):
+        grpc_infer(g, images(1, 5), model=model)
+    assert time.monotonic() - start < 5.0  # refused at once, not after a wait
+    return threads, results
+
+
 def detector_model(classes: int = 2, anchors: int = 8) -> tuple:
     """A YOLO-like head [B, 4+C, N] whose values do not depend on the image: anchor 0 is a box
     cx=8, cy=8, w=4, h=4 (network-input pixels) of class 1 with score 0.9; every other score is 0."""

@@ -11,8 +11,8 @@ from typing import ClassVar
 import numpy as np
 import pytest
 from conftest import IMAGE
-from serve_helpers import (BATCHING, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
-                           publish_version, reference, run_threads, running, wait_for)
+from serve_helpers import (BATCHING, add_model, fill_queue_and_expect_refusal, grpc_client, grpc_infer, http_client,
+                           http_infer, images, publish_version, reference, run_threads, running, wait_for)
 from serve_helpers import plan_v2  # noqa: F401, F811  (a fixture, used by name)
 
 from sartor.runtime.profiles import Profile, ShapeRange
@@ -178,30 +178,12 @@ def test_queue_full_is_refused_at_once(tmp_path, tiny_plan):
     with running(root) as server:
         batcher = server.repository.served("tiny").batcher
         batcher.pause()
-        results: list = []
-
-        def queued(k: int) -> None:
-            client = http_client(server)
-            results.append(http_infer(client, images(1, k)).as_numpy("logits"))
-            client.close()
-
-        threads = [threading.Thread(target=queued, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: batcher.pending == 2, what="2 queued requests")
-        h, g = http_client(server), grpc_client(server)
-        start = time.monotonic()
-        with pytest.raises(InferenceServerException, match="queue is full") as info:
-            http_infer(h, images(1, 5))
-        assert info.value.status() == "503"
-        with pytest.raises(InferenceServerException, match="StatusCode.UNAVAILABLE.*queue is full"):
-            grpc_infer(g, images(1, 5))
-        assert time.monotonic() - start < 5.0  # refused at once, not after a wait
+        threads, results = fill_queue_and_expect_refusal(server, batcher)
         batcher.resume()
         for t in threads:
             t.join(60)
         assert len(results) == 2
-        http_infer(h, images(1, 6))
+        http_infer(http_client(server), images(1, 6))
         rejected = server.metrics.get("nv_inference_request_failure", {"model": "tiny", "version": "1", "reason": "REJECTED"})
         assert rejected == 2
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import (BATCHING, HOST, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
-                           reference, running, run_threads, wait_for)
+from serve_helpers import (BATCHING, HOST, add_model, fill_queue_and_expect_refusal, grpc_client, grpc_infer,
+                           http_client, http_infer, images, reference, running, run_threads, wait_for)
 
 from sartor.errors import ConfigError
 
@@ -232,25 +232,7 @@ def test_queue_full_is_still_503_and_unavailable(server):
     batcher = server.repository.served("tiny_q").batcher
     batcher.pause()
     try:
-        queued = []
-
-        def waiting(k: int) -> None:
-            client = http_client(server)
-            queued.append(http_infer(client, images(1, k), model="tiny_q").as_numpy("logits"))
-            client.close()
-
-        threads = [threading.Thread(target=waiting, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        wait_for(lambda: batcher.pending == 2, what="2 queued requests")
-        h, g = http_client(server), grpc_client(server)
-        start = time.monotonic()
-        with pytest.raises(InferenceServerException, match="queue is full") as info:
-            http_infer(h, images(1, 5), model="tiny_q")
-        assert info.value.status() == "503"
-        with pytest.raises(InferenceServerException, match="StatusCode.UNAVAILABLE.*queue is full"):
-            grpc_infer(g, images(1, 5), model="tiny_q")
-        assert time.monotonic() - start < 5.0
+        threads, queued = fill_queue_and_expect_refusal(server, batcher, model="tiny_q")
     finally:
         batcher.resume()
     for t in threads:
