@@ -65,15 +65,23 @@ def test_sppf_pool_reads_and_writes_channel_slices_of_one_buffer():
     """YOLO's SPPF with its Concat written in place: each pool reads the previous one's slice of
     the Concat buffer and writes its own (MaxPool's write_into); the first slice stays as it was."""
     from sartor.ops.pool import max_pool_into
-    attrs = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": "triton_nhwc"}
-    generator = torch.Generator().manual_seed(5)
-    first = torch.randn(2, 6, 7, 7, generator=generator)
-    buffer = torch.zeros(2, 24, 7, 7).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    buffer = assert_sppf_chain_in_one_buffer(torch.randn(2, 6, 7, 7, generator=torch.Generator().manual_seed(5)))
+    assert max_pool_into([buffer[:, :6]], dict(SPPF_POOL, tactic="torch"), buffer[:, 6:12]) is None
+
+
+SPPF_POOL = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": "triton_nhwc"}
+
+
+def assert_sppf_chain_in_one_buffer(first: torch.Tensor) -> torch.Tensor:
+    """Three 5×5 pools chained through slices of one channels-last buffer of `first`'s dtype (float
+    or quantized codes) give exactly the reference pools; returns the buffer."""
+    from sartor.ops.pool import max_pool_into
+    buffer = torch.zeros(2, 24, 7, 7).to(first.dtype).contiguous(memory_format=torch.channels_last).to(DEVICE)
     buffer[:, :6] = first.to(DEVICE)
     expected = [first]
     for k in range(1, 4):
-        expected.append(max_pool([expected[-1]], dict(attrs, tactic="torch")))
-        written = max_pool_into([buffer[:, 6 * (k - 1):6 * k]], attrs, buffer[:, 6 * k:6 * (k + 1)])
+        expected.append(max_pool([expected[-1]], dict(SPPF_POOL, tactic="torch")))
+        written = max_pool_into([buffer[:, 6 * (k - 1):6 * k]], SPPF_POOL, buffer[:, 6 * k:6 * (k + 1)])
         assert written is not None and written.data_ptr() == buffer[:, 6 * k:].data_ptr()
-    torch.testing.assert_close(buffer.cpu(), torch.cat(expected, 1), rtol=0, atol=0)
-    assert max_pool_into([buffer[:, :6]], dict(attrs, tactic="torch"), buffer[:, 6:12]) is None
+    assert torch.equal(buffer.cpu().float(), torch.cat(expected, 1).float())
+    return buffer

@@ -250,17 +250,8 @@ def test_code_max_pool_kernel_matches_reference(dtype, attrs):
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_code_max_pool_reads_and_writes_channel_slices(dtype):
-    from sartor.ops.pool import max_pool, max_pool_into
-    attrs = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": "triton_nhwc"}
-    first = _codes(dtype, (2, 6, 7, 7), torch.Generator().manual_seed(5))
-    buffer = torch.zeros(2, 24, 7, 7).to(dtype).contiguous(memory_format=torch.channels_last).to(DEVICE)
-    buffer[:, :6] = first.to(DEVICE)
-    expected = [first]
-    for k in range(1, 4):
-        expected.append(max_pool([expected[-1]], dict(attrs, tactic="torch")))
-        written = max_pool_into([buffer[:, 6 * (k - 1):6 * k]], attrs, buffer[:, 6 * k:6 * (k + 1)])
-        assert written is not None and written.data_ptr() == buffer[:, 6 * k:].data_ptr()
-    assert torch.equal(buffer.cpu().float(), torch.cat(expected, 1).float())
+    from test_kernels_pool import assert_sppf_chain_in_one_buffer
+    assert_sppf_chain_in_one_buffer(_codes(dtype, (2, 6, 7, 7), torch.Generator().manual_seed(5)))
 
 
 def test_max_pool_tactics_take_codes_on_cuda():

@@ -82,7 +82,7 @@ def test_int8_engine_with_resize_pass_through_tracks_onnxruntime(tmp_path):
     result = sartor.build(path, tmp_path / "neck.plan", device="cpu", profiles=[SHAPES], precision="int8",
                           calib=tmp_path / "calib.npy")
     assert "int8: 2 MaxPool/Concat/Split/Resize layer(s) pass INT8 through: cat, up" in result.log
-    assert "int8: 3 layer(s) INT8, 4 tensor(s) passed between them in INT8"  # head: fp32 in result.log
+    assert "int8: 3 layer(s) INT8, 4 tensor(s) passed between them in INT8" in result.log  # the head stays fp32
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert layers["up"]["precision"] == "int8" and layers["cat"]["precision"] == "int8"
     images = _images(51, 2)
