@@ -61,26 +61,29 @@ def activation_scale(amax: float, qmax: float = QMAX) -> tuple[float, float]:
     return float(scale), float(np.float32(1.0 / np.float64(scale)))
 
 
-def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-output-channel (axis 0) symmetric INT8: (int8 weights, float32 scales)."""
+def _per_channel(w: np.ndarray, qmax: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the weights as [output channels, rest] in float64, float32 scales max|w_c| / qmax); a channel
+    of zeros gets scale 1."""
     w64 = np.asarray(w, dtype=np.float64)
     flat = w64.reshape(w64.shape[0], -1)
     maxabs = np.abs(flat).max(axis=1) if flat.shape[1] else np.zeros(w64.shape[0])
-    scale = (maxabs / QMAX).astype(np.float32)
+    scale = (maxabs / qmax).astype(np.float32)
     scale[scale == 0] = 1.0
+    return flat, scale
+
+
+def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel (axis 0) symmetric INT8: (int8 weights, float32 scales)."""
+    flat, scale = _per_channel(w, QMAX)
     q = np.clip(np.rint(flat / scale.astype(np.float64)[:, None]), -QMAX, QMAX).astype(np.int8)
-    return q.reshape(w64.shape), scale
+    return q.reshape(np.shape(w)), scale
 
 
 def quantize_weight_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-output-channel (axis 0) E4M3: (ml_dtypes float8_e4m3fn weights, float32 scales)."""
-    w64 = np.asarray(w, dtype=np.float64)
-    flat = w64.reshape(w64.shape[0], -1)
-    maxabs = np.abs(flat).max(axis=1) if flat.shape[1] else np.zeros(w64.shape[0])
-    scale = (maxabs / fp8.FP8_MAX).astype(np.float32)
-    scale[scale == 0] = 1.0
+    flat, scale = _per_channel(w, fp8.FP8_MAX)
     q = fp8.quantize_fp8_numpy(flat / scale.astype(np.float64)[:, None])
-    return q.reshape(w64.shape), scale
+    return q.reshape(np.shape(w)), scale
 
 
 def quantize_bias(b: np.ndarray | None, dequant_scale: np.ndarray) -> np.ndarray | None:
