@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .epilogue import ACTIVATION_CODES, pixel_stride, triton
+from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -294,15 +294,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     if out_dtype is None:
         out_dtype = (code_dtype if output_inv_scale is not None else torch.float32) if quantized else x.dtype
     shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
-    if out is not None:
-        if tuple(out.shape) != shape or out.dtype != out_dtype or pixel_stride(out) is None:
-            raise ValueError(f"conv_igemm: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot hold "
-                             f"the output {shape} {out_dtype}")
-        y = out
-    elif x.dim() == 4:
-        y = torch.empty(shape, dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
-    else:
-        y = torch.empty(shape, dtype=out_dtype, device=x.device)
+    y = channels_last_output(shape, out_dtype, x.device, out, "conv_igemm")
     res4 = _as_nchw_view(residual) if residual is not None else None
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow

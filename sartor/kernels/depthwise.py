@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .conv_igemm import ConvGeometry
-from .epilogue import ACTIVATION_CODES, pixel_stride, triton
+from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -129,13 +129,7 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     n, c, h, w_in = x.shape
     oh, ow = geometry.out_hw
     shape = (n, c, oh, ow)
-    if out is not None:
-        if tuple(out.shape) != shape or out.dtype != x.dtype or pixel_stride(out) is None:
-            raise ValueError(f"depthwise_conv_nhwc: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot "
-                             f"hold the output {shape} {x.dtype}")
-        y = out
-    else:
-        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    y = channels_last_output(shape, x.dtype, x.device, out, "depthwise_conv_nhwc")
     if residual is not None and tuple(residual.shape) != shape:
         raise ValueError(f"depthwise_conv_nhwc: residual {tuple(residual.shape)} is not the output's shape {shape}")
     sxn, _, sxh, sxw = x.stride()

@@ -93,6 +93,22 @@ def pixel_stride(t: torch.Tensor) -> int | None:
     return row if row >= t.shape[1] else None
 
 
+def channels_last_output(shape: tuple, dtype: torch.dtype, device: torch.device, out: torch.Tensor | None,
+                         kernel: str) -> torch.Tensor:
+    """Where a kernel stores its [N, C, H, W] (or [N, C]) output: `out` when given, checked to hold
+    it (a channels-last tensor or a channel slice of a Concat's buffer), else a new channels-last
+    tensor."""
+    shape = tuple(shape)
+    if out is not None:
+        if tuple(out.shape) != shape or out.dtype != dtype or pixel_stride(out) is None:
+            raise ValueError(f"{kernel}: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot hold the "
+                             f"output {shape} {dtype}")
+        return out
+    if len(shape) == 4:
+        return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _channel_fastest(t: torch.Tensor) -> bool:
     if t.dim() == 4:
         return t.is_contiguous(memory_format=torch.channels_last)

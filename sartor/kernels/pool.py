@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import pixel_stride, triton
+from .epilogue import channels_last_output, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -64,13 +64,7 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
     receives the result (a channel slice of a Concat's buffer)."""
     n, c, h, w = x.shape
     oh, ow = out_hw
-    if out is not None:
-        if tuple(out.shape) != (n, c, oh, ow) or out.dtype != x.dtype or pixel_stride(out) is None:
-            raise ValueError(f"max_pool_nhwc: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot "
-                             f"hold the output {(n, c, oh, ow)} {x.dtype}")
-        y = out
-    else:
-        y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    y = channels_last_output((n, c, oh, ow), x.dtype, x.device, out, "max_pool_nhwc")
     sxn, _, sxh, sxw = x.stride()
     pixels = n * oh * ow
     block_c = min(64, triton.next_power_of_2(c))

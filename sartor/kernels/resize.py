@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import pixel_stride, triton
+from .epilogue import channels_last_output, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -61,13 +61,7 @@ def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.
         raise ValueError(f"upsample_nearest_nhwc: factors {factors} are not integers >= 1")
     n, c, h, w = x.shape
     shape = (n, c, h * fh, w * fw)
-    if out is not None:
-        if tuple(out.shape) != shape or out.dtype != x.dtype or pixel_stride(out) is None:
-            raise ValueError(f"upsample_nearest_nhwc: out {tuple(out.shape)} {out.dtype} strides {out.stride()} "
-                             f"cannot hold the output {shape} {x.dtype}")
-        y = out
-    else:
-        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    y = channels_last_output(shape, x.dtype, x.device, out, "upsample_nearest_nhwc")
     pixels = n * h * w
     if pixels == 0 or c == 0:
         return y
