@@ -64,6 +64,10 @@ class GroupMember:
     cancelled: bool = False
 
 
+def _timed_out(name: str, timeout_s: float) -> RequestTimeout:
+    return RequestTimeout(f"model '{name}': the request timed out after {timeout_s * 1e3:.0f} ms")
+
+
 def _release(m: GroupMember) -> None:
     """The member's own lease hold, once."""
     lease, m.lease = m.lease, None
@@ -162,22 +166,30 @@ class InferenceCore:
             try:
                 result = await waiter
             except asyncio.TimeoutError:
-                raise RequestTimeout(f"model '{name}': the request timed out after {timeout_s * 1e3:.0f} ms") from None
+                raise _timed_out(name, timeout_s) from None
             finally:
                 if timer is not None:
                     timer.cancel()
             if output_regions:
                 written = await self._write_outputs(lease, output_regions, result.outputs)
         except ServeError as exc:
-            if model is not None:
-                self.metrics.inc("nv_inference_request_failure",
-                                 {"model": model.name, "version": model.version, "reason": exc.metric_reason})
+            self._count_failure(model, exc)
             raise
+        return self._succeeded(model, start, outputs, result, written)
+
+    def _succeeded(self, model: ServedModel, start: float, outputs: list[str] | None, result, written: dict
+                   ) -> InferOutcome:
+        """A request's answer, counted in the metrics: the outputs it asked for (all by default)."""
         self.metrics.inc_many(self._series(model), {"nv_inference_request_success": 1,
                                                     "nv_inference_request_duration_us": (time.monotonic() - start) * 1e6})
         model.last_inference_ms = int(time.time() * 1000)
         wanted = outputs or list(result.outputs)
         return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written)
+
+    def _count_failure(self, model: ServedModel | None, error: ServeError) -> None:
+        if model is not None:
+            self.metrics.inc("nv_inference_request_failure",
+                             {"model": model.name, "version": model.version, "reason": error.metric_reason})
 
     # ---- grouped inference (frontend processes) ---------------------------------------------------
     def start_group(self, members: list["GroupMember"], done: Callable[["GroupMember", object], None]
@@ -273,7 +285,7 @@ class InferenceCore:
         error = waiter.exception()
         if error is not None:
             if isinstance(error, asyncio.TimeoutError):
-                error = RequestTimeout(f"model '{m.name}': the request timed out after {m.timeout_s * 1e3:.0f} ms")
+                error = _timed_out(m.name, m.timeout_s)
             self._member_failed(m, error, done)
             return
         result = waiter.result()
@@ -302,18 +314,13 @@ class InferenceCore:
         self._member_succeeded(m, result, written, done)
 
     def _member_succeeded(self, m: "GroupMember", result, written: dict, done) -> None:
-        model = m.model
-        self.metrics.inc_many(self._series(model), {"nv_inference_request_success": 1,
-                                                    "nv_inference_request_duration_us": (time.monotonic() - m.start) * 1e6})
-        model.last_inference_ms = int(time.time() * 1000)
-        wanted = m.outputs or list(result.outputs)
+        outcome = self._succeeded(m.model, m.start, m.outputs, result, written)
         _release(m)
-        done(m, InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written))
+        done(m, outcome)
 
     def _member_failed(self, m: "GroupMember", error: BaseException, done) -> None:
-        if isinstance(error, ServeError) and m.model is not None:
-            self.metrics.inc("nv_inference_request_failure",
-                             {"model": m.model.name, "version": m.model.version, "reason": error.metric_reason})
+        if isinstance(error, ServeError):
+            self._count_failure(m.model, error)
         _release(m)
         done(m, error)
 
