@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests whose kernels only compile and run natively on a GPU (Triton, CUDA shared memory, FP8
 # tensor cores, kernels inside the engine), in one device call: a summary line per file under $OUT.
-#   OUT=... bash bench/h200_checks.sh [SECONDS_PER_FILE]
+# Files run PARALLEL at a time (default 6): most of each file's time is Triton's cold JIT on the
+# host CPUs, and device time is the scarce part.
+#   OUT=... [PARALLEL=6] bash bench/h200_checks.sh [SECONDS_PER_FILE]
 set -uo pipefail
 per_file=${1:-90}
 files="test_kernels_igemm test_kernels_epilogue test_kernels_pool test_kernels_resize test_kernels_depthwise
@@ -9,10 +11,13 @@ files="test_kernels_igemm test_kernels_epilogue test_kernels_pool test_kernels_r
        test_quant_passthrough_resize test_tactics_per_profile test_kernel_store test_serve_shm
        test_serve_shm_stream test_serve_frontends test_serve_groups"
 mkdir -p "$OUT/checks"
-for f in $files; do
-  [ -f "tests/$f.py" ] || continue
+check_one() {
+  local f=$1 start rc
   start=$(date +%s)
   timeout "$per_file" python -m pytest -q -rs -p no:cacheprovider "tests/$f.py" > "$OUT/checks/$f.txt" 2>&1
   rc=$?
   echo "$f rc=$rc $(( $(date +%s) - start ))s: $(tail -1 "$OUT/checks/$f.txt")" | tee -a "$OUT/checks/summary.txt"
-done
+}
+export -f check_one
+export OUT per_file
+for f in $files; do [ -f "tests/$f.py" ] && echo "$f"; done | xargs -P "${PARALLEL:-6}" -I{} bash -c 'check_one {}'

@@ -92,15 +92,18 @@ def timed(fn, batch: int, iterations: int) -> dict:
 
 
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
-               calib: Path | None) -> dict:
-    """Cold build, warm-cache build, load, first inference, steady state, device memory."""
+               calib: Path | None, effort: int | None = None, warm_build: bool = True) -> dict:
+    """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
+    state, device memory."""
     shapes = {input_name: shape}
     cache = work / f"timing_{onnx.stem}_{precision}.json"
     cache.unlink(missing_ok=True)
     kwargs = {"calib": str(calib), "calib_size": 64} if precision in ("int8", "fp8") else {}
     plan = work / f"{onnx.stem}_{precision}_b{shape[0]}.plan"
+    if effort is not None:
+        kwargs["builder_effort"] = effort
     builds = []
-    for _ in range(2):  # cold, then with the timing cache the first build wrote
+    for _ in range(2 if warm_build else 1):  # cold, then with the timing cache the first build wrote
         t0 = time.perf_counter()
         sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes, opt_shapes=shapes,
                      max_shapes=shapes, timing_cache=str(cache), **kwargs)
@@ -117,7 +120,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     row = timed(lambda: ctx.run({input_name: x}), shape[0], iterations)
     if shape[0] == 1:
         row.update(agreement_with_onnxruntime(onnx, input_name, x, ctx.run({input_name: x})))
-    row.update(build_cold_s=builds[0], build_warm_s=builds[1], load_s=round(load_s, 3),
+    row.update(build_cold_s=builds[0], build_warm_s=builds[1] if warm_build else None, load_s=round(load_s, 3),
                first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1))
     return row
 
@@ -147,18 +150,23 @@ def main() -> None:
                         help="also torch.compile mode max-autotune (minutes of compile per shape)")
     parser.add_argument("--onnx-dir", type=Path, default=None)
     parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--effort", type=int, default=None, help="sartor's --builder-effort (its default unless told)")
+    parser.add_argument("--no-warm-build", action="store_true",
+                        help="skip the second (warm timing cache) build of each engine: saves device time")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/sartor_table")
     work.mkdir(exist_ok=True)
     torch.backends.cudnn.benchmark = True
-    results = {"versions": versions(), "rows": [], "errors": {}}
+    results = {"versions": versions(), "rows": [], "errors": {}, "effort": args.effort}
     calib = None
     if args.int8 or args.fp8:
         from h200_int8 import scene_images
         calib = work / "calib.npy"
         np.save(calib, scene_images(64, 50_000))
+
+    build = {"effort": args.effort, "warm_build": not args.no_warm_build}
 
     def save():
         (out / "table.json").write_text(json.dumps(results, indent=1))
@@ -173,13 +181,13 @@ def main() -> None:
             shape = (batch, 3, size, size)
             row = {"model": name, "batch": batch, "input": "x".join(map(str, shape))}
             jobs = [("sartor_fp16", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name, shape,
-                                                       "fp16", work, args.iterations, None))]
+                                                       "fp16", work, args.iterations, None, **build))]
             if args.int8 and name in CLASSIFIERS:
                 jobs.append(("sartor_int8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
-                                                               shape, "int8", work, args.iterations, calib)))
+                                                               shape, "int8", work, args.iterations, calib, **build)))
             if args.fp8 and name in CLASSIFIERS:
                 jobs.append(("sartor_fp8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
-                                                              shape, "fp8", work, args.iterations, calib)))
+                                                              shape, "fp8", work, args.iterations, calib, **build)))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
@@ -200,11 +208,14 @@ def main() -> None:
                     results["errors"][f"{name} b{batch} {key}"] = f"{type(exc).__name__}: {exc}"[:600]
                     traceback.print_exc()
                 print(json.dumps({key: row.get(key)}), flush=True)
+                results["partial"] = row  # a call cut off mid-row still brings its finished cells back
+                save()
             peers = [row[k]["median_ms"] for k in ("eager_fp16_cuda_graph", "torch_compile_reduce_overhead",
                                                     "torch_compile_max_autotune") if k in row]
             if "sartor_fp16" in row and peers:
                 row["sartor_fp16_speedup_over_best_peer"] = round(min(peers) / row["sartor_fp16"]["median_ms"], 3)
             results["rows"].append(row)
+            results.pop("partial", None)
             print(json.dumps(row), flush=True)
             save()
     lines = ["| model | batch | sartor FP16 ms | INT8 ms | FP8 ms | eager+graph ms | compile r-o ms | FP16 vs best peer |",

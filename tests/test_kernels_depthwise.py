@@ -193,7 +193,7 @@ def test_cuda_lists_the_tactic_for_depthwise_convs_only():
     w = torch.zeros(16, 1, 3, 3, device="cuda", dtype=torch.float16)
     assert "triton_depthwise" in applicable_conv_tactics([x, w], attrs)
     assert "triton_depthwise" in applicable_conv_tactics([x[:, :8], w[:8]], dict(attrs, group=8))  # a Split half
-    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros_like(w, shape=(16, 16, 3, 3))],
+    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(16, 16, 3, 3, device="cuda", dtype=torch.float16)],
                                                              dict(attrs, group=1))
     assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros_like(w, shape=(32, 1, 3, 3))], attrs)
 

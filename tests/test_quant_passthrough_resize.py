@@ -227,6 +227,7 @@ def test_quantized_neck_writes_the_resized_codes_into_the_concat_buffer(precisio
         memo = ShapeMemo()
         with torch.inference_mode():
             results[tactic] = [next(iter(executor.run({"images": images}, memo).values())).cpu() for _ in range(3)]
-        assert stored == ([True, True] if tactic == "triton_nhwc" else [False, False])
+        meta = {k: v for k, v in (memo.value_meta or {}).items() if k in ("deep_act_out", "up_out", "side_act_out", "cat_out")}
+        assert stored == ([True, True] if tactic == "triton_nhwc" else [False, False]), (tactic, meta)
     for got in results["torch"] + results["triton_nhwc"]:
         assert torch.equal(got, results["torch"][0])
