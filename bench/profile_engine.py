@@ -3,7 +3,11 @@ events around each step, no CUDA graph) and summed per op type, then the top GPU
 sartor and of the PyTorch peer (torch.compile default mode) from torch.profiler.
 
     PYTHONPATH=. python bench/profile_engine.py --model yolov8n --batch 32 [--onnx-dir .carry]
-        [--precision fp16] [--compiled-peer]
+        [--precision fp16|int8|fp8] [--compiled-peer]
+
+INT8 and FP8 engines are calibrated on 64 street scenes (bench/h200_int8.py's generator), as in
+bench/h200_table.py. The slowest steps are listed with the tactics timed for them and why any
+candidate was rejected.
 
 Models are those of bench/h200_table.py. A diagnosis tool: its figures are not benchmark results
 (no graph replay, and events between steps include the launch gaps).
@@ -92,9 +96,16 @@ def main() -> None:
     shape = (args.batch, 3, size, size)
     plan = work / f"{args.model}_{args.precision}_b{args.batch}.plan"
     shapes = {input_name: shape}
-    sartor.build(str(onnx_path(args.model, work, args.onnx_dir)), str(plan), device="cuda",
-                 precision=args.precision, min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
-                 builder_effort=args.effort)
+    calib = {}
+    if args.precision in ("int8", "fp8"):
+        import numpy as np
+        from h200_int8 import scene_images
+        np.save(work / "calib.npy", scene_images(64, 50_000))
+        calib = {"calib": str(work / "calib.npy"), "calib_size": 64}
+    result = sartor.build(str(onnx_path(args.model, work, args.onnx_dir)), str(plan), device="cuda",
+                          precision=args.precision, min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
+                          builder_effort=args.effort, **calib)
+    layers = {layer["name"]: layer for layer in result.header["layers"]}
     engine = sartor.load(str(plan))
     ctx = ExecutionContext(engine, use_cuda_graphs=False)
     x = torch.rand(shape, device="cuda")
@@ -110,6 +121,12 @@ def main() -> None:
     print("== slowest steps")
     for op, name, ms, tactic in sorted(rows, key=lambda r: -r[2])[:args.rows]:
         print(f"  {ms:8.3f} ms  {op:14s} {name[:60]:60s} {tactic}")
+        layer = layers.get(name, {})
+        timings = sorted((layer.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])
+        if timings:
+            print("      timed: " + ", ".join(f"{t} {v:.3f}" for t, v in timings[:4]))
+        for rejected, why in list((layer.get("tactic_rejected") or {}).items())[:3]:
+            print(f"      rejected {rejected}: {why}")
     with torch.inference_mode():
         top_kernels(lambda: ctx.run({input_name: x}), "sartor kernels", args.rows)
         model = torch_model(args.model)

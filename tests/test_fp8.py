@@ -471,9 +471,10 @@ def test_cuda_fp8_engine_matches_the_cpu_emulation(model, calib_npy, work, test_
     cuda = cuda.cpu().numpy() if isinstance(cuda, torch.Tensor) else np.asarray(cuda)
     # A float32 sum that differs in its last bits may round a stored FP8 activation to the
     # neighbouring e4m3 value (a step of 6-12%), and the later layers carry that on: the H200 gave
-    # cosine 0.99990 on this model, where a wrong kernel gives far less.
+    # cosine 0.99990 and a largest difference of 4.5% of the largest logit on this model (one
+    # logit of 80), where a wrong kernel gives far less and far more.
     assert cosine(cpu, cuda) >= 0.999
-    assert np.abs(cpu - cuda).max() <= 0.02 * np.abs(cpu).max()
+    assert np.abs(cpu - cuda).max() <= 0.08 * np.abs(cpu).max()
 
 
 def test_op_precision_conv_fp8_in_an_fp32_build(model, calib_npy, tmp_path):

@@ -195,7 +195,7 @@ def test_cuda_lists_the_tactic_for_depthwise_convs_only():
     assert "triton_depthwise" in applicable_conv_tactics([x[:, :8], w[:8]], dict(attrs, group=8))  # a Split half
     assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(16, 16, 3, 3, device="cuda", dtype=torch.float16)],
                                                              dict(attrs, group=1))
-    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros_like(w, shape=(32, 1, 3, 3))], attrs)
+    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(32, 1, 3, 3, device="cuda", dtype=torch.float16)], attrs)
 
 
 def test_bfloat16_keeps_its_dtype():

@@ -232,3 +232,22 @@ def test_output_slice_of_the_wrong_shape_is_refused():
     out = torch.empty(1, 16, 5, 5).contiguous(memory_format=torch.channels_last).to(DEVICE).narrow(1, 0, 7)
     with pytest.raises(ValueError, match="cannot hold"):
         conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs), SMALL_TILE, out=out)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_emulation_hands_on_the_layout_it_was_given(channels_last):
+    """The emulation wins the timing of tiny layers on a GPU: its output keeps the input's layout,
+    so a Concat it feeds next to kernel outputs stays one channels-last buffer. (The CPU's float64
+    convolution keeps the layout by itself; the GPU's did not.)"""
+    generator = torch.Generator().manual_seed(8)
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "input_inv_scale": 20.0,
+             "output_inv_scale": 4.0, "qmin": -127}
+    x = torch.randn(2, 5, 6, 7, generator=generator).to(DEVICE)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    wq = torch.randint(-127, 128, (4, 5, 3, 3), dtype=torch.int8, generator=generator).to(DEVICE)
+    scale = torch.full((4,), 1e-3, device=DEVICE)
+    out = qconv([x, wq, None, None, scale], attrs)
+    assert out.dtype == torch.int8
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last and out.is_contiguous() != channels_last
+    assert torch.equal(out, qconv([x.contiguous(), wq, None, None, scale], attrs))
