@@ -75,8 +75,22 @@ def test_code_distance_counts_e4m3_steps():
     a = torch.tensor([1.0, 1.0, -SUBNORMAL, 448.0, 0.0]).to(fp8.DTYPE)
     b = torch.tensor([1.125, 1.25, SUBNORMAL, 416.0, -0.0]).to(fp8.DTYPE)
     assert fp8.code_distance(a, b).tolist() == [1, 2, 2, 1, 0]
-    assert _mismatch(b, a) is not None and "2 e4m3 steps" in _mismatch(b, a)
+    # Two steps off at the top of the range: refused.
+    assert _mismatch(b[1:2], a[1:2]) is not None and "2 e4m3 steps" in _mismatch(b[1:2], a[1:2])
     assert _mismatch(torch.tensor([1.125]).to(fp8.DTYPE), torch.tensor([1.0]).to(fp8.DTYPE)) is None
+
+
+def test_fp8_check_accepts_many_steps_only_far_below_the_largest_output():
+    """A cancelling sum, off by many e4m3 steps of a tiny value but under 2^-8 of the layer's
+    largest output (the tensor cores' chunked accumulation), passes; the same steps on values
+    near the largest do not."""
+    ref = torch.tensor([256.0, 0.01, -0.02, 3.0]).to(fp8.DTYPE)
+    near_zero = torch.tensor([256.0, 0.5, -0.9, 3.0]).to(fp8.DTYPE)  # many steps, < 1.0 = 2^-8·256 off
+    assert int(fp8.code_distance(near_zero, ref).max()) > 10
+    assert _mismatch(near_zero, ref) is None
+    large = torch.tensor([256.0, 0.01, -0.02, 3.0 + 1.5]).to(fp8.DTYPE)  # 1.5 off: over the tolerance
+    why = _mismatch(large, ref)
+    assert why is not None and "e4m3 steps" in why and "of its largest value" in why
 
 
 def test_weight_scales_per_output_channel_and_activation_scale():

@@ -103,15 +103,34 @@ def _mismatch(out, ref: torch.Tensor) -> str | None:
     return None
 
 
+# Hopper's FP8 tensor cores add each product chunk with about 14 bits of mantissa before Triton
+# promotes it into the float32 accumulator (every BLOCK_K products: conv_igemm's
+# max_num_imprecise_acc). Where a sum nearly cancels, that error is many e4m3 steps of the small
+# result, yet small against the layer's large outputs, whose own e4m3 rounding is 2^-5 (half a
+# step). An error under this fraction of the largest output is accepted at any step count.
+FP8_CANCELLATION_TOLERANCE = 2.0 ** -8
+
+
 def _fp8_mismatch(out: torch.Tensor, ref: torch.Tensor) -> str | None:
-    """FP8 outputs of the tensor cores' float32 accumulation against the exact emulation: a sum
-    that differs in its last bits can round to the neighbouring e4m3 value, never further."""
+    """FP8 outputs of the tensor cores against the exact emulation: each value is the reference's
+    e4m3 code or its neighbour, or off by less than FP8_CANCELLATION_TOLERANCE of the largest
+    reference value (a cancelling sum, see there)."""
     if out.dtype != fp8.DTYPE:
         return f"output is {out.dtype}, not {ref.dtype}"
     if not torch.isfinite(out.float()).all():
         return "output has non-finite values"
-    steps = int(fp8.code_distance(out, ref).max()) if ref.numel() else 0
-    return None if steps <= 1 else f"fp8 output differs from reference by up to {steps} e4m3 steps"
+    if not ref.numel():
+        return None
+    steps = fp8.code_distance(out, ref)
+    far = steps > 1
+    if not bool(far.any()):
+        return None
+    error = (out.float() - ref.float()).abs()
+    limit = FP8_CANCELLATION_TOLERANCE * float(ref.float().abs().max())
+    if bool((error[far] <= limit).all()):
+        return None
+    return (f"fp8 output differs from reference by up to {int(steps[far & (error > limit)].max())} e4m3 steps "
+            f"(up to {float(error.max()) / (limit / FP8_CANCELLATION_TOLERANCE + 1e-30):.2e} of its largest value)")
 
 
 @dataclass
