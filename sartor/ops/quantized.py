@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import pixel_stride, triton
+from ..kernels.im2col import im2col_codes
 from .conv import conv_nd, igemm_epilogue, igemm_geometry
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -203,25 +204,19 @@ def _int8_epilogue(attrs: dict) -> dict:
 
 
 def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
-    """Quantize, gather the INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)], one GEMM with the
-    epilogue."""
+    """The INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)] in one pass (`kernels/im2col.py`), then
+    one GEMM with the epilogue."""
     kernel = attrs["kernel_shape"]
     full = torch.empty((w_flat.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
     if geometry is None:
         return None
-    xq = as_quantized(x, attrs).permute(0, 2, 3, 1)  # NHWC view
-    n, h, w, c = xq.shape
-    (kh, kw), (sh, sw), (top, left), (dh, dw), (oh, ow) = (geometry.kernel, geometry.strides, geometry.pads,
-                                                           geometry.dilations, geometry.out_hw)
-    bottom = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - top)
-    right = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w - left)
-    padded = F.pad(xq.view(torch.uint8), (0, 0, left, right, top, bottom)).view(xq.dtype).contiguous()
-    s_n, s_h, s_w, s_c = padded.stride()
-    windows = padded.as_strided((n, oh, ow, kh, kw, c), (s_n, s_h * sh, s_w * sw, s_h * dh, s_w * dw, s_c))
-    columns = _pad_columns(windows.reshape(n * oh * ow, kh * kw * c), w_flat.shape[1] - kh * kw * c)
+    code = FP8_DTYPE if is_fp8(attrs) else torch.int8
+    columns = im2col_codes(x, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations, geometry.out_hw,
+                           w_flat.shape[1], code, attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
     y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
                    **_int8_epilogue(attrs))
+    n, (oh, ow) = x.shape[0], geometry.out_hw
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
