@@ -231,3 +231,34 @@ def test_quantized_neck_writes_the_resized_codes_into_the_concat_buffer(precisio
         assert stored == ([True, True] if tactic == "triton_nhwc" else [False, False]), (tactic, meta)
     for got in results["torch"] + results["triton_nhwc"]:
         assert torch.equal(got, results["torch"][0])
+
+
+def test_an_input_read_only_by_quantized_convolutions_keeps_its_layout():
+    """The network input read by INT8 convolutions alone (they gather any strides) is not copied to
+    channels-last on arrival nor before them; read by a float layer too, it is. On CPU tensors the
+    run copies nothing either way, so the plan itself is checked, and that the NCHW input runs."""
+    from sartor.ops.util import tensor_from_numpy
+    from sartor.quant import calibrate
+    from sartor.runtime.executor import Executor
+    graph = import_model_proto(upsample_neck())
+    optimize(graph)
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    float_plan = Executor(graph, weights, torch.device("cpu"), {n.name: "fp32" for n in graph.nodes},
+                          channels_last=True)
+    assert float_plan.layout_free_feeds == frozenset()
+    amax = calibrate(graph, weights, [{"images": _images(60, 4)}], method="minmax")
+    layers = {name: p for name, (p, _) in int8_decisions(graph, "fp32", "int8").items()}
+    layers.update(quantize_graph(graph, layers, amax)["pass_through"])
+    readers = {n.op_type for n in graph.nodes if "images" in n.inputs}
+    assert readers == {"QConv"}
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    executor = Executor(graph, weights, torch.device("cpu"), layers, channels_last=True)
+    assert executor.layout_free_feeds == frozenset({"images"})
+    seen = {}
+    def before(index, step, args):
+        if "images" in step.node.inputs:
+            seen[step.node.name] = args[0]
+    images = torch.from_numpy(_images(61, 2))
+    with torch.inference_mode():
+        executor.run({"images": images}, before=before)
+    assert set(seen) == {"deep", "side"} and all(a.is_contiguous() for a in seen.values())
