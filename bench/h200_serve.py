@@ -3,7 +3,8 @@ dynamic batching, for ResNet-50 FP16 (224) and the sample detector FP16 (320), n
 engine's offline throughput at its best batch, measured in the same run.
 
     PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4] \
-        [--shared-memory none,system,cuda] [--frontends 1,8] [--variants batched] [--budget-s 420]
+        [--shared-memory none,system,cuda] [--frontends 1,8] [--variants batched] [--budget-s 420] \
+        [--load-generator perf_analyzer]
 
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
 same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
@@ -108,7 +109,9 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
            "--warmup", str(args.warmup), "--processes", str(args.processes), "--max-queue-delay-us", "500",
            "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
            "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
-           "--budget-s", str(round(budget_s, 1))]
+           "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator]
+    if args.perf_analyzer:
+        cmd += ["--perf-analyzer", args.perf_analyzer]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     results = out / "results.json"
     results.unlink(missing_ok=True)
@@ -211,6 +214,11 @@ def main() -> None:
                         help="what a server start (engine load, warm-up, frontend processes) is expected to take: "
                              "a server is skipped when this plus one measurement no longer fits")
     parser.add_argument("--budget-s", type=float, default=0.0, help="wall-clock seconds for the whole run (0: none)")
+    parser.add_argument("--load-generator", choices=("python", "perf_analyzer"), default="python",
+                        help="bench/serve_throughput.py's: its Python gRPC clients, or Triton's C++ perf_analyzer "
+                             "(scripts/install_perf_analyzer.sh's .cache/perf_analyzer, carried to the machine), "
+                             "which leaves the machine's cores to the server")
+    parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary, where not found by itself")
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()
