@@ -181,8 +181,11 @@ def test_cuda_layers_offer_the_kernel():
 
 
 @pytest.mark.parametrize("int8_output", [True, False])
-def test_im2col_tactic_equals_emulation(int8_output):
-    """The 3-channel stem's tactic: INT8 columns with K padded to 32, then the GEMM kernel."""
+@pytest.mark.parametrize("tile", [SMALL_TILE, TileConfig(16, 16, 64, 1, 1)], ids=["block_k32", "block_k64"])
+def test_im2col_tactic_equals_emulation(int8_output, tile):
+    """The 3-channel stem's tactic: INT8 columns with K = 147 padded to a multiple of 32 and of the
+    tile's BLOCK_K (160, or 192 for BLOCK_K 64, so that the GEMM walks whole K blocks), then the
+    GEMM kernel."""
     from sartor.ops.quantized import _im2col_conv, qlayer_weight_for_tactic
     generator = torch.Generator().manual_seed(5)
     attrs = {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3], "input_inv_scale": 40.0,
@@ -194,10 +197,10 @@ def test_im2col_tactic_equals_emulation(int8_output):
     bias = torch.randint(-3000, 3000, (16,), dtype=torch.int32, generator=generator)
     scale = torch.rand(16, generator=generator) * 1e-3
     expected = qconv([x, wq, bias, None, scale], attrs)
-    tactic = "im2col_" + SMALL_TILE.name
+    tactic = "im2col_" + tile.name
     flat = qlayer_weight_for_tactic(wq, tactic)
-    assert flat.shape == (16, 160) and not flat[:, 147:].any()
-    out = _im2col_conv(x.to(DEVICE), flat.to(DEVICE), bias.to(DEVICE), scale.to(DEVICE), attrs, SMALL_TILE)
+    assert flat.shape == (16, 160 if tile.block_k == 32 else 192) and not flat[:, 147:].any()
+    out = _im2col_conv(x.to(DEVICE), flat.to(DEVICE), bias.to(DEVICE), scale.to(DEVICE), attrs, tile)
     assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out.cpu(), expected)
 
