@@ -105,8 +105,8 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     builds = []
     for _ in range(2 if warm_build else 1):  # cold, then with the timing cache the first build wrote
         t0 = time.perf_counter()
-        sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes, opt_shapes=shapes,
-                     max_shapes=shapes, timing_cache=str(cache), **kwargs)
+        result = sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes,
+                              opt_shapes=shapes, max_shapes=shapes, timing_cache=str(cache), **kwargs)
         builds.append(round(time.perf_counter() - t0, 1))
     t0 = time.perf_counter()
     engine = sartor.load(str(plan))
@@ -126,8 +126,22 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
             x = torch.from_numpy(scene_images(1, 90_000)).cuda()
         row.update(agreement_with_onnxruntime(onnx, input_name, x, ctx.run({input_name: x})))
     row.update(build_cold_s=builds[0], build_warm_s=builds[1] if warm_build else None, load_s=round(load_s, 3),
-               first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1))
+               first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1),
+               layers_of_note=layers_of_note(result.header["layers"]))
     return row
+
+
+def layers_of_note(layers: list[dict], slowest: int = 5) -> dict:
+    """What a timed figure alone does not say: the layers whose winning tactic took longest at the
+    build's timing, and every layer where candidates were rejected (an FP8 check that refuses every
+    tile leaves the layer on its emulation, as session 11's first FP8 row showed)."""
+    def best(layer: dict) -> float:
+        return min((layer.get("tactic_timings_ms") or {}).values(), default=0.0)
+    timed = sorted((layer for layer in layers if layer.get("tactic_timings_ms")), key=best, reverse=True)
+    return {"slowest": [{"name": layer["name"], "tactic": layer.get("tactic"), "ms": round(best(layer), 4)}
+                        for layer in timed[:slowest]],
+            "rejected": {layer["name"]: sorted(layer["tactic_rejected"])[:4]
+                         for layer in layers if layer.get("tactic_rejected")}}
 
 
 def agreement_with_onnxruntime(onnx: Path, input_name: str, x: torch.Tensor, outputs: dict) -> dict:
