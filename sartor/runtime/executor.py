@@ -14,6 +14,7 @@ import torch
 
 from ..ir import Graph, Node
 from ..ops import OpRegistry, default_registry
+from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..ops.util import NUMPY_TO_TORCH
 from ..kernels.epilogue import pixel_stride
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
@@ -23,8 +24,11 @@ HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape ari
 # In channels-last engines, the inputs (by position) whose fast kernels read channels-last pixels:
 # data and residual of the convolutions, data of pooling and upsampling.
 CHANNELS_LAST_READS = {"FusedConv": (0, 3), "QConv": (0, 3), "MaxPool": (0,), "Resize": (0,), "Upsample": (0,)}
-# Layers whose every tactic reads its data input in any strides (see Executor._layout_free_feeds).
+# Layers whose every tactic reads its data input in any strides (see Executor._layout_free_feeds),
+# for inputs of fewer channels than this: those run as im2col or as the kernel's gather walk, which
+# read NCHW as well as channels-last; wider inputs take the blocked walk's contiguous channel loads.
 STRIDE_FREE_READERS = frozenset({"QConv"})
+LAYOUT_FREE_MAX_CHANNELS = IM2COL_MAX_CHANNELS
 PRECISION_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -163,10 +167,11 @@ class Executor:
                 if name in feeds and len(dtypes) == 1 and next(iter(dtypes)) is not None}
 
     def _layout_free_feeds(self) -> frozenset[str]:
-        """Graph inputs read only by layers that take any strides: they stay as they arrive. An
-        INT8 (FP8) stem's im2col or implicit GEMM gathers its taps from the NCHW input as it would
-        from a channels-last copy, and that copy, a transposition into 3-channel pixels, took
-        1.35 ms of ResNet-50's INT8 batch 256 on the H200."""
+        """Graph inputs read only by layers that take any strides: when they have few channels
+        (LAYOUT_FREE_MAX_CHANNELS) they stay as they arrive. An INT8 (FP8) stem's im2col or
+        implicit GEMM gathers its taps from the NCHW input as it would from a channels-last copy,
+        and that copy, a transposition into 3-channel pixels, took 1.35 ms of ResNet-50's INT8
+        batch 256 on the H200."""
         readers: dict[str, set] = {}
         for step in self.steps:
             for name in step.node.present_inputs():
@@ -201,7 +206,8 @@ class Executor:
         recorded = {} if memo.value_meta is None and self.concat_plan.concats else None
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
-            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda and name not in self.layout_free_feeds:
+            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda and not (
+                    name in self.layout_free_feeds and tensor.shape[1] < LAYOUT_FREE_MAX_CHANNELS):
                 dtype = self.feed_dtypes.get(name) if tensor.is_floating_point() else None
                 tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
             env[name] = tensor
