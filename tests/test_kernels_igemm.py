@@ -154,7 +154,79 @@ def test_unpacked_weight_is_refused():
 def test_tile_names_round_trip_and_effort_widens_the_search():
     for tile in candidate_tiles(int8=True, effort=5) + candidate_tiles(int8=False, effort=5):
         assert TileConfig.parse(tile.name) == tile
+    split = TileConfig(64, 64, 64, 4, 4, split_k=4)
+    assert split.name == "igemm_64x64x64_w4_s4_k4" and TileConfig.parse(split.name) == split
     assert TileConfig.parse("cudnn_fused") is None and TileConfig.parse("igemm_bad") is None
+    for bad in ("igemm_64x64x64_w4_s4_x4", "igemm_64x64x64_w4_s4_k4_k2", "igemm_64x64x64_w4_s4_k0",
+                "igemm_64x64x64_4_s4"):
+        assert TileConfig.parse(bad) is None, bad
+
+
+def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
+    """Batch 1's 7×7 stage (49 rows, 512 channels, K = 4,608) on 132 SMs gets split variants that
+    fill the GPU without shares under 4 K blocks; a layer of 800k rows gets none."""
+    from sartor.kernels.conv_igemm import MIN_K_BLOCKS_PER_SHARE, split_k_tiles
+    tiles = candidate_tiles(int8=True, effort=2)
+    variants = split_k_tiles(tiles, 49, 512, 4608, 132)
+    assert variants and all(v.split_k > 1 for v in variants)
+    for v in variants:
+        grid = -(-49 // v.block_m) * -(-512 // v.block_n)
+        assert grid * v.split_k <= 132 and (4608 // v.block_k) // v.split_k >= MIN_K_BLOCKS_PER_SHARE
+        assert TileConfig.parse(v.name) == v
+    assert split_k_tiles(tiles, 802816, 256, 64, 132) == []
+    assert split_k_tiles(tiles, 49, 512, 4608, 0) == []  # no GPU: nothing to fill
+
+
+SPLIT_GEOMETRIES = [  # the blocked walk (64 channels, 9 taps), the gather walk (3 channels), a 1×1
+    (64, (3, 3), (1, 1), (1, 1, 1, 1)),
+    (3, (7, 7), (2, 2), (3, 3, 3, 3)),
+    (96, (1, 1), (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("channels,kernel,strides,pads", SPLIT_GEOMETRIES)
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_int8_equals_the_emulation(channels, kernel, strides, pads, split_k):
+    """K shared between programs (int32 partial sums, then one epilogue kernel): bit for bit the
+    emulation, residual and INT8 output included, for shares that do not divide K evenly too."""
+    generator = torch.Generator().manual_seed(6)
+    attrs = dict(_attrs(kernel, strides, pads, (1, 1)), input_inv_scale=17.0, residual_scale=0.05,
+                 activation="Relu", qmin=-127, output_inv_scale=7.0)
+    x = torch.randn(2, channels, 9, 8, generator=generator) * 2
+    wq = torch.randint(-127, 128, (40, channels, *kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (40,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(40, generator=generator) * 1e-3
+    geometry = _geometry(x, wq, attrs)
+    residual = torch.randint(-127, 128, (2, 40, *geometry.out_hw), dtype=torch.int8, generator=generator)
+    expected = qconv([x, wq, bias, residual, scale], attrs)
+    tile = TileConfig(16, 16, 32, 1, 1, split_k=split_k)
+    x, wq, bias, residual, scale = (t.to(DEVICE) for t in (x, wq, bias, residual, scale))
+    out = conv_igemm(x, pack_weight(wq), bias, geometry, tile, dequant_scale=scale, residual=residual,
+                     activation="Relu", input_inv_scale=17.0, residual_scale=0.05, output_inv_scale=7.0)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
+def test_split_k_float_and_gemm_match_the_single_pass():
+    """Float layers and GEMMs through split-K: the same result as one program per tile, up to the
+    order of the float32 sums."""
+    generator = torch.Generator().manual_seed(7)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    x = torch.randn(1, 64, 6, 5, generator=generator).to(DEVICE, dtype)
+    w = (torch.randn(24, 64, 3, 3, generator=generator) / 24).to(DEVICE, dtype)
+    b = torch.randn(24, generator=generator).to(DEVICE, dtype)
+    one = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), SMALL_TILE, activation="Relu")
+    four = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), TileConfig(16, 16, 32, 1, 1, split_k=4),
+                      activation="Relu")
+    tolerance = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(four.float().cpu(), one.float().cpu(), rtol=tolerance, atol=tolerance)
+    xg = torch.randn(3, 160, generator=generator)
+    wg = torch.randint(-127, 128, (20, 160), dtype=torch.int8, generator=generator)
+    sg = torch.rand(20, generator=generator) * 1e-2
+    expected = qgemm([xg, wg, None, None, sg], {"input_inv_scale": 9.0, "activation": None})
+    got = conv_igemm(xg.to(DEVICE), pack_weight(wg).to(DEVICE), None, ConvGeometry.gemm(),
+                     TileConfig(16, 16, 32, 1, 1, split_k=3), dequant_scale=sg.to(DEVICE), input_inv_scale=9.0)
+    assert torch.equal(got.cpu(), expected)
     assert len(candidate_tiles(int8=True, effort=1)) < len(candidate_tiles(int8=True, effort=3))
 
 

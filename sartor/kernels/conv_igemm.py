@@ -25,7 +25,7 @@ a multiple of BLOCK_K (one row mask per tap, contiguous channel loads), or a fla
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -90,74 +90,12 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _conv_igemm_kernel(
-            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
-            M, COUT, C, H, W, OH, OW, y_row,
-            sxn, sxc, sxh, sxw, srn, src, srh, srw,
-            pad_h, pad_w, dil_h, dil_w,
-            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
-            KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
-            INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
-            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
-            OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
-        pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(COUT, BLOCK_N)
-        group_size = GROUP_M * num_pid_n
-        first_m = (pid // group_size) * GROUP_M
-        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group_size) % rows
-        pid_n = (pid % group_size) // rows
-
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        m_ok = offs_m < M
-        n_ok = offs_n < COUT
-        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-        ih0 = oh * STRIDE_H - pad_h
-        iw0 = ow * STRIDE_W - pad_w
-        x_row = n_idx.to(tl.int64) * sxn
-        k_total = KH * KW * C
-        w_col = offs_n.to(tl.int64) * k_total
-
-        if INT8:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-        if K_GATHER:
-            for k0 in range(0, k_total, BLOCK_K):
-                kk = k0 + offs_k
-                tap = kk // C
-                c = kk - tap * C
-                kh = tap // KW
-                kw = tap - kh * KW
-                ih = ih0[:, None] + (kh * dil_h)[None, :]
-                iw = iw0[:, None] + (kw * dil_w)[None, :]
-                a_mask = m_ok[:, None] & (kk < k_total)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0.0)
-                b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
-                            other=0.0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
-        else:
-            c_blocks = tl.cdiv(C, BLOCK_K)
-            for step in range(0, KH * KW * c_blocks):
-                tap = step // c_blocks
-                c0 = (step - tap * c_blocks) * BLOCK_K
-                kh = tap // KW
-                kw = tap - kh * KW
-                ih = ih0 + kh * dil_h
-                iw = iw0 + kw * dil_w
-                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                cc = c0 + offs_k
-                a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                            mask=row_ok[:, None], other=0.0)
-                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
-
+    def _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                        RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                        OUT_QUANT: tl.constexpr):
+        """Bias, dequantize, residual, activation, requantize and the store of one output tile."""
         if INT8:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
@@ -192,28 +130,143 @@ if triton is not None:
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
+    @triton.jit
+    def _conv_igemm_kernel(
+            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
+            M, COUT, C, H, W, OH, OW, y_row,
+            sxn, sxc, sxh, sxw, srn, src, srh, srw,
+            pad_h, pad_w, dil_h, dil_w,
+            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
+            KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+            INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(COUT, BLOCK_N)
+        group_size = GROUP_M * num_pid_n
+        first_m = (pid // group_size) * GROUP_M
+        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group_size) % rows
+        pid_n = (pid % group_size) // rows
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_ok = offs_m < M
+        n_ok = offs_n < COUT
+        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+        ih0 = oh * STRIDE_H - pad_h
+        iw0 = ow * STRIDE_W - pad_w
+        x_row = n_idx.to(tl.int64) * sxn
+        k_total = KH * KW * C
+        w_col = offs_n.to(tl.int64) * k_total
+
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+        # Split-K: program (tile, pid_k) walks its share of the K blocks and leaves its partial sum
+        # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue.
+        pid_k = tl.program_id(1)
+        if K_GATHER:
+            k_share = tl.cdiv(tl.cdiv(k_total, BLOCK_K), SPLIT_K) * BLOCK_K
+            k_begin = pid_k * k_share
+            k_end = tl.minimum(k_begin + k_share, k_total)
+            for k0 in range(k_begin, k_end, BLOCK_K):
+                kk = k0 + offs_k
+                tap = kk // C
+                c = kk - tap * C
+                kh = tap // KW
+                kw = tap - kh * KW
+                ih = ih0[:, None] + (kh * dil_h)[None, :]
+                iw = iw0[:, None] + (kw * dil_w)[None, :]
+                a_mask = m_ok[:, None] & (kk < k_total)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0.0)
+                b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
+                            other=0.0)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+        else:
+            c_blocks = tl.cdiv(C, BLOCK_K)
+            steps = KH * KW * c_blocks
+            step_share = tl.cdiv(steps, SPLIT_K)
+            step_begin = pid_k * step_share
+            for step in range(step_begin, tl.minimum(step_begin + step_share, steps)):
+                tap = step // c_blocks
+                c0 = (step - tap * c_blocks) * BLOCK_K
+                kh = tap // KW
+                kw = tap - kh * KW
+                ih = ih0 + kh * dil_h
+                iw = iw0 + kw * dil_w
+                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                cc = c0 + offs_k
+                a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
+                            mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
+                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+
+        if SPLIT_K == 1:
+            _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                            y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        else:
+            ws_offsets = (pid_k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]
+            tl.store(ws_ptr + ws_offsets, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _splitk_epilogue_kernel(
+            ws_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, OH, OW, y_row, srn, src, srh, srw,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+            RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
+            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The shares of a split-K convolution added (int32: exactly), then the layer's epilogue."""
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = offs_m < M
+        n_ok = offs_n < COUT
+        mask = m_ok[:, None] & n_ok[None, :]
+        acc = tl.load(ws_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask, other=0)
+        for k in range(1, SPLIT_K):
+            acc += tl.load(ws_ptr + (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask,
+                           other=0)
+        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+        _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One kernel configuration: the tile, the warps and the software-pipeline depth."""
+    """One kernel configuration: the tile, the warps, the software-pipeline depth and how many
+    programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)."""
     block_m: int
     block_n: int
     block_k: int
     warps: int
     stages: int
+    split_k: int = 1
 
     @property
     def name(self) -> str:
-        return f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+        base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+        return base + (f"_k{self.split_k}" if self.split_k > 1 else "")
 
     @classmethod
     def parse(cls, tactic: str) -> "TileConfig | None":
         if not tactic.startswith("igemm_"):
             return None
         try:
-            tile, warps, stages = tactic[len("igemm_"):].split("_")
+            tile, warps, stages, *split = tactic[len("igemm_"):].split("_")
             bm, bn, bk = (int(v) for v in tile.split("x"))
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]))
+            if len(split) > 1 or (split and not split[0].startswith("k")) \
+                    or not warps.startswith("w") or not stages.startswith("s"):
+                return None
+            split_k = int(split[0][1:]) if split else 1
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k) if split_k >= 1 else None
         except ValueError:
             return None
 
@@ -235,6 +288,33 @@ TILES_PER_EFFORT = {1: 2, 2: 6, 3: 8, 4: 10, 5: 10}
 def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
     tiles = _INT8_TILES if int8 else _FLOAT_TILES
     return list(tiles[:TILES_PER_EFFORT.get(effort, len(tiles))])
+
+
+MIN_K_BLOCKS_PER_SHARE = 4  # a split-K share shorter than this spends its time on the workspace
+MAX_SPLIT_K = 16
+
+
+def split_k_tiles(tiles: list[TileConfig], rows: int, cout: int, k_total: int, sms: int) -> list[TileConfig]:
+    """Split-K variants of `tiles` for a layer whose tile grid leaves most of the GPU's `sms`
+    multiprocessors idle (the 7×7 and 14×14 stages at batch 1: ResNet-50's last 3×3 layers give
+    8 tiles of 64×64 for 132 SMs, each walking K = 4,608): the tile's K shared by as many
+    programs as fill the GPU, each share at least MIN_K_BLOCKS_PER_SHARE blocks long. Only
+    candidates: the builder times them against the single-pass tiles."""
+    variants = []
+    for tile in tiles:
+        grid = -(-rows // tile.block_m) * -(-cout // tile.block_n)
+        k_blocks = -(-k_total // tile.block_k)
+        split = 1
+        while (split * 2 * grid <= sms and k_blocks // (split * 2) >= MIN_K_BLOCKS_PER_SHARE
+               and split * 2 <= MAX_SPLIT_K):
+            split *= 2
+        if split > 1:
+            variants.append(replace(tile, split_k=split))
+    return variants
+
+
+def multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
 @dataclass(frozen=True)
@@ -299,21 +379,36 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
     k_gather = c % tile.block_k != 0
-    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
+    split_k = max(1, tile.split_k)
+    # The shares' partial sums: int32 for INT8 (their sum is exact), float32 otherwise.
+    workspace = (torch.empty((split_k, m, cout), dtype=torch.int32 if int8 else torch.float32, device=x.device)
+                 if split_k > 1 else y)
+    bias_arg = bias if bias is not None else w_packed
+    scale_arg = dequant_scale if quantized else w_packed
+    res_arg = res4 if res4 is not None else y
+    scalars = (float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+               float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0)
+    epilogue = dict(INT8=int8, FP8=fp8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                    RES_QUANT=residual is not None and residual.dtype == code_dtype,
+                    RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
+                    OUT_QUANT=quantized and output_inv_scale is not None)
+    # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
+    # one rounding) can move a value across a quantization boundary.
+    fusion = not quantized
+    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n), split_k)
     _conv_igemm_kernel[grid](
-        x4, w_packed, bias if bias is not None else w_packed, dequant_scale if quantized else w_packed,
-        res4 if res4 is not None else y, y,
+        x4, w_packed, bias_arg, scale_arg, res_arg, y, workspace,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
-        float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
-        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        float(input_inv_scale or 1.0), *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
-        INT8=int8, FP8=fp8, QUANTIZE_INPUT=quantize_input, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        RES_QUANT=residual is not None and residual.dtype == code_dtype, RES_AFTER=bool(residual_after_activation),
-        ACT=ACTIVATION_CODES[activation], OUT_QUANT=quantized and output_inv_scale is not None, K_GATHER=k_gather,
+        QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
-        num_warps=tile.warps, num_stages=tile.stages,
-        # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual
-        # in one rounding) can move a value across a quantization boundary.
-        enable_fp_fusion=not quantized)
+        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
+    if split_k > 1:
+        block_m, block_n = min(tile.block_m, 64), min(tile.block_n, 64)
+        _splitk_epilogue_kernel[(triton.cdiv(m, block_m), triton.cdiv(cout, block_n))](
+            workspace, bias_arg, scale_arg, res_arg, y, m, cout, oh, ow, pixel_stride(y), *rs, *scalars,
+            SPLIT_K=split_k, **epilogue, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
+            enable_fp_fusion=fusion)
     return y

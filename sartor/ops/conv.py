@@ -6,7 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
+from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
+                                  split_k_tiles)
 from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
 from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
@@ -214,6 +215,14 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
 FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*", "triton_depthwise")
 
 
+def igemm_split_k_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
+                        geometry: ConvGeometry) -> list[TileConfig]:
+    """The split-K variants worth timing for this convolution (or GEMM, a 2-D `x`) on its GPU."""
+    rows = x.shape[0] * geometry.out_hw[0] * geometry.out_hw[1]
+    k_total = w.shape[1] * geometry.kernel[0] * geometry.kernel[1]
+    return split_k_tiles(tiles, rows, w.shape[0], k_total, multiprocessors(x.device))
+
+
 def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     """The candidates for one FusedConv with these arguments, the reference ("torch") first."""
     x, w = inputs[0], inputs[1]
@@ -230,8 +239,10 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
             tactics.append("triton_epilogue")
         if cudnn_fused_applicable(x, w, residual, attrs):
             tactics.append("cudnn_fused")
-        if x.dtype in (torch.float16, torch.bfloat16) and igemm_geometry(x, w, attrs) is not None:
-            tactics += [tile.name for tile in candidate_tiles(int8=False, effort=effort)]
+        geometry = igemm_geometry(x, w, attrs) if x.dtype in (torch.float16, torch.bfloat16) else None
+        if geometry is not None:
+            tiles = candidate_tiles(int8=False, effort=effort)
+            tactics += [tile.name for tile in tiles + igemm_split_k_tiles(tiles, x, w, geometry)]
         if depthwise_geometry(x, w, attrs) is not None:
             tactics.append("triton_depthwise")
     return tactics

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
-from .conv import conv_nd, igemm_epilogue, igemm_geometry
+from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_split_k_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
@@ -174,9 +174,10 @@ def _qlayer_tactics(gemm: bool):
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
-        if _igemm_geometry(inputs[0], inputs[1], attrs, gemm) is not None:
+        geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
+        if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
-            names += [tile.name for tile in tiles]
+            names += [tile.name for tile in tiles + igemm_split_k_tiles(tiles, inputs[0], inputs[1], geometry)]
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
         return names
