@@ -36,10 +36,11 @@ def test_perf_analyzer_measures_throughput(tmp_path, tiny_plan, protocol):
     report = tmp_path / "perf.csv"
     with running(repo) as server:
         port = server.http_port if protocol == "http" else server.grpc_port
-        # Short windows and a lax stability bound: this checks that it works, not how fast.
+        # Short windows and a lax stability bound (a busy 2-core CI machine once took latencies more
+        # than twice apart in 5 windows at concurrency 2): this checks that it works, not how fast.
         command = [binary, "-m", "tiny", "-u", f"{HOST}:{port}", "-i", protocol, "-b", "1",
-                   "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-                   "--max-trials", "5", "--shared-memory", "none", "-f", str(report)]
+                   "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "500",
+                   "--max-trials", "10", "--shared-memory", "none", "-f", str(report)]
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=180)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
