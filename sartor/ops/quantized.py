@@ -277,9 +277,12 @@ def qconv(inputs, attrs):
             return y
     acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
     y = _epilogue(_dequantize(acc, bias, inputs[4], 1, is_fp8(attrs)), residual, attrs)
-    # The emulation wins the timing of tiny layers on a GPU too: it hands on the layout it was
-    # given, as the kernels do, so that a Concat it feeds stays one channels-last buffer.
-    return y.contiguous(memory_format=torch.channels_last) if pixel_stride(x) is not None and x.dim() == 4 else y
+    # The emulation wins the timing of tiny layers on a GPU too: there it hands on the layout it
+    # was given, as the kernels do, so that a Concat it feeds stays one channels-last buffer (the
+    # CPU's convolution keeps the layout by itself).
+    if x.is_cuda and x.dim() == 4 and pixel_stride(x) is not None:
+        return y.contiguous(memory_format=torch.channels_last)
+    return y
 
 
 @OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic)
