@@ -81,18 +81,25 @@ def test_int8_conv_equals_emulation(channels, kernel, strides, pads, dilations, 
     x = torch.randint(-127, 128, (2, channels, 11, 10), dtype=torch.int8, generator=generator)
     if not int8_input:
         x = torch.randn(2, channels, 11, 10, generator=generator) * 3
-    wq = torch.randint(-127, 128, (24, channels, *kernel), dtype=torch.int8, generator=generator)
-    bias = torch.randint(-4000, 4000, (24,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(24, generator=generator) * 1e-3
+    out = _assert_int8_conv_is_the_emulation(x, kernel, attrs, 24, SMALL_TILE, generator)
+    assert out.dtype == (torch.int8 if int8_output else torch.float32)
+
+
+def _assert_int8_conv_is_the_emulation(x, kernel, attrs: dict, cout: int, tile: TileConfig, generator):
+    """INT8 weights, int32 bias, per-channel scales and an INT8 residual drawn from `generator`: the
+    kernel's output with `tile` equals the emulation's bit for bit. Returns the output."""
+    wq = torch.randint(-127, 128, (cout, x.shape[1], *kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3
     geometry = _geometry(x, wq, attrs)
-    residual = torch.randint(-127, 128, (2, 24, *geometry.out_hw), dtype=torch.int8, generator=generator)
+    residual = torch.randint(-127, 128, (x.shape[0], cout, *geometry.out_hw), dtype=torch.int8, generator=generator)
     expected = qconv([x, wq, bias, residual, scale], attrs)
     x, wq, bias, residual, scale = (t.to(DEVICE) for t in (x, wq, bias, residual, scale))
-    out = conv_igemm(x, pack_weight(wq), bias, geometry, SMALL_TILE, dequant_scale=scale, residual=residual,
-                     activation="Relu", input_inv_scale=21.0, residual_scale=0.03,
-                     output_inv_scale=attrs.get("output_inv_scale"))
-    assert out.dtype == (torch.int8 if int8_output else torch.float32)
+    out = conv_igemm(x, pack_weight(wq), bias, geometry, tile, dequant_scale=scale, residual=residual,
+                     activation=attrs["activation"], input_inv_scale=attrs["input_inv_scale"],
+                     residual_scale=attrs["residual_scale"], output_inv_scale=attrs.get("output_inv_scale"))
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+    return out
 
 
 @pytest.mark.parametrize("activation,after", [("SiLU", False), (None, True), ("Clip", False)])
@@ -193,17 +200,7 @@ def test_split_k_int8_equals_the_emulation(channels, kernel, strides, pads, spli
     attrs = dict(_attrs(kernel, strides, pads, (1, 1)), input_inv_scale=17.0, residual_scale=0.05,
                  activation="Relu", qmin=-127, output_inv_scale=7.0)
     x = torch.randn(2, channels, 9, 8, generator=generator) * 2
-    wq = torch.randint(-127, 128, (40, channels, *kernel), dtype=torch.int8, generator=generator)
-    bias = torch.randint(-4000, 4000, (40,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(40, generator=generator) * 1e-3
-    geometry = _geometry(x, wq, attrs)
-    residual = torch.randint(-127, 128, (2, 40, *geometry.out_hw), dtype=torch.int8, generator=generator)
-    expected = qconv([x, wq, bias, residual, scale], attrs)
-    tile = TileConfig(16, 16, 32, 1, 1, split_k=split_k)
-    x, wq, bias, residual, scale = (t.to(DEVICE) for t in (x, wq, bias, residual, scale))
-    out = conv_igemm(x, pack_weight(wq), bias, geometry, tile, dequant_scale=scale, residual=residual,
-                     activation="Relu", input_inv_scale=17.0, residual_scale=0.05, output_inv_scale=7.0)
-    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+    _assert_int8_conv_is_the_emulation(x, kernel, attrs, 40, TileConfig(16, 16, 32, 1, 1, split_k=split_k), generator)
 
 
 def test_split_k_float_and_gemm_match_the_single_pass():

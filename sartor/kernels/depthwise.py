@@ -25,8 +25,7 @@ from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, trit
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import pixel_coords
-    from .epilogue import _activate
+    from .conv_igemm import _epilogue_store, pixel_coords
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
@@ -55,22 +54,10 @@ if triton is not None:
                             mask=ok[:, None] & c_ok[None, :], other=0.0)
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
                 acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
-        y = acc
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-        out_mask = p_ok[:, None] & c_ok[None, :]
-        if HAS_RES:
-            r_row = n.to(tl.int64) * srn + oh * srh + ow * srw
-            residual = tl.load(res_ptr + r_row[:, None] + offs_c[None, :] * src, mask=out_mask,
-                               other=0.0).to(tl.float32)
-            if not RES_AFTER:
-                y = y + residual
-        y = _activate(y, ACT, alpha, beta)
-        if HAS_RES:
-            if RES_AFTER:
-                y = y + residual
-        y_offsets = offs_p.to(tl.int64)[:, None] * y_row + offs_c[None, :]
-        tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
+        # The implicit-GEMM kernel's float epilogue: bias, residual, activation, one store.
+        _epilogue_store(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, bias_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, 1.0, 1.0, -127.0, alpha, beta,
+                        False, False, HAS_BIAS, HAS_RES, False, RES_AFTER, ACT, False)  # float: no INT8/FP8
 
 
 DEPTHWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
