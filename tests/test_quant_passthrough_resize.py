@@ -8,11 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import save
 from passes_helpers import OnnxBuilder, run_ort
-from test_quant_passthrough import SHAPES, SIZE, _images, _quantized_runs
+from test_quant_passthrough import SIZE, _images, _quantized_runs, int8_engine_run
 
-import sartor
 from sartor.frontend.onnx import import_model_proto
 from sartor.passes import optimize
 from sartor.quant.plan import int8_decisions
@@ -76,19 +74,11 @@ def test_upsample_in_nearest_mode_passes_through_and_linear_does_not():
 
 
 def test_int8_engine_with_resize_pass_through_tracks_onnxruntime(tmp_path):
-    model = upsample_neck()
-    path = save(model, tmp_path / "neck.onnx")
-    np.save(tmp_path / "calib.npy", _images(50, 24))
-    result = sartor.build(path, tmp_path / "neck.plan", device="cpu", profiles=[SHAPES], precision="int8",
-                          calib=tmp_path / "calib.npy")
+    result = int8_engine_run(upsample_neck(), tmp_path, 50)
     assert "int8: 2 MaxPool/Concat/Split/Resize layer(s) pass INT8 through: cat, up" in result.log
     assert "int8: 3 layer(s) INT8, 4 tensor(s) passed between them in INT8" in result.log  # the head stays fp32
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert layers["up"]["precision"] == "int8" and layers["cat"]["precision"] == "int8"
-    images = _images(51, 2)
-    got = next(iter(sartor.load(tmp_path / "neck.plan", device="cpu").context().run({"images": images}).values()))
-    expected = run_ort(model, {"images": images})["head_out"]
-    assert np.abs(got - expected).max() <= 0.05 * np.abs(expected).max()
 
 
 # ---- it does not fire where it must not ------------------------------------------------------------
