@@ -86,8 +86,9 @@ class Executor:
                 self._prepare_profile_variants(step, weights, list(by_profile))
             self.steps.append(step)
         self.host_values = host_values
-        self.feed_dtypes = self._feed_dtypes()
-        self.layout_free_feeds = self._layout_free_feeds()
+        feed_readers = self._feed_readers()
+        self.feed_dtypes = self._feed_dtypes(feed_readers)
+        self.layout_free_feeds = self._layout_free_feeds(feed_readers)
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
         self.concat_plan = plan_concats(self.steps, {v.name for v in graph.inputs}, set(self.output_dtypes),
@@ -155,29 +156,36 @@ class Executor:
                         total += t.numel() * t.element_size()
         return total
 
-    def _feed_dtypes(self) -> dict[str, torch.dtype]:
-        """Graph inputs whose every device reader computes in one float dtype: converted to it on
-        arrival, in the same copy as the change to channels-last (one pass over the input, not two)."""
-        readers: dict[str, set] = {}
+    def _feed_readers(self) -> dict[str, list[Step]]:
+        """Each graph input's reading steps."""
+        readers: dict[str, list[Step]] = {v.name: [] for v in self.graph.inputs}
         for step in self.steps:
             for name in step.node.present_inputs():
-                readers.setdefault(name, set()).add(None if step.on_host else step.compute_dtype)
-        feeds = {v.name for v in self.graph.inputs}
-        return {name: next(iter(dtypes)) for name, dtypes in readers.items()
-                if name in feeds and len(dtypes) == 1 and next(iter(dtypes)) is not None}
+                if name in readers:
+                    readers[name].append(step)
+        return readers
 
-    def _layout_free_feeds(self) -> frozenset[str]:
+    @staticmethod
+    def _feed_dtypes(feed_readers: dict[str, list[Step]]) -> dict[str, torch.dtype]:
+        """Graph inputs whose every device reader computes in one float dtype: converted to it on
+        arrival, in the same copy as the change to channels-last (one pass over the input, not two)."""
+        feed_dtypes = {}
+        for name, steps in feed_readers.items():
+            dtypes = {None if step.on_host else step.compute_dtype for step in steps}
+            if len(dtypes) == 1 and None not in dtypes:
+                feed_dtypes[name] = dtypes.pop()
+        return feed_dtypes
+
+    @staticmethod
+    def _layout_free_feeds(feed_readers: dict[str, list[Step]]) -> frozenset[str]:
         """Graph inputs read only by layers that take any strides: when they have few channels
         (LAYOUT_FREE_MAX_CHANNELS) they stay as they arrive. An INT8 (FP8) stem's im2col or
         implicit GEMM gathers its taps from the NCHW input as it would from a channels-last copy,
         and that copy, a transposition into 3-channel pixels, took 1.35 ms of ResNet-50's INT8
         batch 256 on the H200."""
-        readers: dict[str, set] = {}
-        for step in self.steps:
-            for name in step.node.present_inputs():
-                readers.setdefault(name, set()).add(None if step.on_host else step.node.op_type)
-        return frozenset(v.name for v in self.graph.inputs
-                         if readers.get(v.name) and readers[v.name] <= STRIDE_FREE_READERS)
+        return frozenset(name for name, steps in feed_readers.items()
+                         if steps and all(not step.on_host and step.node.op_type in STRIDE_FREE_READERS
+                                          for step in steps))
 
     def _plan_releases(self) -> None:
         last_reader: dict[str, int] = {}
