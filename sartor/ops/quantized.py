@@ -37,8 +37,9 @@ ops with three differences:
 - the bias stays float32 and is added after dequantization: float32(acc) · dequant_scale[c] + bias[c];
 - the e4m3 × e4m3 products are accumulated in float64, exactly for K ≤ 171196 (the argument is in
   `sartor/ops/fp8.py`). The GPU kernel accumulates in float32 (FP8 tensor cores, sm_89 and newer),
-  so its result equals this one up to float32 accumulation order, not bit for bit; the tactic
-  check accepts one e4m3 step of difference in FP8 outputs.
+  so its result equals this one up to that accumulation, not bit for bit; the tactic check
+  accepts one e4m3 step of difference in FP8 outputs, and more where the error stays under a small
+  fraction of the layer's largest output (`sartor/tactics/select.py`, FP8_CANCELLATION_TOLERANCE).
 """
 from __future__ import annotations
 
@@ -219,9 +220,8 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
     if geometry is None:
         return None
-    code = FP8_DTYPE if is_fp8(attrs) else torch.int8
     columns = im2col_codes(x, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations, geometry.out_hw,
-                           w_flat.shape[1], code, attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
+                           w_flat.shape[1], code_dtype(attrs), attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
     y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
                    **_int8_epilogue(attrs))
     n, (oh, ow) = x.shape[0], geometry.out_hw
@@ -237,11 +237,14 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
                       **_int8_epilogue(attrs))
 
 
+def code_dtype(attrs: dict) -> torch.dtype:
+    """The dtype of an INT8 (FP8) layer's codes."""
+    return FP8_DTYPE if is_fp8(attrs) else torch.int8
+
+
 def qlayer_output_dtype(attrs: dict) -> torch.dtype:
     """What an INT8 (FP8) layer writes: its codes when its output is stored quantized, else float32."""
-    if attrs.get("output_inv_scale") is None:
-        return torch.float32
-    return FP8_DTYPE if is_fp8(attrs) else torch.int8
+    return torch.float32 if attrs.get("output_inv_scale") is None else code_dtype(attrs)
 
 
 def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
