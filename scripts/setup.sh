@@ -7,7 +7,14 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 . .venv/bin/activate
+# pip's wheel cache would hold a second copy of every downloaded wheel (about 1 GB beside a 6.4 GB
+# venv); CI machines have run out of disk with it.
+export PIP_NO_CACHE_DIR=1
 if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
+  free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
+  if [ "${free_mb:-0}" -lt 7500 ]; then
+    echo "warning: ${free_mb} MB free here; torch, torchvision and the test dependencies need about 7,500 MB" >&2
+  fi
   pip install -q torch==2.14.1 torchvision==0.29.1
 fi
 pip install -q -e ".[test]"
