@@ -1,13 +1,15 @@
 """The main process's CPU per request behind `sartor serve --frontends N`, on any machine.
 
-Serves a one-Relu engine (CPU, FP32, [batch, 16], batch 1..128) with dynamic batching and N frontend
-processes in this process, drives it with bench/serve_throughput.py's python load generator (batch-1
-requests, system shared memory by default, so tensor bytes do not dominate) and prints the main
-process's CPU ms per request for each run. `--profile` also runs every thread of the main process
-under cProfile for the measured window (this inflates the CPU it reports) and prints the functions
-by own time, summed over threads.
+Serves a one-Relu engine (CPU, FP32, [batch, 16], batch 1..128), or the engine `--plan` on `--device`,
+with dynamic batching and N frontend processes in this process, drives it with
+bench/serve_throughput.py's python load generator (batch-1 requests, system shared memory by default,
+so tensor bytes do not dominate; `cuda` on a GPU) and prints the main process's CPU ms per request
+for each run. `--profile` also runs every thread of the main process under cProfile for the measured
+window (this inflates the CPU it reports) and prints the functions by own time, summed over threads.
 
     PYTHONPATH=. python bench/serve_main_cpu.py --runs 3 --concurrency 32 [--profile] [--protocol http]
+    PYTHONPATH=. python bench/serve_main_cpu.py --plan resnet50.plan --device cuda:0 --shared-memory cuda \
+        --frontends 8 --processes 8 --concurrency 256 --profile
 """
 from __future__ import annotations
 
@@ -96,7 +98,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frontends", type=int, default=2)
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    parser.add_argument("--shared-memory", choices=("none", "system"), default="system")
+    parser.add_argument("--shared-memory", choices=("none", "system", "cuda"), default="system")
+    parser.add_argument("--plan", type=Path, help="serve this engine instead of the one-Relu engine")
+    parser.add_argument("--device", default="cpu", help="where the served instance runs (default cpu)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--duration", type=float, default=8.0)
@@ -111,13 +115,18 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sartor-serve-main-cpu-"))
     profiles = ThreadProfiles() if args.profile else None
     try:
-        plan = relu_plan(workdir)
-        models = bench.make_repository(plan, workdir / "repo", MAX_BATCH, args.max_queue_delay_us, 1, "cpu",
+        plan = args.plan or relu_plan(workdir)
+        max_batch = MAX_BATCH
+        if args.plan:
+            import sartor
+            from sartor.serve.config import engine_max_batch
+            max_batch = engine_max_batch(sartor.load(args.plan, device=args.device))
+        models = bench.make_repository(plan, workdir / "repo", max_batch, args.max_queue_delay_us, 1, args.device,
                                        ("batched",))
         if profiles is not None:
             threading.setprofile(profiles.hook)
         server = Server(ServeOptions(str(workdir / "repo"), http_port=0, grpc_port=0, metrics_port=None,
-                                     poll_interval=None, devices=["cpu"], max_queue_size=4096,
+                                     poll_interval=None, devices=[args.device], max_queue_size=4096,
                                      frontends=args.frontends)).start()
         threading.setprofile(None)
         if profiles is not None:

@@ -444,15 +444,42 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
     if teardown:
         row["teardown_errors"] = teardown[:3]
     if counters_before is not None:
-        after = _server_counters(server, model)
-        delta = {name: after[name] - counters_before[name] for name in SERVER_COUNTERS}
-        batches = delta["nv_inference_exec_count"]
-        row.update({"server_batches": int(batches),
-                    "server_mean_batch": round(delta["nv_inference_count"] / batches, 2) if batches else 0.0,
-                    "server_compute_s": round(delta["nv_inference_compute_infer_duration_us"] / 1e6, 3),
-                    "server_queue_ms_per_request": round(delta["nv_inference_queue_duration_us"] / 1e3
-                                                         / max(delta["nv_inference_request_success"], 1), 3)})
+        row.update(_server_figures(server, model, counters_before))
     progress(f"{label}: done in {row['elapsed_s']:.1f} s")
+    return row
+
+
+def _server_figures(server, model: str, counters_before: dict) -> dict:
+    """What the server batched and ran since `counters_before` (its counters then)."""
+    after = _server_counters(server, model)
+    delta = {name: after[name] - counters_before[name] for name in SERVER_COUNTERS}
+    batches = delta["nv_inference_exec_count"]
+    return {"server_batches": int(batches),
+            "server_mean_batch": round(delta["nv_inference_count"] / batches, 2) if batches else 0.0,
+            "server_compute_s": round(delta["nv_inference_compute_infer_duration_us"] / 1e6, 3),
+            "server_queue_ms_per_request": round(delta["nv_inference_queue_duration_us"] / 1e3
+                                                 / max(delta["nv_inference_request_success"], 1), 3)}
+
+
+def perf_analyzer_with_server(server, binary: str, url: str, protocol: str, model: str, batch: int, level: int,
+                              duration: float, out: Path, shared_memory: str, output_bytes: int) -> dict:
+    """`perf_analyzer` for one level, plus, with the server in this process, its CPU per request: of
+    this process (batching and running) and of its frontend processes, over the whole perf_analyzer
+    run (warm-up and every trial; perf_analyzer's own CPU is not counted) divided by the requests the
+    server answered meanwhile. Mean batch and compute time cover the same span."""
+    if server is None:
+        return perf_analyzer(binary, url, protocol, model, batch, level, duration, out, shared_memory, output_bytes)
+    counters_before = _server_counters(server, model)
+    cpu_before, frontends_before = time.process_time(), _cpu_s(server.frontend_pids)
+    row = perf_analyzer(binary, url, protocol, model, batch, level, duration, out, shared_memory, output_bytes)
+    cpu_s, frontends_s = time.process_time() - cpu_before, _cpu_s(server.frontend_pids) - frontends_before
+    answered = server.metrics.get("nv_inference_request_success", {"model": model, "version": "1"}) \
+        - counters_before["nv_inference_request_success"]
+    row.update(_server_figures(server, model, counters_before))
+    row["server_requests"] = int(answered)
+    row["server_cpu_ms_per_request"] = cpu_s * 1e3 / max(answered, 1)
+    if server.frontend_pids:
+        row["frontend_cpu_ms_per_request"] = frontends_s * 1e3 / max(answered, 1)
     return row
 
 
@@ -740,8 +767,8 @@ def main() -> int:
                         row = {"concurrency": level, "skipped": f"did not fit: {max(left, 0):.0f} s of --budget-s left"}
                     elif binary is not None:
                         output_bytes = max(tensor_bytes(spec, args.batch) for spec in metadata[model]["outputs"])
-                        row = perf_analyzer(binary, url, args.protocol, model, args.batch, level, args.duration,
-                                            args.out, mode, output_bytes)
+                        row = perf_analyzer_with_server(server, binary, url, args.protocol, model, args.batch, level,
+                                                        args.duration, args.out, mode, output_bytes)
                     else:
                         row = measure(url, args.protocol, model, metadata[model], args.batch, level, args.duration,
                                       args.warmup, args.processes, server_in_process=server is not None,
