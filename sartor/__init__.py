@@ -16,7 +16,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           accuracy_budget: float | None = None, classes: list | None = None,
           int8_fallback_precision: str | None = None, min_cosine: float | None = None,
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
-          decoder: str | None = None):
+          decoder: str | None = None, bias_correction: bool | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -37,6 +37,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     in dB against FP32 on the same held-out samples) and `decoder` `--decoder` (compare a detector's
     boxes and scores apart for those targets). `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not
     carry its compiled Triton kernels (a smaller file; the first run on a fresh machine compiles them).
+    `bias_correction=True` is `--bias-correction` (each INT8/FP8 layer's per-channel mean output
+    error against FP32, measured on `calib`, is subtracted from its bias).
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -57,6 +59,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "classes": None if classes is None else list(classes),
         "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
+        "bias_correction": bias_correction,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
 from ..quant.calibrators import DEFAULT_PERCENTILE
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
@@ -48,6 +49,10 @@ class BuildConfig:
     percentile: float = DEFAULT_PERCENTILE
     calib_cache: str | None = None
     calib_balance_by: str | None = None  # draw the calibration images equally from each value of this attribute
+    # Empirical bias correction of the INT8/FP8 layers (sartor/quant/bias_correction.py): each
+    # layer's per-channel mean output shift, measured on --calib (or read from the calibration
+    # cache), is subtracted from its bias. Q/DQ models are left alone.
+    bias_correction: bool = DEFAULT_BIAS_CORRECTION
     # The precision of an INT8 build's other layers. None: FP16 on CUDA, FP32 on the CPU; setting
     # it makes CPU and CUDA engines run the same precisions, so that they can be compared.
     int8_fallback_precision: str | None = None

@@ -252,9 +252,18 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                             profiles, log)
             done("planner")
         stage("quantize")
+        # The bias correction compares each rewritten layer with its float original.
+        float_graph, float_weights = (graph.copy(), weights) if config.bias_correction else (graph, weights)
         quantize_for_build(graph, plan.layers, amax, log)
-        weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("quantize")
+        stage("bias")
+        from ..quant.stage import correct_biases_for_build
+        corrected = correct_biases_for_build(graph, float_graph, float_weights, plan.layers, config, imported.sha256,
+                                             device, profiles, log)
+        if calibration is not None and corrected is not None:
+            calibration["bias_correction"] = corrected
+        weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
+        done("bias")
 
     stage("tactics")
     selections = [TacticSelection()]

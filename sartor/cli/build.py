@@ -83,6 +83,11 @@ INT8:
   --layer-precision NODE=fp16 keeps any layer out. --calib-cache FILE is written after calibrating
   and read (skipping calibration) when it exists; delete it to recalibrate.
 
+  --bias-correction (off by default): each INT8/FP8 layer's per-channel mean output error against
+  FP32 (before its activation, on the --calib samples) is subtracted from its bias. The
+  corrections are stored in --calib-cache; a build from a cache without them needs --calib.
+  Q/DQ models are left alone.
+
   --calib-balance-by lighting draws the calibration images equally from each value of an image
   attribute. --data VAL (a dataset as `sartor validate` takes) with --split-by lighting: a split of
   VAL that the calibration sample misses, or holds under 25% of its fair share of, is warned about
@@ -161,6 +166,10 @@ def add_parser(subparsers, parents) -> None:
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
                          cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
+    p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
+                   help="INT8/FP8: subtract each quantized layer's per-channel mean output shift, measured on --calib "
+                        "(or read from --calib-cache), from its bias (default: "
+                        f"{'on' if BuildConfig.bias_correction else 'off'})")
     p.add_argument("--builder-effort", type=int, choices=range(6), default=DEFAULT_BUILDER_EFFORT, metavar="0..5",
                    help=f"how hard to search for the fastest kernels: 0 no timing, 1 quick, {DEFAULT_BUILDER_EFFORT} "
                         f"default, up to 5 (more warm-up and iterations)")
@@ -244,7 +253,7 @@ def config_from_args(args) -> BuildConfig:
         data=args.data, split_by=args.split_by,
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
-        min_snr=args.min_snr, decoder=args.decoder)
+        min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction)
 
 
 def run(args) -> int:

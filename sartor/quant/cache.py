@@ -4,11 +4,15 @@ device, other precision overrides) skips calibration and gets the same INT8 scal
     {"format": "sartor-calib-1", "onnx_sha256": ..., "preprocess": ..., "method": ...,
      "percentile": ..., "calib_sha256": ..., "calib_size": N,
      "amax": {tensor: float}, "amax_hex": {tensor: float.hex()},
-     "splits": {attribute: {value: images}}}   # optional: the sample's per-split counts
+     "splits": {attribute: {value: images}},   # optional: the sample's per-split counts
+     "bias_correction": {format: {layer: {"input_scale_hex": ..., "correction_hex": [...], ...}}}}
 
 `amax` is for people; `amax_hex` is what is read (exact whatever the JSON reader), and the two
-must agree. `splits` (image datasets only) lets a build from the cache still record and check
-which conditions calibration saw. A cache made for another ONNX model (by SHA-256) or another
+must agree. `bias_correction` (optional, written by builds with bias correction: see
+`bias_correction.py`) holds each corrected layer's per-channel correction, keyed by format, layer
+and input scale, so that a build from the cache alone gets the same biases. `splits` (image
+datasets only) lets a build from the cache still record and check which conditions calibration
+saw. A cache made for another ONNX model (by SHA-256) or another
 --preprocess is refused.
 """
 from __future__ import annotations
@@ -42,6 +46,7 @@ class CalibrationCache:
     preprocess: object = None
     percentile: float | None = None
     splits: dict = field(default_factory=dict)  # attribute -> {value: images in the calibration sample}
+    bias_correction: dict = field(default_factory=dict)  # format -> {layer: entry} (bias_correction.corrections_to_json)
 
     def to_json(self) -> dict:
         amax = {name: float(value) for name, value in sorted(self.amax.items())}
@@ -51,6 +56,8 @@ class CalibrationCache:
                 "amax_hex": {name: value.hex() for name, value in amax.items()}}
         if self.splits:
             data["splits"] = {str(a): {str(v): int(n) for v, n in counts.items()} for a, counts in self.splits.items()}
+        if self.bias_correction:
+            data["bias_correction"] = self.bias_correction
         return data
 
     @classmethod
@@ -80,8 +87,11 @@ class CalibrationCache:
             splits = {str(a): {str(v): int(n) for v, n in counts.items()} for a, counts in splits.items()}
         except (TypeError, ValueError, AttributeError):
             raise CalibrationCacheError(f"{where}: \"splits\" must map attribute → {{value: images}}") from None
+        corrections = data.get("bias_correction") or {}
+        if not isinstance(corrections, dict) or not all(isinstance(v, dict) for v in corrections.values()):
+            raise CalibrationCacheError(f"{where}: \"bias_correction\" must map format → {{layer: entry}}")
         return cls(onnx_sha, method, calib_sha, size, amax, data.get("preprocess"),
-                   None if percentile is None else float(percentile), splits)
+                   None if percentile is None else float(percentile), splits, corrections)
 
 
 def write_cache(path: str | Path, cache: CalibrationCache) -> None:

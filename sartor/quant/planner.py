@@ -512,6 +512,14 @@ class _SnrTarget(_LabelFreeTarget):
                  "the worst output")
 
 
+def _stored_bias_corrections(config) -> dict:
+    """The bias corrections the user's calibration cache holds (for the planner's trial cache)."""
+    if not config.bias_correction or not config.calib_cache or not Path(config.calib_cache).is_file():
+        return {}
+    from .cache import read_cache
+    return read_cache(config.calib_cache).bias_correction
+
+
 def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: dict | None, config,
                     onnx_sha256: str, device: torch.device, profiles: list, log: list):
     """The builder's planner stage: (the precision plan that meets config.accuracy_budget,
@@ -553,14 +561,19 @@ def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: 
         write_cache(cache, CalibrationCache(onnx_sha256, calibration["method"], calibration["calib_sha256"],
                                             calibration["calib_size"], amax,
                                             preprocess.describe() if preprocess is not None else None,
-                                            calibration.get("percentile")))
+                                            calibration.get("percentile"),
+                                            bias_correction=_stored_bias_corrections(config)))
+        # Trials are corrected as the final engine will be: from the corrections the user's cache
+        # holds, the others measured on --calib (once: the trial cache keeps them for the next trials).
+        calib = config.calib if config.bias_correction else None
         count = [0]
 
         def measure(kept_out: list[str]):
             started = time.perf_counter()
             path = Path(tmp) / f"trial{count[0]}.plan"
             pins = {_literal(name): higher for name in kept_out}
-            build(replace(config, output_path=str(path), calib=None, calib_cache=str(cache), calib_balance_by=None,
+            build(replace(config, output_path=str(path), calib=calib, calib_cache=str(cache),
+                          calib_balance_by=config.calib_balance_by if calib else None,
                           data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
                           layer_precision={**pins, **config.layer_precision}))
             trial = target.measure(path)

@@ -1,6 +1,7 @@
 """The builder's INT8 (and FP8) stages: thresholds (from the calibration cache, or by calibrating
 on --calib and then writing the cache) with the check that calibration covered every split of
---data, and the rewrite of the INT8 and FP8 layers. (The planner between the two is `planner.plan_for_target`.)"""
+--data, the rewrite of the INT8 and FP8 layers, and their bias correction (`bias_correction.py`).
+(The planner between thresholds and rewrite is `planner.plan_for_target`.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,7 +12,18 @@ import torch
 from ..errors import ConfigError
 from ..ir import Graph
 from ..runtime.context import matmul_precision
-from .cache import CalibrationCache, read_cache, write_cache
+from . import bias_correction
+from .bias_correction import (
+    apply_corrections,
+    correctable_layers,
+    corrections_from_json,
+    corrections_to_json,
+    measure_corrections,
+    refine_sequentially,
+    stored_for,
+    summary,
+)
+from .cache import CalibrationCache, CalibrationCacheError, read_cache, write_cache
 from .calibrate import amax_from_histograms, collect_histograms
 from .calibrators import DEFAULT_METHOD
 from .data import CalibrationSet, open_calibration, split_coverage
@@ -152,3 +164,63 @@ def quantize_for_build(graph: Graph, layer_precision: dict, amax: dict, log: lis
     if report["fp8_layers"]:
         log.append(f"fp8: {report['fp8_layers']} layer(s) FP8 (E4M3), {len(report['fp8_tensors'])} tensor(s) passed "
                    f"between them in FP8")
+
+
+def _stored_corrections(config, onnx_sha256: str) -> tuple[CalibrationCache | None, dict]:
+    """(the calibration cache or None, its corrections by (format, layer))."""
+    path = config.calib_cache
+    if not path or not Path(path).is_file():
+        return None, {}
+    preprocess = config.preprocess_spec()
+    cache = read_cache(path, onnx_sha256, preprocess.describe() if preprocess is not None else None,
+                       check_preprocess=True)
+    try:
+        return cache, corrections_from_json(cache.bias_correction)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CalibrationCacheError(f"calibration cache {path}: malformed \"bias_correction\" ({type(exc).__name__}: "
+                                    f"{exc}); delete it to recalibrate") from None
+
+
+def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: dict, layer_precision: dict,
+                             config, onnx_sha256: str, device: torch.device, profiles: list, log: list) -> dict | None:
+    """Empirical bias correction of the rewritten INT8/FP8 layers of `graph` (`float_graph`: the
+    same graph before the rewrite; `layer_precision`: the plan, pass-through layers included).
+    The corrections come from the calibration cache when it holds them for every layer of this
+    build (same format and input scale), else all are measured on --calib and added to the cache.
+    Returns the engine header's record (None when nothing ran)."""
+    if not config.bias_correction:
+        log.append("bias correction: off (--no-bias-correction)")
+        return None
+    if is_qdq_model(float_graph):
+        log.append("bias correction: not applied: the model is quantized with Q/DQ nodes (its scales and biases "
+                   "come from the file)")
+        return None
+    if not correctable_layers(graph, float_graph):
+        return None
+    cache, stored = _stored_corrections(config, onnx_sha256)
+    found, missing = stored_for(graph, float_graph, stored)
+    source = f"read from cache {config.calib_cache}"
+    if missing:
+        if not config.calib:
+            raise ConfigError(f"bias correction: calibration cache {config.calib_cache} holds no correction for "
+                              f"{len(missing)} quantized layer(s) of this build (first: {missing[0]}): give --calib "
+                              f"DATA to measure them, or build with --no-bias-correction")
+        calibration = open_build_calibration(float_graph, config, profiles)
+        with matmul_precision(False):  # every layer: sequential corrections depend on each other
+            measured = measure_corrections(graph, float_graph, float_weights, calibration, device)
+            sequential = min(bias_correction.SEQUENTIAL_SAMPLES, calibration.size)  # read here: benches vary it
+            measured = refine_sequentially(graph, layer_precision, measured, calibration, device, sequential)
+        source = f"measured on {calibration.size} samples of {config.calib}" + \
+            (f", sequentially on {sequential}" if sequential else "")
+        found = measured
+        if cache is not None:
+            merged = dict(cache.bias_correction)
+            for fmt, layers in corrections_to_json(measured).items():
+                merged[fmt] = dict(merged.get(fmt, {}), **layers)
+            cache.bias_correction = merged
+            write_cache(config.calib_cache, cache)
+            log.append(f"bias correction: {len(measured)} correction(s) added to cache {config.calib_cache}")
+    changed = apply_corrections(graph, found)
+    line, record = summary(found, changed, source)
+    log.append(line)
+    return record
