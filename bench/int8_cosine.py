@@ -312,14 +312,8 @@ def main() -> None:
     parser.add_argument("--min-cosine", type=float, default=0.99, help="the planner's target for --cosine-recover")
     parser.add_argument("--bias-correction", default="", help="off,on: each default engine built with each setting "
                                                               "(default: the builder's default only)")
-    parser.add_argument("--bias-sequential", type=int, default=None, metavar="N",
-                        help="samples of the bias correction's sequential step (0: per-layer only; default: the "
-                             "builder's)")
     args = parser.parse_args()
     out = Path(args.out)
-    if args.bias_sequential is not None:
-        from sartor.quant import bias_correction
-        bias_correction.SEQUENTIAL_SAMPLES = args.bias_sequential
     out.mkdir(parents=True, exist_ok=True)
     pool = photos()
     results = {"torch": torch.__version__, "photos": len(pool), "calib": args.calib, "test": args.test, "rows": []}

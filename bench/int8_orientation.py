@@ -120,14 +120,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=("int8", "fp8"), default="int8", help="the quantized format")
     parser.add_argument("--bias-correction", default="", help="off,on: each quantized engine built with each setting "
                                                               "(default: the builder's default only)")
-    parser.add_argument("--bias-sequential", type=int, default=None, metavar="N",
-                        help="samples of the bias correction's sequential step (0: per-layer only; default: the "
-                             "builder's)")
     args = parser.parse_args()
     out = Path(args.out)
-    if args.bias_sequential is not None:
-        from sartor.quant import bias_correction
-        bias_correction.SEQUENTIAL_SAMPLES = args.bias_sequential
     out.mkdir(parents=True, exist_ok=True)
     model = model_path()
     sets = {"eval116": tiles(out / "eval", EVAL116, 0), "calib": tiles(out / "calib", EVAL116, 0.5)}

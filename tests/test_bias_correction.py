@@ -20,7 +20,6 @@ from sartor.quant import read_cache
 from sartor.runtime.engine_file import read_engine_file
 
 CHANNELS = 16
-SEQUENTIAL = 128  # samples of the sequential step where a test turns it on (the default is the per-layer step)
 SHAPES = {"min": {"images": (1, 3, IMAGE, IMAGE)}, "opt": {"images": (8, 3, IMAGE, IMAGE)},
           "max": {"images": (8, 3, IMAGE, IMAGE)}}
 SHAPE_ARGS = ("--min-shapes", shape_flag(SHAPES["min"]), "--opt-shapes", shape_flag(SHAPES["opt"]),
@@ -207,38 +206,16 @@ def test_the_cli_flag_and_the_default(tmp_path, cli):
     assert config_from_args(args).bias_correction is True
 
 
-def test_sequential_corrections_are_only_reused_under_the_same_quantized_plan(work, calib_npy, tmp_path, monkeypatch):
-    """A sequential correction depends on the layers before it: a cache written with the stem in
-    FP32 does not serve a build whose stem runs INT8 (refused without --calib, measured anew with it)."""
-    from sartor.quant import bias_correction
-    monkeypatch.setattr(bias_correction, "SEQUENTIAL_SAMPLES", SEQUENTIAL)
+def test_a_cache_without_a_layers_correction_needs_calib(work, calib_npy, tmp_path):
+    """A cache written with the stem in FP32 holds no correction for an INT8 stem: a build without
+    --calib is refused in one line, one with it measures again. The layer's own correction does not
+    depend on the stem's precision (each layer is measured on the float model's input to it)."""
     model = save(layer_model("conv"), tmp_path / "m.onnx")
     cache = tmp_path / "calib.json"
     _quantized(model, tmp_path / "a.plan", calib_npy, calib_cache=cache)  # stem FP32
-    _build(model, tmp_path / "b.plan", precision="int8", calib_cache=cache, layer_precision={"layer": "int8",
-                                                                                             "stem": "fp32"})
-    with pytest.raises(ConfigError, match="holds no correction for 2 quantized layer"):
+    with pytest.raises(ConfigError, match="holds no correction for 1 quantized layer.*first: stem"):
         _build(model, tmp_path / "c.plan", precision="int8", calib_cache=cache, layer_precision={"layer": "int8"})
     result = _build(model, tmp_path / "c.plan", precision="int8", calib=calib_npy, calib_cache=cache,
                     layer_precision={"layer": "int8"})
     assert any("2 layer(s) corrected (2 INT8; measured on 64 samples" in line for line in result.log)
-    assert not np.array_equal(_layer_bias(tmp_path / "a.plan"), _layer_bias(tmp_path / "c.plan"))
-
-
-def test_the_sequential_step_corrects_what_the_quantized_stem_shifts(work, calib_npy, monkeypatch):
-    """Stem and layer both INT8: the per-layer step measures the layer on the float stem's output;
-    the sequential step on the quantized stem's, whose error (through the ReLU) shifts the layer's
-    input mean. It leaves a smaller per-channel mean error on held-out data."""
-    from sartor.quant import bias_correction
-    model = save(layer_model("conv"), work / "seq.onnx")
-    fp32 = work / "seq_fp32.plan"
-    _build(model, fp32)
-    held_out = positive_images(2, 64)
-    errors = {}
-    for samples in (0, SEQUENTIAL):
-        monkeypatch.setattr(bias_correction, "SEQUENTIAL_SAMPLES", samples)
-        plan = work / f"seq_{samples}.plan"
-        result = _build(model, plan, precision="int8", calib=calib_npy, layer_precision={"layer": "int8"})
-        assert any(("sequentially on 64" in line) == (samples > 0) for line in result.log if "layer(s) corrected" in line)
-        errors[samples] = channel_mean_error(plan, fp32, held_out).mean()
-    assert errors[SEQUENTIAL] < 0.75 * errors[0], errors
+    assert np.array_equal(_layer_bias(tmp_path / "a.plan"), _layer_bias(tmp_path / "c.plan"))

@@ -258,8 +258,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         done("quantize")
         stage("bias")
         from ..quant.stage import correct_biases_for_build
-        corrected = correct_biases_for_build(graph, float_graph, float_weights, plan.layers, config, imported.sha256,
-                                             device, profiles, log)
+        corrected = correct_biases_for_build(graph, float_graph, float_weights, config, imported.sha256, device,
+                                             profiles, log)
         if calibration is not None and corrected is not None:
             calibration["bias_correction"] = corrected
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}

