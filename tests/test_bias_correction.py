@@ -188,7 +188,13 @@ def test_a_cache_without_corrections_and_no_calib_is_refused(work, calib_npy, tm
     assert_cli_error(cli("build", model, "-o", tmp_path / "b.plan", "--device", "cpu", *SHAPE_ARGS, "--precision",
                          "int8", "--layer-precision", "layer=int8", "--calib-cache", cache, "--bias-correction"),
                      "--no-bias-correction")
-    # With --calib the missing corrections are measured and added to the cache.
+    # With other data than the cache was made from, the corrections would sit under its name: refused.
+    other = tmp_path / "other.npy"
+    np.save(other, positive_images(7, 64))
+    with pytest.raises(ConfigError, match="is not the data calibration cache .* was made from"):
+        _quantized(model, tmp_path / "c.plan", other, calib_cache=cache)
+    assert "bias_correction" not in json.loads(cache.read_text())
+    # With the cache's own --calib the missing corrections are measured and added to the cache.
     _quantized(model, tmp_path / "c.plan", calib_npy, calib_cache=cache)
     assert "layer" in json.loads(cache.read_text())["bias_correction"]["int8"]
 
