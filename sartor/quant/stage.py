@@ -187,7 +187,7 @@ def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: di
     build (same format and input scale), else all are measured on --calib and added to the cache.
     Returns the engine header's record (None when nothing ran)."""
     if not config.bias_correction:
-        log.append("bias correction: off (--no-bias-correction)")
+        log.append("bias correction: off (--bias-correction turns it on)")
         return None
     if is_qdq_model(float_graph):
         log.append("bias correction: not applied: the model is quantized with Q/DQ nodes (its scales and biases "
