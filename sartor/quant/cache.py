@@ -12,8 +12,7 @@ must agree. `bias_correction` (optional, written by builds with bias correction:
 `bias_correction.py`) holds each corrected layer's per-channel correction, keyed by format, layer
 and input scale, so that a build from the cache alone gets the same biases. `splits` (image
 datasets only) lets a build from the cache still record and check which conditions calibration
-saw. A cache made for another ONNX model (by SHA-256) or another
---preprocess is refused.
+saw. A cache made for another ONNX model (by SHA-256) or another --preprocess is refused.
 """
 from __future__ import annotations
 
