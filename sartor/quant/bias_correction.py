@@ -45,6 +45,7 @@ from ..ops.quantized import qconv, qgemm
 from ..ops.registry import default_registry
 from ..ops.util import tensor_from_numpy
 from ..runtime.executor import Executor
+from .calibrate import batch_to_device
 from .plan import CONV_OPS
 from .quantize import INT32_MAX, Q_LAYERS, _gemm_weight
 
@@ -78,8 +79,8 @@ class _Measured:
     """What one layer accumulates over the batches."""
     node: Node  # the quantized layer (QConv/QGemm)
     conv: bool
-    weight: torch.Tensor  # float32 [M, ...]
-    bias: torch.Tensor | None  # float64 [M]
+    weight: torch.Tensor  # float32 [M, ...], on the measuring device
+    bias: torch.Tensor | None  # float64 [M], on the measuring device
     float_attrs: dict
     q_inputs: list
     q_attrs: dict
@@ -129,14 +130,14 @@ def _pre_activation(layer: _Measured, x: torch.Tensor) -> tuple[torch.Tensor, to
     (conv) or last (gemm)."""
     if layer.conv:
         y_q = qconv([x] + layer.q_inputs, layer.q_attrs)
-        y_f = conv_nd(x.float(), layer.weight.to(x.device), None, layer.float_attrs).to(torch.float64)
+        y_f = conv_nd(x.float(), layer.weight, None, layer.float_attrs).to(torch.float64)
         if layer.bias is not None:
-            y_f = y_f + layer.bias.to(x.device).reshape(1, -1, *([1] * (y_f.dim() - 2)))
+            y_f = y_f + layer.bias.reshape(1, -1, *([1] * (y_f.dim() - 2)))
     else:
         y_q = qgemm([x] + layer.q_inputs, layer.q_attrs)
-        y_f = torch.matmul(x.float(), layer.weight.to(x.device).t()).to(torch.float64)
+        y_f = torch.matmul(x.float(), layer.weight.t()).to(torch.float64)
         if layer.bias is not None:
-            y_f = y_f + layer.bias.to(x.device)
+            y_f = y_f + layer.bias
     return y_q, y_f
 
 
@@ -157,11 +158,6 @@ def _accumulate(layer: _Measured, x: torch.Tensor) -> None:
     layer.count += y_f.numel() // y_f.shape[axis]
 
 
-def _feeds(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) if isinstance(a, np.ndarray) else a.to(device)
-            for name, a in batch.items()}
-
-
 def measure_corrections(graph: Graph, float_graph: Graph, float_weights: dict, batches: Iterable[dict],
                         device: torch.device) -> dict[str, LayerCorrection]:
     """{layer: correction} for every quantized layer of `graph` with a float original in
@@ -172,7 +168,8 @@ def measure_corrections(graph: Graph, float_graph: Graph, float_weights: dict, b
         original = originals[node.name]
         conv, w, b, float_attrs = _float_layer(float_graph, original)
         q_attrs = {k: v for k, v in node.attrs.items() if k not in EPILOGUE_ATTRS}
-        layers[node.name] = _Measured(node, conv, w, b, float_attrs, _quantized_inputs(graph, node, device), q_attrs)
+        layers[node.name] = _Measured(node, conv, w.to(device), None if b is None else b.to(device), float_attrs,
+                                      _quantized_inputs(graph, node, device), q_attrs)
     if not layers:
         return {}
     executor = Executor(float_graph, float_weights, device)
@@ -184,7 +181,7 @@ def measure_corrections(graph: Graph, float_graph: Graph, float_weights: dict, b
 
     with torch.inference_mode():
         for batch in batches:
-            executor.run(_feeds(batch, device), before=before)
+            executor.run(batch_to_device(batch, device), before=before)
     corrections = {}
     for name, layer in layers.items():
         if layer.count == 0:  # never reached (a branch the batches did not run): nothing measured
@@ -207,12 +204,11 @@ def apply_corrections(graph: Graph, corrections: dict[str, LayerCorrection]) -> 
             continue
         dequant = np.asarray(graph.initializers[node.inputs[4]], dtype=np.float64)
         old = graph.initializers.get(node.inputs[2]) if node.inputs[2] else None
+        base = np.zeros(len(dequant)) if old is None else np.asarray(old, dtype=np.float64)
         if layer_format(node) == "fp8":
-            base = np.zeros(len(dequant)) if old is None else np.asarray(old, dtype=np.float64)
             new = (base - fix.correction).astype(np.float32)
             suffix = "b_fp32"
         else:
-            base = np.zeros(len(dequant)) if old is None else np.asarray(old, dtype=np.float64)
             new = np.clip(np.rint(base - fix.correction / dequant), -INT32_MAX, INT32_MAX).astype(np.int32)
             suffix = "b_int32"
         if old is not None and np.array_equal(new, old):

@@ -19,6 +19,12 @@ class CalibrationError(SartorError):
     """Calibration cannot run: no batches, a batch that does not fit, a tensor never seen."""
 
 
+def batch_to_device(batch: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """A calibration batch (numpy arrays or tensors by input name) as tensors on `device`."""
+    return {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) if isinstance(a, np.ndarray) else a.to(device)
+            for name, a in batch.items()}
+
+
 def collect_histograms(graph: Graph, weights: dict, batches: Iterable[dict], targets: dict[str, list] | None = None,
                        device: torch.device | str | None = None,
                        on_batch: Callable[[int, int], None] | None = None) -> dict[str, HistogramObserver]:
@@ -47,8 +53,7 @@ def collect_histograms(graph: Graph, weights: dict, batches: Iterable[dict], tar
     with torch.inference_mode():
         for batch in batches:
             seen.clear()
-            feeds = {name: torch.from_numpy(np.ascontiguousarray(a)).to(device) if isinstance(a, np.ndarray)
-                     else a.to(device) for name, a in batch.items()}
+            feeds = batch_to_device(batch, device)
             try:
                 executor.run(feeds, before=before)
             except SartorError:
