@@ -108,13 +108,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sartor-serve-group-cost-"))
     rows = []
     try:
-        plan = args.plan or serve_main_cpu.relu_plan(workdir)
-        max_batch, engine = serve_main_cpu.MAX_BATCH, None
-        if args.plan:
-            import sartor
-            from sartor.serve.config import engine_max_batch
-            engine = sartor.load(args.plan, device=args.device)
-            max_batch = engine_max_batch(engine)
+        plan, max_batch, engine = serve_main_cpu.plan_to_serve(args.plan, args.device, workdir)
         tensors = request_tensors(engine)
         del engine
         repo = workdir / "repo"

@@ -50,6 +50,20 @@ def relu_plan(directory: Path) -> Path:
     return plan
 
 
+def plan_to_serve(plan: Path | None, device: str, workdir: Path) -> tuple[Path, int, object]:
+    """(the engine file, the max_batch_size to serve it with, the engine loaded on `device` or None):
+    `plan`, or the one-Relu engine built in `workdir`."""
+    if plan is None:
+        return relu_plan(workdir), MAX_BATCH, None
+    import sartor
+    from sartor.serve.config import engine_max_batch
+    engine = sartor.load(plan, device=device)
+    max_batch = engine_max_batch(engine)
+    if not max_batch:
+        raise SystemExit(f"{plan} has no dynamic batch dimension: nothing to batch")
+    return plan, max_batch, engine
+
+
 class ThreadProfiles:
     """One cProfile.Profile per thread of this process, switched on from inside each thread (a
     profiler records only the thread that enabled it): new threads through threading.setprofile,
@@ -115,12 +129,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sartor-serve-main-cpu-"))
     profiles = ThreadProfiles() if args.profile else None
     try:
-        plan = args.plan or relu_plan(workdir)
-        max_batch = MAX_BATCH
-        if args.plan:
-            import sartor
-            from sartor.serve.config import engine_max_batch
-            max_batch = engine_max_batch(sartor.load(args.plan, device=args.device))
+        plan, max_batch = plan_to_serve(args.plan, args.device, workdir)[:2]  # the loaded engine is not kept
         models = bench.make_repository(plan, workdir / "repo", max_batch, args.max_queue_delay_us, 1, args.device,
                                        ("batched",))
         if profiles is not None:
