@@ -1,7 +1,8 @@
 """Empirical bias correction of INT8/FP8 layers (sartor/quant/bias_correction.py): it fires and
 removes the per-channel mean error on held-out data (conv, depthwise, gemm; INT8 and FP8), it
 measures before the fused activation, it is off with --no-bias-correction and on Q/DQ models, and
-the calibration cache reproduces the corrected engine bit for bit."""
+the calibration cache reproduces the corrected engine bit for bit. A cache that lacks corrections,
+holds other data's, or holds malformed ones is refused in one line."""
 from __future__ import annotations
 
 import json
@@ -225,3 +226,31 @@ def test_a_cache_without_a_layers_correction_needs_calib(work, calib_npy, tmp_pa
                     layer_precision={"layer": "int8"})
     assert any("2 layer(s) corrected (2 INT8; measured on 64 samples" in line for line in result.log)
     assert np.array_equal(_layer_bias(tmp_path / "a.plan"), _layer_bias(tmp_path / "c.plan"))
+
+
+def _not_a_map(data: dict) -> None:
+    data["bias_correction"] = [1]
+
+
+def _no_values(data: dict) -> None:
+    entry = data["bias_correction"]["int8"]["layer"]
+    del entry["correction_hex"], entry["correction"]
+
+
+def _values_disagree(data: dict) -> None:
+    data["bias_correction"]["int8"]["layer"]["correction"][0] = 12.5
+
+
+@pytest.mark.parametrize("tamper,fragment", [(_not_a_map, '"bias_correction" must map format'),
+                                             (_no_values, 'malformed "bias_correction"'),
+                                             (_values_disagree, '"correction" and "correction_hex" differ')])
+def test_a_malformed_correction_in_the_cache_is_one_line(work, calib_npy, tmp_path, cli, tamper, fragment):
+    model = save(layer_model("conv"), tmp_path / "m.onnx")
+    cache = tmp_path / "calib.json"
+    _quantized(model, tmp_path / "a.plan", calib_npy, calib_cache=cache)
+    data = json.loads(cache.read_text())
+    tamper(data)
+    cache.write_text(json.dumps(data))
+    assert_cli_error(cli("build", model, "-o", tmp_path / "b.plan", "--device", "cpu", *SHAPE_ARGS, "--precision",
+                         "int8", "--layer-precision", "layer=int8", "--layer-precision", "stem=fp32",
+                         "--calib-cache", cache, "--bias-correction"), fragment)
