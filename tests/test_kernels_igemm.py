@@ -184,6 +184,27 @@ def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
     assert split_k_tiles(tiles, 49, 512, 4608, 0) == []  # no GPU: nothing to fill
 
 
+def test_one_stage_variants_are_offered_where_k_is_one_block_only():
+    """ResNet's 1×1 layers over 64 channels (K = 64) get one-stage variants of the tiles whose
+    BLOCK_K holds all of K; a 3×3 layer (K = 576) gets none, and the kernel's result is the same."""
+    from sartor.kernels.conv_igemm import single_pass_tiles
+    tiles = candidate_tiles(int8=True, effort=3)
+    variants = single_pass_tiles(tiles, 64)
+    assert variants and all(v.stages == 1 and v.block_k >= 64 for v in variants)
+    assert len(variants) == sum(1 for t in tiles if t.block_k >= 64 and t.stages > 1)
+    assert all(TileConfig.parse(v.name) == v for v in variants)
+    assert single_pass_tiles(tiles, 576) == []
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randint(-127, 128, (2, 64, 5, 6), dtype=torch.int8, generator=generator)
+    w = torch.randint(-127, 128, (32, 64, 1, 1), dtype=torch.int8, generator=generator)
+    scale = torch.rand(32, generator=generator) * 1e-3
+    geometry = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (5, 6))
+    x_dev = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+    runs = [conv_igemm(x_dev, pack_weight(w.to(DEVICE)), None, geometry, tile, dequant_scale=scale.to(DEVICE),
+                       output_inv_scale=4.0).cpu() for tile in (TileConfig(64, 64, 64, 4, 4), TileConfig(64, 64, 64, 4, 1))]
+    assert torch.equal(runs[0], runs[1])
+
+
 SPLIT_GEOMETRIES = [  # the blocked walk (64 channels, 9 taps), the gather walk (3 channels), a 1×1
     (64, (3, 3), (1, 1), (1, 1, 1, 1)),
     (3, (7, 7), (2, 2), (3, 3, 3, 3)),

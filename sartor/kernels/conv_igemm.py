@@ -25,6 +25,7 @@ a multiple of BLOCK_K (one row mask per tap, contiguous channel loads), or a fla
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -140,7 +141,7 @@ if triton is not None:
             KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
-            OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr,
+            OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -203,8 +204,10 @@ if triton is not None:
                 iw = iw0 + kw * dil_w
                 row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 cc = c0 + offs_k
-                a = tl.load(x_ptr + (x_row + ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                            mask=row_ok[:, None], other=0.0)
+                row = x_row + ih * sxh + iw * sxw
+                if ROW_ALIGN > 1:  # strides Triton does not see as multiples of 16 (see row_alignment)
+                    row = tl.multiple_of(row, [ROW_ALIGN])
+                a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None], other=0.0)
                 b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
@@ -313,6 +316,15 @@ def split_k_tiles(tiles: list[TileConfig], rows: int, cout: int, k_total: int, s
     return variants
 
 
+def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]:
+    """One-stage variants of `tiles` for a layer whose whole K fits one of their K blocks (ResNet's
+    1×1 layers over 64 channels): the software pipeline has nothing to overlap there, and its
+    buffers (stages × the A and B tiles, in shared memory) only limit how many programs an SM
+    holds. Only candidates: the builder times them against the tiles."""
+    return [replace(tile, stages=1) for tile in tiles
+            if tile.stages > 1 and tile.split_k == 1 and k_total <= tile.block_k]
+
+
 def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
@@ -340,6 +352,25 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 def is_packed(w: torch.Tensor) -> bool:
     return w.permute(0, 2, 3, 1).is_contiguous() if w.dim() == 4 else w.is_contiguous()
+
+
+def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
+    """The largest power of two, up to 16, dividing (in elements) every pixel's offset that the
+    kernel's blocked K walk reads channels from, when channels are contiguous; else 1.
+
+    Triton proves a stride a multiple of 16 only when it is one; the window convolution's pixels
+    are 4 bytes apart (`kernels/pixel_pack.py`), so without this hint its 32-byte rows load byte by
+    byte. A row starts at n·sxn + ih·sxh + iw·sxw, where ih = oh·stride - pad + kh·dilation (and
+    iw alike): a term whose every factor is zero (one output row, one tap, no pad) drops out."""
+    sxn, sxc, sxh, sxw = x4.stride()
+    if sxc != 1 and x4.shape[1] > 1:
+        return 1
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geometry.kernel, geometry.strides, geometry.pads, geometry.dilations
+    oh, ow = geometry.out_hw
+    height_step = math.gcd(sh if oh > 1 else 0, ph, dh if kh > 1 else 0)
+    width_step = math.gcd(sw if ow > 1 else 0, pw, dw if kw > 1 else 0)
+    common = math.gcd(sxn, sxh * height_step, sxw * width_step, 16)
+    return common & -common
 
 
 def _as_nchw_view(x: torch.Tensor) -> torch.Tensor:
@@ -402,7 +433,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
-        QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k, **epilogue,
+        QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
+        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
     if split_k > 1:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
-                                  split_k_tiles)
+                                  single_pass_tiles, split_k_tiles)
 from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
 from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
@@ -215,12 +215,14 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
 FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*", "triton_depthwise")
 
 
-def igemm_split_k_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
+def igemm_variant_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
                         geometry: ConvGeometry) -> list[TileConfig]:
-    """The split-K variants worth timing for this convolution (or GEMM, a 2-D `x`) on its GPU."""
+    """The variants of `tiles` worth timing for this convolution (or GEMM, a 2-D `x`) on its GPU:
+    split-K where the tile grid leaves SMs idle, one pipeline stage where K is one block."""
     rows = x.shape[0] * geometry.out_hw[0] * geometry.out_hw[1]
     k_total = w.shape[1] * geometry.kernel[0] * geometry.kernel[1]
-    return split_k_tiles(tiles, rows, w.shape[0], k_total, multiprocessors(x.device))
+    return (split_k_tiles(tiles, rows, w.shape[0], k_total, multiprocessors(x.device))
+            + single_pass_tiles(tiles, k_total))
 
 
 def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -242,7 +244,7 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
         geometry = igemm_geometry(x, w, attrs) if x.dtype in (torch.float16, torch.bfloat16) else None
         if geometry is not None:
             tiles = candidate_tiles(int8=False, effort=effort)
-            tactics += [tile.name for tile in tiles + igemm_split_k_tiles(tiles, x, w, geometry)]
+            tactics += [tile.name for tile in tiles + igemm_variant_tiles(tiles, x, w, geometry)]
         if depthwise_geometry(x, w, attrs) is not None:
             tactics.append("triton_depthwise")
     return tactics

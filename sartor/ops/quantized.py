@@ -52,10 +52,11 @@ import torch.nn.functional as F
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
-from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_split_k_tiles
+from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
+from .quantized_window import window_applies, window_conv, window_tactics, window_tile, window_weight
 from .registry import OpTable
 
 OPS = OpTable("quantized")
@@ -178,9 +179,11 @@ def _qlayer_tactics(gemm: bool):
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
-            names += [tile.name for tile in tiles + igemm_split_k_tiles(tiles, inputs[0], inputs[1], geometry)]
+            names += [tile.name for tile in tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)]
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
+            if not gemm and window_applies(inputs[0], inputs[1], attrs):
+                names += window_tactics(effort)
         return names
     return tactics
 
@@ -191,6 +194,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     BLOCK_K blocks with contiguous loads, and any other K with a per-element gather (the stem's
     K = 147 padded to 160 had every im2col tile of BLOCK_K 64 gathering: 3.7 ms at ResNet-50's
     batch 256 on the H200); as built for the emulation."""
+    if window_tile(tactic) is not None and wq.dim() == 4:
+        return window_weight(wq)
     tile = _im2col_tile(tactic)
     if tile is not None and wq.dim() == 4:
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
@@ -226,6 +231,17 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
                    **_int8_epilogue(attrs))
     n, (oh, ow) = x.shape[0], geometry.out_hw
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
+
+
+def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig):
+    """Packed pixels, then the GEMM kernel over their windows (`ops/quantized_window.py`)."""
+    kernel = attrs["kernel_shape"]
+    full = torch.empty((w_window.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
+    geometry = igemm_geometry(x, full, attrs, require_cuda=False)
+    if geometry is None or not window_applies(x, full, attrs):
+        return None
+    return window_conv(x, w_window, bias, residual, dequant_scale, geometry, tile, code_dtype(attrs),
+                       _int8_epilogue(attrs))
 
 
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
@@ -268,6 +284,11 @@ def qconv(inputs, attrs):
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    window = window_tile(attrs.get("tactic"))
+    if window is not None:
+        y = _window_conv(x, wq, bias, residual, inputs[4], attrs, window)
+        if y is not None:
+            return y
     im2col_tile = _im2col_tile(attrs.get("tactic"))
     if im2col_tile is not None and residual is None:
         y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)

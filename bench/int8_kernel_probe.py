@@ -1,0 +1,175 @@
+"""Where does an INT8 convolution's time go? One device call that times sartor's implicit-GEMM
+kernel on ResNet-50's batch-256 shapes, tile by tile and with parts of its epilogue switched off,
+beside the machine's copy bandwidth and torch's `_int_mm` on the same GEMM.
+
+Issue 5's profile (BENCHMARKS.md, session 13) found INT8 layers far from both the tensor cores'
+and the memory's limits: layer1's 1×1 conv3 (C 64 → 256, residual, ReLU, INT8 out) at 0.44 ms is
+about 60 TOPS and 1 TB/s. This probe separates the kernel's parts so the next change is chosen by
+measurement.
+
+    PYTHONPATH=. python bench/int8_kernel_probe.py --out $OUT [--batch 256] [--reps 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
+from sartor.kernels.im2col import im2col_codes  # noqa: E402
+from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
+from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
+
+
+def median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def int8_codes(*shape: int, channels_last: bool = False) -> torch.Tensor:
+    t = torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda")
+    return t.contiguous(memory_format=torch.channels_last) if channels_last else t
+
+
+def conv_case(batch: int, cin: int, cout: int, hw: int, k: int, stride: int) -> dict:
+    out_hw = (hw + 2 * (k // 2) - k) // stride + 1
+    return dict(x=int8_codes(batch, cin, hw, hw, channels_last=True),
+                w=pack_weight(int8_codes(cout, cin, k, k)),
+                bias=torch.randint(-1000, 1000, (cout,), dtype=torch.int32, device="cuda"),
+                scale=torch.full((cout,), 1e-3, device="cuda"),
+                residual=int8_codes(batch, cout, out_hw, out_hw, channels_last=True),
+                geometry=ConvGeometry((k, k), (stride, stride), (k // 2, k // 2), (1, 1), (out_hw, out_hw)),
+                macs=batch * out_hw * out_hw * cout * cin * k * k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def record(**row) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        (out / "int8_kernel_probe.json").write_text(json.dumps(rows, indent=1))
+
+    def timed(name: str, fn, macs: int = 0, bytes_moved: int = 0, **extra) -> None:
+        try:
+            ms = median_ms(fn, args.reps)
+        except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
+            traceback.print_exc()
+            record(name=name, error=f"{type(exc).__name__}: {exc}"[:300], **extra)
+            return
+        record(name=name, ms=round(ms, 4), tops=round(2 * macs / ms / 1e9, 1) if macs else None,
+               tb_s=round(bytes_moved / ms / 1e9, 2) if bytes_moved else None, **extra)
+
+    big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    copy = torch.empty_like(big)
+    timed("copy 256 MiB", lambda: copy.copy_(big), bytes_moved=2 * big.numel())
+
+    b = args.batch
+    cases = {"layer1.conv3 1x1 64->256 @56": conv_case(b, 64, 256, 56, 1, 1),
+             "layer1.conv2 3x3 64->64 @56": conv_case(b, 64, 64, 56, 3, 1),
+             "layer2.conv2 3x3 128->128 @28": conv_case(b, 128, 128, 28, 3, 1),
+             "layer3.conv3 1x1 256->1024 @14": conv_case(b, 256, 1024, 14, 1, 1)}
+    for label, case in cases.items():
+        x, w, geometry = case["x"], case["w"], case["geometry"]
+        out_elems = case["residual"].numel()
+        full_bytes = x.numel() + 2 * out_elems  # input, residual and output codes, once each
+        for tile in _INT8_TILES:
+            timed(f"{label} {tile.name} full epilogue",
+                  lambda: conv_igemm(x, w, case["bias"], geometry, tile, dequant_scale=case["scale"],
+                                     residual=case["residual"], activation="Relu", residual_scale=0.01,
+                                     output_inv_scale=20.0),
+                  case["macs"], full_bytes, layer=label, tile=tile.name, epilogue="bias+res+relu+requant")
+        tile = _INT8_TILES[1]
+        timed(f"{label} {tile.name} no residual",
+              lambda: conv_igemm(x, w, case["bias"], geometry, tile, dequant_scale=case["scale"],
+                                 activation="Relu", output_inv_scale=20.0),
+              case["macs"], x.numel() + out_elems, layer=label, tile=tile.name, epilogue="bias+relu+requant")
+        timed(f"{label} {tile.name} float32 out",
+              lambda: conv_igemm(x, w, case["bias"], geometry, tile, dequant_scale=case["scale"]),
+              case["macs"], x.numel() + 4 * out_elems, layer=label, tile=tile.name, epilogue="bias, fp32 out")
+        if geometry.kernel == (1, 1):
+            a = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+            w2 = w.reshape(w.shape[0], -1)
+            timed(f"{label} GEMM view {tile.name}",
+                  lambda: conv_igemm(a, w2, case["bias"], ConvGeometry.gemm(), tile, dequant_scale=case["scale"],
+                                     activation="Relu", output_inv_scale=20.0),
+                  case["macs"], x.numel() + out_elems, layer=label, tile=tile.name, epilogue="gemm view, no residual")
+            wt = w2.t()  # [K, N] view of the K-major weight: what _int_mm reads
+            timed(f"{label} torch._int_mm", lambda: torch._int_mm(a, wt), case["macs"],
+                  x.numel() + 4 * out_elems, layer=label, tile="cublas", epilogue="none, int32 out")
+        fp16_x = x.to(torch.float16)
+        fp16_w = w.to(torch.float16)
+        timed(f"{label} cudnn fp16 conv", lambda: torch.nn.functional.conv2d(
+            fp16_x, fp16_w, stride=geometry.strides, padding=geometry.pads), case["macs"],
+            2 * (x.numel() + out_elems), layer=label, tile="cudnn", epilogue="none, fp16")
+
+    # One pipeline stage where K is one block (the 1×1 layers over 64 channels): more programs per SM.
+    case = cases["layer1.conv3 1x1 64->256 @56"]
+    for tile in (TileConfig(64, 64, 64, 4, 1), TileConfig(64, 64, 64, 4, 2), TileConfig(128, 128, 64, 8, 1),
+                 TileConfig(128, 64, 64, 4, 1), TileConfig(64, 128, 64, 4, 1), TileConfig(64, 256, 64, 8, 1)):
+        timed(f"layer1.conv3 {tile.name} full epilogue",
+              lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile,
+                                 dequant_scale=case["scale"], residual=case["residual"], activation="Relu",
+                                 residual_scale=0.01, output_inv_scale=20.0),
+              case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer="layer1.conv3", tile=tile.name,
+              epilogue="bias+res+relu+requant")
+
+    # The stem: 7×7 stride 2 over 3 FP32 channels (NCHW, as the network input arrives): im2col,
+    # then the GEMM over K padded to 192, and the two together as the engine runs them.
+    x = torch.rand(b, 3, 224, 224, device="cuda")
+    geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
+    rows_stem = b * 112 * 112
+    macs = rows_stem * 64 * 147
+    for k_padded in (160, 192):
+        timed(f"stem im2col K{k_padded}", lambda: im2col_codes(x, (7, 7), (2, 2), (3, 3), (1, 1), (112, 112),
+                                                               k_padded, torch.int8, 50.0),
+              bytes_moved=4 * x.numel() + rows_stem * k_padded, layer="stem", k_padded=k_padded)
+    # The window tactic: 4-byte pixels, then the GEMM kernel over overlapping 32-byte windows.
+    timed("stem pack_pixels", lambda: pack_pixels(x, (3, 3), (229, 232), torch.int8, 50.0),
+          bytes_moved=4 * x.numel() + b * 229 * 232 * 4, layer="stem")
+    w_window = window_weight(int8_codes(64, 3, 7, 7))
+    epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
+    for tile in WINDOW_TILES:
+        timed(f"stem window {tile.name} (pack + GEMM)",
+              lambda: window_conv(x, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), None,
+                                  torch.full((64,), 1e-3, device="cuda"), geometry, tile, torch.int8, epilogue),
+              macs, 4 * x.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
+    cols = im2col_codes(x, (7, 7), (2, 2), (3, 3), (1, 1), (112, 112), 192, torch.int8, 50.0)
+    w_stem = int8_codes(64, 192)
+    bias = torch.zeros(64, dtype=torch.int32, device="cuda")
+    scale = torch.full((64,), 1e-3, device="cuda")
+    for tile in _INT8_TILES + (TileConfig(128, 64, 64, 4, 3), TileConfig(256, 64, 64, 8, 3),
+                               TileConfig(128, 64, 64, 4, 4)):
+        timed(f"stem GEMM K192 {tile.name}",
+              lambda: conv_igemm(cols, w_stem, bias, ConvGeometry.gemm(), tile, dequant_scale=scale,
+                                 activation="Relu", output_inv_scale=20.0),
+              macs, cols.numel() + rows_stem * 64, layer="stem", tile=tile.name)
+    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""A few-channel image as padded 4-byte pixels of INT8 (FP8) codes, in one pass: what the window
+convolution of a network's stem reads (`sartor/ops/quantized.py`, tactics "window_…").
+
+ResNet-50's INT8 stem (7×7, stride 2, 3 FP32 channels in NCHW) took 3.46 ms of 11 ms at batch 256
+on the H200, 2.62 ms of it in the im2col kernel (BENCHMARKS.md, session 13): each column gathers
+single bytes from three planes. Packed as [N, HP, WP, 4] (channel 3 and the padding are code 0), a
+row of kw taps of one filter row is a run of contiguous bytes, so the convolution needs no columns:
+it reads overlapping 32-byte windows of this tensor in place.
+
+The kernel reads the input once (any strides: NCHW or NHWC; float, quantized as loaded, or codes
+the producer already stored) and writes every packed pixel once, padding included.
+"""
+from __future__ import annotations
+
+import torch
+
+from .epilogue import triton
+
+PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
+
+if triton is not None:
+    import triton.language as tl
+
+    from .conv_igemm import _quantize, _quantize_fp8
+
+    @triton.jit
+    def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
+                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr):
+        row = tl.program_id(0)  # n · HP + padded row
+        n = row // HP
+        ih = row - n * HP - pad_h
+        pw = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        iw = pw - pad_w
+        c = tl.arange(0, 4)
+        inside = (((iw >= 0) & (iw < W))[:, None] & (c < C)[None, :]) & ((ih >= 0) & (ih < H))
+        offsets = n.to(tl.int64) * sxn + ih * sxh + iw[:, None] * sxw + c[None, :] * sxc
+        v = tl.load(x_ptr + offsets, mask=inside, other=0)
+        if QUANTIZE:
+            if FP8:
+                v = _quantize_fp8(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+            else:
+                v = _quantize(v.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+        stored = (pw < WP)[:, None] & (c < 4)[None, :]
+        tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
+
+
+CODE_DTYPES = {torch.int8: False, torch.float8_e4m3fn: True}  # code dtype → FP8
+BLOCK_W = 128
+
+
+def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, int], code: torch.dtype,
+                inv_scale: float = 1.0, qmin: float = -127.0) -> torch.Tensor:
+    """[N, HP, WP, 4] codes of `x` [N, C ≤ 4, H, W] (any strides): pixel (h, w) of `x` at
+    (h + pads[0], w + pads[1]); code 0 (zero in INT8 and in e4m3 alike) in channels past C and
+    wherever the padded image lies outside `x`. A float `x` is quantized as loaded (`inv_scale`,
+    `qmin`: the layer's input quantization); an `x` already in `code` is copied."""
+    if triton is None:
+        raise RuntimeError("pack_pixels needs Triton")
+    if code not in CODE_DTYPES:
+        raise ValueError(f"pack_pixels writes int8 or float8_e4m3fn codes, not {code}")
+    n, c, h, w = x.shape
+    if c > PIXEL_BYTES:
+        raise ValueError(f"pack_pixels packs up to {PIXEL_BYTES} channels, not {c}")
+    hp, wp = padded_hw
+    if min(pads) < 0:
+        raise ValueError(f"pack_pixels pads the image, it does not crop it: pads {pads}")
+    quantize = x.dtype != code
+    if not quantize:
+        x = x.view(torch.uint8)  # a byte copy: the same kernel for both code formats
+    elif not x.is_floating_point():
+        raise ValueError(f"pack_pixels quantizes float inputs, not {x.dtype}")
+    packed = torch.empty((n, hp, wp, PIXEL_BYTES), dtype=code if quantize else torch.uint8, device=x.device)
+    grid = (n * hp, triton.cdiv(wp, BLOCK_W))
+    _pack_pixels_kernel[grid](
+        x, packed, c, h, w, hp, wp, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
+        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=BLOCK_W, num_warps=4,
+        enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
+    return packed if quantize else packed.view(code)

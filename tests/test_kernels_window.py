@@ -1,0 +1,149 @@
+"""The window tactic of few-channel INT8/FP8 convolutions (`sartor/ops/quantized_window.py`): the
+pixel packing against PyTorch's padding of the quantized input, the whole convolution against the
+emulation bit for bit, where the tactic is offered and where it must not be, and the kernel's row
+alignment hint. Through Triton's interpreter on CPU and natively on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+pytest.importorskip("triton")
+
+from sartor.kernels.conv_igemm import ConvGeometry, row_alignment  # noqa: E402
+from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
+from sartor.ops.quantized import _window_conv, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
+from sartor.ops.quantized_window import WINDOW_TILES, window_applies, window_tactics  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
+TILE = WINDOW_TILES[0]
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("code", [torch.int8, torch.float8_e4m3fn])
+def test_pixels_are_quantized_padded_and_packed(channels, layout, code):
+    x = torch.randn(2, channels, 5, 7, generator=torch.Generator().manual_seed(1)) * 3
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    codes = quantize(x, 30.0) if code == torch.int8 else quantize_fp8(x, 30.0)
+    packed = pack_pixels(x.to(DEVICE), (2, 1), (9, 12), code, 30.0)
+    assert packed.dtype == code and packed.shape == (2, 9, 12, 4)
+    expected = F.pad(codes.float(), (1, 12 - 7 - 1, 2, 9 - 5 - 2)).permute(0, 2, 3, 1)
+    assert torch.equal(packed[..., :channels].cpu().float(), expected)
+    assert not packed[..., channels:].cpu().view(torch.uint8).any()
+
+
+def test_codes_are_copied_and_bad_arguments_refused():
+    codes = quantize(torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(2)), 20.0, -128)
+    packed = pack_pixels(codes.to(DEVICE), (0, 0), (4, 4), torch.int8)
+    assert torch.equal(packed[..., :3].cpu(), codes.permute(0, 2, 3, 1))
+    with pytest.raises(ValueError, match="up to 4 channels, not 5"):
+        pack_pixels(torch.zeros(1, 5, 4, 4, device=DEVICE), (0, 0), (4, 4), torch.int8)
+    with pytest.raises(ValueError, match="int8 or float8_e4m3fn codes"):
+        pack_pixels(torch.zeros(1, 3, 4, 4, device=DEVICE), (0, 0), (4, 4), torch.uint8)
+    with pytest.raises(ValueError, match="quantizes float inputs"):
+        pack_pixels(torch.zeros(1, 3, 4, 4, dtype=torch.int32, device=DEVICE), (0, 0), (4, 4), torch.int8)
+    with pytest.raises(ValueError, match="does not crop"):
+        pack_pixels(torch.zeros(1, 3, 4, 4, device=DEVICE), (-1, 0), (4, 4), torch.int8)
+
+
+# (channels, kernel, strides, pads (top, left, bottom, right), dilations)
+GEOMETRIES = [
+    pytest.param((3, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)), id="resnet-stem"),
+    pytest.param((3, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), id="yolo-stem"),
+    pytest.param((1, (3, 3), (1, 1), (2, 1, 2, 1), (2, 1)), id="one-channel-dilated-rows"),
+    pytest.param((4, (5, 9), (1, 2), (0, 4, 1, 3), (1, 1)), id="four-channels-64-byte-window"),
+]
+
+
+def _layer(geometry, generator, cout: int = 16, fp8: bool = False):
+    c, kernel, strides, pads, dilations = geometry
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
+             "dilations": list(dilations), "input_inv_scale": 40.0, "activation": "Relu", "qmin": -127}
+    x = torch.randn(2, c, 13, 11, generator=generator)
+    w = torch.randn(cout, c, *kernel, generator=generator)
+    if fp8:
+        attrs["qformat"] = QFORMAT
+        wq, bias = quantize_fp8(w, 60.0), torch.randn(cout, generator=generator)
+    else:
+        wq, bias = quantize(w, 60.0), torch.randint(-3000, 3000, (cout,), dtype=torch.int32, generator=generator)
+    return x, wq, bias, torch.rand(cout, generator=generator) * 1e-3, attrs
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_window_tactic_equals_the_emulation(geometry, int8_output):
+    x, wq, bias, scale, attrs = _layer(geometry, torch.Generator().manual_seed(5))
+    if int8_output:
+        attrs["output_inv_scale"] = 3.0
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    w_window = qlayer_weight_for_tactic(wq, "window_" + TILE.name)
+    assert w_window.shape[1] % 32 == 0 and w_window.shape[2:] == (wq.shape[2], 1)
+    out = _window_conv(x.to(DEVICE), w_window.to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs, TILE)
+    assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
+    assert out.dtype == expected.dtype and torch.equal(out.cpu(), expected)
+
+
+def test_window_tactic_with_codes_in_and_a_residual_equals_the_emulation():
+    generator = torch.Generator().manual_seed(6)
+    x, wq, bias, scale, attrs = _layer(GEOMETRIES[1].values[0], generator, cout=8)
+    attrs.update(output_inv_scale=4.0, residual_scale=0.05, qmin=-128)
+    codes = quantize(x, 40.0, -128)
+    expected_shape = qconv([codes, wq, bias, None, scale], attrs).shape
+    residual = torch.randint(-128, 128, expected_shape, dtype=torch.int8, generator=generator)
+    expected = qconv([codes, wq, bias, residual, scale], attrs)
+    out = _window_conv(codes.to(DEVICE), qlayer_weight_for_tactic(wq, "window_" + TILE.name).to(DEVICE),
+                       bias.to(DEVICE), residual.to(DEVICE), scale.to(DEVICE), attrs, TILE)
+    assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.skipif(not FP8_KERNELS, reason="FP8 tl.dot needs compute capability 8.9+")
+def test_fp8_window_tactic_matches_the_emulation_within_one_step():
+    """FP8 products are summed in float32 by the kernel (float64 in the emulation): one e4m3 step."""
+    x, wq, bias, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(7), fp8=True)
+    attrs["output_inv_scale"] = 8.0
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    w_window = qlayer_weight_for_tactic(wq, "window_" + TILE.name)
+    assert w_window.dtype == torch.float8_e4m3fn
+    out = _window_conv(x.to(DEVICE), w_window.to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs, TILE)
+    assert out.dtype == torch.float8_e4m3fn and int(code_distance(out.cpu(), expected).max()) <= 1
+
+
+def test_window_applies_to_few_channels_only():
+    w = torch.zeros(8, 3, 7, 7, dtype=torch.int8)
+    assert window_applies(torch.zeros(1, 3, 9, 9), w, {})
+    assert not window_applies(torch.zeros(1, 5, 9, 9), torch.zeros(8, 5, 7, 7, dtype=torch.int8), {})
+    assert not window_applies(torch.zeros(1, 3, 9, 9), w, {"dilations": [1, 2]})  # a window is contiguous
+    assert not window_applies(torch.zeros(1, 3, 9, 9), w, {"group": 3})
+    assert not window_applies(torch.zeros(1, 3, 9, 9), torch.zeros(8, 3, 1, 17, dtype=torch.int8), {})
+    assert len(window_tactics(1)) < len(window_tactics(3))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the tactics list the kernels on CUDA tensors only")
+def test_cuda_stem_layers_offer_the_window_tactic_and_wide_layers_do_not():
+    registry = default_registry()["QConv"]
+    stem = registry.tactics([torch.zeros(1, 3, 16, 16, device="cuda"),
+                             torch.zeros(8, 3, 7, 7, dtype=torch.int8, device="cuda")], {"pads": [3, 3, 3, 3]}, 1)
+    assert any(name.startswith("window_") for name in stem)
+    wide = registry.tactics([torch.zeros(1, 8, 16, 16, device="cuda"),
+                             torch.zeros(8, 8, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
+    assert wide and not any(name.startswith("window_") for name in wide)
+
+
+def test_row_alignment_is_what_every_row_offset_is_a_multiple_of():
+    nhwc = torch.zeros(2, 64, 8, 8).contiguous(memory_format=torch.channels_last)
+    same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
+    assert row_alignment(nhwc, same) == 16
+    assert row_alignment(torch.zeros(2, 64, 8, 8), same) == 1  # NCHW: channels are not contiguous
+    packed = torch.zeros(2, 9, 12, 4, dtype=torch.int8)
+    windows = packed.as_strided((2, 32, 9, 5), (9 * 12 * 4, 1, 12 * 4, 4))
+    assert row_alignment(windows, ConvGeometry((7, 1), (2, 2), (0, 0), (1, 1), (2, 3))) == 8
+    assert row_alignment(windows, ConvGeometry((7, 1), (1, 1), (0, 0), (1, 1), (3, 5))) == 4
+    assert row_alignment(windows, ConvGeometry((7, 1), (2, 2), (0, 1), (1, 1), (2, 3))) == 4  # odd pad
+    gemm = torch.zeros(5, 24).reshape(5, 24, 1, 1)
+    assert row_alignment(gemm, ConvGeometry.gemm()) == 8  # only the row stride counts for 1×1 pixels
