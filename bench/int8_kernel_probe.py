@@ -4,8 +4,8 @@ beside the machine's copy bandwidth and torch's `_int_mm` on the same GEMM.
 
 Issue 5's profile (BENCHMARKS.md, session 13) found INT8 layers far from both the tensor cores'
 and the memory's limits: layer1's 1×1 conv3 (C 64 → 256, residual, ReLU, INT8 out) at 0.44 ms is
-about 60 TOPS and 1 TB/s. This probe separates the kernel's parts so the next change is chosen by
-measurement.
+about 60 TOPS and 1 TB/s, and the stem's im2col at 2.6 ms. This probe separates the kernels' parts
+(tiles, epilogue, stem tactics) so the next change is chosen by measurement.
 
     PYTHONPATH=. python bench/int8_kernel_probe.py --out $OUT [--batch 256] [--reps 20]
 """
@@ -28,7 +28,13 @@ from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
 
 
+LAUNCHES_PER_SAMPLE = 10  # back to back: the Python launch of one overlaps the run of the one before
+
+
 def median_ms(fn, reps: int) -> float:
+    """Median per-call time; each sample spans LAUNCHES_PER_SAMPLE calls, so that the host's launch
+    overhead (tens of µs in Python) hides behind the GPU's work as it does in a CUDA graph, except
+    for kernels shorter than their own launch."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -36,10 +42,11 @@ def median_ms(fn, reps: int) -> float:
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(LAUNCHES_PER_SAMPLE):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / LAUNCHES_PER_SAMPLE)
     return sorted(times)[len(times) // 2]
 
 

@@ -65,21 +65,37 @@ def plan_to_serve(plan: Path | None, device: str, workdir: Path) -> tuple[Path, 
 
 
 class ThreadProfiles:
-    """One cProfile.Profile per thread of this process, switched on from inside each thread (a
-    profiler records only the thread that enabled it): new threads through threading.setprofile,
-    running ones (the event loop) through a call scheduled on them."""
+    """Before Python 3.12: one cProfile.Profile per thread of this process, switched on from inside
+    each thread (a profiler records only the thread that enabled it): new threads through
+    threading.setprofile, running ones (the event loop) through a call scheduled on them.
+
+    From 3.12 cProfile runs on sys.monitoring, which takes one profiler per process and sees every
+    thread: a second one fails ("Another profiling tool is already active"). There one profiler,
+    on the wall clock, records all threads; a thread's waits then count as its own time, so the
+    report says so."""
+
+    PROCESS_WIDE = sys.version_info >= (3, 12)
 
     def __init__(self) -> None:
         self.profiles: list[cProfile.Profile] = []
-        self.on = False
 
     def hook(self, *_) -> None:
         profile = cProfile.Profile(time.thread_time)  # CPU, not wall: waits cost nothing
         self.profiles.append(profile)
         profile.enable()  # replaces this hook as the thread's profile function
 
-    def enable_in_loop(self, loop) -> None:
-        loop.call_soon_threadsafe(self.hook)
+    def before_server_start(self) -> None:
+        if not self.PROCESS_WIDE:
+            threading.setprofile(self.hook)
+
+    def after_server_start(self, loop) -> None:
+        if self.PROCESS_WIDE:
+            profile = cProfile.Profile()
+            self.profiles.append(profile)
+            profile.enable()
+        else:
+            threading.setprofile(None)
+            loop.call_soon_threadsafe(self.hook)
 
     def report(self, top: int) -> None:
         recorded = []
@@ -88,6 +104,8 @@ class ThreadProfiles:
             profile.create_stats()
             if profile.stats:  # threads that ended before making a call record nothing
                 recorded.append(profile)
+        if self.PROCESS_WIDE:
+            print("profile: one profiler for all threads (Python 3.12+), wall-clock time: waits count")
         stats = pstats.Stats(*recorded)
         stats.sort_stats("tottime").print_stats(top)
         stats.sort_stats("cumulative").print_stats(top)
@@ -133,13 +151,12 @@ def main() -> int:
         models = bench.make_repository(plan, workdir / "repo", max_batch, args.max_queue_delay_us, 1, args.device,
                                        ("batched",))
         if profiles is not None:
-            threading.setprofile(profiles.hook)
+            profiles.before_server_start()
         server = Server(ServeOptions(str(workdir / "repo"), http_port=0, grpc_port=0, metrics_port=None,
                                      poll_interval=None, devices=[args.device], max_queue_size=4096,
                                      frontends=args.frontends)).start()
-        threading.setprofile(None)
         if profiles is not None:
-            profiles.enable_in_loop(server._loop)
+            profiles.after_server_start(server._loop)
         try:
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
             metadata = bench._metadata(url, args.protocol, models[0], 30.0)
