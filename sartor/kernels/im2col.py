@@ -60,6 +60,19 @@ CODE_DTYPES = {torch.int8: False, torch.float8_e4m3fn: True}  # code dtype → F
 MAX_ROW_BLOCK_K = 256  # columns up to this many are one program's row (the stem: 160)
 
 
+def code_source(x: torch.Tensor, code: torch.dtype, kernel: str) -> tuple[torch.Tensor, bool]:
+    """What a kernel writing `code` reads from `x`, and whether it quantizes: a float `x` as it is,
+    an `x` already in `code` as bytes (one copy kernel serves both code formats). Other code
+    dtypes and integer inputs are refused in one line."""
+    if code not in CODE_DTYPES:
+        raise ValueError(f"{kernel} writes int8 or float8_e4m3fn codes, not {code}")
+    if x.dtype == code:
+        return x.view(torch.uint8), False
+    if not x.is_floating_point():
+        raise ValueError(f"{kernel} quantizes float inputs, not {x.dtype}")
+    return x, True
+
+
 def im2col_codes(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
                  dilations: tuple[int, int], out_hw: tuple[int, int], k_padded: int, code: torch.dtype,
                  inv_scale: float = 1.0, qmin: float = -127.0) -> torch.Tensor:
@@ -69,18 +82,12 @@ def im2col_codes(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, i
     an `x` already in `code` is copied."""
     if triton is None:
         raise RuntimeError("im2col_codes needs Triton")
-    if code not in CODE_DTYPES:
-        raise ValueError(f"im2col_codes writes int8 or float8_e4m3fn codes, not {code}")
+    x, quantize = code_source(x, code, "im2col_codes")
     n, c, h, w = x.shape
     (kh, kw), (oh, ow) = kernel, out_hw
     k = kh * kw * c
     if k_padded < k:
         raise ValueError(f"k_padded {k_padded} is under the layer's K {k}")
-    quantize = x.dtype != code
-    if not quantize:
-        x = x.view(torch.uint8)  # a byte copy: the same kernel for both code formats
-    elif not x.is_floating_point():
-        raise ValueError(f"im2col_codes quantizes float inputs, not {x.dtype}")
     rows = n * oh * ow
     columns = torch.empty((rows, k_padded), dtype=torch.uint8 if not quantize else code, device=x.device)
     block_k = triton.next_power_of_2(k_padded) if k_padded <= MAX_ROW_BLOCK_K else 64

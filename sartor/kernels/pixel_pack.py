@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .epilogue import triton
+from .im2col import CODE_DTYPES, code_source
 
 PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 
@@ -44,7 +45,6 @@ if triton is not None:
         tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
 
 
-CODE_DTYPES = {torch.int8: False, torch.float8_e4m3fn: True}  # code dtype → FP8
 BLOCK_W = 128
 
 
@@ -56,19 +56,13 @@ def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, in
     `qmin`: the layer's input quantization); an `x` already in `code` is copied."""
     if triton is None:
         raise RuntimeError("pack_pixels needs Triton")
-    if code not in CODE_DTYPES:
-        raise ValueError(f"pack_pixels writes int8 or float8_e4m3fn codes, not {code}")
+    x, quantize = code_source(x, code, "pack_pixels")
     n, c, h, w = x.shape
     if c > PIXEL_BYTES:
         raise ValueError(f"pack_pixels packs up to {PIXEL_BYTES} channels, not {c}")
     hp, wp = padded_hw
     if min(pads) < 0:
         raise ValueError(f"pack_pixels pads the image, it does not crop it: pads {pads}")
-    quantize = x.dtype != code
-    if not quantize:
-        x = x.view(torch.uint8)  # a byte copy: the same kernel for both code formats
-    elif not x.is_floating_point():
-        raise ValueError(f"pack_pixels quantizes float inputs, not {x.dtype}")
     packed = torch.empty((n, hp, wp, PIXEL_BYTES), dtype=code if quantize else torch.uint8, device=x.device)
     grid = (n * hp, triton.cdiv(wp, BLOCK_W))
     _pack_pixels_kernel[grid](
