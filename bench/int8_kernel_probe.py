@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.resident_gemm import MAX_RESIDENT_K, RESIDENT_TILES, resident_gemm  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
 
 
@@ -144,6 +145,20 @@ def main() -> None:
                                  residual_scale=0.01, output_inv_scale=20.0),
               case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer="layer1.conv3", tile=tile.name,
               epilogue="bias+res+relu+requant")
+
+    # The resident-weight kernel on the same K = 64 layers: each program keeps its weight tile and
+    # walks several row tiles.
+    for label in ("layer1.conv3 1x1 64->256 @56", "layer3.conv3 1x1 256->1024 @14"):
+        case = cases[label]
+        if case["x"].shape[1] > MAX_RESIDENT_K:
+            continue
+        for tile in RESIDENT_TILES:
+            timed(f"{label} {tile.name} full epilogue",
+                  lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
+                                        residual=case["residual"], activation="Relu", residual_scale=0.01,
+                                        output_inv_scale=20.0),
+                  case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer=label, tile=tile.name,
+                  epilogue="bias+res+relu+requant")
 
     # The stem: 7×7 stride 2 over 3 FP32 channels (NCHW, as the network input arrives): im2col,
     # then the GEMM over K padded to 192, and the two together as the engine runs them.

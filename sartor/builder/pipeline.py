@@ -83,6 +83,9 @@ def _tactic(node, device: torch.device) -> str:
     if chosen == "triton_yolo_decode":
         return "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)"
     fp8 = is_fp8(node.attrs)
+    if chosen and chosen.startswith("resident_"):
+        return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
+                f"{chosen[len('resident_'):]} + fused epilogue")
     if chosen and chosen.startswith("window_igemm_"):
         return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton implicit GEMM over pixel windows "
                 f"{chosen[len('window_igemm_'):]} + fused epilogue")

@@ -26,9 +26,11 @@ native im2col + DGEMM and direct depthwise kernels then produce the same integer
 Quantization multiplies by a float32 reciprocal that is stored with the layer (on CUDA, dividing
 by a host scalar is itself a multiplication by a reciprocal, so the reciprocal is explicit).
 
-That emulation is the reference ("torch" tactic). On CUDA the builder also times the Triton
-implicit-GEMM kernel's tiles (`sartor/kernels/conv_igemm.py`): int8 tensor-core products with int32
-accumulation and this same epilogue, fused, producing the same numbers.
+That emulation is the reference ("torch" tactic). On CUDA the builder also times Triton kernels
+with int8 tensor-core products, int32 accumulation and this same epilogue, fused, producing the
+same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and where they apply
+im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`) and
+resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`).
 
 FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
 ops with three differences:
@@ -52,6 +54,7 @@ import torch.nn.functional as F
 from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
+from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -180,6 +183,8 @@ def _qlayer_tactics(gemm: bool):
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
             names += [tile.name for tile in tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)]
+            if resident_applies(inputs[0], inputs[1].shape[1], geometry):
+                names += resident_tactics(effort)
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
@@ -201,7 +206,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
         multiple = math.lcm(IM2COL_K_MULTIPLE, tile.block_k)
         return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
-    return pack_weight(wq) if tactic is not None and TileConfig.parse(tactic) is not None else wq
+    packed = tactic is not None and (TileConfig.parse(tactic) is not None or ResidentTile.parse(tactic) is not None)
+    return pack_weight(wq) if packed else wq
 
 
 def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
@@ -244,6 +250,19 @@ def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileCo
                        _int8_epilogue(attrs))
 
 
+def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: ResidentTile, gemm: bool,
+                     out: torch.Tensor | None = None):
+    """The resident-weight kernel (`kernels/resident_gemm.py`), or None where it does not apply."""
+    if gemm:
+        geometry = ConvGeometry.gemm() if triton is not None and x.dim() == 2 else None
+    else:
+        geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
+    if geometry is None or not resident_applies(x, wq.shape[1], geometry):
+        return None
+    return resident_gemm(x, wq, bias, tile, dequant_scale=dequant_scale, residual=residual, out=out,
+                         **_int8_epilogue(attrs))
+
+
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
                   out: torch.Tensor | None = None):
     geometry = _igemm_geometry(x, wq, attrs, gemm)
@@ -268,11 +287,14 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     when the Concat passes them through, see `sartor/quant/quantize.py`) by the implicit-GEMM
     tiles, whose epilogue stores any pixel stride. None for the emulation and for im2col (whose
     GEMM writes rows of its own): the layer then runs as usual and the Concat copies its result."""
-    tile = TileConfig.parse(attrs.get("tactic") or "")
-    if tile is None or out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
+    tactic = attrs.get("tactic") or ""
+    tile, resident = TileConfig.parse(tactic), ResidentTile.parse(tactic)
+    if (tile is None and resident is None) or out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
         return None
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    if resident is not None:
+        return _qlayer_resident(inputs[0], inputs[1], bias, residual, inputs[4], attrs, resident, gemm=False, out=out)
     return _qlayer_igemm(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tile, gemm=False, out=out)
 
 
@@ -292,6 +314,11 @@ def qconv(inputs, attrs):
     im2col_tile = _im2col_tile(attrs.get("tactic"))
     if im2col_tile is not None and residual is None:
         y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)
+        if y is not None:
+            return y
+    resident = ResidentTile.parse(attrs.get("tactic"))
+    if resident is not None:
+        y = _qlayer_resident(x, wq, bias, residual, inputs[4], attrs, resident, gemm=False)
         if y is not None:
             return y
     tile = TileConfig.parse(attrs.get("tactic") or "")
@@ -316,6 +343,11 @@ def qgemm(inputs, attrs):
     layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    resident = ResidentTile.parse(attrs.get("tactic"))
+    if resident is not None:
+        y = _qlayer_resident(x, wq, bias, None, inputs[4], attrs, resident, gemm=True)
+        if y is not None:
+            return y
     tile = TileConfig.parse(attrs.get("tactic") or "")
     if tile is not None:
         y = _qlayer_igemm(x, wq, bias, None, inputs[4], attrs, tile, gemm=True)

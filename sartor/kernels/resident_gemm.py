@@ -1,0 +1,150 @@
+"""INT8 (FP8) 1×1 convolutions and GEMMs whose whole K is one block: the weight tile stays in the
+program, which walks several row tiles with the layer's epilogue fused (tactics "resident_…").
+
+ResNet-50's 1×1 layers over 64 channels took 0.40–0.44 ms each at batch 256 on the H200 with the
+implicit-GEMM kernel, and their time did not fall when the output shrank from float32 to INT8
+(BENCHMARKS.md, session 13): with K = 64 each of its programs loads one A tile and one B tile,
+does one product and stores, and little of one program's memory latency hides behind another's.
+Here each program loads its BLOCK_N × K weight tile once and walks TILES consecutive row tiles, so
+the software pipeline loads the next rows while this tile's products and epilogue run.
+
+The arithmetic is conv_igemm's, step for step (`_accumulate`, `_epilogue_store`): the output equals
+the emulation's as the implicit-GEMM tiles' does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .conv_igemm import TILES_PER_EFFORT, ConvGeometry
+from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+
+if triton is not None:
+    import triton.language as tl
+
+    from .conv_igemm import _accumulate, _epilogue_store, pixel_coords
+
+    @triton.jit
+    def _resident_gemm_kernel(
+            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            M, COUT, K, x_row, y_row, OH, OW, srn, src, srh, srw,
+            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
+            INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_ok = offs_n < COUT
+        k_ok = offs_k < K
+        b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None],
+                    other=0.0)
+        first_tile = tl.program_id(0) * TILES
+        for t in range(TILES):
+            offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < M
+            a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * x_row + offs_k[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if INT8:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+            n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+            _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                            y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+
+RESIDENT_PREFIX = "resident_"
+MAX_RESIDENT_K = 128  # one K block: 64 KiB of int32 accumulators at most per program (128 × 128)
+MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
+
+
+@dataclass(frozen=True)
+class ResidentTile:
+    """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages."""
+    block_m: int
+    block_n: int
+    tiles: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, tactic: str | None) -> "ResidentTile | None":
+        if not tactic or not tactic.startswith(RESIDENT_PREFIX):
+            return None
+        try:
+            tile, tiles, warps, stages = tactic[len(RESIDENT_PREFIX):].split("_")
+            bm, bn = (int(v) for v in tile.split("x"))
+            if not (tiles.startswith("t") and warps.startswith("w") and stages.startswith("s")):
+                return None
+            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]))
+        except ValueError:
+            return None
+
+
+# Best guesses first; the builder times as many as its effort allows (as for the igemm tiles).
+RESIDENT_TILES = (ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3), ResidentTile(64, 256, 4, 8, 3),
+                  ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 128, 8, 4, 2))
+
+
+def resident_tactics(effort: int) -> list[str]:
+    """The candidates the builder times at this effort."""
+    return [tile.name for tile in RESIDENT_TILES[:TILES_PER_EFFORT.get(effort, len(RESIDENT_TILES))]]
+
+
+def resident_applies(x: torch.Tensor, k_total: int, geometry: ConvGeometry | None = None) -> bool:
+    """GEMMs (2-D x) and 1×1, stride-1 convolutions whose output pixels are their input pixels, of
+    K ≤ MAX_RESIDENT_K, over inputs whose channels are contiguous and pixels evenly spaced
+    (channels-last, or a channel slice of one)."""
+    if x.dim() not in (2, 4) or k_total > MAX_RESIDENT_K or pixel_stride(x) is None:
+        return False
+    if geometry is None or x.dim() == 2:
+        return True
+    return (geometry.kernel == (1, 1) and geometry.strides == (1, 1) and geometry.pads == (0, 0)
+            and tuple(geometry.out_hw) == tuple(x.shape[2:]))
+
+
+def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, tile: ResidentTile, *,
+                  dequant_scale: torch.Tensor, residual: torch.Tensor | None = None, activation: str | None = None,
+                  alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
+                  input_inv_scale: float | None = None, residual_scale: float | None = None,
+                  output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
+    channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major; the epilogue's
+    arguments are conv_igemm's. Output channels-last (or into `out`)."""
+    code = torch.float8_e4m3fn if fp8 else torch.int8
+    k_total = w_packed.shape[1]
+    if not resident_applies(x, k_total) or x.shape[1] != k_total:
+        raise ValueError(f"resident_gemm: input {tuple(x.shape)} strides {x.stride()} is not {k_total} contiguous "
+                         f"channels of evenly spaced pixels, K ≤ {MAX_RESIDENT_K}")
+    cout = w_packed.shape[0]
+    shape = (x.shape[0], cout, *x.shape[2:])
+    out_dtype = code if output_inv_scale is not None else torch.float32
+    y = channels_last_output(shape, out_dtype, x.device, out, "resident_gemm")
+    oh, ow = (x.shape[2], x.shape[3]) if x.dim() == 4 else (1, 1)
+    rows = x.shape[0] * oh * ow
+    res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
+    rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
+    grid = (triton.cdiv(triton.cdiv(rows, tile.block_m), tile.tiles), triton.cdiv(cout, tile.block_n))
+    _resident_gemm_kernel[grid](
+        x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
+        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs,
+        float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        INT8=not fp8, FP8=fp8, QUANTIZE_INPUT=x.dtype != code, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, RES_QUANT=residual is not None and residual.dtype == code,
+        RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
+        OUT_QUANT=output_inv_scale is not None, TILES=tile.tiles,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
+        num_warps=tile.warps, num_stages=tile.stages,
+        enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    return y

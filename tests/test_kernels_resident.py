@@ -1,0 +1,134 @@
+"""The resident-weight kernel of INT8/FP8 1×1 convolutions and GEMMs of small K
+(`sartor/kernels/resident_gemm.py`): equal to the emulation, into channel slices, where the tactic
+is offered and where it must not be. Through Triton's interpreter on CPU and natively on a GPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+pytest.importorskip("triton")
+
+from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.resident_gemm import (RESIDENT_TILES, ResidentTile, resident_applies, resident_gemm,  # noqa: E402
+                                          resident_tactics)
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
+from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
+                                  quantize)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
+SMALL = ResidentTile(16, 16, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
+
+
+def _conv_layer(generator, channels: int, cout: int, residual: bool, int8_output: bool):
+    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 30.0,
+             "activation": "Relu", "qmin": -127}
+    if int8_output:
+        attrs["output_inv_scale"] = 5.0
+    x = torch.randn(2, channels, 7, 5, generator=generator)
+    wq = quantize(torch.randn(cout, channels, 1, 1, generator=generator), 60.0)
+    bias = torch.randint(-2000, 2000, (cout,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3
+    res = None
+    if residual:
+        attrs["residual_scale"] = 0.03
+        res = torch.randint(-127, 128, (2, cout, 7, 5), dtype=torch.int8, generator=generator)
+    return x, wq, bias, res, scale, attrs
+
+
+@pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output):
+    x, wq, bias, res, scale, attrs = _conv_layer(torch.Generator().manual_seed(channels + cout), channels, cout,
+                                                 residual, int8_output)
+    expected = qconv([x, wq, bias, res, scale], attrs)
+    xd = x.contiguous(memory_format=torch.channels_last).to(DEVICE)
+    resd = res.contiguous(memory_format=torch.channels_last).to(DEVICE) if res is not None else None
+    out = _qlayer_resident(xd, qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE), bias.to(DEVICE), resd,
+                           scale.to(DEVICE), attrs, SMALL, gemm=False)
+    assert out is not None, "the kernel did not run"
+    assert out.dtype == expected.dtype and out.is_contiguous(memory_format=torch.channels_last)
+    through_the_op = qconv([xd, qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE), bias.to(DEVICE), resd,
+                            scale.to(DEVICE)], dict(attrs, tactic=SMALL.name))
+    assert torch.equal(through_the_op.cpu(), expected)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_resident_gemm_and_codes_in_equal_the_emulation():
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(37, 96, generator=generator)
+    wq = quantize(torch.randn(20, 96, generator=generator), 50.0)
+    bias = torch.randint(-2000, 2000, (20,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(20, generator=generator) * 1e-3
+    attrs = {"input_inv_scale": 25.0, "output_inv_scale": 6.0, "qmin": -128}
+    expected = qgemm([x, wq, bias, None, scale], attrs)
+    out = _qlayer_resident(x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
+                           SMALL, gemm=True)
+    assert out is not None and torch.equal(out.cpu(), expected)
+    codes = quantize(x, 25.0, -128)
+    out = resident_gemm(codes.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), SMALL,
+                        dequant_scale=scale.to(DEVICE), input_inv_scale=25.0, output_inv_scale=6.0, qmin=-128)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_resident_conv_reads_a_channel_slice_and_writes_into_one():
+    """A Split half in, a Concat's slice out: the other channels stay untouched."""
+    generator = torch.Generator().manual_seed(12)
+    x, wq, bias, _, scale, attrs = _conv_layer(generator, 32, 24, residual=False, int8_output=True)
+    source = torch.randn(2, 48, 7, 5, generator=generator).contiguous(memory_format=torch.channels_last)
+    x = source[:, 8:40]
+    expected = qconv([x.contiguous(), wq, bias, None, scale], attrs)
+    buffer = torch.full((2, 60, 7, 5), 7, dtype=torch.int8).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    out = buffer.narrow(1, 10, 24)
+    written = qconv_into([x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE)],
+                         dict(attrs, tactic=SMALL.name), out)
+    assert written is not None and written.data_ptr() == out.data_ptr()
+    assert torch.equal(buffer[:, 10:34].cpu(), expected)
+    assert (buffer[:, :10] == 7).all() and (buffer[:, 34:] == 7).all()
+
+
+@pytest.mark.skipif(not FP8_KERNELS, reason="FP8 tl.dot needs compute capability 8.9+")
+def test_fp8_resident_conv_matches_the_emulation_within_one_step():
+    generator = torch.Generator().manual_seed(13)
+    attrs = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "qformat": QFORMAT, "input_inv_scale": 30.0,
+             "output_inv_scale": 8.0, "activation": "Relu"}
+    x = torch.randn(2, 64, 6, 5, generator=generator)
+    wq = quantize_fp8(torch.randn(24, 64, 1, 1, generator=generator), 100.0)
+    bias, scale = torch.randn(24, generator=generator), torch.rand(24, generator=generator) * 1e-3
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    xd = x.contiguous(memory_format=torch.channels_last).to(DEVICE)
+    out = _qlayer_resident(xd, pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs, SMALL,
+                           gemm=False)
+    assert out is not None and out.dtype == torch.float8_e4m3fn and int(code_distance(out.cpu(), expected).max()) <= 1
+
+
+def test_resident_applies_to_one_block_1x1_layers_only():
+    nhwc = torch.zeros(2, 64, 8, 8).contiguous(memory_format=torch.channels_last)
+    one_by_one = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (8, 8))
+    assert resident_applies(nhwc, 64, one_by_one)
+    assert resident_applies(torch.zeros(5, 128), 128)  # a GEMM
+    assert not resident_applies(nhwc, 256, one_by_one)  # K over one block
+    assert not resident_applies(torch.zeros(2, 64, 8, 8), 64, one_by_one)  # NCHW: channels not contiguous
+    assert not resident_applies(nhwc, 64, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8)))
+    assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))
+    with pytest.raises(ValueError, match="not 64 contiguous channels"):
+        resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
+                      None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
+    assert len(resident_tactics(1)) < len(resident_tactics(3)) <= len(RESIDENT_TILES)
+    for tile in RESIDENT_TILES:
+        assert ResidentTile.parse(tile.name) == tile
+    for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4"):
+        assert ResidentTile.parse(bad) is None, bad
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the tactics list the kernels on CUDA tensors only")
+def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
+    registry = default_registry()["QConv"]
+    x = torch.zeros(1, 64, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    one = registry.tactics([x, torch.zeros(32, 64, 1, 1, dtype=torch.int8, device="cuda")], {}, 1)
+    assert any(name.startswith("resident_") for name in one)
+    three = registry.tactics([x, torch.zeros(32, 64, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
+    assert three and not any(name.startswith("resident_") for name in three)
