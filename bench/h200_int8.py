@@ -39,21 +39,23 @@ MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1)
 
 
-def _scene(seed_and_lighting: tuple) -> np.ndarray:
+def _scene(job: tuple) -> np.ndarray:
     from PIL import Image
     from scenes import render_scene
-    image, _ = render_scene(*seed_and_lighting)
-    image = image.convert("RGB").resize((224, 224), Image.BILINEAR)
+    seed, lighting, size = job
+    image, _ = render_scene(seed, lighting)
+    image = image.convert("RGB").resize((size, size), Image.BILINEAR)
     return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
 
-def scene_images(count: int, seed: int) -> np.ndarray:
-    """Street scenes, half at night, as normalised [count, 3, 224, 224] float32."""
+def scene_images(count: int, seed: int, size: int = 224, imagenet: bool = True) -> np.ndarray:
+    """Street scenes, half at night, as [count, 3, size, size] float32: normalised as ImageNet
+    classifiers expect, or (`imagenet` off) in 0..1 as the detectors read them."""
     from concurrent.futures import ProcessPoolExecutor
-    jobs = [(seed + i, "night" if i % 2 else "day") for i in range(count)]
+    jobs = [(seed + i, "night" if i % 2 else "day", size) for i in range(count)]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        images = list(pool.map(_scene, jobs))
-    return ((np.stack(images) - MEAN) / STD).astype(np.float32)
+        images = np.stack(list(pool.map(_scene, jobs)))
+    return ((images - MEAN) / STD).astype(np.float32) if imagenet else images
 
 
 def stats(samples_ms: list[float], batch: int) -> dict:

@@ -1,10 +1,10 @@
-"""Issue 5's table in one device call per group of models: sartor FP16 (and INT8 where asked)
-against PyTorch eager FP16 channels-last + CUDA graph and torch.compile reduce-overhead, per batch,
+"""Issue 5's table in one device call per group of models: sartor FP16 (and INT8/FP8 where asked,
+calibrated on 64 street scenes at the model's input size) against PyTorch eager FP16 channels-last + CUDA graph and torch.compile reduce-overhead, per batch,
 in the same process; with build time (cold and with a warm timing cache), load time, first
 inference and device memory.
 
     PYTHONPATH=. python bench/h200_table.py --out $OUT --models resnet50,mobilenet_v3_large \\
-        [--batches 1,8,64,256] [--int8] [--onnx-dir .carry] [--no-compile]
+        [--batches 1,8,64,256] [--int8] [--fp8] [--onnx-dir .carry] [--no-compile]
 
 Models: resnet50, mobilenet_v3_large, efficientnet_b0 (torchvision, 224, random weights with settled
 BatchNorm), detector (the sample detector, 320; its PyTorch peer is samples/detector/model.py),
@@ -92,7 +92,8 @@ def timed(fn, batch: int, iterations: int) -> dict:
 
 
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
-               calib: Path | None, effort: int | None = None, warm_build: bool = True) -> dict:
+               calib: Path | None, effort: int | None = None, warm_build: bool = True,
+               imagenet: bool = True) -> dict:
     """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
     state, device memory."""
     shapes = {input_name: shape}
@@ -123,7 +124,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
             # Quantized engines are judged on inputs like their calibration (issue 4): a held-out
             # street scene, not uniform noise outside the calibrated ranges.
             from h200_int8 import scene_images
-            x = torch.from_numpy(scene_images(1, 90_000)).cuda()
+            x = torch.from_numpy(scene_images(1, 90_000, shape[-1], imagenet)).cuda()
         row.update(agreement_with_onnxruntime(onnx, input_name, x, ctx.run({input_name: x})))
     row.update(build_cold_s=builds[0], build_warm_s=builds[1] if warm_build else None, load_s=round(load_s, 3),
                first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1),
@@ -179,11 +180,15 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     torch.backends.cudnn.benchmark = True
     results = {"versions": versions(), "rows": [], "errors": {}, "effort": args.effort}
-    calib = None
-    if args.int8 or args.fp8:
-        from h200_int8 import scene_images
-        calib = work / "calib.npy"
-        np.save(calib, scene_images(64, 50_000))
+    calibs: dict[tuple, Path] = {}
+
+    def calibration(size: int, imagenet: bool) -> Path:
+        """64 street scenes at the model's input size, as the model reads its input."""
+        if (size, imagenet) not in calibs:
+            from h200_int8 import scene_images
+            calibs[size, imagenet] = work / f"calib_{size}_{'imagenet' if imagenet else 'unit'}.npy"
+            np.save(calibs[size, imagenet], scene_images(64, 50_000, size, imagenet))
+        return calibs[size, imagenet]
 
     build = {"effort": args.effort, "warm_build": not args.no_warm_build}
 
@@ -201,12 +206,12 @@ def main() -> None:
             row = {"model": name, "batch": batch, "input": "x".join(map(str, shape))}
             jobs = [("sartor_fp16", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name, shape,
                                                        "fp16", work, args.iterations, None, **build))]
-            if args.int8 and name in CLASSIFIERS:
-                jobs.append(("sartor_int8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
-                                                               shape, "int8", work, args.iterations, calib, **build)))
-            if args.fp8 and name in CLASSIFIERS:
-                jobs.append(("sartor_fp8", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name,
-                                                              shape, "fp8", work, args.iterations, calib, **build)))
+            # Classifiers read ImageNet-normalised pixels, the detectors pixels in 0..1.
+            imagenet = name in CLASSIFIERS
+            for quantized in [p for p, wanted in (("int8", args.int8), ("fp8", args.fp8)) if wanted]:
+                jobs.append((f"sartor_{quantized}", lambda quantized=quantized: sartor_row(
+                    onnx_path(name, work, args.onnx_dir), input_name, shape, quantized, work, args.iterations,
+                    calibration(size, imagenet), imagenet=imagenet, **build)))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
