@@ -147,3 +147,15 @@ def test_row_alignment_is_what_every_row_offset_is_a_multiple_of():
     assert row_alignment(windows, ConvGeometry((7, 1), (2, 2), (0, 1), (1, 1), (2, 3))) == 4  # odd pad
     gemm = torch.zeros(5, 24).reshape(5, 24, 1, 1)
     assert row_alignment(gemm, ConvGeometry.gemm()) == 8  # only the row stride counts for 1×1 pixels
+
+
+def test_kernel_quantization_rounds_and_saturates_as_the_emulation_does():
+    """The kernels' quantization (`_quantize`: one float32 add and subtract of 1.5·2^23) on ties,
+    values next to 2^22 where that trick stops being exact, huge values and infinities."""
+    values = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -126.5, -127.5, -128.5, 0.49999997, -0.49999997,
+              4194303.5, 4194304.5, -4194303.5, -4194304.5, 8388607.0, 12582911.0, -12582913.0, 3.0e9, -3.0e9,
+              3.0e38, -3.0e38, float("inf"), float("-inf"), 0.0, -0.0, 63.5, 64.5]
+    x = torch.tensor(values, dtype=torch.float32).reshape(1, 1, 1, -1)
+    for qmin in (-127, -128):
+        packed = pack_pixels(x.to(DEVICE), (0, 0), (1, len(values)), torch.int8, 1.0, qmin)
+        assert torch.equal(packed[0, 0, :, 0].cpu(), quantize(x, 1.0, qmin).reshape(-1)), qmin

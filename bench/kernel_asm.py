@@ -1,0 +1,153 @@
+"""What sartor's INT8 convolution kernels compile to on Hopper, without a GPU: registers, spills,
+shared memory, and the instruction mix (tensor-core ops, vector widths of global loads and stores,
+asynchronous copies, layout conversions through shared memory), for the tile candidates of one
+layer.
+
+Triton compiles for a target named here (sm_90 by default) with the ptxas its wheel ships, so this
+runs on a CPU machine: kernel structure can be compared between device sessions. Registers and
+shared memory decide how many programs an SM holds, which is what latency-bound layers (ResNet-50's
+1×1 layers of K = 64, BENCHMARKS.md session 13) live on. Times still need the GPU
+(bench/int8_kernel_probe.py).
+
+    PYTHONPATH=. python bench/kernel_asm.py [--layer layer1.conv3] [--arch 90] [--dump DIR]
+
+Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
+layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv3 (1×1,
+256 → 1024, 14×14).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for real, whatever the test set-up says
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sartor.kernels import conv_igemm, resident_gemm  # noqa: E402
+
+LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
+    "layer1.conv3": (256, 64, 256, 56, 1, True),
+    "layer1.conv2": (256, 64, 64, 56, 3, False),
+    "layer3.conv3": (256, 256, 1024, 14, 1, True),
+}
+# What each pattern counts in the PTX.
+PATTERNS = {
+    "wgmma": r"wgmma\.mma_async",
+    "mma.sync": r"\bmma\.sync",
+    "cp.async": r"cp\.async\.(?:cg|ca)",
+    "ld.v4": r"ld\.global(?:\.\w+)*\.v4",
+    "ld.v2": r"ld\.global(?:\.\w+)*\.v2",
+    "ld.scalar": r"ld\.global(?:\.(?!v[24])\w+)+\s",
+    "st.v4": r"st\.global(?:\.\w+)*\.v4",
+    "st.v2": r"st\.global(?:\.\w+)*\.v2",
+    "st.scalar": r"st\.global(?:\.(?!v[24])\w+)+\s",
+}
+
+
+def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, target: GPUTarget):
+    """Compile `fn` as Triton's launcher would for these argument values: strings are pointer
+    types (assumed 16-byte aligned), ints equal to 1 become constants and multiples of 16 carry
+    the divisibility hint, floats are fp32."""
+    backend = CUDABackend(target)
+    signature, attrs, constants = {}, {}, dict(constexprs)
+    for index, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        value = args[name]
+        if isinstance(value, str):
+            signature[name] = value
+            attrs[(index,)] = backend.parse_attr("D")
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        elif value == 1:
+            signature[name] = "constexpr"
+            constants[name] = 1
+        else:
+            signature[name] = "i32" if abs(value) < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(index,)] = backend.parse_attr("D")
+    source = ASTSource(fn, signature, constants, attrs)
+    return triton.compile(source, target=target,
+                          options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False})
+
+
+def ptxas_report(ptx: str, arch: int) -> dict:
+    ptxas = Path(triton.backends.nvidia.__file__).parent / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "k.ptx"
+        source.write_text(ptx)
+        out = subprocess.run([str(ptxas), "--gpu-name", f"sm_{arch}a", "-v", str(source), "-o", str(Path(tmp) / "k.o")],
+                             capture_output=True, text=True, check=True).stderr
+    return {"registers": int(re.search(r"Used (\d+) registers", out).group(1)),
+            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1))}
+
+
+def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
+    """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer."""
+    batch, cin, cout, hw, k, residual = LAYERS[layer]
+    rows = batch * hw * hw
+    common = dict(res_ptr="*i8", y_ptr="*i8", bias_ptr="*i32", scale_ptr="*fp32", x_ptr="*i8", w_ptr="*i8",
+                  srn=hw * hw * cout, src=1, srh=hw * cout, srw=cout, in_inv_scale=1.0, res_scale=0.01,
+                  out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+    epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=residual, RES_QUANT=residual,
+                    RES_AFTER=False, ACT=1, OUT_QUANT=True)
+    igemm_args = dict(common, ws_ptr="*i8", M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
+                      sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
+    cases = []
+    tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
+    for tile in tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k):
+        constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0,
+                          SPLIT_K=1, ROW_ALIGN=16, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                          GROUP_M=8)
+        cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
+    if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
+        resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)
+        for tile in resident_gemm.RESIDENT_TILES:
+            constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                              BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)))
+            cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
+                          tile.stages))
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layer", default="layer1.conv3", choices=sorted(LAYERS))
+    parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: Hopper)")
+    parser.add_argument("--dump", type=Path, default=None, help="write each candidate's TTGIR and PTX here")
+    args = parser.parse_args()
+    target = GPUTarget("cuda", args.arch, 32)
+    print(f"{args.layer} on sm_{args.arch}: per program")
+    print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "
+          + " ".join(f"{name:>9}" for name in PATTERNS))
+    for label, fn, values, constexprs, warps, stages in layer_cases(args.layer):
+        try:
+            kernel = compile_for(fn, values, constexprs, warps, stages, target)
+            report = ptxas_report(kernel.asm["ptx"], args.arch)
+        except Exception as exc:  # noqa: BLE001 - one candidate that fails to compile is a finding, not the end
+            print(f"{label:32s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            continue
+        ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
+        counts = " ".join(f"{len(re.findall(pattern, ptx)):>9}" for pattern in PATTERNS.values())
+        print(f"{label:32s} {report['registers']:>4} {report['spill_bytes']:>5} {kernel.metadata.shared:>6} "
+              f"{ttgir.count('ttg.convert_layout'):>11} {counts}", flush=True)
+        if args.dump is not None:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / f"{label}.ttgir").write_text(ttgir)
+            (args.dump / f"{label}.ptx").write_text(ptx)
+
+
+if __name__ == "__main__":
+    main()
