@@ -137,8 +137,11 @@ def main() -> None:
 
     # One pipeline stage where K is one block (the 1×1 layers over 64 channels): more programs per SM.
     case = cases["layer1.conv3 1x1 64->256 @56"]
+    # And the epilogue in two halves of the columns (fewer registers live: bench/kernel_asm.py).
     for tile in (TileConfig(64, 64, 64, 4, 1), TileConfig(64, 64, 64, 4, 2), TileConfig(128, 128, 64, 8, 1),
-                 TileConfig(128, 64, 64, 4, 1), TileConfig(64, 128, 64, 4, 1), TileConfig(64, 256, 64, 8, 1)):
+                 TileConfig(128, 64, 64, 4, 1), TileConfig(64, 128, 64, 4, 1), TileConfig(64, 256, 64, 8, 1),
+                 TileConfig(64, 64, 64, 4, 4, epilogue_halves=True), TileConfig(64, 64, 64, 4, 1, epilogue_halves=True),
+                 TileConfig(128, 128, 64, 8, 3, epilogue_halves=True), TileConfig(64, 128, 64, 4, 1, epilogue_halves=True)):
         timed(f"layer1.conv3 {tile.name} full epilogue",
               lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile,
                                  dequant_scale=case["scale"], residual=case["residual"], activation="Relu",

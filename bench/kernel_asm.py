@@ -107,10 +107,11 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                       sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
-    for tile in tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k):
+    tiles = tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
+    for tile in tiles + conv_igemm.halved_epilogue_tiles(tiles):
         constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0,
-                          SPLIT_K=1, ROW_ALIGN=16, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                          GROUP_M=8)
+                          SPLIT_K=1, ROW_ALIGN=16, EPILOGUE_HALVES=tile.epilogue_halves, BLOCK_M=tile.block_m,
+                          BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
         cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)

@@ -344,3 +344,34 @@ def test_emulation_hands_on_the_layout_it_was_given(channels_last):
     assert out.dtype == torch.int8
     assert out.is_contiguous(memory_format=torch.channels_last) == channels_last and out.is_contiguous() != channels_last
     assert torch.equal(out, qconv([x.contiguous(), wq, None, None, scale], attrs))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
+    """The halved epilogue (columns in two halves, fewer registers live) computes what the whole-tile
+    epilogue does, for INT8 with and without a residual and requantization, columns not a multiple
+    of the tile included; its variants are named, parsed and offered for unsplit tiles only."""
+    from sartor.kernels.conv_igemm import halved_epilogue_tiles
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randint(-127, 128, (2, 64, 5, 6), dtype=torch.int8, generator=generator)
+    w = torch.randint(-127, 128, (40, 64, 3, 3), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-3000, 3000, (40,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(40, generator=generator) * 1e-3
+    res = torch.randint(-127, 128, (2, 40, 5, 6), dtype=torch.int8, generator=generator) if residual else None
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "input_inv_scale": 1.0,
+             "activation": "Relu", "qmin": -127, "residual_scale": 0.02}
+    if int8_output:
+        attrs["output_inv_scale"] = 4.0
+    expected = qconv([x, w, bias, res, scale], attrs)
+    tile = TileConfig(16, 32, 64, 1, 1)
+    halved = halved_epilogue_tiles([tile, TileConfig(16, 32, 64, 1, 1, split_k=2)])
+    assert halved == [TileConfig(16, 32, 64, 1, 1, epilogue_halves=True)]
+    assert TileConfig.parse(halved[0].name) == halved[0] and halved[0].name.endswith("_e2")
+    assert TileConfig.parse("igemm_16x32x64_w1_s1_k2_e2") is None  # split-K has its own epilogue kernel
+    to_dev = lambda t: None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last)  # noqa: E731
+    out = conv_igemm(to_dev(x), pack_weight(w.to(DEVICE)), bias.to(DEVICE),
+                     igemm_geometry(x.to(DEVICE), w.to(DEVICE), attrs, require_cuda=False), halved[0],
+                     dequant_scale=scale.to(DEVICE), residual=to_dev(res), activation="Relu", residual_scale=0.02,
+                     output_inv_scale=attrs.get("output_inv_scale"), input_inv_scale=1.0)
+    assert torch.equal(out.cpu(), expected)

@@ -19,7 +19,7 @@ from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, ql
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
-SMALL = ResidentTile(16, 16, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
+SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
 
 
 def _conv_layer(generator, channels: int, cout: int, residual: bool, int8_output: bool):
@@ -120,7 +120,8 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert len(resident_tactics(1)) < len(resident_tactics(3)) <= len(RESIDENT_TILES)
     for tile in RESIDENT_TILES:
         assert ResidentTile.parse(tile.name) == tile
-    for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4"):
+    for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
+                "resident_64x33_t4_w4_s3"):
         assert ResidentTile.parse(bad) is None, bad
 
 

@@ -146,6 +146,7 @@ if triton is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
+            EPILOGUE_HALVES: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -215,7 +216,19 @@ if triton is not None:
                 b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
-        if SPLIT_K == 1:
+        if SPLIT_K == 1 and EPILOGUE_HALVES:
+            # The epilogue in two halves of the tile's columns: half of the float32 values and of the
+            # residual live at once (bench/kernel_asm.py: 96 → 61 registers for layer1's conv3).
+            lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            first = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+            second = first + BLOCK_N // 2
+            _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        elif SPLIT_K == 1:
             _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                             y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
@@ -248,32 +261,40 @@ if triton is not None:
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One kernel configuration: the tile, the warps, the software-pipeline depth and how many
-    programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)."""
+    """One kernel configuration: the tile, the warps, the software-pipeline depth, how many
+    programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
+    and whether the epilogue runs in two halves of the tile's columns (fewer registers live)."""
     block_m: int
     block_n: int
     block_k: int
     warps: int
     stages: int
     split_k: int = 1
+    epilogue_halves: bool = False
 
     @property
     def name(self) -> str:
         base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-        return base + (f"_k{self.split_k}" if self.split_k > 1 else "")
+        return base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
 
     @classmethod
     def parse(cls, tactic: str) -> "TileConfig | None":
         if not tactic.startswith("igemm_"):
             return None
         try:
-            tile, warps, stages, *split = tactic[len("igemm_"):].split("_")
+            tile, warps, stages, *suffixes = tactic[len("igemm_"):].split("_")
             bm, bn, bk = (int(v) for v in tile.split("x"))
-            if len(split) > 1 or (split and not split[0].startswith("k")) \
-                    or not warps.startswith("w") or not stages.startswith("s"):
+            if not warps.startswith("w") or not stages.startswith("s"):
                 return None
-            split_k = int(split[0][1:]) if split else 1
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k) if split_k >= 1 else None
+            halves = suffixes[-1:] == ["e2"]
+            if halves:
+                suffixes = suffixes[:-1]
+            if len(suffixes) > 1 or (suffixes and not suffixes[0].startswith("k")):
+                return None
+            split_k = int(suffixes[0][1:]) if suffixes else 1
+            if split_k < 1 or (halves and (split_k > 1 or bn % 2)):
+                return None
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves)
         except ValueError:
             return None
 
@@ -327,6 +348,14 @@ def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]
     holds. Only candidates: the builder times them against the tiles."""
     return [replace(tile, stages=1) for tile in tiles
             if tile.stages > 1 and tile.split_k == 1 and k_total <= tile.block_k]
+
+
+def halved_epilogue_tiles(tiles: list[TileConfig]) -> list[TileConfig]:
+    """Variants of `tiles` whose epilogue runs in two halves of the columns: for layers whose
+    epilogue holds much at once (a residual, wide tiles), half as many float32 values live at a
+    time, so more programs fit on an SM (bench/kernel_asm.py). Only candidates, timed."""
+    return [replace(tile, epilogue_halves=True) for tile in tiles
+            if tile.split_k == 1 and not tile.epilogue_halves and tile.block_n >= 32]
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -438,7 +467,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         float(input_inv_scale or 1.0), *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
         QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
-        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), **epilogue,
+        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
     if split_k > 1:

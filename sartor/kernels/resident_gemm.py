@@ -52,8 +52,16 @@ if triton is not None:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-            _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
-                            y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+            # The epilogue in two halves of the columns, as conv_igemm's EPILOGUE_HALVES: fewer
+            # registers live (bench/kernel_asm.py: 110 → 72 for the 64×64 tile on layer1's conv3).
+            lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            first = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+            _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+            second = first + BLOCK_N // 2
+            _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
 
@@ -84,16 +92,18 @@ class ResidentTile:
             bm, bn = (int(v) for v in tile.split("x"))
             if not (tiles.startswith("t") and warps.startswith("w") and stages.startswith("s")):
                 return None
+            if bn % 2:  # the epilogue runs in two halves of the columns
+                return None
             return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]))
         except ValueError:
             return None
 
 
 # Best guesses first; the builder times as many as its effort allows (as for the igemm tiles). Ordered
-# by what bench/kernel_asm.py reports for ResNet's layer1 conv3 on sm_90 (fewest registers, so most
-# programs per SM, first): 110, 136, 142, 171, 174 and 176 registers, no spills.
-RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(64, 128, 4, 4, 3), ResidentTile(64, 256, 4, 8, 3),
-                  ResidentTile(64, 128, 8, 4, 2), ResidentTile(128, 64, 8, 4, 3), ResidentTile(128, 128, 4, 8, 3))
+# by what bench/kernel_asm.py reports for ResNet's layer1 conv3 on sm_90 (fewest registers per
+# thread, so most programs per SM, first): 72, 117, 122, 130, 140 and 140 registers, no spills.
+RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 256, 4, 8, 3),
+                  ResidentTile(64, 128, 8, 4, 2), ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3))
 
 
 def resident_tactics(effort: int) -> list[str]:

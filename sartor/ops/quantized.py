@@ -51,7 +51,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.conv_igemm import ConvGeometry, TileConfig, candidate_tiles, conv_igemm, pack_weight
+from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
+                                  pack_weight)
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
@@ -182,7 +183,8 @@ def _qlayer_tactics(gemm: bool):
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
-            names += [tile.name for tile in tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)]
+            kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
+            names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels)]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort)
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
