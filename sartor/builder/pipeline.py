@@ -13,6 +13,7 @@ import torch
 from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
+from ..kernels.conv_igemm import TileConfig
 from ..ops.fp8 import is_fp8
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
@@ -94,7 +95,9 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("igemm_"):
         kind = "int8 tensor cores, int32 accumulate" if node.op_type in ("QConv", "QGemm") else "fp32 accumulate"
         kind = "fp8 e4m3 tensor cores, fp32 accumulate" if fp8 else kind
-        return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + fused epilogue"
+        tile = TileConfig.parse(chosen)
+        epilogue = "fused epilogue in two column halves" if tile and tile.epilogue_halves else "fused epilogue"
+        return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + {epilogue}"
     if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
     if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
