@@ -136,6 +136,25 @@ if triton is not None:
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
+    def _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                               y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                               INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                               RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                               OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_epilogue_store over two halves of the tile's columns in turn: half of the float32 values
+        and of the residual live at once (bench/kernel_asm.py: 96 → 61 registers for ResNet-50's
+        layer1 conv3 in the 64×64 tile), with no layout conversion added."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        second = first + BLOCK_N // 2
+        _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
     def _conv_igemm_kernel(
             x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
             M, COUT, C, H, W, OH, OW, y_row,
@@ -217,17 +236,10 @@ if triton is not None:
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
         if SPLIT_K == 1 and EPILOGUE_HALVES:
-            # The epilogue in two halves of the tile's columns: half of the float32 values and of the
-            # residual live at once (bench/kernel_asm.py: 96 → 61 registers for layer1's conv3).
-            lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            first = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
-            _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
-                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
-                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
-            second = first + BLOCK_N // 2
-            _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
-                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
-                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+            _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                   res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
+                                   beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                   BLOCK_M, BLOCK_N)
         elif SPLIT_K == 1:
             _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                             y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,

@@ -23,7 +23,7 @@ from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, trit
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _accumulate, _epilogue_store, pixel_coords
+    from .conv_igemm import _accumulate, _epilogue_store_halves, pixel_coords
 
     @triton.jit
     def _resident_gemm_kernel(
@@ -52,17 +52,12 @@ if triton is not None:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-            # The epilogue in two halves of the columns, as conv_igemm's EPILOGUE_HALVES: fewer
-            # registers live (bench/kernel_asm.py: 110 → 72 for the 64×64 tile on layer1's conv3).
-            lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-            first = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N // 2)
-            _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
-                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
-                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
-            second = first + BLOCK_N // 2
-            _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
-                            y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
-                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+            # In two halves of the columns (bench/kernel_asm.py: 110 → 72 registers for the 64×64
+            # tile on layer1's conv3).
+            _epilogue_store_halves(acc, offs_m, tl.program_id(1) * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr,
+                                   scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale,
+                                   qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
+                                   OUT_QUANT, BLOCK_M, BLOCK_N)
 
 
 RESIDENT_PREFIX = "resident_"
