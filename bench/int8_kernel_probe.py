@@ -26,6 +26,7 @@ from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, con
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import MAX_RESIDENT_K, RESIDENT_TILES, resident_gemm  # noqa: E402
+from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
 
 
@@ -129,6 +130,10 @@ def main() -> None:
             wt = w2.t()  # [K, N] view of the K-major weight: what _int_mm reads
             timed(f"{label} torch._int_mm", lambda: torch._int_mm(a, wt), case["macs"],
                   x.numel() + 4 * out_elems, layer=label, tile="cublas", epilogue="none, int32 out")
+            timed(f"{label} cublas_int_mm tactic (+ Triton epilogue)",
+                  lambda: library_qlayer(x, w, INT_MM, case["bias"], case["residual"], case["scale"],
+                                         dict(activation="Relu", residual_scale=0.01, output_inv_scale=20.0)),
+                  case["macs"], full_bytes + 8 * out_elems, layer=label, tile=INT_MM, epilogue="bias+res+relu+requant")
         fp16_x = x.to(torch.float16)
         fp16_w = w.to(torch.float16)
         timed(f"{label} cudnn fp16 conv", lambda: torch.nn.functional.conv2d(

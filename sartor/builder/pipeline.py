@@ -84,6 +84,10 @@ def _tactic(node, device: torch.device) -> str:
     if chosen == "triton_yolo_decode":
         return "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)"
     fp8 = is_fp8(node.attrs)
+    if chosen == "cublas_int_mm":
+        return "cuBLAS int8 GEMM (torch._int_mm, int32 accumulate) + triton epilogue"
+    if chosen == "cublas_scaled_mm":
+        return "cuBLAS fp8 e4m3 GEMM (torch._scaled_mm, fp32 accumulate) + triton epilogue"
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")

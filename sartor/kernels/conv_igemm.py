@@ -489,3 +489,36 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
             SPLIT_K=split_k, **epilogue, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
             enable_fp_fusion=fusion)
     return y
+
+
+def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor | None, *,
+                         dequant_scale: torch.Tensor, residual: torch.Tensor | None = None,
+                         activation: str | None = None, alpha: float | None = None, beta: float | None = None,
+                         residual_after_activation: bool = False, residual_scale: float | None = None,
+                         output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """An INT8 (FP8) layer's epilogue over accumulators a library GEMM computed: `acc` [M, Cout]
+    row-major, int32 (FP8: float32), for the M = N·OH·OW output pixels of `out_shape` [N, Cout,
+    OH, OW] (or [M, Cout]). The arithmetic is conv_igemm's epilogue (the split-K epilogue kernel
+    with one share); the output is channels-last (or `out`)."""
+    code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
+    if acc.dim() != 2 or not acc.is_contiguous() or acc.dtype != (torch.float32 if fp8 else torch.int32):
+        raise ValueError(f"accumulator_epilogue: acc {tuple(acc.shape)} {acc.dtype} is not row-major "
+                         f"{'float32' if fp8 else 'int32'} [pixels, channels]")
+    m, cout = acc.shape
+    oh, ow = (out_shape[2], out_shape[3]) if len(out_shape) == 4 else (1, 1)
+    y = channels_last_output(out_shape, code_dtype if output_inv_scale is not None else torch.float32, acc.device,
+                             out, "accumulator_epilogue")
+    res4 = _as_nchw_view(residual) if residual is not None else None
+    block = 64
+    _splitk_epilogue_kernel[(triton.cdiv(m, block), triton.cdiv(cout, block))](
+        acc, bias if bias is not None else acc, dequant_scale, res4 if res4 is not None else y, y, m, cout, oh, ow,
+        pixel_stride(y), *(res4.stride() if res4 is not None else (0, 0, 0, 0)),
+        float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        SPLIT_K=1, INT8=not fp8, FP8=fp8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        RES_QUANT=residual is not None and residual.dtype == code_dtype, RES_AFTER=bool(residual_after_activation),
+        ACT=ACTIVATION_CODES[activation], OUT_QUANT=output_inv_scale is not None, BLOCK_M=block, BLOCK_N=block,
+        num_warps=4, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    return y
+

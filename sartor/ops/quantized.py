@@ -60,6 +60,7 @@ from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
+from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
 from .quantized_window import window_applies, window_conv, window_tactics, window_tile, window_weight
 from .registry import OpTable
 
@@ -187,6 +188,8 @@ def _qlayer_tactics(gemm: bool):
             names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels)]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort)
+            if library_applies(inputs[0], inputs[1], geometry):
+                names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
@@ -208,7 +211,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
         multiple = math.lcm(IM2COL_K_MULTIPLE, tile.block_k)
         return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
-    packed = tactic is not None and (TileConfig.parse(tactic) is not None or ResidentTile.parse(tactic) is not None)
+    packed = tactic is not None and (TileConfig.parse(tactic) is not None or ResidentTile.parse(tactic) is not None
+                                     or tactic in LIBRARY_TACTICS)
     return pack_weight(wq) if packed else wq
 
 
@@ -252,6 +256,20 @@ def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileCo
                        _int8_epilogue(attrs))
 
 
+def _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic: str, gemm: bool,
+                    out: torch.Tensor | None = None):
+    """A cuBLAS GEMM through torch and the Triton epilogue (`ops/quantized_library.py`), or None
+    where it does not apply."""
+    if gemm:
+        geometry = ConvGeometry.gemm() if triton is not None and x.dim() == 2 else None
+    else:
+        geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
+    if geometry is None or not library_applies(x, wq, geometry):
+        return None
+    codes = x if x.dtype == code_dtype(attrs) else as_quantized(x, attrs)
+    return library_qlayer(codes, wq, tactic, bias, residual, dequant_scale, _int8_epilogue(attrs), out=out)
+
+
 def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: ResidentTile, gemm: bool,
                      out: torch.Tensor | None = None):
     """The resident-weight kernel (`kernels/resident_gemm.py`), or None where it does not apply."""
@@ -291,10 +309,14 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     GEMM writes rows of its own): the layer then runs as usual and the Concat copies its result."""
     tactic = attrs.get("tactic") or ""
     tile, resident = TileConfig.parse(tactic), ResidentTile.parse(tactic)
-    if (tile is None and resident is None) or out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
+    if tile is None and resident is None and tactic not in LIBRARY_TACTICS:
+        return None
+    if out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
         return None
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    if tactic in LIBRARY_TACTICS:
+        return _qlayer_library(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tactic, gemm=False, out=out)
     if resident is not None:
         return _qlayer_resident(inputs[0], inputs[1], bias, residual, inputs[4], attrs, resident, gemm=False, out=out)
     return _qlayer_igemm(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tile, gemm=False, out=out)
@@ -316,6 +338,10 @@ def qconv(inputs, attrs):
     im2col_tile = _im2col_tile(attrs.get("tactic"))
     if im2col_tile is not None and residual is None:
         y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)
+        if y is not None:
+            return y
+    if attrs.get("tactic") in LIBRARY_TACTICS:
+        y = _qlayer_library(x, wq, bias, residual, inputs[4], attrs, attrs["tactic"], gemm=False)
         if y is not None:
             return y
     resident = ResidentTile.parse(attrs.get("tactic"))
@@ -345,6 +371,10 @@ def qgemm(inputs, attrs):
     layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    if attrs.get("tactic") in LIBRARY_TACTICS:
+        y = _qlayer_library(x, wq, bias, None, inputs[4], attrs, attrs["tactic"], gemm=True)
+        if y is not None:
+            return y
     resident = ResidentTile.parse(attrs.get("tactic"))
     if resident is not None:
         y = _qlayer_resident(x, wq, bias, None, inputs[4], attrs, resident, gemm=True)
