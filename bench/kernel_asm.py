@@ -108,7 +108,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
     tiles = tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
-    for tile in tiles + conv_igemm.halved_epilogue_tiles(tiles):
+    for tile in tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True):  # every variant, to compare
         constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0,
                           SPLIT_K=1, ROW_ALIGN=16, EPILOGUE_HALVES=tile.epilogue_halves, BLOCK_M=tile.block_m,
                           BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)

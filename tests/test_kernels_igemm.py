@@ -3,6 +3,8 @@ exact emulation of `sartor/ops/quantized.py` (bit for bit), through Triton's int
 natively on a GPU."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -200,8 +202,9 @@ def test_one_stage_variants_are_offered_where_k_is_one_block_only():
     scale = torch.rand(32, generator=generator) * 1e-3
     geometry = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (5, 6))
     x_dev = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+    tiles = (TileConfig(64, 64, 64, 4, 4), TileConfig(64, 64, 64, 4, 1))
     runs = [conv_igemm(x_dev, pack_weight(w.to(DEVICE)), None, geometry, tile, dequant_scale=scale.to(DEVICE),
-                       output_inv_scale=4.0).cpu() for tile in (TileConfig(64, 64, 64, 4, 4), TileConfig(64, 64, 64, 4, 1))]
+                       output_inv_scale=4.0).cpu() for tile in tiles]
     assert torch.equal(runs[0], runs[1])
 
 
@@ -365,8 +368,12 @@ def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
         attrs["output_inv_scale"] = 4.0
     expected = qconv([x, w, bias, res, scale], attrs)
     tile = TileConfig(16, 32, 64, 1, 1)
-    halved = halved_epilogue_tiles([tile, TileConfig(16, 32, 64, 1, 1, split_k=2)])
+    halved = halved_epilogue_tiles([tile, TileConfig(16, 32, 64, 1, 1, split_k=2)], residual=True)
     assert halved == [TileConfig(16, 32, 64, 1, 1, epilogue_halves=True)]
+    # Without a residual only wide tiles get the variant: narrow ones keep their registers anyway.
+    assert halved_epilogue_tiles([tile], residual=False) == []
+    wide = TileConfig(128, 128, 64, 8, 3)
+    assert halved_epilogue_tiles([wide], residual=False) == [replace(wide, epilogue_halves=True)]
     assert TileConfig.parse(halved[0].name) == halved[0] and halved[0].name.endswith("_e2")
     assert TileConfig.parse("igemm_16x32x64_w1_s1_k2_e2") is None  # split-K has its own epilogue kernel
     to_dev = lambda t: None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last)  # noqa: E731

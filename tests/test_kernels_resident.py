@@ -117,7 +117,7 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
-    assert len(resident_tactics(1)) < len(resident_tactics(3)) <= len(RESIDENT_TILES)
+    assert 1 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == len(RESIDENT_TILES)
     for tile in RESIDENT_TILES:
         assert ResidentTile.parse(tile.name) == tile
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",

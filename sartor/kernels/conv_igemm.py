@@ -362,12 +362,18 @@ def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]
             if tile.stages > 1 and tile.split_k == 1 and k_total <= tile.block_k]
 
 
-def halved_epilogue_tiles(tiles: list[TileConfig]) -> list[TileConfig]:
-    """Variants of `tiles` whose epilogue runs in two halves of the columns: for layers whose
-    epilogue holds much at once (a residual, wide tiles), half as many float32 values live at a
-    time, so more programs fit on an SM (bench/kernel_asm.py). Only candidates, timed."""
+HALVES_MIN_BLOCK_N = 128  # without a residual, narrower tiles keep their registers (kernel_asm: 64 → 62)
+
+
+def halved_epilogue_tiles(tiles: list[TileConfig], residual: bool) -> list[TileConfig]:
+    """Variants of `tiles` whose epilogue runs in two halves of the columns, where the epilogue
+    holds much at once: with a residual (ResNet's layer1 conv3: 96 → 61 registers in the 64×64
+    tile), or in tiles HALVES_MIN_BLOCK_N wide or more (128×128: 128 → 116 without one). Fewer
+    registers live, so more programs fit on an SM (bench/kernel_asm.py). Only candidates, timed;
+    elsewhere they would only add build time."""
     return [replace(tile, epilogue_halves=True) for tile in tiles
-            if tile.split_k == 1 and not tile.epilogue_halves and tile.block_n >= 32]
+            if tile.split_k == 1 and not tile.epilogue_halves and tile.block_n >= 32
+            and (residual or tile.block_n >= HALVES_MIN_BLOCK_N)]
 
 
 def multiprocessors(device: torch.device) -> int:

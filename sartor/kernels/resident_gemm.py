@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .conv_igemm import TILES_PER_EFFORT, ConvGeometry
+from .conv_igemm import ConvGeometry
 from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
 
 if triton is not None:
@@ -101,9 +101,14 @@ RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3),
                   ResidentTile(64, 128, 8, 4, 2), ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3))
 
 
+# Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
+# the same layers already time.
+RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
+
+
 def resident_tactics(effort: int) -> list[str]:
     """The candidates the builder times at this effort."""
-    return [tile.name for tile in RESIDENT_TILES[:TILES_PER_EFFORT.get(effort, len(RESIDENT_TILES))]]
+    return [tile.name for tile in RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]]
 
 
 def resident_applies(x: torch.Tensor, k_total: int, geometry: ConvGeometry | None = None) -> bool:

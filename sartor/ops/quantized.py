@@ -185,7 +185,8 @@ def _qlayer_tactics(gemm: bool):
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
             kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
-            names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels)]
+            residual = len(inputs) > 3 and inputs[3] is not None
+            names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels, residual)]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort)
             if library_applies(inputs[0], inputs[1], geometry):
