@@ -22,6 +22,7 @@ from ..runtime.concat_plan import ConcatBuffers, ShapeMemo
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint
+from .precompile import compile_in_parallel
 from .timing_cache import TimingCache, layer_signature
 
 REFERENCE_TACTIC = "torch"
@@ -228,6 +229,8 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             winner, timings, rejected, source = entry["winner"], entry["timings_ms"], entry["rejected"], "timing cache"
         else:
             selection.timed += 1
+            compile_in_parallel(lambda tactic: _run(step, args, tactic),
+                                [tactic for tactic in candidates if tactic != REFERENCE_TACTIC], device)
             timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into)
             winner, source = min(timings, key=timings.get), "timed"
             if cache is not None:
