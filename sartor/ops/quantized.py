@@ -29,8 +29,9 @@ by a host scalar is itself a multiplication by a reciprocal, so the reciprocal i
 That emulation is the reference ("torch" tactic). On CUDA the builder also times Triton kernels
 with int8 tensor-core products, int32 accumulation and this same epilogue, fused, producing the
 same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and where they apply
-im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`) and
-resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`).
+im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`),
+resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), and
+cuBLAS's GEMMs through torch with the epilogue as a Triton kernel (`ops/quantized_library.py`).
 
 FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
 ops with three differences:
@@ -257,14 +258,19 @@ def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileCo
                        _int8_epilogue(attrs))
 
 
+def _any_device_geometry(x, wq, attrs, gemm: bool) -> ConvGeometry | None:
+    """The layer's geometry for the kernel tactics on any tensors (CPU ones run under Triton's
+    interpreter, in tests; the builder lists these tactics on CUDA only)."""
+    if gemm:
+        return ConvGeometry.gemm() if triton is not None and x.dim() == 2 else None
+    return igemm_geometry(x, wq, attrs, require_cuda=False)
+
+
 def _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic: str, gemm: bool,
                     out: torch.Tensor | None = None):
     """A cuBLAS GEMM through torch and the Triton epilogue (`ops/quantized_library.py`), or None
     where it does not apply."""
-    if gemm:
-        geometry = ConvGeometry.gemm() if triton is not None and x.dim() == 2 else None
-    else:
-        geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
+    geometry = _any_device_geometry(x, wq, attrs, gemm)
     if geometry is None or not library_applies(x, wq, geometry):
         return None
     codes = x if x.dtype == code_dtype(attrs) else as_quantized(x, attrs)
@@ -274,10 +280,7 @@ def _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic: str, ge
 def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: ResidentTile, gemm: bool,
                      out: torch.Tensor | None = None):
     """The resident-weight kernel (`kernels/resident_gemm.py`), or None where it does not apply."""
-    if gemm:
-        geometry = ConvGeometry.gemm() if triton is not None and x.dim() == 2 else None
-    else:
-        geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
+    geometry = _any_device_geometry(x, wq, attrs, gemm)
     if geometry is None or not resident_applies(x, wq.shape[1], geometry):
         return None
     return resident_gemm(x, wq, bias, tile, dequant_scale=dequant_scale, residual=residual, out=out,
@@ -306,8 +309,9 @@ def qlayer_output_dtype(attrs: dict) -> torch.dtype:
 def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     """QConv written straight into `out` (a channel slice of a Concat's buffer: INT8 or FP8 codes
     when the Concat passes them through, see `sartor/quant/quantize.py`) by the implicit-GEMM
-    tiles, whose epilogue stores any pixel stride. None for the emulation and for im2col (whose
-    GEMM writes rows of its own): the layer then runs as usual and the Concat copies its result."""
+    tiles, the resident kernel and the library GEMMs' epilogue, which store any pixel stride. None
+    for the emulation, im2col and the windows (whose kernels write rows of their own): the layer
+    then runs as usual and the Concat copies its result."""
     tactic = attrs.get("tactic") or ""
     tile, resident = TileConfig.parse(tactic), ResidentTile.parse(tactic)
     if tile is None and resident is None and tactic not in LIBRARY_TACTICS:
