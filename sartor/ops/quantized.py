@@ -296,6 +296,22 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
                       **_int8_epilogue(attrs))
 
 
+def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
+    """The layer by its tactic when that is a library GEMM, the resident kernel or an implicit-GEMM
+    tile; None for any other tactic, or where this one does not apply to these inputs (the caller
+    then runs the emulation)."""
+    tactic = attrs.get("tactic") or ""
+    if tactic in LIBRARY_TACTICS:
+        return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)
+    resident = ResidentTile.parse(tactic)
+    if resident is not None:
+        return _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, resident, gemm, out)
+    tile = TileConfig.parse(tactic)
+    if tile is not None:
+        return _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile, gemm, out)
+    return None
+
+
 def code_dtype(attrs: dict) -> torch.dtype:
     """The dtype of an INT8 (FP8) layer's codes."""
     return FP8_DTYPE if is_fp8(attrs) else torch.int8
@@ -312,19 +328,11 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     tiles, the resident kernel and the library GEMMs' epilogue, which store any pixel stride. None
     for the emulation, im2col and the windows (whose kernels write rows of their own): the layer
     then runs as usual and the Concat copies its result."""
-    tactic = attrs.get("tactic") or ""
-    tile, resident = TileConfig.parse(tactic), ResidentTile.parse(tactic)
-    if tile is None and resident is None and tactic not in LIBRARY_TACTICS:
-        return None
     if out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
         return None
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
-    if tactic in LIBRARY_TACTICS:
-        return _qlayer_library(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tactic, gemm=False, out=out)
-    if resident is not None:
-        return _qlayer_resident(inputs[0], inputs[1], bias, residual, inputs[4], attrs, resident, gemm=False, out=out)
-    return _qlayer_igemm(inputs[0], inputs[1], bias, residual, inputs[4], attrs, tile, gemm=False, out=out)
+    return _kernel_tactic(inputs[0], inputs[1], bias, residual, inputs[4], attrs, gemm=False, out=out)
 
 
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,
@@ -345,20 +353,9 @@ def qconv(inputs, attrs):
         y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)
         if y is not None:
             return y
-    if attrs.get("tactic") in LIBRARY_TACTICS:
-        y = _qlayer_library(x, wq, bias, residual, inputs[4], attrs, attrs["tactic"], gemm=False)
-        if y is not None:
-            return y
-    resident = ResidentTile.parse(attrs.get("tactic"))
-    if resident is not None:
-        y = _qlayer_resident(x, wq, bias, residual, inputs[4], attrs, resident, gemm=False)
-        if y is not None:
-            return y
-    tile = TileConfig.parse(attrs.get("tactic") or "")
-    if tile is not None:
-        y = _qlayer_igemm(x, wq, bias, residual, inputs[4], attrs, tile, gemm=False)
-        if y is not None:
-            return y
+    y = _kernel_tactic(x, wq, bias, residual, inputs[4], attrs, gemm=False)
+    if y is not None:
+        return y
     acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
     y = _epilogue(_dequantize(acc, bias, inputs[4], 1, is_fp8(attrs)), residual, attrs)
     # The emulation wins the timing of tiny layers on a GPU too: there it hands on the layout it
@@ -376,19 +373,8 @@ def qgemm(inputs, attrs):
     layout were folded in at build time."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    if attrs.get("tactic") in LIBRARY_TACTICS:
-        y = _qlayer_library(x, wq, bias, None, inputs[4], attrs, attrs["tactic"], gemm=True)
-        if y is not None:
-            return y
-    resident = ResidentTile.parse(attrs.get("tactic"))
-    if resident is not None:
-        y = _qlayer_resident(x, wq, bias, None, inputs[4], attrs, resident, gemm=True)
-        if y is not None:
-            return y
-    tile = TileConfig.parse(attrs.get("tactic") or "")
-    if tile is not None:
-        y = _qlayer_igemm(x, wq, bias, None, inputs[4], attrs, tile, gemm=True)
-        if y is not None:
-            return y
+    y = _kernel_tactic(x, wq, bias, None, inputs[4], attrs, gemm=True)
+    if y is not None:
+        return y
     acc = int8_matmul_accumulate(as_quantized(x, attrs), wq)
     return _epilogue(_dequantize(acc, bias, inputs[4], -1, is_fp8(attrs)), None, attrs)
