@@ -1,0 +1,41 @@
+"""What the INT8 kernels compile to for Hopper, checked on any machine (Triton compiles for sm_90
+with the ptxas its wheel ships; bench/kernel_asm.py): the quantization's rounding by adding and
+subtracting 1.5·2^23 must survive compilation as two IEEE additions; a compiler that folded them
+(fast-math reassociation) would truncate instead of rounding to nearest even.
+
+The compile runs in a child process: this test session may run Triton's interpreter, under which
+the kernels are not compilable objects."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv2")[1]
+ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+added = re.findall(r"add\.rn\.f32\s+(%r\d+), %r\d+, 0f4B400000;", ptx)  # + 1.5*2^23
+subtracted = re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0fCB400000;", ptx)  # - 1.5*2^23
+print(len(added), sorted(added) == sorted(subtracted), "wgmma.mma_async" in ptx)
+"""
+
+
+def test_int8_rounding_survives_compilation_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, paired, hopper = done.stdout.split()
+    assert int(count) > 0 and paired == "True"  # every rounding's add has its subtract
+    assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
