@@ -61,6 +61,7 @@ from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
+from .integer_gemm import conv_by_int_mm, matmul_by_int_mm
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
 from .quantized_window import window_applies, window_conv, window_tactics, window_tile, window_weight
 from .registry import OpTable
@@ -106,14 +107,21 @@ def _exact_integer_math(device: torch.device):
 
 
 def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
-    """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution, as a float64 tensor."""
+    """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution: int32 where an integer
+    GEMM computes it (INT8 codes on the CPU, `integer_gemm.py`), else float64."""
+    acc = conv_by_int_mm(xq, wq, attrs)
+    if acc is not None:
+        return acc
     with _exact_integer_math(xq.device):
         return conv_nd(xq.to(torch.float64), wq.to(torch.float64), None, attrs)
 
 
 def int8_matmul_accumulate(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
-    """x [..., K] · w[M, K]ᵀ accumulated exactly (int8, or e4m3 with K ≤ 171196), as a float64
-    tensor [..., M]."""
+    """x [..., K] · w[M, K]ᵀ accumulated exactly (int8, or e4m3 with K ≤ 171196): int32 where an
+    integer GEMM computes it, else float64; [..., M]."""
+    acc = matmul_by_int_mm(xq, wq)
+    if acc is not None:
+        return acc
     return torch.matmul(xq.to(torch.float64), wq.to(torch.float64).t())
 
 
@@ -125,7 +133,7 @@ def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: tor
         y = acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
         return y if bias is None else y + bias.to(torch.float32).reshape(shape)
     if bias is not None:
-        acc = acc + bias.to(torch.float64).reshape(shape)  # int32 + int32, exact in float64
+        acc = acc + bias.to(torch.float64).reshape(shape)  # int32 + int32, exact in float64 (int32 acc too)
     return acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
 
 
