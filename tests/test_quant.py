@@ -165,8 +165,9 @@ def _conv_int64_reference(x, w, stride, pads, dilation, groups):
                                                         (1, 1, 1, [0, 0, 0, 0])])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_integer_accumulation_is_exact(groups, stride, dilation, pads, channels_last):
-    """int32 from the CPU's integer GEMM for dense convolutions (im2col, or rows for 1×1), float64
-    for grouped ones; exact either way, in the input's memory format."""
+    """int32 from the CPU's integer GEMM for dense convolutions (im2col, or rows for 1×1), float32
+    for depthwise ones (every partial sum an integer below 2^24), float64 for other grouped ones;
+    exact in every case, in the input's memory format."""
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-127, 128, (2, 8, 9, 11), generator=g, dtype=torch.int8)
     kernel = 1 if pads == [0, 0, 0, 0] else 3
@@ -175,7 +176,7 @@ def test_integer_accumulation_is_exact(groups, stride, dilation, pads, channels_
         x = x.contiguous(memory_format=torch.channels_last)
     attrs = {"strides": [stride, stride], "dilations": [dilation, dilation], "pads": pads, "group": groups}
     got = int8_conv_accumulate(x, w, attrs)
-    assert got.dtype == (torch.int32 if groups == 1 else torch.float64)
+    assert got.dtype == {1: torch.int32, 8: torch.float32}.get(groups, torch.float64)
     assert got.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     assert torch.equal(got.to(torch.int64), _conv_int64_reference(x, w, stride, pads, dilation, groups))
 

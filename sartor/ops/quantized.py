@@ -61,7 +61,7 @@ from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
-from .integer_gemm import conv_by_int_mm, matmul_by_int_mm
+from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
 from .quantized_window import window_applies, window_conv, window_tactics, window_tile, window_weight
 from .registry import OpTable
@@ -107,9 +107,11 @@ def _exact_integer_math(device: torch.device):
 
 
 def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
-    """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution: int32 where an integer
-    GEMM computes it (INT8 codes on the CPU, `integer_gemm.py`), else float64."""
+    """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution: for INT8 codes on the
+    CPU, int32 from an integer GEMM or float32 for depthwise layers (`int8_cpu.py`), else float64."""
     acc = conv_by_int_mm(xq, wq, attrs)
+    if acc is None:
+        acc = depthwise_in_float32(xq, wq, attrs)
     if acc is not None:
         return acc
     with _exact_integer_math(xq.device):
