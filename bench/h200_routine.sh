@@ -6,7 +6,7 @@
 #   OUT=... bash bench/h200_routine.sh STAGE [STAGE ...]
 #
 # Stages (seconds each, roughly, on a fresh machine):
-#   checks     the GPU test files (bench/h200_checks.sh, 150 s a file, 6 at a time)        ~240
+#   checks     the GPU test files (bench/h200_checks.sh, 120 s a file, 8 at a time)        ~300
 #   probe      INT8 kernel variants on ResNet-50's layers (bench/int8_kernel_probe.py)        ~120
 #   resnet     ResNet-50 FP16/INT8/FP8 at batch 256 and 1 against eager and torch.compile    ~240
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
@@ -50,7 +50,7 @@ stage() {  # name, limit, command...
 
 for name in "$@"; do
   case $name in
-    checks) stage checks 600 env OUT=/tmp/routine/checks PARALLEL=6 bash bench/h200_checks.sh 150 ;;
+    checks) stage checks 560 env OUT=/tmp/routine/checks PARALLEL=8 bash bench/h200_checks.sh 120 ;;
     probe) stage probe 300 python bench/int8_kernel_probe.py --out /tmp/routine/probe ;;
     resnet) stage resnet 540 python bench/h200_table.py --out /tmp/routine/resnet --models resnet50 \
               --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build ;;
