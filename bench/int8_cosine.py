@@ -63,6 +63,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sartor
+from cli_types import on_off_list  # the benches' own folder is on sys.path
 
 # Photographs bundled with scikit-image (read from its package directory, never fetched).
 PHOTOS = ("astronaut", "camera", "chelsea", "coffee", "coins", "grass", "gravel", "brick", "hubble_deep_field",
@@ -310,7 +311,7 @@ def main() -> None:
     parser.add_argument("--override-methods", default="mse", help="the methods --overrides runs for")
     parser.add_argument("--cosine-recover", default="", help="methods also rebuilt with --min-cosine")
     parser.add_argument("--min-cosine", type=float, default=0.99, help="the planner's target for --cosine-recover")
-    parser.add_argument("--bias-correction", default="", help="off,on: each default engine built with each setting "
+    parser.add_argument("--bias-correction", type=on_off_list, default=[None], help="off,on: each default engine built with each setting "
                                                               "(default: the builder's default only)")
     args = parser.parse_args()
     out = Path(args.out)
@@ -333,7 +334,7 @@ def main() -> None:
         common = {"device": "cpu", "profiles": [profile], "preprocess": spec, "builder_effort": 0}
         sartor.build(onnx_path, out / f"{model}_fp32.plan", **common)
         ref = run(out / f"{model}_fp32.plan", name, test, args.batch)
-        settings = [{"off": False, "on": True}[v] for v in args.bias_correction.split(",") if v] or [None]
+        settings = args.bias_correction
         for method in args.methods.split(","):
             for setting in settings:
                 row = default_engine(args, out, model, size, onnx_path, calib, method, common, ref, name, test, setting)

