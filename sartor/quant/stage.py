@@ -206,7 +206,7 @@ def correct_biases_for_build(graph: Graph, float_graph: Graph, float_weights: di
         calibration = open_build_calibration(float_graph, config, profiles)
         with matmul_precision(False):  # the float reference in FP32, not TF32
             measured = measure_corrections(graph, float_graph, float_weights, calibration, device)
-        if cache is not None and calibration.sha256 != cache.calib_sha256:
+        if cache is not None and calibration.sha256 != cache.calib_sha256:  # known after the pass, not before
             # The cache names the data its thresholds came from; corrections from other data
             # would sit under that name.
             raise ConfigError(f"bias correction: --calib {config.calib} (sha256 {calibration.sha256[:12]}…) is not the "
