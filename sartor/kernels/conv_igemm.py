@@ -428,6 +428,34 @@ def _as_nchw_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 4 else x.reshape(x.shape[0], x.shape[1], 1, 1)
 
 
+def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                       activation: str | None, alpha: float | None, beta: float | None,
+                       residual_after_activation: bool, residual_scale: float | None,
+                       output_inv_scale: float | None, qmin: float) -> tuple[tuple, dict]:
+    """The fused epilogue's arguments as this family's kernels take them (`_epilogue_store`): the
+    runtime scalars (residual scale, output inverse scale, qmin, alpha, beta) and the constexpr
+    flags."""
+    code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
+    scalars = (float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+               float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0)
+    flags = dict(INT8=quantized and not fp8, FP8=quantized and fp8, HAS_BIAS=bias is not None,
+                 HAS_RES=residual is not None, RES_QUANT=residual is not None and residual.dtype == code_dtype,
+                 RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
+                 OUT_QUANT=quantized and output_inv_scale is not None)
+    return scalars, flags
+
+
+def _accumulators_to_output(workspace: torch.Tensor, shares: int, bias_arg: torch.Tensor, scale_arg: torch.Tensor,
+                            res_arg: torch.Tensor, residual_strides: tuple, y: torch.Tensor, m: int, cout: int,
+                            out_hw: tuple[int, int], scalars: tuple, flags: dict, block_m: int, block_n: int,
+                            fusion: bool) -> None:
+    """`_splitk_epilogue_kernel`: the `shares` [M, Cout] partial sums in `workspace` added, then the
+    epilogue, stored into `y`."""
+    _splitk_epilogue_kernel[(triton.cdiv(m, block_m), triton.cdiv(cout, block_n))](
+        workspace, bias_arg, scale_arg, res_arg, y, m, cout, *out_hw, pixel_stride(y), *residual_strides, *scalars,
+        SPLIT_K=shares, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=fusion)
+
+
 def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
                tile: TileConfig, *, dequant_scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
@@ -468,12 +496,10 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     bias_arg = bias if bias is not None else w_packed
     scale_arg = dequant_scale if quantized else w_packed
     res_arg = res4 if res4 is not None else y
-    scalars = (float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
-               float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0)
-    epilogue = dict(INT8=int8, FP8=fp8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                    RES_QUANT=residual is not None and residual.dtype == code_dtype,
-                    RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
-                    OUT_QUANT=quantized and output_inv_scale is not None)
+    scalars, epilogue = epilogue_arguments(
+        quantized=quantized, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
     # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
     # one rounding) can move a value across a quantization boundary.
     fusion = not quantized
@@ -489,11 +515,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
     if split_k > 1:
-        block_m, block_n = min(tile.block_m, 64), min(tile.block_n, 64)
-        _splitk_epilogue_kernel[(triton.cdiv(m, block_m), triton.cdiv(cout, block_n))](
-            workspace, bias_arg, scale_arg, res_arg, y, m, cout, oh, ow, pixel_stride(y), *rs, *scalars,
-            SPLIT_K=split_k, **epilogue, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4,
-            enable_fp_fusion=fusion)
+        _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
+                                epilogue, min(tile.block_m, 64), min(tile.block_n, 64), fusion)
     return y
 
 
@@ -512,19 +535,17 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
         raise ValueError(f"accumulator_epilogue: acc {tuple(acc.shape)} {acc.dtype} is not row-major "
                          f"{'float32' if fp8 else 'int32'} [pixels, channels]")
     m, cout = acc.shape
-    oh, ow = (out_shape[2], out_shape[3]) if len(out_shape) == 4 else (1, 1)
     y = channels_last_output(out_shape, code_dtype if output_inv_scale is not None else torch.float32, acc.device,
                              out, "accumulator_epilogue")
     res4 = _as_nchw_view(residual) if residual is not None else None
-    block = 64
-    _splitk_epilogue_kernel[(triton.cdiv(m, block), triton.cdiv(cout, block))](
-        acc, bias if bias is not None else acc, dequant_scale, res4 if res4 is not None else y, y, m, cout, oh, ow,
-        pixel_stride(y), *(res4.stride() if res4 is not None else (0, 0, 0, 0)),
-        float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
-        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
-        SPLIT_K=1, INT8=not fp8, FP8=fp8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        RES_QUANT=residual is not None and residual.dtype == code_dtype, RES_AFTER=bool(residual_after_activation),
-        ACT=ACTIVATION_CODES[activation], OUT_QUANT=output_inv_scale is not None, BLOCK_M=block, BLOCK_N=block,
-        num_warps=4, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    scalars, flags = epilogue_arguments(
+        quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
+    # One share; INT8 and FP8 round as the emulation does (see conv_igemm), so no FMA contraction.
+    _accumulators_to_output(acc, 1, bias if bias is not None else acc, dequant_scale,
+                            res4 if res4 is not None else y, res4.stride() if res4 is not None else (0, 0, 0, 0), y,
+                            m, cout, (out_shape[2], out_shape[3]) if len(out_shape) == 4 else (1, 1), scalars, flags,
+                            64, 64, fusion=False)
     return y
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .conv_igemm import ConvGeometry
-from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from .conv_igemm import ConvGeometry, epilogue_arguments
+from .epilogue import channels_last_output, pixel_stride, triton
 
 if triton is not None:
     import triton.language as tl
@@ -147,15 +147,14 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
     grid = (triton.cdiv(triton.cdiv(rows, tile.block_m), tile.tiles), triton.cdiv(cout, tile.block_n))
+    scalars, flags = epilogue_arguments(
+        quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
     _resident_gemm_kernel[grid](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs,
-        float(input_inv_scale or 1.0), float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
-        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
-        INT8=not fp8, FP8=fp8, QUANTIZE_INPUT=x.dtype != code, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, RES_QUANT=residual is not None and residual.dtype == code,
-        RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
-        OUT_QUANT=output_inv_scale is not None, TILES=tile.tiles,
+        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
+        QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
