@@ -188,7 +188,8 @@ def fp8_tensor_cores(device: torch.device) -> bool:
 def _qlayer_tactics(gemm: bool):
     def tactics(inputs, attrs, effort: int = 2) -> list[str]:
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
-        implicit-GEMM tiles (and, for convolutions of few channels, im2col + GEMM)."""
+        implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
+        library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions)."""
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -211,11 +212,12 @@ def _qlayer_tactics(gemm: bool):
 
 
 def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
-    """Packed for the implicit-GEMM tiles; flattened to [Cout, kh·kw·C] for im2col, K zero-padded
-    to a multiple of 32 and of the tile's BLOCK_K: the GEMM kernel walks a K it can split into whole
-    BLOCK_K blocks with contiguous loads, and any other K with a per-element gather (the stem's
-    K = 147 padded to 160 had every im2col tile of BLOCK_K 64 gathering: 3.7 ms at ResNet-50's
-    batch 256 on the H200); as built for the emulation."""
+    """Windowed for the pixel windows (`quantized_window.window_weight`); packed K-major for the
+    implicit-GEMM tiles, the resident kernel and the library GEMMs; flattened to [Cout, kh·kw·C]
+    for im2col, K zero-padded to a multiple of 32 and of the tile's BLOCK_K: the GEMM kernel walks
+    a K it can split into whole BLOCK_K blocks with contiguous loads, and any other K with a
+    per-element gather (the stem's K = 147 padded to 160 had every im2col tile of BLOCK_K 64
+    gathering: 3.7 ms at ResNet-50's batch 256 on the H200); as built for the emulation."""
     if window_tile(tactic) is not None and wq.dim() == 4:
         return window_weight(wq)
     tile = _im2col_tile(tactic)
@@ -241,12 +243,16 @@ def _int8_epilogue(attrs: dict) -> dict:
                 qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs))
 
 
+def _unpacked_weight_shape(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
+    """A stand-in (no data) for the [Cout, C, kh, kw] weight that a tactic stored in another layout
+    (im2col's flat rows, the windows'), for the geometry and applicability checks that read it."""
+    return torch.empty((wq.shape[0], x.shape[1], *attrs["kernel_shape"]), dtype=torch.int8, device="meta")
+
+
 def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     """The INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)] in one pass (`kernels/im2col.py`), then
     one GEMM with the epilogue."""
-    kernel = attrs["kernel_shape"]
-    full = torch.empty((w_flat.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
-    geometry = igemm_geometry(x, full, attrs, require_cuda=False)
+    geometry = igemm_geometry(x, _unpacked_weight_shape(x, w_flat, attrs), attrs, require_cuda=False)
     if geometry is None:
         return None
     columns = im2col_codes(x, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations, geometry.out_hw,
@@ -259,8 +265,7 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
 
 def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig):
     """Packed pixels, then the GEMM kernel over their windows (`ops/quantized_window.py`)."""
-    kernel = attrs["kernel_shape"]
-    full = torch.empty((w_window.shape[0], x.shape[1], *kernel), dtype=torch.int8, device="meta")
+    full = _unpacked_weight_shape(x, w_window, attrs)
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
     if geometry is None or not window_applies(x, full, attrs):
         return None
@@ -299,7 +304,7 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
 
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
                   out: torch.Tensor | None = None):
-    geometry = _igemm_geometry(x, wq, attrs, gemm)
+    geometry = _any_device_geometry(x, wq, attrs, gemm)
     if geometry is None:
         return None
     return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
