@@ -27,29 +27,14 @@ from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import MAX_RESIDENT_K, RESIDENT_TILES, resident_gemm  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
+from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
 
 
-LAUNCHES_PER_SAMPLE = 10  # back to back: the Python launch of one overlaps the run of the one before
-
-
 def median_ms(fn, reps: int) -> float:
-    """Median per-call time; each sample spans LAUNCHES_PER_SAMPLE calls, so that the host's launch
-    overhead (tens of µs in Python) hides behind the GPU's work as it does in a CUDA graph, except
-    for kernels shorter than their own launch."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(LAUNCHES_PER_SAMPLE):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / LAUNCHES_PER_SAMPLE)
-    return sorted(times)[len(times) // 2]
+    """Median milliseconds of `fn` replayed as a CUDA graph (the builder's own timing,
+    `sartor.tactics.select.time_ms`): the host's launch overhead stays out, as in an engine."""
+    return time_ms(fn, torch.device("cuda"), reps, warmup=3, graph=True)
 
 
 def int8_codes(*shape: int, channels_last: bool = False) -> torch.Tensor:
