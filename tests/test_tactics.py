@@ -408,3 +408,16 @@ def test_layers_outside_concats_are_signed_without_a_slice(tmp_path):
     other = layer_signature("Resize", [x, torch.tensor([1.0, 1.0, 3.0, 3.0])], {"mode": "nearest"}, "fp16", False)
     assert plain != other and "=1.0,1.0,2.0,2.0" in plain  # small host inputs are signed by value
     assert "into=" not in plain
+
+
+def test_float16_outputs_below_the_normal_range_are_compared_by_absolute_steps():
+    """Values under float16's smallest normal number keep absolute steps of 2^-24: a kernel that
+    rounds such a value one step away is not wrong, a tensor that differs by its whole size is."""
+    step = 2.0 ** -24
+    reference = (torch.arange(1, 9, dtype=torch.float32) * step).to(torch.float16)  # all subnormal
+    one_step_off = (reference.float() + step).to(torch.float16)
+    assert select._mismatch(one_step_off, reference) is None
+    assert "max error" in select._mismatch(one_step_off * 0 + 1e-4, reference)  # far outside the floor
+    # in the normal range the relative tolerance (1% of the largest value) still decides
+    normal = torch.full((8,), 1.0, dtype=torch.float16)
+    assert select._mismatch(normal + 0.02, normal) is not None and select._mismatch(normal + 0.005, normal) is None
