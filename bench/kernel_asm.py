@@ -41,6 +41,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer1.conv3": (256, 64, 256, 56, 1, True),
     "layer1.conv2": (256, 64, 64, 56, 3, False),
     "layer3.conv3": (256, 256, 1024, 14, 1, True),
+    "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
 }
 # What each pattern counts in the PTX.
 PATTERNS = {
@@ -108,11 +109,14 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                       sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
-    tiles = tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
+    tiles = (tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
+             + conv_igemm.padded_tap_tiles(tiles, cin, cout, eight_bit=True))
     for tile in tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True):  # every variant, to compare
-        constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0,
-                          SPLIT_K=1, ROW_ALIGN=16, EPILOGUE_HALVES=tile.epilogue_halves, BLOCK_M=tile.block_m,
-                          BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
+        tail = cin if tile.padded_taps and cin % tile.block_k else 0
+        constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0 and not tail,
+                          SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
+                          CHANNEL_TAIL=tail, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                          GROUP_M=8)
         cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)

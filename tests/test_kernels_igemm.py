@@ -87,16 +87,20 @@ def test_int8_conv_equals_emulation(channels, kernel, strides, pads, dilations, 
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
 
 
-def _assert_int8_conv_is_the_emulation(x, kernel, attrs: dict, cout: int, tile: TileConfig, generator):
-    """INT8 weights, int32 bias, per-channel scales and an INT8 residual drawn from `generator`: the
-    kernel's output with `tile` equals the emulation's bit for bit. Returns the output."""
+def _assert_int8_conv_is_the_emulation(x, kernel, attrs: dict, cout: int, tile: TileConfig, generator,
+                                       with_residual: bool = True):
+    """INT8 weights, int32 bias, per-channel scales and (with_residual) an INT8 residual drawn from
+    `generator`: the kernel's output with `tile` equals the emulation's bit for bit. Returns the
+    output."""
     wq = torch.randint(-127, 128, (cout, x.shape[1], *kernel), dtype=torch.int8, generator=generator)
     bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
     scale = torch.rand(cout, generator=generator) * 1e-3
     geometry = _geometry(x, wq, attrs)
-    residual = torch.randint(-127, 128, (x.shape[0], cout, *geometry.out_hw), dtype=torch.int8, generator=generator)
+    residual = (torch.randint(-127, 128, (x.shape[0], cout, *geometry.out_hw), dtype=torch.int8, generator=generator)
+                if with_residual else None)
     expected = qconv([x, wq, bias, residual, scale], attrs)
-    x, wq, bias, residual, scale = (t.to(DEVICE) for t in (x, wq, bias, residual, scale))
+    x, wq, bias, scale = (t.to(DEVICE) for t in (x, wq, bias, scale))
+    residual = residual.to(DEVICE) if with_residual else None
     out = conv_igemm(x, pack_weight(wq), bias, geometry, tile, dequant_scale=scale, residual=residual,
                      activation=attrs["activation"], input_inv_scale=attrs["input_inv_scale"],
                      residual_scale=attrs["residual_scale"], output_inv_scale=attrs.get("output_inv_scale"))
@@ -382,3 +386,65 @@ def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
                      dequant_scale=scale.to(DEVICE), residual=to_dev(res), activation="Relu", residual_scale=0.02,
                      output_inv_scale=attrs.get("output_inv_scale"), input_inv_scale=1.0)
     assert torch.equal(out.cpu(), expected)
+
+
+# Channel counts no multiple of the K block (the sample detector's 24, 40, 48, 80), strided and
+# padded, and a 1×1 (one tap: the channel cut alone).
+PADDED_TAP_GEOMETRIES = [
+    (24, (3, 3), (1, 1), (1, 1, 1, 1)),
+    (40, (3, 3), (2, 2), (1, 1, 1, 1)),
+    (80, (1, 1), (1, 1), (0, 0, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("channels,kernel,strides,pads", PADDED_TAP_GEOMETRIES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_padded_taps_int8_equals_the_emulation(channels, kernel, strides, pads, residual):
+    """The tap by tap walk with each tap's channels cut at C: bit for bit the emulation, with INT8
+    and float inputs, INT8 output and a residual."""
+    generator = torch.Generator().manual_seed(11)
+    attrs = dict(_attrs(kernel, strides, pads, (1, 1)), input_inv_scale=13.0, residual_scale=0.04,
+                 activation="Relu", qmin=-127, output_inv_scale=6.0)
+    tile = TileConfig(16, 32, 32, 1, 1, padded_taps=True)
+    assert channels % tile.block_k  # the walk this test is for, not the blocked one
+    for x in (torch.randint(-127, 128, (2, channels, 9, 8), dtype=torch.int8, generator=generator),
+              torch.randn(2, channels, 9, 8, generator=generator) * 2):
+        x = x.contiguous(memory_format=torch.channels_last)
+        _assert_int8_conv_is_the_emulation(x, kernel, attrs, 24, tile, generator, with_residual=residual)
+
+
+@pytest.mark.parametrize("channels,kernel,strides,pads", PADDED_TAP_GEOMETRIES)
+def test_padded_taps_float_matches_torch(channels, kernel, strides, pads):
+    generator = torch.Generator().manual_seed(12)
+    attrs = _attrs(kernel, strides, pads, (1, 1))
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    x = torch.randn(2, channels, 9, 8, generator=generator)
+    w = torch.randn(24, channels, *kernel, generator=generator) / (channels * kernel[0] * kernel[1]) ** 0.5
+    b = torch.randn(24, generator=generator)
+    expected = torch.relu(_reference_conv(x, w, b, attrs))
+    x, w, b = (t.to(DEVICE, dtype) for t in (x, w, b))
+    x = x.contiguous(memory_format=torch.channels_last)
+    tile = TileConfig(16, 32, 16, 1, 1, padded_taps=True)
+    out = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), tile, activation="Relu")
+    tolerance = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_padded_tap_variants_are_offered_where_channels_miss_the_k_block():
+    """24 channels: variants with a 32-wide K block, N narrowed to the 24 outputs' 32, named and
+    parsed; 64 channels (a multiple of every K block) and 27 channels (rows too ragged to load as
+    vectors) get none."""
+    from sartor.kernels.conv_igemm import padded_tap_tiles
+    tiles = candidate_tiles(int8=True, effort=2)
+    variants = padded_tap_tiles(tiles, 24, 24, eight_bit=True)
+    assert variants and all(v.padded_taps and v.block_k == 32 and v.block_n == 32 for v in variants)
+    assert all(TileConfig.parse(v.name) == v and v.name.endswith("_pt") for v in variants)
+    assert len(set(variants)) == len(variants)
+    assert {v.block_k for v in padded_tap_tiles(tiles, 80, 256, eight_bit=True)} == {32}  # 96 pads less than 128
+    assert {v.block_k for v in padded_tap_tiles(tiles, 48, 256, eight_bit=True)} == {64}
+    assert {v.block_k for v in padded_tap_tiles(candidate_tiles(int8=False, effort=2), 40, 64,
+                                                eight_bit=False)} == {16}
+    assert padded_tap_tiles(tiles, 64, 64, eight_bit=True) == []
+    assert padded_tap_tiles(tiles, 27, 64, eight_bit=True) == []
+    assert TileConfig.parse("igemm_64x64x32_w4_s4_e2_pt").epilogue_halves
+    assert TileConfig.parse("igemm_64x64x32_w4_s4_pt_e2") is None

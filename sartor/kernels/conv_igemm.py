@@ -165,7 +165,7 @@ if triton is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
-            EPILOGUE_HALVES: tl.constexpr,
+            EPILOGUE_HALVES: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -231,8 +231,17 @@ if triton is not None:
                 row = x_row + ih * sxh + iw * sxw
                 if ROW_ALIGN > 1:  # strides Triton does not see as multiples of 16 (see row_alignment)
                     row = tl.multiple_of(row, [ROW_ALIGN])
-                a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None], other=0.0)
-                b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
+                if CHANNEL_TAIL > 0:
+                    # C is not a multiple of BLOCK_K: each tap's last block is cut at C (the
+                    # constant, so the cut's alignment is known and the rows still load as vectors).
+                    c_ok = cc < CHANNEL_TAIL
+                    a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None] & c_ok[None, :],
+                                other=0.0)
+                    b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :] & c_ok[:, None],
+                                other=0.0)
+                else:
+                    a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None], other=0.0)
+                    b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
         if SPLIT_K == 1 and EPILOGUE_HALVES:
@@ -275,7 +284,9 @@ if triton is not None:
 class TileConfig:
     """One kernel configuration: the tile, the warps, the software-pipeline depth, how many
     programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
-    and whether the epilogue runs in two halves of the tile's columns (fewer registers live)."""
+    whether the epilogue runs in two halves of the tile's columns (fewer registers live), and
+    whether K is walked tap by tap with each tap's channels cut at C ("padded taps": for C not a
+    multiple of BLOCK_K, which otherwise gathers K element by element)."""
     block_m: int
     block_n: int
     block_k: int
@@ -283,11 +294,13 @@ class TileConfig:
     stages: int
     split_k: int = 1
     epilogue_halves: bool = False
+    padded_taps: bool = False
 
     @property
     def name(self) -> str:
         base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-        return base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
+        return (base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
+                + ("_pt" if self.padded_taps else ""))
 
     @classmethod
     def parse(cls, tactic: str) -> "TileConfig | None":
@@ -298,6 +311,9 @@ class TileConfig:
             bm, bn, bk = (int(v) for v in tile.split("x"))
             if not warps.startswith("w") or not stages.startswith("s"):
                 return None
+            padded = suffixes[-1:] == ["pt"]
+            if padded:
+                suffixes = suffixes[:-1]
             halves = suffixes[-1:] == ["e2"]
             if halves:
                 suffixes = suffixes[:-1]
@@ -306,7 +322,7 @@ class TileConfig:
             split_k = int(suffixes[0][1:]) if suffixes else 1
             if split_k < 1 or (halves and (split_k > 1 or bn % 2)):
                 return None
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves)
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded)
         except ValueError:
             return None
 
@@ -360,6 +376,31 @@ def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]
     holds. Only candidates: the builder times them against the tiles."""
     return [replace(tile, stages=1) for tile in tiles
             if tile.stages > 1 and tile.split_k == 1 and k_total <= tile.block_k]
+
+
+PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; others stay gathered
+
+
+def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bit: bool) -> list[TileConfig]:
+    """Variants of `tiles` that walk K tap by tap, each tap's channels in blocks cut at `channels`,
+    for a convolution whose channel count is no multiple of the tiles' BLOCK_K (the sample
+    detector's 24, 40, 48, 80: each K element gathered alone, with a division per element, ran its
+    INT8 3×3 layers at 0.22 ms where cuDNN's FP16 took 0.067 on the H200, session 14). The K block is
+    the tensor-core step (32 bytes of 8-bit codes, 16 halves) or twice it, whichever pads less, and
+    the N block no wider than the layer's outputs need. Only candidates: timed against the gather."""
+    if channels % PADDED_TAPS_CHANNEL_MULTIPLE:
+        return []
+    step = 32 if eight_bit else 16
+    block_k = min((2 * step, step), key=lambda k: -(-channels // k) * k)
+    narrow_n = max(32, 1 << (cout - 1).bit_length())
+    variants = []
+    for tile in tiles:
+        if tile.split_k == 1 and not tile.padded_taps and channels % tile.block_k:
+            variant = replace(tile, block_k=block_k, block_n=min(tile.block_n, narrow_n), padded_taps=True,
+                              epilogue_halves=False)
+            if channels % block_k and variant not in variants:
+                variants.append(variant)
+    return variants
 
 
 HALVES_MIN_BLOCK_N = 128  # without a residual, narrower tiles keep their registers (kernel_asm: 64 → 62)
@@ -488,7 +529,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     res4 = _as_nchw_view(residual) if residual is not None else None
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
-    k_gather = c % tile.block_k != 0
+    channel_tail = c if tile.padded_taps and c % tile.block_k else 0
+    k_gather = c % tile.block_k != 0 and not channel_tail
     split_k = max(1, tile.split_k)
     # The shares' partial sums: int32 for INT8 (their sum is exact), float32 otherwise.
     workspace = (torch.empty((split_k, m, cout), dtype=torch.int32 if int8 else torch.float32, device=x.device)
@@ -511,7 +553,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         float(input_inv_scale or 1.0), *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
         QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
-        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves, **epilogue,
+        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
+        CHANNEL_TAIL=channel_tail, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
     if split_k > 1:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
-                                  single_pass_tiles, split_k_tiles)
+                                  padded_tap_tiles, single_pass_tiles, split_k_tiles)
 from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
 from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
@@ -218,11 +218,13 @@ FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last"
 def igemm_variant_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
                         geometry: ConvGeometry) -> list[TileConfig]:
     """The variants of `tiles` worth timing for this convolution (or GEMM, a 2-D `x`) on its GPU:
-    split-K where the tile grid leaves SMs idle, one pipeline stage where K is one block."""
+    split-K where the tile grid leaves SMs idle, one pipeline stage where K is one block, a tap by
+    tap walk where the channel count is no multiple of the K block."""
     rows = x.shape[0] * geometry.out_hw[0] * geometry.out_hw[1]
     k_total = w.shape[1] * geometry.kernel[0] * geometry.kernel[1]
     return (split_k_tiles(tiles, rows, w.shape[0], k_total, multiprocessors(x.device))
-            + single_pass_tiles(tiles, k_total))
+            + single_pass_tiles(tiles, k_total)
+            + padded_tap_tiles(tiles, w.shape[1], w.shape[0], eight_bit=w.element_size() == 1))
 
 
 def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
