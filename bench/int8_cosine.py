@@ -39,7 +39,9 @@ Besides the cosine over all outputs, each row has the per-sample cosine over the
 crops (mean and minimum), the statistic --min-cosine gates on.
 
 Nothing is downloaded: the photos ship inside scikit-image and Ultralytics builds YOLOv8n from
-its yaml. Prints one table and writes results.json under --out.
+its yaml. Prints one table and writes results.json under --out, with what bench/int8_cosine_gpu.py
+needs to build the same engines on a GPU: the exported models, the calibration caches, the
+evaluation crops ({model}_test_crops.npy) and each default engine's outputs (*.output.npy).
 """
 from __future__ import annotations
 
@@ -287,6 +289,7 @@ def default_engine(args, out: Path, model: str, size: int, onnx_path: Path, cali
     build_s = time.perf_counter() - started
     started = time.perf_counter()
     got = run(plan, name, test, args.batch)
+    np.save(plan.with_suffix(".output.npy"), got)  # the CPU engine's outputs, for bench/int8_cosine_gpu.py
     int8 = sum(layer["precision"] == "int8" for layer in result.header["layers"])
     label = "default" if bias_correction is None else ("bias corr" if bias_correction else "no bias corr")
     return dict(model=model, size=size, method=method, plan=label, int8_layers=int8,
@@ -329,6 +332,7 @@ def main() -> None:
         calib = out / f"{model}_calib.npy"
         np.save(calib, normalise(sets["calib"], model))
         test = normalise(sets["test"], model)
+        np.save(out / f"{model}_test_crops.npy", sets["test"])  # for bench/int8_cosine_gpu.py
         profile = {"min": {name: (1, 3, size, size)}, "opt": {name: (args.batch, 3, size, size)},
                    "max": {name: (args.batch, 3, size, size)}}
         common = {"device": "cpu", "profiles": [profile], "preprocess": spec, "builder_effort": 0}
