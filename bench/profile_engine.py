@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import sartor  # noqa: E402
-from h200_table import SPEC, onnx_path, torch_model  # noqa: E402
+from h200_table import CLASSIFIERS, SPEC, onnx_path, torch_model  # noqa: E402
 from sartor.runtime.context import ExecutionContext  # noqa: E402
 
 
@@ -100,7 +100,8 @@ def main() -> None:
     if args.precision in ("int8", "fp8"):
         import numpy as np
         from h200_int8 import scene_images
-        np.save(work / "calib.npy", scene_images(64, 50_000))
+        # at the model's input size, normalised as it reads its input (as h200_table calibrates)
+        np.save(work / "calib.npy", scene_images(64, 50_000, size, imagenet=args.model in CLASSIFIERS))
         calib = {"calib": str(work / "calib.npy"), "calib_size": 64}
     result = sartor.build(str(onnx_path(args.model, work, args.onnx_dir)), str(plan), device="cuda",
                           precision=args.precision, min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
