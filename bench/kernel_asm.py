@@ -35,7 +35,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sartor.kernels import conv_igemm, resident_gemm  # noqa: E402
+from sartor.kernels import conv_igemm, conv_tma, resident_gemm  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer1.conv3": (256, 64, 256, 56, 1, True),
@@ -45,6 +45,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
 }
 # What each pattern counts in the PTX.
 PATTERNS = {
+    "tma": r"cp\.async\.bulk\.tensor",
     "wgmma": r"wgmma\.mma_async",
     "mma.sync": r"\bmma\.sync",
     "cp.async": r"cp\.async\.(?:cg|ca)",
@@ -68,7 +69,10 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
             signature[name] = "constexpr"
             continue
         value = args[name]
-        if isinstance(value, str):
+        if conv_tma.TensorDescriptor is not None and isinstance(value, conv_tma.TensorDescriptor):
+            from triton.runtime.jit import mangle_type
+            signature[name] = mangle_type(value)  # "tensordesc<i8[1, 8, 16, 64]>", as the launcher specializes it
+        elif isinstance(value, str):
             signature[name] = value
             attrs[(index,)] = backend.parse_attr("D")
         elif isinstance(value, float):
@@ -118,6 +122,20 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                           CHANNEL_TAIL=tail, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                           GROUP_M=8)
         cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
+    if conv_tma.TensorDescriptor is not None and cin % 64 == 0:
+        import torch
+        x = torch.empty(batch, hw, hw, cin, dtype=torch.int8, device="meta")
+        w = torch.empty(cout, k * k * cin, dtype=torch.int8, device="meta")
+        for tile in conv_tma.TMA_TILES:
+            tma_args = dict(common, COUT=cout, C=cin, OH=hw, OW=hw, y_row=cout, pad_h=k // 2, pad_w=k // 2,
+                            x_desc=conv_tma.TensorDescriptor(x, [batch, hw, hw, cin], [hw * hw * cin, hw * cin, cin, 1],
+                                                             [1, tile.bh, tile.bw, tile.block_k]),
+                            w_desc=conv_tma.TensorDescriptor(w, [cout, k * k * cin], [k * k * cin, 1],
+                                                             [tile.block_n, tile.block_k]))
+            constexprs = dict(epilogue, KH=k, KW=k, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n,
+                              BLOCK_K=tile.block_k)
+            constexprs.pop("QUANTIZE_INPUT")
+            cases.append((tile.name, conv_tma._conv_tma_kernel, tma_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)
         for tile in resident_gemm.RESIDENT_TILES:

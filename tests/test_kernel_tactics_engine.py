@@ -1,6 +1,6 @@
-"""Engines whose INT8 layers run the kernel tactics of session 13 (the stem's pixel windows, the
-resident-weight 1×1 kernel, cuBLAS's int8 GEMM through torch with the Triton epilogue, the implicit
-GEMM with its epilogue in column halves), built, saved, loaded and run end to end (on the CPU under
+"""Engines whose INT8 layers run the kernel tactics of sessions 13 and 14 (the stem's pixel windows,
+the resident-weight 1×1 kernel, cuBLAS's int8 GEMM through torch with the Triton epilogue, the
+implicit GEMM with its epilogue in column halves, input boxes by TMA bulk copies), built, saved, loaded and run end to end (on the CPU under
 Triton's interpreter, or on a GPU): the outputs equal those of the engine built with the emulation
 alone, bit for bit.
 
@@ -24,6 +24,7 @@ pytest.importorskip("triton")
 
 import sartor  # noqa: E402
 from sartor.kernels.conv_igemm import TileConfig  # noqa: E402
+from sartor.kernels.conv_tma import TmaTile  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
@@ -35,6 +36,7 @@ from sartor.tactics import select  # noqa: E402
 FORCED = {"stem": ((16, 3, 7, 7), "window_" + WINDOW_TILES[0].name),
           "mix": ((16, 16, 1, 1), ResidentTile(16, 32, 3, 1, 1).name),
           "proj": ((32, 16, 1, 1), INT_MM),
+          "refine": ((32, 32, 3, 3), TmaTile(4, 8, 32, 32, 1, 1).name),
           "head": ((24, 32, 3, 3), TileConfig(16, 32, 32, 1, 1, epilogue_halves=True).name)}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernels under Triton's interpreter
 SHAPES = {"min_shapes": {"x": (1, 3, 12, 12)}, "opt_shapes": {"x": (2, 3, 12, 12)}, "max_shapes": {"x": (2, 3, 12, 12)}}
@@ -42,7 +44,7 @@ SHAPES = {"min_shapes": {"x": (1, 3, 12, 12)}, "opt_shapes": {"x": (2, 3, 12, 12
 
 def _model() -> onnx.ModelProto:
     """stem: 7×7 stride 2 over 3 channels, ReLU; mix: 1×1 16 → 16 with the stem as residual, ReLU;
-    proj: 1×1 16 → 32, ReLU; head: 3×3 32 → 24."""
+    proj: 1×1 16 → 32, ReLU; refine: 3×3 32 → 32 with proj as residual, ReLU; head: 3×3 32 → 24."""
     rng = np.random.default_rng(3)
 
     def weight(name, *shape):
@@ -59,7 +61,10 @@ def _model() -> onnx.ModelProto:
              helper.make_node("Relu", ["ma"], ["mr"], name="mix_relu"),
              helper.make_node("Conv", ["mr", "proj.w", "proj.b"], ["p"], name="proj"),
              helper.make_node("Relu", ["p"], ["pr"], name="proj_relu"),
-             helper.make_node("Conv", ["pr", "head.w", "head.b"], ["y"], name="head", pads=[1, 1, 1, 1])]
+             helper.make_node("Conv", ["pr", "refine.w", "refine.b"], ["r"], name="refine", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["r", "pr"], ["ra"], name="refine_add"),
+             helper.make_node("Relu", ["ra"], ["rr"], name="refine_relu"),
+             helper.make_node("Conv", ["rr", "head.w", "head.b"], ["y"], name="head", pads=[1, 1, 1, 1])]
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 12, 12])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 24, 6, 6])], inits)
     onnx.checker.check_model(model)

@@ -88,6 +88,9 @@ def _tactic(node, device: torch.device) -> str:
         return "cuBLAS int8 GEMM (torch._int_mm, int32 accumulate) + triton epilogue"
     if chosen == "cublas_scaled_mm":
         return "cuBLAS fp8 e4m3 GEMM (torch._scaled_mm, fp32 accumulate) + triton epilogue"
+    if chosen and chosen.startswith("tma_"):
+        return (f"{'fp8' if fp8 else 'int8'} triton implicit GEMM, input boxes by TMA bulk copies "
+                f"{chosen[len('tma_'):]} + fused epilogue")
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")

@@ -30,7 +30,8 @@ That emulation is the reference ("torch" tactic). On CUDA the builder also times
 with int8 tensor-core products, int32 accumulation and this same epilogue, fused, producing the
 same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and where they apply
 im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`),
-resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), and
+resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), input
+boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv_tma.py`), and
 cuBLAS's GEMMs through torch with the epilogue as a Triton kernel (`ops/quantized_library.py`).
 
 FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
@@ -56,6 +57,7 @@ from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, con
                                   pack_weight)
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
+from ..kernels.conv_tma import TMA_TILES, TMA_PER_EFFORT, TmaTile, conv_tma, tma_applies
 from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
@@ -189,7 +191,8 @@ def _qlayer_tactics(gemm: bool):
     def tactics(inputs, attrs, effort: int = 2) -> list[str]:
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
-        library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions)."""
+        TMA-fed kernel (stride-1 convolutions of 8-bit codes), the library GEMMs, im2col + GEMM and
+        the pixel windows (few-channel convolutions)."""
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -201,6 +204,9 @@ def _qlayer_tactics(gemm: bool):
             names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels, residual)]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort)
+            if not gemm:
+                names += [tile.name for tile in TMA_TILES[:TMA_PER_EFFORT.get(effort, len(TMA_TILES))]
+                          if tma_applies(inputs[0], tuple(inputs[1].shape), geometry, tile.block_k)]
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
@@ -226,6 +232,7 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         multiple = math.lcm(IM2COL_K_MULTIPLE, tile.block_k)
         return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
     packed = tactic is not None and (TileConfig.parse(tactic) is not None or ResidentTile.parse(tactic) is not None
+                                     or TmaTile.parse(tactic) is not None
                                      or tactic in LIBRARY_TACTICS)
     return pack_weight(wq) if packed else wq
 
@@ -302,6 +309,15 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
                          **_int8_epilogue(attrs))
 
 
+def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out: torch.Tensor | None = None):
+    """The TMA-fed convolution (`kernels/conv_tma.py`), or None where it does not apply."""
+    geometry = _any_device_geometry(x, wq, attrs, gemm=False)
+    if not tma_applies(x, tuple(wq.shape), geometry, tile.block_k) or x.dtype != code_dtype(attrs):
+        return None
+    return conv_tma(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
+                    **_int8_epilogue(attrs))
+
+
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
                   out: torch.Tensor | None = None):
     geometry = _any_device_geometry(x, wq, attrs, gemm)
@@ -312,8 +328,8 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
-    """The layer by its tactic when that is a library GEMM, the resident kernel or an implicit-GEMM
-    tile; None for any other tactic, or where this one does not apply to these inputs (the caller
+    """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile or an
+    implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs (the caller
     then runs the emulation)."""
     tactic = attrs.get("tactic") or ""
     if tactic in LIBRARY_TACTICS:
@@ -321,6 +337,9 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     resident = ResidentTile.parse(tactic)
     if resident is not None:
         return _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, resident, gemm, out)
+    tma = TmaTile.parse(tactic)
+    if tma is not None:
+        return None if gemm else _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tma, out)
     tile = TileConfig.parse(tactic)
     if tile is not None:
         return _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile, gemm, out)

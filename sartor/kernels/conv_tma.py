@@ -1,0 +1,194 @@
+"""INT8 (FP8) stride-1 convolutions whose input tiles are loaded by the tensor memory accelerator:
+each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma_…").
+
+ResNet-50's 3×3 layers ran at 330–550 TOPS with the implicit-GEMM kernel on the H200, where a plain
+Triton INT8 matmul over the same shapes reached 920–953 (BENCHMARKS.md, session 14). The implicit
+GEMM computes every row's address and padding mask at each K step and loads through the threads.
+Here a program's BLOCK_M output pixels are a rectangle of BH × BW pixels of one image, so the
+input it needs for tap (kh, kw) is a box of the NHWC input [1, BH, BW, BLOCK_K] at (n, oh0 + kh -
+pad, ow0 + kw - pad, c0): one TMA copy, whose out-of-bounds part (the padding, negative
+coordinates included) the hardware fills with zeros. The weight, packed K-major [Cout, kh·kw·C]
+(`conv_igemm.pack_weight`), is a second descriptor. Under Triton's interpreter the same
+descriptors are emulated, so the tests run on the CPU.
+
+The arithmetic is conv_igemm's (`_accumulate`, `_epilogue_store`): the output equals the
+emulation's bit for bit, as the implicit-GEMM tiles' does. Rectangles that overhang the image's
+right or bottom edge compute zeros there and store nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .conv_igemm import ConvGeometry, epilogue_arguments
+from .epilogue import channels_last_output, pixel_stride, triton
+
+try:  # host-side descriptors: Triton 3.4 and newer
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton, or none: the tactic is not offered
+    TensorDescriptor = None
+
+if triton is not None and TensorDescriptor is not None:
+    import triton.language as tl
+
+    from .conv_igemm import _epilogue_store
+
+    @triton.jit
+    def _conv_tma_kernel(
+            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+        # Output channels vary fastest: the programs that read one pixel rectangle run together,
+        # so its input boxes are fetched from memory once and from L2 after.
+        pid = tl.program_id(0)
+        num_pid_n = tl.cdiv(COUT, BLOCK_N)
+        pid_n = pid % num_pid_n
+        rect = pid // num_pid_n
+        rects_w = tl.cdiv(OW, BW)
+        rects_h = tl.cdiv(OH, BH)
+        image = rect // (rects_h * rects_w)
+        within = rect - image * (rects_h * rects_w)
+        oh0 = (within // rects_w) * BH
+        ow0 = (within % rects_w) * BW
+
+        if INT8:
+            acc = tl.zeros((BH * BW, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BH * BW, BLOCK_N), dtype=tl.float32)
+        c_blocks = C // BLOCK_K
+        for step in range(KH * KW * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            a = x_desc.load([image, oh0 + kh - pad_h, ow0 + kw - pad_w, c0])
+            a = tl.reshape(a, (BH * BW, BLOCK_K))
+            b = w_desc.load([pid_n * BLOCK_N, tap * C + c0])
+            if INT8:
+                acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+            else:
+                acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+
+        r = tl.arange(0, BH * BW)
+        oh = oh0 + r // BW
+        ow = ow0 + r % BW
+        m_ok = (oh < OH) & (ow < OW)
+        offs_m = (image * OH + oh) * OW + ow
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        _epilogue_store(acc, offs_m, offs_n, m_ok, offs_n < COUT, image, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+
+TMA_PREFIX = "tma_"
+TMA_ALIGNMENT = 16  # bytes: a bulk tensor copy's base address and every stride but the innermost
+
+
+@dataclass(frozen=True)
+class TmaTile:
+    """A program's output pixels as a BH × BW rectangle, its output channels (BLOCK_N), the K step
+    (channels per tap and copy), warps and pipeline stages."""
+    bh: int
+    bw: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, tactic: str | None) -> "TmaTile | None":
+        if not tactic or not tactic.startswith(TMA_PREFIX):
+            return None
+        try:
+            tile, warps, stages = tactic[len(TMA_PREFIX):].split("_")
+            bh, bw, bn, bk = (int(v) for v in tile.split("x"))
+            if not (warps.startswith("w") and stages.startswith("s")):
+                return None
+            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]))
+        except ValueError:
+            return None
+        sizes = (bh, bw, bn, bk)
+        return parsed if all(v > 0 and v & (v - 1) == 0 for v in sizes) else None  # Triton blocks: powers of 2
+
+
+# Best guesses first. Rectangles 8 pixels wide divide ResNet's 56 and 28; the builder times as many
+# as its effort allows.
+TMA_TILES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
+             TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))
+TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
+
+
+def tma_tactics(effort: int) -> list[str]:
+    """The candidates the builder times at this effort."""
+    return [tile.name for tile in TMA_TILES[:TMA_PER_EFFORT.get(effort, len(TMA_TILES))]]
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """The base and every stride but the channels' (1) in 16-byte multiples, as the copy's
+    descriptor requires of each dimension, size-1 ones included."""
+    return t.data_ptr() % TMA_ALIGNMENT == 0 and all(
+        (s * t.element_size()) % TMA_ALIGNMENT == 0 for d, s in enumerate(t.stride()) if d != 1)
+
+
+def tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, block_k: int = 32) -> bool:
+    """2-D convolutions of stride 1, dilation 1, over 8-bit codes in channels-last memory (or a
+    channel slice of it) whose channels are whole K steps and whose base and pixel strides the
+    bulk copy can address (16-byte multiples); the weight's K (kh·kw·C bytes) likewise."""
+    if TensorDescriptor is None or geometry is None or x.dim() != 4 or x.element_size() != 1:
+        return False
+    if pixel_stride(x) is None or x.stride(1) != 1:
+        return False
+    c = x.shape[1]
+    k_total = w_shape[1] * geometry.kernel[0] * geometry.kernel[1]
+    return (geometry.strides == (1, 1) and geometry.dilations == (1, 1) and c % block_k == 0
+            and w_shape[1] == c and k_total % TMA_ALIGNMENT == 0 and min(geometry.out_hw) > 0 and _aligned(x))
+
+
+def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
+             tile: TmaTile, *, dequant_scale: torch.Tensor, residual: torch.Tensor | None = None,
+             activation: str | None = None, alpha: float | None = None, beta: float | None = None,
+             residual_after_activation: bool = False, input_inv_scale: float | None = None,
+             residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+             fp8: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The INT8 (FP8: `fp8`) convolution y = epilogue(conv(x, w)) for x [N, C, H, W] 8-bit codes,
+    channels-last (or a channel slice of it), w_packed [Cout, C, kh, kw] packed K-major by
+    `pack_weight`; the epilogue's arguments are conv_igemm's. Output channels-last (or into `out`)."""
+    code = torch.float8_e4m3fn if fp8 else torch.int8
+    if x.dtype != code or not tma_applies(x, tuple(w_packed.shape), geometry, tile.block_k):
+        raise ValueError(f"conv_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
+                         f"is not {code} codes in channels-last memory a bulk copy of {tile.block_k} channels "
+                         f"can address at stride 1")
+    del input_inv_scale  # the input is codes already (checked above)
+    n, c, h, w = x.shape
+    cout, kh, kw = w_packed.shape[0], geometry.kernel[0], geometry.kernel[1]
+    oh, ow = geometry.out_hw
+    y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else torch.float32, x.device,
+                             out, "conv_tma")
+    sxn, sxc, sxh, sxw = x.stride()
+    # The input as [N, H, W, C] (its channels-last storage), boxes of one tap's rectangle.
+    x_desc = TensorDescriptor(x, [n, h, w, c], [sxn, sxh, sxw, 1], [1, tile.bh, tile.bw, tile.block_k])
+    w_flat = w_packed.permute(0, 2, 3, 1).reshape(cout, kh * kw * c)  # a view of the packed weight
+    w_desc = TensorDescriptor(w_flat, [cout, kh * kw * c], [kh * kw * c, 1], [tile.block_n, tile.block_k])
+    res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
+    rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    scalars, flags = epilogue_arguments(
+        quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
+    rectangles = n * triton.cdiv(oh, tile.bh) * triton.cdiv(ow, tile.bw)
+    _conv_tma_kernel[(rectangles * triton.cdiv(cout, tile.block_n),)](
+        x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
+        cout, c, oh, ow, pixel_stride(y), *rs, geometry.pads[0], geometry.pads[1], *scalars,
+        KH=kh, KW=kw, **flags, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+        num_warps=tile.warps, num_stages=tile.stages,
+        enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    return y

@@ -1,0 +1,137 @@
+"""The TMA-fed convolution kernel (`sartor/kernels/conv_tma.py`): bit for bit the INT8 emulation,
+through Triton's interpreter on CPU (which emulates the bulk copies, zero fill of the padding
+included) and natively on a GPU; where it applies; its tactic names."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from sartor.kernels import conv_tma  # noqa: E402
+from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.conv_tma import TmaTile, conv_tma as run_conv_tma, tma_applies  # noqa: E402
+from sartor.ops.conv import igemm_geometry  # noqa: E402
+from sartor.ops.quantized import qconv  # noqa: E402
+
+pytestmark = pytest.mark.skipif(conv_tma.TensorDescriptor is None, reason="Triton without host tensor descriptors")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = TmaTile(4, 8, 32, 32, 1, 1)
+
+
+def _layer(channels: int, cout: int, kernel: int, hw: tuple[int, int], generator, residual: bool):
+    x = torch.randint(-127, 128, (2, channels, *hw), dtype=torch.int8, generator=generator)
+    w = torch.randint(-127, 128, (cout, channels, kernel, kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3
+    res = torch.randint(-127, 128, (2, cout, *hw), dtype=torch.int8, generator=generator) if residual else None
+    pad = kernel // 2
+    attrs = {"kernel_shape": [kernel, kernel], "strides": [1, 1], "pads": [pad] * 4, "dilations": [1, 1],
+             "input_inv_scale": 1.0, "activation": "Relu", "qmin": -127, "residual_scale": 0.03,
+             "output_inv_scale": 5.0}
+    return x, w, bias, scale, res, attrs
+
+
+def _to_device(t):
+    return None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last) if t.dim() == 4 \
+        else t.to(DEVICE)
+
+
+@pytest.mark.parametrize("kernel,hw", [(3, (9, 10)), (3, (8, 8)), (1, (5, 7))])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output):
+    """Rectangles that overhang the image (9×10 with 4×8 ones), that tile it exactly (8×8) and a
+    1×1; padding read as zeros from outside the image; the residual and INT8 or float output."""
+    generator = torch.Generator().manual_seed(3)
+    x, w, bias, scale, res, attrs = _layer(64, 40, kernel, hw, generator, residual)
+    if not int8_output:
+        attrs.pop("output_inv_scale")
+    expected = qconv([x, w, bias, res, scale], attrs)
+    xd, wd = _to_device(x), w.to(DEVICE)
+    geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
+    assert tma_applies(xd, tuple(wd.shape), geometry, SMALL.block_k)
+    out = run_conv_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                       residual=_to_device(res), activation="Relu", residual_scale=0.03,
+                       output_inv_scale=attrs.get("output_inv_scale"))
+    assert out.dtype == (torch.int8 if int8_output else torch.float32)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
+def test_tma_conv_writes_into_a_channel_slice_and_reads_one():
+    """Input a channel slice of a wider buffer (a Split's output), output into a Concat's slice."""
+    generator = torch.Generator().manual_seed(4)
+    x, w, bias, scale, _, attrs = _layer(32, 24, 3, (6, 8), generator, residual=False)
+    wide = torch.zeros(2, 96, 6, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    wide[:, 32:64] = x
+    expected = qconv([x, w, bias, None, scale], attrs)
+    source = wide.to(DEVICE)[:, 32:64]
+    buffer = torch.zeros(2, 64, 6, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    geometry = igemm_geometry(source, w, attrs, require_cuda=False)
+    run_conv_tma(source, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                 activation="Relu", output_inv_scale=5.0, out=buffer[:, 16:40])
+    assert torch.equal(buffer[:, 16:40].cpu(), expected)
+    assert not buffer[:, :16].any() and not buffer[:, 40:].any()
+
+
+def test_where_the_tma_kernel_applies():
+    """Stride 1 and dilation 1, 8-bit codes, channels in whole K steps, 16-byte pixel strides: a
+    strided conv, float input, 48 channels for a 32 step… 40 channels, an NCHW input and a slice
+    starting off alignment are refused, with a one-line reason from the kernel itself."""
+    x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    w_shape = (32, 64, 3, 3)
+    same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
+    assert tma_applies(x, w_shape, same, 32)
+    assert not tma_applies(x, w_shape, ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (4, 4)), 32)
+    assert not tma_applies(x, w_shape, ConvGeometry((3, 3), (1, 1), (2, 2), (2, 2), (8, 8)), 32)
+    assert not tma_applies(x.float(), w_shape, same, 32)
+    assert not tma_applies(x.contiguous(), w_shape, same, 32)  # NCHW
+    forty = torch.zeros(1, 40, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert not tma_applies(forty, (32, 40, 3, 3), same, 32)
+    wide = torch.zeros(1, 80, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert not tma_applies(wide[:, 8:72], w_shape, same, 32)  # base 8 bytes off a 16-byte boundary
+    assert tma_applies(wide[:, 16:80], w_shape, same, 32)
+    with pytest.raises(ValueError, match="conv_tma: input"):
+        run_conv_tma(x.float(), pack_weight(torch.zeros(w_shape, dtype=torch.int8)), None, same, SMALL,
+                     dequant_scale=torch.ones(32))
+
+
+def test_tma_tile_names_round_trip():
+    for tile in conv_tma.TMA_TILES:
+        assert TmaTile.parse(tile.name) == tile
+    assert conv_tma.tma_tactics(1) == [t.name for t in conv_tma.TMA_TILES[:2]]
+    for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None):
+        assert TmaTile.parse(bad) is None, bad
+
+
+def test_qconv_runs_the_tma_tactic_with_its_stored_weight():
+    """The op as the engine runs it: the weight stored for the tactic (packed), the tactic in the
+    attributes, straight into a Concat's slice too; the emulation's numbers either way."""
+    from sartor.ops.quantized import qconv_into, qlayer_weight_for_tactic
+    generator = torch.Generator().manual_seed(5)
+    x, w, bias, scale, res, attrs = _layer(64, 32, 3, (7, 9), generator, residual=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    tactic = SMALL.name
+    stored = qlayer_weight_for_tactic(w.to(DEVICE), tactic)
+    inputs = [_to_device(x), stored, bias.to(DEVICE), _to_device(res), scale.to(DEVICE)]
+    out = qconv(inputs, dict(attrs, tactic=tactic))
+    assert torch.equal(out.cpu(), expected)
+    buffer = torch.zeros(2, 64, 7, 9, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    assert qconv_into(inputs, dict(attrs, tactic=tactic), buffer[:, 32:]) is not None
+    assert torch.equal(buffer[:, 32:].cpu(), expected)
+    # a float input (the producer was not INT8) is not the kernel's: the emulation runs instead
+    assert torch.equal(qconv([x.float().to(DEVICE) / attrs["input_inv_scale"], *inputs[1:]],
+                             dict(attrs, tactic=tactic)).cpu(), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the builder lists kernel tactics on CUDA only")
+def test_cuda_int8_layers_of_stride_one_offer_tma_tiles():
+    from sartor.ops import default_registry
+    x = torch.zeros(2, 64, 16, 16, dtype=torch.int8, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.zeros(64, 64, 3, 3, dtype=torch.int8, device="cuda")
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}
+    names = default_registry()["QConv"].tactics([x, w], attrs, 1)
+    assert [n for n in names if TmaTile.parse(n)] == conv_tma.tma_tactics(1)
+    strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
+    assert not any(TmaTile.parse(n) for n in strided)
