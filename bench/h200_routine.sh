@@ -74,7 +74,8 @@ for name in "$@"; do
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
-    kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_tactics.py ;;
+    kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
+               tests/test_tactics.py tests/test_kernel_tactics_engine.py ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;
   esac
 done

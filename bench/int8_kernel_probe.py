@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
 from sartor.kernels.resident_gemm import MAX_RESIDENT_K, RESIDENT_TILES, resident_gemm  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
@@ -150,6 +151,18 @@ def main() -> None:
                   lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
                                         residual=case["residual"], activation="Relu", residual_scale=0.01,
                                         output_inv_scale=20.0),
+                  case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer=label, tile=tile.name,
+                  epilogue="bias+res+relu+requant")
+
+    # The TMA-fed kernel on the stride-1 3×3 layers (session 14's candidate against the implicit
+    # GEMM's 330–550 TOPS there): the input boxes and weight tiles as bulk copies.
+    for label in ("layer1.conv2 3x3 64->64 @56", "layer2.conv2 3x3 128->128 @28"):
+        case = cases[label]
+        for tile in TMA_TILES:
+            timed(f"{label} {tile.name} (TMA) full epilogue",
+                  lambda: conv_tma(case["x"], case["w"], case["bias"], case["geometry"], tile,
+                                   dequant_scale=case["scale"], residual=case["residual"], activation="Relu",
+                                   residual_scale=0.01, output_inv_scale=20.0),
                   case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer=label, tile=tile.name,
                   epilogue="bias+res+relu+requant")
 
