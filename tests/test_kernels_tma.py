@@ -135,3 +135,28 @@ def test_cuda_int8_layers_of_stride_one_offer_tma_tiles():
     assert [n for n in names if TmaTile.parse(n)] == conv_tma.tma_tactics(1)
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
     assert not any(TmaTile.parse(n) for n in strided)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 tl.dot needs compute capability 8.9+")
+def test_tma_conv_fp8_passes_the_builders_fp8_check():
+    """FP8 codes in and out, a residual: the tensor cores accumulate in float32 where the emulation
+    is exact, so the output is held to the builder's own FP8 criterion (one e4m3 step)."""
+    from sartor.ops import fp8
+    from sartor.tactics.select import _mismatch
+    generator = torch.Generator().manual_seed(6)
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1],
+             "qformat": fp8.QFORMAT, "input_inv_scale": 50.0, "residual_scale": 0.02, "activation": "Relu",
+             "output_inv_scale": 12.0}
+    x = fp8.quantize_fp8(torch.randn(2, 32, 7, 6, generator=generator) * 2, 50.0)
+    w = fp8.quantize_fp8(torch.randn(24, 32, 3, 3, generator=generator), 100.0)
+    bias = torch.randn(24, generator=generator)
+    scale = torch.rand(24, generator=generator) * 1e-3 + 1e-4
+    residual = fp8.quantize_fp8(torch.randn(2, 24, 7, 6, generator=generator), 50.0)
+    reference = qconv([x, w, bias, residual, scale], attrs)
+    xd = _to_device(x)
+    geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
+    y = run_conv_tma(xd, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                     residual=_to_device(residual), activation="Relu", residual_scale=0.02, output_inv_scale=12.0,
+                     fp8=True).cpu()
+    assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None
