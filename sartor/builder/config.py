@@ -56,6 +56,12 @@ class BuildConfig:
     # The precision of an INT8 build's other layers. None: FP16 on CUDA, FP32 on the CPU; setting
     # it makes CPU and CUDA engines run the same precisions, so that they can be compared.
     int8_fallback_precision: str | None = None
+    # INT8 (FP8) builds: layers whose best kernel is faster at the fallback precision run there,
+    # when that makes the whole engine faster (sartor/builder/speed_fallback.py).
+    fallback_where_faster: bool = False
+    # Time the layers that have one candidate kernel too (the INT8 emulation on the CPU), so that
+    # every layer's time is in the engine; --fallback-where-faster sets it for its builds.
+    time_every_layer: bool = False
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/quant/planner.py) keep the most sensitive layers out of INT8 until
@@ -88,6 +94,12 @@ class BuildConfig:
                     raise ConfigError(f"--{kind}-precision {key}={value}: precision must be one of {', '.join(PRECISIONS)}")
         if self.builder_effort not in range(6):
             raise ConfigError(f"--builder-effort {self.builder_effort} must be 0..5")
+        if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
+            raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
+                              f"--precision int8 or fp8, not {self.precision}")
+        if self.fallback_where_faster and self.builder_effort < 1:
+            raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
+                              "or more, not 0 (which times nothing)")
         self.preprocess_spec()
         self._validate_int8()
 

@@ -192,6 +192,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
           ) -> BuildResult:
     """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
     `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings."""
+    if config.fallback_where_faster:
+        from .speed_fallback import build_with_fallback_where_faster
+        config.validate()
+        return build_with_fallback_where_faster(config, lambda one: build(one, progress, warn))
     progress = progress or (lambda stage: None)
     warnings: list[str] = []
 
@@ -289,7 +293,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
         selections = select_tactics_by_profile(graph, weights, feeds, device, plan.layers,
                                                channels_last=device.type == "cuda", tf32=config.precision == "tf32",
-                                               effort=config.builder_effort, cache=timing_cache)
+                                               effort=config.builder_effort, cache=timing_cache,
+                                               time_single=config.time_every_layer)
     record_tactics(graph, selections)
     tactics = selections[0].layers
     log.append(summary_by_profile(selections) if config.builder_effort > 0 else

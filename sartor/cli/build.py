@@ -173,6 +173,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--builder-effort", type=int, choices=range(6), default=DEFAULT_BUILDER_EFFORT, metavar="0..5",
                    help=f"how hard to search for the fastest kernels: 0 no timing, 1 quick, {DEFAULT_BUILDER_EFFORT} "
                         f"default, up to 5 (more warm-up and iterations)")
+    p.add_argument("--fallback-where-faster", action="store_true",
+                   help="INT8/FP8: run a layer at the fallback precision where its best kernel is faster there and "
+                        "the whole engine gets faster (three builds; the engine records the comparison)")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--data", metavar="VAL",
@@ -253,7 +256,8 @@ def config_from_args(args) -> BuildConfig:
         data=args.data, split_by=args.split_by,
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
-        min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction)
+        min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction,
+        fallback_where_faster=args.fallback_where_faster)
 
 
 def run(args) -> int:

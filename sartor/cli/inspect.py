@@ -162,6 +162,20 @@ def _kernels_summary(header: dict, tensors: dict) -> dict:
             "text": describe_record(record, kind), "record": record}
 
 
+def print_fallback_where_faster(out, record: dict) -> None:
+    """--fallback-where-faster's comparison: the layers faster at the fallback precision, the two
+    engines' end-to-end times, and which was kept."""
+    fallback = record["fallback_precision"]
+    lines = [("kept", record["kept"]), ("INT8 engine, end to end", f"{record['quantized_ms']:.4g} ms")]
+    if "mixed_ms" in record:
+        lines.append((f"with the layers below at {fallback}", f"{record['mixed_ms']:.4g} ms"))
+    for name, m in record["candidates"].items():
+        lines.append((text(name), f"{fallback} {m['fallback_ms']:.4g} ms against {m['quantized_ms']:.4g} ms"))
+    if not record["candidates"]:
+        lines.append(("layers faster at " + fallback, f"none by the margin ({record['margin']:g} of the time)"))
+    out.print(key_values("Fallback where faster", lines))
+
+
 def engine_summary(path: str) -> dict:
     header, tensors = read_engine_file(path)
     weight_bytes = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("w/"))
@@ -189,6 +203,7 @@ def engine_summary(path: str) -> dict:
         "build_log": header.get("build_log", []),
         "tactics": header.get("tactics"),
         "planner": header.get("planner"),
+        "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
         "kernels": _kernels_summary(header, tensors),
     }
@@ -242,6 +257,8 @@ def run(args) -> int:
                          + [("device total", fmt_bytes(memory["device_bytes"]))]))
     if info["planner"]:
         print_planner(out, info["planner"])
+    if info["fallback_where_faster"]:
+        print_fallback_where_faster(out, info["fallback_where_faster"])
     prov = info["provenance"]
     out.print(key_values("Provenance", [(k, v) for k, v in prov.items()]))
     if info["build_log"]:

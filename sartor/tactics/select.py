@@ -206,10 +206,11 @@ def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates
 
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
                    channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
-                   fingerprint: dict | None = None) -> TacticSelection:
+                   fingerprint: dict | None = None, time_single: bool = False) -> TacticSelection:
     """Choose the tactic of each layer whose op lists several (FusedConv, QConv, QGemm, MaxPool) at
     the shapes of `feeds`, reading and extending `cache` (or None) for this device's `fingerprint`
-    (default: the build device's)."""
+    (default: the build device's). With `time_single`, layers of one candidate are timed too (their
+    time is then known, for --fallback-where-faster)."""
     selection = TacticSelection()
     if effort == 0:
         return selection
@@ -224,7 +225,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             return
         name = step.node.name
         candidates = opdef.tactics(args, step.attrs, effort)
-        if len(candidates) == 1:  # nothing to choose between (INT8 emulation on the CPU)
+        if len(candidates) == 1 and not time_single:  # nothing to choose between (INT8 emulation on the CPU)
             return
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
         into = slices.slice_for(step.node.outputs[0]) if slices is not None and len(step.node.outputs) == 1 else None
@@ -261,8 +262,8 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
 
 def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Iterable[dict], device: torch.device,
                               layer_precision: dict, channels_last: bool, tf32: bool, effort: int = 2,
-                              cache: TimingCache | None = None, fingerprint: dict | None = None
-                              ) -> list[TacticSelection]:
+                              cache: TimingCache | None = None, fingerprint: dict | None = None,
+                              time_single: bool = False) -> list[TacticSelection]:
     """select_tactics at each profile's opt shapes (`feeds_by_profile`, one feed set per profile,
     produced as they are needed). The profiles share `cache` or, without one, a cache of this build's
     own timings, so a layer whose signature a previous profile timed is not timed again."""
@@ -271,12 +272,12 @@ def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Ite
     second = next(feeds_by_profile, None)
     if second is None:  # one profile: exactly the single-profile selection
         return [select_tactics(graph, weights, first, device, layer_precision, channels_last, tf32, effort, cache,
-                               fingerprint)]
+                               fingerprint, time_single)]
     shared = cache if cache is not None else TimingCache()
     selections = []
     for feeds in (first, second, *feeds_by_profile):
         selections.append(select_tactics(graph, weights, feeds, device, layer_precision, channels_last, tf32,
-                                         effort, shared, fingerprint))
+                                         effort, shared, fingerprint, time_single))
     return selections
 
 

@@ -1,0 +1,128 @@
+"""--fallback-where-faster: an INT8 (FP8) build whose layers run at the fallback precision where
+that is faster, as TensorRT's builder treats INT8 as a permission rather than an order.
+
+sartor runs every layer planned INT8 in INT8. Where its INT8 kernel is slower than the fallback
+precision's best kernel for the same layer, the engine pays for the smaller numbers. On the H200
+the sample detector's INT8 engine took 1.54 ms at batch 32 against 1.26–1.37 ms for its FP16 one:
+its few-channel layers are faster in cuDNN's FP16 (BENCHMARKS.md, session 14).
+
+Three builds, each the ordinary pipeline:
+1. the INT8 (FP8) engine as asked;
+2. the fallback engine (every layer at the fallback precision), for its per-layer timings;
+3. where some INT8 layer's best time exceeds its fallback time by more than the margin, the INT8
+   engine again with those layers pinned to the fallback precision (`--layer-precision`).
+A layer's precision also changes what its neighbours read and write (INT8 codes or floats), which
+per-layer timings do not see, so the mixed engine is kept only if it is faster end to end than the
+first, timed on the build device at profile 0's opt shape. The builds share one calibration cache
+and one timing cache (the user's, or temporary ones), so the third calibrates and times only what
+changed. The kept engine's header records the comparison; each moved layer's reason says why.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..quant.planner import _literal
+from ..runtime.engine_file import pack, read_engine_file, write_atomic
+from .config import QUANTIZED_PRECISIONS, BuildConfig
+
+# A layer moves only when the fallback is faster than this fraction of its INT8 time: the builder's
+# timings of one layer wobble by a few percent between runs.
+MOVE_MARGIN = 0.9
+# End-to-end timing of the two engines: (warm-up, timed) runs. The CPU runs the INT8 emulation, which is
+# slow, so it gets fewer.
+END_TO_END_RUNS = {"cuda": (10, 50), "cpu": (1, 5)}
+
+
+def best_layer_ms(header: dict) -> dict[str, float]:
+    """Each timed layer's winning time (ms) at profile 0's opt shape, by layer name."""
+    return {layer["name"]: min(layer["tactic_timings_ms"].values())
+            for layer in header["layers"] if layer.get("tactic_timings_ms")}
+
+
+def layers_faster_in_fallback(quantized: dict, fallback: dict, margin: float = MOVE_MARGIN) -> dict[str, dict]:
+    """The INT8 (FP8) layers of the `quantized` engine header whose fallback time (from the
+    `fallback` engine header, same layer name) is under `margin` × their quantized time:
+    {name: {"quantized_ms", "fallback_ms"}}."""
+    quantized_ms, fallback_ms = best_layer_ms(quantized), best_layer_ms(fallback)
+    moves = {}
+    for layer in quantized["layers"]:
+        name = layer["name"]
+        if layer["precision"] in QUANTIZED_PRECISIONS and name in quantized_ms and name in fallback_ms:
+            if fallback_ms[name] < margin * quantized_ms[name]:
+                moves[name] = {"quantized_ms": quantized_ms[name], "fallback_ms": fallback_ms[name]}
+    return moves
+
+
+def end_to_end_ms(path: str | os.PathLike) -> float:
+    """Median milliseconds of one run of the engine at profile 0's opt shape, inputs on its device."""
+    import sartor
+    from ..runtime.sample_inputs import random_inputs
+    from ..tactics.select import time_ms
+    engine = sartor.load(path)
+    context = engine.context()
+    feeds = {name: torch.from_numpy(a).to(engine.device) for name, a in random_inputs(engine, seed=0).items()}
+    warmup, runs = END_TO_END_RUNS["cuda" if engine.device.type == "cuda" else "cpu"]
+    return time_ms(lambda: context.run(feeds), engine.device, runs, warmup)
+
+
+def _fallback_config(config: BuildConfig, fallback: str, output: Path) -> BuildConfig:
+    """The fallback engine's build: every layer at the fallback precision, the user's non-quantized
+    overrides kept, no calibration or accuracy planner (no layer is quantized)."""
+    keep = lambda table: {k: v for k, v in table.items() if v not in QUANTIZED_PRECISIONS}  # noqa: E731
+    return replace(config, output_path=str(output), precision=fallback, int8_fallback_precision=None,
+                   layer_precision=keep(config.layer_precision), op_precision=keep(config.op_precision),
+                   accuracy_budget=None, min_cosine=None, min_snr=None, calib=None, calib_cache=None,
+                   calib_balance_by=None, bias_correction=False)
+
+
+def _record(path: Path, record: dict, moved_reasons: dict[str, str], summary: str) -> dict:
+    """The kept engine's header with the comparison, the moved layers' reasons and the summary line
+    in its build log, rewritten in place."""
+    header, tensors = read_engine_file(path)
+    header["fallback_where_faster"] = record
+    header["build_log"] = [*header.get("build_log", []), summary]
+    for layer in header["layers"]:
+        if layer["name"] in moved_reasons:
+            layer["reason"] = moved_reasons[layer["name"]]
+    write_atomic(path, pack(header, tensors))
+    return header
+
+
+def build_with_fallback_where_faster(config: BuildConfig, run: Callable[[BuildConfig], object]):
+    """The three builds described above, through `run` (the pipeline's build for one config);
+    returns the kept build's result, its engine at config.output_path (the config validated)."""
+    output = Path(config.output_path)
+    base = replace(config, fallback_where_faster=False, time_every_layer=True)
+    with tempfile.TemporaryDirectory(prefix=".sartor-fallback-", dir=output.resolve().parent) as tmp:
+        work = Path(tmp)
+        shared = replace(base, calib_cache=base.calib_cache or str(work / "calibration.json"),
+                         timing_cache=base.timing_cache or str(work / "timing.json"))
+        quantized = run(replace(shared, output_path=str(work / "quantized.plan")))
+        fallback_precision = quantized.header["int8_fallback_precision"]
+        fallback = run(_fallback_config(shared, fallback_precision, work / "fallback.plan"))
+        moves = layers_faster_in_fallback(quantized.header, fallback.header)
+        record = {"fallback_precision": fallback_precision, "margin": MOVE_MARGIN, "candidates": moves,
+                  "quantized_ms": round(end_to_end_ms(quantized.path), 5)}
+        kept, moved_reasons = quantized, {}
+        if moves:
+            pins = {**shared.layer_precision, **{_literal(name): fallback_precision for name in moves}}
+            mixed = run(replace(shared, layer_precision=pins, output_path=str(work / "mixed.plan")))
+            record["mixed_ms"] = round(end_to_end_ms(mixed.path), 5)
+            if record["mixed_ms"] < record["quantized_ms"]:
+                kept = mixed
+                moved_reasons = {name: (f"--fallback-where-faster: {fallback_precision} {m['fallback_ms']:.4g} ms "
+                                        f"against {config.precision} {m['quantized_ms']:.4g} ms")
+                                 for name, m in moves.items()}
+        record["kept"] = "mixed" if kept is not quantized else config.precision
+        summary = (f"--fallback-where-faster: {len(moves)} layer(s) faster at {fallback_precision}; kept the "
+                   f"{record['kept']} engine ({record['quantized_ms']:.4g} ms"
+                   + (f" against {record['mixed_ms']:.4g} ms mixed)" if "mixed_ms" in record else ")"))
+        header = _record(Path(kept.path), record, moved_reasons, summary)
+        os.replace(kept.path, output)
+    return replace(kept, path=str(output), header=header, log=[*kept.log, summary])
