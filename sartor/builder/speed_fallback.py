@@ -77,8 +77,8 @@ def _fallback_config(config: BuildConfig, fallback: str, output: Path) -> BuildC
     keep = lambda table: {k: v for k, v in table.items() if v not in QUANTIZED_PRECISIONS}  # noqa: E731
     return replace(config, output_path=str(output), precision=fallback, int8_fallback_precision=None,
                    layer_precision=keep(config.layer_precision), op_precision=keep(config.op_precision),
-                   accuracy_budget=None, min_cosine=None, min_snr=None, calib=None, calib_cache=None,
-                   calib_balance_by=None, bias_correction=False)
+                   accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None, data=None, split_by=None,
+                   classes=None, calib=None, calib_cache=None, calib_balance_by=None, bias_correction=False)
 
 
 def _record(path: Path, record: dict, moved_reasons: dict[str, str], summary: str) -> dict:
