@@ -100,7 +100,11 @@ def test_where_the_tma_kernel_applies():
 def test_tma_tile_names_round_trip():
     for tile in conv_tma.TMA_TILES:
         assert TmaTile.parse(tile.name) == tile
-    assert conv_tma.tma_tactics(1) == [t.name for t in conv_tma.TMA_TILES[:2]]
+    x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
+    assert conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1) == [t.name for t in conv_tma.TMA_TILES[:2]]
+    assert len(conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 3)) == 6
+    assert conv_tma.tma_tactics(x.float(), (32, 64, 3, 3), same, 3) == []
     for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None):
         assert TmaTile.parse(bad) is None, bad
 
@@ -132,7 +136,7 @@ def test_cuda_int8_layers_of_stride_one_offer_tma_tiles():
     w = torch.zeros(64, 64, 3, 3, dtype=torch.int8, device="cuda")
     attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}
     names = default_registry()["QConv"].tactics([x, w], attrs, 1)
-    assert [n for n in names if TmaTile.parse(n)] == conv_tma.tma_tactics(1)
+    assert [n for n in names if TmaTile.parse(n)] == [t.name for t in conv_tma.TMA_TILES[:2]]
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
     assert not any(TmaTile.parse(n) for n in strided)
 

@@ -127,11 +127,6 @@ TMA_TILES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(
 TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
 
 
-def tma_tactics(effort: int) -> list[str]:
-    """The candidates the builder times at this effort."""
-    return [tile.name for tile in TMA_TILES[:TMA_PER_EFFORT.get(effort, len(TMA_TILES))]]
-
-
 def _aligned(t: torch.Tensor) -> bool:
     """The base and every stride but the channels' (1) in 16-byte multiples, as the copy's
     descriptor requires of each dimension, size-1 ones included."""
@@ -151,6 +146,12 @@ def tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, 
     k_total = w_shape[1] * geometry.kernel[0] * geometry.kernel[1]
     return (geometry.strides == (1, 1) and geometry.dilations == (1, 1) and c % block_k == 0
             and w_shape[1] == c and k_total % TMA_ALIGNMENT == 0 and min(geometry.out_hw) > 0 and _aligned(x))
+
+
+def tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int) -> list[str]:
+    """The candidates the builder times at this effort for this layer: the tiles that apply to it."""
+    return [tile.name for tile in TMA_TILES[:TMA_PER_EFFORT.get(effort, len(TMA_TILES))]
+            if tma_applies(x, w_shape, geometry, tile.block_k)]
 
 
 def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,

@@ -57,7 +57,7 @@ from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, con
                                   pack_weight)
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
-from ..kernels.conv_tma import TMA_TILES, TMA_PER_EFFORT, TmaTile, conv_tma, tma_applies
+from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
@@ -205,8 +205,7 @@ def _qlayer_tactics(gemm: bool):
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort)
             if not gemm:
-                names += [tile.name for tile in TMA_TILES[:TMA_PER_EFFORT.get(effort, len(TMA_TILES))]
-                          if tma_applies(inputs[0], tuple(inputs[1].shape), geometry, tile.block_k)]
+                names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
@@ -329,8 +328,8 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile or an
-    implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs (the caller
-    then runs the emulation)."""
+    implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs
+    (the caller then runs the emulation)."""
     tactic = attrs.get("tactic") or ""
     if tactic in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)
