@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import sartor
 from sartor.builder import speed_fallback
-from sartor.errors import ConfigError
+from sartor.errors import SartorError
 
 SHAPES = {"min_shapes": {"x": (1, 8, 10, 10)}, "opt_shapes": {"x": (2, 8, 10, 10)}, "max_shapes": {"x": (2, 8, 10, 10)}}
 
@@ -122,14 +122,18 @@ def test_real_timings_decide_on_the_cpu(setup, tmp_path):
 @pytest.mark.parametrize("options,message", [
     ({"precision": "fp16"}, "needs --precision int8 or fp8, not fp16"),
     ({"builder_effort": 0}, "needs --builder-effort 1 or more"),
+    ({"output": "missing/m.plan"}, "missing"),
 ])
 def test_refusals(setup, tmp_path, options, message):
     model, calib = setup
     kwargs = dict(device="cpu", precision="int8", calib=str(calib), calib_size=8, builder_effort=1,
                   fallback_where_faster=True, **SHAPES)
     kwargs.update(options)
-    with pytest.raises(ConfigError, match=message):
-        sartor.build(model, tmp_path / "m.plan", **kwargs)
+    output = tmp_path / kwargs.pop("output", "m.plan")
+    with pytest.raises(SartorError, match=message) as raised:
+        sartor.build(model, output, **kwargs)
+    assert "\n" not in str(raised.value)  # one line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "model.onnx"]
 
 
 def test_the_cli_flag_reaches_the_config():

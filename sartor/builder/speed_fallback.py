@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..quant.planner import _literal
-from ..runtime.engine_file import pack, read_engine_file, write_atomic
+from ..runtime.engine_file import check_writable, pack, read_engine_file, write_atomic
 from .config import QUANTIZED_PRECISIONS, BuildConfig
 
 # A layer moves only when the fallback is faster than this fraction of its INT8 time: the builder's
@@ -98,6 +98,7 @@ def build_with_fallback_where_faster(config: BuildConfig, run: Callable[[BuildCo
     """The three builds described above, through `run` (the pipeline's build for one config);
     returns the kept build's result, its engine at config.output_path (the config validated)."""
     output = Path(config.output_path)
+    check_writable(output)  # before three builds, and before a temporary directory beside it
     base = replace(config, fallback_where_faster=False, time_every_layer=True)
     with tempfile.TemporaryDirectory(prefix=".sartor-fallback-", dir=output.resolve().parent) as tmp:
         work = Path(tmp)
