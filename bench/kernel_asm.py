@@ -10,6 +10,8 @@ shared memory decide how many programs an SM holds, which is what latency-bound 
 (bench/int8_kernel_probe.py).
 
     PYTHONPATH=. python bench/kernel_asm.py [--layer layer1.conv3] [--arch 90] [--dump DIR]
+    # with the GPU machine's Triton (3.6 on the H200) rather than this machine's:
+    pip install --target /tmp/t36 --no-deps triton==3.6.0 && PYTHONPATH=/tmp/t36:. python bench/kernel_asm.py
 
 Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
 layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv3 (1×1,
