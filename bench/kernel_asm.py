@@ -137,7 +137,10 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             constexprs = dict(epilogue, KH=k, KW=k, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n,
                               BLOCK_K=tile.block_k)
             constexprs.pop("QUANTIZE_INPUT")
-            cases.append((tile.name, conv_tma._conv_tma_kernel, tma_args, constexprs, tile.warps, tile.stages))
+            kernel = conv_tma._conv_tma_persistent_kernel if tile.persistent else conv_tma._conv_tma_kernel
+            if tile.persistent:
+                tma_args.update(N=batch, PROGRAMS=132)
+            cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)
         for tile in resident_gemm.RESIDENT_TILES:

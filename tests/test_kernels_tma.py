@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(conv_tma.TensorDescriptor is None, reason="Trito
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = TmaTile(4, 8, 32, 32, 1, 1)
+PERSISTENT = TmaTile(4, 8, 32, 32, 1, 1, persistent=True)
 
 
 def _layer(channels: int, cout: int, kernel: int, hw: tuple[int, int], generator, residual: bool):
@@ -41,9 +42,11 @@ def _to_device(t):
 @pytest.mark.parametrize("kernel,hw", [(3, (9, 10)), (3, (8, 8)), (1, (5, 7))])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output):
+@pytest.mark.parametrize("tile", [SMALL, PERSISTENT], ids=["tile_per_program", "persistent"])
+def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
     """Rectangles that overhang the image (9×10 with 4×8 ones), that tile it exactly (8×8) and a
-    1×1; padding read as zeros from outside the image; the residual and INT8 or float output."""
+    1×1; padding read as zeros from outside the image; the residual and INT8 or float output; one
+    program per tile, and persistent programs that each walk several tiles."""
     generator = torch.Generator().manual_seed(3)
     x, w, bias, scale, res, attrs = _layer(64, 40, kernel, hw, generator, residual)
     if not int8_output:
@@ -51,8 +54,8 @@ def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output):
     expected = qconv([x, w, bias, res, scale], attrs)
     xd, wd = _to_device(x), w.to(DEVICE)
     geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
-    assert tma_applies(xd, tuple(wd.shape), geometry, SMALL.block_k)
-    out = run_conv_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+    assert tma_applies(xd, tuple(wd.shape), geometry, tile.block_k)
+    out = run_conv_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, tile, dequant_scale=scale.to(DEVICE),
                        residual=_to_device(res), activation="Relu", residual_scale=0.03,
                        output_inv_scale=attrs.get("output_inv_scale"))
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
@@ -103,9 +106,12 @@ def test_tma_tile_names_round_trip():
     x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
     assert conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1) == [t.name for t in conv_tma.TMA_TILES[:2]]
-    assert len(conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 3)) == 6
+    assert len(conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 3)) == 12
+    assert [TmaTile.parse(n).persistent for n in conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1)] == [False, True]
     assert conv_tma.tma_tactics(x.float(), (32, 64, 3, 3), same, 3) == []
-    for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None):
+    assert PERSISTENT.name == "tma_4x8x32x32_w1_s1_p" and TmaTile.parse(PERSISTENT.name) == PERSISTENT
+    for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None,
+                "tma_8x16x64x64_w4_s4_q", "tma_8x16x64x64_w4_s4_p_p"):
         assert TmaTile.parse(bad) is None, bad
 
 

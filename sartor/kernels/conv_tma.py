@@ -17,11 +17,11 @@ right or bottom edge compute zeros there and store nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, epilogue_arguments
+from .conv_igemm import ConvGeometry, epilogue_arguments, multiprocessors
 from .epilogue import channels_last_output, pixel_stride, triton
 
 try:  # host-side descriptors: Triton 3.4 and newer
@@ -35,20 +35,20 @@ if triton is not None and TensorDescriptor is not None:
     from .conv_igemm import _epilogue_store
 
     @triton.jit
-    def _conv_tma_kernel(
-            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+    def _conv_tma_tile(
+            tile, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
             COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
             res_scale, out_inv_scale, qmin, alpha, beta,
             KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr):
-        # Output channels vary fastest: the programs that read one pixel rectangle run together,
-        # so its input boxes are fetched from memory once and from L2 after.
-        pid = tl.program_id(0)
+        """Output tile number `tile`: its products over every tap and channel block, then the
+        epilogue. Output channels vary fastest between tiles: the tiles that read one pixel
+        rectangle run together, so its input boxes come from memory once and from L2 after."""
         num_pid_n = tl.cdiv(COUT, BLOCK_N)
-        pid_n = pid % num_pid_n
-        rect = pid // num_pid_n
+        pid_n = tile % num_pid_n
+        rect = tile // num_pid_n
         rects_w = tl.cdiv(OW, BW)
         rects_h = tl.cdiv(OH, BH)
         image = rect // (rects_h * rects_w)
@@ -84,47 +84,88 @@ if triton is not None and TensorDescriptor is not None:
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
+    @triton.jit
+    def _conv_tma_kernel(
+            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+        """One program per output tile."""
+        _conv_tma_tile(tl.program_id(0), x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                       COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
+                       res_scale, out_inv_scale, qmin, alpha, beta,
+                       KH, KW, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                       BH, BW, BLOCK_N, BLOCK_K)
+
+    @triton.jit
+    def _conv_tma_persistent_kernel(
+            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            N, COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
+            res_scale, out_inv_scale, qmin, alpha, beta, PROGRAMS,
+            KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+        """PROGRAMS programs (one per SM) walk the tiles in turn. The loop nest is flattened, so the
+        compiler can pipeline the next tile's first copies behind this tile's last products and
+        epilogue, which a program per tile leaves to other programs to hide."""
+        tiles = N * tl.cdiv(OH, BH) * tl.cdiv(OW, BW) * tl.cdiv(COUT, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+            _conv_tma_tile(tile, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                           COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
+                           res_scale, out_inv_scale, qmin, alpha, beta,
+                           KH, KW, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                           BH, BW, BLOCK_N, BLOCK_K)
+
 
 TMA_PREFIX = "tma_"
 TMA_ALIGNMENT = 16  # bytes: a bulk tensor copy's base address and every stride but the innermost
+PERSISTENT_PROGRAMS_WITHOUT_GPU = 3
 
 
 @dataclass(frozen=True)
 class TmaTile:
-    """A program's output pixels as a BH × BW rectangle, its output channels (BLOCK_N), the K step
-    (channels per tap and copy), warps and pipeline stages."""
+    """A tile's output pixels as a BH × BW rectangle, its output channels (BLOCK_N), the K step
+    (channels per tap and copy), warps and pipeline stages; persistent: one program per SM walks
+    the tiles (name suffix "_p"), else one program per tile."""
     bh: int
     bw: int
     block_n: int
     block_k: int
     warps: int
     stages: int
+    persistent: bool = False
 
     @property
     def name(self) -> str:
-        return f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+        return (f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+                + ("_p" if self.persistent else ""))
 
     @classmethod
     def parse(cls, tactic: str | None) -> "TmaTile | None":
         if not tactic or not tactic.startswith(TMA_PREFIX):
             return None
         try:
-            tile, warps, stages = tactic[len(TMA_PREFIX):].split("_")
+            tile, warps, stages, *rest = tactic[len(TMA_PREFIX):].split("_")
             bh, bw, bn, bk = (int(v) for v in tile.split("x"))
-            if not (warps.startswith("w") and stages.startswith("s")):
+            if not (warps.startswith("w") and stages.startswith("s")) or rest not in ([], ["p"]):
                 return None
-            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]))
+            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]), rest == ["p"])
         except ValueError:
             return None
         sizes = (bh, bw, bn, bk)
         return parsed if all(v > 0 and v & (v - 1) == 0 for v in sizes) else None  # Triton blocks: powers of 2
 
 
-# Best guesses first. Rectangles 8 pixels wide divide ResNet's 56 and 28; the builder times as many
-# as its effort allows.
-TMA_TILES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
-             TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))
-TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
+# Best guesses first, each as one program per tile and as persistent programs. Rectangles 8 pixels
+# wide divide ResNet's 56 and 28; the builder times as many as its effort allows.
+_RECTANGLES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
+               TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))
+TMA_TILES = tuple(t for tile in _RECTANGLES for t in (tile, replace(tile, persistent=True)))
+TMA_PER_EFFORT = {1: 2, 2: 6, 3: 12}
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -185,11 +226,18 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
-    rectangles = n * triton.cdiv(oh, tile.bh) * triton.cdiv(ow, tile.bw)
-    _conv_tma_kernel[(rectangles * triton.cdiv(cout, tile.block_n),)](
-        x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        cout, c, oh, ow, pixel_stride(y), *rs, geometry.pads[0], geometry.pads[1], *scalars,
-        KH=kh, KW=kw, **flags, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-        num_warps=tile.warps, num_stages=tile.stages,
-        enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    tiles = n * triton.cdiv(oh, tile.bh) * triton.cdiv(ow, tile.bw) * triton.cdiv(cout, tile.block_n)
+    tensors = (x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
+               res4 if res4 is not None else y, y)
+    constants = dict(KH=kh, KW=kw, **flags, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                     num_warps=tile.warps, num_stages=tile.stages,
+                     enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    pads = (geometry.pads[0], geometry.pads[1])
+    if tile.persistent:
+        # One program per SM (the interpreter, with no SMs, runs a few so that each walks several tiles).
+        programs = min(tiles, multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU)
+        _conv_tma_persistent_kernel[(programs,)](*tensors, n, cout, c, oh, ow, pixel_stride(y), *rs, *pads, *scalars,
+                                                 programs, **constants)
+    else:
+        _conv_tma_kernel[(tiles,)](*tensors, cout, c, oh, ow, pixel_stride(y), *rs, *pads, *scalars, **constants)
     return y
