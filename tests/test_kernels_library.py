@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from int8_layers import on_device, random_int8_conv
 
 pytest.importorskip("triton")
 
@@ -18,38 +19,19 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_GEMM = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 
 
-def _conv(generator, cin=32, cout=48, residual=True, int8_output=True):
-    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 20.0,
-             "activation": "Relu", "qmin": -127, "residual_scale": 0.05}
-    if int8_output:
-        attrs["output_inv_scale"] = 6.0
-    x = torch.randn(2, cin, 5, 4, generator=generator)
-    wq = quantize(torch.randn(cout, cin, 1, 1, generator=generator), 50.0)
-    bias = torch.randint(-2000, 2000, (cout,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(cout, generator=generator) * 1e-3
-    res = torch.randint(-127, 128, (2, cout, 5, 4), dtype=torch.int8, generator=generator) if residual else None
-    return x, wq, bias, res, scale, attrs
-
-
-def _cl(t):
-    return None if t is None else t.contiguous(memory_format=torch.channels_last).to(DEVICE)
-
-
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
 @pytest.mark.parametrize("codes_in", [False, True])
 def test_int_mm_conv_equals_the_emulation(residual, int8_output, codes_in):
-    x, wq, bias, res, scale, attrs = _conv(torch.Generator().manual_seed(1), residual=residual,
-                                           int8_output=int8_output)
-    if codes_in:
-        x = quantize(x, 20.0)
+    x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(1), 32, 48, residual=residual,
+                                                      int8_output=int8_output, codes=codes_in)
     expected = qconv([x, wq, bias, res, scale], attrs)
-    out = _qlayer_library(_cl(x), pack_weight(wq).to(DEVICE), bias.to(DEVICE), _cl(res), scale.to(DEVICE), attrs,
+    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE), attrs,
                           INT_MM, gemm=False)
     assert out is not None, "the tactic did not apply"
     assert out.dtype == expected.dtype and out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out.cpu(), expected)
-    through_the_op = qconv([_cl(x), pack_weight(wq).to(DEVICE), bias.to(DEVICE), _cl(res), scale.to(DEVICE)],
+    through_the_op = qconv([on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE)],
                            dict(attrs, tactic=INT_MM))
     assert torch.equal(through_the_op.cpu(), expected)
 
@@ -65,11 +47,11 @@ def test_int_mm_gemm_and_a_concat_slice_equal_the_emulation():
     out = _qlayer_library(x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
                           INT_MM, gemm=True)
     assert out is not None and torch.equal(out.cpu(), expected)
-    xc, wc, bc, _, sc, conv_attrs = _conv(generator, residual=False)
+    xc, wc, bc, _, sc, conv_attrs = random_int8_conv(generator, 32, 48, residual=False)
     expected = qconv([xc, wc, bc, None, sc], conv_attrs)
     buffer = torch.full((2, 60, 5, 4), 9, dtype=torch.int8).contiguous(memory_format=torch.channels_last).to(DEVICE)
     into = buffer.narrow(1, 6, 48)
-    written = qconv_into([_cl(xc), pack_weight(wc).to(DEVICE), bc.to(DEVICE), None, sc.to(DEVICE)],
+    written = qconv_into([on_device(xc, DEVICE), pack_weight(wc).to(DEVICE), bc.to(DEVICE), None, sc.to(DEVICE)],
                          dict(conv_attrs, tactic=INT_MM), into)
     assert written is not None and written.data_ptr() == into.data_ptr()
     assert torch.equal(buffer[:, 6:54].cpu(), expected) and (buffer[:, :6] == 9).all() and (buffer[:, 54:] == 9).all()
@@ -84,7 +66,7 @@ def test_scaled_mm_conv_matches_the_emulation_within_one_step():
     wq = quantize_fp8(torch.randn(48, 32, 1, 1, generator=generator), 100.0)
     bias, scale = torch.randn(48, generator=generator), torch.rand(48, generator=generator) * 1e-3
     expected = qconv([x, wq, bias, None, scale], attrs)
-    out = _qlayer_library(_cl(x), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
+    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
                           SCALED_MM, gemm=False)
     assert out is not None and out.dtype == torch.float8_e4m3fn
     assert int(code_distance(out.cpu(), expected).max()) <= 1

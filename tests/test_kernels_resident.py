@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from int8_layers import on_device, random_int8_conv
 
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
@@ -22,31 +23,14 @@ FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
 
 
-def _conv_layer(generator, channels: int, cout: int, residual: bool, int8_output: bool):
-    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 30.0,
-             "activation": "Relu", "qmin": -127}
-    if int8_output:
-        attrs["output_inv_scale"] = 5.0
-    x = torch.randn(2, channels, 7, 5, generator=generator)
-    wq = quantize(torch.randn(cout, channels, 1, 1, generator=generator), 60.0)
-    bias = torch.randint(-2000, 2000, (cout,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(cout, generator=generator) * 1e-3
-    res = None
-    if residual:
-        attrs["residual_scale"] = 0.03
-        res = torch.randint(-127, 128, (2, cout, 7, 5), dtype=torch.int8, generator=generator)
-    return x, wq, bias, res, scale, attrs
-
-
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output):
-    x, wq, bias, res, scale, attrs = _conv_layer(torch.Generator().manual_seed(channels + cout), channels, cout,
-                                                 residual, int8_output)
+    x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(channels + cout), channels, cout,
+                                                      hw=(7, 5), residual=residual, int8_output=int8_output)
     expected = qconv([x, wq, bias, res, scale], attrs)
-    xd = x.contiguous(memory_format=torch.channels_last).to(DEVICE)
-    resd = res.contiguous(memory_format=torch.channels_last).to(DEVICE) if res is not None else None
+    xd, resd = on_device(x, DEVICE), on_device(res, DEVICE)
     out = _qlayer_resident(xd, qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE), bias.to(DEVICE), resd,
                            scale.to(DEVICE), attrs, SMALL, gemm=False)
     assert out is not None, "the kernel did not run"
@@ -77,7 +61,7 @@ def test_resident_gemm_and_codes_in_equal_the_emulation():
 def test_resident_conv_reads_a_channel_slice_and_writes_into_one():
     """A Split half in, a Concat's slice out: the other channels stay untouched."""
     generator = torch.Generator().manual_seed(12)
-    x, wq, bias, _, scale, attrs = _conv_layer(generator, 32, 24, residual=False, int8_output=True)
+    x, wq, bias, _, scale, attrs = random_int8_conv(generator, 32, 24, hw=(7, 5), residual=False)
     source = torch.randn(2, 48, 7, 5, generator=generator).contiguous(memory_format=torch.channels_last)
     x = source[:, 8:40]
     expected = qconv([x.contiguous(), wq, bias, None, scale], attrs)

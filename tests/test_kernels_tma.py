@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from int8_layers import on_device, random_int8_conv
 
 triton = pytest.importorskip("triton")
 
@@ -21,24 +22,6 @@ SMALL = TmaTile(4, 8, 32, 32, 1, 1)
 PERSISTENT = TmaTile(4, 8, 32, 32, 1, 1, persistent=True)
 
 
-def _layer(channels: int, cout: int, kernel: int, hw: tuple[int, int], generator, residual: bool):
-    x = torch.randint(-127, 128, (2, channels, *hw), dtype=torch.int8, generator=generator)
-    w = torch.randint(-127, 128, (cout, channels, kernel, kernel), dtype=torch.int8, generator=generator)
-    bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(cout, generator=generator) * 1e-3
-    res = torch.randint(-127, 128, (2, cout, *hw), dtype=torch.int8, generator=generator) if residual else None
-    pad = kernel // 2
-    attrs = {"kernel_shape": [kernel, kernel], "strides": [1, 1], "pads": [pad] * 4, "dilations": [1, 1],
-             "input_inv_scale": 1.0, "activation": "Relu", "qmin": -127, "residual_scale": 0.03,
-             "output_inv_scale": 5.0}
-    return x, w, bias, scale, res, attrs
-
-
-def _to_device(t):
-    return None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last) if t.dim() == 4 \
-        else t.to(DEVICE)
-
-
 @pytest.mark.parametrize("kernel,hw", [(3, (9, 10)), (3, (8, 8)), (1, (5, 7))])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
@@ -48,15 +31,14 @@ def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
     1×1; padding read as zeros from outside the image; the residual and INT8 or float output; one
     program per tile, and persistent programs that each walk several tiles."""
     generator = torch.Generator().manual_seed(3)
-    x, w, bias, scale, res, attrs = _layer(64, 40, kernel, hw, generator, residual)
-    if not int8_output:
-        attrs.pop("output_inv_scale")
+    x, w, bias, res, scale, attrs = random_int8_conv(generator, 64, 40, kernel=kernel, hw=hw, residual=residual,
+                                                     int8_output=int8_output, codes=True)
     expected = qconv([x, w, bias, res, scale], attrs)
-    xd, wd = _to_device(x), w.to(DEVICE)
+    xd, wd = on_device(x, DEVICE), w.to(DEVICE)
     geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
     assert tma_applies(xd, tuple(wd.shape), geometry, tile.block_k)
     out = run_conv_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, tile, dequant_scale=scale.to(DEVICE),
-                       residual=_to_device(res), activation="Relu", residual_scale=0.03,
+                       residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
                        output_inv_scale=attrs.get("output_inv_scale"))
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
@@ -65,7 +47,7 @@ def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
 def test_tma_conv_writes_into_a_channel_slice_and_reads_one():
     """Input a channel slice of a wider buffer (a Split's output), output into a Concat's slice."""
     generator = torch.Generator().manual_seed(4)
-    x, w, bias, scale, _, attrs = _layer(32, 24, 3, (6, 8), generator, residual=False)
+    x, w, bias, _, scale, attrs = random_int8_conv(generator, 32, 24, kernel=3, hw=(6, 8), residual=False, codes=True)
     wide = torch.zeros(2, 96, 6, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     wide[:, 32:64] = x
     expected = qconv([x, w, bias, None, scale], attrs)
@@ -73,7 +55,7 @@ def test_tma_conv_writes_into_a_channel_slice_and_reads_one():
     buffer = torch.zeros(2, 64, 6, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
     geometry = igemm_geometry(source, w, attrs, require_cuda=False)
     run_conv_tma(source, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
-                 activation="Relu", output_inv_scale=5.0, out=buffer[:, 16:40])
+                 activation="Relu", output_inv_scale=attrs["output_inv_scale"], out=buffer[:, 16:40])
     assert torch.equal(buffer[:, 16:40].cpu(), expected)
     assert not buffer[:, :16].any() and not buffer[:, 40:].any()
 
@@ -120,11 +102,11 @@ def test_qconv_runs_the_tma_tactic_with_its_stored_weight():
     attributes, straight into a Concat's slice too; the emulation's numbers either way."""
     from sartor.ops.quantized import qconv_into, qlayer_weight_for_tactic
     generator = torch.Generator().manual_seed(5)
-    x, w, bias, scale, res, attrs = _layer(64, 32, 3, (7, 9), generator, residual=True)
+    x, w, bias, res, scale, attrs = random_int8_conv(generator, 64, 32, kernel=3, hw=(7, 9), codes=True)
     expected = qconv([x, w, bias, res, scale], attrs)
     tactic = SMALL.name
     stored = qlayer_weight_for_tactic(w.to(DEVICE), tactic)
-    inputs = [_to_device(x), stored, bias.to(DEVICE), _to_device(res), scale.to(DEVICE)]
+    inputs = [on_device(x, DEVICE), stored, bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE)]
     out = qconv(inputs, dict(attrs, tactic=tactic))
     assert torch.equal(out.cpu(), expected)
     buffer = torch.zeros(2, 64, 7, 9, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
@@ -164,9 +146,9 @@ def test_tma_conv_fp8_passes_the_builders_fp8_check():
     scale = torch.rand(24, generator=generator) * 1e-3 + 1e-4
     residual = fp8.quantize_fp8(torch.randn(2, 24, 7, 6, generator=generator), 50.0)
     reference = qconv([x, w, bias, residual, scale], attrs)
-    xd = _to_device(x)
+    xd = on_device(x, DEVICE)
     geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
     y = run_conv_tma(xd, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
-                     residual=_to_device(residual), activation="Relu", residual_scale=0.02, output_inv_scale=12.0,
+                     residual=on_device(residual, DEVICE), activation="Relu", residual_scale=0.02, output_inv_scale=12.0,
                      fp8=True).cpu()
     assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None

@@ -1,0 +1,35 @@
+"""Shared by the INT8 kernel tests (library GEMMs, resident weights, TMA): a random INT8 convolution
+layer as QConv takes it, and moving its tensors to the test device in the layout the kernels read."""
+from __future__ import annotations
+
+import torch
+
+from sartor.ops.quantized import quantize
+
+
+def random_int8_conv(generator: torch.Generator, channels: int, cout: int, *, kernel: int = 1,
+                     hw: tuple[int, int] = (5, 4), residual: bool = True, int8_output: bool = True,
+                     codes: bool = False) -> tuple:
+    """(x, INT8 weight, int32 bias, INT8 residual or None, per-channel dequant scales, QConv attrs)
+    for a stride-1, same-padded kernel × kernel convolution of a batch of 2 with ReLU. x is float
+    (quantized by the layer on entry), or with `codes` already INT8 codes."""
+    pad = kernel // 2
+    attrs = {"kernel_shape": [kernel, kernel], "strides": [1, 1], "pads": [pad] * 4, "dilations": [1, 1],
+             "input_inv_scale": 20.0, "activation": "Relu", "qmin": -127, "residual_scale": 0.03}
+    if int8_output:
+        attrs["output_inv_scale"] = 5.0
+    x = torch.randn(2, channels, *hw, generator=generator) * 3
+    if codes:
+        x = quantize(x, attrs["input_inv_scale"])
+    wq = torch.randint(-127, 128, (cout, channels, kernel, kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3
+    res = torch.randint(-127, 128, (2, cout, *hw), dtype=torch.int8, generator=generator) if residual else None
+    return x, wq, bias, res, scale, attrs
+
+
+def on_device(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
+    """`t` on `device`, channels-last when it is 4-D (as the kernels read activations)."""
+    if t is None:
+        return None
+    return t.to(device).contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t.to(device)
