@@ -1,5 +1,6 @@
-"""Shared by the INT8 kernel tests (library GEMMs, resident weights, TMA): a random INT8 convolution
-layer as QConv takes it, and moving its tensors to the test device in the layout the kernels read."""
+"""Shared by the INT8 kernel tests (library GEMMs, resident weights, TMA): random INT8 convolution
+and GEMM layers as QConv and QGemm take them, and moving tensors to the test device in the layout
+the kernels read."""
 from __future__ import annotations
 
 import torch
@@ -26,6 +27,17 @@ def random_int8_conv(generator: torch.Generator, channels: int, cout: int, *, ke
     scale = torch.rand(cout, generator=generator) * 1e-3
     res = torch.randint(-127, 128, (2, cout, *hw), dtype=torch.int8, generator=generator) if residual else None
     return x, wq, bias, res, scale, attrs
+
+
+def random_int8_gemm(generator: torch.Generator, rows: int, k: int, cout: int) -> tuple:
+    """(x float [rows, k], INT8 weight [cout, k], int32 bias, per-channel dequant scales, QGemm attrs
+    saturating at -128 as layers folded from Q/DQ do)."""
+    attrs = {"input_inv_scale": 25.0, "output_inv_scale": 6.0, "qmin": -128}
+    x = torch.randn(rows, k, generator=generator)
+    wq = torch.randint(-127, 128, (cout, k), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-2000, 2000, (cout,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3
+    return x, wq, bias, scale, attrs
 
 
 def on_device(t: torch.Tensor | None, device: str) -> torch.Tensor | None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from int8_layers import on_device, random_int8_conv
+from int8_layers import on_device, random_int8_conv, random_int8_gemm
 
 pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, accumulator_epilogue, pack_weight  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
-from sartor.ops.quantized import _qlayer_library, qconv, qconv_into, qgemm, quantize  # noqa: E402
+from sartor.ops.quantized import _qlayer_library, qconv, qconv_into, qgemm  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, SCALED_MM, library_applies  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -26,23 +26,19 @@ def test_int_mm_conv_equals_the_emulation(residual, int8_output, codes_in):
     x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(1), 32, 48, residual=residual,
                                                       int8_output=int8_output, codes=codes_in)
     expected = qconv([x, wq, bias, res, scale], attrs)
-    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE), attrs,
-                          INT_MM, gemm=False)
+    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE),
+                          scale.to(DEVICE), attrs, INT_MM, gemm=False)
     assert out is not None, "the tactic did not apply"
     assert out.dtype == expected.dtype and out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out.cpu(), expected)
-    through_the_op = qconv([on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE)],
-                           dict(attrs, tactic=INT_MM))
+    through_the_op = qconv([on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), on_device(res, DEVICE),
+                            scale.to(DEVICE)], dict(attrs, tactic=INT_MM))
     assert torch.equal(through_the_op.cpu(), expected)
 
 
 def test_int_mm_gemm_and_a_concat_slice_equal_the_emulation():
     generator = torch.Generator().manual_seed(2)
-    x = torch.randn(40, 64, generator=generator)
-    wq = quantize(torch.randn(32, 64, generator=generator), 40.0)
-    bias = torch.randint(-2000, 2000, (32,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(32, generator=generator) * 1e-3
-    attrs = {"input_inv_scale": 30.0, "output_inv_scale": 5.0, "qmin": -128}
+    x, wq, bias, scale, attrs = random_int8_gemm(generator, 40, 64, 32)
     expected = qgemm([x, wq, bias, None, scale], attrs)
     out = _qlayer_library(x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
                           INT_MM, gemm=True)
@@ -66,8 +62,8 @@ def test_scaled_mm_conv_matches_the_emulation_within_one_step():
     wq = quantize_fp8(torch.randn(48, 32, 1, 1, generator=generator), 100.0)
     bias, scale = torch.randn(48, generator=generator), torch.rand(48, generator=generator) * 1e-3
     expected = qconv([x, wq, bias, None, scale], attrs)
-    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
-                          SCALED_MM, gemm=False)
+    out = _qlayer_library(on_device(x, DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE),
+                          attrs, SCALED_MM, gemm=False)
     assert out is not None and out.dtype == torch.float8_e4m3fn
     assert int(code_distance(out.cpu(), expected).max()) <= 1
 

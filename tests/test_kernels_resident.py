@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from int8_layers import on_device, random_int8_conv
+from int8_layers import on_device, random_int8_conv, random_int8_gemm
 
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
@@ -43,18 +43,15 @@ def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_outpu
 
 def test_resident_gemm_and_codes_in_equal_the_emulation():
     generator = torch.Generator().manual_seed(11)
-    x = torch.randn(37, 96, generator=generator)
-    wq = quantize(torch.randn(20, 96, generator=generator), 50.0)
-    bias = torch.randint(-2000, 2000, (20,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(20, generator=generator) * 1e-3
-    attrs = {"input_inv_scale": 25.0, "output_inv_scale": 6.0, "qmin": -128}
+    x, wq, bias, scale, attrs = random_int8_gemm(generator, 37, 96, 20)
     expected = qgemm([x, wq, bias, None, scale], attrs)
     out = _qlayer_resident(x.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs,
                            SMALL, gemm=True)
     assert out is not None and torch.equal(out.cpu(), expected)
-    codes = quantize(x, 25.0, -128)
+    codes = quantize(x, attrs["input_inv_scale"], attrs["qmin"])
     out = resident_gemm(codes.to(DEVICE), pack_weight(wq).to(DEVICE), bias.to(DEVICE), SMALL,
-                        dequant_scale=scale.to(DEVICE), input_inv_scale=25.0, output_inv_scale=6.0, qmin=-128)
+                        dequant_scale=scale.to(DEVICE), input_inv_scale=attrs["input_inv_scale"],
+                        output_inv_scale=attrs["output_inv_scale"], qmin=attrs["qmin"])
     assert torch.equal(out.cpu(), expected)
 
 

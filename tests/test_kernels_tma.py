@@ -149,6 +149,6 @@ def test_tma_conv_fp8_passes_the_builders_fp8_check():
     xd = on_device(x, DEVICE)
     geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
     y = run_conv_tma(xd, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
-                     residual=on_device(residual, DEVICE), activation="Relu", residual_scale=0.02, output_inv_scale=12.0,
-                     fp8=True).cpu()
+                     residual=on_device(residual, DEVICE), activation="Relu", residual_scale=0.02,
+                     output_inv_scale=12.0, fp8=True).cpu()
     assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None
