@@ -175,7 +175,7 @@ def _aligned(t: torch.Tensor) -> bool:
         (s * t.element_size()) % TMA_ALIGNMENT == 0 for d, s in enumerate(t.stride()) if d != 1)
 
 
-def tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, block_k: int = 32) -> bool:
+def tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, block_k: int) -> bool:
     """2-D convolutions of stride 1, dilation 1, over 8-bit codes in channels-last memory (or a
     channel slice of it) whose channels are whole K steps and whose base and pixel strides the
     bulk copy can address (16-byte multiples); the weight's K (kh·kw·C bytes) likewise."""
@@ -220,15 +220,14 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     x_desc = TensorDescriptor(x, [n, h, w, c], [sxn, sxh, sxw, 1], [1, tile.bh, tile.bw, tile.block_k])
     w_flat = w_packed.permute(0, 2, 3, 1).reshape(cout, kh * kw * c)  # a view of the packed weight
     w_desc = TensorDescriptor(w_flat, [cout, kh * kw * c], [kh * kw * c, 1], [tile.block_n, tile.block_k])
-    res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
-    rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
     tiles = n * triton.cdiv(oh, tile.bh) * triton.cdiv(ow, tile.bw) * triton.cdiv(cout, tile.block_n)
     tensors = (x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
-               res4 if res4 is not None else y, y)
+               residual if residual is not None else y, y)
     constants = dict(KH=kh, KW=kw, **flags, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                      num_warps=tile.warps, num_stages=tile.stages,
                      enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
