@@ -166,7 +166,7 @@ def print_fallback_where_faster(out, record: dict) -> None:
     """--fallback-where-faster's comparison: the layers faster at the fallback precision, the two
     engines' end-to-end times, and which was kept."""
     fallback = record["fallback_precision"]
-    lines = [("kept", record["kept"]), ("INT8 engine, end to end", f"{record['quantized_ms']:.4g} ms")]
+    lines = [("kept", record["kept"]), ("quantized engine, end to end", f"{record['quantized_ms']:.4g} ms")]
     if "mixed_ms" in record:
         lines.append((f"with the layers below at {fallback}", f"{record['mixed_ms']:.4g} ms"))
     for name, m in record["candidates"].items():
