@@ -107,6 +107,14 @@ def crops(images: list[np.ndarray], count: int, size: int, seed: int) -> np.ndar
     return out
 
 
+def model_io(model: str, yolo_size: int) -> tuple[str, str, int, str]:
+    """(exported ONNX file name, input name, input size, --preprocess spec) of `model`, as this
+    script exports it and bench/int8_cosine_gpu.py finds it."""
+    if model == "resnet50":
+        return "resnet50_224.onnx", "input", 224, f"resize=224x224,{IMAGENET}"
+    return f"yolov8n_{yolo_size}.onnx", "images", yolo_size, f"letterbox={yolo_size},mean=0,std=255,rgb,nchw"
+
+
 def normalise(batch: np.ndarray, model: str) -> np.ndarray:
     x = batch.astype(np.float32).transpose(0, 3, 1, 2)
     if model == "resnet50":
@@ -132,7 +140,7 @@ def settle_batchnorm(model: torch.nn.Module, images: torch.Tensor, batch: int = 
 
 def export_resnet50(directory: Path, settle: np.ndarray) -> Path:
     import torchvision
-    path = directory / "resnet50_224.onnx"
+    path = directory / model_io("resnet50", 0)[0]
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None)
     settle_batchnorm(model, torch.from_numpy(settle))
@@ -162,7 +170,7 @@ def export_yolov8n(directory: Path, settle: np.ndarray, size: int) -> Path:
                                         device="cpu", verbose=False)).resolve()
     finally:
         os.chdir(previous)
-    path = directory / f"yolov8n_{size}.onnx"
+    path = directory / model_io("yolov8n", size)[0]
     os.replace(exported, path)
     return path
 
@@ -322,9 +330,7 @@ def main() -> None:
     pool = photos()
     results = {"torch": torch.__version__, "photos": len(pool), "calib": args.calib, "test": args.test, "rows": []}
     for model in args.models.split(","):
-        size = 224 if model == "resnet50" else args.yolo_size
-        name = "input" if model == "resnet50" else "images"
-        spec = f"resize={size}x{size},{IMAGENET}" if model == "resnet50" else f"letterbox={size},mean=0,std=255,rgb,nchw"
+        _, name, size, spec = model_io(model, args.yolo_size)
         sets = {k: crops(pool, n, size, SEEDS[k] + 100 * size)
                 for k, n in (("settle", args.settle), ("calib", args.calib), ("test", args.test))}
         settle = normalise(sets["settle"], model)

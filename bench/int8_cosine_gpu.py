@@ -26,10 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import sartor  # noqa: E402
-from int8_cosine import IMAGENET, cosine, measures, normalise, run  # noqa: E402  (the benches' own folder is on sys.path)
-
-ONNX_NAMES = {"resnet50": ("resnet50_224.onnx", "input", 224), "yolov8n": ("yolov8n_{size}.onnx", "images", None)}
-
+from int8_cosine import cosine, measures, model_io, normalise, run  # noqa: E402  (the benches' own folder is on sys.path)
 
 def onnxruntime_outputs(onnx_path: Path, name: str, x: np.ndarray, batch: int) -> np.ndarray:
     import onnxruntime
@@ -52,12 +49,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = {"device": args.device, "rows": []}
     for model in args.models.split(","):
-        file_name, name, size = ONNX_NAMES[model]
-        size = size or args.yolo_size
-        onnx_path = source / file_name.format(size=size)
+        file_name, name, size, spec = model_io(model, args.yolo_size)
+        onnx_path = source / file_name
         test = normalise(np.load(source / f"{model}_test_crops.npy"), model)
         ref = onnxruntime_outputs(onnx_path, name, test, args.batch)
-        spec = f"resize={size}x{size},{IMAGENET}" if model == "resnet50" else f"letterbox={size},mean=0,std=255,rgb,nchw"
         profile = {"min": {name: (1, 3, size, size)}, "opt": {name: (args.batch, 3, size, size)},
                    "max": {name: (args.batch, 3, size, size)}}
         for method in args.methods.split(","):
