@@ -84,8 +84,8 @@ def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
     return onnx_dir / f"{name}.onnx"
 
 
-def timed(fn, batch: int, iterations: int) -> dict:
-    samples = timing_samples_ms(fn, torch.device("cuda"), iterations, 20)
+def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
+    samples = timing_samples_ms(fn, torch.device(device), iterations, 20)
     median = statistics.median(samples)
     return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
             "img_s": round(batch / median * 1e3, 1)}
