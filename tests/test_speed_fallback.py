@@ -61,30 +61,42 @@ def test_a_layer_moves_only_when_its_fallback_is_faster_by_the_margin():
         "fast": {"quantized_ms": 1.0, "fallback_ms": 0.5}, "close": {"quantized_ms": 1.0, "fallback_ms": 0.95}}
 
 
-@pytest.mark.parametrize("mixed_faster", [True, False])
-def test_the_faster_engine_end_to_end_is_kept(setup, tmp_path, monkeypatch, mixed_faster, cli):
-    """conv2 faster at the fallback precision (made so): the mixed engine pins it there, and is kept
-    only when it is faster end to end; the kept engine says why, and no temporary file is left."""
+@pytest.mark.parametrize("fastest", ["int8", "mixed", "fallback"])
+def test_the_fastest_engine_end_to_end_is_kept(setup, tmp_path, monkeypatch, fastest, cli):
+    """conv2 faster at the fallback precision (made so): the mixed engine pins it there. Of the INT8,
+    the all-fallback and the mixed engine the fastest end to end is kept; the kept engine says why
+    each layer left INT8, and no temporary file is left."""
     model, calib = setup
     monkeypatch.setattr(speed_fallback, "layers_faster_in_fallback",
                         lambda q, f, margin=0.9: {"conv2": {"quantized_ms": 2.0, "fallback_ms": 1.0}})
-    times = iter([2.0, 1.0] if mixed_faster else [1.0, 2.0])  # quantized, then mixed
+    ms = {"int8": 3.0, "fallback": 3.0, "mixed": 3.0} | {fastest: 1.0}
+    times = iter([ms["int8"], ms["fallback"], ms["mixed"]])  # the order they are built and timed in
     monkeypatch.setattr(speed_fallback, "end_to_end_ms", lambda path: next(times))
     result = _build(model, calib, tmp_path / "m.plan")
     record = result.header["fallback_where_faster"]
     assert record["candidates"] == {"conv2": {"quantized_ms": 2.0, "fallback_ms": 1.0}}
-    assert (record["quantized_ms"], record["mixed_ms"]) == ((2.0, 1.0) if mixed_faster else (1.0, 2.0))
-    layers = _layers(sartor.load(tmp_path / "m.plan").header)
-    assert layers["conv1"]["precision"] == "int8"
-    if mixed_faster:
-        assert record["kept"] == "mixed" and layers["conv2"]["precision"] == record["fallback_precision"] == "fp32"
-        assert layers["conv2"]["reason"].startswith("--fallback-where-faster: fp32 1 ms against int8 2 ms")
+    assert (record["quantized_ms"], record["fallback_ms"], record["mixed_ms"]) == (ms["int8"], ms["fallback"], ms["mixed"])
+    assert record["kept"] == fastest and record["fallback_precision"] == "fp32"
+    header = sartor.load(tmp_path / "m.plan").header
+    layers = _layers(header)
+    precisions = {name: layers[name]["precision"] for name in ("conv1", "conv2")}  # the head stays float
+    reasons = {name: layers[name]["reason"] for name in ("conv1", "conv2")}
+    if fastest == "int8":
+        assert precisions == {"conv1": "int8", "conv2": "int8"}
+        assert not any(r.startswith("--fallback-where-faster") for r in reasons.values())
+    elif fastest == "mixed":
+        assert precisions == {"conv1": "int8", "conv2": "fp32"}
+        assert reasons["conv2"].startswith("--fallback-where-faster: fp32 1 ms against int8 2 ms")
+        assert not reasons["conv1"].startswith("--fallback-where-faster")
     else:
-        assert record["kept"] == "int8" and layers["conv2"]["precision"] == "int8"
+        assert header["build_config"]["precision"] == "fp32" and set(precisions.values()) == {"fp32"}
+        assert reasons["conv1"] == reasons["conv2"] == ("--fallback-where-faster: the all-fp32 engine was faster end "
+                                                         "to end (1 ms against int8 3 ms)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "m.plan", "model.onnx"]
     shown = cli("inspect", str(tmp_path / "m.plan"))
     assert "Fallback where faster" in shown.out and "fp32 1 ms against 2 ms" in shown.out
-    assert "--fallback-where-faster: 1 layer(s) faster at fp32" in shown.out  # the build log line
+    assert "every layer at fp32" in shown.out
+    assert f"--fallback-where-faster: 1 layer(s) faster at fp32; kept the {fastest} engine" in shown.out
     x = np.random.default_rng(9).standard_normal((2, 8, 10, 10)).astype(np.float32)
     assert np.isfinite(sartor.load(tmp_path / "m.plan").context().run({"x": x})["y"]).all()
 
@@ -92,7 +104,7 @@ def test_the_faster_engine_end_to_end_is_kept(setup, tmp_path, monkeypatch, mixe
 def test_nothing_faster_means_two_builds_and_the_int8_engine(setup, tmp_path, monkeypatch):
     model, calib = setup
     monkeypatch.setattr(speed_fallback, "layers_faster_in_fallback", lambda q, f, margin=0.9: {})
-    monkeypatch.setattr(speed_fallback, "end_to_end_ms", lambda path: 1.0)
+    monkeypatch.setattr(speed_fallback, "end_to_end_ms", lambda path: 1.0)  # a tie keeps the INT8 engine
     from sartor.builder import pipeline
     builds = []
     real = pipeline.build
@@ -100,6 +112,7 @@ def test_nothing_faster_means_two_builds_and_the_int8_engine(setup, tmp_path, mo
     result = _build(model, calib, tmp_path / "m.plan")
     assert result.header["fallback_where_faster"]["kept"] == "int8"
     assert "mixed_ms" not in result.header["fallback_where_faster"]
+    assert result.header["fallback_where_faster"]["fallback_ms"] == 1.0
     assert builds == ["int8", "fp32"]
     assert any(line.startswith("--fallback-where-faster: 0 layer(s)") for line in result.log)
 
@@ -112,8 +125,13 @@ def test_real_timings_decide_on_the_cpu(setup, tmp_path):
     layers = _layers(result.header)
     assert set(record["candidates"]) <= {name for name, layer in layers.items() if layer["op"] in ("QConv", "FusedConv")}
     moved = {name for name, layer in layers.items() if layer["reason"].startswith("--fallback-where-faster")}
+    timed = {"int8": record["quantized_ms"], "fallback": record["fallback_ms"], "mixed": record.get("mixed_ms")}
+    assert timed[record["kept"]] == min(t for t in timed.values() if t is not None)
     if record["kept"] == "mixed":
-        assert record["mixed_ms"] < record["quantized_ms"] and moved == set(record["candidates"])
+        assert moved == set(record["candidates"])
+    elif record["kept"] == "fallback":
+        assert moved == {name for name, layer in layers.items() if layer["reason"].startswith("--fallback")} and moved
+        assert result.header["build_config"]["precision"] == "fp32"
     else:
         assert not moved
     assert (tmp_path / "c.json").is_file()  # the user's calibration cache is the one the builds shared

@@ -8,14 +8,17 @@ its few-channel layers are faster in cuDNN's FP16 (BENCHMARKS.md, session 14).
 
 Three builds, each the ordinary pipeline:
 1. the INT8 (FP8) engine as asked;
-2. the fallback engine (every layer at the fallback precision), for its per-layer timings;
+2. the fallback engine (every layer at the fallback precision);
 3. where some INT8 layer's best time exceeds its fallback time by more than the margin, the INT8
    engine again with those layers pinned to the fallback precision (`--layer-precision`).
 A layer's precision also changes what its neighbours read and write (INT8 codes or floats), which
-per-layer timings do not see, so the mixed engine is kept only if it is faster end to end than the
-first, timed on the build device at profile 0's opt shape. The builds share one calibration cache
-and one timing cache (the user's, or temporary ones), so the third calibrates and times only what
-changed. The kept engine's header records the comparison; each moved layer's reason says why.
+per-layer timings do not see: on the H200 the detector's mixed engine was slower than its INT8 one
+although each moved layer was faster (session 15). So the engines are compared end to end, timed on
+the build device at profile 0's opt shape, and the fastest is kept, the all-fallback one included:
+where no layer gains from INT8, TensorRT's builder too ends with a float engine. Ties keep the
+first, in the order above. The builds share one calibration cache and one timing cache (the user's,
+or temporary ones), so later builds calibrate and time only what changed. The kept engine's header
+records the comparison; each layer that left INT8 says why.
 """
 from __future__ import annotations
 
@@ -73,14 +76,13 @@ def end_to_end_ms(path: str | os.PathLike) -> float:
 
 def _fallback_config(config: BuildConfig, fallback: str, output: Path) -> BuildConfig:
     """The fallback engine's build: every layer at the fallback precision, the user's non-quantized
-    overrides kept, no calibration or accuracy planner (no layer is quantized). Only its per-layer
-    timings are read and its file is discarded, so no kernels are captured into it."""
+    overrides kept, no calibration or accuracy planner (no layer is quantized). It may be the engine
+    kept, so it is built as the user asked in every other respect (kernels captured or not)."""
     keep = lambda table: {k: v for k, v in table.items() if v not in QUANTIZED_PRECISIONS}  # noqa: E731
     return replace(config, output_path=str(output), precision=fallback, int8_fallback_precision=None,
                    layer_precision=keep(config.layer_precision), op_precision=keep(config.op_precision),
                    accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None, data=None, split_by=None,
-                   classes=None, calib=None, calib_cache=None, calib_balance_by=None, bias_correction=False,
-                   embed_kernels=False)
+                   classes=None, calib=None, calib_cache=None, calib_balance_by=None, bias_correction=False)
 
 
 def _record(path: Path, record: dict, moved_reasons: dict[str, str], summary: str) -> dict:
@@ -94,6 +96,19 @@ def _record(path: Path, record: dict, moved_reasons: dict[str, str], summary: st
             layer["reason"] = moved_reasons[layer["name"]]
     write_atomic(path, pack(header, tensors))
     return header
+
+
+def _moved_reasons(record: dict, quantized: dict, precision: str) -> dict[str, str]:
+    """Why each layer that was quantized in the first engine is not in the kept one, by name."""
+    fallback = record["fallback_precision"]
+    if record["kept"] == "mixed":
+        return {name: f"--fallback-where-faster: {fallback} {m['fallback_ms']:.4g} ms against {precision} "
+                      f"{m['quantized_ms']:.4g} ms" for name, m in record["candidates"].items()}
+    if record["kept"] == "fallback":
+        reason = (f"--fallback-where-faster: the all-{fallback} engine was faster end to end "
+                  f"({record['fallback_ms']:.4g} ms against {precision} {record['quantized_ms']:.4g} ms)")
+        return {layer["name"]: reason for layer in quantized["layers"] if layer["precision"] in QUANTIZED_PRECISIONS}
+    return {}
 
 
 def build_with_fallback_where_faster(config: BuildConfig, run: Callable[[BuildConfig], object]):
@@ -111,21 +126,21 @@ def build_with_fallback_where_faster(config: BuildConfig, run: Callable[[BuildCo
         fallback = run(_fallback_config(shared, fallback_precision, work / "fallback.plan"))
         moves = layers_faster_in_fallback(quantized.header, fallback.header)
         record = {"fallback_precision": fallback_precision, "margin": MOVE_MARGIN, "candidates": moves,
-                  "quantized_ms": round(end_to_end_ms(quantized.path), 5)}
-        kept, moved_reasons = quantized, {}
+                  "quantized_ms": round(end_to_end_ms(quantized.path), 5),
+                  "fallback_ms": round(end_to_end_ms(fallback.path), 5)}
+        engines = {config.precision: (quantized, record["quantized_ms"]), "fallback": (fallback, record["fallback_ms"])}
         if moves:
             pins = {**shared.layer_precision, **{_literal(name): fallback_precision for name in moves}}
             mixed = run(replace(shared, layer_precision=pins, output_path=str(work / "mixed.plan")))
             record["mixed_ms"] = round(end_to_end_ms(mixed.path), 5)
-            if record["mixed_ms"] < record["quantized_ms"]:
-                kept = mixed
-                moved_reasons = {name: (f"--fallback-where-faster: {fallback_precision} {m['fallback_ms']:.4g} ms "
-                                        f"against {config.precision} {m['quantized_ms']:.4g} ms")
-                                 for name, m in moves.items()}
-        record["kept"] = "mixed" if kept is not quantized else config.precision
+            engines["mixed"] = (mixed, record["mixed_ms"])
+        record["kept"] = min(engines, key=lambda label: engines[label][1])  # the first of equals
+        kept = engines[record["kept"]][0]
+        moved_reasons = _moved_reasons(record, quantized.header, config.precision)
         summary = (f"--fallback-where-faster: {len(moves)} layer(s) faster at {fallback_precision}; kept the "
-                   f"{record['kept']} engine ({record['quantized_ms']:.4g} ms"
-                   + (f" against {record['mixed_ms']:.4g} ms mixed)" if "mixed_ms" in record else ")"))
+                   f"{record['kept']} engine: {config.precision} {record['quantized_ms']:.4g} ms, "
+                   + (f"mixed {record['mixed_ms']:.4g} ms, " if "mixed_ms" in record else "")
+                   + f"all {fallback_precision} {record['fallback_ms']:.4g} ms")
         header = _record(Path(kept.path), record, moved_reasons, summary)
         os.replace(kept.path, output)
     return replace(kept, path=str(output), header=header, log=[*kept.log, summary])

@@ -175,7 +175,8 @@ def add_parser(subparsers, parents) -> None:
                         f"default, up to 5 (more warm-up and iterations)")
     p.add_argument("--fallback-where-faster", action="store_true",
                    help="INT8/FP8: run a layer at the fallback precision where its best kernel is faster there and "
-                        "the whole engine gets faster (three builds; the engine records the comparison)")
+                        "the whole engine gets faster, every layer if that is fastest (three builds; the engine "
+                        "records the comparison)")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--data", metavar="VAL",

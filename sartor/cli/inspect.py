@@ -163,12 +163,13 @@ def _kernels_summary(header: dict, tensors: dict) -> dict:
 
 
 def print_fallback_where_faster(out, record: dict) -> None:
-    """--fallback-where-faster's comparison: the layers faster at the fallback precision, the two
+    """--fallback-where-faster's comparison: the layers faster at the fallback precision, the
     engines' end-to-end times, and which was kept."""
     fallback = record["fallback_precision"]
     lines = [("kept", record["kept"]), ("quantized engine, end to end", f"{record['quantized_ms']:.4g} ms")]
     if "mixed_ms" in record:
         lines.append((f"with the layers below at {fallback}", f"{record['mixed_ms']:.4g} ms"))
+    lines.append((f"every layer at {fallback}", f"{record['fallback_ms']:.4g} ms"))
     for name, m in record["candidates"].items():
         lines.append((text(name), f"{fallback} {m['fallback_ms']:.4g} ms against {m['quantized_ms']:.4g} ms"))
     if not record["candidates"]:
