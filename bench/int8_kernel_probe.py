@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,7 +27,8 @@ from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, con
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
-from sartor.kernels.resident_gemm import MAX_RESIDENT_K, RESIDENT_TILES, resident_gemm  # noqa: E402
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, RESIDUAL_PREFETCH,  # noqa: E402
+                                          resident_gemm)
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
@@ -146,7 +148,7 @@ def main() -> None:
         case = cases[label]
         if case["x"].shape[1] > MAX_RESIDENT_K:
             continue
-        for tile in RESIDENT_TILES:
+        for tile in (replace(base, residual_prefetch=mode) for base in RESIDENT_TILES for mode in RESIDUAL_PREFETCH):
             timed(f"{label} {tile.name} full epilogue",
                   lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
                                         residual=case["residual"], activation="Relu", residual_scale=0.01,

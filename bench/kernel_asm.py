@@ -121,7 +121,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         tail = cin if tile.padded_taps and cin % tile.block_k else 0
         constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0 and not tail,
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
-                          CHANNEL_TAIL=tail, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                          RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                           GROUP_M=8)
         cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
     if conv_tma.TensorDescriptor is not None and cin % 64 == 0:
@@ -143,9 +143,11 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)
-        for tile in resident_gemm.RESIDENT_TILES:
+        # Effort 5 times every resident tile, with its residual-prefetch variants where there is a residual.
+        for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
             constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                              BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)))
+                              BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)),
+                              RES_PREFETCH=tile.residual_prefetch)
             cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
                           tile.stages))
     return cases

@@ -358,7 +358,8 @@ def test_emulation_hands_on_the_layout_it_was_given(channels_last):
 def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
     """The halved epilogue (columns in two halves, fewer registers live) computes what the whole-tile
     epilogue does, for INT8 with and without a residual and requantization, columns not a multiple
-    of the tile included; its variants are named, parsed and offered for unsplit tiles only."""
+    of the tile included, also with the residual loaded before the K loop; its variants are named,
+    parsed and offered for unsplit tiles only, the early residual only where there is one."""
     from sartor.kernels.conv_igemm import halved_epilogue_tiles
     generator = torch.Generator().manual_seed(10)
     x = torch.randint(-127, 128, (2, 64, 5, 6), dtype=torch.int8, generator=generator)
@@ -373,19 +374,24 @@ def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
     expected = qconv([x, w, bias, res, scale], attrs)
     tile = TileConfig(16, 32, 64, 1, 1)
     halved = halved_epilogue_tiles([tile, TileConfig(16, 32, 64, 1, 1, split_k=2)], residual=True)
-    assert halved == [TileConfig(16, 32, 64, 1, 1, epilogue_halves=True)]
+    assert halved == [TileConfig(16, 32, 64, 1, 1, epilogue_halves=True),
+                      TileConfig(16, 32, 64, 1, 1, epilogue_halves=True, residual_early=True)]
     # Without a residual only wide tiles get the variant: narrow ones keep their registers anyway.
     assert halved_epilogue_tiles([tile], residual=False) == []
     wide = TileConfig(128, 128, 64, 8, 3)
     assert halved_epilogue_tiles([wide], residual=False) == [replace(wide, epilogue_halves=True)]
     assert TileConfig.parse(halved[0].name) == halved[0] and halved[0].name.endswith("_e2")
+    assert TileConfig.parse(halved[1].name) == halved[1] and halved[1].name.endswith("_e2_re")
     assert TileConfig.parse("igemm_16x32x64_w1_s1_k2_e2") is None  # split-K has its own epilogue kernel
+    assert TileConfig.parse("igemm_16x32x64_w1_s1_re") is None  # the early residual goes with the halves
+    assert TileConfig.parse("igemm_16x32x64_w1_s1_e2_re_pt").residual_early
     to_dev = lambda t: None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last)  # noqa: E731
-    out = conv_igemm(to_dev(x), pack_weight(w.to(DEVICE)), bias.to(DEVICE),
-                     igemm_geometry(x.to(DEVICE), w.to(DEVICE), attrs, require_cuda=False), halved[0],
-                     dequant_scale=scale.to(DEVICE), residual=to_dev(res), activation="Relu", residual_scale=0.02,
-                     output_inv_scale=attrs.get("output_inv_scale"), input_inv_scale=1.0)
-    assert torch.equal(out.cpu(), expected)
+    for variant in halved:
+        out = conv_igemm(to_dev(x), pack_weight(w.to(DEVICE)), bias.to(DEVICE),
+                         igemm_geometry(x.to(DEVICE), w.to(DEVICE), attrs, require_cuda=False), variant,
+                         dequant_scale=scale.to(DEVICE), residual=to_dev(res), activation="Relu", residual_scale=0.02,
+                         output_inv_scale=attrs.get("output_inv_scale"), input_inv_scale=1.0)
+        assert torch.equal(out.cpu(), expected), variant.name
 
 
 # Channel counts no multiple of the K block (the sample detector's 24, 40, 48, 80), strided and

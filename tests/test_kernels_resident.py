@@ -21,22 +21,26 @@ from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, ql
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
+SMALL_EARLY, SMALL_AHEAD = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2))
 
 
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output):
+@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD], ids=lambda tile: tile.name)
+def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
+    """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
+    with the residual loaded a tile ahead, the tile after it) lies past the end."""
     x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(channels + cout), channels, cout,
                                                       hw=(7, 5), residual=residual, int8_output=int8_output)
     expected = qconv([x, wq, bias, res, scale], attrs)
     xd, resd = on_device(x, DEVICE), on_device(res, DEVICE)
-    out = _qlayer_resident(xd, qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE), bias.to(DEVICE), resd,
-                           scale.to(DEVICE), attrs, SMALL, gemm=False)
+    out = _qlayer_resident(xd, qlayer_weight_for_tactic(wq, tile.name).to(DEVICE), bias.to(DEVICE), resd,
+                           scale.to(DEVICE), attrs, tile, gemm=False)
     assert out is not None, "the kernel did not run"
     assert out.dtype == expected.dtype and out.is_contiguous(memory_format=torch.channels_last)
-    through_the_op = qconv([xd, qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE), bias.to(DEVICE), resd,
-                            scale.to(DEVICE)], dict(attrs, tactic=SMALL.name))
+    through_the_op = qconv([xd, qlayer_weight_for_tactic(wq, tile.name).to(DEVICE), bias.to(DEVICE), resd,
+                            scale.to(DEVICE)], dict(attrs, tactic=tile.name))
     assert torch.equal(through_the_op.cpu(), expected)
     assert torch.equal(out.cpu(), expected)
 
@@ -99,10 +103,13 @@ def test_resident_applies_to_one_block_1x1_layers_only():
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
     assert 1 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == len(RESIDENT_TILES)
-    for tile in RESIDENT_TILES:
+    with_residual = resident_tactics(1, residual=True)
+    assert with_residual == [RESIDENT_TILES[0].name + suffix for suffix in ("", "_e", "_r")]
+    for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD):
         assert ResidentTile.parse(tile.name) == tile
+    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 1, 2]
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
-                "resident_64x33_t4_w4_s3"):
+                "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e"):
         assert ResidentTile.parse(bad) is None, bad
 
 

@@ -104,6 +104,7 @@ def _tactic(node, device: torch.device) -> str:
         kind = "fp8 e4m3 tensor cores, fp32 accumulate" if fp8 else kind
         tile = TileConfig.parse(chosen)
         epilogue = "fused epilogue in two column halves" if tile and tile.epilogue_halves else "fused epilogue"
+        epilogue += ", residual loaded before the K loop" if tile and tile.residual_early else ""
         return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + {epilogue}"
     if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
         return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")

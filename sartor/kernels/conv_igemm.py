@@ -95,12 +95,32 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _load_residual(res_ptr, offs_n, out_mask, n_idx, oh, ow, srn, src, srh, srw):
+        """The residual's tile for these output pixels and channels, as stored (codes or floats)."""
+        r_row = n_idx.to(tl.int64) * srn + oh * srh + ow * srw
+        return tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0.0)
+
+    @triton.jit
     def _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                         RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
                         OUT_QUANT: tl.constexpr):
         """Bias, dequantize, residual, activation, requantize and the store of one output tile."""
+        residual = 0.0
+        if HAS_RES:
+            residual = _load_residual(res_ptr, offs_n, m_ok[:, None] & n_ok[None, :], n_idx, oh, ow, srn, src, srh, srw)
+        _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
+                              out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
+                              ACT, OUT_QUANT)
+
+    @triton.jit
+    def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
+                              out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr):
+        """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
+        without HAS_RES): a kernel may load it early, so that its latency hides behind the product."""
         if INT8:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
@@ -115,8 +135,6 @@ if triton is not None:
                 y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
-            r_row = n_idx.to(tl.int64) * srn + oh * srh + ow * srw
-            residual = tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0.0)
             if RES_QUANT:
                 residual = residual.to(tl.float32) * res_scale
             else:
@@ -155,6 +173,35 @@ if triton is not None:
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
     @triton.jit
+    def _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
+                         BLOCK_N: tl.constexpr):
+        """The residual's tile in the two column halves `_epilogue_store_halves_given` takes."""
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        second = first + BLOCK_N // 2
+        lo = _load_residual(res_ptr, first, m_ok[:, None] & (first < COUT)[None, :], n_idx, oh, ow, srn, src, srh, srw)
+        hi = _load_residual(res_ptr, second, m_ok[:, None] & (second < COUT)[None, :], n_idx, oh, ow, srn, src, srh,
+                            srw)
+        return lo, hi
+
+    @triton.jit
+    def _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,
+                                     y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
+                                     INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                     HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
+                                     ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
+                                     BLOCK_N: tl.constexpr):
+        """_epilogue_store_halves with the residual's halves already loaded (`_residual_halves`)."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store_given(lo, res_lo, offs_m, first, m_ok, first < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT)
+        second = first + BLOCK_N // 2
+        _epilogue_store_given(hi, res_hi, offs_m, second, m_ok, second < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
     def _conv_igemm_kernel(
             x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
             M, COUT, C, H, W, OH, OW, y_row,
@@ -165,7 +212,7 @@ if triton is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
-            EPILOGUE_HALVES: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
+            EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -193,6 +240,9 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if RES_EARLY:  # (halves, no split-K, a residual: see TileConfig)
+            res_lo, res_hi = _residual_halves(res_ptr, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
+                                              BLOCK_N)
 
         # Split-K: program (tile, pid_k) walks its share of the K blocks and leaves its partial sum
         # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue.
@@ -244,7 +294,11 @@ if triton is not None:
                     b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
-        if SPLIT_K == 1 and EPILOGUE_HALVES:
+        if RES_EARLY:
+            _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, m_ok, bias_ptr, scale_ptr,
+                                         y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
+                                         HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N)
+        elif SPLIT_K == 1 and EPILOGUE_HALVES:
             _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                    res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
                                    beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
@@ -286,7 +340,9 @@ class TileConfig:
     programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
     whether the epilogue runs in two halves of the tile's columns (fewer registers live), and
     whether K is walked tap by tap with each tap's channels cut at C ("padded taps": for C not a
-    multiple of BLOCK_K, which otherwise gathers K element by element)."""
+    multiple of BLOCK_K, which otherwise gathers K element by element), and, with halves, whether
+    the residual's tile is asked for before the K loop, so that its memory latency hides behind
+    the products rather than stalling the epilogue ("residual early")."""
     block_m: int
     block_n: int
     block_k: int
@@ -295,12 +351,13 @@ class TileConfig:
     split_k: int = 1
     epilogue_halves: bool = False
     padded_taps: bool = False
+    residual_early: bool = False
 
     @property
     def name(self) -> str:
         base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
         return (base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
-                + ("_pt" if self.padded_taps else ""))
+                + ("_re" if self.residual_early else "") + ("_pt" if self.padded_taps else ""))
 
     @classmethod
     def parse(cls, tactic: str) -> "TileConfig | None":
@@ -314,15 +371,18 @@ class TileConfig:
             padded = suffixes[-1:] == ["pt"]
             if padded:
                 suffixes = suffixes[:-1]
+            early = suffixes[-1:] == ["re"]
+            if early:
+                suffixes = suffixes[:-1]
             halves = suffixes[-1:] == ["e2"]
             if halves:
                 suffixes = suffixes[:-1]
             if len(suffixes) > 1 or (suffixes and not suffixes[0].startswith("k")):
                 return None
             split_k = int(suffixes[0][1:]) if suffixes else 1
-            if split_k < 1 or (halves and (split_k > 1 or bn % 2)):
+            if split_k < 1 or (halves and (split_k > 1 or bn % 2)) or (early and not halves):
                 return None
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded)
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded, early)
         except ValueError:
             return None
 
@@ -410,11 +470,13 @@ def halved_epilogue_tiles(tiles: list[TileConfig], residual: bool) -> list[TileC
     """Variants of `tiles` whose epilogue runs in two halves of the columns, where the epilogue
     holds much at once: with a residual (ResNet's layer1 conv3: 96 → 61 registers in the 64×64
     tile), or in tiles HALVES_MIN_BLOCK_N wide or more (128×128: 128 → 116 without one). Fewer
-    registers live, so more programs fit on an SM (bench/kernel_asm.py). Only candidates, timed;
+    registers live, so more programs fit on an SM (bench/kernel_asm.py). With a residual, each also
+    with the residual loaded before the K loop (`residual_early`). Only candidates, timed;
     elsewhere they would only add build time."""
-    return [replace(tile, epilogue_halves=True) for tile in tiles
-            if tile.split_k == 1 and not tile.epilogue_halves and tile.block_n >= 32
-            and (residual or tile.block_n >= HALVES_MIN_BLOCK_N)]
+    halved = [replace(tile, epilogue_halves=True) for tile in tiles
+              if tile.split_k == 1 and not tile.epilogue_halves and tile.block_n >= 32
+              and (residual or tile.block_n >= HALVES_MIN_BLOCK_N)]
+    return halved + ([replace(tile, residual_early=True) for tile in halved] if residual else [])
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -554,6 +616,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
         QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
         ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
+        RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)

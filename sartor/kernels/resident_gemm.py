@@ -13,7 +13,7 @@ the emulation's as the implicit-GEMM tiles' does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,7 +23,8 @@ from .epilogue import channels_last_output, pixel_stride, triton
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _accumulate, _epilogue_store_halves, pixel_coords
+    from .conv_igemm import (_accumulate, _epilogue_store_halves, _epilogue_store_halves_given, _residual_halves,
+                             pixel_coords)
 
     @triton.jit
     def _resident_gemm_kernel(
@@ -32,7 +33,7 @@ if triton is not None:
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
-            OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
+            OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -41,9 +42,24 @@ if triton is not None:
         b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                     other=0.0)
         first_tile = tl.program_id(0) * TILES
+        first_column = tl.program_id(1) * BLOCK_N
+        if RES_PREFETCH == 2:
+            offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+            n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+            res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
+                                              srw, BLOCK_N)
         for t in range(TILES):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
+            if RES_PREFETCH == 1:  # this tile's residual, asked for before its product
+                n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+                res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
+                                                  srw, BLOCK_N)
+            if RES_PREFETCH == 2:  # the next tile's, used an iteration later
+                next_m = offs_m + BLOCK_M
+                next_n, next_oh, next_ow = pixel_coords(next_m, OH, OW)
+                next_lo, next_hi = _residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
+                                                    next_n, next_oh, next_ow, srn, src, srh, srw, BLOCK_N)
             a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * x_row + offs_k[None, :],
                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if INT8:
@@ -51,45 +67,66 @@ if triton is not None:
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
-            n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
             # In two halves of the columns (bench/kernel_asm.py: 110 → 72 registers for the 64×64
             # tile on layer1's conv3).
-            _epilogue_store_halves(acc, offs_m, tl.program_id(1) * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr,
-                                   scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale,
-                                   qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
-                                   OUT_QUANT, BLOCK_M, BLOCK_N)
-
+            if RES_PREFETCH == 0:
+                n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+                _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                       res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
+                                       alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
+                                       OUT_QUANT, BLOCK_M, BLOCK_N)
+            else:
+                _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr,
+                                             scale_ptr, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
+                                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                             BLOCK_M, BLOCK_N)
+            if RES_PREFETCH == 2:
+                res_lo, res_hi = next_lo, next_hi
 
 RESIDENT_PREFIX = "resident_"
+# When a row tile's residual is loaded, by tactic suffix. The halved epilogue waited a full memory
+# latency for it after the product: layer1's conv3 moved 1.78 of the H200's 4 TB/s (session 14).
+#   0 (""): in the epilogue, after the product;
+#   1 ("_e"): at the start of the tile's iteration, so that its latency overlaps the product;
+#   2 ("_r"): one row tile ahead, carried to the next iteration (more registers, a layout conversion
+#      more per half: bench/kernel_asm.py).
+RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r"}
+SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
 MAX_RESIDENT_K = 128  # one K block: 64 KiB of int32 accumulators at most per program (128 × 128)
 MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
 
 
 @dataclass(frozen=True)
 class ResidentTile:
-    """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages."""
+    """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages,
+    and when a row tile's residual is loaded (`RESIDUAL_PREFETCH`; layers without a residual run
+    as the plain tile)."""
     block_m: int
     block_n: int
     tiles: int
     warps: int
     stages: int
+    residual_prefetch: int = 0
 
     @property
     def name(self) -> str:
-        return f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
+        return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
+                + RESIDUAL_PREFETCH[self.residual_prefetch])
 
     @classmethod
     def parse(cls, tactic: str | None) -> "ResidentTile | None":
         if not tactic or not tactic.startswith(RESIDENT_PREFIX):
             return None
         try:
-            tile, tiles, warps, stages = tactic[len(RESIDENT_PREFIX):].split("_")
+            parts = tactic[len(RESIDENT_PREFIX):].split("_")
+            prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
+            tile, tiles, warps, stages = parts[:-1] if prefetch else parts
             bm, bn = (int(v) for v in tile.split("x"))
             if not (tiles.startswith("t") and warps.startswith("w") and stages.startswith("s")):
                 return None
             if bn % 2:  # the epilogue runs in two halves of the columns
                 return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]))
+            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch)
         except ValueError:
             return None
 
@@ -106,9 +143,13 @@ RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3),
 RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
 
 
-def resident_tactics(effort: int) -> list[str]:
-    """The candidates the builder times at this effort."""
-    return [tile.name for tile in RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]]
+def resident_tactics(effort: int, residual: bool = False) -> list[str]:
+    """The candidates the builder times at this effort; for a layer with a residual, each also with
+    its residual loaded early (without one, these would be the same kernel)."""
+    tiles = RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]
+    if residual:
+        tiles = [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH]
+    return [tile.name for tile in tiles]
 
 
 def resident_applies(x: torch.Tensor, k_total: int, geometry: ConvGeometry | None = None) -> bool:
@@ -155,6 +196,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
         rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
+        RES_PREFETCH=tile.residual_prefetch if residual is not None else 0,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
