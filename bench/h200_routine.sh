@@ -59,8 +59,9 @@ for name in "$@"; do
   case $name in
     checks) stage checks 560 env OUT=/tmp/routine/checks PARALLEL=8 bash bench/h200_checks.sh 120 ;;
     probe) stage probe 300 python bench/int8_kernel_probe.py --out /tmp/routine/probe ;;
-    resnet) stage resnet 540 python bench/h200_table.py --out /tmp/routine/resnet --models resnet50 \
-              --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build ;;
+    resnet) stage resnet 540 bash -c 'python bench/h200_table.py --out /tmp/routine/resnet --models resnet50 \
+              --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build \
+              && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/resnet/' ;;  # which tactic won where
     detectors)
       models=detector onnx_dir=.carry
       [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry

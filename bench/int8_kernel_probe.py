@@ -142,6 +142,19 @@ def main() -> None:
               case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer="layer1.conv3", tile=tile.name,
               epilogue="bias+res+relu+requant")
 
+    # The halved epilogue with the residual loaded before the K loop (`_re`) against without, on
+    # the residual layers the implicit GEMM runs (layer3's conv3; layer1's for reference).
+    for label in ("layer3.conv3 1x1 256->1024 @14", "layer1.conv3 1x1 64->256 @56"):
+        case = cases[label]
+        for base in (TileConfig(128, 128, 64, 8, 3), TileConfig(64, 64, 64, 4, 4), TileConfig(128, 64, 128, 4, 3)):
+            for tile in (replace(base, epilogue_halves=True), replace(base, epilogue_halves=True, residual_early=True)):
+                timed(f"{label} {tile.name} full epilogue",
+                      lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile,
+                                         dequant_scale=case["scale"], residual=case["residual"], activation="Relu",
+                                         residual_scale=0.01, output_inv_scale=20.0),
+                      case["macs"], case["x"].numel() + 2 * case["residual"].numel(), layer=label, tile=tile.name,
+                      epilogue="bias+res+relu+requant")
+
     # The resident-weight kernel on the same K = 64 layers: each program keeps its weight tile and
     # walks several row tiles.
     for label in ("layer1.conv3 1x1 64->256 @56", "layer3.conv3 1x1 256->1024 @14"):
