@@ -67,6 +67,67 @@ def test_batcher_dispatches_at_the_preferred_size_without_waiting_the_delay():
         batcher.join(5)
 
 
+def test_sinks_run_on_the_worker_after_the_batch_and_fail_their_request_alone():
+    """Each request's sink gets its own rows (host arrays; no tensors from a numpy engine), on the
+    worker thread, before the answer; what it returns is the answer's `written`; one that raises
+    fails its request only, the batch's others are answered."""
+    batcher, ctx = make_batcher(preferred=(3,), delay=5.0)
+    calls = []
+
+    def sink(host, device):
+        calls.append((host["y"].copy(), device, threading.current_thread().name))
+        return {"y": host["y"].nbytes}, False
+
+    def broken(host, device):
+        raise ValueError("region gone")
+    try:
+        batcher.pause()
+        futures = [batcher.submit({"x": np.full((1, 2), 1.0, np.float32)}, 1, None, sink),
+                   batcher.submit({"x": np.full((1, 2), 2.0, np.float32)}, 1, None, broken)]
+        futures += batcher.submit_many([({"x": np.full((1, 2), 3.0, np.float32)}, 1, None)])
+        batcher.resume()
+        first = futures[0].result(timeout=10)
+        assert first.written == {"y": 8} and first.batch_size == 3
+        with pytest.raises(ValueError, match="region gone"):
+            futures[1].result(timeout=10)
+        assert futures[2].result(timeout=10).written is None  # no sink
+        assert ctx.batches == [3]
+        (rows, device, thread), = calls
+        np.testing.assert_array_equal(rows, np.full((1, 2), 2.0))
+        assert device is None and thread.startswith("sartor-serve-m-v1-")
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_sinks_get_tensor_rows_where_the_engine_gives_tensors():
+    torch = pytest.importorskip("torch")
+
+    class TensorContext(FakeContext):
+        def run(self, feeds):
+            return {"y": torch.as_tensor(np.asarray(feeds["x"])) * 2}
+
+    batcher = Batcher("m", "1", [Instance(TensorContext(), "cpu")], BatchPolicy(8, True, (2,), 5.0, 64), [PROFILE],
+                      Metrics())
+    seen = []
+
+    def sink(host, device):
+        seen.append((host["y"], device["y"]))
+        return {"y": device["y"].numel() * 4}, False
+    try:
+        batcher.pause()
+        futures = [batcher.submit({"x": np.full((1, 2), v, np.float32)}, 1, None, sink) for v in (1.0, 5.0)]
+        batcher.resume()
+        assert [f.result(timeout=10).written for f in futures] == [{"y": 8}, {"y": 8}]
+        for (host, device), v in zip(seen, (1.0, 5.0)):
+            assert isinstance(host, np.ndarray) and isinstance(device, torch.Tensor)
+            np.testing.assert_array_equal(device.numpy(), np.full((1, 2), 2 * v))
+            np.testing.assert_array_equal(host, np.full((1, 2), 2 * v))
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
 def test_batcher_waits_at_most_the_delay_for_a_partial_batch():
     batcher, ctx = make_batcher(delay=0.15)
     try:

@@ -122,7 +122,16 @@ def test_http_system_shared_memory_round_trip(repo, tiny_plan):
         client.close()
 
 
-def test_grpc_system_shared_memory_round_trip(repo, tiny_plan):
+def test_grpc_system_shared_memory_round_trip(repo, tiny_plan, monkeypatch):
+    from sartor.serve.shared_memory import Lease
+    writers = []
+    write_output = Lease.write_output
+
+    def recorded(self, ref, host, device=None):
+        writers.append(threading.current_thread().name)
+        return write_output(self, ref, host, device)
+    # Outputs are written by the batcher's worker right after the batch, never on the event loop.
+    monkeypatch.setattr(Lease, "write_output", recorded)
     with running(repo) as server, system_region(4 * IN_BYTES) as (inp, in_key), \
             system_region(4 * OUT_BYTES) as (out, out_key):
         client = grpc_client(server)
@@ -157,6 +166,7 @@ def test_grpc_system_shared_memory_round_trip(repo, tiny_plan):
         close(results[0][0].as_numpy("logits"), reference(tiny_plan, x))
         client.unregister_system_shared_memory()
         client.close()
+    assert len(writers) == 3 and all(name.startswith("sartor-serve-tiny-") for name in writers), writers
 
 
 def test_concurrent_clients_each_with_their_own_regions(repo, tiny_plan):

@@ -60,3 +60,23 @@ def test_output_write_does_not_wait_for_a_batch_on_another_stream():
     assert took < BUSY_S / 4, f"the write waited {took:.2f} s: for the batch on the engine's stream"
     written = memory[8:8 + values.nbytes].cpu().numpy().view(np.float32)
     np.testing.assert_array_equal(written, values[::-1])
+
+
+def test_tensor_write_is_queued_behind_its_batch_and_synchronized_once():
+    """The batcher's worker writes a batch's output rows into CUDA regions device to device
+    (CudaRegion.write_tensor): queued on its current stream behind the work that made them,
+    without waiting, and complete after that stream's one synchronization."""
+    memory = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    region = CudaRegion("out", b"\0" * 64, 0, 4096, OwnMemoryIpc(memory))
+    cycles = int(_cycles_per_second() * BUSY_S)
+    torch.cuda._sleep(cycles)  # the batch, still running on the current stream
+    rows = torch.arange(1000, dtype=torch.float32, device="cuda")
+    start = time.monotonic()
+    must_sync = region.write_tensor(16, rows)
+    took = time.monotonic() - start
+    busy = not torch.cuda.current_stream().query()
+    assert busy, "the stand-in batch ended before the write: the check proves nothing"
+    assert must_sync and took < BUSY_S / 4, f"the write waited {took:.2f} s"
+    torch.cuda.current_stream().synchronize()
+    written = memory[16:16 + 4000].cpu().numpy().view(np.float32)
+    np.testing.assert_array_equal(written, np.arange(1000, dtype=np.float32))

@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -296,6 +297,15 @@ class BatchResult:
     queue_s: float
     compute_s: float
     batch_size: int
+    written: dict | None = None  # what the request's sink wrote: bytes per output (None: no sink)
+
+
+# A request's sink: called by the worker right after the request's batch, with the request's rows of
+# every output on the host (numpy) and, where the engine gave torch tensors, as those tensors (else
+# None). It writes them where the request asked (shared memory) and returns (bytes written per
+# output, whether the worker's current stream must be synchronized before the answer goes out). An
+# exception fails that request alone.
+Sink = Callable[[dict, "dict | None"], tuple[dict, bool]]
 
 
 @dataclass(eq=False)
@@ -306,6 +316,7 @@ class _Pending:
     enqueued: float
     deadline: float | None
     future: Future
+    sink: Sink | None = None
 
 
 class Batcher:
@@ -330,12 +341,13 @@ class Batcher:
             thread.start()
 
     # ---- the producer side ----------------------------------------------------------------------
-    def submit(self, inputs: dict, batch: int, deadline: float | None) -> Future:
-        """Queue one request (inputs already validated). Raises QueueFull, or BatcherClosed once this
-        batcher stopped taking requests (the caller retries with the version now served)."""
+    def submit(self, inputs: dict, batch: int, deadline: float | None, sink: Sink | None = None) -> Future:
+        """Queue one request (inputs already validated; `sink`: where its outputs go, see Sink).
+        Raises QueueFull, or BatcherClosed once this batcher stopped taking requests (the caller
+        retries with the version now served)."""
         signature = tuple(sorted((name, dtype_key(a), tuple(a.shape[1:] if self.policy.max_batch_size else a.shape))
                                  for name, a in inputs.items()))
-        pending = _Pending(inputs, batch, signature, time.monotonic(), deadline, Future())
+        pending = _Pending(inputs, batch, signature, time.monotonic(), deadline, Future(), sink)
         with self._cv:
             if self._closed:
                 raise BatcherClosed()
@@ -348,20 +360,20 @@ class Batcher:
         return pending.future
 
     def submit_many(self, requests: list) -> list:
-        """Queue several requests, (inputs, batch, deadline) each, under one lock: a Future each, or
-        the QueueFull a request that did not fit gets (as `submit` raises it). Raises BatcherClosed
-        for all of them once this batcher stopped taking requests."""
+        """Queue several requests, (inputs, batch, deadline[, sink]) each, under one lock: a Future
+        each, or the QueueFull a request that did not fit gets (as `submit` raises it). Raises
+        BatcherClosed for all of them once this batcher stopped taking requests."""
         batched = bool(self.policy.max_batch_size)
         signatures: dict = {}  # requests of one group usually share their shapes
         pendings = []
         now = time.monotonic()
-        for inputs, batch, deadline in requests:
+        for inputs, batch, deadline, *sink in requests:
             shapes = tuple((name, type(a), a.dtype, a.shape) for name, a in inputs.items())
             signature = signatures.get(shapes)
             if signature is None:
                 signature = signatures[shapes] = tuple(sorted(
                     (name, dtype_key(a), tuple(a.shape[1:] if batched else a.shape)) for name, a in inputs.items()))
-            pendings.append(_Pending(inputs, batch, signature, now, deadline, Future()))
+            pendings.append(_Pending(inputs, batch, signature, now, deadline, Future(), sink[0] if sink else None))
         answers: list = []
         with self._cv:
             if self._closed:
@@ -514,6 +526,7 @@ class Batcher:
             outputs = instance.run(feeds)
             ran = time.monotonic()
             parts = self._split(instance, outputs, live, rows)
+            written = self._sinks(instance, outputs, parts, live, rows)
         except ServeError as exc:
             for p in live:
                 _fail(p.future, exc)
@@ -540,9 +553,11 @@ class Batcher:
         m.observe("nv_inference_batch_size", series, total)
         m.observe("nv_inference_compute_infer_histogram_ms", series, (ran - ready) * 1e3)
         m.observe_many("nv_inference_queue_histogram_ms", series, [q * 1e3 for q in queued])
-        for p, out, waited in zip(live, parts, queued):
-            if not p.future.done():
-                p.future.set_result(BatchResult(out, waited, ran - ready, total))
+        for p, out, waited, wrote in zip(live, parts, queued, written):
+            if isinstance(wrote, BaseException):
+                _fail(p.future, wrote)
+            elif not p.future.done():
+                p.future.set_result(BatchResult(out, waited, ran - ready, total, wrote))
 
     def _feeds(self, instance: Instance, live: list[_Pending], total: int) -> tuple[dict, int]:
         """The batch's inputs and its rows (total, or more when padded up to a warmed batch), copied
@@ -577,6 +592,31 @@ class Batcher:
             feeds[name] = buffer
         return feeds, rows
 
+    def _sinks(self, instance: Instance, outputs: dict, parts: list[dict], live: list[_Pending], rows: int) -> list:
+        """Each request's sink run on its rows (see Sink): what it wrote, its exception, or None
+        where it has none. Here, on the worker, rather than per response on the event loop: with
+        CUDA shared memory an output goes device to device, and the batch synchronizes once."""
+        if not any(p.sink for p in live):
+            return [None] * len(live)
+        tensors = {name: value for name, value in outputs.items() if _is_tensor(value)}
+        device_parts = _rows(tensors, live, rows) if tensors else [None] * len(live)
+        written, sync = [], False
+        for p, host, device in zip(live, parts, device_parts):
+            if p.sink is None:
+                written.append(None)
+                continue
+            try:
+                wrote, must_sync = p.sink(host, device)
+            except Exception as exc:  # noqa: BLE001 (that request's answer)
+                written.append(exc)
+                continue
+            written.append(wrote)
+            sync = sync or must_sync
+        if sync:
+            import torch
+            torch.cuda.current_stream(torch.device(instance.device)).synchronize()
+        return written
+
     def _split(self, instance: Instance, outputs: dict, live: list[_Pending], rows: int) -> list[dict]:
         # Outputs are torch tensors when every input was (CUDA shared memory): on CUDA the context's
         # own buffers, valid until its next run, so they are copied to the host here.
@@ -586,18 +626,23 @@ class Batcher:
         # under the response while the next batch fills the buffer.
         outputs = {name: value.copy() if value.size and instance.owns(value) else value
                    for name, value in outputs.items()}
-        if len(live) == 1 and rows == live[0].batch:
-            return [outputs]
-        parts: list[dict] = [{} for _ in live]
-        for name, value in outputs.items():
-            if value.ndim == 0 or value.shape[0] != rows:
-                raise ExecutionError(f"output {name!r} of shape {list(value.shape)} has no batch dim of "
-                                     f"{rows}: it cannot be split between batched requests")
-            offset = 0
-            for part, p in zip(parts, live):
-                part[name] = value[offset:offset + p.batch]
-                offset += p.batch
-        return parts
+        return _rows(outputs, live, rows)
+
+
+def _rows(outputs: dict, live: list[_Pending], rows: int) -> list[dict]:
+    """Each request's rows of the batch's outputs (numpy arrays or torch tensors: views)."""
+    if len(live) == 1 and rows == live[0].batch:
+        return [outputs]
+    parts: list[dict] = [{} for _ in live]
+    for name, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] != rows:
+            raise ExecutionError(f"output {name!r} of shape {list(value.shape)} has no batch dim of "
+                                 f"{rows}: it cannot be split between batched requests")
+        offset = 0
+        for part, p in zip(parts, live):
+            part[name] = value[offset:offset + p.batch]
+            offset += p.batch
+    return parts
 
 
 def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total: int, batched: bool):

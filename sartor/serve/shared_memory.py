@@ -288,6 +288,32 @@ class CudaRegion(Region):
             target.copy_(source)
         self._stream.synchronize()
 
+    def write_tensor(self, offset: int, data) -> bool:
+        """Copy a torch tensor (the batch's output rows, on the engine's device) in without a round
+        trip through the host. On the region's own device the copy is queued on the calling thread's
+        current stream, behind the batch that made `data`, and True says the caller must synchronize
+        that stream before the response goes out (once per batch, not per request). Anywhere else
+        it is done when this returns (False)."""
+        import torch
+        nbytes = data.numel() * data.element_size()
+        if not nbytes:
+            return False
+        source = data.contiguous().reshape(-1).view(torch.uint8)
+        target = self.tensor[offset:offset + nbytes]
+        if target.device == source.device:
+            target.copy_(source)
+            return target.device.type == "cuda"
+        if target.device.type != "cuda":
+            target.copy_(source)  # a host stand-in of the region (tests): synchronous
+            return False
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(target.device, priority=-1)
+        self._stream.wait_stream(torch.cuda.current_stream(source.device))
+        with torch.cuda.stream(self._stream):
+            target.copy_(source)
+        self._stream.synchronize()
+        return False
+
     def _close(self) -> None:
         self.tensor = None
         self._ipc.close(self._ptr, self.device_id)
@@ -507,6 +533,12 @@ class SharedMemoryRegistry:
         return Lease(self)
 
 
+def _check_fits(ref: ShmRef, nbytes: int, shape: tuple, dtype_name: str) -> None:
+    if nbytes > ref.byte_size:
+        raise InvalidRequest(f"{ref.where}: {nbytes} bytes (shape {list(shape)} {kserve_datatype(dtype_name)}) do not "
+                             f"fit in shared_memory_byte_size {ref.byte_size} of region '{ref.region}'")
+
+
 class Lease:
     """The regions one request uses, held until the request is done. Two holders release it: the
     request's own handler and, once the request is queued, its batcher future (which the batcher
@@ -544,12 +576,21 @@ class Lease:
         """Write an output; returns the number of bytes written."""
         data = np.ascontiguousarray(array)
         data = data.astype(data.dtype.newbyteorder("<"), copy=False)
-        if data.nbytes > ref.byte_size:
-            raise InvalidRequest(f"{ref.where}: {data.nbytes} bytes (shape {list(data.shape)} "
-                                 f"{kserve_datatype(array.dtype.name)}) do not fit in shared_memory_byte_size "
-                                 f"{ref.byte_size} of region '{ref.region}'")
+        _check_fits(ref, data.nbytes, data.shape, array.dtype.name)
         self._region(ref).write(ref.offset, data)
         return data.nbytes
+
+    def write_output(self, ref: ShmRef, host: np.ndarray, device=None) -> tuple[int, bool]:
+        """Write an output from the batcher's worker, right after its batch: from `device` (the
+        output's rows as a torch tensor, where the engine gave tensors) into a CUDA region, else
+        from `host`. Returns (bytes written, whether the worker's current stream must be
+        synchronized before the response goes out: see CudaRegion.write_tensor)."""
+        region = self._region(ref)
+        if device is None or region.kind != "cuda":
+            return self.write(ref, host), False
+        nbytes = device.numel() * device.element_size()
+        _check_fits(ref, nbytes, tuple(device.shape), np.dtype(host.dtype).name)
+        return nbytes, region.write_tensor(ref.offset, device)
 
     def hold(self) -> None:
         with self._lock:
