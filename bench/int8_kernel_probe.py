@@ -27,8 +27,7 @@ from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, con
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, RESIDUAL_PREFETCH,  # noqa: E402
-                                          resident_gemm)
+from sartor.kernels.resident_gemm import MAX_RESIDENT_K, ResidentTile, resident_gemm, resident_tactics  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
@@ -161,7 +160,7 @@ def main() -> None:
         case = cases[label]
         if case["x"].shape[1] > MAX_RESIDENT_K:
             continue
-        for tile in (replace(base, residual_prefetch=mode) for base in RESIDENT_TILES for mode in RESIDUAL_PREFETCH):
+        for tile in map(ResidentTile.parse, resident_tactics(5, residual=True)):
             timed(f"{label} {tile.name} full epilogue",
                   lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
                                         residual=case["residual"], activation="Relu", residual_scale=0.01,

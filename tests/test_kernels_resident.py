@@ -3,6 +3,8 @@
 is offered and where it must not be. Through Triton's interpreter on CPU and natively on a GPU."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from int8_layers import on_device, random_int8_conv, random_int8_gemm
@@ -22,12 +24,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
 SMALL_EARLY, SMALL_AHEAD = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2))
+SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
 
 
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT], ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
     with the residual loaded a tile ahead, the tile after it) lies past the end."""
@@ -102,14 +105,18 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
-    assert 1 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == len(RESIDENT_TILES)
+    assert 2 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == 2 * len(RESIDENT_TILES)
+    first = RESIDENT_TILES[0].name
+    assert resident_tactics(1) == [first, first + "_g"]
     with_residual = resident_tactics(1, residual=True)
-    assert with_residual == [RESIDENT_TILES[0].name + suffix for suffix in ("", "_e", "_r")]
-    for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD):
+    assert with_residual == [first + suffix for suffix in ("", "_g", "_e", "_r")]
+    for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True)):
         assert ResidentTile.parse(tile.name) == tile
-    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 1, 2]
+    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 1, 2]
+    assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True, False, False]
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
-                "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e"):
+                "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e",
+                "resident_64x64_t4_w4_s3_g_e"):
         assert ResidentTile.parse(bad) is None, bad
 
 

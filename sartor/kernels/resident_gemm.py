@@ -33,16 +33,23 @@ if triton is not None:
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
-            OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr,
+            OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        if N_ADJACENT:  # a 1-D grid: the programs of one row group's column tiles run side by side
+            column_tiles = tl.cdiv(COUT, BLOCK_N)
+            row_group = tl.program_id(0) // column_tiles
+            column_tile = tl.program_id(0) - row_group * column_tiles
+        else:
+            row_group = tl.program_id(0)
+            column_tile = tl.program_id(1)
+        offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         n_ok = offs_n < COUT
         k_ok = offs_k < K
         b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                     other=0.0)
-        first_tile = tl.program_id(0) * TILES
-        first_column = tl.program_id(1) * BLOCK_N
+        first_tile = row_group * TILES
+        first_column = column_tile * BLOCK_N
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
@@ -99,19 +106,23 @@ MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
 @dataclass(frozen=True)
 class ResidentTile:
     """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages,
-    and when a row tile's residual is loaded (`RESIDUAL_PREFETCH`; layers without a residual run
-    as the plain tile)."""
+    when a row tile's residual is loaded (`RESIDUAL_PREFETCH`; layers without a residual run as
+    the plain tile), and whether the programs of one row group's column tiles are launched side
+    by side (suffix `_g`). Without `_g` the column tiles of one row group lie a whole grid row
+    apart, so where the input (ResNet-50's layer1 at batch 256: 51 MB) outgrows L2 (50 MB on the
+    H200) each column tile may read the rows from memory again; with `_g` they share them in L2."""
     block_m: int
     block_n: int
     tiles: int
     warps: int
     stages: int
     residual_prefetch: int = 0
+    n_adjacent: bool = False
 
     @property
     def name(self) -> str:
         return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
-                + RESIDUAL_PREFETCH[self.residual_prefetch])
+                + RESIDUAL_PREFETCH[self.residual_prefetch] + ("_g" if self.n_adjacent else ""))
 
     @classmethod
     def parse(cls, tactic: str | None) -> "ResidentTile | None":
@@ -119,6 +130,9 @@ class ResidentTile:
             return None
         try:
             parts = tactic[len(RESIDENT_PREFIX):].split("_")
+            adjacent = parts[-1] == "g"
+            if adjacent:
+                parts = parts[:-1]
             prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
             tile, tiles, warps, stages = parts[:-1] if prefetch else parts
             bm, bn = (int(v) for v in tile.split("x"))
@@ -126,7 +140,7 @@ class ResidentTile:
                 return None
             if bn % 2:  # the epilogue runs in two halves of the columns
                 return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch)
+            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent)
         except ValueError:
             return None
 
@@ -144,11 +158,14 @@ RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
 
 
 def resident_tactics(effort: int, residual: bool = False) -> list[str]:
-    """The candidates the builder times at this effort; for a layer with a residual, each also with
-    its residual loaded early (without one, these would be the same kernel)."""
+    """The candidates the builder times at this effort: each tile, and with its column tiles
+    adjacent (`_g`); for a layer with a residual, also with its residual loaded early (without
+    one, these would be the same kernel)."""
     tiles = RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]
+    tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
     if residual:
-        tiles = [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH]
+        tiles += [replace(tile, residual_prefetch=mode) for tile in tiles if not tile.n_adjacent
+                  for mode in RESIDUAL_PREFETCH if mode]
     return [tile.name for tile in tiles]
 
 
@@ -187,7 +204,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
-    grid = (triton.cdiv(triton.cdiv(rows, tile.block_m), tile.tiles), triton.cdiv(cout, tile.block_n))
+    row_groups, column_tiles = triton.cdiv(triton.cdiv(rows, tile.block_m), tile.tiles), triton.cdiv(cout, tile.block_n)
+    grid = (row_groups * column_tiles,) if tile.n_adjacent else (row_groups, column_tiles)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
@@ -196,7 +214,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
         rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
-        RES_PREFETCH=tile.residual_prefetch if residual is not None else 0,
+        RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
