@@ -108,7 +108,11 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert 2 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == 2 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
     assert resident_tactics(1) == [first, first + "_g"]
-    with_residual = resident_tactics(1, residual=True)
+    assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
+    with_residual = resident_tactics(3, residual=True)
+    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e",
+                                                                                RESIDENT_TILES[3].name + "_r"]
+    with_residual = [name for name in with_residual if name.startswith(first)]
     assert with_residual == [first + suffix for suffix in ("", "_g", "_e", "_r")]
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True)):
         assert ResidentTile.parse(tile.name) == tile

@@ -155,15 +155,19 @@ RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3),
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
 # the same layers already time.
 RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
+# The early-residual variants lost to the plain tile on layer1's 1×1 layers, where each resident
+# tile is timed (H200, session 15: 0.263 ms plain against 0.278–0.281), and gained up to 11% on
+# weaker tiles only: timed from this effort on, where the search is wide anyway.
+PREFETCH_MIN_EFFORT = 3
 
 
 def resident_tactics(effort: int, residual: bool = False) -> list[str]:
     """The candidates the builder times at this effort: each tile, and with its column tiles
-    adjacent (`_g`); for a layer with a residual, also with its residual loaded early (without
-    one, these would be the same kernel)."""
+    adjacent (`_g`); from PREFETCH_MIN_EFFORT, for a layer with a residual, also with its residual
+    loaded early (without one, these would be the same kernel)."""
     tiles = RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
-    if residual:
+    if residual and effort >= PREFETCH_MIN_EFFORT:
         tiles += [replace(tile, residual_prefetch=mode) for tile in tiles if not tile.n_adjacent
                   for mode in RESIDUAL_PREFETCH if mode]
     return [tile.name for tile in tiles]
