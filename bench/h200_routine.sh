@@ -21,6 +21,9 @@
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
+#   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
+#              mobilenet_v3_large; about 200 s of compile per shape, so one model per call; the
+#              detectors need .whl/base and .carry)                                           ~500
 # Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
 # .whl/serve/perf_analyzer.tgz unpacked. The device tool carries 64 MiB at most, so carry only the
 # folders the stages need: .whl/base (pycocotools, ultralytics: agreement, detectors),
@@ -77,6 +80,9 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
+    autotune) stage autotune 580 python bench/h200_table.py --out /tmp/routine/autotune \
+                --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches 1,256 --detector-batches 1,32 \
+                --effort 1 --no-warm-build --max-autotune --onnx-dir .carry ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
     kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
