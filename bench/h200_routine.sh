@@ -22,6 +22,7 @@
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
+#   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
 #              mobilenet_v3_large; about 200 s of compile per shape, so one model per call; the
 #              detectors need .whl/base and .carry)                                           ~500
@@ -81,6 +82,8 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
+    pdl) stage pdl 560 python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 --int8 \
+           --pdl --no-compile --effort 1 --no-warm-build ;;
     autotune) stage autotune 580 python bench/h200_table.py --out /tmp/routine/autotune \
                 --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches 1,256 --detector-batches 1,32 \
                 --effort 1 --no-warm-build --max-autotune --onnx-dir .carry ;;
@@ -88,7 +91,7 @@ for name in "$@"; do
               --methods mse ;;
     kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
-               tests/test_serve_shm_stream.py ;;
+               tests/test_serve_shm_stream.py tests/test_pdl.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;

@@ -93,14 +93,17 @@ def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
 
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
                calib: Path | None, effort: int | None = None, warm_build: bool = True,
-               imagenet: bool = True) -> dict:
+               imagenet: bool = True, pdl: bool = False) -> dict:
     """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
-    state, device memory."""
+    state, device memory. `pdl`: built with --pdl (quantized precisions)."""
     shapes = {input_name: shape}
-    cache = work / f"timing_{onnx.stem}_{precision}.json"
+    variant = precision + ("_pdl" if pdl else "")
+    cache = work / f"timing_{onnx.stem}_{variant}.json"
     cache.unlink(missing_ok=True)
     kwargs = {"calib": str(calib), "calib_size": 64} if precision in ("int8", "fp8") else {}
-    plan = work / f"{onnx.stem}_{precision}_b{shape[0]}.plan"
+    if pdl:
+        kwargs["pdl"] = True
+    plan = work / f"{onnx.stem}_{variant}_b{shape[0]}.plan"
     if effort is not None:
         kwargs["builder_effort"] = effort
     builds = []
@@ -166,6 +169,8 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true", help="also sartor INT8 (calibrated on street scenes)")
     parser.add_argument("--fp8", action="store_true", help="also sartor FP8 E4M3 (same calibration as INT8)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--pdl", action="store_true",
+                        help="also each quantized engine built with --pdl (programmatic dependent launch), side by side")
     parser.add_argument("--max-autotune", action="store_true",
                         help="also torch.compile mode max-autotune (minutes of compile per shape)")
     parser.add_argument("--onnx-dir", type=Path, default=None)
@@ -209,9 +214,12 @@ def main() -> None:
             # Classifiers read ImageNet-normalised pixels, the detectors pixels in 0..1.
             imagenet = name in CLASSIFIERS
             for quantized in [p for p, wanted in (("int8", args.int8), ("fp8", args.fp8)) if wanted]:
-                jobs.append((f"sartor_{quantized}", lambda quantized=quantized: sartor_row(
-                    onnx_path(name, work, args.onnx_dir), input_name, shape, quantized, work, args.iterations,
-                    calibration(size, imagenet), imagenet=imagenet, **build)))
+                for pdl in (False, True) if args.pdl else (False,):
+                    jobs.append((f"sartor_{quantized}" + ("_pdl" if pdl else ""),
+                                 lambda quantized=quantized, pdl=pdl: sartor_row(
+                                     onnx_path(name, work, args.onnx_dir), input_name, shape, quantized, work,
+                                     args.iterations, calibration(size, imagenet), imagenet=imagenet, pdl=pdl,
+                                     **build)))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
@@ -249,6 +257,11 @@ def main() -> None:
         lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_fp8')} | "
                      f"{cell(r, 'eager_fp16_cuda_graph')} | {cell(r, 'torch_compile_reduce_overhead')} | "
                      f"{r.get('sartor_fp16_speedup_over_best_peer', '–')} |")
+    pdl_rows = [r for r in results["rows"] if any(k.endswith("_pdl") for k in r)]
+    if pdl_rows:
+        lines += ["", "| model | batch | INT8 ms | INT8 --pdl ms | FP8 ms | FP8 --pdl ms |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_int8_pdl')} | "
+                  f"{cell(r, 'sartor_fp8')} | {cell(r, 'sartor_fp8_pdl')} |" for r in pdl_rows]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     save()
     print("\n".join(lines))

@@ -57,14 +57,18 @@ PATTERNS = {
     "st.v4": r"st\.global(?:\.\w+)*\.v4",
     "st.v2": r"st\.global(?:\.\w+)*\.v2",
     "st.scalar": r"st\.global(?:\.(?!v[24])\w+)+\s",
+    "pdl": r"griddepcontrol\.",
 }
 
 
-def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, target: GPUTarget):
+def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, target: GPUTarget, pdl: bool = False):
     """Compile `fn` as Triton's launcher would for these argument values: strings are pointer
     types (assumed 16-byte aligned), ints equal to 1 become constants and multiples of 16 carry
-    the divisibility hint, floats are fp32."""
+    the divisibility hint, floats are fp32. `pdl`: as launched with programmatic dependent launch
+    (kernels/pdl.py), for the kernels that take part."""
     backend = CUDABackend(target)
+    if "PDL" in fn.arg_names:
+        constexprs = dict(constexprs, PDL=pdl)
     signature, attrs, constants = {}, {}, dict(constexprs)
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -87,8 +91,9 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
             if value % 16 == 0:
                 attrs[(index,)] = backend.parse_attr("D")
     source = ASTSource(fn, signature, constants, attrs)
-    return triton.compile(source, target=target,
-                          options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False})
+    options = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+    return triton.compile(source, target=target, options=dict(options, launch_pdl=True) if constexprs.get("PDL")
+                          else options)
 
 
 def ptxas_report(ptx: str, arch: int) -> dict:
@@ -158,6 +163,7 @@ def main() -> None:
     parser.add_argument("--layer", default="layer1.conv3", choices=sorted(LAYERS))
     parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: Hopper)")
     parser.add_argument("--dump", type=Path, default=None, help="write each candidate's TTGIR and PTX here")
+    parser.add_argument("--pdl", action="store_true", help="compile as launched with programmatic dependent launch")
     args = parser.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
     print(f"{args.layer} on sm_{args.arch}: per program")
@@ -165,7 +171,7 @@ def main() -> None:
           + " ".join(f"{name:>9}" for name in PATTERNS))
     for label, fn, values, constexprs, warps, stages in layer_cases(args.layer):
         try:
-            kernel = compile_for(fn, values, constexprs, warps, stages, target)
+            kernel = compile_for(fn, values, constexprs, warps, stages, target, args.pdl)
             report = ptxas_report(kernel.asm["ptx"], args.arch)
         except Exception as exc:  # noqa: BLE001 - one candidate that fails to compile is a finding, not the end
             print(f"{label:32s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")

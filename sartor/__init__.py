@@ -17,7 +17,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           int8_fallback_precision: str | None = None, min_cosine: float | None = None,
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
-          fallback_where_faster: bool | None = None):
+          fallback_where_faster: bool | None = None, pdl: bool | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -41,7 +41,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     `bias_correction=True` is `--bias-correction` (each INT8/FP8 layer's per-channel mean output
     error against FP32, measured on `calib`, is subtracted from its bias).
     `fallback_where_faster=True` is `--fallback-where-faster`: INT8 (FP8) layers whose best kernel is
-    faster at the fallback precision run there, if the whole engine gets faster.
+    faster at the fallback precision run there, if the whole engine gets faster. `pdl=True` is
+    `--pdl` (INT8/FP8 on compute capability 9.0+: the quantized layers' kernels are launched with
+    programmatic dependent launch).
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -62,7 +64,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "classes": None if classes is None else list(classes),
         "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
-        "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster,
+        "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster, "pdl": pdl,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

@@ -62,6 +62,10 @@ class BuildConfig:
     # Time the layers that have one candidate kernel too (the INT8 emulation on the CPU), so that
     # every layer's time is in the engine; --fallback-where-faster sets it for its builds.
     time_every_layer: bool = False
+    # INT8 (FP8) builds on Hopper and newer: the quantized layers' Triton kernels are launched with
+    # programmatic dependent launch (sartor/builder/pdl.py), so that each may start while the one
+    # before it ends. Off until measured on a GPU (BENCHMARKS.md, session 15).
+    pdl: bool = False
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/quant/planner.py) keep the most sensitive layers out of INT8 until
@@ -97,6 +101,9 @@ class BuildConfig:
         if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
             raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
                               f"--precision int8 or fp8, not {self.precision}")
+        if self.pdl and self.precision not in QUANTIZED_PRECISIONS:
+            raise ConfigError(f"--pdl launches the INT8 (FP8) layers' kernels with programmatic dependent launch: it "
+                              f"needs --precision int8 or fp8, not {self.precision}")
         if self.fallback_where_faster and self.builder_effort < 1:
             raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
                               "or more, not 0 (which times nothing)")

@@ -27,6 +27,7 @@ from ..runtime.profiles import Profile, make_profile
 from ..tactics import TacticSelection, TimingCache, record_tactics, select_tactics_by_profile, summary_by_profile
 from ..version import __version__
 from .config import QUANTIZED_PRECISIONS, BuildConfig, check_preprocess
+from .pdl import check_pdl_device, mark_programmatic_launch
 from .kernels import CaptureUnavailable, capture_kernels
 from .precision import (
     base_precision,
@@ -211,6 +212,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         check_writable(config.timing_cache)
         timing_cache = TimingCache(config.timing_cache)
     device = parse_device(config.device)
+    if config.pdl:
+        check_pdl_device(device)
     started = time.perf_counter()
     stage_seconds: dict[str, float] = {}
     log: list[str] = []
@@ -297,6 +300,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                                effort=config.builder_effort, cache=timing_cache,
                                                time_single=config.time_every_layer)
     record_tactics(graph, selections)
+    if config.pdl:
+        log.append(f"pdl: {mark_programmatic_launch(graph)} quantized layer(s) launched with programmatic dependent "
+                   f"launch")
     tactics = selections[0].layers
     log.append(summary_by_profile(selections) if config.builder_effort > 0 else
                "tactics: builder effort 0, nothing timed (every layer runs its reference kernel)")

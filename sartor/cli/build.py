@@ -177,6 +177,9 @@ def add_parser(subparsers, parents) -> None:
                    help="INT8/FP8: run a layer at the fallback precision where its best kernel is faster there and "
                         "the whole engine gets faster, every layer if that is fastest (three builds; the engine "
                         "records the comparison)")
+    p.add_argument("--pdl", action="store_true",
+                   help="INT8/FP8 on compute capability 9.0+: launch the quantized layers' Triton kernels with "
+                        "programmatic dependent launch, each starting while the one before it ends")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--data", metavar="VAL",
@@ -258,7 +261,7 @@ def config_from_args(args) -> BuildConfig:
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
         min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction,
-        fallback_where_faster=args.fallback_where_faster)
+        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl)
 
 
 def run(args) -> int:

@@ -31,11 +31,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from .pdl import launch_options
 
 if triton is not None:
     import triton.language as tl
 
     from .epilogue import _activate
+    from .pdl import await_previous_kernel
 
     @triton.jit
     def pixel_coords(offsets, OH, OW):
@@ -213,7 +215,9 @@ if triton is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+            PDL: tl.constexpr = False):
+        await_previous_kernel(PDL)
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -564,9 +568,10 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                residual_after_activation: bool = False, input_inv_scale: float | None = None,
                residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-               fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None
-               ) -> torch.Tensor:
+               fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+               pdl: bool = False) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
+    `pdl`: launch it with programmatic dependent launch (`kernels/pdl.py`; CUDA tensors only).
 
     INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
     w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.
@@ -618,8 +623,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, **epilogue,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
-        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion)
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8, PDL=pdl,
+        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
                                 epilogue, min(tile.block_m, 64), min(tile.block_n, 64), fusion)

@@ -23,6 +23,7 @@ import torch
 
 from .conv_igemm import ConvGeometry, epilogue_arguments, multiprocessors
 from .epilogue import channels_last_output, pixel_stride, triton
+from .pdl import launch_options
 
 try:  # host-side descriptors: Triton 3.4 and newer
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -33,6 +34,7 @@ if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
     from .conv_igemm import _epilogue_store
+    from .pdl import await_previous_kernel
 
     @triton.jit
     def _conv_tma_tile(
@@ -92,8 +94,9 @@ if triton is not None and TensorDescriptor is not None:
             KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr):
+            BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         """One program per output tile."""
+        await_previous_kernel(PDL)
         _conv_tma_tile(tl.program_id(0), x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
                        COUT, C, OH, OW, y_row, srn, src, srh, srw, pad_h, pad_w,
                        res_scale, out_inv_scale, qmin, alpha, beta,
@@ -108,10 +111,11 @@ if triton is not None and TensorDescriptor is not None:
             KH: tl.constexpr, KW: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr):
+            BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         """PROGRAMS programs (one per SM) walk the tiles in turn. The loop nest is flattened, so the
         compiler can pipeline the next tile's first copies behind this tile's last products and
         epilogue, which a program per tile leaves to other programs to hide."""
+        await_previous_kernel(PDL)
         tiles = N * tl.cdiv(OH, BH) * tl.cdiv(OW, BW) * tl.cdiv(COUT, BLOCK_N)
         for tile in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
             _conv_tma_tile(tile, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
@@ -200,10 +204,11 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None = None, alpha: float | None = None, beta: float | None = None,
              residual_after_activation: bool = False, input_inv_scale: float | None = None,
              residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-             fp8: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+             fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) convolution y = epilogue(conv(x, w)) for x [N, C, H, W] 8-bit codes,
     channels-last (or a channel slice of it), w_packed [Cout, C, kh, kw] packed K-major by
-    `pack_weight`; the epilogue's arguments are conv_igemm's. Output channels-last (or into `out`)."""
+    `pack_weight`; the epilogue's arguments are conv_igemm's (`pdl` too). Output channels-last (or
+    into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
     if x.dtype != code or not tma_applies(x, tuple(w_packed.shape), geometry, tile.block_k):
         raise ValueError(f"conv_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
@@ -229,7 +234,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     tensors = (x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                residual if residual is not None else y, y)
     constants = dict(KH=kh, KW=kw, **flags, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                     num_warps=tile.warps, num_stages=tile.stages,
+                     PDL=pdl, **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
                      enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     pads = (geometry.pads[0], geometry.pads[1])
     if tile.persistent:

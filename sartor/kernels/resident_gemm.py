@@ -19,12 +19,14 @@ import torch
 
 from .conv_igemm import ConvGeometry, epilogue_arguments
 from .epilogue import channels_last_output, pixel_stride, triton
+from .pdl import launch_options
 
 if triton is not None:
     import triton.language as tl
 
     from .conv_igemm import (_accumulate, _epilogue_store_halves, _epilogue_store_halves_given, _residual_halves,
                              pixel_coords)
+    from .pdl import await_previous_kernel
 
     @triton.jit
     def _resident_gemm_kernel(
@@ -34,7 +36,8 @@ if triton is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr, N_ADJACENT: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+        await_previous_kernel(PDL)
         if N_ADJACENT:  # a 1-D grid: the programs of one row group's column tiles run side by side
             column_tiles = tl.cdiv(COUT, BLOCK_N)
             row_group = tl.program_id(0) // column_tiles
@@ -190,10 +193,10 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                   alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
                   input_inv_scale: float | None = None, residual_scale: float | None = None,
                   output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
     channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major; the epilogue's
-    arguments are conv_igemm's. Output channels-last (or into `out`)."""
+    arguments are conv_igemm's (`pdl` too). Output channels-last (or into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
     k_total = w_packed.shape[1]
     if not resident_applies(x, k_total) or x.shape[1] != k_total:
@@ -219,7 +222,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, PDL=pdl, **launch_options(pdl),
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y

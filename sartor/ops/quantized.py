@@ -249,6 +249,13 @@ def _int8_epilogue(attrs: dict) -> dict:
                 qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs))
 
 
+def _programmatic_launch(x: torch.Tensor, attrs: dict) -> bool:
+    """Whether the layer's kernel is launched with programmatic dependent launch: the builder's
+    `--pdl` marks the layers (`builder/pdl.py`), and only CUDA tensors take it (the interpreter
+    has no grid dependency control)."""
+    return bool(attrs.get("pdl")) and x.is_cuda
+
+
 def _unpacked_weight_shape(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
     """A stand-in (no data) for the [Cout, C, kh, kw] weight that a tactic stored in another layout
     (im2col's flat rows, the windows'), for the geometry and applicability checks that read it."""
@@ -305,7 +312,7 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
     if geometry is None or not resident_applies(x, wq.shape[1], geometry):
         return None
     return resident_gemm(x, wq, bias, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                         **_int8_epilogue(attrs))
+                         pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out: torch.Tensor | None = None):
@@ -314,7 +321,7 @@ def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out:
     if not tma_applies(x, tuple(wq.shape), geometry, tile.block_k) or x.dtype != code_dtype(attrs):
         return None
     return conv_tma(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                    **_int8_epilogue(attrs))
+                    pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
@@ -323,7 +330,7 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
     if geometry is None:
         return None
     return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                      **_int8_epilogue(attrs))
+                      pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):

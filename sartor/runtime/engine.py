@@ -105,6 +105,8 @@ def rebuild_command(header: dict) -> str:
         args.append("--no-overflow-guard")
     if config.get("embed_kernels") is False:
         args.append("--no-embed-kernels")
+    if config.get("pdl"):
+        args.append("--pdl")
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
