@@ -27,7 +27,8 @@ from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, con
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
-from sartor.kernels.resident_gemm import MAX_RESIDENT_K, ResidentTile, resident_gemm, resident_tactics  # noqa: E402
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, ResidentTile, program_tiles, resident_gemm,  # noqa: E402
+                                          resident_tactics)
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_conv, window_weight  # noqa: E402
@@ -43,13 +44,7 @@ def _stream_like_resident(x_ptr, r_ptr, y_ptr, M, N, K: tl.constexpr, TILES: tl.
     """The resident kernel's memory traffic without its product: each program reads its rows of x
     (K codes each) and, per column tile, the residual tile, and writes the output tile, in the same
     tiles, order and grid. Its time is what the traffic pattern alone costs."""
-    if ADJACENT:
-        column_tiles = tl.cdiv(N, BLOCK_N)
-        row_group = tl.program_id(0) // column_tiles
-        column_tile = tl.program_id(0) - row_group * column_tiles
-    else:
-        row_group = tl.program_id(0)
-        column_tile = tl.program_id(1)
+    row_group, column_tile = program_tiles(N, BLOCK_N, ADJACENT)
     offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, K)
     for t in range(TILES):

@@ -29,6 +29,17 @@ if triton is not None:
     from .pdl import await_previous_kernel
 
     @triton.jit
+    def program_tiles(COUT, BLOCK_N: tl.constexpr, N_ADJACENT: tl.constexpr):
+        """This program's (row group, column tile): with N_ADJACENT a 1-D grid in which one row
+        group's column tiles run side by side (ResidentTile's `_g`), else a (row groups, column
+        tiles) grid."""
+        if N_ADJACENT:
+            column_tiles = tl.cdiv(COUT, BLOCK_N)
+            row_group = tl.program_id(0) // column_tiles
+            return row_group, tl.program_id(0) - row_group * column_tiles
+        return tl.program_id(0), tl.program_id(1)
+
+    @triton.jit
     def _resident_gemm_kernel(
             x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
             M, COUT, K, x_row, y_row, OH, OW, srn, src, srh, srw,
@@ -38,13 +49,7 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
-        if N_ADJACENT:  # a 1-D grid: the programs of one row group's column tiles run side by side
-            column_tiles = tl.cdiv(COUT, BLOCK_N)
-            row_group = tl.program_id(0) // column_tiles
-            column_tile = tl.program_id(0) - row_group * column_tiles
-        else:
-            row_group = tl.program_id(0)
-            column_tile = tl.program_id(1)
+        row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         n_ok = offs_n < COUT
