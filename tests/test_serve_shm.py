@@ -535,9 +535,12 @@ def test_perf_analyzer_with_system_shared_memory(tmp_path, tiny_plan, protocol):
 
         registry.register_system = record  # the frontends look it up per call
         port = server.http_port if protocol == "http" else server.grpc_port
+        # The same lax stability bound as test_serve_perf_analyzer: under the whole suite a busy 2-core
+        # CI machine once failed to stabilize within 5 windows at 100% (session 15); what this
+        # checks is the shared-memory traffic, not steadiness.
         command = [binary, "-m", "tiny", "-u", f"{HOST}:{port}", "-i", protocol, "-b", "2",
-                   "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "100",
-                   "--max-trials", "5", "--shared-memory", "system", "--output-shared-memory-size", "4096",
+                   "--concurrency-range", "1:2", "--measurement-interval", "500", "--stability-percentage", "500",
+                   "--max-trials", "10", "--shared-memory", "system", "--output-shared-memory-size", "4096",
                    "-f", str(report)]
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=180)
         output = done.stdout + done.stderr
