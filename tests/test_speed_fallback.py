@@ -162,3 +162,17 @@ def test_the_cli_flag_reaches_the_config():
     assert config_from_args(args).fallback_where_faster
     args = make_parser().parse_args(["build", "m.onnx", "-o", "m.plan"])
     assert not config_from_args(args).fallback_where_faster
+
+
+def test_the_fallback_build_drops_what_only_quantized_layers_take(tmp_path):
+    """--pdl, calibration and the planner go with quantized layers: the all-fallback build, which has
+    none, drops them and is a valid configuration (a kept --pdl would be refused there)."""
+    from sartor.builder.config import BuildConfig
+    # As build_with_fallback_where_faster passes it on (the flag itself cleared).
+    config = BuildConfig(model_path="m.onnx", output_path=str(tmp_path / "m.plan"), precision="int8", calib="c.npy",
+                         pdl=True, builder_effort=1, time_every_layer=True)
+    fallback = speed_fallback._fallback_config(config, "fp16", tmp_path / "f.plan")
+    assert (fallback.precision, fallback.pdl, fallback.calib) == ("fp16", False, None)
+    fallback.validate()
+    with pytest.raises(SartorError, match="--pdl launches"):
+        speed_fallback.replace(fallback, pdl=True).validate()
