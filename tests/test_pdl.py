@@ -11,10 +11,11 @@ from conftest import make_model, save
 from onnx import TensorProto, helper, numpy_helper
 
 import sartor
-from sartor.builder.pdl import mark_programmatic_launch, takes_part
+from sartor.builder.pdl import mark_programmatic_launch
 from sartor.errors import SartorError
 from sartor.ir import Graph
 from sartor.ir.graph import Node
+from sartor.ops.quantized import own_kernel_tactic
 from sartor.runtime.engine import rebuild_command
 
 SHAPES = {"min_shapes": {"x": (1, 8, 6, 6)}, "opt_shapes": {"x": (1, 8, 6, 6)}, "max_shapes": {"x": (1, 8, 6, 6)}}
@@ -39,7 +40,7 @@ def test_only_quantized_layers_whose_kernels_wait_are_marked():
     assert mark_programmatic_launch(graph) == 5
     assert [n.name for n in graph.nodes if n.attrs.get("pdl")] == ["igemm", "resident", "tma", "fc",
                                                                    "one_profile_kernel"]
-    assert not takes_part(None) and not takes_part("") and takes_part("igemm_64x64x64_w4_s4_pt")
+    assert not own_kernel_tactic(None) and not own_kernel_tactic("") and own_kernel_tactic("igemm_64x64x64_w4_s4_pt")
 
 
 def _model(tmp_path):

@@ -8,17 +8,10 @@ import torch
 
 from ..errors import ConfigError
 from ..ir import Graph
-from ..kernels.conv_igemm import TileConfig
-from ..kernels.conv_tma import TmaTile
 from ..kernels.pdl import MIN_CAPABILITY, pdl_available
-from ..kernels.resident_gemm import ResidentTile
+from ..ops.quantized import own_kernel_tactic
 
 QUANTIZED_LAYERS = ("QConv", "QGemm")
-
-
-def takes_part(tactic: str | None) -> bool:
-    """Whether this tactic's kernel waits for its predecessor as PDL requires."""
-    return bool(tactic) and any(kind.parse(tactic) is not None for kind in (TileConfig, ResidentTile, TmaTile))
 
 
 def check_pdl_device(device: torch.device) -> None:
@@ -38,7 +31,7 @@ def mark_programmatic_launch(graph: Graph) -> int:
         if node.op_type not in QUANTIZED_LAYERS:
             continue
         tactics = node.attrs.get("tactic_by_profile") or [node.attrs.get("tactic")]
-        if any(takes_part(tactic) for tactic in tactics):
+        if any(own_kernel_tactic(tactic) for tactic in tactics):
             node.attrs["pdl"] = True
             marked += 1
     return marked

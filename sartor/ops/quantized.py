@@ -230,10 +230,14 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
         multiple = math.lcm(IM2COL_K_MULTIPLE, tile.block_k)
         return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
-    packed = tactic is not None and (TileConfig.parse(tactic) is not None or ResidentTile.parse(tactic) is not None
-                                     or TmaTile.parse(tactic) is not None
-                                     or tactic in LIBRARY_TACTICS)
-    return pack_weight(wq) if packed else wq
+    return pack_weight(wq) if own_kernel_tactic(tactic) or tactic in LIBRARY_TACTICS else wq
+
+
+def own_kernel_tactic(tactic: str | None) -> bool:
+    """Whether the tactic is one of sartor's own Triton kernels that `_kernel_tactic` runs with the
+    layer's epilogue fused (an implicit-GEMM, resident or TMA tile): they read the weight packed
+    K-major, and they are the ones --pdl launches with programmatic dependent launch."""
+    return bool(tactic) and any(kind.parse(tactic) is not None for kind in (TileConfig, ResidentTile, TmaTile))
 
 
 def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
