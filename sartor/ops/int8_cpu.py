@@ -32,6 +32,11 @@ def _applies(xq: torch.Tensor, wq: torch.Tensor, k: int) -> bool:
             and 0 < k <= MAX_EXACT_K)
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """A 4-D tensor in channels-last memory (and not also contiguous, as tensors of one pixel are)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def conv_by_int_mm(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor | None:
     """The int32 accumulator [N, Cout, OH, OW] of a 2-D convolution of int8 codes `xq` by int8
     `wq` (ONNX attributes: strides, pads, dilations), in the input's memory format; None where the
@@ -55,7 +60,7 @@ def conv_by_int_mm(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Ten
         rows = columns.transpose(1, 2).reshape(-1, columns.shape[1]).to(torch.int8)
     acc = torch._int_mm(rows.contiguous(), wq.reshape(cout, -1).t())
     out = acc.view(n, oh, ow, cout).permute(0, 3, 1, 2)  # channels-last memory
-    return out if xq.is_contiguous(memory_format=torch.channels_last) and not xq.is_contiguous() else out.contiguous()
+    return out if _channels_last(xq) else out.contiguous()
 
 
 def matmul_by_int_mm(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor | None:
@@ -71,12 +76,10 @@ def depthwise_in_float32(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> tor
     """The accumulator (float32, integer-valued, exact) [N, C·m, OH, OW] of a depthwise 2-D
     convolution (group = C) of int8 codes by int8 `wq` [C·m, 1, kh, kw], in the input's memory
     format; None where it does not apply."""
-    if (xq.dim() != 4 or wq.dim() != 4 or xq.device.type != "cpu" or xq.dtype != torch.int8
-            or wq.dtype != torch.int8 or attrs.get("group", 1) != xq.shape[1] or wq.shape[1] != 1
-            or wq.shape[2] * wq.shape[3] > MAX_FLOAT32_TAPS):
+    if (xq.dim() != 4 or wq.dim() != 4 or attrs.get("group", 1) != xq.shape[1] or wq.shape[1] != 1
+            or not _applies(xq, wq, wq.shape[2] * wq.shape[3]) or wq.shape[2] * wq.shape[3] > MAX_FLOAT32_TAPS):
         return None
-    channels_last = xq.is_contiguous(memory_format=torch.channels_last) and not xq.is_contiguous()
     x = xq.to(torch.float32).contiguous(memory_format=torch.channels_last)  # oneDNN's fast depthwise layout
     acc = conv_nd(x, wq.to(torch.float32), None, attrs)
-    return acc if channels_last else acc.contiguous()
+    return acc if _channels_last(xq) else acc.contiguous()
 
