@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sartor  # noqa: E402
 from int8_cosine import cosine, measures, model_io, normalise, run  # noqa: E402  (the benches' own folder is on sys.path)
 
+
 def onnxruntime_outputs(onnx_path: Path, name: str, x: np.ndarray, batch: int) -> np.ndarray:
     import onnxruntime
     session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
