@@ -82,8 +82,8 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
-    pdl) stage pdl 560 python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 --int8 \
-           --pdl --no-compile --effort 1 --no-warm-build ;;
+    pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
+           --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
     autotune) stage autotune 580 python bench/h200_table.py --out /tmp/routine/autotune \
                 --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches 1,256 --detector-batches 1,32 \
                 --effort 1 --no-warm-build --max-autotune --onnx-dir .carry ;;

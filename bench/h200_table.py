@@ -98,7 +98,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     state, device memory. `pdl`: built with --pdl (quantized precisions)."""
     shapes = {input_name: shape}
     variant = precision + ("_pdl" if pdl else "")
-    cache = work / f"timing_{onnx.stem}_{variant}.json"
+    cache = work / f"timing_{onnx.stem}_{variant}_b{shape[0]}.json"  # one per engine: kept for reading
     cache.unlink(missing_ok=True)
     kwargs = {"calib": str(calib), "calib_size": 64} if precision in ("int8", "fp8") else {}
     if pdl:

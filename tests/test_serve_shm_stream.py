@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("CUDA shared memory needs a GPU", allow_module_level=True)
+pytest.importorskip("tritonclient")  # sartor.serve's protocol types (the routine carries .whl/serve)
 
 from sartor.serve.shared_memory import CudaRegion  # noqa: E402
 
