@@ -30,7 +30,8 @@ SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 chan
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_AHEAD, n_adjacent=True)],
+                         ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
     with the residual loaded a tile ahead, the tile after it) lies past the end."""
@@ -110,14 +111,14 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert resident_tactics(1) == [first, first + "_g"]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
     with_residual = resident_tactics(3, residual=True)
-    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e",
-                                                                                RESIDENT_TILES[3].name + "_r"]
+    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e_g",
+                                                                                RESIDENT_TILES[3].name + "_r_g"]
     with_residual = [name for name in with_residual if name.startswith(first)]
-    assert with_residual == [first + suffix for suffix in ("", "_g", "_e", "_r")]
+    assert with_residual == [first + suffix for suffix in ("", "_g", "_e", "_r", "_e_g", "_r_g")]
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True)):
         assert ResidentTile.parse(tile.name) == tile
-    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 1, 2]
-    assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True, False, False]
+    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 1, 2, 1, 2]
+    assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True, False, False, True, True]
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
                 "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e",
                 "resident_64x64_t4_w4_s3_g_e"):

@@ -171,13 +171,12 @@ PREFETCH_MIN_EFFORT = 3
 
 def resident_tactics(effort: int, residual: bool = False) -> list[str]:
     """The candidates the builder times at this effort: each tile, and with its column tiles
-    adjacent (`_g`); from PREFETCH_MIN_EFFORT, for a layer with a residual, also with its residual
-    loaded early (without one, these would be the same kernel)."""
+    adjacent (`_g`); from PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with
+    its residual loaded early (without one, these would be the same kernel)."""
     tiles = RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
     if residual and effort >= PREFETCH_MIN_EFFORT:
-        tiles += [replace(tile, residual_prefetch=mode) for tile in tiles if not tile.n_adjacent
-                  for mode in RESIDUAL_PREFETCH if mode]
+        tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH if mode]
     return [tile.name for tile in tiles]
 
 

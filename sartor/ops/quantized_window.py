@@ -69,17 +69,33 @@ def window_conv(x: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | No
     """The convolution of `x` [N, C ≤ 4, H, W] (any strides; floats are quantized with the
     epilogue's input_inv_scale) with `geometry`, through packed pixels and windows; channels-last
     output, with the layer's epilogue."""
-    window = w_window.shape[1]
-    pixels = window // PIXEL_BYTES
+    packed = window_pack(x, w_window, geometry, code, epilogue["input_inv_scale"], epilogue.get("qmin", -127))
+    return windows_conv(packed, w_window, bias, residual, dequant_scale, geometry, tile, epilogue)
+
+
+def window_pack(x: torch.Tensor, w_window: torch.Tensor, geometry: ConvGeometry, code: torch.dtype,
+                input_inv_scale: float | None, qmin: int) -> torch.Tensor:
+    """window_conv's first pass: `x` as padded 4-byte pixels, [N, padded H, padded W, 4], as
+    many as the windows of `w_window` read at `geometry`."""
+    pixels = w_window.shape[1] // PIXEL_BYTES
     (kh, _), (sh, sw), (dh, _) = geometry.kernel, geometry.strides, geometry.dilations
     oh, ow = geometry.out_hw
     padded_h = (oh - 1) * sh + (kh - 1) * dh + 1
     padded_w = -(-((ow - 1) * sw + pixels) // 4) * 4  # whole 16-byte rows: aligned window loads
-    packed = pack_pixels(x, geometry.pads, (padded_h, padded_w), code, epilogue["input_inv_scale"],
-                         epilogue.get("qmin", -127))
-    n = x.shape[0]
+    return pack_pixels(x, geometry.pads, (padded_h, padded_w), code, input_inv_scale, qmin)
+
+
+def windows_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
+                 residual: torch.Tensor | None, dequant_scale: torch.Tensor, geometry: ConvGeometry,
+                 tile: TileConfig, epilogue: dict) -> torch.Tensor:
+    """window_conv's second pass: the implicit GEMM over overlapping windows of `packed`
+    (window_pack's), read in place through a strided view."""
+    window = w_window.shape[1]
+    pixels = window // PIXEL_BYTES
+    (kh, _), (sh, sw), (dh, _) = geometry.kernel, geometry.strides, geometry.dilations
+    n, padded_h, padded_w, _ = packed.shape
     windows = packed.as_strided((n, window, padded_h, padded_w - pixels + 1),
                                 (padded_h * padded_w * PIXEL_BYTES, 1, padded_w * PIXEL_BYTES, PIXEL_BYTES))
-    rows = ConvGeometry((kh, 1), (sh, sw), (0, 0), (dh, 1), (oh, ow))
+    rows = ConvGeometry((kh, 1), (sh, sw), (0, 0), (dh, 1), geometry.out_hw)
     return conv_igemm(windows, w_window, bias, rows, tile, dequant_scale=dequant_scale, residual=residual,
                       **epilogue)
