@@ -13,8 +13,8 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm
 pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
-from sartor.kernels.resident_gemm import (RESIDENT_TILES, ResidentTile, resident_applies, resident_gemm,  # noqa: E402
-                                          resident_tactics)
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, ResidentTile, resident_applies,  # noqa: E402
+                                          resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -27,11 +27,11 @@ SMALL_EARLY, SMALL_AHEAD = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode
 SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
 
 
-@pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33)])
+@pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33), (200, 24)])  # 200: K block 256
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_AHEAD, n_adjacent=True)],
-                         ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT,
+                                  replace(SMALL_AHEAD, n_adjacent=True)], ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
     with the residual loaded a tile ahead, the tile after it) lies past the end."""
@@ -99,14 +99,17 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     one_by_one = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (8, 8))
     assert resident_applies(nhwc, 64, one_by_one)
     assert resident_applies(torch.zeros(5, 128), 128)  # a GEMM
-    assert not resident_applies(nhwc, 256, one_by_one)  # K over one block
+    assert resident_applies(torch.zeros(2, 256, 8, 8).contiguous(memory_format=torch.channels_last), 256,
+                            one_by_one)  # K = MAX_RESIDENT_K: layer3's conv3
+    assert not resident_applies(nhwc, MAX_RESIDENT_K * 2, one_by_one)  # K over one block
     assert not resident_applies(torch.zeros(2, 64, 8, 8), 64, one_by_one)  # NCHW: channels not contiguous
     assert not resident_applies(nhwc, 64, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8)))
     assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
-    assert 2 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5)) == 2 * len(RESIDENT_TILES)
+    assert 2 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
+    assert len(resident_tactics(5)) == 2 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
     assert resident_tactics(1) == [first, first + "_g"]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3

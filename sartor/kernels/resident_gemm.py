@@ -107,7 +107,12 @@ RESIDENT_PREFIX = "resident_"
 #      more per half: bench/kernel_asm.py).
 RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
-MAX_RESIDENT_K = 128  # one K block: 64 KiB of int32 accumulators at most per program (128 × 128)
+# One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
+# of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
+# alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
+# resident tile for sm_90 without spills; shared memory goes from 67.5 KB (64×64, 3 stages: three
+# programs per SM) to 139 KB (128×128: one) (bench/kernel_asm.py --layer layer3.conv3).
+MAX_RESIDENT_K = 256
 MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
 
 
