@@ -74,11 +74,11 @@ def test_sinks_run_on_the_worker_after_the_batch_and_fail_their_request_alone():
     batcher, ctx = make_batcher(preferred=(3,), delay=5.0)
     calls = []
 
-    def sink(host, device):
+    def sink(host, device, copies):
         calls.append((host["y"].copy(), device, threading.current_thread().name))
-        return {"y": host["y"].nbytes}, False
+        return {"y": host["y"].nbytes}
 
-    def broken(host, device):
+    def broken(host, device, copies):
         raise ValueError("region gone")
     try:
         batcher.pause()
@@ -111,9 +111,9 @@ def test_sinks_get_tensor_rows_where_the_engine_gives_tensors():
                       Metrics())
     seen = []
 
-    def sink(host, device):
+    def sink(host, device, copies):
         seen.append((host["y"], device["y"]))
-        return {"y": device["y"].numel() * 4}, False
+        return {"y": device["y"].numel() * 4}
     try:
         batcher.pause()
         futures = [batcher.submit({"x": np.full((1, 2), v, np.float32)}, 1, None, sink) for v in (1.0, 5.0)]

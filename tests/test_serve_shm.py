@@ -127,9 +127,9 @@ def test_grpc_system_shared_memory_round_trip(repo, tiny_plan, monkeypatch):
     writers = []
     write_output = Lease.write_output
 
-    def recorded(self, ref, host, device=None):
+    def recorded(self, ref, host, device, copies):
         writers.append(threading.current_thread().name)
-        return write_output(self, ref, host, device)
+        return write_output(self, ref, host, device, copies)
     # Outputs are written by the batcher's worker right after the batch, never on the event loop.
     monkeypatch.setattr(Lease, "write_output", recorded)
     with running(repo) as server, system_region(4 * IN_BYTES) as (inp, in_key), \
@@ -441,6 +441,30 @@ def test_tensor_inputs_batch_with_array_inputs(repo, tiny_plan):
         out = asyncio.run_coroutine_threadsafe(server.core.infer("tiny", None, feeds[0]), server._loop).result(60)
         assert isinstance(out.outputs["logits"], np.ndarray)
         close(out.outputs["logits"], reference(tiny_plan, xs[0]))
+
+
+def test_tensor_only_batches_are_gathered_in_one_concatenation(repo, tiny_plan, monkeypatch):
+    """A batch whose inputs are all tensors on the instance's device is assembled by one torch.cat
+    into the device buffer (one launch on CUDA), not by a copy per request."""
+    import torch
+    concatenations = []
+    cat = torch.cat
+
+    def counted(tensors, *args, **kwargs):
+        concatenations.append(len(tensors))
+        return cat(tensors, *args, **kwargs)
+    monkeypatch.setattr(torch, "cat", counted)
+    with running(repo) as server:
+        model = server.repository.served("tiny")
+        model.batcher.pause()
+        xs = [images(1, seed=60), images(2, seed=61), images(1, seed=62)]
+        feeds = [{"images": torch.from_numpy(x.copy())} for x in xs]
+        futures = [asyncio.run_coroutine_threadsafe(server.core.infer("tiny", None, f), server._loop) for f in feeds]
+        wait_for(lambda: model.batcher.pending == 3, what="three queued requests")
+        model.batcher.resume()
+        for x, future in zip(xs, futures):
+            close(future.result(60).outputs["logits"], reference(tiny_plan, x))
+    assert 3 in concatenations
 
 
 class HostIpc:

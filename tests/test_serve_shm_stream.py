@@ -1,6 +1,7 @@
-"""A CUDA shared-memory output is copied into the client's region on the server's event loop, once per
-response: it must wait for that copy only, never for the engine's batch running meanwhile on its own
-stream (a device-wide synchronize there stalled every response behind a batch). GPU only."""
+"""Writes into a client's CUDA shared-memory region: a host array's copy must wait for that copy only,
+never for the engine's batch running meanwhile on its own stream (a device-wide synchronize there
+stalled every response behind a batch); a batch's device rows are queued and issued together behind
+it (DeviceCopies). GPU only."""
 from __future__ import annotations
 
 import time
@@ -13,6 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA shared memory needs a GPU", allow_module_level=True)
 pytest.importorskip("tritonclient")  # sartor.serve's protocol types (the routine carries .whl/serve)
 
+from sartor.serve.device_copies import DeviceCopies  # noqa: E402
 from sartor.serve.shared_memory import CudaRegion  # noqa: E402
 
 BUSY_S = 1.0  # GPU time of the stand-in batch
@@ -65,24 +67,29 @@ def test_output_write_does_not_wait_for_a_batch_on_another_stream():
 
 def test_tensor_write_is_queued_behind_its_batch_and_synchronized_once():
     """The batcher's worker writes a batch's output rows into CUDA regions device to device
-    (CudaRegion.write_tensor): queued on its current stream behind the work that made them,
-    without waiting, and complete after that stream's one synchronization."""
+    (CudaRegion.write_tensor): queued in the batch's DeviceCopies without waiting, then issued on
+    the worker's current stream behind the work that made them, and complete when that returns."""
     memory = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     region = CudaRegion("out", b"\0" * 64, 0, 4096, OwnMemoryIpc(memory))
     # Made, and the copy run once, before the stand-in batch: a kernel's first launch loads its
     # module, which waits for the work in flight (CUDA's lazy loading; the H200 run of session 16
     # failed so), and that would be the test's wait, not the write's.
     rows = torch.arange(1000, dtype=torch.float32, device="cuda")
-    region.write_tensor(16, rows)
+    warm = DeviceCopies()
+    region.write_tensor(16, rows, warm)
+    warm.run()
+    memory.zero_()
     torch.cuda.synchronize()
     cycles = int(_cycles_per_second() * BUSY_S)
     torch.cuda._sleep(cycles)  # the batch, still running on the current stream
+    copies = DeviceCopies()
     start = time.monotonic()
-    must_sync = region.write_tensor(16, rows)
+    region.write_tensor(16, rows, copies)
     took = time.monotonic() - start
-    assert must_sync and took < BUSY_S / 4, f"the write waited {took:.2f} s"
+    assert len(copies) == 1 and took < BUSY_S / 4, f"the write waited {took:.2f} s"
     busy = not torch.cuda.current_stream().query()
     assert busy, "the stand-in batch ended before the write: the check proves nothing"
-    torch.cuda.current_stream().synchronize()
+    copies.run()
+    assert torch.cuda.current_stream().query()
     written = memory[16:16 + 4000].cpu().numpy().view(np.float32)
     np.testing.assert_array_equal(written, np.arange(1000, dtype=np.float32))

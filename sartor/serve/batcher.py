@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SartorError
+from .device_copies import DeviceCopies
 from .errors import (BatcherClosed, ExecutionError, InvalidRequest, ModelUnavailable, QueueFull, RequestTimeout,
                      ServeError)
 
@@ -302,10 +303,11 @@ class BatchResult:
 
 # A request's sink: called by the worker right after the request's batch, with the request's rows of
 # every output on the host (numpy) and, where the engine gave torch tensors, as those tensors (else
-# None). It writes them where the request asked (shared memory) and returns (bytes written per
-# output, whether the worker's current stream must be synchronized before the answer goes out). An
-# exception fails that request alone.
-Sink = Callable[[dict, "dict | None"], tuple[dict, bool]]
+# None), and the batch's DeviceCopies. It writes them where the request asked (shared memory),
+# device-to-device copies queued in the DeviceCopies (issued and waited for by the worker before
+# any answer goes out), and returns the bytes written per output. An exception fails that request
+# alone.
+Sink = Callable[[dict, "dict | None", DeviceCopies], dict]
 
 
 @dataclass(eq=False)
@@ -526,7 +528,7 @@ class Batcher:
             outputs = instance.run(feeds)
             ran = time.monotonic()
             parts = self._split(instance, outputs, live, rows)
-            written = self._sinks(instance, outputs, parts, live, rows)
+            written = self._sinks(outputs, parts, live, rows)
         except ServeError as exc:
             for p in live:
                 _fail(p.future, exc)
@@ -592,29 +594,25 @@ class Batcher:
             feeds[name] = buffer
         return feeds, rows
 
-    def _sinks(self, instance: Instance, outputs: dict, parts: list[dict], live: list[_Pending], rows: int) -> list:
+    def _sinks(self, outputs: dict, parts: list[dict], live: list[_Pending], rows: int) -> list:
         """Each request's sink run on its rows (see Sink): what it wrote, its exception, or None
         where it has none. Here, on the worker, rather than per response on the event loop: with
-        CUDA shared memory an output goes device to device, and the batch synchronizes once."""
+        CUDA shared memory an output goes device to device, all of the batch's copies in one launch
+        per device and dtype, waited for once (DeviceCopies)."""
         if not any(p.sink for p in live):
             return [None] * len(live)
         tensors = {name: value for name, value in outputs.items() if _is_tensor(value)}
         device_parts = _rows(tensors, live, rows) if tensors else [None] * len(live)
-        written, sync = [], False
+        written, copies = [], DeviceCopies()
         for p, host, device in zip(live, parts, device_parts):
             if p.sink is None:
                 written.append(None)
                 continue
             try:
-                wrote, must_sync = p.sink(host, device)
+                written.append(p.sink(host, device, copies))
             except Exception as exc:  # noqa: BLE001 (that request's answer)
                 written.append(exc)
-                continue
-            written.append(wrote)
-            sync = sync or must_sync
-        if sync:
-            import torch
-            torch.cuda.current_stream(torch.device(instance.device)).synchronize()
+        copies.run()
         return written
 
     def _split(self, instance: Instance, outputs: dict, live: list[_Pending], rows: int) -> list[dict]:
@@ -664,10 +662,15 @@ def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total
     if not batched:
         buffer.copy_(tensor(first))
         return buffer
-    offset = 0
-    for part in parts:
-        buffer[offset:offset + len(part)].copy_(tensor(part))
-        offset += len(part)
+    if all(_is_tensor(part) and part.device == buffer.device and part.dtype == dtype for part in parts):
+        # One launch for the batch rather than a copy_ per request (each about 19 µs of the main
+        # process: H200, session 16).
+        torch.cat(parts, out=buffer[:total])
+    else:
+        offset = 0
+        for part in parts:
+            buffer[offset:offset + len(part)].copy_(tensor(part))
+            offset += len(part)
     if shape[0] > total:
         buffer[total:].zero_()
     return buffer

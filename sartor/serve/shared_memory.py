@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .device_copies import DeviceCopies
 from .errors import InvalidRequest, RegionExists, RegionNotFound, Unsupported
 from .tensors import element_count, kserve_datatype
 
@@ -288,31 +289,30 @@ class CudaRegion(Region):
             target.copy_(source)
         self._stream.synchronize()
 
-    def write_tensor(self, offset: int, data) -> bool:
+    def write_tensor(self, offset: int, data, copies: DeviceCopies) -> None:
         """Copy a torch tensor (the batch's output rows, on the engine's device) in without a round
-        trip through the host. On the region's own device the copy is queued on the calling thread's
-        current stream, behind the batch that made `data`, and True says the caller must synchronize
-        that stream before the response goes out (once per batch, not per request). Anywhere else
-        it is done when this returns (False)."""
+        trip through the host. On the region's own device the copy is queued in `copies`, which the
+        batcher's worker issues with the batch's others on its current stream, behind the batch
+        that made `data`, and waits for once before the responses go out. Anywhere else it is done
+        when this returns."""
         import torch
         nbytes = data.numel() * data.element_size()
         if not nbytes:
-            return False
+            return
         source = data.contiguous().reshape(-1).view(torch.uint8)
         target = self.tensor[offset:offset + nbytes]
         if target.device == source.device:
-            target.copy_(source)
-            return target.device.type == "cuda"
+            copies.add(target, source)
+            return
         if target.device.type != "cuda":
             target.copy_(source)  # a host stand-in of the region (tests): synchronous
-            return False
+            return
         if self._stream is None:
             self._stream = torch.cuda.Stream(target.device, priority=-1)
         self._stream.wait_stream(torch.cuda.current_stream(source.device))
         with torch.cuda.stream(self._stream):
             target.copy_(source)
         self._stream.synchronize()
-        return False
 
     def _close(self) -> None:
         self.tensor = None
@@ -580,17 +580,18 @@ class Lease:
         self._region(ref).write(ref.offset, data)
         return data.nbytes
 
-    def write_output(self, ref: ShmRef, host: np.ndarray, device=None) -> tuple[int, bool]:
+    def write_output(self, ref: ShmRef, host: np.ndarray, device, copies: DeviceCopies) -> int:
         """Write an output from the batcher's worker, right after its batch: from `device` (the
-        output's rows as a torch tensor, where the engine gave tensors) into a CUDA region, else
-        from `host`. Returns (bytes written, whether the worker's current stream must be
-        synchronized before the response goes out: see CudaRegion.write_tensor)."""
+        output's rows as a torch tensor, where the engine gave tensors) into a CUDA region, its copy
+        queued in `copies` (see CudaRegion.write_tensor), else from `host`. Returns the bytes
+        written (or queued)."""
         region = self._region(ref)
         if device is None or region.kind != "cuda":
-            return self.write(ref, host), False
+            return self.write(ref, host)
         nbytes = device.numel() * device.element_size()
         _check_fits(ref, nbytes, tuple(device.shape), np.dtype(host.dtype).name)
-        return nbytes, region.write_tensor(ref.offset, device)
+        region.write_tensor(ref.offset, device, copies)
+        return nbytes
 
     def hold(self) -> None:
         with self._lock:

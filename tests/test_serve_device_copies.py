@@ -1,0 +1,36 @@
+"""DeviceCopies: a batch's device-to-device output copies, queued by the requests' sinks and issued
+together (one multi-tensor copy per device and dtype). CPU tensors stand in for CUDA ones."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sartor.serve.device_copies import DeviceCopies  # noqa: E402
+
+
+def test_queued_copies_happen_at_run_not_before_and_only_once():
+    targets = [torch.zeros(4, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8), torch.zeros(3)]
+    sources = [torch.arange(4, dtype=torch.uint8), torch.tensor([7, 9], dtype=torch.uint8), torch.ones(3)]
+    copies = DeviceCopies()
+    for target, source in zip(targets, sources):
+        copies.add(target, source)
+    assert len(copies) == 3
+    assert all(not target.any() for target in targets)  # queued, not copied
+    copies.run()  # two dtypes: two groups
+    for target, source in zip(targets, sources):
+        assert torch.equal(target, source)
+    assert len(copies) == 0
+    sources[0].fill_(5)
+    copies.run()  # nothing left to issue
+    assert torch.equal(targets[0], torch.arange(4, dtype=torch.uint8))
+
+
+def test_a_mismatched_pair_is_refused_when_queued():
+    copies = DeviceCopies()
+    with pytest.raises(ValueError, match=r"device copy: target torch.uint8 \(4,\) on cpu, source torch.uint8 \(3,\)"):
+        copies.add(torch.zeros(4, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="source torch.float32"):
+        copies.add(torch.zeros(4, dtype=torch.uint8), torch.zeros(4))
+    assert len(copies) == 0
+    copies.run()
