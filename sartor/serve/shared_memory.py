@@ -585,9 +585,9 @@ class Lease:
         output's rows as a torch tensor, where the engine gave tensors) into a CUDA region, its copy
         queued in `copies` (see CudaRegion.write_tensor), else from `host`. Returns the bytes
         written (or queued)."""
-        region = self._region(ref)
-        if device is None or region.kind != "cuda":
-            return self.write(ref, host)
+        region = self._region(ref) if device is not None else None
+        if region is None or region.kind != "cuda":
+            return self.write(ref, host)  # which checks the range (and a system object's size) itself
         nbytes = device.numel() * device.element_size()
         _check_fits(ref, nbytes, tuple(device.shape), np.dtype(host.dtype).name)
         region.write_tensor(ref.offset, device, copies)
