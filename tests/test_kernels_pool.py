@@ -8,7 +8,7 @@ import torch
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.pool import max_pool_nhwc, max_pool_nhwc_supported  # noqa: E402
+from sartor.kernels.pool import POOL_TILES, PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
 
@@ -38,6 +38,35 @@ def test_max_pool_kernel_matches_reference(attrs, channels):
     torch.testing.assert_close(out.cpu(), expected, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("tile", POOL_TILES[1:], ids=lambda tile: tile.name)
+def test_every_pool_tile_matches_reference(tile):
+    """The tiles the builder times besides the first: the stem pool over INT8 codes and a float
+    tensor whose channels are not a power of two (partial channel blocks)."""
+    attrs = CASES[0]
+    generator = torch.Generator().manual_seed(3)
+    for x in (torch.randint(-127, 128, (2, 24, 11, 9), generator=generator, dtype=torch.int8),
+              torch.randn(2, 70, 11, 9, generator=generator)):
+        expected = max_pool([x], dict(attrs))
+        x_cl = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+        kernel, strides, dilations, begin, _, outs = _pool_geometry(x_cl, attrs)
+        out = max_pool_nhwc(x_cl, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs),
+                            tile=tile)
+        assert torch.equal(out.cpu(), expected)
+        through_the_op = max_pool([x_cl], dict(attrs, tactic=tile.name))
+        assert torch.equal(through_the_op.cpu(), expected)
+
+
+def test_pool_tile_names_round_trip_and_bad_names_are_refused():
+    assert POOL_TILES[0].name == "triton_nhwc" and PoolTile.parse("triton_nhwc") == POOL_TILES[0]
+    for tile in POOL_TILES:
+        assert PoolTile.parse(tile.name) == tile
+    for bad in ("triton_nhwc_e8192_c64", "triton_nhwc_e8192_c64_w3", "triton_nhwc_e32_c64_w4", "triton_nhwc_x1_c1_w1",
+                "triton_nhwc_e8192_c64_wx", "torch", None, "triton_nhwcx"):
+        assert PoolTile.parse(bad) is None, bad
+    assert pool_tactics(0) == ["triton_nhwc"] and len(pool_tactics(1)) == 3
+    assert pool_tactics(5) == [tile.name for tile in POOL_TILES]
+
+
 def test_max_pool_tactics():
     tactics = default_registry()["MaxPool"].tactics
     x = torch.zeros(1, 8, 6, 6)
@@ -47,7 +76,7 @@ def test_max_pool_tactics():
     # tests/test_quant_passthrough.py)
     if DEVICE == "cuda":
         x_cl = x.cuda().contiguous(memory_format=torch.channels_last)
-        assert tactics([x_cl], {"kernel_shape": [2, 2]}) == ["torch", "triton_nhwc"]
+        assert tactics([x_cl], {"kernel_shape": [2, 2]}, 1) == ["torch", *pool_tactics(1)]
         assert tactics([x_cl], {"kernel_shape": [2, 2], "_with_indices": 1}) == ["torch"]
 
 

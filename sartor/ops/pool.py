@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.epilogue import pixel_stride
-from ..kernels.pool import max_pool_nhwc, max_pool_nhwc_supported
+from ..kernels.pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
 from .util import FLOAT_DTYPES, only_dtypes
@@ -65,20 +65,23 @@ def _pad_for_pool(x, attrs, fill):
 
 def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     """"torch" (the reference: explicit padding, then PyTorch's pool) and, for channels-last
-    CUDA tensors without an Indices output, the Triton kernel that pads by masks."""
+    CUDA tensors without an Indices output, the Triton kernel that pads by masks, in as many tiles
+    as the effort times (`kernels.pool.POOL_TILES`)."""
     x = inputs[0]
     if x.is_cuda and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
-        return ["torch", "triton_nhwc"]
+        return ["torch", *pool_tactics(effort)]
     return ["torch"]
 
 
 def _triton_max_pool(x: torch.Tensor, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The "triton_nhwc" tactic, its result new or in `out`; None where it is not the tactic or
-    does not apply."""
-    if attrs.get("tactic") != "triton_nhwc" or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
+    """A Triton tactic's result ("triton_nhwc…"), new or in `out`; None where the tactic is not one
+    or does not apply."""
+    tile = PoolTile.parse(attrs.get("tactic"))
+    if tile is None or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
-    return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out)
+    return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out,
+                         tile=tile)
 
 
 def max_pool_into(inputs, attrs, out):
