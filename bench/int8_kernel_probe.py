@@ -29,6 +29,7 @@ from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
 from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, ResidentTile, program_tiles, resident_gemm,  # noqa: E402
                                           resident_tactics)
+from sartor.kernels.window_resident import window_resident_conv, window_resident_tiles  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import (WINDOW_TILES, window_conv, window_pack, window_weight,  # noqa: E402
@@ -254,6 +255,14 @@ def main() -> None:
         timed(f"stem window {tile.name} (GEMM over pre-packed pixels)",
               lambda: windows_conv(packed, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), None,
                                    torch.full((64,), 1e-3, device="cuda"), geometry, tile, epilogue),
+              macs, packed.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
+    # The resident-window kernel over the same packed pixels: each program keeps its weight block
+    # and walks several row tiles.
+    for tile in window_resident_tiles(5):
+        timed(f"stem window {tile.name} (GEMM over pre-packed pixels)",
+              lambda: window_resident_conv(packed, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), tile,
+                                           geometry=geometry, dequant_scale=torch.full((64,), 1e-3, device="cuda"),
+                                           activation="Relu", output_inv_scale=20.0),
               macs, packed.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
     cols = im2col_codes(x, (7, 7), (2, 2), (3, 3), (1, 1), (112, 112), 192, torch.int8, 50.0)
     w_stem = int8_codes(64, 192)

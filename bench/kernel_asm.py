@@ -15,7 +15,8 @@ shared memory decide how many programs an SM holds, which is what latency-bound 
 
 Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
 layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv3 (1×1,
-256 → 1024, 14×14).
+256 → 1024, 14×14), stem (7×7 stride 2, 3 → 64, 224×224: the window tactic's GEMMs over packed
+pixels, `ops/quantized_window.py`).
 """
 from __future__ import annotations
 
@@ -37,14 +38,18 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sartor.kernels import conv_igemm, conv_tma, resident_gemm  # noqa: E402
+from sartor.kernels import conv_igemm, conv_tma, resident_gemm, window_resident  # noqa: E402
+from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
+from sartor.ops import quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer1.conv3": (256, 64, 256, 56, 1, True),
     "layer1.conv2": (256, 64, 64, 56, 3, False),
     "layer3.conv3": (256, 256, 1024, 14, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
+    "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
 }
+STEM_STRIDE = 2
 # What each pattern counts in the PTX.
 PATTERNS = {
     "tma": r"cp\.async\.bulk\.tensor",
@@ -107,6 +112,41 @@ def ptxas_report(ptx: str, arch: int) -> dict:
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1))}
 
 
+def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
+                 epilogue: dict) -> list[tuple[str, object, dict, dict, int, int]]:
+    """The window tactic's GEMMs over packed pixels (`ops/quantized_window.py`) of a few-channel
+    k × k stride-STEM_STRIDE convolution: the implicit-GEMM window tiles and the resident-window
+    tiles, at effort 5."""
+    window = quantized_window.window_bytes(k)
+    out_hw = (hw + 2 * (k // 2) - k) // STEM_STRIDE + 1
+    padded_h = (out_hw - 1) * STEM_STRIDE + k  # as window_pack pads
+    padded_w = -(-((out_hw - 1) * STEM_STRIDE + window // PIXEL_BYTES) // 4) * 4
+    image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
+    common = dict(common, srn=out_hw * out_hw * cout, srh=out_hw * cout, srw=cout)
+    cases = []
+    igemm_args = dict(common, ws_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, C=window, H=padded_h,
+                      W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw, OW=out_hw, y_row=cout, sxn=image_bytes,
+                      sxc=1, sxh=row_bytes, sxw=PIXEL_BYTES, pad_h=0, pad_w=0, dil_h=1, dil_w=1)
+    for tile in quantized_window.WINDOW_TILES:
+        constexprs = dict(epilogue, KH=k, KW=1, STRIDE_H=STEM_STRIDE, STRIDE_W=STEM_STRIDE, K_GATHER=False,
+                          SPLIT_K=1, ROW_ALIGN=8, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
+                          BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
+        cases.append((quantized_window.WINDOW_PREFIX + tile.name, conv_igemm._conv_igemm_kernel, igemm_args,
+                      constexprs, tile.warps, tile.stages))
+    resident_args = dict(common, p_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, OH=out_hw, OW=out_hw,
+                         image_bytes=image_bytes, row_bytes=row_bytes, y_row=cout)
+    del resident_args["x_ptr"], resident_args["in_inv_scale"]
+    epilogue = {name: value for name, value in epilogue.items() if name != "QUANTIZE_INPUT"}
+    for tile in window_resident.window_resident_tiles(5):
+        constexprs = dict(epilogue, KH=k, WINDOW=window, STRIDE_H=STEM_STRIDE, PIXEL_STEP=STEM_STRIDE * PIXEL_BYTES,
+                          DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
+                          N_ADJACENT=tile.resident.n_adjacent, BLOCK_M=tile.resident.block_m,
+                          BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(k * window))
+        cases.append((quantized_window.WINDOW_PREFIX + tile.name, window_resident._window_resident_kernel,
+                      resident_args, constexprs, tile.resident.warps, tile.resident.stages))
+    return cases
+
+
 def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
     """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer."""
     batch, cin, cout, hw, k, residual = LAYERS[layer]
@@ -116,6 +156,8 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                   out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=residual, RES_QUANT=residual,
                     RES_AFTER=False, ACT=1, OUT_QUANT=True)
+    if cin <= PIXEL_BYTES:
+        return window_cases(batch, cin, cout, hw, k, common, epilogue)
     igemm_args = dict(common, ws_ptr="*i8", M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
                       sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
     cases = []

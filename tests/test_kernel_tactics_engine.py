@@ -1,7 +1,8 @@
 """Engines whose INT8 layers run the kernel tactics of sessions 13 and 14 (the stem's pixel windows,
-the resident-weight 1×1 kernel, cuBLAS's int8 GEMM through torch with the Triton epilogue, the
-implicit GEMM with its epilogue in column halves, input boxes by TMA bulk copies), built, saved, loaded and run end to end (on the CPU under
-Triton's interpreter, or on a GPU): the outputs equal those of the engine built with the emulation
+by the implicit GEMM or the resident-window kernel, the resident-weight 1×1 kernel, cuBLAS's int8
+GEMM through torch with the Triton epilogue, the implicit GEMM with its epilogue in column halves,
+input boxes by TMA bulk copies), built, saved, loaded and run end to end (on the CPU under Triton's
+interpreter, or on a GPU): the outputs equal those of the engine built with the emulation
 alone, bit for bit.
 
 The builder offers these tactics where they apply on a GPU (on the CPU, the emulation only). Here
@@ -26,6 +27,7 @@ import sartor  # noqa: E402
 from sartor.kernels.conv_igemm import TileConfig  # noqa: E402
 from sartor.kernels.conv_tma import TmaTile  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
+from sartor.kernels.window_resident import WindowResidentTile  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES  # noqa: E402
@@ -38,6 +40,8 @@ FORCED = {"stem": ((16, 3, 7, 7), "window_" + WINDOW_TILES[0].name),
           "proj": ((32, 16, 1, 1), INT_MM),
           "refine": ((32, 32, 3, 3), TmaTile(4, 8, 32, 32, 1, 1).name),
           "head": ((24, 32, 3, 3), TileConfig(16, 32, 32, 1, 1, epilogue_halves=True).name)}
+# The stem's other window tactic: the resident-window kernel, small enough for the interpreter.
+RESIDENT_WINDOW = WindowResidentTile(ResidentTile(16, 16, 2, 1, 1), kh_steps=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU runs the kernels under Triton's interpreter
 SHAPES = {"min_shapes": {"x": (1, 3, 12, 12)}, "opt_shapes": {"x": (2, 3, 12, 12)}, "max_shapes": {"x": (2, 3, 12, 12)}}
 
@@ -96,7 +100,10 @@ def forced_kernel_tactics(monkeypatch):
     monkeypatch.setattr(select, "_time_candidates", kernels_first)
 
 
-def test_engine_with_kernel_tactics_equals_the_emulation_engine(tmp_path, forced_kernel_tactics):
+@pytest.mark.parametrize("stem_tactic", [FORCED["stem"][1], "window_" + RESIDENT_WINDOW.name])
+def test_engine_with_kernel_tactics_equals_the_emulation_engine(tmp_path, forced_kernel_tactics, monkeypatch,
+                                                                stem_tactic):
+    monkeypatch.setitem(FORCED, "stem", (FORCED["stem"][0], stem_tactic))
     model = save(_model(), tmp_path / "model.onnx")
     calib = tmp_path / "calib.npy"
     np.save(calib, np.random.default_rng(4).standard_normal((8, 3, 12, 12)).astype(np.float32))

@@ -67,6 +67,16 @@ def test_pool_tile_names_round_trip_and_bad_names_are_refused():
     assert pool_tactics(5) == [tile.name for tile in POOL_TILES]
 
 
+def test_inspect_describes_each_pool_tile_and_keeps_resize_apart():
+    from sartor.builder.pipeline import _tactic
+    from sartor.ir import Node
+    for tile in POOL_TILES:
+        described = _tactic(Node("MaxPool", "pool", ["x"], ["y"], {"tactic": tile.name}), torch.device("cpu"))
+        assert described.startswith("triton channels-last max pool") and f"{tile.elements} elements" in described
+    resize = _tactic(Node("Resize", "up", ["x"], ["y"], {"tactic": "triton_nhwc"}), torch.device("cpu"))
+    assert resize == "triton channels-last nearest upsample"
+
+
 def test_max_pool_tactics():
     tactics = default_registry()["MaxPool"].tactics
     x = torch.zeros(1, 8, 6, 6)

@@ -1,7 +1,8 @@
 """The window tactic of few-channel INT8/FP8 convolutions (`sartor/ops/quantized_window.py`): the
 pixel packing against PyTorch's padding of the quantized input, the whole convolution against the
 emulation bit for bit, where the tactic is offered and where it must not be, and the kernel's row
-alignment hint. Through Triton's interpreter on CPU and natively on a GPU."""
+alignment hint; the same for the resident-window tiles (`sartor/kernels/window_resident.py`), with
+their names. Through Triton's interpreter on CPU and natively on a GPU."""
 from __future__ import annotations
 
 import pytest
@@ -11,12 +12,19 @@ import torch.nn.functional as F
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
 
+from sartor.builder.pipeline import _tactic  # noqa: E402
+from sartor.ir.graph import Node  # noqa: E402
 from sartor.kernels.conv_igemm import ConvGeometry, row_alignment  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
-from sartor.ops import default_registry  # noqa: E402
+from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
+from sartor.kernels.window_resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
+                                            window_resident_conv)
+from sartor.ops import default_registry, quantized  # noqa: E402
+from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
-from sartor.ops.quantized import _window_conv, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
-from sartor.ops.quantized_window import WINDOW_TILES, window_applies, window_tactics  # noqa: E402
+from sartor.ops.quantized import _window_conv, own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
+from sartor.ops.quantized_window import (WINDOW_TILES, window_applies, window_pack, window_resident_tile,  # noqa: E402
+                                         window_tactics, window_tile, window_weight)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
@@ -159,3 +167,118 @@ def test_kernel_quantization_rounds_and_saturates_as_the_emulation_does():
     for qmin in (-127, -128):
         packed = pack_pixels(x.to(DEVICE), (0, 0), (1, len(values)), torch.int8, 1.0, qmin)
         assert torch.equal(packed[0, 0, :, 0].cpu(), quantize(x, 1.0, qmin).reshape(-1)), qmin
+
+
+# Small enough for the interpreter: row tiles of 16 output pixels, 2 per program, the weight block
+# 32 channels wide (the layers' 16 channels mask half of it); K in one product and by filter rows.
+RESIDENT = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1))
+RESIDENT_KH = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1), kh_steps=True)
+# 40 channels in 3 column tiles of 16 (the last one partial), launched side by side; 3 row tiles
+# per program.
+RESIDENT_COLUMNS = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True), kh_steps=True)
+
+
+def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
+    """The layer through _window_conv and through the op with the tile's tactic: both results."""
+    tactic = "window_" + tile.name
+    w_window = qlayer_weight_for_tactic(wq, tactic)
+    assert torch.equal(w_window, window_weight(wq))
+    args = [t.to(DEVICE) if t is not None else None for t in (x, w_window, bias, residual, scale)]
+    direct = _window_conv(*args[:4], args[4], attrs, window_tile(tactic))
+    through_the_op = qconv(args, dict(attrs, tactic=tactic))
+    return direct, through_the_op
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("int8_output", [True, False])
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile):
+    """Batch 2 of 13×11 images: the ResNet stem's 7×7 stride 2 padded by 3 gives 84 output pixels,
+    6 row tiles of 16 whose last is partial; the 64-byte windows' K of 320 pads to 512."""
+    x, wq, bias, scale, attrs = _layer(geometry, torch.Generator().manual_seed(15))
+    if int8_output:
+        attrs["output_inv_scale"] = 3.0
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    for out in _resident_window_run(x, wq, bias, None, scale, attrs, tile):
+        assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
+        assert out.dtype == expected.dtype and torch.equal(out.cpu(), expected)
+
+
+def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the_emulation():
+    x, wq, _, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(16), cout=40)
+    del attrs["activation"]
+    expected = qconv([x, wq, None, None, scale], attrs)
+    for out in _resident_window_run(x, wq, None, None, scale, attrs, RESIDENT_COLUMNS):
+        assert out.dtype == torch.float32 and torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+def test_resident_window_with_codes_in_and_a_residual_equals_the_emulation(tile):
+    generator = torch.Generator().manual_seed(17)
+    x, wq, bias, scale, attrs = _layer(GEOMETRIES[1].values[0], generator, cout=8)
+    attrs.update(output_inv_scale=4.0, residual_scale=0.05, qmin=-128, residual_after_activation=True)
+    codes = quantize(x, 40.0, -128)
+    expected_shape = qconv([codes, wq, bias, None, scale], attrs).shape
+    residual = torch.randint(-128, 128, expected_shape, dtype=torch.int8, generator=generator)
+    expected = qconv([codes, wq, bias, residual, scale], attrs)
+    for out in _resident_window_run(codes, wq, bias, residual, scale, attrs, tile):
+        assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.skipif(not FP8_KERNELS, reason="FP8 tl.dot needs compute capability 8.9+")
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+def test_fp8_resident_window_matches_the_emulation_within_one_step(tile):
+    x, wq, bias, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(18), fp8=True)
+    attrs["output_inv_scale"] = 8.0
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    for out in _resident_window_run(x, wq, bias, None, scale, attrs, tile):
+        assert out.dtype == torch.float8_e4m3fn and int(code_distance(out.cpu(), expected).max()) <= 1
+
+
+def test_resident_window_refuses_what_is_not_packed_pixels_and_window_weight():
+    w_window = window_weight(torch.zeros(8, 3, 3, 3, dtype=torch.int8)).to(DEVICE)
+    geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (4, 4))
+    packed = window_pack(torch.zeros(1, 3, 4, 4, device=DEVICE), w_window, geometry, torch.int8, 1.0, -127)
+    scale = torch.ones(8, device=DEVICE)
+    with pytest.raises(ValueError, match="is not contiguous"):
+        window_resident_conv(packed.view(torch.uint8), w_window, None, RESIDENT, geometry=geometry,
+                             dequant_scale=scale)
+    with pytest.raises(ValueError, match="is not contiguous"):  # FP8 codes asked of INT8 pixels
+        window_resident_conv(packed, w_window, None, RESIDENT, geometry=geometry, dequant_scale=scale, fp8=True)
+    with pytest.raises(ValueError, match="not window_weight's layout"):
+        window_resident_conv(packed, w_window.contiguous(), None, RESIDENT, geometry=geometry, dequant_scale=scale)
+
+
+def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused():
+    for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS):
+        tactic = "window_" + tile.name
+        assert tactic.startswith("window_resident_") and window_tile(tactic) == tile == window_resident_tile(tactic)
+        assert own_kernel_tactic(tactic) and "weight resident over row tiles" in _tactic(
+            Node("QConv", "stem", ["x"], ["y"], {"tactic": tactic}), torch.device("cpu"))
+    assert window_tile("window_" + TILE.name) == TILE and window_resident_tile("window_" + TILE.name) is None
+    assert not own_kernel_tactic("window_" + TILE.name)  # the implicit-GEMM windows launch as before
+    assert window_resident_tile(None) is None and window_resident_tile("") is None
+    for bad in ("window_resident_64x64_t8_w4", "window_resident_64x64_t8_w4_s3_e", "window_resident_64x64_t8_w4_s3_r",
+                "window_resident_64x64_t8_w4_s3_kh_g", "window_resident_64x64_t8_w4_s3_kh_kh",
+                "window_resident_64x64_t8_w4_s3_x", "window_resident_64x33_t8_w4_s3", "window_resident_axb_t1_w1_s1",
+                "window_64x64_t8_w4_s3", "window_resident_", "window_resident_64x64_t8_w4_s3_"):
+        assert window_tile(bad) is None and not own_kernel_tactic(bad), bad
+    assert WindowResidentTile.parse("resident_64x64_t8_w4_s3_kh") == WINDOW_RESIDENT_TILES[1]
+    assert ResidentTile.parse("resident_64x64_t8_w4_s3_kh") is None  # the 1×1 kernel does not take the windows'
+
+
+def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(monkeypatch):
+    """QConv lists kernel tactics for CUDA tensors only; here the geometry check lets CPU ones
+    through, as the interpreter runs the kernels."""
+    monkeypatch.setattr(quantized, "_igemm_geometry",
+                        lambda x, w, attrs, gemm: igemm_geometry(x, w, attrs, require_cuda=False))
+    registry = default_registry()["QConv"]
+    stem = registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(8, 3, 7, 7, dtype=torch.int8)],
+                            {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)
+    offered = [name for name in stem if name.startswith("window_resident_")]
+    assert offered == ["window_" + tile.name for tile in WINDOW_RESIDENT_TILES[:2]]
+    assert offered == window_tactics(1)[-2:] and len(window_tactics(3)) > len(window_tactics(1))
+    wide = registry.tactics([torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8)],
+                            {"pads": [1, 1, 1, 1]}, 1)
+    assert any(name.startswith("igemm_") for name in wide)
+    assert not any(name.startswith("window_") for name in wide)

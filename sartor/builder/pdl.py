@@ -1,6 +1,7 @@
 """--pdl: the INT8 (FP8) layers whose kernel takes part in programmatic dependent launch
-(`kernels/pdl.py`) are marked to be launched with it. The layers that run another tactic (the
-emulation, cuBLAS, im2col, pixel windows: kernels that do not wait for their predecessor as PDL
+(`kernels/pdl.py`) are marked to be launched with it (for the resident-window tiles, their GEMM
+after the pixel packing). The layers that run another tactic (the emulation, cuBLAS, im2col, the
+pixel windows' implicit-GEMM tiles: kernels that do not wait for their predecessor as PDL
 requires) keep the ordinary launch."""
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
 from ..kernels.conv_igemm import TileConfig
+from ..kernels.pool import PoolTile
 from ..ops.fp8 import is_fp8
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
@@ -78,10 +79,12 @@ def _tactic(node, device: torch.device) -> str:
         return f"torch.conv channels-last ({library}) + torch epilogue"
     if chosen == "triton_depthwise":
         return "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue"
-    if chosen == "triton_nhwc":
-        if node.op_type in ("Resize", "Upsample"):
-            return "triton channels-last nearest upsample"
-        return "triton channels-last max pool (padding by masks)"
+    if chosen == "triton_nhwc" and node.op_type in ("Resize", "Upsample"):
+        return "triton channels-last nearest upsample"
+    pool_tile = PoolTile.parse(chosen) if node.op_type == "MaxPool" else None
+    if pool_tile is not None:
+        return (f"triton channels-last max pool (padding by masks), {pool_tile.elements} elements of up to "
+                f"{pool_tile.max_block_c} channels per program, {pool_tile.warps} warps")
     if chosen == "triton_yolo_decode":
         return "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)"
     fp8 = is_fp8(node.attrs)
@@ -95,6 +98,9 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")
+    if chosen and chosen.startswith("window_resident_"):
+        return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton GEMM over pixel windows, weight resident over "
+                f"row tiles {chosen[len('window_resident_'):]} + fused epilogue")
     if chosen and chosen.startswith("window_igemm_"):
         return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton implicit GEMM over pixel windows "
                 f"{chosen[len('window_igemm_'):]} + fused epilogue")

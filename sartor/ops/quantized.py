@@ -29,7 +29,8 @@ by a host scalar is itself a multiplication by a reciprocal, so the reciprocal i
 That emulation is the reference ("torch" tactic). On CUDA the builder also times Triton kernels
 with int8 tensor-core products, int32 accumulation and this same epilogue, fused, producing the
 same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and where they apply
-im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`),
+im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`: the
+implicit GEMM or a resident-weight GEMM over them),
 resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), input
 boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv_tma.py`), and
 cuBLAS's GEMMs through torch with the epilogue as a Triton kernel (`ops/quantized_library.py`).
@@ -59,13 +60,15 @@ from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
+from ..kernels.window_resident import WindowResidentTile
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
 from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
-from .quantized_window import window_applies, window_conv, window_tactics, window_tile, window_weight
+from .quantized_window import (window_applies, window_conv, window_resident_tile, window_tactics, window_tile,
+                               window_weight)
 from .registry import OpTable
 
 OPS = OpTable("quantized")
@@ -234,10 +237,12 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
 
 
 def own_kernel_tactic(tactic: str | None) -> bool:
-    """Whether the tactic is one of sartor's own Triton kernels that `_kernel_tactic` runs with the
-    layer's epilogue fused (an implicit-GEMM, resident or TMA tile): they read the weight packed
-    K-major, and they are the ones --pdl launches with programmatic dependent launch."""
-    return bool(tactic) and any(kind.parse(tactic) is not None for kind in (TileConfig, ResidentTile, TmaTile))
+    """Whether the tactic is one of sartor's own Triton kernels with the layer's epilogue fused that
+    --pdl launches with programmatic dependent launch: those `_kernel_tactic` runs (an
+    implicit-GEMM, resident or TMA tile), which read the weight packed K-major, and the
+    resident-window tiles (their GEMM kernel; the pixel packing before it launches as usual)."""
+    return bool(tactic) and (any(kind.parse(tactic) is not None for kind in (TileConfig, ResidentTile, TmaTile))
+                             or window_resident_tile(tactic) is not None)
 
 
 def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
@@ -280,14 +285,14 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
-def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig):
-    """Packed pixels, then the GEMM kernel over their windows (`ops/quantized_window.py`)."""
+def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig | WindowResidentTile):
+    """Packed pixels, then a GEMM kernel over their windows (`ops/quantized_window.py`)."""
     full = _unpacked_weight_shape(x, w_window, attrs)
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
     if geometry is None or not window_applies(x, full, attrs):
         return None
     return window_conv(x, w_window, bias, residual, dequant_scale, geometry, tile, code_dtype(attrs),
-                       _int8_epilogue(attrs))
+                       _int8_epilogue(attrs), pdl=_programmatic_launch(x, attrs))
 
 
 def _any_device_geometry(x, wq, attrs, gemm: bool) -> ConvGeometry | None:

@@ -14,6 +14,10 @@ session 13).
 
 The products and their int32 sums are those of the emulation (zero codes add nothing), so the
 output is the emulation's bit for bit, as for the other tiles.
+
+Beside the implicit-GEMM tiles ("window_igemm_…"), resident-window tiles ("window_resident_…",
+`sartor/kernels/window_resident.py`) run the GEMM over the same packed pixels and weight with the
+weight block held in each program across several row tiles.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 
 from ..kernels.conv_igemm import TILES_PER_EFFORT, ConvGeometry, TileConfig, conv_igemm
 from ..kernels.pixel_pack import PIXEL_BYTES, pack_pixels
+from ..kernels.window_resident import WindowResidentTile, window_resident_conv, window_resident_tiles
 
 WINDOW_PREFIX = "window_"
 WINDOW_STEP = 32  # bytes: the K step of 8-bit tensor-core products, and the GEMM tiles' BLOCK_K
@@ -44,13 +49,23 @@ def window_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
 
 
 def window_tactics(effort: int) -> list[str]:
-    return [WINDOW_PREFIX + tile.name for tile in WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))]]
+    """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows."""
+    tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))], *window_resident_tiles(effort)]
+    return [WINDOW_PREFIX + tile.name for tile in tiles]
 
 
-def window_tile(tactic: str | None) -> TileConfig | None:
+def window_tile(tactic: str | None) -> TileConfig | WindowResidentTile | None:
+    """The tile a window tactic names: an implicit-GEMM tile or a resident-window one."""
     if not tactic or not tactic.startswith(WINDOW_PREFIX):
         return None
-    return TileConfig.parse(tactic[len(WINDOW_PREFIX):])
+    name = tactic[len(WINDOW_PREFIX):]
+    return TileConfig.parse(name) or WindowResidentTile.parse(name)
+
+
+def window_resident_tile(tactic: str | None) -> WindowResidentTile | None:
+    """The tile of a resident-window tactic; None for any other."""
+    tile = window_tile(tactic)
+    return tile if isinstance(tile, WindowResidentTile) else None
 
 
 def window_weight(wq: torch.Tensor) -> torch.Tensor:
@@ -64,12 +79,16 @@ def window_weight(wq: torch.Tensor) -> torch.Tensor:
 
 
 def window_conv(x: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                dequant_scale: torch.Tensor, geometry: ConvGeometry, tile: TileConfig, code: torch.dtype,
-                epilogue: dict) -> torch.Tensor:
+                dequant_scale: torch.Tensor, geometry: ConvGeometry, tile: TileConfig | WindowResidentTile,
+                code: torch.dtype, epilogue: dict, pdl: bool = False) -> torch.Tensor:
     """The convolution of `x` [N, C ≤ 4, H, W] (any strides; floats are quantized with the
     epilogue's input_inv_scale) with `geometry`, through packed pixels and windows; channels-last
-    output, with the layer's epilogue."""
+    output, with the layer's epilogue. `pdl`: the resident-window kernel's launch (`kernels/pdl.py`)."""
     packed = window_pack(x, w_window, geometry, code, epilogue["input_inv_scale"], epilogue.get("qmin", -127))
+    if isinstance(tile, WindowResidentTile):
+        codes_epilogue = {name: value for name, value in epilogue.items() if name != "input_inv_scale"}
+        return window_resident_conv(packed, w_window, bias, tile, geometry=geometry, dequant_scale=dequant_scale,
+                                    residual=residual, pdl=pdl, **codes_epilogue)
     return windows_conv(packed, w_window, bias, residual, dequant_scale, geometry, tile, epilogue)
 
 

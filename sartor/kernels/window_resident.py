@@ -1,0 +1,177 @@
+"""The window convolution of a network's stem with the weight resident in each program (tactics
+"window_resident_…", `sartor/ops/quantized_window.py`).
+
+The window tactic packs the few-channel image into 4-byte pixels and runs the implicit GEMM over
+overlapping windows of them as a kh × 1 convolution: ResNet-50's INT8 stem took 0.389 ms of GEMM
+for 92 GOP at batch 256 on the H200 (BENCHMARKS.md, session 16), bound neither by memory nor by
+the tensor cores, each program walking 7 K steps with the general implicit-GEMM index math for one
+row tile. Here, as in the resident kernel of 1×1 layers (`resident_gemm.py`), each program loads
+its weight block [K, BLOCK_N] once (K = kh · window: 7 · 32 = 224 for the stem) and walks TILES row
+tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes per output pixel.
+Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
+(`_kh`) one product per filter row, the kh weight blocks held as a tuple, nothing padded.
+
+The products and their sums are conv_igemm's (`_accumulate`, `_epilogue_store_halves`): the output
+equals the emulation's as the other window tiles' does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .conv_igemm import ConvGeometry, epilogue_arguments
+from .epilogue import channels_last_output, pixel_stride, triton
+from .pdl import launch_options
+from .pixel_pack import PIXEL_BYTES
+from .resident_gemm import ResidentTile
+
+if triton is not None:
+    import triton.language as tl
+
+    from .conv_igemm import _accumulate, _epilogue_store_halves, pixel_coords
+    from .pdl import await_previous_kernel
+    from .resident_gemm import program_tiles
+
+    @triton.jit
+    def _window_resident_kernel(
+            p_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            M, COUT, OH, OW, image_bytes, row_bytes, y_row, srn, src, srh, srw,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            KH: tl.constexpr, WINDOW: tl.constexpr, STRIDE_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
+            DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+            OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False):
+        await_previous_kernel(PDL)
+        row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
+        first_column = column_tile * BLOCK_N
+        offs_n = first_column + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < COUT
+        w_col = offs_n.to(tl.int64)[None, :] * (KH * WINDOW)
+        if KH_STEPS:
+            offs_k = tl.arange(0, WINDOW)
+            weights = ()
+            for kh in tl.static_range(KH):
+                weights = weights + (tl.load(w_ptr + w_col + (kh * WINDOW + offs_k)[:, None], mask=n_ok[None, :],
+                                             other=0.0),)
+        else:
+            # K index kh · WINDOW + byte, padded to K_PAD: the padding's rows of the weight are zero
+            # and its A columns masked, so neither reads past its tensor.
+            offs_k = tl.arange(0, K_PAD)
+            filter_row = offs_k // WINDOW
+            k_ok = filter_row < KH
+            k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
+            weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        for t in range(TILES):
+            offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < M
+            n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+            # The window of output pixel (n, oh, ow) and filter row 0 starts at padded pixel (oh·sh, ow·sw).
+            window_start = n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP
+            if INT8:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if KH_STEPS:
+                for kh in tl.static_range(KH):
+                    a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :],
+                                mask=m_ok[:, None], other=0.0)
+                    acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
+            else:
+                a = tl.load(p_ptr + window_start[:, None] + k_offsets[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+                # FP8 sums move to the float32 accumulator after each window, as the window
+                # tiles' K steps of 32-byte windows do.
+                acc = _accumulate(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
+            _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                   res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
+                                   alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
+                                   OUT_QUANT, BLOCK_M, BLOCK_N)
+
+KH_STEPS_SUFFIX = "_kh"
+
+
+@dataclass(frozen=True)
+class WindowResidentTile:
+    """A resident tile (its residual is loaded in the epilogue: `residual_prefetch` 0) and whether
+    K is walked one filter row at a time (suffix `_kh`) rather than in one product over K padded to
+    a power of two."""
+    resident: ResidentTile
+    kh_steps: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
+
+    @classmethod
+    def parse(cls, name: str | None) -> "WindowResidentTile | None":
+        kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
+        resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
+        if resident is None or resident.residual_prefetch:
+            return None
+        return cls(resident, kh_steps)
+
+
+# Not timed on a GPU yet. First the resident kernel's first tile in both forms, then what
+# bench/kernel_asm.py --layer stem (sm_90, Triton 3.6; INT8 codes out, bias, ReLU; no spills)
+# suggests may hold more work per SM: registers, shared memory per program (the A tile's pipeline
+# stages and the resident weight) and programs per SM by shared memory: 72 regs 66 KiB (3), _kh 84
+# regs 58 KiB (3), 76 regs 50 KiB (4), 74 regs 84 KiB (2, 8 warps each), 54 regs 72 KiB (3, 8 warps
+# each), _kh 84 regs 44 KiB (5). The stem's 64 output channels are one column tile.
+WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 3)),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), kh_steps=True),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2)),
+                         WindowResidentTile(ResidentTile(128, 64, 8, 8, 2)),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True))
+# Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
+WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
+
+
+def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
+    """The candidates the builder times at this effort."""
+    return list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
+
+
+def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
+                         tile: WindowResidentTile, *, geometry: ConvGeometry, dequant_scale: torch.Tensor,
+                         residual: torch.Tensor | None = None, activation: str | None = None,
+                         alpha: float | None = None, beta: float | None = None,
+                         residual_after_activation: bool = False, residual_scale: float | None = None,
+                         output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                         out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """The convolution of the packed pixels `packed` [N, HP, WP, 4] (`window_pack`'s codes) with
+    `w_window` [Cout, window, kh, 1] (`window_weight`'s: [Cout, kh, window] in memory) at
+    `geometry` (the layer's, whose pads the packing applied), with the epilogue of resident_gemm's
+    arguments. Output channels-last [N, Cout, OH, OW] (or into `out`)."""
+    code = torch.float8_e4m3fn if fp8 else torch.int8
+    cout, window, kh, _ = w_window.shape
+    if packed.dtype != code or packed.dim() != 4 or packed.shape[3] != PIXEL_BYTES or not packed.is_contiguous():
+        raise ValueError(f"window_resident_conv: packed {tuple(packed.shape)} {packed.dtype} is not contiguous "
+                         f"[N, HP, WP, {PIXEL_BYTES}] {code} pixels")
+    if w_window.dtype != code or not w_window.permute(0, 2, 1, 3).is_contiguous():
+        raise ValueError(f"window_resident_conv: weight {tuple(w_window.shape)} is not window_weight's layout")
+    n, _, padded_w, _ = packed.shape
+    oh, ow = geometry.out_hw
+    y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else torch.float32,
+                             packed.device, out, "window_resident_conv")
+    rs = residual.stride() if residual is not None else (0, 0, 0, 0)
+    rows = n * oh * ow
+    resident = tile.resident
+    row_groups = triton.cdiv(triton.cdiv(rows, resident.block_m), resident.tiles)
+    column_tiles = triton.cdiv(cout, resident.block_n)
+    grid = (row_groups * column_tiles,) if resident.n_adjacent else (row_groups, column_tiles)
+    scalars, flags = epilogue_arguments(
+        quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
+    _window_resident_kernel[grid](
+        packed, w_window, bias if bias is not None else w_window, dequant_scale,
+        residual if residual is not None else y, y, rows, cout, oh, ow, packed.stride(0), padded_w * PIXEL_BYTES,
+        pixel_stride(y), *rs, *scalars, KH=kh, WINDOW=window, STRIDE_H=geometry.strides[0],
+        PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
+        TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
+        K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, **launch_options(pdl), num_warps=resident.warps,
+        num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    return y
