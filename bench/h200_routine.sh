@@ -24,8 +24,10 @@
 #              process's profile                                                             ~250
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
-#              mobilenet_v3_large; about 200 s of compile per shape, so one model per call; the
-#              detectors need .whl/base and .carry)                                           ~500
+#              mobilenet_v3_large) at $AUTOTUNE_BATCHES (default 1,256; detectors
+#              $AUTOTUNE_DETECTOR_BATCHES, default 1,32). About 200–300 s of compile per shape:
+#              one model and one shape per call (session 16: MobileNetV3 at 1 and 256 ran out of
+#              580 s in the second compile). The detectors need .whl/base and .carry.      ~300/shape
 # Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
 # .whl/serve/perf_analyzer.tgz unpacked. The device tool carries 64 MiB at most, so carry only the
 # folders the stages need: .whl/base (pycocotools, ultralytics: agreement, detectors),
@@ -85,7 +87,8 @@ for name in "$@"; do
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
     autotune) stage autotune 580 python bench/h200_table.py --out /tmp/routine/autotune \
-                --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches 1,256 --detector-batches 1,32 \
+                --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches "${AUTOTUNE_BATCHES:-1,256}" \
+                --detector-batches "${AUTOTUNE_DETECTOR_BATCHES:-1,32}" \
                 --effort 1 --no-warm-build --max-autotune --onnx-dir .carry ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
