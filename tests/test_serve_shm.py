@@ -493,6 +493,37 @@ class HostIpc:
         self.closed.append(ptr)
 
 
+def test_cuda_region_views_are_made_once_per_offset_and_alias_the_region():
+    """A client reuses its offsets: the region keeps each (offset, shape, dtype) input view and
+    (offset, bytes) output view it made, which still read and write the client's memory; an input at
+    an offset misaligned for its dtype is a fresh copy each time, and closing drops them all."""
+    import torch
+
+    from sartor.serve.device_copies import DeviceCopies
+    from sartor.serve.shared_memory import CudaRegion
+    ipc = HostIpc()
+    handle = ipc.allocate(64)
+    region = CudaRegion("r", handle, 0, 64, ipc)
+    memory = ipc.memory[handle]
+    first = region.read(8, (2, 2), np.dtype(np.float32))
+    assert region.read(8, [2, 2], np.dtype(np.float32)) is first
+    assert region.read(8, (4,), np.dtype(np.float32)) is not first  # another shape: its own view
+    memory[8:24] = torch.arange(4, dtype=torch.float32).view(torch.uint8)
+    assert torch.equal(first, torch.arange(4, dtype=torch.float32).view(2, 2))  # the region's bytes, now
+    misaligned = region.read(2, (2,), np.dtype(np.float32))
+    memory[2:10] = torch.tensor([5.0, 6.0]).view(torch.uint8)
+    assert not torch.equal(misaligned, torch.tensor([5.0, 6.0]))  # a copy of the bytes it was read from
+    assert torch.equal(region.read(2, (2,), np.dtype(np.float32)), torch.tensor([5.0, 6.0]))
+    for value in (1.0, 2.0):
+        copies = DeviceCopies()
+        region.write_tensor(40, torch.tensor([value, value]), copies)
+        copies.run()
+        assert torch.equal(memory[40:48].view(torch.float32), torch.tensor([value, value]))
+    assert len(region._output_views) == 1 and len(region._input_views) == 2
+    region.retire()
+    assert region.closed and not region._input_views and not region._output_views
+
+
 def test_cuda_region_path_with_a_host_stand_in(repo, tiny_plan):
     import torch
     with running(repo) as server:

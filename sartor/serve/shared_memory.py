@@ -37,6 +37,9 @@ SHM_DIR = "/dev/shm"  # where glibc's shm_open keeps its objects
 CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 KINDS = {"system": "system shared memory", "cuda": "CUDA shared memory"}
 MAX_NAME = 255
+# Views kept per CUDA region and direction: a client uses a few offsets of its region (perf_analyzer
+# one per tensor), so this bounds the memory of one that uses a fresh offset for every request.
+MAX_REGION_VIEWS = 64
 
 
 # ---- what a request names --------------------------------------------------------------------------
@@ -239,6 +242,11 @@ class CudaRegion(Region):
         self.device_id = device_id
         self._ipc = ipc
         self._stream = None  # where outputs are copied in (write), made at the first
+        # The views of the requests' (offset, shape, dtype) inputs and (offset, bytes) outputs, made
+        # once: a client reuses its offsets, and making a view (a slice and two reinterpretations,
+        # a dtype look-up) was about 40 µs of the main process per request under the H200 profile.
+        self._input_views: dict = {}
+        self._output_views: dict = {}
         self._ptr, size = ipc.open(raw_handle, device_id, name)
         try:
             if size is not None and byte_size > size:
@@ -253,6 +261,10 @@ class CudaRegion(Region):
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
 
     def read(self, offset: int, shape: tuple, dtype: np.dtype):
+        key = (offset, tuple(shape), dtype)
+        view = self._input_views.get(key)
+        if view is not None:
+            return view
         import torch
 
         from ..ops.util import NUMPY_TO_TORCH
@@ -264,8 +276,12 @@ class CudaRegion(Region):
             return torch.empty(tuple(shape), dtype=torch_dtype, device=self.tensor.device)
         data = self.tensor[offset:offset + nbytes]
         if offset % dtype.itemsize:
-            data = data.clone()  # view(dtype) needs an offset aligned to the element size
-        return data.view(torch_dtype).view(tuple(shape))
+            # view(dtype) needs an offset aligned to the element size: a copy, of this request's bytes only.
+            return data.clone().view(torch_dtype).view(tuple(shape))
+        view = data.view(torch_dtype).view(tuple(shape))
+        if len(self._input_views) < MAX_REGION_VIEWS:
+            self._input_views[key] = view
+        return view
 
     def write(self, offset: int, data: np.ndarray) -> None:
         import torch
@@ -300,7 +316,11 @@ class CudaRegion(Region):
         if not nbytes:
             return
         source = data.contiguous().reshape(-1).view(torch.uint8)
-        target = self.tensor[offset:offset + nbytes]
+        target = self._output_views.get((offset, nbytes))
+        if target is None:
+            target = self.tensor[offset:offset + nbytes]
+            if len(self._output_views) < MAX_REGION_VIEWS:
+                self._output_views[(offset, nbytes)] = target
         if target.device == source.device:
             copies.add(target, source)
             return
@@ -315,6 +335,7 @@ class CudaRegion(Region):
         self._stream.synchronize()
 
     def _close(self) -> None:
+        self._input_views, self._output_views = {}, {}
         self.tensor = None
         self._ipc.close(self._ptr, self.device_id)
 
