@@ -554,9 +554,11 @@ class SharedMemoryRegistry:
         return Lease(self)
 
 
-def _check_fits(ref: ShmRef, nbytes: int, shape: tuple, dtype_name: str) -> None:
+def _check_fits(ref: ShmRef, nbytes: int, shape: tuple, dtype) -> None:
+    """`dtype` (numpy) is named only for the error: numpy's dtype names are slow to make."""
     if nbytes > ref.byte_size:
-        raise InvalidRequest(f"{ref.where}: {nbytes} bytes (shape {list(shape)} {kserve_datatype(dtype_name)}) do not "
+        datatype = kserve_datatype(np.dtype(dtype).name)
+        raise InvalidRequest(f"{ref.where}: {nbytes} bytes (shape {list(shape)} {datatype}) do not "
                              f"fit in shared_memory_byte_size {ref.byte_size} of region '{ref.region}'")
 
 
@@ -597,7 +599,7 @@ class Lease:
         """Write an output; returns the number of bytes written."""
         data = np.ascontiguousarray(array)
         data = data.astype(data.dtype.newbyteorder("<"), copy=False)
-        _check_fits(ref, data.nbytes, data.shape, array.dtype.name)
+        _check_fits(ref, data.nbytes, data.shape, array.dtype)
         self._region(ref).write(ref.offset, data)
         return data.nbytes
 
@@ -610,7 +612,7 @@ class Lease:
         if region is None or region.kind != "cuda":
             return self.write(ref, host)  # which checks the range (and a system object's size) itself
         nbytes = device.numel() * device.element_size()
-        _check_fits(ref, nbytes, tuple(device.shape), np.dtype(host.dtype).name)
+        _check_fits(ref, nbytes, device.shape, host.dtype)
         region.write_tensor(ref.offset, device, copies)
         return nbytes
 
