@@ -43,6 +43,47 @@ def test_a_burst_of_finished_futures_wakes_the_loop_once():
     assert wakeups == 1
 
 
+def test_notify_runs_each_callback_in_the_one_drain_and_survives_a_failing_one(caplog):
+    """Grouped requests take a callback rather than an asyncio future: a batch's callbacks all run
+    at the one wake-up, each with its own future, in order; one that raises is logged and the
+    others still run."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        relay = LoopRelay(loop)
+        wakeups, seen, drained = [], [], asyncio.Event()
+        original = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wakeups.append(a), original(*a, **k))[1]
+        sources = [Future() for _ in range(4)]
+
+        def record(source):
+            seen.append(source.result() if not source.cancelled() else "cancelled")
+            if len(seen) == 4:
+                drained.set()
+
+        def broken(source):
+            seen.append("broken")
+            raise RuntimeError("a frontend's answer failed")
+        for i, source in enumerate(sources):
+            relay.notify(source, broken if i == 1 else record)
+
+        def finish_batch():
+            for i, source in enumerate(sources):
+                if i == 3:
+                    source.cancel()
+                    continue
+                source.set_running_or_notify_cancel()
+                source.set_result(i)
+        worker = threading.Thread(target=finish_batch)
+        worker.start()
+        worker.join()
+        await asyncio.wait_for(drained.wait(), 5)
+        return seen, len(wakeups)
+
+    seen, wakeups = asyncio.run(main())
+    assert seen == [0, "broken", 2, "cancelled"] and wakeups == 1
+    assert "a batcher future's callback failed" in caplog.text
+
+
 def test_exceptions_and_cancellation_pass_through():
     async def main():
         relay = LoopRelay(asyncio.get_running_loop())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -58,7 +59,9 @@ class GroupMember:
     timeout_s: float | None = None
     deadline: float | None = None
     lease: Lease | None = None
-    waiter: asyncio.Future | None = None
+    future: Future | None = None  # the batcher's, once queued
+    done: Callable | None = None  # start_group's `done`, once queued
+    answered: bool = False  # `done` ran (or is running) for it: later outcomes are dropped
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task | None = None
     cancelled: bool = False
@@ -268,43 +271,61 @@ class InferenceCore:
         finally:
             _release(m)
 
-    @staticmethod
-    def cancel_member(m: "GroupMember") -> None:
+    def cancel_member(self, m: "GroupMember") -> None:
         """Its caller went away: drop it from the batcher queue if it has not started running (or
-        before it is queued)."""
+        before it is queued), and answer it with None now."""
         m.cancelled = True
         if m.task is not None:
             m.task.cancel()
-        elif m.waiter is not None:
-            m.waiter.cancel()
+        elif m.future is not None and not m.answered:
+            m.future.cancel()
+            self._member_done(m)
+            _release(m)
+            m.done(m, None)
 
-    def _member_queued(self, loop, relay: LoopRelay, m: "GroupMember", future, done) -> None:
+    def _member_queued(self, loop, relay: LoopRelay, m: "GroupMember", future: Future, done) -> None:
         if m.lease is not None:
             # The batcher may still read the regions after the member gave up (a timeout).
             lease = m.lease
             lease.hold()
             future.add_done_callback(lambda _: lease.release())
-        m.waiter = relay.wait(future)
+        m.future, m.done = future, done
         if m.deadline is not None:
             wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
-            m.timer = loop.call_later(wait, expire, m.waiter, future)
-        m.waiter.add_done_callback(lambda waiter: self._member_answered(m, waiter, done))
+            m.timer = loop.call_later(wait, self._member_expired, m)
+        relay.notify(future, lambda _: self._member_answered(m))
 
-    def _member_answered(self, m: "GroupMember", waiter: asyncio.Future, done) -> None:
+    def _member_done(self, m: "GroupMember") -> None:
+        """The member's answer is decided here: no other may follow."""
+        m.answered = True
         if m.timer is not None:
             m.timer.cancel()
-        if waiter.cancelled():
+
+    def _member_expired(self, m: "GroupMember") -> None:
+        """Its deadline (and the grace) passed: it fails with a timeout, and the batcher drops it if
+        it has not started running."""
+        if m.answered:
+            return
+        self._member_done(m)
+        m.future.cancel()
+        self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
+
+    def _member_answered(self, m: "GroupMember") -> None:
+        """The batcher's future ended (on the loop, through the relay)."""
+        if m.answered:  # cancelled or timed out meanwhile
+            return
+        self._member_done(m)
+        future = m.future
+        if future.cancelled():
             _release(m)
-            done(m, None)
+            m.done(m, None)
             return
-        error = waiter.exception()
+        error = future.exception()
         if error is not None:
-            if isinstance(error, asyncio.TimeoutError):
-                error = _timed_out(m.name, m.timeout_s)
-            self._member_failed(m, error, done)
+            self._member_failed(m, error, m.done)
             return
-        result = waiter.result()
-        self._member_succeeded(m, result, result.written or {}, done)
+        result = future.result()
+        self._member_succeeded(m, result, result.written or {}, m.done)
 
     def _member_succeeded(self, m: "GroupMember", result, written: dict, done) -> None:
         outcome = self._succeeded(m.model, m.start, m.outputs, result, written)
