@@ -63,9 +63,7 @@ def stream_like_resident(x: torch.Tensor, residual: torch.Tensor, tile: Resident
     """`_stream_like_resident` over a channels-last [B, K, H, W] x and [B, N, H, W] residual."""
     m, k, n = x.numel() // x.shape[1], x.shape[1], residual.shape[1]
     y = torch.empty_like(residual)
-    row_groups, column_tiles = triton.cdiv(triton.cdiv(m, tile.block_m), tile.tiles), triton.cdiv(n, tile.block_n)
-    grid = (row_groups * column_tiles,) if tile.n_adjacent else (row_groups, column_tiles)
-    _stream_like_resident[grid](x, residual, y, m, n, K=k, TILES=tile.tiles, ADJACENT=tile.n_adjacent,
+    _stream_like_resident[tile.grid(m, n)](x, residual, y, m, n, K=k, TILES=tile.tiles, ADJACENT=tile.n_adjacent,
                                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.warps)
     return y
 

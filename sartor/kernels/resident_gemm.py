@@ -137,6 +137,13 @@ class ResidentTile:
         return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
                 + RESIDUAL_PREFETCH[self.residual_prefetch] + ("_g" if self.n_adjacent else ""))
 
+    def grid(self, rows: int, cout: int) -> tuple:
+        """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
+        (row groups, column tiles), or with `_g` one dimension holding both."""
+        row_groups = triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles)
+        column_tiles = triton.cdiv(cout, self.block_n)
+        return (row_groups * column_tiles,) if self.n_adjacent else (row_groups, column_tiles)
+
     @classmethod
     def parse(cls, tactic: str | None) -> "ResidentTile | None":
         if not tactic or not tactic.startswith(RESIDENT_PREFIX):
@@ -220,13 +227,11 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
-    row_groups, column_tiles = triton.cdiv(triton.cdiv(rows, tile.block_m), tile.tiles), triton.cdiv(cout, tile.block_n)
-    grid = (row_groups * column_tiles,) if tile.n_adjacent else (row_groups, column_tiles)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
-    _resident_gemm_kernel[grid](
+    _resident_gemm_kernel[tile.grid(rows, cout)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
         rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,

@@ -159,14 +159,11 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     rows = n * oh * ow
     resident = tile.resident
-    row_groups = triton.cdiv(triton.cdiv(rows, resident.block_m), resident.tiles)
-    column_tiles = triton.cdiv(cout, resident.block_n)
-    grid = (row_groups * column_tiles,) if resident.n_adjacent else (row_groups, column_tiles)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
-    _window_resident_kernel[grid](
+    _window_resident_kernel[resident.grid(rows, cout)](
         packed, w_window, bias if bias is not None else w_window, dequant_scale,
         residual if residual is not None else y, y, rows, cout, oh, ow, packed.stride(0), padded_w * PIXEL_BYTES,
         pixel_stride(y), *rs, *scalars, KH=kh, WINDOW=window, STRIDE_H=geometry.strides[0],
