@@ -290,17 +290,24 @@ class CudaRegion(Region):
         host = data.reshape(-1).view(np.uint8)
         if not host.flags.writeable:
             host = host.copy()  # torch.from_numpy warns on read-only arrays
-        target, source = self.tensor[offset:offset + data.nbytes], torch.from_numpy(host)
+        self._copy_now(self.tensor[offset:offset + data.nbytes], torch.from_numpy(host))
+
+    def _copy_now(self, target, source, after=None) -> None:
+        """target.copy_(source), done when this returns: on the region's own stream, after the
+        work queued on the stream `after` (that made `source`) if given."""
+        import torch
         if target.device.type != "cuda":
-            target.copy_(source)
+            target.copy_(source)  # a host stand-in of the region (tests): synchronous
             return
         # The client reads the region once the response arrives, so the copy must be done before this
-        # returns; but only this copy. A device-wide synchronize here (it runs on the event loop) would
-        # wait for whatever batch the engine is running, once per response; the thread's default stream
-        # would too (the batcher's default stream waits on the engine's). A high-priority stream comes
-        # from another pool than the engines' (default-priority) streams.
+        # returns; but only this copy. A device-wide synchronize here would wait for whatever batch
+        # the engine is running; the thread's default stream would too (the batcher's default stream
+        # waits on the engine's). A high-priority stream comes from another pool than the engines'
+        # (default-priority) streams.
         if self._stream is None:
             self._stream = torch.cuda.Stream(target.device, priority=-1)
+        if after is not None:
+            self._stream.wait_stream(after)
         with torch.cuda.stream(self._stream):
             target.copy_(source)
         self._stream.synchronize()
@@ -323,16 +330,8 @@ class CudaRegion(Region):
                 self._output_views[(offset, nbytes)] = target
         if target.device == source.device:
             copies.add(target, source)
-            return
-        if target.device.type != "cuda":
-            target.copy_(source)  # a host stand-in of the region (tests): synchronous
-            return
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(target.device, priority=-1)
-        self._stream.wait_stream(torch.cuda.current_stream(source.device))
-        with torch.cuda.stream(self._stream):
-            target.copy_(source)
-        self._stream.synchronize()
+        else:
+            self._copy_now(target, source, torch.cuda.current_stream(source.device))
 
     def _close(self) -> None:
         self._input_views, self._output_views = {}, {}
