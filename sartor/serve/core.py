@@ -86,6 +86,13 @@ def _timed_out(name: str, timeout_s: float) -> RequestTimeout:
     return RequestTimeout(f"model '{name}': the request timed out after {timeout_s * 1e3:.0f} ms")
 
 
+def _hold_for(lease: Lease, future) -> None:
+    """The batcher may still read a request's regions after its caller gave up (a timeout): they
+    stay leased until the batcher's `future` is done too."""
+    lease.hold()
+    future.add_done_callback(lambda _: lease.release())
+
+
 def _release(m: GroupMember) -> None:
     """The member's own lease hold, once."""
     lease, m.lease = m.lease, None
@@ -174,10 +181,7 @@ class InferenceCore:
             else:
                 raise ModelUnavailable(f"model '{name}' is being reloaded; retry")
             if lease is not None:
-                # The batcher may still read the regions after this handler gave up (a timeout):
-                # they stay mapped until its future is done too.
-                lease.hold()
-                future.add_done_callback(lambda _: lease.release())
+                _hold_for(lease, future)
             wait = None if deadline is None else max(deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
             waiter = self._relay().wait(future)
             timer = None if wait is None else waiter.get_loop().call_later(wait, expire, waiter, future)
@@ -279,23 +283,19 @@ class InferenceCore:
             m.task.cancel()
         elif m.future is not None and not m.answered:
             m.future.cancel()
-            self._member_done(m)
-            _release(m)
-            m.done(m, None)
+            self._member_settled(m)
+            self._member_dropped(m)
 
     def _member_queued(self, loop, relay: LoopRelay, m: "GroupMember", future: Future, done) -> None:
         if m.lease is not None:
-            # The batcher may still read the regions after the member gave up (a timeout).
-            lease = m.lease
-            lease.hold()
-            future.add_done_callback(lambda _: lease.release())
+            _hold_for(m.lease, future)
         m.future, m.done = future, done
         if m.deadline is not None:
             wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
             m.timer = loop.call_later(wait, self._member_expired, m)
         relay.notify(future, lambda _: self._member_answered(m))
 
-    def _member_done(self, m: "GroupMember") -> None:
+    def _member_settled(self, m: "GroupMember") -> None:
         """The member's answer is decided here: no other may follow."""
         m.answered = True
         if m.timer is not None:
@@ -306,7 +306,7 @@ class InferenceCore:
         it has not started running."""
         if m.answered:
             return
-        self._member_done(m)
+        self._member_settled(m)
         m.future.cancel()
         self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
 
@@ -314,11 +314,10 @@ class InferenceCore:
         """The batcher's future ended (on the loop, through the relay)."""
         if m.answered:  # cancelled or timed out meanwhile
             return
-        self._member_done(m)
+        self._member_settled(m)
         future = m.future
         if future.cancelled():
-            _release(m)
-            m.done(m, None)
+            self._member_dropped(m)
             return
         error = future.exception()
         if error is not None:
@@ -326,6 +325,12 @@ class InferenceCore:
             return
         result = future.result()
         self._member_succeeded(m, result, result.written or {}, m.done)
+
+    @staticmethod
+    def _member_dropped(m: "GroupMember") -> None:
+        """Its caller went away (or its batcher future was cancelled): no answer, None to `done`."""
+        _release(m)
+        m.done(m, None)
 
     def _member_succeeded(self, m: "GroupMember", result, written: dict, done) -> None:
         outcome = self._succeeded(m.model, m.start, m.outputs, result, written)
