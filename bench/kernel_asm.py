@@ -66,6 +66,11 @@ PATTERNS = {
     "st.scalar": r"st\.global(?:\.(?!v[24])\w+)+\s",
     "pdl": r"griddepcontrol\.",
 }
+# Numeric conversions in the SASS: Hopper converts 16 values per clock per SM (CUDA C++ Programming
+# Guide, arithmetic instruction throughput) against 128 float32 adds, so an epilogue's per-element
+# int32 → float32 and float32 → int8 conversions cost as much issue time as eight adds each.
+SASS_CONVERSIONS = {"I2F": r"\bI2F(?:\.\w+)*\b", "F2I": r"\bF2I(?:\.\w+)*\b", "I2I": r"\bI2I(?:\.\w+)*\b",
+                    "F2F": r"\bF2F(?:\.\w+)*\b"}
 
 
 def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, target: GPUTarget, pdl: bool = False):
@@ -110,8 +115,11 @@ def ptxas_report(ptx: str, arch: int) -> dict:
         source.write_text(ptx)
         out = subprocess.run([str(ptxas), "--gpu-name", f"sm_{arch}a", "-v", str(source), "-o", str(Path(tmp) / "k.o")],
                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([str(ptxas.parent / "cuobjdump"), "-sass", str(Path(tmp) / "k.o")],
+                              capture_output=True, text=True, check=True).stdout
     return {"registers": int(re.search(r"Used (\d+) registers", out).group(1)),
-            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1))}
+            "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1)),
+            "conversions": {name: len(re.findall(pattern, sass)) for name, pattern in SASS_CONVERSIONS.items()}}
 
 
 def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
@@ -212,7 +220,7 @@ def main() -> None:
     target = GPUTarget("cuda", args.arch, 32)
     print(f"{args.layer} on sm_{args.arch}: per program")
     print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "
-          + " ".join(f"{name:>9}" for name in PATTERNS))
+          + " ".join(f"{name:>9}" for name in PATTERNS) + " " + " ".join(f"{name:>4}" for name in SASS_CONVERSIONS))
     for label, fn, values, constexprs, warps, stages in layer_cases(args.layer):
         try:
             kernel = compile_for(fn, values, constexprs, warps, stages, target, args.pdl)
@@ -223,7 +231,8 @@ def main() -> None:
         ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
         counts = " ".join(f"{len(re.findall(pattern, ptx)):>9}" for pattern in PATTERNS.values())
         print(f"{label:32s} {report['registers']:>4} {report['spill_bytes']:>5} {kernel.metadata.shared:>6} "
-              f"{ttgir.count('ttg.convert_layout'):>11} {counts}", flush=True)
+              f"{ttgir.count('ttg.convert_layout'):>11} {counts} "
+              + " ".join(f"{count:>4}" for count in report["conversions"].values()), flush=True)
         if args.dump is not None:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{label}.ttgir").write_text(ttgir)

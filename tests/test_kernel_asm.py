@@ -1,7 +1,9 @@
 """What the INT8 kernels compile to for Hopper, checked on any machine (Triton compiles for sm_90
-with the ptxas its wheel ships; bench/kernel_asm.py): the quantization's rounding by adding and
-subtracting 1.5·2^23 must survive compilation as two IEEE additions; a compiler that folded them
-(fast-math reassociation) would truncate instead of rounding to nearest even. The resident-window
+with the ptxas its wheel ships; bench/kernel_asm.py). The quantization rounds by adding 1.5·2^23 and
+reads the code from the sum's low byte (`_quantize_code`): the add must stay an IEEE addition of its
+own, not fused with the scale's multiply (which would round once where the emulation rounds twice),
+and the epilogue must convert neither its output codes from float nor its residual codes to float
+with the conversion instructions, which run at an eighth of an add's rate. The resident-window
 kernel of the stem compiles in both its forms (one product over padded K; the weight held as a
 tuple of filter rows) to Hopper's tensor-core instructions without spills.
 
@@ -24,11 +26,15 @@ import re, sys
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv2")[1]
+label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv3")[1]  # INT8 out, residual
 ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
-added = re.findall(r"add\.rn\.f32\s+(%r\d+), %r\d+, 0f4B400000;", ptx)  # + 1.5*2^23
-subtracted = re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0fCB400000;", ptx)  # - 1.5*2^23
-print(len(added), sorted(added) == sorted(subtracted), "wgmma.mma_async" in ptx)
+params = set(re.findall(r"ld\.param\.\w+\s+(%r\d+),", ptx))
+# + 1.5*2^23 to a computed value (1.5*2^23 + qmin, the lower clamp bound, adds it to a parameter)
+rounding = sum(source not in params for source in re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0f4B400000;", ptx))
+fused = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f4B400000;", ptx))
+clamped = len(re.findall(r"min\.f32\s+%r\d+, %r\d+, 0f4B40007F;", ptx))  # 1.5*2^23 + 127
+conversions = len(re.findall(r"cvt\.r[nz]i?\.s(?:8|16|32)\.f32|cvt\.rn\.f32\.s(?:8|16)\b", ptx))
+print(rounding, fused, clamped, conversions, "wgmma.mma_async" in ptx)
 """
 
 STEM_CHILD = r"""
@@ -55,8 +61,10 @@ def _compile_in_child(code: str) -> str:
 
 
 def test_int8_rounding_survives_compilation_for_sm90():
-    count, paired, hopper = _compile_in_child(CHILD).split()
-    assert int(count) > 0 and paired == "True"  # every rounding's add has its subtract
+    rounding, fused, clamped, conversions, hopper = _compile_in_child(CHILD).split()
+    assert int(rounding) > 0 and fused == "0"  # the rounding add is there, on its own
+    assert clamped == rounding  # each rounded sum is clamped to the codes' bounds before its low byte is read
+    assert conversions == "0"  # codes neither made from floats nor read as floats by conversion instructions
     assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
 
 

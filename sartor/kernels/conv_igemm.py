@@ -58,13 +58,28 @@ if triton is not None:
         return tl.where(up, r + 1.0, r)
 
     @triton.jit
-    def _quantize(v, inv_scale, qmin):
-        # Rounded by one float32 add and subtract of 1.5·2^23: the sum lies in [2^23, 2^24), where
-        # float32 steps are 1, so the add rounds to the nearest integer, ties to even (1.5·2^23 is
-        # even). Exact for |v| < 2^22; beyond, the result is still beyond ±127, so the clamp gives
-        # the emulation's code. Two instructions where _round_half_even takes about ten.
-        q = (v * inv_scale + 12582912.0) - 12582912.0
-        return tl.minimum(tl.maximum(q, qmin), 127.0)
+    def _quantize_code(v, inv_scale, qmin):
+        """The INT8 code of v: round(v · inv_scale) half to even, clamped to [qmin, 127].
+        One float32 add of 1.5·2^23 rounds: for |v · inv_scale| < 2^22 the sum lies in
+        [2^23, 2^24), where float32 steps are 1, so the add rounds to the nearest integer, ties to
+        even (1.5·2^23 is even), as the emulation's code does. Beyond, the sum lies outside the
+        clamp bounds, which are integers of that range, so the clamp gives the saturated code. The
+        clamped sum is 0x4B400000 + code as bits, and 0x4B400000's low byte is 0: the code is its
+        low byte. No float → integer conversion: Hopper converts 16 values per clock per SM, an
+        eighth of a float add's rate (bench/kernel_asm.py counts them), and an epilogue needs one
+        per output element."""
+        t = v * inv_scale + 12582912.0
+        t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
+        return t.to(tl.int32, bitcast=True).to(tl.int8)
+
+    @triton.jit
+    def _codes_to_float(codes):
+        """Float32 values of INT8 codes without an integer → float conversion (see
+        _quantize_code): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
+        dtypes (FP8 codes, float residuals) convert as usual."""
+        if codes.dtype == tl.int8:
+            return (codes.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        return codes.to(tl.float32)
 
     @triton.jit
     def _quantize_fp8(v, inv_scale):
@@ -87,7 +102,7 @@ if triton is not None:
             if FP8:
                 a = _quantize_fp8(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                a = _quantize(a.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+                a = _quantize_code(a.to(tl.float32), in_inv_scale, qmin)
         if INT8:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         elif FP8:
@@ -138,7 +153,7 @@ if triton is not None:
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             if RES_QUANT:
-                residual = residual.to(tl.float32) * res_scale
+                residual = _codes_to_float(residual) * res_scale
             else:
                 residual = residual.to(tl.float32)
             if not RES_AFTER:
@@ -151,7 +166,7 @@ if triton is not None:
             if FP8:
                 y = _quantize_fp8(y, out_inv_scale)
             else:
-                y = _quantize(y, out_inv_scale, qmin)
+                y = _quantize_code(y, out_inv_scale, qmin)
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 

@@ -22,7 +22,7 @@ from .epilogue import triton
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _quantize, _quantize_fp8, pixel_coords
+    from .conv_igemm import _quantize_code, _quantize_fp8, pixel_coords
 
     @triton.jit
     def _im2col_kernel(x_ptr, col_ptr, M, C, H, W, OH, OW, K, KP,
@@ -51,7 +51,7 @@ if triton is not None:
             if FP8:
                 v = _quantize_fp8(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                v = _quantize(v.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+                v = _quantize_code(v.to(tl.float32), in_inv_scale, qmin)
         stored = (rows < M)[:, None] & (cols < KP)[None, :]
         tl.store(col_ptr + ((rows.to(tl.int64) * KP)[:, None] + cols[None, :]), v, mask=stored)
 

@@ -22,7 +22,7 @@ PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _quantize, _quantize_fp8
+    from .conv_igemm import _quantize_code, _quantize_fp8
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
@@ -40,7 +40,7 @@ if triton is not None:
             if FP8:
                 v = _quantize_fp8(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                v = _quantize(v.to(tl.float32), in_inv_scale, qmin).to(tl.int8)
+                v = _quantize_code(v.to(tl.float32), in_inv_scale, qmin)
         stored = (pw < WP)[:, None] & (c < 4)[None, :]
         tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
 
