@@ -70,5 +70,5 @@ def test_int8_rounding_survives_compilation_for_sm90():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    assert [label.endswith("_kh") for label, _, _ in lines] == [False, True]
+    assert sorted(label.endswith("_kh") for label, _, _ in lines) == [False, True]  # both forms at effort 1
     assert all(spills == "0" and hopper == "True" for _, spills, hopper in lines)

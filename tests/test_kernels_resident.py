@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, ResidentTile, resident_applies,  # noqa: E402
-                                          resident_gemm, resident_tactics)
+                                          WIDE_K, WIDE_K_TILE, resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -113,6 +113,10 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     first = RESIDENT_TILES[0].name
     assert resident_tactics(1) == [first, first + "_g"]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
+    wide = WIDE_K_TILE.name
+    assert resident_tactics(1, k_total=WIDE_K) == resident_tactics(1)  # layer1/2's K of 64 and 128
+    assert resident_tactics(1, k_total=256) == [first, first + "_g", wide, wide + "_g"]  # layer3's conv3
+    assert resident_tactics(5, k_total=256) == resident_tactics(5)  # already among the tiles: not twice
     with_residual = resident_tactics(3, residual=True)
     assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e_g",
                                                                                 RESIDENT_TILES[3].name + "_r_g"]

@@ -263,7 +263,7 @@ def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused(
                 "window_resident_64x64_t8_w4_s3_x", "window_resident_64x33_t8_w4_s3", "window_resident_axb_t1_w1_s1",
                 "window_64x64_t8_w4_s3", "window_resident_", "window_resident_64x64_t8_w4_s3_"):
         assert window_tile(bad) is None and not own_kernel_tactic(bad), bad
-    assert WindowResidentTile.parse("resident_64x64_t8_w4_s3_kh") == WINDOW_RESIDENT_TILES[1]
+    assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh") == WINDOW_RESIDENT_TILES[0]
     assert ResidentTile.parse("resident_64x64_t8_w4_s3_kh") is None  # the 1×1 kernel does not take the windows'
 
 

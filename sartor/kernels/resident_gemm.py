@@ -181,11 +181,21 @@ RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
 PREFETCH_MIN_EFFORT = 3
 
 
-def resident_tactics(effort: int, residual: bool = False) -> list[str]:
-    """The candidates the builder times at this effort: each tile, and with its column tiles
-    adjacent (`_g`); from PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with
-    its residual loaded early (without one, these would be the same kernel)."""
-    tiles = RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))]
+# Over K = 256 the 64×128 tile with 2 stages beat the first tile: 0.087 ms against 0.097–0.101 on
+# layer3's conv3 (H200, session 17's probe), six layers of ResNet-50. Above WIDE_K it is timed at
+# every effort.
+WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
+WIDE_K = 128
+
+
+def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> list[str]:
+    """The candidates the builder times at this effort for a layer of `k_total` input channels:
+    each tile (WIDE_K_TILE as well above WIDE_K), and with its column tiles adjacent (`_g`); from
+    PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with its residual loaded
+    early (without one, these would be the same kernel)."""
+    tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
+    if k_total > WIDE_K and WIDE_K_TILE not in tiles:
+        tiles.append(WIDE_K_TILE)
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
     if residual and effort >= PREFETCH_MIN_EFFORT:
         tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH if mode]

@@ -113,18 +113,17 @@ class WindowResidentTile:
         return cls(resident, kh_steps)
 
 
-# Not timed on a GPU yet. First the resident kernel's first tile in both forms, then what
-# bench/kernel_asm.py --layer stem (sm_90, Triton 3.6; INT8 codes out, bias, ReLU; no spills)
-# suggests may hold more work per SM: registers, shared memory per program (the A tile's pipeline
-# stages and the resident weight) and programs per SM by shared memory: 72 regs 66 KiB (3), _kh 84
-# regs 58 KiB (3), 76 regs 50 KiB (4), 74 regs 84 KiB (2, 8 warps each), 54 regs 72 KiB (3, 8 warps
-# each), _kh 84 regs 44 KiB (5). The stem's 64 output channels are one column tile.
-WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 3)),
-                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), kh_steps=True),
+# Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
+# _kh 64×64 2 stages 0.301, 64×64 2 stages 0.321, 3 stages 0.333, _kh 3 stages 0.334, 128×64 8 warps
+# 0.365, 64×64 8 warps 0.414; the implicit-GEMM window tile took 0.392. bench/kernel_asm.py --layer
+# stem (sm_90, Triton 3.6): 54–84 registers, 44–84 KiB of shared memory per program, no spills.
+# The stem's 64 output channels are one column tile.
+WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True),
                          WindowResidentTile(ResidentTile(64, 64, 8, 4, 2)),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 3)),
+                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), kh_steps=True),
                          WindowResidentTile(ResidentTile(128, 64, 8, 8, 2)),
-                         WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)),
-                         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True))
+                         WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)))
 # Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
 WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
 

@@ -206,7 +206,7 @@ def _qlayer_tactics(gemm: bool):
             residual = len(inputs) > 3 and inputs[3] is not None
             names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels, residual)]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
-                names += resident_tactics(effort, residual)
+                names += resident_tactics(effort, residual, inputs[1].shape[1])
             if not gemm:
                 names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
             if library_applies(inputs[0], inputs[1], geometry):
