@@ -73,6 +73,16 @@ if triton is not None:
         return t.to(tl.int32, bitcast=True).to(tl.int8)
 
     @triton.jit
+    def _quantize_operand(v, inv_scale, qmin):
+        """_quantize_code for the A tile of a float-input layer, which goes on into tl.dot: there
+        the code is converted from the float value. On the H200 (Triton 3.6) a product over
+        _quantize_code's low bytes read wrong codes (session 17: every code of the rounding test
+        came out -1; the builder's output check rejected those tactics), while the same codes
+        stored by an epilogue or a packing kernel were right."""
+        q = (v * inv_scale + 12582912.0) - 12582912.0
+        return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
+
+    @triton.jit
     def _codes_to_float(codes):
         """Float32 values of INT8 codes without an integer → float conversion (see
         _quantize_code): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
@@ -102,7 +112,7 @@ if triton is not None:
             if FP8:
                 a = _quantize_fp8(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                a = _quantize_code(a.to(tl.float32), in_inv_scale, qmin)
+                a = _quantize_operand(a.to(tl.float32), in_inv_scale, qmin)
         if INT8:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         elif FP8:
