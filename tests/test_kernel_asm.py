@@ -5,7 +5,8 @@ own, not fused with the scale's multiply (which would round once where the emula
 and the epilogue must convert neither its output codes from float nor its residual codes to float
 with the conversion instructions, which run at an eighth of an add's rate. The resident-window
 kernel of the stem compiles in both its forms (one product over padded K; the weight held as a
-tuple of filter rows) to Hopper's tensor-core instructions without spills.
+tuple of filter rows) to Hopper's tensor-core instructions without spills. FP8 epilogues round with
+the hardware's conversion once compiled.
 
 The compile runs in a child process: this test session may run Triton's interpreter, under which
 the kernels are not compilable objects."""
@@ -37,6 +38,19 @@ conversions = len(re.findall(r"cvt\.r[nz]i?\.s(?:8|16|32)\.f32|cvt\.rn\.f32\.s(?
 print(rounding, fused, clamped, conversions, "wgmma.mma_async" in ptx)
 """
 
+FP8_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv3")[1]  # residual, codes out
+values = dict(values, x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", res_ptr="*fp8e4nv", y_ptr="*fp8e4nv", bias_ptr="*fp32")
+ptx = kernel_asm.compile_for(fn, values, dict(constexprs, INT8=False, FP8=True), warps, stages,
+                             GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)), len(re.findall(r"cvt\.rmi(?:\.ftz)?\.f32\.f32", ptx)),
+      "wgmma.mma_async" in ptx)
+"""
+
 STEM_CHILD = r"""
 import sys
 sys.path.insert(0, "bench")
@@ -66,6 +80,13 @@ def test_int8_rounding_survives_compilation_for_sm90():
     assert clamped == rounding  # each rounded sum is clamped to the codes' bounds before its low byte is read
     assert conversions == "0"  # codes neither made from floats nor read as floats by conversion instructions
     assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
+
+
+def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
+    """FP8_HARDWARE_ROUNDING: a compiled FP8 epilogue converts with cvt.rn.satfinite (nearest even,
+    ±448 beyond) and no longer floors its way to the e4m3 grid (_quantize_fp8, 64 floors here)."""
+    conversions, floors, hopper = _compile_in_child(FP8_CHILD).split()
+    assert int(conversions) > 0 and floors == "0" and hopper == "True"
 
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
