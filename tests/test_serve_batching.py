@@ -84,13 +84,13 @@ def test_sinks_run_on_the_worker_after_the_batch_and_fail_their_request_alone():
         batcher.pause()
         futures = [batcher.submit({"x": np.full((1, 2), 1.0, np.float32)}, 1, None, sink),
                    batcher.submit({"x": np.full((1, 2), 2.0, np.float32)}, 1, None, broken)]
-        futures += batcher.submit_many([({"x": np.full((1, 2), 3.0, np.float32)}, 1, None)])
+        (entry, index), = batcher.submit_group([({"x": np.full((1, 2), 3.0, np.float32)}, 1, None, None)])
         batcher.resume()
         first = futures[0].result(timeout=10)
         assert first.written == {"y": 8} and first.batch_size == 3
         with pytest.raises(ValueError, match="region gone"):
             futures[1].result(timeout=10)
-        assert futures[2].result(timeout=10).written is None  # no sink
+        assert entry.result(timeout=10)[index].written is None  # no sink
         assert ctx.batches == [3]
         (rows, device, thread), = calls
         np.testing.assert_array_equal(rows, np.full((1, 2), 2.0))
@@ -192,6 +192,70 @@ def test_batcher_queue_bound_timeouts_and_drain_on_close():
     batcher.close()  # closing drains what is queued, even when paused
     assert first.result(timeout=10) and second.result(timeout=10)
     assert batcher.join(5)
+
+
+def _rows(n: int, value: float) -> tuple:
+    return {"x": np.full((n, 2), value, np.float32)}, n, None, None
+
+
+def test_a_group_shares_entries_as_one_batch_can_take_them():
+    """submit_group: requests without a deadline share a queue entry and its one future while the
+    entry fits max_batch_size and a profile (here 6 rows); past that a new entry starts; a request
+    with a deadline gets an entry of its own. Each member's answer is its own rows."""
+    batcher, ctx = make_batcher(max_batch=6, preferred=(6,), delay=5.0)
+    try:
+        batcher.pause()
+        answers = batcher.submit_group([_rows(2, 1.0), _rows(3, 2.0), _rows(2, 3.0),
+                                        ({"x": np.full((1, 2), 4.0, np.float32)}, 1, time.monotonic() + 60, None)])
+        entries = [future for future, _ in answers]
+        assert entries[0] is entries[1] and len({id(e) for e in entries}) == 3
+        assert [index for _, index in answers] == [0, 1, 0, 0]
+        assert batcher.pending == 4  # requests, not entries
+        batcher.resume()
+        for (future, index), value, n in zip(answers, (1.0, 2.0, 3.0, 4.0), (2, 3, 2, 1)):
+            np.testing.assert_array_equal(future.result(timeout=10)[index].outputs["y"], np.full((n, 2), 2 * value))
+        # Entries are taken whole: the first (2 + 3 rows) with the deadline's 1, then the 2 that did not fit.
+        assert ctx.batches == [6, 2]
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_a_dropped_member_is_not_run_and_an_all_dropped_entry_leaves_the_queue():
+    batcher, ctx = make_batcher(preferred=(8,), delay=5.0)
+    try:
+        batcher.pause()
+        (kept, k), (gone, g) = batcher.submit_group([_rows(2, 1.0), _rows(3, 2.0)])
+        gone.drop(g)
+        assert kept is gone and not kept.cancelled()  # one member still wants its rows
+        (alone, a), = batcher.submit_group([_rows(1, 5.0)])
+        alone.drop(a)
+        assert alone.cancelled()  # its only member went away: the entry is cancelled
+        batcher.resume()
+        answers = kept.result(timeout=10)
+        np.testing.assert_array_equal(answers[k].outputs["y"], np.full((2, 2), 2.0))
+        assert answers[g] is None and ctx.batches == [2]  # neither the dropped rows nor the entry ran
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_group_queue_bound_counts_requests_and_refuses_those_past_it():
+    batcher, _ = make_batcher(queue=3)
+    try:
+        batcher.pause()
+        answers = batcher.submit_group([_rows(1, 1.0)] * 2)
+        more = batcher.submit_group([_rows(1, 2.0)] * 2)
+        assert not isinstance(more[0], BaseException) and isinstance(more[1], QueueFull)
+        assert batcher.pending == 3
+        with pytest.raises(QueueFull):
+            submit(batcher, 1)
+        batcher.resume()
+        future, index = answers[1]
+        assert future.result(timeout=10)[index].batch_size >= 2
+    finally:
+        batcher.close()
+        batcher.join(5)
 
 
 # ---- through the server ----------------------------------------------------------------------------------

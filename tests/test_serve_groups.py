@@ -1,6 +1,6 @@
 """`sartor serve --frontends N`: requests grouped on the frontend channel. A frontend sends the infer
 requests of one wake-up as one frame ("g"); the main process validates them, queues them with one
-batcher lock (`Batcher.submit_many`) and answers them in groups ("G") as they finish, each member
+batcher lock (`Batcher.submit_group`) and answers them in groups ("G") as they finish, each member
 with its own result, error, timeout and cancellation. Real frontends through HTTP and gRPC, and a
 fake frontend on the channel socket for exact groups. CPU engines, loopback only."""
 from __future__ import annotations
@@ -107,16 +107,16 @@ def fake(server):
 
 @pytest.fixture
 def submitted(server, monkeypatch):
-    """The sizes of the groups each model's batcher took through submit_many."""
+    """The sizes of the groups each model's batcher took through submit_group."""
     sizes: dict[str, list] = {}
     for name in ("tiny", "tiny_p", "tiny_q"):
         batcher = server.repository.served(name).batcher
-        original = batcher.submit_many
+        original = batcher.submit_group
 
         def spy(requests, original=original, name=name):
             sizes.setdefault(name, []).append(len(requests))
             return original(requests)
-        monkeypatch.setattr(batcher, "submit_many", spy)
+        monkeypatch.setattr(batcher, "submit_group", spy)
     return sizes
 
 

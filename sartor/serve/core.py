@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,6 +14,7 @@ import numpy as np
 from ..version import __version__
 from .device_copies import DeviceCopies
 from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, RequestTimeout, ServeError
+from .batcher import GroupFuture
 from .relay import LoopRelay, expire
 from .repository import Repository, ServedModel
 from .shared_memory import Lease, SharedMemoryRegistry, ShmInput, ShmRef
@@ -59,7 +59,8 @@ class GroupMember:
     timeout_s: float | None = None
     deadline: float | None = None
     lease: Lease | None = None
-    future: Future | None = None  # the batcher's, once queued
+    future: GroupFuture | None = None  # its batcher entry's, once queued
+    slot: int = 0  # its answer's place in that future's list
     done: Callable | None = None  # start_group's `done`, once queued
     answered: bool = False  # `done` ran (or is running) for it: later outcomes are dropped
     timer: asyncio.TimerHandle | None = None
@@ -200,10 +201,18 @@ class InferenceCore:
 
     def _succeeded(self, model: ServedModel, start: float, outputs: list[str] | None, result, written: dict
                    ) -> InferOutcome:
-        """A request's answer, counted in the metrics: the outputs it asked for (all by default)."""
-        self.metrics.inc_many(self._series(model), {"nv_inference_request_success": 1,
-                                                    "nv_inference_request_duration_us": (time.monotonic() - start) * 1e6})
+        """A request's answer, counted in the metrics."""
+        self._count_successes(model, 1, (time.monotonic() - start) * 1e6)
+        return self._outcome(model, outputs, result, written)
+
+    def _count_successes(self, model: ServedModel, count: int, duration_us: float) -> None:
+        self.metrics.inc_many(self._series(model), {"nv_inference_request_success": count,
+                                                    "nv_inference_request_duration_us": duration_us})
         model.last_inference_ms = int(time.time() * 1000)
+
+    @staticmethod
+    def _outcome(model: ServedModel, outputs: list[str] | None, result, written: dict) -> InferOutcome:
+        """The outputs a request asked for (all by default)."""
         wanted = outputs or list(result.outputs)
         return InferOutcome(model, {n: np.asarray(result.outputs[n]) for n in wanted}, written)
 
@@ -252,16 +261,26 @@ class InferenceCore:
             relay = self._relay()
             for batcher, queued in by_batcher.values():
                 try:
-                    answers = batcher.submit_many([(m.inputs, m.batch, m.deadline, _region_sink(m.lease, m.output_regions))
-                                                   for m in queued])
+                    answers = batcher.submit_group([(m.inputs, m.batch, m.deadline,
+                                                     _region_sink(m.lease, m.output_regions)) for m in queued])
                 except BatcherClosed:
                     retry.extend(queued)
                     continue
+                entries: dict[int, tuple[GroupFuture, list]] = {}
                 for m, answer in zip(queued, answers):
                     if isinstance(answer, BaseException):
                         self._member_failed(m, answer, done)
-                    else:
-                        self._member_queued(loop, relay, m, answer, done)
+                        continue
+                    m.future, m.slot = answer
+                    m.done = done
+                    if m.deadline is not None:
+                        wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
+                        m.timer = loop.call_later(wait, self._member_expired, m)
+                    entries.setdefault(id(m.future), (m.future, []))[1].append(m)
+                for future, members in entries.values():
+                    if lease is not None and any(m.lease is not None for m in members):
+                        _hold_for(lease, future)
+                    relay.notify(future, lambda _, members=members: self._entry_answered(members))
         finally:
             if lease is not None:
                 lease.release()  # the group's hold; its members hold it as long as they need it
@@ -276,24 +295,15 @@ class InferenceCore:
             _release(m)
 
     def cancel_member(self, m: "GroupMember") -> None:
-        """Its caller went away: drop it from the batcher queue if it has not started running (or
+        """Its caller went away: drop it from its batcher entry if that has not started running (or
         before it is queued), and answer it with None now."""
         m.cancelled = True
         if m.task is not None:
             m.task.cancel()
         elif m.future is not None and not m.answered:
-            m.future.cancel()
+            m.future.drop(m.slot)
             self._member_settled(m)
             self._member_dropped(m)
-
-    def _member_queued(self, loop, relay: LoopRelay, m: "GroupMember", future: Future, done) -> None:
-        if m.lease is not None:
-            _hold_for(m.lease, future)
-        m.future, m.done = future, done
-        if m.deadline is not None:
-            wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
-            m.timer = loop.call_later(wait, self._member_expired, m)
-        relay.notify(future, lambda _: self._member_answered(m))
 
     def _member_settled(self, m: "GroupMember") -> None:
         """The member's answer is decided here: no other may follow."""
@@ -303,39 +313,50 @@ class InferenceCore:
 
     def _member_expired(self, m: "GroupMember") -> None:
         """Its deadline (and the grace) passed: it fails with a timeout, and the batcher drops it if
-        it has not started running."""
+        its entry has not started running."""
         if m.answered:
             return
         self._member_settled(m)
-        m.future.cancel()
+        m.future.drop(m.slot)
         self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
 
-    def _member_answered(self, m: "GroupMember") -> None:
-        """The batcher's future ended (on the loop, through the relay)."""
-        if m.answered:  # cancelled or timed out meanwhile
-            return
-        self._member_settled(m)
-        future = m.future
-        if future.cancelled():
-            self._member_dropped(m)
-            return
-        error = future.exception()
-        if error is not None:
-            self._member_failed(m, error, m.done)
-            return
-        result = future.result()
-        self._member_succeeded(m, result, result.written or {}, m.done)
+    def _entry_answered(self, members: list["GroupMember"]) -> None:
+        """The batcher entry of these members ended (on the loop, through the relay): each member
+        not answered meanwhile (cancelled, timed out) gets its own answer from the entry's list, or
+        the entry's exception."""
+        future = members[0].future
+        answers = error = None
+        if not future.cancelled():
+            error = future.exception()
+            if error is None:
+                answers = future.result()
+        successes, duration_us, now = 0, 0.0, time.monotonic()
+        for m in members:
+            if m.answered:
+                continue
+            self._member_settled(m)
+            if error is not None:
+                answer = error
+            else:  # None where the entry was cancelled: every member dropped
+                answer = answers[m.slot] if answers is not None else None
+            if answer is None:
+                self._member_dropped(m)
+            elif isinstance(answer, BaseException):
+                self._member_failed(m, answer, m.done)
+            else:
+                successes += 1
+                duration_us += (now - m.start) * 1e6
+                outcome = self._outcome(m.model, m.outputs, answer, answer.written or {})
+                _release(m)
+                m.done(m, outcome)
+        if successes:
+            self._count_successes(members[0].model, successes, duration_us)
 
     @staticmethod
     def _member_dropped(m: "GroupMember") -> None:
         """Its caller went away (or its batcher future was cancelled): no answer, None to `done`."""
         _release(m)
         m.done(m, None)
-
-    def _member_succeeded(self, m: "GroupMember", result, written: dict, done) -> None:
-        outcome = self._succeeded(m.model, m.start, m.outputs, result, written)
-        _release(m)
-        done(m, outcome)
 
     def _member_failed(self, m: "GroupMember", error: BaseException, done) -> None:
         if isinstance(error, ServeError):
