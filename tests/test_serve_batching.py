@@ -199,23 +199,31 @@ def _rows(n: int, value: float) -> tuple:
 
 
 def test_a_group_shares_entries_as_one_batch_can_take_them():
-    """submit_group: requests without a deadline share a queue entry and its one future while the
-    entry fits max_batch_size and a profile (here 6 rows); past that a new entry starts; a request
-    with a deadline gets an entry of its own. Each member's answer is its own rows."""
+    """submit_group: requests share a queue entry and its one future while the entry fits
+    max_batch_size and a profile (here 6 rows) and their deadlines are close (the server's default
+    timeout gives a group's requests deadlines microseconds apart); past that a new entry starts.
+    Each member's answer is its own rows."""
     batcher, ctx = make_batcher(max_batch=6, preferred=(6,), delay=5.0)
     try:
         batcher.pause()
-        answers = batcher.submit_group([_rows(2, 1.0), _rows(3, 2.0), _rows(2, 3.0),
-                                        ({"x": np.full((1, 2), 4.0, np.float32)}, 1, time.monotonic() + 60, None)])
+        soon = time.monotonic() + 60
+
+        def timed(n, value, deadline):
+            return {"x": np.full((n, 2), value, np.float32)}, n, deadline, None
+        answers = batcher.submit_group([_rows(2, 1.0), _rows(3, 2.0), _rows(2, 3.0), timed(1, 4.0, soon),
+                                        timed(1, 5.0, soon + 0.0001), timed(1, 6.0, soon + 30)])
         entries = [future for future, _ in answers]
-        assert entries[0] is entries[1] and len({id(e) for e in entries}) == 3
-        assert [index for _, index in answers] == [0, 1, 0, 0]
-        assert batcher.pending == 4  # requests, not entries
+        assert entries[0] is entries[1] and entries[3] is entries[4]
+        assert len({id(e) for e in entries}) == 4  # 2 + 3 rows; 2 (no room); two close deadlines; a far one
+        assert [index for _, index in answers] == [0, 1, 0, 0, 1, 0]
+        assert batcher.pending == 6  # requests, not entries
         batcher.resume()
-        for (future, index), value, n in zip(answers, (1.0, 2.0, 3.0, 4.0), (2, 3, 2, 1)):
-            np.testing.assert_array_equal(future.result(timeout=10)[index].outputs["y"], np.full((n, 2), 2 * value))
-        # Entries are taken whole: the first (2 + 3 rows) with the deadline's 1, then the 2 that did not fit.
-        assert ctx.batches == [6, 2]
+        results = [future.result(timeout=10)[index] for future, index in answers]
+        for result, value, n in zip(results, (1.0, 2.0, 3.0, 4.0, 5.0, 6.0), (2, 3, 2, 1, 1, 1)):
+            np.testing.assert_array_equal(result.outputs["y"], np.full((n, 2), 2 * value))
+        # Entries are taken whole: the first (2 + 3 rows) with the far deadline's 1, then 2 + 2 (run
+        # padded to the 6 rows the instance already ran).
+        assert [r.batch_size for r in results] == [6, 6, 4, 4, 4, 6] and ctx.batches == [6, 6]
     finally:
         batcher.close()
         batcher.join(5)

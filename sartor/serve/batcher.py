@@ -414,9 +414,11 @@ class Batcher:
 
     def submit_group(self, requests: list) -> list:
         """Queue several requests, (inputs, batch, deadline, sink) each, under one lock. Requests
-        without a deadline that share a signature share queue entries, as many members each as one
-        batch can take (max_batch_size, the profiles); a request with a deadline has an entry of its
-        own, so that its timeout in the queue answers it alone. Per request: (GroupFuture, index of
+        that share a signature and whose deadlines lie within DEADLINE_SLACK_S of each other (or
+        that have none) share queue entries, as many members each as one batch can take
+        (max_batch_size, the profiles). An entry times out in the queue at its latest member's
+        deadline; requests with deadlines further apart keep apart, so that a short timeout still
+        answers its request alone. Per request: (GroupFuture, index of
         its answer in the future's list), or the QueueFull a request past the queue's bound gets.
         Raises BatcherClosed for all of them once this batcher stopped taking requests."""
         limit = self.policy.max_batch_size if self.policy.dynamic else 0
@@ -435,15 +437,18 @@ class Batcher:
                 signature = signatures.get(shapes)
                 if signature is None:
                     signature = signatures[shapes] = self._signature(inputs)
-                entry = open_entries.get(signature) if deadline is None else None
-                if entry is not None and (entry.batch + batch > limit or not self._admits(signature, entry.batch + batch)):
+                entry = open_entries.get(signature)
+                if entry is not None and (entry.batch + batch > limit or not self._admits(signature, entry.batch + batch)
+                                          or not _close_deadlines(entry.deadline, deadline)):
                     entry = None
                 if entry is None:
                     members: list[_Member] = []
                     entry = _Pending(members, 0, signature, now, deadline, GroupFuture(members, self._cv), grouped=True)
                     self._queue.append(entry)
-                    if deadline is None and limit:
+                    if limit:
                         open_entries[signature] = entry
+                elif deadline is not None:
+                    entry.deadline = max(entry.deadline, deadline)  # none of its members times out early
                 entry.members.append(_Member(inputs, batch, sink))
                 entry.batch += batch
                 self._queued += 1
@@ -751,6 +756,17 @@ def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total
     if shape[0] > total:
         buffer[total:].zero_()
     return buffer
+
+
+# Deadlines this close share a queue entry: the requests of one frontend group arrive within one
+# read of its channel, so the server's default timeout (60 s) gives them deadlines microseconds apart.
+DEADLINE_SLACK_S = 0.002
+
+
+def _close_deadlines(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= DEADLINE_SLACK_S
 
 
 def _fail(future: Future, error: Exception) -> None:
