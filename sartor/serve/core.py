@@ -63,7 +63,6 @@ class GroupMember:
     slot: int = 0  # its answer's place in that future's list
     done: Callable | None = None  # start_group's `done`, once queued
     answered: bool = False  # `done` ran (or is running) for it: later outcomes are dropped
-    timer: asyncio.TimerHandle | None = None
     task: asyncio.Task | None = None
     cancelled: bool = False
 
@@ -273,14 +272,18 @@ class InferenceCore:
                         continue
                     m.future, m.slot = answer
                     m.done = done
-                    if m.deadline is not None:
-                        wait = max(m.deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
-                        m.timer = loop.call_later(wait, self._member_expired, m)
                     entries.setdefault(id(m.future), (m.future, []))[1].append(m)
                 for future, members in entries.values():
                     if lease is not None and any(m.lease is not None for m in members):
                         _hold_for(lease, future)
-                    relay.notify(future, lambda _, members=members: self._entry_answered(members))
+                    # One timer for the entry: its members' deadlines lie within the batcher's
+                    # DEADLINE_SLACK_S, and the latest one times the entry out in the queue too.
+                    deadline = max((m.deadline for m in members if m.deadline is not None), default=None)
+                    timer = None
+                    if deadline is not None:
+                        wait = max(deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
+                        timer = loop.call_later(wait, self._entry_expired, members)
+                    relay.notify(future, lambda _, members=members, timer=timer: self._entry_answered(members, timer))
         finally:
             if lease is not None:
                 lease.release()  # the group's hold; its members hold it as long as they need it
@@ -305,25 +308,26 @@ class InferenceCore:
             self._member_settled(m)
             self._member_dropped(m)
 
-    def _member_settled(self, m: "GroupMember") -> None:
+    @staticmethod
+    def _member_settled(m: "GroupMember") -> None:
         """The member's answer is decided here: no other may follow."""
         m.answered = True
-        if m.timer is not None:
-            m.timer.cancel()
 
-    def _member_expired(self, m: "GroupMember") -> None:
-        """Its deadline (and the grace) passed: it fails with a timeout, and the batcher drops it if
-        its entry has not started running."""
-        if m.answered:
-            return
-        self._member_settled(m)
-        m.future.drop(m.slot)
-        self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
+    def _entry_expired(self, members: list["GroupMember"]) -> None:
+        """The deadline of their entry (and the grace) passed: the members not answered yet fail with
+        a timeout, and the batcher drops them if the entry has not started running."""
+        for m in members:
+            if not m.answered:
+                self._member_settled(m)
+                m.future.drop(m.slot)
+                self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
 
-    def _entry_answered(self, members: list["GroupMember"]) -> None:
+    def _entry_answered(self, members: list["GroupMember"], timer: asyncio.TimerHandle | None) -> None:
         """The batcher entry of these members ended (on the loop, through the relay): each member
         not answered meanwhile (cancelled, timed out) gets its own answer from the entry's list, or
         the entry's exception."""
+        if timer is not None:
+            timer.cancel()
         future = members[0].future
         answers = error = None
         if not future.cancelled():
