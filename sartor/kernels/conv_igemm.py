@@ -75,6 +75,13 @@ if triton is not None:
         return t.to(tl.int32, bitcast=True).to(tl.int8)
 
     @triton.jit
+    def _quantize_code_nonnegative(v, inv_scale):
+        """_quantize_code of a v ≥ 0 (ReLU's output; the GPU's maximum turns NaN into 0): the sum is
+        at least 1.5·2^23, so the lower clamp, one instruction per output element, has nothing to do."""
+        t = tl.minimum(v * inv_scale + 12582912.0, 12583039.0)
+        return t.to(tl.int32, bitcast=True).to(tl.int8)
+
+    @triton.jit
     def _quantize_operand(v, inv_scale, qmin):
         """_quantize_code for the A tile of a float-input layer, which goes on into tl.dot: there
         the code is converted from the float value. On the H200 (Triton 3.6) a product over
@@ -188,6 +195,8 @@ if triton is not None:
                     y = (y * out_inv_scale).to(tl.float8e4nv)
                 else:
                     y = _quantize_fp8(y, out_inv_scale)
+            elif ACT == 1 and not RES_AFTER:  # ReLU last: y ≥ 0
+                y = _quantize_code_nonnegative(y, out_inv_scale)
             else:
                 y = _quantize_code(y, out_inv_scale, qmin)
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
