@@ -131,6 +131,25 @@ def test_int8_epilogue_variants(activation, after):
     assert int((out.int() - expected.int()).abs().max()) <= limit
 
 
+@pytest.mark.parametrize("activation", [None, "Relu"])
+def test_int8_residual_codes_and_saturation_over_the_whole_range(activation):
+    """Every INT8 residual code, -128 included (`_codes_to_float` reads it by bit pattern), scaled by
+    1.5 so that half of them tie and the ends saturate at -128 and 127 (`_quantize_code`; after
+    ReLU, `_quantize_code_nonnegative` without the lower clamp): codes equal the emulation's."""
+    codes = torch.arange(-128, 128, dtype=torch.int8).reshape(1, 1, 16, 16)
+    attrs = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 1.0, "output_inv_scale": 3.0,
+             "residual_scale": 0.5, "activation": activation, "qmin": -128}
+    x = torch.zeros(1, 8, 16, 16, dtype=torch.int8)  # the product adds nothing: the residual decides
+    wq = torch.ones(1, 8, 1, 1, dtype=torch.int8)
+    scale = torch.ones(1)
+    expected = qconv([x, wq, None, codes, scale], attrs)
+    assert int(expected.min()) == (0 if activation else -128) and int(expected.max()) == 127
+    out = conv_igemm(x.to(DEVICE), pack_weight(wq).to(DEVICE), None, _geometry(x, wq, attrs), SMALL_TILE,
+                     dequant_scale=scale.to(DEVICE), residual=codes.to(DEVICE), activation=activation,
+                     input_inv_scale=1.0, residual_scale=0.5, output_inv_scale=3.0, qmin=-128).cpu()
+    assert torch.equal(out, expected.contiguous(memory_format=torch.channels_last))
+
+
 def test_int8_gemm_equals_emulation():
     generator = torch.Generator().manual_seed(4)
     attrs = {"input_inv_scale": 13.0, "activation": None}
