@@ -199,12 +199,13 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                 tma_args.update(N=batch, PROGRAMS=132)
             cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
-        resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw)
+        resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
+                             sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
             constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                               BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)),
-                              RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent)
+                              RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent, STRIDED=False)
             cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
                           tile.stages))
     return cases

@@ -49,6 +49,28 @@ def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_outpu
     assert torch.equal(out.cpu(), expected)
 
 
+@pytest.mark.parametrize("hw,strides", [((9, 7), (2, 2)), ((8, 11), (2, 3))])
+@pytest.mark.parametrize("residual,codes", [(False, True), (True, False)])
+def test_strided_1x1_resident_conv_equals_the_emulation(hw, strides, residual, codes):
+    """ResNet's downsample: a 1×1 convolution at stride 2 (and uneven strides), odd and even sizes,
+    where output pixel (n, oh, ow) reads input pixel (n, oh·sh, ow·sw); INT8 codes in (as ResNet's)
+    or floats quantized on load."""
+    generator = torch.Generator().manual_seed(31 + strides[1])
+    x, wq, bias, _, scale, attrs = random_int8_conv(generator, 48, 20, hw=hw, residual=False, codes=codes)
+    attrs["strides"] = list(strides)
+    out_hw = tuple((size - 1) // stride + 1 for size, stride in zip(hw, strides))
+    res = torch.randint(-127, 128, (2, 20, *out_hw), dtype=torch.int8, generator=generator) if residual else None
+    expected = qconv([x, wq, bias, res, scale], attrs)
+    assert tuple(expected.shape[2:]) == out_hw
+    xd = on_device(x, DEVICE)
+    resd = on_device(res, DEVICE) if residual else None
+    for tile in (SMALL, SMALL_ADJACENT):
+        out = _qlayer_resident(xd, qlayer_weight_for_tactic(wq, tile.name).to(DEVICE), bias.to(DEVICE), resd,
+                               scale.to(DEVICE), attrs, tile, gemm=False)
+        assert out is not None, "the kernel did not run"
+        assert out.is_contiguous(memory_format=torch.channels_last) and torch.equal(out.cpu(), expected), tile.name
+
+
 def test_resident_gemm_and_codes_in_equal_the_emulation():
     generator = torch.Generator().manual_seed(11)
     x, wq, bias, scale, attrs = random_int8_gemm(generator, 37, 96, 20)
@@ -104,7 +126,9 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert not resident_applies(nhwc, MAX_RESIDENT_K * 2, one_by_one)  # K over one block
     assert not resident_applies(torch.zeros(2, 64, 8, 8), 64, one_by_one)  # NCHW: channels not contiguous
     assert not resident_applies(nhwc, 64, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8)))
-    assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))
+    assert resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))  # the downsample
+    assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (5, 4)))  # not its output
+    assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (1, 1), (1, 1), (1, 1), (10, 10)))  # padded
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))

@@ -42,11 +42,12 @@ if triton is not None:
     @triton.jit
     def _resident_gemm_kernel(
             x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
-            M, COUT, K, x_row, y_row, OH, OW, srn, src, srh, srw,
+            M, COUT, K, x_row, y_row, OH, OW, sxn, sxh, sxw, srn, src, srh, srw,
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr, N_ADJACENT: tl.constexpr,
+            STRIDED: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
@@ -75,8 +76,12 @@ if triton is not None:
                 next_n, next_oh, next_ow = pixel_coords(next_m, OH, OW)
                 next_lo, next_hi = _residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
                                                     next_n, next_oh, next_ow, srn, src, srh, srw, BLOCK_N)
-            a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * x_row + offs_k[None, :],
-                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if STRIDED:  # output pixel (n, oh, ow) reads input pixel (n, oh·sh, ow·sw): sxh, sxw carry the stride
+                x_n, x_oh, x_ow = pixel_coords(offs_m, OH, OW)
+                x_rows = x_n.to(tl.int64) * sxn + x_oh * sxh + x_ow * sxw
+            else:
+                x_rows = offs_m.to(tl.int64) * x_row
+            a = tl.load(x_ptr + x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if INT8:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
             else:
@@ -202,16 +207,21 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> l
     return [tile.name for tile in tiles]
 
 
+def strided_out_hw(hw, strides) -> tuple:
+    """The output size of an unpadded 1×1 convolution at these strides."""
+    return tuple((size - 1) // stride + 1 for size, stride in zip(hw, strides))
+
+
 def resident_applies(x: torch.Tensor, k_total: int, geometry: ConvGeometry | None = None) -> bool:
-    """GEMMs (2-D x) and 1×1, stride-1 convolutions whose output pixels are their input pixels, of
-    K ≤ MAX_RESIDENT_K, over inputs whose channels are contiguous and pixels evenly spaced
-    (channels-last, or a channel slice of one)."""
+    """GEMMs (2-D x) and unpadded 1×1 convolutions (any stride: ResNet's stride-2 downsample reads
+    every other pixel of every other row), of K ≤ MAX_RESIDENT_K, over inputs whose channels are
+    contiguous and pixels evenly spaced (channels-last, or a channel slice of one)."""
     if x.dim() not in (2, 4) or k_total > MAX_RESIDENT_K or pixel_stride(x) is None:
         return False
     if geometry is None or x.dim() == 2:
         return True
-    return (geometry.kernel == (1, 1) and geometry.strides == (1, 1) and geometry.pads == (0, 0)
-            and tuple(geometry.out_hw) == tuple(x.shape[2:]))
+    return (geometry.kernel == (1, 1) and geometry.pads == (0, 0)
+            and tuple(geometry.out_hw) == strided_out_hw(x.shape[2:], geometry.strides))
 
 
 def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, tile: ResidentTile, *,
@@ -219,21 +229,24 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                   alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
                   input_inv_scale: float | None = None, residual_scale: float | None = None,
                   output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
-                  out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                  out: torch.Tensor | None = None, pdl: bool = False, strides: tuple = (1, 1)) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
-    channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major; the epilogue's
-    arguments are conv_igemm's (`pdl` too). Output channels-last (or into `out`)."""
+    channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major, at `strides` (a
+    1×1 convolution without padding); the epilogue's arguments are conv_igemm's (`pdl` too). Output
+    channels-last (or into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
     k_total = w_packed.shape[1]
     if not resident_applies(x, k_total) or x.shape[1] != k_total:
         raise ValueError(f"resident_gemm: input {tuple(x.shape)} strides {x.stride()} is not {k_total} contiguous "
                          f"channels of evenly spaced pixels, K ≤ {MAX_RESIDENT_K}")
     cout = w_packed.shape[0]
-    shape = (x.shape[0], cout, *x.shape[2:])
+    strided = x.dim() == 4 and tuple(strides) != (1, 1)
+    oh, ow = strided_out_hw(x.shape[2:], strides) if x.dim() == 4 else (1, 1)
+    shape = (x.shape[0], cout, oh, ow) if x.dim() == 4 else (x.shape[0], cout)
     out_dtype = code if output_inv_scale is not None else torch.float32
     y = channels_last_output(shape, out_dtype, x.device, out, "resident_gemm")
-    oh, ow = (x.shape[2], x.shape[3]) if x.dim() == 4 else (1, 1)
     rows = x.shape[0] * oh * ow
+    xs = x.stride() if x.dim() == 4 else (0, 0, 0, 0)
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
@@ -243,9 +256,10 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         output_inv_scale=output_inv_scale, qmin=qmin)
     _resident_gemm_kernel[tile.grid(rows, cout)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, *rs, float(input_inv_scale or 1.0), *scalars,
+        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0], xs[3] * strides[1],
+        *rs, float(input_inv_scale or 1.0), *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
-        RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent,
+        RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, PDL=pdl, **launch_options(pdl),
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)

@@ -321,7 +321,7 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
     if geometry is None or not resident_applies(x, wq.shape[1], geometry):
         return None
     return resident_gemm(x, wq, bias, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                         pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
+                         pdl=_programmatic_launch(x, attrs), strides=tuple(geometry.strides), **_int8_epilogue(attrs))
 
 
 def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out: torch.Tensor | None = None):
