@@ -215,6 +215,22 @@ def main() -> None:
                   0, case["x"].numel() + 2 * case["residual"].numel(), layer=label, tile=tile.name,
                   epilogue="none: read x and residual, write y")
 
+    # ResNet's stride-2 downsample (layer2.0's: 0.159–0.172 ms through the implicit GEMM, session 17)
+    # through the implicit-GEMM tiles and the strided resident tiles; no residual, INT8 codes out.
+    label = "layer2.0.downsample 1x1 256->512 s2 @56"
+    case = conv_case(b, 256, 512, 56, 1, 2)
+    traffic = case["x"].numel() // 4 + case["residual"].numel()  # every other pixel of every other row, then y
+    for tile in _INT8_TILES[:3]:
+        timed(f"{label} {tile.name}",
+              lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile, dequant_scale=case["scale"],
+                                 activation=None, output_inv_scale=20.0),
+              case["macs"], traffic, layer=label, tile=tile.name, epilogue="bias+requant")
+    for tile in map(ResidentTile.parse, resident_tactics(3, residual=False, k_total=256)):
+        timed(f"{label} {tile.name}",
+              lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
+                                    output_inv_scale=20.0, strides=(2, 2)),
+              case["macs"], traffic, layer=label, tile=tile.name, epilogue="bias+requant")
+
     # The TMA-fed kernel on the stride-1 3×3 layers (session 14's candidate against the implicit
     # GEMM's 330–550 TOPS there): the input boxes and weight tiles as bulk copies.
     for label in ("layer1.conv2 3x3 64->64 @56", "layer2.conv2 3x3 128->128 @28"):
