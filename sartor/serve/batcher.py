@@ -418,9 +418,9 @@ class Batcher:
         that have none) share queue entries, as many members each as one batch can take
         (max_batch_size, the profiles). An entry times out in the queue at its latest member's
         deadline; requests with deadlines further apart keep apart, so that a short timeout still
-        answers its request alone. Per request: (GroupFuture, index of
-        its answer in the future's list), or the QueueFull a request past the queue's bound gets.
-        Raises BatcherClosed for all of them once this batcher stopped taking requests."""
+        answers its request alone. Per request: (GroupFuture, index of its answer in the future's
+        list), or the QueueFull a request past the queue's bound gets. Raises BatcherClosed for all
+        of them once this batcher stopped taking requests."""
         limit = self.policy.max_batch_size if self.policy.dynamic else 0
         signatures: dict = {}  # requests of one group usually share their shapes
         open_entries: dict = {}  # signature -> the entry still taking members
@@ -590,7 +590,7 @@ class Batcher:
         # The requests whose rows run: a member dropped from here on is still run, and its answer
         # ignored by whoever dropped it.
         units = [(p, m) for p in live for m in p.members if not m.dropped]
-        if not units:
+        if not units:  # every member of these (grouped) entries was dropped after they were taken
             for p in live:
                 p.future.set_result([None] * len(p.members))
             return

@@ -12,9 +12,9 @@ from typing import Callable
 import numpy as np
 
 from ..version import __version__
+from .batcher import GroupFuture
 from .device_copies import DeviceCopies
 from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, RequestTimeout, ServeError
-from .batcher import GroupFuture
 from .relay import LoopRelay, expire
 from .repository import Repository, ServedModel
 from .shared_memory import Lease, SharedMemoryRegistry, ShmInput, ShmRef
