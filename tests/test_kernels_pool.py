@@ -38,6 +38,20 @@ def test_max_pool_kernel_matches_reference(attrs, channels):
     torch.testing.assert_close(out.cpu(), expected, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("attrs", CASES)
+def test_int8_max_pool_compares_codes_as_integers(attrs):
+    """INT8 codes are compared without converting them to float: negative codes down to -128 at the
+    padded borders (the masked taps must never win) and the first tile's partial channel block."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randint(-128, -100, (2, 70, 11, 9), generator=generator, dtype=torch.int8)
+    x[:, :, 4:6, 3:5] = torch.randint(0, 128, (2, 70, 2, 2), generator=generator, dtype=torch.int8)
+    expected = max_pool([x], dict(attrs))
+    x_cl = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+    kernel, strides, dilations, begin, _, outs = _pool_geometry(x_cl, attrs)
+    out = max_pool_nhwc(x_cl, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
+    assert out.dtype == torch.int8 and torch.equal(out.cpu(), expected)
+
+
 @pytest.mark.parametrize("tile", POOL_TILES[1:], ids=lambda tile: tile.name)
 def test_every_pool_tile_matches_reference(tile):
     """The tiles the builder times besides the first: the stem pool over INT8 codes and a float
