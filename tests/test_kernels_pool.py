@@ -8,7 +8,8 @@ import torch
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.pool import POOL_TILES, PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics  # noqa: E402
+from sartor.kernels.pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, max_pool_nhwc,  # noqa: E402
+                                 max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
 
@@ -79,6 +80,11 @@ def test_pool_tile_names_round_trip_and_bad_names_are_refused():
         assert PoolTile.parse(bad) is None, bad
     assert pool_tactics(0) == ["triton_nhwc"] and len(pool_tactics(1)) == 3
     assert pool_tactics(5) == [tile.name for tile in POOL_TILES]
+    # ResNet-50's stem pool on 132 SMs: at batch 1 the first tile leaves SMs idle, at batch 8 it does not.
+    stem = 64 * 56 * 56
+    assert pool_tactics(1, stem, 132) == pool_tactics(1) + [SMALL_POOL_TILE.name]
+    assert pool_tactics(1, 8 * stem, 132) == pool_tactics(1) and pool_tactics(0, stem, 132) == pool_tactics(0)
+    assert pool_tactics(5, stem, 132) == pool_tactics(5)  # already among them
 
 
 def test_inspect_describes_each_pool_tile_and_keeps_resize_apart():

@@ -69,7 +69,10 @@ def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     as the effort times (`kernels.pool.POOL_TILES`)."""
     x = inputs[0]
     if x.is_cuda and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
-        return ["torch", *pool_tactics(effort)]
+        *_, outs = _pool_geometry(x, attrs)
+        output_elements = x.shape[0] * x.shape[1] * math.prod(outs)
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        return ["torch", *pool_tactics(effort, output_elements, sms)]
     return ["torch"]
 
 
