@@ -173,8 +173,13 @@ class ResidentTile:
 # Best guesses first; the builder times as many as its effort allows (as for the igemm tiles). Ordered
 # by what bench/kernel_asm.py reports for ResNet's layer1 conv3 on sm_90 (fewest registers per
 # thread, so most programs per SM, first): 72, 117, 122, 130, 140 and 140 registers, no spills.
+# The last two, timed from effort 4 and by the probe, ask what bounds layer1's conv3 (0.232 ms at
+# batch 256 against 0.129 for its traffic alone, session 17): the 32-row tile holds 10 programs
+# (40 warps) per SM where the first holds 7 (28 warps), at 48 registers and 10 KB of shared memory;
+# 16 row tiles per program halve the weight loads.
 RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 256, 4, 8, 3),
-                  ResidentTile(64, 128, 8, 4, 2), ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3))
+                  ResidentTile(64, 128, 8, 4, 2), ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3),
+                  ResidentTile(32, 64, 8, 4, 3), ResidentTile(64, 64, 16, 4, 3))
 
 
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
