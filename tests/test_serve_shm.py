@@ -520,6 +520,12 @@ def test_cuda_region_views_are_made_once_per_offset_and_alias_the_region():
         copies.run()
         assert torch.equal(memory[40:48].view(torch.float32), torch.tensor([value, value]))
     assert len(region._output_views) == 1 and len(region._input_views) == 2
+    rows = torch.arange(12, dtype=torch.float16).reshape(2, 6)[:, ::2]  # two rows of 3, not contiguous
+    copies = DeviceCopies()
+    region.write_tensor(48, rows, copies)  # in the rows' own shape, bytes last
+    copies.run()
+    assert torch.equal(memory[48:60].view(torch.float16).reshape(2, 3), rows)
+    assert len(region._output_views) == 2
     region.retire()
     assert region.closed and not region._input_views and not region._output_views
 
