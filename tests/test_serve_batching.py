@@ -128,6 +128,22 @@ def test_sinks_get_tensor_rows_where_the_engine_gives_tensors():
         batcher.join(5)
 
 
+def test_each_request_gets_views_of_its_rows_past_the_padding():
+    """_rows: torch outputs split in one call, numpy outputs sliced; both views of the batch, and the
+    padding rows (a batch run at a size its instance warmed up) belong to no request."""
+    import torch
+
+    from sartor.serve.batcher import _Member, _rows
+    live = [_Member({}, 2), _Member({}, 1)]
+    tensor, array = torch.arange(8).reshape(4, 2), np.arange(8).reshape(4, 2)
+    parts = _rows({"t": tensor, "a": array}, live, 4)
+    assert [p["t"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5]]]
+    assert [p["a"].tolist() for p in parts] == [[[0, 1], [2, 3]], [[4, 5]]]
+    assert parts[1]["t"].data_ptr() == tensor[2].data_ptr() and np.shares_memory(parts[1]["a"], array)
+    with pytest.raises(Exception, match="no batch dim of 4"):
+        _rows({"t": torch.zeros(3, 2)}, live, 4)
+
+
 def test_batcher_waits_at_most_the_delay_for_a_partial_batch():
     batcher, ctx = make_batcher(delay=0.15)
     try:
