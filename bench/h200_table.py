@@ -122,6 +122,13 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     row = timed(lambda: ctx.run({input_name: x}), shape[0], iterations)
+    # The same run with the input already in the engine's own buffer (ExecutionContext.input_buffers,
+    # as a TensorRT deployment binds its buffers and a preprocessing kernel writes into them): no
+    # device copy of the input before the graph (at batch 256 a 154 MB FP32 copy). The eager + graph
+    # peer reads its static input the same way; reduce-overhead copies its inputs in.
+    bound = ctx.input_buffers({input_name: shape})
+    bound[input_name].copy_(x)
+    row["bound_input"] = timed(lambda: ctx.run(bound), shape[0], iterations)
     if shape[0] == 1:
         if calib is not None:
             # Quantized engines are judged on inputs like their calibration (issue 4): a held-out
@@ -262,6 +269,11 @@ def main() -> None:
         lines += ["", "| model | batch | INT8 ms | INT8 --pdl ms | FP8 ms | FP8 --pdl ms |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_int8_pdl')} | "
                   f"{cell(r, 'sartor_fp8')} | {cell(r, 'sartor_fp8_pdl')} |" for r in pdl_rows]
+    bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
+    lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
+              "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['batch']} | {bound(r, 'sartor_fp16')} | {bound(r, 'sartor_int8')} | "
+              f"{bound(r, 'sartor_fp8')} |" for r in results["rows"]]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     save()
     print("\n".join(lines))

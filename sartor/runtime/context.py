@@ -143,10 +143,37 @@ class ExecutionContext:
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
             for name, t in tensors.items():
-                captured.inputs[name].copy_(t, non_blocking=True)
+                bound = captured.inputs[name]
+                if t.data_ptr() != bound.data_ptr():  # not the graph's own buffer (input_buffers)
+                    bound.copy_(t, non_blocking=True)
             captured.graph.replay()
         current.wait_stream(self.stream)
         return captured.outputs
+
+    def input_buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        """The buffers the engine reads its inputs of these shapes from, on its device, as
+        TensorRT's bound input buffers: fill them in place (a preprocessing kernel can write its
+        output there) and `run` them, and no copy precedes the run. With CUDA graphs these are the
+        captured graph's own inputs (captured now if this shape has not run yet, from zeros); without
+        them, new tensors that `run` reads as any other input. The gate applies: unknown names,
+        missing inputs and shapes outside the profiles are refused as `run` refuses them."""
+        declared = {v.name: v.dtype for v in self.engine.inputs}
+        feeds = {}
+        for name, shape in shapes.items():
+            if name not in declared:
+                raise InputError(f"unknown input name {name!r}; the engine's inputs are {', '.join(declared)}")
+            feeds[name] = torch.zeros(tuple(int(d) for d in shape), dtype=NUMPY_TO_TORCH[declared[name]],
+                                      device=self.engine.device)
+        checked = self.check_inputs(feeds)
+        profile = self.select_profile(checked)
+        if not self.use_cuda_graphs:
+            return feeds
+        key = tuple(sorted(checked.items()))
+        captured = self._captured.get(key)
+        if captured is None:
+            with matmul_precision(self.engine.precision == "tf32"):
+                captured = self._captured[key] = self._capture(feeds, key, profile)
+        return dict(captured.inputs)
 
     def _capture(self, tensors: dict, key: tuple, profile: int = 0) -> _CapturedShape:
         executor = self.engine.executor
