@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 WARMUP_RUNS_BEFORE_CAPTURE = 2
+MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
 
 
 @dataclass
@@ -46,6 +47,8 @@ class ExecutionContext:
         self.engine = engine
         self.profile = profile
         self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
+        self._declared = {v.name: v for v in engine.inputs}
+        self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
         self._captured: dict[tuple, _CapturedShape] = {}
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
@@ -63,7 +66,7 @@ class ExecutionContext:
         """Validate names, ranks, dtypes and shapes; returns the input shapes."""
         if not isinstance(feeds, dict):
             raise InputError("inputs must be a dict of {name: array}")
-        declared = {v.name: v for v in self.engine.inputs}
+        declared = self._declared
         unknown = sorted(set(feeds) - set(declared))
         if unknown:
             raise InputError(f"unknown input name(s) {', '.join(unknown)}; the engine's inputs are "
@@ -87,9 +90,15 @@ class ExecutionContext:
         return shapes
 
     def select_profile(self, shapes: dict[str, tuple]) -> int:
+        key = tuple(shapes.items())
+        found = self._profile_of.get(key)
+        if found is not None:
+            return found
         candidates = [self.profile] if self.profile is not None else range(len(self.engine.profiles))
         for k in candidates:
             if self.engine.profiles[k].admits(shapes):
+                if len(self._profile_of) < MAX_REMEMBERED_SHAPES:
+                    self._profile_of[key] = k
                 return k
         described = ", ".join(f"{name} {'x'.join(map(str, s))}" for name, s in shapes.items())
         raise ProfileError(f"input shape(s) {described} outside the allowed ranges ({self._profiles_text()})")
@@ -153,7 +162,7 @@ class ExecutionContext:
         captured graph's own inputs (captured now if this shape has not run yet, from zeros); without
         them, new tensors that `run` reads as any other input. The gate applies: unknown names,
         missing inputs and shapes outside the profiles are refused as `run` refuses them."""
-        declared = {v.name: v.dtype for v in self.engine.inputs}
+        declared = {name: v.dtype for name, v in self._declared.items()}
         feeds = {}
         for name, shape in shapes.items():
             if name not in declared:
