@@ -324,7 +324,7 @@ class CudaRegion(Region):
             return
         # The rows' bytes in their own shape (the last dim in bytes), and the region's bytes viewed in
         # that shape once: one torch call per request here, where flattening took three (each some
-        # microseconds of the main process: session 16's H200 profile).
+        # microseconds of the main process: the H200 profile of session 17's serve stage).
         source = (data if data.is_contiguous() else data.contiguous()).view(torch.uint8)
         key = (offset, source.shape)
         target = self._output_views.get(key)
