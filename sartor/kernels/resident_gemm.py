@@ -212,7 +212,7 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> l
     return [tile.name for tile in tiles]
 
 
-def strided_out_hw(hw, strides) -> tuple:
+def strided_out_hw(hw: tuple | torch.Size, strides: tuple) -> tuple:
     """The output size of an unpadded 1×1 convolution at these strides."""
     return tuple((size - 1) // stride + 1 for size, stride in zip(hw, strides))
 
