@@ -55,7 +55,8 @@ if triton is not None:
                     acc = tl.maximum(acc, v, propagate_nan=tl.PropagateNan.ALL)
         y_offsets = offs_p.to(tl.int64)[:, None] * y_row + offs_c[None, :]
         y_ok = p_ok[:, None] & c_ok[None, :]
-        # Lanes outside the tensor hold -inf, which has no int8 value: zero them before the cast.
+        # Lanes outside the tensor hold -inf on the float path, which has no 8-bit value (INT8, FP8):
+        # zero them before the cast.
         y = tl.where(y_ok, acc, 0).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + y_offsets, y, mask=y_ok)
 
