@@ -350,8 +350,7 @@ class _Pending:
     signature: tuple
     enqueued: float
     deadline: float | None
-    future: Future
-    grouped: bool = False  # the future ends with the members' answers as a list (GroupFuture)
+    future: Future  # a GroupFuture (submit_group) ends with the members' answers as a list
 
     @property
     def inputs(self) -> dict:
@@ -443,7 +442,7 @@ class Batcher:
                     entry = None
                 if entry is None:
                     members: list[_Member] = []
-                    entry = _Pending(members, 0, signature, now, deadline, GroupFuture(members, self._cv), grouped=True)
+                    entry = _Pending(members, 0, signature, now, deadline, GroupFuture(members, self._cv))
                     self._queue.append(entry)
                     if limit:
                         open_entries[signature] = entry
@@ -636,7 +635,7 @@ class Batcher:
         for p in live:
             if p.future.done():
                 continue
-            if p.grouped:
+            if isinstance(p.future, GroupFuture):
                 p.future.set_result([answers.get(id(member)) for member in p.members])
             elif isinstance(answer := answers[id(p.members[0])], BaseException):
                 _fail(p.future, answer)

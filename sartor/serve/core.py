@@ -283,7 +283,8 @@ class InferenceCore:
                     if deadline is not None:
                         wait = max(deadline - time.monotonic(), 0.0) + COMPLETION_GRACE_S
                         timer = loop.call_later(wait, self._entry_expired, members)
-                    relay.notify(future, lambda _, members=members, timer=timer: self._entry_answered(members, timer))
+                    relay.notify(future, lambda ended, members=members, timer=timer:
+                                 self._entry_answered(ended, members, timer))
         finally:
             if lease is not None:
                 lease.release()  # the group's hold; its members hold it as long as they need it
@@ -305,30 +306,25 @@ class InferenceCore:
             m.task.cancel()
         elif m.future is not None and not m.answered:
             m.future.drop(m.slot)
-            self._member_settled(m)
+            m.answered = True
             self._member_dropped(m)
-
-    @staticmethod
-    def _member_settled(m: "GroupMember") -> None:
-        """The member's answer is decided here: no other may follow."""
-        m.answered = True
 
     def _entry_expired(self, members: list["GroupMember"]) -> None:
         """The deadline of their entry (and the grace) passed: the members not answered yet fail with
         a timeout, and the batcher drops them if the entry has not started running."""
         for m in members:
             if not m.answered:
-                self._member_settled(m)
+                m.answered = True
                 m.future.drop(m.slot)
                 self._member_failed(m, _timed_out(m.name, m.timeout_s), m.done)
 
-    def _entry_answered(self, members: list["GroupMember"], timer: asyncio.TimerHandle | None) -> None:
+    def _entry_answered(self, future: GroupFuture, members: list["GroupMember"],
+                        timer: asyncio.TimerHandle | None) -> None:
         """The batcher entry of these members ended (on the loop, through the relay): each member
         not answered meanwhile (cancelled, timed out) gets its own answer from the entry's list, or
         the entry's exception."""
         if timer is not None:
             timer.cancel()
-        future = members[0].future
         answers = error = None
         if not future.cancelled():
             error = future.exception()
@@ -338,7 +334,7 @@ class InferenceCore:
         for m in members:
             if m.answered:
                 continue
-            self._member_settled(m)
+            m.answered = True
             if error is not None:
                 answer = error
             else:  # None where the entry was cancelled: every member dropped
