@@ -162,13 +162,10 @@ class ExecutionContext:
         captured graph's own inputs (captured now if this shape has not run yet, from zeros); without
         them, new tensors that `run` reads as any other input. The gate applies: unknown names,
         missing inputs and shapes outside the profiles are refused as `run` refuses them."""
-        declared = {name: v.dtype for name, v in self._declared.items()}
-        feeds = {}
-        for name, shape in shapes.items():
-            if name not in declared:
-                raise InputError(f"unknown input name {name!r}; the engine's inputs are {', '.join(declared)}")
-            feeds[name] = torch.zeros(tuple(int(d) for d in shape), dtype=NUMPY_TO_TORCH[declared[name]],
-                                      device=self.engine.device)
+        # An unknown name gets no tensor: check_inputs refuses it before it reads any value.
+        feeds = {name: torch.zeros(tuple(int(d) for d in shape), dtype=NUMPY_TO_TORCH[self._declared[name].dtype],
+                                   device=self.engine.device) if name in self._declared else None
+                 for name, shape in shapes.items()}
         checked = self.check_inputs(feeds)
         profile = self.select_profile(checked)
         if not self.use_cuda_graphs:
