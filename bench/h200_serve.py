@@ -4,7 +4,7 @@ engine's offline throughput at its best batch, measured in the same run.
 
     PYTHONPATH=. python bench/h200_serve.py --out $OUT [--levels 1,8,32,128,256] [--duration 4] \
         [--shared-memory none,system,cuda] [--frontends 1,8] [--variants batched] [--budget-s 420] \
-        [--load-generator perf_analyzer]
+        [--load-generator perf_analyzer] [--request-batch 8]
 
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
 same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
@@ -87,15 +87,17 @@ def offline(name: str, plan: Path) -> list[dict]:
     return rows
 
 
-def key_of(mode: str, frontends: int) -> str:
-    return MODE_KEYS[mode] + (f"_f{frontends}" if frontends > 1 else "")
+def key_of(mode: str, frontends: int, request_batch: int = 1) -> str:
+    return (MODE_KEYS[mode] + (f"_f{frontends}" if frontends > 1 else "")
+            + (f"_b{request_batch}" if request_batch > 1 else ""))
 
 
-def served_rows(run: dict, modes: list[str], frontends: int) -> dict:
+def served_rows(run: dict, modes: list[str], frontends: int, request_batch: int = 1) -> dict:
     """serve.json's entries (one per mode) from the load generator's results.json so far."""
     common = {k: run[k] for k in ("frontends", "duration_s", "warmup_s", "server_start_s", "batch_size_histograms")
               if k in run}
-    return {key_of(mode, frontends): dict(common, shared_memory=mode, models=run["runs"][mode])
+    return {key_of(mode, frontends, request_batch): dict(common, shared_memory=mode, request_batch=request_batch,
+                                                         models=run["runs"][mode])
             for mode in modes if mode in run.get("runs", {})}
 
 
@@ -109,7 +111,8 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
            "--warmup", str(args.warmup), "--processes", str(args.processes), "--max-queue-delay-us", "500",
            "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
            "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
-           "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator]
+           "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator,
+           "--batch", str(args.request_batch)]
     if args.perf_analyzer:
         cmd += ["--perf-analyzer", args.perf_analyzer]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -122,12 +125,12 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
     entries: dict = {}
     while process.poll() is None and time.monotonic() < kill_at:
         time.sleep(1.0)
-        seen, entries = _reread(results, seen, entries, modes, frontends, on_results)
+        seen, entries = _reread(results, seen, entries, modes, frontends, args.request_batch, on_results)
     if process.poll() is None:
         clock.say(f"serve_throughput (frontends {frontends}) ran past {budget_s + KILL_GRACE_S:.0f} s: "
                   f"asking for its stacks, then killing it")
         _kill(process)
-    seen, entries = _reread(results, seen, entries, modes, frontends, on_results)
+    seen, entries = _reread(results, seen, entries, modes, frontends, args.request_batch, on_results)
     if process.returncode == 0:
         return entries
     progress = _progress(out)
@@ -135,19 +138,21 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
     why = (f"timed out after {budget_s + KILL_GRACE_S:.0f} s at stage {stage}" if process.returncode < 0
            else f"serve_throughput exited with code {process.returncode} at stage {stage}")
     # The measurement it was in gets the error row it could not write; modes it never reached, one entry.
-    current = entries.get(key_of(progress.get("shared_memory", ""), frontends)) if "shared_memory" in progress else None
+    current = (entries.get(key_of(progress["shared_memory"], frontends, args.request_batch))
+               if "shared_memory" in progress else None)
     if current is not None:
         rows = current["models"].setdefault(progress["model"], [])
         if all(r.get("concurrency") != progress["concurrency"] for r in rows):
             rows.append({"concurrency": progress["concurrency"], "error": why})
     for mode in modes:
-        if key_of(mode, frontends) not in entries:
-            entries[key_of(mode, frontends)] = {"error": why, "shared_memory": mode}
+        if key_of(mode, frontends, args.request_batch) not in entries:
+            entries[key_of(mode, frontends, args.request_batch)] = {"error": why, "shared_memory": mode}
     on_results(entries)
     return entries
 
 
-def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: int, on_results) -> tuple:
+def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: int, request_batch: int,
+            on_results) -> tuple:
     try:
         stamp = path.stat().st_mtime_ns
     except FileNotFoundError:
@@ -155,7 +160,7 @@ def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: int, o
     if stamp == seen:
         return seen, entries
     try:
-        entries = served_rows(json.loads(path.read_text()), modes, frontends)
+        entries = served_rows(json.loads(path.read_text()), modes, frontends, request_batch)
     except (OSError, ValueError):
         return seen, entries  # replaced while read: the next poll reads it
     on_results(entries)
@@ -219,6 +224,9 @@ def main() -> None:
                              "(scripts/install_perf_analyzer.sh's .cache/perf_analyzer, carried to the machine), "
                              "which leaves the machine's cores to the server")
     parser.add_argument("--perf-analyzer", default=None, help="the perf_analyzer binary, where not found by itself")
+    parser.add_argument("--request-batch", type=int, default=1,
+                        help="images per request (perf_analyzer -b): above 1, the server's cost per request is "
+                             "shared by that many images; dynamic batching still joins requests into engine batches")
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()
@@ -231,6 +239,8 @@ def main() -> None:
     modes = [m.strip() for m in args.shared_memory.split(",") if m.strip()]
     if not modes or set(modes) - set(MODE_KEYS):
         parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
+    if args.request_batch < 1:
+        parser.error(f"--request-batch {args.request_batch}: at least 1")
     clock = Clock(args.budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -263,8 +273,8 @@ def main() -> None:
             left = clock.left() - STOP_S
             if left < args.server_start_s + args.measure_budget_s:
                 for mode in modes:
-                    row[key_of(mode, frontends)] = {"skipped": f"did not fit: {max(left, 0):.0f} s of --budget-s left",
-                                                    "shared_memory": mode}
+                    row[key_of(mode, frontends, args.request_batch)] = {
+                        "skipped": f"did not fit: {max(left, 0):.0f} s of --budget-s left", "shared_memory": mode}
                 clock.say(f"{name}: frontends {frontends} skipped ({max(left, 0):.0f} s left)")
                 save()
                 continue
@@ -277,8 +287,9 @@ def main() -> None:
             # Its share: a generous start, every measurement's budget, the stop; never past the run's end.
             measurements = len(modes) * len(args.variants.split(",")) * len(args.levels.split(","))
             need = 2 * args.server_start_s + measurements * args.measure_budget_s + STOP_S
-            served(plan, out / "runs" / f"{name}_f{frontends}", args, modes, frontends, min(left, need), clock,
-                   on_results)
+            batch_suffix = f"_b{args.request_batch}" if args.request_batch > 1 else ""
+            runs = out / "runs" / f"{name}_f{frontends}{batch_suffix}"
+            served(plan, runs, args, modes, frontends, min(left, need), clock, on_results)
             clock.say(f"{name}: frontends {frontends} done")
     clock.say("finished")
 
