@@ -51,6 +51,12 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
 }
+# Block 0 of a stage, its downsample fused into the last 1×1 layer (passes/fuse_projected_residual.py):
+# name: (batch, cin, cout, hw, projection's cin, projection's stride).
+PROJECTED = {
+    "layer1.projected": (256, 64, 256, 56, 64, 1),
+    "layer2.projected": (256, 128, 512, 28, 256, 2),
+}
 STEM_STRIDE = 2
 # What each pattern counts in the PTX.
 PATTERNS = {
@@ -157,8 +163,36 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
     return cases
 
 
+NO_PROJECTION = dict(p_ptr="*i8", pw_ptr="*i8", pbias_ptr="*i32", pscale_ptr="*fp32", PK=0, p_row=0, spn=0, sph=0,
+                     spw=0, p_inv_scale=1.0)
+
+
+def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
+    """The resident tiles of a layer with its downsample fused in, at effort 5."""
+    batch, cin, cout, hw, pcin, stride = PROJECTED[layer]
+    phw = hw * stride
+    values = dict(NO_PROJECTION, x_ptr="*i8", w_ptr="*i8", bias_ptr="*i32", scale_ptr="*fp32", res_ptr="*i8",
+                  y_ptr="*i8", M=batch * hw * hw, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
+                  sxn=hw * hw * cin, sxh=hw * cin, sxw=cin, srn=0, src=0, srh=0, srw=0, PK=pcin, p_row=pcin,
+                  spn=phw * phw * pcin, sph=phw * pcin * stride, spw=pcin * stride, in_inv_scale=1.0, res_scale=1.0,
+                  out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+    epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=True, RES_QUANT=False,
+                    RES_AFTER=False, ACT=1, OUT_QUANT=True, HAS_PROJ=True, PROJ_STRIDED=stride != 1,
+                    PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=True,
+                    BLOCK_PK=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(pcin)))
+    cases = []
+    for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5)):
+        constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                          BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)), RES_PREFETCH=0,
+                          N_ADJACENT=tile.n_adjacent, STRIDED=False)
+        cases.append((tile.name, resident_gemm._resident_gemm_kernel, values, constexprs, tile.warps, tile.stages))
+    return cases
+
+
 def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
     """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer."""
+    if layer in PROJECTED:
+        return projected_cases(layer)
     batch, cin, cout, hw, k, residual = LAYERS[layer]
     rows = batch * hw * hw
     common = dict(res_ptr="*i8", y_ptr="*i8", bias_ptr="*i32", scale_ptr="*fp32", x_ptr="*i8", w_ptr="*i8",
@@ -199,7 +233,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                 tma_args.update(N=batch, PROGRAMS=132)
             cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
-        resident_args = dict(common, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
+        resident_args = dict(common, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
@@ -213,7 +247,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layer", default="layer1.conv3", choices=sorted(LAYERS))
+    parser.add_argument("--layer", default="layer1.conv3", choices=sorted(LAYERS) + sorted(PROJECTED))
     parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: Hopper)")
     parser.add_argument("--dump", type=Path, default=None, help="write each candidate's TTGIR and PTX here")
     parser.add_argument("--pdl", action="store_true", help="compile as launched with programmatic dependent launch")

@@ -40,15 +40,55 @@ if triton is not None:
         return tl.program_id(0), tl.program_id(1)
 
     @triton.jit
+    def _input_rows(offs_m, OH, OW, row, sn, sh, sw, STRIDED: tl.constexpr):
+        """Where each output pixel's input row starts: `row` apart, or with STRIDED at pixel (n, oh·sh,
+        ow·sw) of a strided 1×1 layer (sh, sw carry the stride)."""
+        if STRIDED:
+            n, oh, ow = pixel_coords(offs_m, OH, OW)
+            return n.to(tl.int64) * sn + oh * sh + ow * sw
+        return offs_m.to(tl.int64) * row
+
+    @triton.jit
+    def _projection_halves(p_ptr, pb, pbias_ptr, pscale_ptr, offs_m, m_ok, offs_n, n_ok, OH, OW, PK, p_row, spn,
+                           sph, spw, p_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
+                           STRIDED: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_PK: tl.constexpr):
+        """The projected residual of these rows, dequantized to float32 as the projection layer's own
+        epilogue would give it before requantizing (see ops/quantized.py), in the two column halves
+        the epilogue takes: the second product of a projected layer."""
+        offs_pk = tl.arange(0, BLOCK_PK)
+        p_rows = _input_rows(offs_m, OH, OW, p_row, spn, sph, spw, STRIDED)
+        a = tl.load(p_ptr + p_rows[:, None] + offs_pk[None, :], mask=m_ok[:, None] & (offs_pk < PK)[None, :],
+                    other=0.0)
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _accumulate(acc, a, pb, p_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_PK)
+        scale = tl.load(pscale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        if INT8:
+            if HAS_BIAS:
+                acc += tl.load(pbias_ptr + offs_n, mask=n_ok, other=0)[None, :]
+            projected = acc.to(tl.float32) * scale
+        else:  # FP8: the float32 bias after the scale
+            projected = acc * scale
+            if HAS_BIAS:
+                projected += tl.load(pbias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        return tl.split(tl.permute(tl.reshape(projected, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+    @triton.jit
     def _resident_gemm_kernel(
-            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr,
-            M, COUT, K, x_row, y_row, OH, OW, sxn, sxh, sxw, srn, src, srh, srw,
-            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
+            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, p_ptr, pw_ptr, pbias_ptr, pscale_ptr,
+            M, COUT, K, x_row, y_row, OH, OW, sxn, sxh, sxw, srn, src, srh, srw, PK, p_row, spn, sph, spw,
+            in_inv_scale, p_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, TILES: tl.constexpr, RES_PREFETCH: tl.constexpr, N_ADJACENT: tl.constexpr,
             STRIDED: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+            HAS_PROJ: tl.constexpr = False, PROJ_STRIDED: tl.constexpr = False,
+            PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
+            BLOCK_PK: tl.constexpr = 32):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -57,6 +97,10 @@ if triton is not None:
         k_ok = offs_k < K
         b = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None],
                     other=0.0)
+        if HAS_PROJ:  # the projection's weight tile stays resident beside the layer's
+            offs_pk = tl.arange(0, BLOCK_PK)
+            pb = tl.load(pw_ptr + offs_n.to(tl.int64)[None, :] * PK + offs_pk[:, None],
+                         mask=n_ok[None, :] & (offs_pk < PK)[:, None], other=0.0)
         first_tile = row_group * TILES
         first_column = column_tile * BLOCK_N
         if RES_PREFETCH == 2:
@@ -76,20 +120,22 @@ if triton is not None:
                 next_n, next_oh, next_ow = pixel_coords(next_m, OH, OW)
                 next_lo, next_hi = _residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
                                                     next_n, next_oh, next_ow, srn, src, srh, srw, BLOCK_N)
-            if STRIDED:  # output pixel (n, oh, ow) reads input pixel (n, oh·sh, ow·sw): sxh, sxw carry the stride
-                x_n, x_oh, x_ow = pixel_coords(offs_m, OH, OW)
-                x_rows = x_n.to(tl.int64) * sxn + x_oh * sxh + x_ow * sxw
-            else:
-                x_rows = offs_m.to(tl.int64) * x_row
+            # Output pixel (n, oh, ow) of a strided layer reads input pixel (n, oh·sh, ow·sw).
+            x_rows = _input_rows(offs_m, OH, OW, x_row, sxn, sxh, sxw, STRIDED)
             a = tl.load(x_ptr + x_rows[:, None] + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if INT8:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+            if HAS_PROJ:
+                res_lo, res_hi = _projection_halves(p_ptr, pb, pbias_ptr, pscale_ptr, offs_m, m_ok, offs_n, n_ok, OH,
+                                                    OW, PK, p_row, spn, sph, spw, p_inv_scale, qmin, INT8, FP8,
+                                                    PROJ_STRIDED, PROJ_QUANTIZE_INPUT, PROJ_HAS_BIAS, BLOCK_M,
+                                                    BLOCK_N, BLOCK_PK)
             # In two halves of the columns (bench/kernel_asm.py: 110 → 72 registers for the 64×64
             # tile on layer1's conv3).
-            if RES_PREFETCH == 0:
+            if RES_PREFETCH == 0 and not HAS_PROJ:
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                        res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
@@ -230,27 +276,71 @@ def resident_applies(x: torch.Tensor, k_total: int, geometry: ConvGeometry | Non
             and tuple(geometry.out_hw) == strided_out_hw(x.shape[2:], geometry.strides))
 
 
+@dataclass(frozen=True)
+class Projection:
+    """A residual computed beside the layer by a second product (ResNet's downsample, fused into its
+    block's last 1×1 layer: `passes/fuse_projected_residual.py`): the unpadded 1×1 layer x · wᵀ at
+    `strides`, its bias and dequant scale as a layer's own, dequantized to float32 and not
+    requantized, then added as the layer's residual. Its output is never stored."""
+    x: torch.Tensor
+    weight: torch.Tensor  # [Cout, K(, 1, 1)], K-major
+    bias: torch.Tensor | None
+    dequant_scale: torch.Tensor
+    strides: tuple = (1, 1)
+    input_inv_scale: float | None = None  # for a float x, quantized on load
+
+
+def _projection_arguments(projection: Projection, batch: int, out_hw: tuple, cout: int, code: torch.dtype,
+                          dummy: torch.Tensor) -> tuple[tuple, dict]:
+    """The kernel's projection arguments (pointers, sizes and strides, inverse scale) and constexprs;
+    dummies where there is no projection."""
+    if projection is None:
+        return (dummy, dummy, dummy, dummy, 0, 0, 0, 0, 0, 1.0), {}
+    px, pw = projection.x, projection.weight
+    k_total = pw.shape[1]
+    if not resident_applies(px, k_total) or px.shape[1] != k_total or pw.shape[0] != cout or px.dim() != 4:
+        raise ValueError(f"resident_gemm: projection input {tuple(px.shape)} strides {px.stride()} and weight "
+                         f"{tuple(pw.shape)} are not {cout} outputs of {k_total} contiguous channels, K ≤ "
+                         f"{MAX_RESIDENT_K}")
+    if px.shape[0] != batch or strided_out_hw(px.shape[2:], projection.strides) != tuple(out_hw):
+        raise ValueError(f"resident_gemm: projection input {tuple(px.shape)} at strides {projection.strides} does not "
+                         f"give the layer's {batch} × {tuple(out_hw)} outputs")
+    ps = px.stride()
+    strided = tuple(projection.strides) != (1, 1)
+    args = (px, pw, projection.bias if projection.bias is not None else pw, projection.dequant_scale, k_total,
+            pixel_stride(px), ps[0], ps[2] * projection.strides[0], ps[3] * projection.strides[1],
+            float(projection.input_inv_scale or 1.0))
+    return args, dict(HAS_PROJ=True, PROJ_STRIDED=strided, PROJ_QUANTIZE_INPUT=px.dtype != code,
+                      PROJ_HAS_BIAS=projection.bias is not None,
+                      BLOCK_PK=max(MIN_BLOCK_K, triton.next_power_of_2(k_total)))
+
+
 def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, tile: ResidentTile, *,
                   dequant_scale: torch.Tensor, residual: torch.Tensor | None = None, activation: str | None = None,
                   alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
                   input_inv_scale: float | None = None, residual_scale: float | None = None,
                   output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
-                  out: torch.Tensor | None = None, pdl: bool = False, strides: tuple = (1, 1)) -> torch.Tensor:
+                  out: torch.Tensor | None = None, pdl: bool = False, strides: tuple = (1, 1),
+                  projection: Projection | None = None) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
     channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major, at `strides` (a
-    1×1 convolution without padding); the epilogue's arguments are conv_igemm's (`pdl` too). Output
+    1×1 convolution without padding); the epilogue's arguments are conv_igemm's (`pdl` too). With
+    `projection` (no `residual` then) the residual is that second product's (`Projection`). Output
     channels-last (or into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
     k_total = w_packed.shape[1]
     if not resident_applies(x, k_total) or x.shape[1] != k_total:
         raise ValueError(f"resident_gemm: input {tuple(x.shape)} strides {x.stride()} is not {k_total} contiguous "
                          f"channels of evenly spaced pixels, K ≤ {MAX_RESIDENT_K}")
+    if projection is not None and residual is not None:
+        raise ValueError("resident_gemm: a layer with a projection has no other residual")
     cout = w_packed.shape[0]
     strided = x.dim() == 4 and tuple(strides) != (1, 1)
     oh, ow = strided_out_hw(x.shape[2:], strides) if x.dim() == 4 else (1, 1)
     shape = (x.shape[0], cout, oh, ow) if x.dim() == 4 else (x.shape[0], cout)
     out_dtype = code if output_inv_scale is not None else torch.float32
     y = channels_last_output(shape, out_dtype, x.device, out, "resident_gemm")
+    projected, projection_flags = _projection_arguments(projection, x.shape[0], (oh, ow), cout, code, w_packed)
     rows = x.shape[0] * oh * ow
     xs = x.stride() if x.dim() == 4 else (0, 0, 0, 0)
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
@@ -260,13 +350,15 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
+    if projection is not None:  # the epilogue adds the projection's float32 values as its residual
+        flags.update(HAS_RES=True, RES_QUANT=False)
     _resident_gemm_kernel[tile.grid(rows, cout)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0], xs[3] * strides[1],
-        *rs, float(input_inv_scale or 1.0), *scalars,
+        *projected[:4], rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0],
+        xs[3] * strides[1], *rs, *projected[4:9], float(input_inv_scale or 1.0), projected[9], *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, PDL=pdl, **launch_options(pdl),
-        num_warps=tile.warps, num_stages=tile.stages,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, PDL=pdl, **projection_flags,
+        **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
