@@ -16,8 +16,10 @@ from ..ir import Graph, verify_graph
 from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
 from ..ops.fp8 import is_fp8
+from ..ops.quantized import SPLIT_PREFIX
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
+from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..runtime.engine_file import check_writable, pack, write_atomic
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint, parse_device
@@ -95,6 +97,12 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("tma_"):
         return (f"{'fp8' if fp8 else 'int8'} triton implicit GEMM, input boxes by TMA bulk copies "
                 f"{chosen[len('tma_'):]} + fused epilogue")
+    if chosen and chosen.startswith(SPLIT_PREFIX):
+        return (f"{'fp8' if fp8 else 'int8'} triton GEMM of the projection (float32 out), then of the layer, weight "
+                f"tiles resident over row tiles {chosen[len(SPLIT_PREFIX + 'resident_'):]} + fused epilogue")
+    if chosen and chosen.startswith("resident_") and "projection_strides" in node.attrs:
+        return (f"{'fp8' if fp8 else 'int8'} triton GEMM and its projection's, both weight tiles resident over row "
+                f"tiles {chosen[len('resident_'):]} + fused epilogue")
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")
@@ -292,6 +300,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                              profiles, log)
         if calibration is not None and corrected is not None:
             calibration["bias_correction"] = corrected
+        projected = fuse_projected_residual(graph)
+        if projected:
+            log.append(f"quantize: {projected} 1×1 layer(s) computed inside the layer that reads them as residual "
+                       f"(projected residuals, passes/fuse_projected_residual.py)")
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("bias")
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,8 @@ from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, con
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
-from ..kernels.resident_gemm import ResidentTile, resident_applies, resident_gemm, resident_tactics
+from ..kernels.resident_gemm import (RESIDENT_TILES, Projection, ResidentTile, resident_applies, resident_gemm,
+                                     resident_tactics)
 from ..kernels.window_resident import WindowResidentTile
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
@@ -195,10 +197,12 @@ def _qlayer_tactics(gemm: bool):
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
         TMA-fed kernel (stride-1 convolutions of 8-bit codes), the library GEMMs, im2col + GEMM and
-        the pixel windows (few-channel convolutions)."""
+        the pixel windows (few-channel convolutions). A projected layer: `projected_tactics`."""
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
+        if projection_inputs(inputs) is not None:
+            return names + projected_tactics(inputs, attrs, effort)
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
@@ -371,6 +375,80 @@ def qlayer_output_dtype(attrs: dict) -> torch.dtype:
     return torch.float32 if attrs.get("output_inv_scale") is None else code_dtype(attrs)
 
 
+# A QConv may carry a projection (`passes/fuse_projected_residual.py`): inputs 5–8 are the projection
+# layer's input, weight [Cout, K, 1, 1], bias and dequant scale, and the attributes
+# "projection_strides" and "projection_input_inv_scale" its strides and input scale. Its residual is
+# that unpadded 1×1 layer's output dequantized to float32, not requantized (what the layer's own
+# epilogue gives with no output scale), added as a float residual (input 3 stays empty).
+PROJECTION_FIRST_INPUT = 5
+# The projection run as a layer of its own before the resident kernel reads its float32 output as the
+# residual: a slower route to the same numbers, for where the fused kernel is rejected.
+SPLIT_PREFIX = "split_"
+SPLIT_TACTIC = SPLIT_PREFIX + replace(RESIDENT_TILES[0], n_adjacent=True).name
+
+
+def projection_inputs(inputs) -> list | None:
+    """A projected layer's (input, weight, bias, dequant scale) of its projection, else None."""
+    if len(inputs) <= PROJECTION_FIRST_INPUT or inputs[PROJECTION_FIRST_INPUT] is None:
+        return None
+    return list(inputs[PROJECTION_FIRST_INPUT:PROJECTION_FIRST_INPUT + 4])
+
+
+def projection_attrs(attrs: dict) -> dict:
+    """The projection's own layer attributes: an unpadded 1×1 convolution whose output stays float32."""
+    own = {"strides": list(attrs["projection_strides"]), "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
+           "dilations": [1, 1], "group": 1, "input_inv_scale": attrs["projection_input_inv_scale"],
+           "qmin": attrs.get("qmin", -QMAX), "output_inv_scale": None}
+    return dict(own, qformat=attrs["qformat"]) if "qformat" in attrs else own
+
+
+def projected_residual(inputs, attrs: dict) -> torch.Tensor:
+    """The emulation's projection: its exact accumulator, bias and dequant scale, in float32."""
+    px, pw, pb, ps = projection_inputs(inputs)
+    own = projection_attrs(attrs)
+    return _dequantize(int8_conv_accumulate(as_quantized(px, own), pw, own), pb, ps, 1, is_fp8(attrs))
+
+
+def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
+    """The resident tiles with the projection fused (each timed as for a layer of the larger K;
+    the early-residual variants have no residual to load early) and SPLIT_TACTIC, where both the
+    layer and its projection are resident-kernel layers on CUDA."""
+    x, wq = inputs[0], inputs[1]
+    px, pw = projection_inputs(inputs)[:2]
+    geometry = igemm_geometry(x, wq, attrs)
+    if (geometry is None or not resident_applies(x, wq.shape[1], geometry) or tuple(geometry.strides) != (1, 1)
+            or not px.is_cuda or not resident_applies(px, pw.shape[1])):
+        return []
+    return resident_tactics(effort, residual=False, k_total=max(wq.shape[1], pw.shape[1])) + [SPLIT_TACTIC]
+
+
+def _projection(inputs, attrs: dict) -> Projection:
+    px, pw, pb, ps = projection_inputs(inputs)
+    return Projection(px, pw, pb, ps, tuple(attrs["projection_strides"]), attrs["projection_input_inv_scale"])
+
+
+def _projected_kernel(inputs, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """A projected layer by its tactic (a resident tile, or SPLIT_TACTIC), or None for the emulation."""
+    x, wq, bias, scale = inputs[0], inputs[1], inputs[2], inputs[4]
+    tactic = attrs.get("tactic") or ""
+    split = tactic.startswith(SPLIT_PREFIX)
+    tile = ResidentTile.parse(tactic[len(SPLIT_PREFIX):] if split else tactic)
+    geometry = _any_device_geometry(x, wq, attrs, gemm=False)
+    projection = _projection(inputs, attrs)
+    if (tile is None or geometry is None or not resident_applies(x, wq.shape[1], geometry)
+            or tuple(geometry.strides) != (1, 1) or not resident_applies(projection.x, projection.weight.shape[1])):
+        return None
+    epilogue = _int8_epilogue(attrs)
+    if split:
+        residual = resident_gemm(projection.x, projection.weight, projection.bias, tile,
+                                 dequant_scale=projection.dequant_scale, input_inv_scale=projection.input_inv_scale,
+                                 qmin=epilogue["qmin"], fp8=epilogue["fp8"], strides=projection.strides)
+        return resident_gemm(x, wq, bias, tile, dequant_scale=scale, residual=residual, out=out,
+                             pdl=_programmatic_launch(x, attrs), **epilogue)
+    return resident_gemm(x, wq, bias, tile, dequant_scale=scale, projection=projection, out=out,
+                         pdl=_programmatic_launch(x, attrs), **epilogue)
+
+
 def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     """QConv written straight into `out` (a channel slice of a Concat's buffer: INT8 or FP8 codes
     when the Concat passes them through, see `sartor/quant/quantize.py`) by the implicit-GEMM
@@ -379,6 +457,8 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     then runs as usual and the Concat copies its result."""
     if out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
         return None
+    if projection_inputs(inputs) is not None:
+        return _projected_kernel(inputs, attrs, out)
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
     return _kernel_tactic(inputs[0], inputs[1], bias, residual, inputs[4], attrs, gemm=False, out=out)
@@ -388,10 +468,19 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
               write_into=qconv_into)
 def qconv(inputs, attrs):
     """inputs: x, weight (int8 or float8_e4m3fn, [M, C/group, *k]), bias (int32 [M], FP8: float32
-    [M], or omitted), residual (or omitted), dequant scale (float32 [M])."""
+    [M], or omitted), residual (or omitted), dequant scale (float32 [M]), and for a projected layer
+    its projection's four (PROJECTION_FIRST_INPUT)."""
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
+    if projection_inputs(inputs) is not None:
+        y = _projected_kernel(inputs, attrs)
+        if y is not None:
+            return y
+        residual = projected_residual(inputs, attrs)
+        acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
+        y = _epilogue(_dequantize(acc, bias, inputs[4], 1, is_fp8(attrs)), residual, attrs)
+        return y.contiguous(memory_format=torch.channels_last) if x.is_cuda and pixel_stride(x) is not None else y
     window = window_tile(attrs.get("tactic"))
     if window is not None:
         y = _window_conv(x, wq, bias, residual, inputs[4], attrs, window)

@@ -83,6 +83,9 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
              f"precision={precision}", f"tf32={int(bool(tf32))}"]
     if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
         parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
+    if len(args) > 6 and args[5] is not None:  # a projected QConv (ops/quantized.py): its second product
+        parts.append(f"projection={_tensor(args[5])}*{_tensor(args[6])}"
+                     f"@{','.join(map(str, attrs.get('projection_strides') or (1, 1)))}")
     return " ".join(parts)
 
 
