@@ -41,7 +41,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from sartor.kernels import conv_igemm, conv_tma, resident_gemm, window_resident  # noqa: E402
 from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
-from sartor.ops import quantized_window  # noqa: E402
+from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer1.conv3": (256, 64, 256, 56, 1, True),
@@ -181,7 +181,8 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
                     PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=True,
                     BLOCK_PK=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(pcin)))
     cases = []
-    for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5)):
+    tiles = [*map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5)), quantized.FEW_ROWS_TILE]
+    for tile in tiles:
         constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                           BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)), RES_PREFETCH=0,
                           N_ADJACENT=tile.n_adjacent, STRIDED=False)

@@ -25,6 +25,7 @@ from sartor.quant.quantize import quantize_graph
 from sartor.runtime.executor import Executor
 from sartor.tactics.timing_cache import layer_signature
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZE = 12
 SHAPES = {"min": {"images": (1, 3, SIZE, SIZE)}, "opt": {"images": (2, 3, SIZE, SIZE)},
           "max": {"images": (4, 3, SIZE, SIZE)}}
@@ -133,10 +134,14 @@ def _fused_layer_inputs(precision: str):
 
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
 def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch):
+    """Under Triton's interpreter on the CPU (conftest), compiled on a GPU."""
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     inputs, attrs = _fused_layer_inputs(precision)
+    inputs = [t.to(DEVICE) if t is not None else None for t in inputs]
     reference = qconv(inputs, dict(attrs, tactic="torch"))
+    if DEVICE == "cuda":
+        names = projected_tactics(inputs, attrs, 1)
+        assert RESIDENT_TILES[0].name in names and names[-1] == SPLIT_TACTIC
     launches = []
     monkeypatch.setattr(quantized, "resident_gemm", lambda *a, **k: launches.append(k.get("projection")) or
                         resident_gemm(*a, **k))
@@ -150,7 +155,7 @@ def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch)
 
 def test_tactics_and_timing_identity():
     inputs, attrs = _fused_layer_inputs("int8")
-    assert projected_tactics(inputs, attrs, 1) == []  # CPU: the reference only
+    assert projected_tactics(inputs, attrs, 1) == []  # CPU tensors: the reference only
     signature = layer_signature("QConv", inputs, attrs, "int8", False)
     assert "projection=i8[2x8x12x12]:nhwc*i8[16x8x1x1]:contiguous@2,2" in signature
     plain = layer_signature("QConv", inputs[:5], dict(attrs), "int8", False)

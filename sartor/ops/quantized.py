@@ -14,6 +14,11 @@ What one INT8 layer computes, in the order a GPU kernel does it:
 5. When every reader of the output is an INT8 layer, the output is re-quantized with its scale
    (round half to even, saturate to ±127) and written as INT8; otherwise it stays FP32.
 
+A projected QConv (`passes/fuse_projected_residual.py`; inputs from PROJECTION_FIRST_INPUT) takes as
+its residual a second unpadded 1×1 layer's output, computed by steps 1–3 of that layer and not
+re-quantized: float32, added in step 4. Its kernels are the resident tiles with the second product
+beside the first (`kernels/resident_gemm.py`, Projection).
+
 Saturation is to [-127, 127] (symmetric) for the layers sartor calibrates. Layers folded from a
 Q/DQ model (`sartor/passes/fold_qdq.py`) carry `qmin = -128`: they saturate to [-128, 127] as ONNX
 QuantizeLinear does, so that they compute what the model's Q/DQ nodes compute.
@@ -409,17 +414,29 @@ def projected_residual(inputs, attrs: dict) -> torch.Tensor:
     return _dequantize(int8_conv_accumulate(as_quantized(px, own), pw, own), pb, ps, 1, is_fp8(attrs))
 
 
+# A projected layer has no implicit-GEMM tiles to fall back on where the resident tiles' programs are
+# too few for the device (ResNet-50's layer1 at batch 1: 3,136 rows, 28 programs of the first tile
+# on 132 SMs): then this tile, of a sixteenth of the first one's rows per program, is timed too.
+FEW_ROWS_TILE = ResidentTile(32, 64, 2, 4, 2, n_adjacent=True)
+
+
 def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     """The resident tiles with the projection fused (each timed as for a layer of the larger K;
-    the early-residual variants have no residual to load early) and SPLIT_TACTIC, where both the
-    layer and its projection are resident-kernel layers on CUDA."""
+    the early-residual variants have no residual to load early; FEW_ROWS_TILE where the first
+    tile would leave multiprocessors idle) and SPLIT_TACTIC, where both the layer and its
+    projection are resident-kernel layers on CUDA."""
     x, wq = inputs[0], inputs[1]
     px, pw = projection_inputs(inputs)[:2]
     geometry = igemm_geometry(x, wq, attrs)
     if (geometry is None or not resident_applies(x, wq.shape[1], geometry) or tuple(geometry.strides) != (1, 1)
             or not px.is_cuda or not resident_applies(px, pw.shape[1])):
         return []
-    return resident_tactics(effort, residual=False, k_total=max(wq.shape[1], pw.shape[1])) + [SPLIT_TACTIC]
+    names = resident_tactics(effort, residual=False, k_total=max(wq.shape[1], pw.shape[1]))
+    rows = x.shape[0] * x.shape[2] * x.shape[3]
+    programs = math.prod(RESIDENT_TILES[0].grid(rows, wq.shape[0]))
+    if programs < torch.cuda.get_device_properties(x.device).multi_processor_count and FEW_ROWS_TILE.name not in names:
+        names.append(FEW_ROWS_TILE.name)
+    return names + [SPLIT_TACTIC]
 
 
 def _projection(inputs, attrs: dict) -> Projection:
