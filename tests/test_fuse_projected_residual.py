@@ -23,6 +23,7 @@ from sartor.quant import calibrate
 from sartor.quant.plan import int8_decisions
 from sartor.quant.quantize import quantize_graph
 from sartor.runtime.executor import Executor
+from sartor.tactics.select import _mismatch
 from sartor.tactics.timing_cache import layer_signature
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,7 +151,12 @@ def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch)
         got = qconv(inputs, dict(attrs, tactic=tactic))
         assert len(launches) == kernels and (launches[0] is not None) == (kernels == 1)  # the kernel ran, not the emulation
         assert got.dtype == reference.dtype and got.shape == reference.shape
-        assert torch.equal(got.float(), reference.float()), tactic
+        if precision == "fp8" and DEVICE == "cuda":
+            # FP8 tensor cores accumulate in float32, the emulation exactly: the builder's check (the
+            # H200 run of session 18 differed in the last bits of float32 outputs).
+            assert _mismatch(got, reference) is None, tactic
+        else:
+            assert torch.equal(got.float(), reference.float()), tactic
 
 
 def test_tactics_and_timing_identity():
