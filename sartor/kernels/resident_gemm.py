@@ -238,11 +238,11 @@ PREFETCH_MIN_EFFORT = 3
 
 
 # Over K = 256 the 64×128 tile with 2 stages beat the first tile: 0.087 ms against 0.097–0.101 on
-# layer3's conv3 (H200, session 17's probe), six layers of ResNet-50; at K = 64 it lost (layer1's
-# conv3: 0.270 against 0.206, session 18's probe). Above WIDE_K it is timed at every effort, so
-# layer2's four conv3 (K = 128; 0.137 ms each in session 18, 2.4× their traffic) time it too.
+# layer3's conv3 (H200, session 17's probe), six layers of ResNet-50. It lost at K = 64 (layer1's
+# conv3: 0.270 against 0.206, session 18's probe) and at K = 128 (layer2's conv3: 0.145 against
+# 0.134, session 18's timing cache). Above WIDE_K it is timed at every effort.
 WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
-WIDE_K = 64
+WIDE_K = 128
 
 
 def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> list[str]:
