@@ -109,6 +109,23 @@ def test_does_not_fire(variant):
     assert [(n.op_type, list(n.inputs)) for n in graph.nodes] == before
 
 
+def test_does_not_fire_on_layers_folded_from_qdq():
+    graph, _ = _quantized(bottleneck())
+    for node in graph.nodes:  # as fold_qdq marks them
+        node.attrs["qmin"] = -128
+    assert fuse_projected_residual(graph) == 0
+
+
+def test_does_not_fire_on_a_graph_input():
+    """A downsample reading the graph input itself (its reader at stride 1 on the same size)."""
+    b = OnnxBuilder(seed=6)
+    x = b.input("images", ["batch", 3, SIZE, SIZE])
+    c = b.conv(b.node("Relu", [b.conv(x, 3, 8, "c1", k=1)], name="c1_act"), 8, 16, "c3", k=1)
+    out = b.node("Relu", [b.node("Add", [c, b.conv(x, 3, 16, "ds", k=1)], name="add")], name="out")
+    graph, _ = _quantized(b.model([b.conv(out, 16, 4, "head", k=1)]))
+    assert any(n.name == "ds" for n in graph.nodes) and fuse_projected_residual(graph) == 0
+
+
 def test_does_not_fire_on_float_layers():
     graph = import_model_proto(bottleneck())
     optimize(graph)

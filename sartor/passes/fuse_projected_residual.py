@@ -14,13 +14,16 @@ compares each quantized layer with its float original, the projection included),
 
 Fires where both layers are unpadded 1×1 convolutions of one K block of the resident kernel (K ≤
 MAX_RESIDENT_K), the reader at stride 1, the projection at any stride, in one format (INT8 or
-FP8) with one saturation bound, the projection without activation or residual of its own.
+FP8), the projection without activation or residual of its own and reading no graph input (which
+an engine may keep in NCHW for its stem: `runtime/executor.py`). Not for layers folded from a Q/DQ
+model (`fold_qdq.py`): there the rounding of the residual to INT8 is the model's own.
 """
 from __future__ import annotations
 
 from ..ir import Graph, Node
 from ..kernels.resident_gemm import MAX_RESIDENT_K
 from .base import single_consumer
+from .qdq_params import QDQ_QMIN
 
 LAYER = "QConv"
 
@@ -46,9 +49,11 @@ def _projection_of(graph: Graph, reader: Node, producers: dict, consumers: dict)
         return None
     if single_consumer(graph, source.outputs[0], consumers) is not reader or source.attrs.get("activation"):
         return None
-    same_format = (source.attrs.get("qformat") == reader.attrs.get("qformat")
-                   and source.attrs.get("qmin", -127) == reader.attrs.get("qmin", -127))
-    if not same_format or not _plain_1x1(graph, reader, stride_one=True) or not _plain_1x1(graph, source, False):
+    same_format = source.attrs.get("qformat") == reader.attrs.get("qformat")
+    folded = QDQ_QMIN in (source.attrs.get("qmin"), reader.attrs.get("qmin"))
+    if not same_format or folded or source.inputs[0] in graph.input_names():
+        return None
+    if not _plain_1x1(graph, reader, stride_one=True) or not _plain_1x1(graph, source, stride_one=False):
         return None
     return source
 
