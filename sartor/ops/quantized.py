@@ -399,7 +399,7 @@ def projection_inputs(inputs) -> list | None:
     return list(inputs[PROJECTION_FIRST_INPUT:PROJECTION_FIRST_INPUT + 4])
 
 
-def projection_attrs(attrs: dict) -> dict:
+def _projection_attrs(attrs: dict) -> dict:
     """The projection's own layer attributes: an unpadded 1×1 convolution whose output stays float32."""
     own = {"strides": list(attrs["projection_strides"]), "kernel_shape": [1, 1], "pads": [0, 0, 0, 0],
            "dilations": [1, 1], "group": 1, "input_inv_scale": attrs["projection_input_inv_scale"],
@@ -407,10 +407,10 @@ def projection_attrs(attrs: dict) -> dict:
     return dict(own, qformat=attrs["qformat"]) if "qformat" in attrs else own
 
 
-def projected_residual(inputs, attrs: dict) -> torch.Tensor:
+def _projected_residual(inputs, attrs: dict) -> torch.Tensor:
     """The emulation's projection: its exact accumulator, bias and dequant scale, in float32."""
     px, pw, pb, ps = projection_inputs(inputs)
-    own = projection_attrs(attrs)
+    own = _projection_attrs(attrs)
     return _dequantize(int8_conv_accumulate(as_quantized(px, own), pw, own), pb, ps, 1, is_fp8(attrs))
 
 
@@ -450,10 +450,12 @@ def _projected_kernel(inputs, attrs: dict, out: torch.Tensor | None = None) -> t
     tactic = attrs.get("tactic") or ""
     split = tactic.startswith(SPLIT_PREFIX)
     tile = ResidentTile.parse(tactic[len(SPLIT_PREFIX):] if split else tactic)
+    if tile is None:
+        return None
     geometry = _any_device_geometry(x, wq, attrs, gemm=False)
     projection = _projection(inputs, attrs)
-    if (tile is None or geometry is None or not resident_applies(x, wq.shape[1], geometry)
-            or tuple(geometry.strides) != (1, 1) or not resident_applies(projection.x, projection.weight.shape[1])):
+    if (geometry is None or not resident_applies(x, wq.shape[1], geometry) or tuple(geometry.strides) != (1, 1)
+            or not resident_applies(projection.x, projection.weight.shape[1])):
         return None
     epilogue = _int8_epilogue(attrs)
     if split:
@@ -481,6 +483,22 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     return _kernel_tactic(inputs[0], inputs[1], bias, residual, inputs[4], attrs, gemm=False, out=out)
 
 
+def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Tensor | None:
+    """The layer by its tactic when that is one of the kernels (windows, im2col, `_kernel_tactic`'s),
+    else None (the emulation)."""
+    window = window_tile(attrs.get("tactic"))
+    if window is not None:
+        y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, window)
+        if y is not None:
+            return y
+    im2col_tile = _im2col_tile(attrs.get("tactic"))
+    if im2col_tile is not None and residual is None:
+        y = _im2col_conv(x, wq, bias, dequant_scale, attrs, im2col_tile)
+        if y is not None:
+            return y
+    return _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm=False)
+
+
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,
               write_into=qconv_into)
 def qconv(inputs, attrs):
@@ -492,23 +510,9 @@ def qconv(inputs, attrs):
     residual = inputs[3] if len(inputs) > 3 else None
     if projection_inputs(inputs) is not None:
         y = _projected_kernel(inputs, attrs)
-        if y is not None:
-            return y
-        residual = projected_residual(inputs, attrs)
-        acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
-        y = _epilogue(_dequantize(acc, bias, inputs[4], 1, is_fp8(attrs)), residual, attrs)
-        return y.contiguous(memory_format=torch.channels_last) if x.is_cuda and pixel_stride(x) is not None else y
-    window = window_tile(attrs.get("tactic"))
-    if window is not None:
-        y = _window_conv(x, wq, bias, residual, inputs[4], attrs, window)
-        if y is not None:
-            return y
-    im2col_tile = _im2col_tile(attrs.get("tactic"))
-    if im2col_tile is not None and residual is None:
-        y = _im2col_conv(x, wq, bias, inputs[4], attrs, im2col_tile)
-        if y is not None:
-            return y
-    y = _kernel_tactic(x, wq, bias, residual, inputs[4], attrs, gemm=False)
+        residual = _projected_residual(inputs, attrs) if y is None else None
+    else:
+        y = _qconv_kernel(x, wq, bias, residual, inputs[4], attrs)
     if y is not None:
         return y
     acc = int8_conv_accumulate(as_quantized(x, attrs), wq, attrs)
