@@ -12,6 +12,7 @@ from conftest import save
 from passes_helpers import OnnxBuilder, run_ort
 
 import sartor
+from sartor.cli.inspect import epilogue
 from sartor.frontend.onnx import import_model_proto
 from sartor.kernels.resident_gemm import RESIDENT_TILES, resident_gemm
 from sartor.ops import quantized
@@ -194,6 +195,8 @@ def test_engine_carries_the_projection_and_tracks_onnxruntime(tmp_path):
     assert any("projected residuals" in line for line in result.log)
     engine = sartor.load(tmp_path / "block.plan", device="cpu")
     assert [n.name for n in engine.graph.nodes if len(n.inputs) == 9] == ["c3"]
+    layer = next(layer for layer in engine.header["layers"] if layer["name"] == "c3")
+    assert layer["origin"][-1] == "ds" and epilogue(layer["attrs"]) == "+ projected residual → Relu"  # inspect
     images = _images(31, 2)
     got = next(iter(engine.context().run({"images": images}).values()))
     expected = run_ort(model, {"images": images})["head_out"]

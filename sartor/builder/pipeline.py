@@ -42,7 +42,8 @@ from .precision import (
 Progress = Callable[[str], None]
 # Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales
 # and the FP8 format.
-LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat")
+LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat",
+               "projection_strides", "projection_input_scale")
 
 
 @dataclass

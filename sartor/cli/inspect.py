@@ -43,12 +43,13 @@ def epilogue(attrs: dict) -> str:
         activation = f"{activation}({', '.join(params)})" if params else str(activation)
     residual = "residual_after_activation" in attrs
     after = bool(attrs.get("residual_after_activation"))
+    added = "+ projected residual" if "projection_strides" in attrs else "+ residual"
     if residual and not after:
-        steps.append("+ residual")
+        steps.append(added)
     if activation:
         steps.append(activation)
     if residual and after:
-        steps.append("+ residual")
+        steps.append(added)
     return " → ".join(steps)
 
 
