@@ -34,3 +34,17 @@ def test_a_mismatched_pair_is_refused_when_queued():
         copies.add(torch.zeros(4, dtype=torch.uint8), torch.zeros(4))
     assert len(copies) == 0
     copies.run()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_run_returns_once_the_device_is_done():
+    """The wait (asleep, on an event) covers the batch's work queued before the copies."""
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):  # tens of milliseconds of queued work: not done when the copies are issued
+        x = torch.tanh(x @ x)
+    target = torch.empty(4096, device="cuda")
+    copies = DeviceCopies()
+    copies.add(target, x[0])
+    copies.run()
+    assert torch.cuda.current_stream().query()
+    assert torch.equal(target, x[0])

@@ -40,4 +40,17 @@ class DeviceCopies:
         for targets, sources in groups.values():
             torch._foreach_copy_(targets, sources)
         for device in {device for device, _ in groups if device.type == "cuda"}:
-            torch.cuda.current_stream(device).synchronize()
+            wait_asleep(torch.cuda.current_stream(device))
+
+
+def wait_asleep(stream) -> None:
+    """Wait for the work queued on a CUDA `stream` with the thread asleep. A stream's synchronize
+    spins a core for as long as the GPU runs (CUDA's default where a process has fewer contexts than
+    CPUs), and the batcher's worker waits out whole batches here (ResNet-50 FP16 at batch 128: 3.5 ms
+    on the H200), on cores that the frontend processes and the clients share. The H200's serving
+    runs of session 18 counted 0.47 ms of main-process CPU per 8-image request, against 0.19 per
+    1-image request, where batches of 8-image requests kept the GPU busier."""
+    import torch
+    done = torch.cuda.Event(blocking=True)
+    done.record(stream)
+    done.synchronize()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .device_copies import DeviceCopies
+from .device_copies import DeviceCopies, wait_asleep
 from .errors import InvalidRequest, RegionExists, RegionNotFound, Unsupported
 from .tensors import element_count, kserve_datatype
 
@@ -310,7 +310,7 @@ class CudaRegion(Region):
             self._stream.wait_stream(after)
         with torch.cuda.stream(self._stream):
             target.copy_(source)
-        self._stream.synchronize()
+        wait_asleep(self._stream)
 
     def write_tensor(self, offset: int, data, copies: DeviceCopies) -> None:
         """Copy a torch tensor (the batch's output rows, on the engine's device) in without a round
