@@ -24,8 +24,9 @@
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
-#   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 16 and 32: the
-#              server's per-request cost shared by 8 images (reuses serve's engine when run after it) ~150
+#   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 32, 64 and 128
+#              (session 18: 16 and 32, where nothing was saturated at 32): the server's per-request
+#              cost shared by 8 images (reuses serve's engine when run after it)                   ~90
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
 #              mobilenet_v3_large) at $AUTOTUNE_BATCHES (default 1,256; detectors
@@ -91,7 +92,7 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
-    serve8) stage serve8 400 python bench/h200_serve.py --out /tmp/routine/serve8 --models resnet50 --levels 16,32 \
+    serve8) stage serve8 400 python bench/h200_serve.py --out /tmp/routine/serve8 --models resnet50 --levels 32,64,128 \
               --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
               --load-generator perf_analyzer --request-batch 8 --reuse-plan --measure-budget-s 40 --budget-s 200 ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
