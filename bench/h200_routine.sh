@@ -25,7 +25,7 @@
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
 #   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 32, 64 and 128
-#              (session 18: 16 and 32, where nothing was saturated at 32): the server's per-request
+#              (session 18 measured 16 and 32: 16,095 and 23,027 img/s, still rising): the per-request
 #              cost shared by 8 images (reuses serve's engine when run after it)                   ~90
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
