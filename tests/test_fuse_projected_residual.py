@@ -14,6 +14,7 @@ from passes_helpers import OnnxBuilder, run_ort
 import sartor
 from sartor.cli.inspect import epilogue
 from sartor.frontend.onnx import import_model_proto
+from sartor.ir import verify_graph
 from sartor.kernels.resident_gemm import RESIDENT_TILES, resident_gemm
 from sartor.ops import quantized
 from sartor.ops.quantized import SPLIT_TACTIC, projected_tactics, qconv
@@ -91,6 +92,7 @@ def test_fires_and_computes_the_unfused_graph_with_a_float_downsample(precision)
     _float_downsample(reference)
     quantized_residual = _run(graph.copy(), layers, _images(20, 3))
     assert fuse_projected_residual(graph) == 1
+    verify_graph(graph)
     assert "ds" not in {n.name for n in graph.nodes}
     fused = next(n for n in graph.nodes if n.name == "c3")
     assert len(fused.inputs) == 9 and fused.inputs[3] == "" and fused.inputs[5] == "stem_act_out"
