@@ -28,8 +28,9 @@ from sartor.kernels.pool import POOL_TILES, max_pool_nhwc  # noqa: E402
 from sartor.kernels.im2col import im2col_codes  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, ResidentTile, program_tiles, resident_gemm,  # noqa: E402
-                                          resident_tactics)
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, Projection, ResidentTile, program_tiles,  # noqa: E402
+                                          resident_gemm, resident_tactics)
+from sartor.ops.quantized import FEW_ROWS_TILE  # noqa: E402
 from sartor.kernels.window_resident import window_resident_conv, window_resident_tiles  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
@@ -231,6 +232,23 @@ def main() -> None:
               lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
                                     output_inv_scale=20.0, strides=(2, 2)),
               case["macs"], traffic, layer=label, tile=tile.name, epilogue="bias+requant")
+
+    # Block 0's downsample folded into its conv3 (passes/fuse_projected_residual.py): every resident
+    # tile with the projection (session 18's engine: 0.203 ms for layer1.0 in the first tile, 0.190
+    # for layer2.0 in the 64×128 one), INT8 codes in and out, ReLU.
+    for label, (cin, cout, hw, pcin, stride) in {"layer1.0 conv3 + downsample 64->256 @56": (64, 256, 56, 64, 1),
+                                                 "layer2.0 conv3 + downsample 128->512 @28": (128, 512, 28, 256, 2)
+                                                 }.items():
+        case = conv_case(b, cin, cout, hw, 1, 1)
+        source = conv_case(b, pcin, cout, hw * stride, 1, stride)
+        projection = Projection(source["x"], source["w"], source["bias"], source["scale"], (stride, stride))
+        traffic = case["x"].numel() + source["x"].numel() // (stride * stride) + case["residual"].numel()
+        for tile in [*map(ResidentTile.parse, resident_tactics(5, k_total=max(cin, pcin))), FEW_ROWS_TILE]:
+            timed(f"{label} {tile.name} projected",
+                  lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
+                                        projection=projection, activation="Relu", output_inv_scale=20.0),
+                  case["macs"] + source["macs"], traffic, layer=label, tile=tile.name,
+                  epilogue="bias+projection+relu+requant")
 
     # The TMA-fed kernel on the stride-1 3×3 layers (session 14's candidate against the implicit
     # GEMM's 330–550 TOPS there): the input boxes and weight tiles as bulk copies.
