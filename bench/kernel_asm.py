@@ -165,6 +165,8 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
 
 NO_PROJECTION = dict(p_ptr="*i8", pw_ptr="*i8", pbias_ptr="*i32", pscale_ptr="*fp32", PK=0, p_row=0, spn=0, sph=0,
                      spw=0, p_inv_scale=1.0)
+NO_PROJECTION_CONSTEXPRS = dict(HAS_PROJ=False, PROJ_STRIDED=False, PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=False,
+                                BLOCK_PK=resident_gemm.MIN_BLOCK_K)
 
 
 def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
@@ -238,8 +240,8 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
-            constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                              BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)),
+            constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
+                              BLOCK_N=tile.block_n, BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)),
                               RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent, STRIDED=False)
             cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
                           tile.stages))

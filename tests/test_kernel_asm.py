@@ -93,3 +93,33 @@ def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
     assert sorted(label.endswith("_kh") for label, _, _ in lines) == [False, True]  # both forms at effort 1
     assert all(spills == "0" and hopper == "True" for _, spills, hopper in lines)
+
+
+PROJECTED_CHILD = r"""
+import sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.resident_gemm import resident_tactics
+first = resident_tactics(1)[:2]  # the first tile, plain and `_g`
+for layer in ("layer1.conv3", "layer1.projected", "layer2.projected"):
+    for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer):
+        if label in first:
+            ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+            print(layer, label, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ptx.count("wgmma.mma_async"))
+"""
+
+
+def test_projected_resident_kernel_compiles_for_sm90():
+    """The resident kernel with a projection (passes/fuse_projected_residual.py), unstrided (layer1.0)
+    and strided (layer2.0), beside the same tile without one (layer1's conv3): every product on
+    Hopper's tensor cores, the projection's as well, and no spills."""
+    lines = [line.split() for line in _compile_in_child(PROJECTED_CHILD).splitlines()]
+    assert [(layer, label.endswith("_g")) for layer, label, _, _ in lines] == [
+        (layer, adjacent) for layer in ("layer1.conv3", "layer1.projected", "layer2.projected")
+        for adjacent in (False, True)]
+    assert all(spills == "0" for _, _, spills, _ in lines)
+    plain = {int(wgmma) for layer, _, _, wgmma in lines if layer == "layer1.conv3"}
+    # layer1.0: a projection of the same K as the layer's own product, so twice its tensor-core ops
+    assert {int(wgmma) for layer, _, _, wgmma in lines if layer == "layer1.projected"} == {2 * n for n in plain}
+    assert all(int(wgmma) > max(plain) for layer, _, _, wgmma in lines if layer == "layer2.projected")
