@@ -427,9 +427,7 @@ def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     projection are resident-kernel layers on CUDA."""
     x, wq = inputs[0], inputs[1]
     px, pw = projection_inputs(inputs)[:2]
-    geometry = igemm_geometry(x, wq, attrs)
-    if (geometry is None or not resident_applies(x, wq.shape[1], geometry) or tuple(geometry.strides) != (1, 1)
-            or not px.is_cuda or not resident_applies(px, pw.shape[1])):
+    if not px.is_cuda or not _projected_resident_applies(x, wq, px, pw, igemm_geometry(x, wq, attrs)):
         return []
     names = resident_tactics(effort, residual=False, k_total=max(wq.shape[1], pw.shape[1]))
     rows = x.shape[0] * x.shape[2] * x.shape[3]
@@ -437,6 +435,12 @@ def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     if programs < torch.cuda.get_device_properties(x.device).multi_processor_count and FEW_ROWS_TILE.name not in names:
         names.append(FEW_ROWS_TILE.name)
     return names + [SPLIT_TACTIC]
+
+
+def _projected_resident_applies(x, wq, px, pw, geometry: ConvGeometry | None) -> bool:
+    """Whether the resident kernel runs the layer (stride 1) and its projection."""
+    return (geometry is not None and resident_applies(x, wq.shape[1], geometry) and tuple(geometry.strides) == (1, 1)
+            and resident_applies(px, pw.shape[1]))
 
 
 def _projection(inputs, attrs: dict) -> Projection:
@@ -452,10 +456,9 @@ def _projected_kernel(inputs, attrs: dict, out: torch.Tensor | None = None) -> t
     tile = ResidentTile.parse(tactic[len(SPLIT_PREFIX):] if split else tactic)
     if tile is None:
         return None
-    geometry = _any_device_geometry(x, wq, attrs, gemm=False)
     projection = _projection(inputs, attrs)
-    if (geometry is None or not resident_applies(x, wq.shape[1], geometry) or tuple(geometry.strides) != (1, 1)
-            or not resident_applies(projection.x, projection.weight.shape[1])):
+    if not _projected_resident_applies(x, wq, projection.x, projection.weight,
+                                       _any_device_geometry(x, wq, attrs, gemm=False)):
         return None
     epilogue = _int8_epilogue(attrs)
     if split:
