@@ -181,12 +181,12 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=True, RES_QUANT=False,
                     RES_AFTER=False, ACT=1, OUT_QUANT=True, HAS_PROJ=True, PROJ_STRIDED=stride != 1,
                     PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=True,
-                    BLOCK_PK=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(pcin)))
+                    BLOCK_PK=resident_gemm.resident_block_k(pcin))
     cases = []
     tiles = [*map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5)), quantized.FEW_ROWS_TILE]
     for tile in tiles:
         constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                          BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)), RES_PREFETCH=0,
+                          BLOCK_K=resident_gemm.resident_block_k(cin), RES_PREFETCH=0,
                           N_ADJACENT=tile.n_adjacent, STRIDED=False)
         cases.append((tile.name, resident_gemm._resident_gemm_kernel, values, constexprs, tile.warps, tile.stages))
     return cases
@@ -241,7 +241,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
             constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
-                              BLOCK_N=tile.block_n, BLOCK_K=max(resident_gemm.MIN_BLOCK_K, triton.next_power_of_2(cin)),
+                              BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),
                               RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent, STRIDED=False)
             cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
                           tile.stages))

@@ -159,12 +159,9 @@ if triton is not None:
                               ACT, OUT_QUANT)
 
     @triton.jit
-    def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
-                              out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
-                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
-                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr):
-        """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
-        without HAS_RES): a kernel may load it early, so that its latency hides behind the product."""
+    def _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                         HAS_BIAS: tl.constexpr):
+        """An accumulator tile with its bias, dequantized to float32 (a float layer's: plus its bias)."""
         if INT8:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
@@ -177,6 +174,16 @@ if triton is not None:
             y = acc
             if HAS_BIAS:
                 y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        return y
+
+    @triton.jit
+    def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
+                              out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr):
+        """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
+        without HAS_RES): a kernel may load it early, so that its latency hides behind the product."""
+        y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             if RES_QUANT:

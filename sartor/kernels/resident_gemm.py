@@ -24,8 +24,8 @@ from .pdl import launch_options
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _epilogue_store_halves, _epilogue_store_halves_given, _residual_halves,
-                             pixel_coords)
+    from .conv_igemm import (_accumulate, _dequantize_tile, _epilogue_store_halves, _epilogue_store_halves_given,
+                             _residual_halves, pixel_coords)
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -65,15 +65,7 @@ if triton is not None:
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _accumulate(acc, a, pb, p_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_PK)
-        scale = tl.load(pscale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-        if INT8:
-            if HAS_BIAS:
-                acc += tl.load(pbias_ptr + offs_n, mask=n_ok, other=0)[None, :]
-            projected = acc.to(tl.float32) * scale
-        else:  # FP8: the float32 bias after the scale
-            projected = acc * scale
-            if HAS_BIAS:
-                projected += tl.load(pbias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        projected = _dequantize_tile(acc, offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, HAS_BIAS)
         return tl.split(tl.permute(tl.reshape(projected, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
     @triton.jit
@@ -290,12 +282,17 @@ class Projection:
     input_inv_scale: float | None = None  # for a float x, quantized on load
 
 
+def resident_block_k(k_total: int) -> int:
+    """The one K block of a resident product over `k_total` channels."""
+    return max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
+
+
 def _projection_arguments(projection: Projection, batch: int, out_hw: tuple, cout: int, code: torch.dtype,
-                          dummy: torch.Tensor) -> tuple[tuple, dict]:
-    """The kernel's projection arguments (pointers, sizes and strides, inverse scale) and constexprs;
-    dummies where there is no projection."""
+                          dummy: torch.Tensor) -> tuple[tuple, tuple, float, dict]:
+    """The kernel's projection arguments, as it takes them: (pointers, sizes and strides, inverse
+    scale, constexprs); dummies where there is no projection."""
     if projection is None:
-        return (dummy, dummy, dummy, dummy, 0, 0, 0, 0, 0, 1.0), {}
+        return (dummy, dummy, dummy, dummy), (0, 0, 0, 0, 0), 1.0, {}
     px, pw = projection.x, projection.weight
     k_total = pw.shape[1]
     if not resident_applies(px, k_total) or px.shape[1] != k_total or pw.shape[0] != cout or px.dim() != 4:
@@ -307,12 +304,11 @@ def _projection_arguments(projection: Projection, batch: int, out_hw: tuple, cou
                          f"give the layer's {batch} × {tuple(out_hw)} outputs")
     ps = px.stride()
     strided = tuple(projection.strides) != (1, 1)
-    args = (px, pw, projection.bias if projection.bias is not None else pw, projection.dequant_scale, k_total,
-            pixel_stride(px), ps[0], ps[2] * projection.strides[0], ps[3] * projection.strides[1],
-            float(projection.input_inv_scale or 1.0))
-    return args, dict(HAS_PROJ=True, PROJ_STRIDED=strided, PROJ_QUANTIZE_INPUT=px.dtype != code,
-                      PROJ_HAS_BIAS=projection.bias is not None,
-                      BLOCK_PK=max(MIN_BLOCK_K, triton.next_power_of_2(k_total)))
+    pointers = (px, pw, projection.bias if projection.bias is not None else pw, projection.dequant_scale)
+    layout = (k_total, pixel_stride(px), ps[0], ps[2] * projection.strides[0], ps[3] * projection.strides[1])
+    flags = dict(HAS_PROJ=True, PROJ_STRIDED=strided, PROJ_QUANTIZE_INPUT=px.dtype != code,
+                 PROJ_HAS_BIAS=projection.bias is not None, BLOCK_PK=resident_block_k(k_total))
+    return pointers, layout, float(projection.input_inv_scale or 1.0), flags
 
 
 def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, tile: ResidentTile, *,
@@ -340,12 +336,12 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     shape = (x.shape[0], cout, oh, ow) if x.dim() == 4 else (x.shape[0], cout)
     out_dtype = code if output_inv_scale is not None else torch.float32
     y = channels_last_output(shape, out_dtype, x.device, out, "resident_gemm")
-    projected, projection_flags = _projection_arguments(projection, x.shape[0], (oh, ow), cout, code, w_packed)
+    p_pointers, p_layout, p_inv_scale, p_flags = _projection_arguments(projection, x.shape[0], (oh, ow), cout, code,
+                                                                       w_packed)
     rows = x.shape[0] * oh * ow
     xs = x.stride() if x.dim() == 4 else (0, 0, 0, 0)
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
-    block_k = max(MIN_BLOCK_K, triton.next_power_of_2(k_total))
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
@@ -354,11 +350,11 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         flags.update(HAS_RES=True, RES_QUANT=False)
     _resident_gemm_kernel[tile.grid(rows, cout)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        *projected[:4], rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0],
-        xs[3] * strides[1], *rs, *projected[4:9], float(input_inv_scale or 1.0), projected[9], *scalars,
+        *p_pointers, rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0],
+        xs[3] * strides[1], *rs, *p_layout, float(input_inv_scale or 1.0), p_inv_scale, *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=block_k, PDL=pdl, **projection_flags,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=resident_block_k(k_total), PDL=pdl, **p_flags,
         **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
