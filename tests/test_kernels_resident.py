@@ -13,8 +13,9 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm
 pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, ResidentTile, resident_applies,  # noqa: E402
-                                          WIDE_K, WIDE_K_TILE, resident_gemm, resident_tactics)
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, WIDE_K, WIDE_K_TILE,  # noqa: E402
+                                          Projection, ResidentTile, resident_applies, resident_gemm,
+                                          resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -164,3 +165,26 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
     assert any(name.startswith("resident_") for name in one)
     three = registry.tactics([x, torch.zeros(32, 64, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
     assert three and not any(name.startswith("resident_") for name in three)
+
+
+def test_a_projection_that_does_not_fit_the_layer_is_refused():
+    """resident_gemm's projection (kernels/resident_gemm.py, Projection): each misfit in one line."""
+    x = torch.zeros(2, 64, 8, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    w = torch.zeros(32, 64, dtype=torch.int8, device=DEVICE)
+    scale = torch.ones(32, device=DEVICE)
+
+    def run(px, pw, strides=(1, 1), residual=None):
+        return resident_gemm(x, w, None, SMALL, dequant_scale=scale, residual=residual,
+                             projection=Projection(px, pw, None, scale, strides))
+
+    wide = torch.zeros(2, 64, 16, 16, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"^resident_gemm: projection input \(2, 64, 16, 16\) at strides \(1, 1\) does "
+                                         r"not give the layer's 2 × \(8, 8\) outputs$"):
+        run(wide, w)
+    with pytest.raises(ValueError, match=r"^resident_gemm: projection input \(2, 64, 8, 8\) .* are not 32 outputs"):
+        run(torch.zeros(2, 64, 8, 8, dtype=torch.int8, device=DEVICE), w)  # NCHW
+    with pytest.raises(ValueError, match="are not 32 outputs"):
+        run(x, torch.zeros(16, 64, dtype=torch.int8, device=DEVICE))  # another number of outputs
+    with pytest.raises(ValueError, match="^resident_gemm: a layer with a projection has no other residual$"):
+        run(wide, w, (2, 2), residual=torch.zeros(2, 32, 8, 8, device=DEVICE))
+    assert run(wide, w, (2, 2)).shape == (2, 32, 8, 8)  # the stride-2 projection fits
