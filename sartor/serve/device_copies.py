@@ -49,7 +49,7 @@ def wait_asleep(stream) -> None:
     CPUs), and the batcher's worker waits out whole batches here (ResNet-50 FP16 at batch 128: 3.5 ms
     on the H200), on cores that the frontend processes and the clients share. The H200's serving
     runs of session 18 counted 0.47 ms of main-process CPU per 8-image request, against 0.19 per
-    1-image request, where batches of 8-image requests kept the GPU busier."""
+    1-image request; how much of that was spent waiting here was not measured."""
     import torch
     done = torch.cuda.Event(blocking=True)
     done.record(stream)
