@@ -27,6 +27,8 @@
 #   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 32, 64 and 128
 #              (session 18 measured 16 and 32: 16,095 and 23,027 img/s, still rising): the per-request
 #              cost shared by 8 images (reuses serve's engine when run after it)                   ~90
+#   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
+#              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
 #              mobilenet_v3_large) at $AUTOTUNE_BATCHES (default 1,256; detectors
@@ -95,6 +97,7 @@ for name in "$@"; do
     serve8) stage serve8 400 python bench/h200_serve.py --out /tmp/routine/serve8 --models resnet50 --levels 32,64,128 \
               --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
               --load-generator perf_analyzer --request-batch 8 --reuse-plan --measure-budget-s 40 --budget-s 200 ;;
+    ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
     autotune) stage autotune 580 python bench/h200_table.py --out /tmp/routine/autotune \

@@ -1,0 +1,137 @@
+"""What holds ResNet-50's slowest INT8 kernels, read off the hardware counters: each kernel the
+batch-256 engine picked for its slowest layers (session 18's timing cache), launched once inside an
+NVTX range that `bench/ncu_layers.sh` hands to Nsight Compute, beside two references on the same
+bytes (a device copy, and the resident kernel's traffic with no product).
+
+Timings alone left open why layer1's conv3 takes 0.21 ms where its traffic would take 0.11 at the
+copy's bandwidth (BENCHMARKS.md, sessions 16–18); the counters say whether it is DRAM, L2, stalls
+on loads, occupancy or the stores' access pattern.
+
+    PYTHONPATH=. python bench/ncu_layers.py [--batch 256] [--only NAME,...] [--list]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from int8_kernel_probe import conv_case, int8_codes, stream_like_resident  # noqa: E402
+from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm  # noqa: E402
+from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
+from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
+from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
+from sartor.ops.quantized_window import window_conv, window_tile, window_weight  # noqa: E402
+
+# The INT8 epilogue every case runs: residual (where the layer has one), ReLU, INT8 codes out.
+EPILOGUE = dict(activation="Relu", output_inv_scale=20.0)
+
+
+def resident_case(batch: int, cin: int, cout: int, hw: int, tactic: str, residual: bool = True):
+    case = conv_case(batch, cin, cout, hw, 1, 1)
+    tile = ResidentTile.parse(tactic)
+    extra = dict(residual=case["residual"], residual_scale=0.01) if residual else {}
+    return lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"], **extra,
+                                 **EPILOGUE)
+
+
+def projected_case(batch: int, cin: int, cout: int, hw: int, pcin: int, stride: int, tactic: str):
+    case = conv_case(batch, cin, cout, hw, 1, 1)
+    source = conv_case(batch, pcin, cout, hw * stride, 1, stride)
+    projection = Projection(source["x"], source["w"], source["bias"], source["scale"], (stride, stride))
+    tile = ResidentTile.parse(tactic)
+    return lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"],
+                                 projection=projection, **EPILOGUE)
+
+
+def igemm_case(batch: int, cin: int, cout: int, hw: int, k: int, stride: int, tactic: str, residual: bool = False):
+    case = conv_case(batch, cin, cout, hw, k, stride)
+    tile = TileConfig.parse(tactic)
+    extra = dict(residual=case["residual"], residual_scale=0.01) if residual else {}
+    return lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile,
+                              dequant_scale=case["scale"], **extra, **EPILOGUE)
+
+
+def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str):
+    case = conv_case(batch, cin, cout, hw, 3, 1)
+    tile = TmaTile.parse(tactic)
+    return lambda: conv_tma(case["x"], case["w"], case["bias"], case["geometry"], tile, dequant_scale=case["scale"],
+                            **EPILOGUE)
+
+
+def stem_case(batch: int, tactic: str):
+    x = torch.rand(batch, 3, 224, 224, device="cuda")
+    geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
+    w_window = window_weight(int8_codes(64, 3, 7, 7))
+    bias = torch.zeros(64, dtype=torch.int32, device="cuda")
+    scale = torch.full((64,), 1e-3, device="cuda")
+    epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
+    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue)
+
+
+def pool_case(batch: int, tactic: str):
+    stem_out = int8_codes(batch, 64, 112, 112, channels_last=True)
+    tile = PoolTile.parse(tactic)
+    return lambda: max_pool_nhwc(stem_out, (3, 3), (2, 2), (1, 1), (1, 1), (56, 56), tile=tile)
+
+
+def traffic_case(batch: int, tactic: str):
+    case = conv_case(batch, 64, 256, 56, 1, 1)
+    return lambda: stream_like_resident(case["x"], case["residual"], ResidentTile.parse(tactic))
+
+
+def copy_case(batch: int):
+    source = int8_codes(batch, 256, 56, 56)
+    target = torch.empty_like(source)
+    return lambda: target.copy_(source)
+
+
+def cases(batch: int) -> dict:
+    """Name → a function that builds the case's tensors and returns its launch (session 18's winners)."""
+    return {
+        "layer1.conv3": lambda: resident_case(batch, 64, 256, 56, "resident_64x64_t8_w4_s3_g"),
+        "layer1.0.conv3+downsample": lambda: projected_case(batch, 64, 256, 56, 64, 1, "resident_64x64_t8_w4_s3_g"),
+        "layer1.conv2": lambda: tma_case(batch, 64, 64, 56, "tma_8x16x64x64_w4_s4"),
+        "layer1.conv1": lambda: resident_case(batch, 256, 64, 56, "resident_64x64_t8_w4_s3", residual=False),
+        "layer2.conv3": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_g"),
+        "layer3.conv3": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_g"),
+        "layer3.conv2": lambda: igemm_case(batch, 256, 256, 14, 3, 1, "igemm_128x128x64_w8_s3_e2"),
+        "layer4.conv3": lambda: igemm_case(batch, 512, 2048, 7, 1, 1, "igemm_128x128x64_w8_s3_e2_re", residual=True),
+        "stem": lambda: stem_case(batch, "window_resident_64x64_t8_w4_s2_kh"),
+        "stem.pool": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4"),
+        "traffic.layer1.conv3": lambda: traffic_case(batch, "resident_64x64_t8_w4_s3_g"),
+        "copy.205MB": lambda: copy_case(batch),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    table = cases(args.batch)
+    if args.list:
+        print("\n".join(table))
+        return
+    names = [name for name in args.only.split(",") if name] or list(table)
+    unknown = sorted(set(names) - set(table))
+    if unknown:
+        raise SystemExit(f"ncu_layers: unknown case(s) {', '.join(unknown)}; --list shows them")
+    for name in names:
+        launch = table[name]()
+        launch()  # compiles; the profiled launch below is the second
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(f"case {name}")
+        launch()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        print(f"ran {name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
