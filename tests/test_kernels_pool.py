@@ -8,7 +8,7 @@ import torch
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, max_pool_nhwc,  # noqa: E402
+from sartor.kernels.pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, _code_words, max_pool_nhwc,  # noqa: E402
                                  max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
@@ -51,6 +51,23 @@ def test_int8_max_pool_compares_codes_as_integers(attrs):
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x_cl, attrs)
     out = max_pool_nhwc(x_cl, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
     assert out.dtype == torch.int8 and torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("channels, offset", [(68, 0), (68, 4), (70, 0), (68, 2), (71, 0)])
+def test_int8_pool_takes_codes_in_words_where_the_layout_allows(channels, offset):
+    """Channel counts and offsets that are multiples of four pool as int32 words of four codes
+    (`_code_words`); others code by code. Both give the reference over every code from -128 to 127, in a channel slice
+    of a wider buffer (a Concat's) at `offset`."""
+    attrs = CASES[0]
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randint(-128, 128, (2, channels, 11, 9), generator=generator, dtype=torch.int8)
+    buffer = torch.zeros(2, channels + 4, 11, 9, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    buffer[:, offset:offset + channels] = x
+    view = buffer.to(DEVICE)[:, offset:offset + channels]
+    assert (_code_words(view) is not None) == (channels % 4 == 0 and offset % 4 == 0)
+    kernel, strides, dilations, begin, _, outs = _pool_geometry(view, attrs)
+    out = max_pool_nhwc(view, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
+    assert torch.equal(out.cpu(), max_pool([x], dict(attrs)))
 
 
 @pytest.mark.parametrize("tile", POOL_TILES[1:], ids=lambda tile: tile.name)

@@ -26,7 +26,11 @@ if triton is not None:
     @triton.jit
     def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, y_row, sxn, sxh, sxw, pad_h, pad_w,
                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                              DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                              DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                              CODE_WORDS: tl.constexpr = False, PACKED_MAX: tl.constexpr = False):
+        """With CODE_WORDS, x and y are INT8 codes seen as int32 words of four channels each, and
+        C, BLOCK_C and the strides count words (`_word_max`); PACKED_MAX: the device has the
+        packed 16-bit maximum (sm_90 on)."""
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
@@ -37,8 +41,19 @@ if triton is not None:
         # conversion rate (16 values per clock per SM), which bounded ResNet-50's INT8 stem pool at
         # 0.139 ms on the H200 (ten conversions per output, 51 M outputs at batch 256).
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
-        if INTEGER:
+        # Floats with an infinity compare in their own dtype, masked taps loaded as -inf: FP16 went
+        # through float32 with a select per tap, three instructions per value and tap where the
+        # packed half maximum takes half of one (sm_90 SASS; the FP16 stem pool ran at 0.25 ms on
+        # the H200, twice its traffic's time). E4M3 has no infinity and keeps the select.
+        ELEMENT: tl.constexpr = x_ptr.dtype.element_ty
+        NATIVE: tl.constexpr = ELEMENT.is_fp16() or ELEMENT.is_bf16() or ELEMENT.is_fp32()
+        if CODE_WORDS:
+            even = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
+            odd = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
+        elif INTEGER:
             acc = tl.full((BLOCK_P, BLOCK_C), -128, dtype=tl.int8)
+        elif NATIVE:
+            acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=x_ptr.dtype.element_ty)
         else:
             acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=tl.float32)
         for kh in tl.static_range(KH):
@@ -48,17 +63,51 @@ if triton is not None:
                 ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 tap_ok = ok[:, None] & c_ok[None, :]
                 taps = x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :]
-                if INTEGER:
+                if CODE_WORDS:
+                    even, odd = _word_max(even, odd, tl.load(taps, mask=tap_ok, other=WORD_BIAS), PACKED_MAX)
+                elif INTEGER:
                     acc = tl.maximum(acc, tl.load(taps, mask=tap_ok, other=-128))
+                elif NATIVE:
+                    acc = tl.maximum(acc, tl.load(taps, mask=tap_ok, other=float("-inf")),
+                                     propagate_nan=tl.PropagateNan.ALL)
                 else:
                     v = tl.where(tap_ok, tl.load(taps, mask=tap_ok).to(tl.float32), float("-inf"))
                     acc = tl.maximum(acc, v, propagate_nan=tl.PropagateNan.ALL)
         y_offsets = offs_p.to(tl.int64)[:, None] * y_row + offs_c[None, :]
         y_ok = p_ok[:, None] & c_ok[None, :]
-        # Lanes outside the tensor hold -inf on the float path, which has no 8-bit value (INT8, FP8):
-        # zero them before the cast.
-        y = tl.where(y_ok, acc, 0).to(y_ptr.dtype.element_ty)
+        if CODE_WORDS:
+            y = ((odd << 8) | even) ^ WORD_BIAS
+        elif NATIVE:
+            y = acc
+        else:
+            # Lanes outside the tensor hold -inf on the float path, which has no 8-bit value (INT8,
+            # FP8): zero them before the cast.
+            y = tl.where(y_ok, acc, 0).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + y_offsets, y, mask=y_ok)
+
+    # Four codes of -128 (0x80808080): flipping each byte's sign bit maps the codes -128..127 to
+    # 0..255 in order, and this word to 0, so masked taps never win.
+    WORD_BIAS = tl.constexpr(-2139062144)
+    LANE_BYTES = tl.constexpr(0x00FF00FF)
+
+    @triton.jit
+    def _lane_max(a, b, PACKED_MAX: tl.constexpr):
+        """The maximum of each 16-bit half of two int32 words whose halves hold 0..255."""
+        if PACKED_MAX:
+            return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32,
+                                             is_pure=True, pack=1)
+        return tl.maximum(a >> 16, b >> 16) << 16 | tl.maximum(a & 0xFFFF, b & 0xFFFF)
+
+    @triton.jit
+    def _word_max(even, odd, words, PACKED_MAX: tl.constexpr):
+        """The running maxima of words of four INT8 codes: bytes 0 and 2 in `even`'s 16-bit halves,
+        bytes 1 and 3 in `odd`'s, each as 0..255. The int8 maximum widened every byte with a byte
+        permute or two (1,208 of the 2,328 SASS instructions of ResNet-50's stem pool tile on sm_90;
+        the pool ran at 0.121 ms, twice its traffic's time, with the SMs 79% busy: H200, session 19);
+        here a word of four codes takes a shift, two logic operations and two packed maxima."""
+        biased = words ^ WORD_BIAS
+        return (_lane_max(even, biased & LANE_BYTES, PACKED_MAX),
+                _lane_max(odd, (biased >> 8) & LANE_BYTES, PACKED_MAX))
 
 
 POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
@@ -102,9 +151,11 @@ class PoolTile:
 
 # The first is the tile every build before session 16 ran; the rest, timed from the effort given in
 # POOL_TILES_PER_EFFORT, give 8-bit tensors more bytes per thread and wider channel blocks. On sm_90
-# (Triton 3.6, ResNet-50's stem pool, 64 channels) INT8 takes 48–75 registers and FP16 62–174, no
-# spills; FP32 spills (255 registers) in the two 64-elements-per-thread tiles, which the builder's
-# timing then passes over.
+# (Triton 3.6, ResNet-50's stem pool, 64 channels), with INT8 codes in words and FP16 compared as
+# halves: INT8 takes 32–108 registers and FP16 72–116, no spills; FP32 spills in the two
+# 64-elements-per-thread tiles, which the builder's timing then passes over. Before, the INT8 tile
+# the builder picked (8,192 elements, 4 warps) took 255 registers: one program of 4 warps per
+# quarter-SM (Nsight Compute, H200, session 19).
 POOL_TILES = (PoolTile(4096, 64, 4), PoolTile(8192, 64, 4), PoolTile(16384, 128, 8), PoolTile(8192, 128, 8),
               PoolTile(2048, 64, 4), PoolTile(1024, 64, 4))
 POOL_TILES_PER_EFFORT = {0: 1, 1: 3, 2: 3}
@@ -140,12 +191,41 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
     n, c, h, w = x.shape
     oh, ow = out_hw
     y = channels_last_output((n, c, oh, ow), x.dtype, x.device, out, "max_pool_nhwc")
-    sxn, _, sxh, sxw = x.stride()
     pixels = n * oh * ow
     tile = tile or POOL_TILES[0]
     block_p, block_c = tile.blocks(c)
+    x_words, y_words = _code_words(x), _code_words(y)
+    words = x_words is not None and y_words is not None
+    if words:  # strides and channels in words of four codes (the kernel's CODE_WORDS)
+        x_arg, y_arg, c, block_c = x_words, y_words, c // WORD_CODES, max(1, block_c // WORD_CODES)
+        sxn, sxh, sxw, y_row = *x_words.stride()[:3], y_words.stride(2)
+    else:
+        x_arg, y_arg, y_row = x, y, pixel_stride(y)
+        sxn, _, sxh, sxw = x.stride()
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
-    _max_pool_nhwc_kernel[grid](x, y, pixels, c, h, w, oh, ow, pixel_stride(y), sxn, sxh, sxw, pads[0], pads[1],
+    _max_pool_nhwc_kernel[grid](x_arg, y_arg, pixels, c, h, w, oh, ow, y_row, sxn, sxh, sxw, pads[0], pads[1],
                                 KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
-                                DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, num_warps=tile.warps)
+                                DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, CODE_WORDS=words,
+                                PACKED_MAX=words and _has_packed_max(x.device), num_warps=tile.warps)
     return y
+
+
+WORD_CODES = 4
+
+
+def _code_words(t: torch.Tensor) -> torch.Tensor | None:
+    """An INT8 channels-last tensor as [N, H, W, C/4] int32 words of four channels each, where its
+    channel count, strides and offset allow it; None otherwise."""
+    if t.dtype != torch.int8 or t.shape[1] % WORD_CODES or t.stride(1) != 1:
+        return None
+    if any(stride % WORD_CODES for stride in (t.stride(0), t.stride(2), t.stride(3))):
+        return None
+    if t.storage_offset() % WORD_CODES or t.data_ptr() % WORD_CODES:
+        return None
+    return t.permute(0, 2, 3, 1).view(torch.int32)
+
+
+def _has_packed_max(device: torch.device) -> bool:
+    """Whether compiled kernels on `device` have PTX's packed 16-bit maximum (sm_90 on); the
+    interpreter (CPU tensors) computes the lanes apart."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
