@@ -187,7 +187,7 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
     for tile in tiles:
         constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                           BLOCK_K=resident_gemm.resident_block_k(cin), RES_PREFETCH=0,
-                          N_ADJACENT=tile.n_adjacent, STRIDED=False)
+                          N_ADJACENT=tile.n_adjacent, COLUMNS_LOADED=tile.columns_loaded, STRIDED=False)
         cases.append((tile.name, resident_gemm._resident_gemm_kernel, values, constexprs, tile.warps, tile.stages))
     return cases
 
@@ -242,7 +242,8 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
             constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),
-                              RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent, STRIDED=False)
+                              RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent,
+                              COLUMNS_LOADED=tile.columns_loaded, STRIDED=False)
             cases.append((tile.name, resident_gemm._resident_gemm_kernel, resident_args, constexprs, tile.warps,
                           tile.stages))
     return cases

@@ -7,7 +7,7 @@ Timings alone left open why layer1's conv3 takes 0.21 ms where its traffic would
 copy's bandwidth (BENCHMARKS.md, sessions 16–18); the counters say whether it is DRAM, L2, stalls
 on loads, occupancy or the stores' access pattern.
 
-    PYTHONPATH=. python bench/ncu_layers.py [--batch 256] [--only NAME,...] [--list]
+    PYTHONPATH=. python bench/ncu_layers.py [--batch 256] [--only NAME,...] [--list] [--time]
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
 from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
 from sartor.ops.quantized_window import window_conv, window_tile, window_weight  # noqa: E402
+from sartor.tactics.select import time_ms  # noqa: E402
 
 # The INT8 epilogue every case runs: residual (where the layer has one), ReLU, INT8 codes out.
 EPILOGUE = dict(activation="Relu", output_inv_scale=20.0)
@@ -73,8 +74,8 @@ def stem_case(batch: int, tactic: str):
     return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue)
 
 
-def pool_case(batch: int, tactic: str):
-    stem_out = int8_codes(batch, 64, 112, 112, channels_last=True)
+def pool_case(batch: int, tactic: str, dtype: torch.dtype = torch.int8):
+    stem_out = int8_codes(batch, 64, 112, 112, channels_last=True).to(dtype)
     tile = PoolTile.parse(tactic)
     return lambda: max_pool_nhwc(stem_out, (3, 3), (2, 2), (1, 1), (1, 1), (56, 56), tile=tile)
 
@@ -94,15 +95,23 @@ def cases(batch: int) -> dict:
     """Name → a function that builds the case's tensors and returns its launch (session 18's winners)."""
     return {
         "layer1.conv3": lambda: resident_case(batch, 64, 256, 56, "resident_64x64_t8_w4_s3_g"),
+        "layer1.conv3_c": lambda: resident_case(batch, 64, 256, 56, "resident_64x64_t8_w4_s3_c_g"),
+        "layer1.0.conv3+downsample_c": lambda: projected_case(batch, 64, 256, 56, 64, 1,
+                                                              "resident_64x64_t8_w4_s3_c_g"),
         "layer1.0.conv3+downsample": lambda: projected_case(batch, 64, 256, 56, 64, 1, "resident_64x64_t8_w4_s3_g"),
         "layer1.conv2": lambda: tma_case(batch, 64, 64, 56, "tma_8x16x64x64_w4_s4"),
         "layer1.conv1": lambda: resident_case(batch, 256, 64, 56, "resident_64x64_t8_w4_s3", residual=False),
         "layer2.conv3": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_g"),
+        "layer2.conv3_c": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_c_g"),
         "layer3.conv3": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_g"),
+        "layer3.conv3_c": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_c_g"),
         "layer3.conv2": lambda: igemm_case(batch, 256, 256, 14, 3, 1, "igemm_128x128x64_w8_s3_e2"),
         "layer4.conv3": lambda: igemm_case(batch, 512, 2048, 7, 1, 1, "igemm_128x128x64_w8_s3_e2_re", residual=True),
         "stem": lambda: stem_case(batch, "window_resident_64x64_t8_w4_s2_kh"),
         "stem.pool": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4"),
+        "stem.pool.first_tile": lambda: pool_case(batch, "triton_nhwc"),
+        "stem.pool.fp16": lambda: pool_case(batch, "triton_nhwc", torch.float16),
+        "stem.pool.fp16_e8192": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4", torch.float16),
         "traffic.layer1.conv3": lambda: traffic_case(batch, "resident_64x64_t8_w4_s3_g"),
         "copy.205MB": lambda: copy_case(batch),
     }
@@ -113,6 +122,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--only", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--time", action="store_true",
+                        help="time each case as the builder does (CUDA graph, median ms) instead of one launch each")
     args = parser.parse_args()
     table = cases(args.batch)
     if args.list:
@@ -124,6 +135,9 @@ def main() -> None:
         raise SystemExit(f"ncu_layers: unknown case(s) {', '.join(unknown)}; --list shows them")
     for name in names:
         launch = table[name]()
+        if args.time:
+            print(f"{name:32s} {time_ms(launch, torch.device('cuda'), 20, warmup=3, graph=True):.4f} ms", flush=True)
+            continue
         launch()  # compiles; the profiled launch below is the second
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_push(f"case {name}")

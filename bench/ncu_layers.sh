@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute over bench/ncu_layers.py's kernels: one text report with the sections that say
 # what bounds each kernel (speed of light, memory tables, occupancy, warp stalls, source counters
-# for uncoalesced accesses), each kernel named by its case's NVTX range.
+# for uncoalesced accesses), each kernel named by its case's NVTX range; first, each case timed as the
+# builder times tactics (ncu_layers_ms.txt).
 #
 #   OUT=... bash bench/ncu_layers.sh [--only NAME,...]
 #
@@ -12,6 +13,7 @@ ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 [ -n "$ncu" ] || { echo "ncu_layers: Nsight Compute (ncu) not found"; exit 2; }
 cd "$(dirname "$0")/.."
 "$ncu" --version | tail -1
+python bench/ncu_layers.py --time "$@" | tee "$OUT/ncu_layers_ms.txt"
 "$ncu" --clock-control none --nvtx --nvtx-include "regex:case .*/" --print-nvtx-rename kernel \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
   --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \

@@ -5,6 +5,8 @@ kernel with the projection fused (and the split route) equals the emulation unde
 interpreter; a built engine carries it and still tracks ONNX Runtime."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -166,7 +168,8 @@ def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch)
     launches = []
     monkeypatch.setattr(quantized, "resident_gemm", lambda *a, **k: launches.append(k.get("projection")) or
                         resident_gemm(*a, **k))
-    for tactic, kernels in ((RESIDENT_TILES[0].name, 1), (SPLIT_TACTIC, 2)):
+    columns_loaded = replace(RESIDENT_TILES[0], columns_loaded=True).name  # bias and scale held by the program
+    for tactic, kernels in ((RESIDENT_TILES[0].name, 1), (columns_loaded, 1), (SPLIT_TACTIC, 2)):
         launches.clear()
         got = qconv(inputs, dict(attrs, tactic=tactic))
         assert len(launches) == kernels and (launches[0] is not None) == (kernels == 1)  # the kernel ran, not the emulation

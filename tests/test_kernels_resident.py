@@ -26,13 +26,16 @@ FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
 SMALL_EARLY, SMALL_AHEAD = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2))
 SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
+SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and scale loaded once per program
 
 
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33), (200, 24)])  # 200: K block 256
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
 @pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT,
-                                  replace(SMALL_AHEAD, n_adjacent=True)], ids=lambda tile: tile.name)
+                                  replace(SMALL_AHEAD, n_adjacent=True), SMALL_COLUMNS,
+                                  replace(SMALL_AHEAD, n_adjacent=True, columns_loaded=True)],
+                         ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
     with the residual loaded a tile ahead, the tile after it) lies past the end."""
@@ -133,27 +136,33 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
-    assert 2 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
-    assert len(resident_tactics(5)) == 2 * len(RESIDENT_TILES)
+    assert 4 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
+    assert len(resident_tactics(5)) == 4 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
-    assert resident_tactics(1) == [first, first + "_g"]
+    assert resident_tactics(1) == [first, first + "_g", first + "_c", first + "_c_g"]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
     wide = WIDE_K_TILE.name
     assert resident_tactics(1, k_total=WIDE_K) == resident_tactics(1)  # layer1/2's K of 64 and 128
-    assert resident_tactics(1, k_total=256) == [first, first + "_g", wide, wide + "_g"]  # layer3's conv3
+    assert resident_tactics(1, k_total=256) == [first, first + "_g", wide, wide + "_g", first + "_c", first + "_c_g",
+                                                wide + "_c", wide + "_c_g"]  # layer3's conv3
     assert resident_tactics(5, k_total=256) == resident_tactics(5)  # already among the tiles: not twice
     with_residual = resident_tactics(3, residual=True)
-    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e_g",
-                                                                                RESIDENT_TILES[3].name + "_r_g"]
+    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e_c_g",
+                                                                                RESIDENT_TILES[3].name + "_r_c_g"]
     with_residual = [name for name in with_residual if name.startswith(first)]
-    assert with_residual == [first + suffix for suffix in ("", "_g", "_e", "_r", "_e_g", "_r_g")]
-    for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True)):
+    assert with_residual == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_e", "_r", "_e_g", "_r_g", "_e_c",
+                                                           "_r_c", "_e_c_g", "_r_c_g")]
+    for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
+                 SMALL_COLUMNS):
         assert ResidentTile.parse(tile.name) == tile
-    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 1, 2, 1, 2]
-    assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True, False, False, True, True]
+    assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 0, 0] + [1, 2] * 4
+    assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True] * 2 + [False, False,
+                                                                                                 True, True] * 2
+    assert [ResidentTile.parse(name).columns_loaded for name in with_residual] == [False, False, True, True] + [
+        False] * 4 + [True] * 4
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
                 "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e",
-                "resident_64x64_t4_w4_s3_g_e"):
+                "resident_64x64_t4_w4_s3_g_e", "resident_64x64_t4_w4_s3_g_c", "resident_64x64_t4_w4_s3_c_e"):
         assert ResidentTile.parse(bad) is None, bad
 
 

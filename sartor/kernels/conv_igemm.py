@@ -160,30 +160,49 @@ if triton is not None:
 
     @triton.jit
     def _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
-                         HAS_BIAS: tl.constexpr):
-        """An accumulator tile with its bias, dequantized to float32 (a float layer's: plus its bias)."""
+                         HAS_BIAS: tl.constexpr, LOADED: tl.constexpr = False):
+        """An accumulator tile with its bias, dequantized to float32 (a float layer's: plus its bias).
+        LOADED: `bias_ptr` and `scale_ptr` are the columns' values already (`_column_values`)."""
+        if LOADED:
+            bias, scale = bias_ptr, scale_ptr
+        else:
+            bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         if INT8:
             if HAS_BIAS:
-                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0)[None, :]
-            y = acc.to(tl.float32) * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+                acc += bias[None, :]
+            y = acc.to(tl.float32) * scale[None, :]
         elif FP8:  # the float32 bias comes after the scale
-            y = acc * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+            y = acc * scale[None, :]
             if HAS_BIAS:
-                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+                y += bias[None, :]
         else:
             y = acc
             if HAS_BIAS:
-                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                y += bias.to(tl.float32)[None, :]
         return y
+
+    @triton.jit
+    def _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+        """These columns' bias (0 without one) and dequant scale (1 for a float layer)."""
+        bias = 0
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0)
+        scale = 1.0
+        if INT8 or FP8:
+            scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+        return bias, scale
 
     @triton.jit
     def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
                               out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
                               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
-                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr):
+                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
+                              LOADED: tl.constexpr = False):
         """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
-        without HAS_RES): a kernel may load it early, so that its latency hides behind the product."""
-        y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        without HAS_RES): a kernel may load it early, so that its latency hides behind the product.
+        LOADED: `bias_ptr` and `scale_ptr` hold the columns' values (`_dequantize_tile`)."""
+        y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             if RES_QUANT:
@@ -256,6 +275,25 @@ if triton is not None:
         _epilogue_store_given(hi, res_hi, offs_m, second, m_ok, second < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
                               res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
                               RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
+    def _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                                      scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
+                                      INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                      HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
+                                      ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
+                                      BLOCK_N: tl.constexpr):
+        """_epilogue_store_halves_given with each half's bias and scale loaded before (`_column_values`),
+        for a program that stores several row tiles of the same columns."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store_given(lo, res_lo, offs_m, first, m_ok, first < COUT, bias_lo, scale_lo, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT, LOADED=True)
+        second = first + BLOCK_N // 2
+        _epilogue_store_given(hi, res_hi, offs_m, second, m_ok, second < COUT, bias_hi, scale_hi, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT, LOADED=True)
 
     @triton.jit
     def _conv_igemm_kernel(

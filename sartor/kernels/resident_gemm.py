@@ -24,8 +24,9 @@ from .pdl import launch_options
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _dequantize_tile, _epilogue_store_halves, _epilogue_store_halves_given,
-                             _residual_halves, pixel_coords)
+    from .conv_igemm import (_accumulate, _column_values, _dequantize_tile, _epilogue_store_halves,
+                             _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
+                             pixel_coords)
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -80,7 +81,7 @@ if triton is not None:
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
             HAS_PROJ: tl.constexpr = False, PROJ_STRIDED: tl.constexpr = False,
             PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
-            BLOCK_PK: tl.constexpr = 32):
+            BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -95,6 +96,13 @@ if triton is not None:
                          mask=n_ok[None, :] & (offs_pk < PK)[:, None], other=0.0)
         first_tile = row_group * TILES
         first_column = column_tile * BLOCK_N
+        if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
+            first_half = first_column + tl.arange(0, BLOCK_N // 2)
+            bias_lo, scale_lo = _column_values(first_half, first_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                               HAS_BIAS)
+            second_half = first_half + BLOCK_N // 2
+            bias_hi, scale_hi = _column_values(second_half, second_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                               HAS_BIAS)
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
@@ -127,7 +135,18 @@ if triton is not None:
                                                     BLOCK_N, BLOCK_PK)
             # In two halves of the columns (bench/kernel_asm.py: 110 → 72 registers for the 64×64
             # tile on layer1's conv3).
-            if RES_PREFETCH == 0 and not HAS_PROJ:
+            if COLUMNS_LOADED:
+                if RES_PREFETCH == 0 and not HAS_PROJ and HAS_RES:
+                    n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+                    res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
+                                                      srh, srw, BLOCK_N)
+                elif not HAS_RES:
+                    res_lo, res_hi = 0.0, 0.0
+                _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                                              scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
+                                              beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                              BLOCK_M, BLOCK_N)
+            elif RES_PREFETCH == 0 and not HAS_PROJ:
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                        res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
@@ -166,7 +185,11 @@ class ResidentTile:
     the plain tile), and whether the programs of one row group's column tiles are launched side
     by side (suffix `_g`). Without `_g` the column tiles of one row group lie a whole grid row
     apart, so where the input (ResNet-50's layer1 at batch 256: 51 MB) outgrows L2 (50 MB on the
-    H200) each column tile may read the rows from memory again; with `_g` they share them in L2."""
+    H200) each column tile may read the rows from memory again; with `_g` they share them in L2.
+    `_c` (columns_loaded): the epilogue's bias and scale are loaded once per program, not per row
+    tile. Per row tile they were 16 of a thread's 20 global loads in layer1's conv3 (sm_90 PTX), whose
+    L1 ran 87% busy at 45% of DRAM's bandwidth (Nsight Compute, H200, session 19); held, they cost
+    16–30 registers."""
     block_m: int
     block_n: int
     tiles: int
@@ -174,11 +197,13 @@ class ResidentTile:
     stages: int
     residual_prefetch: int = 0
     n_adjacent: bool = False
+    columns_loaded: bool = False
 
     @property
     def name(self) -> str:
         return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
-                + RESIDUAL_PREFETCH[self.residual_prefetch] + ("_g" if self.n_adjacent else ""))
+                + RESIDUAL_PREFETCH[self.residual_prefetch] + ("_c" if self.columns_loaded else "")
+                + ("_g" if self.n_adjacent else ""))
 
     def grid(self, rows: int, cout: int) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
@@ -196,6 +221,9 @@ class ResidentTile:
             adjacent = parts[-1] == "g"
             if adjacent:
                 parts = parts[:-1]
+            columns_loaded = parts[-1] == "c"
+            if columns_loaded:
+                parts = parts[:-1]
             prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
             tile, tiles, warps, stages = parts[:-1] if prefetch else parts
             bm, bn = (int(v) for v in tile.split("x"))
@@ -203,7 +231,7 @@ class ResidentTile:
                 return None
             if bn % 2:  # the epilogue runs in two halves of the columns
                 return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent)
+            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent, columns_loaded)
         except ValueError:
             return None
 
@@ -239,13 +267,15 @@ WIDE_K = 128
 
 def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> list[str]:
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
-    each tile (WIDE_K_TILE as well above WIDE_K), and with its column tiles adjacent (`_g`); from
-    PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with its residual loaded
-    early (without one, these would be the same kernel)."""
+    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
+    those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
+    from PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with its residual
+    loaded early (without one, these would be the same kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
+    tiles += [replace(tile, columns_loaded=True) for tile in tiles]
     if residual and effort >= PREFETCH_MIN_EFFORT:
         tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH if mode]
     return [tile.name for tile in tiles]
@@ -355,6 +385,6 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=resident_block_k(k_total), PDL=pdl, **p_flags,
-        **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
+        COLUMNS_LOADED=tile.columns_loaded, **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
