@@ -24,7 +24,8 @@
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
 #              process's profile                                                             ~250
-#   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 32, 64 and 128
+#   serve8     as serve, with 8 images per request (perf_analyzer -b 8) at concurrency 32, 64 and 128, then the
+#              main process's profile at 8 images per request and concurrency 32
 #              (session 18 measured 16 and 32: 16,095 and 23,027 img/s, still rising): the per-request
 #              cost shared by 8 images (reuses serve's engine when run after it)                   ~90
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
@@ -94,9 +95,12 @@ for name in "$@"; do
              --load-generator perf_analyzer --measure-budget-s 40 --budget-s 240 \
            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
              --shared-memory cuda --frontends 8 --processes 8 --concurrency 256 --runs 1 --duration 4 --profile --top 40' ;;
-    serve8) stage serve8 400 python bench/h200_serve.py --out /tmp/routine/serve8 --models resnet50 --levels 32,64,128 \
+    serve8) stage serve8 400 bash -c 'python bench/h200_serve.py --out /tmp/routine/serve8 --models resnet50 --levels 32,64,128 \
               --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
-              --load-generator perf_analyzer --request-batch 8 --reuse-plan --measure-budget-s 40 --budget-s 200 ;;
+              --load-generator perf_analyzer --request-batch 8 --reuse-plan --measure-budget-s 40 --budget-s 200 \
+            && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
+              --shared-memory cuda --frontends 8 --processes 8 --concurrency 32 --request-batch 8 --runs 1 \
+              --duration 4 --profile --top 40' ;;
     ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;

@@ -134,6 +134,7 @@ def main() -> int:
     parser.add_argument("--plan", type=Path, help="serve this engine instead of the one-Relu engine")
     parser.add_argument("--device", default="cpu", help="where the served instance runs (default cpu)")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--request-batch", type=int, default=1, help="images (rows) per request")
     parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
@@ -162,8 +163,8 @@ def main() -> int:
             metadata = bench._metadata(url, args.protocol, models[0], 30.0)
             for run in range(args.runs):
                 threads_before, cpu_before = thread_cpu_s(), time.process_time()
-                row = bench.measure(url, args.protocol, models[0], metadata, 1, args.concurrency, args.duration,
-                                    args.warmup, args.processes, server_in_process=True,
+                row = bench.measure(url, args.protocol, models[0], metadata, args.request_batch, args.concurrency,
+                                    args.duration, args.warmup, args.processes, server_in_process=True,
                                     shared_memory=args.shared_memory, frontend_pids=server.frontend_pids,
                                     progress=bench.Progress(workdir), stacks_dir=workdir, server=server)
                 print(f"run {run}: {row.get('infer_per_s', 0):8.0f} req/s  main CPU "
