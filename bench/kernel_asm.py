@@ -156,7 +156,8 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
     for tile in window_resident.window_resident_tiles(5):
         constexprs = dict(epilogue, KH=k, WINDOW=window, STRIDE_H=STEM_STRIDE, PIXEL_STEP=STEM_STRIDE * PIXEL_BYTES,
                           DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
-                          N_ADJACENT=tile.resident.n_adjacent, BLOCK_M=tile.resident.block_m,
+                          N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
+                          BLOCK_M=tile.resident.block_m,
                           BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(k * window))
         cases.append((quantized_window.WINDOW_PREFIX + tile.name, window_resident._window_resident_kernel,
                       resident_args, constexprs, tile.resident.warps, tile.resident.stages))

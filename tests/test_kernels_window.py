@@ -176,6 +176,9 @@ RESIDENT_KH = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1), kh_steps=True)
 # 40 channels in 3 column tiles of 16 (the last one partial), launched side by side; 3 row tiles
 # per program.
 RESIDENT_COLUMNS = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True), kh_steps=True)
+# The columns' bias and scale loaded once per program (`_c`), over the same column tiles.
+RESIDENT_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True),
+                                     kh_steps=True)
 
 
 def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
@@ -191,7 +194,7 @@ def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED], ids=lambda tile: tile.name)
 def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile):
     """Batch 2 of 13×11 images: the ResNet stem's 7×7 stride 2 padded by 3 gives 84 output pixels,
     6 row tiles of 16 whose last is partial; the 64-byte windows' K of 320 pads to 512."""
@@ -204,15 +207,16 @@ def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile
         assert out.dtype == expected.dtype and torch.equal(out.cpu(), expected)
 
 
-def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the_emulation():
+@pytest.mark.parametrize("tile", [RESIDENT_COLUMNS, RESIDENT_LOADED], ids=lambda tile: tile.name)
+def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the_emulation(tile):
     x, wq, _, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(16), cout=40)
     del attrs["activation"]
     expected = qconv([x, wq, None, None, scale], attrs)
-    for out in _resident_window_run(x, wq, None, None, scale, attrs, RESIDENT_COLUMNS):
+    for out in _resident_window_run(x, wq, None, None, scale, attrs, tile):
         assert out.dtype == torch.float32 and torch.equal(out.cpu(), expected)
 
 
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED], ids=lambda tile: tile.name)
 def test_resident_window_with_codes_in_and_a_residual_equals_the_emulation(tile):
     generator = torch.Generator().manual_seed(17)
     x, wq, bias, scale, attrs = _layer(GEOMETRIES[1].values[0], generator, cout=8)
@@ -250,7 +254,7 @@ def test_resident_window_refuses_what_is_not_packed_pixels_and_window_weight():
 
 
 def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused():
-    for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS):
+    for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS, RESIDENT_LOADED):
         tactic = "window_" + tile.name
         assert tactic.startswith("window_resident_") and window_tile(tactic) == tile == window_resident_tile(tactic)
         assert own_kernel_tactic(tactic) and "weight resident over row tiles" in _tactic(
@@ -276,8 +280,9 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
     stem = registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(8, 3, 7, 7, dtype=torch.int8)],
                             {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)
     offered = [name for name in stem if name.startswith("window_resident_")]
-    assert offered == ["window_" + tile.name for tile in WINDOW_RESIDENT_TILES[:2]]
-    assert offered == window_tactics(1)[-2:] and len(window_tactics(3)) > len(window_tactics(1))
+    first_two = ["window_" + tile.name for tile in WINDOW_RESIDENT_TILES[:2]]
+    assert offered == first_two + [name.replace("_s2", "_s2_c") for name in first_two]  # and with columns loaded
+    assert offered == window_tactics(1)[-4:] and len(window_tactics(3)) > len(window_tactics(1))
     wide = registry.tactics([torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8)],
                             {"pads": [1, 1, 1, 1]}, 1)
     assert any(name.startswith("igemm_") for name in wide)

@@ -16,7 +16,7 @@ equals the emulation's as the other window tiles' does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,7 +29,8 @@ from .resident_gemm import ResidentTile
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _accumulate, _epilogue_store_halves, pixel_coords
+    from .conv_igemm import (_accumulate, _column_values, _epilogue_store_halves, _epilogue_store_halves_loaded,
+                             _residual_halves, pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles
 
@@ -42,7 +43,8 @@ if triton is not None:
             DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
+            COLUMNS_LOADED: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
@@ -63,6 +65,13 @@ if triton is not None:
             k_ok = filter_row < KH
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles (ResidentTile `_c`)
+            first_half = first_column + tl.arange(0, BLOCK_N // 2)
+            bias_lo, scale_lo = _column_values(first_half, first_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                               HAS_BIAS)
+            second_half = first_half + BLOCK_N // 2
+            bias_hi, scale_hi = _column_values(second_half, second_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                               HAS_BIAS)
         for t in range(TILES):
             offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
@@ -84,10 +93,20 @@ if triton is not None:
                 # FP8 sums move to the float32 accumulator after each window, as the window
                 # tiles' K steps of 32-byte windows do.
                 acc = _accumulate(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
-            _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
-                                   res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
-                                   alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
-                                   OUT_QUANT, BLOCK_M, BLOCK_N)
+            if COLUMNS_LOADED:
+                res_lo, res_hi = 0.0, 0.0
+                if HAS_RES:
+                    res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
+                                                      srh, srw, BLOCK_N)
+                _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                                              scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
+                                              beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                              BLOCK_M, BLOCK_N)
+            else:
+                _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                       res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
+                                       alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
+                                       OUT_QUANT, BLOCK_M, BLOCK_N)
 
 KH_STEPS_SUFFIX = "_kh"
 
@@ -129,8 +148,10 @@ WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
 
 
 def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
-    """The candidates the builder times at this effort."""
-    return list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
+    """The candidates the builder times at this effort, each also with its columns' bias and scale
+    loaded once per program (ResidentTile's `_c`)."""
+    tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
+    return tiles + [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
 
 
 def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
@@ -168,6 +189,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         pixel_stride(y), *rs, *scalars, KH=kh, WINDOW=window, STRIDE_H=geometry.strides[0],
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
-        K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, **launch_options(pdl), num_warps=resident.warps,
+        K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
+        **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
