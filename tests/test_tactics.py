@@ -421,3 +421,28 @@ def test_float16_outputs_below_the_normal_range_are_compared_by_absolute_steps()
     # in the normal range the relative tolerance (1% of the largest value) still decides
     normal = torch.full((8,), 1.0, dtype=torch.float16)
     assert select._mismatch(normal + 0.02, normal) is not None and select._mismatch(normal + 0.005, normal) is None
+
+
+def test_short_candidates_are_timed_several_calls_per_replay():
+    """A replay's events also time the graph's launch (about 10 µs on the H200), so a candidate
+    whose replay is short is captured several times in one graph and its time divided by them."""
+    assert select.calls_per_replay(select.SHORT_REPLAY_MS) == 1
+    assert select.calls_per_replay(1.5) == 1  # a batch-256 layer: one call
+    assert select.calls_per_replay(0.02) == 10  # a batch-1 layer: 0.2 ms of calls
+    assert select.calls_per_replay(0.0) == select.MAX_CALLS_PER_REPLAY
+    assert all(1 < select.calls_per_replay(ms) <= select.MAX_CALLS_PER_REPLAY for ms in (0.001, 0.01, 0.049))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="graph replays need a GPU")
+def test_a_short_kernel_is_captured_with_several_calls():
+    x = torch.zeros(16, device="cuda")
+    calls = []
+
+    def candidate():
+        calls.append(1)
+        x.add_(1)
+
+    times = select.timing_samples_ms(candidate, torch.device("cuda"), iterations=2, warmup=1, graph=True)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    # two runs for the one-call graph (warm-up, capture), then the longer graph's warm-up and captures
+    assert len(calls) > 2 + 1 + 1
