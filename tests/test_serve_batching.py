@@ -128,6 +128,32 @@ def test_sinks_get_tensor_rows_where_the_engine_gives_tensors():
         batcher.join(5)
 
 
+def test_tensor_outputs_are_waited_for_asleep_before_their_host_copy(monkeypatch):
+    """The worker's host copy of a CUDA batch's outputs would wait for the batch spinning a core;
+    it waits asleep first (device_copies.wait_for_tensors), once per batch, with every tensor."""
+    torch = pytest.importorskip("torch")
+    from sartor.serve import batcher as batcher_module
+    waited = []
+    monkeypatch.setattr(batcher_module, "wait_for_tensors", lambda tensors: waited.append(list(tensors)))
+
+    class TensorContext(FakeContext):
+        def run(self, feeds):
+            return {"y": torch.as_tensor(np.asarray(feeds["x"])) * 2, "n": np.zeros(len(feeds["x"]))}
+
+    batcher = Batcher("m", "1", [Instance(TensorContext(), "cpu")], BatchPolicy(8, True, (2,), 5.0, 64), [PROFILE],
+                      Metrics())
+    try:
+        batcher.pause()
+        futures = [batcher.submit({"x": np.full((1, 2), v, np.float32)}, 1, None) for v in (1.0, 5.0)]
+        batcher.resume()
+        results = [f.result(timeout=10) for f in futures]
+        np.testing.assert_array_equal(results[1].outputs["y"], np.full((1, 2), 10.0))
+        assert len(waited) == 1 and len(waited[0]) == 1 and isinstance(waited[0][0], torch.Tensor)
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
 def test_each_request_gets_views_of_its_rows_past_the_padding():
     """_rows: torch outputs split in one call, numpy outputs sliced; both views of the batch, and the
     padding rows (a batch run at a size its instance warmed up) belong to no request."""

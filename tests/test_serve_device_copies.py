@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sartor.serve.device_copies import DeviceCopies  # noqa: E402
+from sartor.serve import device_copies  # noqa: E402
+from sartor.serve.device_copies import DeviceCopies, wait_for_tensors  # noqa: E402
 
 
 def test_queued_copies_happen_at_run_not_before_and_only_once():
@@ -48,3 +49,18 @@ def test_run_returns_once_the_device_is_done():
     copies.run()
     assert torch.cuda.current_stream().query()
     assert torch.equal(target, x[0])
+
+
+def test_tensors_off_the_gpu_need_no_wait(monkeypatch):
+    monkeypatch.setattr(device_copies, "wait_asleep", lambda stream: pytest.fail("waited for a CPU tensor"))
+    wait_for_tensors([torch.zeros(2), torch.ones(3, dtype=torch.int8)])
+    wait_for_tensors([])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_wait_for_tensors_returns_once_their_device_is_done():
+    x = torch.randn(4096, 4096, device="cuda")
+    for _ in range(8):
+        x = torch.tanh(x @ x)
+    wait_for_tensors([x, torch.zeros(1)])
+    assert torch.cuda.current_stream().query()

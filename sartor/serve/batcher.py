@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import SartorError
-from .device_copies import DeviceCopies
+from .device_copies import DeviceCopies, wait_for_tensors
 from .errors import (BatcherClosed, ExecutionError, InvalidRequest, ModelUnavailable, QueueFull, RequestTimeout,
                      ServeError)
 
@@ -698,7 +698,9 @@ class Batcher:
 
     def _split(self, instance: Instance, outputs: dict, live: list[_Member], rows: int) -> list[dict]:
         # Outputs are torch tensors when every input was (CUDA shared memory): on CUDA the context's
-        # own buffers, valid until its next run, so they are copied to the host here.
+        # own buffers, valid until its next run, so they are copied to the host here, once the batch
+        # is done (a copy to the host would wait for it spinning a core).
+        wait_for_tensors([value for value in outputs.values() if _is_tensor(value)])
         outputs = {name: value.detach().to("cpu", copy=True).numpy() if _is_tensor(value) else np.asarray(value)
                    for name, value in outputs.items()}
         # An output that is a view of a staging buffer (an identity-like engine on CPU) would change

@@ -43,6 +43,20 @@ class DeviceCopies:
             wait_asleep(torch.cuda.current_stream(device))
 
 
+def wait_for_tensors(tensors) -> None:
+    """Wait, asleep, for the work queued on the current stream of each CUDA device these torch
+    tensors live on (none for CPU tensors). The batcher's worker copies a CUDA batch's outputs to
+    the host after this: the copy's own synchronization spun a core for the whole batch (the
+    H200's serving run of session 19: 0.38 ms of main-process CPU per 8-image request at 16
+    requests per batch of 128, 0.14 per 1-image request at 121; ResNet-50 FP16 takes 3.5 ms at
+    batch 128)."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    if devices:
+        import torch
+        for device in devices:
+            wait_asleep(torch.cuda.current_stream(device))
+
+
 def wait_asleep(stream) -> None:
     """Wait for the work queued on a CUDA `stream` with the thread asleep. A stream's synchronize
     spins a core for as long as the GPU runs (CUDA's default where a process has fewer contexts than
