@@ -28,6 +28,9 @@
 #              main process's profile at 8 images per request and concurrency 32
 #              (session 18 measured 16 and 32: 16,095 and 23,027 img/s, still rising): the per-request
 #              cost shared by 8 images (reuses serve's engine when run after it)                   ~90
+#   serve8x2   as serve8 at concurrency 32 and 64 with two execution contexts (instance_group count 2):
+#              does a second worker's batch overlap the first's CPU work? (session 19: 75% of offline
+#              with one, batches full, the main process no longer saturated)                 ~80
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
 #              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
@@ -101,6 +104,10 @@ for name in "$@"; do
             && python bench/serve_main_cpu.py --plan /tmp/sartor_serve/resnet50_fp16.plan --device cuda:0 \
               --shared-memory cuda --frontends 8 --processes 8 --concurrency 32 --request-batch 8 --runs 1 \
               --duration 4 --profile --top 40' ;;
+    serve8x2) stage serve8x2 300 python bench/h200_serve.py --out /tmp/routine/serve8x2 --models resnet50 \
+                --levels 32,64 --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
+                --load-generator perf_analyzer --request-batch 8 --instances 2 --reuse-plan --measure-budget-s 40 \
+                --budget-s 200 ;;
     ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;

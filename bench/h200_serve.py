@@ -112,7 +112,7 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
            "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
            "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
            "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator,
-           "--batch", str(args.request_batch)]
+           "--batch", str(args.request_batch), "--instances", str(args.instances)]
     if args.perf_analyzer:
         cmd += ["--perf-analyzer", args.perf_analyzer]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -227,6 +227,9 @@ def main() -> None:
     parser.add_argument("--request-batch", type=int, default=1,
                         help="images per request (perf_analyzer -b): above 1, the server's cost per request is "
                              "shared by that many images; dynamic batching still joins requests into engine batches")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="execution contexts of the served model (instance_group count), each with its own "
+                             "worker thread")
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()
@@ -241,6 +244,8 @@ def main() -> None:
         parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
     if args.request_batch < 1:
         parser.error(f"--request-batch {args.request_batch}: at least 1")
+    if args.instances < 1:
+        parser.error(f"--instances {args.instances}: at least 1")
     clock = Clock(args.budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
