@@ -91,7 +91,9 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    assert sorted(label.endswith("_kh") for label, _, _ in lines) == [False, True]  # both forms at effort 1
+    # both forms at effort 1, each also with its columns' bias and scale loaded once (`_c`)
+    assert sorted((label.endswith("_kh"), "_c" in label) for label, _, _ in lines) == [
+        (False, False), (False, True), (True, False), (True, True)]
     assert all(spills == "0" and hopper == "True" for _, spills, hopper in lines)
 
 
