@@ -194,6 +194,18 @@ if triton is not None:
         return bias, scale
 
     @triton.jit
+    def _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_column_values of a tile's two column halves, as `_epilogue_store_halves_loaded` takes them:
+        (bias_lo, scale_lo, bias_hi, scale_hi). A program that stores several row tiles of the same
+        columns loads them once (ResidentTile `_c`)."""
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        bias_lo, scale_lo = _column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        second = first + BLOCK_N // 2
+        bias_hi, scale_hi = _column_values(second, second < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        return bias_lo, scale_lo, bias_hi, scale_hi
+
+    @triton.jit
     def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
                               out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
                               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,

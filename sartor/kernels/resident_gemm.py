@@ -24,7 +24,7 @@ from .pdl import launch_options
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _column_values, _dequantize_tile, _epilogue_store_halves,
+    from .conv_igemm import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
                              _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
                              pixel_coords)
     from .pdl import await_previous_kernel
@@ -97,12 +97,8 @@ if triton is not None:
         first_tile = row_group * TILES
         first_column = column_tile * BLOCK_N
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
-            first_half = first_column + tl.arange(0, BLOCK_N // 2)
-            bias_lo, scale_lo = _column_values(first_half, first_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
-                                               HAS_BIAS)
-            second_half = first_half + BLOCK_N // 2
-            bias_hi, scale_hi = _column_values(second_half, second_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
-                                               HAS_BIAS)
+            bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                                                  HAS_BIAS, BLOCK_N)
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)

@@ -29,7 +29,7 @@ from .resident_gemm import ResidentTile
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _column_values, _epilogue_store_halves, _epilogue_store_halves_loaded,
+    from .conv_igemm import (_accumulate, _column_halves, _epilogue_store_halves, _epilogue_store_halves_loaded,
                              _residual_halves, pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles
@@ -66,12 +66,8 @@ if triton is not None:
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles (ResidentTile `_c`)
-            first_half = first_column + tl.arange(0, BLOCK_N // 2)
-            bias_lo, scale_lo = _column_values(first_half, first_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
-                                               HAS_BIAS)
-            second_half = first_half + BLOCK_N // 2
-            bias_hi, scale_hi = _column_values(second_half, second_half < COUT, bias_ptr, scale_ptr, INT8, FP8,
-                                               HAS_BIAS)
+            bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
+                                                                  HAS_BIAS, BLOCK_N)
         for t in range(TILES):
             offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
