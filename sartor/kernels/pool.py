@@ -154,8 +154,8 @@ class PoolTile:
 # (Triton 3.6, ResNet-50's stem pool, 64 channels), with INT8 codes in words and FP16 compared as
 # halves: INT8 takes 32–108 registers and FP16 72–116, no spills; FP32 spills in the two
 # 64-elements-per-thread tiles, which the builder's timing then passes over. Before, the INT8 tile
-# the builder picked (8,192 elements, 4 warps) took 255 registers: one program of 4 warps per
-# quarter-SM (Nsight Compute, H200, session 19).
+# the builder picked (8,192 elements, 4 warps) took 255 registers: two programs of 4 warps per SM,
+# 12.5% occupancy (Nsight Compute, H200, session 19).
 POOL_TILES = (PoolTile(4096, 64, 4), PoolTile(8192, 64, 4), PoolTile(16384, 128, 8), PoolTile(8192, 128, 8),
               PoolTile(2048, 64, 4), PoolTile(1024, 64, 4))
 POOL_TILES_PER_EFFORT = {0: 1, 1: 3, 2: 3}
