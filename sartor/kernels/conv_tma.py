@@ -11,7 +11,7 @@ coordinates included) the hardware fills with zeros. The weight, packed K-major 
 (`conv_igemm.pack_weight`), is a second descriptor. Under Triton's interpreter the same
 descriptors are emulated, so the tests run on the CPU.
 
-The arithmetic is conv_igemm's (`_accumulate`, `_epilogue_store`): the output equals the
+The arithmetic is `tile_steps`' (`_accumulate`, `_epilogue_store`): the output equals the
 emulation's bit for bit, as the implicit-GEMM tiles' does. Rectangles that overhang the image's
 right or bottom edge compute zeros there and store nothing.
 """
@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, epilogue_arguments, multiprocessors
+from .conv_igemm import ConvGeometry, multiprocessors
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .tile_steps import epilogue_arguments
 
 try:  # host-side descriptors: Triton 3.4 and newer
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -33,7 +34,7 @@ except ImportError:  # pragma: no cover - older Triton, or none: the tactic is n
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
-    from .conv_igemm import _epilogue_store
+    from .tile_steps import _epilogue_store
     from .pdl import await_previous_kernel
 
     @triton.jit

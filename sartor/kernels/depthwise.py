@@ -25,7 +25,7 @@ from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, trit
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _epilogue_store, pixel_coords
+    from .tile_steps import _epilogue_store, pixel_coords
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,

@@ -22,7 +22,7 @@ from .epilogue import triton
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _quantize_code, _quantize_fp8, pixel_coords
+    from .tile_steps import _quantize_code, _quantize_fp8, pixel_coords
 
     @triton.jit
     def _im2col_kernel(x_ptr, col_ptr, M, C, H, W, OH, OW, K, KP,

@@ -22,7 +22,7 @@ PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import _quantize_code, _quantize_fp8
+    from .tile_steps import _quantize_code, _quantize_fp8
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,

@@ -8,7 +8,7 @@ does one product and stores, and little of one program's memory latency hides be
 Here each program loads its BLOCK_N × K weight tile once and walks TILES consecutive row tiles, so
 the software pipeline loads the next rows while this tile's products and epilogue run.
 
-The arithmetic is conv_igemm's, step for step (`_accumulate`, `_epilogue_store`): the output equals
+The arithmetic is `tile_steps`', step for step (`_accumulate`, `_epilogue_store`): the output equals
 the emulation's as the implicit-GEMM tiles' does.
 """
 from __future__ import annotations
@@ -17,14 +17,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, epilogue_arguments
+from .conv_igemm import ConvGeometry
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .tile_steps import epilogue_arguments
 
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
+    from .tile_steps import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
                              _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
                              pixel_coords)
     from .pdl import await_previous_kernel

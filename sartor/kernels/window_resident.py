@@ -11,7 +11,7 @@ tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes
 Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
 (`_kh`) one product per filter row, the kh weight blocks held as a tuple, nothing padded.
 
-The products and their sums are conv_igemm's (`_accumulate`, `_epilogue_store_halves`): the output
+The products and their sums are `tile_steps`' (`_accumulate`, `_epilogue_store_halves`): the output
 equals the emulation's as the other window tiles' does.
 """
 from __future__ import annotations
@@ -20,16 +20,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, epilogue_arguments
+from .conv_igemm import ConvGeometry
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
 from .resident_gemm import ResidentTile
 
 if triton is not None:
     import triton.language as tl
 
-    from .conv_igemm import (_accumulate, _column_halves, _epilogue_store_halves, _epilogue_store_halves_loaded,
+    from .tile_steps import (_accumulate, _column_halves, _epilogue_store_halves, _epilogue_store_halves_loaded,
                              _residual_halves, pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles

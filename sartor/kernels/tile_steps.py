@@ -1,0 +1,303 @@
+"""The steps every tensor-core kernel of sartor shares (implicit GEMM, TMA, resident, windows, the
+library GEMMs' epilogue), in Triton: the product of a tile with its A operand quantized on load
+(`_accumulate`), the rounding of float values to INT8 codes and E4M3, and the fused epilogue that
+dequantizes a tile, adds its residual, applies its activation, requantizes and stores it
+(`_epilogue_store` and its variants in column halves, with the residual or the columns' bias and
+scale loaded beforehand). `epilogue_arguments` gives a kernel the epilogue's runtime scalars and
+constexpr flags. The arithmetic is the one `sartor/ops/quantized.py` documents, step for step, so
+that every kernel's output equals the emulation's.
+"""
+from __future__ import annotations
+
+import torch
+
+from .epilogue import ACTIVATION_CODES, triton
+
+if triton is not None:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from .epilogue import _activate
+
+    @triton.jit
+    def pixel_coords(offsets, OH, OW):
+        """Flat output-pixel indices of an NHWC tensor → (n, oh, ow)."""
+        pixels = OH * OW
+        n = offsets // pixels
+        rem = offsets - n * pixels
+        oh = rem // OW
+        return n, oh, rem - oh * OW
+
+    @triton.jit
+    def _round_half_even(v):
+        # floor + exact fraction: v - floor(v) is exact in float32, unlike floor(v + 0.5).
+        r = tl.floor(v)
+        f = v - r
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        up = (f > 0.5) | ((f == 0.5) & odd)
+        return tl.where(up, r + 1.0, r)
+
+    @triton.jit
+    def _quantize_code(v, inv_scale, qmin):
+        """The INT8 code of v: round(v · inv_scale) half to even, clamped to [qmin, 127].
+        One float32 add of 1.5·2^23 rounds: for |v · inv_scale| < 2^22 the sum lies in
+        [2^23, 2^24), where float32 steps are 1, so the add rounds to the nearest integer, ties to
+        even (1.5·2^23 is even), as the emulation's code does. Beyond, the sum lies outside the
+        clamp bounds, which are integers of that range, so the clamp gives the saturated code. The
+        clamped sum is 0x4B400000 + code as bits, and 0x4B400000's low byte is 0: the code is its
+        low byte. No float → integer conversion: Hopper converts 16 values per clock per SM, an
+        eighth of a float add's rate (bench/kernel_asm.py counts them), and an epilogue needs one
+        per output element."""
+        t = v * inv_scale + 12582912.0
+        t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
+        return t.to(tl.int32, bitcast=True).to(tl.int8)
+
+    @triton.jit
+    def _quantize_code_nonnegative(v, inv_scale):
+        """_quantize_code of a v ≥ 0 (ReLU's output; the GPU's maximum turns NaN into 0): the sum is
+        at least 1.5·2^23, so the lower clamp, one instruction per output element, has nothing to do."""
+        t = tl.minimum(v * inv_scale + 12582912.0, 12583039.0)
+        return t.to(tl.int32, bitcast=True).to(tl.int8)
+
+    @triton.jit
+    def _quantize_operand(v, inv_scale, qmin):
+        """_quantize_code for the A tile of a float-input layer, which goes on into tl.dot: there
+        the code is converted from the float value. On the H200 (Triton 3.6) a product over
+        _quantize_code's low bytes read wrong codes (session 17: every code of the rounding test
+        came out -1; the builder's output check rejected those tactics), while the same codes
+        stored by an epilogue or a packing kernel were right."""
+        q = (v * inv_scale + 12582912.0) - 12582912.0
+        return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
+
+    @triton.jit
+    def _codes_to_float(codes):
+        """Float32 values of INT8 codes without an integer → float conversion (see
+        _quantize_code): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
+        dtypes (FP8 codes, float residuals) convert as usual."""
+        if codes.dtype == tl.int8:
+            return (codes.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        return codes.to(tl.float32)
+
+    @triton.jit
+    def _quantize_fp8(v, inv_scale):
+        """clamp(v · inv_scale, ±448) rounded to the e4m3 grid (ties to even), still float32: the
+        grid step is 2^(e-3) for a value in [2^e, 2^(e+1)), and 2^-9 below 2^-6 (subnormals)."""
+        v = v * inv_scale
+        # NaN stays NaN, as the emulation's cast keeps it (a GPU maximum/minimum returns the
+        # other operand, which would turn NaN into -448).
+        v = tl.where(v == v, tl.minimum(tl.maximum(v, -448.0), 448.0), v)
+        exponent = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+        step = ((exponent + 124) << 23).to(tl.float32, bitcast=True)  # 2^(exponent-3)
+        inv_step = ((130 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(3-exponent)
+        return _round_half_even(v * inv_step) * step
+
+    # Compiled kernels round float32 → e4m3 with the hardware's conversion (cvt.rn.satfinite: to
+    # nearest, ties to even, subnormals kept, ±448 for whatever lies beyond, NaN kept), which is
+    # _quantize_fp8's result without its twenty-odd instructions per value; session 17's ResNet-50
+    # FP8 engine ran at 8.06 ms against INT8's 5.41 on the H200, its 1×1 layers up to twice as long.
+    # Triton's interpreter does not round to nearest, so interpreted kernels keep the arithmetic.
+    # Whether this module's kernels are interpreted is decided once, as @triton.jit made them.
+    FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(_quantize_fp8, InterpretedFunction))
+
+    @triton.jit
+    def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
+                    QUANTIZE_INPUT: tl.constexpr, BLOCK_K: tl.constexpr):
+        """acc += a·b on the tensor cores; float A tiles of an INT8 (FP8) layer are quantized first."""
+        if QUANTIZE_INPUT:
+            if FP8:
+                a = _quantize_fp8(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+            else:
+                a = _quantize_operand(a.to(tl.float32), in_inv_scale, qmin)
+        if INT8:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        elif FP8:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(a, b, acc)
+        return acc
+
+    @triton.jit
+    def _load_residual(res_ptr, offs_n, out_mask, n_idx, oh, ow, srn, src, srh, srw):
+        """The residual's tile for these output pixels and channels, as stored (codes or floats)."""
+        r_row = n_idx.to(tl.int64) * srn + oh * srh + ow * srw
+        return tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0.0)
+
+    @triton.jit
+    def _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                        RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                        OUT_QUANT: tl.constexpr):
+        """Bias, dequantize, residual, activation, requantize and the store of one output tile."""
+        residual = 0.0
+        if HAS_RES:
+            residual = _load_residual(res_ptr, offs_n, m_ok[:, None] & n_ok[None, :], n_idx, oh, ow, srn, src, srh, srw)
+        _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
+                              out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
+                              ACT, OUT_QUANT)
+
+    @triton.jit
+    def _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, LOADED: tl.constexpr = False):
+        """An accumulator tile with its bias, dequantized to float32 (a float layer's: plus its bias).
+        LOADED: `bias_ptr` and `scale_ptr` are the columns' values already (`_column_values`)."""
+        if LOADED:
+            bias, scale = bias_ptr, scale_ptr
+        else:
+            bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        if INT8:
+            if HAS_BIAS:
+                acc += bias[None, :]
+            y = acc.to(tl.float32) * scale[None, :]
+        elif FP8:  # the float32 bias comes after the scale
+            y = acc * scale[None, :]
+            if HAS_BIAS:
+                y += bias[None, :]
+        else:
+            y = acc
+            if HAS_BIAS:
+                y += bias.to(tl.float32)[None, :]
+        return y
+
+    @triton.jit
+    def _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+        """These columns' bias (0 without one) and dequant scale (1 for a float layer)."""
+        bias = 0
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0)
+        scale = 1.0
+        if INT8 or FP8:
+            scale = tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)
+        return bias, scale
+
+    @triton.jit
+    def _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_column_values of a tile's two column halves, as `_epilogue_store_halves_loaded` takes them:
+        (bias_lo, scale_lo, bias_hi, scale_hi). A program that stores several row tiles of the same
+        columns loads them once (ResidentTile `_c`)."""
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        bias_lo, scale_lo = _column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        second = first + BLOCK_N // 2
+        bias_hi, scale_hi = _column_values(second, second < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        return bias_lo, scale_lo, bias_hi, scale_hi
+
+    @triton.jit
+    def _epilogue_store_given(acc, residual, offs_m, offs_n, m_ok, n_ok, bias_ptr, scale_ptr, y_ptr, y_row, res_scale,
+                              out_inv_scale, qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr,
+                              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                              RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
+                              LOADED: tl.constexpr = False):
+        """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
+        without HAS_RES): a kernel may load it early, so that its latency hides behind the product.
+        LOADED: `bias_ptr` and `scale_ptr` hold the columns' values (`_dequantize_tile`)."""
+        y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            if RES_QUANT:
+                residual = _codes_to_float(residual) * res_scale
+            else:
+                residual = residual.to(tl.float32)
+            if not RES_AFTER:
+                y = y + residual
+        y = _activate(y, ACT, alpha, beta)
+        if HAS_RES:
+            if RES_AFTER:
+                y = y + residual
+        if OUT_QUANT:
+            if FP8:
+                if FP8_HARDWARE_ROUNDING:
+                    y = (y * out_inv_scale).to(tl.float8e4nv)
+                else:
+                    y = _quantize_fp8(y, out_inv_scale)
+            elif ACT == 1 and not RES_AFTER:  # ReLU last: y ≥ 0
+                y = _quantize_code_nonnegative(y, out_inv_scale)
+            else:
+                y = _quantize_code(y, out_inv_scale, qmin)
+        y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
+        tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                               y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                               INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                               RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                               OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """_epilogue_store over two halves of the tile's columns in turn: half of the float32 values
+        and of the residual live at once (bench/kernel_asm.py: 96 → 61 registers for ResNet-50's
+        layer1 conv3 in the 64×64 tile), with no layout conversion added."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        second = first + BLOCK_N // 2
+        _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
+    def _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
+                         BLOCK_N: tl.constexpr):
+        """The residual's tile in the two column halves `_epilogue_store_halves_given` takes."""
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        second = first + BLOCK_N // 2
+        lo = _load_residual(res_ptr, first, m_ok[:, None] & (first < COUT)[None, :], n_idx, oh, ow, srn, src, srh, srw)
+        hi = _load_residual(res_ptr, second, m_ok[:, None] & (second < COUT)[None, :], n_idx, oh, ow, srn, src, srh,
+                            srw)
+        return lo, hi
+
+    @triton.jit
+    def _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,
+                                     y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
+                                     INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                     HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
+                                     ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
+                                     BLOCK_N: tl.constexpr):
+        """_epilogue_store_halves with the residual's halves already loaded (`_residual_halves`)."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store_given(lo, res_lo, offs_m, first, m_ok, first < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT)
+        second = first + BLOCK_N // 2
+        _epilogue_store_given(hi, res_hi, offs_m, second, m_ok, second < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
+    def _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                                      scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
+                                      INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                      HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
+                                      ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
+                                      BLOCK_N: tl.constexpr):
+        """_epilogue_store_halves_given with each half's bias and scale loaded before (`_column_values`),
+        for a program that stores several row tiles of the same columns."""
+        lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        first = first_column + tl.arange(0, BLOCK_N // 2)
+        _epilogue_store_given(lo, res_lo, offs_m, first, m_ok, first < COUT, bias_lo, scale_lo, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT, LOADED=True)
+        second = first + BLOCK_N // 2
+        _epilogue_store_given(hi, res_hi, offs_m, second, m_ok, second < COUT, bias_hi, scale_hi, y_ptr, y_row,
+                              res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                              RES_AFTER, ACT, OUT_QUANT, LOADED=True)
+
+
+def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                       activation: str | None, alpha: float | None, beta: float | None,
+                       residual_after_activation: bool, residual_scale: float | None,
+                       output_inv_scale: float | None, qmin: float) -> tuple[tuple, dict]:
+    """The fused epilogue's arguments as this family's kernels take them (`_epilogue_store`): the
+    runtime scalars (residual scale, output inverse scale, qmin, alpha, beta) and the constexpr
+    flags."""
+    code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
+    scalars = (float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
+               float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0)
+    flags = dict(INT8=quantized and not fp8, FP8=quantized and fp8, HAS_BIAS=bias is not None,
+                 HAS_RES=residual is not None, RES_QUANT=residual is not None and residual.dtype == code_dtype,
+                 RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
+                 OUT_QUANT=quantized and output_inv_scale is not None)
+    return scalars, flags
