@@ -112,10 +112,12 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
            "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
            "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
            "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator,
-           "--batch", str(args.request_batch), "--instances", str(args.instances)]
+           "--batch", str(args.request_batch), "--instances", str(args.instances),
+           "--switch-interval-us", str(args.switch_interval_us)]
     if args.perf_analyzer:
         cmd += ["--perf-analyzer", args.perf_analyzer]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    code = [str(Path(args.code).resolve())] if args.code else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [*code, str(ROOT), os.environ.get("PYTHONPATH")])))
     results = out / "results.json"
     results.unlink(missing_ok=True)
     # Its own session: the clients and frontend processes it starts are killed with it if need be.
@@ -230,6 +232,11 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=1,
                         help="execution contexts of the served model (instance_group count), each with its own "
                              "worker thread")
+    parser.add_argument("--switch-interval-us", type=float, default=0.0,
+                        help="the server process's GIL switch interval (bench/serve_throughput.py; 0: Python's)")
+    parser.add_argument("--code", default=None,
+                        help="a folder holding another `sartor` package to serve with (an older commit's, for a "
+                             "side-by-side run on one machine); the engine is built with this checkout's")
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()

@@ -682,6 +682,10 @@ def main() -> int:
     parser.add_argument("--instances", type=int, default=1, help="instance_group count")
     parser.add_argument("--max-batch", type=int, default=0, help="max_batch_size (default: the engine's profile max)")
     parser.add_argument("--max-queue-delay-us", type=int, default=500)
+    parser.add_argument("--switch-interval-us", type=float, default=0.0,
+                        help="with --plan: the server process's GIL switch interval (sys.setswitchinterval; "
+                             "0: Python's 5,000). A batcher worker woken by its GPU waits up to this long for the "
+                             "event loop to yield the interpreter")
     parser.add_argument("--variants", type=_variants, default=VARIANTS,
                         help="with --plan: the repository entries, of batched (dynamic batching) and single")
     parser.add_argument("--load-generator", choices=("python", "perf_analyzer"), default="python",
@@ -740,6 +744,9 @@ def main() -> int:
         workdir = Path(tempfile.mkdtemp(prefix="sartor-serve-bench-"))
         models = make_repository(args.plan, workdir, max_batch, args.max_queue_delay_us, args.instances, args.device,
                                  args.variants)
+        if args.switch_interval_us > 0:
+            sys.setswitchinterval(args.switch_interval_us / 1e6)
+        results["switch_interval_us"] = sys.getswitchinterval() * 1e6
         progress(f"starting the server ({', '.join(models)}; {args.frontends} frontend process(es)); loading and "
                  f"warming up its models", "server start")
         started = time.monotonic()

@@ -154,6 +154,104 @@ def test_tensor_outputs_are_waited_for_asleep_before_their_host_copy(monkeypatch
         batcher.join(5)
 
 
+class OneBufferContext(FakeContext):
+    """Gives its outputs in one buffer it overwrites on the next run, as a CUDA graph's context does,
+    and records, with the answers the test's callbacks record, the order things happened in."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+        self.out = None
+
+    def run(self, feeds):
+        import torch
+        x = torch.as_tensor(np.asarray(feeds["x"]))
+        self.out = torch.empty_like(x) if self.out is None or self.out.shape != x.shape else self.out
+        self.out.copy_(x * 2)
+        self.log.append(("run", float(x[0, 0])))
+        return {"y": self.out}
+
+
+def pipelined_batcher(monkeypatch, log: list, delay=5.0) -> Batcher:
+    """A batcher whose worker treats its context's CPU tensors as device outputs: the in-flight path
+    CUDA engines take (Batcher._finish), on the CPU."""
+    pytest.importorskip("torch")
+    from sartor.serve import batcher as batcher_module
+    monkeypatch.setattr(batcher_module, "_on_cuda", batcher_module._is_tensor)
+    return Batcher("m", "1", [Instance(OneBufferContext(log), "cpu")], BatchPolicy(2, True, (), delay, 64),
+                   [PROFILE], Metrics())
+
+
+def test_the_next_batch_is_launched_before_the_one_in_flight_is_answered(monkeypatch):
+    """Three full batches queued: each runs before the one before it is answered (the device is never
+    left idle while answers go out), every answer holds its own batch's rows although the context
+    overwrote its output buffer meanwhile, and the last is answered once nothing more is queued."""
+    log: list = []
+    batcher = pipelined_batcher(monkeypatch, log)
+    try:
+        batcher.pause()
+        futures = [submit(batcher, 1, value=v) for v in (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)]
+        for f, v in zip(futures, (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)):
+            f.add_done_callback(lambda _, v=v: log.append(("answer", v)))
+        batcher.resume()
+        results = [f.result(timeout=10) for f in futures]
+        for r, v in zip(results, (1.0, 1.5, 2.0, 2.5, 3.0, 3.5)):
+            np.testing.assert_array_equal(r.outputs["y"], np.full((1, 2), 2 * v))
+            assert r.batch_size == 2
+        assert log == [("run", 1.0), ("run", 2.0), ("answer", 1.0), ("answer", 1.5), ("run", 3.0),
+                       ("answer", 2.0), ("answer", 2.5), ("answer", 3.0), ("answer", 3.5)]
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
+def test_a_batch_in_flight_is_answered_without_waiting_for_more_requests(monkeypatch):
+    """Nothing else queued, or a partial batch still within its delay: the batch in flight is answered
+    at once, not held until another batch leaves."""
+    log: list = []
+    batcher = pipelined_batcher(monkeypatch, log, delay=5.0)
+    try:
+        batcher.pause()
+        full = [submit(batcher, 1, value=v) for v in (1.0, 2.0)]
+        batcher.resume()
+        assert [f.result(timeout=2).outputs["y"][0, 0] for f in full] == [2.0, 4.0]
+        start = time.monotonic()
+        partial = submit(batcher, 1, value=3.0)  # waits its 5 s delay for a second request...
+        time.sleep(0.2)
+        assert not partial.done() and time.monotonic() - start < 2.0
+        assert log == [("run", 1.0)]  # ...and never held the first batch's answers back
+    finally:
+        batcher.close()  # a closing batcher runs what is queued at once
+        batcher.join(5)
+    assert partial.result(timeout=1).outputs["y"][0, 0] == 6.0
+
+
+def test_a_failed_answer_fails_its_batch_alone(monkeypatch):
+    """A batch in flight whose outputs cannot be answered (its sink's copies fail as a whole) gets the
+    error; the batch launched behind it is answered."""
+    log: list = []
+    batcher = pipelined_batcher(monkeypatch, log)
+    from sartor.serve import batcher as batcher_module
+    real_sinks = Batcher._sinks
+
+    def sinks(self, outputs, parts, live, rows):
+        if any(p.inputs["x"][0, 0] == 1.0 for p in live):
+            raise RuntimeError("device copy failed")
+        return real_sinks(self, outputs, parts, live, rows)
+    monkeypatch.setattr(batcher_module.Batcher, "_sinks", sinks)
+    try:
+        batcher.pause()
+        futures = [submit(batcher, 1, value=v) for v in (1.0, 1.5, 2.0, 2.5)]
+        batcher.resume()
+        for f in futures[:2]:
+            with pytest.raises(Exception, match="RuntimeError: device copy failed"):
+                f.result(timeout=10)
+        assert [f.result(timeout=10).outputs["y"][0, 0] for f in futures[2:]] == [4.0, 5.0]
+    finally:
+        batcher.close()
+        batcher.join(5)
+
+
 def test_each_request_gets_views_of_its_rows_past_the_padding():
     """_rows: torch outputs split in one call, numpy outputs sliced; both views of the batch, and the
     padding rows (a batch run at a size its instance warmed up) belong to no request."""

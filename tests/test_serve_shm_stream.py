@@ -93,3 +93,57 @@ def test_tensor_write_is_queued_behind_its_batch_and_synchronized_once():
     assert torch.cuda.current_stream().query()
     written = memory[16:16 + 4000].cpu().numpy().view(np.float32)
     np.testing.assert_array_equal(written, np.arange(1000, dtype=np.float32))
+
+
+class SleepingGraphContext:
+    """Runs as a CUDA graph's context does: on a stream of its own that the current stream then waits
+    for, its outputs in one buffer the next run overwrites; each run keeps the GPU busy `busy_s`."""
+
+    def __init__(self, busy_s: float) -> None:
+        self.stream = torch.cuda.Stream()
+        self.cycles = int(_cycles_per_second() * busy_s)
+        self.out = torch.zeros(2, 2, device="cuda")
+        self.launched: list[float] = []
+
+    def run(self, feeds):
+        x = feeds["x"]
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(self.cycles)
+            torch.mul(x, 2, out=self.out[:len(x)])
+        current.wait_stream(self.stream)
+        self.launched.append(time.monotonic())
+        return {"y": self.out[:len(x)]}
+
+
+def test_a_batch_in_flight_is_answered_while_the_next_runs_on_the_gpu():
+    """The worker launches the next batch before it answers the one in flight, and that answer (its
+    host copy on the instance's own stream) does not wait for the batch launched behind it."""
+    from sartor.runtime.profiles import Profile, ShapeRange
+    from sartor.serve.batcher import Batcher, BatchPolicy, Instance
+    from sartor.serve.metrics import Metrics
+    busy_s = 0.5
+    context = SleepingGraphContext(busy_s)
+    profile = Profile({"x": ShapeRange((1, 2), (2, 2), (2, 2))})
+    batcher = Batcher("m", "1", [Instance(context, "cuda:0")], BatchPolicy(2, True, (), 5.0, 64), [profile],
+                      Metrics())
+    answered: dict = {}
+    try:
+        batcher.pause()
+        values = (1.0, 2.0, 3.0, 4.0)
+        futures = [batcher.submit({"x": torch.full((1, 2), v, device="cuda")}, 1, None) for v in values]
+        for f, v in zip(futures, values):
+            f.add_done_callback(lambda _, v=v: answered.setdefault(v, time.monotonic()))
+        batcher.resume()
+        results = [f.result(timeout=30) for f in futures]
+    finally:
+        batcher.close()
+        batcher.join(10)
+    for r, v in zip(results, values):
+        np.testing.assert_array_equal(r.outputs["y"], np.full((1, 2), 2 * v, np.float32))
+    first_launch, second_launch = context.launched
+    assert second_launch < answered[1.0], "the second batch was launched after the first was answered"
+    # The GPU finishes the first batch about busy_s after its launch and the second busy_s later.
+    assert answered[1.0] - first_launch < 1.6 * busy_s, \
+        f"the first batch was answered {answered[1.0] - first_launch:.2f} s after its launch: behind the second"
