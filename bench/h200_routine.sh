@@ -31,6 +31,10 @@
 #   serve8x2   as serve8 at concurrency 32 and 64 with two execution contexts (instance_group count 2):
 #              does a second worker's batch overlap the first's CPU work? (session 19: 75% of offline
 #              with one, batches full, the main process no longer saturated)                 ~80
+#   serve8ab   the serve test files on the GPU, then serve8's levels side by side on one machine: the
+#              `sartor` package of an older commit ($SERVE_BASE, default .carry/base: `git archive REV
+#              sartor | tar -x -C .carry/base`; skipped when absent), this checkout's, and this
+#              checkout's with a 500 µs GIL switch interval                                  ~260
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
 #              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
@@ -108,6 +112,17 @@ for name in "$@"; do
                 --levels 32,64 --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
                 --load-generator perf_analyzer --request-batch 8 --instances 2 --reuse-plan --measure-budget-s 40 \
                 --budget-s 200 ;;
+    serve8ab) stage serve8ab 460 bash -c 'python -m pytest -q -p no:cacheprovider tests/test_serve_shm_stream.py \
+                tests/test_serve_device_copies.py tests/test_serve_batching.py
+              common="--models resnet50 --levels 32,64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda
+                --frontends 8 --variants batched --load-generator perf_analyzer --request-batch 8
+                --measure-budget-s 40 --budget-s 110"
+              if [ -d "${SERVE_BASE:-.carry/base}/sartor" ]; then
+                python bench/h200_serve.py --out /tmp/routine/serve8ab/base --code "${SERVE_BASE:-.carry/base}" $common
+              fi
+              python bench/h200_serve.py --out /tmp/routine/serve8ab/new --reuse-plan $common
+              python bench/h200_serve.py --out /tmp/routine/serve8ab/new_si500 --reuse-plan --switch-interval-us 500 \
+                $common' ;;
     ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
