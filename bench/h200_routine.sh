@@ -116,7 +116,7 @@ for name in "$@"; do
                 tests/test_serve_device_copies.py tests/test_serve_batching.py
               common="--models resnet50 --levels 32,64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda
                 --frontends 8 --variants batched --load-generator perf_analyzer --request-batch 8
-                --measure-budget-s 40 --budget-s 110"
+                --measure-budget-s 40 --server-start-s 25 --budget-s 125"
               if [ -d "${SERVE_BASE:-.carry/base}/sartor" ]; then
                 python bench/h200_serve.py --out /tmp/routine/serve8ab/base --code "${SERVE_BASE:-.carry/base}" $common
               fi
