@@ -199,7 +199,6 @@ class Instance:
     _warm_batches: dict = field(default_factory=dict, repr=False)
     _staging: dict = field(default_factory=dict, repr=False)
     _device_staging: dict = field(default_factory=dict, repr=False)
-    answer_streams: dict = field(default_factory=dict, repr=False)  # per torch device (Batcher._finish)
 
     def __post_init__(self) -> None:
         keys, self.seen = self.seen, set()
@@ -546,9 +545,7 @@ class Batcher:
                                            f"{(now - p.enqueued) * 1e3:.0f} ms in the queue"))
         return next_deadline
 
-    def _next_batch(self, wait: bool = True) -> list[_Pending] | None:
-        """The entries of the next batch; None once closed and drained. With `wait` False, an empty
-        list where no batch may leave now (an empty or paused queue, a batch still within its delay)."""
+    def _next_batch(self) -> list[_Pending] | None:
         policy = self.policy
         target = max(policy.preferred) if policy.preferred else policy.max_batch_size
         with self._form, self._cv:
@@ -558,13 +555,9 @@ class Batcher:
                 if not self._queue:
                     if self._closed:
                         return None
-                    if not wait:
-                        return []
                     self._cv.wait(None if next_deadline is None else max(next_deadline - now, 0.001))
                     continue
                 if self._paused:
-                    if not wait:
-                        return []
                     self._cv.wait(max(next_deadline - now, 0.001) if next_deadline else 0.5)
                     continue
                 head = self._queue[0]
@@ -576,36 +569,22 @@ class Batcher:
                     self._queue = deque(p for p in self._queue if id(p) not in taken)
                     self._dequeued(chosen)
                     return chosen
-                if not wait:
-                    return []
                 wake = dispatch_at if next_deadline is None else min(dispatch_at, next_deadline)
                 self._cv.wait(max(wake - now, 0.0005))
 
     # ---- running it -------------------------------------------------------------------------------
     def _worker(self, instance: Instance) -> None:
-        # A batch whose outputs are device tensors is launched, and the next batch is launched behind
-        # it on the device, before its answers go out (_finish): the device then runs one batch while
-        # this thread answers the one before, instead of idling through the answers and the next
-        # batch's forming (ResNet-50 FP16 on the H200, session 20: about 2 ms between batches of 3.5).
-        flight: _Flight | None = None
         while True:
             try:
-                batch = self._next_batch(wait=flight is None)
-                launched = self._execute(instance, batch) if batch else None
-                if flight is not None:
-                    answering, flight = flight, None
-                    self._finish(instance, answering)
-                flight = launched
+                batch = self._next_batch()
                 if batch is None:
                     return
+                self._execute(instance, batch)
             except Exception:  # never let a worker die: its requests were answered in _execute
                 log.exception("batcher worker of model %s failed", self.model)
                 time.sleep(0.01)
 
-    def _execute(self, instance: Instance, batch: list[_Pending]) -> _Flight | None:
-        """Run a batch and answer it, or, where the engine gave device tensors (inputs in CUDA shared
-        memory), copy its outputs out of the context's buffers behind it on the device and return it in
-        flight, for _finish to answer once the next batch is launched."""
+    def _execute(self, instance: Instance, batch: list[_Pending]) -> None:
         live = [p for p in batch if p.future.set_running_or_notify_cancel()]
         # The requests whose rows run: a member dropped from here on is still run, and its answer
         # ignored by whoever dropped it.
@@ -613,7 +592,7 @@ class Batcher:
         if not units:  # every member of these (grouped) entries was dropped after they were taken
             for p in live:
                 p.future.set_result([None] * len(p.members))
-            return None
+            return
         requests = [m for _, m in units]
         start = time.monotonic()
         total = sum(m.batch for m in requests)
@@ -621,50 +600,24 @@ class Batcher:
             feeds, rows = self._feeds(instance, requests, total)
             ready = time.monotonic()
             outputs = instance.run(feeds)
-            if any(_on_cuda(value) for value in outputs.values()):
-                kept, done = _keep_outputs(outputs)
-                return _Flight(live, units, total, rows, start, ready, kept, done)
             ran = time.monotonic()
             parts = self._split(instance, outputs, requests, rows)
             written = self._sinks(outputs, parts, requests, rows)
-        except Exception as exc:  # noqa: BLE001 (the batch's answer)
-            self._fail_batch(live, total, exc)
-            return None
-        self._answer(live, units, total, start, ready, ran, parts, written)
-        return None
-
-    def _finish(self, instance: Instance, flight: _Flight) -> None:
-        """Answer a batch in flight: wait (asleep) for its outputs, then copy them to the host and into
-        the requests' regions on a stream of their own, not behind the batch launched since."""
-        requests = [m for _, m in flight.units]
-        try:
-            flight.done.synchronize()
-            ran = time.monotonic()
-            with _answer_stream(instance, flight):
-                parts = self._split(instance, flight.outputs, requests, flight.rows)
-                written = self._sinks(flight.outputs, parts, requests, flight.rows)
-        except Exception as exc:  # noqa: BLE001 (the batch's answer)
-            self._fail_batch(flight.live, flight.total, exc)
+        except ServeError as exc:
+            for p in live:
+                _fail(p.future, exc)
             return
-        self._answer(flight.live, flight.units, flight.total, flight.start, flight.ready, ran, parts, written)
-
-    def _fail_batch(self, live: list[_Pending], total: int, exc: Exception) -> None:
-        if isinstance(exc, ServeError):
-            error = exc
-        elif isinstance(exc, SartorError):
-            error = InvalidRequest(f"model '{self.model}': {exc}")
-        else:
-            log.error("model %s version %s failed on a batch of %d", self.model, self.version, total,
-                      exc_info=exc)
+        except SartorError as exc:
+            for p in live:
+                _fail(p.future, InvalidRequest(f"model '{self.model}': {exc}"))
+            return
+        except Exception as exc:
+            log.exception("model %s version %s failed on a batch of %d", self.model, self.version, total)
             message = " ".join(str(exc).split())[:500]
-            error = ExecutionError(f"model '{self.model}' failed to run: {type(exc).__name__}: {message}")
-        for p in live:
-            _fail(p.future, error)
-
-    def _answer(self, live: list[_Pending], units: list, total: int, start: float, ready: float, ran: float,
-                parts: list[dict], written: list) -> None:
+            for p in live:
+                _fail(p.future, ExecutionError(f"model '{self.model}' failed to run: {type(exc).__name__}: {message}"))
+            return
         done = time.monotonic()
-        requests = [m for _, m in units]
         queued = [start - p.enqueued for p, _ in units]
         # Per batch, not per request: one lock and one key for the whole batch.
         m, series = self.metrics, self._series
@@ -755,61 +708,6 @@ class Batcher:
         outputs = {name: value.copy() if value.size and instance.owns(value) else value
                    for name, value in outputs.items()}
         return _rows(outputs, live, rows)
-
-
-@dataclass(eq=False)
-class _Flight:
-    """A batch launched on the device whose answers are not out yet (see Batcher._worker)."""
-    live: list[_Pending]
-    units: list  # (entry, member) per request that runs
-    total: int
-    rows: int
-    start: float
-    ready: float
-    outputs: dict  # copies of the context's outputs: its own buffers are the next batch's
-    done: object  # .synchronize() returns once `outputs` hold the batch's values
-
-
-class _Ready:
-    """`done` of outputs already computed (tensors off the GPU)."""
-
-    def synchronize(self) -> None:
-        pass
-
-
-def _on_cuda(value) -> bool:
-    return _is_tensor(value) and value.device.type == "cuda"
-
-
-def _keep_outputs(outputs: dict) -> tuple[dict, object]:
-    """The outputs copied out of the context's buffers, queued behind the batch on the current
-    stream of their device, and what to wait on for them: a blocking event (its wait sleeps)."""
-    kept = {name: value.clone() if _is_tensor(value) else value for name, value in outputs.items()}
-    device = next((value.device for value in kept.values() if _is_tensor(value) and value.is_cuda), None)
-    if device is None:
-        return kept, _Ready()
-    import torch
-    done = torch.cuda.Event(blocking=True)
-    done.record(torch.cuda.current_stream(device))
-    return kept, done
-
-
-def _answer_stream(instance: Instance, flight: _Flight):
-    """Where a batch in flight is copied to the host and into the requests' regions: a stream of the
-    instance's own on the outputs' device, so that these copies do not queue behind the batch
-    launched since (the current stream waits for the engine's)."""
-    device = next((value.device for value in flight.outputs.values() if _is_tensor(value) and value.is_cuda), None)
-    if device is None:
-        return contextlib.nullcontext()
-    import torch
-    stream = instance.answer_streams.get(device)
-    if stream is None:
-        stream = instance.answer_streams[device] = torch.cuda.Stream(device)
-    stream.wait_event(flight.done)
-    for value in flight.outputs.values():
-        if _is_tensor(value) and value.is_cuda:
-            value.record_stream(stream)  # their memory is not reused before this stream is done with them
-    return torch.cuda.stream(stream)
 
 
 def _rows(outputs: dict, live: list[_Member], rows: int) -> list[dict]:
