@@ -9,6 +9,9 @@
 #   checks     the GPU test files (bench/h200_checks.sh, 120 s a file, 8 at a time)        ~300
 #   probe      INT8 kernel variants on ResNet-50's layers (bench/int8_kernel_probe.py)        ~120
 #   resnet     ResNet-50 FP16/INT8/FP8 at batch 256 and 1 against eager and torch.compile    ~240
+#   effort     ResNet-50 FP16 and INT8 at batch 256 built at builder effort $EFFORT (default 3: eight
+#              implicit-GEMM tiles timed per layer where effort 1, which every table since session 15
+#              used, times two), against eager; its build time at effort 3 is not yet known
 #   int8       the projection, resident and pool test files, then as resnet without FP8 (after an INT8 change) ~260
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
@@ -87,6 +90,9 @@ for name in "$@"; do
     resnet) stage resnet 540 bash -c 'python bench/h200_table.py --out /tmp/routine/resnet --models resnet50 \
               --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build \
               && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/resnet/' ;;  # which tactic won where
+    effort) stage effort 560 bash -c 'python bench/h200_table.py --out /tmp/routine/effort --models resnet50 \
+              --batches 256 --int8 --effort "${EFFORT:-3}" --no-compile --no-warm-build \
+              && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/effort/' ;;
     int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/test_fuse_projected_residual.py tests/test_kernels_resident.py \
             tests/test_kernels_pool.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
             --batches 256,1 --int8 --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/int8/' ;;
