@@ -151,7 +151,7 @@ for name in "$@"; do
     kernels) stage kernels 360 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
-               tests/test_fuse_projected_residual.py \
+               tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py \
                tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;

@@ -39,7 +39,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sartor.kernels import conv_igemm, conv_tma, resident_gemm, window_resident  # noqa: E402
+from sartor.kernels import conv_igemm, conv_tma, gemm_tma, resident_gemm, window_resident  # noqa: E402
 from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
@@ -236,6 +236,18 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             if tile.persistent:
                 tma_args.update(N=batch, PROGRAMS=132)
             cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
+    if k == 1 and gemm_tma.TensorDescriptor is not None and cin % 16 == 0:
+        import torch
+        x = torch.empty(rows, cin, dtype=torch.int8, device="meta")
+        w = torch.empty(cout, cin, dtype=torch.int8, device="meta")
+        for tile in gemm_tma.GEMM_TMA_TILES:
+            dense_args = dict(common, M=rows, COUT=cout, K=cin, OH=hw, OW=hw, y_row=cout,
+                              x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
+                              w_desc=gemm_tma.TensorDescriptor(w, [cout, cin], [cin, 1], [tile.block_n, tile.block_k]))
+            constexprs = dict(epilogue, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                              GROUP_M=gemm_tma.GROUP_M)
+            constexprs.pop("QUANTIZE_INPUT")
+            cases.append((tile.name, gemm_tma._gemm_tma_kernel, dense_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(common, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)

@@ -98,6 +98,9 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("tma_"):
         return (f"{'fp8' if fp8 else 'int8'} triton implicit GEMM, input boxes by TMA bulk copies "
                 f"{chosen[len('tma_'):]} + fused epilogue")
+    if chosen and chosen.startswith("gemm_tma_"):
+        return (f"{'fp8' if fp8 else 'int8'} triton dense GEMM of a 1x1 layer, tiles by TMA bulk copies "
+                f"{chosen[len('gemm_tma_'):]} + fused epilogue")
     if chosen and chosen.startswith(SPLIT_PREFIX):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM of the projection (float32 out), then of the layer, weight "
                 f"tiles resident over row tiles {chosen[len(SPLIT_PREFIX + 'resident_'):]} + fused epilogue")

@@ -37,7 +37,8 @@ same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and wher
 im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`: the
 implicit GEMM or a resident-weight GEMM over them),
 resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), input
-boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv_tma.py`), and
+boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv_tma.py`), 1×1 stride-1
+layers and GEMMs as dense GEMMs of TMA-loaded tiles (`sartor/kernels/gemm_tma.py`), and
 cuBLAS's GEMMs through torch with the epilogue as a Triton kernel (`ops/quantized_library.py`).
 
 FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
@@ -65,6 +66,7 @@ from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, con
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
+from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
 from ..kernels.resident_gemm import (RESIDENT_TILES, Projection, ResidentTile, resident_applies, resident_gemm,
                                      resident_tactics)
 from ..kernels.window_resident import WindowResidentTile
@@ -201,8 +203,8 @@ def _qlayer_tactics(gemm: bool):
     def tactics(inputs, attrs, effort: int = 2) -> list[str]:
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
-        TMA-fed kernel (stride-1 convolutions of 8-bit codes), the library GEMMs, im2col + GEMM and
-        the pixel windows (few-channel convolutions). A projected layer: `projected_tactics`."""
+        TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
+        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions). A projected layer: `projected_tactics`."""
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -218,6 +220,7 @@ def _qlayer_tactics(gemm: bool):
                 names += resident_tactics(effort, residual, inputs[1].shape[1])
             if not gemm:
                 names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
+            names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
@@ -250,7 +253,8 @@ def own_kernel_tactic(tactic: str | None) -> bool:
     --pdl launches with programmatic dependent launch: those `_kernel_tactic` runs (an
     implicit-GEMM, resident or TMA tile), which read the weight packed K-major, and the
     resident-window tiles (their GEMM kernel; the pixel packing before it launches as usual)."""
-    return bool(tactic) and (any(kind.parse(tactic) is not None for kind in (TileConfig, ResidentTile, TmaTile))
+    return bool(tactic) and (any(kind.parse(tactic) is not None
+                                 for kind in (TileConfig, ResidentTile, TmaTile, GemmTmaTile))
                              or window_resident_tile(tactic) is not None)
 
 
@@ -342,6 +346,16 @@ def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out:
                     pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
+def _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, tile: GemmTmaTile, gemm: bool,
+                     out: torch.Tensor | None = None):
+    """The TMA-fed dense GEMM (`kernels/gemm_tma.py`), or None where it does not apply."""
+    geometry = _any_device_geometry(x, wq, attrs, gemm)
+    if not gemm_tma_applies(x, tuple(wq.shape), geometry) or x.dtype != code_dtype(attrs):
+        return None
+    return gemm_tma(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
+                    pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
+
+
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
                   out: torch.Tensor | None = None):
     geometry = _any_device_geometry(x, wq, attrs, gemm)
@@ -352,8 +366,8 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
-    """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile or an
-    implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs
+    """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
+    convolution or a dense GEMM) or an implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs
     (the caller then runs the emulation)."""
     tactic = attrs.get("tactic") or ""
     if tactic in LIBRARY_TACTICS:
@@ -364,6 +378,9 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     tma = TmaTile.parse(tactic)
     if tma is not None:
         return None if gemm else _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tma, out)
+    dense = GemmTmaTile.parse(tactic)
+    if dense is not None:
+        return _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, dense, gemm, out)
     tile = TileConfig.parse(tactic)
     if tile is not None:
         return _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile, gemm, out)

@@ -1,0 +1,187 @@
+"""INT8 (FP8) 1×1 stride-1 convolutions as dense GEMMs whose tiles the tensor memory accelerator
+loads (tactics "gemm_tma_…").
+
+Over channels-last codes with evenly spaced pixels, a 1×1 stride-1 convolution without padding is
+the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. ResNet-50's reducing
+1×1 layers (K = 512–2,048) and layer4's expanding ones ran at 340–640 TOPS on the H200 as
+implicit-GEMM tiles (BENCHMARKS.md, session 20), which compute each row's pixel address and padding
+mask at every K step and load through the threads. A plain Triton INT8 matmul reached 920–953 TOPS
+on large-K shapes there. Here each K step is two bulk tensor copies: a [BLOCK_M, BLOCK_K] box of
+the input and a [BLOCK_N, BLOCK_K] box of the weight, packed K-major (`conv_igemm.pack_weight`).
+Rows, columns and K past the matrix are filled with zeros by the copy. Under Triton's interpreter
+the descriptors are emulated, so the tests run on the CPU.
+
+The arithmetic is `tile_steps`' (`_epilogue_store`): the output equals the emulation's bit for bit,
+as the other INT8 tiles' does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .conv_igemm import ConvGeometry, _as_nchw_view
+from .conv_tma import TMA_ALIGNMENT, TensorDescriptor
+from .epilogue import channels_last_output, pixel_stride, triton
+from .pdl import launch_options
+from .tile_steps import epilogue_arguments
+
+if triton is not None and TensorDescriptor is not None:
+    import triton.language as tl
+
+    from .pdl import await_previous_kernel
+    from .tile_steps import _epilogue_store, pixel_coords
+
+    @triton.jit
+    def _gemm_tma_kernel(
+            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            M, COUT, K, OH, OW, y_row, srn, src, srh, srw,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+            RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+            PDL: tl.constexpr = False):
+        await_previous_kernel(PDL)
+        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(COUT, BLOCK_N)
+        group_size = GROUP_M * num_pid_n
+        first_m = (pid // group_size) * GROUP_M
+        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group_size) % rows
+        pid_n = (pid % group_size) // rows
+
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, k0])
+            b = w_desc.load([pid_n * BLOCK_N, k0])
+            if INT8:
+                acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+            else:
+                acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+        _epilogue_store(acc, offs_m, offs_n, offs_m < M, offs_n < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+                        y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+
+GEMM_TMA_PREFIX = "gemm_tma_"
+GROUP_M = 8
+
+
+@dataclass(frozen=True)
+class GemmTmaTile:
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+
+    @classmethod
+    def parse(cls, tactic: str | None) -> "GemmTmaTile | None":
+        if not tactic or not tactic.startswith(GEMM_TMA_PREFIX):
+            return None
+        try:
+            tile, warps, stages = tactic[len(GEMM_TMA_PREFIX):].split("_")
+            bm, bn, bk = (int(v) for v in tile.split("x"))
+            if not (warps.startswith("w") and stages.startswith("s")):
+                return None
+            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]))
+        except ValueError:
+            return None
+        # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
+        return parsed if powers and bk >= 32 and parsed.warps > 0 and parsed.stages > 0 else None
+
+
+# Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
+# deep K blocks; the builder times as many as its effort allows.
+GEMM_TMA_TILES = (GemmTmaTile(128, 128, 128, 8, 3), GemmTmaTile(128, 256, 64, 8, 3), GemmTmaTile(128, 128, 64, 8, 4),
+                  GemmTmaTile(256, 128, 64, 8, 3), GemmTmaTile(64, 128, 128, 4, 4), GemmTmaTile(128, 64, 128, 4, 4))
+GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
+
+
+def _matrix_rows(x: torch.Tensor) -> int | None:
+    """Elements from one row of the [pixels, C] matrix to the next: a 2-D row-major tensor's row
+    stride, a channels-last 4-D tensor's (or channel slice's) pixel stride; None otherwise."""
+    if x.dim() == 2:
+        return x.stride(0) if x.stride(1) == 1 else None
+    if x.dim() != 4 or x.stride(1) != 1:
+        return None
+    return pixel_stride(x)
+
+
+def gemm_tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None) -> bool:
+    """1×1 convolutions of stride 1 without padding (or GEMMs) over 8-bit codes whose rows the bulk
+    copy can address: the base and the row stride in 16-byte multiples, and K (bytes of a weight
+    row) too."""
+    if TensorDescriptor is None or geometry is None or x.element_size() != 1:
+        return False
+    if tuple(geometry.kernel) != (1, 1) or tuple(geometry.strides) != (1, 1) or any(geometry.pads):
+        return False
+    row = _matrix_rows(x)
+    k = x.shape[1]
+    return (row is not None and w_shape[1] == k and k % TMA_ALIGNMENT == 0 and row % TMA_ALIGNMENT == 0
+            and x.data_ptr() % TMA_ALIGNMENT == 0 and x.numel() > 0)
+
+
+def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int) -> list[str]:
+    """The candidates the builder times at this effort for this layer (none where they do not apply)."""
+    if not gemm_tma_applies(x, w_shape, geometry):
+        return []
+    return [tile.name for tile in GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]]
+
+
+def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
+             tile: GemmTmaTile, *, dequant_scale: torch.Tensor, residual: torch.Tensor | None = None,
+             activation: str | None = None, alpha: float | None = None, beta: float | None = None,
+             residual_after_activation: bool = False, input_inv_scale: float | None = None,
+             residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+             fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """y = epilogue(x · wᵀ) for x 8-bit codes, [N, C, H, W] channels-last (or a channel slice of
+    it) or [M, C] row-major, and w_packed [Cout, C, 1, 1] packed K-major by `pack_weight` (or [Cout,
+    C]); the epilogue's arguments are conv_igemm's. Output channels-last [N, Cout, H, W] (or [M,
+    Cout]), or into `out`."""
+    code = torch.float8_e4m3fn if fp8 else torch.int8
+    if x.dtype != code or not gemm_tma_applies(x, tuple(w_packed.shape), geometry):
+        raise ValueError(f"gemm_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
+                         f"is not {code} codes of a 1×1 stride-1 layer whose rows a bulk copy can address")
+    del input_inv_scale  # the input is codes already (checked above)
+    cout, k = w_packed.shape[0], x.shape[1]
+    if x.dim() == 4:
+        n, _, oh, ow = x.shape
+        shape = (n, cout, oh, ow)
+        m = n * oh * ow
+    else:
+        oh = ow = 1
+        m = x.shape[0]
+        shape = (m, cout)
+    y = channels_last_output(shape, code if output_inv_scale is not None else torch.float32, x.device, out,
+                             "gemm_tma")
+    x_desc = TensorDescriptor(x, [m, k], [_matrix_rows(x), 1], [tile.block_m, tile.block_k])
+    w_flat = w_packed.reshape(cout, k)  # a view: the packed 1×1 weight is [Cout, K] row-major
+    w_desc = TensorDescriptor(w_flat, [cout, k], [k, 1], [tile.block_n, tile.block_k])
+    rs = _as_nchw_view(residual).stride() if residual is not None else (0, 0, 0, 0)
+    scalars, flags = epilogue_arguments(
+        quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
+        residual_after_activation=residual_after_activation, residual_scale=residual_scale,
+        output_inv_scale=output_inv_scale, qmin=qmin)
+    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
+    _gemm_tma_kernel[grid](x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
+                           residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
+                           *rs, *scalars, **flags, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                           GROUP_M=GROUP_M, PDL=pdl, **launch_options(pdl), num_warps=tile.warps,
+                           num_stages=tile.stages,
+                           enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+    return y

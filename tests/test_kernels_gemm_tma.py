@@ -1,0 +1,162 @@
+"""The TMA-fed dense GEMM for 1×1 stride-1 INT8 layers (`sartor/kernels/gemm_tma.py`): bit for bit
+the INT8 emulation, through Triton's interpreter on CPU (which emulates the bulk copies and their
+zero fill past the matrix) and natively on a GPU; where it applies; its tactic names; the op
+running it by its tactic."""
+from __future__ import annotations
+
+import pytest
+import torch
+from int8_layers import on_device, random_int8_conv, random_int8_gemm
+
+triton = pytest.importorskip("triton")
+
+from sartor.kernels import gemm_tma  # noqa: E402
+from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.gemm_tma import GemmTmaTile, gemm_tma as run_gemm_tma, gemm_tma_applies  # noqa: E402
+from sartor.ops.conv import igemm_geometry  # noqa: E402
+from sartor.ops.quantized import as_quantized, qconv, qgemm  # noqa: E402
+
+pytestmark = pytest.mark.skipif(gemm_tma.TensorDescriptor is None, reason="Triton without host tensor descriptors")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = GemmTmaTile(16, 32, 32, 1, 1)
+ONE_BY_ONE = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (8, 8))
+
+
+@pytest.mark.parametrize("channels,cout,hw", [(64, 40, (5, 7)), (96, 32, (4, 4))])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output):
+    """Rows, columns and K that the tile does not divide (70 pixels in tiles of 16, 40 outputs in
+    32, K 96 in steps of 32 and 64 in 32... and one that it does), a residual, INT8 or float output."""
+    generator = torch.Generator().manual_seed(7)
+    x, w, bias, res, scale, attrs = random_int8_conv(generator, channels, cout, kernel=1, hw=hw, residual=residual,
+                                                     int8_output=int8_output, codes=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    xd, wd = on_device(x, DEVICE), w.to(DEVICE)
+    geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
+    assert gemm_tma_applies(xd, tuple(wd.shape), geometry)
+    out = run_gemm_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                       residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
+                       output_inv_scale=attrs.get("output_inv_scale"))
+    assert out.dtype == (torch.int8 if int8_output else torch.float32)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
+def test_gemm_tma_reads_a_channel_slice_and_writes_into_one():
+    """Input a channel slice of a wider buffer (a Split's output), output into a Concat's slice."""
+    generator = torch.Generator().manual_seed(8)
+    x, w, bias, _, scale, attrs = random_int8_conv(generator, 32, 24, kernel=1, hw=(6, 8), residual=False, codes=True)
+    wide = torch.zeros(2, 96, 6, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    wide[:, 32:64] = x
+    expected = qconv([x, w, bias, None, scale], attrs)
+    source = wide.to(DEVICE)[:, 32:64]
+    buffer = torch.zeros(2, 64, 6, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    geometry = igemm_geometry(source, w, attrs, require_cuda=False)
+    run_gemm_tma(source, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                 activation="Relu", output_inv_scale=attrs["output_inv_scale"], out=buffer[:, 16:40])
+    assert torch.equal(buffer[:, 16:40].cpu(), expected)
+    assert not buffer[:, :16].any() and not buffer[:, 40:].any()
+
+
+def test_gemm_tma_runs_a_gemm_layer():
+    """A QGemm's [rows, K] codes against [Cout, K]: the emulation's numbers."""
+    generator = torch.Generator().manual_seed(9)
+    x, w, bias, scale, attrs = random_int8_gemm(generator, 37, 64, 48)
+    expected = qgemm([x, w, bias, None, scale], attrs)
+    codes = as_quantized(x, attrs).to(DEVICE)
+    out = run_gemm_tma(codes, pack_weight(w.to(DEVICE)), bias.to(DEVICE), ConvGeometry.gemm(), SMALL,
+                       dequant_scale=scale.to(DEVICE), output_inv_scale=attrs["output_inv_scale"], qmin=attrs["qmin"])
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_where_the_gemm_kernel_applies():
+    """1×1, stride 1, no padding, 8-bit codes, rows and K in 16-byte multiples: a 3×3, a strided or
+    padded 1×1, float input, an NCHW input, 40 channels and a slice starting off alignment are
+    refused, with a one-line reason from the kernel itself."""
+    x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    w_shape = (32, 64, 1, 1)
+    assert gemm_tma_applies(x, w_shape, ONE_BY_ONE)
+    assert not gemm_tma_applies(x, (32, 64, 3, 3), ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8)))
+    assert not gemm_tma_applies(x, w_shape, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))
+    assert not gemm_tma_applies(x, w_shape, ConvGeometry((1, 1), (1, 1), (1, 1), (1, 1), (10, 10)))
+    assert not gemm_tma_applies(x.float(), w_shape, ONE_BY_ONE)
+    assert not gemm_tma_applies(x.contiguous(), w_shape, ONE_BY_ONE)  # NCHW
+    forty = torch.zeros(1, 40, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert not gemm_tma_applies(forty, (32, 40, 1, 1), ONE_BY_ONE)
+    wide = torch.zeros(1, 80, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert not gemm_tma_applies(wide[:, 8:72], w_shape, ONE_BY_ONE)  # base 8 bytes off a 16-byte boundary
+    assert gemm_tma_applies(wide[:, 16:80], w_shape, ONE_BY_ONE)
+    assert gemm_tma_applies(torch.zeros(5, 64, dtype=torch.int8), (32, 64), ConvGeometry.gemm())
+    with pytest.raises(ValueError, match="gemm_tma: input"):
+        run_gemm_tma(x.float(), pack_weight(torch.zeros(w_shape, dtype=torch.int8)), None, ONE_BY_ONE, SMALL,
+                     dequant_scale=torch.ones(32))
+
+
+def test_gemm_tma_tile_names_round_trip():
+    for tile in gemm_tma.GEMM_TMA_TILES:
+        assert GemmTmaTile.parse(tile.name) == tile
+    x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 1) == [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
+    assert len(gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5)) == len(gemm_tma.GEMM_TMA_TILES)
+    assert gemm_tma.gemm_tma_tactics(x.float(), (32, 64, 1, 1), ONE_BY_ONE, 3) == []
+    assert SMALL.name == "gemm_tma_16x32x32_w1_s1"
+    for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
+                "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "tma_8x16x64x64_w4_s4", None):
+        assert GemmTmaTile.parse(bad) is None, bad
+
+
+def test_qconv_runs_the_gemm_tactic_with_its_stored_weight():
+    """The op as the engine runs it: the weight stored for the tactic (packed), the tactic in the
+    attributes, straight into a Concat's slice too; a float input (the producer was not INT8) runs
+    the emulation instead; the emulation's numbers every way."""
+    from sartor.ops.quantized import qconv_into, qlayer_weight_for_tactic
+    generator = torch.Generator().manual_seed(10)
+    x, w, bias, res, scale, attrs = random_int8_conv(generator, 64, 32, kernel=1, hw=(7, 9), codes=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    tactic = SMALL.name
+    stored = qlayer_weight_for_tactic(w.to(DEVICE), tactic)
+    inputs = [on_device(x, DEVICE), stored, bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE)]
+    assert torch.equal(qconv(inputs, dict(attrs, tactic=tactic)).cpu(), expected)
+    buffer = torch.zeros(2, 64, 7, 9, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    assert qconv_into(inputs, dict(attrs, tactic=tactic), buffer[:, 32:]) is not None
+    assert torch.equal(buffer[:, 32:].cpu(), expected)
+    assert torch.equal(qconv([x.float().to(DEVICE) / attrs["input_inv_scale"], *inputs[1:]],
+                             dict(attrs, tactic=tactic)).cpu(), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the builder lists kernel tactics on CUDA only")
+def test_cuda_one_by_one_int8_layers_offer_gemm_tiles():
+    from sartor.ops import default_registry
+    x = torch.zeros(2, 64, 16, 16, dtype=torch.int8, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.zeros(64, 64, 1, 1, dtype=torch.int8, device="cuda")
+    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0]}
+    names = default_registry()["QConv"].tactics([x, w], attrs, 1)
+    assert [n for n in names if GemmTmaTile.parse(n)] == [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
+    strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
+    assert not any(GemmTmaTile.parse(n) for n in strided)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 tl.dot needs compute capability 8.9+")
+def test_gemm_tma_fp8_passes_the_builders_fp8_check():
+    """FP8 codes in and out, a residual: the tensor cores accumulate in float32 where the emulation
+    is exact, so the output is held to the builder's own FP8 criterion (one e4m3 step)."""
+    from sartor.ops import fp8
+    from sartor.tactics.select import _mismatch
+    generator = torch.Generator().manual_seed(11)
+    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+             "qformat": fp8.QFORMAT, "input_inv_scale": 50.0, "residual_scale": 0.02, "activation": "Relu",
+             "output_inv_scale": 12.0}
+    x = fp8.quantize_fp8(torch.randn(2, 64, 7, 6, generator=generator) * 2, 50.0)
+    w = fp8.quantize_fp8(torch.randn(24, 64, 1, 1, generator=generator), 100.0)
+    bias = torch.randn(24, generator=generator)
+    scale = torch.rand(24, generator=generator) * 1e-3 + 1e-4
+    residual = fp8.quantize_fp8(torch.randn(2, 24, 7, 6, generator=generator), 50.0)
+    reference = qconv([x, w, bias, residual, scale], attrs)
+    xd = on_device(x, DEVICE)
+    geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
+    y = run_gemm_tma(xd, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+                     residual=on_device(residual, DEVICE), activation="Relu", residual_scale=0.02,
+                     output_inv_scale=12.0, fp8=True).cpu()
+    assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None
