@@ -240,12 +240,13 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         import torch
         x = torch.empty(rows, cin, dtype=torch.int8, device="meta")
         w = torch.empty(cout, cin, dtype=torch.int8, device="meta")
-        for tile in gemm_tma.GEMM_TMA_TILES:
+        for tile in [gemm_tma.GemmTmaTile.parse(name) for name in
+                     gemm_tma.gemm_tma_tactics(x, (cout, cin), conv_igemm.ConvGeometry.gemm(), 5, residual)]:
             dense_args = dict(common, M=rows, COUT=cout, K=cin, OH=hw, OW=hw, y_row=cout,
                               x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
                               w_desc=gemm_tma.TensorDescriptor(w, [cout, cin], [cin, 1], [tile.block_n, tile.block_k]))
-            constexprs = dict(epilogue, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                              GROUP_M=gemm_tma.GROUP_M)
+            constexprs = dict(epilogue, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                              BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M)
             constexprs.pop("QUANTIZE_INPUT")
             cases.append((tile.name, gemm_tma._gemm_tma_kernel, dense_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:

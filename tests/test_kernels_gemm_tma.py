@@ -4,6 +4,8 @@ zero fill past the matrix) and natively on a GPU; where it applies; its tactic n
 running it by its tactic."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from int8_layers import on_device, random_int8_conv, random_int8_gemm
@@ -20,15 +22,18 @@ pytestmark = pytest.mark.skipif(gemm_tma.TensorDescriptor is None, reason="Trito
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = GemmTmaTile(16, 32, 32, 1, 1)
+HALVES = GemmTmaTile(16, 32, 32, 1, 1, halves=True)
 ONE_BY_ONE = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (8, 8))
 
 
 @pytest.mark.parametrize("channels,cout,hw", [(64, 40, (5, 7)), (96, 32, (4, 4))])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output):
-    """Rows, columns and K that the tile does not divide (70 pixels in tiles of 16, 40 outputs in
-    32, K 96 in steps of 32 and 64 in 32... and one that it does), a residual, INT8 or float output."""
+@pytest.mark.parametrize("tile", [SMALL, HALVES], ids=["epilogue_whole", "epilogue_halves"])
+def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output, tile):
+    """Rows and columns that the tile does not divide (70 pixels in tiles of 16, 40 outputs in tiles
+    of 32) and ones that it does (32 pixels, 32 outputs); K of 2 and 3 steps; a residual; INT8 or
+    float output; the epilogue over the whole tile or its two column halves in turn."""
     generator = torch.Generator().manual_seed(7)
     x, w, bias, res, scale, attrs = random_int8_conv(generator, channels, cout, kernel=1, hw=hw, residual=residual,
                                                      int8_output=int8_output, codes=True)
@@ -36,7 +41,7 @@ def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output
     xd, wd = on_device(x, DEVICE), w.to(DEVICE)
     geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
     assert gemm_tma_applies(xd, tuple(wd.shape), geometry)
-    out = run_gemm_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
+    out = run_gemm_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, tile, dequant_scale=scale.to(DEVICE),
                        residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
                        output_inv_scale=attrs.get("output_inv_scale"))
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
@@ -94,15 +99,23 @@ def test_where_the_gemm_kernel_applies():
 
 
 def test_gemm_tma_tile_names_round_trip():
-    for tile in gemm_tma.GEMM_TMA_TILES:
-        assert GemmTmaTile.parse(tile.name) == tile
+    """Every offered name parses back to its tile; the halved-epilogue variants come where the tile
+    is wide (at least HALVES_MIN_BLOCK_N columns) or the layer has a residual."""
     x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-    assert gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 1) == [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
-    assert len(gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5)) == len(gemm_tma.GEMM_TMA_TILES)
+    every = gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5, residual=True)
+    assert len(every) == 2 * len(gemm_tma.GEMM_TMA_TILES)
+    for name in every:
+        assert GemmTmaTile.parse(name).name == name
+    first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # both 128 or more columns wide
+    assert gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 1) == first + [n + "_e2" for n in first]
+    narrow = [t for t in gemm_tma.GEMM_TMA_TILES if t.block_n < gemm_tma.HALVES_MIN_BLOCK_N]
+    assert narrow and not any(GemmTmaTile.parse(n) == replace(t, halves=True)
+                              for n in gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5) for t in narrow)
     assert gemm_tma.gemm_tma_tactics(x.float(), (32, 64, 1, 1), ONE_BY_ONE, 3) == []
-    assert SMALL.name == "gemm_tma_16x32x32_w1_s1"
+    assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
     for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
-                "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "tma_8x16x64x64_w4_s4", None):
+                "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "gemm_tma_128x128x64_w8_s3_e2_e2",
+                "tma_8x16x64x64_w4_s4", None):
         assert GemmTmaTile.parse(bad) is None, bad
 
 
@@ -132,7 +145,8 @@ def test_cuda_one_by_one_int8_layers_offer_gemm_tiles():
     w = torch.zeros(64, 64, 1, 1, dtype=torch.int8, device="cuda")
     attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0]}
     names = default_registry()["QConv"].tactics([x, w], attrs, 1)
-    assert [n for n in names if GemmTmaTile.parse(n)] == [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
+    first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
+    assert [n for n in names if GemmTmaTile.parse(n)] == first + [n + "_e2" for n in first]
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
     assert not any(GemmTmaTile.parse(n) for n in strided)
 

@@ -16,7 +16,7 @@ as the other INT8 tiles' does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,7 +30,7 @@ if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
     from .pdl import await_previous_kernel
-    from .tile_steps import _epilogue_store, pixel_coords
+    from .tile_steps import _epilogue_store, _epilogue_store_halves, pixel_coords
 
     @triton.jit
     def _gemm_tma_kernel(
@@ -39,8 +39,8 @@ if triton is not None and TensorDescriptor is not None:
             res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
             RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-            PDL: tl.constexpr = False):
+            EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
         # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
         pid = tl.program_id(0)
@@ -67,42 +67,58 @@ if triton is not None and TensorDescriptor is not None:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-        _epilogue_store(acc, offs_m, offs_n, offs_m < M, offs_n < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
-                        y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
-                        INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        if EPILOGUE_HALVES:
+            _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                   res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
+                                   beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                   BLOCK_M, BLOCK_N)
+        else:
+            _epilogue_store(acc, offs_m, offs_n, offs_m < M, offs_n < COUT, n_idx, oh, ow, bias_ptr, scale_ptr,
+                            res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                            INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
 
 GEMM_TMA_PREFIX = "gemm_tma_"
+HALVES_SUFFIX = "_e2"
 GROUP_M = 8
+# Tiles at least this wide also get the halved-epilogue variant without a residual (as conv_igemm's).
+HALVES_MIN_BLOCK_N = 128
 
 
 @dataclass(frozen=True)
 class GemmTmaTile:
+    """Rows, columns and K step of a program's tile, warps, pipeline stages; `halves`: the epilogue
+    runs over two halves of the columns in turn (name suffix "_e2"), with half of the float values
+    and residual live at once, as conv_igemm's `_e2` tiles."""
     block_m: int
     block_n: int
     block_k: int
     warps: int
     stages: int
+    halves: bool = False
 
     @property
     def name(self) -> str:
-        return f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+        return (f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
+                + (HALVES_SUFFIX if self.halves else ""))
 
     @classmethod
     def parse(cls, tactic: str | None) -> "GemmTmaTile | None":
         if not tactic or not tactic.startswith(GEMM_TMA_PREFIX):
             return None
+        body = tactic[len(GEMM_TMA_PREFIX):]
+        halves = body.endswith(HALVES_SUFFIX)
         try:
-            tile, warps, stages = tactic[len(GEMM_TMA_PREFIX):].split("_")
+            tile, warps, stages = body.removesuffix(HALVES_SUFFIX).split("_")
             bm, bn, bk = (int(v) for v in tile.split("x"))
             if not (warps.startswith("w") and stages.startswith("s")):
                 return None
-            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]))
+            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves)
         except ValueError:
             return None
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
         powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
-        return parsed if powers and bk >= 32 and parsed.warps > 0 and parsed.stages > 0 else None
+        return parsed if powers and bk >= 32 and parsed.warps > 0 and parsed.stages > 0 and bn >= 2 else None
 
 
 # Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
@@ -136,11 +152,16 @@ def gemm_tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
             and x.data_ptr() % TMA_ALIGNMENT == 0 and x.numel() > 0)
 
 
-def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int) -> list[str]:
-    """The candidates the builder times at this effort for this layer (none where they do not apply)."""
+def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int,
+                     residual: bool = False) -> list[str]:
+    """The candidates the builder times at this effort for this layer (none where they do not apply):
+    the tiles, and their halved-epilogue variants where the epilogue holds much at once (with a
+    residual, or in tiles HALVES_MIN_BLOCK_N wide)."""
     if not gemm_tma_applies(x, w_shape, geometry):
         return []
-    return [tile.name for tile in GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]]
+    tiles = GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]
+    halved = [replace(tile, halves=True) for tile in tiles if residual or tile.block_n >= HALVES_MIN_BLOCK_N]
+    return [tile.name for tile in (*tiles, *halved)]
 
 
 def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
@@ -180,7 +201,8 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
     _gemm_tma_kernel[grid](x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                            residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
-                           *rs, *scalars, **flags, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                           *rs, *scalars, **flags, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m,
+                           BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                            GROUP_M=GROUP_M, PDL=pdl, **launch_options(pdl), num_warps=tile.warps,
                            num_stages=tile.stages,
                            enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)

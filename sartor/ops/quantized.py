@@ -220,7 +220,7 @@ def _qlayer_tactics(gemm: bool):
                 names += resident_tactics(effort, residual, inputs[1].shape[1])
             if not gemm:
                 names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
-            names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
+            names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort, residual)
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
