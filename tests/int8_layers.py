@@ -29,6 +29,24 @@ def random_int8_conv(generator: torch.Generator, channels: int, cout: int, *, ke
     return x, wq, bias, res, scale, attrs
 
 
+def random_fp8_conv(generator: torch.Generator, channels: int, cout: int, *, kernel: int,
+                    hw: tuple[int, int] = (7, 6)) -> tuple:
+    """(x, weight, float32 bias, residual, per-channel dequant scales, QConv attrs) as FP8 codes
+    for a stride-1, same-padded kernel × kernel convolution of a batch of 2 with ReLU, an FP8
+    residual and FP8 output."""
+    from sartor.ops import fp8
+    pad = kernel // 2
+    attrs = {"kernel_shape": [kernel, kernel], "strides": [1, 1], "pads": [pad] * 4, "dilations": [1, 1],
+             "qformat": fp8.QFORMAT, "input_inv_scale": 50.0, "residual_scale": 0.02, "activation": "Relu",
+             "output_inv_scale": 12.0}
+    x = fp8.quantize_fp8(torch.randn(2, channels, *hw, generator=generator) * 2, 50.0)
+    w = fp8.quantize_fp8(torch.randn(cout, channels, kernel, kernel, generator=generator), 100.0)
+    bias = torch.randn(cout, generator=generator)
+    scale = torch.rand(cout, generator=generator) * 1e-3 + 1e-4
+    residual = fp8.quantize_fp8(torch.randn(2, cout, *hw, generator=generator), 50.0)
+    return x, w, bias, residual, scale, attrs
+
+
 def random_int8_gemm(generator: torch.Generator, rows: int, k: int, cout: int) -> tuple:
     """(x float [rows, k], INT8 weight [cout, k], int32 bias, per-channel dequant scales, QGemm attrs
     saturating at -128 as layers folded from Q/DQ do)."""

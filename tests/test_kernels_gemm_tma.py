@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from int8_layers import on_device, random_int8_conv, random_int8_gemm
+from int8_layers import on_device, random_fp8_conv, random_int8_conv, random_int8_gemm
 
 triton = pytest.importorskip("triton")
 
@@ -158,15 +158,8 @@ def test_gemm_tma_fp8_passes_the_builders_fp8_check():
     is exact, so the output is held to the builder's own FP8 criterion (one e4m3 step)."""
     from sartor.ops import fp8
     from sartor.tactics.select import _mismatch
-    generator = torch.Generator().manual_seed(11)
-    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
-             "qformat": fp8.QFORMAT, "input_inv_scale": 50.0, "residual_scale": 0.02, "activation": "Relu",
-             "output_inv_scale": 12.0}
-    x = fp8.quantize_fp8(torch.randn(2, 64, 7, 6, generator=generator) * 2, 50.0)
-    w = fp8.quantize_fp8(torch.randn(24, 64, 1, 1, generator=generator), 100.0)
-    bias = torch.randn(24, generator=generator)
-    scale = torch.rand(24, generator=generator) * 1e-3 + 1e-4
-    residual = fp8.quantize_fp8(torch.randn(2, 24, 7, 6, generator=generator), 50.0)
+    x, w, bias, residual, scale, attrs = random_fp8_conv(torch.Generator().manual_seed(11), 64, 24,
+                                                         kernel=1)
     reference = qconv([x, w, bias, residual, scale], attrs)
     xd = on_device(x, DEVICE)
     geometry = igemm_geometry(xd, w, attrs, require_cuda=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from int8_layers import on_device, random_int8_conv
+from int8_layers import on_device, random_fp8_conv, random_int8_conv
 
 triton = pytest.importorskip("triton")
 
@@ -136,15 +136,8 @@ def test_tma_conv_fp8_passes_the_builders_fp8_check():
     is exact, so the output is held to the builder's own FP8 criterion (one e4m3 step)."""
     from sartor.ops import fp8
     from sartor.tactics.select import _mismatch
-    generator = torch.Generator().manual_seed(6)
-    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1],
-             "qformat": fp8.QFORMAT, "input_inv_scale": 50.0, "residual_scale": 0.02, "activation": "Relu",
-             "output_inv_scale": 12.0}
-    x = fp8.quantize_fp8(torch.randn(2, 32, 7, 6, generator=generator) * 2, 50.0)
-    w = fp8.quantize_fp8(torch.randn(24, 32, 3, 3, generator=generator), 100.0)
-    bias = torch.randn(24, generator=generator)
-    scale = torch.rand(24, generator=generator) * 1e-3 + 1e-4
-    residual = fp8.quantize_fp8(torch.randn(2, 24, 7, 6, generator=generator), 50.0)
+    x, w, bias, residual, scale, attrs = random_fp8_conv(torch.Generator().manual_seed(6), 32, 24,
+                                                         kernel=3)
     reference = qconv([x, w, bias, residual, scale], attrs)
     xd = on_device(x, DEVICE)
     geometry = igemm_geometry(xd, w, attrs, require_cuda=False)

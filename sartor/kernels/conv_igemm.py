@@ -40,7 +40,7 @@ if triton is not None:
 
     from .pdl import await_previous_kernel
     from .tile_steps import (_accumulate, _epilogue_store, _epilogue_store_halves, _epilogue_store_halves_given,
-                             _residual_halves, pixel_coords)
+                             _residual_halves, grouped_tile, pixel_coords)
 
     @triton.jit
     def _conv_igemm_kernel(
@@ -57,15 +57,7 @@ if triton is not None:
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
             PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
-        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
-        pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(COUT, BLOCK_N)
-        group_size = GROUP_M * num_pid_n
-        first_m = (pid // group_size) * GROUP_M
-        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group_size) % rows
-        pid_n = (pid % group_size) // rows
+        pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -30,7 +30,7 @@ if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
     from .pdl import await_previous_kernel
-    from .tile_steps import _epilogue_store, _epilogue_store_halves, pixel_coords
+    from .tile_steps import _epilogue_store, _epilogue_store_halves, grouped_tile, pixel_coords
 
     @triton.jit
     def _gemm_tma_kernel(
@@ -42,15 +42,7 @@ if triton is not None and TensorDescriptor is not None:
             EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
-        # Grouped ordering of the tiles: neighbouring programs share weight columns in L2.
-        pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(COUT, BLOCK_N)
-        group_size = GROUP_M * num_pid_n
-        first_m = (pid // group_size) * GROUP_M
-        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group_size) % rows
-        pid_n = (pid % group_size) // rows
+        pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
         if INT8:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)

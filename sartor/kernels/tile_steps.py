@@ -29,6 +29,17 @@ if triton is not None:
         return n, oh, rem - oh * OW
 
     @triton.jit
+    def grouped_tile(pid, M, COUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of program `pid` in grouped order: GROUP_M row tiles walk the
+        column tiles together, so that neighbouring programs share weight columns in L2."""
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(COUT, BLOCK_N)
+        group_size = GROUP_M * num_pid_n
+        first_m = (pid // group_size) * GROUP_M
+        rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+        return first_m + (pid % group_size) % rows, (pid % group_size) // rows
+
+    @triton.jit
     def _round_half_even(v):
         # floor + exact fraction: v - floor(v) is exact in float32, unlike floor(v + 0.5).
         r = tl.floor(v)
