@@ -93,6 +93,10 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
             signature[name] = "constexpr"
             continue
         value = args[name]
+        if value is None:  # an unused descriptor (conv_igemm's w_desc without weight TMA): a constant
+            signature[name] = "constexpr"
+            constants[name] = None
+            continue
         if conv_tma.TensorDescriptor is not None and isinstance(value, conv_tma.TensorDescriptor):
             from triton.runtime.jit import mangle_type
             signature[name] = mangle_type(value)  # "tensordesc<i8[1, 8, 16, 64]>", as the launcher specializes it
@@ -206,19 +210,27 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                     RES_AFTER=False, ACT=1, OUT_QUANT=True)
     if cin <= PIXEL_BYTES:
         return window_cases(batch, cin, cout, hw, k, common, epilogue)
-    igemm_args = dict(common, ws_ptr="*i8", M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
+    igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
                       sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
     tiles = (tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
              + conv_igemm.padded_tap_tiles(tiles, cin, cout, eight_bit=True))
-    for tile in tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True):  # every variant, to compare
+    tiles = tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True)  # every variant, to compare
+    tiles = tiles + conv_igemm.weight_tma_tiles(tiles, cin, (cout, cin, k, k), 1)
+    for tile in tiles:
         tail = cin if tile.padded_taps and cin % tile.block_k else 0
         constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0 and not tail,
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
-                          RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                          GROUP_M=8)
-        cases.append((tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps, tile.stages))
+                          RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
+                          BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
+        args = igemm_args
+        if tile.weight_tma:
+            import torch
+            w = torch.empty(cout, k * k * cin, dtype=torch.int8, device="meta")
+            args = dict(igemm_args, w_desc=conv_igemm.TensorDescriptor(w, [cout, k * k * cin], [k * k * cin, 1],
+                                                                       [tile.block_n, tile.block_k]))
+        cases.append((tile.name, conv_igemm._conv_igemm_kernel, args, constexprs, tile.warps, tile.stages))
     if conv_tma.TensorDescriptor is not None and cin % 64 == 0:
         import torch
         x = torch.empty(batch, hw, hw, cin, dtype=torch.int8, device="meta")

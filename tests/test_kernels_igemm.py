@@ -12,6 +12,7 @@ import torch.nn.functional as F
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
+from sartor.kernels import conv_igemm as igemm  # noqa: E402
 from sartor.kernels.conv_igemm import (  # noqa: E402
     ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
 from sartor.ops import default_registry  # noqa: E402
@@ -473,3 +474,50 @@ def test_padded_tap_variants_are_offered_where_channels_miss_the_k_block():
     assert padded_tap_tiles(tiles, 27, 64, eight_bit=True) == []
     assert TileConfig.parse("igemm_64x64x32_w4_s4_e2_pt").epilogue_halves
     assert TileConfig.parse("igemm_64x64x32_w4_s4_pt_e2") is None
+
+
+WEIGHT_TMA_TILES = [TileConfig(16, 16, 32, 1, 1, weight_tma=True),
+                    TileConfig(16, 32, 32, 1, 1, epilogue_halves=True, weight_tma=True),
+                    TileConfig(16, 16, 32, 1, 1, split_k=3, weight_tma=True)]
+
+
+NO_DESCRIPTORS = pytest.mark.skipif(igemm.TensorDescriptor is None, reason="Triton without host tensor descriptors")
+
+
+@NO_DESCRIPTORS
+@pytest.mark.parametrize("tile", WEIGHT_TMA_TILES, ids=["plain", "halves", "split_k"])
+@pytest.mark.parametrize("strides,cout", [((1, 1), 40), ((2, 2), 24)])
+def test_weight_tma_tiles_equal_the_emulation(tile, strides, cout):
+    """The weight's boxes by bulk copies (zero-filled past the last output channel: 40 in tiles of
+    16 and 32) with the activations gathered as in the plain tile: bit for bit the emulation, with
+    the halved epilogue, split K and a stride too."""
+    generator = torch.Generator().manual_seed(12)
+    attrs = dict(_attrs((3, 3), strides, (1, 1, 1, 1), (1, 1)), input_inv_scale=17.0, residual_scale=0.05,
+                 activation="Relu", qmin=-127, output_inv_scale=7.0)
+    x = quantize(torch.randn(2, 64, 9, 8, generator=generator) * 2, 17.0)
+    _assert_int8_conv_is_the_emulation(x.contiguous(memory_format=torch.channels_last), (3, 3), attrs, cout, tile,
+                                       generator)
+
+
+@NO_DESCRIPTORS
+def test_weight_tma_variants_are_named_offered_and_refused_where_they_cannot_load():
+    """Named "_wt" last, parsed back; offered for multi-tap layers whose channels are whole K blocks
+    (not for 1×1 layers, which have gemm_tma, nor for a tap-padded or gathered walk); a tile that
+    would gather K is refused with a one-line reason rather than run."""
+    for tile in WEIGHT_TMA_TILES + [TileConfig(64, 64, 64, 4, 4, epilogue_halves=True, residual_early=True,
+                                               weight_tma=True)]:
+        assert tile.name.endswith("_wt") and TileConfig.parse(tile.name) == tile
+    assert TileConfig.parse("igemm_16x16x32_w1_s1_wt_e2") is None
+    assert TileConfig.parse("igemm_16x16x32_w1_s1_pt_wt") is None  # the padded walk loads by threads
+    tiles = candidate_tiles(int8=True, effort=1)
+    assert igemm.weight_tma_tiles(tiles, 64, (64, 64, 3, 3), 1) == [replace(t, weight_tma=True) for t in tiles]
+    assert igemm.weight_tma_tiles(tiles, 64, (64, 64, 1, 1), 1) == []
+    assert igemm.weight_tma_tiles(tiles, 48, (64, 48, 3, 3), 1) == []  # 48 channels: no whole 64-blocks
+    padded = replace(tiles[0], padded_taps=True, block_k=32)
+    assert igemm.weight_tma_tiles([padded], 48, (64, 48, 3, 3), 1) == []
+    x = torch.randint(-127, 128, (1, 48, 5, 5), dtype=torch.int8).to(DEVICE)
+    w = torch.randint(-127, 128, (16, 48, 3, 3), dtype=torch.int8).to(DEVICE)
+    attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)))
+    with pytest.raises(ValueError, match="conv_igemm: tile igemm_16x16x32_w1_s1_wt copies the weight"):
+        conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs), replace(SMALL_TILE, block_k=32, weight_tma=True),
+                   dequant_scale=torch.ones(16, device=DEVICE), input_inv_scale=1.0)

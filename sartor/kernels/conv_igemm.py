@@ -32,6 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
+
+try:  # host-side descriptors: Triton 3.4 and newer
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton, or none: no weight-TMA tiles
+    TensorDescriptor = None
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
 
@@ -44,7 +49,7 @@ if triton is not None:
 
     @triton.jit
     def _conv_igemm_kernel(
-            x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
+            x_ptr, w_ptr, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
             M, COUT, C, H, W, OH, OW, y_row,
             sxn, sxc, sxh, sxw, srn, src, srh, srw,
             pad_h, pad_w, dil_h, dil_w,
@@ -54,8 +59,8 @@ if triton is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-            PDL: tl.constexpr = False):
+            WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
         await_previous_kernel(PDL)
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -126,7 +131,10 @@ if triton is not None:
                                 other=0.0)
                 else:
                     a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None], other=0.0)
-                    b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
+                    if WEIGHT_TMA:  # one bulk copy of the [BLOCK_N, BLOCK_K] weight box (see TileConfig)
+                        b = tl.trans(w_desc.load([pid_n * BLOCK_N, tap * C + c0]))
+                    else:
+                        b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
 
         if RES_EARLY:
@@ -180,7 +188,10 @@ class TileConfig:
     whether K is walked tap by tap with each tap's channels cut at C ("padded taps": for C not a
     multiple of BLOCK_K, which otherwise gathers K element by element), and, with halves, whether
     the residual's tile is asked for before the K loop, so that its memory latency hides behind
-    the products rather than stalling the epilogue ("residual early")."""
+    the products rather than stalling the epilogue ("residual early"), and whether the weight's
+    tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
+    no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
+    blocked K walks only)."""
     block_m: int
     block_n: int
     block_k: int
@@ -190,12 +201,14 @@ class TileConfig:
     epilogue_halves: bool = False
     padded_taps: bool = False
     residual_early: bool = False
+    weight_tma: bool = False
 
     @property
     def name(self) -> str:
         base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
         return (base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
-                + ("_re" if self.residual_early else "") + ("_pt" if self.padded_taps else ""))
+                + ("_re" if self.residual_early else "") + ("_pt" if self.padded_taps else "")
+                + ("_wt" if self.weight_tma else ""))
 
     @classmethod
     def parse(cls, tactic: str) -> "TileConfig | None":
@@ -206,6 +219,9 @@ class TileConfig:
             bm, bn, bk = (int(v) for v in tile.split("x"))
             if not warps.startswith("w") or not stages.startswith("s"):
                 return None
+            weight_tma = suffixes[-1:] == ["wt"]
+            if weight_tma:
+                suffixes = suffixes[:-1]
             padded = suffixes[-1:] == ["pt"]
             if padded:
                 suffixes = suffixes[:-1]
@@ -218,9 +234,10 @@ class TileConfig:
             if len(suffixes) > 1 or (suffixes and not suffixes[0].startswith("k")):
                 return None
             split_k = int(suffixes[0][1:]) if suffixes else 1
-            if split_k < 1 or (halves and (split_k > 1 or bn % 2)) or (early and not halves):
+            if (split_k < 1 or (halves and (split_k > 1 or bn % 2)) or (early and not halves)
+                    or (weight_tma and padded)):
                 return None
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded, early)
+            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded, early, weight_tma)
         except ValueError:
             return None
 
@@ -244,6 +261,7 @@ def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
     return list(tiles[:TILES_PER_EFFORT.get(effort, len(tiles))])
 
 
+TMA_ROW_ALIGNMENT = 16  # bytes: a bulk copy's row stride
 MIN_K_BLOCKS_PER_SHARE = 4  # a split-K share shorter than this spends its time on the workspace
 MAX_SPLIT_K = 16
 
@@ -299,6 +317,19 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
             if channels % block_k and variant not in variants:
                 variants.append(variant)
     return variants
+
+
+def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, element_size: int) -> list[TileConfig]:
+    """Weight-TMA variants of `tiles` for a convolution with more than one filter tap whose
+    channels are whole K blocks: ResNet-50's 3×3 INT8 layers of layers 2–4 ran at 590–720 TOPS in
+    these tiles at batch 256 where a plain Triton INT8 matmul reached 920–953, and Nsight Compute
+    counted 28% excess shared-memory wavefronts in layer3's (H200, sessions 19–20). 1×1 layers
+    have `kernels/gemm_tma.py`. Only candidates: timed against the tiles they vary."""
+    if math.prod(w_shape[2:]) < 2:
+        return []
+    return [replace(tile, weight_tma=True) for tile in tiles
+            if not tile.weight_tma and not tile.padded_taps and channels % tile.block_k == 0
+            and weight_tma_applies(w_shape, element_size, tile.block_k)]
 
 
 HALVES_MIN_BLOCK_N = 128  # without a residual, narrower tiles keep their registers (kernel_asm: 64 → 62)
@@ -385,6 +416,30 @@ def _accumulators_to_output(workspace: torch.Tensor, shares: int, bias_arg: torc
         SPLIT_K=shares, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=fusion)
 
 
+def weight_tma_applies(w_packed_shape: tuple, element_size: int, block_k: int) -> bool:
+    """Whether a weight box of the tile can be one bulk copy: host tensor descriptors (Triton 3.4 and
+    newer), the weight's rows (kh·kw·C elements) a 16-byte multiple, and the blocked K walk (C a
+    multiple of BLOCK_K, checked by the caller)."""
+    k_total = math.prod(w_packed_shape[1:])
+    return (TensorDescriptor is not None and (k_total * element_size) % TMA_ROW_ALIGNMENT == 0
+            and block_k * element_size >= TMA_ROW_ALIGNMENT)
+
+
+def _weight_descriptor(w_packed: torch.Tensor, tile: "TileConfig", gathered: bool):
+    """The weight as [Cout, kh·kw·C] for the tile's bulk copies, or None where the tile loads it by
+    threads. Refuses a weight-TMA tile whose K walk gathers (the copy needs whole channel blocks)."""
+    if not tile.weight_tma:
+        return None
+    if gathered or not weight_tma_applies(tuple(w_packed.shape), w_packed.element_size(), tile.block_k):
+        raise ValueError(f"conv_igemm: tile {tile.name} copies the weight's [{tile.block_n}, {tile.block_k}] boxes "
+                         f"by TMA, which needs whole channel blocks and 16-byte weight rows; weight "
+                         f"{tuple(w_packed.shape)}")
+    cout = w_packed.shape[0]
+    k_total = math.prod(w_packed.shape[1:])
+    flat = w_packed.permute(0, 2, 3, 1).reshape(cout, k_total) if w_packed.dim() == 4 else w_packed
+    return TensorDescriptor(flat, [cout, k_total], [k_total, 1], [tile.block_n, tile.block_k])
+
+
 def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
                tile: TileConfig, *, dequant_scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
@@ -436,7 +491,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     fusion = not quantized
     grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n), split_k)
     _conv_igemm_kernel[grid](
-        x4, w_packed, bias_arg, scale_arg, res_arg, y, workspace,
+        x4, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_arg, y,
+        workspace,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), *scalars,
@@ -444,7 +500,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
         ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
-        CHANNEL_TAIL=channel_tail, **epilogue,
+        CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8, PDL=pdl,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:

@@ -21,15 +21,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, multiprocessors
+from .conv_igemm import ConvGeometry, TensorDescriptor, multiprocessors
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
-
-try:  # host-side descriptors: Triton 3.4 and newer
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton, or none: the tactic is not offered
-    TensorDescriptor = None
 
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl

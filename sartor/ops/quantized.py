@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
-                                  pack_weight)
+                                  pack_weight, weight_tma_tiles)
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
@@ -204,7 +204,8 @@ def _qlayer_tactics(gemm: bool):
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
         TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
-        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions). A projected layer: `projected_tactics`."""
+        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions). A
+        projected layer: `projected_tactics`."""
         names = ["torch"]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -215,7 +216,12 @@ def _qlayer_tactics(gemm: bool):
             tiles = candidate_tiles(int8=True, effort=effort)
             kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
             residual = len(inputs) > 3 and inputs[3] is not None
-            names += [tile.name for tile in kernels + halved_epilogue_tiles(kernels, residual)]
+            halved = halved_epilogue_tiles(kernels, residual)
+            names += [tile.name for tile in kernels + halved]
+            if not gemm:
+                names += [tile.name for tile in weight_tma_tiles(
+                    kernels + [t for t in halved if not t.residual_early], inputs[0].shape[1],
+                    tuple(inputs[1].shape), inputs[1].element_size())]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
                 names += resident_tactics(effort, residual, inputs[1].shape[1])
             if not gemm:
@@ -367,8 +373,8 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
-    convolution or a dense GEMM) or an implicit-GEMM tile; None for any other tactic, or where this one does not apply to these inputs
-    (the caller then runs the emulation)."""
+    convolution or a dense GEMM) or an implicit-GEMM tile; None for any other tactic, or where this
+    one does not apply to these inputs (the caller then runs the emulation)."""
     tactic = attrs.get("tactic") or ""
     if tactic in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)
