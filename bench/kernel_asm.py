@@ -144,13 +144,13 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
     image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
     common = dict(common, srn=out_hw * out_hw * cout, srh=out_hw * cout, srw=cout)
     cases = []
-    igemm_args = dict(common, ws_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, C=window, H=padded_h,
+    igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=batch * out_hw * out_hw, COUT=cout, C=window, H=padded_h,
                       W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw, OW=out_hw, y_row=cout, sxn=image_bytes,
                       sxc=1, sxh=row_bytes, sxw=PIXEL_BYTES, pad_h=0, pad_w=0, dil_h=1, dil_w=1)
     for tile in quantized_window.WINDOW_TILES:
         constexprs = dict(epilogue, KH=k, KW=1, STRIDE_H=STEM_STRIDE, STRIDE_W=STEM_STRIDE, K_GATHER=False,
                           SPLIT_K=1, ROW_ALIGN=8, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
-                          BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
+                          WEIGHT_TMA=False, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
         cases.append((quantized_window.WINDOW_PREFIX + tile.name, conv_igemm._conv_igemm_kernel, igemm_args,
                       constexprs, tile.warps, tile.stages))
     resident_args = dict(common, p_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, OH=out_hw, OW=out_hw,
