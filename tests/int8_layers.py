@@ -63,3 +63,25 @@ def on_device(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
     if t is None:
         return None
     return t.to(device).contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t.to(device)
+
+
+def assert_reads_and_writes_channel_slices(run, kernel: int, seed: int) -> None:
+    """A kernel's INT8 conv reading a channel slice of a wider buffer (a Split's output) and writing
+    into a Concat's slice gives the emulation's codes there and writes nothing outside it.
+    `run(source, weight, bias, geometry, dequant_scale, attrs, out)` runs the kernel on the device
+    tensors it is given (weight unpacked, on the device)."""
+    from sartor.ops.conv import igemm_geometry
+    from sartor.ops.quantized import qconv
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator().manual_seed(seed)
+    x, w, bias, _, scale, attrs = random_int8_conv(generator, 32, 24, kernel=kernel, hw=(6, 8), residual=False,
+                                                   codes=True)
+    wide = torch.zeros(2, 96, 6, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    wide[:, 32:64] = x
+    expected = qconv([x, w, bias, None, scale], attrs)
+    source = wide.to(device)[:, 32:64]
+    buffer = torch.zeros(2, 64, 6, 8, dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+    geometry = igemm_geometry(source, w, attrs, require_cuda=False)
+    run(source, w.to(device), bias.to(device), geometry, scale.to(device), attrs, buffer[:, 16:40])
+    assert torch.equal(buffer[:, 16:40].cpu(), expected)
+    assert not buffer[:, :16].any() and not buffer[:, 40:].any()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from int8_layers import on_device, random_fp8_conv, random_int8_conv
+from int8_layers import assert_reads_and_writes_channel_slices, on_device, random_fp8_conv, random_int8_conv
 
 triton = pytest.importorskip("triton")
 
@@ -46,18 +46,10 @@ def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
 
 def test_tma_conv_writes_into_a_channel_slice_and_reads_one():
     """Input a channel slice of a wider buffer (a Split's output), output into a Concat's slice."""
-    generator = torch.Generator().manual_seed(4)
-    x, w, bias, _, scale, attrs = random_int8_conv(generator, 32, 24, kernel=3, hw=(6, 8), residual=False, codes=True)
-    wide = torch.zeros(2, 96, 6, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-    wide[:, 32:64] = x
-    expected = qconv([x, w, bias, None, scale], attrs)
-    source = wide.to(DEVICE)[:, 32:64]
-    buffer = torch.zeros(2, 64, 6, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
-    geometry = igemm_geometry(source, w, attrs, require_cuda=False)
-    run_conv_tma(source, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
-                 activation="Relu", output_inv_scale=attrs["output_inv_scale"], out=buffer[:, 16:40])
-    assert torch.equal(buffer[:, 16:40].cpu(), expected)
-    assert not buffer[:, :16].any() and not buffer[:, 40:].any()
+    def run(source, w, bias, geometry, scale, attrs, out):
+        run_conv_tma(source, pack_weight(w), bias, geometry, SMALL, dequant_scale=scale, activation="Relu",
+                     output_inv_scale=attrs["output_inv_scale"], out=out)
+    assert_reads_and_writes_channel_slices(run, kernel=3, seed=4)
 
 
 def test_where_the_tma_kernel_applies():
