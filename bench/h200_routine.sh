@@ -40,7 +40,7 @@
 #              checkout's with a 500 µs GIL switch interval                                  ~260
 #   serve8d    8-image requests to the sample detector (max batch 32) at concurrency 16, 32, 64, then
 #              to ResNet-50 at 32, 64, 128, one server each: the 80% bar of issue 6 for both models
-#              on one machine                                                                ~230
+#              on one machine (session 20: the detector's cold build took 56 s)              ~270
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
 #              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
@@ -133,10 +133,10 @@ for name in "$@"; do
               python bench/h200_serve.py --out /tmp/routine/serve8ab/new --reuse-plan $common
               python bench/h200_serve.py --out /tmp/routine/serve8ab/new_si500 --reuse-plan --switch-interval-us 500 \
                 $common' ;;
-    serve8d) stage serve8d 300 bash -c 'common="--levels 16,32,64 --duration 3 --warmup 1 --effort 1 --shared-memory cuda
+    serve8d) stage serve8d 340 bash -c 'common="--levels 16,32,64 --duration 3 --warmup 1 --effort 1 --shared-memory cuda
                --frontends 8 --variants batched --load-generator perf_analyzer --request-batch 8 --measure-budget-s 40
                --server-start-s 25"
-             python bench/h200_serve.py --out /tmp/routine/serve8d/detector --models detector --budget-s 120 $common
+             python bench/h200_serve.py --out /tmp/routine/serve8d/detector --models detector --budget-s 160 $common
              python bench/h200_serve.py --out /tmp/routine/serve8d/resnet50 --models resnet50 --budget-s 130 \
                ${common/16,32,64/32,64,128}' ;;
     ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
