@@ -32,13 +32,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
+from .pdl import launch_options
+from .tile_steps import epilogue_arguments
 
 try:  # host-side descriptors: Triton 3.4 and newer
     from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton, or none: no weight-TMA tiles
+except ImportError:  # pragma: no cover - older Triton, or none: no TMA-fed tiles
     TensorDescriptor = None
-from .pdl import launch_options
-from .tile_steps import epilogue_arguments
 
 if triton is not None:
     import triton.language as tl
