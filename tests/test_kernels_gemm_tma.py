@@ -95,16 +95,24 @@ def test_gemm_tma_tile_names_round_trip():
     """Every offered name parses back to its tile; the halved-epilogue variants come where the tile
     is wide (at least HALVES_MIN_BLOCK_N columns) or the layer has a residual."""
     x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-    every = gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5, residual=True)
+    wide = torch.zeros(1, 512, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    every = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5, residual=True)
     assert len(every) == 2 * len(gemm_tma.GEMM_TMA_TILES)
     for name in every:
         assert GemmTmaTile.parse(name).name == name
     first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # both 128 or more columns wide
-    assert gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 1) == first + [n + "_e2" for n in first]
+    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1) == first + [n + "_e2" for n in first]
     narrow = [t for t in gemm_tma.GEMM_TMA_TILES if t.block_n < gemm_tma.HALVES_MIN_BLOCK_N]
     assert narrow and not any(GemmTmaTile.parse(n) == replace(t, halves=True)
-                              for n in gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5) for t in narrow)
+                              for n in gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5)
+                              for t in narrow)
     assert gemm_tma.gemm_tma_tactics(x.float(), (32, 64, 1, 1), ONE_BY_ONE, 3) == []
+    # K = 64: every tile's K step cut to 64, one pipeline stage (nothing to overlap), no tile twice.
+    short = [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5)]
+    assert {(t.block_k, t.stages) for t in short} == {(64, 1)} and len({t.name for t in short}) == len(short)
+    deep = torch.zeros(1, 512, 4, 4, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    assert [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(deep, (32, 512, 1, 1), ONE_BY_ONE, 1)][:2] \
+        == list(gemm_tma.GEMM_TMA_TILES[:2])
     assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
     for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
                 "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "gemm_tma_128x128x64_w8_s3_e2_e2",
@@ -134,11 +142,11 @@ def test_qconv_runs_the_gemm_tactic_with_its_stored_weight():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the builder lists kernel tactics on CUDA only")
 def test_cuda_one_by_one_int8_layers_offer_gemm_tiles():
     from sartor.ops import default_registry
-    x = torch.zeros(2, 64, 16, 16, dtype=torch.int8, device="cuda").contiguous(memory_format=torch.channels_last)
-    w = torch.zeros(64, 64, 1, 1, dtype=torch.int8, device="cuda")
+    x = torch.zeros(2, 512, 16, 16, dtype=torch.int8, device="cuda").contiguous(memory_format=torch.channels_last)
+    w = torch.zeros(64, 512, 1, 1, dtype=torch.int8, device="cuda")
     attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0]}
     names = default_registry()["QConv"].tactics([x, w], attrs, 1)
-    first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]
+    first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # K = 512: the tiles as listed
     assert [n for n in names if GemmTmaTile.parse(n)] == first + [n + "_e2" for n in first]
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
     assert not any(GemmTmaTile.parse(n) for n in strided)

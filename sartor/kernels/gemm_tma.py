@@ -71,6 +71,7 @@ if triton is not None and TensorDescriptor is not None:
 
 
 GEMM_TMA_PREFIX = "gemm_tma_"
+MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
 HALVES_SUFFIX = "_e2"
 GROUP_M = 8
 # Tiles at least this wide also get the halved-epilogue variant without a residual (as conv_igemm's).
@@ -110,7 +111,7 @@ class GemmTmaTile:
             return None
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
         powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
-        return parsed if powers and bk >= 32 and parsed.warps > 0 and parsed.stages > 0 and bn >= 2 else None
+        return parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2 else None
 
 
 # Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
@@ -147,13 +148,22 @@ def gemm_tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
 def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int,
                      residual: bool = False) -> list[str]:
     """The candidates the builder times at this effort for this layer (none where they do not apply):
-    the tiles, and their halved-epilogue variants where the epilogue holds much at once (with a
-    residual, or in tiles HALVES_MIN_BLOCK_N wide)."""
+    the tiles, fitted to a short K, and their halved-epilogue variants where the epilogue holds
+    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide)."""
     if not gemm_tma_applies(x, w_shape, geometry):
         return []
-    tiles = GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]
-    halved = [replace(tile, halves=True) for tile in tiles if residual or tile.block_n >= HALVES_MIN_BLOCK_N]
-    return [tile.name for tile in (*tiles, *halved)]
+    fitted = dict.fromkeys(fit_to_k(tile, w_shape[1])
+                           for tile in GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))])
+    halved = [replace(tile, halves=True) for tile in fitted if residual or tile.block_n >= HALVES_MIN_BLOCK_N]
+    return [tile.name for tile in (*fitted, *halved)]
+
+
+def fit_to_k(tile: GemmTmaTile, k: int) -> GemmTmaTile:
+    """The tile for a layer of K = `k`: its K step no deeper than K needs (ResNet's 1×1 layers over
+    64 channels would copy a half-empty 128-deep box), and one pipeline stage where K is one step,
+    since a stage's buffers in shared memory then only limit how many programs an SM holds."""
+    block_k = min(tile.block_k, max(MIN_BLOCK_K, 1 << (k - 1).bit_length()))
+    return replace(tile, block_k=block_k, stages=1 if k <= block_k else tile.stages)
 
 
 def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
