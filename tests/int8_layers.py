@@ -85,3 +85,22 @@ def assert_reads_and_writes_channel_slices(run, kernel: int, seed: int) -> None:
     run(source, w.to(device), bias.to(device), geometry, scale.to(device), attrs, buffer[:, 16:40])
     assert torch.equal(buffer[:, 16:40].cpu(), expected)
     assert not buffer[:, :16].any() and not buffer[:, 40:].any()
+
+
+def assert_fp8_conv_passes_the_builders_check(run, channels: int, cout: int, kernel: int, seed: int) -> None:
+    """A kernel's FP8 conv (codes in and out, a residual) is held to the builder's own FP8
+    criterion against the emulation (one e4m3 step): the tensor cores accumulate in float32 where
+    the emulation is exact. `run(x, weight, bias, geometry, dequant_scale, residual, attrs)` runs the
+    kernel on the device tensors it is given (weight unpacked) and returns its output."""
+    from sartor.ops import fp8
+    from sartor.ops.conv import igemm_geometry
+    from sartor.ops.quantized import qconv
+    from sartor.tactics.select import _mismatch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x, w, bias, residual, scale, attrs = random_fp8_conv(torch.Generator().manual_seed(seed), channels, cout,
+                                                         kernel=kernel)
+    reference = qconv([x, w, bias, residual, scale], attrs)
+    xd = on_device(x, device)
+    geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
+    y = run(xd, w.to(device), bias.to(device), geometry, scale.to(device), on_device(residual, device), attrs).cpu()
+    assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from int8_layers import assert_reads_and_writes_channel_slices, on_device, random_fp8_conv, random_int8_conv
+from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_reads_and_writes_channel_slices,
+                         on_device, random_int8_conv)
 
 triton = pytest.importorskip("triton")
 
@@ -124,16 +125,9 @@ def test_cuda_int8_layers_of_stride_one_offer_tma_tiles():
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 tl.dot needs compute capability 8.9+")
 def test_tma_conv_fp8_passes_the_builders_fp8_check():
-    """FP8 codes in and out, a residual: the tensor cores accumulate in float32 where the emulation
-    is exact, so the output is held to the builder's own FP8 criterion (one e4m3 step)."""
-    from sartor.ops import fp8
-    from sartor.tactics.select import _mismatch
-    x, w, bias, residual, scale, attrs = random_fp8_conv(torch.Generator().manual_seed(6), 32, 24,
-                                                         kernel=3)
-    reference = qconv([x, w, bias, residual, scale], attrs)
-    xd = on_device(x, DEVICE)
-    geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
-    y = run_conv_tma(xd, pack_weight(w.to(DEVICE)), bias.to(DEVICE), geometry, SMALL, dequant_scale=scale.to(DEVICE),
-                     residual=on_device(residual, DEVICE), activation="Relu", residual_scale=0.02,
-                     output_inv_scale=12.0, fp8=True).cpu()
-    assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None
+    """FP8 codes in and out, a residual, held to the builder's FP8 criterion."""
+    def run(x, w, bias, geometry, scale, residual, attrs):
+        return run_conv_tma(x, pack_weight(w), bias, geometry, SMALL, dequant_scale=scale, residual=residual,
+                            activation="Relu", residual_scale=attrs["residual_scale"],
+                            output_inv_scale=attrs["output_inv_scale"], fp8=True)
+    assert_fp8_conv_passes_the_builders_check(run, 32, 24, kernel=3, seed=6)
