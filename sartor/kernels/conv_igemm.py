@@ -262,6 +262,7 @@ def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
 
 
 TMA_ROW_ALIGNMENT = 16  # bytes: a bulk copy's row stride
+GROUP_M = 8  # row tiles that walk the column tiles together (tile_steps.grouped_tile)
 MIN_K_BLOCKS_PER_SHARE = 4  # a split-K share shorter than this spends its time on the workspace
 MAX_SPLIT_K = 16
 
@@ -501,7 +502,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8, PDL=pdl,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,

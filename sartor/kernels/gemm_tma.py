@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, _as_nchw_view
+from .conv_igemm import GROUP_M, HALVES_MIN_BLOCK_N, ConvGeometry, _as_nchw_view
 from .conv_tma import TMA_ALIGNMENT, TensorDescriptor
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
@@ -73,9 +73,6 @@ if triton is not None and TensorDescriptor is not None:
 GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
 HALVES_SUFFIX = "_e2"
-GROUP_M = 8
-# Tiles at least this wide also get the halved-epilogue variant without a residual (as conv_igemm's).
-HALVES_MIN_BLOCK_N = 128
 
 
 @dataclass(frozen=True)
