@@ -45,6 +45,26 @@ def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
 
 
+@pytest.mark.parametrize("hw", [(9, 10), (8, 8)])
+@pytest.mark.parametrize("tile", [SMALL, PERSISTENT], ids=["tile_per_program", "persistent"])
+def test_strided_one_by_one_conv_equals_the_emulation(hw, tile):
+    """A 1×1 stride-2 layer without padding (ResNet's downsample) as the stride-1 layer over a view
+    of every other pixel: odd and even sizes, a residual, INT8 output, bit for bit the emulation."""
+    generator = torch.Generator().manual_seed(13)
+    x, w, bias, _, scale, attrs = random_int8_conv(generator, 64, 40, kernel=1, hw=hw, residual=False, codes=True)
+    attrs = dict(attrs, strides=[2, 2])
+    out_hw = tuple((d - 1) // 2 + 1 for d in hw)
+    res = torch.randint(-127, 128, (2, 40, *out_hw), dtype=torch.int8, generator=generator)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    xd, wd = on_device(x, DEVICE), w.to(DEVICE)
+    geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
+    assert geometry.strides == (2, 2) and tma_applies(xd, tuple(wd.shape), geometry, tile.block_k)
+    out = run_conv_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, tile, dequant_scale=scale.to(DEVICE),
+                       residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
+                       output_inv_scale=attrs["output_inv_scale"])
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
 def test_tma_conv_writes_into_a_channel_slice_and_reads_one():
     """Input a channel slice of a wider buffer (a Split's output), output into a Concat's slice."""
     def run(source, w, bias, geometry, scale, attrs, out):
@@ -62,6 +82,8 @@ def test_where_the_tma_kernel_applies():
     same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
     assert tma_applies(x, w_shape, same, 32)
     assert not tma_applies(x, w_shape, ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (4, 4)), 32)
+    assert tma_applies(x, (32, 64, 1, 1), ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)), 32)
+    assert not tma_applies(x, (32, 64, 1, 1), ConvGeometry((1, 1), (2, 2), (1, 1), (1, 1), (5, 5)), 32)  # padded
     assert not tma_applies(x, w_shape, ConvGeometry((3, 3), (1, 1), (2, 2), (2, 2), (8, 8)), 32)
     assert not tma_applies(x.float(), w_shape, same, 32)
     assert not tma_applies(x.contiguous(), w_shape, same, 32)  # NCHW

@@ -1,5 +1,7 @@
 """INT8 (FP8) stride-1 convolutions whose input tiles are loaded by the tensor memory accelerator:
-each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma_…").
+each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma_…"). A 1×1
+layer of a larger stride without padding (ResNet's downsample) runs as the stride-1 layer over a
+view of every stride-th pixel: the copy's pixel strides are the input's times the stride.
 
 ResNet-50's 3×3 layers ran at 330–550 TOPS with the implicit-GEMM kernel on the H200, where a plain
 Triton INT8 matmul over the same shapes reached 920–953 (BENCHMARKS.md, session 14). The implicit
@@ -175,14 +177,34 @@ def _aligned(t: torch.Tensor) -> bool:
         (s * t.element_size()) % TMA_ALIGNMENT == 0 for d, s in enumerate(t.stride()) if d != 1)
 
 
+def _strided_one_by_one(geometry: ConvGeometry) -> bool:
+    """A 1×1 convolution of stride above 1 without padding (ResNet's downsample): the stride-1 1×1
+    convolution of the input's every stride-th pixel, a view whose pixel strides are the input's
+    times the stride (`_stride_one_view`)."""
+    return (tuple(geometry.kernel) == (1, 1) and tuple(geometry.strides) != (1, 1) and not any(geometry.pads)
+            and tuple(geometry.dilations) == (1, 1))
+
+
+def _stride_one_view(x: torch.Tensor, geometry: ConvGeometry) -> tuple[torch.Tensor, ConvGeometry]:
+    """The input and geometry the kernel runs: a strided 1×1 layer's every stride-th pixel at stride 1
+    (no copy), any other layer as it is."""
+    if not _strided_one_by_one(geometry):
+        return x, geometry
+    (sh, sw), (oh, ow) = geometry.strides, geometry.out_hw
+    view = x[:, :, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw]
+    return view, ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (oh, ow))
+
+
 def tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, block_k: int) -> bool:
-    """2-D convolutions of stride 1, dilation 1, over 8-bit codes in channels-last memory (or a
-    channel slice of it) whose channels are whole K steps and whose base and pixel strides the
-    bulk copy can address (16-byte multiples); the weight's K (kh·kw·C bytes) likewise."""
+    """2-D convolutions of stride 1, dilation 1 (and 1×1 ones of any stride without padding, as a
+    strided view), over 8-bit codes in channels-last memory (or a channel slice of it) whose
+    channels are whole K steps and whose base and pixel strides the bulk copy can address (16-byte
+    multiples); the weight's K (kh·kw·C bytes) likewise."""
     if TensorDescriptor is None or geometry is None or x.dim() != 4 or x.element_size() != 1:
         return False
     if pixel_stride(x) is None or x.stride(1) != 1:
         return False
+    x, geometry = _stride_one_view(x, geometry)
     c = x.shape[1]
     k_total = w_shape[1] * geometry.kernel[0] * geometry.kernel[1]
     return (geometry.strides == (1, 1) and geometry.dilations == (1, 1) and c % block_k == 0
@@ -211,6 +233,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
                          f"is not {code} codes in channels-last memory a bulk copy of {tile.block_k} channels "
                          f"can address at stride 1")
     del input_inv_scale  # the input is codes already (checked above)
+    x, geometry = _stride_one_view(x, geometry)
     n, c, h, w = x.shape
     cout, kh, kw = w_packed.shape[0], geometry.kernel[0], geometry.kernel[1]
     oh, ow = geometry.out_hw
