@@ -39,6 +39,7 @@ try:  # host-side descriptors: Triton 3.4 and newer
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton, or none: no TMA-fed tiles
     TensorDescriptor = None
+TMA_ALIGNMENT = 16  # bytes: a bulk tensor copy's base address and every stride but the innermost
 
 if triton is not None:
     import triton.language as tl
@@ -261,7 +262,6 @@ def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
     return list(tiles[:TILES_PER_EFFORT.get(effort, len(tiles))])
 
 
-TMA_ROW_ALIGNMENT = 16  # bytes: a bulk copy's row stride
 GROUP_M = 8  # row tiles that walk the column tiles together (tile_steps.grouped_tile)
 MIN_K_BLOCKS_PER_SHARE = 4  # a split-K share shorter than this spends its time on the workspace
 MAX_SPLIT_K = 16
@@ -422,8 +422,8 @@ def weight_tma_applies(w_packed_shape: tuple, element_size: int, block_k: int) -
     newer), the weight's rows (kh·kw·C elements) a 16-byte multiple, and the blocked K walk (C a
     multiple of BLOCK_K, checked by the caller)."""
     k_total = math.prod(w_packed_shape[1:])
-    return (TensorDescriptor is not None and (k_total * element_size) % TMA_ROW_ALIGNMENT == 0
-            and block_k * element_size >= TMA_ROW_ALIGNMENT)
+    return (TensorDescriptor is not None and (k_total * element_size) % TMA_ALIGNMENT == 0
+            and block_k * element_size >= TMA_ALIGNMENT)
 
 
 def _weight_descriptor(w_packed: torch.Tensor, tile: "TileConfig", gathered: bool):
@@ -435,10 +435,16 @@ def _weight_descriptor(w_packed: torch.Tensor, tile: "TileConfig", gathered: boo
         raise ValueError(f"conv_igemm: tile {tile.name} copies the weight's [{tile.block_n}, {tile.block_k}] boxes "
                          f"by TMA, which needs whole channel blocks and 16-byte weight rows; weight "
                          f"{tuple(w_packed.shape)}")
+    return packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)
+
+
+def packed_weight_descriptor(w_packed: torch.Tensor, block_n: int, block_k: int):
+    """A weight packed by `pack_weight` as the [Cout, kh·kw·C] row-major matrix it is in memory (a
+    view), for bulk copies of [block_n, block_k] boxes; the TMA-fed kernels' B operand."""
     cout = w_packed.shape[0]
     k_total = math.prod(w_packed.shape[1:])
     flat = w_packed.permute(0, 2, 3, 1).reshape(cout, k_total) if w_packed.dim() == 4 else w_packed
-    return TensorDescriptor(flat, [cout, k_total], [k_total, 1], [tile.block_n, tile.block_k])
+    return TensorDescriptor(flat, [cout, k_total], [k_total, 1], [block_n, block_k])
 
 
 def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import ConvGeometry, TensorDescriptor, multiprocessors
+from .conv_igemm import TMA_ALIGNMENT, ConvGeometry, TensorDescriptor, multiprocessors, packed_weight_descriptor
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
@@ -124,7 +124,6 @@ if triton is not None and TensorDescriptor is not None:
 
 
 TMA_PREFIX = "tma_"
-TMA_ALIGNMENT = 16  # bytes: a bulk tensor copy's base address and every stride but the innermost
 PERSISTENT_PROGRAMS_WITHOUT_GPU = 3
 
 
@@ -242,8 +241,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     sxn, sxc, sxh, sxw = x.stride()
     # The input as [N, H, W, C] (its channels-last storage), boxes of one tap's rectangle.
     x_desc = TensorDescriptor(x, [n, h, w, c], [sxn, sxh, sxw, 1], [1, tile.bh, tile.bw, tile.block_k])
-    w_flat = w_packed.permute(0, 2, 3, 1).reshape(cout, kh * kw * c)  # a view of the packed weight
-    w_desc = TensorDescriptor(w_flat, [cout, kh * kw * c], [kh * kw * c, 1], [tile.block_n, tile.block_k])
+    w_desc = packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import GROUP_M, HALVES_MIN_BLOCK_N, ConvGeometry, _as_nchw_view
-from .conv_tma import TMA_ALIGNMENT, TensorDescriptor
+from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor, _as_nchw_view,
+                         packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
@@ -190,8 +190,7 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     y = channels_last_output(shape, code if output_inv_scale is not None else torch.float32, x.device, out,
                              "gemm_tma")
     x_desc = TensorDescriptor(x, [m, k], [_matrix_rows(x), 1], [tile.block_m, tile.block_k])
-    w_flat = w_packed.reshape(cout, k)  # a view: the packed 1×1 weight is [Cout, K] row-major
-    w_desc = TensorDescriptor(w_flat, [cout, k], [k, 1], [tile.block_n, tile.block_k])
+    w_desc = packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)
     rs = _as_nchw_view(residual).stride() if residual is not None else (0, 0, 0, 0)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
