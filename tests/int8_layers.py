@@ -104,3 +104,22 @@ def assert_fp8_conv_passes_the_builders_check(run, channels: int, cout: int, ker
     geometry = igemm_geometry(xd, w, attrs, require_cuda=False)
     y = run(xd, w.to(device), bias.to(device), geometry, scale.to(device), on_device(residual, device), attrs).cpu()
     assert y.dtype == fp8.DTYPE and _mismatch(y, reference) is None
+
+
+def assert_qconv_runs_the_tactic(tactic: str, kernel: int, seed: int) -> None:
+    """The op as the engine runs it: the weight stored for the tactic, the tactic in the attributes,
+    and straight into a Concat's slice too, gives the emulation's codes; a float input (the producer
+    was not INT8) is not the kernel's, and the emulation runs instead, with the same codes."""
+    from sartor.ops.quantized import qconv, qconv_into, qlayer_weight_for_tactic
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator().manual_seed(seed)
+    x, w, bias, res, scale, attrs = random_int8_conv(generator, 64, 32, kernel=kernel, hw=(7, 9), codes=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    stored = qlayer_weight_for_tactic(w.to(device), tactic)
+    inputs = [on_device(x, device), stored, bias.to(device), on_device(res, device), scale.to(device)]
+    assert torch.equal(qconv(inputs, dict(attrs, tactic=tactic)).cpu(), expected)
+    buffer = torch.zeros(2, 64, 7, 9, dtype=torch.int8, device=device).contiguous(memory_format=torch.channels_last)
+    assert qconv_into(inputs, dict(attrs, tactic=tactic), buffer[:, 32:]) is not None
+    assert torch.equal(buffer[:, 32:].cpu(), expected)
+    assert torch.equal(qconv([x.float().to(device) / attrs["input_inv_scale"], *inputs[1:]],
+                             dict(attrs, tactic=tactic)).cpu(), expected)

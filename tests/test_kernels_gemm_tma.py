@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_reads_and_writes_channel_slices,
-                         on_device, random_int8_conv, random_int8_gemm)
+from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv_runs_the_tactic,
+                         assert_reads_and_writes_channel_slices, on_device, random_int8_conv, random_int8_gemm)
 
 triton = pytest.importorskip("triton")
 
@@ -121,22 +121,7 @@ def test_gemm_tma_tile_names_round_trip():
 
 
 def test_qconv_runs_the_gemm_tactic_with_its_stored_weight():
-    """The op as the engine runs it: the weight stored for the tactic (packed), the tactic in the
-    attributes, straight into a Concat's slice too; a float input (the producer was not INT8) runs
-    the emulation instead; the emulation's numbers every way."""
-    from sartor.ops.quantized import qconv_into, qlayer_weight_for_tactic
-    generator = torch.Generator().manual_seed(10)
-    x, w, bias, res, scale, attrs = random_int8_conv(generator, 64, 32, kernel=1, hw=(7, 9), codes=True)
-    expected = qconv([x, w, bias, res, scale], attrs)
-    tactic = SMALL.name
-    stored = qlayer_weight_for_tactic(w.to(DEVICE), tactic)
-    inputs = [on_device(x, DEVICE), stored, bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE)]
-    assert torch.equal(qconv(inputs, dict(attrs, tactic=tactic)).cpu(), expected)
-    buffer = torch.zeros(2, 64, 7, 9, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
-    assert qconv_into(inputs, dict(attrs, tactic=tactic), buffer[:, 32:]) is not None
-    assert torch.equal(buffer[:, 32:].cpu(), expected)
-    assert torch.equal(qconv([x.float().to(DEVICE) / attrs["input_inv_scale"], *inputs[1:]],
-                             dict(attrs, tactic=tactic)).cpu(), expected)
+    assert_qconv_runs_the_tactic(SMALL.name, kernel=1, seed=10)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the builder lists kernel tactics on CUDA only")
