@@ -230,7 +230,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     if x.dtype != code or not tma_applies(x, tuple(w_packed.shape), geometry, tile.block_k):
         raise ValueError(f"conv_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
                          f"is not {code} codes in channels-last memory a bulk copy of {tile.block_k} channels "
-                         f"can address at stride 1")
+                         f"can address at stride 1 (or, for a 1×1 layer without padding, at any stride)")
     del input_inv_scale  # the input is codes already (checked above)
     x, geometry = _stride_one_view(x, geometry)
     n, c, h, w = x.shape
