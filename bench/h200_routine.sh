@@ -22,7 +22,8 @@
 #              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
 #   kernels    the implicit-GEMM, TMA, resident, window, pool, FP8 and tactic-check test files, the
 #              CUDA shared-memory stream tests and the engine's input buffers, alone (after a
-#              kernel or output-path change; session 17: 180-200 s before FP8 was added)     ~250
+#              kernel or output-path change; session 17: 180-200 s before FP8 was added; carry
+#              .whl/serve, or its two serving files skip: session 21's call 1 had neither)  ~250
 #   fallback   the sample detector at batch 32: FP16, INT8 and INT8 --fallback-where-faster
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("tritonclient")  # sartor.serve's protocol types (the routine carries .whl/serve)
 
 from sartor.serve import device_copies  # noqa: E402
 from sartor.serve.device_copies import DeviceCopies, wait_for_tensors  # noqa: E402
