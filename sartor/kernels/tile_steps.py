@@ -57,8 +57,8 @@ if triton is not None:
         clamp bounds, which are integers of that range, so the clamp gives the saturated code. The
         clamped sum is 0x4B400000 + code as bits, and 0x4B400000's low byte is 0: the code is its
         low byte. No float → integer conversion: Hopper converts 16 values per clock per SM, an
-        eighth of a float add's rate (bench/kernel_asm.py counts them), and an epilogue needs one
-        per output element."""
+        eighth of a float add's rate (bench/kernel_asm.py counts them), and a packing kernel needs
+        one per element. An epilogue's output rounds the exact product (_requantize_code)."""
         t = v * inv_scale + 12582912.0
         t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
         return t.to(tl.int32, bitcast=True).to(tl.int8)
@@ -69,6 +69,59 @@ if triton is not None:
         at least 1.5·2^23, so the lower clamp, one instruction per output element, has nothing to do."""
         t = tl.minimum(v * inv_scale + 12582912.0, 12583039.0)
         return t.to(tl.int32, bitcast=True).to(tl.int8)
+
+    @triton.jit
+    def _scalar_float64(scale):
+        """A float32 kernel argument widened to float64: the interpreter passes such an argument as
+        a Python float, which it would otherwise use unrounded."""
+        return tl.cast(scale, tl.float32).to(tl.float64)
+
+    @triton.jit
+    def _fma_round_to_odd(a, b, c):
+        """a·b + c rounded once to float32, without an fma instruction (Triton's interpreter computes
+        tl.fma as a product and a sum, each rounded): the product of two float32 values is exact in
+        float64; the float64 sum is made round-to-odd from its error (TwoSum), and rounding that to
+        float32 rounds as the exact value would (Boldo and Melquiond, 2008). ops/quantized.py's
+        `fused_multiply_add` does the same in torch."""
+        p = a.to(tl.float64) * _scalar_float64(b)
+        c64 = c.to(tl.float64)
+        s = p + c64
+        back = s - p
+        error = (p - (s - back)) + (c64 - back)
+        bits = s.to(tl.int64, bitcast=True)
+        toward_exact = tl.where((error > 0) == (s > 0), 1, -1).to(tl.int64)
+        inexact_even = (error != 0) & ((bits & 1) == 0) & (s - s == 0)  # finite s only
+        return tl.where(inexact_even, bits + toward_exact, bits).to(tl.float64, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _requantize_code(v, inv_scale, qmin):
+        """The INT8 code of an epilogue's output: round(v · inv_scale) half to even, of the exact
+        product, clamped to [qmin, 127]. On the GPU one fused multiply-add with 1.5·2^23 rounds
+        once (as _quantize_code's add does) where a multiply and an add took two instructions and
+        two roundings; the emulation (ops/quantized.py `requantize`) rounds the exact float64
+        product. Interpreted, the product is exact in float64 and rounded there."""
+        if HARDWARE_FMA:
+            t = tl.fma(v, inv_scale, 12582912.0)
+            t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
+            return t.to(tl.int32, bitcast=True).to(tl.int8)
+        q = _round_half_even(v.to(tl.float64) * _scalar_float64(inv_scale))
+        return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
+
+    @triton.jit
+    def _requantize_code_nonnegative(v, inv_scale):
+        """_requantize_code of a v ≥ 0 (ReLU's output): no lower clamp (see _quantize_code_nonnegative)."""
+        if HARDWARE_FMA:
+            t = tl.minimum(tl.fma(v, inv_scale, 12582912.0), 12583039.0)
+            return t.to(tl.int32, bitcast=True).to(tl.int8)
+        return tl.minimum(_round_half_even(v.to(tl.float64) * _scalar_float64(inv_scale)), 127.0).to(tl.int8)
+
+    @triton.jit
+    def _add_scaled_residual(y, residual, res_scale):
+        """y + residual · res_scale rounded once (a fused multiply-add): the residual's codes
+        (already float32, exactly) times their scale, added to the layer's value."""
+        if HARDWARE_FMA:
+            return tl.fma(residual, res_scale, y)
+        return _fma_round_to_odd(residual, res_scale, y)
 
     @triton.jit
     def _quantize_operand(v, inv_scale, qmin):
@@ -109,6 +162,8 @@ if triton is not None:
     # Triton's interpreter does not round to nearest, so interpreted kernels keep the arithmetic.
     # Whether this module's kernels are interpreted is decided once, as @triton.jit made them.
     FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(_quantize_fp8, InterpretedFunction))
+    # The same decision for the epilogue's fused multiply-adds (see _fma_round_to_odd).
+    HARDWARE_FMA = FP8_HARDWARE_ROUNDING
 
     @triton.jit
     def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
@@ -126,6 +181,14 @@ if triton is not None:
         else:
             acc = tl.dot(a, b, acc)
         return acc
+
+    @triton.jit
+    def _add_residual(y, residual, res_scale, RES_QUANT: tl.constexpr):
+        """The residual added to y: stored codes (as float32) with their scale in one fused
+        multiply-add, float residuals as they are."""
+        if RES_QUANT:
+            return _add_scaled_residual(y, residual, res_scale)
+        return y + residual
 
     @triton.jit
     def _load_residual(res_ptr, offs_n, out_mask, n_idx, oh, ow, srn, src, srh, srw):
@@ -207,15 +270,15 @@ if triton is not None:
         out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             if RES_QUANT:
-                residual = _codes_to_float(residual) * res_scale
+                residual = _codes_to_float(residual)
             else:
                 residual = residual.to(tl.float32)
             if not RES_AFTER:
-                y = y + residual
+                y = _add_residual(y, residual, res_scale, RES_QUANT)
         y = _activate(y, ACT, alpha, beta)
         if HAS_RES:
             if RES_AFTER:
-                y = y + residual
+                y = _add_residual(y, residual, res_scale, RES_QUANT)
         if OUT_QUANT:
             if FP8:
                 if FP8_HARDWARE_ROUNDING:
@@ -223,9 +286,9 @@ if triton is not None:
                 else:
                     y = _quantize_fp8(y, out_inv_scale)
             elif ACT == 1 and not RES_AFTER:  # ReLU last: y ≥ 0
-                y = _quantize_code_nonnegative(y, out_inv_scale)
+                y = _requantize_code_nonnegative(y, out_inv_scale)
             else:
-                y = _quantize_code(y, out_inv_scale, qmin)
+                y = _requantize_code(y, out_inv_scale, qmin)
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
 

@@ -9,10 +9,16 @@ What one INT8 layer computes, in the order a GPU kernel does it:
    time with scale input_scale · weight_scale[c]).
 3. Dequantize: float32(acc + bias) * dequant_scale[c], where dequant_scale = input_scale ·
    weight_scale[c] (float32, computed at build time).
-4. The FP32 epilogue: the residual (INT8 residuals are dequantized with their own scale), then
-   the activation, in the order the fused layer asks.
-5. When every reader of the output is an INT8 layer, the output is re-quantized with its scale
-   (round half to even, saturate to ±127) and written as INT8; otherwise it stays FP32.
+4. The FP32 epilogue: the residual, then the activation, in the order the fused layer asks. A
+   residual stored as codes is added with its scale in one fused multiply-add:
+   fma(code, residual_scale, y), rounded once (`fused_multiply_add`).
+5. When every reader of the output is an INT8 layer, the output is re-quantized with its scale and
+   written as INT8: round half to even of the exact product y · output_inv_scale, saturated to
+   ±127 (`requantize`; on the GPU one fused multiply-add with 1.5·2^23); otherwise it stays FP32.
+
+Steps 4 and 5 are defined with fused multiply-adds because the GPU's epilogue is bound by its
+instruction count on the 1×1 layers (ResNet-50's expanding layers, BENCHMARKS.md session 19), and
+each fma is one instruction where a multiply and an add, each rounded, were two.
 
 A projected QConv (`passes/fuse_projected_residual.py`; inputs from PROJECTION_FIRST_INPUT) takes as
 its residual a second unpadded 1×1 layer's output, computed by steps 1–3 of that layer and not
@@ -108,10 +114,41 @@ def as_quantized(x: torch.Tensor, attrs: dict) -> torch.Tensor:
     return as_int8(x, attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
 
 
+def _as_float32(value: float) -> float:
+    """A scale as the kernels receive it: a float32 scalar."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def requantize(y: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
+    """An epilogue's INT8 output: clamp(round_half_even(y · inv_scale), qmin, 127), the product of
+    float32 y and float32 inv_scale taken exactly (it is, in float64) and rounded once, as the
+    GPU's fma(y, inv_scale, 1.5·2^23) does. `quantize` (a layer's float input) rounds the float32
+    product instead, as the packing kernels do."""
+    product = y.to(torch.float64) * _as_float32(inv_scale)
+    return torch.round(product).clamp_(qmin, QMAX).to(torch.int8)
+
+
+def fused_multiply_add(a: torch.Tensor, b: float, c: torch.Tensor) -> torch.Tensor:
+    """a · b + c for float32 a, c and a float32 scalar b, rounded once to float32, as the GPU's
+    fma: the product is exact in float64, the float64 sum is made round-to-odd from its exact
+    error (TwoSum), and rounding a round-to-odd float64 to float32 gives the correctly rounded
+    result (Boldo and Melquiond, 2008). `kernels/tile_steps.py` `_fma_round_to_odd` is the same
+    for interpreted kernels."""
+    product = a.to(torch.float64) * _as_float32(b)
+    addend = c.to(torch.float64)
+    total = product + addend
+    back = total - product
+    error = (product - (total - back)) + (addend - back)
+    bits = total.view(torch.int64)
+    toward_exact = torch.where((error > 0) == (total > 0), 1, -1)
+    inexact_even = (error != 0) & ((bits & 1) == 0) & torch.isfinite(total)
+    return torch.where(inexact_even, bits + toward_exact, bits).view(torch.float64).to(torch.float32)
+
+
 def _requantize(y: torch.Tensor, attrs: dict) -> torch.Tensor:
     if is_fp8(attrs):
         return quantize_fp8(y, attrs["output_inv_scale"])
-    return quantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
+    return requantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
 
 
 def _exact_integer_math(device: torch.device):
@@ -153,19 +190,21 @@ def _dequantize(acc: torch.Tensor, bias: torch.Tensor | None, dequant_scale: tor
     return acc.to(torch.float32) * dequant_scale.to(torch.float32).reshape(shape)
 
 
+def _add_residual(y: torch.Tensor, residual: torch.Tensor, attrs: dict) -> torch.Tensor:
+    """Step 4's residual: codes with their scale in one fused multiply-add, floats as they are."""
+    if residual.dtype in (torch.int8, FP8_DTYPE):
+        return fused_multiply_add(residual.to(torch.float32), attrs["residual_scale"], y)
+    return y + residual.to(torch.float32)
+
+
 def _epilogue(y: torch.Tensor, residual: torch.Tensor | None, attrs: dict) -> torch.Tensor:
-    if residual is not None:
-        if residual.dtype in (torch.int8, FP8_DTYPE):
-            residual = residual.to(torch.float32) * attrs["residual_scale"]
-        else:
-            residual = residual.to(torch.float32)
     after = attrs.get("residual_after_activation", False)
     if residual is not None and not after:
-        y = y + residual
+        y = _add_residual(y, residual, attrs)
     if attrs.get("activation"):
         y = apply_activation(y, attrs["activation"], attrs.get("activation_alpha"), attrs.get("activation_beta"))
     if residual is not None and after:
-        y = y + residual
+        y = _add_residual(y, residual, attrs)
     if attrs.get("output_inv_scale") is not None:
         return _requantize(y, attrs)
     return y
