@@ -1,9 +1,11 @@
 """What the INT8 kernels compile to for Hopper, checked on any machine (Triton compiles for sm_90
-with the ptxas its wheel ships; bench/kernel_asm.py). The quantization rounds by adding 1.5·2^23 and
-reads the code from the sum's low byte (`_quantize_code`): the add must stay an IEEE addition of its
-own, not fused with the scale's multiply (which would round once where the emulation rounds twice),
-and the epilogue must convert neither its output codes from float nor its residual codes to float
-with the conversion instructions, which run at an eighth of an add's rate. The resident-window
+with the ptxas its wheel ships; bench/kernel_asm.py). The epilogue requantizes with one fused
+multiply-add of its value, the output's inverse scale and 1.5·2^23, and reads the code from the
+sum's low byte (`_requantize_code`): one rounding of the exact product, as the emulation defines it
+(ops/quantized.py), never a multiply and a separate add, which round twice. The residual's codes are
+added with their scale in one fused multiply-add as well. The epilogue must convert neither its
+output codes from float nor its residual codes to float with the conversion instructions, which run
+at an eighth of an add's rate. The resident-window
 kernel of the stem compiles in both its forms (one product over padded K; the weight held as a
 tuple of filter rows) to Hopper's tensor-core instructions without spills. FP8 epilogues round with
 the hardware's conversion once compiled.
@@ -30,12 +32,15 @@ from triton.backends.compiler import GPUTarget
 label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv3")[1]  # INT8 out, residual
 ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
 params = set(re.findall(r"ld\.param\.\w+\s+(%r\d+),", ptx))
-# + 1.5*2^23 to a computed value (1.5*2^23 + qmin, the lower clamp bound, adds it to a parameter)
-rounding = sum(source not in params for source in re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0f4B400000;", ptx))
-fused = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f4B400000;", ptx))
+# value * inverse scale + 1.5*2^23, rounded once
+rounding = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f4B400000;", ptx))
+# + 1.5*2^23 added alone to a computed value: the two-rounding form (1.5*2^23 + qmin, the lower
+# clamp bound, adds it to a parameter)
+separate = sum(source not in params for source in re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0f4B400000;", ptx))
 clamped = len(re.findall(r"min\.f32\s+%r\d+, %r\d+, 0f4B40007F;", ptx))  # 1.5*2^23 + 127
+residual = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, %r\d+;", ptx))  # code * scale + value
 conversions = len(re.findall(r"cvt\.r[nz]i?\.s(?:8|16|32)\.f32|cvt\.rn\.f32\.s(?:8|16)\b", ptx))
-print(rounding, fused, clamped, conversions, "wgmma.mma_async" in ptx)
+print(rounding, separate, clamped, residual, conversions, "wgmma.mma_async" in ptx)
 """
 
 FP8_CHILD = r"""
@@ -75,9 +80,10 @@ def _compile_in_child(code: str) -> str:
 
 
 def test_int8_rounding_survives_compilation_for_sm90():
-    rounding, fused, clamped, conversions, hopper = _compile_in_child(CHILD).split()
-    assert int(rounding) > 0 and fused == "0"  # the rounding add is there, on its own
+    rounding, separate, clamped, residual, conversions, hopper = _compile_in_child(CHILD).split()
+    assert int(rounding) > 0 and separate == "0"  # one fused multiply-add rounds, no add on its own
     assert clamped == rounding  # each rounded sum is clamped to the codes' bounds before its low byte is read
+    assert residual == rounding  # each output's residual code added with its scale in one rounding
     assert conversions == "0"  # codes neither made from floats nor read as floats by conversion instructions
     assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
 
