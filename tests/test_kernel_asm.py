@@ -40,7 +40,8 @@ separate = sum(source not in params for source in re.findall(r"add\.rn\.f32\s+%r
 clamped = len(re.findall(r"min\.f32\s+%r\d+, %r\d+, 0f4B40007F;", ptx))  # 1.5*2^23 + 127
 residual = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, %r\d+;", ptx))  # code * scale + value
 conversions = len(re.findall(r"cvt\.r[nz]i?\.s(?:8|16|32)\.f32|cvt\.rn\.f32\.s(?:8|16)\b", ptx))
-print(rounding, separate, clamped, residual, conversions, "wgmma.mma_async" in ptx)
+decoded = len(re.findall(r"prmt\.b32\s+%r\d+, flipped, exponent, 0x765[0-3];", ptx))  # _packed_codes_to_float
+print(rounding, separate, clamped, residual, decoded, conversions, "wgmma.mma_async" in ptx)
 """
 
 FP8_CHILD = r"""
@@ -80,10 +81,11 @@ def _compile_in_child(code: str) -> str:
 
 
 def test_int8_rounding_survives_compilation_for_sm90():
-    rounding, separate, clamped, residual, conversions, hopper = _compile_in_child(CHILD).split()
+    rounding, separate, clamped, residual, decoded, conversions, hopper = _compile_in_child(CHILD).split()
     assert int(rounding) > 0 and separate == "0"  # one fused multiply-add rounds, no add on its own
     assert clamped == rounding  # each rounded sum is clamped to the codes' bounds before its low byte is read
     assert residual == rounding  # each output's residual code added with its scale in one rounding
+    assert decoded == rounding  # each residual code decoded by one byte permute, four codes to a word
     assert conversions == "0"  # codes neither made from floats nor read as floats by conversion instructions
     assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
 
