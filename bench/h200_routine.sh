@@ -96,7 +96,7 @@ for name in "$@"; do
               --batches 256 --int8 --effort "${EFFORT:-3}" --no-compile --no-warm-build \
               && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/effort/' ;;
     int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/test_fuse_projected_residual.py tests/test_kernels_resident.py \
-            tests/test_kernels_pool.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
+            tests/test_kernels_pool.py tests/test_epilogue_fma.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
             --batches 256,1 --int8 --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/int8/' ;;
     detectors)
       models=detector onnx_dir=.carry
@@ -152,7 +152,7 @@ for name in "$@"; do
     kernels) stage kernels 360 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
-               tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py \
+               tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py tests/test_epilogue_fma.py \
                tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
