@@ -41,6 +41,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from sartor.kernels import conv_igemm, conv_tma, gemm_tma, resident_gemm, window_resident  # noqa: E402
 from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
+from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
@@ -183,6 +184,8 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
                   sxn=hw * hw * cin, sxh=hw * cin, sxw=cin, srn=0, src=0, srh=0, srw=0, PK=pcin, p_row=pcin,
                   spn=phw * phw * pcin, sph=phw * pcin * stride, spw=pcin * stride, in_inv_scale=1.0, res_scale=1.0,
                   out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+    if stride == 1:  # the wrapper addresses rows alone then (tile_steps.residual_pixels)
+        values.update(OH=1, OW=1)
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=True, RES_QUANT=False,
                     RES_AFTER=False, ACT=1, OUT_QUANT=True, HAS_PROJ=True, PROJ_STRIDED=stride != 1,
                     PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=True,
@@ -248,13 +251,17 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             if tile.persistent:
                 tma_args.update(N=batch, PROGRAMS=132)
             cases.append((tile.name, kernel, tma_args, constexprs, tile.warps, tile.stages))
+    # The 1×1 kernels' wrappers address a whole NHWC residual by row (tile_steps.residual_pixels).
+    (flat_oh, flat_ow), (srn, src, srh, srw) = residual_pixels(
+        (common["srn"], common["src"], common["srh"], common["srw"]), batch, (hw, hw))
+    flat = dict(common, OH=flat_oh, OW=flat_ow, srn=srn, src=src, srh=srh, srw=srw)
     if k == 1 and gemm_tma.TensorDescriptor is not None and cin % 16 == 0:
         import torch
         x = torch.empty(rows, cin, dtype=torch.int8, device="meta")
         w = torch.empty(cout, cin, dtype=torch.int8, device="meta")
         for tile in [gemm_tma.GemmTmaTile.parse(name) for name in
                      gemm_tma.gemm_tma_tactics(x, (cout, cin), conv_igemm.ConvGeometry.gemm(), 5, residual)]:
-            dense_args = dict(common, M=rows, COUT=cout, K=cin, OH=hw, OW=hw, y_row=cout,
+            dense_args = dict(flat, M=rows, COUT=cout, K=cin, y_row=cout,
                               x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
                               w_desc=gemm_tma.TensorDescriptor(w, [cout, cin], [cin, 1], [tile.block_n, tile.block_k]))
             constexprs = dict(epilogue, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
@@ -262,7 +269,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             constexprs.pop("QUANTIZE_INPUT")
             cases.append((tile.name, gemm_tma._gemm_tma_kernel, dense_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
-        resident_args = dict(common, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
+        resident_args = dict(flat, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout,
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):

@@ -58,6 +58,23 @@ def random_int8_gemm(generator: torch.Generator, rows: int, k: int, cout: int) -
     return x, wq, bias, scale, attrs
 
 
+def residual_view(res: torch.Tensor, view: str) -> torch.Tensor:
+    """`res` [N, C, H, W] stored as a view: cropped out of a larger channels-last tensor (pixels not
+    evenly spaced), a channel slice of a wider one (evenly spaced), or NCHW."""
+    n, c, h, w = res.shape
+    if view == "cropped":
+        larger = torch.zeros(n, c, h + 3, w + 2, dtype=res.dtype, device=res.device)
+        larger = larger.contiguous(memory_format=torch.channels_last)
+        larger[:, :, 1:h + 1, 2:w + 2] = res
+        return larger[:, :, 1:h + 1, 2:w + 2]
+    if view == "channel_slice":
+        wider = torch.zeros(n, c + 9, h, w, dtype=res.dtype, device=res.device)
+        wider = wider.contiguous(memory_format=torch.channels_last)
+        wider[:, 4:c + 4] = res
+        return wider[:, 4:c + 4]
+    return res.contiguous()
+
+
 def on_device(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
     """`t` on `device`, channels-last when it is 4-D (as the kernels read activations)."""
     if t is None:

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv_runs_the_tactic,
-                         assert_reads_and_writes_channel_slices, on_device, random_int8_conv, random_int8_gemm)
+                         assert_reads_and_writes_channel_slices, on_device, random_int8_conv, random_int8_gemm,
+                         residual_view)
 
 triton = pytest.importorskip("triton")
 
@@ -46,6 +47,21 @@ def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output
                        residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
                        output_inv_scale=attrs.get("output_inv_scale"))
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
+@pytest.mark.parametrize("view", ["cropped", "channel_slice", "nchw"])
+def test_gemm_tma_reads_a_residual_view(view):
+    """Residuals addressed by (n, oh, ow) and by row alone (`tile_steps.residual_pixels`)."""
+    x, w, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(32), 64, 40, kernel=1, hw=(7, 5),
+                                                     codes=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    xd, wd = on_device(x, DEVICE), w.to(DEVICE)
+    geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
+    out = run_gemm_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, SMALL,
+                       dequant_scale=scale.to(DEVICE), residual=residual_view(res.to(DEVICE), view),
+                       activation="Relu", residual_scale=attrs["residual_scale"],
+                       output_inv_scale=attrs["output_inv_scale"])
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
 
 

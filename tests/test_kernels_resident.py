@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from int8_layers import on_device, random_int8_conv, random_int8_gemm
+from int8_layers import on_device, random_int8_conv, random_int8_gemm, residual_view
 
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, WIDE_K, WIDE_K_TILE,  # noqa: E402
                                           Projection, ResidentTile, resident_applies, resident_gemm,
                                           resident_tactics)
@@ -87,6 +88,40 @@ def test_resident_gemm_and_codes_in_equal_the_emulation():
                         dequant_scale=scale.to(DEVICE), input_inv_scale=attrs["input_inv_scale"],
                         output_inv_scale=attrs["output_inv_scale"], qmin=attrs["qmin"])
     assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("view", ["cropped", "channel_slice", "nchw"])
+def test_resident_conv_reads_a_residual_view(view):
+    """A residual whose pixels are not evenly spaced is addressed by (n, oh, ow); evenly spaced ones
+    by their row alone (`tile_steps.residual_pixels`): both equal the emulation."""
+    x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(31), 48, 40, hw=(7, 5))
+    expected = qconv([x, wq, bias, res, scale], attrs)
+    out = _qlayer_resident(on_device(x, DEVICE), qlayer_weight_for_tactic(wq, SMALL.name).to(DEVICE),
+                           bias.to(DEVICE), residual_view(res.to(DEVICE), view), scale.to(DEVICE), attrs, SMALL,
+                           gemm=False)
+    assert out is not None and torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("strides,batch,out_hw,flat", [
+    ((35 * 40, 1, 5 * 40, 40), 2, (7, 5), True),  # channels-last, whole
+    ((35 * 49, 1, 5 * 49, 49), 2, (7, 5), True),  # a channel slice of 49 channels
+    ((10 * 7 * 40, 1, 7 * 40, 40), 2, (7, 5), False),  # cropped out of 10 × 7 pixels
+    ((40 * 35, 35, 5, 1), 2, (7, 5), False),  # NCHW, two images
+    ((40 * 35, 35, 5, 1), 1, (7, 5), True),  # NCHW, one image: pixel m at m
+    ((0, 0, 0, 0), 2, (7, 5), True),  # no residual
+])
+def test_residual_pixels_flattens_evenly_spaced_residuals_only(strides, batch, out_hw, flat):
+    hw, flat_strides = residual_pixels(strides, batch, out_hw)
+    assert (hw == (1, 1)) == flat
+    if not flat:
+        assert (hw, flat_strides) == (out_hw, strides)
+    else:  # pixel (n, oh, ow) = row m sits where the strides put it
+        for n in range(batch):
+            for oh in range(out_hw[0]):
+                for ow in range(out_hw[1]):
+                    m = (n * out_hw[0] + oh) * out_hw[1] + ow
+                    assert m * flat_strides[0] == n * strides[0] + oh * strides[2] + ow * strides[3]
+        assert flat_strides[1] == strides[1]
 
 
 def test_resident_conv_reads_a_channel_slice_and_writes_into_one():

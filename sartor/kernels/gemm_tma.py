@@ -24,7 +24,7 @@ from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, TMA_ALIGNMENT, ConvGeometr
                          packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
-from .tile_steps import epilogue_arguments
+from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
@@ -192,6 +192,7 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     x_desc = TensorDescriptor(x, [m, k], [_matrix_rows(x), 1], [tile.block_m, tile.block_k])
     w_desc = packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)
     rs = _as_nchw_view(residual).stride() if residual is not None else (0, 0, 0, 0)
+    (oh, ow), rs = residual_pixels(rs, shape[0], (oh, ow))
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,

@@ -20,7 +20,7 @@ import torch
 from .conv_igemm import ConvGeometry
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
-from .tile_steps import epilogue_arguments
+from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None:
     import triton.language as tl
@@ -369,6 +369,9 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     xs = x.stride() if x.dim() == 4 else (0, 0, 0, 0)
     res4 = residual if residual is None or residual.dim() == 4 else residual.reshape(*residual.shape, 1, 1)
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    out_hw = (oh, ow)
+    if not strided and not p_flags.get("PROJ_STRIDED"):  # no input row needs the output's coordinates
+        out_hw, rs = residual_pixels(rs, x.shape[0], out_hw)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
@@ -377,7 +380,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         flags.update(HAS_RES=True, RES_QUANT=False)
     _resident_gemm_kernel[tile.grid(rows, cout)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
-        *p_pointers, rows, cout, k_total, pixel_stride(x), pixel_stride(y), oh, ow, xs[0], xs[2] * strides[0],
+        *p_pointers, rows, cout, k_total, pixel_stride(x), pixel_stride(y), *out_hw, xs[0], xs[2] * strides[0],
         xs[3] * strides[1], *rs, *p_layout, float(input_inv_scale or 1.0), p_inv_scale, *scalars,
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,

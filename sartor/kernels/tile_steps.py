@@ -381,6 +381,22 @@ if triton is not None:
                               RES_AFTER, ACT, OUT_QUANT, LOADED=True)
 
 
+def residual_pixels(residual_strides: tuple, batch: int, out_hw: tuple) -> tuple[tuple, tuple]:
+    """The output size (OH, OW) and residual strides (n, c, h, w) with which a kernel that needs
+    output coordinates for its residual alone (1×1 stride-1 layers: the resident and TMA GEMM
+    kernels) addresses it. Where the residual's pixels lie evenly spaced in output order (a whole
+    NHWC tensor or a channel slice of one; or no residual, strides all 0), the output is taken as
+    batch·OH·OW pixels of 1 × 1: OH = OW = 1 compile as constants and `pixel_coords`' divisions per
+    row go (on sm_90, 71 of the 508 instructions per row tile of layer1 conv3's resident 64×64 tile).
+    Otherwise both are returned as they are."""
+    oh, ow = out_hw
+    sn, sc, sh, sw = residual_strides
+    step = sw if ow > 1 else sh if oh > 1 else sn
+    if (ow == 1 or sw == step) and (oh == 1 or sh == ow * step) and (batch == 1 or sn == oh * ow * step):
+        return (1, 1), (step, sc, step, step)
+    return (oh, ow), (sn, sc, sh, sw)
+
+
 def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
                        activation: str | None, alpha: float | None, beta: float | None,
                        residual_after_activation: bool, residual_scale: float | None,
