@@ -100,7 +100,7 @@ if triton is not None:
         once (as _quantize_code's add does) where a multiply and an add took two instructions and
         two roundings; the emulation (ops/quantized.py `requantize`) rounds the exact float64
         product. Interpreted, the product is exact in float64 and rounded there."""
-        if HARDWARE_FMA:
+        if COMPILED:
             t = tl.fma(v, inv_scale, 12582912.0)
             t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
             return t.to(tl.int32, bitcast=True).to(tl.int8)
@@ -110,7 +110,7 @@ if triton is not None:
     @triton.jit
     def _requantize_code_nonnegative(v, inv_scale):
         """_requantize_code of a v ≥ 0 (ReLU's output): no lower clamp (see _quantize_code_nonnegative)."""
-        if HARDWARE_FMA:
+        if COMPILED:
             t = tl.minimum(tl.fma(v, inv_scale, 12582912.0), 12583039.0)
             return t.to(tl.int32, bitcast=True).to(tl.int8)
         return tl.minimum(_round_half_even(v.to(tl.float64) * _scalar_float64(inv_scale)), 127.0).to(tl.int8)
@@ -119,7 +119,7 @@ if triton is not None:
     def _add_scaled_residual(y, residual, res_scale):
         """y + residual · res_scale rounded once (a fused multiply-add): the residual's codes
         (already float32, exactly) times their scale, added to the layer's value."""
-        if HARDWARE_FMA:
+        if COMPILED:
             return tl.fma(residual, res_scale, y)
         return _fma_round_to_odd(residual, res_scale, y)
 
@@ -139,7 +139,7 @@ if triton is not None:
         _quantize_code): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
         dtypes (FP8 codes, float residuals) convert as usual."""
         if codes.dtype == tl.int8:
-            if HARDWARE_FMA:  # compiled
+            if COMPILED:
                 return _packed_codes_to_float(codes)
             return (codes.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
         return codes.to(tl.float32)
@@ -183,8 +183,9 @@ if triton is not None:
     # Triton's interpreter does not round to nearest, so interpreted kernels keep the arithmetic.
     # Whether this module's kernels are interpreted is decided once, as @triton.jit made them.
     FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(_quantize_fp8, InterpretedFunction))
-    # The same decision for the epilogue's fused multiply-adds (see _fma_round_to_odd).
-    HARDWARE_FMA = FP8_HARDWARE_ROUNDING
+    # The same decision for the epilogue's fused multiply-adds (interpreted: _fma_round_to_odd) and
+    # its inline PTX (_packed_codes_to_float), which the interpreter cannot run.
+    COMPILED = FP8_HARDWARE_ROUNDING
 
     @triton.jit
     def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
