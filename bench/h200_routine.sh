@@ -13,6 +13,12 @@
 #              implicit-GEMM tiles timed per layer where effort 1, which every table since session 15
 #              used, times two), against eager; its build time at effort 3 is not yet known
 #   int8       the projection, resident and pool test files, then as resnet without FP8 (after an INT8 change) ~260
+#   int8ab     ResNet-50 INT8 at batch 256 (effort 1, no compile peers) built and run by an older
+#              commit's code ($INT8_BASE, default .carry/int8base: `git archive REV sartor bench
+#              samples/detector/scenes.py samples/detector/model.py | tar -x -C .carry/int8base`;
+#              skipped when absent), then by this checkout's, one after the other on one machine,
+#              with both timing caches: a kernel change's gain layer by layer, free of the
+#              machine-to-machine spread                                                  ~320
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
@@ -98,6 +104,14 @@ for name in "$@"; do
     int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/test_fuse_projected_residual.py tests/test_kernels_resident.py \
             tests/test_kernels_pool.py tests/test_epilogue_fma.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
             --batches 256,1 --int8 --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/int8/' ;;
+    int8ab) stage int8ab 560 bash -c 'base=${INT8_BASE:-.carry/int8base}
+              common="--models resnet50 --batches 256 --int8 --effort 1 --no-compile --no-warm-build"
+              if [ -d "$base/sartor" ] && [ -d "$base/bench" ]; then
+                (cd "$base" && python bench/h200_table.py --out /tmp/routine/int8ab/base $common) \
+                  && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/base/
+              fi
+              python bench/h200_table.py --out /tmp/routine/int8ab/new $common \
+                && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/new/' ;;
     detectors)
       models=detector onnx_dir=.carry
       [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry
