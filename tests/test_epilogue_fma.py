@@ -50,6 +50,18 @@ def test_fused_multiply_add_rounds_the_exact_value_once():
     assert two_roundings_differ > 100  # the cases where the definition matters were among them
 
 
+def test_fused_multiply_add_does_not_round_twice_through_float64():
+    """3 · (1 + 2^-23) = 3 + 2^-22 + 2^-23 lies halfway between two float32 values; an addend of
+    ∓2^-60 decides the side. Its float64 sum rounds back to the halfway point, and a second rounding
+    to float32 would go to the even neighbour whatever the addend's sign; one rounding does not."""
+    code, scale = torch.tensor([3.0, 3.0]), 1 + 2.0 ** -23
+    addends = torch.tensor([-(2.0 ** -60), 2.0 ** -60])
+    fused = fused_multiply_add(code, scale, addends)
+    assert fused.tolist() == [3 + 2.0 ** -22, 3 + 2.0 ** -21]
+    through_float64 = (code.double() * scale + addends.double()).float()
+    assert through_float64.tolist() == [3 + 2.0 ** -21, 3 + 2.0 ** -21]
+
+
 def test_requantize_rounds_the_exact_product_half_to_even():
     generator = torch.Generator().manual_seed(1)
     values = torch.randn(200_000, generator=generator) * 40
