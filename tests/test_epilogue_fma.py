@@ -125,3 +125,13 @@ def test_the_kernels_epilogue_equals_the_emulation_where_one_rounding_differs_fr
                                output_inv_scale=OUTPUT_INV_SCALE)
     assert torch.equal(out.cpu(), expected)
     assert not torch.equal(out.cpu(), _two_roundings(acc, dequant_scale, residual, activation, after))
+
+
+def test_the_kernels_residual_add_does_not_round_twice_through_float64():
+    """The case above through the kernels' epilogue (float output): the layer's value ∓2^-60 plus
+    code 3 at scale 1 + 2^-23 (interpreted: `_fma_round_to_odd`; on a GPU: the fma instruction)."""
+    acc = torch.tensor([[-1], [1]], dtype=torch.int32)
+    out = accumulator_epilogue(acc.to(DEVICE), (2, 1), None, dequant_scale=torch.tensor([2.0 ** -60]).to(DEVICE),
+                               residual=torch.tensor([[3], [3]], dtype=torch.int8).to(DEVICE),
+                               residual_scale=1 + 2.0 ** -23)
+    assert out.cpu().flatten().tolist() == [3 + 2.0 ** -22, 3 + 2.0 ** -21]
