@@ -17,8 +17,9 @@
 #              commit's code ($INT8_BASE, default .carry/int8base: `git archive REV sartor bench
 #              samples/detector/scenes.py samples/detector/model.py | tar -x -C .carry/int8base`;
 #              skipped when absent), then by this checkout's, one after the other on one machine,
-#              with both timing caches: a kernel change's gain layer by layer, free of the
-#              machine-to-machine spread                                                  ~320
+#              with both timing caches (bench/compare_timing_caches.py base/... new/... lists them
+#              side by side): a kernel change's gain layer by layer, free of the machine-to-machine
+#              spread                                                                      ~320
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
