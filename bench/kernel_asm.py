@@ -231,8 +231,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         if tile.weight_tma:
             import torch
             w = torch.empty(cout, k * k * cin, dtype=torch.int8, device="meta")
-            args = dict(igemm_args, w_desc=conv_igemm.TensorDescriptor(w, [cout, k * k * cin], [k * k * cin, 1],
-                                                                       [tile.block_n, tile.block_k]))
+            args = dict(igemm_args, w_desc=conv_igemm.packed_weight_descriptor(w, tile.block_n, tile.block_k))
         cases.append((tile.name, conv_igemm._conv_igemm_kernel, args, constexprs, tile.warps, tile.stages))
     if conv_tma.TensorDescriptor is not None and cin % 64 == 0:
         import torch
@@ -242,8 +241,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
             tma_args = dict(common, COUT=cout, C=cin, OH=hw, OW=hw, y_row=cout, pad_h=k // 2, pad_w=k // 2,
                             x_desc=conv_tma.TensorDescriptor(x, [batch, hw, hw, cin], [hw * hw * cin, hw * cin, cin, 1],
                                                              [1, tile.bh, tile.bw, tile.block_k]),
-                            w_desc=conv_tma.TensorDescriptor(w, [cout, k * k * cin], [k * k * cin, 1],
-                                                             [tile.block_n, tile.block_k]))
+                            w_desc=conv_igemm.packed_weight_descriptor(w, tile.block_n, tile.block_k))
             constexprs = dict(epilogue, KH=k, KW=k, BH=tile.bh, BW=tile.bw, BLOCK_N=tile.block_n,
                               BLOCK_K=tile.block_k)
             constexprs.pop("QUANTIZE_INPUT")
@@ -263,7 +261,7 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
                      gemm_tma.gemm_tma_tactics(x, (cout, cin), conv_igemm.ConvGeometry.gemm(), 5, residual)]:
             dense_args = dict(flat, M=rows, COUT=cout, K=cin, y_row=cout,
                               x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
-                              w_desc=gemm_tma.TensorDescriptor(w, [cout, cin], [cin, 1], [tile.block_n, tile.block_k]))
+                              w_desc=conv_igemm.packed_weight_descriptor(w, tile.block_n, tile.block_k))
             constexprs = dict(epilogue, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                               BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M)
             constexprs.pop("QUANTIZE_INPUT")
