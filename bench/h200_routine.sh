@@ -11,7 +11,7 @@
 #   resnet     ResNet-50 FP16/INT8/FP8 at batch 256 and 1 against eager and torch.compile    ~240
 #   effort     ResNet-50 FP16 and INT8 at batch 256 built at builder effort $EFFORT (default 3: eight
 #              implicit-GEMM tiles timed per layer where effort 1, which every table since session 15
-#              used, times two), against eager; its build time at effort 3 is not yet known
+#              used, times two), against eager (session 21: 157 s; INT8 built in 109 s)    ~160
 #   int8       the projection, resident and pool test files, then as resnet without FP8 (after an INT8 change) ~260
 #   int8ab     ResNet-50 INT8 at batch 256 (effort 1, no compile peers) built and run by an older
 #              commit's code ($INT8_BASE, default .carry/int8base: `git archive REV sartor bench
