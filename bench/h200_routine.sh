@@ -11,7 +11,8 @@
 #   resnet     ResNet-50 FP16/INT8/FP8 at batch 256 and 1 against eager and torch.compile    ~240
 #   effort     ResNet-50 FP16 and INT8 at batch 256 built at builder effort $EFFORT (default 3: eight
 #              implicit-GEMM tiles timed per layer where effort 1, which every table since session 15
-#              used, times two), against eager (session 21: 157 s; INT8 built in 109 s)    ~160
+#              used, times two), against eager (session 21: 157 s; INT8 built in 109 s); batches
+#              $EFFORT_BATCHES (default 256)                                                 ~160
 #   int8       the projection, resident and pool test files, then as resnet without FP8 (after an INT8 change) ~260
 #   int8ab     ResNet-50 INT8 at batch 256 (effort 1, no compile peers) built and run by an older
 #              commit's code ($INT8_BASE, default .carry/int8base: `git archive REV sartor bench
@@ -100,7 +101,7 @@ for name in "$@"; do
               --batches 256,1 --int8 --fp8 --effort 1 --no-warm-build \
               && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/resnet/' ;;  # which tactic won where
     effort) stage effort 560 bash -c 'python bench/h200_table.py --out /tmp/routine/effort --models resnet50 \
-              --batches 256 --int8 --effort "${EFFORT:-3}" --no-compile --no-warm-build \
+              --batches "${EFFORT_BATCHES:-256}" --int8 --effort "${EFFORT:-3}" --no-compile --no-warm-build \
               && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/effort/' ;;
     int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/test_fuse_projected_residual.py tests/test_kernels_resident.py \
             tests/test_kernels_pool.py tests/test_epilogue_fma.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
