@@ -200,8 +200,9 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
     return cases
 
 
-def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
-    """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer."""
+def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tuple[str, object, dict, dict, int, int]]:
+    """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer;
+    `resident_tiles` (tactic names) in place of every resident tile the builder knows."""
     if layer in PROJECTED:
         return projected_cases(layer)
     batch, cin, cout, hw, k, residual = LAYERS[layer]
@@ -270,7 +271,8 @@ def layer_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
         resident_args = dict(flat, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout,
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
-        for tile in map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5, residual)):
+        names = resident_tiles if resident_tiles is not None else resident_gemm.resident_tactics(5, residual)
+        for tile in map(resident_gemm.ResidentTile.parse, names):
             constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),
                               RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent,
@@ -286,12 +288,17 @@ def main() -> None:
     parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: Hopper)")
     parser.add_argument("--dump", type=Path, default=None, help="write each candidate's TTGIR and PTX here")
     parser.add_argument("--pdl", action="store_true", help="compile as launched with programmatic dependent launch")
+    parser.add_argument("--resident-tiles", type=lambda text: text.split(","), default=None,
+                        help="comma-separated resident tactics (e.g. resident_64x64_t8_w4_s2_c_g) instead of every "
+                             "one the builder knows: a tile not yet among them")
     args = parser.parse_args()
+    if args.resident_tiles and None in map(resident_gemm.ResidentTile.parse, args.resident_tiles):
+        parser.error(f"--resident-tiles: not resident tactics: {args.resident_tiles}")
     target = GPUTarget("cuda", args.arch, 32)
     print(f"{args.layer} on sm_{args.arch}: per program")
     print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "
           + " ".join(f"{name:>9}" for name in PATTERNS) + " " + " ".join(f"{name:>4}" for name in SASS_CONVERSIONS))
-    for label, fn, values, constexprs, warps, stages in layer_cases(args.layer):
+    for label, fn, values, constexprs, warps, stages in layer_cases(args.layer, args.resident_tiles):
         try:
             kernel = compile_for(fn, values, constexprs, warps, stages, target, args.pdl)
             report = ptxas_report(kernel.asm["ptx"], args.arch)
