@@ -264,7 +264,7 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                               x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
                               w_desc=conv_igemm.packed_weight_descriptor(w, tile.block_n, tile.block_k))
             constexprs = dict(epilogue, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                              BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M)
+                              BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M, PERSISTENT=tile.persistent)
             constexprs.pop("QUANTIZE_INPUT")
             cases.append((tile.name, gemm_tma._gemm_tma_kernel, dense_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:

@@ -133,3 +133,34 @@ def test_projected_resident_kernel_compiles_for_sm90():
     # layer1.0: a projection of the same K as the layer's own product, so twice its tensor-core ops
     assert {int(wgmma) for layer, _, _, wgmma in lines if layer == "layer1.projected"} == {2 * n for n in plain}
     assert all(int(wgmma) > max(plain) for layer, _, _, wgmma in lines if layer == "layer2.projected")
+
+
+PERSISTENT_CHILD = r"""
+import re, sys
+from dataclasses import replace
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels import gemm_tma
+first, specialized = gemm_tma.GEMM_TMA_TILES[0], gemm_tma.WS_TILES[0]
+wanted = {first.name: "plain", replace(first, persistent=gemm_tma.PERSISTENT_FLAT).name: "flat",
+          replace(specialized, persistent=gemm_tma.PERSISTENT_WS).name: "ws"}
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("layer3.conv3", []):
+    if label in wanted:
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        print(wanted[label], kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], len(re.findall("setmaxnreg", ptx)),
+              "wgmma.mma_async" in ptx)
+"""
+
+
+def test_persistent_gemm_tiles_compile_for_sm90_and_the_specialized_one_specializes():
+    """The persistent `gemm_tma` variants on layer3's conv3 (K = 256): flattened and warp-specialized
+    both compile to Hopper's tensor-core instructions without spills, and the warp-specialized one
+    really is (a producer warp group giving up registers: setmaxnreg), where the one-tile kernel is
+    not. Triton compiles `warp_specialize` to the plain loop where its pass does not take a tile,
+    which is why WS_TILES names the tiles it takes."""
+    lines = sorted(line.split() for line in _compile_in_child(PERSISTENT_CHILD).splitlines())
+    assert [kind for kind, *_ in lines] == ["flat", "plain", "ws"]
+    assert all(spills == "0" and hopper == "True" for _, spills, _, hopper in lines)
+    registers = {kind: int(count) for kind, _, count, _ in lines}
+    assert registers["ws"] > 0 and registers["plain"] == 0 and registers["flat"] == 0

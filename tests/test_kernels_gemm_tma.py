@@ -50,6 +50,26 @@ def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
 
 
+@pytest.mark.parametrize("tile", [
+    GemmTmaTile(64, 32, 32, 4, 2, persistent=gemm_tma.PERSISTENT_FLAT),
+    GemmTmaTile(64, 32, 32, 4, 2, halves=True, persistent=gemm_tma.PERSISTENT_FLAT, programs_per_sm=2),
+    GemmTmaTile(64, 32, 32, 4, 2, persistent=gemm_tma.PERSISTENT_WS),
+    GemmTmaTile(64, 32, 32, 4, 2, persistent=gemm_tma.PERSISTENT_WS, programs_per_sm=2)], ids=lambda t: t.name)
+def test_persistent_gemm_tma_equals_the_emulation(tile):
+    """Persistent programs walk the tiles between them: 226 tiles (7,200 pixels in 64-row tiles, 40
+    outputs in 32-column ones, the last of each partial), more than the H200's 132 SMs hold with one
+    program each, and about a hundred per program under the interpreter (INTERPRETED_SMS)."""
+    x, w, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(12), 64, 40, kernel=1, hw=(60, 60),
+                                                     codes=True)
+    expected = qconv([x, w, bias, res, scale], attrs)
+    xd, wd = on_device(x, DEVICE), w.to(DEVICE)
+    geometry = igemm_geometry(xd, wd, attrs, require_cuda=False)
+    out = run_gemm_tma(xd, pack_weight(wd), bias.to(DEVICE), geometry, tile, dequant_scale=scale.to(DEVICE),
+                       residual=on_device(res, DEVICE), activation="Relu", residual_scale=attrs["residual_scale"],
+                       output_inv_scale=attrs["output_inv_scale"])
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
 @pytest.mark.parametrize("view", ["cropped", "channel_slice", "nchw"])
 def test_gemm_tma_reads_a_residual_view(view):
     """Residuals addressed by (n, oh, ow) and by row alone (`tile_steps.residual_pixels`)."""
@@ -113,7 +133,7 @@ def test_gemm_tma_tile_names_round_trip():
     x = torch.zeros(1, 64, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     wide = torch.zeros(1, 512, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     every = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5, residual=True)
-    assert len(every) == 2 * len(gemm_tma.GEMM_TMA_TILES)
+    assert len([n for n in every if not GemmTmaTile.parse(n).persistent]) == 2 * len(gemm_tma.GEMM_TMA_TILES)
     for name in every:
         assert GemmTmaTile.parse(name).name == name
     first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # both 128 or more columns wide
@@ -123,17 +143,44 @@ def test_gemm_tma_tile_names_round_trip():
                               for n in gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5)
                               for t in narrow)
     assert gemm_tma.gemm_tma_tactics(x.float(), (32, 64, 1, 1), ONE_BY_ONE, 3) == []
-    # K = 64: every tile's K step cut to 64, one pipeline stage (nothing to overlap), no tile twice.
+    # K = 64: every tile's K step cut to 64, one pipeline stage (nothing to overlap), no tile twice;
+    # a persistent tile keeps its stages, for the next tiles' copies.
     short = [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(x, (32, 64, 1, 1), ONE_BY_ONE, 5)]
-    assert {(t.block_k, t.stages) for t in short} == {(64, 1)} and len({t.name for t in short}) == len(short)
+    assert {(t.block_k, t.stages) for t in short if not t.persistent} == {(64, 1)}
+    assert {t.block_k for t in short} == {64} and min(t.stages for t in short if t.persistent) > 1
+    assert len({t.name for t in short}) == len(short)
     deep = torch.zeros(1, 512, 4, 4, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     assert [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(deep, (32, 512, 1, 1), ONE_BY_ONE, 1)][:2] \
         == list(gemm_tma.GEMM_TMA_TILES[:2])
     assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
+    assert GemmTmaTile.parse("gemm_tma_128x128x128_w8_s3_e2_pf2") == replace(
+        gemm_tma.GEMM_TMA_TILES[0], halves=True, persistent=gemm_tma.PERSISTENT_FLAT, programs_per_sm=2)
     for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
+                "gemm_tma_128x128x64_w8_s3_pf0", "gemm_tma_128x128x64_w8_s3_pf", "gemm_tma_128x128x64_w8_s3_pf2_e2",
                 "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "gemm_tma_128x128x64_w8_s3_e2_e2",
                 "tma_8x16x64x64_w4_s4", None):
         assert GemmTmaTile.parse(bad) is None, bad
+
+
+def test_persistent_variants_come_from_their_effort_and_only_where_specialized():
+    """None at effort 1 (not yet timed on a GPU); from PERSISTENT_MIN_EFFORT the first FLAT_TILES
+    tiles flattened with and without halves, and WS_TILES warp-specialized without halves, each at
+    every PROGRAMS_PER_SM."""
+    wide = torch.zeros(1, 512, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+
+    def persistent(effort: int) -> list[GemmTmaTile]:
+        return [t for t in map(GemmTmaTile.parse, gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort,
+                                                                                residual=True)) if t.persistent]
+
+    assert gemm_tma.PERSISTENT_MIN_EFFORT > 1 and persistent(1) == []
+    flat = {replace(t, halves=False, persistent=0, programs_per_sm=1) for t in persistent(5)
+            if t.persistent == gemm_tma.PERSISTENT_FLAT}
+    assert flat == set(gemm_tma.GEMM_TMA_TILES[:gemm_tma.FLAT_TILES])
+    specialized = [t for t in persistent(5) if t.persistent == gemm_tma.PERSISTENT_WS]
+    assert {replace(t, persistent=0, programs_per_sm=1) for t in specialized} == set(gemm_tma.WS_TILES)
+    assert not any(t.halves for t in specialized)
+    assert {t.programs_per_sm for t in persistent(5)} == set(gemm_tma.PROGRAMS_PER_SM)
+    assert len(persistent(gemm_tma.PERSISTENT_MIN_EFFORT)) == 2 * 2 * len(gemm_tma.PROGRAMS_PER_SM)
 
 
 def test_qconv_runs_the_gemm_tactic_with_its_stored_weight():

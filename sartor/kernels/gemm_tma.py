@@ -16,6 +16,7 @@ as the other INT8 tiles' does.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,17 +34,15 @@ if triton is not None and TensorDescriptor is not None:
     from .tile_steps import _epilogue_store, _epilogue_store_halves, grouped_tile, pixel_coords
 
     @triton.jit
-    def _gemm_tma_kernel(
-            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
-            M, COUT, K, OH, OW, y_row, srn, src, srh, srw,
-            res_scale, out_inv_scale, qmin, alpha, beta,
+    def _gemm_tma_tile(
+            tile_id, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, K, OH, OW, y_row, srn, src, srh,
+            srw, res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
             RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
-        await_previous_kernel(PDL)
-        pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
-
+            GROUP_M: tl.constexpr):
+        """One output tile: its K steps, then the epilogue."""
+        pid_m, pid_n = grouped_tile(tile_id, M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
         if INT8:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
@@ -69,46 +68,91 @@ if triton is not None and TensorDescriptor is not None:
                             res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
+    @triton.jit
+    def _gemm_tma_kernel(
+            x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            M, COUT, K, OH, OW, y_row, srn, src, srh, srw,
+            res_scale, out_inv_scale, qmin, alpha, beta,
+            INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+            RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
+            EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, PERSISTENT: tl.constexpr = 0):
+        """One tile per program, or with PERSISTENT a program per SM slot walking the tiles in one
+        loop that the compiler pipelines as one: flattened (PERSISTENT_FLAT), so that the next tile's
+        bulk copies are in flight during this tile's epilogue, or warp-specialized (PERSISTENT_WS),
+        a producer warp issuing the copies ahead of the warps that multiply and store."""
+        await_previous_kernel(PDL)
+        if PERSISTENT == 0:
+            _gemm_tma_tile(tl.program_id(0), x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, K, OH, OW,
+                           y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
+                           HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, EPILOGUE_HALVES, BLOCK_M, BLOCK_N,
+                           BLOCK_K, GROUP_M)
+        else:
+            tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(COUT, BLOCK_N)
+            for tile_id in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 1,
+                                    warp_specialize=PERSISTENT == 2):
+                _gemm_tma_tile(tile_id, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, K, OH, OW,
+                               y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
+                               HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, EPILOGUE_HALVES, BLOCK_M,
+                               BLOCK_N, BLOCK_K, GROUP_M)
+
 
 GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
 HALVES_SUFFIX = "_e2"
+# How a persistent tile walks its tiles (the kernel's PERSISTENT), by name suffix: "_pf2" is
+# flattened with two programs per SM, "_ws1" warp-specialized with one.
+PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
+PERSISTENT_SUFFIXES = {PERSISTENT_FLAT: "_pf", PERSISTENT_WS: "_ws"}
+INTERPRETED_SMS = 2  # SMs a CPU (interpreted) launch assumes, so that each program walks several tiles
 
 
 @dataclass(frozen=True)
 class GemmTmaTile:
     """Rows, columns and K step of a program's tile, warps, pipeline stages; `halves`: the epilogue
     runs over two halves of the columns in turn (name suffix "_e2"), with half of the float values
-    and residual live at once, as conv_igemm's `_e2` tiles."""
+    and residual live at once, as conv_igemm's `_e2` tiles. `persistent` (PERSISTENT_FLAT or
+    PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM that walk
+    the tiles between them."""
     block_m: int
     block_n: int
     block_k: int
     warps: int
     stages: int
     halves: bool = False
+    persistent: int = 0
+    programs_per_sm: int = 1
 
     @property
     def name(self) -> str:
         return (f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-                + (HALVES_SUFFIX if self.halves else ""))
+                + (HALVES_SUFFIX if self.halves else "")
+                + (f"{PERSISTENT_SUFFIXES[self.persistent]}{self.programs_per_sm}" if self.persistent else ""))
 
     @classmethod
     def parse(cls, tactic: str | None) -> "GemmTmaTile | None":
         if not tactic or not tactic.startswith(GEMM_TMA_PREFIX):
             return None
         body = tactic[len(GEMM_TMA_PREFIX):]
+        persistent, programs = 0, 1
+        for mode, suffix in PERSISTENT_SUFFIXES.items():
+            head, found, count = body.rpartition(suffix)
+            if found and count.isdigit():
+                body, persistent, programs = head, mode, int(count)
+                break
         halves = body.endswith(HALVES_SUFFIX)
         try:
             tile, warps, stages = body.removesuffix(HALVES_SUFFIX).split("_")
             bm, bn, bk = (int(v) for v in tile.split("x"))
             if not (warps.startswith("w") and stages.startswith("s")):
                 return None
-            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves)
+            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves, persistent, programs)
         except ValueError:
             return None
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
         powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
-        return parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2 else None
+        return (parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2
+                and programs > 0 else None)
 
 
 # Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
@@ -116,6 +160,27 @@ class GemmTmaTile:
 GEMM_TMA_TILES = (GemmTmaTile(128, 128, 128, 8, 3), GemmTmaTile(128, 256, 64, 8, 3), GemmTmaTile(128, 128, 64, 8, 4),
                   GemmTmaTile(256, 128, 64, 8, 3), GemmTmaTile(64, 128, 128, 4, 4), GemmTmaTile(128, 64, 128, 4, 4))
 GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
+# Persistent variants, timed from PERSISTENT_MIN_EFFORT on (not yet timed on a GPU, so kept out of
+# effort 1). ResNet-50's layer3 conv3 (K = 256: two K steps per 128-deep tile) takes 0.072 ms at
+# batch 256 where its product alone would take 0.029 (session 22): one-tile programs wait for their
+# copies and then for their epilogue. A persistent program has the next tile's copies in flight
+# during this tile's epilogue: flattened for the first FLAT_TILES tiles, warp-specialized for
+# WS_TILES, each with 1 and 2 programs per SM. Triton's Hopper warp specialization takes only some
+# tiles (bench/kernel_asm.py, sm_90, offline): its 8-warp tiles compile to the plain loop, and the
+# 4-warp 128×64 tile fails to compile with Triton 3.8 (3.6 takes it, without its halved epilogue),
+# so WS_TILES is the one tile both specialize, and a warp-specialized tile has no halved epilogue.
+PERSISTENT_MIN_EFFORT = 2
+FLAT_TILES = 2
+WS_TILES = (GemmTmaTile(64, 128, 128, 4, 4),)
+PROGRAMS_PER_SM = (1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The device's SMs, which a persistent launch fills; INTERPRETED_SMS off the GPU."""
+    if device.type != "cuda":
+        return INTERPRETED_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _matrix_rows(x: torch.Tensor) -> int | None:
@@ -146,21 +211,33 @@ def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
                      residual: bool = False) -> list[str]:
     """The candidates the builder times at this effort for this layer (none where they do not apply):
     the tiles, fitted to a short K, and their halved-epilogue variants where the epilogue holds
-    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide)."""
+    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide); from PERSISTENT_MIN_EFFORT
+    the persistent variants as well."""
     if not gemm_tma_applies(x, w_shape, geometry):
         return []
-    fitted = dict.fromkeys(fit_to_k(tile, w_shape[1])
-                           for tile in GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))])
-    halved = [replace(tile, halves=True) for tile in fitted if residual or tile.block_n >= HALVES_MIN_BLOCK_N]
-    return [tile.name for tile in (*fitted, *halved)]
+    chosen = GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]
+
+    def with_halves(tiles: list[GemmTmaTile]) -> list[GemmTmaTile]:
+        fitted = list(dict.fromkeys(fit_to_k(tile, w_shape[1]) for tile in tiles))
+        return fitted + [replace(tile, halves=True) for tile in fitted
+                         if (residual or tile.block_n >= HALVES_MIN_BLOCK_N) and tile.persistent != PERSISTENT_WS]
+
+    tiles = with_halves(list(chosen))
+    if effort >= PERSISTENT_MIN_EFFORT:
+        tiles += with_halves([replace(tile, persistent=mode, programs_per_sm=programs) for programs in PROGRAMS_PER_SM
+                              for mode, among in ((PERSISTENT_FLAT, chosen[:FLAT_TILES]),
+                                                  (PERSISTENT_WS, [t for t in chosen if t in WS_TILES]))
+                              for tile in among])
+    return [tile.name for tile in tiles]
 
 
 def fit_to_k(tile: GemmTmaTile, k: int) -> GemmTmaTile:
     """The tile for a layer of K = `k`: its K step no deeper than K needs (ResNet's 1×1 layers over
     64 channels would copy a half-empty 128-deep box), and one pipeline stage where K is one step,
-    since a stage's buffers in shared memory then only limit how many programs an SM holds."""
+    since a stage's buffers in shared memory then only limit how many programs an SM holds. A
+    persistent tile keeps its stages: they hold the next tiles' copies."""
     block_k = min(tile.block_k, max(MIN_BLOCK_K, 1 << (k - 1).bit_length()))
-    return replace(tile, block_k=block_k, stages=1 if k <= block_k else tile.stages)
+    return replace(tile, block_k=block_k, stages=1 if k <= block_k and not tile.persistent else tile.stages)
 
 
 def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry,
@@ -197,12 +274,14 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
-    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n),)
+    tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)
+    grid = (min(tiles, tile.programs_per_sm * sm_count(x.device)) if tile.persistent else tiles,)
     _gemm_tma_kernel[grid](x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                            residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
                            *rs, *scalars, **flags, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m,
                            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                           GROUP_M=GROUP_M, PDL=pdl, **launch_options(pdl), num_warps=tile.warps,
+                           GROUP_M=GROUP_M, PDL=pdl, PERSISTENT=tile.persistent, **launch_options(pdl),
+                           num_warps=tile.warps,
                            num_stages=tile.stages,
                            enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
