@@ -21,6 +21,10 @@
 #              with both timing caches (bench/compare_timing_caches.py base/... new/... lists them
 #              side by side): a kernel change's gain layer by layer, free of the machine-to-machine
 #              spread                                                                      ~320
+#   tiles      named INT8 tiles on the expanding 1×1 layers of layers 1–3 at batch 256 (bench/tiles_probe.py,
+#              $TILES or the list below): the winners of session 22's builds beside resident tiles
+#              with 2 stages or 8 warps (more programs per SM at K = 256) and the persistent
+#              gemm_tma variants, whose first GPU run this is                               ~150
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
@@ -114,6 +118,11 @@ for name in "$@"; do
               fi
               python bench/h200_table.py --out /tmp/routine/int8ab/new $common \
                 && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/new/' ;;
+    tiles) stage tiles 300 python bench/tiles_probe.py --out /tmp/routine/tiles \
+             --layers layer3.conv3,layer2.conv3,layer1.conv3 --tiles "${TILES:-resident_64x64_t8_w4_s3_c_g,\
+resident_64x128_t8_w4_s2_e_g,resident_64x64_t8_w4_s2_c_g,resident_64x128_t8_w8_s2_g,gemm_tma_128x128x128_w8_s3_e2,\
+gemm_tma_128x128x128_w8_s3_e2_pf1,gemm_tma_128x128x128_w8_s3_e2_pf2,gemm_tma_128x256x64_w8_s3_e2_pf1,\
+gemm_tma_64x128x128_w4_s4_ws1,gemm_tma_64x128x128_w4_s4_ws2}" ;;
     detectors)
       models=detector onnx_dir=.carry
       [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry

@@ -1,12 +1,13 @@
-"""Named resident tiles timed on ResNet-50's expanding 1×1 layers at batch 256, beside a copy: a
-quick answer, in well under a minute of device time, to whether a tile not yet among the builder's
-candidates is worth adding (the full probe, bench/int8_kernel_probe.py, takes about two minutes).
+"""Named INT8 tiles (resident `resident_…` or TMA-fed `gemm_tma_…` tactics) timed on ResNet-50's
+expanding 1×1 layers at batch 256, beside a copy: a quick answer, in well under a minute of device
+time, to whether a tile not yet among the builder's candidates is worth adding (the full probe,
+bench/int8_kernel_probe.py, takes about two minutes).
 
 Each layer runs as the engine runs it: INT8 codes in, bias, residual of INT8 codes, ReLU, INT8 codes
-out. Rows go to $OUT/resident_tiles_probe.json as they are timed, so a run cut short keeps them.
+out. Rows go to $OUT/tiles_probe.json as they are timed, so a run cut short keeps them.
 
-    PYTHONPATH=. python bench/resident_tiles_probe.py --out $OUT --layers layer3.conv3 \
-        --tiles resident_64x64_t8_w4_s3_c_g,resident_64x64_t8_w4_s2_c_g
+    PYTHONPATH=. python bench/tiles_probe.py --out $OUT --layers layer3.conv3 \
+        --tiles resident_64x64_t8_w4_s3_c_g,gemm_tma_128x128x128_w8_s3_e2_pf1
 """
 from __future__ import annotations
 
@@ -24,24 +25,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, median_ms  # noqa: E402
+from sartor.kernels.conv_igemm import ConvGeometry  # noqa: E402
+from sartor.kernels.gemm_tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile, resident_gemm  # noqa: E402
 
 # (input channels, output channels, size): the expanding 1×1 layers with a residual.
 LAYERS = {"layer1.conv3": (64, 256, 56), "layer2.conv3": (128, 512, 28), "layer3.conv3": (256, 1024, 14)}
 
 
-def parse_tiles(text: str) -> list[ResidentTile]:
-    tiles = [ResidentTile.parse(name) for name in text.split(",")]
+def parse_tiles(text: str) -> list[ResidentTile | GemmTmaTile]:
+    tiles = [ResidentTile.parse(name) or GemmTmaTile.parse(name) for name in text.split(",")]
     if None in tiles:
-        raise SystemExit(f"--tiles: not resident tactics: {text}")
+        raise SystemExit(f"--tiles: not resident or gemm_tma tactics: {text}")
     return tiles
+
+
+def run_tile(tile: ResidentTile | GemmTmaTile, case: dict):
+    """The layer through this tile's kernel, as the builder would run it (a gemm_tma tile fitted to
+    the layer's K)."""
+    epilogue = dict(dequant_scale=case["scale"], residual=case["residual"], activation="Relu", residual_scale=0.01,
+                    output_inv_scale=20.0)
+    if isinstance(tile, ResidentTile):
+        return lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, **epilogue)
+    geometry = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), tuple(case["x"].shape[2:]))
+    fitted = fit_to_k(tile, case["x"].shape[1])
+    return lambda: gemm_tma(case["x"], case["w"], case["bias"], geometry, fitted, **epilogue)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--layers", default="layer3.conv3,layer1.conv3")
-    parser.add_argument("--tiles", type=parse_tiles, required=True, help="comma-separated resident tactics")
+    parser.add_argument("--tiles", type=parse_tiles, required=True,
+                        help="comma-separated resident_… or gemm_tma_… tactics")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
@@ -56,7 +72,7 @@ def main() -> None:
     def record(**row) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
-        (out / "resident_tiles_probe.json").write_text(json.dumps(rows, indent=1))
+        (out / "tiles_probe.json").write_text(json.dumps(rows, indent=1))
 
     source = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
@@ -69,10 +85,7 @@ def main() -> None:
         for tile in args.tiles:
             start = time.perf_counter()
             try:
-                ms = median_ms(lambda: resident_gemm(case["x"], case["w"], case["bias"], tile,
-                                                     dequant_scale=case["scale"], residual=case["residual"],
-                                                     activation="Relu", residual_scale=0.01, output_inv_scale=20.0),
-                               args.reps)
+                ms = median_ms(run_tile(tile, case), args.reps)
             except Exception as exc:  # noqa: BLE001 - one failing tile must not hide the others
                 traceback.print_exc()
                 record(layer=layer, tile=tile.name, error=f"{type(exc).__name__}: {exc}"[:300])
