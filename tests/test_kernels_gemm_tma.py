@@ -58,7 +58,7 @@ def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output
 def test_persistent_gemm_tma_equals_the_emulation(tile):
     """Persistent programs walk the tiles between them: 226 tiles (7,200 pixels in 64-row tiles, 40
     outputs in 32-column ones, the last of each partial), more than the H200's 132 SMs hold with one
-    program each, and about a hundred per program under the interpreter (INTERPRETED_SMS)."""
+    program each, and about 75 per program under the interpreter (PERSISTENT_PROGRAMS_WITHOUT_GPU)."""
     x, w, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(12), 64, 40, kernel=1, hw=(60, 60),
                                                      codes=True)
     expected = qconv([x, w, bias, res, scale], attrs)

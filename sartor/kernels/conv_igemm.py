@@ -353,6 +353,11 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+# The SMs a persistent launch fills off the GPU (under the interpreter): few, so that each program
+# walks several tiles.
+PERSISTENT_PROGRAMS_WITHOUT_GPU = 3
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """A 2-D convolution's (or a GEMM's, as a 1×1 conv over 1×1 pixels) shape parameters."""

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import TMA_ALIGNMENT, ConvGeometry, TensorDescriptor, multiprocessors, packed_weight_descriptor
+from .conv_igemm import (PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor,
+                         multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
@@ -124,7 +125,6 @@ if triton is not None and TensorDescriptor is not None:
 
 
 TMA_PREFIX = "tma_"
-PERSISTENT_PROGRAMS_WITHOUT_GPU = 3
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,12 @@ as the other INT8 tiles' does.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 
-from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor, _as_nchw_view,
-                         packed_weight_descriptor)
+from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry,
+                         TensorDescriptor, _as_nchw_view, multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments, residual_pixels
@@ -104,7 +103,6 @@ HALVES_SUFFIX = "_e2"
 # flattened with two programs per SM, "_ws1" warp-specialized with one.
 PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
 PERSISTENT_SUFFIXES = {PERSISTENT_FLAT: "_pf", PERSISTENT_WS: "_ws"}
-INTERPRETED_SMS = 2  # SMs a CPU (interpreted) launch assumes, so that each program walks several tiles
 
 
 @dataclass(frozen=True)
@@ -173,14 +171,6 @@ PERSISTENT_MIN_EFFORT = 2
 FLAT_TILES = 2
 WS_TILES = (GemmTmaTile(64, 128, 128, 4, 4),)
 PROGRAMS_PER_SM = (1, 2)
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """The device's SMs, which a persistent launch fills; INTERPRETED_SMS off the GPU."""
-    if device.type != "cuda":
-        return INTERPRETED_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _matrix_rows(x: torch.Tensor) -> int | None:
@@ -275,7 +265,9 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
     tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)
-    grid = (min(tiles, tile.programs_per_sm * sm_count(x.device)) if tile.persistent else tiles,)
+    if tile.persistent:
+        tiles = min(tiles, tile.programs_per_sm * (multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU))
+    grid = (tiles,)
     _gemm_tma_kernel[grid](x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                            residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
                            *rs, *scalars, **flags, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m,
