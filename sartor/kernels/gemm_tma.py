@@ -264,10 +264,10 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin)
-    tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)
+    programs = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)  # one per tile
     if tile.persistent:
-        tiles = min(tiles, tile.programs_per_sm * (multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU))
-    grid = (tiles,)
+        programs = min(programs, tile.programs_per_sm * (multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU))
+    grid = (programs,)
     _gemm_tma_kernel[grid](x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                            residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
                            *rs, *scalars, **flags, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m,
