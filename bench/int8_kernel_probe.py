@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,6 +93,19 @@ def conv_case(batch: int, cin: int, cout: int, hw: int, k: int, stride: int) -> 
                 macs=batch * out_hw * out_hw * cout * cin * k * k)
 
 
+def row_recorder(path: Path) -> Callable[..., None]:
+    """record(**row): prints the row as JSON and rewrites `path` with every row so far, so that a run
+    cut short keeps what it measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+
+    def record(**row) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        path.write_text(json.dumps(rows, indent=1))
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -99,13 +113,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-
-    def record(**row) -> None:
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "int8_kernel_probe.json").write_text(json.dumps(rows, indent=1))
+    record = row_recorder(out / "int8_kernel_probe.json")
 
     def timed(name: str, fn, macs: int = 0, bytes_moved: int = 0, **extra) -> None:
         try:

@@ -12,7 +12,6 @@ out. Rows go to $OUT/tiles_probe.json as they are timed, so a run cut short keep
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from int8_kernel_probe import conv_case, median_ms  # noqa: E402
+from int8_kernel_probe import conv_case, median_ms, row_recorder  # noqa: E402
 from sartor.kernels.conv_igemm import ConvGeometry  # noqa: E402
 from sartor.kernels.gemm_tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile, resident_gemm  # noqa: E402
@@ -65,14 +64,7 @@ def main() -> None:
     unknown = [name for name in layers if name not in LAYERS]
     if unknown:
         raise SystemExit(f"--layers: unknown {unknown}; known: {sorted(LAYERS)}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-
-    def record(**row) -> None:
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        (out / "tiles_probe.json").write_text(json.dumps(rows, indent=1))
+    record = row_recorder(Path(args.out) / "tiles_probe.json")
 
     source = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
