@@ -21,10 +21,11 @@
 #              with both timing caches (bench/compare_timing_caches.py base/... new/... lists them
 #              side by side): a kernel change's gain layer by layer, free of the machine-to-machine
 #              spread                                                                      ~320
-#   tiles      named INT8 tiles on the expanding 1×1 layers of layers 1–3 at batch 256 (bench/tiles_probe.py,
-#              $TILES or the list below): the winners of session 22's builds beside resident tiles
-#              with 2 stages or 8 warps (more programs per SM at K = 256) and the persistent
-#              gemm_tma variants, whose first GPU run this is                               ~150
+#   tiles      named INT8 tiles at batch 256 (bench/tiles_probe.py): on the expanding 1×1 layers of
+#              layers 1–3 ($TILES or the list below) the winners of session 22's builds beside
+#              resident tiles with 2 stages or 8 warps (more programs per SM at K = 256) and the
+#              persistent gemm_tma variants; on layer1's 3×3 ($TMA_TILES) the TMA tile beside its
+#              persistent forms at 1–4 programs per SM; the persistent ones' first GPU run  ~180
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
@@ -118,11 +119,14 @@ for name in "$@"; do
               fi
               python bench/h200_table.py --out /tmp/routine/int8ab/new $common \
                 && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/new/' ;;
-    tiles) stage tiles 300 python bench/tiles_probe.py --out /tmp/routine/tiles \
+    tiles) stage tiles 300 bash -c 'python bench/tiles_probe.py --out /tmp/routine/tiles/one_by_one \
              --layers layer3.conv3,layer2.conv3,layer1.conv3 --tiles "${TILES:-resident_64x64_t8_w4_s3_c_g,\
 resident_64x128_t8_w4_s2_e_g,resident_64x64_t8_w4_s2_c_g,resident_64x128_t8_w8_s2_g,gemm_tma_128x128x128_w8_s3_e2,\
 gemm_tma_128x128x128_w8_s3_e2_pf1,gemm_tma_128x128x128_w8_s3_e2_pf2,gemm_tma_128x256x64_w8_s3_e2_pf1,\
-gemm_tma_64x128x128_w4_s4_ws1,gemm_tma_64x128x128_w4_s4_ws2}" ;;
+gemm_tma_64x128x128_w4_s4_ws1,gemm_tma_64x128x128_w4_s4_ws2}"
+           python bench/tiles_probe.py --out /tmp/routine/tiles/three_by_three --layers layer1.conv2 \
+             --tiles "${TMA_TILES:-tma_8x16x64x64_w4_s4,tma_8x16x64x64_w4_s4_p,tma_8x16x64x64_w4_s4_p2,\
+tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
     detectors)
       models=detector onnx_dir=.carry
       [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry

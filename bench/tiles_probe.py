@@ -1,10 +1,11 @@
-"""Named INT8 tiles (resident `resident_…` or TMA-fed `gemm_tma_…` tactics) timed on ResNet-50's
-expanding 1×1 layers at batch 256, beside a copy: a quick answer, in well under a minute of device
-time, to whether a tile not yet among the builder's candidates is worth adding (the full probe,
-bench/int8_kernel_probe.py, takes about two minutes).
+"""Named INT8 tiles (resident `resident_…`, TMA-fed `gemm_tma_…` or `tma_…` tactics) timed on
+ResNet-50's expanding 1×1 layers and layer1's 3×3 at batch 256, beside a copy: a quick answer, in
+a minute or two of device time, to whether a tile not yet among the builder's candidates is worth
+adding (the full probe, bench/int8_kernel_probe.py, takes longer and times fixed lists). A tile
+whose kernel does not apply to a layer is recorded with its error.
 
-Each layer runs as the engine runs it: INT8 codes in, bias, residual of INT8 codes, ReLU, INT8 codes
-out. Rows go to $OUT/tiles_probe.json as they are timed, so a run cut short keeps them.
+Each layer runs as the engine runs it: INT8 codes in, bias, the residual of INT8 codes where the
+layer has one, ReLU, INT8 codes out. Rows go to $OUT/tiles_probe.json as they are timed, so a run cut short keeps them.
 
     PYTHONPATH=. python bench/tiles_probe.py --out $OUT --layers layer3.conv3 \
         --tiles resident_64x64_t8_w4_s3_c_g,gemm_tma_128x128x128_w8_s3_e2_pf1
@@ -24,31 +25,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, median_ms, row_recorder  # noqa: E402
-from sartor.kernels.conv_igemm import ConvGeometry  # noqa: E402
+from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.gemm_tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile, resident_gemm  # noqa: E402
 
-# (input channels, output channels, size): the expanding 1×1 layers with a residual.
-LAYERS = {"layer1.conv3": (64, 256, 56), "layer2.conv3": (128, 512, 28), "layer3.conv3": (256, 1024, 14)}
+# (input channels, output channels, size, kernel, residual): the expanding 1×1 layers, and layer1's 3×3.
+LAYERS = {"layer1.conv3": (64, 256, 56, 1, True), "layer2.conv3": (128, 512, 28, 1, True),
+          "layer3.conv3": (256, 1024, 14, 1, True), "layer1.conv2": (64, 64, 56, 3, False)}
+Tile = ResidentTile | GemmTmaTile | TmaTile
 
 
-def parse_tiles(text: str) -> list[ResidentTile | GemmTmaTile]:
-    tiles = [ResidentTile.parse(name) or GemmTmaTile.parse(name) for name in text.split(",")]
+def parse_tiles(text: str) -> list[Tile]:
+    tiles = [ResidentTile.parse(name) or GemmTmaTile.parse(name) or TmaTile.parse(name) for name in text.split(",")]
     if None in tiles:
-        raise SystemExit(f"--tiles: not resident or gemm_tma tactics: {text}")
+        raise SystemExit(f"--tiles: not resident, gemm_tma or tma tactics: {text}")
     return tiles
 
 
-def run_tile(tile: ResidentTile | GemmTmaTile, case: dict):
+def run_tile(tile: Tile, case: dict, residual: bool):
     """The layer through this tile's kernel, as the builder would run it (a gemm_tma tile fitted to
     the layer's K)."""
-    epilogue = dict(dequant_scale=case["scale"], residual=case["residual"], activation="Relu", residual_scale=0.01,
-                    output_inv_scale=20.0)
+    epilogue = dict(dequant_scale=case["scale"], residual=case["residual"] if residual else None, activation="Relu",
+                    residual_scale=0.01, output_inv_scale=20.0)
     if isinstance(tile, ResidentTile):
+        if case["geometry"].kernel != (1, 1):  # resident_gemm takes the layer as a 1×1 one without asking
+            raise ValueError(f"{tile.name}: resident tiles run 1×1 layers only")
         return lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, **epilogue)
-    geometry = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), tuple(case["x"].shape[2:]))
+    if isinstance(tile, TmaTile):
+        return lambda: conv_tma(case["x"], case["w"], case["bias"], case["geometry"], tile, **epilogue)
     fitted = fit_to_k(tile, case["x"].shape[1])
-    return lambda: gemm_tma(case["x"], case["w"], case["bias"], geometry, fitted, **epilogue)
+    return lambda: gemm_tma(case["x"], case["w"], case["bias"], case["geometry"], fitted, **epilogue)
 
 
 def main() -> None:
@@ -71,15 +77,16 @@ def main() -> None:
     ms = median_ms(lambda: target.copy_(source), args.reps)
     record(name="copy 256 MiB", ms=round(ms, 4), tb_s=round(2 * source.numel() / ms / 1e9, 2))
     for layer in layers:
-        cin, cout, hw = LAYERS[layer]
-        case = conv_case(args.batch, cin, cout, hw, 1, 1)
-        traffic = case["x"].numel() + 2 * case["residual"].numel()
+        cin, cout, hw, kernel, residual = LAYERS[layer]
+        case = conv_case(args.batch, cin, cout, hw, kernel, 1)
+        traffic = case["x"].numel() + (2 if residual else 1) * case["residual"].numel()
         for tile in args.tiles:
             start = time.perf_counter()
             try:
-                ms = median_ms(run_tile(tile, case), args.reps)
+                ms = median_ms(run_tile(tile, case, residual), args.reps)
             except Exception as exc:  # noqa: BLE001 - one failing tile must not hide the others
-                traceback.print_exc()
+                if not isinstance(exc, ValueError):  # a ValueError: the kernel does not apply to the layer
+                    traceback.print_exc()
                 record(layer=layer, tile=tile.name, error=f"{type(exc).__name__}: {exc}"[:300])
                 continue
             record(layer=layer, tile=tile.name, ms=round(ms, 4), tb_s=round(traffic / ms / 1e9, 2),

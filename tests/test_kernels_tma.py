@@ -20,13 +20,15 @@ pytestmark = pytest.mark.skipif(conv_tma.TensorDescriptor is None, reason="Trito
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = TmaTile(4, 8, 32, 32, 1, 1)
-PERSISTENT = TmaTile(4, 8, 32, 32, 1, 1, persistent=True)
+PERSISTENT = TmaTile(4, 8, 32, 32, 1, 1, persistent=1)
+PERSISTENT_3 = TmaTile(4, 8, 32, 32, 1, 1, persistent=3)
 
 
 @pytest.mark.parametrize("kernel,hw", [(3, (9, 10)), (3, (8, 8)), (1, (5, 7))])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [SMALL, PERSISTENT], ids=["tile_per_program", "persistent"])
+@pytest.mark.parametrize("tile", [SMALL, PERSISTENT, PERSISTENT_3], ids=["tile_per_program", "persistent",
+                                                                         "persistent_3_per_sm"])
 def test_tma_conv_equals_the_emulation(kernel, hw, residual, int8_output, tile):
     """Rectangles that overhang the image (9×10 with 4×8 ones), that tile it exactly (8×8) and a
     1×1; padding read as zeros from outside the image; the residual and INT8 or float output; one
@@ -104,11 +106,15 @@ def test_tma_tile_names_round_trip():
     same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (8, 8))
     assert conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1) == [t.name for t in conv_tma.TMA_TILES[:2]]
     assert len(conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 3)) == 12
-    assert [TmaTile.parse(n).persistent for n in conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1)] == [False, True]
+    assert [TmaTile.parse(n).persistent for n in conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1)] == [
+        0, conv_tma.PERSISTENT_PROGRAMS_PER_SM]
     assert conv_tma.tma_tactics(x.float(), (32, 64, 3, 3), same, 3) == []
+    # One program per SM keeps its old name, so engines and timing caches that chose it still read.
     assert PERSISTENT.name == "tma_4x8x32x32_w1_s1_p" and TmaTile.parse(PERSISTENT.name) == PERSISTENT
+    assert TmaTile.parse("tma_8x16x64x64_w4_s4_p3") == TmaTile(8, 16, 64, 64, 4, 4, persistent=3)
     for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None,
-                "tma_8x16x64x64_w4_s4_q", "tma_8x16x64x64_w4_s4_p_p"):
+                "tma_8x16x64x64_w4_s4_q", "tma_8x16x64x64_w4_s4_p_p", "tma_8x16x64x64_w4_s4_p1",
+                "tma_8x16x64x64_w4_s4_p0", "tma_8x16x64x64_w4_s4_px"):
         assert TmaTile.parse(bad) is None, bad
 
 

@@ -111,7 +111,7 @@ if triton is not None and TensorDescriptor is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-        """PROGRAMS programs (one per SM) walk the tiles in turn. The loop nest is flattened, so the
+        """PROGRAMS programs (a few per SM) walk the tiles in turn. The loop nest is flattened, so the
         compiler can pipeline the next tile's first copies behind this tile's last products and
         epilogue, which a program per tile leaves to other programs to hide."""
         await_previous_kernel(PDL)
@@ -130,20 +130,21 @@ TMA_PREFIX = "tma_"
 @dataclass(frozen=True)
 class TmaTile:
     """A tile's output pixels as a BH × BW rectangle, its output channels (BLOCK_N), the K step
-    (channels per tap and copy), warps and pipeline stages; persistent: one program per SM walks
-    the tiles (name suffix "_p"), else one program per tile."""
+    (channels per tap and copy), warps and pipeline stages; `persistent`: that many programs per SM
+    walk the tiles between them (name suffix "_p" for one, "_p3" for three), else (0) one program
+    per tile."""
     bh: int
     bw: int
     block_n: int
     block_k: int
     warps: int
     stages: int
-    persistent: bool = False
+    persistent: int = 0
 
     @property
     def name(self) -> str:
-        return (f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-                + ("_p" if self.persistent else ""))
+        suffix = "" if not self.persistent else "_p" if self.persistent == 1 else f"_p{self.persistent}"
+        return f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}" + suffix
 
     @classmethod
     def parse(cls, tactic: str | None) -> "TmaTile | None":
@@ -152,9 +153,17 @@ class TmaTile:
         try:
             tile, warps, stages, *rest = tactic[len(TMA_PREFIX):].split("_")
             bh, bw, bn, bk = (int(v) for v in tile.split("x"))
-            if not (warps.startswith("w") and stages.startswith("s")) or rest not in ([], ["p"]):
+            if not (warps.startswith("w") and stages.startswith("s")):
                 return None
-            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]), rest == ["p"])
+            if rest == []:
+                persistent = 0
+            elif len(rest) == 1 and rest[0] == "p":
+                persistent = 1
+            elif len(rest) == 1 and rest[0].startswith("p") and rest[0][1:].isdigit() and int(rest[0][1:]) > 1:
+                persistent = int(rest[0][1:])  # "_p1" is spelled "_p"
+            else:
+                return None
+            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]), persistent)
         except ValueError:
             return None
         sizes = (bh, bw, bn, bk)
@@ -162,10 +171,14 @@ class TmaTile:
 
 
 # Best guesses first, each as one program per tile and as persistent programs. Rectangles 8 pixels
-# wide divide ResNet's 56 and 28; the builder times as many as its effort allows.
+# wide divide ResNet's 56 and 28; the builder times as many as its effort allows. Persistent tiles
+# run PERSISTENT_PROGRAMS_PER_SM programs per SM: with one (4 warps an SM), the 8×16 tile lost to
+# its one-tile form on layer1's 3×3 layers, 0.204 against 0.130 ms (H200, session 22), where that
+# form holds 4 programs per SM. Its persistent kernel takes 164 registers (sm_90, offline), so 3 fit.
+PERSISTENT_PROGRAMS_PER_SM = 3
 _RECTANGLES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
                TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))
-TMA_TILES = tuple(t for tile in _RECTANGLES for t in (tile, replace(tile, persistent=True)))
+TMA_TILES = tuple(t for tile in _RECTANGLES for t in (tile, replace(tile, persistent=PERSISTENT_PROGRAMS_PER_SM)))
 TMA_PER_EFFORT = {1: 2, 2: 6, 3: 12}
 
 
@@ -255,8 +268,9 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
                      enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     pads = (geometry.pads[0], geometry.pads[1])
     if tile.persistent:
-        # One program per SM (the interpreter, with no SMs, runs a few so that each walks several tiles).
-        programs = min(tiles, multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU)
+        # `persistent` programs per SM (the interpreter, with no SMs, runs a few so that each walks
+        # several tiles).
+        programs = min(tiles, tile.persistent * (multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU))
         _conv_tma_persistent_kernel[(programs,)](*tensors, n, cout, c, oh, ow, pixel_stride(y), *rs, *pads, *scalars,
                                                  programs, **constants)
     else:
