@@ -16,8 +16,8 @@ shared memory decide how many programs an SM holds, which is what latency-bound 
 Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
 layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv3 (1×1,
 256 → 1024, 14×14), layer4.conv3 (1×1, 512 → 2048, 7×7; at K = 512 the resident tiles would need
-133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem (7×7 stride 2, 3 → 64, 224×224: the window tactic's GEMMs over packed
-pixels, `ops/quantized_window.py`).
+133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem (7×7 stride 2, 3 → 64, 224×224: the
+window tactic's GEMMs over packed pixels, `ops/quantized_window.py`, in both forms).
 """
 from __future__ import annotations
 
@@ -166,6 +166,28 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                           BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(k * window))
         cases.append((quantized_window.WINDOW_PREFIX + tile.name, window_resident._window_resident_kernel,
                       resident_args, constexprs, tile.resident.warps, tile.resident.stages))
+    if STEM_STRIDE == 2:  # the space-to-depth form: ⌈k/2⌉ rows of 16-byte block pixels at stride 1
+        rows, window = -(-k // 2), quantized_window.space_to_depth_window_bytes(k)
+        block = quantized_window.BLOCK_PIXEL_BYTES
+        blocks_h, blocks_w = out_hw + rows - 1, out_hw - 1 + window // block  # as space_to_depth_pack packs
+        image_bytes, row_bytes = blocks_h * blocks_w * block, blocks_w * block
+        s2d = quantized_window.WINDOW_PREFIX + quantized_window.SPACE_TO_DEPTH
+        pixels_w = blocks_w * block // PIXEL_BYTES
+        igemm_args = dict(igemm_args, C=window, H=blocks_h, W=pixels_w - window // PIXEL_BYTES + 1, sxn=image_bytes,
+                          sxh=row_bytes)
+        for tile in quantized_window.WINDOW_TILES:
+            constexprs = dict(cases[0][3], KH=rows, STRIDE_H=1, STRIDE_W=block // PIXEL_BYTES, ROW_ALIGN=block,
+                              BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k)
+            cases.append((s2d + tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps,
+                          tile.stages))
+        resident_args = dict(resident_args, image_bytes=image_bytes, row_bytes=row_bytes)
+        for tile in window_resident.window_resident_tiles(5):
+            constexprs = dict(epilogue, KH=rows, WINDOW=window, STRIDE_H=1, PIXEL_STEP=block, DIL_H=1,
+                              KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles, N_ADJACENT=tile.resident.n_adjacent,
+                              COLUMNS_LOADED=tile.resident.columns_loaded, BLOCK_M=tile.resident.block_m,
+                              BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(rows * window))
+            cases.append((s2d + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
+                          tile.resident.warps, tile.resident.stages))
     return cases
 
 

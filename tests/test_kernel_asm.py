@@ -164,3 +164,30 @@ def test_persistent_gemm_tiles_compile_for_sm90_and_the_specialized_one_speciali
     assert all(spills == "0" and hopper == "True" for _, spills, _, hopper in lines)
     registers = {kind: int(count) for kind, _, count, _ in lines}
     assert registers["ws"] > 0 and registers["plain"] == 0 and registers["flat"] == 0
+
+
+SPACE_TO_DEPTH_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.window_resident import window_resident_tiles
+first = window_resident_tiles(1)[0].name
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
+    if label in ("window_" + first, "window_s2d_" + first):
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        sizes = sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx)))
+        print(label.startswith("window_s2d_"), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ",".join(sizes),
+              len(re.findall(r"cp\.async\.c[ag]", ptx)), "wgmma.mma_async" in ptx)
+"""
+
+
+def test_space_to_depth_stem_gathers_in_aligned_16_byte_copies():
+    """The stem's resident-window tile over block pixels (`window_s2d_…`) copies its rows in 16-byte
+    pieces, fewer than the 4-byte form's 8-byte ones (the builder's first tile, K by filter rows:
+    4 rows of 64 bytes against 7 of 32), on Hopper's tensor cores without spills."""
+    lines = sorted(line.split() for line in _compile_in_child(SPACE_TO_DEPTH_CHILD).splitlines())
+    assert [s2d for s2d, *_ in lines] == ["False", "True"]
+    (_, plain_spills, plain_sizes, plain_copies, plain_hopper), (_, spills, sizes, copies, hopper) = lines
+    assert plain_sizes == "0x8" and sizes == "0x10" and int(copies) < int(plain_copies)
+    assert spills == plain_spills == "0" and hopper == plain_hopper == "True"

@@ -110,6 +110,12 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")
+    if chosen and chosen.startswith("window_s2d_resident_"):
+        return (f"int8 16-byte pixels of 2x2 blocks + triton GEMM over their windows at stride 1, weight resident "
+                f"over row tiles {chosen[len('window_s2d_resident_'):]} + fused epilogue")
+    if chosen and chosen.startswith("window_s2d_igemm_"):
+        return (f"int8 16-byte pixels of 2x2 blocks + triton implicit GEMM over their windows at stride 1 "
+                f"{chosen[len('window_s2d_igemm_'):]} + fused epilogue")
     if chosen and chosen.startswith("window_resident_"):
         return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton GEMM over pixel windows, weight resident over "
                 f"row tiles {chosen[len('window_resident_'):]} + fused epilogue")

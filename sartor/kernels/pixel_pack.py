@@ -26,10 +26,12 @@ if triton is not None:
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
-                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr):
+                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr,
+                            SPACE_TO_DEPTH: tl.constexpr = False):
         row = tl.program_id(0)  # n · HP + padded row
         n = row // HP
-        ih = row - n * HP - pad_h
+        padded_row = row - n * HP
+        ih = padded_row - pad_h
         pw = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         iw = pw - pad_w
         c = tl.arange(0, 4)
@@ -42,18 +44,25 @@ if triton is not None:
             else:
                 v = _quantize_code(v.to(tl.float32), in_inv_scale, qmin)
         stored = (pw < WP)[:, None] & (c < 4)[None, :]
-        tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
+        if SPACE_TO_DEPTH:  # byte (dy·2 + dx)·4 + c of 16-byte pixel (row // 2, pw // 2)
+            at = (n.to(tl.int64) * HP * WP * 4 + (padded_row // 2) * (WP * 8) + (padded_row % 2) * 8
+                  + (pw // 2)[:, None] * 16 + (pw % 2)[:, None] * 4 + c[None, :])
+        else:
+            at = row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :]
+        tl.store(p_ptr + at, v, mask=stored)
 
 
 BLOCK_W = 128
 
 
 def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, int], code: torch.dtype,
-                inv_scale: float = 1.0, qmin: float = -127.0) -> torch.Tensor:
+                inv_scale: float = 1.0, qmin: float = -127.0, space_to_depth: bool = False) -> torch.Tensor:
     """[N, HP, WP, 4] codes of `x` [N, C ≤ 4, H, W] (any strides): pixel (h, w) of `x` at
     (h + pads[0], w + pads[1]); code 0 (zero in INT8 and in e4m3 alike) in channels past C and
     wherever the padded image lies outside `x`. A float `x` is quantized as loaded (`inv_scale`,
-    `qmin`: the layer's input quantization); an `x` already in `code` is copied."""
+    `qmin`: the layer's input quantization); an `x` already in `code` is copied. With
+    `space_to_depth` (HP, WP even) each 2 × 2 block of those pixels is one 16-byte pixel instead,
+    [N, HP/2, WP/2, 16] (byte (dy·2 + dx)·4 + c), returned as its [N, HP/2, WP·2, 4] view."""
     if triton is None:
         raise RuntimeError("pack_pixels needs Triton")
     x, quantize = code_source(x, code, "pack_pixels")
@@ -63,10 +72,13 @@ def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, in
     hp, wp = padded_hw
     if min(pads) < 0:
         raise ValueError(f"pack_pixels pads the image, it does not crop it: pads {pads}")
-    packed = torch.empty((n, hp, wp, PIXEL_BYTES), dtype=code if quantize else torch.uint8, device=x.device)
+    if space_to_depth and (hp % 2 or wp % 2):
+        raise ValueError(f"pack_pixels: 2 × 2 blocks need an even padded size, not {hp} × {wp}")
+    shape = (n, hp // 2, wp * 2, PIXEL_BYTES) if space_to_depth else (n, hp, wp, PIXEL_BYTES)
+    packed = torch.empty(shape, dtype=code if quantize else torch.uint8, device=x.device)
     grid = (n * hp, triton.cdiv(wp, BLOCK_W))
     _pack_pixels_kernel[grid](
         x, packed, c, h, w, hp, wp, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
-        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=BLOCK_W, num_warps=4,
+        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=BLOCK_W, SPACE_TO_DEPTH=space_to_depth, num_warps=4,
         enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
     return packed if quantize else packed.view(code)

@@ -82,8 +82,8 @@ from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
 from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
-from .quantized_window import (window_applies, window_conv, window_resident_tile, window_tactics, window_tile,
-                               window_weight)
+from .quantized_window import (space_to_depth_applies, window_applies, window_conv, window_resident_tile,
+                               window_space_to_depth, window_tactics, window_tile, window_weight)
 from .registry import OpTable
 
 OPS = OpTable("quantized")
@@ -271,7 +271,7 @@ def _qlayer_tactics(gemm: bool):
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
-                names += window_tactics(effort)
+                names += window_tactics(effort, space_to_depth=space_to_depth_applies(inputs[0], inputs[1], attrs))
         return names
     return tactics
 
@@ -284,7 +284,7 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     per-element gather (the stem's K = 147 padded to 160 had every im2col tile of BLOCK_K 64
     gathering: 3.7 ms at ResNet-50's batch 256 on the H200); as built for the emulation."""
     if window_tile(tactic) is not None and wq.dim() == 4:
-        return window_weight(wq)
+        return window_weight(wq, space_to_depth=window_space_to_depth(tactic))
     tile = _im2col_tile(tactic)
     if tile is not None and wq.dim() == 4:
         flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
@@ -343,14 +343,16 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
 
 
-def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig | WindowResidentTile):
-    """Packed pixels, then a GEMM kernel over their windows (`ops/quantized_window.py`)."""
+def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig | WindowResidentTile,
+                 space_to_depth: bool = False):
+    """Packed pixels (or block pixels: `space_to_depth`), then a GEMM kernel over their windows
+    (`ops/quantized_window.py`)."""
     full = _unpacked_weight_shape(x, w_window, attrs)
     geometry = igemm_geometry(x, full, attrs, require_cuda=False)
-    if geometry is None or not window_applies(x, full, attrs):
+    if geometry is None or not (space_to_depth_applies if space_to_depth else window_applies)(x, full, attrs):
         return None
     return window_conv(x, w_window, bias, residual, dequant_scale, geometry, tile, code_dtype(attrs),
-                       _int8_epilogue(attrs), pdl=_programmatic_launch(x, attrs))
+                       _int8_epilogue(attrs), pdl=_programmatic_launch(x, attrs), space_to_depth=space_to_depth)
 
 
 def _any_device_geometry(x, wq, attrs, gemm: bool) -> ConvGeometry | None:
@@ -553,7 +555,8 @@ def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Te
     else None (the emulation)."""
     window = window_tile(attrs.get("tactic"))
     if window is not None:
-        y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, window)
+        y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, window,
+                         space_to_depth=window_space_to_depth(attrs.get("tactic")))
         if y is not None:
             return y
     im2col_tile = _im2col_tile(attrs.get("tactic"))

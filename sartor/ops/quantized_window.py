@@ -18,6 +18,15 @@ output is the emulation's bit for bit, as for the other tiles.
 Beside the implicit-GEMM tiles ("window_igemm_…"), resident-window tiles ("window_resident_…",
 `sartor/kernels/window_resident.py`) run the GEMM over the same packed pixels and weight with the
 weight block held in each program across several row tiles.
+
+A stride-2 INT8 stem has a space-to-depth form of each ("window_s2d_…"): the image packed into
+16-byte pixels, each a 2 × 2 block of 4-byte ones, makes the 7 × 7 stride-2 convolution a 4 × 4
+stride-1 one over them (the kernel zero-padded to 8 × 8). A window is then 4 whole 16-byte pixels,
+64 bytes starting every 16, where the 4-byte form's 32-byte windows start every 8 bytes: the GEMM
+gathers its rows in half as many, aligned, loads (session 19's Nsight Compute found the stem's
+GEMM bound by shared memory, with 36% excess wavefronts from 8-byte copies). K is 4 · 64 = 256
+against 7 · 32 = 224. The products are the same and their int32 sums exact, so the output is the
+emulation's bit for bit; FP8, which sums in float32 window by window, keeps the 4-byte form.
 """
 from __future__ import annotations
 
@@ -26,8 +35,11 @@ import torch
 from ..kernels.conv_igemm import TILES_PER_EFFORT, ConvGeometry, TileConfig, conv_igemm
 from ..kernels.pixel_pack import PIXEL_BYTES, pack_pixels
 from ..kernels.window_resident import WindowResidentTile, window_resident_conv, window_resident_tiles
+from .fp8 import is_fp8
 
 WINDOW_PREFIX = "window_"
+SPACE_TO_DEPTH = "s2d_"  # after WINDOW_PREFIX: the space-to-depth form
+BLOCK_PIXEL_BYTES = 4 * PIXEL_BYTES  # a 2 × 2 block of 4-byte pixels
 WINDOW_STEP = 32  # bytes: the K step of 8-bit tensor-core products, and the GEMM tiles' BLOCK_K
 WINDOW_MAX_BYTES = 64  # kernels up to 16 taps wide
 # Tiles whose BLOCK_K divides every window; output channels of stems are few (64 in ResNet).
@@ -40,6 +52,13 @@ def window_bytes(kernel_width: int) -> int:
     return -(-kernel_width * PIXEL_BYTES // WINDOW_STEP) * WINDOW_STEP
 
 
+def space_to_depth_window_bytes(kernel_width: int) -> int:
+    """Bytes of one space-to-depth window: the kernel row's 16-byte block pixels (half its width,
+    rounded up), rounded up to the K step."""
+    blocks = -(-kernel_width // 2)
+    return -(-blocks * BLOCK_PIXEL_BYTES // WINDOW_STEP) * WINDOW_STEP
+
+
 def window_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
     """Dense 2-D convolutions of up to 4 input channels, undilated along the width (a window is
     contiguous pixels), up to WINDOW_MAX_BYTES wide."""
@@ -48,18 +67,33 @@ def window_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
             and len(dilations) == 2 and dilations[1] == 1 and window_bytes(wq.shape[3]) <= WINDOW_MAX_BYTES)
 
 
-def window_tactics(effort: int) -> list[str]:
-    """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows."""
+def space_to_depth_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
+    """INT8 window convolutions of stride 2 × 2, undilated, whose space-to-depth window fits
+    WINDOW_MAX_BYTES (kernels up to 8 taps wide)."""
+    dilations = attrs.get("dilations") or [1, 1]
+    return (not is_fp8(attrs) and window_applies(x, wq, attrs) and list(attrs.get("strides") or [1, 1]) == [2, 2]
+            and list(dilations) == [1, 1] and space_to_depth_window_bytes(wq.shape[3]) <= WINDOW_MAX_BYTES)
+
+
+def window_tactics(effort: int, space_to_depth: bool = False) -> list[str]:
+    """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows;
+    with `space_to_depth` each in that form too."""
     tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))], *window_resident_tiles(effort)]
-    return [WINDOW_PREFIX + tile.name for tile in tiles]
+    forms = (WINDOW_PREFIX, WINDOW_PREFIX + SPACE_TO_DEPTH) if space_to_depth else (WINDOW_PREFIX,)
+    return [form + tile.name for form in forms for tile in tiles]
 
 
 def window_tile(tactic: str | None) -> TileConfig | WindowResidentTile | None:
-    """The tile a window tactic names: an implicit-GEMM tile or a resident-window one."""
+    """The tile a window tactic names (either form): an implicit-GEMM tile or a resident-window one."""
     if not tactic or not tactic.startswith(WINDOW_PREFIX):
         return None
-    name = tactic[len(WINDOW_PREFIX):]
+    name = tactic[len(WINDOW_PREFIX):].removeprefix(SPACE_TO_DEPTH)
     return TileConfig.parse(name) or WindowResidentTile.parse(name)
+
+
+def window_space_to_depth(tactic: str | None) -> bool:
+    """Whether a window tactic is the space-to-depth form."""
+    return window_tile(tactic) is not None and tactic[len(WINDOW_PREFIX):].startswith(SPACE_TO_DEPTH)
 
 
 def window_resident_tile(tactic: str | None) -> WindowResidentTile | None:
@@ -68,23 +102,38 @@ def window_resident_tile(tactic: str | None) -> WindowResidentTile | None:
     return tile if isinstance(tile, WindowResidentTile) else None
 
 
-def window_weight(wq: torch.Tensor) -> torch.Tensor:
+def window_weight(wq: torch.Tensor, space_to_depth: bool = False) -> torch.Tensor:
     """[Cout, C, kh, kw] codes → [Cout, window, kh, 1], packed for the kernel (K = (kh, window
-    byte) fastest per output channel): byte kw·4 + c of row kh holds tap (kh, kw, c), the rest 0."""
+    byte) fastest per output channel): byte kw·4 + c of row kh holds tap (kh, kw, c), the rest 0.
+    With `space_to_depth`, [Cout, window, ⌈kh/2⌉, 1]: byte j·16 + (dy·2 + dx)·4 + c of row i holds
+    tap (2i + dy, 2j + dx, c), as the block pixels hold the image."""
     cout, c, kh, kw = wq.shape
-    window = window_bytes(kw)
-    rows = torch.zeros((cout, kh, window // PIXEL_BYTES, PIXEL_BYTES), dtype=torch.uint8, device=wq.device)
-    rows[:, :, :kw, :c] = wq.view(torch.uint8).permute(0, 2, 3, 1)  # code 0 is byte 0 in INT8 and e4m3
-    return rows.view(wq.dtype).reshape(cout, kh, 1, window).permute(0, 3, 1, 2)
+    if not space_to_depth:
+        window = window_bytes(kw)
+        rows = torch.zeros((cout, kh, window // PIXEL_BYTES, PIXEL_BYTES), dtype=torch.uint8, device=wq.device)
+        rows[:, :, :kw, :c] = wq.view(torch.uint8).permute(0, 2, 3, 1)  # code 0 is byte 0 in INT8 and e4m3
+        return rows.view(wq.dtype).reshape(cout, kh, 1, window).permute(0, 3, 1, 2)
+    window, kh2, kw2 = space_to_depth_window_bytes(kw), -(-kh // 2), -(-kw // 2)
+    taps = torch.zeros((cout, 2 * kh2, 2 * kw2, PIXEL_BYTES), dtype=torch.uint8, device=wq.device)
+    taps[:, :kh, :kw, :c] = wq.view(torch.uint8).permute(0, 2, 3, 1)
+    blocks = taps.view(cout, kh2, 2, kw2, 2, PIXEL_BYTES).permute(0, 1, 3, 2, 4, 5).reshape(cout, kh2, -1)
+    rows = torch.zeros((cout, kh2, window), dtype=torch.uint8, device=wq.device)
+    rows[:, :, :blocks.shape[2]] = blocks
+    return rows.view(wq.dtype).reshape(cout, kh2, 1, window).permute(0, 3, 1, 2)
 
 
 def window_conv(x: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                 dequant_scale: torch.Tensor, geometry: ConvGeometry, tile: TileConfig | WindowResidentTile,
-                code: torch.dtype, epilogue: dict, pdl: bool = False) -> torch.Tensor:
+                code: torch.dtype, epilogue: dict, pdl: bool = False, space_to_depth: bool = False) -> torch.Tensor:
     """The convolution of `x` [N, C ≤ 4, H, W] (any strides; floats are quantized with the
     epilogue's input_inv_scale) with `geometry`, through packed pixels and windows; channels-last
-    output, with the layer's epilogue. `pdl`: the resident-window kernel's launch (`kernels/pdl.py`)."""
-    packed = window_pack(x, w_window, geometry, code, epilogue["input_inv_scale"], epilogue.get("qmin", -127))
+    output, with the layer's epilogue. `pdl`: the resident-window kernel's launch (`kernels/pdl.py`).
+    `space_to_depth`: through block pixels, `w_window` being window_weight's of that form."""
+    if space_to_depth:
+        packed, geometry = space_to_depth_pack(x, w_window, geometry, code, epilogue["input_inv_scale"],
+                                               epilogue.get("qmin", -127))
+    else:
+        packed = window_pack(x, w_window, geometry, code, epilogue["input_inv_scale"], epilogue.get("qmin", -127))
     if isinstance(tile, WindowResidentTile):
         codes_epilogue = {name: value for name, value in epilogue.items() if name != "input_inv_scale"}
         return window_resident_conv(packed, w_window, bias, tile, geometry=geometry, dequant_scale=dequant_scale,
@@ -102,6 +151,19 @@ def window_pack(x: torch.Tensor, w_window: torch.Tensor, geometry: ConvGeometry,
     padded_h = (oh - 1) * sh + (kh - 1) * dh + 1
     padded_w = -(-((ow - 1) * sw + pixels) // 4) * 4  # whole 16-byte rows: aligned window loads
     return pack_pixels(x, geometry.pads, (padded_h, padded_w), code, input_inv_scale, qmin)
+
+
+def space_to_depth_pack(x: torch.Tensor, w_window: torch.Tensor, geometry: ConvGeometry, code: torch.dtype,
+                        input_inv_scale: float | None, qmin: int) -> tuple[torch.Tensor, ConvGeometry]:
+    """window_conv's first pass in the space-to-depth form: `x` as block pixels (as the [N, HB,
+    WB·4, 4] view of 4-byte pixels the window kernels read), and the geometry over them: a
+    ⌈kh/2⌉ × 1 convolution at stride 1, a window starting every 4 of those 4-byte pixels."""
+    window, rows = w_window.shape[1], w_window.shape[2]
+    oh, ow = geometry.out_hw
+    blocks_h, blocks_w = oh + rows - 1, ow - 1 + window // BLOCK_PIXEL_BYTES
+    packed = pack_pixels(x, geometry.pads, (2 * blocks_h, 2 * blocks_w), code, input_inv_scale, qmin,
+                         space_to_depth=True)
+    return packed, ConvGeometry((rows, 1), (1, BLOCK_PIXEL_BYTES // PIXEL_BYTES), (0, 0), (1, 1), (oh, ow))
 
 
 def windows_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
