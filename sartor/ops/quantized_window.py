@@ -23,8 +23,8 @@ A stride-2 INT8 stem has a space-to-depth form of each ("window_s2d_…"): the i
 16-byte pixels, each a 2 × 2 block of 4-byte ones, makes the 7 × 7 stride-2 convolution a 4 × 4
 stride-1 one over them (the kernel zero-padded to 8 × 8). A window is then 4 whole 16-byte pixels,
 64 bytes starting every 16, where the 4-byte form's 32-byte windows start every 8 bytes: the GEMM
-gathers its rows in half as many, aligned, loads (session 19's Nsight Compute found the stem's
-GEMM bound by shared memory, with 36% excess wavefronts from 8-byte copies). K is 4 · 64 = 256
+gathers its rows in fewer loads, of 16 aligned bytes rather than 8 (session 19's Nsight Compute
+found the stem's GEMM bound by shared memory, with 36% excess wavefronts from 8-byte copies). K is 4 · 64 = 256
 against 7 · 32 = 224. The products are the same and their int32 sums exact, so the output is the
 emulation's bit for bit; FP8, which sums in float32 window by window, keeps the 4-byte form.
 """
