@@ -5,7 +5,8 @@ adding (the full probe, bench/int8_kernel_probe.py, takes longer and times fixed
 whose kernel does not apply to a layer is recorded with its error.
 
 Each layer runs as the engine runs it: INT8 codes in, bias, the residual of INT8 codes where the
-layer has one, ReLU, INT8 codes out. Rows go to $OUT/tiles_probe.json as they are timed, so a run cut short keeps them.
+layer has one, ReLU, INT8 codes out. Rows go to $OUT/tiles_probe.json as they are timed, so a run
+cut short keeps them.
 
     PYTHONPATH=. python bench/tiles_probe.py --out $OUT --layers layer3.conv3 \
         --tiles resident_64x64_t8_w4_s3_c_g,gemm_tma_128x128x128_w8_s3_e2_pf1
