@@ -17,6 +17,7 @@ from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
 from ..ops.fp8 import is_fp8
 from ..ops.quantized import SPLIT_PREFIX
+from ..ops.quantized_window import window_space_to_depth, window_tile
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
 from ..passes.fuse_projected_residual import fuse_projected_residual
@@ -110,18 +111,14 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")
-    if chosen and chosen.startswith("window_s2d_resident_"):
-        return (f"int8 16-byte pixels of 2x2 blocks + triton GEMM over their windows at stride 1, weight resident "
-                f"over row tiles {chosen[len('window_s2d_resident_'):]} + fused epilogue")
-    if chosen and chosen.startswith("window_s2d_igemm_"):
-        return (f"int8 16-byte pixels of 2x2 blocks + triton implicit GEMM over their windows at stride 1 "
-                f"{chosen[len('window_s2d_igemm_'):]} + fused epilogue")
-    if chosen and chosen.startswith("window_resident_"):
-        return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton GEMM over pixel windows, weight resident over "
-                f"row tiles {chosen[len('window_resident_'):]} + fused epilogue")
-    if chosen and chosen.startswith("window_igemm_"):
-        return (f"{'fp8' if fp8 else 'int8'} 4-byte pixels + triton implicit GEMM over pixel windows "
-                f"{chosen[len('window_igemm_'):]} + fused epilogue")
+    if window_tile(chosen) is not None:
+        pixels = ("16-byte pixels of 2x2 blocks, stride 1" if window_space_to_depth(chosen) else "4-byte pixels")
+        tile = chosen.removeprefix("window_").removeprefix("s2d_")
+        if tile.startswith("resident_"):
+            return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton GEMM over pixel windows, weight resident over "
+                    f"row tiles {tile[len('resident_'):]} + fused epilogue")
+        return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton implicit GEMM over pixel windows "
+                f"{tile[len('igemm_'):]} + fused epilogue")
     if chosen and chosen.startswith("im2col_igemm_"):
         return f"{'fp8' if fp8 else 'int8'} im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
     if chosen and chosen.startswith("igemm_"):
