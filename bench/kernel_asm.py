@@ -137,57 +137,49 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                  epilogue: dict) -> list[tuple[str, object, dict, dict, int, int]]:
     """The window tactic's GEMMs over packed pixels (`ops/quantized_window.py`) of a few-channel
     k × k stride-STEM_STRIDE convolution: the implicit-GEMM window tiles and the resident-window
-    tiles, at effort 5."""
-    window = quantized_window.window_bytes(k)
+    tiles, at effort 5, in the 4-byte form and (at stride 2) the space-to-depth one."""
     out_hw = (hw + 2 * (k // 2) - k) // STEM_STRIDE + 1
-    padded_h = (out_hw - 1) * STEM_STRIDE + k  # as window_pack pads
-    padded_w = -(-((out_hw - 1) * STEM_STRIDE + window // PIXEL_BYTES) // 4) * 4
-    image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
     common = dict(common, srn=out_hw * out_hw * cout, srh=out_hw * cout, srw=cout)
-    cases = []
-    igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=batch * out_hw * out_hw, COUT=cout, C=window, H=padded_h,
-                      W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw, OW=out_hw, y_row=cout, sxn=image_bytes,
-                      sxc=1, sxh=row_bytes, sxw=PIXEL_BYTES, pad_h=0, pad_w=0, dil_h=1, dil_w=1)
-    for tile in quantized_window.WINDOW_TILES:
-        constexprs = dict(epilogue, KH=k, KW=1, STRIDE_H=STEM_STRIDE, STRIDE_W=STEM_STRIDE, K_GATHER=False,
-                          SPLIT_K=1, ROW_ALIGN=8, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
-                          WEIGHT_TMA=False, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
-        cases.append((quantized_window.WINDOW_PREFIX + tile.name, conv_igemm._conv_igemm_kernel, igemm_args,
-                      constexprs, tile.warps, tile.stages))
-    resident_args = dict(common, p_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, OH=out_hw, OW=out_hw,
-                         image_bytes=image_bytes, row_bytes=row_bytes, y_row=cout)
-    del resident_args["x_ptr"], resident_args["in_inv_scale"]
-    epilogue = {name: value for name, value in epilogue.items() if name != "QUANTIZE_INPUT"}
-    for tile in window_resident.window_resident_tiles(5):
-        constexprs = dict(epilogue, KH=k, WINDOW=window, STRIDE_H=STEM_STRIDE, PIXEL_STEP=STEM_STRIDE * PIXEL_BYTES,
-                          DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
-                          N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
-                          BLOCK_M=tile.resident.block_m,
-                          BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(k * window))
-        cases.append((quantized_window.WINDOW_PREFIX + tile.name, window_resident._window_resident_kernel,
-                      resident_args, constexprs, tile.resident.warps, tile.resident.stages))
+    resident_common = dict(common, p_ptr="*i8", M=batch * out_hw * out_hw, COUT=cout, OH=out_hw, OW=out_hw, y_row=cout)
+    del resident_common["x_ptr"], resident_common["in_inv_scale"]
+    resident_epilogue = {name: value for name, value in epilogue.items() if name != "QUANTIZE_INPUT"}
+
+    def form(prefix: str, rows: int, window: int, stride_h: int, step: int, padded_h: int, padded_w: int) -> list:
+        """One form's cases: `rows` filter rows of `window`-byte windows, `stride_h` rows and `step`
+        4-byte pixels apart, over padded_h × padded_w 4-byte pixels (as the packing lays them out)."""
+        image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
+        igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=batch * out_hw * out_hw, COUT=cout, C=window,
+                          H=padded_h, W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw, OW=out_hw, y_row=cout,
+                          sxn=image_bytes, sxc=1, sxh=row_bytes, sxw=PIXEL_BYTES, pad_h=0, pad_w=0, dil_h=1, dil_w=1)
+        cases = []
+        for tile in quantized_window.WINDOW_TILES:
+            constexprs = dict(epilogue, KH=rows, KW=1, STRIDE_H=stride_h, STRIDE_W=step, K_GATHER=False, SPLIT_K=1,
+                              ROW_ALIGN=step * PIXEL_BYTES, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
+                              WEIGHT_TMA=False, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                              GROUP_M=8)
+            cases.append((prefix + tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps,
+                          tile.stages))
+        resident_args = dict(resident_common, image_bytes=image_bytes, row_bytes=row_bytes)
+        for tile in window_resident.window_resident_tiles(5):
+            constexprs = dict(resident_epilogue, KH=rows, WINDOW=window, STRIDE_H=stride_h,
+                              PIXEL_STEP=step * PIXEL_BYTES, DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
+                              N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
+                              BLOCK_M=tile.resident.block_m, BLOCK_N=tile.resident.block_n,
+                              K_PAD=triton.next_power_of_2(rows * window))
+            cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
+                          tile.resident.warps, tile.resident.stages))
+        return cases
+
+    window = quantized_window.window_bytes(k)
+    padded_w = -(-((out_hw - 1) * STEM_STRIDE + window // PIXEL_BYTES) // 4) * 4  # as window_pack pads
+    cases = form(quantized_window.WINDOW_PREFIX, k, window, STEM_STRIDE, STEM_STRIDE,
+                 (out_hw - 1) * STEM_STRIDE + k, padded_w)
     if STEM_STRIDE == 2:  # the space-to-depth form: ⌈k/2⌉ rows of 16-byte block pixels at stride 1
         rows, window = -(-k // 2), quantized_window.space_to_depth_window_bytes(k)
-        block = quantized_window.BLOCK_PIXEL_BYTES
-        blocks_h, blocks_w = out_hw + rows - 1, out_hw - 1 + window // block  # as space_to_depth_pack packs
-        image_bytes, row_bytes = blocks_h * blocks_w * block, blocks_w * block
-        s2d = quantized_window.WINDOW_PREFIX + quantized_window.SPACE_TO_DEPTH
-        pixels_w = blocks_w * block // PIXEL_BYTES
-        igemm_args = dict(igemm_args, C=window, H=blocks_h, W=pixels_w - window // PIXEL_BYTES + 1, sxn=image_bytes,
-                          sxh=row_bytes)
-        for tile in quantized_window.WINDOW_TILES:
-            constexprs = dict(cases[0][3], KH=rows, STRIDE_H=1, STRIDE_W=block // PIXEL_BYTES, ROW_ALIGN=block,
-                              BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k)
-            cases.append((s2d + tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps,
-                          tile.stages))
-        resident_args = dict(resident_args, image_bytes=image_bytes, row_bytes=row_bytes)
-        for tile in window_resident.window_resident_tiles(5):
-            constexprs = dict(epilogue, KH=rows, WINDOW=window, STRIDE_H=1, PIXEL_STEP=block, DIL_H=1,
-                              KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles, N_ADJACENT=tile.resident.n_adjacent,
-                              COLUMNS_LOADED=tile.resident.columns_loaded, BLOCK_M=tile.resident.block_m,
-                              BLOCK_N=tile.resident.block_n, K_PAD=triton.next_power_of_2(rows * window))
-            cases.append((s2d + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
-                          tile.resident.warps, tile.resident.stages))
+        block = quantized_window.BLOCK_PIXEL_BYTES // PIXEL_BYTES  # 4-byte pixels per block pixel
+        blocks_h, blocks_w = out_hw + rows - 1, out_hw - 1 + window // quantized_window.BLOCK_PIXEL_BYTES
+        cases += form(quantized_window.WINDOW_PREFIX + quantized_window.SPACE_TO_DEPTH, rows, window, 1, block,
+                      blocks_h, blocks_w * block)  # as space_to_depth_pack packs
     return cases
 
 
