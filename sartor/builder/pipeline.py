@@ -17,7 +17,7 @@ from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
 from ..ops.fp8 import is_fp8
 from ..ops.quantized import SPLIT_PREFIX
-from ..ops.quantized_window import window_space_to_depth, window_tile
+from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
 from ..passes.fuse_projected_residual import fuse_projected_residual
@@ -111,14 +111,14 @@ def _tactic(node, device: torch.device) -> str:
     if chosen and chosen.startswith("resident_"):
         return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
                 f"{chosen[len('resident_'):]} + fused epilogue")
-    if window_tile(chosen) is not None:
+    window = window_tile(chosen)
+    if window is not None:  # its tile's name is resident_… or igemm_…, in either form
         pixels = ("16-byte pixels of 2x2 blocks, stride 1" if window_space_to_depth(chosen) else "4-byte pixels")
-        tile = chosen.removeprefix("window_").removeprefix("s2d_")
-        if tile.startswith("resident_"):
+        if window_resident_tile(chosen) is not None:
             return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton GEMM over pixel windows, weight resident over "
-                    f"row tiles {tile[len('resident_'):]} + fused epilogue")
+                    f"row tiles {window.name.removeprefix('resident_')} + fused epilogue")
         return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton implicit GEMM over pixel windows "
-                f"{tile[len('igemm_'):]} + fused epilogue")
+                f"{window.name.removeprefix('igemm_')} + fused epilogue")
     if chosen and chosen.startswith("im2col_igemm_"):
         return f"{'fp8' if fp8 else 'int8'} im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
     if chosen and chosen.startswith("igemm_"):
