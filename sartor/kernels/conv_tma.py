@@ -170,15 +170,17 @@ class TmaTile:
         return parsed if all(v > 0 and v & (v - 1) == 0 for v in sizes) else None  # Triton blocks: powers of 2
 
 
-# Best guesses first, each as one program per tile and as persistent programs. Rectangles 8 pixels
-# wide divide ResNet's 56 and 28; the builder times as many as its effort allows. Persistent tiles
-# run PERSISTENT_PROGRAMS_PER_SM programs per SM: with one (4 warps an SM), the 8×16 tile lost to
-# its one-tile form on layer1's 3×3 layers, 0.204 against 0.130 ms (H200, session 22), where that
-# form holds 4 programs per SM. Its persistent kernel takes 164 registers (sm_90, offline), so 3 fit.
+# Best guesses first, as one program per tile, then the same rectangles as persistent programs.
+# Rectangles 8 pixels wide divide ResNet's 56 and 28; the builder times as many as its effort
+# allows. Persistent tiles run PERSISTENT_PROGRAMS_PER_SM programs per SM: with one (4 warps an
+# SM), the 8×16 tile lost to its one-tile form on layer1's 3×3 layers, 0.204 against 0.130 ms
+# (H200, session 22), where that form holds 4 programs per SM. Its persistent kernel takes 164
+# registers (sm_90, offline), so 3 fit; with 3 it still lost, 0.141 against 0.134 ms, and with 2
+# 0.141 (session 23's probe), so the persistent forms come after every one-tile rectangle.
 PERSISTENT_PROGRAMS_PER_SM = 3
 _RECTANGLES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
                TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))
-TMA_TILES = tuple(t for tile in _RECTANGLES for t in (tile, replace(tile, persistent=PERSISTENT_PROGRAMS_PER_SM)))
+TMA_TILES = _RECTANGLES + tuple(replace(tile, persistent=PERSISTENT_PROGRAMS_PER_SM) for tile in _RECTANGLES)
 TMA_PER_EFFORT = {1: 2, 2: 6, 3: 12}
 
 
