@@ -9,9 +9,11 @@ engine's offline throughput at its best batch, measured in the same run.
 The load generator is bench/serve_throughput.py's (tritonclient gRPC in client processes on the
 same machine). `--shared-memory` lists how the tensors travel, each measured in turn: in the request
 body (`none`), in system shared memory, in CUDA shared memory (each client thread its own regions).
-`--frontends` lists the server's frontend-process counts (serve --frontends N): one server per count
+`--frontends` lists the servers: frontend-process counts (serve --frontends N), or KxN for K engine
+processes of N frontend processes each (serve --engine-processes K --frontends N): one server per entry
 and model, on which every shared-memory mode is measured. Writes serve.json under --out: per model
-`serve` (the body) and `serve_system` / `serve_cuda`, with `_f<N>` appended for N > 1 frontends.
+`serve` (the body) and `serve_system` / `serve_cuda`, with `_f<N>` appended for N > 1 frontends and
+`_e<K>f<N>` for K > 1 engine processes.
 
 Nothing waits silently: every stage prints a line with the elapsed time as it ends, the load
 generator's own lines stream through as they come, and serve.json is rewritten whenever a
@@ -87,33 +89,46 @@ def offline(name: str, plan: Path) -> list[dict]:
     return rows
 
 
-def key_of(mode: str, frontends: int, request_batch: int = 1) -> str:
-    return (MODE_KEYS[mode] + (f"_f{frontends}" if frontends > 1 else "")
-            + (f"_b{request_batch}" if request_batch > 1 else ""))
+def server_shape(spec: str) -> tuple[int, int]:
+    """(engine processes, frontend processes each) of a --frontends entry: "N" or "KxN"."""
+    engines, _, frontends = spec.rpartition("x")
+    return int(engines or 1), int(frontends)
 
 
-def served_rows(run: dict, modes: list[str], frontends: int, request_batch: int = 1) -> dict:
+def server_label(spec: str) -> str:
+    engines, frontends = server_shape(spec)
+    if engines > 1:
+        return f"_e{engines}f{frontends}"
+    return f"_f{frontends}" if frontends > 1 else ""
+
+
+def key_of(mode: str, frontends: str, request_batch: int = 1) -> str:
+    return MODE_KEYS[mode] + server_label(frontends) + (f"_b{request_batch}" if request_batch > 1 else "")
+
+
+def served_rows(run: dict, modes: list[str], frontends: str, request_batch: int = 1) -> dict:
     """serve.json's entries (one per mode) from the load generator's results.json so far."""
-    common = {k: run[k] for k in ("frontends", "duration_s", "warmup_s", "server_start_s", "batch_size_histograms")
-              if k in run}
+    common = {k: run[k] for k in ("frontends", "engine_processes", "duration_s", "warmup_s", "server_start_s",
+                                  "batch_size_histograms") if k in run}
     return {key_of(mode, frontends, request_batch): dict(common, shared_memory=mode, request_batch=request_batch,
                                                          models=run["runs"][mode])
             for mode in modes if mode in run.get("runs", {})}
 
 
-def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget_s: float, clock: Clock,
+def served(plan: Path, out: Path, args, modes: list[str], frontends: str, budget_s: float, clock: Clock,
            on_results) -> dict:
-    """One server (`frontends` frontend processes) measured in every mode by bench/serve_throughput.py,
+    """One server (`frontends`: a --frontends entry) measured in every mode by bench/serve_throughput.py,
     its output streamed. `on_results(entries)` is called whenever its results.json changes. Returns
     the entries, with an error entry for each mode it did not reach."""
+    engines, frontends_each = server_shape(frontends)
     cmd = [sys.executable, str(ROOT / "bench" / "serve_throughput.py"), "--plan", str(plan), "--out", str(out),
            "--device", args.device, "--protocol", "grpc", "--concurrency", args.levels, "--duration", str(args.duration),
            "--warmup", str(args.warmup), "--processes", str(args.processes), "--max-queue-delay-us", "500",
-           "--shared-memory", ",".join(modes), "--frontends", str(frontends), "--variants", args.variants,
+           "--shared-memory", ",".join(modes), "--frontends", str(frontends_each), "--variants", args.variants,
            "--measure-budget-s", str(args.measure_budget_s), "--request-timeout-s", str(args.request_timeout_s),
            "--budget-s", str(round(budget_s, 1)), "--load-generator", args.load_generator,
            "--batch", str(args.request_batch), "--instances", str(args.instances),
-           "--switch-interval-us", str(args.switch_interval_us)]
+           "--switch-interval-us", str(args.switch_interval_us), "--engine-processes", str(engines)]
     if args.perf_analyzer:
         cmd += ["--perf-analyzer", args.perf_analyzer]
     code = [str(Path(args.code).resolve())] if args.code else []
@@ -153,7 +168,7 @@ def served(plan: Path, out: Path, args, modes: list[str], frontends: int, budget
     return entries
 
 
-def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: int, request_batch: int,
+def _reread(path: Path, seen, entries: dict, modes: list[str], frontends: str, request_batch: int,
             on_results) -> tuple:
     try:
         stamp = path.stat().st_mtime_ns
@@ -209,7 +224,8 @@ def main() -> None:
     parser.add_argument("--shared-memory", default="none",
                         help="comma-separated: none (tensors in the body), system, cuda; each is measured")
     parser.add_argument("--frontends", default="1",
-                        help="comma-separated frontend-process counts of the server (serve --frontends); each is measured")
+                        help="comma-separated servers, each measured: frontend-process counts (serve --frontends N) "
+                             "or KxN (serve --engine-processes K --frontends N)")
     parser.add_argument("--variants", default="batched,single",
                         help="the served entries: batched (dynamic batching), single (none), or both")
     parser.add_argument("--device", default="cuda:0", help="where the server runs the engine (the build is on cuda)")
@@ -240,12 +256,14 @@ def main() -> None:
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
     args = parser.parse_args()
+    frontend_counts = [v.strip() for v in args.frontends.split(",") if v.strip()]
     try:
-        frontend_counts = [int(v) for v in args.frontends.split(",") if v.strip()]
+        shapes = [server_shape(v) for v in frontend_counts]
     except ValueError:
-        frontend_counts = []
-    if not frontend_counts or not all(1 <= n <= 64 for n in frontend_counts):
-        parser.error(f"--frontends {args.frontends!r}: a comma-separated list of counts in 1..64")
+        shapes = []
+    if not shapes or not all(1 <= k <= 16 and 1 <= n <= 64 and (k == 1 or n > 1) for k, n in shapes):
+        parser.error(f"--frontends {args.frontends!r}: a comma-separated list of counts in 1..64, or KxN with K in "
+                     f"1..16 and N in 2..64")
     modes = [m.strip() for m in args.shared_memory.split(",") if m.strip()]
     if not modes or set(modes) - set(MODE_KEYS):
         parser.error(f"--shared-memory {args.shared_memory!r}: a comma-separated list of none, system, cuda")
@@ -290,7 +308,8 @@ def main() -> None:
                 clock.say(f"{name}: frontends {frontends} skipped ({max(left, 0):.0f} s left)")
                 save()
                 continue
-            clock.say(f"{name}: serving with {frontends} frontend process(es), modes {','.join(modes)}")
+            clock.say(f"{name}: serving with {frontends} (engine processes x frontend processes), "
+                      f"modes {','.join(modes)}")
 
             def on_results(entries: dict, row=row) -> None:
                 row.update(entries)
@@ -300,7 +319,7 @@ def main() -> None:
             measurements = len(modes) * len(args.variants.split(",")) * len(args.levels.split(","))
             need = 2 * args.server_start_s + measurements * args.measure_budget_s + STOP_S
             batch_suffix = f"_b{args.request_batch}" if args.request_batch > 1 else ""
-            runs = out / "runs" / f"{name}_f{frontends}{batch_suffix}"
+            runs = out / "runs" / f"{name}{server_label(frontends) or '_f1'}{batch_suffix}"
             served(plan, runs, args, modes, frontends, min(left, need), clock, on_results)
             clock.say(f"{name}: frontends {frontends} done")
     clock.say("finished")

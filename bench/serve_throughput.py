@@ -401,7 +401,7 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
             progress(f"{label}: ERROR every client thread failed to set up")
             return {"concurrency": concurrency, "error": f"every client thread failed to set up: {setup_errors[0]}",
                     "stage": stage, "elapsed_s": round(time.monotonic() - begun, 2), **stages}
-        cpu_before = time.process_time()
+        cpu_before = _main_cpu_s(server) if server is not None else time.process_time()
         frontends_before = _cpu_s(frontend_pids or [])
         counters_before = _server_counters(server, model) if server is not None else None
         start_at.value = time.monotonic() + warmup
@@ -423,7 +423,7 @@ def measure(url: str, protocol: str, model: str, metadata: dict, batch: int, con
     for path in stacks_dir.glob(f"{tag}_client_*.txt"):  # nothing was dumped: nothing to keep
         if not path.stat().st_size:
             path.unlink()
-    cpu_s = time.process_time() - cpu_before
+    cpu_s = (_main_cpu_s(server) if server is not None else time.process_time()) - cpu_before
     frontends_s = _cpu_s(frontend_pids or []) - frontends_before
     results = [m[2] for m in got["done"].values()]
     latencies = [v for r in results for v in r["latencies"]]
@@ -470,17 +470,24 @@ def perf_analyzer_with_server(server, binary: str, url: str, protocol: str, mode
     if server is None:
         return perf_analyzer(binary, url, protocol, model, batch, level, duration, out, shared_memory, output_bytes)
     counters_before = _server_counters(server, model)
-    cpu_before, frontends_before = time.process_time(), _cpu_s(server.frontend_pids)
+    frontend_pids = server.frontend_pids
+    cpu_before, frontends_before = _main_cpu_s(server), _cpu_s(frontend_pids)
     row = perf_analyzer(binary, url, protocol, model, batch, level, duration, out, shared_memory, output_bytes)
-    cpu_s, frontends_s = time.process_time() - cpu_before, _cpu_s(server.frontend_pids) - frontends_before
+    cpu_s, frontends_s = _main_cpu_s(server) - cpu_before, _cpu_s(frontend_pids) - frontends_before
     answered = server.metrics.get("nv_inference_request_success", {"model": model, "version": "1"}) \
         - counters_before["nv_inference_request_success"]
     row.update(_server_figures(server, model, counters_before))
     row["server_requests"] = int(answered)
     row["server_cpu_ms_per_request"] = cpu_s * 1e3 / max(answered, 1)
-    if server.frontend_pids:
+    if frontend_pids:
         row["frontend_cpu_ms_per_request"] = frontends_s * 1e3 / max(answered, 1)
     return row
+
+
+def _main_cpu_s(server) -> float:
+    """CPU seconds of what batches and runs: this process, and with --engine-processes K the K
+    engine processes (their frontend processes are counted apart)."""
+    return time.process_time() + _cpu_s(server.engine_pids)
 
 
 def _sleep_until(when: float, deadline: float) -> None:
@@ -695,6 +702,8 @@ def main() -> int:
     parser.add_argument("--shared-memory", type=_modes, default=["none"],
                         help="comma-separated, each measured in turn: tensors in the request body (none, the "
                              "default), in system or in CUDA shared memory")
+    parser.add_argument("--engine-processes", type=int, default=1,
+                        help="engine processes of the server (serve --engine-processes; default 1)")
     parser.add_argument("--frontends", type=int, default=1,
                         help="frontend processes of the server (serve --frontends; default 1: in this process)")
     parser.add_argument("--measure-budget-s", type=float, default=0.0,
@@ -722,7 +731,8 @@ def main() -> int:
                          "bash scripts/install_perf_analyzer.sh and copy .cache/perf_analyzer along)")
 
     results = {"protocol": args.protocol, "batch": args.batch, "duration_s": args.duration, "warmup_s": args.warmup,
-               "frontends": args.frontends, "load_generator": args.load_generator,
+               "frontends": args.frontends, "engine_processes": args.engine_processes,
+               "load_generator": args.load_generator,
                "shared_memory": args.shared_memory, "measure_budget_s": measure_budget,
                "request_timeout_s": args.request_timeout_s, "runs": {}}
     server = None
@@ -752,7 +762,8 @@ def main() -> int:
         started = time.monotonic()
         server = Server(ServeOptions(str(workdir), http_port=0, grpc_port=0, metrics_port=None, poll_interval=None,
                                      devices=[args.device] if args.device else None,
-                                     max_queue_size=max(4096, 4 * max(levels)), frontends=args.frontends)).start()
+                                     max_queue_size=max(4096, 4 * max(levels)), frontends=args.frontends,
+                                     engine_processes=args.engine_processes)).start()
         results["server_start_s"] = round(time.monotonic() - started, 1)
         progress(f"server up in {results['server_start_s']:.1f} s")
         url = server.grpc_url if args.protocol == "grpc" else server.http_url

@@ -42,6 +42,10 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--frontends", type=int, default=1, metavar="N",
                    help="HTTP and gRPC in N processes sharing the ports, feeding this one (default 1: in this "
                         "process; 1..64)")
+    p.add_argument("--engine-processes", type=int, default=1, metavar="K",
+                   help="K processes, each with its own engine instances, batchers and N frontend processes, on "
+                        "the same ports: the per-request work of one process spread over K (default 1; 1..16; "
+                        "K > 1 needs --frontends 2 or more and holds every engine K times)")
     p.add_argument("--dry-run", action="store_true",
                    help="load and warm up every model, print the repository index, then exit (1 if any model is "
                         "unavailable)")
@@ -59,7 +63,7 @@ def _devices(spec: str | None) -> list[str] | None:
 
 def _index_table(server):
     rows = table("Models", "model", "version", "state", "reason")
-    for row in server.repository.index():
+    for row in server.index():
         rows.add_row(text(row["name"]), text(row["version"]), text(row["state"]), text(row["reason"]))
     return rows
 
@@ -76,7 +80,8 @@ def run(args) -> int:
                            metrics_port=None if args.dry_run else args.metrics_port,
                            devices=_devices(args.device), poll_interval=args.poll_interval or None,
                            max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
-                           max_request_bytes=args.max_request_bytes, frontends=args.frontends)
+                           max_request_bytes=args.max_request_bytes, frontends=args.frontends,
+                           engine_processes=args.engine_processes)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     out = console()

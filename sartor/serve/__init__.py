@@ -21,6 +21,8 @@ validate layer (detection decoders); nothing below imports it. One concern per m
 | `frontend_pool.py` | `--frontends N`: the frontend processes, their ports, restarts, and the main side of their channels |
 | `workers.py` | one frontend process: HTTP and gRPC on shared ports, inference handed to the main process |
 | `ipc.py` | the frontend channel: framed JSON headers plus raw tensors, replies and errors |
+| `shards.py` | `--engine-processes K`: K whole servers on the same ports, started, restarted, metrics summed |
+| `peers.py` | what keeps those K in step: registrations, loads and unloads everywhere, statistics summed |
 """
 from .server import Server, ServeOptions
 

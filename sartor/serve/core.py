@@ -110,6 +110,9 @@ class InferenceCore:
         self.extensions = EXTENSIONS + ([CUDA_EXTENSION] if self.shared_memory.cuda_available() else [])
         self._loop_relay: LoopRelay | None = None
         self._series_of: dict = {}
+        # With --engine-processes K, the other shards (peers.Siblings): loads, unloads and
+        # statistics span them (the registry is mirrored by peers.MirroredRegistry).
+        self.siblings = None
 
     # ---- server -------------------------------------------------------------------------------------
     def server_metadata(self) -> dict:
@@ -379,8 +382,26 @@ class InferenceCore:
         return series
 
     # ---- statistics -----------------------------------------------------------------------------------
+    # ---- repository control and statistics, over every shard ---------------------------------------
+    def load_model(self, name: str) -> None:
+        """Load (or reload) the model's newest version here, then in the sibling shards (blocking)."""
+        self.repository.load(name)
+        if self.siblings is not None:
+            self.siblings.apply_everywhere("/load", {"name": name})
+
+    def unload_model(self, name: str) -> None:
+        self.repository.unload(name)
+        if self.siblings is not None:
+            self.siblings.apply_everywhere("/unload", {"name": name})
+
     def statistics(self, name: str | None = None, version: str | None = None) -> list[dict]:
-        """Triton's model statistics (JSON form of inference.ModelStatistics)."""
+        """Triton's model statistics (JSON form of inference.ModelStatistics), summed over the
+        shards where there are several."""
+        rows = self.local_statistics(name, version)
+        return rows if self.siblings is None else self.siblings.statistics(rows, name, version)
+
+    def local_statistics(self, name: str | None = None, version: str | None = None) -> list[dict]:
+        """This process's share of the statistics."""
         models = [self.repository.served(name, version)] if name else self.repository.served_models()
         stats = []
         for m in sorted(models, key=lambda m: m.name):

@@ -146,11 +146,11 @@ class GrpcFrontend(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
 
     async def RepositoryModelLoad(self, request, context):
-        await asyncio.get_running_loop().run_in_executor(None, self.core.repository.load, request.model_name)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.load_model, request.model_name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request, context):
-        await asyncio.get_running_loop().run_in_executor(None, self.core.repository.unload, request.model_name)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.unload_model, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- shared memory ---------------------------------------------------------------------------------

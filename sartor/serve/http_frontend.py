@@ -172,12 +172,12 @@ class HttpFrontend:
     async def load(self, request):
         await self._json_body(request)
         name = request.match_info["model"]
-        await asyncio.get_running_loop().run_in_executor(None, self.core.repository.load, name)
+        await asyncio.get_running_loop().run_in_executor(None, self.core.load_model, name)
         return web.Response(status=200)
 
     async def unload(self, request):
         await self._json_body(request)
-        await asyncio.get_running_loop().run_in_executor(None, self.core.repository.unload, request.match_info["model"])
+        await asyncio.get_running_loop().run_in_executor(None, self.core.unload_model, request.match_info["model"])
         return web.Response(status=200)
 
     # ---- shared memory ---------------------------------------------------------------------------------
@@ -250,8 +250,11 @@ class HttpFrontend:
 
 
 def metrics_app(metrics) -> web.Application:
+    """/metrics from `metrics.render()`: this process's Metrics, or the sum over the engine processes
+    (shards.ShardPool, which asks each of them), so it runs off the event loop."""
     async def handler(request):
-        return web.Response(body=metrics.render().encode(),
+        text = await asyncio.get_running_loop().run_in_executor(None, metrics.render)
+        return web.Response(body=text.encode(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     app = web.Application()

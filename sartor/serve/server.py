@@ -19,9 +19,11 @@ from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend, metrics_app
 from .metrics import Metrics
 from .repository import Repository
+from .shards import ShardPool
 
 log = logging.getLogger("sartor.serve")
 SHUTDOWN_GRACE_S = 5.0  # how long requests in flight may take to finish once stop() is called
+MAX_ENGINE_PROCESSES = 16
 
 
 @dataclass
@@ -38,6 +40,7 @@ class ServeOptions:
     max_request_bytes: int = 64 << 20
     grpc_max_concurrent: int | None = None
     frontends: int = 1  # >1: HTTP and gRPC in that many processes (frontend_pool.py); 1: in this process
+    engine_processes: int = 1  # >1: that many whole servers on the same ports (shards.py), each with `frontends`
 
     def check(self) -> None:
         for label, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
@@ -46,6 +49,12 @@ class ServeOptions:
                 raise ConfigError(f"{label} {port} must be in 0..65535")
         if isinstance(self.frontends, bool) or not isinstance(self.frontends, int) or not 1 <= self.frontends <= 64:
             raise ConfigError(f"--frontends {self.frontends} must be in 1..64")
+        if (isinstance(self.engine_processes, bool) or not isinstance(self.engine_processes, int)
+                or not 1 <= self.engine_processes <= MAX_ENGINE_PROCESSES):
+            raise ConfigError(f"--engine-processes {self.engine_processes} must be in 1..{MAX_ENGINE_PROCESSES}")
+        if self.engine_processes > 1 and self.frontends < 2:
+            raise ConfigError(f"--engine-processes {self.engine_processes} needs --frontends 2 or more: each engine "
+                              f"process's frontend processes share the ports")
         if self.max_queue_size < 1:
             raise ConfigError(f"--max-queue-size {self.max_queue_size} must be at least 1")
         if self.max_request_bytes < 1024:
@@ -71,6 +80,7 @@ class Server:
         self._runners: list[web.AppRunner] = []
         self._grpc: grpc.aio.Server | None = None
         self._pool: FrontendPool | None = None
+        self._shards: ShardPool | None = None
         self._stopped = threading.Event()
 
     # ---- life cycle ---------------------------------------------------------------------------------
@@ -83,13 +93,16 @@ class Server:
         except BaseException:
             self.stop()
             raise
-        if load:
+        if load and self._shards is None:  # shards load their own
             self.repository.load_all()
             self.repository.start_polling()
         return self
 
     async def _start_endpoints(self) -> None:
         o = self.options
+        if o.engine_processes > 1:
+            await self._start_shards()
+            return
         sites = []
         in_process = o.frontends == 1
         if o.http_port is not None and in_process:
@@ -97,16 +110,7 @@ class Server:
         if o.metrics_port is not None:
             sites.append(("metrics", metrics_app(self.metrics), o.metrics_port))
         for label, app, port in sites:
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
-            await runner.setup()
-            self._runners.append(runner)
-            site = web.TCPSite(runner, o.host, port, reuse_address=True)
-            try:
-                await site.start()
-            except OSError as exc:
-                raise ConfigError(f"cannot listen for {label} on {o.host}:{port}: {exc.strerror or exc}") from None
-            bound = runner.addresses[-1][1] if runner.addresses else port
-            setattr(self, f"{label}_port", bound)
+            await self._site(label, app, port)
         if o.grpc_port is not None and in_process:
             server = grpc.aio.server(options=[("grpc.max_receive_message_length", o.max_request_bytes),
                                               ("grpc.max_send_message_length", -1),
@@ -127,7 +131,33 @@ class Server:
             await self._pool.start()
             self.http_port, self.grpc_port = self._pool.http_port, self._pool.grpc_port
 
+    async def _site(self, label: str, app: web.Application, port: int) -> None:
+        o = self.options
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, o.host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen for {label} on {o.host}:{port}: {exc.strerror or exc}") from None
+        bound = runner.addresses[-1][1] if runner.addresses else port
+        setattr(self, f"{label}_port", bound)
+
+    async def _start_shards(self) -> None:
+        """--engine-processes K: this process only starts the shards and sums their metrics."""
+        self._shards = ShardPool(self.options)
+        await self._shards.start()
+        # This process serves nothing: its counters are the shards', summed (Metrics.get and render).
+        self.metrics = self._shards
+        self.http_port, self.grpc_port = self._shards.http_port, self._shards.grpc_port
+        if self.options.metrics_port is not None:
+            await self._site("metrics", metrics_app(self.metrics), self.options.metrics_port)
+
     async def _stop_endpoints(self, grace: float) -> None:
+        if self._shards is not None:
+            await self._shards.stop(grace)
+            self._shards = None
         if self._pool is not None:  # first: its workers' requests in flight need this process
             await self._pool.stop(grace)
             self._pool = None
@@ -178,9 +208,20 @@ class Server:
         self.stop()
 
     # ---- helpers --------------------------------------------------------------------------------------
+    def index(self) -> list[dict]:
+        """The repository index (with --engine-processes K, as the first engine process sees it)."""
+        return self._shards.index() if self._shards is not None else self.repository.index()
+
+    @property
+    def engine_pids(self) -> list[int]:
+        """The engine processes' ids (--engine-processes K > 1), else []."""
+        return self._shards.pids if self._shards is not None else []
+
     @property
     def frontend_pids(self) -> list[int]:
         """The frontend processes' ids (--frontends N > 1), else []."""
+        if self._shards is not None:
+            return self._shards.frontend_pids()
         return self._pool.pids if self._pool is not None else []
 
     @property

@@ -1,0 +1,245 @@
+"""`sartor serve --engine-processes K`: K whole servers (shards) on the same ports, kept in step by
+peers.py. Round trips through both shards, a region registered through one connection used through
+others (whichever shard they reach), statistics and metrics summed over the shards, loads and unloads
+applied everywhere, a killed shard restarted with the regions registered again, a sibling's refusal
+rolled back, and the option's errors. CPU engines, loopback only."""
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+from serve_helpers import (BATCHING, HOST, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
+                           reference, run_threads, running, wait_for)
+
+from sartor.errors import ConfigError
+
+pytest.importorskip("grpc")
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+
+from sartor.serve import ServeOptions  # noqa: E402
+from sartor.serve.peers import (MirroredRegistry, PeerFailed, RegistrationLog, Siblings, peer_request,  # noqa: E402
+                                sum_metrics, sum_statistics)
+from sartor.serve.shared_memory import SharedMemoryRegistry  # noqa: E402
+
+
+def close(a, b) -> None:
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, tiny_plan):
+    root = tmp_path_factory.mktemp("shards") / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    add_model(root, "tiny_b", tiny_plan, BATCHING)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with running(repo, frontends=2, engine_processes=2) as server:
+        yield server
+
+
+def shard_get(server, index: int, route: str):
+    import json
+    status, data = peer_request(server._shards.peer_path(index), "GET", route, timeout=10.0)
+    assert status == 200, (route, data)
+    return json.loads(data)
+
+
+def local_count(server, index: int, model: str = "tiny") -> int:
+    rows = shard_get(server, index, f"/statistics?name={model}")
+    return rows[0]["inference_count"]
+
+
+def many_connections(server, xs, wants, failures, **infer) -> None:
+    def client_thread(k: int) -> None:
+        try:
+            for _ in range(3):  # a connection each: the kernel picks a listening process per connection
+                if k % 2:
+                    client = grpc_client(server)
+                    result = grpc_infer(client, xs[k], **infer.get("grpc", {}))
+                else:
+                    client = http_client(server)
+                    result = http_infer(client, xs[k], **infer.get("http", {}))
+                if wants is not None:
+                    close(result.as_numpy("logits"), wants[k])
+                client.close()
+        except Exception as exc:  # noqa: BLE001 (reported by the caller)
+            failures.append(exc)
+
+    run_threads(client_thread, len(xs), timeout=90)
+
+
+# ---- options -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count", [0, 17, True])
+def test_engine_processes_out_of_range_is_one_line_error(tmp_path, count):
+    with pytest.raises(ConfigError, match=rf"^--engine-processes {count} must be in 1\.\.16$"):
+        ServeOptions(str(tmp_path), engine_processes=count).check()
+
+
+def test_engine_processes_need_frontend_processes(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--engine-processes 2 needs --frontends 2 or more: "):
+        ServeOptions(str(tmp_path), engine_processes=2, frontends=1).check()
+
+
+# ---- pure parts ----------------------------------------------------------------------------------------------
+
+def test_metrics_of_the_shards_are_summed_series_by_series():
+    a = ("# HELP nv_inference_count n\n# TYPE nv_inference_count counter\n"
+         'nv_inference_count{model="m",version="1"} 3\nnv_inference_count{model="n",version="1"} 1\n')
+    b = ("# HELP nv_inference_count n\n# TYPE nv_inference_count counter\n"
+         'nv_inference_count{model="m",version="1"} 4\nnv_gpu{x="1"} 0.5\n')
+    assert sum_metrics([a, b]).splitlines() == [
+        "# HELP nv_inference_count n", "# TYPE nv_inference_count counter",
+        'nv_inference_count{model="m",version="1"} 7', 'nv_inference_count{model="n",version="1"} 1',
+        'nv_gpu{x="1"} 0.5']
+
+
+def test_statistics_of_the_shards_are_summed_per_model_version():
+    def row(name, count, ns, last):
+        return {"name": name, "version": "1", "last_inference": last, "inference_count": count,
+                "execution_count": count, "inference_stats": {"success": {"count": count, "ns": ns}}}
+    merged = sum_statistics([[row("m", 2, 100, 5), row("n", 1, 7, 9)], [row("m", 3, 50, 8)]])
+    assert merged == [row("m", 5, 150, 8), row("n", 1, 7, 9)]
+
+
+def test_a_sibling_that_refuses_rolls_the_registration_back(tmp_path):
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    key = f"/sartor_sh_{uuid.uuid4().hex[:10]}"
+    handle = shm.create_shared_memory_region("r", key, 64)
+    local = SharedMemoryRegistry()
+    registrations = RegistrationLog()
+    mirrored = MirroredRegistry(local, Siblings({1: str(tmp_path / "no-such-socket")}), registrations)
+    try:
+        with pytest.raises(PeerFailed, match=r"^engine process 1 did not answer: "):
+            mirrored.register_system("r", key, 0, 64)
+        assert local.status("system") == [] and registrations.entries() == []
+    finally:
+        local.close()
+        shm.destroy_shared_memory_region(handle)
+
+
+# ---- a server of two engine processes ----------------------------------------------------------------------
+
+def test_stop_leaves_no_engine_process(repo):
+    # Before the module's server starts: `running` waits for every server thread of this process to end.
+    with running(repo, frontends=2, engine_processes=2, metrics_port=None) as server:
+        pids = list(server.engine_pids)
+        assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_round_trips_reach_both_engine_processes(server, tiny_plan):
+    assert len(server.engine_pids) == 2 and os.getpid() not in server.engine_pids
+    h, g = http_client(server), grpc_client(server)
+    assert h.is_server_ready() and g.is_model_ready("tiny")
+    h.close()
+    g.close()
+    before = [local_count(server, i) for i in range(2)]
+    xs = [images(1 + k % 4, seed=200 + k) for k in range(12)]
+    failures = []
+    many_connections(server, xs, [reference(tiny_plan, x) for x in xs], failures)
+    assert not failures, failures[:3]
+    served = [local_count(server, i) - before[i] for i in range(2)]
+    assert sum(served) == 3 * sum(x.shape[0] for x in xs), served
+    assert served[0] > 0 and served[1] > 0, served  # 36 connections all on one shard: chance 2^-35
+
+
+def test_statistics_and_metrics_sum_the_engine_processes(server):
+    grpc_infer(grpc_client(server), images(2, seed=1))
+    shares = [local_count(server, i) for i in range(2)]
+    h = http_client(server)
+    assert h.get_inference_statistics("tiny")["model_stats"][0]["inference_count"] == sum(shares)
+    assert grpc_client(server).get_inference_statistics("tiny").model_stats[0].inference_count == sum(shares)
+    h.close()
+    text = urllib.request.urlopen(f"http://{HOST}:{server.metrics_port}/metrics", timeout=10).read().decode()
+    line = next(x for x in text.splitlines() if x.startswith('nv_inference_count{model="tiny",version="1"}'))
+    assert float(line.rpartition(" ")[2]) == sum(shares)
+    assert text.count("# TYPE nv_inference_count ") == 1
+
+
+def test_a_region_registered_once_serves_every_connection(server, tiny_plan):
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    key = f"/sartor_sh_{uuid.uuid4().hex[:10]}"
+    x = images(2, seed=77)
+    region = shm.create_shared_memory_region("in", key, x.nbytes)
+    shm.set_shared_memory_region(region, [x])
+    h = http_client(server)
+    try:
+        h.register_system_shared_memory("shard_in", key, x.nbytes)
+        for index in range(2):  # in force in both shards, whichever one the registration reached
+            assert [body["name"] for _, body in shard_get(server, index, "/registrations")] == ["shard_in"]
+
+        def by_region(lib):
+            tensor = lib.InferInput("images", list(x.shape), "FP32")
+            tensor.set_shared_memory("shard_in", x.nbytes)
+            return tensor
+
+        failures = []
+
+        def client_thread(k: int) -> None:
+            try:
+                for _ in range(3):
+                    if k % 2:
+                        client = grpc_client(server)
+                        result = client.infer("tiny", [by_region(grpcclient)])
+                    else:
+                        client = http_client(server)
+                        result = client.infer("tiny", [by_region(httpclient)])
+                    close(result.as_numpy("logits"), reference(tiny_plan, x))
+                    client.close()
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                failures.append(exc)
+
+        run_threads(client_thread, 8, timeout=90)
+        assert not failures, failures[:3]
+        grpc_client(server).unregister_system_shared_memory("shard_in")
+        for index in range(2):
+            assert shard_get(server, index, "/registrations") == []
+    finally:
+        h.unregister_system_shared_memory()
+        h.close()
+        shm.destroy_shared_memory_region(region)
+
+
+def test_unload_and_load_reach_every_engine_process(server):
+    g = grpc_client(server)
+    g.unload_model("tiny_b")
+    for index in range(2):
+        states = {r["name"]: r["state"] for r in shard_get(server, index, "/index")}
+        assert states["tiny_b"] == "UNAVAILABLE" and states["tiny"] == "READY", (index, states)
+    g.load_model("tiny_b")
+    for index in range(2):
+        assert {r["name"]: r["state"] for r in shard_get(server, index, "/index")}["tiny_b"] == "READY"
+    g.close()
+
+
+def test_a_killed_engine_process_comes_back_with_the_regions(server, tiny_plan):
+    shm = pytest.importorskip("tritonclient.utils.shared_memory")
+    key = f"/sartor_sh_{uuid.uuid4().hex[:10]}"
+    region = shm.create_shared_memory_region("in", key, 64)
+    h = http_client(server)
+    try:
+        h.register_system_shared_memory("kept", key, 64)
+        victim = server.engine_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(server.engine_pids) == 2 and victim not in server.engine_pids
+                 and server._shards.ready(1), timeout=120, what="the engine process to be restarted")
+        assert [body["name"] for _, body in shard_get(server, 1, "/registrations")] == ["kept"]
+        xs = [images(1, seed=300 + k) for k in range(8)]
+        failures = []
+        many_connections(server, xs, [reference(tiny_plan, x) for x in xs], failures)
+        assert not failures, failures[:3]
+    finally:
+        h.unregister_system_shared_memory()
+        h.close()
+        shm.destroy_shared_memory_region(region)
