@@ -1,6 +1,7 @@
 """Issue 5's table in one device call per group of models: sartor FP16 (and INT8/FP8 where asked,
-calibrated on 64 street scenes at the model's input size) against PyTorch eager FP16 channels-last + CUDA graph and torch.compile reduce-overhead, per batch,
-in the same process; with build time (cold and with a warm timing cache), load time, first
+calibrated on 64 street scenes at the model's input size) against PyTorch eager FP16
+channels-last + CUDA graph and torch.compile reduce-overhead (and max-autotune where asked), per
+batch, in the same process; with build time (cold and with a warm timing cache), load time, first
 inference and device memory.
 
     PYTHONPATH=. python bench/h200_table.py --out $OUT --models resnet50,mobilenet_v3_large \\
@@ -11,6 +12,11 @@ BatchNorm), detector (the sample detector, 320; its PyTorch peer is samples/dete
 yolov8n and yolo11n (640, ONNX from --onnx-dir; PyTorch peer from Ultralytics' yaml where it imports).
 Detectors take --detector-batches (1, 8, 32 unless told). Writes table.json and table.md; a device
 call has 10 minutes, so give a few models per call.
+
+A max-autotune compile longer than one call is resumed across calls: with --inductor-cache DIR the
+compile's results land in DIR (bench/inductor_cache.py exports them after a killed call), and
+--autotune-resume ARCHIVE puts an earlier call's exported results back into DIR before compiling.
+The cell's compile_s is then this call's alone; compile_resumed and compile_s_earlier_calls say so.
 """
 from __future__ import annotations
 
@@ -35,6 +41,8 @@ sys.path.insert(0, str(ROOT / "samples" / "detector"))
 
 import sartor  # noqa: E402
 from h200_models import compiled_runner, export_classifier, graph_runner, settle_batchnorm, versions  # noqa: E402
+from inductor_cache import (CacheArchiveError, archive_has_cell, autotune_op_count, earlier_compile_s,  # noqa: E402
+                            mark_compile, restore_results)
 from sartor.tactics.select import timing_samples_ms  # noqa: E402
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0")
@@ -167,6 +175,60 @@ def agreement_with_onnxruntime(onnx: Path, input_name: str, x: torch.Tensor, out
             "max_abs_diff_vs_onnxruntime": round(float(np.abs(expected - got).max()), 5)}
 
 
+def autotune_resume(archive: Path, cache_dir: Path, results: dict) -> dict | None:
+    """An earlier call's autotuning results put into `cache_dir` before any compile; its manifest,
+    or None where there is no archive or it cannot be read (then the compile starts cold)."""
+    try:
+        restored = restore_results(archive, cache_dir)
+    except CacheArchiveError as exc:
+        results["errors"]["autotune_resume"] = str(exc)
+        print(f"autotune resume: {exc}", file=sys.stderr, flush=True)
+        return None
+    if restored is None:
+        results["autotune_resume"] = {"archive": str(archive), "found": False}
+        return None
+    results["autotune_resume"] = {"archive": str(archive), "found": True, "files": restored.files,
+                                  "autotune_ops": autotune_op_count(cache_dir),
+                                  "cells": restored.manifest.get("cells", []),
+                                  "history": restored.manifest.get("history", [])}
+    return restored.manifest
+
+
+def autotune_cell(model: torch.nn.Module, x: torch.Tensor, name: str, batch: int, iterations: int,
+                  cache_dir: Path | None, progress: Path, manifest: dict | None) -> dict:
+    """The max-autotune peer, with where its compile time came from: `compile_s` is this call's
+    alone; on a resumed compile the ops benchmarked in earlier calls were not benchmarked here."""
+    ops_before = autotune_op_count(cache_dir) if cache_dir else None
+    mark_compile(progress, name, batch)
+    run, compile_s = compiled_runner(model, x, mode="max-autotune")
+    mark_compile(progress, name, batch, compile_s)
+    cell = dict(timed(run, batch, iterations), compile_s=round(compile_s, 1))
+    earlier = earlier_compile_s(manifest, name, batch)
+    cell["compile_resumed"] = earlier > 0 or archive_has_cell(manifest, name, batch)
+    if cell["compile_resumed"]:
+        cell.update(compile_s_earlier_calls=earlier, compile_s_all_calls=round(compile_s + earlier, 1))
+    if cache_dir:
+        cell.update(autotune_ops_cached_before=ops_before,
+                    autotune_ops_benchmarked=autotune_op_count(cache_dir) - ops_before)
+    return cell
+
+
+def autotune_lines(rows: list[dict]) -> list[str]:
+    """The max-autotune cells under the table, a resumed compile's time marked as this call's."""
+    lines = []
+    for r in rows:
+        cell = r.get("torch_compile_max_autotune")
+        if not cell:
+            continue
+        line = f"- max-autotune {r['model']} b{r['batch']}: {cell['median_ms']:.3f} ms, compile {cell['compile_s']} s"
+        if cell.get("compile_resumed"):
+            line += (f" in this call, resumed: {cell['compile_s_earlier_calls']} s in earlier calls "
+                     f"({cell.get('autotune_ops_cached_before')} ops restored, {cell.get('autotune_ops_benchmarked')} "
+                     "benchmarked here)")
+        lines.append(line)
+    return [""] + lines if lines else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -177,21 +239,35 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="also sartor FP8 E4M3 (same calibration as INT8)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     parser.add_argument("--pdl", action="store_true",
-                        help="also each quantized engine built with --pdl (programmatic dependent launch), side by side")
+                        help="also each quantized engine built with --pdl (programmatic dependent launch), "
+                             "side by side")
     parser.add_argument("--max-autotune", action="store_true",
                         help="also torch.compile mode max-autotune (minutes of compile per shape)")
+    parser.add_argument("--inductor-cache", type=Path, default=None,
+                        help="TORCHINDUCTOR_CACHE_DIR for every compile here, whose autotuning results "
+                             "bench/inductor_cache.py exports")
+    parser.add_argument("--autotune-resume", type=Path, default=None,
+                        help="an earlier call's exported archive, restored into --inductor-cache first (absent: none)")
     parser.add_argument("--onnx-dir", type=Path, default=None)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--effort", type=int, default=None, help="sartor's --builder-effort (its default unless told)")
     parser.add_argument("--no-warm-build", action="store_true",
                         help="skip the second (warm timing cache) build of each engine: saves device time")
     args = parser.parse_args()
+    if args.autotune_resume and not args.inductor_cache:
+        parser.error("--autotune-resume needs --inductor-cache")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.inductor_cache:
+        # Inductor reads the variable at its first compile and keeps the path, so it is set before any.
+        args.inductor_cache = args.inductor_cache.resolve()
+        args.inductor_cache.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(args.inductor_cache)
     work = Path("/tmp/sartor_table")
     work.mkdir(exist_ok=True)
     torch.backends.cudnn.benchmark = True
     results = {"versions": versions(), "rows": [], "errors": {}, "effort": args.effort}
+    manifest = autotune_resume(args.autotune_resume, args.inductor_cache, results) if args.autotune_resume else None
     calibs: dict[tuple, Path] = {}
 
     def calibration(size: int, imagenet: bool) -> Path:
@@ -236,10 +312,9 @@ def main() -> None:
                         return dict(timed(run, batch, args.iterations), compile_s=round(compile_s, 1))
                     jobs.append(("torch_compile_reduce_overhead", compile_job))
                 if args.max_autotune:
-                    def autotune_job():
-                        run, compile_s = compiled_runner(model, x, mode="max-autotune")
-                        return dict(timed(run, batch, args.iterations), compile_s=round(compile_s, 1))
-                    jobs.append(("torch_compile_max_autotune", autotune_job))
+                    jobs.append(("torch_compile_max_autotune", lambda: autotune_cell(
+                        model, x, name, batch, args.iterations, args.inductor_cache, out / "autotune_progress.json",
+                        manifest)))
             for key, job in jobs:
                 try:
                     row[key] = job()
@@ -257,16 +332,19 @@ def main() -> None:
             results.pop("partial", None)
             print(json.dumps(row), flush=True)
             save()
-    lines = ["| model | batch | sartor FP16 ms | INT8 ms | FP8 ms | eager+graph ms | compile r-o ms | FP16 vs best peer |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | sartor FP16 ms | INT8 ms | FP8 ms | eager+graph ms | compile r-o ms "
+             "| FP16 vs best peer |", "|---|---|---|---|---|---|---|---|"]
     cell = lambda r, k: f"{r[k]['median_ms']:.3f}" if k in r else "–"  # noqa: E731
     for r in results["rows"]:
-        lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_fp8')} | "
+        lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
+                     f"{cell(r, 'sartor_fp8')} | "
                      f"{cell(r, 'eager_fp16_cuda_graph')} | {cell(r, 'torch_compile_reduce_overhead')} | "
                      f"{r.get('sartor_fp16_speedup_over_best_peer', '–')} |")
+    lines += autotune_lines(results["rows"])
     pdl_rows = [r for r in results["rows"] if any(k.endswith("_pdl") for k in r)]
     if pdl_rows:
-        lines += ["", "| model | batch | INT8 ms | INT8 --pdl ms | FP8 ms | FP8 --pdl ms |", "|---|---|---|---|---|---|"]
+        lines += ["", "| model | batch | INT8 ms | INT8 --pdl ms | FP8 ms | FP8 --pdl ms |",
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_int8_pdl')} | "
                   f"{cell(r, 'sartor_fp8')} | {cell(r, 'sartor_fp8_pdl')} |" for r in pdl_rows]
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
