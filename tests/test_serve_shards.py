@@ -126,6 +126,76 @@ def test_a_sibling_that_refuses_rolls_the_registration_back(tmp_path):
         shm.destroy_shared_memory_region(handle)
 
 
+# ---- one engine process on its own ----------------------------------------------------------------------------
+
+def shard_settings(repo, tmp_path, http_port: int) -> dict:
+    import dataclasses
+    options = ServeOptions(str(repo), host=HOST, http_port=http_port, grpc_port=0, metrics_port=None,
+                           poll_interval=None, frontends=2)
+    return {"index": 0, "options": dataclasses.asdict(options), "peer": str(tmp_path / "peer"), "siblings": {},
+            "failure": str(tmp_path / "failure"), "parent": os.getpid(), "log_level": 30}
+
+
+def run_shard(settings: dict, timeout: float = 120.0):
+    import json
+    import subprocess
+    import sys
+    from sartor.serve.shards import SHARD_COMMAND
+    return subprocess.run([sys.executable, "-c", SHARD_COMMAND, json.dumps(settings)], timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def test_an_engine_process_that_cannot_start_says_why_in_one_line(repo, tmp_path):
+    import socket
+    taken = socket.socket()  # listening without SO_REUSEPORT: no one else can bind the port
+    taken.bind((HOST, 0))
+    taken.listen()
+    try:
+        done = run_shard(shard_settings(repo, tmp_path, taken.getsockname()[1]))
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    message = (tmp_path / "failure").read_text()
+    assert message.startswith(f"cannot listen for http on {HOST}:") and "\n" not in message
+
+
+def test_an_engine_process_exits_when_its_parent_is_gone(repo, tmp_path):
+    """Its parent killed (no SIGTERM to pass on): the shard stops serving and exits on its own."""
+    import json
+    import subprocess
+    import sys
+    settings = shard_settings(repo, tmp_path, 0)
+    # The parent: starts the shard with its own pid as the parent's, waits until it serves, exits at once.
+    parent = ("import json, os, subprocess, sys, time\n"
+              "from sartor.serve.peers import peer_request\n"
+              "from sartor.serve.shards import SHARD_COMMAND\n"
+              "s = json.loads(sys.argv[1]); s['parent'] = os.getpid()\n"
+              "p = subprocess.Popen([sys.executable, '-c', SHARD_COMMAND, json.dumps(s)], stdout=subprocess.DEVNULL)\n"
+              "print(p.pid, flush=True)\n"
+              "end = time.monotonic() + 120\n"
+              "while time.monotonic() < end:\n"
+              "    try:\n"
+              "        if peer_request(s['peer'], 'GET', '/ready', timeout=2)[0] == 200:\n"
+              "            print('serving', flush=True)\n"
+              "            break\n"
+              "    except OSError: pass\n"
+              "    time.sleep(0.1)\n"
+              "os._exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", parent, json.dumps(settings)], capture_output=True, text=True,
+                          timeout=150)
+    shard, state = done.stdout.split()[:2]
+    assert state == "serving", done.stderr[-2000:]
+    shard = int(shard)
+
+    def gone() -> bool:
+        try:
+            os.kill(shard, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    wait_for(gone, timeout=60, what="the orphaned engine process to exit")
+
+
 # ---- a server of two engine processes ----------------------------------------------------------------------
 
 def test_stop_leaves_no_engine_process(repo):

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SartorError
 from .frontend_pool import RESTART_DELAYS_S, RESTART_WINDOW_S, WATCH_EVERY_S, reserve_port
 from .peers import PeerFailed, Siblings, link_shard, parse_sample, peer_request, sum_metrics
 
@@ -49,6 +49,10 @@ class ShardPool:
 
     def peer_path(self, index: int) -> str:
         return os.path.join(self._dir, f"peer-{index}")
+
+    def failure_path(self, index: int) -> str:
+        """Where shard `index` writes the one line it failed to start with."""
+        return os.path.join(self._dir, f"failure-{index}")
 
     @property
     def pids(self) -> list[int]:
@@ -76,6 +80,7 @@ class ShardPool:
                                             engine_processes=1)
         settings = {"index": index, "options": dataclasses.asdict(shard_options), "peer": self.peer_path(index),
                     "siblings": {j: self.peer_path(j) for j in range(o.engine_processes) if j != index},
+                    "failure": self.failure_path(index), "parent": os.getpid(),
                     "log_level": logging.getLogger("sartor").getEffectiveLevel()}
         package_root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
@@ -101,8 +106,7 @@ class ShardPool:
                 process = self._processes.get(index)
                 if process is None or process.poll() is not None:
                     if fail_on_exit:
-                        code = process.returncode if process is not None else None
-                        raise ConfigError(f"engine process {index} failed to start (exit code {code})")
+                        raise ConfigError(f"engine process {index} failed to start: {self._failure(index, process)}")
                     waiting.discard(index)
                 elif await loop.run_in_executor(None, self.ready, index):
                     waiting.discard(index)
@@ -110,6 +114,13 @@ class ShardPool:
                 raise ConfigError(f"engine processes {sorted(waiting)} did not start within {START_TIMEOUT_S:.0f} s")
             if waiting:
                 await asyncio.sleep(0.05)
+
+    def _failure(self, index: int, process: subprocess.Popen | None) -> str:
+        try:
+            with open(self.failure_path(index), encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            return f"exit code {process.returncode if process is not None else None}"
 
     # ---- life -------------------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -202,7 +213,8 @@ class ShardPool:
 
 
 def shard_main(settings: dict) -> None:
-    """One engine process: a whole server on the shared ports, linked to its siblings, until SIGTERM."""
+    """One engine process: a whole server on the shared ports, linked to its siblings, until SIGTERM
+    or until its parent is gone. A failure to start is written, as one line, to settings["failure"]."""
     from .server import Server, ServeOptions
 
     logging.basicConfig(level=settings["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -210,15 +222,27 @@ def shard_main(settings: dict) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the shards
-    server = Server(ServeOptions(**settings["options"]))
-    siblings = Siblings({int(i): path for i, path in settings["siblings"].items()})
-    peers = link_shard(server.core, siblings, settings["peer"], lambda: server.frontend_pids).start()
+    server = peers = None
     try:
+        server = Server(ServeOptions(**settings["options"]))
+        siblings = Siblings({int(i): path for i, path in settings["siblings"].items()})
+        peers = link_shard(server.core, siblings, settings["peer"], lambda: server.frontend_pids).start()
         server.start()
-        peers.ready.set()
-        log.info("engine process %d (pid %d) serving", settings["index"], os.getpid())
-        while not stop.wait(0.5):
-            pass
-    finally:
+    except SartorError as exc:
+        with open(settings["failure"], "w", encoding="utf-8") as f:
+            f.write(str(exc))
+        _stop(server, peers)
+        sys.exit(1)
+    peers.ready.set()
+    log.info("engine process %d (pid %d) serving", settings["index"], os.getpid())
+    # A parent killed without a chance to stop its shards must not leave them serving on its ports.
+    while not stop.wait(0.5) and os.getppid() == settings["parent"]:
+        pass
+    _stop(server, peers)
+
+
+def _stop(server, peers) -> None:
+    if server is not None:
         server.stop()
+    if peers is not None:
         peers.stop()
