@@ -32,6 +32,7 @@ from .core import GroupMember
 from .grpc_frontend import GrpcFrontend, generic_handler
 from .http_frontend import HttpFrontend
 from .errors import InvalidRequest
+from .restarts import Restarts
 from .ipc import (REPLY_PAYLOAD_LIMIT, Channel, decode_regions, decode_tensors, error_header, frame_limit,
                   group_members, grouped_frames, reply, request_payload_limit)
 from .workers import UNLIMITED
@@ -39,9 +40,6 @@ from .workers import UNLIMITED
 log = logging.getLogger("sartor.serve")
 START_TIMEOUT_S = 50.0  # a worker imports grpc, aiohttp and sartor (torch) before it binds
 STOP_EXTRA_S = 5.0  # past the grace period, before a worker that has not exited is terminated
-RESTART_DELAYS_S = (0.0, 0.5, 2.0, 5.0)  # after the 1st, 2nd, 3rd... death within RESTART_WINDOW_S
-RESTART_WINDOW_S = 60.0
-WATCH_EVERY_S = 0.25  # how often the workers are checked for having exited
 # A fresh interpreter, as multiprocessing's "spawn" starts one, but without re-running the parent's
 # __main__ module in it (an unguarded script would start servers recursively) and without pickling:
 # the settings travel as JSON on the command line.
@@ -217,13 +215,11 @@ class FrontendPool:
         self._processes: dict[int, subprocess.Popen] = {}
         self._pids: dict[int, int] = {}
         self._links: set[_Link] = set()
-        self._deaths: dict[int, list[float]] = {}
         self._ipc_server: asyncio.AbstractServer | None = None
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._started = False  # a worker that dies before then fails start(); after, it is restarted
-        self._stopping = False
-        self._watch: asyncio.TimerHandle | None = None
+        self._restarts = Restarts("frontend", self._processes, self._spawn, lambda index: self._pids.pop(index, None))
         self.http_port: int | None = None
         self.grpc_port: int | None = None
 
@@ -258,7 +254,7 @@ class FrontendPool:
                 raise ConfigError(f"frontend processes did not start within {START_TIMEOUT_S:.0f} s")
             await asyncio.sleep(0.02)
         self._started = True
-        self._watch = asyncio.get_running_loop().call_later(WATCH_EVERY_S, self._check)
+        self._restarts.start()
 
     async def _start_control(self) -> None:
         """This process's own frontends, reachable by the workers only."""
@@ -299,38 +295,11 @@ class FrontendPool:
     def lost(self, link: _Link) -> None:
         self._links.discard(link)
 
-    def _check(self) -> None:
-        """Restart the workers that exited (poll() reaps them)."""
-        if self._stopping:
-            return
-        for index, process in list(self._processes.items()):
-            if process.poll() is not None:
-                self._exited(index, process)
-        self._watch = asyncio.get_running_loop().call_later(WATCH_EVERY_S, self._check)
-
-    def _exited(self, index: int, process: subprocess.Popen) -> None:
-        loop = asyncio.get_running_loop()
-        del self._processes[index]
-        self._pids.pop(index, None)
-        now = time.monotonic()
-        recent = [t for t in self._deaths.get(index, []) if now - t < RESTART_WINDOW_S] + [now]
-        self._deaths[index] = recent
-        delay = RESTART_DELAYS_S[min(len(recent), len(RESTART_DELAYS_S)) - 1]
-        log.warning("frontend %d (pid %s) exited with code %s: restarting it%s", index, process.pid, process.returncode,
-                    f" in {delay:g} s" if delay else "")
-        loop.call_later(delay, self._respawn, index)
-
-    def _respawn(self, index: int) -> None:
-        if not self._stopping:
-            self._spawn(index)
-
     # ---- stop -------------------------------------------------------------------------------------------------
     async def stop(self, grace: float) -> None:
         """Workers stop taking connections and finish what they run (this process still answers them),
         then exit; those that do not are terminated, then killed."""
-        self._stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
+        self._restarts.stop()
         for link in list(self._links):
             link.channel.send({"k": "stop", "grace": grace})
         for index, process in self._processes.items():

@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, SartorError
-from .frontend_pool import RESTART_DELAYS_S, RESTART_WINDOW_S, WATCH_EVERY_S, reserve_port
+from .frontend_pool import reserve_port
 from .peers import PeerFailed, Siblings, link_shard, parse_sample, peer_request, sum_metrics
+from .restarts import Restarts
 
 log = logging.getLogger("sartor.serve")
 START_TIMEOUT_S = 600.0  # each shard loads and warms up every model before it reports ready
@@ -41,9 +42,7 @@ class ShardPool:
         self._dir = tempfile.mkdtemp(prefix="sartor-shards-")
         self._reserved: list[socket.socket] = []
         self._processes: dict[int, subprocess.Popen] = {}
-        self._deaths: dict[int, list[float]] = {}
-        self._stopping = False
-        self._watch: asyncio.TimerHandle | None = None
+        self._restarts = Restarts("engine process", self._processes, self._spawn)
         self.http_port: int | None = None
         self.grpc_port: int | None = None
 
@@ -72,7 +71,7 @@ class ShardPool:
         for index in range(o.engine_processes):
             self._spawn(index)
         await self._wait_ready(range(o.engine_processes), fail_on_exit=True)
-        self._watch = asyncio.get_running_loop().call_later(WATCH_EVERY_S, self._check)
+        self._restarts.start()
 
     def _spawn(self, index: int) -> None:
         o = self.options
@@ -123,29 +122,6 @@ class ShardPool:
             return f"exit code {process.returncode if process is not None else None}"
 
     # ---- life -------------------------------------------------------------------------------------------------
-    def _check(self) -> None:
-        """Restart the shards that exited (poll() reaps them)."""
-        if self._stopping:
-            return
-        for index, process in list(self._processes.items()):
-            if process.poll() is not None:
-                self._exited(index, process)
-        self._watch = asyncio.get_running_loop().call_later(WATCH_EVERY_S, self._check)
-
-    def _exited(self, index: int, process: subprocess.Popen) -> None:
-        del self._processes[index]
-        now = time.monotonic()
-        recent = [t for t in self._deaths.get(index, []) if now - t < RESTART_WINDOW_S] + [now]
-        self._deaths[index] = recent
-        delay = RESTART_DELAYS_S[min(len(recent), len(RESTART_DELAYS_S)) - 1]
-        log.warning("engine process %d (pid %s) exited with code %s: restarting it%s", index, process.pid,
-                    process.returncode, f" in {delay:g} s" if delay else "")
-        asyncio.get_running_loop().call_later(delay, self._respawn, index)
-
-    def _respawn(self, index: int) -> None:
-        if not self._stopping:
-            self._spawn(index)
-
     def render(self) -> str:
         """/metrics: every shard's, summed (blocking: call off the event loop)."""
         texts = []
@@ -192,9 +168,7 @@ class ShardPool:
     async def stop(self, grace: float) -> None:
         """SIGTERM: each shard drains as `sartor serve` does on Ctrl-C; one that has not exited after
         the grace period is killed."""
-        self._stopping = True
-        if self._watch is not None:
-            self._watch.cancel()
+        self._restarts.stop()
         for process in self._processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
