@@ -57,23 +57,33 @@ def local_count(server, index: int, model: str = "tiny") -> int:
     return rows[0]["inference_count"]
 
 
-def many_connections(server, xs, wants, failures, **infer) -> None:
+def many_connections(server, count: int, infer_and_check) -> list:
+    """`infer_and_check(client, lib, k)` 3 times in each of `count` threads, a new connection each
+    time (the kernel picks a listening process per connection), gRPC in odd threads and HTTP in
+    even ones; the failures."""
+    failures = []
+
     def client_thread(k: int) -> None:
         try:
-            for _ in range(3):  # a connection each: the kernel picks a listening process per connection
-                if k % 2:
-                    client = grpc_client(server)
-                    result = grpc_infer(client, xs[k], **infer.get("grpc", {}))
-                else:
-                    client = http_client(server)
-                    result = http_infer(client, xs[k], **infer.get("http", {}))
-                if wants is not None:
-                    close(result.as_numpy("logits"), wants[k])
+            for _ in range(3):
+                client, lib = (grpc_client(server), grpcclient) if k % 2 else (http_client(server), httpclient)
+                infer_and_check(client, lib, k)
                 client.close()
-        except Exception as exc:  # noqa: BLE001 (reported by the caller)
+        except Exception as exc:  # noqa: BLE001 (returned)
             failures.append(exc)
 
-    run_threads(client_thread, len(xs), timeout=90)
+    run_threads(client_thread, count, timeout=90)
+    return failures
+
+
+def check_images(xs, plan):
+    """infer_and_check for many_connections: thread k sends xs[k] in the body."""
+    wants = [reference(plan, x) for x in xs]
+
+    def infer_and_check(client, lib, k: int) -> None:
+        result = grpc_infer(client, xs[k]) if lib is grpcclient else http_infer(client, xs[k])
+        close(result.as_numpy("logits"), wants[k])
+    return infer_and_check
 
 
 # ---- options -----------------------------------------------------------------------------------------------
@@ -216,8 +226,7 @@ def test_round_trips_reach_both_engine_processes(server, tiny_plan):
     g.close()
     before = [local_count(server, i) for i in range(2)]
     xs = [images(1 + k % 4, seed=200 + k) for k in range(12)]
-    failures = []
-    many_connections(server, xs, [reference(tiny_plan, x) for x in xs], failures)
+    failures = many_connections(server, len(xs), check_images(xs, tiny_plan))
     assert not failures, failures[:3]
     served = [local_count(server, i) - before[i] for i in range(2)]
     assert sum(served) == 3 * sum(x.shape[0] for x in xs), served
@@ -249,28 +258,14 @@ def test_a_region_registered_once_serves_every_connection(server, tiny_plan):
         for index in range(2):  # in force in both shards, whichever one the registration reached
             assert [body["name"] for _, body in shard_get(server, index, "/registrations")] == ["shard_in"]
 
-        def by_region(lib):
+        want = reference(tiny_plan, x)
+
+        def infer_and_check(client, lib, k: int) -> None:
             tensor = lib.InferInput("images", list(x.shape), "FP32")
             tensor.set_shared_memory("shard_in", x.nbytes)
-            return tensor
+            close(client.infer("tiny", [tensor]).as_numpy("logits"), want)
 
-        failures = []
-
-        def client_thread(k: int) -> None:
-            try:
-                for _ in range(3):
-                    if k % 2:
-                        client = grpc_client(server)
-                        result = client.infer("tiny", [by_region(grpcclient)])
-                    else:
-                        client = http_client(server)
-                        result = client.infer("tiny", [by_region(httpclient)])
-                    close(result.as_numpy("logits"), reference(tiny_plan, x))
-                    client.close()
-            except Exception as exc:  # noqa: BLE001 (reported below)
-                failures.append(exc)
-
-        run_threads(client_thread, 8, timeout=90)
+        failures = many_connections(server, 8, infer_and_check)
         assert not failures, failures[:3]
         grpc_client(server).unregister_system_shared_memory("shard_in")
         for index in range(2):
@@ -306,8 +301,7 @@ def test_a_killed_engine_process_comes_back_with_the_regions(server, tiny_plan):
                  and server._shards.ready(1), timeout=120, what="the engine process to be restarted")
         assert [body["name"] for _, body in shard_get(server, 1, "/registrations")] == ["kept"]
         xs = [images(1, seed=300 + k) for k in range(8)]
-        failures = []
-        many_connections(server, xs, [reference(tiny_plan, x) for x in xs], failures)
+        failures = many_connections(server, len(xs), check_images(xs, tiny_plan))
         assert not failures, failures[:3]
     finally:
         h.unregister_system_shared_memory()

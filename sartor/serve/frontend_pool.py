@@ -64,6 +64,19 @@ def reserve_port(host: str, port: int, label: str) -> socket.socket:
     return sock
 
 
+def reserve_ports(options) -> tuple[list[socket.socket], int | None, int | None]:
+    """The reserved sockets (kept until stop) and the HTTP and gRPC ports they hold, None where the
+    endpoint is off: port 0 resolved to the one port every process that serves binds."""
+    reserved, ports = [], []
+    for label, port in (("http", options.http_port), ("grpc", options.grpc_port)):
+        if port is None:
+            ports.append(None)
+            continue
+        reserved.append(reserve_port(options.host, port, label))
+        ports.append(reserved[-1].getsockname()[1])
+    return reserved, ports[0], ports[1]
+
+
 class _Link:
     """One worker's channel, as the main process sees it: its requests in flight, by id. Grouped
     requests ("g") are tracked as GroupMembers without a task each; single ones ("i", and members
@@ -234,12 +247,7 @@ class FrontendPool:
     # ---- start ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         o = self.options
-        if o.http_port is not None:
-            self._reserved.append(reserve_port(o.host, o.http_port, "http"))
-            self.http_port = self._reserved[-1].getsockname()[1]
-        if o.grpc_port is not None:
-            self._reserved.append(reserve_port(o.host, o.grpc_port, "grpc"))
-            self.grpc_port = self._reserved[-1].getsockname()[1]
+        self._reserved, self.http_port, self.grpc_port = reserve_ports(o)
         await self._start_control()
         self._ipc_server = await asyncio.get_running_loop().create_unix_server(self._connection, self._path("ipc"))
         for index in range(o.frontends):

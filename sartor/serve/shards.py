@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, SartorError
-from .frontend_pool import reserve_port
+from .frontend_pool import reserve_ports
 from .peers import PeerFailed, Siblings, link_shard, parse_sample, peer_request, sum_metrics
 from .restarts import Restarts
 
@@ -62,12 +62,7 @@ class ShardPool:
         """Ports resolved here (port 0 becomes one port for every shard), then every shard started and
         waited for until it has loaded its models and listens."""
         o = self.options
-        if o.http_port is not None:
-            self._reserved.append(reserve_port(o.host, o.http_port, "http"))
-            self.http_port = self._reserved[-1].getsockname()[1]
-        if o.grpc_port is not None:
-            self._reserved.append(reserve_port(o.host, o.grpc_port, "grpc"))
-            self.grpc_port = self._reserved[-1].getsockname()[1]
+        self._reserved, self.http_port, self.grpc_port = reserve_ports(o)
         for index in range(o.engine_processes):
             self._spawn(index)
         await self._wait_ready(range(o.engine_processes), fail_on_exit=True)
