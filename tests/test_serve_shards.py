@@ -13,7 +13,8 @@ import uuid
 import numpy as np
 import pytest
 from serve_helpers import (BATCHING, HOST, add_model, grpc_client, grpc_infer, http_client, http_infer, images,
-                           reference, run_threads, running, wait_for)
+                           publish_version, reference, run_threads, running, wait_for)
+from serve_helpers import plan_v2  # noqa: F401, F811  (a fixture, used by name)
 
 from sartor.errors import ConfigError
 
@@ -286,6 +287,54 @@ def test_unload_and_load_reach_every_engine_process(server):
     for index in range(2):
         assert {r["name"]: r["state"] for r in shard_get(server, index, "/index")}["tiny_b"] == "READY"
     g.close()
+
+
+def test_a_new_version_loaded_under_load_loses_no_request(server, repo, tiny_plan, plan_v2):  # noqa: F811
+    """Clients on fresh connections (so on both engine processes) while a load, applied in both,
+    swaps tiny_b to version 2: every answer is version 1's or 2's exactly, none fails, and once the
+    load is answered both engine processes serve version 2."""
+    import threading
+    import time
+    pool = [images(1 + i % 3, seed=500 + i) for i in range(6)]
+    expected = {"1": [reference(tiny_plan, x) for x in pool], "2": [reference(plan_v2, x) for x in pool]}
+    stop, lock = threading.Event(), threading.Lock()
+    errors: list = []
+    seen = {"1": 0, "2": 0}
+
+    def load(k: int) -> None:
+        end = time.monotonic() + 90
+        while not stop.is_set() and time.monotonic() < end:
+            client = grpc_client(server)
+            try:
+                for _ in range(4):
+                    j = (k + seen["1"] + seen["2"]) % len(pool)
+                    result = grpc_infer(client, pool[j], model="tiny_b")
+                    version = result.get_response().model_version
+                    np.testing.assert_allclose(result.as_numpy("logits"), expected[version][j], rtol=1e-5, atol=1e-6)
+                    with lock:
+                        seen[version] += 1
+            except Exception as exc:  # noqa: BLE001 (reported below)
+                errors.append(repr(exc))
+            client.close()
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: seen["1"] >= 20, what="load on version 1")
+        publish_version(repo, "tiny_b", plan_v2, 2)
+        grpc_client(server).load_model("tiny_b")
+        for index in range(2):
+            rows = {(r["version"], r["state"]) for r in shard_get(server, index, "/index") if r["name"] == "tiny_b"}
+            assert ("2", "READY") in rows, (index, rows)
+        served_at_swap = seen["2"]
+        wait_for(lambda: seen["2"] >= served_at_swap + 20, what="load on version 2")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors[:3]
+    assert seen["1"] >= 20 and seen["2"] >= 20
 
 
 def test_a_killed_engine_process_comes_back_with_the_regions(server, tiny_plan):
