@@ -25,7 +25,8 @@ from typing import Callable
 from .errors import ServeError
 
 log = logging.getLogger("sartor.serve")
-PEER_TIMEOUT_S = 600.0  # a sibling's model load may build nothing but still warms every profile up
+PEER_TIMEOUT_S = 600.0  # a sibling's model load warms every profile up, which can take minutes
+QUERY_TIMEOUT_S = 10.0  # statistics, metrics, the index: a sibling that takes longer is left out
 
 
 class PeerFailed(ServeError):
@@ -72,9 +73,10 @@ class Siblings:
     def __init__(self, paths: dict[int, str]) -> None:
         self.paths = dict(paths)
 
-    def call(self, index: int, method: str, route: str, body: dict | None = None) -> bytes:
+    def call(self, index: int, method: str, route: str, body: dict | None = None,
+             timeout: float = PEER_TIMEOUT_S) -> bytes:
         try:
-            status, data = peer_request(self.paths[index], method, route, body)
+            status, data = peer_request(self.paths[index], method, route, body, timeout)
         except OSError as exc:
             raise PeerFailed(f"engine process {index} did not answer: {exc}") from None
         if status != 200:
@@ -87,7 +89,7 @@ class Siblings:
         query = urllib.parse.urlencode({k: v for k, v in (("name", name), ("version", version)) if v})
         for index in sorted(self.paths):
             try:
-                shards.append(json.loads(self.call(index, "GET", "/statistics?" + query)))
+                shards.append(json.loads(self.call(index, "GET", "/statistics?" + query, timeout=QUERY_TIMEOUT_S)))
             except PeerFailed as exc:  # a sibling restarting: its share is missing, not the answer
                 log.warning("statistics without %s", exc)
         return sum_statistics(shards)
@@ -153,7 +155,7 @@ def replay_registrations(registry, registrations: RegistrationLog, siblings: Sib
     clients registered their regions once, through whichever shard). Returns how many."""
     for index in sorted(siblings.paths):
         try:
-            entries = json.loads(siblings.call(index, "GET", "/registrations"))
+            entries = json.loads(siblings.call(index, "GET", "/registrations", timeout=QUERY_TIMEOUT_S))
         except PeerFailed:
             continue
         for route, body in entries:

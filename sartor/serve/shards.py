@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ..errors import ConfigError, SartorError
 from .frontend_pool import reserve_ports
-from .peers import PeerFailed, Siblings, link_shard, parse_sample, peer_request, sum_metrics
+from .peers import (QUERY_TIMEOUT_S, PeerFailed, Siblings, link_shard, parse_sample, peer_request,
+                    sum_metrics)
 from .restarts import Restarts
 
 log = logging.getLogger("sartor.serve")
@@ -43,6 +44,7 @@ class ShardPool:
         self._reserved: list[socket.socket] = []
         self._processes: dict[int, subprocess.Popen] = {}
         self._restarts = Restarts("engine process", self._processes, self._spawn)
+        self.peers = Siblings({index: self.peer_path(index) for index in range(options.engine_processes)})
         self.http_port: int | None = None
         self.grpc_port: int | None = None
 
@@ -65,7 +67,7 @@ class ShardPool:
         self._reserved, self.http_port, self.grpc_port = reserve_ports(o)
         for index in range(o.engine_processes):
             self._spawn(index)
-        await self._wait_ready(range(o.engine_processes), fail_on_exit=True)
+        await self._wait_ready(range(o.engine_processes))
         self._restarts.start()
 
     def _spawn(self, index: int) -> None:
@@ -91,30 +93,29 @@ class ShardPool:
             return False
         return status == 200
 
-    async def _wait_ready(self, indices, fail_on_exit: bool) -> None:
+    async def _wait_ready(self, indices) -> None:
+        """Until each of these shards is ready; ConfigError, with its reason, where one exits first."""
         loop = asyncio.get_running_loop()
         waiting = set(indices)
         end = time.monotonic() + START_TIMEOUT_S
         while waiting:
             for index in sorted(waiting):
-                process = self._processes.get(index)
-                if process is None or process.poll() is not None:
-                    if fail_on_exit:
-                        raise ConfigError(f"engine process {index} failed to start: {self._failure(index, process)}")
-                    waiting.discard(index)
-                elif await loop.run_in_executor(None, self.ready, index):
+                process = self._processes[index]
+                if process.poll() is not None:
+                    raise ConfigError(f"engine process {index} failed to start: {self._failure(index, process)}")
+                if await loop.run_in_executor(None, self.ready, index):
                     waiting.discard(index)
             if time.monotonic() > end:
                 raise ConfigError(f"engine processes {sorted(waiting)} did not start within {START_TIMEOUT_S:.0f} s")
             if waiting:
                 await asyncio.sleep(0.05)
 
-    def _failure(self, index: int, process: subprocess.Popen | None) -> str:
+    def _failure(self, index: int, process: subprocess.Popen) -> str:
         try:
             with open(self.failure_path(index), encoding="utf-8") as f:
                 return f.read().strip()
-        except OSError:
-            return f"exit code {process.returncode if process is not None else None}"
+        except OSError:  # it died before it could say (killed, or a crash below Python)
+            return f"exit code {process.returncode}"
 
     # ---- life -------------------------------------------------------------------------------------------------
     def render(self) -> str:
@@ -122,12 +123,9 @@ class ShardPool:
         texts = []
         for index in sorted(self._processes):
             try:
-                status, data = peer_request(self.peer_path(index), "GET", "/metrics", timeout=10.0)
-            except OSError as exc:
-                log.warning("metrics without engine process %d: %s", index, exc)
-                continue
-            if status == 200:
-                texts.append(data.decode())
+                texts.append(self.peers.call(index, "GET", "/metrics", timeout=QUERY_TIMEOUT_S).decode())
+            except PeerFailed as exc:  # a shard restarting: its share is missing, not the answer
+                log.warning("metrics without %s", exc)
         return sum_metrics(texts)
 
     def get(self, name: str, labels: dict) -> float:
@@ -145,7 +143,7 @@ class ShardPool:
         pids = []
         for index in sorted(self._processes):
             try:
-                pids += json.loads(Siblings({index: self.peer_path(index)}).call(index, "GET", "/frontend_pids"))
+                pids += json.loads(self.peers.call(index, "GET", "/frontend_pids", timeout=QUERY_TIMEOUT_S))
             except PeerFailed as exc:
                 log.warning("frontend processes of %s unknown", exc)
         return pids
@@ -154,7 +152,7 @@ class ShardPool:
         """The repository index as the first shard that answers sees it."""
         for index in sorted(self._processes):
             try:
-                return json.loads(Siblings({index: self.peer_path(index)}).call(index, "GET", "/index"))
+                return json.loads(self.peers.call(index, "GET", "/index", timeout=QUERY_TIMEOUT_S))
             except PeerFailed:
                 continue
         return []
