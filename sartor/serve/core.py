@@ -381,7 +381,6 @@ class InferenceCore:
                 {"model": model.name, "version": model.version})
         return series
 
-    # ---- statistics -----------------------------------------------------------------------------------
     # ---- repository control and statistics, over every shard ---------------------------------------
     def load_model(self, name: str) -> None:
         """Load (or reload) the model's newest version here, then in the sibling shards (blocking)."""
