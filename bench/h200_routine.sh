@@ -58,7 +58,8 @@
 #   serve8k    8-image requests to ResNet-50 FP16 (CUDA shared memory, perf_analyzer) at concurrency
 #              64 and 128 with 8 frontend processes in all, on one server per shape: one engine
 #              process (8 frontends), then 2 of 4 and 4 of 2 (serve --engine-processes K): the main
-#              process's per-request work spread over K processes ($SERVE8K_SHAPES, default 8,2x4,4x2) ~300
+#              process's per-request work spread over K processes ($SERVE8K_SHAPES, default 8,2x4,4x2;
+#              $SERVE8K_MODELS, default resnet50, or detector; session 23: 189 s)              ~200
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
 #              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
@@ -207,7 +208,7 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
              python bench/h200_serve.py --out /tmp/routine/serve8d/detector --models detector --budget-s 160 $common
              python bench/h200_serve.py --out /tmp/routine/serve8d/resnet50 --models resnet50 --budget-s 130 \
                ${common/16,32,64/32,64,128}' ;;
-    serve8k) stage serve8k 300 python bench/h200_serve.py --out /tmp/routine/serve8k --models resnet50 \
+    serve8k) stage serve8k 300 python bench/h200_serve.py --out /tmp/routine/serve8k --models "${SERVE8K_MODELS:-resnet50}" \
                --levels 64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda \
                --frontends "${SERVE8K_SHAPES:-8,2x4,4x2}" --variants batched --load-generator perf_analyzer \
                --request-batch 8 --measure-budget-s 35 --server-start-s 30 --budget-s 285 ;;
