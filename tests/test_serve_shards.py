@@ -356,3 +356,52 @@ def test_a_killed_engine_process_comes_back_with_the_regions(server, tiny_plan):
         h.unregister_system_shared_memory()
         h.close()
         shm.destroy_shared_memory_region(region)
+
+
+def shard_pids_serving(root) -> list[int]:
+    """The engine processes whose settings name this repository (from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "shard_main" in cmdline and str(root) in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def test_cli_serves_from_engine_processes_until_sigint(tmp_path, tiny_plan):
+    import re
+    import subprocess
+    import sys
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, BATCHING)
+    process = subprocess.Popen([sys.executable, "-m", "sartor", "serve", "--model-repository", str(root),
+                                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "-1", "--poll-interval", "0",
+                                "--engine-processes", "2", "--frontends", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        lines = []
+        while not lines or "serving on" not in lines[-1]:
+            lines.append(process.stdout.readline())
+            if not lines[-1] and process.poll() is not None:
+                break
+        match = re.search(r"HTTP 127\.0\.0\.1:(\d+), gRPC 127\.0\.0\.1:(\d+)", lines[-1])
+        assert match, (lines, process.poll())
+        assert any("tiny" in line and "READY" in line for line in lines), lines  # the engine processes' index
+        assert len(shard_pids_serving(root)) == 2
+        with urllib.request.urlopen(f"http://{HOST}:{match.group(1)}/v2/health/ready", timeout=20) as response:
+            assert response.status == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        assert shard_pids_serving(root) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        process.stdout.close()
