@@ -168,8 +168,8 @@ GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
 # 4-warp 128×64 tile fails to compile with Triton 3.8 (3.6 takes it, without its halved epilogue),
 # so WS_TILES is the one tile both specialize, and a warp-specialized tile has no halved epilogue.
 # On the H200 (session 23, bench/tiles_probe.py, batch 256) every persistent variant lost to the
-# resident tiles on the expanding 1×1 layers of layers 1–3: the flattened ones by 15–60% at one
-# program per SM and 4–40% at two, the warp-specialized ones by 2–3×. They are timed from effort 4,
+# resident tiles on the expanding 1×1 layers of layers 1–3: the flattened ones by 33–113% at one
+# program per SM and 15–40% at two, the warp-specialized ones by 2.3–3×. Timed from effort 4,
 # where the search is wide anyway, and not in the effort-3 builds the tables use.
 PERSISTENT_MIN_EFFORT = 4
 FLAT_TILES = 2
