@@ -216,7 +216,7 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
     autotune) rm -rf "$autotune_cache"
-              stage autotune 570 python bench/h200_table.py --out /tmp/routine/autotune \
+              stage autotune "${AUTOTUNE_LIMIT_S:-570}" python bench/h200_table.py --out /tmp/routine/autotune \
                 --models "${AUTOTUNE_MODELS:-mobilenet_v3_large}" --batches "${AUTOTUNE_BATCHES:-1,256}" \
                 --detector-batches "${AUTOTUNE_DETECTOR_BATCHES:-1,32}" \
                 --effort 1 --no-warm-build --max-autotune --onnx-dir .carry \

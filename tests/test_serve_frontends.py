@@ -119,6 +119,32 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path, tiny_plan):
         taken.close()
 
 
+def child_pids() -> set[int]:
+    """This process's living children (a zombie is not one: /proc lists it until it is reaped, so reaped
+    is what is checked)."""
+    found = set()
+    for tasks in Path(f"/proc/{os.getpid()}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            found.update(int(pid) for pid in (tasks / "children").read_text().split())
+    return found
+
+
+def test_endpoints_that_do_not_start_in_time_are_a_one_line_error_and_leave_nothing(tmp_path, tiny_plan,
+                                                                                    monkeypatch):
+    import sartor.serve.server as server_module
+    from sartor.serve import ServeOptions, Server
+    # Frontend processes import grpc, aiohttp and torch before they listen: seconds, never 0.2 s.
+    monkeypatch.setattr(server_module, "ENDPOINTS_START_TIMEOUT_S", 0.2)
+    before = child_pids()
+    options = ServeOptions(str(make_repo(tmp_path / "repo", tiny_plan)), host=HOST, http_port=0, grpc_port=0,
+                           metrics_port=None, poll_interval=None, frontends=2)
+    with pytest.raises(ConfigError, match=r"^the server's endpoints did not start within 0\.2 s$"):
+        Server(options).start(load=False)
+    wait_for(lambda: not (child_pids() - before), timeout=30, what="the frontend processes to be stopped")
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("sartor-serve")], timeout=20,
+             what="the server's threads to end")
+
+
 # ---- round trips ------------------------------------------------------------------------------------------
 
 def test_http_and_grpc_round_trips_match_ctx_run(server, tiny_plan):

@@ -219,6 +219,17 @@ def test_stop_leaves_no_engine_process(repo):
             os.kill(pid, 0)
 
 
+def test_engine_processes_load_longer_than_the_endpoints_deadline(repo, tiny_plan, monkeypatch):
+    """Engine processes load and warm up their models before they listen (the sample detector's 32 batch
+    sizes took 53 s on the H200, where the endpoints' 60 s deadline then failed a server of two): only
+    shards.START_TIMEOUT_S bounds that."""
+    import sartor.serve.server as server_module
+    monkeypatch.setattr(server_module, "ENDPOINTS_START_TIMEOUT_S", 0.2)  # a shard takes seconds to start
+    with running(repo, frontends=2, engine_processes=2, metrics_port=None) as server:
+        x = images(2, seed=3)
+        close(grpc_infer(grpc_client(server), x).as_numpy("logits"), reference(tiny_plan, x))
+
+
 def test_round_trips_reach_both_engine_processes(server, tiny_plan):
     assert len(server.engine_pids) == 2 and os.getpid() not in server.engine_pids
     h, g = http_client(server), grpc_client(server)

@@ -4,6 +4,7 @@ repository's first load is done; `stop()` drains the queues and closes everythin
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ from .shards import ShardPool
 
 log = logging.getLogger("sartor.serve")
 SHUTDOWN_GRACE_S = 5.0  # how long requests in flight may take to finish once stop() is called
+# Binding the ports and starting the frontend processes; a server's own models load after it. Engine
+# processes (--engine-processes) load and warm up their models before they listen, which takes as long
+# as the models' warm-up (the sample detector's 32 batch sizes: 53 s on the H200), so their start is
+# bounded by shards.START_TIMEOUT_S instead.
+ENDPOINTS_START_TIMEOUT_S = 60.0
 MAX_ENGINE_PROCESSES = 16
 
 
@@ -88,8 +94,14 @@ class Server:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="sartor-serve-loop")
         self._thread.start()
+        limit = None if self.options.engine_processes > 1 else ENDPOINTS_START_TIMEOUT_S
+        starting = asyncio.run_coroutine_threadsafe(self._start_endpoints(), self._loop)
         try:
-            asyncio.run_coroutine_threadsafe(self._start_endpoints(), self._loop).result(60)
+            try:
+                starting.result(limit)
+            except concurrent.futures.TimeoutError:
+                starting.cancel()  # not left pending on the loop that stop() ends; stop() stops what it started
+                raise ConfigError(f"the server's endpoints did not start within {limit:g} s") from None
         except BaseException:
             self.stop()
             raise
