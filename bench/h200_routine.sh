@@ -59,7 +59,10 @@
 #              64 and 128 with 8 frontend processes in all, on one server per shape: one engine
 #              process (8 frontends), then 2 of 4 and 4 of 2 (serve --engine-processes K): the main
 #              process's per-request work spread over K processes ($SERVE8K_SHAPES, default 8,2x4,4x2;
-#              $SERVE8K_MODELS, default resnet50, or detector; session 23: 189 s)              ~200
+#              $SERVE8K_MODELS, default resnet50, or detector; session 23: 189 s). $SERVE8K_PROFILE
+#              (h200_serve.py --profile, e.g. detector=64/128) serves from an engine of another batch
+#              range, $SERVE8K_BUDGET_S (default 285) the run's seconds. The detector (1-32) spent 53 s
+#              warming up before it served (session 24): SERVE8K_SHAPES=4x2 alone fits       ~200
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
 #              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
@@ -208,10 +211,12 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
              python bench/h200_serve.py --out /tmp/routine/serve8d/detector --models detector --budget-s 160 $common
              python bench/h200_serve.py --out /tmp/routine/serve8d/resnet50 --models resnet50 --budget-s 130 \
                ${common/16,32,64/32,64,128}' ;;
-    serve8k) stage serve8k 300 python bench/h200_serve.py --out /tmp/routine/serve8k --models "${SERVE8K_MODELS:-resnet50}" \
+    serve8k) budget=${SERVE8K_BUDGET_S:-285}
+             stage serve8k $(( budget + 15 )) python bench/h200_serve.py --out /tmp/routine/serve8k \
+               --models "${SERVE8K_MODELS:-resnet50}" --profile "${SERVE8K_PROFILE:-}" \
                --levels 64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda \
                --frontends "${SERVE8K_SHAPES:-8,2x4,4x2}" --variants batched --load-generator perf_analyzer \
-               --request-batch 8 --measure-budget-s 35 --server-start-s 30 --budget-s 285 ;;
+               --request-batch 8 --measure-budget-s 35 --server-start-s 30 --budget-s "$budget" ;;
     ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;

@@ -66,8 +66,26 @@ class Clock:
         print(f"[{time.monotonic() - self.t0:7.1f} s] {message}", flush=True)
 
 
-def build(name: str, onnx: Path, plan: Path, effort: int) -> float:
-    spec = MODELS[name]
+def with_profile(spec: dict, opt: int, top: int) -> dict:
+    """`spec` served from an engine built for batches 1..top, kernels chosen at `opt`; offline measured at
+    its batches up to `top` and at opt and top."""
+    return dict(spec, opt_batch=opt, max_batch=top,
+                batches=tuple(sorted({b for b in spec["batches"] if b <= top} | {opt, top})))
+
+
+def parse_profiles(text: str) -> dict[str, tuple[int, int]]:
+    """--profile "detector=64/128,resnet50=64/128" -> {name: (opt, max)}; ValueError with the reason."""
+    profiles = {}
+    for item in filter(None, (v.strip() for v in text.split(","))):
+        name, _, batches = item.partition("=")
+        opt, _, top = batches.partition("/")
+        if name not in MODELS or not opt.isdigit() or not top.isdigit() or not 1 <= int(opt) <= int(top):
+            raise ValueError(f"{item!r}: NAME=OPT/MAX with NAME one of {', '.join(MODELS)} and 1 <= OPT <= MAX")
+        profiles[name] = (int(opt), int(top))
+    return profiles
+
+
+def build(spec: dict, onnx: Path, plan: Path, effort: int) -> float:
     shape = lambda b: (b, 3, spec["hw"], spec["hw"])  # noqa: E731
     t0 = time.perf_counter()
     sartor.build(str(onnx), str(plan), device="cuda", precision="fp16",
@@ -76,9 +94,8 @@ def build(name: str, onnx: Path, plan: Path, effort: int) -> float:
     return time.perf_counter() - t0
 
 
-def offline(name: str, plan: Path) -> list[dict]:
+def offline(spec: dict, plan: Path) -> list[dict]:
     """img/s of the engine called directly (inputs already on the GPU) at each batch."""
-    spec = MODELS[name]
     ctx = sartor.load(str(plan)).context()
     rows = []
     for batch in spec["batches"]:
@@ -255,7 +272,16 @@ def main() -> None:
                              "side-by-side run on one machine); the engine is built with this checkout's")
     parser.add_argument("--reuse-plan", action="store_true",
                         help="serve the engine already in /tmp/sartor_serve from an earlier call, if there is one")
+    parser.add_argument("--profile", default="",
+                        help="NAME=OPT/MAX[,...]: serve NAME from an engine of batches 1..MAX with kernels chosen at "
+                             "OPT (default: " + ", ".join(f"{n}={m['opt_batch']}/{m['max_batch']}"
+                                                        for n, m in MODELS.items()) + ")")
     args = parser.parse_args()
+    try:
+        profiles = parse_profiles(args.profile)
+    except ValueError as exc:
+        parser.error(f"--profile {exc}")
+    specs = {name: with_profile(spec, *profiles[name]) if name in profiles else spec for name, spec in MODELS.items()}
     frontend_counts = [v.strip() for v in args.frontends.split(",") if v.strip()]
     try:
         shapes = [server_shape(v) for v in frontend_counts]
@@ -287,14 +313,17 @@ def main() -> None:
 
     for name in args.models.split(","):
         row = results[name] = {}
-        plan = work / f"{name}_fp16.plan"
+        # Another profile is another engine: never reused for the default one, nor it for this.
+        plan = work / (f"{name}_fp16_{profiles[name][0]}_{profiles[name][1]}.plan" if name in profiles
+                       else f"{name}_fp16.plan")
+        row["profile"] = {"opt_batch": specs[name]["opt_batch"], "max_batch": specs[name]["max_batch"]}
         if args.reuse_plan and plan.exists():
             clock.say(f"{name}: reusing {plan}")
         else:
             clock.say(f"{name}: exporting and building (effort {args.effort})")
-            row["build_s"] = round(build(name, onnx[name](), plan, args.effort), 1)
+            row["build_s"] = round(build(specs[name], onnx[name](), plan, args.effort), 1)
             clock.say(f"{name}: built in {row['build_s']} s")
-        row["offline"] = offline(name, plan)
+        row["offline"] = offline(specs[name], plan)
         torch.cuda.empty_cache()  # the served engine's server is another process
         best = max(row["offline"], key=lambda r: r["img_s"])
         clock.say(f"{name}: offline {json.dumps(row['offline'])}; best {best['img_s']} img/s at batch {best['batch']}")
