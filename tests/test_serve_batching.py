@@ -2,6 +2,7 @@
 the bounded queue, timeouts, and version swaps under load. CPU engines, loopback only, bounded."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -711,3 +712,22 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
     # stall from a loaded machine (a CI run under load measured 326 ms against an earlier 0.3 s bound).
     p99 = sorted(latencies)[int(0.99 * len(latencies))]
     assert p99 < CaptureCostInstance.COLD_RUN_S / 2, f"p99 latency {p99 * 1e3:.0f} ms"
+
+
+@pytest.mark.parametrize(("config", "shapes"), [
+    (BATCHING, 4),  # min, opt and max (1, 2, 4), then every batch size batching forms: 3 joins them
+    ("max_batch_size: 4\n", 3),  # no dynamic batching: min, opt and max only
+])
+def test_the_ready_line_says_what_loading_and_warming_up_took(tmp_path, tiny_plan, caplog, config, shapes):
+    """How long a model took to become ready, where: the sample detector's warm-up of 32 batch sizes took
+    53 s on the H200 and failed a server's start without saying so."""
+    import logging
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, config)
+    with caplog.at_level(logging.INFO, logger="sartor.serve"), running(root) as server:
+        served = server.repository.served("tiny")
+    assert [shapes] == [count for count, _ in served.warmups]
+    lines = [r.getMessage() for r in caplog.records if "ready" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert re.fullmatch(rf"model tiny version 1 ready \(cpu x1; loaded in \d+\.\d s; warmed up {shapes} shapes in "
+                        r"\d+\.\d s\)", lines[0]), lines[0]

@@ -61,6 +61,10 @@ class ServedModel:
     checker: object = None  # an ExecutionContext used only for its (stateless) input checks
     preprocess: object = None  # PreprocessSpec or None
     last_inference_ms: int = 0
+    # What loading it took: the engine files read (s), and each instance's warm-up (shapes run, s), which
+    # the ready log line reports (the sample detector's 32 batch sizes took 53 s on the H200).
+    load_s: float = 0.0
+    warmups: list = field(default_factory=list)
     # (name, type, dtype, shape) of each input -> batch size, for input sets that passed check_inputs:
     # the checks read nothing else, so a request shaped like an earlier one skips them.
     _checked: dict = field(default_factory=dict, repr=False, compare=False)
@@ -239,8 +243,9 @@ class Repository:
                 self.metrics.set("nv_model_device_memory_bytes",
                                  {"model": name, "version": served.version, "device": device},
                                  engine.device_memory_bytes)
-            log.info("model %s version %s ready (%s)", name, served.version,
-                     ", ".join(f"{d} x{c}" for d, c in served.settings.instances))
+            log.info("model %s version %s ready (%s; loaded in %.1f s; warmed up %s)", name, served.version,
+                     ", ".join(f"{d} x{c}" for d, c in served.settings.instances), served.load_s,
+                     ", ".join(f"{shapes} shapes in {seconds:.1f} s" for shapes, seconds in served.warmups))
         if old is not None:
             self._retire(old)
         return served
@@ -254,6 +259,7 @@ class Repository:
             raise ConfigError(f"{model_dir} has no version directory with a {filename} (expected "
                               f"{model_dir}/1/{filename})")
         plan = model_dir / version / filename
+        started = time.perf_counter()
         first_device = self.devices[0] if self.devices else None
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
             first = load_engine(plan, device=first_device)
@@ -267,13 +273,16 @@ class Repository:
             engines[device] = loaded[device]
         preprocess = first.preprocess
         del loaded, first
-        instances = []
+        load_s = time.perf_counter() - started
+        instances, warmups = [], []
         for device, count in settings.instances:
             for _ in range(count):
                 with device_gate(device).exclusive():
                     context = engines[device].context()
                 instance = Instance(context, device)
+                started = time.perf_counter()
                 self._warm(instance, engines[device], settings)
+                warmups.append((len(instance.seen), time.perf_counter() - started))
                 instances.append(instance)
         if preprocess is None and settings.preprocess:
             from ..data.preprocess import parse_preprocess
@@ -285,7 +294,8 @@ class Repository:
         with device_gate(checker_device).exclusive():
             checker = engines[checker_device].context()  # used only for its input checks
         batcher = Batcher(name, version, instances, policy, checker.engine.profiles, self.metrics)  # starts the workers
-        return ServedModel(name, version, plan, config, settings, engines, batcher, stamp, checker, preprocess)
+        return ServedModel(name, version, plan, config, settings, engines, batcher, stamp, checker, preprocess,
+                           load_s=load_s, warmups=warmups)
 
     @staticmethod
     def _warm(instance: Instance, engine, settings: ModelSettings) -> None:
