@@ -742,9 +742,15 @@ def main() -> int:
         if not models:
             parser.error("--url needs --models")
     elif args.plan:
+        import logging
+
         import sartor
         from sartor.serve import ServeOptions, Server
         from sartor.serve.config import engine_max_batch
+        # The server's lines (each model's load and warm-up times, engine and frontend processes up) in
+        # the run's output; engine processes take this level from here.
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("sartor").setLevel(logging.INFO)
         progress(f"loading {args.plan.name} for its batch range", "server start")
         engine = sartor.load(args.plan, device=args.device)
         max_batch = args.max_batch or engine_max_batch(engine)
