@@ -119,6 +119,37 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
                           else options)
 
 
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
+SASS_BRANCH_TARGET = re.compile(r"\bBRA\s+(?:\S+\s+)?`?\(?(?:\.L_x_\d+|0x([0-9a-f]+))")
+TENSOR_CORE_OPS = ("HGMMA", "IGMMA", "QGMMA", "HMMA", "IMMA")
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, line) of each SASS instruction cuobjdump printed, in order."""
+    return [(int(m.group(1), 16), m.group(3), m.group(0)) for m in SASS_LINE.finditer(sass)]
+
+
+def main_loop_mix(sass: str) -> tuple[int, dict[str, int]]:
+    """The instructions of one pass of the innermost loop that holds a tensor-core product (a resident
+    tile's row-tile loop, an implicit GEMM's K loop), by opcode: what one warp issues per iteration.
+    (0, {}) where no backward branch encloses one."""
+    instructions = sass_instructions(sass)
+    loops = []
+    for address, opcode, line in instructions:
+        target = SASS_BRANCH_TARGET.search(line) if opcode == "BRA" else None
+        if target and target.group(1) and int(target.group(1), 16) < address:
+            body = [op for a, op, _ in instructions if int(target.group(1), 16) <= a <= address]
+            if any(op in TENSOR_CORE_OPS for op in body):
+                loops.append(body)
+    if not loops:
+        return 0, {}
+    body = min(loops, key=len)
+    mix: dict[str, int] = {}
+    for opcode in body:
+        mix[opcode] = mix.get(opcode, 0) + 1
+    return len(body), dict(sorted(mix.items(), key=lambda item: -item[1]))
+
+
 def ptxas_report(ptx: str, arch: int) -> dict:
     ptxas = Path(triton.backends.nvidia.__file__).parent / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +161,8 @@ def ptxas_report(ptx: str, arch: int) -> dict:
                               capture_output=True, text=True, check=True).stdout
     return {"registers": int(re.search(r"Used (\d+) registers", out).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1)),
-            "conversions": {name: len(re.findall(pattern, sass)) for name, pattern in SASS_CONVERSIONS.items()}}
+            "conversions": {name: len(re.findall(pattern, sass)) for name, pattern in SASS_CONVERSIONS.items()},
+            "main_loop": main_loop_mix(sass)}
 
 
 def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
@@ -302,6 +334,9 @@ def main() -> None:
     parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: Hopper)")
     parser.add_argument("--dump", type=Path, default=None, help="write each candidate's TTGIR and PTX here")
     parser.add_argument("--pdl", action="store_true", help="compile as launched with programmatic dependent launch")
+    parser.add_argument("--loop-mix", action="store_true",
+                        help="also print each candidate's main loop in SASS (the innermost loop with a tensor-core "
+                             "product) by opcode: what one warp issues per iteration")
     parser.add_argument("--resident-tiles", type=lambda text: text.split(","), default=None,
                         help="comma-separated resident tactics (e.g. resident_64x64_t8_w4_s2_c_g) instead of every "
                              "one the builder knows: a tile not yet among them")
@@ -324,6 +359,10 @@ def main() -> None:
         print(f"{label:32s} {report['registers']:>4} {report['spill_bytes']:>5} {kernel.metadata.shared:>6} "
               f"{ttgir.count('ttg.convert_layout'):>11} {counts} "
               + " ".join(f"{count:>4}" for count in report["conversions"].values()), flush=True)
+        if args.loop_mix:
+            length, mix = report["main_loop"]
+            print(f"{'':32s} main loop: {length} instructions: "
+                  + (", ".join(f"{op} {n}" for op, n in mix.items()) if mix else "no loop with a product"), flush=True)
         if args.dump is not None:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{label}.ttgir").write_text(ttgir)

@@ -105,6 +105,10 @@ def cases(batch: int) -> dict:
         "layer2.conv3_c": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_c_g"),
         "layer3.conv3": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_g"),
         "layer3.conv3_c": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_c_g"),
+        # Session 23's fastest (0.0709 ms) and a tile of half the rows, 6 programs an SM where it holds 4:
+        # whether layer3's conv3 waits on latency (more programs help) or on shared memory (neither does).
+        "layer3.conv3_64": lambda: resident_case(batch, 256, 1024, 14, "resident_64x64_t8_w4_s2_c_g"),
+        "layer3.conv3_32": lambda: resident_case(batch, 256, 1024, 14, "resident_32x64_t8_w4_s3_c_g"),
         "layer3.conv2": lambda: igemm_case(batch, 256, 256, 14, 3, 1, "igemm_128x128x64_w8_s3_e2"),
         "layer4.conv3": lambda: igemm_case(batch, 512, 2048, 7, 1, 1, "igemm_128x128x64_w8_s3_e2_re", residual=True),
         # Batch 1's slowest layer (0.021 ms, 8 programs walking K = 4,608) and its split-K tile, which

@@ -191,3 +191,48 @@ def test_space_to_depth_stem_gathers_in_aligned_16_byte_copies():
     (_, plain_spills, plain_sizes, plain_copies, plain_hopper), (_, spills, sizes, copies, hopper) = lines
     assert plain_sizes == "0x8" and sizes == "0x10" and int(copies) < int(plain_copies)
     assert spills == plain_spills == "0" and hopper == plain_hopper == "True"
+
+
+LOOP_CHILD = r"""
+import sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("layer3.conv3",
+                                                                            ["resident_64x64_t8_w4_s2_c_g"]):
+    if label == "resident_64x64_t8_w4_s2_c_g":
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        length, mix = kernel_asm.ptxas_report(ptx, 90)["main_loop"]
+        print(length, mix.get("IGMMA", 0), mix.get("BRA", 0), sum(mix.values()))
+"""
+
+
+def _sass(*lines: tuple[int, str]) -> str:
+    """cuobjdump -sass lines: address, then the instruction and its encoding comment."""
+    return "\n".join(f"        /*{address:04x}*/                   {text} ;   /* 0x000000000000794d */"
+                     for address, text in lines)
+
+
+def test_the_main_loop_is_the_innermost_one_with_a_tensor_core_product(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kernel_asm
+    sass = _sass((0x10, "S2R R0, SR_TID.X"),
+                 (0x20, "IMAD R1, R0, R0, RZ"),  # outer loop: the row tiles
+                 (0x30, "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]"),
+                 (0x40, "IGMMA.64x64x32.S8.S8 R24, gdesc[UR8], R24, gsb0"),
+                 (0x50, "FFMA R6, R24, R7, R8"),
+                 (0x60, "@P0 BRA 0x40"),  # inner loop: the product and one add
+                 (0x70, "STG.E.128 desc[UR4][R10.64], R12"),
+                 (0x80, "@P1 BRA 0x20"),
+                 (0x90, "FADD R1, R1, R1"),  # a loop without a product is not the main loop
+                 (0xa0, "@P2 BRA 0x90"),
+                 (0xb0, "EXIT"))
+    assert kernel_asm.main_loop_mix(sass) == (3, {"IGMMA": 1, "FFMA": 1, "BRA": 1})
+    assert kernel_asm.main_loop_mix(_sass((0x10, "FADD R1, R1, R1"), (0x20, "@P0 BRA 0x10"), (0x30, "EXIT"))) == (0, {})
+
+
+def test_the_resident_tiles_main_loop_is_found_in_compiled_sass():
+    """layer3's conv3 (K = 256) through the 64×64 resident tile: one row tile's pass issues K / 32 = 8
+    tensor-core products of 64×64×32, and the loop ends in its branch."""
+    length, products, branches, total = map(int, _compile_in_child(LOOP_CHILD).split())
+    assert products == 8 and branches == 1 and length == total > 100
