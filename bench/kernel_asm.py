@@ -14,7 +14,8 @@ shared memory decide how many programs an SM holds, which is what latency-bound 
     pip install --target /tmp/t36 --no-deps triton==3.6.0 && PYTHONPATH=/tmp/t36:. python bench/kernel_asm.py
 
 Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
-layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv3 (1×1,
+layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv2 (3×3, 256 → 256,
+14×14), layer3.conv3 (1×1,
 256 → 1024, 14×14), layer4.conv3 (1×1, 512 → 2048, 7×7; at K = 512 the resident tiles would need
 133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem (7×7 stride 2, 3 → 64, 224×224: the
 window tactic's GEMMs over packed pixels, `ops/quantized_window.py`, in both forms).
@@ -47,6 +48,7 @@ from sartor.ops import quantized, quantized_window  # noqa: E402
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer1.conv3": (256, 64, 256, 56, 1, True),
     "layer1.conv2": (256, 64, 64, 56, 3, False),
+    "layer3.conv2": (256, 256, 256, 14, 3, False),  # the 3×3 layers of layers 2–4 run implicit-GEMM tiles
     "layer3.conv3": (256, 256, 1024, 14, 1, True),
     "layer4.conv3": (256, 512, 2048, 7, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)

@@ -30,6 +30,10 @@ GEOMETRIES = [
     (64, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),
     (3, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
     (48, (3, 3), (1, 2), (0, 1, 2, 1), (2, 1)),
+    (32, (3, 3), (1, 1), (2, 1, 2, 1), (2, 1)),  # dilated, through the blocked walk (48 channels gather)
+    # The blocked walk's tap bits: 49 taps (an int64 of them), and 81, past MAX_BLOCKED_TAPS (the gather walk).
+    (32, (7, 7), (1, 1), (3, 2, 3, 4), (1, 1)),
+    (32, (9, 9), (1, 1), (4, 4, 4, 4), (1, 1)),
 ]
 
 

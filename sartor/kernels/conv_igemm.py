@@ -40,6 +40,9 @@ try:  # host-side descriptors: Triton 3.4 and newer
 except ImportError:  # pragma: no cover - older Triton, or none: no TMA-fed tiles
     TensorDescriptor = None
 TMA_ALIGNMENT = 16  # bytes: a bulk tensor copy's base address and every stride but the innermost
+# The blocked walk over K keeps which of a row's taps fall inside the image as one bit per tap in an
+# int64: larger filters (9×9 and up) take the gather walk.
+MAX_BLOCKED_TAPS = 64
 
 if triton is not None:
     import triton.language as tl
@@ -110,16 +113,34 @@ if triton is not None:
             steps = KH * KW * c_blocks
             step_share = tl.cdiv(steps, SPLIT_K)
             step_begin = pid_k * step_share
+            # Once per program: where each row's window starts and, as one bit per tap, which of its
+            # taps fall inside the image. A step then adds its tap's offset (the same for every row)
+            # and tests a bit, where it recomputed each row's position and four bounds; and the walk's
+            # place (tap kh, kw and channel block cb) is carried from step to step, not divided out of
+            # the step's number. The K loop of the 128×128×64 tile on a 3×3 layer issued 139
+            # instructions a step, 2 of them products (bench/kernel_asm.py --loop-mix).
+            tl.static_assert(KH * KW <= 64, "filters of more than 64 taps take the gather walk (MAX_BLOCKED_TAPS)")
+            window = x_row + ih0 * sxh + iw0 * sxw
+            if KH * KW <= 32:
+                taps_ok = tl.zeros((BLOCK_M,), dtype=tl.int32)
+            else:
+                taps_ok = tl.zeros((BLOCK_M,), dtype=tl.int64)
+            for tap_h in tl.static_range(KH):
+                for tap_w in tl.static_range(KW):
+                    ih = ih0 + tap_h * dil_h
+                    iw = iw0 + tap_w * dil_w
+                    inside = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    taps_ok = taps_ok | (inside.to(taps_ok.dtype) << (tap_h * KW + tap_w))
+            tap = step_begin // c_blocks
+            cb = step_begin - tap * c_blocks
+            kh = tap // KW
+            kw = tap - kh * KW
             for step in range(step_begin, tl.minimum(step_begin + step_share, steps)):
-                tap = step // c_blocks
-                c0 = (step - tap * c_blocks) * BLOCK_K
-                kh = tap // KW
-                kw = tap - kh * KW
-                ih = ih0 + kh * dil_h
-                iw = iw0 + kw * dil_w
-                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                tap = kh * KW + kw
+                c0 = cb * BLOCK_K
+                row_ok = ((taps_ok >> tap) & 1) != 0
                 cc = c0 + offs_k
-                row = x_row + ih * sxh + iw * sxw
+                row = window + (kh * dil_h * sxh + kw * dil_w * sxw)
                 if ROW_ALIGN > 1:  # strides Triton does not see as multiples of 16 (see row_alignment)
                     row = tl.multiple_of(row, [ROW_ALIGN])
                 if CHANNEL_TAIL > 0:
@@ -137,6 +158,15 @@ if triton is not None:
                     else:
                         b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+                # The next step's place: the next channel block, else the tap to the right, else the
+                # first of the next filter row.
+                cb += 1
+                tap_done = cb == c_blocks
+                cb = tl.where(tap_done, 0, cb)
+                kw = tl.where(tap_done, kw + 1, kw)
+                row_done = kw == KW
+                kw = tl.where(row_done, 0, kw)
+                kh = tl.where(row_done, kh + 1, kh)
 
         if RES_EARLY:
             _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, m_ok, bias_ptr, scale_ptr,
@@ -485,8 +515,9 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     res4 = _as_nchw_view(residual) if residual is not None else None
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
-    channel_tail = c if tile.padded_taps and c % tile.block_k else 0
-    k_gather = c % tile.block_k != 0 and not channel_tail
+    many_taps = geometry.kernel[0] * geometry.kernel[1] > MAX_BLOCKED_TAPS
+    channel_tail = c if tile.padded_taps and c % tile.block_k and not many_taps else 0
+    k_gather = many_taps or (c % tile.block_k != 0 and not channel_tail)
     split_k = max(1, tile.split_k)
     # The shares' partial sums: int32 for INT8 (their sum is exact), float32 otherwise.
     workspace = (torch.empty((split_k, m, cout), dtype=torch.int32 if int8 else torch.float32, device=x.device)
