@@ -62,18 +62,27 @@ if triton is not None and TensorDescriptor is not None:
         else:
             acc = tl.zeros((BH * BW, BLOCK_N), dtype=tl.float32)
         c_blocks = C // BLOCK_K
+        # The tap (kh, kw) and channel block cb carried from step to step, as the implicit GEMM's
+        # blocked walk does, rather than divided out of the step's number every step.
+        kh = 0
+        kw = 0
+        cb = 0
         for step in range(KH * KW * c_blocks):
-            tap = step // c_blocks
-            c0 = (step - tap * c_blocks) * BLOCK_K
-            kh = tap // KW
-            kw = tap - kh * KW
+            c0 = cb * BLOCK_K
             a = x_desc.load([image, oh0 + kh - pad_h, ow0 + kw - pad_w, c0])
             a = tl.reshape(a, (BH * BW, BLOCK_K))
-            b = w_desc.load([pid_n * BLOCK_N, tap * C + c0])
+            b = w_desc.load([pid_n * BLOCK_N, (kh * KW + kw) * C + c0])
             if INT8:
                 acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
             else:
                 acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+            cb += 1
+            tap_done = cb == c_blocks
+            cb = tl.where(tap_done, 0, cb)
+            kw = tl.where(tap_done, kw + 1, kw)
+            row_done = kw == KW
+            kw = tl.where(row_done, 0, kw)
+            kh = tl.where(row_done, kh + 1, kh)
 
         r = tl.arange(0, BH * BW)
         oh = oh0 + r // BW
