@@ -20,7 +20,8 @@ One kernel serves these cases, chosen by constexpr flags:
 The GEMM is [output pixels, K] × [K, output channels] with K = kh·kw·C ordered (kh, kw, c): the
 weight is packed once at load as [output channels, K], K fastest ("K-major"), the layout the
 tensor cores read fastest. Two ways of walking K: channel blocks inside each filter tap when C is
-a multiple of BLOCK_K (one row mask per tap, contiguous channel loads), or a flat gather over
+a multiple of BLOCK_K (each row's taps inside the image found once as bits, contiguous channel
+loads; up to MAX_BLOCKED_TAPS taps), or a flat gather over
 (kh, kw, c) for small or ragged C (the 3-channel stem). The activation input may have any strides
 (NCHW or NHWC); the output is written channels-last.
 """
