@@ -50,7 +50,7 @@ if triton is not None:
 
     from .pdl import await_previous_kernel
     from .tile_steps import (_accumulate, _epilogue_store, _epilogue_store_halves, _epilogue_store_halves_given,
-                             _residual_halves, grouped_tile, pixel_coords)
+                             _residual_halves, grouped_tile, next_k_step, pixel_coords)
 
     @triton.jit
     def _conv_igemm_kernel(
@@ -159,15 +159,7 @@ if triton is not None:
                     else:
                         b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
                 acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
-                # The next step's place: the next channel block, else the tap to the right, else the
-                # first of the next filter row.
-                cb += 1
-                tap_done = cb == c_blocks
-                cb = tl.where(tap_done, 0, cb)
-                kw = tl.where(tap_done, kw + 1, kw)
-                row_done = kw == KW
-                kw = tl.where(row_done, 0, kw)
-                kh = tl.where(row_done, kh + 1, kh)
+                kh, kw, cb = next_k_step(kh, kw, cb, c_blocks, KW)
 
         if RES_EARLY:
             _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, m_ok, bias_ptr, scale_ptr,

@@ -32,7 +32,7 @@ from .tile_steps import epilogue_arguments
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
-    from .tile_steps import _epilogue_store
+    from .tile_steps import _epilogue_store, next_k_step
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -62,8 +62,7 @@ if triton is not None and TensorDescriptor is not None:
         else:
             acc = tl.zeros((BH * BW, BLOCK_N), dtype=tl.float32)
         c_blocks = C // BLOCK_K
-        # The tap (kh, kw) and channel block cb carried from step to step, as the implicit GEMM's
-        # blocked walk does, rather than divided out of the step's number every step.
+        # The tap (kh, kw) and channel block cb, carried from step to step (next_k_step).
         kh = 0
         kw = 0
         cb = 0
@@ -76,13 +75,7 @@ if triton is not None and TensorDescriptor is not None:
                 acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
             else:
                 acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
-            cb += 1
-            tap_done = cb == c_blocks
-            cb = tl.where(tap_done, 0, cb)
-            kw = tl.where(tap_done, kw + 1, kw)
-            row_done = kw == KW
-            kw = tl.where(row_done, 0, kw)
-            kh = tl.where(row_done, kh + 1, kh)
+            kh, kw, cb = next_k_step(kh, kw, cb, c_blocks, KW)
 
         r = tl.arange(0, BH * BW)
         oh = oh0 + r // BW

@@ -20,6 +20,21 @@ if triton is not None:
     from .epilogue import _activate
 
     @triton.jit
+    def next_k_step(kh, kw, cb, c_blocks, KW: tl.constexpr):
+        """A convolution's K walk, one step on from filter tap (kh, kw) and channel block cb: the
+        next channel block, else the tap to the right, else the first of the next filter row.
+        Carried from step to step, where dividing them out of the step's number cost a runtime
+        division per step (bench/kernel_asm.py --loop-mix)."""
+        cb += 1
+        tap_done = cb == c_blocks
+        cb = tl.where(tap_done, 0, cb)
+        kw = tl.where(tap_done, kw + 1, kw)
+        row_done = kw == KW
+        kw = tl.where(row_done, 0, kw)
+        kh = tl.where(row_done, kh + 1, kh)
+        return kh, kw, cb
+
+    @triton.jit
     def pixel_coords(offsets, OH, OW):
         """Flat output-pixel indices of an NHWC tensor → (n, oh, ow)."""
         pixels = OH * OW
