@@ -14,11 +14,11 @@ shared memory decide how many programs an SM holds, which is what latency-bound 
     pip install --target /tmp/t36 --no-deps triton==3.6.0 && PYTHONPATH=/tmp/t36:. python bench/kernel_asm.py
 
 Layers (ResNet-50 at batch 256, INT8 codes in and out, residual where the network has one):
-layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv2 (3×3, 256 → 256,
-14×14), layer3.conv3 (1×1,
-256 → 1024, 14×14), layer4.conv3 (1×1, 512 → 2048, 7×7; at K = 512 the resident tiles would need
-133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem (7×7 stride 2, 3 → 64, 224×224: the
-window tactic's GEMMs over packed pixels, `ops/quantized_window.py`, in both forms).
+layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56), layer3.conv2 (3×3,
+256 → 256, 14×14), layer3.conv3 (1×1, 256 → 1024, 14×14), layer4.conv3 (1×1, 512 → 2048, 7×7; at
+K = 512 the resident tiles would need 133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem
+(7×7 stride 2, 3 → 64, 224×224: the window tactic's GEMMs over packed pixels,
+`ops/quantized_window.py`, in both forms).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -146,10 +147,7 @@ def main_loop_mix(sass: str) -> tuple[int, dict[str, int]]:
     if not loops:
         return 0, {}
     body = min(loops, key=len)
-    mix: dict[str, int] = {}
-    for opcode in body:
-        mix[opcode] = mix.get(opcode, 0) + 1
-    return len(body), dict(sorted(mix.items(), key=lambda item: -item[1]))
+    return len(body), dict(Counter(body).most_common())
 
 
 def ptxas_report(ptx: str, arch: int) -> dict:

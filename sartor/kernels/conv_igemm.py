@@ -49,6 +49,7 @@ if triton is not None:
     import triton.language as tl
 
     from .pdl import await_previous_kernel
+    BLOCKED_TAPS_BOUND = tl.constexpr(MAX_BLOCKED_TAPS)  # the kernel's view of the host's bound
     from .tile_steps import (_accumulate, _epilogue_store, _epilogue_store_halves, _epilogue_store_halves_given,
                              _residual_halves, grouped_tile, next_k_step, pixel_coords)
 
@@ -120,7 +121,7 @@ if triton is not None:
             # place (tap kh, kw and channel block cb) is carried from step to step, not divided out of
             # the step's number. The K loop of the 128×128×64 tile on a 3×3 layer issued 139
             # instructions a step, 2 of them products (bench/kernel_asm.py --loop-mix).
-            tl.static_assert(KH * KW <= 64, "filters of more than 64 taps take the gather walk (MAX_BLOCKED_TAPS)")
+            tl.static_assert(KH * KW <= BLOCKED_TAPS_BOUND, "larger filters take the gather walk (MAX_BLOCKED_TAPS)")
             window = x_row + ih0 * sxh + iw0 * sxw
             if KH * KW <= 32:
                 taps_ok = tl.zeros((BLOCK_M,), dtype=tl.int32)

@@ -259,7 +259,7 @@ class Repository:
             raise ConfigError(f"{model_dir} has no version directory with a {filename} (expected "
                               f"{model_dir}/1/{filename})")
         plan = model_dir / version / filename
-        started = time.perf_counter()
+        load_started = time.perf_counter()
         first_device = self.devices[0] if self.devices else None
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
             first = load_engine(plan, device=first_device)
@@ -273,16 +273,16 @@ class Repository:
             engines[device] = loaded[device]
         preprocess = first.preprocess
         del loaded, first
-        load_s = time.perf_counter() - started
+        load_s = time.perf_counter() - load_started
         instances, warmups = [], []
         for device, count in settings.instances:
             for _ in range(count):
                 with device_gate(device).exclusive():
                     context = engines[device].context()
                 instance = Instance(context, device)
-                started = time.perf_counter()
+                warm_started = time.perf_counter()
                 self._warm(instance, engines[device], settings)
-                warmups.append((len(instance.seen), time.perf_counter() - started))
+                warmups.append((len(instance.seen), time.perf_counter() - warm_started))
                 instances.append(instance)
         if preprocess is None and settings.preprocess:
             from ..data.preprocess import parse_preprocess
