@@ -64,7 +64,8 @@
 #              range, $SERVE8K_BUDGET_S (default 285) the run's seconds. The detector (1-32) spent 53 s
 #              warming up before it served (session 24): SERVE8K_SHAPES=4x2 alone fits       ~200
 #   ncu        Nsight Compute's counters on the INT8 engine's slowest kernels at batch 256, beside a copy
-#              and the resident kernel's traffic alone (bench/ncu_layers.sh)                 ~150
+#              and the resident kernel's traffic alone (bench/ncu_layers.sh); $NCU_ONLY (its
+#              --only, e.g. layer3.conv3_64,stem.s2d) names the cases                           ~150
 #   pdl        ResNet-50 INT8 at batch 1 and 256 built with and without --pdl, side by side      ~350
 #   autotune   FP16 against torch.compile max-autotune too, for $AUTOTUNE_MODELS (default
 #              mobilenet_v3_large) at $AUTOTUNE_BATCHES (default 1,256; detectors
@@ -217,7 +218,7 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
                --levels 64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda \
                --frontends "${SERVE8K_SHAPES:-8,2x4,4x2}" --variants batched --load-generator perf_analyzer \
                --request-batch 8 --measure-budget-s 35 --server-start-s 30 --budget-s "$budget" ;;
-    ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ;;
+    ncu) stage ncu 400 env OUT=/tmp/routine/ncu bash bench/ncu_layers.sh ${NCU_ONLY:+--only "$NCU_ONLY"} ;;
     pdl) stage pdl 560 bash -c 'python bench/h200_table.py --out /tmp/routine/pdl --models resnet50 --batches 1,256 \
            --int8 --pdl --no-compile --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/pdl/' ;;
     autotune) rm -rf "$autotune_cache"

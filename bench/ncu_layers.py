@@ -25,7 +25,7 @@ from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm  # no
 from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
 from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
-from sartor.ops.quantized_window import window_conv, window_tile, window_weight  # noqa: E402
+from sartor.ops.quantized_window import window_conv, window_space_to_depth, window_tile, window_weight  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 
 # The INT8 epilogue every case runs: residual (where the layer has one), ReLU, INT8 codes out.
@@ -67,11 +67,13 @@ def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str):
 def stem_case(batch: int, tactic: str):
     x = torch.rand(batch, 3, 224, 224, device="cuda")
     geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
-    w_window = window_weight(int8_codes(64, 3, 7, 7))
+    space_to_depth = window_space_to_depth(tactic)
+    w_window = window_weight(int8_codes(64, 3, 7, 7), space_to_depth)
     bias = torch.zeros(64, dtype=torch.int32, device="cuda")
     scale = torch.full((64,), 1e-3, device="cuda")
     epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
-    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue)
+    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue,
+                               space_to_depth=space_to_depth)
 
 
 def pool_case(batch: int, tactic: str, dtype: torch.dtype = torch.int8):
@@ -116,6 +118,7 @@ def cases(batch: int) -> dict:
         "layer4.conv2": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm_64x64x64_w4_s4"),
         "layer4.conv2_k16": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm_64x64x64_w4_s4_k16"),
         "stem": lambda: stem_case(batch, "window_resident_64x64_t8_w4_s2_kh"),
+        "stem.s2d": lambda: stem_case(batch, "window_s2d_resident_64x64_t8_w4_s2_c"),
         "stem.pool": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4"),
         "stem.pool.first_tile": lambda: pool_case(batch, "triton_nhwc"),
         "stem.pool.fp16": lambda: pool_case(batch, "triton_nhwc", torch.float16),
