@@ -197,7 +197,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                               PIXEL_STEP=step * PIXEL_BYTES, DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
                               N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
                               BLOCK_M=tile.resident.block_m, BLOCK_N=tile.resident.block_n,
-                              K_PAD=triton.next_power_of_2(rows * window))
+                              K_PAD=triton.next_power_of_2(rows * window), OUTPUT_ROWS=tile.output_rows)
             cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
                           tile.resident.warps, tile.resident.stages))
         return cases
@@ -328,6 +328,14 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
     return cases
 
 
+def first_cause(exc: BaseException) -> BaseException:
+    """The exception a chain of them started from: Triton wraps a failure inside a called @jit
+    function in one CompilationError per caller, each naming only its own call site."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layer", default="layer1.conv3", choices=sorted(LAYERS) + sorted(PROJECTED))
@@ -352,7 +360,8 @@ def main() -> None:
             kernel = compile_for(fn, values, constexprs, warps, stages, target, args.pdl)
             report = ptxas_report(kernel.asm["ptx"], args.arch)
         except Exception as exc:  # noqa: BLE001 - one candidate that fails to compile is a finding, not the end
-            print(f"{label:32s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            print(f"{label:32s} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}; "
+                  f"first cause: {first_cause(exc)!r}")
             continue
         ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
         counts = " ".join(f"{len(re.findall(pattern, ptx)):>9}" for pattern in PATTERNS.values())

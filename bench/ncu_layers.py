@@ -119,6 +119,7 @@ def cases(batch: int) -> dict:
         "layer4.conv2_k16": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm_64x64x64_w4_s4_k16"),
         "stem": lambda: stem_case(batch, "window_resident_64x64_t8_w4_s2_kh"),
         "stem.s2d": lambda: stem_case(batch, "window_s2d_resident_64x64_t8_w4_s2_c"),
+        "stem.s2d_o2": lambda: stem_case(batch, "window_s2d_resident_64x64_t8_w4_s2_c_kh_o2"),
         "stem.pool": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4"),
         "stem.pool.first_tile": lambda: pool_case(batch, "triton_nhwc"),
         "stem.pool.fp16": lambda: pool_case(batch, "triton_nhwc", torch.float16),

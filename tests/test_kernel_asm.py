@@ -99,9 +99,11 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    # both forms at effort 1, each also with its columns' bias and scale loaded once (`_c`)
-    assert sorted((label.endswith("_kh"), "_c" in label) for label, _, _ in lines) == [
-        (False, False), (False, True), (True, False), (True, True)]
+    # both forms at effort 1, each also with its columns' bias and scale loaded once (`_c`), and the
+    # one walking by filter rows also over row pairs (`_o2`)
+    assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2")) for label, _, _ in lines) == [
+        (False, False, False), (False, True, False), (True, False, False), (True, False, True), (True, True, False),
+        (True, True, True)]
     assert all(spills == "0" and hopper == "True" for _, spills, hopper in lines)
 
 
@@ -236,3 +238,23 @@ def test_the_resident_tiles_main_loop_is_found_in_compiled_sass():
     tensor-core products of 64×64×32, and the loop ends in its branch."""
     length, products, branches, total = map(int, _compile_in_child(LOOP_CHILD).split())
     assert products == 8 and branches == 1 and length == total > 100
+
+
+def test_a_candidate_that_fails_to_compile_is_reported_by_its_first_cause(monkeypatch):
+    """Triton wraps a failure inside a called @jit function in one error per caller (session 25:
+    an AssertionError under two CompilationErrors that named only the call sites)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kernel_asm
+    root = AssertionError("tuple index is not a constexpr")
+    try:
+        try:
+            try:
+                raise root
+            except AssertionError as exc:
+                raise RuntimeError("at 39:50") from exc
+        except RuntimeError as exc:
+            raise RuntimeError("at 37:8") from exc
+    except RuntimeError as outer:
+        assert kernel_asm.first_cause(outer) is root
+    plain = ValueError("no cause")
+    assert kernel_asm.first_cause(plain) is plain

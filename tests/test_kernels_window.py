@@ -179,6 +179,11 @@ RESIDENT_COLUMNS = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=T
 # The columns' bias and scale loaded once per program (`_c`), over the same column tiles.
 RESIDENT_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True),
                                      kh_steps=True)
+# Each row tile over the same pixels of two output rows (`_o2`): the geometries' 7 and 13 output rows
+# leave the last pair's lower row outside the image, the 64-byte window's 10 do not.
+RESIDENT_PAIRS = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1), kh_steps=True, row_pairs=True)
+RESIDENT_PAIRS_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True),
+                                           kh_steps=True, row_pairs=True)
 
 
 def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
@@ -194,7 +199,8 @@ def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED],
+                         ids=lambda tile: tile.name)
 def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile):
     """Batch 2 of 13×11 images: the ResNet stem's 7×7 stride 2 padded by 3 gives 84 output pixels,
     6 row tiles of 16 whose last is partial; the 64-byte windows' K of 320 pads to 512."""
@@ -207,7 +213,7 @@ def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile
         assert out.dtype == expected.dtype and torch.equal(out.cpu(), expected)
 
 
-@pytest.mark.parametrize("tile", [RESIDENT_COLUMNS, RESIDENT_LOADED], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT_COLUMNS, RESIDENT_LOADED, RESIDENT_PAIRS_LOADED], ids=lambda tile: tile.name)
 def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the_emulation(tile):
     x, wq, _, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(16), cout=40)
     del attrs["activation"]
@@ -216,7 +222,8 @@ def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the
         assert out.dtype == torch.float32 and torch.equal(out.cpu(), expected)
 
 
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED],
+                         ids=lambda tile: tile.name)
 def test_resident_window_with_codes_in_and_a_residual_equals_the_emulation(tile):
     generator = torch.Generator().manual_seed(17)
     x, wq, bias, scale, attrs = _layer(GEOMETRIES[1].values[0], generator, cout=8)
@@ -230,7 +237,7 @@ def test_resident_window_with_codes_in_and_a_residual_equals_the_emulation(tile)
 
 
 @pytest.mark.skipif(not FP8_KERNELS, reason="FP8 tl.dot needs compute capability 8.9+")
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_PAIRS], ids=lambda tile: tile.name)
 def test_fp8_resident_window_matches_the_emulation_within_one_step(tile):
     x, wq, bias, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(18), fp8=True)
     attrs["output_inv_scale"] = 8.0
@@ -254,7 +261,8 @@ def test_resident_window_refuses_what_is_not_packed_pixels_and_window_weight():
 
 
 def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused():
-    for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS, RESIDENT_LOADED):
+    for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS, RESIDENT_LOADED, RESIDENT_PAIRS,
+                 RESIDENT_PAIRS_LOADED):
         tactic = "window_" + tile.name
         assert tactic.startswith("window_resident_") and window_tile(tactic) == tile == window_resident_tile(tactic)
         assert own_kernel_tactic(tactic) and "weight resident over row tiles" in _tactic(
@@ -265,9 +273,14 @@ def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused(
     for bad in ("window_resident_64x64_t8_w4", "window_resident_64x64_t8_w4_s3_e", "window_resident_64x64_t8_w4_s3_r",
                 "window_resident_64x64_t8_w4_s3_kh_g", "window_resident_64x64_t8_w4_s3_kh_kh",
                 "window_resident_64x64_t8_w4_s3_x", "window_resident_64x33_t8_w4_s3", "window_resident_axb_t1_w1_s1",
-                "window_64x64_t8_w4_s3", "window_resident_", "window_resident_64x64_t8_w4_s3_"):
+                "window_64x64_t8_w4_s3", "window_resident_", "window_resident_64x64_t8_w4_s3_",
+                "window_resident_64x64_t8_w4_s3_o2", "window_resident_64x64_t8_w4_s3_o2_kh",
+                "window_resident_64x64_t8_w4_s3_kh_o2_o2", "window_resident_64x64_t8_w4_s3_c_o2"):
         assert window_tile(bad) is None and not own_kernel_tactic(bad), bad
     assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh") == WINDOW_RESIDENT_TILES[0]
+    assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh_o2").row_pairs
+    with pytest.raises(ValueError, match="walk K by filter rows"):
+        WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), row_pairs=True)
     assert ResidentTile.parse("resident_64x64_t8_w4_s3_kh") is None  # the 1×1 kernel does not take the windows'
 
 
@@ -281,8 +294,10 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
                             {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)
     offered = [name for name in stem if name.startswith("window_resident_")]
     first_two = ["window_" + tile.name for tile in WINDOW_RESIDENT_TILES[:2]]
-    assert offered == first_two + [name.replace("_s2", "_s2_c") for name in first_two]  # and with columns loaded
-    assert offered == window_tactics(1)[-4:] and len(window_tactics(3)) > len(window_tactics(1))
+    loaded = [name.replace("_s2", "_s2_c") for name in first_two]  # the columns' bias and scale loaded once
+    by_rows = [name + "_o2" for name in first_two + loaded if name.endswith("_kh")]  # and over row pairs
+    assert offered == first_two + loaded + by_rows and len(by_rows) == 2
+    assert offered == window_tactics(1)[-6:] and len(window_tactics(3)) > len(window_tactics(1))
     wide = registry.tactics([torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8)],
                             {"pads": [1, 1, 1, 1]}, 1)
     assert any(name.startswith("igemm_") for name in wide)

@@ -25,7 +25,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small enough for the interpreter (see test_kernels_window.py): K of 4 rows of 64 bytes in one
 # product or by rows, 16-pixel row tiles, 2 per program.
 TILES = [WINDOW_TILES[0], WindowResidentTile(ResidentTile(16, 32, 2, 1, 1)),
-         WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True), kh_steps=True)]
+         WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True), kh_steps=True),
+         WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True), kh_steps=True,
+                            row_pairs=True)]
 
 # (channels, kernel, pads (top, left, bottom, right)), all at stride 2
 GEOMETRIES = [

@@ -45,7 +45,7 @@ if triton is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
-            COLUMNS_LOADED: tl.constexpr = False):
+            COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
@@ -69,64 +69,158 @@ if triton is not None:
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles (ResidentTile `_c`)
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
+        else:
+            bias_lo, scale_lo, bias_hi, scale_hi = 0.0, 0.0, 0.0, 0.0
+        if OUTPUT_ROWS == 2:
+            _window_row_pairs(p_ptr, weights, bias_ptr, scale_ptr, res_ptr, y_ptr, bias_lo, scale_lo, bias_hi,
+                              scale_hi, row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes,
+                              y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
+                              DIL_H, PIXEL_STEP, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, TILES,
+                              BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED)
+        else:
+            for t in range(TILES):
+                offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+                m_ok = offs_m < M
+                n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+                # The window of output pixel (n, oh, ow) and filter row 0 starts at padded pixel (oh·sh, ow·sw).
+                window_start = n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP
+                if INT8:
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+                else:
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if KH_STEPS:
+                    for kh in tl.static_range(KH):
+                        a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :],
+                                    mask=m_ok[:, None], other=0.0)
+                        acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
+                else:
+                    a = tl.load(p_ptr + window_start[:, None] + k_offsets[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                                other=0.0)
+                    # FP8 sums move to the float32 accumulator after each window, as the window
+                    # tiles' K steps of 32-byte windows do.
+                    acc = _accumulate(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
+                _window_tile_store(acc, offs_m, m_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi,
+                                   scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale,
+                                   out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
+                                   ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
+
+    @triton.jit
+    def _window_tile_store(acc, offs_m, m_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi, scale_hi,
+                           bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale,
+                           qmin, alpha, beta, INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                           OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           COLUMNS_LOADED: tl.constexpr):
+        """One row tile's epilogue: with the columns' bias and scale given (`_c`) or loaded here."""
+        if COLUMNS_LOADED:
+            res_lo, res_hi = 0.0, 0.0
+            if HAS_RES:
+                res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
+                                                  srh, srw, BLOCK_N)
+            _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                                          scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
+                                          beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
+                                          BLOCK_M, BLOCK_N)
+        else:
+            _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                                   res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
+                                   alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
+                                   OUT_QUANT, BLOCK_M, BLOCK_N)
+
+    @triton.jit
+    def _window_row_pairs(p_ptr, weights, bias_ptr, scale_ptr, res_ptr, y_ptr, bias_lo, scale_lo, bias_hi, scale_hi,
+                          row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes, y_row, srn, src,
+                          srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
+                          STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                          RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
+                          COLUMNS_LOADED: tl.constexpr):
+        """The `_o2` walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
+        counts such pairs). The lower row's filter row i reads the packed row that the upper row's
+        filter row i + STRIDE_H / DIL_H reads: undilated, the pair loads STRIDE_H + KH rows of windows
+        for 2 · KH products, where two tiles would load 2 · KH (the stem's space-to-depth form: 5
+        for 8)."""
+        pair_rows = (OH + 1) // 2
         for t in range(TILES):
-            offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
-            m_ok = offs_m < M
-            n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-            # The window of output pixel (n, oh, ow) and filter row 0 starts at padded pixel (oh·sh, ow·sw).
+            offs_p = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+            p_ok = offs_p < M
+            n_idx, pair, ow = pixel_coords(offs_p, pair_rows, OW)
+            oh = pair * 2
+            lower_ok = p_ok & (oh + 1 < OH)
             window_start = n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP
             if INT8:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+                upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+                lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
             else:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if KH_STEPS:
-                for kh in tl.static_range(KH):
-                    a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :],
-                                mask=m_ok[:, None], other=0.0)
-                    acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
-            else:
-                a = tl.load(p_ptr + window_start[:, None] + k_offsets[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-                # FP8 sums move to the float32 accumulator after each window, as the window
-                # tiles' K steps of 32-byte windows do.
-                acc = _accumulate(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
-            if COLUMNS_LOADED:
-                res_lo, res_hi = 0.0, 0.0
-                if HAS_RES:
-                    res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
-                                                      srh, srw, BLOCK_N)
-                _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
-                                              scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
-                                              beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
-                                              BLOCK_M, BLOCK_N)
-            else:
-                _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
-                                       res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
-                                       alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
-                                       OUT_QUANT, BLOCK_M, BLOCK_N)
+                upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for r in tl.static_range(STRIDE_H + (KH - 1) * DIL_H + 1):
+                # Packed row r of the pair: filter row r / DIL_H of the upper output row, and
+                # (r - STRIDE_H) / DIL_H of the lower, where those are whole filter rows.
+                # (Conditions written out in each `if`: Triton 3.6 neither reassigns a constexpr in an
+                # unrolled loop nor keeps `&` of two constexprs one.)
+                if r % DIL_H == 0 and r // DIL_H < KH:
+                    a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
+                                mask=p_ok[:, None], other=0.0)
+                    upper = _accumulate(upper, a, weights[r // DIL_H], 1.0, -127.0, INT8, FP8, False, WINDOW)
+                    if r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
+                        lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                                            WINDOW)
+                elif r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
+                    a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
+                                mask=lower_ok[:, None], other=0.0)
+                    lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                                        WINDOW)
+            offs_m = (n_idx * OH + oh) * OW + ow
+            _window_tile_store(upper, offs_m, p_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi,
+                               scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale,
+                               out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
+                               ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
+            _window_tile_store(lower, offs_m + OW, lower_ok, n_idx, oh + 1, ow, first_column, COUT, bias_lo, scale_lo,
+                               bias_hi, scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw,
+                               res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
+                               RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
 
 KH_STEPS_SUFFIX = "_kh"
+ROW_PAIRS_SUFFIX = "_o2"  # after KH_STEPS_SUFFIX: two output rows per row tile
 
 
 @dataclass(frozen=True)
 class WindowResidentTile:
-    """A resident tile (its residual is loaded in the epilogue: `residual_prefetch` 0) and whether
-    K is walked one filter row at a time (suffix `_kh`) rather than in one product over K padded to
-    a power of two."""
+    """A resident tile (its residual is loaded in the epilogue: `residual_prefetch` 0), whether K
+    is walked one filter row at a time (suffix `_kh`) rather than in one product over K padded to a
+    power of two, and, walking by filter rows, whether each row tile covers the same pixels of two
+    output rows (`_o2`, `_window_row_pairs`). Nsight Compute found the stem's GEMM bound by L2 (80%
+    busy, 1.56 GB through it for 236 MB of DRAM traffic: session 25): each output pixel reads 4
+    windows of 64 bytes there; a pair of rows shares 3 of its 4."""
     resident: ResidentTile
     kh_steps: bool = False
+    row_pairs: bool = False
+
+    def __post_init__(self):
+        if self.row_pairs and not self.kh_steps:
+            raise ValueError("WindowResidentTile: row pairs walk K by filter rows (kh_steps)")
 
     @property
     def name(self) -> str:
-        return self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
+        return (self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
+                + (ROW_PAIRS_SUFFIX if self.row_pairs else ""))
+
+    @property
+    def output_rows(self) -> int:
+        """Output rows per row tile."""
+        return 2 if self.row_pairs else 1
 
     @classmethod
     def parse(cls, name: str | None) -> "WindowResidentTile | None":
+        row_pairs = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX)
+        name = name[:-len(ROW_PAIRS_SUFFIX)] if row_pairs else name
         kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
         resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
         if resident is None or resident.residual_prefetch:
             return None
-        return cls(resident, kh_steps)
+        return cls(resident, kh_steps, row_pairs)
 
 
 # Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
@@ -146,9 +240,11 @@ WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
 
 def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
-    loaded once per program (ResidentTile's `_c`)."""
+    loaded once per program (ResidentTile's `_c`), then those walking by filter rows also over row
+    pairs (`_o2`)."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
-    return tiles + [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
+    tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
+    return tiles + [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
 
 
 def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
@@ -174,7 +270,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else torch.float32,
                              packed.device, out, "window_resident_conv")
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
-    rows = n * oh * ow
+    rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once
     resident = tile.resident
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
@@ -187,6 +283,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
+        OUTPUT_ROWS=tile.output_rows,
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
