@@ -52,17 +52,20 @@ if triton is not None:
         tl.store(p_ptr + at, v, mask=stored)
 
 
-BLOCK_W = 128
+BLOCK_W = 128  # padded pixels of one row per program
+PACK_WARPS = 4
 
 
 def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, int], code: torch.dtype,
-                inv_scale: float = 1.0, qmin: float = -127.0, space_to_depth: bool = False) -> torch.Tensor:
+                inv_scale: float = 1.0, qmin: float = -127.0, space_to_depth: bool = False,
+                block_w: int = BLOCK_W, warps: int = PACK_WARPS) -> torch.Tensor:
     """[N, HP, WP, 4] codes of `x` [N, C ≤ 4, H, W] (any strides): pixel (h, w) of `x` at
     (h + pads[0], w + pads[1]); code 0 (zero in INT8 and in e4m3 alike) in channels past C and
     wherever the padded image lies outside `x`. A float `x` is quantized as loaded (`inv_scale`,
     `qmin`: the layer's input quantization); an `x` already in `code` is copied. With
     `space_to_depth` (HP, WP even) each 2 × 2 block of those pixels is one 16-byte pixel instead,
-    [N, HP/2, WP/2, 16] (byte (dy·2 + dx)·4 + c), returned as its [N, HP/2, WP·2, 4] view."""
+    [N, HP/2, WP/2, 16] (byte (dy·2 + dx)·4 + c), returned as its [N, HP/2, WP·2, 4] view.
+    `block_w` (a power of two) and `warps`: the launch's shape (bench/pack_probe.py times them)."""
     if triton is None:
         raise RuntimeError("pack_pixels needs Triton")
     x, quantize = code_source(x, code, "pack_pixels")
@@ -76,9 +79,9 @@ def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, in
         raise ValueError(f"pack_pixels: 2 × 2 blocks need an even padded size, not {hp} × {wp}")
     shape = (n, hp // 2, wp * 2, PIXEL_BYTES) if space_to_depth else (n, hp, wp, PIXEL_BYTES)
     packed = torch.empty(shape, dtype=code if quantize else torch.uint8, device=x.device)
-    grid = (n * hp, triton.cdiv(wp, BLOCK_W))
+    grid = (n * hp, triton.cdiv(wp, block_w))
     _pack_pixels_kernel[grid](
         x, packed, c, h, w, hp, wp, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
-        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=BLOCK_W, SPACE_TO_DEPTH=space_to_depth, num_warps=4,
+        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=block_w, SPACE_TO_DEPTH=space_to_depth, num_warps=warps,
         enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
     return packed if quantize else packed.view(code)
