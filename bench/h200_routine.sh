@@ -34,9 +34,10 @@
 #   cosine     YOLOv8n INT8 rebuilt on the GPU from a CPU bench/int8_cosine.py run carried in
 #              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
 #   kernels    the implicit-GEMM, TMA, resident, window, pool, FP8 and tactic-check test files, the
-#              CUDA shared-memory stream tests and the engine's input buffers, alone (after a
-#              kernel or output-path change; session 17: 180-200 s before FP8 was added; carry
-#              .whl/serve, or its two serving files skip: session 21's call 1 had neither)  ~250
+#              CUDA shared-memory stream tests and the engine's input buffers, and the sm_90
+#              compiles of tests/test_kernel_asm.py with the machine's own Triton, alone (after a
+#              kernel or output-path change; session 25: 304 s before test_kernel_asm joined; carry
+#              .whl/serve, or its two serving files skip: session 21's call 1 had neither)  ~350
 #   fallback   the sample detector at batch 32: FP16, INT8 and INT8 --fallback-where-faster
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
@@ -229,12 +230,12 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
                 --inductor-cache "$autotune_cache" --autotune-resume "$autotune_resume" ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
-    kernels) stage kernels 360 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
+    kernels) stage kernels 460 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
                tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py tests/test_epilogue_fma.py \
                tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py \
-               tests/test_window_space_to_depth.py ;;
+               tests/test_window_space_to_depth.py tests/test_kernel_asm.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;

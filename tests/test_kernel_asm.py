@@ -58,16 +58,18 @@ print(len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)), len(re.findall(r
 """
 
 STEM_CHILD = r"""
-import sys
+import re, sys
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.window_resident import window_resident_tiles
-names = ["window_" + tile.name for tile in window_resident_tiles(1)]
+names = [form + tile.name for tile in window_resident_tiles(1) for form in ("window_", "window_s2d_")]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
     if label in names:
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
-        print(label, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], "wgmma.mma_async" in ptx)
+        copies = {int(size, 16) for size in re.findall(
+            r"cp\.async\.c[ag]\.shared\.global\S* \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx)}
+        print(label, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], "wgmma.mma_async" in ptx, max(copies))
 """
 
 
@@ -99,12 +101,20 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    # both forms at effort 1, each also with its columns' bias and scale loaded once (`_c`), and the
-    # one walking by filter rows also over row pairs (`_o2`)
-    assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2")) for label, _, _ in lines) == [
-        (False, False, False), (False, True, False), (True, False, False), (True, False, True), (True, True, False),
-        (True, True, True)]
-    assert all(spills == "0" and hopper == "True" for _, spills, hopper in lines)
+    # both walks at effort 1, each also with its columns' bias and scale loaded once (`_c`), and the
+    # one by filter rows also over row pairs (`_o2`); each in the 4-byte and the space-to-depth form
+    for form in ("window_resident_", "window_s2d_resident_"):
+        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"))
+                      for label, *_ in lines if label.startswith(form)) == [
+            (False, False, False), (False, True, False), (True, False, False), (True, False, True),
+            (True, True, False), (True, True, True)]
+    assert all(spills == "0" and hopper == "True" for _, spills, hopper, _ in lines)
+    # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
+    # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'
+    # 4-byte windows until the kernel was told their alignment; session 25).
+    assert {label: int(copy) for label, *_, copy in lines if label.startswith("window_resident_")} == {
+        label: 8 for label, *_ in lines if label.startswith("window_resident_")}
+    assert all(int(copy) == 16 for label, *_, copy in lines if label.startswith("window_s2d_resident_"))
 
 
 PROJECTED_CHILD = r"""

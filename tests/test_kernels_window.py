@@ -18,7 +18,7 @@ from sartor.kernels.conv_igemm import ConvGeometry, row_alignment  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
 from sartor.kernels.window_resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
-                                            window_resident_conv)
+                                            window_alignment, window_resident_conv)
 from sartor.ops import default_registry, quantized  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
@@ -302,3 +302,12 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
                             {"pads": [1, 1, 1, 1]}, 1)
     assert any(name.startswith("igemm_") for name in wide)
     assert not any(name.startswith("window_") for name in wide)
+
+
+def test_window_alignment_is_what_every_window_start_is_a_multiple_of():
+    """Stated to the resident-window kernel (Triton 3.6 proved too much for the row pairs)."""
+    plain = torch.empty(2, 229, 232, 4, dtype=torch.int8)  # ResNet's stem, 4-byte pixels, rows of 928 bytes
+    assert window_alignment(plain, 2 * 4) == 8 and window_alignment(plain, 4) == 4 and window_alignment(plain, 12) == 4
+    blocks = torch.empty(2, 115, 460, 4, dtype=torch.int8)  # its space-to-depth form: windows 16 bytes apart
+    assert window_alignment(blocks, 16) == 16
+    assert window_alignment(torch.empty(1, 5, 6, 4, dtype=torch.int8), 16) == 8  # rows of 24 bytes

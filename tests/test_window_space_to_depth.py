@@ -15,7 +15,7 @@ from sartor.builder.pipeline import _tactic  # noqa: E402
 from sartor.ir.graph import Node  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
-from sartor.kernels.window_resident import WindowResidentTile  # noqa: E402
+from sartor.kernels.window_resident import WindowResidentTile, window_resident_tiles  # noqa: E402
 from sartor.ops.fp8 import QFORMAT  # noqa: E402
 from sartor.ops.quantized import own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
 from sartor.ops.quantized_window import (WINDOW_TILES, space_to_depth_applies, window_space_to_depth,  # noqa: E402
@@ -122,3 +122,26 @@ def test_space_to_depth_is_offered_for_stride_2_windows_only():
         described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_s2d_" + tile.name}),
                             torch.device("cpu"))
         assert "16-byte pixels of 2x2 blocks" in described and tile.name.split("_", 1)[1] in described
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="alignment faults exist on the GPU only; the interpreter reads any byte")
+@pytest.mark.parametrize("form", ["window_", "window_s2d_"])
+def test_row_pair_tiles_at_resnets_stem_size_equal_the_emulation_on_the_gpu(form):
+    """The builder's own row-pair tiles over a 224 × 224 image, whose 112 output columns Triton
+    proves a multiple of 16: there Triton 3.6 copied the 4-byte form's 8-byte-aligned windows 16
+    bytes at a time (a misaligned address, session 25) until the kernel was told their alignment.
+    The small images above do not reach that specialization."""
+    generator = torch.Generator().manual_seed(7)
+    attrs = {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3], "dilations": [1, 1],
+             "input_inv_scale": 40.0, "activation": "Relu", "qmin": -127, "output_inv_scale": 3.0}
+    x = torch.randn(2, 3, 224, 224, generator=generator)
+    wq = quantize(torch.randn(64, 3, 7, 7, generator=generator), 60.0)
+    bias = torch.randint(-3000, 3000, (64,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(64, generator=generator) * 1e-3
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    for tile in window_resident_tiles(1):
+        if tile.row_pairs:
+            tactic = form + tile.name
+            inputs = [t.to(DEVICE) for t in (x, qlayer_weight_for_tactic(wq, tactic), bias)]
+            out = qconv(inputs + [None, scale.to(DEVICE)], dict(attrs, tactic=tactic))
+            assert torch.equal(out.cpu(), expected), tactic

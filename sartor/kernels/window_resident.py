@@ -16,6 +16,7 @@ equals the emulation's as the other window tiles' does.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -45,7 +46,7 @@ if triton is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
-            COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1):
+            COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
@@ -76,14 +77,15 @@ if triton is not None:
                               scale_hi, row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes,
                               y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
                               DIL_H, PIXEL_STEP, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, TILES,
-                              BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED)
+                              BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED, WINDOW_ALIGN)
         else:
             for t in range(TILES):
                 offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < M
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 # The window of output pixel (n, oh, ow) and filter row 0 starts at padded pixel (oh·sh, ow·sw).
-                window_start = n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP
+                window_start = tl.multiple_of(
+                    n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP, [WINDOW_ALIGN])
                 if INT8:
                     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 else:
@@ -135,7 +137,7 @@ if triton is not None:
                           HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                           RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
-                          COLUMNS_LOADED: tl.constexpr):
+                          COLUMNS_LOADED: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
         """The `_o2` walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
         counts such pairs). The lower row's filter row i reads the packed row that the upper row's
         filter row i + STRIDE_H / DIL_H reads: undilated, the pair loads STRIDE_H + KH rows of windows
@@ -148,7 +150,8 @@ if triton is not None:
             n_idx, pair, ow = pixel_coords(offs_p, pair_rows, OW)
             oh = pair * 2
             lower_ok = p_ok & (oh + 1 < OH)
-            window_start = n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP
+            window_start = tl.multiple_of(
+                n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP, [WINDOW_ALIGN])
             if INT8:
                 upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -247,6 +250,15 @@ def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
     return tiles + [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
 
 
+def window_alignment(packed: torch.Tensor, pixel_step: int) -> int:
+    """The largest power of two, up to 16, dividing every window's first byte: windows start
+    `pixel_step` bytes apart in rows and images of `packed`. Stated to the kernel because Triton
+    3.6 proved the row-pair walk's windows 16-byte aligned where the 4-byte form's start every 8
+    bytes, and copied them 16 bytes at a time: a misaligned address on the H200 (session 25)."""
+    n, height, width, pixel = packed.shape
+    return math.gcd(pixel_step, width * pixel, height * width * pixel, 16)
+
+
 def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
                          tile: WindowResidentTile, *, geometry: ConvGeometry, dequant_scale: torch.Tensor,
                          residual: torch.Tensor | None = None, activation: str | None = None,
@@ -283,7 +295,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
-        OUTPUT_ROWS=tile.output_rows,
+        OUTPUT_ROWS=tile.output_rows, WINDOW_ALIGN=window_alignment(packed, geometry.strides[1] * PIXEL_BYTES),
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
