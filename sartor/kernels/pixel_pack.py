@@ -52,7 +52,11 @@ if triton is not None:
         tl.store(p_ptr + at, v, mask=stored)
 
 
-BLOCK_W = 128  # padded pixels of one row per program
+# Padded pixels of one row per program. ResNet-50's stem at batch 256 on the H200 (bench/pack_probe.py,
+# session 25), 4 warps, ms for block widths 64 / 128 / 256 / 512: 4-byte pixels 0.181 / 0.104 /
+# 0.085 / 0.131, space-to-depth 0.223 / 0.130 / 0.111 / 0.135 (rows of 229–232 padded pixels: at
+# 128 each took two programs, the second mostly masked).
+BLOCK_W = 256
 PACK_WARPS = 4
 
 
