@@ -17,7 +17,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           int8_fallback_precision: str | None = None, min_cosine: float | None = None,
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
-          fallback_where_faster: bool | None = None, pdl: bool | None = None):
+          fallback_where_faster: bool | None = None, pdl: bool | None = None,
+          exclude_tactics: list | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written).
@@ -43,7 +44,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     `fallback_where_faster=True` is `--fallback-where-faster`: INT8 (FP8) layers whose best kernel is
     faster at the fallback precision run there, if the whole engine gets faster. `pdl=True` is
     `--pdl` (INT8/FP8 on compute capability 9.0+: the quantized layers' kernels are launched with
-    programmatic dependent launch).
+    programmatic dependent launch). `exclude_tactics` is `--exclude-tactic`, as a list of globs
+    over tactic names the builder never runs.
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -51,7 +53,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         profiles = [{"min": min_shapes or {}, "opt": opt_shapes or {}, "max": max_shapes or {}}]
     if preprocess is not None and not isinstance(preprocess, str):
         preprocess = preprocess.describe()
-    as_text = lambda value: None if value is None else str(value)
+    def as_text(value):
+        return None if value is None else str(value)
     options = {
         "device": device, "precision": precision, "profiles": profiles,
         "layer_precision": None if layer_precision is None else dict(layer_precision),
@@ -65,6 +68,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
         "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster, "pdl": pdl,
+        "exclude_tactics": None if exclude_tactics is None else list(exclude_tactics),
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

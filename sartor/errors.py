@@ -45,6 +45,10 @@ class DeviceError(SartorError):
     """The requested device is not available here."""
 
 
+class TacticFaultError(SartorError):
+    """A candidate kernel faulted the GPU while the builder ran it: the process's CUDA context is lost."""
+
+
 class ConfigError(SartorError):
     """A build option is malformed or contradicts another."""
 

@@ -153,6 +153,49 @@ def test_wrong_candidate_is_rejected_with_its_reason(tiny_onnx, tmp_path, monkey
         "RuntimeError: no kernel for this shape"}
 
 
+def test_excluded_tactics_are_never_run_and_the_engine_records_them(tiny_onnx, tmp_path, monkeypatch, cli):
+    header, _ = build(tiny_onnx, tmp_path / "m.plan", exclude_tactics=["channels_*"])
+    assert {name: set(layer["tactic_timings_ms"]) for name, layer in conv_layers(header).items()} == {
+        "conv1": {"torch"}, "conv2": {"torch"}}
+    assert header["tactics"]["excluded"] == ["channels_*"]
+    assert header["build_config"]["exclude_tactics"] == ["channels_*"]  # the engine can be rebuilt as it was
+    # the reference may be left out too: the other candidate is still checked against it
+    header, _ = build(tiny_onnx, tmp_path / "r.plan", exclude_tactics=["torch"])
+    assert set(chosen(header).values()) == {"channels_last"}
+    with pytest.raises(ConfigError, match=r"--exclude-tactic \* leaves layer 'conv1' no tactic \(it had torch, "):
+        build(tiny_onnx, tmp_path / "x.plan", exclude_tactics=["*"])
+    real = conv_ops._conv_channels_last
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", lambda *args: real(*args) + 1.0)
+    with pytest.raises(ConfigError, match="no tactic left after --exclude-tactic matches the reference "
+                                          r"\(channels_last: output differs"):
+        build(tiny_onnx, tmp_path / "y.plan", exclude_tactics=["torch"])
+    assert_cli_error(cli("build", tiny_onnx, "-o", tmp_path / "z.plan", "--device", "cpu", *SHAPE_ARGS,
+                         "--exclude-tactic", " "), "--exclude-tactic ' ': give a glob over tactic names")
+    assert not (tmp_path / "z.plan").exists()
+
+
+def test_a_candidate_that_faults_the_gpu_stops_the_build_in_one_line(tiny_onnx, tmp_path, monkeypatch, cli):
+    """A fault ends the process's CUDA context (session 25: a misaligned address from a Triton 3.6
+    miscompile), so every later candidate would fail too: the build stops, naming the layer and the
+    candidates that ran, where before it went on rejecting them all."""
+    def faulting(*args):
+        raise RuntimeError("CUDA error: misaligned address\nCUDA kernel errors might be asynchronously reported")
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", faulting)
+    line = assert_cli_error(cli("build", tiny_onnx, "-o", tmp_path / "m.plan", "--device", "cpu", *SHAPE_ARGS),
+                            "layer 'conv1' (FusedConv): the GPU faulted (CUDA error: misaligned address) while its "
+                            "candidate kernels ran (torch, channels_last)", "--exclude-tactic PATTERN")
+    assert "asynchronously" not in line and not (tmp_path / "m.plan").exists()
+    assert cli("build", tiny_onnx, "-o", tmp_path / "m.plan", "--device", "cpu", *SHAPE_ARGS,
+               "--exclude-tactic", "channels_last").code == 0
+    # a candidate short of memory is only rejected, as any candidate that cannot run here
+    monkeypatch.setattr(conv_ops, "_conv_channels_last", lambda *args: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: out of memory")))
+    header, _ = build(tiny_onnx, tmp_path / "o.plan")
+    assert {layer["tactic_rejected"]["channels_last"] for layer in conv_layers(header).values()} == {
+        "RuntimeError: CUDA error: out of memory"}
+    assert not select.gpu_fault(ValueError("CUDA error: misaligned address"))  # CUDA raises RuntimeErrors
+
+
 # ---- the timing cache ------------------------------------------------------------------------------
 
 def test_timing_cache_round_trip(tmp_path):

@@ -36,6 +36,9 @@ class BuildConfig:
     seed: int = 0
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
     builder_effort: int = DEFAULT_BUILDER_EFFORT
+    # Globs over tactic names the builder never runs (`--exclude-tactic`): a kernel that faults the
+    # GPU here ends the build (a TacticFaultError naming its layer), and this rebuilds without it.
+    exclude_tactics: list = field(default_factory=list)
     timing_cache: str | None = None  # JSON file of tactic timings: read before tactic selection, merged after
     # CUDA builds store the compiled Triton kernels the engine runs at its profiles' min, opt and max
     # shapes, so that loading on a fresh machine JIT-compiles nothing there (other sizes inside a
@@ -99,6 +102,9 @@ class BuildConfig:
                     raise ConfigError(f"--{kind}-precision {key}={value}: precision must be one of {', '.join(PRECISIONS)}")
         if self.builder_effort not in range(6):
             raise ConfigError(f"--builder-effort {self.builder_effort} must be 0..5")
+        for pattern in self.exclude_tactics:
+            if not isinstance(pattern, str) or not pattern.strip():
+                raise ConfigError(f"--exclude-tactic {pattern!r}: give a glob over tactic names, e.g. 'window_*_o2'")
         if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
             raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
                               f"--precision int8 or fp8, not {self.precision}")

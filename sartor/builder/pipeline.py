@@ -150,6 +150,8 @@ def _tactics_by_profile(node, selections: list[TacticSelection]) -> dict:
 def _tactics_record(config: BuildConfig, selections: list[TacticSelection]) -> dict:
     record = {"builder_effort": config.builder_effort, "timed": sum(s.timed for s in selections),
               "from_timing_cache": sum(s.cached for s in selections), "timing_cache": config.timing_cache}
+    if config.exclude_tactics:
+        record["excluded"] = list(config.exclude_tactics)
     if len(selections) > 1:
         record["by_profile"] = [{"timed": s.timed, "from_timing_cache": s.cached} for s in selections]
     return record
@@ -323,7 +325,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         selections = select_tactics_by_profile(graph, weights, feeds, device, plan.layers,
                                                channels_last=device.type == "cuda", tf32=config.precision == "tf32",
                                                effort=config.builder_effort, cache=timing_cache,
-                                               time_single=config.time_every_layer)
+                                               time_single=config.time_every_layer, exclude=config.exclude_tactics)
     record_tactics(graph, selections)
     if config.pdl:
         log.append(f"pdl: {mark_programmatic_launch(graph)} quantized layer(s) launched with programmatic dependent "

@@ -182,6 +182,9 @@ def add_parser(subparsers, parents) -> None:
                         "programmatic dependent launch, each starting while the one before it ends")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
+    p.add_argument("--exclude-tactic", action="append", default=[], metavar="PATTERN",
+                   help="a glob over tactic names (`sartor inspect` lists them) the builder never runs, e.g. "
+                        "'window_*_o2' after a build stopped on a kernel that faulted the GPU; repeatable")
     p.add_argument("--data", metavar="VAL",
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
                         "--accuracy-budget")
@@ -261,7 +264,7 @@ def config_from_args(args) -> BuildConfig:
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
         min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction,
-        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl)
+        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl, exclude_tactics=args.exclude_tactic)
 
 
 def run(args) -> int:

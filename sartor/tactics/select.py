@@ -13,10 +13,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Iterable
 
 import torch
 
+from ..errors import ConfigError, TacticFaultError
 from ..ir import Graph
 from ..ops import default_registry, fp8
 from ..runtime.concat_plan import ConcatBuffers, ShapeMemo
@@ -27,6 +29,13 @@ from .precompile import compile_in_parallel
 from .timing_cache import TimingCache, layer_signature
 
 REFERENCE_TACTIC = "torch"
+# What CUDA says of a fault that ends the process's context (cudaErrorIllegalAddress,
+# MisalignedAddress, IllegalInstruction, InvalidPc, LaunchFailure, HardwareStackError, Assert,
+# LaunchTimeout): after one, no candidate can run, so the build must stop rather than reject the
+# rest. Session 25's H200 build met "misaligned address" from a Triton 3.6 miscompile.
+STICKY_CUDA_ERRORS = ("illegal memory access", "misaligned address", "illegal instruction",
+                      "invalid program counter", "unspecified launch failure", "hardware stack error",
+                      "device-side assert", "launch timed out")
 # Builder effort -> (warm-up runs, timed runs) per candidate. Effort 0 times nothing: every layer
 # runs its first candidate, the reference. Higher efforts will also widen the Triton search.
 EFFORT_TIMING = {1: (1, 3), 2: (3, 10), 3: (5, 25), 4: (10, 50), 5: (20, 100)}
@@ -210,6 +219,19 @@ def _run(step, args: list, tactic: str, into: torch.Tensor | None = None):
     return step.impl(args, attrs), lambda: step.impl(args, attrs)
 
 
+def gpu_fault(exc: BaseException) -> bool:
+    """Whether `exc` is the GPU faulting (STICKY_CUDA_ERRORS), not a candidate that merely cannot
+    run here (a shape it does not take, too little memory)."""
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc) and any(
+        phrase in str(exc) for phrase in STICKY_CUDA_ERRORS)
+
+
+def excluding(candidates: list[str], patterns: Iterable[str]) -> list[str]:
+    """The candidates no pattern matches (`--exclude-tactic`: globs over tactic names)."""
+    patterns = list(patterns)
+    return [tactic for tactic in candidates if not any(fnmatchcase(tactic, pattern) for pattern in patterns)]
+
+
 def _time_candidates(step, args, candidates, reference, device, effort,
                      into: torch.Tensor | None = None) -> tuple[dict, dict]:
     """({tactic: median ms}, {tactic: why rejected}) over the candidates that match the reference."""
@@ -219,6 +241,8 @@ def _time_candidates(step, args, candidates, reference, device, effort,
         try:
             out, call = _run(step, args, tactic, into)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is simply not a candidate
+            if gpu_fault(exc):
+                raise
             rejected[tactic] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
             continue
         why = None if tactic == REFERENCE_TACTIC else _mismatch(out, reference)
@@ -238,18 +262,24 @@ def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates
         return None
     try:
         out, _ = _run(step, args, entry["winner"], into)
-    except Exception:  # noqa: BLE001 - it cannot run here any more: time the candidates again
+    except Exception as exc:  # noqa: BLE001 - it cannot run here any more: time the candidates again
+        if gpu_fault(exc):
+            raise
         return None
     return entry if entry["winner"] == REFERENCE_TACTIC or _mismatch(out, reference) is None else None
 
 
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
                    channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
-                   fingerprint: dict | None = None, time_single: bool = False) -> TacticSelection:
+                   fingerprint: dict | None = None, time_single: bool = False,
+                   exclude: Iterable[str] = ()) -> TacticSelection:
     """Choose the tactic of each layer whose op lists several (FusedConv, QConv, QGemm, MaxPool) at
     the shapes of `feeds`, reading and extending `cache` (or None) for this device's `fingerprint`
     (default: the build device's). With `time_single`, layers of one candidate are timed too (their
-    time is then known, for --fallback-where-faster)."""
+    time is then known, for --fallback-where-faster). `exclude`: globs of tactics never run
+    (`--exclude-tactic`). A candidate that faults the GPU stops the build with a TacticFaultError
+    naming the layer and the candidates in flight."""
+    exclude = tuple(exclude)
     selection = TacticSelection()
     if effort == 0:
         return selection
@@ -263,22 +293,40 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
         if opdef.tactics is None:
             return
         name = step.node.name
-        candidates = opdef.tactics(args, step.attrs, effort)
-        if len(candidates) == 1 and not time_single:  # nothing to choose between (INT8 emulation on the CPU)
+        offered = opdef.tactics(args, step.attrs, effort)
+        candidates = excluding(offered, exclude)
+        if not candidates:
+            raise ConfigError(f"--exclude-tactic {' '.join(exclude)} leaves layer {name!r} no tactic (it had "
+                              f"{', '.join(offered)})")
+        if len(offered) == 1 and not time_single:  # nothing to choose between (INT8 emulation on the CPU)
             return
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
         into = slices.slice_for(step.node.outputs[0]) if slices is not None and len(step.node.outputs) == 1 else None
         signature = layer_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32,
                                     into)
-        entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference, into)
+        try:
+            entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference, into)
+            if entry is None:
+                compile_in_parallel(lambda tactic: _run(step, args, tactic),
+                                    [tactic for tactic in candidates if tactic != REFERENCE_TACTIC], device)
+                timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into)
+        except Exception as exc:
+            if not gpu_fault(exc):
+                raise
+            first_line = " ".join(str(exc).splitlines()[0].split()) if str(exc).strip() else type(exc).__name__
+            raise TacticFaultError(
+                f"layer {name!r} ({step.node.op_type}): the GPU faulted ({first_line}) while its candidate kernels "
+                f"ran ({', '.join(candidates)}); a fault ends this process's CUDA context, so the build stops here. "
+                f"Rebuild leaving the faulting kernel out with --exclude-tactic PATTERN (globs over those names)"
+            ) from exc
         if entry is not None:
             selection.cached += 1
             winner, timings, rejected, source = entry["winner"], entry["timings_ms"], entry["rejected"], "timing cache"
         else:
             selection.timed += 1
-            compile_in_parallel(lambda tactic: _run(step, args, tactic),
-                                [tactic for tactic in candidates if tactic != REFERENCE_TACTIC], device)
-            timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into)
+            if not timings:  # possible once --exclude-tactic has left the reference out
+                raise ConfigError(f"layer {name!r}: no tactic left after --exclude-tactic matches the reference ("
+                                  + "; ".join(f"{tactic}: {why}" for tactic, why in rejected.items()) + ")")
             winner, source = min(timings, key=timings.get), "timed"
             if cache is not None:
                 cache.record(fingerprint, signature, winner, timings, rejected, effort)
@@ -302,7 +350,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
 def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Iterable[dict], device: torch.device,
                               layer_precision: dict, channels_last: bool, tf32: bool, effort: int = 2,
                               cache: TimingCache | None = None, fingerprint: dict | None = None,
-                              time_single: bool = False) -> list[TacticSelection]:
+                              time_single: bool = False, exclude: Iterable[str] = ()) -> list[TacticSelection]:
     """select_tactics at each profile's opt shapes (`feeds_by_profile`, one feed set per profile,
     produced as they are needed). The profiles share `cache` or, without one, a cache of this build's
     own timings, so a layer whose signature a previous profile timed is not timed again."""
@@ -311,12 +359,12 @@ def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Ite
     second = next(feeds_by_profile, None)
     if second is None:  # one profile: exactly the single-profile selection
         return [select_tactics(graph, weights, first, device, layer_precision, channels_last, tf32, effort, cache,
-                               fingerprint, time_single)]
+                               fingerprint, time_single, exclude)]
     shared = cache if cache is not None else TimingCache()
     selections = []
     for feeds in (first, second, *feeds_by_profile):
         selections.append(select_tactics(graph, weights, feeds, device, layer_precision, channels_last, tf32,
-                                         effort, shared, fingerprint, time_single))
+                                         effort, shared, fingerprint, time_single, exclude))
     return selections
 
 
