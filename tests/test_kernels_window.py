@@ -279,6 +279,10 @@ def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused(
         assert window_tile(bad) is None and not own_kernel_tactic(bad), bad
     assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh") == WINDOW_RESIDENT_TILES[0]
     assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh_o2").row_pairs
+    described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_" + RESIDENT_PAIRS.name}),
+                        torch.device("cpu"))
+    assert "two output rows per row tile" in described and "two output rows" not in _tactic(
+        Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_" + RESIDENT_KH.name}), torch.device("cpu"))
     with pytest.raises(ValueError, match="walk K by filter rows"):
         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), row_pairs=True)
     assert ResidentTile.parse("resident_64x64_t8_w4_s3_kh") is None  # the 1×1 kernel does not take the windows'

@@ -115,8 +115,9 @@ def _tactic(node, device: torch.device) -> str:
     if window is not None:  # its tile's name is resident_… or igemm_…, in either form
         pixels = ("16-byte pixels of 2x2 blocks, stride 1" if window_space_to_depth(chosen) else "4-byte pixels")
         if window_resident_tile(chosen) is not None:
+            rows = ", two output rows per row tile" if window.row_pairs else ""
             return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton GEMM over pixel windows, weight resident over "
-                    f"row tiles {window.name.removeprefix('resident_')} + fused epilogue")
+                    f"row tiles {window.name.removeprefix('resident_')}{rows} + fused epilogue")
         return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton implicit GEMM over pixel windows "
                 f"{window.name.removeprefix('igemm_')} + fused epilogue")
     if chosen and chosen.startswith("im2col_igemm_"):
