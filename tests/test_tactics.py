@@ -194,6 +194,7 @@ def test_a_candidate_that_faults_the_gpu_stops_the_build_in_one_line(tiny_onnx, 
     assert {layer["tactic_rejected"]["channels_last"] for layer in conv_layers(header).values()} == {
         "RuntimeError: CUDA error: out of memory"}
     assert not select.gpu_fault(ValueError("CUDA error: misaligned address"))  # CUDA raises RuntimeErrors
+    assert select.gpu_fault(RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered"))
 
 
 # ---- the timing cache ------------------------------------------------------------------------------

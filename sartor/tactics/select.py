@@ -221,8 +221,9 @@ def _run(step, args: list, tactic: str, into: torch.Tensor | None = None):
 
 def gpu_fault(exc: BaseException) -> bool:
     """Whether `exc` is the GPU faulting (STICKY_CUDA_ERRORS), not a candidate that merely cannot
-    run here (a shape it does not take, too little memory)."""
-    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc) and any(
+    run here (a shape it does not take, too little memory). torch says "CUDA error: …"; Triton's
+    launcher, where the next launch meets the lost context, "Triton Error [CUDA]: …"."""
+    return isinstance(exc, RuntimeError) and "CUDA" in str(exc) and any(
         phrase in str(exc) for phrase in STICKY_CUDA_ERRORS)
 
 
