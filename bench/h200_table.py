@@ -43,7 +43,8 @@ import sartor  # noqa: E402
 from h200_models import compiled_runner, export_classifier, graph_runner, settle_batchnorm, versions  # noqa: E402
 from inductor_cache import (CacheArchiveError, archive_has_cell, autotune_op_count, earlier_compile_s,  # noqa: E402
                             mark_compile, restore_results)
-from sartor.tactics.select import timing_samples_ms  # noqa: E402
+from sartor.errors import TacticFaultError  # noqa: E402
+from sartor.tactics.select import gpu_fault, timing_samples_ms  # noqa: E402
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_large", "efficientnet_b0")
 DETECTOR_BATCHES = (1, 8, 32)
@@ -283,13 +284,18 @@ def main() -> None:
     def save():
         (out / "table.json").write_text(json.dumps(results, indent=1))
 
+    context_lost = None  # the cell whose GPU fault ended this process's CUDA context
     for name in args.models.split(","):
+        if context_lost:
+            break
         input_name, size = SPEC.get(name, ("input", 224))
         batches = tuple(int(b) for b in (args.detector_batches if name in SPEC else args.batches).split(","))
         model = torch_model(name)
         if model is not None:
             model = model.half().cuda().to(memory_format=torch.channels_last)
         for batch in batches:
+            if context_lost:
+                break
             shape = (batch, 3, size, size)
             row = {"model": name, "batch": batch, "input": "x".join(map(str, shape))}
             jobs = [("sartor_fp16", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name, shape,
@@ -316,11 +322,20 @@ def main() -> None:
                         model, x, name, batch, args.iterations, args.inductor_cache, out / "autotune_progress.json",
                         manifest)))
             for key, job in jobs:
+                if context_lost:
+                    results["errors"][f"{name} b{batch} {key}"] = f"not run: the GPU faulted in {context_lost}"
+                    continue
                 try:
                     row[key] = job()
                 except Exception as exc:  # noqa: BLE001 - the other cells are still worth measuring
                     results["errors"][f"{name} b{batch} {key}"] = f"{type(exc).__name__}: {exc}"[:600]
                     traceback.print_exc()
+                    if isinstance(exc, TacticFaultError) or gpu_fault(exc):
+                        # Every later CUDA call of this process fails alike (session 25: five
+                        # tracebacks after one misaligned address): say so once and measure nothing more.
+                        context_lost = f"{name} b{batch} {key}"
+                        print(f"the GPU faulted in {context_lost}: this process's CUDA context is lost, its "
+                              f"remaining cells are not measured", flush=True)
                 print(json.dumps({key: row.get(key)}), flush=True)
                 results["partial"] = row  # a call cut off mid-row still brings its finished cells back
                 save()
