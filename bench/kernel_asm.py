@@ -23,7 +23,6 @@ K = 512 the resident tiles would need 133–270 KB of shared memory, so MAX_RESI
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import subprocess
@@ -199,7 +198,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                               N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
                               BLOCK_M=tile.resident.block_m, BLOCK_N=tile.resident.block_n,
                               K_PAD=triton.next_power_of_2(rows * window), OUTPUT_ROWS=tile.output_rows,
-                              WINDOW_ALIGN=math.gcd(step * PIXEL_BYTES, row_bytes, image_bytes, 16))
+                              WINDOW_ALIGN=window_resident.window_alignment(step * PIXEL_BYTES, row_bytes, image_bytes))
             cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
                           tile.resident.warps, tile.resident.stages))
         return cases

@@ -27,7 +27,7 @@ from sartor.tactics.select import time_ms  # noqa: E402
 STEM = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
 
 
-def padded_shapes(batch: int, device: torch.device) -> dict[str, tuple]:
+def padded_shapes(device: torch.device) -> dict[str, tuple]:
     """Form → (pads, padded size, space_to_depth) as the window tactics pack ResNet-50's stem."""
     x = torch.zeros(1, 3, 224, 224, device=device)
     shapes = {}
@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     x = torch.rand(args.batch, 3, 224, 224, device=device)
-    for name, (pads, padded, space_to_depth) in padded_shapes(args.batch, device).items():
+    for name, (pads, padded, space_to_depth) in padded_shapes(device).items():
         reference = pack_pixels(x, pads, padded, torch.int8, 50.0, -127, space_to_depth)
         # A copy that reads and writes as many bytes as the packing moves in all.
         copy_source = torch.empty((x.numel() * x.element_size() + reference.numel()) // 2, dtype=torch.uint8,

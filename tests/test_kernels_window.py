@@ -310,8 +310,9 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
 
 def test_window_alignment_is_what_every_window_start_is_a_multiple_of():
     """Stated to the resident-window kernel (Triton 3.6 proved too much for the row pairs)."""
-    plain = torch.empty(2, 229, 232, 4, dtype=torch.int8)  # ResNet's stem, 4-byte pixels, rows of 928 bytes
-    assert window_alignment(plain, 2 * 4) == 8 and window_alignment(plain, 4) == 4 and window_alignment(plain, 12) == 4
-    blocks = torch.empty(2, 115, 460, 4, dtype=torch.int8)  # its space-to-depth form: windows 16 bytes apart
-    assert window_alignment(blocks, 16) == 16
-    assert window_alignment(torch.empty(1, 5, 6, 4, dtype=torch.int8), 16) == 8  # rows of 24 bytes
+    plain = (232 * 4, 229 * 232 * 4)  # ResNet's stem, 4-byte pixels: rows of 928 bytes, and images
+    assert window_alignment(2 * 4, *plain) == 8 and window_alignment(4, *plain) == 4
+    assert window_alignment(12, *plain) == 4
+    blocks = (460 * 4, 115 * 460 * 4)  # its space-to-depth form: windows 16 bytes apart
+    assert window_alignment(16, *blocks) == 16
+    assert window_alignment(16, 6 * 4, 5 * 6 * 4) == 8  # rows of 24 bytes

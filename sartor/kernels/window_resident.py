@@ -83,9 +83,8 @@ if triton is not None:
                 offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < M
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                # The window of output pixel (n, oh, ow) and filter row 0 starts at padded pixel (oh·sh, ow·sw).
-                window_start = tl.multiple_of(
-                    n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP, [WINDOW_ALIGN])
+                window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP,
+                                              WINDOW_ALIGN)
                 if INT8:
                     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 else:
@@ -105,6 +104,14 @@ if triton is not None:
                                    scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale,
                                    out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
                                    ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
+
+    @triton.jit
+    def _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
+                       WINDOW_ALIGN: tl.constexpr):
+        """Where the window of output pixel (n, oh, ow) and filter row 0 starts: padded pixel
+        (oh·sh, ow·sw), a multiple of WINDOW_ALIGN bytes (`window_alignment`)."""
+        return tl.multiple_of(n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP,
+                              [WINDOW_ALIGN])
 
     @triton.jit
     def _window_tile_store(acc, offs_m, m_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi, scale_hi,
@@ -133,8 +140,8 @@ if triton is not None:
     def _window_row_pairs(p_ptr, weights, bias_ptr, scale_ptr, res_ptr, y_ptr, bias_lo, scale_lo, bias_hi, scale_hi,
                           row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes, y_row, srn, src,
                           srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
-                          STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                          STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
+                          INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                           RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
                           COLUMNS_LOADED: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
@@ -150,8 +157,7 @@ if triton is not None:
             n_idx, pair, ow = pixel_coords(offs_p, pair_rows, OW)
             oh = pair * 2
             lower_ok = p_ok & (oh + 1 < OH)
-            window_start = tl.multiple_of(
-                n_idx.to(tl.int64) * image_bytes + (oh * STRIDE_H) * row_bytes + ow * PIXEL_STEP, [WINDOW_ALIGN])
+            window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN)
             if INT8:
                 upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
                 lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -250,13 +256,13 @@ def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
     return tiles + [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
 
 
-def window_alignment(packed: torch.Tensor, pixel_step: int) -> int:
+def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
     """The largest power of two, up to 16, dividing every window's first byte: windows start
-    `pixel_step` bytes apart in rows and images of `packed`. Stated to the kernel because Triton
-    3.6 proved the row-pair walk's windows 16-byte aligned where the 4-byte form's start every 8
-    bytes, and copied them 16 bytes at a time: a misaligned address on the H200 (session 25)."""
-    n, height, width, pixel = packed.shape
-    return math.gcd(pixel_step, width * pixel, height * width * pixel, 16)
+    `pixel_step` bytes apart in rows of `row_bytes` and images of `image_bytes`. Stated to the kernel
+    because Triton 3.6 proved the row-pair walk's windows 16-byte aligned where the 4-byte form's
+    start every 8 bytes, and copied them 16 bytes at a time: a misaligned address on the H200
+    (session 25)."""
+    return math.gcd(pixel_step, row_bytes, image_bytes, 16)
 
 
 def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | None,
@@ -295,7 +301,8 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
-        OUTPUT_ROWS=tile.output_rows, WINDOW_ALIGN=window_alignment(packed, geometry.strides[1] * PIXEL_BYTES),
+        OUTPUT_ROWS=tile.output_rows,
+        WINDOW_ALIGN=window_alignment(geometry.strides[1] * PIXEL_BYTES, padded_w * PIXEL_BYTES, packed.stride(0)),
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
