@@ -25,7 +25,7 @@ from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, ql
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
-SMALL_EARLY, SMALL_AHEAD = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2))
+SMALL_EARLY, SMALL_AHEAD, SMALL_MMA = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2, 3))
 SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
 SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and scale loaded once per program
 
@@ -35,7 +35,8 @@ SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and s
 @pytest.mark.parametrize("int8_output", [True, False])
 @pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT,
                                   replace(SMALL_AHEAD, n_adjacent=True), SMALL_COLUMNS,
-                                  replace(SMALL_AHEAD, n_adjacent=True, columns_loaded=True)],
+                                  replace(SMALL_AHEAD, n_adjacent=True, columns_loaded=True), SMALL_MMA,
+                                  replace(SMALL_MMA, n_adjacent=True, columns_loaded=True)],
                          ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
@@ -168,6 +169,11 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (4, 4)))  # the downsample
     assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (2, 2), (0, 0), (1, 1), (5, 4)))  # not its output
     assert not resident_applies(nhwc, 64, ConvGeometry((1, 1), (1, 1), (1, 1), (1, 1), (10, 10)))  # padded
+    with pytest.raises(ValueError, match="takes a residual of INT8 codes through the tensor cores, not torch.float32"):
+        resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE).contiguous(memory_format=torch.channels_last),
+                      torch.zeros(8, 64, dtype=torch.int8, device=DEVICE), None, SMALL_MMA,
+                      dequant_scale=torch.ones(8, device=DEVICE),
+                      residual=torch.zeros(2, 8, 8, 8, device=DEVICE).contiguous(memory_format=torch.channels_last))
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
@@ -187,8 +193,15 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with_residual = [name for name in with_residual if name.startswith(first)]
     assert with_residual == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_e", "_r", "_e_g", "_r_g", "_e_c",
                                                            "_r_c", "_e_c_g", "_r_c_g")]
+    # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort; not without a residual
+    assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
+        first + suffix for suffix in ("_m", "_m_g", "_m_c", "_m_c_g")]
+    assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
+    with_codes = [name for name in resident_tactics(3, residual=True, residual_codes=True) if name.startswith(first)]
+    assert with_codes == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_m", "_e", "_r", "_m_g", "_e_g", "_r_g",
+                                                        "_m_c", "_e_c", "_r_c", "_m_c_g", "_e_c_g", "_r_c_g")]
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
-                 SMALL_COLUMNS):
+                 SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True)):
         assert ResidentTile.parse(tile.name) == tile
     assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 0, 0] + [1, 2] * 4
     assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True] * 2 + [False, False,

@@ -27,7 +27,7 @@ if triton is not None:
 
     from .tile_steps import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
                              _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
-                             pixel_coords)
+                             _residual_halves_through_mma, pixel_coords)
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -105,9 +105,16 @@ if triton is not None:
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
             res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
                                               srw, BLOCK_N)
+        if RES_PREFETCH == 3:
+            identity_rows = tl.arange(0, BLOCK_N)
+            identity = (identity_rows[:, None] == identity_rows[None, :]).to(tl.int8)
         for t in range(TILES):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
+            if RES_PREFETCH == 3:  # this tile's residual codes, through the tensor cores
+                n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+                res_lo, res_hi = _residual_halves_through_mma(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn,
+                                                              src, srh, srw, identity, BLOCK_M, BLOCK_N)
             if RES_PREFETCH == 1:  # this tile's residual, asked for before its product
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
@@ -163,9 +170,15 @@ RESIDENT_PREFIX = "resident_"
 #   0 (""): in the epilogue, after the product;
 #   1 ("_e"): at the start of the tile's iteration, so that its latency overlaps the product;
 #   2 ("_r"): one row tile ahead, carried to the next iteration (more registers, a layout conversion
-#      more per half: bench/kernel_asm.py).
-RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r"}
+#      more per half: bench/kernel_asm.py);
+#   3 ("_m"): INT8 codes only, at the start of the tile's iteration as a product's operand: codes · I
+#      on the tensor cores (`_residual_halves_through_mma`). Loaded into registers, the codes made the
+#      compiler convert each half's float32 values through shared memory; this way only the INT8
+#      output is (sm_90, layer1's conv3 in the 64×64 `_c_g` tile: 438 → 399 instructions a row
+#      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers).
+RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
+MMA_RESIDUAL = 3
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
 # of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
 # alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
@@ -262,19 +275,25 @@ WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
 WIDE_K = 128
 
 
-def resident_tactics(effort: int, residual: bool = False, k_total: int = 0) -> list[str]:
+def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, residual_codes: bool = False) -> list[str]:
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
     each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
     those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
-    from PREFETCH_MIN_EFFORT, for a layer with a residual, each of those also with its residual
-    loaded early (without one, these would be the same kernel)."""
+    for a layer with a residual of INT8 codes (`residual_codes`), each of those also with the codes
+    through the tensor cores (`_m`), at every effort; from PREFETCH_MIN_EFFORT, for a layer with a
+    residual, each also with its residual loaded early (without one, these would be the same
+    kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
     tiles += [replace(tile, columns_loaded=True) for tile in tiles]
+    modes = []
+    if residual and residual_codes:
+        modes.append(MMA_RESIDUAL)
     if residual and effort >= PREFETCH_MIN_EFFORT:
-        tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in RESIDUAL_PREFETCH if mode]
+        modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode != MMA_RESIDUAL]
+    tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes]
     return [tile.name for tile in tiles]
 
 
@@ -357,6 +376,9 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                          f"channels of evenly spaced pixels, K ≤ {MAX_RESIDENT_K}")
     if projection is not None and residual is not None:
         raise ValueError("resident_gemm: a layer with a projection has no other residual")
+    if tile.residual_prefetch == MMA_RESIDUAL and residual is not None and residual.dtype != torch.int8:
+        raise ValueError(f"resident_gemm: {tile.name} takes a residual of INT8 codes through the tensor cores, "
+                         f"not {residual.dtype}")
     cout = w_packed.shape[0]
     strided = x.dim() == 4 and tuple(strides) != (1, 1)
     oh, ow = strided_out_hw(x.shape[2:], strides) if x.dim() == 4 else (1, 1)

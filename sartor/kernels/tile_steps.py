@@ -360,6 +360,25 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
+    def _residual_halves_through_mma(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, identity,
+                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The residual's INT8 codes of this tile as float32 in the accumulator's own layout, in the
+        two column halves the epilogue takes: codes · I on the tensor cores. Loaded into registers
+        (`_residual_halves`), the codes sit in a coalesced layout, so the compiler converted the
+        float32 products to it through shared memory before adding them: 16 KB a 64×64 tile, with
+        bank conflicts on its stores (ResNet-50's layer1 conv3, Nsight Compute, session 25). As a
+        product's operand the codes go to shared memory by asynchronous copies and come back in the
+        accumulator's layout, converted exactly. `identity`: the BLOCK_N × BLOCK_N identity in
+        INT8. (A product accumulated onto 0x4B400000 and decoded as in _codes_to_float took 32 more
+        instructions per thread and 64×64 tile on sm_90: the accumulator's initial values are moved
+        into registers, where a zero one is not, and the subtraction.)"""
+        offs_n = first_column + tl.arange(0, BLOCK_N)
+        codes = _load_residual(res_ptr, offs_n, m_ok[:, None] & (offs_n < COUT)[None, :], n_idx, oh, ow, srn, src,
+                               srh, srw)
+        values = tl.dot(codes, identity, tl.zeros((BLOCK_M, BLOCK_N), tl.int32), out_dtype=tl.int32).to(tl.float32)
+        return tl.split(tl.permute(tl.reshape(values, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+    @triton.jit
     def _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,
                                      y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
                                      INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
