@@ -306,19 +306,22 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
         x = torch.empty(rows, cin, dtype=torch.int8, device="meta")
         w = torch.empty(cout, cin, dtype=torch.int8, device="meta")
         for tile in [gemm_tma.GemmTmaTile.parse(name) for name in
-                     gemm_tma.gemm_tma_tactics(x, (cout, cin), conv_igemm.ConvGeometry.gemm(), 5, residual)]:
+                     gemm_tma.gemm_tma_tactics(x, (cout, cin), conv_igemm.ConvGeometry.gemm(), 5, residual,
+                                               residual_codes=residual)]:
             dense_args = dict(flat, M=rows, COUT=cout, K=cin, y_row=cout,
                               x_desc=gemm_tma.TensorDescriptor(x, [rows, cin], [cin, 1], [tile.block_m, tile.block_k]),
                               w_desc=conv_igemm.packed_weight_descriptor(w, tile.block_n, tile.block_k))
             constexprs = dict(epilogue, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                              BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M, PERSISTENT=tile.persistent)
+                              BLOCK_K=tile.block_k, GROUP_M=gemm_tma.GROUP_M, PERSISTENT=tile.persistent,
+                              RES_MMA=tile.residual_mma and residual)
             constexprs.pop("QUANTIZE_INPUT")
             cases.append((tile.name, gemm_tma._gemm_tma_kernel, dense_args, constexprs, tile.warps, tile.stages))
     if k == 1 and cin <= resident_gemm.MAX_RESIDENT_K:
         resident_args = dict(flat, **NO_PROJECTION, M=rows, COUT=cout, K=cin, x_row=cin, y_row=cout,
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
-        names = resident_tiles if resident_tiles is not None else resident_gemm.resident_tactics(5, residual)
+        names = (resident_tiles if resident_tiles is not None
+                 else resident_gemm.resident_tactics(5, residual, residual_codes=residual))
         for tile in map(resident_gemm.ResidentTile.parse, names):
             constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),

@@ -25,13 +25,15 @@ pytestmark = pytest.mark.skipif(gemm_tma.TensorDescriptor is None, reason="Trito
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = GemmTmaTile(16, 32, 32, 1, 1)
 HALVES = GemmTmaTile(16, 32, 32, 1, 1, halves=True)
+THROUGH_MMA = GemmTmaTile(16, 32, 32, 1, 1, halves=True, residual_mma=True)  # K = 64, 96: two, three K steps
 ONE_BY_ONE = ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (8, 8))
 
 
 @pytest.mark.parametrize("channels,cout,hw", [(64, 40, (5, 7)), (96, 32, (4, 4))])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [SMALL, HALVES], ids=["epilogue_whole", "epilogue_halves"])
+@pytest.mark.parametrize("tile", [SMALL, HALVES, THROUGH_MMA],
+                         ids=["epilogue_whole", "epilogue_halves", "residual_through_mma"])
 def test_gemm_tma_equals_the_emulation(channels, cout, hw, residual, int8_output, tile):
     """Rows and columns that the tile does not divide (70 pixels in tiles of 16, 40 outputs in tiles
     of 32) and ones that it does (32 pixels, 32 outputs); K of 2 and 3 steps; a residual; INT8 or
@@ -122,6 +124,10 @@ def test_where_the_gemm_kernel_applies():
     assert not gemm_tma_applies(wide[:, 8:72], w_shape, ONE_BY_ONE)  # base 8 bytes off a 16-byte boundary
     assert gemm_tma_applies(wide[:, 16:80], w_shape, ONE_BY_ONE)
     assert gemm_tma_applies(torch.zeros(5, 64, dtype=torch.int8), (32, 64), ConvGeometry.gemm())
+    with pytest.raises(ValueError, match="takes a residual of INT8 codes through the tensor cores, not torch.float32"):
+        run_gemm_tma(x, pack_weight(torch.zeros(w_shape, dtype=torch.int8)), None, ONE_BY_ONE, THROUGH_MMA,
+                     dequant_scale=torch.ones(w_shape[0]),
+                     residual=torch.zeros(1, w_shape[0], 8, 8).contiguous(memory_format=torch.channels_last))
     with pytest.raises(ValueError, match="gemm_tma: input"):
         run_gemm_tma(x.float(), pack_weight(torch.zeros(w_shape, dtype=torch.int8)), None, ONE_BY_ONE, SMALL,
                      dequant_scale=torch.ones(32))
@@ -153,11 +159,20 @@ def test_gemm_tma_tile_names_round_trip():
     assert [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(deep, (32, 512, 1, 1), ONE_BY_ONE, 1)][:2] \
         == list(gemm_tma.GEMM_TMA_TILES[:2])
     assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
+    assert THROUGH_MMA.name == "gemm_tma_16x32x32_w1_s1_e2_m" and GemmTmaTile.parse(THROUGH_MMA.name) == THROUGH_MMA
+    # INT8 residual codes: the one-tile-per-program halved tiles also through the tensor cores
+    with_codes = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1, residual=True, residual_codes=True)
+    assert with_codes == first + [n + "_e2" for n in first] + [n + "_e2_m" for n in first]
+    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1, residual_codes=True) == \
+        gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1)  # no residual: nothing to add
+    assert not any(GemmTmaTile.parse(n).residual_mma and GemmTmaTile.parse(n).persistent for n in
+                   gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5, residual=True, residual_codes=True))
     assert GemmTmaTile.parse("gemm_tma_128x128x128_w8_s3_e2_pf2") == replace(
         gemm_tma.GEMM_TMA_TILES[0], halves=True, persistent=gemm_tma.PERSISTENT_FLAT, programs_per_sm=2)
     for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
                 "gemm_tma_128x128x64_w8_s3_pf0", "gemm_tma_128x128x64_w8_s3_pf", "gemm_tma_128x128x64_w8_s3_pf2_e2",
                 "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "gemm_tma_128x128x64_w8_s3_e2_e2",
+                "gemm_tma_128x128x64_w8_s3_m", "gemm_tma_128x128x64_w8_s3_m_e2", "gemm_tma_128x128x64_w8_s3_e2_m_pf1",
                 "tma_8x16x64x64_w4_s4", None):
         assert GemmTmaTile.parse(bad) is None, bad
 

@@ -30,7 +30,8 @@ if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
     from .pdl import await_previous_kernel
-    from .tile_steps import _epilogue_store, _epilogue_store_halves, grouped_tile, pixel_coords
+    from .tile_steps import (_codes_halves_through_mma, _epilogue_store, _epilogue_store_halves,
+                             _epilogue_store_halves_given, _identity, _residual_tile, grouped_tile, pixel_coords)
 
     @triton.jit
     def _gemm_tma_tile(
@@ -39,9 +40,16 @@ if triton is not None and TensorDescriptor is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
             RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr):
-        """One output tile: its K steps, then the epilogue."""
+            GROUP_M: tl.constexpr, RES_MMA: tl.constexpr):
+        """One output tile: its K steps, then the epilogue. RES_MMA: the residual's INT8 codes are
+        loaded before the K steps and reach the epilogue through the tensor cores
+        (`_codes_halves_through_mma`)."""
         pid_m, pid_n = grouped_tile(tile_id, M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
+        if RES_MMA:
+            codes = _residual_tile(res_ptr, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh, srw,
+                                   BLOCK_N)
         if INT8:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
@@ -54,10 +62,13 @@ if triton is not None and TensorDescriptor is not None:
             else:
                 acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-        if EPILOGUE_HALVES:
+        if RES_MMA:
+            res_lo, res_hi = _codes_halves_through_mma(codes, _identity(BLOCK_N), BLOCK_M, BLOCK_N)
+            _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, bias_ptr,
+                                         scale_ptr, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta, INT8,
+                                         FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N)
+        elif EPILOGUE_HALVES:
             _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, bias_ptr, scale_ptr,
                                    res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
                                    beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
@@ -75,7 +86,8 @@ if triton is not None and TensorDescriptor is not None:
             INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
             RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, PERSISTENT: tl.constexpr = 0):
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, PERSISTENT: tl.constexpr = 0,
+            RES_MMA: tl.constexpr = False):
         """One tile per program, or with PERSISTENT a program per SM slot walking the tiles in one
         loop that the compiler pipelines as one: flattened (PERSISTENT_FLAT), so that the next tile's
         bulk copies are in flight during this tile's epilogue, or warp-specialized (PERSISTENT_WS),
@@ -85,7 +97,7 @@ if triton is not None and TensorDescriptor is not None:
             _gemm_tma_tile(tl.program_id(0), x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, K, OH, OW,
                            y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
                            HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, EPILOGUE_HALVES, BLOCK_M, BLOCK_N,
-                           BLOCK_K, GROUP_M)
+                           BLOCK_K, GROUP_M, RES_MMA)
         else:
             tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(COUT, BLOCK_N)
             for tile_id in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=PERSISTENT == 1,
@@ -93,12 +105,15 @@ if triton is not None and TensorDescriptor is not None:
                 _gemm_tma_tile(tile_id, x_desc, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, M, COUT, K, OH, OW,
                                y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
                                HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, EPILOGUE_HALVES, BLOCK_M,
-                               BLOCK_N, BLOCK_K, GROUP_M)
+                               BLOCK_N, BLOCK_K, GROUP_M, RES_MMA)
 
 
 GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
 HALVES_SUFFIX = "_e2"
+# A halved epilogue whose residual of INT8 codes comes through the tensor cores, as the resident
+# kernel's `_m` tiles (resident_gemm.RESIDUAL_PREFETCH).
+RESIDUAL_MMA_SUFFIX = "_m"
 # How a persistent tile walks its tiles (the kernel's PERSISTENT), by name suffix: "_pf2" is
 # flattened with two programs per SM, "_ws1" warp-specialized with one.
 PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
@@ -111,7 +126,8 @@ class GemmTmaTile:
     runs over two halves of the columns in turn (name suffix "_e2"), with half of the float values
     and residual live at once, as conv_igemm's `_e2` tiles. `persistent` (PERSISTENT_FLAT or
     PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM that walk
-    the tiles between them."""
+    the tiles between them. `residual_mma` (suffix "_m", halved one-tile tiles only): a residual of INT8
+    codes is loaded before the K steps and added through the tensor cores (see resident_gemm's `_m`)."""
     block_m: int
     block_n: int
     block_k: int
@@ -120,11 +136,12 @@ class GemmTmaTile:
     halves: bool = False
     persistent: int = 0
     programs_per_sm: int = 1
+    residual_mma: bool = False
 
     @property
     def name(self) -> str:
         return (f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-                + (HALVES_SUFFIX if self.halves else "")
+                + (HALVES_SUFFIX if self.halves else "") + (RESIDUAL_MMA_SUFFIX if self.residual_mma else "")
                 + (f"{PERSISTENT_SUFFIXES[self.persistent]}{self.programs_per_sm}" if self.persistent else ""))
 
     @classmethod
@@ -138,19 +155,21 @@ class GemmTmaTile:
             if found and count.isdigit():
                 body, persistent, programs = head, mode, int(count)
                 break
+        residual_mma = body.endswith(HALVES_SUFFIX + RESIDUAL_MMA_SUFFIX)
+        body = body.removesuffix(RESIDUAL_MMA_SUFFIX) if residual_mma else body
         halves = body.endswith(HALVES_SUFFIX)
         try:
             tile, warps, stages = body.removesuffix(HALVES_SUFFIX).split("_")
             bm, bn, bk = (int(v) for v in tile.split("x"))
             if not (warps.startswith("w") and stages.startswith("s")):
                 return None
-            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves, persistent, programs)
+            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves, persistent, programs, residual_mma)
         except ValueError:
             return None
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
         powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
         return (parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2
-                and programs > 0 else None)
+                and programs > 0 and not (residual_mma and persistent) else None)
 
 
 # Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
@@ -202,11 +221,12 @@ def gemm_tma_applies(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
 
 
 def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | None, effort: int,
-                     residual: bool = False) -> list[str]:
+                     residual: bool = False, residual_codes: bool = False) -> list[str]:
     """The candidates the builder times at this effort for this layer (none where they do not apply):
     the tiles, fitted to a short K, and their halved-epilogue variants where the epilogue holds
-    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide); from PERSISTENT_MIN_EFFORT
-    the persistent variants as well."""
+    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide), each of those one tile per
+    program also with its residual through the tensor cores where that is INT8 codes
+    (`residual_codes`); from PERSISTENT_MIN_EFFORT the persistent variants as well."""
     if not gemm_tma_applies(x, w_shape, geometry):
         return []
     chosen = GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]
@@ -217,6 +237,8 @@ def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
                          if (residual or tile.block_n >= HALVES_MIN_BLOCK_N) and tile.persistent != PERSISTENT_WS]
 
     tiles = with_halves(list(chosen))
+    if residual and residual_codes:
+        tiles += [replace(tile, residual_mma=True) for tile in tiles if tile.halves]
     if effort >= PERSISTENT_MIN_EFFORT:
         tiles += with_halves([replace(tile, persistent=mode, programs_per_sm=programs) for programs in PROGRAMS_PER_SM
                               for mode, among in ((PERSISTENT_FLAT, chosen[:FLAT_TILES]),
@@ -249,6 +271,9 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         raise ValueError(f"gemm_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
                          f"is not {code} codes of a 1×1 stride-1 layer whose rows a bulk copy can address")
     del input_inv_scale  # the input is codes already (checked above)
+    if tile.residual_mma and residual is not None and residual.dtype != torch.int8:
+        raise ValueError(f"gemm_tma: {tile.name} takes a residual of INT8 codes through the tensor cores, not "
+                         f"{residual.dtype}")
     cout, k = w_packed.shape[0], x.shape[1]
     if x.dim() == 4:
         n, _, oh, ow = x.shape
@@ -276,7 +301,8 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
                            residual if residual is not None else y, y, m, cout, k, oh, ow, pixel_stride(y),
                            *rs, *scalars, **flags, EPILOGUE_HALVES=tile.halves, BLOCK_M=tile.block_m,
                            BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                           GROUP_M=GROUP_M, PDL=pdl, PERSISTENT=tile.persistent, **launch_options(pdl),
+                           GROUP_M=GROUP_M, PDL=pdl, PERSISTENT=tile.persistent,
+                           RES_MMA=tile.residual_mma and residual is not None, **launch_options(pdl),
                            num_warps=tile.warps,
                            num_stages=tile.stages,
                            enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)

@@ -27,7 +27,7 @@ if triton is not None:
 
     from .tile_steps import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
                              _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
-                             _residual_halves_through_mma, pixel_coords)
+                             _codes_halves_through_mma, _identity, _residual_tile, pixel_coords)
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -106,15 +106,14 @@ if triton is not None:
             res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
                                               srw, BLOCK_N)
         if RES_PREFETCH == 3:
-            identity_rows = tl.arange(0, BLOCK_N)
-            identity = (identity_rows[:, None] == identity_rows[None, :]).to(tl.int8)
+            identity = _identity(BLOCK_N)
         for t in range(TILES):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
             if RES_PREFETCH == 3:  # this tile's residual codes, through the tensor cores
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                res_lo, res_hi = _residual_halves_through_mma(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn,
-                                                              src, srh, srw, identity, BLOCK_M, BLOCK_N)
+                codes = _residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N)
+                res_lo, res_hi = _codes_halves_through_mma(codes, identity, BLOCK_M, BLOCK_N)
             if RES_PREFETCH == 1:  # this tile's residual, asked for before its product
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
@@ -172,7 +171,7 @@ RESIDENT_PREFIX = "resident_"
 #   2 ("_r"): one row tile ahead, carried to the next iteration (more registers, a layout conversion
 #      more per half: bench/kernel_asm.py);
 #   3 ("_m"): INT8 codes only, at the start of the tile's iteration as a product's operand: codes · I
-#      on the tensor cores (`_residual_halves_through_mma`). Loaded into registers, the codes made the
+#      on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes made the
 #      compiler convert each half's float32 values through shared memory; this way only the INT8
 #      output is (sm_90, layer1's conv3 in the 64×64 `_c_g` tile: 438 → 399 instructions a row
 #      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers).

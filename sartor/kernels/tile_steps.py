@@ -360,23 +360,33 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _residual_halves_through_mma(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, identity,
-                                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The residual's INT8 codes of this tile as float32 in the accumulator's own layout, in the
-        two column halves the epilogue takes: codes · I on the tensor cores. Loaded into registers
-        (`_residual_halves`), the codes sit in a coalesced layout, so the compiler converted the
-        float32 products to it through shared memory before adding them: 16 KB a 64×64 tile, with
-        bank conflicts on its stores (ResNet-50's layer1 conv3, Nsight Compute, session 25). As a
-        product's operand the codes go to shared memory by asynchronous copies and come back in the
-        accumulator's layout, converted exactly. `identity`: the BLOCK_N × BLOCK_N identity in
-        INT8. (A product accumulated onto 0x4B400000 and decoded as in _codes_to_float took 32 more
-        instructions per thread and 64×64 tile on sm_90: the accumulator's initial values are moved
-        into registers, where a zero one is not, and the subtraction.)"""
+    def _residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N: tl.constexpr):
+        """The residual's whole tile (BLOCK_N columns from `first_column`), as stored."""
         offs_n = first_column + tl.arange(0, BLOCK_N)
-        codes = _load_residual(res_ptr, offs_n, m_ok[:, None] & (offs_n < COUT)[None, :], n_idx, oh, ow, srn, src,
-                               srh, srw)
+        return _load_residual(res_ptr, offs_n, m_ok[:, None] & (offs_n < COUT)[None, :], n_idx, oh, ow, srn, src, srh,
+                              srw)
+
+    @triton.jit
+    def _codes_halves_through_mma(codes, identity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """A residual tile of INT8 codes (`_residual_tile`) as float32 in the accumulator's own
+        layout, in the two column halves the epilogue takes: codes · I on the tensor cores, converted
+        exactly. Loaded into registers (`_residual_halves`), the codes sit in a coalesced layout, so
+        the compiler converted the float32 products to it through shared memory before adding them:
+        16 KB a 64×64 tile, with bank conflicts on its stores (ResNet-50's layer1 conv3, Nsight
+        Compute, session 25). As a product's operand the codes go through shared memory once, as
+        bytes, and come back in the accumulator's layout. `identity`: the BLOCK_N × BLOCK_N identity
+        in INT8 (`_identity`). (A product accumulated onto 0x4B400000 and decoded as in
+        _codes_to_float took 32 more instructions per thread and 64×64 tile on sm_90: the
+        accumulator's initial values are moved into registers, where a zero one is not, and the
+        subtraction.)"""
         values = tl.dot(codes, identity, tl.zeros((BLOCK_M, BLOCK_N), tl.int32), out_dtype=tl.int32).to(tl.float32)
         return tl.split(tl.permute(tl.reshape(values, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+    @triton.jit
+    def _identity(BLOCK_N: tl.constexpr):
+        """The BLOCK_N × BLOCK_N identity in INT8, `_codes_halves_through_mma`'s second operand."""
+        rows = tl.arange(0, BLOCK_N)
+        return (rows[:, None] == rows[None, :]).to(tl.int8)
 
     @triton.jit
     def _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,

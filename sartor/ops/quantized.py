@@ -255,6 +255,7 @@ def _qlayer_tactics(gemm: bool):
             tiles = candidate_tiles(int8=True, effort=effort)
             kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
             residual = len(inputs) > 3 and inputs[3] is not None
+            residual_codes = residual and inputs[3].dtype == torch.int8  # for the `_m` variants
             halved = halved_epilogue_tiles(kernels, residual)
             names += [tile.name for tile in kernels + halved]
             if not gemm:
@@ -262,11 +263,10 @@ def _qlayer_tactics(gemm: bool):
                     kernels + [t for t in halved if not t.residual_early], inputs[0].shape[1],
                     tuple(inputs[1].shape), inputs[1].element_size())]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
-                names += resident_tactics(effort, residual, inputs[1].shape[1],
-                                          residual_codes=residual and inputs[3].dtype == torch.int8)
+                names += resident_tactics(effort, residual, inputs[1].shape[1], residual_codes)
             if not gemm:
                 names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
-            names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort, residual)
+            names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort, residual, residual_codes)
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
