@@ -36,8 +36,9 @@
 #   kernels    the implicit-GEMM, TMA, resident, window, pool, FP8 and tactic-check test files, the
 #              CUDA shared-memory stream tests and the engine's input buffers, and the sm_90
 #              compiles of tests/test_kernel_asm.py with the machine's own Triton, alone (after a
-#              kernel or output-path change; session 25: 304 s before test_kernel_asm joined; carry
-#              .whl/serve, or its two serving files skip: session 21's call 1 had neither)  ~350
+#              kernel or output-path change; session 25: 304 s before test_kernel_asm joined, session
+#              26: 446 s, so a call of its own; carry .whl/serve, or its two serving files skip:
+#              session 21's call 1 had neither)                                              ~450
 #   fallback   the sample detector at batch 32: FP16, INT8 and INT8 --fallback-where-faster
 #              (bench/fallback_where_faster.py)                                              ~200
 #   serve      sartor serve under perf_analyzer (.whl/perf_analyzer.tgz), then the main
@@ -230,7 +231,7 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
                 --inductor-cache "$autotune_cache" --autotune-resume "$autotune_resume" ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
-    kernels) stage kernels 460 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
+    kernels) stage kernels 560 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
                tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
                tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py tests/test_epilogue_fma.py \

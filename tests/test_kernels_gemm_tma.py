@@ -160,11 +160,18 @@ def test_gemm_tma_tile_names_round_trip():
         == list(gemm_tma.GEMM_TMA_TILES[:2])
     assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
     assert THROUGH_MMA.name == "gemm_tma_16x32x32_w1_s1_e2_m" and GemmTmaTile.parse(THROUGH_MMA.name) == THROUGH_MMA
-    # INT8 residual codes: the one-tile-per-program halved tiles also through the tensor cores
-    with_codes = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1, residual=True, residual_codes=True)
-    assert with_codes == first + [n + "_e2" for n in first] + [n + "_e2_m" for n in first]
-    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1, residual_codes=True) == \
-        gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1)  # no residual: nothing to add
+    # INT8 residual codes: from RESIDUAL_MMA_MIN_EFFORT the one-tile-per-program halved tiles also through the
+    # tensor cores; not below it, nor without a residual
+    effort = gemm_tma.RESIDUAL_MMA_MIN_EFFORT
+    with_codes = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort, residual=True,
+                                           residual_codes=True)
+    halved = [n for n in with_codes if n.endswith("_e2")]
+    assert halved and [n + "_m" for n in halved] == [n for n in with_codes if n.endswith("_m")]
+    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort - 1, residual=True,
+                                     residual_codes=True) == gemm_tma.gemm_tma_tactics(
+        wide, (32, 512, 1, 1), ONE_BY_ONE, effort - 1, residual=True)
+    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort, residual_codes=True) == \
+        gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort)
     assert not any(GemmTmaTile.parse(n).residual_mma and GemmTmaTile.parse(n).persistent for n in
                    gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5, residual=True, residual_codes=True))
     assert GemmTmaTile.parse("gemm_tma_128x128x128_w8_s3_e2_pf2") == replace(

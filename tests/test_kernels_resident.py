@@ -14,8 +14,8 @@ pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, RESIDENT_TILES, WIDE_K, WIDE_K_TILE,  # noqa: E402
-                                          Projection, ResidentTile, resident_applies, resident_gemm,
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, MMA_RESIDUAL_MAX_BLOCK_N, RESIDENT_TILES,  # noqa: E402
+                                          WIDE_K, WIDE_K_TILE, Projection, ResidentTile, resident_applies, resident_gemm,
                                           resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
@@ -200,6 +200,11 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with_codes = [name for name in resident_tactics(3, residual=True, residual_codes=True) if name.startswith(first)]
     assert with_codes == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_m", "_e", "_r", "_m_g", "_e_g", "_r_g",
                                                         "_m_c", "_e_c", "_r_c", "_m_c_g", "_e_c_g", "_r_c_g")]
+    widest = [tile for tile in RESIDENT_TILES if tile.block_n > MMA_RESIDUAL_MAX_BLOCK_N]  # 64×256: its identity
+    assert widest and not any(ResidentTile.parse(name).residual_prefetch == 3 and ResidentTile.parse(name).block_n
+                              > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
+    assert any(ResidentTile.parse(name) == replace(widest[0], residual_prefetch=1)
+               for name in resident_tactics(5, True, 256, True))  # the other modes still offered
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
                  SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True)):
         assert ResidentTile.parse(tile.name) == tile

@@ -112,8 +112,13 @@ GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
 HALVES_SUFFIX = "_e2"
 # A halved epilogue whose residual of INT8 codes comes through the tensor cores, as the resident
-# kernel's `_m` tiles (resident_gemm.RESIDUAL_PREFETCH).
+# kernel's `_m` tiles (resident_gemm.RESIDUAL_PREFETCH), which won layer1–3's conv3 on the H200. Here
+# it lost on layer4's conv3 (K = 512, session 26, effort 3, batch 256): 0.0816 against 0.0686 ms
+# and 0.0709 against 0.0515 for the plain halved tiles. Each K step already waits on its bulk
+# copies, and the residual's product adds a fifth of the K steps' products. Timed from this effort
+# on, where the search is wide anyway.
 RESIDUAL_MMA_SUFFIX = "_m"
+RESIDUAL_MMA_MIN_EFFORT = 4
 # How a persistent tile walks its tiles (the kernel's PERSISTENT), by name suffix: "_pf2" is
 # flattened with two programs per SM, "_ws1" warp-specialized with one.
 PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
@@ -224,9 +229,10 @@ def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
                      residual: bool = False, residual_codes: bool = False) -> list[str]:
     """The candidates the builder times at this effort for this layer (none where they do not apply):
     the tiles, fitted to a short K, and their halved-epilogue variants where the epilogue holds
-    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide), each of those one tile per
-    program also with its residual through the tensor cores where that is INT8 codes
-    (`residual_codes`); from PERSISTENT_MIN_EFFORT the persistent variants as well."""
+    much at once (with a residual, or in tiles HALVES_MIN_BLOCK_N wide); from
+    RESIDUAL_MMA_MIN_EFFORT each of those one tile per program also with its residual through the
+    tensor cores where that is INT8 codes (`residual_codes`); from PERSISTENT_MIN_EFFORT the
+    persistent variants as well."""
     if not gemm_tma_applies(x, w_shape, geometry):
         return []
     chosen = GEMM_TMA_TILES[:GEMM_TMA_PER_EFFORT.get(effort, len(GEMM_TMA_TILES))]
@@ -237,7 +243,7 @@ def gemm_tma_tactics(x: torch.Tensor, w_shape: tuple, geometry: ConvGeometry | N
                          if (residual or tile.block_n >= HALVES_MIN_BLOCK_N) and tile.persistent != PERSISTENT_WS]
 
     tiles = with_halves(list(chosen))
-    if residual and residual_codes:
+    if residual and residual_codes and effort >= RESIDUAL_MMA_MIN_EFFORT:
         tiles += [replace(tile, residual_mma=True) for tile in tiles if tile.halves]
     if effort >= PERSISTENT_MIN_EFFORT:
         tiles += with_halves([replace(tile, persistent=mode, programs_per_sm=programs) for programs in PROGRAMS_PER_SM

@@ -178,6 +178,10 @@ RESIDENT_PREFIX = "resident_"
 RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
 MMA_RESIDUAL = 3
+# The `_m` tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns, with which
+# the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session 26's effort-3
+# build rejected all four of its `_m` variants). Wider tiles are not offered `_m`.
+MMA_RESIDUAL_MAX_BLOCK_N = 128
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
 # of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
 # alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
@@ -278,8 +282,9 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
     each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
     those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
-    for a layer with a residual of INT8 codes (`residual_codes`), each of those also with the codes
-    through the tensor cores (`_m`), at every effort; from PREFETCH_MIN_EFFORT, for a layer with a
+    for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
+    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m`), at every
+    effort; from PREFETCH_MIN_EFFORT, for a layer with a
     residual, each also with its residual loaded early (without one, these would be the same
     kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
@@ -292,7 +297,8 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
         modes.append(MMA_RESIDUAL)
     if residual and effort >= PREFETCH_MIN_EFFORT:
         modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode != MMA_RESIDUAL]
-    tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes]
+    tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes
+              if mode != MMA_RESIDUAL or tile.block_n <= MMA_RESIDUAL_MAX_BLOCK_N]
     return [tile.name for tile in tiles]
 
 
