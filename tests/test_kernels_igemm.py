@@ -277,6 +277,11 @@ def test_split_k_float_and_gemm_match_the_single_pass():
                      TileConfig(16, 16, 32, 1, 1, split_k=3), dequant_scale=sg.to(DEVICE), input_inv_scale=9.0)
     assert torch.equal(got.cpu(), expected)
     assert len(candidate_tiles(int8=True, effort=1)) < len(candidate_tiles(int8=True, effort=3))
+    for int8 in (True, False):  # the deep-K 128×128 tile at every effort, once
+        for effort in range(1, 6):
+            tiles = candidate_tiles(int8=int8, effort=effort)
+            assert tiles.count(igemm.DEEP_K_TILES[int8]) == 1 and len(set(tiles)) == len(tiles)
+        assert candidate_tiles(int8=int8, effort=1)[-1] == igemm.DEEP_K_TILES[int8]
 
 
 def test_cpu_layers_offer_only_their_reference():
@@ -514,7 +519,9 @@ def test_weight_tma_variants_are_named_offered_and_refused_where_they_cannot_loa
     assert TileConfig.parse("igemm_16x16x32_w1_s1_wt_e2") is None
     assert TileConfig.parse("igemm_16x16x32_w1_s1_pt_wt") is None  # the padded walk loads by threads
     tiles = candidate_tiles(int8=True, effort=1)
-    assert igemm.weight_tma_tiles(tiles, 64, (64, 64, 3, 3), 1) == [replace(t, weight_tma=True) for t in tiles]
+    whole_blocks = [t for t in tiles if 64 % t.block_k == 0]  # not the deep-K tile's 128-channel K step
+    assert 0 < len(whole_blocks) < len(tiles)
+    assert igemm.weight_tma_tiles(tiles, 64, (64, 64, 3, 3), 1) == [replace(t, weight_tma=True) for t in whole_blocks]
     assert igemm.weight_tma_tiles(tiles, 64, (64, 64, 1, 1), 1) == []
     assert igemm.weight_tma_tiles(tiles, 48, (64, 48, 3, 3), 1) == []  # 48 channels: no whole 64-blocks
     padded = replace(tiles[0], padded_taps=True, block_k=32)
