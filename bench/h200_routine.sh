@@ -22,10 +22,10 @@
 #              side by side): a kernel change's gain layer by layer, free of the machine-to-machine
 #              spread                                                                      ~320
 #   tiles      named INT8 tiles at batch 256 (bench/tiles_probe.py): on the expanding 1×1 layers of
-#              layers 1–3 ($TILES or the list below) the winners of session 22's builds beside
-#              resident tiles with 2 stages or 8 warps (more programs per SM at K = 256) and the
-#              persistent gemm_tma variants; on layer1's 3×3 ($TMA_TILES) the TMA tile beside its
-#              persistent forms at 1–4 programs per SM; the persistent ones' first GPU run  ~180
+#              layers 1–3 ($TILES or the list below) session 26's winner (`_m_c_g`, the residual
+#              through the tensor cores) beside the tile it replaced and `_m` shapes no build times
+#              yet (16 row tiles a program, 4 stages, 128 rows on 8 warps); on layer1's 3×3
+#              ($TMA_TILES) the TMA tile beside its persistent forms at 1–4 programs per SM  ~120
 #   detectors  the sample detector and YOLOv8n (needs .carry/yolov8n.onnx) at batch 32 and 1,
 #              FP16 and INT8, against the peers                                              ~300
 #   profile    ResNet-50 INT8 at batch 256, step by step (bench/profile_engine.py)           ~90
@@ -166,9 +166,8 @@ for name in "$@"; do
                 && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/new/' ;;
     tiles) stage tiles 300 bash -c 'python bench/tiles_probe.py --out /tmp/routine/tiles/one_by_one \
              --layers layer3.conv3,layer2.conv3,layer1.conv3 --tiles "${TILES:-resident_64x64_t8_w4_s3_c_g,\
-resident_64x128_t8_w4_s2_e_g,resident_64x64_t8_w4_s2_c_g,resident_64x128_t8_w8_s2_g,gemm_tma_128x128x128_w8_s3_e2,\
-gemm_tma_128x128x128_w8_s3_e2_pf1,gemm_tma_128x128x128_w8_s3_e2_pf2,gemm_tma_128x256x64_w8_s3_e2_pf1,\
-gemm_tma_64x128x128_w4_s4_ws1,gemm_tma_64x128x128_w4_s4_ws2}"
+resident_64x64_t8_w4_s3_m_c_g,resident_64x64_t16_w4_s3_m_c_g,resident_64x64_t8_w4_s4_m_c_g,\
+resident_128x64_t8_w8_s3_m_c_g,resident_64x128_t8_w4_s2_m_c_g,resident_64x128_t8_w4_s2_e_g}"
            python bench/tiles_probe.py --out /tmp/routine/tiles/three_by_three --layers layer1.conv2 \
              --tiles "${TMA_TILES:-tma_8x16x64x64_w4_s4,tma_8x16x64x64_w4_s4_p,tma_8x16x64x64_w4_s4_p2,\
 tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
