@@ -25,7 +25,8 @@ from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, ql
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
 SMALL = ResidentTile(16, 32, 3, 1, 1)  # small enough for the interpreter; 3 row tiles per program
-SMALL_EARLY, SMALL_AHEAD, SMALL_MMA = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode) for mode in (1, 2, 3))
+SMALL_EARLY, SMALL_AHEAD, SMALL_MMA, SMALL_MMA_BITS = (ResidentTile(16, 32, 3, 1, 1, residual_prefetch=mode)
+                                                       for mode in (1, 2, 3, 4))
 SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
 SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and scale loaded once per program
 
@@ -36,7 +37,8 @@ SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and s
 @pytest.mark.parametrize("tile", [SMALL, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT,
                                   replace(SMALL_AHEAD, n_adjacent=True), SMALL_COLUMNS,
                                   replace(SMALL_AHEAD, n_adjacent=True, columns_loaded=True), SMALL_MMA,
-                                  replace(SMALL_MMA, n_adjacent=True, columns_loaded=True)],
+                                  replace(SMALL_MMA, n_adjacent=True, columns_loaded=True), SMALL_MMA_BITS,
+                                  replace(SMALL_MMA_BITS, n_adjacent=True, columns_loaded=True)],
                          ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
@@ -195,18 +197,20 @@ def test_resident_applies_to_one_block_1x1_layers_only():
                                                            "_r_c", "_e_c_g", "_r_c_g")]
     # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort; not without a residual
     assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
-        first + suffix for suffix in ("_m", "_m_g", "_m_c", "_m_c_g")]
+        first + suffix for suffix in ("_m", "_mb", "_m_g", "_mb_g", "_m_c", "_mb_c", "_m_c_g", "_mb_c_g")]
     assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
     with_codes = [name for name in resident_tactics(3, residual=True, residual_codes=True) if name.startswith(first)]
-    assert with_codes == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_m", "_e", "_r", "_m_g", "_e_g", "_r_g",
-                                                        "_m_c", "_e_c", "_r_c", "_m_c_g", "_e_c_g", "_r_c_g")]
+    variants = ("", "_g", "_c", "_c_g")
+    assert with_codes == [first + variant for variant in variants] + [
+        first + mode + variant for variant in variants for mode in ("_m", "_mb", "_e", "_r")]
     widest = [tile for tile in RESIDENT_TILES if tile.block_n > MMA_RESIDUAL_MAX_BLOCK_N]  # 64×256: its identity
-    assert widest and not any(ResidentTile.parse(name).residual_prefetch == 3 and ResidentTile.parse(name).block_n
+    assert widest and not any(ResidentTile.parse(name).residual_prefetch in (3, 4) and ResidentTile.parse(name).block_n
                               > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
     assert any(ResidentTile.parse(name) == replace(widest[0], residual_prefetch=1)
                for name in resident_tactics(5, True, 256, True))  # the other modes still offered
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
-                 SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True)):
+                 SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True), SMALL_MMA_BITS,
+                 replace(SMALL_MMA_BITS, columns_loaded=True)):
         assert ResidentTile.parse(tile.name) == tile
     assert [ResidentTile.parse(name).residual_prefetch for name in with_residual] == [0, 0, 0, 0] + [1, 2] * 4
     assert [ResidentTile.parse(name).n_adjacent for name in with_residual] == [False, True] * 2 + [False, False,

@@ -105,15 +105,15 @@ if triton is not None:
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
             res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
                                               srw, BLOCK_N)
-        if RES_PREFETCH == 3:
+        if RES_PREFETCH >= 3:
             identity = _identity(BLOCK_N)
         for t in range(TILES):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
-            if RES_PREFETCH == 3:  # this tile's residual codes, through the tensor cores
+            if RES_PREFETCH >= 3:  # this tile's residual codes, through the tensor cores
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 codes = _residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N)
-                res_lo, res_hi = _codes_halves_through_mma(codes, identity, BLOCK_M, BLOCK_N)
+                res_lo, res_hi = _codes_halves_through_mma(codes, identity, BLOCK_M, BLOCK_N, RES_PREFETCH == 4)
             if RES_PREFETCH == 1:  # this tile's residual, asked for before its product
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
@@ -174,11 +174,14 @@ RESIDENT_PREFIX = "resident_"
 #      on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes made the
 #      compiler convert each half's float32 values through shared memory; this way only the INT8
 #      output is (sm_90, layer1's conv3 in the 64×64 `_c_g` tile: 438 → 399 instructions a row
-#      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers).
-RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m"}
+#      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers). It won all eleven conv3
+#      layers with a residual of ResNet-50's layers 1–3 on the H200 (session 26);
+#   4 ("_mb"): as "_m", the sums decoded from their bits rather than converted (DECODE_BITS of
+#      `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more).
+RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
-MMA_RESIDUAL = 3
-# The `_m` tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns, with which
+MMA_RESIDUAL = (3, 4)
+# The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns, with which
 # the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session 26's effort-3
 # build rejected all four of its `_m` variants). Wider tiles are not offered `_m`.
 MMA_RESIDUAL_MAX_BLOCK_N = 128
@@ -283,8 +286,8 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
     those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
     for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
-    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m`), at every
-    effort; from PREFETCH_MIN_EFFORT, for a layer with a
+    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m`, `_mb`), at
+    every effort; from PREFETCH_MIN_EFFORT, for a layer with a
     residual, each also with its residual loaded early (without one, these would be the same
     kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
@@ -294,11 +297,11 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     tiles += [replace(tile, columns_loaded=True) for tile in tiles]
     modes = []
     if residual and residual_codes:
-        modes.append(MMA_RESIDUAL)
+        modes += MMA_RESIDUAL
     if residual and effort >= PREFETCH_MIN_EFFORT:
-        modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode != MMA_RESIDUAL]
+        modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode not in MMA_RESIDUAL]
     tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes
-              if mode != MMA_RESIDUAL or tile.block_n <= MMA_RESIDUAL_MAX_BLOCK_N]
+              if mode not in MMA_RESIDUAL or tile.block_n <= MMA_RESIDUAL_MAX_BLOCK_N]
     return [tile.name for tile in tiles]
 
 
@@ -381,7 +384,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                          f"channels of evenly spaced pixels, K ≤ {MAX_RESIDENT_K}")
     if projection is not None and residual is not None:
         raise ValueError("resident_gemm: a layer with a projection has no other residual")
-    if tile.residual_prefetch == MMA_RESIDUAL and residual is not None and residual.dtype != torch.int8:
+    if tile.residual_prefetch in MMA_RESIDUAL and residual is not None and residual.dtype != torch.int8:
         raise ValueError(f"resident_gemm: {tile.name} takes a residual of INT8 codes through the tensor cores, "
                          f"not {residual.dtype}")
     cout = w_packed.shape[0]

@@ -367,7 +367,8 @@ if triton is not None:
                               srw)
 
     @triton.jit
-    def _codes_halves_through_mma(codes, identity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def _codes_halves_through_mma(codes, identity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  DECODE_BITS: tl.constexpr = False):
         """A residual tile of INT8 codes (`_residual_tile`) as float32 in the accumulator's own
         layout, in the two column halves the epilogue takes: codes · I on the tensor cores, converted
         exactly. Loaded into registers (`_residual_halves`), the codes sit in a coalesced layout, so
@@ -375,11 +376,22 @@ if triton is not None:
         16 KB a 64×64 tile, with bank conflicts on its stores (ResNet-50's layer1 conv3, Nsight
         Compute, session 25). As a product's operand the codes go through shared memory once, as
         bytes, and come back in the accumulator's layout. `identity`: the BLOCK_N × BLOCK_N identity
-        in INT8 (`_identity`). (A product accumulated onto 0x4B400000 and decoded as in
-        _codes_to_float took 32 more instructions per thread and 64×64 tile on sm_90: the
-        accumulator's initial values are moved into registers, where a zero one is not, and the
-        subtraction.)"""
-        values = tl.dot(codes, identity, tl.zeros((BLOCK_M, BLOCK_N), tl.int32), out_dtype=tl.int32).to(tl.float32)
+        in INT8 (`_identity`).
+
+        The int32 sums become float32 by a conversion instruction, or with DECODE_BITS without one:
+        the product accumulates onto 0x4B400000, the bits of 1.5·2^23, so each sum's bits are the
+        float 1.5·2^23 + code exactly (see _codes_to_float) and one subtraction decodes it. On sm_90
+        that is 32 more instructions per thread and 64×64 tile (moves of the initial value, the
+        subtractions) for 32 fewer conversions; conversions issue at 16 a clock per SM, a quarter
+        of the integer rate and an eighth of float additions (CUDA programming guide; Triton
+        replaced Hopper's int8 → bf16 conversions with bit operations for that, triton-lang/triton
+        #4563), so the builder times both."""
+        if DECODE_BITS:
+            bits = tl.dot(codes, identity, tl.full((BLOCK_M, BLOCK_N), 0x4B400000, tl.int32), out_dtype=tl.int32)
+            values = bits.to(tl.float32, bitcast=True) - 12582912.0
+        else:
+            values = tl.dot(codes, identity, tl.zeros((BLOCK_M, BLOCK_N), tl.int32),
+                            out_dtype=tl.int32).to(tl.float32)
         return tl.split(tl.permute(tl.reshape(values, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
     @triton.jit
