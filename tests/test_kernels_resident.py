@@ -231,6 +231,15 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
     assert any(name.startswith("resident_") for name in one)
     three = registry.tactics([x, torch.zeros(32, 64, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
     assert three and not any(name.startswith("resident_") for name in three)
+    # the residual through the tensor cores: for a residual of INT8 codes, not for a float one
+    w, bias, scale = (torch.zeros(32, 64, 1, 1, dtype=torch.int8, device="cuda"),
+                      torch.zeros(32, dtype=torch.int32, device="cuda"), torch.ones(32, device="cuda"))
+    residual = torch.zeros(1, 32, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    codes = registry.tactics([x, w, bias, residual.to(torch.int8), scale], {}, 1)
+    floats = registry.tactics([x, w, bias, residual, scale], {}, 1)
+    through = [name for name in codes if ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3]
+    assert {ResidentTile.parse(name).residual_prefetch for name in through} == {3, 4}
+    assert not any(ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3 for name in floats)
 
 
 def test_a_projection_that_does_not_fit_the_layer_is_refused():
