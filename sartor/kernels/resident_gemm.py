@@ -181,9 +181,9 @@ RESIDENT_PREFIX = "resident_"
 RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
 MMA_RESIDUAL = (3, 4)
-# The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns, with which
-# the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session 26's effort-3
-# build rejected all four of its `_m` variants). Wider tiles are not offered `_m`.
+# The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
+# with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
+# 26's effort-3 build rejected all four of its `_m` variants). Wider tiles are not offered them.
 MMA_RESIDUAL_MAX_BLOCK_N = 128
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
 # of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
@@ -287,9 +287,8 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
     for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
     MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m`, `_mb`), at
-    every effort; from PREFETCH_MIN_EFFORT, for a layer with a
-    residual, each also with its residual loaded early (without one, these would be the same
-    kernel)."""
+    every effort; from PREFETCH_MIN_EFFORT, for a layer with a residual, each also with its residual
+    loaded early (without one, these would be the same kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
