@@ -43,7 +43,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from sartor.kernels import conv_igemm, conv_tma, gemm_tma, resident_gemm, window_resident  # noqa: E402
 from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
-from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
+from sartor.kernels.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
@@ -352,6 +352,9 @@ def main() -> None:
     parser.add_argument("--resident-tiles", type=lambda text: text.split(","), default=None,
                         help="comma-separated resident tactics (e.g. resident_64x64_t8_w4_s2_c_g) instead of every "
                              "one the builder knows: a tile not yet among them")
+    parser.add_argument("--sums-decoded", action="store_true",
+                        help="compile the INT8 epilogues that decode their int32 sums from bits (tile_steps "
+                             "SUMS_DECODED, a layer whose weights bound its sums below 2^22) instead of converting")
     args = parser.parse_args()
     if args.resident_tiles and None in map(resident_gemm.ResidentTile.parse, args.resident_tiles):
         parser.error(f"--resident-tiles: not resident tactics: {args.resident_tiles}")
@@ -360,6 +363,8 @@ def main() -> None:
     print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "
           + " ".join(f"{name:>9}" for name in PATTERNS) + " " + " ".join(f"{name:>4}" for name in SASS_CONVERSIONS))
     for label, fn, values, constexprs, warps, stages in layer_cases(args.layer, args.resident_tiles):
+        if args.sums_decoded and constexprs.get("INT8"):
+            constexprs = dict(constexprs, INT8=SUMS_DECODED)
         try:
             kernel = compile_for(fn, values, constexprs, warps, stages, target, args.pdl)
             report = ptxas_report(kernel.asm["ptx"], args.arch)

@@ -202,6 +202,10 @@ def test_engine_carries_the_projection_and_tracks_onnxruntime(tmp_path):
     assert [n.name for n in engine.graph.nodes if len(n.inputs) == 9] == ["c3"]
     layer = next(layer for layer in engine.header["layers"] if layer["name"] == "c3")
     assert layer["origin"][-1] == "ds" and epilogue(layer["attrs"]) == "+ projected residual → Relu"  # inspect
+    # passes/bound_accumulators.py ran after the fusion: the bound covers the projection's product.
+    assert any("decode their int32 sums" in line for line in result.log)
+    fused = next(n for n in engine.graph.nodes if n.name == "c3")
+    assert 0 < fused.attrs["accumulator_bound"] < 2 ** 22
     images = _images(31, 2)
     got = next(iter(engine.context().run({"images": images}).values()))
     expected = run_ort(model, {"images": images})["head_out"]

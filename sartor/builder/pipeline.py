@@ -16,10 +16,12 @@ from ..ir import Graph, verify_graph
 from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
 from ..ops.fp8 import is_fp8
-from ..ops.quantized import SPLIT_PREFIX
 from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
+from ..kernels.tile_steps import sums_decoded
+from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
 from ..passes import optimize
+from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..runtime.engine_file import check_writable, pack, write_atomic
 from ..runtime.executor import Executor
@@ -317,6 +319,11 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("bias")
 
+    bounded = bound_accumulators(graph)
+    if bounded:
+        decoded = sum(sums_decoded(node.attrs.get(ACCUMULATOR_BOUND)) for node in graph.nodes)
+        log.append(f"quantize: {decoded} of {bounded} INT8 layer(s) decode their int32 sums from bits, their bound "
+                   f"below 2^22 (passes/bound_accumulators.py)")
     stage("tactics")
     selections = [TacticSelection()]
     if config.builder_effort > 0:

@@ -491,6 +491,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                residual_after_activation: bool = False, input_inv_scale: float | None = None,
                residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+               accumulator_bound: int | None = None,
                fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
                pdl: bool = False) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
@@ -532,7 +533,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     scalars, epilogue = epilogue_arguments(
         quantized=quantized, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
     # one rounding) can move a value across a quantization boundary.
     fusion = not quantized
@@ -560,7 +562,8 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
                          dequant_scale: torch.Tensor, residual: torch.Tensor | None = None,
                          activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                          residual_after_activation: bool = False, residual_scale: float | None = None,
-                         output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                         output_inv_scale: float | None = None, qmin: int = -127,
+                         accumulator_bound: int | None = None, fp8: bool = False,
                          out: torch.Tensor | None = None) -> torch.Tensor:
     """An INT8 (FP8) layer's epilogue over accumulators a library GEMM computed: `acc` [M, Cout]
     row-major, int32 (FP8: float32), for the M = N·OH·OW output pixels of `out_shape` [N, Cout,
@@ -577,7 +580,8 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     # One share; INT8 and FP8 round as the emulation does (see conv_igemm), so no FMA contraction.
     _accumulators_to_output(acc, 1, bias if bias is not None else acc, dequant_scale,
                             res4 if res4 is not None else y, res4.stride() if res4 is not None else (0, 0, 0, 0), y,

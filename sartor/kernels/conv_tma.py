@@ -238,6 +238,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None = None, alpha: float | None = None, beta: float | None = None,
              residual_after_activation: bool = False, input_inv_scale: float | None = None,
              residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+             accumulator_bound: int | None = None,
              fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) convolution y = epilogue(conv(x, w)) for x [N, C, H, W] 8-bit codes,
     channels-last (or a channel slice of it), w_packed [Cout, C, kh, kw] packed K-major by
@@ -263,7 +264,8 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     tiles = n * triton.cdiv(oh, tile.bh) * triton.cdiv(ow, tile.bw) * triton.cdiv(cout, tile.block_n)
     tensors = (x_desc, w_desc, bias if bias is not None else w_packed, dequant_scale,
                residual if residual is not None else y, y)

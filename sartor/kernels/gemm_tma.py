@@ -267,6 +267,7 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None = None, alpha: float | None = None, beta: float | None = None,
              residual_after_activation: bool = False, input_inv_scale: float | None = None,
              residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
+             accumulator_bound: int | None = None,
              fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """y = epilogue(x · wᵀ) for x 8-bit codes, [N, C, H, W] channels-last (or a channel slice of
     it) or [M, C] row-major, and w_packed [Cout, C, 1, 1] packed K-major by `pack_weight` (or [Cout,
@@ -298,7 +299,8 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     programs = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)  # one per tile
     if tile.persistent:
         programs = min(programs, tile.programs_per_sm * (multiprocessors(x.device) or PERSISTENT_PROGRAMS_WITHOUT_GPU))

@@ -368,7 +368,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                   dequant_scale: torch.Tensor, residual: torch.Tensor | None = None, activation: str | None = None,
                   alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
                   input_inv_scale: float | None = None, residual_scale: float | None = None,
-                  output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                  output_inv_scale: float | None = None, qmin: int = -127,
+                  accumulator_bound: int | None = None, fp8: bool = False,
                   out: torch.Tensor | None = None, pdl: bool = False, strides: tuple = (1, 1),
                   projection: Projection | None = None) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
@@ -404,7 +405,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     if projection is not None:  # the epilogue adds the projection's float32 values as its residual
         flags.update(HAS_RES=True, RES_QUANT=False)
     _resident_gemm_kernel[tile.grid(rows, cout)](

@@ -13,6 +13,15 @@ import torch
 
 from .epilogue import ACTIVATION_CODES, triton
 
+# How an INT8 kernel's epilogue turns its int32 sums (with the bias) into float32: the value of its
+# INT8 constexpr (False: the layer is not INT8). SUMS_CONVERTED: by a conversion instruction, which
+# Hopper issues at 16 a clock per SM, an eighth of a float add's rate, one per output value.
+# SUMS_DECODED: the sum plus 0x4B400000 (the bits of 1.5·2^23) is, as bits, the float 1.5·2^23 + sum
+# exactly while |sum| < DECODABLE_SUM, so one float subtraction decodes it; a layer's kernels take it
+# only where its weights bound every sum below that (`passes/bound_accumulators.py`).
+SUMS_CONVERTED, SUMS_DECODED = 1, 2
+DECODABLE_SUM = 2 ** 22
+
 if triton is not None:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
@@ -201,6 +210,7 @@ if triton is not None:
     # The same decision for the epilogue's fused multiply-adds (interpreted: _fma_round_to_odd) and
     # its inline PTX (_packed_codes_to_float), which the interpreter cannot run.
     COMPILED = FP8_HARDWARE_ROUNDING
+    _SUMS_DECODED = tl.constexpr(SUMS_DECODED)
 
     @triton.jit
     def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
@@ -256,7 +266,14 @@ if triton is not None:
             bias, scale = bias_ptr, scale_ptr
         else:
             bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
-        if INT8:
+        if INT8 == _SUMS_DECODED:
+            # The bias and 0x4B400000 are added to the columns first: one integer add per sum.
+            if HAS_BIAS:
+                acc += (bias + 0x4B400000)[None, :]
+            else:
+                acc += 0x4B400000
+            y = (acc.to(tl.float32, bitcast=True) - 12582912.0) * scale[None, :]
+        elif INT8:
             if HAS_BIAS:
                 acc += bias[None, :]
             y = acc.to(tl.float32) * scale[None, :]
@@ -454,18 +471,28 @@ def residual_pixels(residual_strides: tuple, batch: int, out_hw: tuple) -> tuple
     return (oh, ow), (sn, sc, sh, sw)
 
 
+def sums_decoded(accumulator_bound: int | None) -> bool:
+    """Whether an INT8 layer of this accumulator bound (`passes/bound_accumulators.py`; None: not
+    known) decodes its sums from their bits (SUMS_DECODED)."""
+    return accumulator_bound is not None and accumulator_bound < DECODABLE_SUM
+
+
 def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
                        activation: str | None, alpha: float | None, beta: float | None,
                        residual_after_activation: bool, residual_scale: float | None,
-                       output_inv_scale: float | None, qmin: float) -> tuple[tuple, dict]:
+                       output_inv_scale: float | None, qmin: float,
+                       accumulator_bound: int | None = None) -> tuple[tuple, dict]:
     """The fused epilogue's arguments as this family's kernels take them (`_epilogue_store`): the
     runtime scalars (residual scale, output inverse scale, qmin, alpha, beta) and the constexpr
-    flags."""
+    flags. `accumulator_bound`: a bound on |sum + bias| of an INT8 layer's accumulators
+    (`passes/bound_accumulators.py`), below DECODABLE_SUM for the sums to be decoded from their bits."""
     code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
     scalars = (float(residual_scale or 1.0), float(output_inv_scale or 1.0), float(qmin),
                float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0)
-    flags = dict(INT8=quantized and not fp8, FP8=quantized and fp8, HAS_BIAS=bias is not None,
-                 HAS_RES=residual is not None, RES_QUANT=residual is not None and residual.dtype == code_dtype,
+    int8_sums = SUMS_DECODED if sums_decoded(accumulator_bound) else SUMS_CONVERTED
+    flags = dict(INT8=int8_sums if quantized and not fp8 else False, FP8=quantized and fp8,
+                 HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                 RES_QUANT=residual is not None and residual.dtype == code_dtype,
                  RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
                  OUT_QUANT=quantized and output_inv_scale is not None)
     return scalars, flags

@@ -270,7 +270,8 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
                          residual: torch.Tensor | None = None, activation: str | None = None,
                          alpha: float | None = None, beta: float | None = None,
                          residual_after_activation: bool = False, residual_scale: float | None = None,
-                         output_inv_scale: float | None = None, qmin: int = -127, fp8: bool = False,
+                         output_inv_scale: float | None = None, qmin: int = -127,
+                         accumulator_bound: int | None = None, fp8: bool = False,
                          out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The convolution of the packed pixels `packed` [N, HP, WP, 4] (`window_pack`'s codes) with
     `w_window` [Cout, window, kh, 1] (`window_weight`'s: [Cout, kh, window] in memory) at
@@ -293,7 +294,8 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
-        output_inv_scale=output_inv_scale, qmin=qmin)
+        output_inv_scale=output_inv_scale, qmin=qmin,
+        accumulator_bound=accumulator_bound)
     _window_resident_kernel[resident.grid(rows, cout)](
         packed, w_window, bias if bias is not None else w_window, dequant_scale,
         residual if residual is not None else y, y, rows, cout, oh, ow, packed.stride(0), padded_w * PIXEL_BYTES,

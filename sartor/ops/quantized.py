@@ -310,11 +310,17 @@ def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
     return F.pad(t.view(torch.uint8), (0, extra)).view(t.dtype)
 
 
+# The attribute bounding an INT8 layer's int32 sums (`passes/bound_accumulators.py`), which its kernels
+# take as `accumulator_bound` (`kernels/tile_steps.py`, epilogue_arguments).
+ACCUMULATOR_BOUND = "accumulator_bound"
+
+
 def _int8_epilogue(attrs: dict) -> dict:
     """An INT8 or FP8 layer's epilogue and scales as conv_igemm's keyword arguments."""
     return dict(igemm_epilogue(attrs), input_inv_scale=attrs["input_inv_scale"],
                 residual_scale=attrs.get("residual_scale"), output_inv_scale=attrs.get("output_inv_scale"),
-                qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs))
+                qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs),
+                accumulator_bound=attrs.get(ACCUMULATOR_BOUND))
 
 
 def _programmatic_launch(x: torch.Tensor, attrs: dict) -> bool:

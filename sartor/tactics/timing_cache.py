@@ -31,7 +31,9 @@ import torch
 
 from ..errors import SartorError
 from ..kernels.epilogue import pixel_stride
+from ..kernels.tile_steps import sums_decoded
 from ..ops.conv import conv_geometry
+from ..ops.quantized import ACCUMULATOR_BOUND
 from ..runtime.engine_file import write_atomic
 
 FORMAT = "sartor-timing-cache-1"
@@ -83,6 +85,8 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
              f"precision={precision}", f"tf32={int(bool(tf32))}"]
     if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
         parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
+        if sums_decoded(attrs.get(ACCUMULATOR_BOUND)):  # another epilogue (kernels/tile_steps.py)
+            parts.append("sums=decoded")
     if len(args) > 6 and args[5] is not None:  # a projected QConv (ops/quantized.py): its second product
         parts.append(f"projection={_tensor(args[5])}*{_tensor(args[6])}"
                      f"@{','.join(map(str, attrs.get('projection_strides') or (1, 1)))}")
