@@ -41,6 +41,17 @@ def test_layers_in_both_caches_are_compared_slowest_first(tmp_path, capsys):
     assert lines[6] == "1 only in base: QConv x 256x3x224x224 w 64x3x7x7 strides=2,2"
 
 
+def test_a_layer_whose_sums_are_decoded_is_the_same_layer(tmp_path, capsys):
+    """passes/bound_accumulators.py: the new build's signature names the other epilogue."""
+    base = _cache(tmp_path / "base.json", {EXPANDING: ("resident_a", 0.2)})
+    new = _cache(tmp_path / "new.json", {EXPANDING + " sums=decoded": ("resident_a", 0.18)})
+    compare_timing_caches.main([str(base), str(new)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ("| QConv x 256x64x56x56 w 256x64x1x1 strides=1,1 + residual | resident_a | 0.2000 | "
+                        "resident_a (sums decoded) | 0.1800 | 0.900 |")
+    assert "only in" not in "\n".join(lines)
+
+
 def test_a_cache_of_several_devices_is_refused(tmp_path):
     path = _cache(tmp_path / "two.json", {STEM: ("window", 0.3)})
     cache = TimingCache(path)
