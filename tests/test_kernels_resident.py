@@ -14,9 +14,9 @@ pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, MMA_RESIDUAL_MAX_BLOCK_N, RESIDENT_TILES,  # noqa: E402
-                                          WIDE_K, WIDE_K_TILE, Projection, ResidentTile, resident_applies, resident_gemm,
-                                          resident_tactics)
+from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
+                                          RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection, ResidentTile,
+                                          resident_applies, resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -195,14 +195,17 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with_residual = [name for name in with_residual if name.startswith(first)]
     assert with_residual == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_e", "_r", "_e_g", "_r_g", "_e_c",
                                                            "_r_c", "_e_c_g", "_r_c_g")]
-    # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort; not without a residual
+    # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort, and with
+    # the residual's sums decoded (`_mb`) from MMA_BITS_MIN_EFFORT; not without a residual
     assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
-        first + suffix for suffix in ("_m", "_mb", "_m_g", "_mb_g", "_m_c", "_mb_c", "_m_c_g", "_mb_c_g")]
+        first + suffix for suffix in ("_m", "_m_g", "_m_c", "_m_c_g")]
     assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
-    with_codes = [name for name in resident_tactics(3, residual=True, residual_codes=True) if name.startswith(first)]
     variants = ("", "_g", "_c", "_c_g")
-    assert with_codes == [first + variant for variant in variants] + [
-        first + mode + variant for variant in variants for mode in ("_m", "_mb", "_e", "_r")]
+    for effort, modes in ((3, ("_m", "_e", "_r")), (MMA_BITS_MIN_EFFORT, ("_m", "_mb", "_e", "_r"))):
+        with_codes = [name for name in resident_tactics(effort, residual=True, residual_codes=True)
+                      if name.startswith(first)]
+        assert with_codes == [first + variant for variant in variants] + [
+            first + mode + variant for variant in variants for mode in modes], effort
     widest = [tile for tile in RESIDENT_TILES if tile.block_n > MMA_RESIDUAL_MAX_BLOCK_N]  # 64×256: its identity
     assert widest and not any(ResidentTile.parse(name).residual_prefetch in (3, 4) and ResidentTile.parse(name).block_n
                               > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
@@ -235,11 +238,12 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
     w, bias, scale = (torch.zeros(32, 64, 1, 1, dtype=torch.int8, device="cuda"),
                       torch.zeros(32, dtype=torch.int32, device="cuda"), torch.ones(32, device="cuda"))
     residual = torch.zeros(1, 32, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
-    codes = registry.tactics([x, w, bias, residual.to(torch.int8), scale], {}, 1)
-    floats = registry.tactics([x, w, bias, residual, scale], {}, 1)
-    through = [name for name in codes if ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3]
-    assert {ResidentTile.parse(name).residual_prefetch for name in through} == {3, 4}
-    assert not any(ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3 for name in floats)
+    for effort, modes in ((1, {3}), (MMA_BITS_MIN_EFFORT, {3, 4})):
+        codes = registry.tactics([x, w, bias, residual.to(torch.int8), scale], {}, effort)
+        floats = registry.tactics([x, w, bias, residual, scale], {}, effort)
+        through = [ResidentTile.parse(name) for name in codes if ResidentTile.parse(name)]
+        assert {tile.residual_prefetch for tile in through if tile.residual_prefetch >= 3} == modes
+        assert not any(ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3 for name in floats)
 
 
 def test_a_projection_that_does_not_fit_the_layer_is_refused():

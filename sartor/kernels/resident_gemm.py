@@ -178,9 +178,14 @@ RESIDENT_PREFIX = "resident_"
 #      layers with a residual of ResNet-50's layers 1–3 on the H200 (session 26);
 #   4 ("_mb"): as "_m", the sums decoded from their bits rather than converted (DECODE_BITS of
 #      `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more).
+#      Where the layer's own sums are decoded too (`passes/bound_accumulators.py`: every resident
+#      layer of ResNet-50), `_mb` has no conversion left and still lost to `_m` on every conv3 with
+#      a residual: 0.1659 against 0.1635 ms on layer1's, 0.0966 against 0.0951 on layer2's (H200,
+#      session 27), so it is timed from MMA_BITS_MIN_EFFORT only.
 RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
 MMA_RESIDUAL = (3, 4)
+MMA_BITS_MIN_EFFORT = 4
 # The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
 # with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
 # 26's effort-3 build rejected all four of its `_m` variants). Wider tiles are not offered them.
@@ -286,9 +291,9 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
     those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
     for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
-    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m`, `_mb`), at
-    every effort; from PREFETCH_MIN_EFFORT, for a layer with a residual, each also with its residual
-    loaded early (without one, these would be the same kernel)."""
+    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m` at every
+    effort, `_mb` from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
+    each also with its residual loaded early (without one, these would be the same kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
@@ -296,7 +301,7 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     tiles += [replace(tile, columns_loaded=True) for tile in tiles]
     modes = []
     if residual and residual_codes:
-        modes += MMA_RESIDUAL
+        modes += [mode for mode in MMA_RESIDUAL if mode == 3 or effort >= MMA_BITS_MIN_EFFORT]
     if residual and effort >= PREFETCH_MIN_EFFORT:
         modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode not in MMA_RESIDUAL]
     tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes
