@@ -13,6 +13,8 @@ from int8_layers import on_device, random_int8_conv
 from test_fuse_projected_residual import _quantized, bottleneck
 
 from sartor.kernels.conv_igemm import TileConfig
+from sartor.kernels.conv_tma import TmaTile
+from sartor.kernels.gemm_tma import GemmTmaTile
 from sartor.kernels.resident_gemm import ResidentTile
 from sartor.kernels.tile_steps import DECODABLE_SUM, SUMS_CONVERTED, SUMS_DECODED, epilogue_arguments
 from sartor.ops.quantized import ACCUMULATOR_BOUND, _kernel_tactic, qconv, qlayer_weight_for_tactic
@@ -66,24 +68,32 @@ def test_epilogue_decodes_below_the_limit_only():
 
 
 SMALL_RESIDENT = ResidentTile(16, 32, 3, 1, 1)
+SMALL_RESIDENT_LOADED = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True, columns_loaded=True)  # bias once a program
 SMALL_RESIDENT_CODES_MMA = ResidentTile(16, 32, 3, 1, 1, residual_prefetch=4)  # `_mb`: the residual decoded too
 SMALL_IGEMM = TileConfig(16, 16, 32, 1, 1)
 SMALL_IGEMM_SPLIT = TileConfig(16, 16, 32, 1, 1, split_k=2)  # sums of two shares decoded by the split-K epilogue
+SMALL_TMA = TmaTile(4, 8, 32, 32, 1, 1)
+SMALL_GEMM_TMA = GemmTmaTile(16, 32, 32, 1, 1, halves=True, residual_mma=True)
+TMA_FED = (SMALL_TMA, SMALL_GEMM_TMA)  # INT8 codes in only
 
 
-@pytest.mark.parametrize("tile,kernel", [(SMALL_RESIDENT, 1), (SMALL_RESIDENT_CODES_MMA, 1), (SMALL_IGEMM, 3),
-                                         (SMALL_IGEMM_SPLIT, 3)], ids=lambda v: getattr(v, "name", str(v)))
-@pytest.mark.parametrize("int8_output", [True, False])
-def test_decoding_kernels_equal_the_emulation(tile, kernel, int8_output):
+@pytest.mark.parametrize("tile,kernel", [(SMALL_RESIDENT, 1), (SMALL_RESIDENT_LOADED, 1), (SMALL_RESIDENT_CODES_MMA, 1),
+                                         (SMALL_IGEMM, 3), (SMALL_IGEMM_SPLIT, 3), (SMALL_TMA, 3),
+                                         (SMALL_GEMM_TMA, 1)], ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("int8_output,with_bias", [(True, True), (False, True), (True, False)])
+def test_decoding_kernels_equal_the_emulation(tile, kernel, int8_output, with_bias):
     channels = 64 if kernel == 1 else 32  # uniform random weights: K = 288 keeps 3×3 sums below 2^22
     x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(7 + kernel), channels, 40,
-                                                      kernel=kernel, hw=(7, 5), int8_output=int8_output)
-    bound = product_bound(wq.numpy(), bias.numpy())
+                                                      kernel=kernel, hw=(7, 5), int8_output=int8_output,
+                                                      codes=tile in TMA_FED)
+    bias = bias if with_bias else None
+    bound = product_bound(wq.numpy(), None if bias is None else bias.numpy())
     assert bound < DECODABLE_SUM
     attrs[ACCUMULATOR_BOUND] = bound
     expected = qconv([x, wq, bias, res, scale], attrs)
-    got = _kernel_tactic(on_device(x, DEVICE), qlayer_weight_for_tactic(wq, tile.name).to(DEVICE), bias.to(DEVICE),
-                         on_device(res, DEVICE), scale.to(DEVICE), dict(attrs, tactic=tile.name), gemm=False)
+    got = _kernel_tactic(on_device(x, DEVICE), qlayer_weight_for_tactic(wq, tile.name).to(DEVICE),
+                         None if bias is None else bias.to(DEVICE), on_device(res, DEVICE), scale.to(DEVICE),
+                         dict(attrs, tactic=tile.name), gemm=False)
     assert got is not None, "the kernel did not run"
     assert torch.equal(got.cpu(), expected)
 

@@ -17,6 +17,7 @@ from sartor.ir.graph import Node  # noqa: E402
 from sartor.kernels.conv_igemm import ConvGeometry, row_alignment  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
+from sartor.kernels.tile_steps import DECODABLE_SUM  # noqa: E402
 from sartor.kernels.window_resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
                                             window_alignment, window_resident_conv)
 from sartor.ops import default_registry, quantized  # noqa: E402
@@ -25,6 +26,7 @@ from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import _window_conv, own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
 from sartor.ops.quantized_window import (WINDOW_TILES, window_applies, window_pack, window_resident_tile,  # noqa: E402
                                          window_tactics, window_tile, window_weight)
+from sartor.passes.bound_accumulators import product_bound  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_KERNELS = DEVICE == "cpu" or torch.cuda.get_device_capability() >= (8, 9)
@@ -195,6 +197,22 @@ def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
     direct = _window_conv(*args[:4], args[4], attrs, window_tile(tactic))
     through_the_op = qconv(args, dict(attrs, tactic=tactic))
     return direct, through_the_op
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("tile", [RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED], ids=lambda tile: tile.name)
+def test_resident_window_tactic_decoding_its_sums_equals_the_emulation(with_bias, tile):
+    """The stem's sums decoded from their bits (passes/bound_accumulators.py): the bias and
+    0x4B400000 added per column, loaded per row tile or once per program (`_c`), or 0x4B400000
+    alone without a bias."""
+    x, wq, bias, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(17))
+    bias = bias if with_bias else None
+    attrs.update(output_inv_scale=3.0, accumulator_bound=product_bound(wq.numpy(), None if bias is None else
+                                                                       bias.numpy()))
+    assert attrs["accumulator_bound"] < DECODABLE_SUM
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    for out in _resident_window_run(x, wq, bias, None, scale, attrs, tile):
+        assert out.dtype == torch.int8 and torch.equal(out.cpu(), expected)
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
