@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -239,10 +240,12 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
                     BLOCK_PK=resident_gemm.resident_block_k(pcin))
     cases = []
     tiles = [*map(resident_gemm.ResidentTile.parse, resident_gemm.resident_tactics(5)), quantized.FEW_ROWS_TILE]
+    tiles += [replace(tile, projection_columns_loaded=True) for tile in tiles if tile.columns_loaded and tile.n_adjacent]
     for tile in tiles:
         constexprs = dict(epilogue, TILES=tile.tiles, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                           BLOCK_K=resident_gemm.resident_block_k(cin), RES_PREFETCH=0,
-                          N_ADJACENT=tile.n_adjacent, COLUMNS_LOADED=tile.columns_loaded, STRIDED=False)
+                          N_ADJACENT=tile.n_adjacent, COLUMNS_LOADED=tile.columns_loaded,
+                          PROJ_COLUMNS_LOADED=tile.projection_columns_loaded, STRIDED=False)
         cases.append((tile.name, resident_gemm._resident_gemm_kernel, values, constexprs, tile.warps, tile.stages))
     return cases
 

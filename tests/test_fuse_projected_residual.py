@@ -162,14 +162,17 @@ def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch)
     inputs, attrs = _fused_layer_inputs(precision)
     inputs = [t.to(DEVICE) if t is not None else None for t in inputs]
     reference = qconv(inputs, dict(attrs, tactic="torch"))
+    # bias and scale held by the program; the projection's too (`_cp`)
+    columns_loaded = replace(RESIDENT_TILES[0], columns_loaded=True, n_adjacent=True)
+    projection_columns = replace(columns_loaded, projection_columns_loaded=True)
     if DEVICE == "cuda":
         names = projected_tactics(inputs, attrs, 1)
-        assert RESIDENT_TILES[0].name in names and names[-1] == SPLIT_TACTIC
+        assert RESIDENT_TILES[0].name in names and names[-1] == SPLIT_TACTIC and projection_columns.name in names
     launches = []
     monkeypatch.setattr(quantized, "resident_gemm", lambda *a, **k: launches.append(k.get("projection")) or
                         resident_gemm(*a, **k))
-    columns_loaded = replace(RESIDENT_TILES[0], columns_loaded=True).name  # bias and scale held by the program
-    for tactic, kernels in ((RESIDENT_TILES[0].name, 1), (columns_loaded, 1), (SPLIT_TACTIC, 2)):
+    for tactic, kernels in ((RESIDENT_TILES[0].name, 1), (columns_loaded.name, 1), (projection_columns.name, 1),
+                            (SPLIT_TACTIC, 2)):
         launches.clear()
         got = qconv(inputs, dict(attrs, tactic=tactic))
         assert len(launches) == kernels and (launches[0] is not None) == (kernels == 1)  # the kernel ran, not the emulation

@@ -211,6 +211,10 @@ def test_resident_applies_to_one_block_1x1_layers_only():
                               > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
     assert any(ResidentTile.parse(name) == replace(widest[0], residual_prefetch=1)
                for name in resident_tactics(5, True, 256, True))  # the other modes still offered
+    with pytest.raises(ValueError, match="comes with `_c`"):
+        ResidentTile(64, 64, 8, 4, 3, projection_columns_loaded=True)
+    assert ResidentTile.parse("resident_64x64_t8_w4_s3_cp_g") == ResidentTile(
+        64, 64, 8, 4, 3, n_adjacent=True, columns_loaded=True, projection_columns_loaded=True)
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
                  SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True), SMALL_MMA_BITS,
                  replace(SMALL_MMA_BITS, columns_loaded=True)):
@@ -222,7 +226,8 @@ def test_resident_applies_to_one_block_1x1_layers_only():
         False] * 4 + [True] * 4
     for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
                 "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e",
-                "resident_64x64_t4_w4_s3_g_e", "resident_64x64_t4_w4_s3_g_c", "resident_64x64_t4_w4_s3_c_e"):
+                "resident_64x64_t4_w4_s3_g_e", "resident_64x64_t4_w4_s3_g_c", "resident_64x64_t4_w4_s3_c_e",
+                "resident_64x64_t4_w4_s3_cp_c"):
         assert ResidentTile.parse(bad) is None, bad
 
 

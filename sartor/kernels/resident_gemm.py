@@ -25,7 +25,7 @@ from .tile_steps import epilogue_arguments, residual_pixels
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (_accumulate, _column_halves, _dequantize_tile, _epilogue_store_halves,
+    from .tile_steps import (_accumulate, _column_halves, _column_values, _dequantize_tile, _epilogue_store_halves,
                              _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
                              _codes_halves_through_mma, _identity, _residual_tile, pixel_coords)
     from .pdl import await_previous_kernel
@@ -54,10 +54,12 @@ if triton is not None:
     def _projection_halves(p_ptr, pb, pbias_ptr, pscale_ptr, offs_m, m_ok, offs_n, n_ok, OH, OW, PK, p_row, spn,
                            sph, spw, p_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
                            STRIDED: tl.constexpr, QUANTIZE_INPUT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_PK: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_PK: tl.constexpr,
+                           LOADED: tl.constexpr = False):
         """The projected residual of these rows, dequantized to float32 as the projection layer's own
         epilogue would give it before requantizing (see ops/quantized.py), in the two column halves
-        the epilogue takes: the second product of a projected layer."""
+        the epilogue takes: the second product of a projected layer. LOADED: `pbias_ptr` and
+        `pscale_ptr` hold the columns' values (`_column_values`)."""
         offs_pk = tl.arange(0, BLOCK_PK)
         p_rows = _input_rows(offs_m, OH, OW, p_row, spn, sph, spw, STRIDED)
         a = tl.load(p_ptr + p_rows[:, None] + offs_pk[None, :], mask=m_ok[:, None] & (offs_pk < PK)[None, :],
@@ -67,7 +69,7 @@ if triton is not None:
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = _accumulate(acc, a, pb, p_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_PK)
-        projected = _dequantize_tile(acc, offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, HAS_BIAS)
+        projected = _dequantize_tile(acc, offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, HAS_BIAS, LOADED)
         return tl.split(tl.permute(tl.reshape(projected, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
     @triton.jit
@@ -82,7 +84,8 @@ if triton is not None:
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
             HAS_PROJ: tl.constexpr = False, PROJ_STRIDED: tl.constexpr = False,
             PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
-            BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False):
+            BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
+            PROJ_COLUMNS_LOADED: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -100,6 +103,10 @@ if triton is not None:
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
+        if PROJ_COLUMNS_LOADED:  # and the projection's (ResidentTile `_cp`)
+            pbias, pscale = _column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
+        else:
+            pbias, pscale = pbias_ptr, pscale_ptr
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
@@ -132,10 +139,10 @@ if triton is not None:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
             if HAS_PROJ:
-                res_lo, res_hi = _projection_halves(p_ptr, pb, pbias_ptr, pscale_ptr, offs_m, m_ok, offs_n, n_ok, OH,
-                                                    OW, PK, p_row, spn, sph, spw, p_inv_scale, qmin, INT8, FP8,
-                                                    PROJ_STRIDED, PROJ_QUANTIZE_INPUT, PROJ_HAS_BIAS, BLOCK_M,
-                                                    BLOCK_N, BLOCK_PK)
+                res_lo, res_hi = _projection_halves(p_ptr, pb, pbias, pscale, offs_m, m_ok, offs_n, n_ok, OH, OW, PK,
+                                                    p_row, spn, sph, spw, p_inv_scale, qmin, INT8, FP8, PROJ_STRIDED,
+                                                    PROJ_QUANTIZE_INPUT, PROJ_HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_PK,
+                                                    PROJ_COLUMNS_LOADED)
             # In two halves of the columns (bench/kernel_asm.py: 110 → 72 registers for the 64×64
             # tile on layer1's conv3).
             if COLUMNS_LOADED:
@@ -190,6 +197,9 @@ MMA_BITS_MIN_EFFORT = 4
 # with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
 # 26's effort-3 build rejected all four of its `_m` variants). Wider tiles are not offered them.
 MMA_RESIDUAL_MAX_BLOCK_N = 128
+# `_cp` (the projection's bias and scale held too) spills from 64 × 128 on: 136–232 bytes a thread
+# (sm_90, Triton 3.6, layer1's projected conv3; bench/kernel_asm.py --layer layer1.projected).
+PROJECTION_COLUMNS_MAX_BLOCK_N = 64
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
 # of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
 # alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
@@ -210,7 +220,10 @@ class ResidentTile:
     `_c` (columns_loaded): the epilogue's bias and scale are loaded once per program, not per row
     tile. Per row tile they were 16 of a thread's 20 global loads in layer1's conv3 (sm_90 PTX), whose
     L1 ran 87% busy at 45% of DRAM's bandwidth (Nsight Compute, H200, session 19); held, they cost
-    16–30 registers."""
+    16–30 registers. `_cp` (projection_columns_loaded, with `_c`): a projected layer's projection's
+    bias and scale too, which `_c` leaves to each row tile (16 global loads a thread and row tile in
+    layer1's projected conv3, sm_90: 504 → 464 instructions, 128 → 149 registers, so 3 programs an
+    SM where `_c` has 4), so both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N)."""
     block_m: int
     block_n: int
     tiles: int
@@ -219,12 +232,17 @@ class ResidentTile:
     residual_prefetch: int = 0
     n_adjacent: bool = False
     columns_loaded: bool = False
+    projection_columns_loaded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.projection_columns_loaded and not self.columns_loaded:
+            raise ValueError("ResidentTile: `_cp` (the projection's columns loaded once) comes with `_c`")
 
     @property
     def name(self) -> str:
+        columns = "_cp" if self.projection_columns_loaded else "_c" if self.columns_loaded else ""
         return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
-                + RESIDUAL_PREFETCH[self.residual_prefetch] + ("_c" if self.columns_loaded else "")
-                + ("_g" if self.n_adjacent else ""))
+                + RESIDUAL_PREFETCH[self.residual_prefetch] + columns + ("_g" if self.n_adjacent else ""))
 
     def grid(self, rows: int, cout: int) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
@@ -242,7 +260,8 @@ class ResidentTile:
             adjacent = parts[-1] == "g"
             if adjacent:
                 parts = parts[:-1]
-            columns_loaded = parts[-1] == "c"
+            projection_columns_loaded = parts[-1] == "cp"
+            columns_loaded = parts[-1] in ("c", "cp")
             if columns_loaded:
                 parts = parts[:-1]
             prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
@@ -252,7 +271,8 @@ class ResidentTile:
                 return None
             if bn % 2:  # the epilogue runs in two halves of the columns
                 return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent, columns_loaded)
+            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent, columns_loaded,
+                       projection_columns_loaded)
         except ValueError:
             return None
 
@@ -421,6 +441,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         QUANTIZE_INPUT=x.dtype != code, **flags, TILES=tile.tiles,
         RES_PREFETCH=tile.residual_prefetch if residual is not None else 0, N_ADJACENT=tile.n_adjacent, STRIDED=strided,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=resident_block_k(k_total), PDL=pdl, **p_flags,
-        COLUMNS_LOADED=tile.columns_loaded, **launch_options(pdl), num_warps=tile.warps, num_stages=tile.stages,
+        COLUMNS_LOADED=tile.columns_loaded,
+        PROJ_COLUMNS_LOADED=tile.projection_columns_loaded and projection is not None, **launch_options(pdl),
+        num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y

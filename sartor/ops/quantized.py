@@ -73,8 +73,8 @@ from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
-from ..kernels.resident_gemm import (RESIDENT_TILES, Projection, ResidentTile, resident_applies, resident_gemm,
-                                     resident_tactics)
+from ..kernels.resident_gemm import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
+                                     resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window_resident import WindowResidentTile
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
@@ -493,14 +493,18 @@ FEW_ROWS_TILE = ResidentTile(32, 64, 2, 4, 2, n_adjacent=True)
 
 def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     """The resident tiles with the projection fused (each timed as for a layer of the larger K;
-    the early-residual variants have no residual to load early; FEW_ROWS_TILE where the first
-    tile would leave multiprocessors idle) and SPLIT_TACTIC, where both the layer and its
-    projection are resident-kernel layers on CUDA."""
+    the early-residual variants have no residual to load early; each `_c_g` tile of up to
+    PROJECTION_COLUMNS_MAX_BLOCK_N columns also as `_cp_g`, the projection's columns loaded once
+    too; FEW_ROWS_TILE where the first tile would leave
+    multiprocessors idle) and SPLIT_TACTIC, where both the layer and its projection are
+    resident-kernel layers on CUDA."""
     x, wq = inputs[0], inputs[1]
     px, pw = projection_inputs(inputs)[:2]
     if not px.is_cuda or not _projected_resident_applies(x, wq, px, pw, igemm_geometry(x, wq, attrs)):
         return []
     names = resident_tactics(effort, residual=False, k_total=max(wq.shape[1], pw.shape[1]))
+    names += [replace(tile, projection_columns_loaded=True).name for tile in map(ResidentTile.parse, names)
+              if tile.columns_loaded and tile.n_adjacent and tile.block_n <= PROJECTION_COLUMNS_MAX_BLOCK_N]
     rows = x.shape[0] * x.shape[2] * x.shape[3]
     programs = math.prod(RESIDENT_TILES[0].grid(rows, wq.shape[0]))
     if programs < torch.cuda.get_device_properties(x.device).multi_processor_count and FEW_ROWS_TILE.name not in names:
