@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 from int8_layers import on_device, random_int8_conv
-from test_fuse_projected_residual import _quantized, bottleneck
+from test_fuse_projected_residual import _fused_layer_inputs, _quantized, bottleneck
 
 from sartor.kernels.conv_igemm import TileConfig
 from sartor.kernels.conv_tma import TmaTile
 from sartor.kernels.gemm_tma import GemmTmaTile
-from sartor.kernels.resident_gemm import ResidentTile
+from sartor.kernels.resident_gemm import RESIDENT_TILES, ResidentTile, resident_gemm
 from sartor.kernels.tile_steps import DECODABLE_SUM, SUMS_CONVERTED, SUMS_DECODED, epilogue_arguments
+from sartor.ops import quantized
 from sartor.ops.quantized import ACCUMULATOR_BOUND, _kernel_tactic, qconv, qlayer_weight_for_tactic
 from sartor.passes.bound_accumulators import LARGEST_INPUT_CODE, bound_accumulators, product_bound
 from sartor.passes.fuse_projected_residual import fuse_projected_residual
@@ -96,6 +97,23 @@ def test_decoding_kernels_equal_the_emulation(tile, kernel, int8_output, with_bi
                          dict(attrs, tactic=tile.name), gemm=False)
     assert got is not None, "the kernel did not run"
     assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("columns", ["_c_g", "_cp_g"])  # the projection's bias and scale per row tile, or held
+def test_projected_layer_decoding_both_products_equals_the_emulation(columns, monkeypatch):
+    """The fused downsample's sums are decoded with the layer's own (`_projection_halves`)."""
+    inputs, attrs = _fused_layer_inputs("int8")
+    inputs = [t.to(DEVICE) if t is not None else None for t in inputs]
+    bound = max(product_bound(inputs[1].cpu().numpy(), inputs[2].cpu().numpy()),
+                product_bound(inputs[6].cpu().numpy(), inputs[7].cpu().numpy()))
+    assert bound < DECODABLE_SUM
+    attrs[ACCUMULATOR_BOUND] = bound
+    reference = qconv(inputs, dict(attrs, tactic="torch"))
+    launches = []
+    monkeypatch.setattr(quantized, "resident_gemm", lambda *a, **k: launches.append(k) or resident_gemm(*a, **k))
+    got = qconv(inputs, dict(attrs, tactic=RESIDENT_TILES[0].name + columns))
+    assert len(launches) == 1 and launches[0]["projection"] is not None  # the fused kernel, not the emulation
+    assert launches[0]["accumulator_bound"] == bound and torch.equal(got, reference)
 
 
 def test_decoding_sums_beyond_the_limit_goes_wrong():
