@@ -220,7 +220,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
 NO_PROJECTION = dict(p_ptr="*i8", pw_ptr="*i8", pbias_ptr="*i32", pscale_ptr="*fp32", PK=0, p_row=0, spn=0, sph=0,
                      spw=0, p_inv_scale=1.0)
 NO_PROJECTION_CONSTEXPRS = dict(HAS_PROJ=False, PROJ_STRIDED=False, PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=False,
-                                BLOCK_PK=resident_gemm.MIN_BLOCK_K)
+                                BLOCK_PK=resident_gemm.MIN_BLOCK_K, PROJ_COLUMNS_LOADED=False)
 
 
 def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]]:
