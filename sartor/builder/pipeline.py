@@ -15,11 +15,11 @@ from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
 from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
+from ..kernels.tile_steps import sums_decoded
 from ..ops.fp8 import is_fp8
+from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
 from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
-from ..kernels.tile_steps import sums_decoded
-from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual

@@ -192,6 +192,7 @@ RESIDENT_PREFIX = "resident_"
 RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
 SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
 MMA_RESIDUAL = (3, 4)
+MMA_RESIDUAL_BITS = 4
 MMA_BITS_MIN_EFFORT = 4
 # The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
 # with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
@@ -321,7 +322,7 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     tiles += [replace(tile, columns_loaded=True) for tile in tiles]
     modes = []
     if residual and residual_codes:
-        modes += [mode for mode in MMA_RESIDUAL if mode == 3 or effort >= MMA_BITS_MIN_EFFORT]
+        modes += [mode for mode in MMA_RESIDUAL if mode != MMA_RESIDUAL_BITS or effort >= MMA_BITS_MIN_EFFORT]
     if residual and effort >= PREFETCH_MIN_EFFORT:
         modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode not in MMA_RESIDUAL]
     tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes

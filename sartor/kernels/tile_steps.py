@@ -157,6 +157,16 @@ if triton is not None:
         q = (v * inv_scale + 12582912.0) - 12582912.0
         return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
 
+    # 0x4B400000 is the bits of the float 1.5·2^23, whose float32 neighbours are 1 apart: an int32 i
+    # with |i| < 2^22 added to it gives, as bits, the float 1.5·2^23 + i exactly.
+    _OFFSET_BITS = tl.constexpr(0x4B400000)
+
+    @triton.jit
+    def _decode_offset_bits(bits):
+        """The integers i of `bits` = 0x4B400000 + i (|i| < 2^22) as float32, exactly: no conversion
+        instruction, one subtraction."""
+        return bits.to(tl.float32, bitcast=True) - 12582912.0
+
     @triton.jit
     def _codes_to_float(codes):
         """Float32 values of INT8 codes without an integer → float conversion (see
@@ -165,7 +175,7 @@ if triton is not None:
         if codes.dtype == tl.int8:
             if COMPILED:
                 return _packed_codes_to_float(codes)
-            return (codes.to(tl.int32) + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+            return _decode_offset_bits(codes.to(tl.int32) + _OFFSET_BITS)
         return codes.to(tl.float32)
 
     @triton.jit
@@ -269,10 +279,10 @@ if triton is not None:
         if INT8 == _SUMS_DECODED:
             # The bias and 0x4B400000 are added to the columns first: one integer add per sum.
             if HAS_BIAS:
-                acc += (bias + 0x4B400000)[None, :]
+                acc += (bias + _OFFSET_BITS)[None, :]
             else:
-                acc += 0x4B400000
-            y = (acc.to(tl.float32, bitcast=True) - 12582912.0) * scale[None, :]
+                acc += _OFFSET_BITS
+            y = _decode_offset_bits(acc) * scale[None, :]
         elif INT8:
             if HAS_BIAS:
                 acc += bias[None, :]
@@ -404,8 +414,8 @@ if triton is not None:
         replaced Hopper's int8 → bf16 conversions with bit operations for that, triton-lang/triton
         #4563), so the builder times both."""
         if DECODE_BITS:
-            bits = tl.dot(codes, identity, tl.full((BLOCK_M, BLOCK_N), 0x4B400000, tl.int32), out_dtype=tl.int32)
-            values = bits.to(tl.float32, bitcast=True) - 12582912.0
+            bits = tl.dot(codes, identity, tl.full((BLOCK_M, BLOCK_N), _OFFSET_BITS, tl.int32), out_dtype=tl.int32)
+            values = _decode_offset_bits(bits)
         else:
             values = tl.dot(codes, identity, tl.zeros((BLOCK_M, BLOCK_N), tl.int32),
                             out_dtype=tl.int32).to(tl.float32)
