@@ -495,9 +495,8 @@ def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     """The resident tiles with the projection fused (each timed as for a layer of the larger K;
     the early-residual variants have no residual to load early; each `_c_g` tile of up to
     PROJECTION_COLUMNS_MAX_BLOCK_N columns also as `_cp_g`, the projection's columns loaded once
-    too; FEW_ROWS_TILE where the first tile would leave
-    multiprocessors idle) and SPLIT_TACTIC, where both the layer and its projection are
-    resident-kernel layers on CUDA."""
+    too; FEW_ROWS_TILE where the first tile would leave multiprocessors idle) and SPLIT_TACTIC,
+    where both the layer and its projection are resident-kernel layers on CUDA."""
     x, wq = inputs[0], inputs[1]
     px, pw = projection_inputs(inputs)[:2]
     if not px.is_cuda or not _projected_resident_applies(x, wq, px, pw, igemm_geometry(x, wq, attrs)):

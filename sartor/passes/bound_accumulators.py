@@ -27,8 +27,8 @@ import numpy as np
 from ..ir import Graph, Node
 from ..ops.fp8 import is_fp8
 from ..ops.quantized import ACCUMULATOR_BOUND, PROJECTION_FIRST_INPUT
+from .fold_qdq import QLAYERS
 
-QUANTIZED_LAYERS = ("QConv", "QGemm")
 # The largest |code| an INT8 layer's input can hold: int8's -128 (Q/DQ models saturate there).
 LARGEST_INPUT_CODE = 128
 
@@ -50,9 +50,10 @@ def layer_bound(graph: Graph, node: Node) -> int | None:
         products.append(node.inputs[PROJECTION_FIRST_INPUT + 1:PROJECTION_FIRST_INPUT + 3])
     bounds = []
     for names in products:
-        weight = graph.constant(names[0])
-        bias = graph.constant(names[1]) if len(names) > 1 and names[1] else None
-        if weight is None or (len(names) > 1 and names[1] and bias is None):
+        weight_name, bias_name = (list(names) + [""])[:2]  # a QGemm's bias may be absent altogether
+        weight = graph.constant(weight_name)
+        bias = graph.constant(bias_name) if bias_name else None
+        if weight is None or (bias_name and bias is None):
             return None
         bounds.append(product_bound(weight, bias))
     return max(bounds)
@@ -62,7 +63,7 @@ def bound_accumulators(graph: Graph) -> int:
     """Record each INT8 layer's bound (attrs[ACCUMULATOR_BOUND]); returns how many layers got one."""
     bounded = 0
     for node in graph.nodes:
-        if node.op_type not in QUANTIZED_LAYERS:
+        if node.op_type not in QLAYERS:
             continue
         node.attrs.pop(ACCUMULATOR_BOUND, None)  # a bound from before a weight changed never stays
         if is_fp8(node.attrs):
