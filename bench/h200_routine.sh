@@ -235,7 +235,8 @@ tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
                tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
                tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py tests/test_epilogue_fma.py \
                tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py \
-               tests/test_window_space_to_depth.py tests/test_kernel_asm.py ;;
+               tests/test_window_space_to_depth.py tests/test_kernel_asm.py tests/test_fuse_stem_max_pool.py \
+               tests/test_bound_accumulators.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;

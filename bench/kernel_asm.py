@@ -193,12 +193,13 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
             cases.append((prefix + tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps,
                           tile.stages))
         resident_args = dict(resident_common, image_bytes=image_bytes, row_bytes=row_bytes)
-        for tile in window_resident.window_resident_tiles(5):
+        for tile in window_resident.window_resident_tiles(5, max_pool=True):
             constexprs = dict(resident_epilogue, KH=rows, WINDOW=window, STRIDE_H=stride_h,
                               PIXEL_STEP=step * PIXEL_BYTES, DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
                               N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
                               BLOCK_M=tile.resident.block_m, BLOCK_N=tile.resident.block_n,
                               K_PAD=triton.next_power_of_2(rows * window), OUTPUT_ROWS=tile.output_rows,
+                              MAX_POOL=tile.max_pool,
                               WINDOW_ALIGN=window_resident.window_alignment(step * PIXEL_BYTES, row_bytes, image_bytes))
             cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
                           tile.resident.warps, tile.resident.stages))

@@ -63,7 +63,7 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.window_resident import window_resident_tiles
-names = [form + tile.name for tile in window_resident_tiles(1) for form in ("window_", "window_s2d_")]
+names = [form + tile.name for tile in window_resident_tiles(1, max_pool=True) for form in ("window_", "window_s2d_")]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
     if label in names:
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -101,13 +101,15 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    # both walks at effort 1, each also with its columns' bias and scale loaded once (`_c`), and the
-    # one by filter rows also over row pairs (`_o2`); each in the 4-byte and the space-to-depth form
+    # both walks at effort 1, each also with its columns' bias and scale loaded once (`_c`), the one
+    # by filter rows also over row pairs (`_o2`), and two tiles of those pooling the output (`_mp`,
+    # a stem carrying its max pool); each in the 4-byte and the space-to-depth form
     for form in ("window_resident_", "window_s2d_resident_"):
-        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"))
+        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"), label.endswith("_mp"))
                       for label, *_ in lines if label.startswith(form)) == [
-            (False, False, False), (False, True, False), (True, False, False), (True, False, True),
-            (True, True, False), (True, True, True)]
+            (False, False, False, False), (False, True, False, False), (True, False, False, False),
+            (True, False, False, True), (True, False, False, True), (True, False, True, False),
+            (True, True, False, False), (True, True, True, False)]
     assert all(spills == "0" and hopper == "True" for _, spills, hopper, _ in lines)
     # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
     # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'

@@ -11,6 +11,7 @@ from conftest import save
 from passes_helpers import OnnxBuilder, run_ort
 
 import sartor
+from sartor.cli.inspect import epilogue
 from sartor.frontend.onnx import import_model_proto
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
@@ -163,7 +164,9 @@ def test_engine_with_pass_through_tracks_onnxruntime(tmp_path):
     assert "int8: 1 MaxPool/Concat/Split/Resize layer(s) pass INT8 through: pool" in result.log
     assert "int8: 2 layer(s) INT8, 2 tensor(s) passed between them in INT8" in result.log
     layers = {layer["name"]: layer for layer in result.header["layers"]}
-    assert layers["pool"]["precision"] == "int8"
+    # c1 reads the 3-channel image: its INT8 codes' pool is carried by it (passes/fuse_stem_max_pool.py)
+    assert "pool" not in layers and layers["c1"]["origin"][-1] == "pool"
+    assert layers["c1"]["precision"] == "int8" and epilogue(layers["c1"]["attrs"]) == "Relu → MaxPool 3x3/2,2/1,1,1,1"
 
 
 def test_c2f_engine_places_int8_producers_in_the_concat_buffer(tmp_path):

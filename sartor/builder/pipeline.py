@@ -17,12 +17,14 @@ from ..kernels.conv_igemm import TileConfig
 from ..kernels.pool import PoolTile
 from ..kernels.tile_steps import sums_decoded
 from ..ops.fp8 import is_fp8
+from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
 from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
 from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
+from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
 from ..runtime.engine_file import check_writable, pack, write_atomic
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint, parse_device
@@ -43,10 +45,10 @@ from .precision import (
 )
 
 Progress = Callable[[str], None]
-# Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales
-# and the FP8 format.
+# Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales,
+# the FP8 format, a projection's and a carried max pool's (`ops/fused_pool.py`).
 LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat",
-               "projection_strides", "projection_input_scale")
+               "projection_strides", "projection_input_scale", *MAX_POOL_ATTRS)
 
 
 @dataclass
@@ -74,7 +76,20 @@ def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: t
 
 
 def _tactic(node, device: torch.device) -> str:
-    """What runs the layer, in words (the timed choice for fused convolutions)."""
+    """What runs the layer, in words (the timed choice for fused convolutions); for a QConv carrying
+    its max pool (`ops/fused_pool.py`), where the pool runs."""
+    words = _kernel_words(node, device)
+    pool = max_pool_label(node.attrs)
+    if pool is None:
+        return words
+    tile = window_resident_tile(node.attrs.get("tactic"))
+    if tile is not None and tile.max_pool:
+        return f"{words}, max pool {pool} in the epilogue (only pooled codes stored)"
+    return f"{words}, then max pool {pool} ({'triton channels-last' if device.type == 'cuda' else 'torch'})"
+
+
+def _kernel_words(node, device: torch.device) -> str:
+    """What runs the layer's own product, in words."""
     library = {"cuda": "cudnn/cublas", "cpu": "onednn/mkl"}[device.type]
     chosen = node.attrs.get("tactic")
     if chosen == "cudnn_fused":
@@ -316,6 +331,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         if projected:
             log.append(f"quantize: {projected} 1×1 layer(s) computed inside the layer that reads them as residual "
                        f"(projected residuals, passes/fuse_projected_residual.py)")
+        pooled = fuse_stem_max_pool(graph)
+        if pooled:
+            log.append(f"quantize: {pooled} max pool(s) carried by the stem whose codes they read, pooled inside its "
+                       f"kernel where that tactic wins (passes/fuse_stem_max_pool.py)")
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("bias")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DeviceError
+from ..ops.fused_pool import max_pool_label
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
@@ -34,7 +35,8 @@ def add_parser(subparsers, parents) -> None:
 
 
 def epilogue(attrs: dict) -> str:
-    """What a fused layer does after its main op, in order: "+ residual → Relu", "LeakyRelu(alpha=0.1)"."""
+    """What a fused layer does after its main op, in order: "+ residual → Relu", "LeakyRelu(alpha=0.1)",
+    "Relu → MaxPool 3x3/2,2/1,1,1,1"."""
     steps = []
     activation = attrs.get("activation")
     if activation:
@@ -50,6 +52,9 @@ def epilogue(attrs: dict) -> str:
         steps.append(activation)
     if residual and after:
         steps.append(added)
+    pool = max_pool_label(attrs)
+    if pool is not None:
+        steps.append(f"MaxPool {pool}")
     return " → ".join(steps)
 
 

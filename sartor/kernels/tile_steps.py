@@ -330,8 +330,21 @@ if triton is not None:
         """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
         without HAS_RES): a kernel may load it early, so that its latency hides behind the product.
         LOADED: `bias_ptr` and `scale_ptr` hold the columns' values (`_dequantize_tile`)."""
+        y = _epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha,
+                             beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, LOADED)
+        y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
+        tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha, beta,
+                         INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                         RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                         OUT_QUANT: tl.constexpr, LOADED: tl.constexpr = False):
+        """The epilogue's values of one tile as they are stored: bias, dequantization, residual,
+        activation, then with OUT_QUANT the output codes (INT8, or e4m3 as float32 interpreted), else
+        float32. A kernel that goes on with the codes (the stem's max pool, `window_resident.py`)
+        takes them here."""
         y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
-        out_mask = m_ok[:, None] & n_ok[None, :]
         if HAS_RES:
             if RES_QUANT:
                 residual = _codes_to_float(residual)
@@ -353,8 +366,7 @@ if triton is not None:
                 y = _requantize_code_nonnegative(y, out_inv_scale)
             else:
                 y = _requantize_code(y, out_inv_scale, qmin)
-        y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
-        tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=out_mask)
+        return y
 
     @triton.jit
     def _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,

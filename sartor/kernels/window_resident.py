@@ -31,8 +31,9 @@ from .resident_gemm import ResidentTile
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (_accumulate, _column_halves, _epilogue_store_halves, _epilogue_store_halves_loaded,
-                             _residual_halves, pixel_coords)
+    from .tile_steps import (_accumulate, _column_halves, _column_values, _epilogue_output, _epilogue_store_halves,
+                             _epilogue_store_halves_loaded, _requantize_code, _residual_halves,
+                             pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles
 
@@ -46,7 +47,8 @@ if triton is not None:
             HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
-            COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None):
+            COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
+            MAX_POOL: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
@@ -67,12 +69,16 @@ if triton is not None:
             k_ok = filter_row < KH
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles (ResidentTile `_c`)
+        if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all the program's row tiles (`_c`)
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
         else:
             bias_lo, scale_lo, bias_hi, scale_hi = 0.0, 0.0, 0.0, 0.0
-        if OUTPUT_ROWS == 2:
+        if MAX_POOL:
+            _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, COUT, OH,
+                                 OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
+                                 DIL_H, PIXEL_STEP, INT8, HAS_BIAS, ACT, TILES, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
+        elif OUTPUT_ROWS == 2:
             _window_row_pairs(p_ptr, weights, bias_ptr, scale_ptr, res_ptr, y_ptr, bias_lo, scale_lo, bias_hi,
                               scale_hi, row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes,
                               y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
@@ -85,16 +91,11 @@ if triton is not None:
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP,
                                               WINDOW_ALIGN)
-                if INT8:
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-                else:
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 if KH_STEPS:
-                    for kh in tl.static_range(KH):
-                        a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :],
-                                    mask=m_ok[:, None], other=0.0)
-                        acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
+                    acc = _window_row_products(p_ptr, weights, window_start, m_ok, offs_k, row_bytes, KH, DIL_H, INT8,
+                                               FP8, BLOCK_M, BLOCK_N, WINDOW)
                 else:
+                    acc = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
                     a = tl.load(p_ptr + window_start[:, None] + k_offsets[None, :], mask=m_ok[:, None] & k_ok[None, :],
                                 other=0.0)
                     # FP8 sums move to the float32 accumulator after each window, as the window
@@ -158,29 +159,8 @@ if triton is not None:
             oh = pair * 2
             lower_ok = p_ok & (oh + 1 < OH)
             window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN)
-            if INT8:
-                upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-                lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-            else:
-                upper = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                lower = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for r in tl.static_range(STRIDE_H + (KH - 1) * DIL_H + 1):
-                # Packed row r of the pair: filter row r / DIL_H of the upper output row, and
-                # (r - STRIDE_H) / DIL_H of the lower, where those are whole filter rows.
-                # (Conditions written out in each `if`: Triton 3.6 neither reassigns a constexpr in an
-                # unrolled loop nor keeps `&` of two constexprs one.)
-                if r % DIL_H == 0 and r // DIL_H < KH:
-                    a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
-                                mask=p_ok[:, None], other=0.0)
-                    upper = _accumulate(upper, a, weights[r // DIL_H], 1.0, -127.0, INT8, FP8, False, WINDOW)
-                    if r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
-                        lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
-                                            WINDOW)
-                elif r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
-                    a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
-                                mask=lower_ok[:, None], other=0.0)
-                    lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
-                                        WINDOW)
+            upper, lower = _window_pair_products(p_ptr, weights, window_start, p_ok, lower_ok, offs_k, row_bytes, KH,
+                                                 STRIDE_H, DIL_H, INT8, FP8, BLOCK_M, BLOCK_N, WINDOW)
             offs_m = (n_idx * OH + oh) * OW + ow
             _window_tile_store(upper, offs_m, p_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi,
                                scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale,
@@ -191,8 +171,145 @@ if triton is not None:
                                res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
                                RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
 
+    @triton.jit
+    def _zero_accumulator(INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # One return: Triton 3.6 refuses returns of two types, constexpr branches or not.
+        if INT8:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        return acc
+
+    @triton.jit
+    def _window_row_products(p_ptr, weights, window_start, ok, offs_k, row_bytes, KH: tl.constexpr,
+                             DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+        """One output row's sums, a product per filter row (`_kh`): the window of filter row kh
+        starts kh · DIL_H packed rows below `window_start`. Pixels not `ok` read nothing."""
+        acc = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
+        for kh in tl.static_range(KH):
+            a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :], mask=ok[:, None],
+                        other=0.0)
+            acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
+        return acc
+
+    @triton.jit
+    def _window_pair_products(p_ptr, weights, window_start, upper_ok, lower_ok, offs_k, row_bytes, KH: tl.constexpr,
+                              STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+        """The sums of output rows 2p (upper) and 2p + 1 (lower) over the same pixels, the upper
+        row's windows starting at `window_start`: each packed row is loaded once for both rows' products."""
+        upper = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
+        lower = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
+        for r in tl.static_range(STRIDE_H + (KH - 1) * DIL_H + 1):
+            # Packed row r of the pair: filter row r / DIL_H of the upper output row, and
+            # (r - STRIDE_H) / DIL_H of the lower, where those are whole filter rows.
+            # (Conditions written out in each `if`: Triton 3.6 neither reassigns a constexpr in an
+            # unrolled loop nor keeps `&` of two constexprs one.)
+            if r % DIL_H == 0 and r // DIL_H < KH:
+                a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
+                            mask=upper_ok[:, None], other=0.0)
+                upper = _accumulate(upper, a, weights[r // DIL_H], 1.0, -127.0, INT8, FP8, False, WINDOW)
+                if r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
+                    lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                                        WINDOW)
+            elif r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
+                a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
+                            mask=lower_ok[:, None], other=0.0)
+                lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                                    WINDOW)
+        return upper, lower
+
+    _LOWEST_FLOAT32 = tl.constexpr(-3.4028234663852886e38)
+
+    @triton.jit
+    def _pool_values(acc, ok, offs_n, n_ok, bias, scale, alpha, beta, INT8: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     ACT: tl.constexpr):
+        """One row tile's values as the max pool compares them: the layer's epilogue up to its
+        activation (no residual), float32's lowest where the pixel lies outside the output (the pool's
+        padding: finite, so that a pooled row made of padding alone, which is never stored, rounds to
+        no NaN).
+        Requantizing is monotonic (a rounding of v · out_inv_scale, out_inv_scale > 0, then a
+        clamp), so the codes of the max are the max of the codes: the pool requantizes each pooled
+        value once, where the layer would requantize four."""
+        values = _epilogue_output(acc, 0.0, offs_n, n_ok, bias, scale, 1.0, 1.0, -127.0, alpha, beta, INT8, False,
+                                  HAS_BIAS, False, False, False, ACT, False, LOADED=True)
+        return tl.where(ok[:, None], values, _LOWEST_FLOAT32)
+
+    @triton.jit
+    def _max_of_column_triples(codes, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """[BLOCK_M / 2, BLOCK_N]: row j is the max of rows 2j, 2j + 1 and 2j + 2 of `codes` (the last
+        row's third is 2j + 1's again: BLOCK_M / 2 - 1 rows are whole). With the rows split into even
+        and odd ones, 2j + 2 is the next even row, which `tl.gather` moves in (warp shuffles on sm_90)."""
+        even, odd = tl.split(tl.permute(tl.reshape(codes, (BLOCK_M // 2, 2, BLOCK_N)), (0, 2, 1)))
+        half = tl.arange(0, BLOCK_M // 2)
+        following = tl.minimum(half + 1, BLOCK_M // 2 - 1)
+        next_even = tl.gather(even, tl.broadcast_to(following[:, None], (BLOCK_M // 2, BLOCK_N)), 0)
+        return tl.maximum(tl.maximum(even, odd), next_even)
+
+    @triton.jit
+    def _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, COUT, OH, OW,
+                             image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
+                             STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
+                             INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TILES: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
+                             WINDOW_ALIGN: tl.constexpr):
+        """The `_mp` walk: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
+        the kernel; only the pooled codes are stored (`y_ptr`: [N, ⌈OH/2⌉, ⌈OW/2⌉] pixels).
+
+        Pooled row p is the max over output rows 2p - 1, 2p and 2p + 1: the upper and lower rows of
+        pair p and the lower row of pair p - 1. A program walks TILES pairs down one strip of an
+        image, keeping each pair's lower row for the next; the row above its first pair it computes
+        first (none above the image's top). A strip is BLOCK_M output columns from 2·s·Q - 1, Q =
+        BLOCK_M / 2 - 1, giving pooled columns s·Q … s·Q + Q - 1: strips overlap by one column each
+        side, which the program computes again (ResNet-50's 112 columns: 2 strips of 64, 128
+        computed). Row group → (image, band of TILES pairs, strip), strips fastest."""
+        STRIP: tl.constexpr = BLOCK_M // 2 - 1
+        pairs = (OH + 1) // 2
+        pooled_w = (OW + 1) // 2
+        strips = tl.cdiv(pooled_w, STRIP)
+        per_image = tl.cdiv(pairs, TILES) * strips
+        n_idx = row_group // per_image
+        band = (row_group - n_idx * per_image) // strips
+        strip = row_group - n_idx * per_image - band * strips
+        ow = strip * (2 * STRIP) - 1 + tl.arange(0, BLOCK_M)
+        column_ok = (ow >= 0) & (ow < OW)
+        offs_n = first_column + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < COUT
+        bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, False, HAS_BIAS)
+        first_pair = band * TILES
+        above_ok = column_ok & (first_pair > 0)
+        above = _window_row_products(p_ptr, weights, _window_starts(n_idx, 2 * first_pair - 1, ow, image_bytes,
+                                                                    row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN),
+                                     above_ok, offs_k, row_bytes, KH, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
+        previous = _pool_values(above, above_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
+        pooled_j = tl.arange(0, BLOCK_M // 2)
+        pooled_q = strip * STRIP + pooled_j
+        pooled_ok = (pooled_j < STRIP) & (pooled_q < pooled_w)
+        for t in range(TILES):
+            pair = first_pair + t
+            oh = 2 * pair
+            upper_ok = column_ok & (oh < OH)
+            lower_ok = column_ok & (oh + 1 < OH)
+            window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN)
+            upper, lower = _window_pair_products(p_ptr, weights, window_start, upper_ok, lower_ok, offs_k, row_bytes,
+                                                 KH, STRIDE_H, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
+            lower_values = _pool_values(lower, lower_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
+            rows_max = tl.maximum(tl.maximum(previous, lower_values),
+                                  _pool_values(upper, upper_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8,
+                                               HAS_BIAS, ACT))
+            previous = lower_values
+            pooled = _max_of_column_triples(rows_max, BLOCK_M, BLOCK_N)
+            pooled = _requantize_code(pooled, out_inv_scale, qmin)
+            y_pixels = ((n_idx * pairs + pair) * pooled_w + pooled_q).to(tl.int64) * y_row
+            tl.store(y_ptr + y_pixels[:, None] + offs_n[None, :], pooled,
+                     mask=(pooled_ok & (pair < pairs))[:, None] & n_ok[None, :])
+
 KH_STEPS_SUFFIX = "_kh"
 ROW_PAIRS_SUFFIX = "_o2"  # after KH_STEPS_SUFFIX: two output rows per row tile
+MAX_POOL_SUFFIX = "_mp"  # after ROW_PAIRS_SUFFIX: the output max-pooled 3 × 3 / 2 in the kernel
+# The max pool a `_mp` tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
+FUSED_POOL_KERNEL, FUSED_POOL_STRIDES, FUSED_POOL_PADS = (3, 3), (2, 2), (1, 1, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -202,19 +319,24 @@ class WindowResidentTile:
     power of two, and, walking by filter rows, whether each row tile covers the same pixels of two
     output rows (`_o2`, `_window_row_pairs`). Nsight Compute found the stem's GEMM bound by L2 (80%
     busy, 1.56 GB through it for 236 MB of DRAM traffic: session 25): each output pixel reads 4
-    windows of 64 bytes there; a pair of rows shares 3 of its 4."""
+    windows of 64 bytes there; a pair of rows shares 3 of its 4. `max_pool` (`_mp`, row pairs
+    only): the layer's 3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles`
+    row pairs a program."""
     resident: ResidentTile
     kh_steps: bool = False
     row_pairs: bool = False
+    max_pool: bool = False
 
     def __post_init__(self):
         if self.row_pairs and not self.kh_steps:
             raise ValueError("WindowResidentTile: row pairs walk K by filter rows (kh_steps)")
+        if self.max_pool and not self.row_pairs:
+            raise ValueError("WindowResidentTile: the max pool walks row pairs")
 
     @property
     def name(self) -> str:
         return (self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
-                + (ROW_PAIRS_SUFFIX if self.row_pairs else ""))
+                + (ROW_PAIRS_SUFFIX if self.row_pairs else "") + (MAX_POOL_SUFFIX if self.max_pool else ""))
 
     @property
     def output_rows(self) -> int:
@@ -223,13 +345,15 @@ class WindowResidentTile:
 
     @classmethod
     def parse(cls, name: str | None) -> "WindowResidentTile | None":
+        max_pool = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX)
+        name = name[:-len(MAX_POOL_SUFFIX)] if max_pool else name
         row_pairs = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX)
         name = name[:-len(ROW_PAIRS_SUFFIX)] if row_pairs else name
         kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
         resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
-        if resident is None or resident.residual_prefetch:
+        if resident is None or resident.residual_prefetch or (max_pool and resident.block_m < 4):
             return None
-        return cls(resident, kh_steps, row_pairs)
+        return cls(resident, kh_steps, row_pairs, max_pool)
 
 
 # Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
@@ -245,15 +369,40 @@ WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_st
                          WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)))
 # Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
 WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
+# The pooled tiles (`_mp`), `tiles` being row pairs a program: ResNet-50's 112 × 112 stem output
+# at batch 256 is 256 · 2 strips · 7 bands of 8 pairs = 3,584 programs of 64 × 64 tiles; 2 pairs
+# a band give batch 1 56 programs. bench/kernel_asm.py --layer stem (sm_90, Triton 3.6): 160–203
+# registers (the pair's two accumulators, the row kept from the pair above and the rows' values),
+# no spills; 8 warps on 64 × 64 or 128 × 64 kept as many registers a thread, one program an SM.
+# Not timed on a GPU yet: the order is a guess.
+POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), True, True, True),
+                WindowResidentTile(ResidentTile(64, 64, 4, 4, 2), True, True, True),
+                WindowResidentTile(ResidentTile(64, 64, 2, 4, 2), True, True, True),
+                WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), True, True, True))
+POOLED_PER_EFFORT = {1: 2, 2: 3}
 
 
-def window_resident_tiles(effort: int) -> list[WindowResidentTile]:
+def window_resident_tiles(effort: int, max_pool: bool = False) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
     loaded once per program (ResidentTile's `_c`), then those walking by filter rows also over row
-    pairs (`_o2`)."""
+    pairs (`_o2`); with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
+    after them, the others then storing the output for the pool to run after."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
-    return tiles + [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
+    tiles += [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
+    return tiles + (list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else [])
+
+
+def pooled_size(out_hw: tuple[int, int]) -> tuple[int, int]:
+    """The output size of the fused 3 × 3 / 2 max pool (padding 1) over `out_hw`: ⌈OH/2⌉ × ⌈OW/2⌉."""
+    return (out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2
+
+
+def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int]) -> int:
+    """The programs of one column tile of a `_mp` tile: image × band of `tiles` pairs × strip."""
+    pairs, pooled_w = pooled_size(out_hw)
+    strip = tile.resident.block_m // 2 - 1
+    return batch * -(-pairs // tile.resident.tiles) * -(-pooled_w // strip)
 
 
 def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
@@ -286,24 +435,31 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         raise ValueError(f"window_resident_conv: weight {tuple(w_window.shape)} is not window_weight's layout")
     n, _, padded_w, _ = packed.shape
     oh, ow = geometry.out_hw
-    y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else torch.float32,
+    if tile.max_pool and (fp8 or residual is not None or output_inv_scale is None):
+        raise ValueError(f"window_resident_conv: {tile.name} pools INT8 output codes of a layer without residual")
+    out_hw = pooled_size((oh, ow)) if tile.max_pool else (oh, ow)
+    y = channels_last_output((n, cout, *out_hw), code if output_inv_scale is not None else torch.float32,
                              packed.device, out, "window_resident_conv")
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once
     resident = tile.resident
+    grid = resident.grid(rows, cout)
+    if tile.max_pool:
+        groups, columns = pooled_row_groups(tile, n, (oh, ow)), triton.cdiv(cout, resident.block_n)
+        grid = (groups * columns,) if resident.n_adjacent else (groups, columns)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
         output_inv_scale=output_inv_scale, qmin=qmin,
         accumulator_bound=accumulator_bound)
-    _window_resident_kernel[resident.grid(rows, cout)](
+    _window_resident_kernel[grid](
         packed, w_window, bias if bias is not None else w_window, dequant_scale,
         residual if residual is not None else y, y, rows, cout, oh, ow, packed.stride(0), padded_w * PIXEL_BYTES,
         pixel_stride(y), *rs, *scalars, KH=kh, WINDOW=window, STRIDE_H=geometry.strides[0],
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
-        OUTPUT_ROWS=tile.output_rows,
+        OUTPUT_ROWS=tile.output_rows, MAX_POOL=tile.max_pool,
         WINDOW_ALIGN=window_alignment(geometry.strides[1] * PIXEL_BYTES, padded_w * PIXEL_BYTES, packed.stride(0)),
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)

@@ -71,6 +71,7 @@ from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, con
                                   pack_weight, weight_tma_tiles)
 from ..kernels.epilogue import pixel_stride, triton
 from ..kernels.im2col import im2col_codes
+from ..kernels.pool import POOL_TACTIC
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
 from ..kernels.resident_gemm import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
@@ -80,10 +81,12 @@ from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
+from .fused_pool import fused_max_pool, pool_in_kernel, without_max_pool
 from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
 from .quantized_window import (space_to_depth_applies, window_applies, window_conv, window_resident_tile,
                                window_space_to_depth, window_tactics, window_tile, window_weight)
+from .pool import max_pool
 from .registry import OpTable
 
 OPS = OpTable("quantized")
@@ -272,7 +275,10 @@ def _qlayer_tactics(gemm: bool):
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [IM2COL_PREFIX + tile.name for tile in tiles]
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
-                names += window_tactics(effort, space_to_depth=space_to_depth_applies(inputs[0], inputs[1], attrs))
+                pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
+                          and attrs.get("output_inv_scale") is not None)
+                names += window_tactics(effort, space_to_depth=space_to_depth_applies(inputs[0], inputs[1], attrs),
+                                        max_pool=pooled)
         return names
     return tactics
 
@@ -551,7 +557,7 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     tiles, the resident kernel and the library GEMMs' epilogue, which store any pixel stride. None
     for the emulation, im2col and the windows (whose kernels write rows of their own): the layer
     then runs as usual and the Concat copies its result."""
-    if out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None:
+    if out.dtype != qlayer_output_dtype(attrs) or pixel_stride(out) is None or fused_max_pool(attrs) is not None:
         return None
     if projection_inputs(inputs) is not None:
         return _projected_kernel(inputs, attrs, out)
@@ -564,6 +570,8 @@ def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Te
     """The layer by its tactic when that is one of the kernels (windows, im2col, `_kernel_tactic`'s),
     else None (the emulation)."""
     window = window_tile(attrs.get("tactic"))
+    if isinstance(window, WindowResidentTile) and window.max_pool:
+        raise ValueError(f"QConv: tactic {attrs['tactic']} pools the layer's output, and the layer carries no max pool")
     if window is not None:
         y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, window,
                          space_to_depth=window_space_to_depth(attrs.get("tactic")))
@@ -577,12 +585,34 @@ def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Te
     return _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm=False)
 
 
+def _pooled_qconv(inputs, attrs: dict, pool: dict) -> torch.Tensor:
+    """A QConv carrying its max pool (`ops/fused_pool.py`): one kernel for a pooled window tile
+    (`_mp`), else the layer by its tactic (the emulation too) and then the pool, by the Triton
+    pool's first tile on CUDA (the pool's own timing is the unfused graph's)."""
+    layer = without_max_pool(attrs)
+    tile = window_resident_tile(attrs.get("tactic"))
+    if tile is not None and tile.max_pool:
+        if not pool_in_kernel(pool):
+            raise ValueError(f"QConv: tactic {attrs['tactic']} pools 3x3/2 with padding 1, not the layer's {pool}")
+        y = _window_conv(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, None, inputs[4], layer, tile,
+                         space_to_depth=window_space_to_depth(attrs["tactic"]))
+        if y is not None:
+            return y
+        layer["tactic"] = "torch"  # the windows do not apply to these inputs
+    y = qconv(inputs, layer)
+    return max_pool([y], dict(pool, tactic=POOL_TACTIC if y.is_cuda else "torch"))
+
+
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,
               write_into=qconv_into)
 def qconv(inputs, attrs):
     """inputs: x, weight (int8 or float8_e4m3fn, [M, C/group, *k]), bias (int32 [M], FP8: float32
     [M], or omitted), residual (or omitted), dequant scale (float32 [M]), and for a projected layer
-    its projection's four (PROJECTION_FIRST_INPUT)."""
+    its projection's four (PROJECTION_FIRST_INPUT). A layer carrying its max pool
+    (`ops/fused_pool.py`) outputs the pooled codes."""
+    pool = fused_max_pool(attrs)
+    if pool is not None:
+        return _pooled_qconv(inputs, attrs, pool)
     x, wq = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None

@@ -62,9 +62,15 @@ def space_to_depth_window_bytes(kernel_width: int) -> int:
 def window_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
     """Dense 2-D convolutions of up to 4 input channels, undilated along the width (a window is
     contiguous pixels), up to WINDOW_MAX_BYTES wide."""
+    return x.dim() == 4 and window_applies_to_weight(tuple(wq.shape), attrs)
+
+
+def window_applies_to_weight(weight_shape: tuple, attrs: dict) -> bool:
+    """window_applies by the weight's shape [Cout, C, kh, kw] alone (C is the input's channels of a
+    dense convolution): what a graph pass knows before any tensor exists."""
     dilations = attrs.get("dilations") or [1, 1]
-    return (x.dim() == 4 and wq.dim() == 4 and x.shape[1] <= PIXEL_BYTES and attrs.get("group", 1) == 1
-            and len(dilations) == 2 and dilations[1] == 1 and window_bytes(wq.shape[3]) <= WINDOW_MAX_BYTES)
+    return (len(weight_shape) == 4 and weight_shape[1] <= PIXEL_BYTES and attrs.get("group", 1) == 1
+            and len(dilations) == 2 and dilations[1] == 1 and window_bytes(weight_shape[3]) <= WINDOW_MAX_BYTES)
 
 
 def space_to_depth_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
@@ -75,10 +81,12 @@ def space_to_depth_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bo
             and list(dilations) == [1, 1] and space_to_depth_window_bytes(wq.shape[3]) <= WINDOW_MAX_BYTES)
 
 
-def window_tactics(effort: int, space_to_depth: bool = False) -> list[str]:
+def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = False) -> list[str]:
     """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows;
-    with `space_to_depth` each in that form too."""
-    tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))], *window_resident_tiles(effort)]
+    with `space_to_depth` each in that form too; with `max_pool` (a layer carrying the 3 × 3 / 2 max
+    pool the pooled tiles compute) the pooled resident-window tiles too."""
+    tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))],
+             *window_resident_tiles(effort, max_pool=max_pool)]
     forms = (WINDOW_PREFIX, WINDOW_PREFIX + SPACE_TO_DEPTH) if space_to_depth else (WINDOW_PREFIX,)
     return [form + tile.name for form in forms for tile in tiles]
 

@@ -33,6 +33,7 @@ from ..errors import SartorError
 from ..kernels.epilogue import pixel_stride
 from ..kernels.tile_steps import sums_decoded
 from ..ops.conv import conv_geometry
+from ..ops.fused_pool import max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..runtime.engine_file import write_atomic
 
@@ -87,6 +88,9 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
         parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
         if sums_decoded(attrs.get(ACCUMULATOR_BOUND)):  # another epilogue (kernels/tile_steps.py)
             parts.append("sums=decoded")
+    pool = max_pool_label(attrs)
+    if pool is not None:  # a QConv carrying its max pool (ops/fused_pool.py): another output
+        parts.append(f"pool={pool}")
     if len(args) > 6 and args[5] is not None:  # a projected QConv (ops/quantized.py): its second product
         parts.append(f"projection={_tensor(args[5])}*{_tensor(args[6])}"
                      f"@{','.join(map(str, attrs.get('projection_strides') or (1, 1)))}")
