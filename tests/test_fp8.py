@@ -93,6 +93,18 @@ def test_fp8_check_accepts_many_steps_only_far_below_the_largest_output():
     assert why is not None and "e4m3 steps" in why and "of its largest value" in why
 
 
+def test_fp8_layers_float_outputs_are_checked_at_the_cancellation_tolerance():
+    """An FP8 layer writing float32 (its sums through the tensor cores' ~14-bit chunks) may land a
+    few 2^-14 of its largest output away (the H200: 1.76e-4, session 28), which a float layer may not;
+    a float32 output off by more than 2^-8 of its largest value is refused either way."""
+    ref = torch.tensor([100.0, -3.0, 0.5])
+    chunked = ref + torch.tensor([0.0, 0.0176, 0.0])
+    assert _mismatch(chunked, ref) is not None and _mismatch(chunked, ref, fp8_products=True) is None
+    wrong = ref + torch.tensor([0.0, 0.5, 0.0])
+    why = _mismatch(wrong, ref, fp8_products=True)
+    assert why is not None and "tolerance 0.00390625" in why
+
+
 def test_weight_scales_per_output_channel_and_activation_scale():
     w = np.stack([np.linspace(-1, 1, 9), np.linspace(-0.01, 0.02, 9), np.zeros(9)]).reshape(3, 1, 3, 3)
     q, scale = quantize_weight_fp8(w)

@@ -24,7 +24,7 @@ from sartor.ops import default_registry, quantized
 from sartor.ops.conv import igemm_geometry
 from sartor.ops.fused_pool import fused_max_pool, max_pool_label, pool_in_kernel
 from sartor.ops.quantized import qconv, qlayer_weight_for_tactic
-from sartor.ops.quantized_window import window_tactics, window_tile
+from sartor.ops.quantized_window import window_pack, window_tactics, window_tile
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.passes.fuse_stem_max_pool import fuse_stem_max_pool
@@ -206,16 +206,18 @@ def test_pooled_tactic_refused_where_the_layer_does_not_pool_so():
 def test_pooled_kernel_refuses_a_residual_float_output_or_fp8():
     pytest.importorskip("triton")
     inputs, attrs = _pooled_layer_inputs()
-    w_window = qlayer_weight_for_tactic(inputs[1], "window_" + SMALL_POOLED.name)
-    geometry = igemm_geometry(inputs[0], inputs[1], attrs, require_cuda=False)
-    from sartor.ops.quantized_window import window_pack
-    packed = window_pack(inputs[0], w_window, geometry, torch.int8, attrs["input_inv_scale"], -127)
-    common = dict(geometry=geometry, dequant_scale=inputs[4])
+    x, w, bias, _, scale = [t.to(DEVICE) if t is not None else None for t in inputs]
+    w_window = qlayer_weight_for_tactic(w, "window_" + SMALL_POOLED.name)
+    geometry = igemm_geometry(x, w, attrs, require_cuda=False)
+    packed = window_pack(x, w_window, geometry, torch.int8, attrs["input_inv_scale"], -127)
+    common = dict(geometry=geometry, dequant_scale=scale)
     with pytest.raises(ValueError, match="pools INT8 output codes"):
-        window_resident_conv(packed, w_window, inputs[2], SMALL_POOLED, **common)  # float output
+        window_resident_conv(packed, w_window, bias, SMALL_POOLED, **common)  # float output
     with pytest.raises(ValueError, match="pools INT8 output codes"):
-        window_resident_conv(packed, w_window, inputs[2], SMALL_POOLED, residual=torch.zeros(2, 8, 13, 13),
+        window_resident_conv(packed, w_window, bias, SMALL_POOLED, residual=torch.zeros(2, 8, 13, 13, device=DEVICE),
                              output_inv_scale=2.0, **common)
+    with pytest.raises(ValueError, match="pools INT8 output codes"):
+        window_resident_conv(packed, w_window, bias, SMALL_POOLED, output_inv_scale=2.0, fp8=True, **common)
 
 
 def test_pooled_tile_names_round_trip_and_malformed_ones_are_refused():

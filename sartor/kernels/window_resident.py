@@ -426,6 +426,8 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     `w_window` [Cout, window, kh, 1] (`window_weight`'s: [Cout, kh, window] in memory) at
     `geometry` (the layer's, whose pads the packing applied), with the epilogue of resident_gemm's
     arguments. Output channels-last [N, Cout, OH, OW] (or into `out`)."""
+    if tile.max_pool and (fp8 or residual is not None or output_inv_scale is None):
+        raise ValueError(f"window_resident_conv: {tile.name} pools INT8 output codes of a layer without residual")
     code = torch.float8_e4m3fn if fp8 else torch.int8
     cout, window, kh, _ = w_window.shape
     if packed.dtype != code or packed.dim() != 4 or packed.shape[3] != PIXEL_BYTES or not packed.is_contiguous():
@@ -435,8 +437,6 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         raise ValueError(f"window_resident_conv: weight {tuple(w_window.shape)} is not window_weight's layout")
     n, _, padded_w, _ = packed.shape
     oh, ow = geometry.out_hw
-    if tile.max_pool and (fp8 or residual is not None or output_inv_scale is None):
-        raise ValueError(f"window_resident_conv: {tile.name} pools INT8 output codes of a layer without residual")
     out_hw = pooled_size((oh, ow)) if tile.max_pool else (oh, ow)
     y = channels_last_output((n, cout, *out_hw), code if output_inv_scale is not None else torch.float32,
                              packed.device, out, "window_resident_conv")
