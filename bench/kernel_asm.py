@@ -199,7 +199,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                               N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,
                               BLOCK_M=tile.resident.block_m, BLOCK_N=tile.resident.block_n,
                               K_PAD=triton.next_power_of_2(rows * window), OUTPUT_ROWS=tile.output_rows,
-                              MAX_POOL=tile.max_pool,
+                              MAX_POOL=tile.max_pool, BALANCED=tile.balanced,
                               WINDOW_ALIGN=window_resident.window_alignment(step * PIXEL_BYTES, row_bytes, image_bytes))
             cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
                           tile.resident.warps, tile.resident.stages))

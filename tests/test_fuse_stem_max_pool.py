@@ -18,7 +18,7 @@ from sartor.frontend.onnx import import_model_proto
 from sartor.ir import verify_graph
 from sartor.ir.graph import Node
 from sartor.kernels.resident_gemm import ResidentTile
-from sartor.kernels.window_resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups,
+from sartor.kernels.window_resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups, pooled_steps,
                                             window_resident_conv, window_resident_tiles)
 from sartor.ops import default_registry, quantized
 from sartor.ops.conv import igemm_geometry
@@ -41,6 +41,10 @@ SHAPES = {"min": {"images": (1, 3, SIZE, SIZE)}, "opt": {"images": (2, 3, SIZE, 
 POOL = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
 # Interpreted kernels are slow: small tiles, a strip of 3 pooled columns and bands of 2 pairs.
 SMALL_POOLED = WindowResidentTile(ResidentTile(8, 16, 2, 1, 1), kh_steps=True, row_pairs=True, max_pool=True)
+# The balanced walk: 3 programs on each of the interpreter's 2 "multiprocessors" share the 2 images'
+# 3 strips of 7 pairs, 7 steps each, crossing strips and images.
+SMALL_BALANCED = WindowResidentTile(ResidentTile(8, 16, 3, 1, 1), kh_steps=True, row_pairs=True, max_pool=True,
+                                    balanced=True)
 
 
 def _images(seed: int, n: int) -> np.ndarray:
@@ -152,8 +156,9 @@ def test_pooled_kernel_equals_the_emulation(activation):
     assert reference.shape == (2, 8, 7, 7) and reference.dtype == torch.int8
     if activation is None:
         assert int(reference.min()) < 0
-    for form in ("window_", "window_s2d_"):
-        tactic = form + SMALL_POOLED.name
+    for form, tile in (("window_", SMALL_POOLED), ("window_s2d_", SMALL_POOLED), ("window_", SMALL_BALANCED),
+                       ("window_s2d_", SMALL_BALANCED)):
+        tactic = form + tile.name
         args = [t.to(DEVICE) if t is not None else None for t in inputs]
         args[1] = qlayer_weight_for_tactic(inputs[1], tactic).to(DEVICE)
         got = qconv(args, dict(attrs, tactic=tactic))
@@ -180,15 +185,16 @@ def test_pooled_tactics_are_offered_for_pooled_stems_only(monkeypatch):
     inputs, attrs = _pooled_layer_inputs()
     registry = default_registry()["QConv"]
     pooled = registry.tactics(inputs, attrs, 1)
-    expected = ["window_" + tile.name for tile in POOLED_TILES[:2]] + ["window_s2d_" + t.name for t in POOLED_TILES[:2]]
-    assert [name for name in pooled if name.endswith("_mp")] == expected
+    expected = ["window_" + tile.name for tile in POOLED_TILES[:3]] + ["window_s2d_" + t.name for t in POOLED_TILES[:3]]
+    assert sum(name.endswith("_mp_b") for name in expected) == 2  # the balanced walk from effort 1
+    assert [name for name in pooled if name.endswith(("_mp", "_mp_b"))] == expected
     assert window_tactics(1, space_to_depth=True, max_pool=True) == [n for n in pooled if n.startswith("window_")]
     plain = {key: value for key, value in attrs.items() if not key.startswith("max_pool_")}
-    assert not any(name.endswith("_mp") for name in registry.tactics(inputs, plain, 1))
+    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, plain, 1))
     other_pool = dict(attrs, max_pool_kernel_shape=[2, 2], max_pool_pads=[0, 0, 0, 0])
-    assert not any(name.endswith("_mp") for name in registry.tactics(inputs, other_pool, 1))
+    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, other_pool, 1))
     float_out = dict(attrs, output_inv_scale=None)
-    assert not any(name.endswith("_mp") for name in registry.tactics(inputs, float_out, 1))
+    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, float_out, 1))
 
 
 def test_pooled_tactic_refused_where_the_layer_does_not_pool_so():
@@ -221,17 +227,24 @@ def test_pooled_kernel_refuses_a_residual_float_output_or_fp8():
 
 
 def test_pooled_tile_names_round_trip_and_malformed_ones_are_refused():
-    for tile in (*POOLED_TILES, SMALL_POOLED):
+    for tile in (*POOLED_TILES, SMALL_POOLED, SMALL_BALANCED):
         tactic = "window_" + tile.name
-        assert tactic.endswith("_kh_o2_mp") and window_tile(tactic) == tile
+        assert tactic.endswith("_kh_o2_mp_b" if tile.balanced else "_kh_o2_mp") and window_tile(tactic) == tile
     for bad in ("window_resident_64x64_t8_w4_s2_mp", "window_resident_64x64_t8_w4_s2_kh_mp",
                 "window_resident_64x64_t8_w4_s2_kh_o2_mp_mp", "window_resident_64x64_t8_w4_s2_kh_mp_o2",
-                "window_resident_2x16_t2_w1_s1_kh_o2_mp"):
+                "window_resident_2x16_t2_w1_s1_kh_o2_mp", "window_resident_64x64_t3_w4_s2_kh_o2_b",
+                "window_resident_64x64_t3_w4_s2_kh_o2_mp_b_b", "window_resident_64x64_t3_w4_s2_g_kh_o2_mp_b"):
         assert window_tile(bad) is None, bad
     with pytest.raises(ValueError, match="walks row pairs"):
         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True, max_pool=True)
-    # ResNet-50 at batch 256: 2 strips of 31 pooled columns, 7 bands of 8 pairs.
-    assert pooled_row_groups(POOLED_TILES[0], 256, (112, 112)) == 256 * 2 * 7
+    with pytest.raises(ValueError, match="balanced walk is the pooled one's"):
+        WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), kh_steps=True, row_pairs=True, balanced=True)
+    # ResNet-50 at batch 256: 2 strips of 31 pooled columns, 7 bands of 8 pairs; balanced, 3 programs
+    # on each of the H200's 132 multiprocessors, or one a step where there are fewer steps.
+    banded, balanced = POOLED_TILES[1], POOLED_TILES[0]
+    assert pooled_row_groups(banded, 256, (112, 112), 132) == 256 * 2 * 7
+    assert pooled_row_groups(balanced, 256, (112, 112), 132) == 396 and pooled_steps(balanced, 256, (112, 112)) == 28672
+    assert pooled_row_groups(balanced, 1, (112, 112), 132) == 112  # batch 1: 2 strips of 56 pairs
 
 
 def test_timing_identity_and_description():

@@ -102,14 +102,15 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
     # both walks at effort 1, each also with its columns' bias and scale loaded once (`_c`), the one
-    # by filter rows also over row pairs (`_o2`), and two tiles of those pooling the output (`_mp`,
-    # a stem carrying its max pool); each in the 4-byte and the space-to-depth form
+    # by filter rows also over row pairs (`_o2`), and three tiles of those pooling the output (`_mp`,
+    # a stem carrying its max pool; one walking balanced, `_b`); each in the 4-byte and the
+    # space-to-depth form
     for form in ("window_resident_", "window_s2d_resident_"):
-        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"), label.endswith("_mp"))
+        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"), "_mp" in label, label.endswith("_b"))
                       for label, *_ in lines if label.startswith(form)) == [
-            (False, False, False, False), (False, True, False, False), (True, False, False, False),
-            (True, False, False, True), (True, False, False, True), (True, False, True, False),
-            (True, True, False, False), (True, True, True, False)]
+            (False, False, False, False, False), (False, True, False, False, False), (True, False, False, False, False),
+            (True, False, False, True, False), (True, False, False, True, False), (True, False, False, True, True),
+            (True, False, True, False, False), (True, True, False, False, False), (True, True, True, False, False)]
     assert all(spills == "0" and hopper == "True" for _, spills, hopper, _ in lines)
     # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
     # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'

@@ -48,7 +48,7 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
             COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
-            MAX_POOL: tl.constexpr = False):
+            MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False):
         await_previous_kernel(PDL)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
@@ -75,9 +75,10 @@ if triton is not None:
         else:
             bias_lo, scale_lo, bias_hi, scale_hi = 0.0, 0.0, 0.0, 0.0
         if MAX_POOL:
-            _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, COUT, OH,
-                                 OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
-                                 DIL_H, PIXEL_STEP, INT8, HAS_BIAS, ACT, TILES, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
+            _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, M, COUT,
+                                 OH, OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
+                                 DIL_H, PIXEL_STEP, INT8, HAS_BIAS, ACT, TILES, BALANCED, BLOCK_M, BLOCK_N, WINDOW,
+                                 WINDOW_ALIGN)
         elif OUTPUT_ROWS == 2:
             _window_row_pairs(p_ptr, weights, bias_ptr, scale_ptr, res_ptr, y_ptr, bias_lo, scale_lo, bias_hi,
                               scale_hi, row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes,
@@ -248,66 +249,131 @@ if triton is not None:
         return tl.maximum(tl.maximum(even, odd), next_even)
 
     @triton.jit
-    def _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, COUT, OH, OW,
-                             image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
-                             STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
-                             INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TILES: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
-                             WINDOW_ALIGN: tl.constexpr):
-        """The `_mp` walk: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
-        the kernel; only the pooled codes are stored (`y_ptr`: [N, ⌈OH/2⌉, ⌈OW/2⌉] pixels).
+    def _strip_columns(strip, OW, BLOCK_M: tl.constexpr):
+        """The output columns of strip `strip` (from 2·strip·Q - 1, Q = BLOCK_M / 2 - 1 pooled columns
+        a strip) and which lie inside the output."""
+        ow = strip * (BLOCK_M - 2) - 1 + tl.arange(0, BLOCK_M)
+        return ow, (ow >= 0) & (ow < OW)
 
-        Pooled row p is the max over output rows 2p - 1, 2p and 2p + 1: the upper and lower rows of
-        pair p and the lower row of pair p - 1. A program walks TILES pairs down one strip of an
-        image, keeping each pair's lower row for the next; the row above its first pair it computes
-        first (none above the image's top). A strip is BLOCK_M output columns from 2·s·Q - 1, Q =
-        BLOCK_M / 2 - 1, giving pooled columns s·Q … s·Q + Q - 1: strips overlap by one column each
-        side, which the program computes again (ResNet-50's 112 columns: 2 strips of 64, 128
-        computed). Row group → (image, band of TILES pairs, strip), strips fastest."""
+    @triton.jit
+    def _row_above(p_ptr, weights, n_idx, strip, pair, ok, offs_k, offs_n, n_ok, bias, scale, OW, image_bytes,
+                   row_bytes, alpha, beta, KH: tl.constexpr, STRIDE_H: tl.constexpr, DIL_H: tl.constexpr,
+                   PIXEL_STEP: tl.constexpr, INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
+        """The pooled walks' `previous` before their first pair: the values of output row 2·pair - 1 (none
+        above an image's top: the pool's padding)."""
+        ow, column_ok = _strip_columns(strip, OW, BLOCK_M)
+        above_ok = column_ok & ok & (pair > 0)
+        above = _window_row_products(p_ptr, weights, _window_starts(n_idx, 2 * pair - 1, ow, image_bytes, row_bytes,
+                                                                    STRIDE_H, PIXEL_STEP, WINDOW_ALIGN),
+                                     above_ok, offs_k, row_bytes, KH, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
+        return _pool_values(above, above_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
+
+    @triton.jit
+    def _pooled_pair(p_ptr, weights, y_ptr, previous, n_idx, strip, pair, ok, offs_k, offs_n, n_ok, bias, scale, OH,
+                     OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
+                     STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr, INT8: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
+        """One step of the pooled walks (`_mp`): pair `pair` of strip `strip` of image `n_idx` (nothing
+        where not `ok`), its pooled row stored from the max of its two rows and `previous` (the values
+        of the row above), pooled 3 to 1 along the row. Returns the pair's lower row's values, the
+        next pair's `previous`.
+
+        Pooled row p is the max over output rows 2p - 1, 2p and 2p + 1. A strip is BLOCK_M output
+        columns from 2·s·Q - 1, Q = BLOCK_M / 2 - 1, giving pooled columns s·Q … s·Q + Q - 1: strips
+        overlap by one column each side, which are computed twice (ResNet-50's 112 columns: 2 strips
+        of 64, 128 computed)."""
         STRIP: tl.constexpr = BLOCK_M // 2 - 1
         pairs = (OH + 1) // 2
         pooled_w = (OW + 1) // 2
-        strips = tl.cdiv(pooled_w, STRIP)
-        per_image = tl.cdiv(pairs, TILES) * strips
-        n_idx = row_group // per_image
-        band = (row_group - n_idx * per_image) // strips
-        strip = row_group - n_idx * per_image - band * strips
-        ow = strip * (2 * STRIP) - 1 + tl.arange(0, BLOCK_M)
-        column_ok = (ow >= 0) & (ow < OW)
+        ow, column_ok = _strip_columns(strip, OW, BLOCK_M)
+        column_ok = column_ok & ok
+        oh = 2 * pair
+        upper_ok = column_ok & (oh < OH)
+        lower_ok = column_ok & (oh + 1 < OH)
+        window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN)
+        upper, lower = _window_pair_products(p_ptr, weights, window_start, upper_ok, lower_ok, offs_k, row_bytes, KH,
+                                             STRIDE_H, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
+        lower_values = _pool_values(lower, lower_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
+        rows_max = tl.maximum(tl.maximum(previous, lower_values),
+                              _pool_values(upper, upper_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS,
+                                           ACT))
+        pooled = _requantize_code(_max_of_column_triples(rows_max, BLOCK_M, BLOCK_N), out_inv_scale, qmin)
+        pooled_j = tl.arange(0, BLOCK_M // 2)
+        pooled_q = strip * STRIP + pooled_j
+        pooled_ok = (pooled_j < STRIP) & (pooled_q < pooled_w) & ok & (pair < pairs)
+        y_pixels = ((n_idx * pairs + pair) * pooled_w + pooled_q).to(tl.int64) * y_row
+        tl.store(y_ptr + y_pixels[:, None] + offs_n[None, :], pooled, mask=pooled_ok[:, None] & n_ok[None, :])
+        return lower_values
+
+    @triton.jit
+    def _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, M, COUT,
+                             OH, OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH: tl.constexpr,
+                             STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
+                             INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TILES: tl.constexpr,
+                             BALANCED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
+        """The `_mp` walks: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
+        the kernel; only the pooled codes are stored (`y_ptr`: [N, ⌈OH/2⌉, ⌈OW/2⌉] pixels). A program
+        walks pairs of output rows down strips of an image (`_pooled_pair`), keeping each pair's lower
+        row for the next; the row above its first pair it computes first.
+
+        Banded: row group → (image, band of TILES pairs, strip), strips fastest. BALANCED (`_b`): the
+        grid's programs share the walk's M steps, all (image, strip, pair)s with pairs fastest, in
+        equal runs that cross strips and images (a pair 0 starts from the padding): ResNet-50 at
+        batch 256 has 28,672, and bands of 8 pairs made 3,584 programs, 9.05 rounds of the 396 that
+        an H200 holds at once, so the tenth ran 14."""
+        STRIP: tl.constexpr = BLOCK_M // 2 - 1
+        pairs = (OH + 1) // 2
+        strips = tl.cdiv((OW + 1) // 2, STRIP)
         offs_n = first_column + tl.arange(0, BLOCK_N)
         n_ok = offs_n < COUT
         bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, False, HAS_BIAS)
-        first_pair = band * TILES
-        above_ok = column_ok & (first_pair > 0)
-        above = _window_row_products(p_ptr, weights, _window_starts(n_idx, 2 * first_pair - 1, ow, image_bytes,
-                                                                    row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN),
-                                     above_ok, offs_k, row_bytes, KH, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
-        previous = _pool_values(above, above_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
-        pooled_j = tl.arange(0, BLOCK_M // 2)
-        pooled_q = strip * STRIP + pooled_j
-        pooled_ok = (pooled_j < STRIP) & (pooled_q < pooled_w)
-        for t in range(TILES):
-            pair = first_pair + t
-            oh = 2 * pair
-            upper_ok = column_ok & (oh < OH)
-            lower_ok = column_ok & (oh + 1 < OH)
-            window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP, WINDOW_ALIGN)
-            upper, lower = _window_pair_products(p_ptr, weights, window_start, upper_ok, lower_ok, offs_k, row_bytes,
-                                                 KH, STRIDE_H, DIL_H, INT8, False, BLOCK_M, BLOCK_N, WINDOW)
-            lower_values = _pool_values(lower, lower_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS, ACT)
-            rows_max = tl.maximum(tl.maximum(previous, lower_values),
-                                  _pool_values(upper, upper_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8,
-                                               HAS_BIAS, ACT))
-            previous = lower_values
-            pooled = _max_of_column_triples(rows_max, BLOCK_M, BLOCK_N)
-            pooled = _requantize_code(pooled, out_inv_scale, qmin)
-            y_pixels = ((n_idx * pairs + pair) * pooled_w + pooled_q).to(tl.int64) * y_row
-            tl.store(y_ptr + y_pixels[:, None] + offs_n[None, :], pooled,
-                     mask=(pooled_ok & (pair < pairs))[:, None] & n_ok[None, :])
+        if BALANCED:
+            steps = tl.cdiv(M, tl.num_programs(0))
+            first = row_group * steps
+            sequence = first // pairs
+            n_idx = sequence // strips
+            previous = _row_above(p_ptr, weights, n_idx, sequence - n_idx * strips, first - sequence * pairs,
+                                  first < M, offs_k, offs_n, n_ok, bias, scale, OW, image_bytes, row_bytes, alpha,
+                                  beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8, HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW,
+                                  WINDOW_ALIGN)
+            # (image, strip, pair) carried from step to step: no divisions inside the walk.
+            pair = first - sequence * pairs
+            strip = sequence - n_idx * strips
+            for t in range(steps):
+                previous = tl.where(pair == 0, _LOWEST_FLOAT32, previous)  # a strip's first pair: padding above
+                previous = _pooled_pair(p_ptr, weights, y_ptr, previous, n_idx, strip, pair, first + t < M, offs_k,
+                                        offs_n, n_ok, bias, scale, OH, OW, image_bytes, row_bytes, y_row,
+                                        out_inv_scale, qmin, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
+                                        HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
+                pair += 1
+                strip_done = pair == pairs
+                pair = tl.where(strip_done, 0, pair)
+                strip = tl.where(strip_done, strip + 1, strip)
+                image_done = strip == strips
+                strip = tl.where(image_done, 0, strip)
+                n_idx = tl.where(image_done, n_idx + 1, n_idx)
+        else:
+            per_image = tl.cdiv(pairs, TILES) * strips
+            n_idx = row_group // per_image
+            band = (row_group - n_idx * per_image) // strips
+            strip = row_group - n_idx * per_image - band * strips
+            first_pair = band * TILES
+            previous = _row_above(p_ptr, weights, n_idx, strip, first_pair, True, offs_k, offs_n, n_ok, bias, scale,
+                                  OW, image_bytes, row_bytes, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
+                                  HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
+            for t in range(TILES):
+                previous = _pooled_pair(p_ptr, weights, y_ptr, previous, n_idx, strip, first_pair + t, True, offs_k,
+                                        offs_n, n_ok, bias, scale, OH, OW, image_bytes, row_bytes, y_row,
+                                        out_inv_scale, qmin, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
+                                        HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
 
 KH_STEPS_SUFFIX = "_kh"
 ROW_PAIRS_SUFFIX = "_o2"  # after KH_STEPS_SUFFIX: two output rows per row tile
 MAX_POOL_SUFFIX = "_mp"  # after ROW_PAIRS_SUFFIX: the output max-pooled 3 × 3 / 2 in the kernel
+BALANCED_SUFFIX = "_b"  # after MAX_POOL_SUFFIX: the pooled walk shared equally by a fixed grid
 # The max pool a `_mp` tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
 FUSED_POOL_KERNEL, FUSED_POOL_STRIDES, FUSED_POOL_PADS = (3, 3), (2, 2), (1, 1, 1, 1)
 
@@ -321,22 +387,27 @@ class WindowResidentTile:
     busy, 1.56 GB through it for 236 MB of DRAM traffic: session 25): each output pixel reads 4
     windows of 64 bytes there; a pair of rows shares 3 of its 4. `max_pool` (`_mp`, row pairs
     only): the layer's 3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles`
-    row pairs a program."""
+    row pairs a program; `balanced` (`_b`, pooled only): `resident.tiles` programs per SM share the
+    walk in equal runs."""
     resident: ResidentTile
     kh_steps: bool = False
     row_pairs: bool = False
     max_pool: bool = False
+    balanced: bool = False
 
     def __post_init__(self):
         if self.row_pairs and not self.kh_steps:
             raise ValueError("WindowResidentTile: row pairs walk K by filter rows (kh_steps)")
         if self.max_pool and not self.row_pairs:
             raise ValueError("WindowResidentTile: the max pool walks row pairs")
+        if self.balanced and (not self.max_pool or self.resident.n_adjacent):
+            raise ValueError("WindowResidentTile: the balanced walk is the pooled one's, on a 2-D grid")
 
     @property
     def name(self) -> str:
         return (self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
-                + (ROW_PAIRS_SUFFIX if self.row_pairs else "") + (MAX_POOL_SUFFIX if self.max_pool else ""))
+                + (ROW_PAIRS_SUFFIX if self.row_pairs else "") + (MAX_POOL_SUFFIX if self.max_pool else "")
+                + (BALANCED_SUFFIX if self.balanced else ""))
 
     @property
     def output_rows(self) -> int:
@@ -345,15 +416,18 @@ class WindowResidentTile:
 
     @classmethod
     def parse(cls, name: str | None) -> "WindowResidentTile | None":
+        balanced = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX + BALANCED_SUFFIX)
+        name = name[:-len(BALANCED_SUFFIX)] if balanced else name
         max_pool = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX)
         name = name[:-len(MAX_POOL_SUFFIX)] if max_pool else name
         row_pairs = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX)
         name = name[:-len(ROW_PAIRS_SUFFIX)] if row_pairs else name
         kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
         resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
-        if resident is None or resident.residual_prefetch or (max_pool and resident.block_m < 4):
+        if (resident is None or resident.residual_prefetch or (max_pool and resident.block_m < 4)
+                or (balanced and resident.n_adjacent)):
             return None
-        return cls(resident, kh_steps, row_pairs, max_pool)
+        return cls(resident, kh_steps, row_pairs, max_pool, balanced)
 
 
 # Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
@@ -369,17 +443,23 @@ WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_st
                          WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)))
 # Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
 WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
-# The pooled tiles (`_mp`), `tiles` being row pairs a program: ResNet-50's 112 × 112 stem output
-# at batch 256 is 256 · 2 strips · 7 bands of 8 pairs = 3,584 programs of 64 × 64 tiles; 2 pairs
-# a band give batch 1 56 programs. bench/kernel_asm.py --layer stem (sm_90, Triton 3.6): 160–203
-# registers (the pair's two accumulators, the row kept from the pair above and the rows' values),
-# no spills; 8 warps on 64 × 64 or 128 × 64 kept as many registers a thread, one program an SM.
-# Not timed on a GPU yet: the order is a guess.
-POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), True, True, True),
+# The pooled tiles (`_mp`), `tiles` being row pairs a program, or programs an SM for the balanced
+# walk (`_b`). ResNet-50's 112 × 112 stem output at batch 256 is 28,672 pair steps (2 strips of 64
+# columns); bands of 8 pairs make 3,584 programs, which the H200 ran at 0.300 ms (session 28, effort
+# 3; bands of 4: 0.323), where it holds 3 programs an SM at once: 9.05 rounds. The balanced walk
+# gives 3 × 132 programs 73 steps each. bench/kernel_asm.py --layer stem (sm_90, Triton 3.6):
+# 160–203 registers (the pair's two accumulators, the row kept from the pair above and the rows'
+# values), no spills; 8 warps on 64 × 64 or 128 × 64 kept as many registers a thread, one program an SM.
+POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, True, balanced=True),
+                WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), True, True, True),
                 WindowResidentTile(ResidentTile(64, 64, 4, 4, 2), True, True, True),
+                WindowResidentTile(ResidentTile(64, 64, 2, 4, 2), True, True, True, balanced=True),
                 WindowResidentTile(ResidentTile(64, 64, 2, 4, 2), True, True, True),
                 WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), True, True, True))
-POOLED_PER_EFFORT = {1: 2, 2: 3}
+POOLED_PER_EFFORT = {1: 3, 2: 4}
+# The multiprocessors the balanced walk spreads over on the CPU (Triton's interpreter runs programs
+# one after another): a few, so that runs cross strips and images in tests.
+INTERPRETED_SMS = 2
 
 
 def window_resident_tiles(effort: int, max_pool: bool = False) -> list[WindowResidentTile]:
@@ -398,11 +478,20 @@ def pooled_size(out_hw: tuple[int, int]) -> tuple[int, int]:
     return (out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2
 
 
-def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int]) -> int:
-    """The programs of one column tile of a `_mp` tile: image × band of `tiles` pairs × strip."""
+def pooled_steps(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int]) -> int:
+    """The pooled walk's steps: pairs of output rows over every strip of every image."""
     pairs, pooled_w = pooled_size(out_hw)
-    strip = tile.resident.block_m // 2 - 1
-    return batch * -(-pairs // tile.resident.tiles) * -(-pooled_w // strip)
+    return batch * pairs * -(-pooled_w // (tile.resident.block_m // 2 - 1))
+
+
+def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int], sms: int) -> int:
+    """The programs of one column tile of a `_mp` tile: image × band of `tiles` pairs × strip; balanced,
+    `tiles` a multiprocessor of `sms` (never more than there are steps)."""
+    steps = pooled_steps(tile, batch, out_hw)
+    if tile.balanced:
+        return min(steps, sms * tile.resident.tiles)
+    pairs = pooled_size(out_hw)[0]
+    return steps // pairs * -(-pairs // tile.resident.tiles)
 
 
 def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
@@ -445,7 +534,10 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     resident = tile.resident
     grid = resident.grid(rows, cout)
     if tile.max_pool:
-        groups, columns = pooled_row_groups(tile, n, (oh, ow)), triton.cdiv(cout, resident.block_n)
+        rows = pooled_steps(tile, n, (oh, ow))  # the balanced walk's length (M)
+        sms = (torch.cuda.get_device_properties(packed.device).multi_processor_count if packed.is_cuda
+               else INTERPRETED_SMS)
+        groups, columns = pooled_row_groups(tile, n, (oh, ow), sms), triton.cdiv(cout, resident.block_n)
         grid = (groups * columns,) if resident.n_adjacent else (groups, columns)
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
@@ -459,7 +551,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         PIXEL_STEP=geometry.strides[1] * PIXEL_BYTES, DIL_H=geometry.dilations[0], **flags, KH_STEPS=tile.kh_steps,
         TILES=resident.tiles, N_ADJACENT=resident.n_adjacent, BLOCK_M=resident.block_m, BLOCK_N=resident.block_n,
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
-        OUTPUT_ROWS=tile.output_rows, MAX_POOL=tile.max_pool,
+        OUTPUT_ROWS=tile.output_rows, MAX_POOL=tile.max_pool, BALANCED=tile.balanced,
         WINDOW_ALIGN=window_alignment(geometry.strides[1] * PIXEL_BYTES, padded_w * PIXEL_BYTES, packed.stride(0)),
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
