@@ -160,3 +160,30 @@ def op_counts(graph: Graph) -> dict[str, int]:
     for node in graph.nodes:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return counts
+
+
+def quantized_graph(model: onnx.ModelProto, calibration: list[dict], precision: str = "int8") -> tuple[Graph, dict]:
+    """`model` imported, optimized, calibrated (min-max) on the `calibration` feeds and quantized as
+    the builder plans it: (graph, {layer: precision}). The passes that run after quantization (the
+    QConv rewrites) are the caller's to run."""
+    from sartor.ops.util import tensor_from_numpy
+    from sartor.passes import optimize
+    from sartor.quant import calibrate
+    from sartor.quant.plan import int8_decisions
+    from sartor.quant.quantize import quantize_graph
+    graph = import_model_proto(model)
+    optimize(graph)
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    amax = calibrate(graph, weights, calibration, method="minmax")
+    layers = {name: p for name, (p, _) in int8_decisions(graph, "fp32", precision).items()}
+    quantize_graph(graph, layers, amax)
+    return graph, layers
+
+
+def run_quantized(graph: Graph, layers: dict, feeds: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """A quantized graph's outputs on the CPU (the emulation), by name."""
+    from sartor.ops.util import tensor_from_numpy
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    with torch.inference_mode():
+        return Executor(graph, weights, torch.device("cpu"), layers).run(
+            {name: torch.from_numpy(value) for name, value in feeds.items()})

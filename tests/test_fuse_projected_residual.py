@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import save
-from passes_helpers import OnnxBuilder, run_ort
+from passes_helpers import OnnxBuilder, quantized_graph, run_ort, run_quantized
 
 import sartor
 from sartor.cli.inspect import epilogue
@@ -23,9 +23,6 @@ from sartor.ops.quantized import SPLIT_TACTIC, projected_tactics, qconv
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.passes.fuse_projected_residual import fuse_projected_residual
-from sartor.quant import calibrate
-from sartor.quant.plan import int8_decisions
-from sartor.quant.quantize import quantize_graph
 from sartor.runtime.executor import Executor
 from sartor.tactics.select import _mismatch
 from sartor.tactics.timing_cache import layer_signature
@@ -62,20 +59,11 @@ def bottleneck(downsample_k: int = 1, downsample_act: bool = False, downsample_r
 
 
 def _quantized(model, precision: str = "int8"):
-    graph = import_model_proto(model)
-    optimize(graph)
-    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
-    amax = calibrate(graph, weights, [{"images": _images(10 + k, 4)} for k in range(3)], method="minmax")
-    layers = {name: p for name, (p, _) in int8_decisions(graph, "fp32", precision).items()}
-    quantize_graph(graph, layers, amax)
-    return graph, layers
+    return quantized_graph(model, [{"images": _images(10 + k, 4)} for k in range(3)], precision)
 
 
 def _run(graph, layers, images: np.ndarray) -> torch.Tensor:
-    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
-    with torch.inference_mode():
-        return next(iter(Executor(graph, weights, torch.device("cpu"), layers).run(
-            {"images": torch.from_numpy(images)}).values()))
+    return next(iter(run_quantized(graph, layers, {"images": images}).values()))
 
 
 def _float_downsample(graph) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import save
-from passes_helpers import OnnxBuilder, run_ort
+from passes_helpers import OnnxBuilder, quantized_graph, run_ort, run_quantized
 
 import sartor
 from sartor.builder.pipeline import _tactic
@@ -28,10 +28,6 @@ from sartor.ops.quantized_window import window_pack, window_tactics, window_tile
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.passes.fuse_stem_max_pool import fuse_stem_max_pool
-from sartor.quant import calibrate
-from sartor.quant.plan import int8_decisions
-from sartor.quant.quantize import quantize_graph
-from sartor.runtime.executor import Executor
 from sartor.tactics.timing_cache import layer_signature
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,19 +72,11 @@ def stem_model(pool: dict | None = None, stem_read_twice: bool = False, wide_ste
 
 
 def _quantized(model, precision: str = "int8"):
-    graph = import_model_proto(model)
-    optimize(graph)
-    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
-    amax = calibrate(graph, weights, [{"images": _images(10 + k, 4)} for k in range(3)], method="minmax")
-    layers = {name: p for name, (p, _) in int8_decisions(graph, "fp32", precision).items()}
-    quantize_graph(graph, layers, amax)
-    return graph, layers
+    return quantized_graph(model, [{"images": _images(10 + k, 4)} for k in range(3)], precision)
 
 
 def _run(graph, layers, images: np.ndarray) -> dict:
-    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
-    with torch.inference_mode():
-        return Executor(graph, weights, torch.device("cpu"), layers).run({"images": torch.from_numpy(images)})
+    return run_quantized(graph, layers, {"images": images})
 
 
 def _stem(graph) -> Node:

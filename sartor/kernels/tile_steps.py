@@ -29,18 +29,24 @@ if triton is not None:
     from .epilogue import _activate
 
     @triton.jit
+    def odometer_step(low, middle, high, low_count, middle_count):
+        """(low, middle, high) one step on as the digits of a mixed-radix counter: low counts to
+        low_count, then middle to middle_count, then high. Carried from step to step, where dividing
+        them out of the step's number cost runtime divisions per step (bench/kernel_asm.py --loop-mix)."""
+        low += 1
+        low_done = low == low_count
+        low = tl.where(low_done, 0, low)
+        middle = tl.where(low_done, middle + 1, middle)
+        middle_done = middle == middle_count
+        middle = tl.where(middle_done, 0, middle)
+        high = tl.where(middle_done, high + 1, high)
+        return low, middle, high
+
+    @triton.jit
     def next_k_step(kh, kw, cb, c_blocks, KW: tl.constexpr):
         """A convolution's K walk, one step on from filter tap (kh, kw) and channel block cb: the
-        next channel block, else the tap to the right, else the first of the next filter row.
-        Carried from step to step, where dividing them out of the step's number cost a runtime
-        division per step (bench/kernel_asm.py --loop-mix)."""
-        cb += 1
-        tap_done = cb == c_blocks
-        cb = tl.where(tap_done, 0, cb)
-        kw = tl.where(tap_done, kw + 1, kw)
-        row_done = kw == KW
-        kw = tl.where(row_done, 0, kw)
-        kh = tl.where(row_done, kh + 1, kh)
+        next channel block, else the tap to the right, else the first of the next filter row."""
+        cb, kw, kh = odometer_step(cb, kw, kh, c_blocks, KW)
         return kh, kw, cb
 
     @triton.jit

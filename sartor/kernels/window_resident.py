@@ -13,6 +13,10 @@ Two forms: one product over K padded to a power of two (the weight's padding row
 
 The products and their sums are `tile_steps`' (`_accumulate`, `_epilogue_store_halves`): the output
 equals the emulation's as the other window tiles' does.
+
+A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles (`_mp`,
+`_window_pooled_pairs`): the pool is computed from the tiles of output rows in registers, and only
+the pooled codes are stored.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ if triton is not None:
     import triton.language as tl
 
     from .tile_steps import (_accumulate, _column_halves, _column_values, _epilogue_output, _epilogue_store_halves,
-                             _epilogue_store_halves_loaded, _requantize_code, _residual_halves,
+                             _epilogue_store_halves_loaded, _requantize_code, _residual_halves, odometer_step,
                              pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles
@@ -174,6 +178,7 @@ if triton is not None:
 
     @triton.jit
     def _zero_accumulator(INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """A tile's empty sums: int32 for INT8 products, float32 for FP8 ones."""
         # One return: Triton 3.6 refuses returns of two types, constexpr branches or not.
         if INT8:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -348,13 +353,7 @@ if triton is not None:
                                         offs_n, n_ok, bias, scale, OH, OW, image_bytes, row_bytes, y_row,
                                         out_inv_scale, qmin, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
                                         HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
-                pair += 1
-                strip_done = pair == pairs
-                pair = tl.where(strip_done, 0, pair)
-                strip = tl.where(strip_done, strip + 1, strip)
-                image_done = strip == strips
-                strip = tl.where(image_done, 0, strip)
-                n_idx = tl.where(image_done, n_idx + 1, n_idx)
+                pair, strip, n_idx = odometer_step(pair, strip, n_idx, pairs, strips)
         else:
             per_image = tl.cdiv(pairs, TILES) * strips
             n_idx = row_group // per_image
