@@ -243,11 +243,11 @@ if triton is not None:
         return tl.where(ok[:, None], values, _LOWEST_FLOAT32)
 
     @triton.jit
-    def _max_of_column_triples(codes, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """[BLOCK_M / 2, BLOCK_N]: row j is the max of rows 2j, 2j + 1 and 2j + 2 of `codes` (the last
+    def _max_of_column_triples(values, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """[BLOCK_M / 2, BLOCK_N]: row j is the max of rows 2j, 2j + 1 and 2j + 2 of `values` (the last
         row's third is 2j + 1's again: BLOCK_M / 2 - 1 rows are whole). With the rows split into even
         and odd ones, 2j + 2 is the next even row, which `tl.gather` moves in (warp shuffles on sm_90)."""
-        even, odd = tl.split(tl.permute(tl.reshape(codes, (BLOCK_M // 2, 2, BLOCK_N)), (0, 2, 1)))
+        even, odd = tl.split(tl.permute(tl.reshape(values, (BLOCK_M // 2, 2, BLOCK_N)), (0, 2, 1)))
         half = tl.arange(0, BLOCK_M // 2)
         following = tl.minimum(half + 1, BLOCK_M // 2 - 1)
         next_even = tl.gather(even, tl.broadcast_to(following[:, None], (BLOCK_M // 2, BLOCK_N)), 0)
@@ -338,15 +338,14 @@ if triton is not None:
         if BALANCED:
             steps = tl.cdiv(M, tl.num_programs(0))
             first = row_group * steps
+            # (image, strip, pair) divided out of the first step, then carried: no divisions inside the walk.
             sequence = first // pairs
             n_idx = sequence // strips
-            previous = _row_above(p_ptr, weights, n_idx, sequence - n_idx * strips, first - sequence * pairs,
-                                  first < M, offs_k, offs_n, n_ok, bias, scale, OW, image_bytes, row_bytes, alpha,
-                                  beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8, HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW,
-                                  WINDOW_ALIGN)
-            # (image, strip, pair) carried from step to step: no divisions inside the walk.
             pair = first - sequence * pairs
             strip = sequence - n_idx * strips
+            previous = _row_above(p_ptr, weights, n_idx, strip, pair, first < M, offs_k, offs_n, n_ok, bias, scale, OW,
+                                  image_bytes, row_bytes, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8, HAS_BIAS,
+                                  ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
             for t in range(steps):
                 previous = tl.where(pair == 0, _LOWEST_FLOAT32, previous)  # a strip's first pair: padding above
                 previous = _pooled_pair(p_ptr, weights, y_ptr, previous, n_idx, strip, pair, first + t < M, offs_k,

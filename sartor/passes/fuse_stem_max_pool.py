@@ -31,22 +31,23 @@ LAYER, POOL = "QConv", "MaxPool"
 
 
 def _pool_attrs(pool: Node) -> dict | None:
-    """The MaxPool's kernel_shape, strides and pads where it is a plain 2-D floor-mode pool without
-    Indices, else None."""
+    """The MaxPool's kernel_shape, strides and pads where it is a plain 2-D floor-mode pool with
+    explicit pads and without Indices, else None."""
     attrs = pool.attrs
     kernel = list(attrs.get("kernel_shape") or [])
-    if (len(kernel) != 2 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or attrs.get("ceil_mode", 0)
+    if (len(kernel) != 2 or attrs.get("auto_pad", "NOTSET") != "NOTSET" or attrs.get("ceil_mode", 0)
             or list(attrs.get("dilations") or [1, 1]) != [1, 1] or attrs.get("_with_indices")
             or any(pool.outputs[1:])):
         return None
-    pads = [0, 0, 0, 0] if attrs.get("auto_pad") == "VALID" else list(attrs.get("pads") or [0, 0, 0, 0])
-    return {"kernel_shape": kernel, "strides": list(attrs.get("strides") or [1, 1]), "pads": pads}
+    return {"kernel_shape": kernel, "strides": list(attrs.get("strides") or [1, 1]),
+            "pads": list(attrs.get("pads") or [0, 0, 0, 0])}
 
 
 def _fusable_layer(graph: Graph, node: Node) -> bool:
     """An INT8 QConv writing codes, without residual, projection or a pool already, that the window
     tiles run."""
-    if node.op_type != LAYER or fused_max_pool(node.attrs) is not None or len(node.inputs) < 5 or node.inputs[3] or any(node.inputs[PROJECTION_FIRST_INPUT:]):
+    if (node.op_type != LAYER or fused_max_pool(node.attrs) is not None or len(node.inputs) < 5 or node.inputs[3]
+            or any(node.inputs[PROJECTION_FIRST_INPUT:])):
         return False
     weight = graph.constant(node.inputs[1])
     return (weight is not None and not is_fp8(node.attrs) and node.attrs.get("output_inv_scale") is not None
