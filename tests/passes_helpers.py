@@ -187,3 +187,13 @@ def run_quantized(graph: Graph, layers: dict, feeds: dict[str, np.ndarray]) -> d
     with torch.inference_mode():
         return Executor(graph, weights, torch.device("cpu"), layers).run(
             {name: torch.from_numpy(value) for name, value in feeds.items()})
+
+
+def build_int8_cpu(model: onnx.ModelProto, work, calibration: np.ndarray, profiles: list):
+    """`model` saved as work/model.onnx, calibrated on the `calibration` images and built INT8 for
+    the CPU into work/model.plan: the build result."""
+    import sartor
+    onnx.save(model, str(work / "model.onnx"))
+    np.save(work / "calib.npy", calibration)
+    return sartor.build(work / "model.onnx", work / "model.plan", device="cpu", profiles=profiles, precision="int8",
+                        calib=work / "calib.npy")

@@ -10,8 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import save
-from passes_helpers import OnnxBuilder, quantized_graph, run_ort, run_quantized
+from passes_helpers import OnnxBuilder, build_int8_cpu, quantized_graph, run_ort, run_quantized
 
 import sartor
 from sartor.cli.inspect import epilogue
@@ -184,12 +183,9 @@ def test_tactics_and_timing_identity():
 
 def test_engine_carries_the_projection_and_tracks_onnxruntime(tmp_path):
     model = bottleneck()
-    path = save(model, tmp_path / "block.onnx")
-    np.save(tmp_path / "calib.npy", _images(30, 24))
-    result = sartor.build(path, tmp_path / "block.plan", device="cpu", profiles=[SHAPES], precision="int8",
-                          calib=tmp_path / "calib.npy")
+    result = build_int8_cpu(model, tmp_path, _images(30, 24), [SHAPES])
     assert any("projected residuals" in line for line in result.log)
-    engine = sartor.load(tmp_path / "block.plan", device="cpu")
+    engine = sartor.load(tmp_path / "model.plan", device="cpu")
     assert [n.name for n in engine.graph.nodes if len(n.inputs) == 9] == ["c3"]
     layer = next(layer for layer in engine.header["layers"] if layer["name"] == "c3")
     assert layer["origin"][-1] == "ds" and epilogue(layer["attrs"]) == "+ projected residual → Relu"  # inspect

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import save
-from passes_helpers import OnnxBuilder, quantized_graph, run_ort, run_quantized
+from passes_helpers import OnnxBuilder, build_int8_cpu, quantized_graph, run_ort, run_quantized
 
 import sartor
 from sartor.builder.pipeline import _tactic
@@ -251,12 +250,9 @@ def test_timing_identity_and_description():
 
 def test_engine_carries_the_pool_and_tracks_onnxruntime(tmp_path):
     model = stem_model()
-    path = save(model, tmp_path / "stem.onnx")
-    np.save(tmp_path / "calib.npy", _images(30, 24))
-    result = sartor.build(path, tmp_path / "stem.plan", device="cpu", profiles=[SHAPES], precision="int8",
-                          calib=tmp_path / "calib.npy")
+    result = build_int8_cpu(model, tmp_path, _images(30, 24), [SHAPES])
     assert any("max pool(s) carried by the stem" in line for line in result.log)
-    engine = sartor.load(tmp_path / "stem.plan", device="cpu")
+    engine = sartor.load(tmp_path / "model.plan", device="cpu")
     assert not any(n.op_type == "MaxPool" for n in engine.graph.nodes)
     assert fused_max_pool(_stem(engine.graph).attrs) == POOL
     images = _images(31, 2)

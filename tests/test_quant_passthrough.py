@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import save
-from passes_helpers import OnnxBuilder, run_ort
+from passes_helpers import OnnxBuilder, build_int8_cpu, run_ort
 
 import sartor
 from sartor.cli.inspect import epilogue
@@ -148,10 +148,7 @@ def test_c2f_split_and_concat_pass_int8_with_one_scale():
 def int8_engine_run(model, work, seed: int):
     """An INT8 CPU engine of `model` calibrated on 24 images: its build result, and its output
     beside ONNX Runtime's on 2 other images (within 5% of the largest)."""
-    path = save(model, work / "model.onnx")
-    np.save(work / "calib.npy", _images(seed, 24))
-    result = sartor.build(path, work / "model.plan", device="cpu", profiles=[SHAPES], precision="int8",
-                          calib=work / "calib.npy")
+    result = build_int8_cpu(model, work, _images(seed, 24), [SHAPES])
     images = _images(seed + 1, 2)
     got = next(iter(sartor.load(work / "model.plan", device="cpu").context().run({"images": images}).values()))
     expected = run_ort(model, {"images": images})["head_out"]
