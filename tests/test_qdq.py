@@ -235,7 +235,7 @@ FOLDED = {"conv1": ("QConv", "Relu"), "conv2": ("QConv", "Relu"), "dw": ("QConv"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_symmetric_qdq_model_folds_and_matches_onnxruntime(work, symmetric_model, precision):
+def test_symmetric_qdq_model_folds_and_matches_onnxruntime(work, symmetric_model, precision, record_property):
     # --precision int8 needs no --calib: the model carries its scales
     result = sartor.build(symmetric_model, work / f"sym_{precision}.plan", device="cpu", precision=precision,
                           profiles=PROFILE)
@@ -255,18 +255,25 @@ def test_symmetric_qdq_model_folds_and_matches_onnxruntime(work, symmetric_model
     assert "12 Q/DQ pair(s) folded, 2 run as fake quantization in float" in log
     assert "pass drop_redundant_qdq: 4 rewrite(s)" in log
 
+    # The reference is the Q/DQ semantics as written: ONNX Runtime with its graph optimizations off.
+    # Its optimized session fuses the Q/DQ pairs its own way and rounds differently (1.32 moved by
+    # about 40 steps from its own as-written run), so it is a peer whose distance is reported.
     step = float(_initializer(symmetric_model, "logits_scale"))
     engine = sartor.load(result.path, device="cpu").context()
-    given, fused = ort_session(symmetric_model), ort_session(symmetric_model, optimized=True)
-    worst, cosines = 0.0, []
+    as_written, optimized = ort_session(symmetric_model), ort_session(symmetric_model, optimized=True)
+    worst, peer_worst, cosines = 0.0, 0.0, []
     for seed in range(8):
         images = _images(100 + seed)
         ours = engine.run({"images": images})["logits"]
-        for session in (given, fused):
-            theirs = session.run(None, {"images": images})[0]
-            worst = max(worst, float(np.abs(ours - theirs).max()) / step)
-            cosines.append(cosine(ours, theirs))
-    assert worst <= 1.0 + 1e-6, f"{worst:.3f} quantization steps from ONNX Runtime"
+        reference = as_written.run(None, {"images": images})[0]
+        worst = max(worst, float(np.abs(ours - reference).max()) / step)
+        cosines.append(cosine(ours, reference))
+        peer = optimized.run(None, {"images": images})[0]
+        peer_worst = max(peer_worst, float(np.abs(ours - peer).max()) / step)
+    record_property("optimized_onnxruntime_steps", round(peer_worst, 3))
+    print(f"sartor {precision}: {worst:.3f} steps from ONNX Runtime as written; {peer_worst:.3f} from "
+          f"ONNX Runtime {ort.__version__} optimized (a peer, not the reference)")
+    assert worst <= 1.0 + 1e-6, f"{worst:.3f} quantization steps from ONNX Runtime (Q/DQ as written)"
     assert min(cosines) >= 0.999
 
 
