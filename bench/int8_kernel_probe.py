@@ -2,7 +2,7 @@
 kernel on ResNet-50's batch-256 shapes, tile by tile and with parts of its epilogue switched off,
 beside the machine's copy bandwidth and torch's `_int_mm` on the same GEMM.
 
-Issue 5's profile (BENCHMARKS.md, session 13) found INT8 layers far from both the tensor cores'
+Issue 5's profile (docs/benchmarks-history, session 13) found INT8 layers far from both the tensor cores'
 and the memory's limits: layer1's 1×1 conv3 (C 64 → 256, residual, ReLU, INT8 out) at 0.44 ms is
 about 60 TOPS and 1 TB/s, and the stem's im2col at 2.6 ms. This probe separates the kernels' parts
 (tiles, epilogue, stem tactics) so the next change is chosen by measurement.

@@ -6,7 +6,7 @@ layer.
 Triton compiles for a target named here (sm_90 by default) with the ptxas its wheel ships, so this
 runs on a CPU machine: kernel structure can be compared between device sessions. Registers and
 shared memory decide how many programs an SM holds, which is what latency-bound layers (ResNet-50's
-1×1 layers of K = 64, BENCHMARKS.md session 13) live on. Times still need the GPU
+1×1 layers of K = 64, docs/benchmarks-history session 13) live on. Times still need the GPU
 (bench/int8_kernel_probe.py).
 
     PYTHONPATH=. python bench/kernel_asm.py [--layer layer1.conv3] [--arch 90] [--dump DIR]

@@ -4,7 +4,7 @@ NVTX range that `bench/ncu_layers.sh` hands to Nsight Compute, beside two refere
 bytes (a device copy, and the resident kernel's traffic with no product).
 
 Timings alone left open why layer1's conv3 takes 0.21 ms where its traffic would take 0.11 at the
-copy's bandwidth (BENCHMARKS.md, sessions 16–18); the counters say whether it is DRAM, L2, stalls
+copy's bandwidth (docs/benchmarks-history, sessions 16–18); the counters say whether it is DRAM, L2, stalls
 on loads, occupancy or the stores' access pattern.
 
     PYTHONPATH=. python bench/ncu_layers.py [--batch 256] [--only NAME,...] [--list] [--time]

@@ -21,31 +21,34 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           exclude_tactics: list | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
-    Options left at None take BuildConfig's defaults (the one place they are written).
-    Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
-    for several profiles (then leave min/opt/max_shapes out). `preprocess` is a spec such as
-    "letterbox=640,mean=0,std=255,rgb,nchw" (a PreprocessSpec is accepted too), stored in the engine.
-    INT8 (`precision="int8"`) takes `calib` (a .npy/.npz of input samples or a dataset) and/or
-    `calib_cache`, as `sartor build --calib/--calib-cache` do. `builder_effort` (0..5) and
-    `timing_cache` (a JSON file) are `--builder-effort` and `--timing-cache`. `calib_balance_by`,
-    `data`, `split_by` and `accuracy_budget` are `--calib-balance-by`, `--data`, `--split-by` and
-    `--accuracy-budget` (`classes`: the class names of `data`, as `--classes`); warnings (a split of
-    `data` that calibration missed) are in the result's `warnings` and build log.
-    `int8_fallback_precision` ("fp32", "fp16" or "bf16") is `--int8-fallback-precision`: what an
-    INT8 build's other layers run at (by default FP16 on CUDA, FP32 on the CPU).
-    `min_cosine` and `cosine_samples` are `--min-cosine` and `--cosine-samples`: the planner's
-    label-free target (the engine's outputs against FP32 on held-out samples), instead of
-    `accuracy_budget`; `min_snr` is `--min-snr` (the other label-free target: the worst output's SNR
-    in dB against FP32 on the same held-out samples) and `decoder` `--decoder` (compare a detector's
-    boxes and scores apart for those targets). `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not
-    carry its compiled Triton kernels (a smaller file; the first run on a fresh machine compiles them).
-    `bias_correction=True` is `--bias-correction` (each INT8/FP8 layer's per-channel mean output
-    error against FP32, measured on `calib`, is subtracted from its bias).
-    `fallback_where_faster=True` is `--fallback-where-faster`: INT8 (FP8) layers whose best kernel is
-    faster at the fallback precision run there, if the whole engine gets faster. `pdl=True` is
-    `--pdl` (INT8/FP8 on compute capability 9.0+: the quantized layers' kernels are launched with
-    programmatic dependent launch). `exclude_tactics` is `--exclude-tactic`, as a list of globs
-    over tactic names the builder never runs.
+    Options left at None take BuildConfig's defaults (the one place they are written). Each option
+    is the `sartor build` flag of the same name unless noted:
+    - Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
+      for several profiles (then leave min/opt/max_shapes out).
+    - `preprocess`: a spec such as "letterbox=640,mean=0,std=255,rgb,nchw" (or a PreprocessSpec),
+      stored in the engine.
+    - INT8 (`precision="int8"`) takes `calib` (a .npy/.npz of input samples or a dataset) and/or
+      `calib_cache`. `builder_effort` (0..5) and `timing_cache` (a JSON file) are
+      `--builder-effort` and `--timing-cache`.
+    - `calib_balance_by`, `data`, `split_by`, `accuracy_budget`; `classes` is `--classes` (the
+      class names of `data`). Warnings (a split of `data` that calibration missed) are in the
+      result's `warnings` and build log.
+    - `int8_fallback_precision` ("fp32", "fp16" or "bf16"): what an INT8 build's other layers run
+      at (by default FP16 on CUDA, FP32 on the CPU).
+    - `min_cosine` and `cosine_samples`: the planner's label-free target (the engine's outputs
+      against FP32 on held-out samples), instead of `accuracy_budget`. `min_snr`: the other
+      label-free target (the worst output's SNR in dB against FP32 on the same samples).
+      `decoder`: compare a detector's boxes and scores apart for those targets.
+    - `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not carry its compiled
+      Triton kernels (a smaller file; the first run on a fresh machine compiles them).
+    - `bias_correction=True`: each INT8/FP8 layer's per-channel mean output error against FP32,
+      measured on `calib`, is subtracted from its bias.
+    - `fallback_where_faster=True`: INT8 (FP8) layers whose best kernel is faster at the fallback
+      precision run there, if the whole engine gets faster.
+    - `pdl=True` (INT8/FP8 on compute capability 9.0+): the quantized layers' kernels are launched
+      with programmatic dependent launch.
+    - `exclude_tactics` is `--exclude-tactic`, as a list of globs over tactic names the builder
+      never runs.
     """
     from .builder import BuildConfig
     from .builder import build as run_build

@@ -67,8 +67,7 @@ class BuildConfig:
     time_every_layer: bool = False
     # INT8 (FP8) builds on Hopper and newer: the quantized layers' Triton kernels are launched with
     # programmatic dependent launch (sartor/builder/pdl.py), so that each may start while the one
-    # before it ends. Off by default: on the H200 it gave no gain (ResNet-50 INT8, BENCHMARKS.md
-    # session 16).
+    # before it ends. Off by default: no gain measured (docs/decisions/0009-pdl-off-by-default.md).
     pdl: bool = False
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`

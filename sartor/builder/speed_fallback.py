@@ -2,9 +2,8 @@
 that is faster, as TensorRT's builder treats INT8 as a permission rather than an order.
 
 sartor runs every layer planned INT8 in INT8. Where its INT8 kernel is slower than the fallback
-precision's best kernel for the same layer, the engine pays for the smaller numbers. On the H200
-the sample detector's INT8 engine took 1.54 ms at batch 32 against 1.26–1.37 ms for its FP16 one:
-its few-channel layers are faster in cuDNN's FP16 (BENCHMARKS.md, session 14).
+precision's best kernel for the same layer, the engine pays for the smaller numbers (a detector's
+few-channel layers can be faster in cuDNN's FP16: docs/decisions/0010-fallback-where-faster-end-to-end.md).
 
 Three builds, each the ordinary pipeline:
 1. the INT8 (FP8) engine as asked;
@@ -12,8 +11,8 @@ Three builds, each the ordinary pipeline:
 3. where some INT8 layer's best time exceeds its fallback time by more than the margin, the INT8
    engine again with those layers pinned to the fallback precision (`--layer-precision`).
 A layer's precision also changes what its neighbours read and write (INT8 codes or floats), which
-per-layer timings do not see: on the H200 the detector's mixed engine was slower than its INT8 one
-although each moved layer was faster (session 15). So the engines are compared end to end, timed on
+per-layer timings do not see: a mixed engine can be slower than the INT8 one although each moved
+layer is faster. So the engines are compared end to end, timed on
 the build device at profile 0's opt shape, and the fastest is kept, the all-fallback one included:
 where no layer gains from INT8, TensorRT's builder too ends with a float engine. Ties keep the
 first, in the order above. The builds share one calibration cache and one timing cache (the user's,

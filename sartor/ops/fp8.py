@@ -6,13 +6,14 @@ Quantization is q = e4m3(clamp(x · inv_scale, -448, 448)), rounding to the near
 even. The clamp comes first: casts of out-of-range values saturate in some PyTorch releases and
 turn into NaN in others.
 
-Exactness of the float64 emulation (`sartor/ops/quantized.py`): every finite e4m3 value is an
-integer multiple of 2^-9 (the smallest subnormal) of magnitude at most 448, so a product of two
-is a multiple of 2^-18 of magnitude at most 448² = 200704, and a sum of K such products is a
-multiple of 2^-18 of magnitude at most K · 200704. float64 holds every multiple of 2^-18 up to
-2^53 · 2^-18 = 2^35 exactly, so any partial sum, in any order, is exact while K · 200704 ≤ 2^35,
-i.e. for K ≤ FP8_EXACT_K = 171196 products per output (K = kh·kw·C/group; ResNet-50's largest is
-4608).
+Exactness of the float64 emulation (`sartor/ops/quantized.py`):
+- every finite e4m3 value is an integer multiple of 2^-9 (the smallest subnormal) of magnitude at
+  most 448;
+- so a product of two is a multiple of 2^-18 of magnitude at most 448² = 200704, and a sum of K
+  products a multiple of 2^-18 of magnitude at most K · 200704;
+- float64 holds every multiple of 2^-18 up to 2^53 · 2^-18 = 2^35 exactly, so any partial sum, in
+  any order, is exact for K ≤ FP8_EXACT_K = 171196 products per output (K = kh·kw·C/group;
+  ResNet-50's largest is 4608).
 """
 from __future__ import annotations
 

@@ -4,14 +4,13 @@ INT8 engines are what validation, sensitivity and the accuracy planner run, laye
 image after image.
 
 - Dense convolutions (group 1) and GEMMs: torch._int_mm (oneDNN's int8 × int8 → int32) over the
-  codes, convolutions as im2col first. A 1×1 layer of 64 → 256 channels over 8 × 56 × 56 pixels
-  took 4.1 ms this way against 31.8 ms as a float64 convolution on this project's CPU machine.
-  int32 sums are exact for K ≤ MAX_EXACT_K.
+  codes, convolutions as im2col first. int32 sums are exact for K ≤ MAX_EXACT_K.
 - Depthwise convolutions: float32 in channels-last memory. A product of two codes is at most
   127² = 16,129 and a depthwise sum has kh·kw of them, so for kh·kw ≤ MAX_FLOAT32_TAPS every
   partial sum is an integer below 2^24, exact in float32 in any order (oneDNN runs depthwise
-  convolutions directly, with no Winograd transform). 5×5 taps over 96 channels of 8 × 56 × 56:
-  1.6 ms against 50.4 ms.
+  convolutions directly, with no Winograd transform).
+
+Why and how much faster: docs/decisions/0015-cpu-int8-integer-gemms.md.
 
 Only INT8 codes: e4m3 codes keep the float64 path.
 """

@@ -2,10 +2,9 @@
 stays below 2^22 in magnitude, the layer's kernels turn their sums into float32 by decoding bits
 instead of a conversion instruction (`kernels/tile_steps.py`, SUMS_DECODED).
 
-An INT8 layer's epilogue converts one int32 sum per output value to float32 before scaling it.
-Hopper issues those conversions at 16 a clock per SM, an eighth of a float add's rate; ResNet-50's
-expanding 1×1 layers at batch 256 produce 205 million values a layer in layer1: about 50 µs of
-conversions alone on 132 SMs at 1.98 GHz. The sum plus 0x4B400000, read as float bits, is
+An INT8 layer's epilogue converts one int32 sum per output value to float32 before scaling it, and
+Hopper issues those conversions at an eighth of a float add's rate
+(docs/decisions/0013-decoded-accumulators.md). The sum plus 0x4B400000, read as float bits, is
 1.5·2^23 + sum exactly while |sum| < 2^22: an integer add (which the bias's add absorbs) and a
 float subtraction instead.
 

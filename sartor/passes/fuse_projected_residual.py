@@ -3,10 +3,9 @@ block's last 1×1 layer) is computed inside that reader: a *projected* QConv (`o
 PROJECTION_FIRST_INPUT), whose resident kernel runs the projection's product beside its own and
 adds it in the epilogue (`kernels/resident_gemm.py`, Projection).
 
-The downsample's output is then never stored. In ResNet-50 at batch 256 that output is 205 MB of
-INT8 codes in layer1 (written by one kernel, read back by the next) and 103 MB in layer2; the two
-layers took 0.134 + 0.215 ms (layer1) and 0.123 + 0.137 ms (layer2) on the H200, and the fused
-layer takes 0.203 and 0.190 ms (session 18: the engine went from 5.28 to 5.10 ms).
+The downsample's output is then never stored: in ResNet-50 at batch 256, 205 MB of INT8 codes in
+layer1 (written by one kernel, read back by the next) and 103 MB in layer2
+(docs/decisions/0012-projected-residual-fused.md).
 
 What changes in the numbers: the projection's output is added as the float32 its own epilogue
 makes before requantizing (no INT8 rounding of the residual), on the CPU as on the GPU, so the

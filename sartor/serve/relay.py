@@ -8,7 +8,7 @@ cancels the batcher's (which drops a request that has not started running).
 
 `notify` is the same without an asyncio future, for callers that only need a callback (grouped
 requests): the callback runs in the drain itself, not through the loop's queue, and no future is
-made for it (session 16: a grouped request went through about four loop callbacks on its way back).
+made for it (a grouped request otherwise goes through several loop callbacks on its way back).
 """
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class ServedModel:
     preprocess: object = None  # PreprocessSpec or None
     last_inference_ms: int = 0
     # What loading it took: the engine files read (s), and each instance's warm-up (shapes run, s), which
-    # the ready log line reports (the sample detector's 32 batch sizes took 53 s on the H200).
+    # the ready log line reports (a warm-up over many batch sizes can take most of a minute).
     load_s: float = 0.0
     warmups: list = field(default_factory=list)
     # (name, type, dtype, shape) of each input -> batch size, for input sets that passed check_inputs:

@@ -26,7 +26,7 @@ log = logging.getLogger("sartor.serve")
 SHUTDOWN_GRACE_S = 5.0  # how long requests in flight may take to finish once stop() is called
 # Binding the ports and starting the frontend processes; a server's own models load after it. Engine
 # processes (--engine-processes) load and warm up their models before they listen, which takes as long
-# as the models' warm-up (the sample detector's 32 batch sizes: 53 s on the H200), so their start is
+# as the models' warm-up (most of a minute for a detector warmed up at many batch sizes), so their start is
 # bounded by shards.START_TIMEOUT_S instead.
 ENDPOINTS_START_TIMEOUT_S = 60.0
 MAX_ENGINE_PROCESSES = 16

@@ -244,7 +244,7 @@ class CudaRegion(Region):
         self._stream = None  # where outputs are copied in (write), made at the first
         # The views of the requests' (offset, shape, dtype) inputs and (offset, byte shape) outputs, made
         # once: a client reuses its offsets, and making a view (a slice and two reinterpretations,
-        # a dtype look-up) was about 40 µs of the main process per request under the H200 profile.
+        # a dtype look-up) per request costs the main process, which answers every request.
         self._input_views: dict = {}
         self._output_views: dict = {}
         self._ptr, size = ipc.open(raw_handle, device_id, name)
@@ -323,8 +323,8 @@ class CudaRegion(Region):
         if not nbytes:
             return
         # The rows' bytes in their own shape (the last dim in bytes), and the region's bytes viewed in
-        # that shape once: one torch call per request here, where flattening took three (each some
-        # microseconds of the main process: the H200 profile of session 17's serve stage).
+        # that shape once: one torch call per request here, where flattening took three (each
+        # main-process time).
         source = (data if data.is_contiguous() else data.contiguous()).view(torch.uint8)
         key = (offset, source.shape)
         target = self._output_views.get(key)
