@@ -7,9 +7,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..ir.dtypes import FP16_MAX, PRECISIONS, QUANTIZED_PRECISIONS
 from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
-from ..quant.calibrators import DEFAULT_PERCENTILE
+from ..quant.calibrators import DEFAULT_PERCENTILE, METHODS
 
-CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
 INT8_FALLBACK_PRECISIONS = ("fp32", "fp16", "bf16")
@@ -142,8 +141,8 @@ class BuildConfig:
                 raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 (FP8) build "
                                   f"keeps out of INT8 (FP8): it needs --precision int8, not {self.precision} "
                                   f"(or --precision fp8)")
-        if self.calib_method is not None and self.calib_method not in CALIB_METHODS:
-            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(CALIB_METHODS)}")
+        if self.calib_method is not None and self.calib_method not in METHODS:
+            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(METHODS)}")
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError(f"--percentile {self.percentile:g} must be in (0, 100]")
         if self.calib_size < 1:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..ir import Graph, Node
-from ..ir.dtypes import INT32_MAX, QUANTIZED_LAYERS
+from ..ir.dtypes import INT32_MAX, QUANTIZED_LAYERS, QUANTIZED_PRECISIONS
 from ..ops import fp8
 from ..ops.conv import conv_nd
 from ..ops.quantized import qconv, qgemm
@@ -267,7 +267,7 @@ def stored_for(graph: Graph, float_graph: Graph, stored: dict[tuple[str, str], L
 
 def summary(corrections: dict[str, LayerCorrection], changed: int, source: str) -> tuple[str, dict]:
     """The build log line and the engine header's record."""
-    counts = {fmt: sum(1 for c in corrections.values() if c.fmt == fmt) for fmt in ("int8", "fp8")}
+    counts = {fmt: sum(1 for c in corrections.values() if c.fmt == fmt) for fmt in QUANTIZED_PRECISIONS}
     largest = max(corrections.values(), key=LayerCorrection.relative, default=None)
     record = {"layers": changed, "measured": len(corrections), "source": source,
               "int8_layers": counts["int8"], "fp8_layers": counts["fp8"],
