@@ -90,9 +90,7 @@ def analyze(model_path: str, calib: str, calib_size: int = DEFAULT_SAMPLES, meth
     graph = imported.graph
     optimize(graph)
     weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
-    spec = None
-    if preprocess is not None:
-        spec = parse_preprocess(preprocess)
+    spec = parse_preprocess(preprocess) if preprocess is not None else None
     batch = next((v.shape[0] for v in graph.inputs if v.shape and isinstance(v.shape[0], int)), CALIB_BATCH)
     batches = list(open_calibration(calib, graph.inputs, calib_size, batch, spec, balance_by))
     groups = None
