@@ -261,7 +261,7 @@ def recover_with_overrides(args, out: Path, model: str, onnx_path: Path, calib: 
                            ref: np.ndarray, name: str, test: np.ndarray) -> list[dict]:
     """The first K layers of `sartor sensitivity`'s ranking pinned to FP32 with --layer-precision,
     for each K of --overrides."""
-    from sartor.quant.planner import _literal
+    from sartor.builder.precision import exact_layer_pattern
     cache = out / f"{model}_{method}.calib.json"
     command = [sys.executable, "-m", "sartor", "sensitivity", str(onnx_path), "--calib", str(calib), "--calib-size",
                str(min(args.calib, 32)), "--calib-method", method, "--calib-cache", str(cache), "--preprocess", common["preprocess"], "--json"]
@@ -276,7 +276,7 @@ def recover_with_overrides(args, out: Path, model: str, onnx_path: Path, calib: 
     for k in (int(v) for v in args.overrides.split(",")):
         plan = out / f"{model}_int8_{method}_top{k}.plan"
         result = sartor.build(onnx_path, plan, precision="int8", calib_cache=cache, calib_method=method,
-                              layer_precision={_literal(n): "fp32" for n in ranking[:k]}, **common)
+                              layer_precision={exact_layer_pattern(n): "fp32" for n in ranking[:k]}, **common)
         rows.append(dict(model=model, size=common["profiles"][0]["opt"][name][-1], method=method,
                          plan=f"top-{k} fp32", int8_layers=sum(layer["precision"] == "int8"
                                                                for layer in result.header["layers"]),

@@ -20,7 +20,7 @@ from sartor.kernels.tile_steps import DECODABLE_SUM, SUMS_CONVERTED, SUMS_DECODE
 from sartor.ops import quantized
 from sartor.ops.quantized import ACCUMULATOR_BOUND, _kernel_tactic, qconv, qlayer_weight_for_tactic
 from sartor.passes.bound_accumulators import LARGEST_INPUT_CODE, bound_accumulators, product_bound
-from sartor.passes.fold_qdq import QLAYERS
+from sartor.ir.dtypes import QUANTIZED_LAYERS
 from sartor.passes.fuse_projected_residual import fuse_projected_residual
 from sartor.tactics.timing_cache import layer_signature
 
@@ -35,7 +35,7 @@ def test_product_bound_is_the_largest_channel_sum():
 
 
 def _layers(graph) -> dict:
-    return {node.name: node for node in graph.nodes if node.op_type in QLAYERS}
+    return {node.name: node for node in graph.nodes if node.op_type in QUANTIZED_LAYERS}
 
 
 def test_records_every_int8_layer_and_covers_the_projection():

@@ -18,7 +18,7 @@ import sartor
 from sartor.data import iterate_batches, open_dataset
 from sartor.data.preprocess import parse_preprocess
 from sartor.errors import ConfigError
-from sartor.quant.planner import CosineTrial, sample_cosines, search
+from sartor.builder.accuracy_planner import CosineTrial, sample_cosines, search
 from sartor.runtime.engine_file import read_engine_file
 
 CALIB_SIZE = 12

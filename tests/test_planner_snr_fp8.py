@@ -17,8 +17,8 @@ from test_quant_planner import SHAPE_ARGS, SHAPES, loud_classifier
 
 import sartor
 from sartor.errors import ConfigError
-from sartor.quant.planner import SnrTrial, grouped_outputs, search
-from sartor.quant.sensitivity import analyze, output_groups
+from sartor.builder.accuracy_planner import SnrTrial, grouped_outputs, search
+from sartor.validate.sensitivity import analyze, output_groups
 from sartor.runtime.engine_file import read_engine_file
 
 CALIB_SIZE = 12

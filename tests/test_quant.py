@@ -568,7 +568,7 @@ def test_sensitivity_per_box_and_score_group_finds_the_score_critical_layer(tmp_
 
 
 def test_sensitivity_output_groups_of_graphs_that_end_in_boxes():
-    from sartor.quant.sensitivity import output_groups
+    from sartor.validate.sensitivity import output_groups
     b, n = 2, 5
     boxes, scores = np.arange(b * n * 4, dtype=np.float64).reshape(b, n, 4), np.full((b, n, 3), 0.5)
     split = output_groups("boxes", {"boxes": boxes.shape, "scores": scores.shape, "num": (b, 1)})

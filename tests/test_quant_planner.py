@@ -23,9 +23,9 @@ from PIL import Image
 
 import sartor
 from sartor.errors import ConfigError
-from sartor.quant import planner
+from sartor.builder import accuracy_planner as planner
 from sartor.quant.data import split_coverage
-from sartor.quant.planner import Trial, search
+from sartor.builder.accuracy_planner import Trial, search
 from sartor.runtime.engine_file import read_engine_file
 
 SPEC = f"resize={IMAGE}x{IMAGE},std=255"

@@ -5,17 +5,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..ir.dtypes import FP16_MAX, PRECISIONS, QUANTIZED_PRECISIONS
 from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
-from ..quant.calibrators import DEFAULT_PERCENTILE
+from ..quant.calibrators import DEFAULT_PERCENTILE, METHODS
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
-# Precisions whose layers are calibrated and quantized (sartor/quant): INT8 and FP8 E4M3.
-QUANTIZED_PRECISIONS = ("int8", "fp8")
-CALIB_METHODS = ("entropy", "percentile", "minmax", "mse")
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
 INT8_FALLBACK_PRECISIONS = ("fp32", "fp16", "bf16")
-FP16_MAX = 65504.0
 # How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
 DEFAULT_BUILDER_EFFORT = 2
 
@@ -71,7 +67,7 @@ class BuildConfig:
     pdl: bool = False
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
-    # has the planner (sartor/quant/planner.py) keep the most sensitive layers out of INT8 until
+    # has the planner (sartor/builder/accuracy_planner.py) keep the most sensitive layers out of INT8 until
     # the metric drop against the FP32 ONNX model is within the budget overall and in every split.
     data: str | None = None
     split_by: str | None = None
@@ -144,8 +140,8 @@ class BuildConfig:
                 raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 (FP8) build "
                                   f"keeps out of INT8 (FP8): it needs --precision int8, not {self.precision} "
                                   f"(or --precision fp8)")
-        if self.calib_method is not None and self.calib_method not in CALIB_METHODS:
-            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(CALIB_METHODS)}")
+        if self.calib_method is not None and self.calib_method not in METHODS:
+            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(METHODS)}")
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError(f"--percentile {self.percentile:g} must be in (0, 100]")
         if self.calib_size < 1:
@@ -194,7 +190,7 @@ class BuildConfig:
             raise ConfigError(f"--decoder {self.decoder} groups the outputs --min-snr and --min-cosine compare: "
                               f"give one of them (`sartor validate --decoder` decodes for the metric)")
         if self.decoder is not None:
-            from ..quant.sensitivity import check_decoder
+            from ..validate.sensitivity import check_decoder
             check_decoder(self.decoder)
         if self.accuracy_budget is not None:
             if not 0.0 <= self.accuracy_budget < float("inf"):

@@ -9,10 +9,10 @@ import torch
 
 from ..errors import ConfigError
 from ..ir import Graph
+from ..ir.dtypes import QUANTIZED_LAYERS
 from ..kernels.pdl import MIN_CAPABILITY, pdl_available
 from ..ops.quantized import own_kernel_tactic
 
-QUANTIZED_LAYERS = ("QConv", "QGemm")
 
 
 def check_pdl_device(device: torch.device) -> None:

@@ -20,7 +20,8 @@ from ..ops.fp8 import is_fp8
 from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
 from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
-from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
+from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
+from ..ops.util import tensor_from_numpy
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
@@ -34,7 +35,7 @@ from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
 from ..tactics import TacticSelection, TimingCache, record_tactics, select_tactics_by_profile, summary_by_profile
 from ..version import __version__
-from .config import QUANTIZED_PRECISIONS, BuildConfig, check_preprocess
+from .config import BuildConfig, check_preprocess
 from .pdl import check_pdl_device, mark_programmatic_launch
 from .kernels import CaptureUnavailable, capture_kernels
 from .precision import (
@@ -305,16 +306,16 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
 
     calibration = planner = None
     if any(p in QUANTIZED_PRECISIONS for p in plan.layers.values()):
-        from ..quant.stage import quantize_for_build, thresholds_for_build
+        from .quantization_stages import quantize_for_build, thresholds_for_build
         stage("calibrate")
         amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
                                                  warn_and_keep)
         done("calibrate")
         if config.planner_flag() is not None:
             stage("planner")
-            from ..quant.planner import plan_for_target
+            from .accuracy_planner import plan_for_target
             plan, planner = plan_for_target(graph, weights, plan, amax, calibration, config, imported.sha256, device,
-                                            profiles, log)
+                                            profiles, log, run_build=build)
             done("planner")
         stage("quantize")
         # The bias correction compares each rewritten layer with its float original.
@@ -322,7 +323,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         quantize_for_build(graph, plan.layers, amax, log)
         done("quantize")
         stage("bias")
-        from ..quant.stage import correct_biases_for_build
+        from .quantization_stages import correct_biases_for_build
         corrected = correct_biases_for_build(graph, float_graph, float_weights, config, imported.sha256, device,
                                              profiles, log)
         if calibration is not None and corrected is not None:

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ir import Graph, Node
+from ..ir.dtypes import QUANTIZED_PRECISIONS
 from ..runtime.executor import Executor
-from .config import QUANTIZED_PRECISIONS, BuildConfig
+from .config import BuildConfig
 
 # A fused layer answers to the op types it was made of, so --op-precision Conv=fp32 reaches FusedConv.
 BASE_OP = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
@@ -24,6 +25,11 @@ class PrecisionPlan:
         for p in self.layers.values():
             counts[p] = counts.get(p, 0) + 1
         return counts
+
+
+def exact_layer_pattern(name: str) -> str:
+    """A --layer-precision pattern that matches exactly `name` (glob characters escaped)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def _override(node: Node, config: BuildConfig) -> tuple[str, str] | None:

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-from ..quant.planner import _literal
+from ..ir.dtypes import QUANTIZED_PRECISIONS
 from ..runtime.engine_file import check_writable, pack, read_engine_file, write_atomic
-from .config import QUANTIZED_PRECISIONS, BuildConfig
+from .config import BuildConfig
+from .precision import exact_layer_pattern
 
 # A layer moves only when the fallback is faster than this fraction of its INT8 time: the builder's
 # timings of one layer wobble by a few percent between runs.
@@ -63,10 +64,10 @@ def layers_faster_in_fallback(quantized: dict, fallback: dict, margin: float = M
 
 def end_to_end_ms(path: str | os.PathLike) -> float:
     """Median milliseconds of one run of the engine at profile 0's opt shape, inputs on its device."""
-    import sartor
+    from ..runtime import load
     from ..runtime.sample_inputs import random_inputs
     from ..tactics.select import time_ms
-    engine = sartor.load(path)
+    engine = load(path)
     context = engine.context()
     feeds = {name: torch.from_numpy(a).to(engine.device) for name, a in random_inputs(engine, seed=0).items()}
     warmup, runs = END_TO_END_RUNS["cuda" if engine.device.type == "cuda" else "cpu"]
@@ -130,7 +131,7 @@ def build_with_fallback_where_faster(config: BuildConfig, run: Callable[[BuildCo
                   "fallback_ms": round(end_to_end_ms(fallback.path), 5)}
         engines = {config.precision: (quantized, record["quantized_ms"]), "fallback": (fallback, record["fallback_ms"])}
         if moves:
-            pins = {**shared.layer_precision, **{_literal(name): fallback_precision for name in moves}}
+            pins = {**shared.layer_precision, **{exact_layer_pattern(name): fallback_precision for name in moves}}
             mixed = run(replace(shared, layer_precision=pins, output_path=str(work / "mixed.plan")))
             record["mixed_ms"] = round(end_to_end_ms(mixed.path), 5)
             engines["mixed"] = (mixed, record["mixed_ms"])

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import InputError
+from ..ir.dtypes import QUANTIZED_PRECISIONS
 
 WIDE = 160  # columns when the output is not a terminal (logs, pipes, tests): fewer wrapped cells
 
@@ -49,14 +50,15 @@ def key_values(title: str | None, rows: list[tuple[str, object]]) -> Table:
 def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, required: bool, cache_help: str) -> None:
     """The INT8 calibration flags `sartor build` and `sartor sensitivity` share (--calib, --calib-size,
     --calib-method, --percentile, --calib-balance-by, --calib-cache)."""
-    from ..builder.config import CALIB_METHODS, BuildConfig
+    from ..builder.config import BuildConfig
+    from ..quant.calibrators import METHODS
     from ..quant.calibrators import DEFAULT_METHOD
     parser.add_argument("--calib", required=required, metavar="DATA",
                         help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset "
                              "read with --preprocess")
     parser.add_argument("--calib-size", type=int, default=calib_size, metavar="N",
                         help=f"calibration samples to use (default {calib_size})")
-    parser.add_argument("--calib-method", type=str.lower, choices=CALIB_METHODS, default=None,
+    parser.add_argument("--calib-method", type=str.lower, choices=METHODS, default=None,
                         help=f"INT8 threshold method (default {DEFAULT_METHOD})")
     parser.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
                         help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
@@ -71,7 +73,7 @@ def describe_precision(header: dict) -> str:
     config = header.get("build_config") or {}
     fallback = header.get("int8_fallback_precision")
     precision = config.get("precision")
-    if precision not in ("int8", "fp8") or fallback is None:
+    if precision not in QUANTIZED_PRECISIONS or fallback is None:
         return str(precision)
     chosen = ("--int8-fallback-precision" if config.get("int8_fallback_precision")
               else f"the {header.get('device', 'device')} default")

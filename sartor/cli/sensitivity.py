@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..builder.config import QUANTIZED_PRECISIONS
-from ..quant.sensitivity import DEFAULT_SAMPLES
+from ..ir.dtypes import QUANTIZED_PRECISIONS
+from ..validate.sensitivity import DEFAULT_SAMPLES
 from .common import (
     add_calibration_args,
     console,
@@ -61,7 +61,7 @@ def _db(value: float) -> str:
 
 def run(args) -> int:
     from ..errors import ConfigError
-    from ..quant.sensitivity import analyze, check_decoder
+    from ..validate.sensitivity import analyze, check_decoder
     if args.calib_size < 1:
         raise ConfigError(f"--calib-size {args.calib_size} must be at least 1")
     check_decoder(args.decoder)

@@ -13,19 +13,11 @@ from onnx import helper, numpy_helper, shape_inference, version_converter
 
 from ..errors import GraphError, ModelLoadError, UnsupportedModelError
 from ..ir import Graph, Node, ValueInfo, topological_order
+from ..ir.dtypes import ONNX_TO_NUMPY, SUPPORTED_DTYPES
 from ..ops import OpRegistry, default_registry
-from ..ops.util import SUPPORTED_DTYPES
 
 MIN_OPSET, MAX_OPSET = 11, 21
 OLD_OPSET_TARGET = 13  # where models older than MIN_OPSET are converted to
-
-_ELEM_TO_NUMPY = {
-    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64",
-    onnx.TensorProto.BOOL: "bool",
-}
-
 
 @dataclass(frozen=True)
 class ImportedModel:
@@ -36,7 +28,7 @@ class ImportedModel:
 
 
 def elem_type_name(elem_type: int) -> str:
-    return _ELEM_TO_NUMPY.get(elem_type) or onnx.TensorProto.DataType.Name(elem_type).lower()
+    return ONNX_TO_NUMPY.get(elem_type) or onnx.TensorProto.DataType.Name(elem_type).lower()
 
 
 def load_onnx(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:

@@ -12,7 +12,8 @@ from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_d
 from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from .elementwise import apply_activation
 from .registry import OpTable
-from .util import FLOAT_DTYPES, only_dtypes
+from ..ir.dtypes import FLOAT_DTYPES
+from .util import only_dtypes
 
 OPS = OpTable("conv")
 

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from .registry import REQUIRED, OpTable
-from .util import FLOAT_DTYPES, ONNX_TO_TORCH, only_dtypes, same_device
+from ..ir.dtypes import FLOAT_DTYPES, ONNX_TO_TORCH
+from .util import only_dtypes, same_device
 
 OPS = OpTable("elementwise")
 _float_only = only_dtypes(set(FLOAT_DTYPES))

@@ -1,7 +1,9 @@
 """The op families sartor ships, in one list: adding a family means adding it here."""
 from __future__ import annotations
 
-from .registry import OpTable
+from functools import lru_cache
+
+from .registry import OpRegistry, OpTable
 
 
 def all_tables() -> list[OpTable]:
@@ -21,3 +23,9 @@ def all_tables() -> list[OpTable]:
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
             detection.OPS, detection_head.OPS, quantized.OPS, qdq.OPS]
+
+
+@lru_cache(maxsize=1)
+def default_registry() -> OpRegistry:
+    """Every op family sartor ships; built once, read-only afterwards."""
+    return OpRegistry(all_tables())

@@ -5,7 +5,8 @@ import torch
 
 from .elementwise import apply_activation
 from .registry import REQUIRED, OpTable
-from .util import FLOAT_DTYPES, only_dtypes, same_device
+from ..ir.dtypes import FLOAT_DTYPES
+from .util import only_dtypes, same_device
 
 OPS = OpTable("linalg")
 

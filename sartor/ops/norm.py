@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from .registry import OpTable
-from .util import FLOAT_DTYPES, norm_axis, only_dtypes
+from ..ir.dtypes import FLOAT_DTYPES
+from .util import norm_axis, only_dtypes
 
 OPS = OpTable("norm")
 _float_only = only_dtypes(set(FLOAT_DTYPES))

@@ -10,7 +10,8 @@ from ..kernels.epilogue import pixel_stride
 from ..kernels.pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
-from .util import FLOAT_DTYPES, only_dtypes
+from ..ir.dtypes import FLOAT_DTYPES
+from .util import only_dtypes
 
 OPS = OpTable("pool")
 

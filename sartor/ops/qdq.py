@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 
 from .conv import CONV_ATTRS, conv_nd
-from .quantized import _exact_integer_math
 from .registry import OpTable
-from .util import norm_axis
+from .util import exact_integer_math, norm_axis
 
 OPS = OpTable("qdq")
 
@@ -162,7 +161,7 @@ def qlinear_conv(inputs, attrs):
     bias = inputs[8] if len(inputs) > 8 else None
     xc = _centered(x, x_zp, x.dim(), 1)
     wc = _centered(w, w_zp, w.dim(), 0)
-    with _exact_integer_math(x.device):
+    with exact_integer_math(x.device):
         acc = conv_nd(xc, wc, None if bias is None else bias.to(torch.float64), attrs)
     multiplier = per_axis(x_scale, acc.dim(), 1) * per_axis(w_scale, acc.dim(), 1) / per_axis(y_scale, acc.dim(), 1)
     return _requantize(acc, multiplier, y_zp, y_zp.dtype if y_zp is not None else x.dtype)
@@ -190,5 +189,5 @@ def conv_integer(inputs, attrs):
     x_zp = inputs[2] if len(inputs) > 2 else None
     w_zp = inputs[3] if len(inputs) > 3 else None
     xc, wc = _centered(x, x_zp, x.dim(), 1), _centered(w, w_zp, w.dim(), 0)
-    with _exact_integer_math(x.device):
+    with exact_integer_math(x.device):
         return conv_nd(xc, wc, None, attrs).to(torch.int32)

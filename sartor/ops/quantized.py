@@ -60,13 +60,13 @@ ops with three differences:
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
+from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.epilogue import pixel_stride, triton
@@ -88,10 +88,9 @@ from .quantized_window import (space_to_depth_applies, window_applies, window_co
                                window_space_to_depth, window_tactics, window_tile, window_weight)
 from .pool import max_pool
 from .registry import OpTable
+from .util import exact_integer_math
 
 OPS = OpTable("quantized")
-
-QMAX = 127
 
 # Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
 QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
@@ -154,12 +153,6 @@ def _requantize(y: torch.Tensor, attrs: dict) -> torch.Tensor:
     return requantize(y, attrs["output_inv_scale"], attrs.get("qmin", -QMAX))
 
 
-def _exact_integer_math(device: torch.device):
-    if device.type == "cuda":
-        return torch.backends.cudnn.flags(enabled=False)
-    return contextlib.nullcontext()
-
-
 def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
     """The exact accumulator of an int8 (or e4m3, K ≤ 171196) convolution: for INT8 codes on the
     CPU, int32 from an integer GEMM or float32 for depthwise layers (`int8_cpu.py`), else float64."""
@@ -168,7 +161,7 @@ def int8_conv_accumulate(xq: torch.Tensor, wq: torch.Tensor, attrs: dict) -> tor
         acc = depthwise_in_float32(xq, wq, attrs)
     if acc is not None:
         return acc
-    with _exact_integer_math(xq.device):
+    with exact_integer_math(xq.device):
         return conv_nd(xq.to(torch.float64), wq.to(torch.float64), None, attrs)
 
 

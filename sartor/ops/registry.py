@@ -14,7 +14,6 @@ its attributes with defaults filled in, and return one tensor or a tuple of tens
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable, Iterable, Optional
 
 REQUIRED = object()  # marks an attribute without a default
@@ -132,10 +131,3 @@ class OpRegistry:
         if opdef is None:
             raise KeyError(op_type)
         return opdef
-
-
-@lru_cache(maxsize=1)
-def default_registry() -> OpRegistry:
-    """Every op family sartor ships; built once, read-only afterwards."""
-    from . import families
-    return OpRegistry(families.all_tables())

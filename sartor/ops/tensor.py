@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from .registry import REQUIRED, OpTable
-from .util import ONNX_TO_TORCH, ints, norm_axis, same_device, tensor_from_numpy
+from ..ir.dtypes import ONNX_TO_TORCH
+from .util import ints, norm_axis, same_device, tensor_from_numpy
 
 OPS = OpTable("tensor")
 

@@ -1,22 +1,11 @@
 """Small helpers shared by the op families."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
-# ONNX TensorProto element types that sartor computes, mapped to torch and numpy.
-ONNX_TO_TORCH = {
-    1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32,
-    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16,
-}
-NUMPY_TO_TORCH = {
-    "float32": torch.float32, "float16": torch.float16, "float64": torch.float64,
-    "bfloat16": torch.bfloat16, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
-    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
-TORCH_TO_NUMPY = {v: k for k, v in NUMPY_TO_TORCH.items()}
-SUPPORTED_DTYPES = frozenset(NUMPY_TO_TORCH)
-FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
 
 def tensor_from_numpy(array) -> torch.Tensor:
@@ -87,3 +76,11 @@ def only_dtypes(allowed: set[str], positions: tuple = (0,)):
                 return f"input {i} dtype {dtypes[i]} not supported"
         return None
     return check
+
+
+def exact_integer_math(device: torch.device):
+    """A context in which float64 convolutions of integer codes are exact: cuDNN off on CUDA,
+    whose algorithms may reorder or round the sums."""
+    if device.type == "cuda":
+        return torch.backends.cudnn.flags(enabled=False)
+    return contextlib.nullcontext()

@@ -24,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
+from ..ir.dtypes import QUANTIZED_LAYERS
 from ..ops.fp8 import is_fp8
 from ..ops.quantized import ACCUMULATOR_BOUND, PROJECTION_FIRST_INPUT
-from .fold_qdq import QLAYERS
 
 # The largest |code| an INT8 layer's input can hold: int8's -128 (Q/DQ models saturate there).
 LARGEST_INPUT_CODE = 128
@@ -62,7 +62,7 @@ def bound_accumulators(graph: Graph) -> int:
     """Record each INT8 layer's bound (attrs[ACCUMULATOR_BOUND]); returns how many layers got one."""
     bounded = 0
     for node in graph.nodes:
-        if node.op_type not in QLAYERS:
+        if node.op_type not in QUANTIZED_LAYERS:
             continue
         node.attrs.pop(ACCUMULATOR_BOUND, None)  # a bound from before a weight changed never stays
         if is_fp8(node.attrs):

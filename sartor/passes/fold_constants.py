@@ -8,7 +8,8 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops import default_registry
-from ..ops.util import TORCH_TO_NUMPY, tensor_from_numpy, tensor_to_numpy
+from ..ir.dtypes import TORCH_TO_NUMPY
+from ..ops.util import tensor_from_numpy, tensor_to_numpy
 
 MAX_FOLDED_ELEMENTS = 1 << 24  # larger results stay computed at run time rather than bloat the engine
 NEVER_FOLD = {"NonMaxSuppression"}

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import Graph, Node, ValueInfo
+from ..ir.dtypes import INT32_MAX, QUANTIZED_LAYERS
 from .qdq_params import (
     QDQ_QMIN,
     SYMMETRIC_ZERO_POINT,
@@ -42,10 +43,8 @@ from .qdq_params import (
 
 CONV_OPS = ("Conv", "FusedConv")
 FOLDABLE = CONV_OPS + ("Gemm", "FusedGemm", "MatMul")
-QLAYERS = ("QConv", "QGemm")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 ONNX_QUANT_OPS = QDQ_OPS + ("DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger")
-INT32_MAX = 2 ** 31 - 1
 CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 SYMMETRIC_NOTE = "sartor's INT8 kernels are symmetric (zero point 0 for int8, 128 for uint8)"
@@ -230,7 +229,7 @@ def _rewrite(graph: Graph, node: Node, fold: _Fold) -> None:
 def _int8_reader_scale(graph: Graph, reader: Node, value: str, outputs: set) -> float | None:
     """The scale with which `reader` quantizes `value` when it is a folded layer reading it as its
     data input, or an int8 QuantizeLinear with zero point 0; None for any other reader."""
-    if reader.op_type in QLAYERS:
+    if reader.op_type in QUANTIZED_LAYERS:
         if reader.attrs.get("qmin") != QDQ_QMIN or reader.inputs[0] != value or value in reader.inputs[1:]:
             return None
         return reader.attrs["input_scale"]
@@ -248,7 +247,7 @@ def _store_int8(graph: Graph) -> int:
     stored = 0
     outputs = graph.output_names()
     consumers = graph.consumers()
-    for node in [n for n in graph.nodes if n.op_type in QLAYERS and n.attrs.get("qmin") == QDQ_QMIN]:
+    for node in [n for n in graph.nodes if n.op_type in QUANTIZED_LAYERS and n.attrs.get("qmin") == QDQ_QMIN]:
         value = node.outputs[0]
         if node.attrs.get("output_scale") is not None or value in outputs or not consumers.get(value):
             continue
@@ -293,7 +292,7 @@ def why_not_folded(graph: Graph, node: Node, producers: dict | None = None) -> N
 def is_qdq_model(graph: Graph) -> bool:
     """The graph holds ONNX quantization ops or layers folded from them: the model is quantized
     explicitly, and its layers run INT8 exactly where it says."""
-    return any(n.op_type in ONNX_QUANT_OPS or (n.op_type in QLAYERS and n.attrs.get("qmin") == QDQ_QMIN)
+    return any(n.op_type in ONNX_QUANT_OPS or (n.op_type in QUANTIZED_LAYERS and n.attrs.get("qmin") == QDQ_QMIN)
                for n in graph.nodes)
 
 
@@ -311,7 +310,7 @@ def qdq_notes(graph: Graph, before: dict) -> list[str]:
     if not any(before.values()):
         return []
     after = qdq_census(graph)
-    layers = [n for n in graph.nodes if n.op_type in QLAYERS and n.attrs.get("qmin") == QDQ_QMIN]
+    layers = [n for n in graph.nodes if n.op_type in QUANTIZED_LAYERS and n.attrs.get("qmin") == QDQ_QMIN]
     int8_tensors = sum(1 for n in layers if n.attrs.get("output_scale") is not None)
     q_before, q_after = before["QuantizeLinear"], after["QuantizeLinear"]
     summary = (f"qdq: the model has {q_before} QuantizeLinear and {before['DequantizeLinear']} DequantizeLinear; "

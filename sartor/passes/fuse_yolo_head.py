@@ -33,7 +33,8 @@ from ..ir import Graph, Node
 from ..ops import default_registry
 from ..ops.detection_head import yolo_decode_reference
 from ..ops.elementwise import FUSABLE_ACTIVATIONS
-from ..ops.util import NUMPY_TO_TORCH, tensor_from_numpy
+from ..ir.dtypes import NUMPY_TO_TORCH
+from ..ops.util import tensor_from_numpy
 
 # What an exported decode is made of; anything else producing a value the region reads ends it.
 DECODE_OPS = frozenset({

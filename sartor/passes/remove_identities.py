@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops.util import ONNX_TO_TORCH, TORCH_TO_NUMPY
+from ..ir.dtypes import ONNX_TO_TORCH, TORCH_TO_NUMPY
 from .base import bypass
 
 

@@ -38,15 +38,16 @@ import numpy as np
 import torch
 
 from ..ir import Graph, Node
+from ..ir.dtypes import INT32_MAX, QUANTIZED_LAYERS, QUANTIZED_PRECISIONS
 from ..ops import fp8
 from ..ops.conv import conv_nd
 from ..ops.quantized import qconv, qgemm
-from ..ops.registry import default_registry
+from ..ops import default_registry
 from ..ops.util import tensor_from_numpy
 from ..runtime.executor import Executor
 from .calibrate import batch_to_device
 from .plan import CONV_OPS
-from .quantize import INT32_MAX, Q_LAYERS, _gemm_weight
+from .quantize import folded_gemm_weight
 
 # Off unless --bias-correction: neutral with the default threshold method (mse), at the cost of a
 # pass over the calibration samples (docs/decisions/0002-bias-correction-opt-in.md).
@@ -95,8 +96,8 @@ def correctable_layers(graph: Graph, float_graph: Graph) -> list[Node]:
     """The quantized layers (QConv/QGemm) of `graph` that `float_graph` holds as float conv/gemm
     layers of the same name (so not the layers folded from Q/DQ nodes)."""
     float_nodes = {n.name: n for n in float_graph.nodes}
-    return [n for n in graph.nodes if n.op_type in Q_LAYERS and n.name in float_nodes
-            and float_nodes[n.name].op_type not in Q_LAYERS]
+    return [n for n in graph.nodes if n.op_type in QUANTIZED_LAYERS and n.name in float_nodes
+            and float_nodes[n.name].op_type not in QUANTIZED_LAYERS]
 
 
 def _float_layer(float_graph: Graph, node: Node) -> tuple[bool, torch.Tensor, torch.Tensor | None, dict]:
@@ -108,7 +109,7 @@ def _float_layer(float_graph: Graph, node: Node) -> tuple[bool, torch.Tensor, to
         name = node.inputs[2] if len(node.inputs) > 2 else ""
         b = np.asarray(float_graph.constant(name), dtype=np.float64).reshape(-1) if name else None
     else:
-        w, b = _gemm_weight(float_graph, node)
+        w, b = folded_gemm_weight(float_graph, node)
     attrs = default_registry()[node.op_type].fill_attrs(node.attrs) if conv else {}
     # float32 weights (a float32 convolution, as the float model runs; its rounding is far below
     # the quantization error measured), float64 bias.
@@ -198,7 +199,7 @@ def apply_corrections(graph: Graph, corrections: dict[str, LayerCorrection]) -> 
     changed = 0
     for node in graph.nodes:
         fix = corrections.get(node.name)
-        if fix is None or node.op_type not in Q_LAYERS:
+        if fix is None or node.op_type not in QUANTIZED_LAYERS:
             continue
         dequant = np.asarray(graph.initializers[node.inputs[4]], dtype=np.float64)
         old = graph.initializers.get(node.inputs[2]) if node.inputs[2] else None
@@ -264,7 +265,7 @@ def stored_for(graph: Graph, float_graph: Graph, stored: dict[tuple[str, str], L
 
 def summary(corrections: dict[str, LayerCorrection], changed: int, source: str) -> tuple[str, dict]:
     """The build log line and the engine header's record."""
-    counts = {fmt: sum(1 for c in corrections.values() if c.fmt == fmt) for fmt in ("int8", "fp8")}
+    counts = {fmt: sum(1 for c in corrections.values() if c.fmt == fmt) for fmt in QUANTIZED_PRECISIONS}
     largest = max(corrections.values(), key=LayerCorrection.relative, default=None)
     record = {"layers": changed, "measured": len(corrections), "source": source,
               "int8_layers": counts["int8"], "fp8_layers": counts["fp8"],

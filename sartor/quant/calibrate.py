@@ -14,6 +14,9 @@ from .calibrators import DEFAULT_METHOD, DEFAULT_PERCENTILE, METHODS, compute_am
 from .observers import HistogramObserver
 from .plan import calibration_targets
 
+# Progress of calibration, for whoever shows it: (batches run so far, samples in the batch just run).
+BatchProgress = Callable[[int, int], None]
+
 
 class CalibrationError(SartorError):
     """Calibration cannot run: no batches, a batch that does not fit, a tensor never seen."""
@@ -27,9 +30,9 @@ def batch_to_device(batch: dict, device: torch.device) -> dict[str, torch.Tensor
 
 def collect_histograms(graph: Graph, weights: dict, batches: Iterable[dict], targets: dict[str, list] | None = None,
                        device: torch.device | str | None = None,
-                       on_batch: Callable[[int, int], None] | None = None) -> dict[str, HistogramObserver]:
+                       on_batch: BatchProgress | None = None) -> dict[str, HistogramObserver]:
     """{tensor: observer} over every batch. `targets` maps layer name → the input positions it
-    reads in INT8 (default: every layer that could run INT8)."""
+    reads in INT8 (default: every layer that could run INT8); `on_batch` is called after each batch."""
     device = torch.device(device or "cpu")
     targets = calibration_targets(graph) if targets is None else targets
     executor = Executor(graph, weights, device)
@@ -79,21 +82,12 @@ def amax_from_histograms(observers: dict[str, HistogramObserver], method: str = 
 
 
 def calibrate(graph: Graph, weights: dict, batches: Iterable[dict[str, np.ndarray]], method: str = DEFAULT_METHOD,
-              percentile: float = DEFAULT_PERCENTILE, progress: bool = False, device: torch.device | str | None = None,
-              targets: dict[str, list] | None = None) -> dict[str, float]:
+              percentile: float = DEFAULT_PERCENTILE, on_batch: BatchProgress | None = None,
+              device: torch.device | str | None = None, targets: dict[str, list] | None = None) -> dict[str, float]:
     """{tensor name: amax} for the inputs of every layer that may run INT8 (data inputs, and the
-    residual input of fused convolutions), from the FP32 graph run over `batches`."""
+    residual input of fused convolutions), from the FP32 graph run over `batches`. `on_batch` hears
+    of each batch run (a caller's progress display: quant draws none itself)."""
     if method not in METHODS:
         raise CalibrationError(f"calibration method {method!r} is not one of {', '.join(METHODS)}")
-    if not progress:
-        observers = collect_histograms(graph, weights, batches, targets, device)
-        return amax_from_histograms(observers, method, percentile)
-    from rich.progress import Progress
-
-    from ..cli.common import console
-    with Progress(console=console(stderr=True), transient=True) as bar:
-        task = bar.add_task("calibrate", total=None)
-        observers = collect_histograms(graph, weights, batches, targets, device,
-                                       on_batch=lambda k, n: bar.advance(task, n))
-        bar.update(task, description=f"thresholds ({method})")
-        return amax_from_histograms(observers, method, percentile)
+    observers = collect_histograms(graph, weights, batches, targets, device, on_batch)
+    return amax_from_histograms(observers, method, percentile)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.dtypes import INT8_QMAX
 from .observers import HistogramObserver
 
 METHODS = ("entropy", "percentile", "minmax", "mse")
@@ -28,7 +29,6 @@ METHODS = ("entropy", "percentile", "minmax", "mse")
 DEFAULT_METHOD = "mse"
 DEFAULT_PERCENTILE = 99.99
 QUANTIZED_BINS = 128  # 2^7 levels of |x|: INT8 is sign + 7 bits
-QMAX = 127
 MIN_PER_BIN = 16  # entropy: average values per histogram bin in use below which bins are merged
 
 
@@ -146,7 +146,7 @@ def mse_errors(observer: HistogramObserver, candidates: np.ndarray) -> np.ndarra
     for start in range(0, len(candidates), chunk):
         idx = candidates[start:start + chunk].astype(np.float64)[:, None]
         t = idx * width
-        step = t / QMAX
+        step = t / INT8_QMAX
         g = _rounding_integral(edges[None, :], step)
         rounding = (g[:, 1:] - g[:, :-1]) / width  # mean error of a value uniform in each bin
         clipped = ((hi - t) ** 3 - (lo - t) ** 3) / (3.0 * width)

@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..ir import ValueInfo
 
 ARRAY_SUFFIXES = (".npy", ".npz")
+CALIB_BATCH = 8  # samples per calibration batch when the batch dimension is dynamic
 
 
 COVERAGE_SHARE = 0.25  # a validation split below this fraction of its fair share of the calibration sample is warned about
@@ -73,7 +74,7 @@ class CalibrationSet:
             yield batch
 
 
-def _array_batches(arrays: dict, limit: int, batch_size: int) -> Callable[[], Iterator[dict]]:
+def array_batches(arrays: dict, limit: int, batch_size: int) -> Callable[[], Iterator[dict]]:
     total = min(min(len(a) for a in arrays.values()), limit)
 
     def batches():
@@ -90,7 +91,7 @@ def _one_input(inputs: list[ValueInfo], path: Path) -> ValueInfo:
     return inputs[0]
 
 
-def _check(name: str, array: np.ndarray, info: ValueInfo, path: Path) -> np.ndarray:
+def checked_input_array(name: str, array: np.ndarray, info: ValueInfo, path: Path) -> np.ndarray:
     if info.shape is not None and array.ndim != len(info.shape):
         raise ConfigError(f"--calib {path}: array for input {name!r} has shape {'x'.join(map(str, array.shape))}, "
                           f"not [samples, ...] of rank {len(info.shape)} like the input "
@@ -112,7 +113,7 @@ def _flatten_batches(array: np.ndarray, info: ValueInfo) -> np.ndarray:
     return array
 
 
-def _load_arrays(path: Path, inputs: list[ValueInfo]) -> dict:
+def load_input_arrays(path: Path, inputs: list[ValueInfo]) -> dict:
     try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False) if path.suffix == ".npy" else \
             np.load(path, allow_pickle=False)
@@ -120,25 +121,25 @@ def _load_arrays(path: Path, inputs: list[ValueInfo]) -> dict:
         raise ConfigError(f"--calib {path}: not a readable {path.suffix} file ({type(exc).__name__})") from None
     if isinstance(loaded, np.ndarray):
         info = _one_input(inputs, path)
-        return {info.name: _check(info.name, _flatten_batches(loaded, info), info, path)}
+        return {info.name: checked_input_array(info.name, _flatten_batches(loaded, info), info, path)}
     with loaded:
         keys = list(loaded.files)
         declared = {v.name: v for v in inputs}
         if len(declared) == 1 and len(keys) == 1:
             info = next(iter(declared.values()))
-            return {info.name: _check(info.name, _flatten_batches(loaded[keys[0]], info), info, path)}
+            return {info.name: checked_input_array(info.name, _flatten_batches(loaded[keys[0]], info), info, path)}
         missing = [name for name in declared if name not in keys]
         if missing:
             raise ConfigError(f"--calib {path}: the .npz holds {', '.join(keys) or 'no arrays'}; the model's inputs "
                               f"{', '.join(missing)} are missing")
-        arrays = {name: _check(name, _flatten_batches(loaded[name], info), info, path) for name, info in declared.items()}
+        arrays = {name: checked_input_array(name, _flatten_batches(loaded[name], info), info, path) for name, info in declared.items()}
     counts = {name: len(a) for name, a in arrays.items()}
     if len(set(counts.values())) > 1:
         raise ConfigError(f"--calib {path}: inputs hold different sample counts ({counts})")
     return arrays
 
 
-def _spread(samples: list, limit: int) -> list:
+def spread_evenly(samples: list, limit: int) -> list:
     """`limit` samples spread evenly over the dataset (folders are sorted by class: the first N
     would cover only the first classes)."""
     if len(samples) <= limit:
@@ -189,7 +190,7 @@ def _dataset_set(path: Path, inputs: list[ValueInfo], limit: int, batch_size: in
     info = inputs[0]
     dataset = open_dataset(path)
     if balance_by is None:
-        samples = _spread(list(dataset.samples), limit)
+        samples = spread_evenly(list(dataset.samples), limit)
     else:
         if balance_by not in dataset.attributes():
             raise ConfigError(f"--calib-balance-by {balance_by}: no image of --calib {path} has that attribute "
@@ -198,7 +199,7 @@ def _dataset_set(path: Path, inputs: list[ValueInfo], limit: int, batch_size: in
 
     def batches():
         for array, _, _ in iterate_batches(samples, preprocess, batch_size):
-            yield {info.name: _check(info.name, array, info, path)}
+            yield {info.name: checked_input_array(info.name, array, info, path)}
     return CalibrationSet(str(path), batches, len(samples), samples, balance_by)
 
 
@@ -215,8 +216,8 @@ def open_calibration(path: str | Path, inputs: list[ValueInfo], limit: int, batc
     if balance_by is not None:
         raise ConfigError(f"--calib-balance-by {balance_by}: --calib {path} is a {path.suffix} of samples without "
                           f"attributes; give an image dataset (COCO, ImageFolder or a manifest)")
-    arrays = _load_arrays(path, inputs)
+    arrays = load_input_arrays(path, inputs)
     available = min(len(a) for a in arrays.values())
     if available == 0:
         raise ConfigError(f"--calib {path}: holds no samples")
-    return CalibrationSet(str(path), _array_batches(arrays, limit, batch_size), min(available, limit))
+    return CalibrationSet(str(path), array_batches(arrays, limit, batch_size), min(available, limit))

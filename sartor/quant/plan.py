@@ -48,9 +48,6 @@ def gemm_weight_rows(graph: Graph, node: Node) -> int | None:
     return int(w.shape[0] if node.attrs.get("transB", 0) else w.shape[1])
 
 
-QUANTIZED_PRECISIONS = ("int8", "fp8")
-
-
 def quantized_unsupported(graph: Graph, node: Node, precision: str) -> str | None:
     """Why this layer cannot run at `precision` ("int8" or "fp8"; None when it can)."""
     if precision == "fp8":

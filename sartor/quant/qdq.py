@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ..ir import Graph, Node
-from ..passes.fold_qdq import ONNX_QUANT_OPS, QLAYERS, is_qdq_model, why_not_folded
+from ..ir.dtypes import QUANTIZED_LAYERS
+from ..passes.fold_qdq import ONNX_QUANT_OPS, is_qdq_model, why_not_folded
 from ..passes.qdq_params import QDQ_QMIN
 
 __all__ = ["explicit_int8_unsupported", "fixed_precision", "is_qdq_model", "refuse_asymmetric"]
@@ -26,7 +27,7 @@ SYMMETRIC_HINT = ("quantize with symmetric activations (ONNX Runtime: quantize_s
 
 def fixed_precision(node: Node, base: str) -> tuple[str, str] | None:
     """(precision, reason) for the layers whose precision a Q/DQ model fixes; None for the rest."""
-    if node.op_type in QLAYERS and node.attrs.get("qmin") == QDQ_QMIN:
+    if node.op_type in QUANTIZED_LAYERS and node.attrs.get("qmin") == QDQ_QMIN:
         return "int8", "quantized by the model (Q/DQ): INT8 with its scales"
     if node.op_type in ONNX_QUANT_OPS and base in ("fp16", "bf16"):
         return "fp32", "ONNX quantization op: its scales and rounding stay FP32"

@@ -37,12 +37,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ir import Graph, Node, ValueInfo
+from ..ir.dtypes import INT8_QMAX, INT32_MAX, QUANTIZED_LAYERS, QUANTIZED_PRECISIONS
 from ..ops import fp8
-from ..ops.quantized import QMAX
-from .plan import CONV_OPS, QUANTIZED_PRECISIONS, int8_positions, quantized_unsupported
-
-INT32_MAX = 2 ** 31 - 1
-Q_LAYERS = ("QConv", "QGemm")
+from .plan import CONV_OPS, int8_positions, quantized_unsupported
 # Layers that only select or move values: they can run on INT8 (FP8) codes (module docstring).
 # Resize and Upsample only in nearest mode (`_copies_values`); linear and cubic ones mix values.
 PASS_THROUGH_OPS = ("MaxPool", "Concat", "Split", "Resize", "Upsample")
@@ -50,7 +47,7 @@ CONV_ATTR_KEYS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "str
 EPILOGUE_KEYS = ("activation", "activation_alpha", "activation_beta", "residual_after_activation")
 
 
-def activation_scale(amax: float, qmax: float = QMAX) -> tuple[float, float]:
+def activation_scale(amax: float, qmax: float = INT8_QMAX) -> tuple[float, float]:
     """(scale, 1/scale) as float32 values (Python floats that are exact float32 numbers): scale =
     amax / qmax, qmax 127 for INT8, 448 for FP8."""
     if not (amax > 0.0 and np.isfinite(amax)):
@@ -74,8 +71,8 @@ def _per_channel(w: np.ndarray, qmax: float) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-output-channel (axis 0) symmetric INT8: (int8 weights, float32 scales)."""
-    flat, scale = _per_channel(w, QMAX)
-    q = np.clip(np.rint(flat / scale.astype(np.float64)[:, None]), -QMAX, QMAX).astype(np.int8)
+    flat, scale = _per_channel(w, INT8_QMAX)
+    q = np.clip(np.rint(flat / scale.astype(np.float64)[:, None]), -INT8_QMAX, INT8_QMAX).astype(np.int8)
     return q.reshape(np.shape(w)), scale
 
 
@@ -215,7 +212,7 @@ def _stored_quantized(graph: Graph, quantized: dict[str, Node], formats: dict[st
     return stored
 
 
-def _gemm_weight(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | None]:
+def folded_gemm_weight(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | None]:
     """(weight as [M, K] with alpha folded in, bias [M] with beta folded in, or None)."""
     w = np.asarray(graph.constant(node.inputs[1]), dtype=np.float64)
     if node.op_type == "MatMul":
@@ -237,7 +234,7 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
     INT8 (FP8) layer of the result (layers folded from a Q/DQ model are INT8 already) and every
     tensor stored quantized. `pass_through=False` keeps MaxPool/Concat/Split/Resize in floating point."""
     formats = {n.name: layer_precision[n.name] for n in graph.nodes
-               if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in Q_LAYERS}
+               if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in QUANTIZED_LAYERS}
     quantized = {n.name: n for n in graph.nodes if n.name in formats}
     for node in quantized.values():
         why = quantized_unsupported(graph, node, formats[node.name])
@@ -259,7 +256,7 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
         dtype = fp8.numpy_dtype().name if value in stored_fp8 else "int8"
         graph.value_info[value] = ValueInfo(value, dtype, info.shape if info else None)
     graph.remove_unused_initializers()
-    layers = [n for n in graph.nodes if n.op_type in Q_LAYERS]
+    layers = [n for n in graph.nodes if n.op_type in QUANTIZED_LAYERS]
     written = {n.outputs[0] for n in layers if n.attrs.get("output_scale") is not None}
     fp8_layers = [n for n in layers if fp8.is_fp8(n.attrs)]
     fp8_written = {n.outputs[0] for n in fp8_layers if n.outputs[0] in written}
@@ -271,7 +268,7 @@ def quantize_graph(graph: Graph, layer_precision: dict[str, str], amax: dict[str
 
 def _rewrite(graph: Graph, node: Node, amax: dict, stored: set, is_fp8: bool) -> None:
     x = node.inputs[0]
-    qmax = fp8.FP8_MAX if is_fp8 else QMAX
+    qmax = fp8.FP8_MAX if is_fp8 else INT8_QMAX
     input_scale, input_inv = activation_scale(amax[x], qmax)
     conv = node.op_type in CONV_OPS
     if conv:
@@ -280,7 +277,7 @@ def _rewrite(graph: Graph, node: Node, amax: dict, stored: set, is_fp8: bool) ->
         bias = np.asarray(graph.constant(bias_name), dtype=np.float64).reshape(-1) if bias_name else None
         residual = node.inputs[3] if len(node.inputs) > 3 else ""
     else:
-        w, bias = _gemm_weight(graph, node)
+        w, bias = folded_gemm_weight(graph, node)
         residual = ""
     wq, weight_scale = quantize_weight_fp8(w) if is_fp8 else quantize_weight(w)
     dequant = (np.float32(input_scale) * weight_scale).astype(np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, ProfileError
-from ..ops.util import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 from .concat_plan import ShapeMemo
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from ..ir import Graph, Node
+from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
-from ..ops.util import NUMPY_TO_TORCH
 from ..kernels.epilogue import pixel_stride
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
 

@@ -179,7 +179,7 @@ def dtype_key(value) -> str:
     """The numpy dtype string of an array or a torch tensor: a CUDA shared-memory input batches with
     body inputs of the same dtype."""
     if _is_tensor(value):
-        from ..ops.util import TORCH_TO_NUMPY
+        from ..ir.dtypes import TORCH_TO_NUMPY
         return np.dtype(TORCH_TO_NUMPY[value.dtype]).str
     return value.dtype.str
 
@@ -273,7 +273,7 @@ def _host_buffer(shape: tuple, dtype: np.dtype, pinned: bool) -> np.ndarray:
         try:
             import torch
 
-            from ..ops.util import NUMPY_TO_TORCH
+            from ..ir.dtypes import NUMPY_TO_TORCH
             # The array keeps the pinned tensor alive through its base.
             return torch.empty(shape, dtype=NUMPY_TO_TORCH[dtype.name], pin_memory=True).numpy()
         except (KeyError, RuntimeError, TypeError):
@@ -736,7 +736,7 @@ def _fill_device(instance: Instance, name: str, shape: tuple, parts: list, total
     are copied device to device, numpy parts host to device, padding rows zeroed."""
     import torch
 
-    from ..ops.util import NUMPY_TO_TORCH
+    from ..ir.dtypes import NUMPY_TO_TORCH
     first = parts[0]
     dtype = first.dtype if _is_tensor(first) else NUMPY_TO_TORCH[first.dtype.name]
     buffer = instance.device_staging(name, shape, dtype)

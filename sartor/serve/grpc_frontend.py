@@ -39,7 +39,7 @@ class _Malformed:
         self.message = f"malformed {kind}: {' '.join(str(error).split()) or type(error).__name__}"
 
 
-def _safe_deserializer(cls):
+def safe_deserializer(cls):
     def deserialize(data: bytes):
         try:
             return cls.FromString(data)
@@ -273,7 +273,7 @@ async def _unimplemented(request, context):
                                                        "not implemented)")
 
 
-def _wrap_unary(method):
+def wrap_unary_handler(method):
     async def handler(request, context):
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
@@ -299,12 +299,12 @@ def generic_handler(servicer: GrpcFrontend):
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
-        kwargs = {"request_deserializer": _safe_deserializer(request_cls),
+        kwargs = {"request_deserializer": safe_deserializer(request_cls),
                   "response_serializer": response_cls.SerializeToString}
         if method.name == "ModelStreamInfer":
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.ModelStreamInfer, **kwargs)
         elif method.name in IMPLEMENTED:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_wrap_unary(getattr(servicer, method.name)),
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(wrap_unary_handler(getattr(servicer, method.name)),
                                                                         **kwargs)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(_unimplemented, **kwargs)

@@ -48,7 +48,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ServeError as exc:
@@ -72,7 +72,7 @@ class HttpFrontend:
         self.max_request_bytes = max_request_bytes
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
+        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[error_middleware])
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)

@@ -21,20 +21,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, SartorError
+from ..errors import ConfigError
 from .frontend_pool import reserve_ports
-from .peers import (QUERY_TIMEOUT_S, PeerFailed, Siblings, link_shard, parse_sample, peer_request,
-                    sum_metrics)
+from .peers import QUERY_TIMEOUT_S, PeerFailed, Siblings, parse_sample, peer_request, sum_metrics
 from .restarts import Restarts
 
 log = logging.getLogger("sartor.serve")
 START_TIMEOUT_S = 600.0  # each shard loads and warms up every model before it reports ready
 STOP_EXTRA_S = 10.0  # past the grace period, before a shard that has not exited is killed
-SHARD_COMMAND = "import json, sys; from sartor.serve.shards import shard_main; shard_main(json.loads(sys.argv[1]))"
+SHARD_COMMAND = ("import json, sys; from sartor.serve.shard_process import shard_main; "
+                 "shard_main(json.loads(sys.argv[1]))")
 
 
 class ShardPool:
@@ -177,39 +176,3 @@ class ShardPool:
         for sock in self._reserved:
             sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def shard_main(settings: dict) -> None:
-    """One engine process: a whole server on the shared ports, linked to its siblings, until SIGTERM
-    or until its parent is gone. A failure to start is written, as one line, to settings["failure"]."""
-    from .server import Server, ServeOptions
-
-    logging.basicConfig(level=settings["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops the shards
-    server = peers = None
-    try:
-        server = Server(ServeOptions(**settings["options"]))
-        siblings = Siblings({int(i): path for i, path in settings["siblings"].items()})
-        peers = link_shard(server.core, siblings, settings["peer"], lambda: server.frontend_pids).start()
-        server.start()
-    except SartorError as exc:
-        with open(settings["failure"], "w", encoding="utf-8") as f:
-            f.write(str(exc))
-        _stop(server, peers)
-        sys.exit(1)
-    peers.ready.set()
-    log.info("engine process %d (pid %d) serving", settings["index"], os.getpid())
-    # A parent killed without a chance to stop its shards must not leave them serving on its ports.
-    while not stop.wait(0.5) and os.getppid() == settings["parent"]:
-        pass
-    _stop(server, peers)
-
-
-def _stop(server, peers) -> None:
-    if server is not None:
-        server.stop()
-    if peers is not None:
-        peers.stop()

@@ -267,7 +267,7 @@ class CudaRegion(Region):
             return view
         import torch
 
-        from ..ops.util import NUMPY_TO_TORCH
+        from ..ir.dtypes import NUMPY_TO_TORCH
         if dtype.name not in NUMPY_TO_TORCH:
             raise InvalidRequest(f"datatype {kserve_datatype(dtype.name)} cannot be read from CUDA shared memory")
         torch_dtype = NUMPY_TO_TORCH[dtype.name]

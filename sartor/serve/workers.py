@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2 as pb
 from yarl import URL
 
 from .errors import InvalidRequest, ModelUnavailable
-from .grpc_frontend import SERVICE, GrpcFrontend, _safe_deserializer, _wrap_unary
-from .http_frontend import HttpFrontend, _errors
+from .grpc_frontend import SERVICE, GrpcFrontend, safe_deserializer, wrap_unary_handler
+from .http_frontend import HttpFrontend, error_middleware
 from .ipc import (Channel, RemoteInternalError, encode_regions, encode_tensors, error_of, group_members,
                   grouped_frames, outcome_of, payload_bytes, request_payload_limit)
 
@@ -175,7 +175,7 @@ class HttpPassThrough:
 def http_app(core: RemoteCore, max_request_bytes: int, control_socket: str) -> web.Application:
     frontend = HttpFrontend(core, max_request_bytes)
     passthrough = HttpPassThrough(frontend, control_socket)
-    app = web.Application(client_max_size=max_request_bytes, middlewares=[_errors])
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[error_middleware])
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         app.router.add_post(prefix + "/infer", frontend.infer)
     app.router.add_route("*", "/{tail:.*}", passthrough.handle)
@@ -203,12 +203,12 @@ def grpc_handler(core: RemoteCore, control: grpc.aio.Channel):
         if method.name not in LOCAL_GRPC:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(_pass_through(control, method.name))
             continue
-        kwargs = {"request_deserializer": _safe_deserializer(getattr(pb, method.input_type.name)),
+        kwargs = {"request_deserializer": safe_deserializer(getattr(pb, method.input_type.name)),
                   "response_serializer": getattr(pb, method.output_type.name).SerializeToString}
         if method.name == "ModelStreamInfer":
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.ModelStreamInfer, **kwargs)
         else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(_wrap_unary(servicer.ModelInfer), **kwargs)
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(wrap_unary_handler(servicer.ModelInfer), **kwargs)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

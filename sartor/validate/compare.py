@@ -131,7 +131,7 @@ def onnxruntime_outputs(model_path: str | Path, feeds: dict) -> dict:
     try:
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise ModelLoadError(f"ONNX Runtime cannot load {model_path}: {_first_line(exc)}") from None
+        raise ModelLoadError(f"ONNX Runtime cannot load {model_path}: {first_error_line(exc)}") from None
     expected = [i.name for i in session.get_inputs()]
     if sorted(expected) != sorted(feeds):
         raise InputError(f"the model's inputs ({', '.join(expected)}) are not the engine's ({', '.join(feeds)}): "
@@ -140,11 +140,11 @@ def onnxruntime_outputs(model_path: str | Path, feeds: dict) -> dict:
     try:
         values = session.run(names, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
     except Exception as exc:
-        raise InputError(f"ONNX Runtime cannot run {model_path} on these inputs: {_first_line(exc)}") from None
+        raise InputError(f"ONNX Runtime cannot run {model_path} on these inputs: {first_error_line(exc)}") from None
     return dict(zip(names, values))
 
 
-def _first_line(exc: Exception) -> str:
+def first_error_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

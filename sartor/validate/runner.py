@@ -20,7 +20,7 @@ import numpy as np
 from ..data.datasets import Dataset, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
-from .compare import _first_line
+from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
 from .metrics import (
     COCO_MAX_DETS,
@@ -134,7 +134,7 @@ class OnnxReference:
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {_first_line(exc)}") from None
+            raise ModelLoadError(f"ONNX Runtime cannot load {self.path}: {first_error_line(exc)}") from None
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.class_names = _metadata_class_names(self.session)
@@ -143,7 +143,7 @@ class OnnxReference:
         try:
             values = self.session.run(list(names), {k: np.ascontiguousarray(v) for k, v in feeds.items()})
         except Exception as exc:
-            raise InputError(f"ONNX Runtime cannot run {self.path} on these inputs: {_first_line(exc)}") from None
+            raise InputError(f"ONNX Runtime cannot run {self.path} on these inputs: {first_error_line(exc)}") from None
         return dict(zip(names, values))
 
 

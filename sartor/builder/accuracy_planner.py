@@ -31,7 +31,7 @@ For each candidate plan the planner builds a temporary engine (the same threshol
 calibration cache in a temporary directory) and measures the target. While the target fails,
 the most sensitive INT8 layers move to the higher precision (FP16 on CUDA, FP32 on the CPU):
 
-1. rank the plan's INT8 layers with `sensitivity.layer_sensitivity` on (up to
+1. rank the plan's INT8 layers with `quant.sensitivity.layer_sensitivity` on (up to
    SENSITIVITY_SAMPLES of) the calibration samples: each layer quantized alone, lowest output SNR
    first;
 2. grow: keep the first 1, 2, 4, 8 … layers of the ranking out of INT8 until the target holds;
@@ -64,6 +64,10 @@ import torch
 
 from ..errors import ConfigError, SartorError
 from ..ir import Graph
+from ..ir.dtypes import QUANTIZED_PRECISIONS
+from .config import BuildConfig
+from .precision import PrecisionPlan, base_precision, exact_layer_pattern
+from .quantization_stages import calibration_batch_size, open_build_calibration
 
 SENSITIVITY_SAMPLES = 32  # calibration samples the ranking runs on (each INT8 layer costs one pass over them)
 DROP_EPS = 1e-9  # float noise allowed over the budget, as in `sartor validate --max-drop`
@@ -250,11 +254,6 @@ def compare_outputs(reference: list[dict], engine: list[dict], sizes: list[int])
     return result
 
 
-def _literal(name: str) -> str:
-    """A --layer-precision pattern that matches exactly `name` (glob characters escaped)."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
-
-
 def _fmt(drop: float | None) -> str:
     return "-" if drop is None else f"{drop:.4f}"
 
@@ -275,9 +274,8 @@ def _ranking(graph: Graph, weights: dict, amax: dict, candidates: list[str], con
              profiles: list, precision: str) -> tuple[list, dict]:
     """The candidates, least robust first when quantized alone to `precision`, and where the ranking
     was measured."""
-    from .data import open_calibration
-    from .sensitivity import layer_sensitivity
-    from .stage import calibration_batch_size, open_build_calibration
+    from ..quant.data import open_calibration
+    from ..quant.sensitivity import layer_sensitivity
     started = time.perf_counter()
     limit = min(config.calib_size, SENSITIVITY_SAMPLES)
     if config.calib:
@@ -304,15 +302,14 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
     samples of --calib, without the calibration draw (module docstring). Raises ConfigError, naming
     the target's `flag`, when nothing is left to measure on."""
     from ..data import balanced_sample, iterate_batches, open_dataset
-    from .data import (
+    from ..quant.data import (
         ARRAY_SUFFIXES,
         CalibrationSet,
-        _array_batches,
-        _check,
-        _load_arrays,
-        _spread,
+        array_batches,
+        checked_input_array,
+        load_input_arrays,
+        spread_evenly,
     )
-    from .stage import calibration_batch_size, open_build_calibration
     limit, batch = config.cosine_samples, calibration_batch_size(graph, profiles)
     calib_is_array = bool(config.calib) and Path(config.calib).suffix in ARRAY_SUFFIXES and Path(config.calib).is_file()
     drawn = open_build_calibration(graph, config, profiles) if config.calib else None  # lazy: reads no image yet
@@ -328,7 +325,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
                     f"{calibration['calib_sha256'][:12]}…) are not the draw of --calib {config.calib} with "
                     f"--calib-size {config.calib_size}")
     if calib_is_array and not config.data:
-        arrays = _load_arrays(Path(config.calib), graph.inputs)
+        arrays = load_input_arrays(Path(config.calib), graph.inputs)
         available = min(len(a) for a in arrays.values())
         start = min(available, config.calib_size)
         stop = min(available, start + limit)
@@ -336,7 +333,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
             raise ConfigError(f"{flag} measures on samples calibration does not use, but --calib {config.calib} "
                               f"holds {available} and calibration uses {start} (--calib-size {config.calib_size}): "
                               f"give more samples than --calib-size, or --data with other images")
-        samples = CalibrationSet(str(config.calib), _array_batches({k: a[start:stop] for k, a in arrays.items()},
+        samples = CalibrationSet(str(config.calib), array_batches({k: a[start:stop] for k, a in arrays.items()},
                                                                    stop - start, batch), stop - start)
         source = f"--calib {config.calib}, samples {start}..{stop - 1} (calibration uses 0..{start - 1})"
     else:
@@ -356,12 +353,12 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
                               f"{path} is in the calibration draw (--calib-size {config.calib_size}): give --data "
                               f"with other images, or a smaller --calib-size")
         by = config.split_by if config.data else config.calib_balance_by
-        chosen = balanced_sample(pool, by, limit, config.seed) if by else _spread(pool, limit)
+        chosen = balanced_sample(pool, by, limit, config.seed) if by else spread_evenly(pool, limit)
         info, spec = graph.inputs[0], config.preprocess_spec()
 
         def batches():
             for array, _, _ in iterate_batches(chosen, spec, batch):
-                yield {info.name: _check(info.name, array, info, Path(path))}
+                yield {info.name: checked_input_array(info.name, array, info, Path(path))}
         samples = CalibrationSet(str(path), batches, len(chosen), chosen)
         source = f"{source_flag} {path}: {len(chosen)} of {len(pool)} images outside the calibration draw" + (
             f", drawn equally by {by}" if by else "")
@@ -398,7 +395,7 @@ def batch_sizes(batches: list[dict]) -> list[int]:
 
 
 def grouped_outputs(outputs: list[dict], groups, sizes: list[int]) -> list[dict]:
-    """Each batch's outputs split into `groups` (`sensitivity.output_groups`: boxes, scores, …;
+    """Each batch's outputs split into `groups` (`validate.sensitivity.output_groups`: boxes, scores, …;
     None: as they are). A group comes back flat; where it divides into the batch's samples it is
     shaped [samples, -1] again (the groups are cut per anchor, sample-major), so that the cosine
     stays per sample."""
@@ -459,7 +456,7 @@ class _LabelFreeTarget:
 
     def __init__(self, value: float, graph: Graph, weights: dict, config, profiles: list, calibration: dict,
                  device: torch.device, log: list, word: str) -> None:
-        from .sensitivity import output_groups
+        from ..validate.sensitivity import output_groups
         self.value, self.device, self.word, self.decoder = value, device, word, config.decoder
         self.flag = f"--{self.name.replace('_', '-')} {value:g}"
         self.batches, self.held_out = held_out_samples(graph, config, profiles, calibration, self.flag.split()[0])
@@ -516,20 +513,19 @@ def _stored_bias_corrections(config) -> dict:
     """The bias corrections the user's calibration cache holds (for the planner's trial cache)."""
     if not config.bias_correction or not config.calib_cache or not Path(config.calib_cache).is_file():
         return {}
-    from .cache import read_cache
+    from ..quant.cache import read_cache
     return read_cache(config.calib_cache).bias_correction
 
 
-def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: dict | None, config,
-                    onnx_sha256: str, device: torch.device, profiles: list, log: list):
+def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict, calibration: dict | None,
+                    config: BuildConfig, onnx_sha256: str, device: torch.device, profiles: list, log: list,
+                    run_build: Callable[[BuildConfig], object]):
     """The builder's planner stage: (the precision plan that meets config.accuracy_budget,
     config.min_cosine or config.min_snr, the header's "planner" record). `plan` is the default plan
     of the build's quantized precision (INT8 or FP8); `calibration` the calibration stage's
-    provenance record (None for a Q/DQ model)."""
-    from ..builder.config import QUANTIZED_PRECISIONS
-    from ..builder.pipeline import build
-    from ..builder.precision import PrecisionPlan, base_precision
-    from .cache import CalibrationCache, write_cache
+    provenance record (None for a Q/DQ model). `run_build` builds one trial engine (the pipeline's
+    build, passed in so that this stage does not import the pipeline that runs it)."""
+    from ..quant.cache import CalibrationCache, write_cache
 
     flag = config.planner_flag()
     quantized = config.precision
@@ -571,8 +567,8 @@ def plan_for_target(graph: Graph, weights: dict, plan, amax: dict, calibration: 
         def measure(kept_out: list[str]):
             started = time.perf_counter()
             path = Path(tmp) / f"trial{count[0]}.plan"
-            pins = {_literal(name): higher for name in kept_out}
-            build(replace(config, output_path=str(path), calib=calib, calib_cache=str(cache),
+            pins = {exact_layer_pattern(name): higher for name in kept_out}
+            run_build(replace(config, output_path=str(path), calib=calib, calib_cache=str(cache),
                           calib_balance_by=config.calib_balance_by if calib else None,
                           data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
                           layer_precision={**pins, **config.layer_precision}))

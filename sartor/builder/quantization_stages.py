@@ -1,7 +1,7 @@
 """The builder's INT8 (and FP8) stages: thresholds (from the calibration cache, or by calibrating
 on --calib and then writing the cache) with the check that calibration covered every split of
 --data, the rewrite of the INT8 and FP8 layers, and their bias correction (`bias_correction.py`).
-(The planner between thresholds and rewrite is `planner.plan_for_target`.)"""
+(The planner between thresholds and rewrite is `accuracy_planner.plan_for_target`.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,7 +12,7 @@ import torch
 from ..errors import ConfigError
 from ..ir import Graph
 from ..runtime.context import matmul_precision
-from .bias_correction import (
+from ..quant.bias_correction import (
     apply_corrections,
     correctable_layers,
     corrections_from_json,
@@ -21,15 +21,14 @@ from .bias_correction import (
     stored_for,
     summary,
 )
-from .cache import CalibrationCache, CalibrationCacheError, read_cache, write_cache
-from .calibrate import amax_from_histograms, collect_histograms
-from .calibrators import DEFAULT_METHOD
-from .data import CalibrationSet, open_calibration, split_coverage
-from .plan import calibration_targets
-from .qdq import is_qdq_model
-from .quantize import quantize_graph
+from ..quant.cache import CalibrationCache, CalibrationCacheError, read_cache, write_cache
+from ..quant.calibrate import amax_from_histograms, collect_histograms
+from ..quant.calibrators import DEFAULT_METHOD
+from ..quant.data import CALIB_BATCH, CalibrationSet, open_calibration, split_coverage
+from ..quant.plan import calibration_targets
+from ..quant.qdq import is_qdq_model
+from ..quant.quantize import quantize_graph
 
-CALIB_BATCH = 8  # samples per calibration batch when the batch dimension is dynamic
 RECORDED_VALUES = 16  # per-split counts are recorded for attributes with at most this many values (not ids)
 
 
