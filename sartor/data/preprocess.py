@@ -266,6 +266,30 @@ def _letterbox_geometry(h: int, w: int, out_h: int, out_w: int) -> tuple[int, in
     return new_h, new_w, top, left
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where an h×w image lands in the network input: resized to `resized` (H, W), its top-left
+    corner at `pad` (top, left) of an `input_size` canvas."""
+    resized: tuple[int, int]
+    pad: tuple[int, int]
+    input_size: tuple[int, int]
+
+    def meta(self, path: str, orig_size: tuple[int, int]) -> ImageMeta:
+        (new_h, new_w), (h, w) = self.resized, orig_size
+        return ImageMeta(path=path, orig_size=(h, w), scale=(new_h / h, new_w / w), pad=self.pad,
+                         input_size=self.input_size)
+
+
+def placement(h: int, w: int, spec: PreprocessSpec) -> Placement:
+    """The spec's geometry for one h×w image; the CPU and GPU preprocessing both follow it."""
+    if spec.resize == "letterbox":
+        new_h, new_w, top, left = _letterbox_geometry(h, w, *spec.size)
+        return Placement((new_h, new_w), (top, left), spec.size)
+    if spec.resize == "resize":
+        return Placement(spec.size, (0, 0), spec.size)
+    return Placement((h, w), (0, 0), (h, w))
+
+
 def _resize(image: Image.Image, w: int, h: int) -> Image.Image:
     if image.size == (w, h):
         return image
@@ -286,28 +310,20 @@ def preprocess_image(image: Image.Image | np.ndarray | str | os.PathLike,
         image = image.convert("RGB")
     path = path if path is not None else (getattr(image, "filename", "") or "<image>")
     w, h = image.size
+    place = placement(h, w, spec)
+    (new_h, new_w), (top, left) = place.resized, place.pad
     if spec.resize == "letterbox":
         out_h, out_w = spec.size
-        new_h, new_w, top, left = _letterbox_geometry(h, w, out_h, out_w)
-        canvas = np.full((out_h, out_w, 3), spec.pad_value, dtype=np.uint8)
-        canvas[top:top + new_h, left:left + new_w] = np.asarray(_resize(image, new_w, new_h))
-        pixels = canvas
-        scale, pad = (new_h / h, new_w / w), (top, left)
-    elif spec.resize == "resize":
-        out_h, out_w = spec.size
-        pixels = np.asarray(_resize(image, out_w, out_h))
-        scale, pad = (out_h / h, out_w / w), (0, 0)
+        pixels = np.full((out_h, out_w, 3), spec.pad_value, dtype=np.uint8)
+        pixels[top:top + new_h, left:left + new_w] = np.asarray(_resize(image, new_w, new_h))
     else:
-        pixels = np.asarray(image)
-        scale, pad = (1.0, 1.0), (0, 0)
+        pixels = np.asarray(_resize(image, new_w, new_h))
     if spec.channels == "bgr":
         pixels = pixels[..., ::-1]
     array = _normalize(pixels, spec)
     if spec.layout == "nchw":
         array = array.transpose(2, 0, 1)
-    meta = ImageMeta(path=str(path), orig_size=(h, w), scale=scale, pad=pad,
-                     input_size=(pixels.shape[0], pixels.shape[1]))
-    return np.ascontiguousarray(array), meta
+    return np.ascontiguousarray(array), place.meta(str(path), (h, w))
 
 
 def _normalize(pixels: np.ndarray, spec: PreprocessSpec) -> np.ndarray:

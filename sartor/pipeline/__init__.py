@@ -1,0 +1,11 @@
+"""Frames in, results out: decode (JPEG on the GPU through nvJPEG, other formats and the CPU through
+libjpeg-turbo/libpng), the engine's stored preprocessing applied with torch on the engine's device
+straight into its bound input buffer, and the engine run, with the next batch decoded while the
+current one runs. `Pipeline` is the one entry point."""
+from .decode import DecodedFrame, decode_frames
+from .pipeline import Pipeline, PipelineResult
+from .prepare import prepare_batch
+from .sources import FrameSource, read_sources
+
+__all__ = ["DecodedFrame", "FrameSource", "Pipeline", "PipelineResult", "decode_frames", "prepare_batch",
+           "read_sources"]

@@ -1,0 +1,215 @@
+"""`Pipeline(engine)`: paths, image bytes or raw frames in; per item its outputs (and detections,
+given a decoder) in original-image coordinates out.
+
+Each batch is read, decoded and preprocessed by a worker thread (on CUDA, on a stream of its own)
+into one of two staging buffers while the engine runs the batch before it; the engine then copies
+the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
+corrupt, truncated, wrong shape) never stop the items beside them from being decoded; what happens
+to them is `skip_bad`: False (the default) raises one `DataError` naming every failed item of the
+batch before that batch runs; True returns them as results with `error` set, in their place, and
+runs the rest.
+
+A last batch smaller than the profile's minimum batch is filled up to it with copies of its first
+frame, whose outputs are dropped."""
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..data.preprocess import ImageMeta, PreprocessSpec
+from ..errors import ConfigError, DataError
+from .decode import decode_frames
+from .prepare import TORCH_DTYPES, prepare_batch
+from .sources import FRAME_ORDERS, read_sources
+
+DEFAULT_MAX_BATCH = 32
+
+
+@dataclass
+class PipelineResult:
+    """One item's result: `outputs` (name → this item's numpy array), `detections` when the pipeline
+    has a decoder, `meta` (maps network-input boxes back to the original image), or `error`."""
+    name: str
+    meta: ImageMeta | None = None
+    outputs: dict = field(default_factory=dict)
+    detections: object | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Prepared:
+    names: list[str]
+    failures: dict[int, str]  # position in the chunk → reason
+    good: list[int]  # positions that were decoded, in order
+    batch: torch.Tensor | None
+    metas: list[ImageMeta]
+    ready: torch.cuda.Event | None
+
+
+def _image_input(engine):
+    images = [v for v in engine.inputs if v.shape is not None and len(v.shape) == 4]
+    if len(engine.inputs) != 1 or len(images) != 1:
+        listing = ", ".join(f"{v.name} {list(v.shape) if v.shape is not None else '?'}" for v in engine.inputs)
+        raise ConfigError(f"a pipeline needs an engine with one 4-D image input; this one takes {listing}")
+    return images[0]
+
+
+def _batch_range(engine, name: str, spec: PreprocessSpec, profile: int | None) -> tuple[int, int, int]:
+    """(profile, min batch, max batch) of the first profile admitting the spec's image size."""
+    probe = spec.input_shape(1)
+    for k, candidate in enumerate(engine.profiles):
+        if profile is not None and k != profile:
+            continue
+        r = candidate.shapes.get(name)
+        if r is None:
+            continue
+        if probe is None or all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])):
+            return k, int(r.min[0]), int(r.max[0])
+    shape = "x".join(map(str, probe[1:])) if probe is not None else "(each image's size)"
+    ranges = "; ".join(f"profile {k}: {p.describe()}" for k, p in enumerate(engine.profiles))
+    raise ConfigError(f"preprocess {spec.describe()} makes {shape} inputs, which no profile of the engine admits "
+                      f"({ranges})")
+
+
+class Pipeline:
+    """Run an engine over images with its stored preprocessing (`sartor build --preprocess ...`).
+
+    `decoder(outputs, metas) -> list` turns a batch's outputs (numpy, batch first) into one result
+    per image (e.g. `sartor.validate.decoders.decode_yolo`); without one, results carry outputs
+    only. `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
+
+    def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
+                 decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
+                 preprocess: PreprocessSpec | None = None, overlap: bool = True) -> None:
+        spec = preprocess or engine.preprocess
+        if spec is None:
+            raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
+                              "letterbox=640,mean=0,std=255,rgb,nchw), or pass preprocess=")
+        if frame_order not in FRAME_ORDERS:
+            raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
+        self.engine, self.spec, self.decoder = engine, spec, decoder
+        self.frame_order, self.skip_bad, self.overlap = frame_order, skip_bad, overlap
+        image = _image_input(engine)
+        if TORCH_DTYPES[spec.dtype] != {"float32": torch.float32, "float16": torch.float16,
+                                         "uint8": torch.uint8}.get(image.dtype):
+            raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "
+                              f"is {image.dtype}")
+        self.input_name = image.name
+        self.profile, self.min_batch, max_batch = _batch_range(engine, image.name, spec, profile)
+        if spec.resize == "none":
+            max_batch = 1  # images keep their own sizes
+        if batch_size is not None and not 1 <= batch_size <= max_batch:
+            raise ConfigError(f"batch size {batch_size} is outside 1..{max_batch}, what the engine's profile "
+                              f"{self.profile} admits for {spec.describe()!r}")
+        self.batch_size = batch_size or min(max_batch, max(self.min_batch, DEFAULT_MAX_BATCH))
+        self.device = torch.device(engine.device)
+        self.context = engine.context(self.profile)
+        self._staging: list[torch.Tensor | None] = [None, None]
+        self._staging_free: list[torch.cuda.Event | None] = [None, None]
+        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._lock = threading.Lock()
+
+    # ---- preparing a batch (worker thread) -------------------------------------------------
+    def _buffer(self, slot: int, rows: int) -> torch.Tensor | None:
+        shape = self.spec.input_shape(rows)
+        if shape is None:
+            return None
+        buffer = self._staging[slot]
+        if buffer is None or buffer.shape[0] < rows:
+            buffer = self._staging[slot] = torch.empty(self.spec.input_shape(self.batch_size_rows),
+                                                       dtype=TORCH_DTYPES[self.spec.dtype], device=self.device)
+        return buffer[:rows]
+
+    @property
+    def batch_size_rows(self) -> int:
+        return max(self.batch_size, self.min_batch)
+
+    def _prepare(self, chunk: list, first_index: int, slot: int) -> _Prepared:
+        sources = read_sources(chunk, self.frame_order, first_index)
+        names = [s.name for s in sources]
+        stream = self._side_stream
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            if stream is not None and self._staging_free[slot] is not None:
+                stream.wait_event(self._staging_free[slot])  # the engine has copied this buffer out
+            decoded = decode_frames(sources, self.device)
+            failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
+            good = [i for i, d in enumerate(decoded) if d.error is None]
+            if not good:
+                return _Prepared(names, failures, good, None, [], None)
+            frames = [decoded[i].pixels for i in good]
+            frame_names = [names[i] for i in good]
+            rows = max(len(frames), self.min_batch)
+            frames += [frames[0]] * (rows - len(frames))  # filled to the profile's minimum batch
+            frame_names += [frame_names[0]] * (rows - len(frame_names))
+            try:
+                batch, metas = prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows))
+            except DataError as exc:
+                return _Prepared(names, {i: str(exc) for i in good} | failures, [], None, [], None)
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        return _Prepared(names, failures, good, batch, metas[:len(good)], ready)
+
+    # ---- running ---------------------------------------------------------------------------
+    def _run(self, prepared: _Prepared, slot: int) -> list[PipelineResult]:
+        if prepared.failures and not self.skip_bad:
+            listed = "; ".join(prepared.failures[i] for i in sorted(prepared.failures))
+            raise DataError(f"{len(prepared.failures)} of {len(prepared.names)} images failed: {listed} "
+                            f"(skip_bad=True runs the others)")
+        results = [PipelineResult(name) for name in prepared.names]
+        for i, reason in prepared.failures.items():
+            results[i].error = reason
+        if prepared.batch is None:
+            return results
+        if prepared.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(prepared.ready)
+        outputs = self.context.run({self.input_name: prepared.batch})
+        if self.device.type == "cuda":
+            freed = self._staging_free[slot] = torch.cuda.Event()
+            freed.record(torch.cuda.current_stream(self.device))
+        host = {name: t.detach().cpu().numpy()[:len(prepared.good)] for name, t in outputs.items()}
+        detections = self.decoder(host, prepared.metas) if self.decoder is not None else None
+        for k, i in enumerate(prepared.good):
+            results[i].meta = prepared.metas[k]
+            results[i].outputs = {name: value[k] for name, value in host.items()}
+            if detections is not None:
+                results[i].detections = detections[k]
+        return results
+
+    def stream(self, items: Iterable) -> Iterator[PipelineResult]:
+        """Results in item order, batch by batch, the next batch prepared while this one runs."""
+        chunks = _chunks(items, self.batch_size)
+        with self._lock, ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
+            slot = 0
+            chunk = next(chunks, None)
+            pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
+            while pending is not None:
+                prepared = pending.result()
+                chunk = next(chunks, None)
+                following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None and self.overlap else None
+                yield from self._run(prepared, slot)
+                if chunk is not None and following is None:
+                    following = pool.submit(self._prepare, *chunk, 1 - slot)
+                pending, slot = following, 1 - slot
+
+    def run(self, items: Iterable) -> list[PipelineResult]:
+        return list(self.stream(items))
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[tuple[list, int]]:
+    """(up to `size` items, the index of the first) in order."""
+    chunk, first = [], 0
+    for index, item in enumerate(items):
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk, first
+            chunk, first = [], index + 1
+    if chunk:
+        yield chunk, first

@@ -1,0 +1,76 @@
+"""What a pipeline accepts, sorted into encoded bytes and raw frames, each with a name for errors.
+
+Items: a path (str or os.PathLike) or the bytes of a JPEG/PNG/other image file (bytes, bytearray,
+memoryview, or a 1-D uint8 numpy array or tensor) — *encoded*; an H×W×3 uint8 numpy array or torch
+tensor, on the host or a device — a *raw frame*, in the channel order the pipeline is told
+(`frame_order`, RGB unless said). A path that cannot be read is a failed item, not an exception:
+the rest of the batch still runs (see `Pipeline`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+FRAME_ORDERS = ("rgb", "bgr")
+
+
+@dataclass
+class FrameSource:
+    """One item: `encoded` (a 1-D uint8 CPU tensor of file bytes) or `frame` (an H×W×3 uint8 tensor,
+    RGB after `read_sources`), or `error` when it could not be read."""
+    name: str
+    encoded: torch.Tensor | None = None
+    frame: torch.Tensor | None = None
+    error: str | None = None
+
+
+def _bytes_tensor(data) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
+    """One item as a FrameSource; names are the path, else `item N` (N from 0)."""
+    if frame_order not in FRAME_ORDERS:
+        raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
+    if isinstance(item, (str, os.PathLike)):
+        name = str(item)
+        try:
+            with open(item, "rb") as f:
+                data = f.read()
+        except IsADirectoryError:
+            return FrameSource(name, error=f"image {name} is a directory, not an image file")
+        except OSError as exc:
+            return FrameSource(name, error=f"image {name} cannot be read: {exc.strerror or exc}")
+        if not data:
+            return FrameSource(name, error=f"image {name} is empty")
+        return FrameSource(name, encoded=_bytes_tensor(data))
+    name = f"item {index}"
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        if not len(item):
+            return FrameSource(name, error=f"{name} is empty bytes")
+        return FrameSource(name, encoded=_bytes_tensor(item))
+    if isinstance(item, np.ndarray):
+        item = torch.from_numpy(np.ascontiguousarray(item))
+    if isinstance(item, torch.Tensor):
+        if item.dtype != torch.uint8:
+            return FrameSource(name, error=f"{name} is a {item.dtype} tensor; frames are uint8")
+        if item.dim() == 1:
+            if item.device.type != "cpu":
+                return FrameSource(name, error=f"{name}: encoded bytes must be in host memory")
+            if not item.numel():
+                return FrameSource(name, error=f"{name} is empty bytes")
+            return FrameSource(name, encoded=item.contiguous())
+        if item.dim() != 3 or item.shape[2] != 3 or min(item.shape[:2]) < 1:
+            return FrameSource(name, error=f"{name} of shape {tuple(item.shape)} is not an H×W×3 frame")
+        return FrameSource(name, frame=item.flip(-1) if frame_order == "bgr" else item)
+    return FrameSource(name, error=f"{name} is a {type(item).__name__}: expected a path, image bytes or "
+                                   f"an H×W×3 uint8 array")
+
+
+def read_sources(items, frame_order: str = "rgb", first_index: int = 0) -> list[FrameSource]:
+    """FrameSources of `items`, named from `item {first_index}` on where they have no path."""
+    return [read_source(item, first_index + i, frame_order) for i, item in enumerate(items)]

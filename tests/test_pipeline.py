@@ -1,0 +1,202 @@
+"""The frames-to-results pipeline on the CPU: sources, decode, preprocessing against the PIL
+reference (`sartor.data.preprocess`), and `Pipeline` against the engine run on reference batches.
+On a GPU machine the same file runs the CUDA paths too (nvJPEG decode, float resize)."""
+from __future__ import annotations
+
+import io
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
+from PIL import Image
+
+import sartor
+from sartor.data.preprocess import parse_preprocess, preprocess_image
+from sartor.errors import ConfigError, DataError
+from sartor.pipeline import Pipeline, decode_frames, prepare_batch, read_sources
+
+skimage_data = pytest.importorskip("skimage.data")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Pillow rounds its bilinear resize to uint8 after each pass; the GPU resizes in float32 in one pass
+# and rounds once, so a pixel may land one level away. torch's uint8 path on the CPU rounds as Pillow
+# does with other fixed-point weights: a few pixels two levels away.
+MAX_LEVELS = {"cpu": 2, "cuda": 1}
+SPECS = ["letterbox=320,mean=0,std=255,rgb,nchw", "letterbox=480x640,mean=0,std=255,bgr,nhwc,dtype=float16",
+         "resize=224x224,mean=123.675:116.28:103.53,std=58.395:57.12:57.375",
+         "letterbox=256,mean=0,std=1,rgb,nchw,dtype=uint8,pad=0", "letterbox=1000,mean=10,std=3,rgb,nhwc,dtype=uint8",
+         "none,mean=0,std=255,rgb,nchw"]
+
+
+def photo(name: str) -> np.ndarray:
+    return getattr(skimage_data, name)()
+
+
+def encoded(pixels: np.ndarray, fmt: str = "JPEG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, fmt, quality=90)
+    return buffer.getvalue()
+
+
+def levels_apart(ours: np.ndarray, reference: np.ndarray, spec) -> np.ndarray:
+    """|ours - reference| in 0..255 pixel levels (undoing the spec's std)."""
+    std = np.asarray(spec.std).reshape((3, 1, 1) if spec.layout == "nchw" else (1, 1, 3))
+    scale = 1.0 if spec.dtype == "uint8" else std
+    return np.abs(ours.astype(np.float64) - reference.astype(np.float64)) * scale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,fmt,text", list(itertools.product(["astronaut", "coffee", "rocket"], ["JPEG", "PNG"], SPECS)))
+def test_preprocessing_matches_the_pil_reference(device, name, fmt, text):
+    spec = parse_preprocess(text)
+    data = encoded(photo(name), fmt)
+    reference, meta = preprocess_image(Image.open(io.BytesIO(data)).convert("RGB"), spec, path="item 0")
+    (frame,) = decode_frames(read_sources([data]), torch.device(device))
+    assert frame.error is None
+    batch, (ours_meta,) = prepare_batch([frame.pixels], ["item 0"], spec)
+    assert ours_meta == meta  # letterbox geometry exact
+    ours = batch[0].cpu().numpy()
+    assert ours.shape == reference.shape and ours.dtype == reference.dtype
+    apart = levels_apart(ours, reference, spec)
+    if spec.dtype == "float16":
+        apart = np.maximum(apart - 0.5, 0)  # float16 holds 0..1 to 2^-11: up to half a level more
+    assert apart.max() <= MAX_LEVELS[device] + 1e-3
+    assert (apart > 0.01).mean() < 0.25  # most pixels equal: a shifted or blurred image fails here
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_equals_pillow_and_raw_frames_pass_through(device):
+    pixels = photo("chelsea")
+    for fmt in ("JPEG", "PNG"):
+        data = encoded(pixels, fmt)
+        (frame,) = decode_frames(read_sources([data]), torch.device(device))
+        pil = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        ours = frame.pixels.permute(1, 2, 0).cpu().numpy()
+        tolerance = 0 if device == "cpu" or fmt == "PNG" else 8  # nvJPEG's IDCT and upsampling are not libjpeg's
+        assert np.abs(ours.astype(int) - pil.astype(int)).max() <= tolerance
+    rgb, bgr = decode_frames(read_sources([pixels, np.ascontiguousarray(pixels[..., ::-1])]), torch.device(device))
+    assert torch.equal(rgb.pixels.cpu(), torch.from_numpy(pixels).permute(2, 0, 1))
+    (as_bgr,) = decode_frames(read_sources([np.ascontiguousarray(pixels[..., ::-1])], frame_order="bgr"),
+                              torch.device(device))
+    assert torch.equal(as_bgr.pixels.cpu(), rgb.pixels.cpu())
+    assert not torch.equal(bgr.pixels.cpu(), rgb.pixels.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_items_fail_alone_with_a_reason_naming_them(device, tmp_path):
+    good = encoded(photo("astronaut"))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    items = [good, good[:len(good) // 3], b"not an image at all", str(tmp_path / "missing.jpg"), str(folder),
+             np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3), np.float32), b"", 3.5, good]
+    frames = decode_frames(read_sources(items), torch.device(device))
+    assert [f.error is None for f in frames] == [True] + [False] * 8 + [True]
+    reasons = [f.error for f in frames[1:-1]]
+    assert reasons[0].startswith("image item 1 is corrupt, truncated or not an image")
+    assert reasons[1].startswith("image item 2 is corrupt, truncated or not an image")
+    assert reasons[2].startswith(f"image {tmp_path / 'missing.jpg'} cannot be read")
+    assert reasons[3] == f"image {folder} is a directory, not an image file"
+    assert reasons[4] == "item 5 of shape (4, 4) is not an H×W×3 frame"
+    assert reasons[5] == "item 6 is a torch.float32 tensor; frames are uint8"
+    assert reasons[6] == "item 7 is empty bytes"
+    assert reasons[7] == "item 8 is a float: expected a path, image bytes or an H×W×3 uint8 array"
+    assert torch.equal(frames[0].pixels, frames[-1].pixels)
+
+
+# ---- Pipeline over an engine --------------------------------------------------------------------
+
+SPEC = "letterbox=16,mean=0,std=255,rgb,nchw"
+
+
+@pytest.fixture(scope="module")
+def preprocessed_plan(tmp_path_factory, tiny_onnx):
+    out = tmp_path_factory.mktemp("pipeline") / "tiny_letterbox.plan"
+    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
+                 preprocess=SPEC)
+    return out
+
+
+def photos(count: int) -> list[bytes]:
+    names = ["astronaut", "coffee", "chelsea", "rocket", "camera"]
+    return [encoded(np.ascontiguousarray(np.broadcast_to(p[..., None], p.shape + (3,))) if p.ndim == 2 else p)
+            for p in (photo(names[i % len(names)]) for i in range(count))]
+
+
+def expected_logits(engine, items: list[bytes]) -> np.ndarray:
+    """The engine on batches that the pipeline's own preprocessing makes, one image at a time (twice,
+    for engines whose minimum batch is 2)."""
+    spec = engine.preprocess
+    rows = []
+    for item in items:
+        (frame,) = decode_frames(read_sources([item]), torch.device("cpu"))
+        batch, _ = prepare_batch([frame.pixels] * 2, ["x"] * 2, spec)
+        rows.append(engine.context().run({"images": batch.numpy()})["logits"][0])
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_pipeline_runs_every_item_in_order_with_partial_and_filled_batches(preprocessed_plan, overlap):
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    items = photos(7)
+    results = Pipeline(engine, batch_size=3, overlap=overlap).run(items)  # batches of 3, 3, 1
+    assert [r.name for r in results] == [f"item {i}" for i in range(7)]
+    assert all(r.error is None for r in results)
+    np.testing.assert_allclose(np.stack([r.outputs["logits"] for r in results]), expected_logits(engine, items),
+                               rtol=1e-5, atol=1e-5)
+    h, w = photo("astronaut").shape[:2]
+    assert results[0].meta.orig_size == (h, w) and results[0].meta.input_size == (IMAGE, IMAGE)
+
+
+def test_a_last_batch_under_the_profiles_minimum_is_filled_and_trimmed(tmp_path, tiny_onnx):
+    plan = tmp_path / "min2.plan"
+    sartor.build(tiny_onnx, plan, device="cpu", min_shapes={"images": (2, 3, IMAGE, IMAGE)},
+                 opt_shapes={"images": (2, 3, IMAGE, IMAGE)}, max_shapes={"images": (4, 3, IMAGE, IMAGE)},
+                 preprocess=SPEC)
+    engine = sartor.load(plan, device="cpu")
+    items = photos(5)
+    results = Pipeline(engine, batch_size=4).run(items)  # 4, then 1 filled to 2
+    assert len(results) == 5
+    np.testing.assert_allclose(np.stack([r.outputs["logits"] for r in results]), expected_logits(engine, items),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_bad_items_raise_naming_them_or_are_skipped(preprocessed_plan):
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    good = photos(2)
+    items = [good[0], b"\xff\xd8\xff\xe0 truncated", good[1]]
+    with pytest.raises(DataError, match=r"1 of 3 images failed: image item 1 is corrupt, truncated or not an "
+                                        r"image.*skip_bad=True runs the others"):
+        Pipeline(engine, batch_size=4).run(items)
+    results = Pipeline(engine, batch_size=4, skip_bad=True).run(items)
+    assert [r.error is None for r in results] == [True, False, True]
+    assert results[1].outputs == {} and results[1].meta is None
+    np.testing.assert_allclose(np.stack([results[0].outputs["logits"], results[2].outputs["logits"]]),
+                               expected_logits(engine, good), rtol=1e-5, atol=1e-5)
+    only_bad = Pipeline(engine, skip_bad=True).run([b"junk"])
+    assert len(only_bad) == 1 and only_bad[0].error.startswith("image item 0 is corrupt")
+
+
+def test_a_decoder_turns_outputs_into_per_item_results(preprocessed_plan):
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    seen = []
+
+    def top_class(outputs, metas):
+        seen.append(len(metas))
+        return [int(np.argmax(row)) for row in outputs["logits"]]
+
+    results = Pipeline(engine, batch_size=2, decoder=top_class).run(photos(3))
+    assert seen == [2, 1]
+    assert [r.detections for r in results] == [int(np.argmax(r.outputs["logits"])) for r in results]
+
+
+def test_pipeline_refusals_are_one_line(preprocessed_plan, tiny_plan):
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    with pytest.raises(ConfigError, match=r"batch size 5 is outside 1\.\.4"):
+        Pipeline(engine, batch_size=5)
+    with pytest.raises(ConfigError, match="records no preprocessing"):
+        Pipeline(sartor.load(tiny_plan, device="cpu"))
+    with pytest.raises(ConfigError, match=r"makes 3x32x32 inputs, which no profile of the engine admits"):
+        Pipeline(engine, preprocess=parse_preprocess("letterbox=32,mean=0,std=255,rgb,nchw"))
+    with pytest.raises(ConfigError, match="frame order 'yuv' is not one of rgb, bgr"):
+        Pipeline(engine, frame_order="yuv")
