@@ -78,4 +78,12 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     return run_build(config)
 
 
-__all__ = ["Engine", "ExecutionContext", "SartorError", "__version__", "build", "load"]
+def __getattr__(name: str):
+    # The pipeline imports torchvision's decoders: loaded on first use, not by `import sartor`.
+    if name == "Pipeline":
+        from .pipeline import Pipeline
+        return Pipeline
+    raise AttributeError(f"module 'sartor' has no attribute {name!r}")
+
+
+__all__ = ["Engine", "ExecutionContext", "Pipeline", "SartorError", "__version__", "build", "load"]
