@@ -200,3 +200,40 @@ def test_pipeline_refusals_are_one_line(preprocessed_plan, tiny_plan):
         Pipeline(engine, preprocess=parse_preprocess("letterbox=32,mean=0,std=255,rgb,nchw"))
     with pytest.raises(ConfigError, match="frame order 'yuv' is not one of rgb, bgr"):
         Pipeline(engine, frame_order="yuv")
+
+
+# ---- detections decoded on the device -----------------------------------------------------------
+
+def yolo_head(seed: int, batch: int = 3, classes: int = 5, anchors: int = 600, size: int = 320) -> np.ndarray:
+    """Random [B, 4+C, N] head outputs: centres and sizes in input pixels, clustered so that NMS has
+    overlaps to suppress, class scores in 0..1."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0, size, (batch, 2, 8)).repeat(anchors // 8, axis=2) + rng.normal(0, 6, (batch, 2, anchors))
+    sizes = rng.uniform(8, 90, (batch, 2, anchors))
+    scores = rng.beta(0.4, 3.0, (batch, classes, anchors))
+    return np.concatenate([centres, sizes, scores], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("conf,iou,agnostic", [(0.001, 0.7, False), (0.25, 0.45, False), (0.25, 0.45, True)])
+def test_yolo_nms_keeps_exactly_what_the_host_decoder_keeps(device, conf, iou, agnostic):
+    from sartor.data.preprocess import ImageMeta
+    from sartor.pipeline import YoloNms
+    from sartor.validate.decoders import DecodeOptions, decode_yolo
+    head = yolo_head(seed=int(conf * 1000) + agnostic)
+    metas = [ImageMeta(path=f"{i}", orig_size=(720, 1280), scale=(0.25, 0.25), pad=(70, 0), input_size=(320, 320))
+             for i in range(len(head))]
+    host = decode_yolo({"output0": head}, metas, DecodeOptions(conf=conf, iou=iou, agnostic=agnostic))
+    ours = YoloNms(conf=conf, iou=iou, agnostic=agnostic)({"output0": torch.from_numpy(head).to(device)}, metas)
+    assert sum(len(d) for d in host) > 20
+    for expected, got in zip(host, ours):
+        assert len(got) == len(expected)
+        order_e, order_g = np.lexsort((expected.classes, -expected.scores)), np.lexsort((got.classes, -got.scores))
+        np.testing.assert_array_equal(got.classes[order_g], expected.classes[order_e])
+        np.testing.assert_allclose(got.scores[order_g], expected.scores[order_e], rtol=0, atol=0)
+        np.testing.assert_allclose(got.boxes[order_g], expected.boxes[order_e], rtol=1e-5, atol=1e-3)
+
+
+def test_host_outputs_off_needs_a_decoder(preprocessed_plan):
+    with pytest.raises(ConfigError, match="host_outputs=False needs a decoder"):
+        Pipeline(sartor.load(preprocessed_plan, device="cpu"), host_outputs=False)

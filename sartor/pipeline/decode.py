@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+from ..errors import ConfigError
 from .sources import FrameSource
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -30,8 +30,19 @@ def _is_jpeg(encoded: torch.Tensor) -> bool:
     return bytes(encoded[:3].tolist()) == JPEG_MAGIC
 
 
+def _image_io():
+    """torchvision.io, imported on first use: running engines needs no torchvision, decoding does."""
+    try:
+        import torchvision.io
+    except ImportError as exc:
+        raise ConfigError(f"decoding images needs torchvision ({exc}): pip install torchvision matching your "
+                          f"torch, or pass decoded H×W×3 uint8 frames") from None
+    return torchvision.io
+
+
 def _decode_on_host(source: FrameSource) -> torch.Tensor:
-    return decode_image(source.encoded, mode=ImageReadMode.RGB, apply_exif_orientation=False)
+    io = _image_io()
+    return io.decode_image(source.encoded, mode=io.ImageReadMode.RGB, apply_exif_orientation=False)
 
 
 def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
@@ -63,8 +74,9 @@ def decode_frames(sources: list[FrameSource], device: torch.device) -> list[Deco
 
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
                          decoded: list) -> None:
+    io = _image_io()
     try:
-        frames = decode_jpeg([s.encoded for s in sources], mode=ImageReadMode.RGB, device=device)
+        frames = io.decode_jpeg([s.encoded for s in sources], mode=io.ImageReadMode.RGB, device=device)
     except RuntimeError:
         frames = None  # one bad file fails the batched call: find it by decoding each alone
     for k, (slot, source) in enumerate(zip(slots, sources)):
@@ -72,7 +84,7 @@ def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots
             decoded[slot] = DecodedFrame(source.name, frames[k])
             continue
         try:
-            decoded[slot] = DecodedFrame(source.name, decode_jpeg(source.encoded, mode=ImageReadMode.RGB,
-                                                                  device=device))
+            decoded[slot] = DecodedFrame(source.name, io.decode_jpeg(source.encoded, mode=io.ImageReadMode.RGB,
+                                                                     device=device))
         except RuntimeError as exc:
             decoded[slot] = _failure(source, exc)

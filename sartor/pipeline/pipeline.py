@@ -80,13 +80,16 @@ def _batch_range(engine, name: str, spec: PreprocessSpec, profile: int | None) -
 class Pipeline:
     """Run an engine over images with its stored preprocessing (`sartor build --preprocess ...`).
 
-    `decoder(outputs, metas) -> list` turns a batch's outputs (numpy, batch first) into one result
-    per image (e.g. `sartor.validate.decoders.decode_yolo`); without one, results carry outputs
-    only. `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
+    `decoder(outputs, metas) -> list` turns a batch's outputs (batch first) into one result per
+    image: numpy arrays (e.g. `sartor.validate.decoders.decode_yolo`), or with `host_outputs=False`
+    the engine's own device tensors, valid during the call (e.g. `YoloNms()`, which sends only
+    the kept boxes to the host), and results then carry no outputs. Without a decoder, results carry
+    outputs only. `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
-                 preprocess: PreprocessSpec | None = None, overlap: bool = True) -> None:
+                 preprocess: PreprocessSpec | None = None, overlap: bool = True,
+                 host_outputs: bool = True) -> None:
         spec = preprocess or engine.preprocess
         if spec is None:
             raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
@@ -94,7 +97,9 @@ class Pipeline:
         if frame_order not in FRAME_ORDERS:
             raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
         self.engine, self.spec, self.decoder = engine, spec, decoder
-        self.frame_order, self.skip_bad, self.overlap = frame_order, skip_bad, overlap
+        if not host_outputs and decoder is None:
+            raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")
+        self.frame_order, self.skip_bad, self.overlap, self.host_outputs = frame_order, skip_bad, overlap, host_outputs
         image = _image_input(engine)
         if TORCH_DTYPES[spec.dtype] != {"float32": torch.float32, "float16": torch.float16,
                                          "uint8": torch.uint8}.get(image.dtype):
@@ -174,8 +179,13 @@ class Pipeline:
         if self.device.type == "cuda":
             freed = self._staging_free[slot] = torch.cuda.Event()
             freed.record(torch.cuda.current_stream(self.device))
-        host = {name: t.detach().cpu().numpy()[:len(prepared.good)] for name, t in outputs.items()}
-        detections = self.decoder(host, prepared.metas) if self.decoder is not None else None
+        rows = len(prepared.good)
+        if self.host_outputs:
+            host = {name: t.detach().cpu().numpy()[:rows] for name, t in outputs.items()}
+            detections = self.decoder(host, prepared.metas) if self.decoder is not None else None
+        else:
+            host = {}
+            detections = self.decoder({name: t[:rows] for name, t in outputs.items()}, prepared.metas)
         for k, i in enumerate(prepared.good):
             results[i].meta = prepared.metas[k]
             results[i].outputs = {name: value[k] for name, value in host.items()}

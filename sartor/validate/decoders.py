@@ -28,39 +28,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..pipeline.detections import MAX_CANDIDATES, Detections
 
 DEFAULT_CONF = 0.001  # keep nearly everything: mAP integrates over all scores (Ultralytics val)
 DEFAULT_IOU = 0.7  # Ultralytics val's NMS IoU
 DEFAULT_MAX_DET = 300
-MAX_CANDIDATES = 30000  # per image, before NMS (Ultralytics' max_nms)
 DECODERS = ("yolo", "boxes")
-
-
-@dataclass
-class Detections:
-    """One image's detections: boxes N×4 (x1, y1, x2, y2, original-image pixels), scores N, classes N."""
-    boxes: np.ndarray
-    scores: np.ndarray
-    classes: np.ndarray
-
-    def __post_init__(self) -> None:
-        self.boxes = np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4)
-        self.scores = np.asarray(self.scores, dtype=np.float32).reshape(-1)
-        self.classes = np.asarray(self.classes).reshape(-1).astype(np.int64)
-        if not (len(self.boxes) == len(self.scores) == len(self.classes)):
-            raise DataError(f"detections have {len(self.boxes)} boxes, {len(self.scores)} scores and "
-                            f"{len(self.classes)} classes: the three must have the same length")
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-    @classmethod
-    def empty(cls) -> "Detections":
-        return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
-
-    def above(self, threshold: float) -> "Detections":
-        keep = self.scores >= threshold
-        return Detections(self.boxes[keep], self.scores[keep], self.classes[keep])
 
 
 @dataclass
