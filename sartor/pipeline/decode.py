@@ -15,6 +15,10 @@ from ..errors import ConfigError
 from .sources import FrameSource
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_END = b"\xff\xd9"
+# nvJPEG decodes a truncated file without an error (its missing rows come out grey), so a JPEG
+# for the GPU must hold its end-of-image marker: at the end, or followed by a little padding.
+JPEG_END_SEARCH_BYTES = 1024
 
 
 @dataclass
@@ -28,6 +32,10 @@ class DecodedFrame:
 
 def _is_jpeg(encoded: torch.Tensor) -> bool:
     return bytes(encoded[:3].tolist()) == JPEG_MAGIC
+
+
+def _has_jpeg_end(encoded: torch.Tensor) -> bool:
+    return JPEG_END in encoded[-JPEG_END_SEARCH_BYTES:].numpy().tobytes()
 
 
 def _image_io():
@@ -61,7 +69,11 @@ def decode_frames(sources: list[FrameSource], device: torch.device) -> list[Deco
         elif source.frame is not None:
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
         elif device.type == "cuda" and _is_jpeg(source.encoded):
-            gpu_jpegs.append(i)
+            if _has_jpeg_end(source.encoded):
+                gpu_jpegs.append(i)
+            else:
+                decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
+                                                             f"image: no JPEG end-of-image marker (truncated)")
         else:
             try:
                 decoded[i] = DecodedFrame(source.name, _decode_on_host(source).to(device, non_blocking=True))

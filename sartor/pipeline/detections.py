@@ -44,47 +44,67 @@ class Detections:
         return Detections(self.boxes[keep], self.scores[keep], self.classes[keep])
 
 
-def _to_original(boxes: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    """Input-pixel boxes → original pixels, clipped to the image (ImageMeta.to_original on the device)."""
-    top, left = meta.pad
-    sy, sx = meta.scale
-    h, w = meta.orig_size
-    out = torch.empty_like(boxes)
-    out[:, 0::2] = ((boxes[:, 0::2] - left) / sx).clamp_(0, w)
-    out[:, 1::2] = ((boxes[:, 1::2] - top) / sy).clamp_(0, h)
-    return out
-
-
 class YoloNms:
-    """A pipeline decoder: `[B, 4+C, N]` head outputs on any device → one Detections per image."""
+    """A pipeline decoder: `[B, 4+C, N]` head outputs on any device → one Detections per image.
+
+    The whole batch is decoded at once: candidates of every image found by one `nonzero`, one
+    class-aware NMS over all of them with the image as part of each box's group (boxes of two
+    images or two classes never suppress each other), and one copy of the kept boxes to the host."""
 
     def __init__(self, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, agnostic: bool = False,
                  output: str | None = None) -> None:
         self.conf, self.iou, self.max_det, self.agnostic, self.output = conf, iou, max_det, agnostic, output
 
-    def __call__(self, outputs: dict, metas: Sequence[ImageMeta]) -> list[Detections]:
-        from torchvision.ops import batched_nms
-        name = self.output or next((k for k, v in outputs.items() if v.dim() == 3 and v.shape[2] > v.shape[1] > 4),
-                                   None)
+    def _head(self, outputs: dict) -> torch.Tensor:
+        name = self.output or next((k for k, v in outputs.items()
+                                    if len(v.shape) == 3 and v.shape[2] > v.shape[1] > 4), None)
         if name is None:
             shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
             raise DataError(f"YoloNms needs one output of shape [B, 4+C, N] with N > 4+C; the model gives {shapes}")
-        pred = torch.as_tensor(outputs[name]).float()
-        results = []
-        for image, meta in zip(pred, metas):
-            scores_all = image[4:]  # C × N
-            anchors, classes = torch.nonzero(scores_all.T > self.conf, as_tuple=True)
-            if not len(anchors):
-                results.append(Detections.empty())
-                continue
-            scores = scores_all[classes, anchors]
-            if len(scores) > MAX_CANDIDATES:
-                top = torch.topk(scores, MAX_CANDIDATES).indices
-                anchors, classes, scores = anchors[top], classes[top], scores[top]
-            xywh = image[:4, anchors].T
-            boxes = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], dim=1)
-            groups = torch.zeros_like(classes) if self.agnostic else classes
-            keep = batched_nms(boxes, scores, groups, self.iou)[:self.max_det]
-            kept = _to_original(boxes[keep], meta) if meta is not None else boxes[keep]
-            results.append(Detections(kept.cpu().numpy(), scores[keep].cpu().numpy(), classes[keep].cpu().numpy()))
+        return torch.as_tensor(outputs[name]).float()
+
+    def __call__(self, outputs: dict, metas: Sequence[ImageMeta]) -> list[Detections]:
+        from torchvision.ops import nms
+        pred = self._head(outputs)
+        batch, classes = pred.shape[0], pred.shape[1] - 4
+        if len(metas) != batch:
+            raise DataError(f"YoloNms: the output has batch {batch} but {len(metas)} images were given")
+        scores_all = pred[:, 4:]  # B × C × N
+        image, cls, anchor = torch.nonzero(scores_all > self.conf, as_tuple=True)
+        scores = scores_all[image, cls, anchor]
+        per_image = torch.bincount(image, minlength=batch)
+        if len(scores) > MAX_CANDIDATES and int(per_image.max()) > MAX_CANDIDATES:
+            keep = torch.cat([torch.nonzero(image == b).flatten()[
+                torch.topk(scores[image == b], min(MAX_CANDIDATES, int(per_image[b]))).indices]
+                for b in range(batch)])
+            image, cls, anchor, scores = image[keep], cls[keep], anchor[keep], scores[keep]
+        xywh = pred[image, :4, anchor]
+        boxes = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], dim=1)
+        # One NMS over every image and class: each group's boxes are moved apart by more than any
+        # box spans, in float64 so that the shifted coordinates keep float32's precision.
+        group = image if self.agnostic else image * classes + cls
+        span = float(boxes.abs().max()) * 2 + 1 if len(boxes) else 1.0
+        shifted = boxes.double() + (group.double() * span)[:, None]
+        keep = nms(shifted, scores.double(), self.iou)  # by decreasing score
+        keep = keep[torch.argsort(image[keep], stable=True)]  # by image, by score within each
+        kept_image = image[keep]
+        counts = torch.bincount(kept_image, minlength=batch)
+        rank = torch.arange(len(keep), device=keep.device) - (torch.cumsum(counts, 0) - counts)[kept_image]
+        keep = keep[rank < self.max_det]
+        kept_image, kept = image[keep], boxes[keep]
+        if all(m is not None for m in metas) and len(keep):
+            geometry = torch.tensor([[m.pad[1], m.pad[0], m.scale[1], m.scale[0], m.orig_size[1], m.orig_size[0]]
+                                     for m in metas], dtype=torch.float32, device=kept.device)[kept_image]
+            left, top, sx, sy, w, h = geometry.unbind(1)
+            kept = torch.stack([((kept[:, 0] - left) / sx).clamp(min=0).minimum(w),
+                                ((kept[:, 1] - top) / sy).clamp(min=0).minimum(h),
+                                ((kept[:, 2] - left) / sx).clamp(min=0).minimum(w),
+                                ((kept[:, 3] - top) / sy).clamp(min=0).minimum(h)], dim=1)
+        counts = torch.bincount(kept_image, minlength=batch).tolist()
+        host_boxes, host_scores, host_classes = (t.cpu().numpy() for t in (kept, scores[keep], cls[keep]))
+        results, start = [], 0
+        for n in counts:
+            results.append(Detections(host_boxes[start:start + n], host_scores[start:start + n],
+                                      host_classes[start:start + n]))
+            start += n
         return results

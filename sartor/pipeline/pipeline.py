@@ -117,7 +117,9 @@ class Pipeline:
         self.context = engine.context(self.profile)
         self._staging: list[torch.Tensor | None] = [None, None]
         self._staging_free: list[torch.cuda.Event | None] = [None, None]
-        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # With overlap, batches are prepared on a stream of their own, ordered against the engine's
+        # runs by events; without, on the current stream, in the calling thread.
+        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
         self._lock = threading.Lock()
 
     # ---- preparing a batch (worker thread) -------------------------------------------------
@@ -194,20 +196,25 @@ class Pipeline:
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
-        """Results in item order, batch by batch, the next batch prepared while this one runs."""
+        """Results in item order, batch by batch; with `overlap`, the next batch is prepared on a
+        worker thread while this one runs, else each batch is prepared and run in the calling
+        thread (the lowest latency for one frame at a time)."""
         chunks = _chunks(items, self.batch_size)
-        with self._lock, ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
-            slot = 0
-            chunk = next(chunks, None)
-            pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
-            while pending is not None:
-                prepared = pending.result()
+        with self._lock:
+            if not self.overlap:
+                for chunk, first in chunks:
+                    yield from self._run(self._prepare(chunk, first, 0), 0)
+                return
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
+                slot = 0
                 chunk = next(chunks, None)
-                following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None and self.overlap else None
-                yield from self._run(prepared, slot)
-                if chunk is not None and following is None:
-                    following = pool.submit(self._prepare, *chunk, 1 - slot)
-                pending, slot = following, 1 - slot
+                pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
+                while pending is not None:
+                    prepared = pending.result()
+                    chunk = next(chunks, None)
+                    following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None else None
+                    yield from self._run(prepared, slot)
+                    pending, slot = following, 1 - slot
 
     def run(self, items: Iterable) -> list[PipelineResult]:
         return list(self.stream(items))
