@@ -52,11 +52,12 @@ class _Prepared:
     ready: torch.cuda.Event | None
 
 
-def _image_input(engine):
+def image_input(engine, needed_by: str = "a pipeline"):
+    """The engine's one 4-D image input; anything else is refused, naming what `needed_by` it."""
     images = [v for v in engine.inputs if v.shape is not None and len(v.shape) == 4]
     if len(engine.inputs) != 1 or len(images) != 1:
         listing = ", ".join(f"{v.name} {list(v.shape) if v.shape is not None else '?'}" for v in engine.inputs)
-        raise ConfigError(f"a pipeline needs an engine with one 4-D image input; this one takes {listing}")
+        raise ConfigError(f"{needed_by} needs an engine with one 4-D image input; this one takes {listing}")
     return images[0]
 
 
@@ -100,7 +101,7 @@ class Pipeline:
         if not host_outputs and decoder is None:
             raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")
         self.frame_order, self.skip_bad, self.overlap, self.host_outputs = frame_order, skip_bad, overlap, host_outputs
-        image = _image_input(engine)
+        image = image_input(engine)
         if TORCH_DTYPES[spec.dtype] != {"float32": torch.float32, "float16": torch.float16,
                                          "uint8": torch.uint8}.get(image.dtype):
             raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "

@@ -20,6 +20,7 @@ import numpy as np
 from ..data.datasets import Dataset, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
+from ..pipeline.pipeline import image_input as engine_image_input
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
 from .metrics import (
@@ -190,14 +191,6 @@ def _engine_preprocess(engine) -> PreprocessSpec | None:
     return PreprocessSpec.from_json(record) if record else None
 
 
-def _image_input(engine):
-    images = [v for v in engine.inputs if v.shape is not None and len(v.shape) == 4]
-    if len(engine.inputs) != 1 or len(images) != 1:
-        listing = ", ".join(f"{v.name} {list(v.shape) if v.shape is not None else '?'}" for v in engine.inputs)
-        raise ConfigError(f"validate needs an engine with one 4-D image input; this one takes {listing}")
-    return images[0]
-
-
 def _choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None) -> tuple[int, int, int]:
     """(batch, profile, min batch) for images of the spec's size within one profile of the engine."""
     probe = spec.input_shape(1)
@@ -328,7 +321,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     if spec is None:
         raise ConfigError(f"engine {engine_label} records no preprocessing: rebuild it with --preprocess, or give "
                           f"--preprocess (e.g. letterbox=640,mean=0,std=255,rgb,nchw)")
-    image_input = _image_input(engine)
+    image_input = engine_image_input(engine, needed_by="validate")
     if image_input.dtype != spec.dtype:
         raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image_input.name!r} "
                           f"takes {image_input.dtype}: add dtype={image_input.dtype}")
