@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments
 
 try:  # host-side descriptors: Triton 3.4 and newer
@@ -205,8 +207,9 @@ if triton is not None:
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
 
+@register
 @dataclass(frozen=True)
-class TileConfig:
+class TileConfig(Tactic):
     """One kernel configuration: the tile, the warps, the software-pipeline depth, how many
     programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
     whether the epilogue runs in two halves of the tile's columns (fewer registers live), and
@@ -216,7 +219,8 @@ class TileConfig:
     the products rather than stalling the epilogue ("residual early"), and whether the weight's
     tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
     no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
-    blocked K walks only)."""
+    blocked K walks only). Named e.g. "igemm.128x128x64.w8.s3.split4" or
+    "igemm.64x64x64.w4.s4.halves.residual-early"."""
     block_m: int
     block_n: int
     block_k: int
@@ -228,43 +232,27 @@ class TileConfig:
     residual_early: bool = False
     weight_tma: bool = False
 
-    @property
-    def name(self) -> str:
-        base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-        return (base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
-                + ("_re" if self.residual_early else "") + ("_pt" if self.padded_taps else "")
-                + ("_wt" if self.weight_tma else ""))
+    FAMILY: ClassVar[str] = "igemm"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
+                               Number("split_k", "split", omit=1), Flag("epilogue_halves", "halves"),
+                               Flag("residual_early", "residual-early"), Flag("padded_taps", "padded-taps"),
+                               Flag("weight_tma", "weight-tma"))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
-    @classmethod
-    def parse(cls, tactic: str) -> "TileConfig | None":
-        if not tactic.startswith("igemm_"):
-            return None
-        try:
-            tile, warps, stages, *suffixes = tactic[len("igemm_"):].split("_")
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            if not warps.startswith("w") or not stages.startswith("s"):
-                return None
-            weight_tma = suffixes[-1:] == ["wt"]
-            if weight_tma:
-                suffixes = suffixes[:-1]
-            padded = suffixes[-1:] == ["pt"]
-            if padded:
-                suffixes = suffixes[:-1]
-            early = suffixes[-1:] == ["re"]
-            if early:
-                suffixes = suffixes[:-1]
-            halves = suffixes[-1:] == ["e2"]
-            if halves:
-                suffixes = suffixes[:-1]
-            if len(suffixes) > 1 or (suffixes and not suffixes[0].startswith("k")):
-                return None
-            split_k = int(suffixes[0][1:]) if suffixes else 1
-            if (split_k < 1 or (halves and (split_k > 1 or bn % 2)) or (early and not halves)
-                    or (weight_tma and padded)):
-                return None
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded, early, weight_tma)
-        except ValueError:
-            return None
+    def invalid(self) -> str | None:
+        if self.split_k < 1 or (self.epilogue_halves and (self.split_k > 1 or self.block_n % 2)):
+            return "split-K shares its epilogue whole; halves need an even block_n"
+        if self.residual_early and not self.epilogue_halves:
+            return "residual-early comes with halves"
+        return "weight-tma walks blocked K, not padded taps" if self.weight_tma and self.padded_taps else None
+
+    def describe(self, layer: LayerFacts) -> str:
+        kind = "int8 tensor cores, int32 accumulate" if layer.op_type in ("QConv", "QGemm") else "fp32 accumulate"
+        kind = "fp8 e4m3 tensor cores, fp32 accumulate" if layer.fp8 else kind
+        epilogue = "fused epilogue in two column halves" if self.epilogue_halves else "fused epilogue"
+        epilogue += ", residual loaded before the K loop" if self.residual_early else ""
+        return f"triton implicit-GEMM {self.fields_text} ({kind}) + {epilogue}"
 
 
 # Candidate tiles, best guesses first: the builder times the first few at low effort and more at

@@ -17,6 +17,7 @@ as the other INT8 tiles' does.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,7 @@ from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOU
                          TensorDescriptor, _as_nchw_view, multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None and TensorDescriptor is not None:
@@ -108,31 +110,30 @@ if triton is not None and TensorDescriptor is not None:
                                BLOCK_N, BLOCK_K, GROUP_M, RES_MMA)
 
 
-GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
-HALVES_SUFFIX = "_e2"
-# A halved epilogue whose residual of INT8 codes comes through the tensor cores, as the resident
-# kernel's `_m` tiles (resident_gemm.RESIDUAL_PREFETCH), which won layer1–3's conv3 on the H200. Here
+# A halved epilogue whose residual of INT8 codes comes through the tensor cores ("residual-mma"), as
+# the resident kernel's "residual-mma" tiles (resident_gemm.RESIDUAL_PREFETCH), which won layer1–3's conv3 on the H200. Here
 # it lost on layer4's conv3 (K = 512, session 26, effort 3, batch 256): 0.0816 against 0.0686 ms
 # and 0.0709 against 0.0515 for the plain halved tiles. Each K step already waits on its bulk
 # copies, and the residual's product adds a fifth of the K steps' products. Timed from this effort
 # on, where the search is wide anyway.
-RESIDUAL_MMA_SUFFIX = "_m"
 RESIDUAL_MMA_MIN_EFFORT = 4
-# How a persistent tile walks its tiles (the kernel's PERSISTENT), by name suffix: "_pf2" is
-# flattened with two programs per SM, "_ws1" warp-specialized with one.
+# How a persistent tile walks its tiles (the kernel's PERSISTENT), by name: "persistent-flat.per-sm2" is
+# flattened with two programs per SM, "persistent-ws" warp-specialized with one.
 PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
-PERSISTENT_SUFFIXES = {PERSISTENT_FLAT: "_pf", PERSISTENT_WS: "_ws"}
+PERSISTENT_WORDS = {0: "", PERSISTENT_FLAT: "persistent-flat", PERSISTENT_WS: "persistent-ws"}
 
 
+@register
 @dataclass(frozen=True)
-class GemmTmaTile:
+class GemmTmaTile(Tactic):
     """Rows, columns and K step of a program's tile, warps, pipeline stages; `halves`: the epilogue
-    runs over two halves of the columns in turn (name suffix "_e2"), with half of the float values
-    and residual live at once, as conv_igemm's `_e2` tiles. `persistent` (PERSISTENT_FLAT or
-    PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM that walk
-    the tiles between them. `residual_mma` (suffix "_m", halved one-tile tiles only): a residual of INT8
-    codes is loaded before the K steps and added through the tensor cores (see resident_gemm's `_m`)."""
+    runs over two halves of the columns in turn ("halves"), with half of the float values and
+    residual live at once, as conv_igemm's halved tiles. `persistent` (PERSISTENT_FLAT or
+    PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM ("per-sm2")
+    that walk the tiles between them. `residual_mma` ("residual-mma", halved one-tile tiles only):
+    a residual of INT8 codes is loaded before the K steps and added through the tensor cores (see
+    resident_gemm's "residual-mma"). Named e.g. "gemm_tma.128x128x128.w8.s3.halves"."""
     block_m: int
     block_n: int
     block_k: int
@@ -143,38 +144,27 @@ class GemmTmaTile:
     programs_per_sm: int = 1
     residual_mma: bool = False
 
-    @property
-    def name(self) -> str:
-        return (f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-                + (HALVES_SUFFIX if self.halves else "") + (RESIDUAL_MMA_SUFFIX if self.residual_mma else "")
-                + (f"{PERSISTENT_SUFFIXES[self.persistent]}{self.programs_per_sm}" if self.persistent else ""))
+    FAMILY: ClassVar[str] = "gemm_tma"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
+                               Flag("halves", "halves"), Flag("residual_mma", "residual-mma"),
+                               Choice("persistent", PERSISTENT_WORDS), Number("programs_per_sm", "per-sm", omit=1))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
-    @classmethod
-    def parse(cls, tactic: str | None) -> "GemmTmaTile | None":
-        if not tactic or not tactic.startswith(GEMM_TMA_PREFIX):
-            return None
-        body = tactic[len(GEMM_TMA_PREFIX):]
-        persistent, programs = 0, 1
-        for mode, suffix in PERSISTENT_SUFFIXES.items():
-            head, found, count = body.rpartition(suffix)
-            if found and count.isdigit():
-                body, persistent, programs = head, mode, int(count)
-                break
-        residual_mma = body.endswith(HALVES_SUFFIX + RESIDUAL_MMA_SUFFIX)
-        body = body.removesuffix(RESIDUAL_MMA_SUFFIX) if residual_mma else body
-        halves = body.endswith(HALVES_SUFFIX)
-        try:
-            tile, warps, stages = body.removesuffix(HALVES_SUFFIX).split("_")
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            if not (warps.startswith("w") and stages.startswith("s")):
-                return None
-            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves, persistent, programs, residual_mma)
-        except ValueError:
-            return None
+    def invalid(self) -> str | None:
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
-        powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
-        return (parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2
-                and programs > 0 and not (residual_mma and persistent) else None)
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.block_m, self.block_n, self.block_k))
+        if not (powers and self.block_k >= MIN_BLOCK_K and self.warps > 0 and self.stages > 0 and self.block_n >= 2):
+            return f"blocks are powers of 2, block_k at least {MIN_BLOCK_K}"
+        if self.programs_per_sm < 1 or (self.programs_per_sm > 1 and not self.persistent):
+            return "programs per SM are a persistent tile's"
+        if self.residual_mma and (self.persistent or not self.halves):
+            return "residual-mma is a halved one-tile tile's"
+        return None
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"{layer.codes} triton dense GEMM of a 1x1 layer, tiles by TMA bulk copies {self.fields_text} "
+                f"+ fused epilogue")
 
 
 # Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have

@@ -13,10 +13,12 @@ dtype needs an encoding of -inf (e4m3fn has none) and padding never wins the max
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
+from .registry import LayerFacts, Number, Tactic, register
 
 if triton is not None:
     import triton.language as tl
@@ -111,37 +113,28 @@ if triton is not None:
 
 
 POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
-POOL_TACTIC = "triton_nhwc"
 
 
+@register
 @dataclass(frozen=True)
-class PoolTile:
-    """Elements (pixels × channels) per program, the widest channel block, warps. The first of
-    POOL_TILES is the tactic "triton_nhwc"; the others carry their numbers in the name. ResNet-50's
-    stem pool moved 1.9 (INT8) and 2.0 (FP16) of the H200's 4.1 TB/s with the first (session 16):
-    an 8-bit program of 4,096 elements keeps 32 bytes per thread in flight per tap."""
+class PoolTile(Tactic):
+    """MaxPool's Triton tactic: elements (pixels × channels) per program, the widest channel block,
+    warps. Named e.g. "max_pool.elements4096.channels64.w4"; the first of POOL_TILES is what runs
+    a pool that was not timed (a QConv's carried pool)."""
     elements: int
     max_block_c: int
     warps: int
 
-    @property
-    def name(self) -> str:
-        if self == POOL_TILES[0]:
-            return POOL_TACTIC
-        return f"{POOL_TACTIC}_e{self.elements}_c{self.max_block_c}_w{self.warps}"
+    FAMILY: ClassVar[str] = "max_pool"
+    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels"), Number("warps", "w"))
 
-    @classmethod
-    def parse(cls, tactic: str | None) -> "PoolTile | None":
-        if tactic == POOL_TACTIC:
-            return POOL_TILES[0]
-        if not tactic or not tactic.startswith(POOL_TACTIC + "_"):
-            return None
-        parts = tactic[len(POOL_TACTIC) + 1:].split("_")
-        if len(parts) != 3 or [part[:1] for part in parts] != ["e", "c", "w"] or not all(p[1:].isdigit() for p in parts):
-            return None
-        tile = cls(*(int(part[1:]) for part in parts))
-        powers = all(v > 0 and v & (v - 1) == 0 for v in (tile.elements, tile.max_block_c, tile.warps))
-        return tile if powers and tile.elements >= tile.max_block_c else None
+    def invalid(self) -> str | None:
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.max_block_c, self.warps))
+        return None if powers and self.elements >= self.max_block_c else "sizes are powers of 2, elements ≥ channels"
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"triton channels-last max pool (padding by masks), {self.elements} elements of up to "
+                f"{self.max_block_c} channels per program, {self.warps} warps")
 
     def blocks(self, channels: int) -> tuple[int, int]:
         """(pixels, channels) per program for a tensor of `channels`."""

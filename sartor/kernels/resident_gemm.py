@@ -14,12 +14,14 @@ the emulation's as the implicit-GEMM tiles' does.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from .conv_igemm import ConvGeometry
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None:
@@ -170,7 +172,6 @@ if triton is not None:
             if RES_PREFETCH == 2:
                 res_lo, res_hi = next_lo, next_hi
 
-RESIDENT_PREFIX = "resident_"
 # When a row tile's residual is loaded, by tactic suffix. The halved epilogue waited a full memory
 # latency for it after the product: layer1's conv3 moved 1.78 of the H200's 4 TB/s (session 14).
 #   0 (""): in the epilogue, after the product;
@@ -189,8 +190,7 @@ RESIDENT_PREFIX = "resident_"
 #      layer of ResNet-50), `_mb` has no conversion left and still lost to `_m` on every conv3 with
 #      a residual: 0.1659 against 0.1635 ms on layer1's, 0.0966 against 0.0951 on layer2's (H200,
 #      session 27), so it is timed from MMA_BITS_MIN_EFFORT only.
-RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
-SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
+RESIDUAL_PREFETCH = {0: "", 1: "residual-early", 2: "residual-next", 3: "residual-mma", 4: "residual-mma-bits"}
 MMA_RESIDUAL = (3, 4)
 MMA_RESIDUAL_BITS = 4
 MMA_BITS_MIN_EFFORT = 4
@@ -210,21 +210,19 @@ MAX_RESIDENT_K = 256
 MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
 
 
+@register
 @dataclass(frozen=True)
-class ResidentTile:
+class ResidentTile(Tactic):
     """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages,
     when a row tile's residual is loaded (`RESIDUAL_PREFETCH`; layers without a residual run as
     the plain tile), and whether the programs of one row group's column tiles are launched side
-    by side (suffix `_g`). Without `_g` the column tiles of one row group lie a whole grid row
-    apart, so where the input (ResNet-50's layer1 at batch 256: 51 MB) outgrows L2 (50 MB on the
-    H200) each column tile may read the rows from memory again; with `_g` they share them in L2.
-    `_c` (columns_loaded): the epilogue's bias and scale are loaded once per program, not per row
-    tile. Per row tile they were 16 of a thread's 20 global loads in layer1's conv3 (sm_90 PTX), whose
-    L1 ran 87% busy at 45% of DRAM's bandwidth (Nsight Compute, H200, session 19); held, they cost
-    16–30 registers. `_cp` (projection_columns_loaded, with `_c`): a projected layer's projection's
-    bias and scale too, which `_c` leaves to each row tile (16 global loads a thread and row tile in
-    layer1's projected conv3, sm_90: 504 → 464 instructions, 128 → 149 registers, so 3 programs an
-    SM where `_c` has 4), so both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N)."""
+    by side ("grouped"). Otherwise the column tiles of one row group lie a whole grid row apart, so
+    where the input outgrows L2 each column tile may read the rows from memory again; grouped they
+    share them in L2. "cols-loaded" (columns_loaded): the epilogue's bias and scale are loaded once
+    per program, not per row tile (fewer loads, more registers). "proj-cols-loaded"
+    (projection_columns_loaded, with cols-loaded): a projected layer's projection's bias and scale
+    too, which cols-loaded leaves to each row tile; both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N).
+    Named e.g. "resident.64x64.t8.w4.s3.residual-mma.cols-loaded.grouped"."""
     block_m: int
     block_n: int
     tiles: int
@@ -235,15 +233,27 @@ class ResidentTile:
     columns_loaded: bool = False
     projection_columns_loaded: bool = False
 
+    FAMILY: ClassVar[str] = "resident"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n")), Number("tiles", "t"), Number("warps", "w"),
+                               Number("stages", "s"), Choice("residual_prefetch", RESIDUAL_PREFETCH),
+                               Flag("columns_loaded", "cols-loaded"),
+                               Flag("projection_columns_loaded", "proj-cols-loaded"), Flag("n_adjacent", "grouped"))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         if self.projection_columns_loaded and not self.columns_loaded:
-            raise ValueError("ResidentTile: `_cp` (the projection's columns loaded once) comes with `_c`")
+            raise ValueError("ResidentTile: proj-cols-loaded (the projection's columns loaded once) comes with "
+                             "cols-loaded")
 
-    @property
-    def name(self) -> str:
-        columns = "_cp" if self.projection_columns_loaded else "_c" if self.columns_loaded else ""
-        return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
-                + RESIDUAL_PREFETCH[self.residual_prefetch] + columns + ("_g" if self.n_adjacent else ""))
+    def invalid(self) -> str | None:
+        return "the epilogue runs in two halves of the columns: block_n must be even" if self.block_n % 2 else None
+
+    def describe(self, layer: LayerFacts) -> str:
+        if layer.projected:
+            return (f"{layer.codes} triton GEMM and its projection's, both weight tiles resident over row tiles "
+                    f"{self.fields_text} + fused epilogue")
+        return f"{layer.codes} triton GEMM, weight tile resident over row tiles {self.fields_text} + fused epilogue"
 
     def grid(self, rows: int, cout: int) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
@@ -251,31 +261,6 @@ class ResidentTile:
         row_groups = triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles)
         column_tiles = triton.cdiv(cout, self.block_n)
         return (row_groups * column_tiles,) if self.n_adjacent else (row_groups, column_tiles)
-
-    @classmethod
-    def parse(cls, tactic: str | None) -> "ResidentTile | None":
-        if not tactic or not tactic.startswith(RESIDENT_PREFIX):
-            return None
-        try:
-            parts = tactic[len(RESIDENT_PREFIX):].split("_")
-            adjacent = parts[-1] == "g"
-            if adjacent:
-                parts = parts[:-1]
-            projection_columns_loaded = parts[-1] == "cp"
-            columns_loaded = parts[-1] in ("c", "cp")
-            if columns_loaded:
-                parts = parts[:-1]
-            prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
-            tile, tiles, warps, stages = parts[:-1] if prefetch else parts
-            bm, bn = (int(v) for v in tile.split("x"))
-            if not (tiles.startswith("t") and warps.startswith("w") and stages.startswith("s")):
-                return None
-            if bn % 2:  # the epilogue runs in two halves of the columns
-                return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent, columns_loaded,
-                       projection_columns_loaded)
-        except ValueError:
-            return None
 
 
 # Best guesses first; the builder times as many as its effort allows (as for the igemm tiles). Ordered
@@ -309,11 +294,11 @@ WIDE_K = 128
 
 def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, residual_codes: bool = False) -> list[str]:
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
-    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
-    those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
-    for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
-    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m` at every
-    effort, `_mb` from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
+    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent ("grouped"), and each
+    of those with its columns' bias and scale loaded once ("cols-loaded": fewer loads, more registers,
+    so timed); for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
+    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores ("residual-mma" at
+    every effort, "residual-mma-bits" from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
     each also with its residual loaded early (without one, these would be the same kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:

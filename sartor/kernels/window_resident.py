@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,7 @@ from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
+from .registry import Flag, Inline, Tactic
 from .resident_gemm import ResidentTile
 
 if triton is not None:
@@ -368,30 +370,30 @@ if triton is not None:
                                         out_inv_scale, qmin, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
                                         HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
 
-KH_STEPS_SUFFIX = "_kh"
-ROW_PAIRS_SUFFIX = "_o2"  # after KH_STEPS_SUFFIX: two output rows per row tile
-MAX_POOL_SUFFIX = "_mp"  # after ROW_PAIRS_SUFFIX: the output max-pooled 3 × 3 / 2 in the kernel
-BALANCED_SUFFIX = "_b"  # after MAX_POOL_SUFFIX: the pooled walk shared equally by a fixed grid
-# The max pool a `_mp` tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
+# The max pool a "max-pool" tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
 FUSED_POOL_KERNEL, FUSED_POOL_STRIDES, FUSED_POOL_PADS = (3, 3), (2, 2), (1, 1, 1, 1)
 
 
 @dataclass(frozen=True)
-class WindowResidentTile:
+class WindowResidentTile(Tactic):
     """A resident tile (its residual is loaded in the epilogue: `residual_prefetch` 0), whether K
-    is walked one filter row at a time (suffix `_kh`) rather than in one product over K padded to a
+    is walked one filter row at a time ("kh-steps") rather than in one product over K padded to a
     power of two, and, walking by filter rows, whether each row tile covers the same pixels of two
-    output rows (`_o2`, `_window_row_pairs`). Nsight Compute found the stem's GEMM bound by L2 (80%
-    busy, 1.56 GB through it for 236 MB of DRAM traffic: session 25): each output pixel reads 4
-    windows of 64 bytes there; a pair of rows shares 3 of its 4. `max_pool` (`_mp`, row pairs
-    only): the layer's 3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles`
-    row pairs a program; `balanced` (`_b`, pooled only): `resident.tiles` programs per SM share the
-    walk in equal runs."""
+    output rows ("row-pairs", `_window_row_pairs`): each output pixel reads 4 windows of 64 bytes
+    through L2, and a pair of rows shares 3 of its 4. "max-pool" (row pairs only): the layer's
+    3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles` row pairs a
+    program; "balanced" (pooled only): `resident.tiles` programs per SM share the walk in equal
+    runs. Spelled inline in the window tactics (`ops/quantized_window.py`), e.g.
+    "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs"."""
     resident: ResidentTile
     kh_steps: bool = False
     row_pairs: bool = False
     max_pool: bool = False
     balanced: bool = False
+
+    SCHEME: ClassVar[tuple] = (Inline("resident", ResidentTile), Flag("kh_steps", "kh-steps"),
+                               Flag("row_pairs", "row-pairs"), Flag("max_pool", "max-pool"),
+                               Flag("balanced", "balanced"))
 
     def __post_init__(self):
         if self.row_pairs and not self.kh_steps:
@@ -401,31 +403,16 @@ class WindowResidentTile:
         if self.balanced and (not self.max_pool or self.resident.n_adjacent):
             raise ValueError("WindowResidentTile: the balanced walk is the pooled one's, on a 2-D grid")
 
-    @property
-    def name(self) -> str:
-        return (self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
-                + (ROW_PAIRS_SUFFIX if self.row_pairs else "") + (MAX_POOL_SUFFIX if self.max_pool else "")
-                + (BALANCED_SUFFIX if self.balanced else ""))
+    def invalid(self) -> str | None:
+        if self.resident.residual_prefetch:
+            return "the window tiles load the residual in the epilogue"
+        return "the pooled walk needs row tiles of 4 rows or more" if self.max_pool and self.resident.block_m < 4 \
+            else None
 
     @property
     def output_rows(self) -> int:
         """Output rows per row tile."""
         return 2 if self.row_pairs else 1
-
-    @classmethod
-    def parse(cls, name: str | None) -> "WindowResidentTile | None":
-        balanced = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX + BALANCED_SUFFIX)
-        name = name[:-len(BALANCED_SUFFIX)] if balanced else name
-        max_pool = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX)
-        name = name[:-len(MAX_POOL_SUFFIX)] if max_pool else name
-        row_pairs = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX)
-        name = name[:-len(ROW_PAIRS_SUFFIX)] if row_pairs else name
-        kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
-        resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
-        if (resident is None or resident.residual_prefetch or (max_pool and resident.block_m < 4)
-                or (balanced and resident.n_adjacent)):
-            return None
-        return cls(resident, kh_steps, row_pairs, max_pool, balanced)
 
 
 # Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):

@@ -17,10 +17,15 @@ import torch
 
 from ..kernels.conv_igemm import ConvGeometry, accumulator_epilogue
 from ..kernels.epilogue import pixel_stride
+from ..kernels.registry import PACKED_K_MAJOR, fixed_tactic
 
 INT_MM = "cublas_int_mm"
 SCALED_MM = "cublas_scaled_mm"
 LIBRARY_TACTICS = (INT_MM, SCALED_MM)
+fixed_tactic(INT_MM, "cuBLAS int8 GEMM (torch._int_mm, int32 accumulate) + triton epilogue",
+             weight_layout=PACKED_K_MAJOR)
+fixed_tactic(SCALED_MM, "cuBLAS fp8 e4m3 GEMM (torch._scaled_mm, fp32 accumulate) + triton epilogue",
+             weight_layout=PACKED_K_MAJOR)
 MIN_ROWS = 17  # torch._int_mm on CUDA wants more than 16 rows
 DIM_MULTIPLE = 16  # cuBLAS FP8 GEMMs want K and N multiples of 16 (INT8: 8); 16 for both
 
