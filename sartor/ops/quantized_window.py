@@ -130,6 +130,11 @@ class WindowResident(Tactic):
 WINDOW_TACTICS = (WindowIgemm, WindowResident)
 
 
+def window_tactic(tile: TileConfig | WindowResidentTile, space_to_depth: bool = False) -> WindowIgemm | WindowResident:
+    """The window tactic running `tile` (an implicit-GEMM or a resident-window tile) over packed pixels."""
+    return (WindowResident if isinstance(tile, WindowResidentTile) else WindowIgemm)(tile, space_to_depth)
+
+
 def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = False) -> list[str]:
     """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows;
     with `space_to_depth` each in that form too; with `max_pool` (a layer carrying the 3 × 3 / 2 max
@@ -137,8 +142,7 @@ def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = F
     tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))],
              *window_resident_tiles(effort, max_pool=max_pool)]
     forms = (False, True) if space_to_depth else (False,)
-    return [(WindowResident if isinstance(tile, WindowResidentTile) else WindowIgemm)(tile, form).name
-            for form in forms for tile in tiles]
+    return [window_tactic(tile, form).name for form in forms for tile in tiles]
 
 
 def window_weight(wq: torch.Tensor, space_to_depth: bool = False) -> torch.Tensor:
