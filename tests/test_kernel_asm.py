@@ -107,7 +107,8 @@ def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     # (max-pool, a stem carrying its max pool; one walking balanced); each in the 4-byte and the
     # space-to-depth form
     for s2d in (False, True):
-        assert sorted((".kh-steps" in label, ".cols-loaded" in label, label.endswith(".row-pairs" + ".space-to-depth" * s2d),
+        form = ".space-to-depth" if s2d else ""
+        assert sorted((".kh-steps" in label, ".cols-loaded" in label, label.endswith(".row-pairs" + form),
                        ".max-pool" in label, ".balanced" in label)
                       for label, *_ in lines if label.endswith(".space-to-depth") == s2d) == [
             (False, False, False, False, False), (False, True, False, False, False), (True, False, False, False, False),

@@ -183,26 +183,29 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert 4 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
     assert len(resident_tactics(5)) == 4 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
-    assert resident_tactics(1) == [first, first + ".grouped", first + ".cols-loaded", first + ".cols-loaded.grouped"]
+    g, c, e, r, m, mb = (".grouped", ".cols-loaded", ".residual-early", ".residual-next", ".residual-mma",
+                         ".residual-mma-bits")
+    assert resident_tactics(1) == [first, first + g, first + c, first + c + g]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
     wide = WIDE_K_TILE.name
     assert resident_tactics(1, k_total=WIDE_K) == resident_tactics(1)  # layer1/2's K of 64 and 128
-    assert resident_tactics(1, k_total=256) == [first, first + ".grouped", wide, wide + ".grouped", first + ".cols-loaded", first + ".cols-loaded.grouped",
-                                                wide + ".cols-loaded", wide + ".cols-loaded.grouped"]  # layer3's conv3
+    assert resident_tactics(1, k_total=256) == [first, first + g, wide, wide + g, first + c, first + c + g,
+                                                wide + c, wide + c + g]  # layer3's conv3
     assert resident_tactics(5, k_total=256) == resident_tactics(5)  # already among the tiles: not twice
     with_residual = resident_tactics(3, residual=True)
-    assert with_residual[:2] == [first, first + ".grouped"] and with_residual[-2:] == [RESIDENT_TILES[3].name + ".residual-early.cols-loaded.grouped",
-                                                                                RESIDENT_TILES[3].name + ".residual-next.cols-loaded.grouped"]
+    assert with_residual[:2] == [first, first + g] and with_residual[-2:] == [RESIDENT_TILES[3].name + e + c + g,
+                                                                           RESIDENT_TILES[3].name + r + c + g]
     with_residual = [name for name in with_residual if name.startswith(first)]
-    assert with_residual == [first + suffix for suffix in ("", ".grouped", ".cols-loaded", ".cols-loaded.grouped", ".residual-early", ".residual-next", ".residual-early.grouped", ".residual-next.grouped", ".residual-early.cols-loaded",
-                                                           ".residual-next.cols-loaded", ".residual-early.cols-loaded.grouped", ".residual-next.cols-loaded.grouped")]
-    # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort, and with
-    # the residual's sums decoded (`_mb`) from MMA_BITS_MIN_EFFORT; not without a residual
+    assert with_residual == [first + suffix for suffix in ("", g, c, c + g, e, r, e + g, r + g, e + c, r + c,
+                                                           e + c + g, r + c + g)]
+    # INT8 residual codes: every tile also through the tensor cores (residual-mma), at every effort,
+    # and with the residual's sums decoded (residual-mma-bits) from MMA_BITS_MIN_EFFORT; not without
+    # a residual
     assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
-        first + suffix for suffix in (".residual-mma", ".residual-mma.grouped", ".residual-mma.cols-loaded", ".residual-mma.cols-loaded.grouped")]
+        first + suffix for suffix in (m, m + g, m + c, m + c + g)]
     assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
-    variants = ("", ".grouped", ".cols-loaded", ".cols-loaded.grouped")
-    for effort, modes in ((3, (".residual-mma", ".residual-early", ".residual-next")), (MMA_BITS_MIN_EFFORT, (".residual-mma", ".residual-mma-bits", ".residual-early", ".residual-next"))):
+    variants = ("", g, c, c + g)
+    for effort, modes in ((3, (m, e, r)), (MMA_BITS_MIN_EFFORT, (m, mb, e, r))):
         with_codes = [name for name in resident_tactics(effort, residual=True, residual_codes=True)
                       if name.startswith(first)]
         assert with_codes == [first + variant for variant in variants] + [

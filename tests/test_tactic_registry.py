@@ -107,7 +107,8 @@ def test_a_new_family_is_one_module_and_one_registration(monkeypatch):
     ("igemm.128x128x64.w8.s3.halves.residual-early", "QConv"), ("resident.64x64.t8.w4.s3.grouped", "QConv"),
     ("tma.8x16x64x64.w4.s4", "QConv"), ("gemm_tma.128x128x128.w8.s3.halves", "QGemm"),
     ("window_resident.64x64.t8.w4.s2.kh-steps.row-pairs.space-to-depth", "QConv"),
-    ("im2col_igemm.64x64x32.w4.s4", "QConv"), (SPLIT_TACTIC, "QConv"), ("max_pool.elements4096.channels64.w4", "MaxPool"),
+    ("im2col_igemm.64x64x32.w4.s4", "QConv"), (SPLIT_TACTIC, "QConv"),
+    ("max_pool.elements4096.channels64.w4", "MaxPool"),
     ("cudnn_fused", "FusedConv"), ("cublas_int_mm", "QConv"), ("torch", "QConv"), (None, "Relu")])
 def test_inspect_words_are_the_familys_description(name, op_type):
     node = Node(op_type, "layer", ["x"], ["y"], {} if name is None else {"tactic": name})

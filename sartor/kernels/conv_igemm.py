@@ -196,8 +196,7 @@ if triton is not None:
         mask = m_ok[:, None] & n_ok[None, :]
         acc = tl.load(ws_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask, other=0)
         # Unrolled, so that every share's load is in flight at once: as a loop, each waited for the
-        # last (ResNet-50's last 3×3 layers at batch 1 split 16 ways: 5.0 µs of products, then 24.1 µs
-        # here, against 23.6 unsplit; Nsight Compute, H200, session 19).
+        # last (docs/decisions/kernel-split-k-epilogue-unrolled.md).
         for k in tl.static_range(1, SPLIT_K):
             acc += tl.load(ws_ptr + (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask,
                            other=0)
@@ -267,11 +266,8 @@ _FLOAT_TILES = (TileConfig(128, 128, 32, 8, 3), TileConfig(64, 64, 32, 4, 4), Ti
                 TileConfig(64, 64, 64, 4, 3))
 # Builder effort -> how many candidate tiles are timed.
 TILES_PER_EFFORT = {1: 2, 2: 6, 3: 8, 4: 10, 5: 10}
-# Timed at every effort: the 128×128 tile with the deeper K step. At effort 3 (ResNet-50 at batch 256
-# on the H200, session 26) its INT8 form won all nine 3×3 layers of layers 2–4 and both strided 1×1
-# layers over the effort-1 tiles: layer4's 3×3 0.0709 → 0.0528 ms, layer3's 0.0688 → 0.0551, about
-# 0.18 ms of the engine in all. Its float form won the two downsample-shaped 1×1 layers of the FP16
-# engine that cuDNN did not (0.188 against 0.198 ms for the effort-1 tiles' best).
+# Timed at every effort: the 128×128 tile with the deeper K step, which won ResNet-50's later 3×3 and
+# strided 1×1 layers over the effort-1 tiles (docs/decisions/kernel-igemm-deep-k-tile.md).
 DEEP_K_TILES = {True: TileConfig(128, 128, 128, 8, 3), False: TileConfig(128, 128, 64, 8, 3)}
 
 
@@ -322,9 +318,9 @@ PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; 
 
 def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bit: bool) -> list[TileConfig]:
     """Variants of `tiles` that walk K tap by tap, each tap's channels in blocks cut at `channels`,
-    for a convolution whose channel count is no multiple of the tiles' BLOCK_K (the sample
-    detector's 24, 40, 48, 80: each K element gathered alone, with a division per element, ran its
-    INT8 3×3 layers at 0.22 ms where cuDNN's FP16 took 0.067 on the H200, session 14). The K block is
+    for a convolution whose channel count is no multiple of the tiles' BLOCK_K (24, 40, 48, 80
+    channels: otherwise each K element is gathered alone, with a division per element;
+    docs/decisions/kernel-igemm-padded-taps.md). The K block is
     the tensor-core step (32 bytes of 8-bit codes, 16 halves) or twice it, whichever pads less, and
     the N block no wider than the layer's outputs need. Only candidates: timed against the gather."""
     if channels % PADDED_TAPS_CHANNEL_MULTIPLE:
@@ -344,9 +340,8 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
 
 def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, element_size: int) -> list[TileConfig]:
     """Weight-TMA variants of `tiles` for a convolution with more than one filter tap whose
-    channels are whole K blocks: ResNet-50's 3×3 INT8 layers of layers 2–4 ran at 590–720 TOPS in
-    these tiles at batch 256 where a plain Triton INT8 matmul reached 920–953, and Nsight Compute
-    counted 28% excess shared-memory wavefronts in layer3's (H200, sessions 19–20). 1×1 layers
+    channels are whole K blocks: no per-thread addresses for the weight, and shared memory written in
+    the layout the tensor cores read (docs/decisions/kernel-igemm-weight-tma.md). 1×1 layers
     have `kernels/gemm_tma.py`. Only candidates: timed against the tiles they vary."""
     if math.prod(w_shape[2:]) < 2:
         return []

@@ -3,9 +3,9 @@ each K step copies one tap's box of input pixels in one bulk tensor copy (tactic
 layer of a larger stride without padding (ResNet's downsample) runs as the stride-1 layer over a
 view of every stride-th pixel: the copy's pixel strides are the input's times the stride.
 
-ResNet-50's 3×3 layers ran at 330–550 TOPS with the implicit-GEMM kernel on the H200, where a plain
-Triton INT8 matmul over the same shapes reached 920–953 (BENCHMARKS.md, session 14). The implicit
-GEMM computes every row's address and padding mask at each K step and loads through the threads.
+The implicit-GEMM kernel ran ResNet-50's 3×3 layers well below a plain Triton INT8 matmul over the
+same shapes (docs/decisions/kernel-conv-tma.md). The implicit GEMM computes every row's address
+and padding mask at each K step and loads through the threads.
 Here a program's BLOCK_M output pixels are a rectangle of BH × BW pixels of one image, so the
 input it needs for tap (kh, kw) is a box of the NHWC input [1, BH, BW, BLOCK_K] at (n, oh0 + kh -
 pad, ow0 + kw - pad, c0): one TMA copy, whose out-of-bounds part (the padding, negative
@@ -160,11 +160,9 @@ class TmaTile(Tactic):
 
 # Best guesses first, as one program per tile, then the same rectangles as persistent programs.
 # Rectangles 8 pixels wide divide ResNet's 56 and 28; the builder times as many as its effort
-# allows. Persistent tiles run PERSISTENT_PROGRAMS_PER_SM programs per SM: with one (4 warps an
-# SM), the 8×16 tile lost to its one-tile form on layer1's 3×3 layers, 0.204 against 0.130 ms
-# (H200, session 22), where that form holds 4 programs per SM. Its persistent kernel takes 164
-# registers (sm_90, offline), so 3 fit; with 3 it still lost, 0.141 against 0.134 ms, and with 2
-# 0.141 (session 23's probe), so the persistent forms come after every one-tile rectangle.
+# allows. Persistent tiles run PERSISTENT_PROGRAMS_PER_SM programs per SM (164 registers a thread on
+# sm_90, so 3 fit); they lost to the one-tile forms, so they come after every one-tile rectangle
+# (docs/decisions/kernel-conv-tma.md).
 PERSISTENT_PROGRAMS_PER_SM = 3
 _RECTANGLES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
                TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))

@@ -2,11 +2,10 @@
 loads (tactics "gemm_tma_…").
 
 Over channels-last codes with evenly spaced pixels, a 1×1 stride-1 convolution without padding is
-the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. ResNet-50's reducing
-1×1 layers (K = 512–2,048) and layer4's expanding ones ran at 340–640 TOPS on the H200 as
-implicit-GEMM tiles (BENCHMARKS.md, session 20), which compute each row's pixel address and padding
-mask at every K step and load through the threads. A plain Triton INT8 matmul reached 920–953 TOPS
-on large-K shapes there. Here each K step is two bulk tensor copies: a [BLOCK_M, BLOCK_K] box of
+the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. The implicit-GEMM tiles
+compute each row's pixel address and padding mask at every K step and load through the threads,
+well below a plain Triton INT8 matmul on large-K shapes (docs/decisions/kernel-gemm-tma.md). Here
+each K step is two bulk tensor copies: a [BLOCK_M, BLOCK_K] box of
 the input and a [BLOCK_N, BLOCK_K] box of the weight, packed K-major (`conv_igemm.pack_weight`).
 Rows, columns and K past the matrix are filled with zeros by the copy. Under Triton's interpreter
 the descriptors are emulated, so the tests run on the CPU.
@@ -111,12 +110,10 @@ if triton is not None and TensorDescriptor is not None:
 
 
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
-# A halved epilogue whose residual of INT8 codes comes through the tensor cores ("residual-mma"), as
-# the resident kernel's "residual-mma" tiles (resident_gemm.RESIDUAL_PREFETCH), which won layer1–3's conv3 on the H200. Here
-# it lost on layer4's conv3 (K = 512, session 26, effort 3, batch 256): 0.0816 against 0.0686 ms
-# and 0.0709 against 0.0515 for the plain halved tiles. Each K step already waits on its bulk
-# copies, and the residual's product adds a fifth of the K steps' products. Timed from this effort
-# on, where the search is wide anyway.
+# A halved epilogue whose residual of INT8 codes comes through the tensor cores ("residual-mma", as
+# resident_gemm.RESIDUAL_PREFETCH's). Each K step here already waits on its bulk copies, and the
+# residual's product adds a fifth of the K steps' products: it lost to the plain halved tiles, so
+# it is timed from this effort on, where the search is wide anyway (docs/decisions/kernel-gemm-tma.md).
 RESIDUAL_MMA_MIN_EFFORT = 4
 # How a persistent tile walks its tiles (the kernel's PERSISTENT), by name: "persistent-flat.per-sm2" is
 # flattened with two programs per SM, "persistent-ws" warp-specialized with one.
@@ -172,19 +169,16 @@ class GemmTmaTile(Tactic):
 GEMM_TMA_TILES = (GemmTmaTile(128, 128, 128, 8, 3), GemmTmaTile(128, 256, 64, 8, 3), GemmTmaTile(128, 128, 64, 8, 4),
                   GemmTmaTile(256, 128, 64, 8, 3), GemmTmaTile(64, 128, 128, 4, 4), GemmTmaTile(128, 64, 128, 4, 4))
 GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
-# Persistent variants, timed from PERSISTENT_MIN_EFFORT on (not yet timed on a GPU, so kept out of
-# effort 1). ResNet-50's layer3 conv3 (K = 256: two K steps per 128-deep tile) takes 0.072 ms at
-# batch 256 where its product alone would take 0.029 (session 22): one-tile programs wait for their
-# copies and then for their epilogue. A persistent program has the next tile's copies in flight
+# Persistent variants, timed from PERSISTENT_MIN_EFFORT on. One-tile programs wait for their copies
+# and then for their epilogue (a K of two 128-deep steps, as ResNet-50's layer3 conv3, leaves the
+# layer far slower than its product). A persistent program has the next tile's copies in flight
 # during this tile's epilogue: flattened for the first FLAT_TILES tiles, warp-specialized for
 # WS_TILES, each with 1 and 2 programs per SM. Triton's Hopper warp specialization takes only some
 # tiles (bench/kernel_asm.py, sm_90, offline): its 8-warp tiles compile to the plain loop, and the
 # 4-warp 128×64 tile fails to compile with Triton 3.8 (3.6 takes it, without its halved epilogue),
 # so WS_TILES is the one tile both specialize, and a warp-specialized tile has no halved epilogue.
-# On the H200 (session 23, bench/tiles_probe.py, batch 256) every persistent variant lost to the
-# resident tiles on the expanding 1×1 layers of layers 1–3: the flattened ones by 33–113% at one
-# program per SM and 15–40% at two, the warp-specialized ones by 2.3–3×. Timed from effort 4,
-# where the search is wide anyway, and not in the effort-3 builds the tables use.
+# Every persistent variant lost to the resident tiles on ResNet-50's expanding 1×1 layers
+# (docs/decisions/kernel-gemm-tma.md): timed from effort 4, where the search is wide anyway.
 PERSISTENT_MIN_EFFORT = 4
 FLAT_TILES = 2
 WS_TILES = (GemmTmaTile(64, 128, 128, 4, 4),)

@@ -45,8 +45,8 @@ if triton is not None:
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
         # Floats with an infinity compare in their own dtype, masked taps loaded as -inf: FP16 went
         # through float32 with a select per tap, three instructions per value and tap where the
-        # packed half maximum takes half of one (sm_90 SASS; the FP16 stem pool ran at 0.25 ms on
-        # the H200, twice its traffic's time). E4M3 has no infinity and keeps the select.
+        # packed half maximum takes half of one (docs/decisions/kernel-max-pool-tiles.md). E4M3 has
+        # no infinity and keeps the select.
         ELEMENT: tl.constexpr = x_ptr.dtype.element_ty
         NATIVE: tl.constexpr = ELEMENT.is_fp16() or ELEMENT.is_bf16() or ELEMENT.is_fp32()
         if CODE_WORDS:
@@ -104,9 +104,8 @@ if triton is not None:
     def _word_max(even, odd, words, PACKED_MAX: tl.constexpr):
         """The running maxima of words of four INT8 codes: bytes 0 and 2 in `even`'s 16-bit halves,
         bytes 1 and 3 in `odd`'s, each as 0..255. The int8 maximum widened every byte with a byte
-        permute or two (1,208 of the 2,328 SASS instructions of ResNet-50's stem pool tile on sm_90;
-        the pool ran at 0.121 ms, twice its traffic's time, with the SMs 79% busy: H200, session 19);
-        here a word of four codes takes a shift, two logic operations and two packed maxima."""
+        permute or two (docs/decisions/kernel-max-pool-tiles.md); here a word of four codes takes a
+        shift, two logic operations and two packed maxima."""
         biased = words ^ WORD_BIAS
         return (_lane_max(even, biased & LANE_BYTES, PACKED_MAX),
                 _lane_max(odd, (biased >> 8) & LANE_BYTES, PACKED_MAX))
@@ -142,19 +141,17 @@ class PoolTile(Tactic):
         return max(16, self.elements // block_c), block_c
 
 
-# The first is the tile every build before session 16 ran; the rest, timed from the effort given in
-# POOL_TILES_PER_EFFORT, give 8-bit tensors more bytes per thread and wider channel blocks. On sm_90
-# (Triton 3.6, ResNet-50's stem pool, 64 channels), with INT8 codes in words and FP16 compared as
-# halves: INT8 takes 32–108 registers and FP16 72–116, no spills; FP32 spills in the two
-# 64-elements-per-thread tiles, which the builder's timing then passes over. Before, the INT8 tile
-# the builder picked (8,192 elements, 4 warps) took 255 registers: two programs of 4 warps per SM,
-# 12.5% occupancy (Nsight Compute, H200, session 19).
+# The first is the original tile; the rest, timed from the effort given in POOL_TILES_PER_EFFORT,
+# give 8-bit tensors more bytes per thread and wider channel blocks. On sm_90 (Triton 3.6, ResNet-50's
+# stem pool, 64 channels), with INT8 codes in words and FP16 compared as halves: INT8 takes 32–108
+# registers and FP16 72–116, no spills; FP32 spills in the two 64-elements-per-thread tiles, which
+# the builder's timing then passes over (docs/decisions/kernel-max-pool-tiles.md).
 POOL_TILES = (PoolTile(4096, 64, 4), PoolTile(8192, 64, 4), PoolTile(16384, 128, 8), PoolTile(8192, 128, 8),
               PoolTile(2048, 64, 4), PoolTile(1024, 64, 4))
 POOL_TILES_PER_EFFORT = {0: 1, 1: 3, 2: 3}
 # A pool whose output fills fewer than SMALL_POOL_WAVES waves of the first tile's programs leaves SMs
-# idle (ResNet-50's stem pool at batch 1: 200 K elements, 49 programs for the H200's 132 SMs, 0.0107
-# ms in session 17's timing cache): from effort 1 on, the smallest tile is timed for it as well.
+# idle (ResNet-50's stem pool at batch 1: 49 programs for 132 SMs): from effort 1 on, the smallest
+# tile is timed for it as well.
 SMALL_POOL_TILE = POOL_TILES[-1]
 SMALL_POOL_WAVES = 2
 

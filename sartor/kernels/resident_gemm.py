@@ -1,10 +1,10 @@
 """INT8 (FP8) 1×1 convolutions and GEMMs whose whole K is one block: the weight tile stays in the
-program, which walks several row tiles with the layer's epilogue fused (tactics "resident_…").
+program, which walks several row tiles with the layer's epilogue fused (tactics "resident.…").
 
-ResNet-50's 1×1 layers over 64 channels took 0.40–0.44 ms each at batch 256 on the H200 with the
-implicit-GEMM kernel, and their time did not fall when the output shrank from float32 to INT8
-(BENCHMARKS.md, session 13): with K = 64 each of its programs loads one A tile and one B tile,
-does one product and stores, and little of one program's memory latency hides behind another's.
+Through the implicit-GEMM kernel, 1×1 layers over 64 channels did not speed up when their output
+shrank (docs/decisions/kernel-resident-gemm.md): with K = 64 each of its programs loads one A tile
+and one B tile, does one product and stores, and little of one program's memory latency hides
+behind another's.
 Here each program loads its BLOCK_N × K weight tile once and walks TILES consecutive row tiles, so
 the software pipeline loads the next rows while this tile's products and epilogue run.
 
@@ -172,38 +172,33 @@ if triton is not None:
             if RES_PREFETCH == 2:
                 res_lo, res_hi = next_lo, next_hi
 
-# When a row tile's residual is loaded, by tactic suffix. The halved epilogue waited a full memory
-# latency for it after the product: layer1's conv3 moved 1.78 of the H200's 4 TB/s (session 14).
-#   0 (""): in the epilogue, after the product;
-#   1 ("_e"): at the start of the tile's iteration, so that its latency overlaps the product;
-#   2 ("_r"): one row tile ahead, carried to the next iteration (more registers, a layout conversion
-#      more per half: bench/kernel_asm.py);
-#   3 ("_m"): INT8 codes only, at the start of the tile's iteration as a product's operand: codes · I
-#      on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes made the
-#      compiler convert each half's float32 values through shared memory; this way only the INT8
-#      output is (sm_90, layer1's conv3 in the 64×64 `_c_g` tile: 438 → 399 instructions a row
-#      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers). It won all eleven conv3
-#      layers with a residual of ResNet-50's layers 1–3 on the H200 (session 26);
-#   4 ("_mb"): as "_m", the sums decoded from their bits rather than converted (DECODE_BITS of
-#      `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more).
-#      Where the layer's own sums are decoded too (`passes/bound_accumulators.py`: every resident
-#      layer of ResNet-50), `_mb` has no conversion left and still lost to `_m` on every conv3 with
-#      a residual: 0.1659 against 0.1635 ms on layer1's, 0.0966 against 0.0951 on layer2's (H200,
-#      session 27), so it is timed from MMA_BITS_MIN_EFFORT only.
+# When a row tile's residual is loaded (the kernel's RES_PREFETCH), by the word in the tactic's name.
+# The halved epilogue otherwise waits a full memory latency for it after the product
+# (docs/decisions/kernel-resident-gemm.md for the measurements behind each mode and its effort).
+#   0 (no word): in the epilogue, after the product;
+#   1 ("residual-early"): at the start of the tile's iteration, so that its latency overlaps the product;
+#   2 ("residual-next"): one row tile ahead, carried to the next iteration (more registers, a layout
+#      conversion more per half: bench/kernel_asm.py);
+#   3 ("residual-mma"): INT8 codes only, at the start of the tile's iteration as a product's operand:
+#      codes · I on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes
+#      made the compiler convert each half's float32 values through shared memory; this way only the
+#      INT8 output is;
+#   4 ("residual-mma-bits"): as 3, the sums decoded from their bits rather than converted (DECODE_BITS
+#      of `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more);
+#      it lost to 3, so it is timed from MMA_BITS_MIN_EFFORT only.
 RESIDUAL_PREFETCH = {0: "", 1: "residual-early", 2: "residual-next", 3: "residual-mma", 4: "residual-mma-bits"}
 MMA_RESIDUAL = (3, 4)
 MMA_RESIDUAL_BITS = 4
 MMA_BITS_MIN_EFFORT = 4
-# The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
-# with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
-# 26's effort-3 build rejected all four of its `_m` variants). Wider tiles are not offered them.
+# The residual-mma tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
+# more than an SM's shared memory with the 64×256 tile's own buffers. Wider tiles are not offered them.
 MMA_RESIDUAL_MAX_BLOCK_N = 128
-# `_cp` (the projection's bias and scale held too) spills from 64 × 128 on: 136–232 bytes a thread
+# proj-cols-loaded (the projection's bias and scale held too) spills from 64 × 128 on: 136–232 bytes a thread
 # (sm_90, Triton 3.6, layer1's projected conv3; bench/kernel_asm.py --layer layer1.projected).
 PROJECTION_COLUMNS_MAX_BLOCK_N = 64
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
-# of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
-# alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
+# of K = 256 (ResNet-50's layer3 conv3, far slower through the implicit GEMM than its traffic or its
+# product: docs/decisions/kernel-resident-gemm.md). At 256, Triton 3.6 compiles every
 # resident tile for sm_90 without spills; shared memory goes from 67.5 KB (64×64, 3 stages: three
 # programs per SM) to 139 KB (128×128: one) (bench/kernel_asm.py --layer layer3.conv3).
 MAX_RESIDENT_K = 256
@@ -266,8 +261,8 @@ class ResidentTile(Tactic):
 # Best guesses first; the builder times as many as its effort allows (as for the igemm tiles). Ordered
 # by what bench/kernel_asm.py reports for ResNet's layer1 conv3 on sm_90 (fewest registers per
 # thread, so most programs per SM, first): 72, 117, 122, 130, 140 and 140 registers, no spills.
-# The last two, timed from effort 4 and by the probe, ask what bounds layer1's conv3 (0.232 ms at
-# batch 256 against 0.129 for its traffic alone, session 17): the 32-row tile holds 10 programs
+# The last two, timed from effort 4 and by the probe, ask what bounds layer1's conv3 (slower than its
+# traffic alone: docs/decisions/kernel-resident-gemm.md): the 32-row tile holds 10 programs
 # (40 warps) per SM where the first holds 7 (28 warps), at 48 registers and 10 KB of shared memory;
 # 16 row tiles per program halve the weight loads.
 RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 256, 4, 8, 3),
@@ -278,16 +273,15 @@ RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3),
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
 # the same layers already time.
 RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
-# The early-residual variants lost to the plain tile on layer1's 1×1 layers, where each resident
-# tile is timed (H200, session 15: 0.263 ms plain against 0.278–0.281), and gained up to 11% on
-# weaker tiles only: timed from this effort on, where the search is wide anyway.
+# The early-residual variants lost to the plain tile on layer1's 1×1 layers and gained on weaker
+# tiles only (docs/decisions/kernel-resident-gemm.md): timed from this effort on, where the search is
+# wide anyway.
 PREFETCH_MIN_EFFORT = 3
 
 
-# Over K = 256 the 64×128 tile with 2 stages beat the first tile: 0.087 ms against 0.097–0.101 on
-# layer3's conv3 (H200, session 17's probe), six layers of ResNet-50. It lost at K = 64 (layer1's
-# conv3: 0.270 against 0.206, session 18's probe) and at K = 128 (layer2's conv3: 0.145 against
-# 0.134, session 18's timing cache). Above WIDE_K it is timed at every effort.
+# Over K = 256 the 64×128 tile with 2 stages beat the first tile on ResNet-50's layer3 conv3 (six
+# layers); it lost at K = 64 and K = 128 (docs/decisions/kernel-resident-gemm.md). Above WIDE_K it
+# is timed at every effort.
 WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
 WIDE_K = 128
 

@@ -1,20 +1,20 @@
 """The window convolution of a network's stem with the weight resident in each program (tactics
-"window_resident_…", `sartor/ops/quantized_window.py`).
+"window_resident.…", `sartor/ops/quantized_window.py`).
 
 The window tactic packs the few-channel image into 4-byte pixels and runs the implicit GEMM over
-overlapping windows of them as a kh × 1 convolution: ResNet-50's INT8 stem took 0.389 ms of GEMM
-for 92 GOP at batch 256 on the H200 (BENCHMARKS.md, session 16), bound neither by memory nor by
-the tensor cores, each program walking 7 K steps with the general implicit-GEMM index math for one
-row tile. Here, as in the resident kernel of 1×1 layers (`resident_gemm.py`), each program loads
+overlapping windows of them as a kh × 1 convolution: bound neither by memory nor by the tensor
+cores, each program walking 7 K steps with the general implicit-GEMM index math for one row tile
+(docs/decisions/kernel-window-resident-tiles.md). Here, as in the resident kernel of 1×1 layers
+(`resident_gemm.py`), each program loads
 its weight block [K, BLOCK_N] once (K = kh · window: 7 · 32 = 224 for the stem) and walks TILES row
 tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes per output pixel.
 Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
-(`_kh`) one product per filter row, the kh weight blocks held as a tuple, nothing padded.
+("kh-steps") one product per filter row, the kh weight blocks held as a tuple, nothing padded.
 
 The products and their sums are `tile_steps`' (`_accumulate`, `_epilogue_store_halves`): the output
 equals the emulation's as the other window tiles' does.
 
-A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles (`_mp`,
+A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles ("max-pool",
 `_window_pooled_pairs`): the pool is computed from the tiles of output rows in registers, and only
 the pooled codes are stored.
 """
@@ -415,10 +415,9 @@ class WindowResidentTile(Tactic):
         return 2 if self.row_pairs else 1
 
 
-# Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
-# _kh 64×64 2 stages 0.301, 64×64 2 stages 0.321, 3 stages 0.333, _kh 3 stages 0.334, 128×64 8 warps
-# 0.365, 64×64 8 warps 0.414; the implicit-GEMM window tile took 0.392. bench/kernel_asm.py --layer
-# stem (sm_90, Triton 3.6): 54–84 registers, 44–84 KiB of shared memory per program, no spills.
+# Fastest first as timed over pre-packed pixels (docs/decisions/kernel-window-resident-tiles.md).
+# bench/kernel_asm.py --layer stem (sm_90, Triton 3.6): 54–84 registers, 44–84 KiB of shared memory
+# per program, no spills.
 # The stem's 64 output channels are one column tile.
 WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True),
                          WindowResidentTile(ResidentTile(64, 64, 8, 4, 2)),
@@ -428,11 +427,9 @@ WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_st
                          WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)))
 # Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
 WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
-# The pooled tiles (`_mp`), `tiles` being row pairs a program, or programs an SM for the balanced
-# walk (`_b`). ResNet-50's 112 × 112 stem output at batch 256 is 28,672 pair steps (2 strips of 64
-# columns); bands of 8 pairs make 3,584 programs, which the H200 ran at 0.300 ms (session 28, effort
-# 3; bands of 4: 0.323), where it holds 3 programs an SM at once: 9.05 rounds. The balanced walk
-# gives 3 × 132 programs 73 steps each. bench/kernel_asm.py --layer stem (sm_90, Triton 3.6):
+# The pooled tiles ("max-pool"), `tiles` being row pairs a program, or programs an SM for the
+# balanced walk ("balanced": equal runs where bands leave a last partial round of programs;
+# docs/decisions/kernel-window-resident-tiles.md). bench/kernel_asm.py --layer stem (sm_90, Triton 3.6):
 # 160–203 registers (the pair's two accumulators, the row kept from the pair above and the rows'
 # values), no spills; 8 warps on 64 × 64 or 128 × 64 kept as many registers a thread, one program an SM.
 POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, True, balanced=True),
@@ -483,8 +480,8 @@ def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
     """The largest power of two, up to 16, dividing every window's first byte: windows start
     `pixel_step` bytes apart in rows of `row_bytes` and images of `image_bytes`. Stated to the kernel
     because Triton 3.6 proved the row-pair walk's windows 16-byte aligned where the 4-byte form's
-    start every 8 bytes, and copied them 16 bytes at a time: a misaligned address on the H200
-    (session 25)."""
+    start every 8 bytes, and copied them 16 bytes at a time: a misaligned address on the GPU
+    (docs/decisions/kernel-window-resident-tiles.md)."""
     return math.gcd(pixel_step, row_bytes, image_bytes, 16)
 
 

@@ -17,8 +17,8 @@ What one INT8 layer computes, in the order a GPU kernel does it:
    ±127 (`requantize`; on the GPU one fused multiply-add with 1.5·2^23); otherwise it stays FP32.
 
 Steps 4 and 5 are defined with fused multiply-adds because the GPU's epilogue is bound by its
-instruction count on the 1×1 layers (ResNet-50's expanding layers, BENCHMARKS.md session 19), and
-each fma is one instruction where a multiply and an add, each rounded, were two.
+instruction count on the 1×1 layers, and each fma is one instruction where a multiply and an add,
+each rounded, were two (docs/decisions/kernel-int8-epilogue-fma.md).
 
 A projected QConv (`passes/fuse_projected_residual.py`; inputs from PROJECTION_FIRST_INPUT) takes as
 its residual a second unpadded 1×1 layer's output, computed by steps 1–3 of that layer and not

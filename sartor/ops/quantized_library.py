@@ -3,10 +3,8 @@
 layer's epilogue in one Triton kernel (`accumulator_epilogue`, the split-K epilogue with one share).
 
 Issue 5 asks for the libraries' kernels among the candidates, as TensorRT times cuBLAS/cuDNN beside
-its own. On the H200 `_int_mm` alone (int32 out, no epilogue) took 0.094 ms on layer3's 1×1 conv3
-of ResNet-50 (K = 256) where the implicit-GEMM tiles took 0.22 ms with their epilogue (BENCHMARKS.md
-session 13, single-launch timings). Its int32 accumulators make a round trip through memory, so the
-builder's timing decides where it pays.
+its own. Their int32 accumulators make a round trip through memory, so the builder's timing decides
+where they pay (docs/decisions/kernel-library-gemms.md).
 
 INT8: the integer sums are exact, so the output is the emulation's bit for bit. FP8: cuBLAS adds
 the products in float32 in its own order; the tactic check's FP8 tolerance covers it.

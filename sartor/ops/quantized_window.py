@@ -10,7 +10,7 @@ through a strided view, one window per output pixel and filter row. The weight i
 match: [Cout, window, kh, 1] with byte kw·4 + c of each window holding tap (kw, c), zero past the
 kernel's width and channels. The implicit-GEMM kernel then walks K in whole 32-byte blocks of
 contiguous loads, where im2col first wrote [N·OH·OW, K] columns byte by byte from the image's
-planes (docs/decisions/kernel-pixel-windows.md).
+planes (docs/decisions/kernel-stem-im2col-and-pixel-windows.md).
 
 The products and their int32 sums are those of the emulation (zero codes add nothing), so the
 output is the emulation's bit for bit, as for the other tiles.
@@ -23,7 +23,8 @@ A stride-2 INT8 stem has a space-to-depth form of each (flag "space-to-depth"): 
 16-byte pixels, each a 2 × 2 block of 4-byte ones, makes the 7 × 7 stride-2 convolution a 4 × 4
 stride-1 one over them (the kernel zero-padded to 8 × 8). A window is then 4 whole 16-byte pixels,
 64 bytes starting every 16, where the 4-byte form's 32-byte windows start every 8 bytes: the GEMM
-gathers its rows in fewer loads, of 16 aligned bytes rather than 8 (docs/decisions/kernel-pixel-windows.md). K is 4 · 64 = 256
+gathers its rows in fewer loads, of 16 aligned bytes rather than 8
+(docs/decisions/kernel-stem-im2col-and-pixel-windows.md). K is 4 · 64 = 256
 against 7 · 32 = 224. The products are the same and their int32 sums exact, so the output is the
 emulation's bit for bit; FP8, which sums in float32 window by window, keeps the 4-byte form.
 """
