@@ -25,7 +25,8 @@ from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm  # no
 from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
 from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
-from sartor.ops.quantized_window import window_conv, window_space_to_depth, window_tile, window_weight  # noqa: E402
+from sartor.kernels.registry import tactic_for  # noqa: E402
+from sartor.ops.quantized_window import window_conv, window_weight  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 
 # The INT8 epilogue every case runs: residual (where the layer has one), ReLU, INT8 codes out.
@@ -67,12 +68,13 @@ def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str):
 def stem_case(batch: int, tactic: str):
     x = torch.rand(batch, 3, 224, 224, device="cuda")
     geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
-    space_to_depth = window_space_to_depth(tactic)
+    window = tactic_for(tactic)
+    space_to_depth = window.space_to_depth
     w_window = window_weight(int8_codes(64, 3, 7, 7), space_to_depth)
     bias = torch.zeros(64, dtype=torch.int32, device="cuda")
     scale = torch.full((64,), 1e-3, device="cuda")
     epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
-    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue,
+    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window.tile, torch.int8, epilogue,
                                space_to_depth=space_to_depth)
 
 
@@ -121,8 +123,8 @@ def cases(batch: int) -> dict:
         "stem.s2d": lambda: stem_case(batch, "window_resident.64x64.t8.w4.s2.cols-loaded.space-to-depth"),
         "stem.s2d_o2": lambda: stem_case(batch, "window_resident.64x64.t8.w4.s2.cols-loaded.kh-steps.row-pairs.space-to-depth"),
         "stem.pool": lambda: pool_case(batch, "max_pool.elements8192.channels64.w4"),
-        "stem.pool.first_tile": lambda: pool_case(batch, "triton_nhwc"),
-        "stem.pool.fp16": lambda: pool_case(batch, "triton_nhwc", torch.float16),
+        "stem.pool.first_tile": lambda: pool_case(batch, "max_pool.elements4096.channels64.w4"),
+        "stem.pool.fp16": lambda: pool_case(batch, "max_pool.elements4096.channels64.w4", torch.float16),
         "stem.pool.fp16_e8192": lambda: pool_case(batch, "max_pool.elements8192.channels64.w4", torch.float16),
         "traffic.layer1.conv3": lambda: traffic_case(batch, "resident.64x64.t8.w4.s3.grouped"),
         "copy.205MB": lambda: copy_case(batch),
