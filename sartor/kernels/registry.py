@@ -31,6 +31,7 @@ FAMILY_MODULES = (
     "sartor.kernels.depthwise",
     "sartor.ops.conv",
     "sartor.ops.quantized",
+    "sartor.ops.quantized_im2col",
     "sartor.ops.quantized_window",
     "sartor.ops.quantized_library",
     "sartor.ops.resize",

@@ -66,12 +66,10 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.epilogue import pixel_stride, triton
-from ..kernels.im2col import im2col_codes
 from ..kernels.pool import POOL_TILES
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
@@ -86,6 +84,7 @@ from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
 from .fused_pool import fused_max_pool, pool_in_kernel, without_max_pool
 from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
+from .quantized_im2col import IM2COL_MAX_CHANNELS, Im2colIgemm, im2col_conv, im2col_weight
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
 from .quantized_window import (WINDOW_TACTICS, WindowResident, space_to_depth_applies, window_applies, window_conv,
                                window_tactics, window_weight)
@@ -224,27 +223,6 @@ def _igemm_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict, gemm: bool) 
     return igemm_geometry(x, wq, attrs)
 
 
-# A convolution reading few channels (the 3-channel stem) walks K in steps far narrower than the
-# tensor cores' 32 bytes; it runs better as an explicit im2col (INT8 columns, K padded to a multiple
-# of 32 and of the GEMM tile's BLOCK_K) followed by the GEMM kernel.
-IM2COL_MAX_CHANNELS = 16
-IM2COL_K_MULTIPLE = 32
-
-
-@register
-@dataclass(frozen=True)
-class Im2colIgemm(Tactic):
-    """Explicit im2col columns, then an implicit-GEMM tile over them: "im2col_igemm.128x128x64.w8.s3"."""
-    tile: TileConfig
-
-    FAMILY: ClassVar[str] = "im2col_igemm"
-    SCHEME: ClassVar[tuple] = (Inline("tile", TileConfig),)
-    WEIGHT_LAYOUT: ClassVar[str] = IM2COL_ROWS
-
-    def describe(self, layer: LayerFacts) -> str:
-        return f"{layer.codes} im2col + triton GEMM {self.tile.fields_text} + fused epilogue"
-
-
 def fp8_tensor_cores(device: torch.device) -> bool:
     """FP8 tensor-core products (Triton's FP8 tl.dot) need compute capability 8.9 or newer."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -293,20 +271,16 @@ def _qlayer_tactics(gemm: bool):
 
 
 def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
-    """Windowed for the pixel windows (`quantized_window.window_weight`); packed K-major for the
-    implicit-GEMM tiles, the resident kernel and the library GEMMs; flattened to [Cout, kh·kw·C]
-    for im2col, K zero-padded to a multiple of 32 and of the tile's BLOCK_K: the GEMM kernel walks
-    a K it can split into whole BLOCK_K blocks with contiguous loads, and any other K with a
-    per-element gather (the stem's K = 147 padded to 160 had every im2col tile of BLOCK_K 64
-    gathering: 3.7 ms at ResNet-50's batch 256 on the H200); as built for the emulation."""
+    """The weight in the layout the tactic's family declares: windowed for the pixel windows
+    (`quantized_window.window_weight`); packed K-major for the implicit-GEMM tiles, the resident
+    kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); as
+    built for the emulation."""
     chosen = tactic_for(tactic)
     layout = chosen.weight_layout if wq.dim() == 4 else AS_GIVEN
     if layout == PIXEL_WINDOWS:
         return window_weight(wq, space_to_depth=chosen.space_to_depth)
     if layout == IM2COL_ROWS:
-        flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
-        multiple = math.lcm(IM2COL_K_MULTIPLE, chosen.tile.block_k)
-        return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
+        return im2col_weight(wq, chosen.tile)
     return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 
@@ -314,12 +288,6 @@ def own_kernel_tactic(tactic: str | None) -> bool:
     """Whether the tactic is one of sartor's own Triton kernels with the layer's epilogue fused that
     --pdl launches with programmatic dependent launch (the family's PROGRAMMATIC_LAUNCH)."""
     return tactic_for(tactic).PROGRAMMATIC_LAUNCH
-
-
-def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
-    """Zero columns appended to a 2-D 8-bit tensor (INT8 or FP8: both encode zero as byte 0;
-    padding goes through the bytes, which every torch release pads)."""
-    return F.pad(t.view(torch.uint8), (0, extra)).view(t.dtype)
 
 
 # The attribute bounding an INT8 layer's int32 sums (`passes/bound_accumulators.py`), which its kernels
@@ -354,12 +322,7 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     geometry = igemm_geometry(x, _unpacked_weight_shape(x, w_flat, attrs), attrs, require_cuda=False)
     if geometry is None:
         return None
-    columns = im2col_codes(x, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations, geometry.out_hw,
-                           w_flat.shape[1], code_dtype(attrs), attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
-    y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
-                   **_int8_epilogue(attrs))
-    n, (oh, ow) = x.shape[0], geometry.out_hw
-    return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
+    return im2col_conv(x, w_flat, bias, dequant_scale, geometry, tile, code_dtype(attrs), _int8_epilogue(attrs))
 
 
 def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig | WindowResidentTile,
