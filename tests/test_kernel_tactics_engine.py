@@ -30,7 +30,7 @@ from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
 from sartor.kernels.window_resident import WindowResidentTile  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
-from sartor.ops.quantized_window import WINDOW_TILES  # noqa: E402
+from sartor.ops.quantized_window import WINDOW_TILES, window_tactic  # noqa: E402
 from sartor.runtime.engine_file import read_engine_file  # noqa: E402
 from sartor.tactics import select  # noqa: E402
 

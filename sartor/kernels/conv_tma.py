@@ -1,5 +1,5 @@
 """INT8 (FP8) stride-1 convolutions whose input tiles are loaded by the tensor memory accelerator:
-each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma_…"). A 1×1
+each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma.…"). A 1×1
 layer of a larger stride without padding (ResNet's downsample) runs as the stride-1 layer over a
 view of every stride-th pixel: the copy's pixel strides are the input's times the stride.
 

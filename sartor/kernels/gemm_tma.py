@@ -1,5 +1,5 @@
 """INT8 (FP8) 1×1 stride-1 convolutions as dense GEMMs whose tiles the tensor memory accelerator
-loads (tactics "gemm_tma_…").
+loads (tactics "gemm_tma.…").
 
 Over channels-last codes with evenly spaced pixels, a 1×1 stride-1 convolution without padding is
 the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. The implicit-GEMM tiles
@@ -164,8 +164,8 @@ class GemmTmaTile(Tactic):
                 f"+ fused epilogue")
 
 
-# Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
-# deep K blocks; the builder times as many as its effort allows.
+# Best guesses first: the tiles of the fastest plain INT8 matmul (docs/decisions/kernel-gemm-tma.md)
+# have deep K blocks; the builder times as many as its effort allows.
 GEMM_TMA_TILES = (GemmTmaTile(128, 128, 128, 8, 3), GemmTmaTile(128, 256, 64, 8, 3), GemmTmaTile(128, 128, 64, 8, 4),
                   GemmTmaTile(256, 128, 64, 8, 3), GemmTmaTile(64, 128, 128, 4, 4), GemmTmaTile(128, 64, 128, 4, 4))
 GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}

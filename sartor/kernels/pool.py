@@ -1,9 +1,9 @@
 """2-D max pooling over channels-last tensors in Triton: padding by masks, one read of each window.
 
-PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NHWC kernel, which
-on the H200 took 0.83 ms for ResNet-50's stem pool at batch 256 — several times what moving its
-bytes costs. Here each program owns a block of output pixels × a block of channels; channel vectors
-are contiguous in NHWC, so every tap is a coalesced load.
+PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NHWC kernel, several
+times what moving the tensor's bytes costs (docs/decisions/kernel-max-pool-tiles.md). Here each
+program owns a block of output pixels × a block of channels; channel vectors are contiguous in NHWC,
+so every tap is a coalesced load.
 
 INT8 and FP8 (E4M3) tensors pool too (a pooling layer between two INT8 layers, see
 `sartor/quant/quantize.py`): the codes are compared as float32 values, which holds every int8 and
@@ -39,9 +39,8 @@ if triton is not None:
         c_ok = offs_c < C
         n, oh, ow = pixel_coords(offs_p, OH, OW)
         base = n.to(tl.int64) * sxn
-        # INT8 codes are compared as integers: converting each tap to float32 and back cost Hopper's
-        # conversion rate (16 values per clock per SM), which bounded ResNet-50's INT8 stem pool at
-        # 0.139 ms on the H200 (ten conversions per output, 51 M outputs at batch 256).
+        # INT8 codes are compared as integers: converting each tap to float32 and back is bound by
+        # Hopper's conversion rate (16 values per clock per SM; docs/decisions/kernel-max-pool-tiles.md).
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
         # Floats with an infinity compare in their own dtype, masked taps loaded as -inf: FP16 went
         # through float32 with a select per tap, three instructions per value and tap where the

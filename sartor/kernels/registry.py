@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from ..errors import SartorError
+from ..errors import TacticNameError  # noqa: F401 - raised here, imported from here by callers
 
 # The modules that register tactic families; a new family is one module and one line here.
 FAMILY_MODULES = (
@@ -46,10 +46,6 @@ CHANNELS_LAST = "channels-last"
 DEPTHWISE_TAPS = "depthwise-taps"  # depthwise.pack_depthwise_weight: taps outermost
 PIXEL_WINDOWS = "pixel-windows"  # quantized_window.window_weight
 IM2COL_ROWS = "im2col-rows"  # [Cout, kh·kw·C] rows, K zero-padded for the GEMM tile
-
-
-class TacticNameError(SartorError):
-    """A tactic name that no registered family spells: unknown, malformed, or of an older scheme."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ if triton is not None:
     @triton.jit
     def program_tiles(COUT, BLOCK_N: tl.constexpr, N_ADJACENT: tl.constexpr):
         """This program's (row group, column tile): with N_ADJACENT a 1-D grid in which one row
-        group's column tiles run side by side (ResidentTile's `_g`), else a (row groups, column
+        group's column tiles run side by side (ResidentTile's "grouped"), else a (row groups, column
         tiles) grid."""
         if N_ADJACENT:
             column_tiles = tl.cdiv(COUT, BLOCK_N)
@@ -105,7 +105,7 @@ if triton is not None:
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
-        if PROJ_COLUMNS_LOADED:  # and the projection's (ResidentTile `_cp`)
+        if PROJ_COLUMNS_LOADED:  # and the projection's (proj-cols-loaded)
             pbias, pscale = _column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
         else:
             pbias, pscale = pbias_ptr, pscale_ptr
@@ -252,7 +252,7 @@ class ResidentTile(Tactic):
 
     def grid(self, rows: int, cout: int) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
-        (row groups, column tiles), or with `_g` one dimension holding both."""
+        (row groups, column tiles), or grouped one dimension holding both."""
         row_groups = triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles)
         column_tiles = triton.cdiv(cout, self.block_n)
         return (row_groups * column_tiles,) if self.n_adjacent else (row_groups, column_tiles)

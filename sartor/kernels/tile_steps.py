@@ -320,7 +320,7 @@ if triton is not None:
                        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
         """_column_values of a tile's two column halves, as `_epilogue_store_halves_loaded` takes them:
         (bias_lo, scale_lo, bias_hi, scale_hi). A program that stores several row tiles of the same
-        columns loads them once (ResidentTile `_c`)."""
+        columns loads them once (ResidentTile "cols-loaded")."""
         first = first_column + tl.arange(0, BLOCK_N // 2)
         bias_lo, scale_lo = _column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         second = first + BLOCK_N // 2

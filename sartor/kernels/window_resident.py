@@ -75,7 +75,7 @@ if triton is not None:
             k_ok = filter_row < KH
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all the program's row tiles (`_c`)
+        if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all its row tiles (cols-loaded)
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
         else:
@@ -128,7 +128,7 @@ if triton is not None:
                            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
                            OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            COLUMNS_LOADED: tl.constexpr):
-        """One row tile's epilogue: with the columns' bias and scale given (`_c`) or loaded here."""
+        """One row tile's epilogue: with the columns' bias and scale given (cols-loaded) or loaded here."""
         if COLUMNS_LOADED:
             res_lo, res_hi = 0.0, 0.0
             if HAS_RES:
@@ -153,7 +153,7 @@ if triton is not None:
                           RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
                           COLUMNS_LOADED: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """The `_o2` walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
+        """The row-pairs walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
         counts such pairs). The lower row's filter row i reads the packed row that the upper row's
         filter row i + STRIDE_H / DIL_H reads: undilated, the pair loads STRIDE_H + KH rows of windows
         for 2 · KH products, where two tiles would load 2 · KH (the stem's space-to-depth form: 5
@@ -192,7 +192,7 @@ if triton is not None:
     def _window_row_products(p_ptr, weights, window_start, ok, offs_k, row_bytes, KH: tl.constexpr,
                              DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
-        """One output row's sums, a product per filter row (`_kh`): the window of filter row kh
+        """One output row's sums, a product per filter row (kh-steps): the window of filter row kh
         starts kh · DIL_H packed rows below `window_start`. Pixels not `ok` read nothing."""
         acc = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
         for kh in tl.static_range(KH):
@@ -282,7 +282,7 @@ if triton is not None:
                      STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr, INT8: tl.constexpr,
                      HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """One step of the pooled walks (`_mp`): pair `pair` of strip `strip` of image `n_idx` (nothing
+        """One step of the pooled walks (max-pool): pair `pair` of strip `strip` of image `n_idx` (nothing
         where not `ok`), its pooled row stored from the max of its two rows and `previous` (the values
         of the row above), pooled 3 to 1 along the row. Returns the pair's lower row's values, the
         next pair's `previous`.
@@ -321,16 +321,15 @@ if triton is not None:
                              INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TILES: tl.constexpr,
                              BALANCED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """The `_mp` walks: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
+        """The max-pool walks: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
         the kernel; only the pooled codes are stored (`y_ptr`: [N, ⌈OH/2⌉, ⌈OW/2⌉] pixels). A program
         walks pairs of output rows down strips of an image (`_pooled_pair`), keeping each pair's lower
         row for the next; the row above its first pair it computes first.
 
-        Banded: row group → (image, band of TILES pairs, strip), strips fastest. BALANCED (`_b`): the
-        grid's programs share the walk's M steps, all (image, strip, pair)s with pairs fastest, in
-        equal runs that cross strips and images (a pair 0 starts from the padding): ResNet-50 at
-        batch 256 has 28,672, and bands of 8 pairs made 3,584 programs, 9.05 rounds of the 396 that
-        an H200 holds at once, so the tenth ran 14."""
+        Banded: row group → (image, band of TILES pairs, strip), strips fastest. BALANCED ("balanced"):
+        the grid's programs share the walk's M steps, all (image, strip, pair)s with pairs fastest, in
+        equal runs that cross strips and images (a pair 0 starts from the padding), so that no last
+        round of programs runs mostly empty (docs/decisions/kernel-window-resident-tiles.md)."""
         STRIP: tl.constexpr = BLOCK_M // 2 - 1
         pairs = (OH + 1) // 2
         strips = tl.cdiv((OW + 1) // 2, STRIP)
@@ -446,8 +445,8 @@ INTERPRETED_SMS = 2
 
 def window_resident_tiles(effort: int, max_pool: bool = False) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
-    loaded once per program (ResidentTile's `_c`), then those walking by filter rows also over row
-    pairs (`_o2`); with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
+    loaded once per program (ResidentTile's cols-loaded), then those walking by filter rows also over
+    row pairs; with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
     after them, the others then storing the output for the pool to run after."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
@@ -467,7 +466,7 @@ def pooled_steps(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int]) 
 
 
 def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int], sms: int) -> int:
-    """The programs of one column tile of a `_mp` tile: image × band of `tiles` pairs × strip; balanced,
+    """The programs of one column tile of a max-pool tile: image × band of `tiles` pairs × strip; balanced,
     `tiles` a multiprocessor of `sms` (never more than there are steps)."""
     steps = pooled_steps(tile, batch, out_hw)
     if tile.balanced:

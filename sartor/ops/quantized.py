@@ -245,7 +245,7 @@ def _qlayer_tactics(gemm: bool):
             tiles = candidate_tiles(int8=True, effort=effort)
             kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
             residual = len(inputs) > 3 and inputs[3] is not None
-            residual_codes = residual and inputs[3].dtype == torch.int8  # for the `_m` variants
+            residual_codes = residual and inputs[3].dtype == torch.int8  # for the residual-mma variants
             halved = halved_epilogue_tiles(kernels, residual)
             names += [tile.name for tile in kernels + halved]
             if not gemm:
@@ -567,7 +567,7 @@ def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Te
 
 def _pooled_qconv(inputs, attrs: dict, pool: dict) -> torch.Tensor:
     """A QConv carrying its max pool (`ops/fused_pool.py`): one kernel for a pooled window tile
-    (`_mp`), else the layer by its tactic (the emulation too) and then the pool, by the Triton
+    ("max-pool"), else the layer by its tactic (the emulation too) and then the pool, by the Triton
     pool's first tile on CUDA (the pool's own timing is the unfused graph's)."""
     layer = without_max_pool(attrs)
     tactic = tactic_for(attrs.get("tactic"))
