@@ -129,7 +129,7 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.resident_gemm import resident_tactics
-first = resident_tactics(1)[:2]  # the first tile, plain and `_g`
+first = resident_tactics(1)[:2]  # the first tile, plain and grouped
 for layer in ("layer1.conv3", "layer1.projected", "layer2.projected"):
     for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer):
         if label in first:
@@ -143,7 +143,7 @@ def test_projected_resident_kernel_compiles_for_sm90():
     and strided (layer2.0), beside the same tile without one (layer1's conv3): every product on
     Hopper's tensor cores, the projection's as well, and no spills."""
     lines = [line.split() for line in _compile_in_child(PROJECTED_CHILD).splitlines()]
-    assert [(layer, label.endswith("_g")) for layer, label, _, _ in lines] == [
+    assert [(layer, label.endswith(".grouped")) for layer, label, _, _ in lines] == [
         (layer, adjacent) for layer in ("layer1.conv3", "layer1.projected", "layer2.projected")
         for adjacent in (False, True)]
     assert all(spills == "0" for _, _, spills, _ in lines)
