@@ -289,11 +289,6 @@ def tactic_for(name: str | None) -> Tactic:
     return parse_tactic(name or REFERENCE)
 
 
-def describe_tactic(name: str | None, layer: LayerFacts) -> str:
-    """What runs the layer, in words."""
-    return tactic_for(name).describe(layer)
-
-
 def fixed_tactic(word: str, describe: Callable[[LayerFacts], str] | str, weight_layout: str = AS_GIVEN) -> type:
     """Registers a family of one tactic without fields, named `word` ("cudnn_fused")."""
     words = describe if callable(describe) else (lambda layer: describe)
