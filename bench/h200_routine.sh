@@ -165,12 +165,12 @@ for name in "$@"; do
               python bench/h200_table.py --out /tmp/routine/int8ab/new $common \
                 && cp /tmp/sartor_table/timing_resnet50_int8_b256.json /tmp/routine/int8ab/new/' ;;
     tiles) stage tiles 300 bash -c 'python bench/tiles_probe.py --out /tmp/routine/tiles/one_by_one \
-             --layers layer3.conv3,layer2.conv3,layer1.conv3 --tiles "${TILES:-resident_64x64_t8_w4_s3_c_g,\
-resident_64x64_t8_w4_s3_m_c_g,resident_64x64_t16_w4_s3_m_c_g,resident_64x64_t8_w4_s4_m_c_g,\
-resident_128x64_t8_w8_s3_m_c_g,resident_64x128_t8_w4_s2_m_c_g,resident_64x128_t8_w4_s2_e_g}"
+             --layers layer3.conv3,layer2.conv3,layer1.conv3 --tiles "${TILES:-resident.64x64.t8.w4.s3.cols-loaded.grouped,\
+resident.64x64.t8.w4.s3.residual-mma.cols-loaded.grouped,resident.64x64.t16.w4.s3.residual-mma.cols-loaded.grouped,resident.64x64.t8.w4.s4.residual-mma.cols-loaded.grouped,\
+resident.128x64.t8.w8.s3.residual-mma.cols-loaded.grouped,resident.64x128.t8.w4.s2.residual-mma.cols-loaded.grouped,resident.64x128.t8.w4.s2.residual-early.grouped}"
            python bench/tiles_probe.py --out /tmp/routine/tiles/three_by_three --layers layer1.conv2 \
-             --tiles "${TMA_TILES:-tma_8x16x64x64_w4_s4,tma_8x16x64x64_w4_s4_p,tma_8x16x64x64_w4_s4_p2,\
-tma_8x16x64x64_w4_s4_p3,tma_8x8x64x64_w4_s4,tma_8x8x64x64_w4_s4_p4}"' ;;
+             --tiles "${TMA_TILES:-tma.8x16x64x64.w4.s4,tma.8x16x64x64.w4.s4.persistent1,tma.8x16x64x64.w4.s4.persistent2,\
+tma.8x16x64x64.w4.s4.persistent3,tma.8x8x64x64.w4.s4,tma.8x8x64x64.w4.s4.persistent4}"' ;;
     detectors)
       models=detector onnx_dir=.carry
       [ -f ../.carry/yolov8n.onnx ] && onnx_dir=../.carry

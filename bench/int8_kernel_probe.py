@@ -33,6 +33,7 @@ from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, Projection, ResidentTi
                                           resident_gemm, resident_tactics)
 from sartor.ops.quantized import FEW_ROWS_TILE  # noqa: E402
 from sartor.kernels.window_resident import window_resident_conv, window_resident_tiles  # noqa: E402
+from sartor.ops.quantized_window import window_tactic  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 from sartor.ops.quantized_window import (WINDOW_TILES, window_conv, window_pack, window_weight,  # noqa: E402
@@ -289,14 +290,14 @@ def main() -> None:
         timed(f"stem window {tile.name} (pack + GEMM)",
               lambda: window_conv(x, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), None,
                                   torch.full((64,), 1e-3, device="cuda"), geometry, tile, torch.int8, epilogue),
-              macs, 4 * x.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
+              macs, 4 * x.numel() + rows_stem * 64, layer="stem", tile=window_tactic(tile).name)
     # The GEMM over the windows alone (session 16: pack 0.080 ms of the best tile's 0.468).
     packed = window_pack(x, w_window, geometry, torch.int8, 50.0, -127)
     for tile in WINDOW_TILES[:3]:
         timed(f"stem window {tile.name} (GEMM over pre-packed pixels)",
               lambda: windows_conv(packed, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), None,
                                    torch.full((64,), 1e-3, device="cuda"), geometry, tile, epilogue),
-              macs, packed.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
+              macs, packed.numel() + rows_stem * 64, layer="stem", tile=window_tactic(tile).name)
     # The resident-window kernel over the same packed pixels: each program keeps its weight block
     # and walks several row tiles.
     for tile in window_resident_tiles(5):
@@ -304,7 +305,7 @@ def main() -> None:
               lambda: window_resident_conv(packed, w_window, torch.zeros(64, dtype=torch.int32, device="cuda"), tile,
                                            geometry=geometry, dequant_scale=torch.full((64,), 1e-3, device="cuda"),
                                            activation="Relu", output_inv_scale=20.0),
-              macs, packed.numel() + rows_stem * 64, layer="stem", tile="window_" + tile.name)
+              macs, packed.numel() + rows_stem * 64, layer="stem", tile=window_tactic(tile).name)
     cols = im2col_codes(x, (7, 7), (2, 2), (3, 3), (1, 1), (112, 112), 192, torch.int8, 50.0)
     w_stem = int8_codes(64, 192)
     bias = torch.zeros(64, dtype=torch.int32, device="cuda")

@@ -43,6 +43,7 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from sartor.kernels import conv_igemm, conv_tma, gemm_tma, resident_gemm, window_resident  # noqa: E402
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
 from sartor.kernels.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
@@ -177,7 +178,8 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
     del resident_common["x_ptr"], resident_common["in_inv_scale"]
     resident_epilogue = {name: value for name, value in epilogue.items() if name != "QUANTIZE_INPUT"}
 
-    def form(prefix: str, rows: int, window: int, stride_h: int, step: int, padded_h: int, padded_w: int) -> list:
+    def form(space_to_depth: bool, rows: int, window: int, stride_h: int, step: int, padded_h: int,
+             padded_w: int) -> list:
         """One form's cases: `rows` filter rows of `window`-byte windows, `stride_h` rows and `step`
         4-byte pixels apart, over padded_h × padded_w 4-byte pixels (as the packing lays them out)."""
         image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
@@ -190,8 +192,8 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                               ROW_ALIGN=step * PIXEL_BYTES, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
                               WEIGHT_TMA=False, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                               GROUP_M=8)
-            cases.append((prefix + tile.name, conv_igemm._conv_igemm_kernel, igemm_args, constexprs, tile.warps,
-                          tile.stages))
+            cases.append((quantized_window.window_tactic(tile, space_to_depth).name, conv_igemm._conv_igemm_kernel,
+                          igemm_args, constexprs, tile.warps, tile.stages))
         resident_args = dict(resident_common, image_bytes=image_bytes, row_bytes=row_bytes)
         for tile in window_resident.window_resident_tiles(5, max_pool=True):
             constexprs = dict(resident_epilogue, KH=rows, WINDOW=window, STRIDE_H=stride_h,
@@ -201,19 +203,20 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
                               K_PAD=triton.next_power_of_2(rows * window), OUTPUT_ROWS=tile.output_rows,
                               MAX_POOL=tile.max_pool, BALANCED=tile.balanced,
                               WINDOW_ALIGN=window_resident.window_alignment(step * PIXEL_BYTES, row_bytes, image_bytes))
-            cases.append((prefix + tile.name, window_resident._window_resident_kernel, resident_args, constexprs,
-                          tile.resident.warps, tile.resident.stages))
+            cases.append((quantized_window.window_tactic(tile, space_to_depth).name,
+                          window_resident._window_resident_kernel, resident_args, constexprs, tile.resident.warps,
+                          tile.resident.stages))
         return cases
 
     window = quantized_window.window_bytes(k)
     padded_w = -(-((out_hw - 1) * STEM_STRIDE + window // PIXEL_BYTES) // 4) * 4  # as window_pack pads
-    cases = form(quantized_window.WINDOW_PREFIX, k, window, STEM_STRIDE, STEM_STRIDE,
+    cases = form(False, k, window, STEM_STRIDE, STEM_STRIDE,
                  (out_hw - 1) * STEM_STRIDE + k, padded_w)
     if STEM_STRIDE == 2:  # the space-to-depth form: ⌈k/2⌉ rows of 16-byte block pixels at stride 1
         rows, window = -(-k // 2), quantized_window.space_to_depth_window_bytes(k)
         block = quantized_window.BLOCK_PIXEL_BYTES // PIXEL_BYTES  # 4-byte pixels per block pixel
         blocks_h, blocks_w = out_hw + rows - 1, out_hw - 1 + window // quantized_window.BLOCK_PIXEL_BYTES
-        cases += form(quantized_window.WINDOW_PREFIX + quantized_window.SPACE_TO_DEPTH, rows, window, 1, block,
+        cases += form(True, rows, window, 1, block,
                       blocks_h, blocks_w * block)  # as space_to_depth_pack packs
     return cases
 
@@ -354,14 +357,18 @@ def main() -> None:
                         help="also print each candidate's main loop in SASS (the innermost loop with a tensor-core "
                              "product) by opcode: what one warp issues per iteration")
     parser.add_argument("--resident-tiles", type=lambda text: text.split(","), default=None,
-                        help="comma-separated resident tactics (e.g. resident_64x64_t8_w4_s2_c_g) instead of every "
+                        help="comma-separated resident tactics (e.g. resident.64x64.t8.w4.s2.cols-loaded.grouped) "
+                             "instead of every "
                              "one the builder knows: a tile not yet among them")
     parser.add_argument("--sums-decoded", action="store_true",
                         help="compile the INT8 epilogues that decode their int32 sums from bits (tile_steps "
                              "SUMS_DECODED, a layer whose weights bound its sums below 2^22) instead of converting")
     args = parser.parse_args()
-    if args.resident_tiles and None in map(resident_gemm.ResidentTile.parse, args.resident_tiles):
-        parser.error(f"--resident-tiles: not resident tactics: {args.resident_tiles}")
+    for name in args.resident_tiles or []:
+        try:
+            resident_gemm.ResidentTile.parse(name)
+        except TacticNameError as error:
+            parser.error(f"--resident-tiles: {error}")
     target = GPUTarget("cuda", args.arch, 32)
     print(f"{args.layer} on sm_{args.arch}: per program")
     print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "

@@ -25,7 +25,8 @@ from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm  # no
 from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
 from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
-from sartor.ops.quantized_window import window_conv, window_space_to_depth, window_tile, window_weight  # noqa: E402
+from sartor.kernels.registry import tactic_for  # noqa: E402
+from sartor.ops.quantized_window import window_conv, window_weight  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 
 # The INT8 epilogue every case runs: residual (where the layer has one), ReLU, INT8 codes out.
@@ -67,12 +68,13 @@ def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str):
 def stem_case(batch: int, tactic: str):
     x = torch.rand(batch, 3, 224, 224, device="cuda")
     geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
-    space_to_depth = window_space_to_depth(tactic)
+    window = tactic_for(tactic)
+    space_to_depth = window.space_to_depth
     w_window = window_weight(int8_codes(64, 3, 7, 7), space_to_depth)
     bias = torch.zeros(64, dtype=torch.int32, device="cuda")
     scale = torch.full((64,), 1e-3, device="cuda")
     epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
-    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window_tile(tactic), torch.int8, epilogue,
+    return lambda: window_conv(x, w_window, bias, None, scale, geometry, window.tile, torch.int8, epilogue,
                                space_to_depth=space_to_depth)
 
 
@@ -96,35 +98,35 @@ def copy_case(batch: int):
 def cases(batch: int) -> dict:
     """Name → a function that builds the case's tensors and returns its launch (session 18's winners)."""
     return {
-        "layer1.conv3": lambda: resident_case(batch, 64, 256, 56, "resident_64x64_t8_w4_s3_g"),
-        "layer1.conv3_c": lambda: resident_case(batch, 64, 256, 56, "resident_64x64_t8_w4_s3_c_g"),
+        "layer1.conv3": lambda: resident_case(batch, 64, 256, 56, "resident.64x64.t8.w4.s3.grouped"),
+        "layer1.conv3_c": lambda: resident_case(batch, 64, 256, 56, "resident.64x64.t8.w4.s3.cols-loaded.grouped"),
         "layer1.0.conv3+downsample_c": lambda: projected_case(batch, 64, 256, 56, 64, 1,
-                                                              "resident_64x64_t8_w4_s3_c_g"),
-        "layer1.0.conv3+downsample": lambda: projected_case(batch, 64, 256, 56, 64, 1, "resident_64x64_t8_w4_s3_g"),
-        "layer1.conv2": lambda: tma_case(batch, 64, 64, 56, "tma_8x16x64x64_w4_s4"),
-        "layer1.conv1": lambda: resident_case(batch, 256, 64, 56, "resident_64x64_t8_w4_s3", residual=False),
-        "layer2.conv3": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_g"),
-        "layer2.conv3_c": lambda: resident_case(batch, 128, 512, 28, "resident_64x64_t8_w4_s3_c_g"),
-        "layer3.conv3": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_g"),
-        "layer3.conv3_c": lambda: resident_case(batch, 256, 1024, 14, "resident_64x128_t8_w4_s2_c_g"),
+                                                              "resident.64x64.t8.w4.s3.cols-loaded.grouped"),
+        "layer1.0.conv3+downsample": lambda: projected_case(batch, 64, 256, 56, 64, 1, "resident.64x64.t8.w4.s3.grouped"),
+        "layer1.conv2": lambda: tma_case(batch, 64, 64, 56, "tma.8x16x64x64.w4.s4"),
+        "layer1.conv1": lambda: resident_case(batch, 256, 64, 56, "resident.64x64.t8.w4.s3", residual=False),
+        "layer2.conv3": lambda: resident_case(batch, 128, 512, 28, "resident.64x64.t8.w4.s3.grouped"),
+        "layer2.conv3_c": lambda: resident_case(batch, 128, 512, 28, "resident.64x64.t8.w4.s3.cols-loaded.grouped"),
+        "layer3.conv3": lambda: resident_case(batch, 256, 1024, 14, "resident.64x128.t8.w4.s2.grouped"),
+        "layer3.conv3_c": lambda: resident_case(batch, 256, 1024, 14, "resident.64x128.t8.w4.s2.cols-loaded.grouped"),
         # Session 23's fastest (0.0709 ms) and a tile of half the rows, 6 programs an SM where it holds 4:
         # whether layer3's conv3 waits on latency (more programs help) or on shared memory (neither does).
-        "layer3.conv3_64": lambda: resident_case(batch, 256, 1024, 14, "resident_64x64_t8_w4_s2_c_g"),
-        "layer3.conv3_32": lambda: resident_case(batch, 256, 1024, 14, "resident_32x64_t8_w4_s3_c_g"),
-        "layer3.conv2": lambda: igemm_case(batch, 256, 256, 14, 3, 1, "igemm_128x128x64_w8_s3_e2"),
-        "layer4.conv3": lambda: igemm_case(batch, 512, 2048, 7, 1, 1, "igemm_128x128x64_w8_s3_e2_re", residual=True),
+        "layer3.conv3_64": lambda: resident_case(batch, 256, 1024, 14, "resident.64x64.t8.w4.s2.cols-loaded.grouped"),
+        "layer3.conv3_32": lambda: resident_case(batch, 256, 1024, 14, "resident.32x64.t8.w4.s3.cols-loaded.grouped"),
+        "layer3.conv2": lambda: igemm_case(batch, 256, 256, 14, 3, 1, "igemm.128x128x64.w8.s3.halves"),
+        "layer4.conv3": lambda: igemm_case(batch, 512, 2048, 7, 1, 1, "igemm.128x128x64.w8.s3.halves.residual-early", residual=True),
         # Batch 1's slowest layer (0.021 ms, 8 programs walking K = 4,608) and its split-K tile, which
         # did not beat it (0.023: session 19's timing cache).
-        "layer4.conv2": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm_64x64x64_w4_s4"),
-        "layer4.conv2_k16": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm_64x64x64_w4_s4_k16"),
-        "stem": lambda: stem_case(batch, "window_resident_64x64_t8_w4_s2_kh"),
-        "stem.s2d": lambda: stem_case(batch, "window_s2d_resident_64x64_t8_w4_s2_c"),
-        "stem.s2d_o2": lambda: stem_case(batch, "window_s2d_resident_64x64_t8_w4_s2_c_kh_o2"),
-        "stem.pool": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4"),
-        "stem.pool.first_tile": lambda: pool_case(batch, "triton_nhwc"),
-        "stem.pool.fp16": lambda: pool_case(batch, "triton_nhwc", torch.float16),
-        "stem.pool.fp16_e8192": lambda: pool_case(batch, "triton_nhwc_e8192_c64_w4", torch.float16),
-        "traffic.layer1.conv3": lambda: traffic_case(batch, "resident_64x64_t8_w4_s3_g"),
+        "layer4.conv2": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm.64x64x64.w4.s4"),
+        "layer4.conv2_k16": lambda: igemm_case(batch, 512, 512, 7, 3, 1, "igemm.64x64x64.w4.s4.split16"),
+        "stem": lambda: stem_case(batch, "window_resident.64x64.t8.w4.s2.kh-steps"),
+        "stem.s2d": lambda: stem_case(batch, "window_resident.64x64.t8.w4.s2.cols-loaded.space-to-depth"),
+        "stem.s2d_o2": lambda: stem_case(batch, "window_resident.64x64.t8.w4.s2.cols-loaded.kh-steps.row-pairs.space-to-depth"),
+        "stem.pool": lambda: pool_case(batch, "max_pool.elements8192.channels64.w4"),
+        "stem.pool.first_tile": lambda: pool_case(batch, "max_pool.elements4096.channels64.w4"),
+        "stem.pool.fp16": lambda: pool_case(batch, "max_pool.elements4096.channels64.w4", torch.float16),
+        "stem.pool.fp16_e8192": lambda: pool_case(batch, "max_pool.elements8192.channels64.w4", torch.float16),
+        "traffic.layer1.conv3": lambda: traffic_case(batch, "resident.64x64.t8.w4.s3.grouped"),
         "copy.205MB": lambda: copy_case(batch),
     }
 

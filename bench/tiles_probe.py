@@ -9,7 +9,7 @@ layer has one, ReLU, INT8 codes out. Rows go to $OUT/tiles_probe.json as they ar
 cut short keeps them.
 
     PYTHONPATH=. python bench/tiles_probe.py --out $OUT --layers layer3.conv3 \
-        --tiles resident_64x64_t8_w4_s3_c_g,gemm_tma_128x128x128_w8_s3_e2_pf1
+        --tiles resident.64x64.t8.w4.s3.cols-loaded.grouped,gemm_tma.128x128x128.w8.s3.halves.persistent-flat
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int8_kernel_probe import conv_case, median_ms, row_recorder  # noqa: E402
 from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.gemm_tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
+from sartor.kernels.registry import TacticNameError, tactic_for  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile, resident_gemm  # noqa: E402
 
 # (input channels, output channels, size, kernel, residual): the expanding 1×1 layers, and layer1's 3×3.
@@ -37,8 +38,11 @@ Tile = ResidentTile | GemmTmaTile | TmaTile
 
 
 def parse_tiles(text: str) -> list[Tile]:
-    tiles = [ResidentTile.parse(name) or GemmTmaTile.parse(name) or TmaTile.parse(name) for name in text.split(",")]
-    if None in tiles:
+    try:
+        tiles = [tactic_for(name) for name in text.split(",")]
+    except TacticNameError as error:
+        raise SystemExit(f"--tiles: {error}") from None
+    if not all(isinstance(tile, (ResidentTile, GemmTmaTile, TmaTile)) for tile in tiles):
         raise SystemExit(f"--tiles: not resident, gemm_tma or tma tactics: {text}")
     return tiles
 

@@ -49,6 +49,10 @@ class TacticFaultError(SartorError):
     """A candidate kernel faulted the GPU while the builder ran it: the process's CUDA context is lost."""
 
 
+class TacticNameError(SartorError):
+    """A tactic name that no registered family spells: unknown, malformed, or of an older scheme."""
+
+
 class ConfigError(SartorError):
     """A build option is malformed or contradicts another."""
 

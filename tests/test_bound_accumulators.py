@@ -100,7 +100,8 @@ def test_decoding_kernels_equal_the_emulation(tile, kernel, int8_output, with_bi
     assert torch.equal(got.cpu(), expected)
 
 
-@pytest.mark.parametrize("columns", ["_c_g", "_cp_g"])  # the projection's bias and scale per row tile, or held
+# the projection's bias and scale per row tile, or held
+@pytest.mark.parametrize("columns", [".cols-loaded.grouped", ".cols-loaded.proj-cols-loaded.grouped"])
 def test_projected_layer_decoding_both_products_equals_the_emulation(columns, monkeypatch):
     """The fused downsample's sums are decoded with the layer's own (`_projection_halves`)."""
     inputs, attrs = _fused_layer_inputs("int8")

@@ -124,7 +124,7 @@ def test_an_nchw_buffer_gets_no_slices_and_producers_refuse_non_channels_last_ou
     assert ConcatBuffers(plan, meta, torch.device("cpu")).slice_for("p") is None
     nchw_slice = torch.empty(1, 5, 2, 2).narrow(1, 0, 3)
     x = torch.randn(1, 4, 2, 2).contiguous(memory_format=torch.channels_last)
-    conv_attrs = {"tactic": "igemm_16x16x32_w1_s1", "kernel_shape": [1, 1]}
+    conv_attrs = {"tactic": "igemm.16x16x32.w1.s1", "kernel_shape": [1, 1]}
     assert fused_conv_into([x, torch.randn(3, 4, 1, 1)], conv_attrs, nchw_slice) is None
-    pool_attrs = {"tactic": "triton_nhwc", "kernel_shape": [1, 1]}
+    pool_attrs = {"tactic": "max_pool.elements4096.channels64.w4", "kernel_shape": [1, 1]}
     assert max_pool_into([x[:, :3]], pool_attrs, nchw_slice) is None

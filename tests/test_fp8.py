@@ -438,7 +438,7 @@ def test_fp8_kernel_keeps_nan_inputs_nan():
 @needs_fp8_kernel
 def test_fp8_gemm_and_im2col_kernels_match_the_emulation():
     from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
-    from sartor.ops.quantized import _im2col_conv, qlayer_weight_for_tactic
+    from sartor.ops.quantized import Im2colIgemm, _im2col_conv, qlayer_weight_for_tactic
     g = torch.Generator().manual_seed(4)
     tile = TileConfig(16, 16, 32, 1, 1)
     x = torch.randn(5, 64, generator=g)
@@ -456,7 +456,7 @@ def test_fp8_gemm_and_im2col_kernels_match_the_emulation():
     wc = fp8.quantize_fp8(torch.randn(16, 3, 3, 3, generator=g), 100.0)
     bc, sc = torch.randn(16, generator=g), torch.rand(16, generator=g) * 1e-3
     reference = qconv([image, wc, bc, None, sc], conv_attrs)
-    flat = qlayer_weight_for_tactic(wc, "im2col_" + tile.name)
+    flat = qlayer_weight_for_tactic(wc, Im2colIgemm(tile).name)
     assert flat.dtype == fp8.DTYPE and flat.shape == (16, 32)
     y = _im2col_conv(image.to(KERNEL_DEVICE), flat.to(KERNEL_DEVICE), bc.to(KERNEL_DEVICE), sc.to(KERNEL_DEVICE),
                      conv_attrs, tile).cpu()
@@ -488,7 +488,7 @@ def test_cuda_fp8_engine_matches_the_cpu_emulation(model, calib_npy, work, test_
         # kernel launch on a busy GPU. What must hold is that FP8 tiles were offered, timed and all
         # passed the check against the emulation.
         timed = layers[name]["tactic_timings_ms"]
-        assert any(t.startswith("igemm_") or t.startswith("im2col_") for t in timed), (name, timed)
+        assert any(t.startswith(("igemm.", "im2col_igemm.")) for t in timed), (name, timed)
         assert not layers[name]["tactic_rejected"], (name, layers[name]["tactic_rejected"])
     assert sum("fp8 e4m3 tensor cores" in layers[n]["tactic"] for n in ("conv2", "conv3", "fc")) >= 2, layers
     cpu = first_output_on_cpu(work / "cpu_fp8.plan", test_images)

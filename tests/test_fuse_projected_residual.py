@@ -149,7 +149,7 @@ def test_kernel_with_the_projection_equals_the_emulation(precision, monkeypatch)
     inputs, attrs = _fused_layer_inputs(precision)
     inputs = [t.to(DEVICE) if t is not None else None for t in inputs]
     reference = qconv(inputs, dict(attrs, tactic="torch"))
-    # bias and scale held by the program; the projection's too (`_cp`)
+    # bias and scale held by the program; the projection's too (proj-cols-loaded)
     columns_loaded = replace(RESIDENT_TILES[0], columns_loaded=True, n_adjacent=True)
     projection_columns = replace(columns_loaded, projection_columns_loaded=True)
     if DEVICE == "cuda":

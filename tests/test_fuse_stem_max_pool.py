@@ -16,6 +16,7 @@ from sartor.builder.pipeline import _tactic
 from sartor.frontend.onnx import import_model_proto
 from sartor.ir import verify_graph
 from sartor.ir.graph import Node
+from sartor.kernels.registry import TacticNameError, tactic_for
 from sartor.kernels.resident_gemm import ResidentTile
 from sartor.kernels.window_resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups, pooled_steps,
                                             window_resident_conv, window_resident_tiles)
@@ -23,7 +24,7 @@ from sartor.ops import default_registry, quantized
 from sartor.ops.conv import igemm_geometry
 from sartor.ops.fused_pool import fused_max_pool, max_pool_label, pool_in_kernel
 from sartor.ops.quantized import qconv, qlayer_weight_for_tactic
-from sartor.ops.quantized_window import window_pack, window_tactics, window_tile
+from sartor.ops.quantized_window import window_pack, window_tactic, window_tactics
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.passes.fuse_stem_max_pool import fuse_stem_max_pool
@@ -143,9 +144,8 @@ def test_pooled_kernel_equals_the_emulation(activation):
     assert reference.shape == (2, 8, 7, 7) and reference.dtype == torch.int8
     if activation is None:
         assert int(reference.min()) < 0
-    for form, tile in (("window_", SMALL_POOLED), ("window_s2d_", SMALL_POOLED), ("window_", SMALL_BALANCED),
-                       ("window_s2d_", SMALL_BALANCED)):
-        tactic = form + tile.name
+    for form, tile in ((False, SMALL_POOLED), (True, SMALL_POOLED), (False, SMALL_BALANCED), (True, SMALL_BALANCED)):
+        tactic = window_tactic(tile, space_to_depth=form).name
         args = [t.to(DEVICE) if t is not None else None for t in inputs]
         args[1] = qlayer_weight_for_tactic(inputs[1], tactic).to(DEVICE)
         got = qconv(args, dict(attrs, tactic=tactic))
@@ -158,7 +158,7 @@ def test_other_tactics_run_the_layer_then_the_pool():
     pytest.importorskip("triton")
     inputs, attrs = _pooled_layer_inputs()
     reference = qconv(inputs, dict(attrs, tactic="torch"))
-    tactic = "window_" + window_resident_tiles(1)[0].name
+    tactic = window_tactic(window_resident_tiles(1)[0]).name
     args = [t.to(DEVICE) if t is not None else None for t in inputs]
     args[1] = qlayer_weight_for_tactic(inputs[1], tactic).to(DEVICE)
     assert torch.equal(qconv(args, dict(attrs, tactic=tactic)).cpu(), reference)
@@ -172,21 +172,21 @@ def test_pooled_tactics_are_offered_for_pooled_stems_only(monkeypatch):
     inputs, attrs = _pooled_layer_inputs()
     registry = default_registry()["QConv"]
     pooled = registry.tactics(inputs, attrs, 1)
-    expected = ["window_" + tile.name for tile in POOLED_TILES[:3]] + ["window_s2d_" + t.name for t in POOLED_TILES[:3]]
-    assert sum(name.endswith("_mp_b") for name in expected) == 2  # the balanced walk from effort 1
-    assert [name for name in pooled if name.endswith(("_mp", "_mp_b"))] == expected
+    expected = [window_tactic(tile, form).name for form in (False, True) for tile in POOLED_TILES[:3]]
+    assert sum(".balanced" in name for name in expected) == 2  # the balanced walk from effort 1
+    assert [name for name in pooled if tactic_for(name).fuses_max_pool] == expected
     assert window_tactics(1, space_to_depth=True, max_pool=True) == [n for n in pooled if n.startswith("window_")]
     plain = {key: value for key, value in attrs.items() if not key.startswith("max_pool_")}
-    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, plain, 1))
+    assert not any(tactic_for(name).fuses_max_pool for name in registry.tactics(inputs, plain, 1))
     other_pool = dict(attrs, max_pool_kernel_shape=[2, 2], max_pool_pads=[0, 0, 0, 0])
-    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, other_pool, 1))
+    assert not any(tactic_for(name).fuses_max_pool for name in registry.tactics(inputs, other_pool, 1))
     float_out = dict(attrs, output_inv_scale=None)
-    assert not any(name.endswith(("_mp", "_mp_b")) for name in registry.tactics(inputs, float_out, 1))
+    assert not any(tactic_for(name).fuses_max_pool for name in registry.tactics(inputs, float_out, 1))
 
 
 def test_pooled_tactic_refused_where_the_layer_does_not_pool_so():
     inputs, attrs = _pooled_layer_inputs()
-    tactic = "window_" + SMALL_POOLED.name
+    tactic = window_tactic(SMALL_POOLED).name
     args = list(inputs)
     args[1] = qlayer_weight_for_tactic(inputs[1], tactic)
     plain = {key: value for key, value in attrs.items() if not key.startswith("max_pool_")}
@@ -200,7 +200,7 @@ def test_pooled_kernel_refuses_a_residual_float_output_or_fp8():
     pytest.importorskip("triton")
     inputs, attrs = _pooled_layer_inputs()
     x, w, bias, _, scale = [t.to(DEVICE) if t is not None else None for t in inputs]
-    w_window = qlayer_weight_for_tactic(w, "window_" + SMALL_POOLED.name)
+    w_window = qlayer_weight_for_tactic(w, window_tactic(SMALL_POOLED).name)
     geometry = igemm_geometry(x, w, attrs, require_cuda=False)
     packed = window_pack(x, w_window, geometry, torch.int8, attrs["input_inv_scale"], -127)
     common = dict(geometry=geometry, dequant_scale=scale)
@@ -215,13 +215,18 @@ def test_pooled_kernel_refuses_a_residual_float_output_or_fp8():
 
 def test_pooled_tile_names_round_trip_and_malformed_ones_are_refused():
     for tile in (*POOLED_TILES, SMALL_POOLED, SMALL_BALANCED):
-        tactic = "window_" + tile.name
-        assert tactic.endswith("_kh_o2_mp_b" if tile.balanced else "_kh_o2_mp") and window_tile(tactic) == tile
-    for bad in ("window_resident_64x64_t8_w4_s2_mp", "window_resident_64x64_t8_w4_s2_kh_mp",
-                "window_resident_64x64_t8_w4_s2_kh_o2_mp_mp", "window_resident_64x64_t8_w4_s2_kh_mp_o2",
-                "window_resident_2x16_t2_w1_s1_kh_o2_mp", "window_resident_64x64_t3_w4_s2_kh_o2_b",
-                "window_resident_64x64_t3_w4_s2_kh_o2_mp_b_b", "window_resident_64x64_t3_w4_s2_g_kh_o2_mp_b"):
-        assert window_tile(bad) is None, bad
+        tactic = window_tactic(tile).name
+        assert tactic.endswith(".kh-steps.row-pairs.max-pool" + (".balanced" if tile.balanced else ""))
+        assert tactic_for(tactic).tile == tile
+    for bad in ("window_resident.64x64.t8.w4.s2.max-pool", "window_resident.64x64.t8.w4.s2.kh-steps.max-pool",
+                "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs.max-pool.max-pool",
+                "window_resident.64x64.t8.w4.s2.kh-steps.max-pool.row-pairs",
+                "window_resident.2x16.t2.w1.s1.kh-steps.row-pairs.max-pool",
+                "window_resident.64x64.t3.w4.s2.kh-steps.row-pairs.balanced",
+                "window_resident.64x64.t3.w4.s2.kh-steps.row-pairs.max-pool.balanced.balanced",
+                "window_resident.64x64.t3.w4.s2.grouped.kh-steps.row-pairs.max-pool.balanced"):
+        with pytest.raises(TacticNameError):
+            tactic_for(bad)
     with pytest.raises(ValueError, match="walks row pairs"):
         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True, max_pool=True)
     with pytest.raises(ValueError, match="balanced walk is the pooled one's"):
@@ -241,7 +246,7 @@ def test_timing_identity_and_description():
     plain = {key: value for key, value in attrs.items() if not key.startswith("max_pool_")}
     assert "pool=" not in layer_signature("QConv", inputs, plain, "int8", False) and max_pool_label(plain) is None
     cpu = torch.device("cpu")
-    pooled_words = _tactic(Node("QConv", "stem", ["x"], ["y"], dict(attrs, tactic="window_" + SMALL_POOLED.name)), cpu)
+    pooled_words = _tactic(Node("QConv", "stem", ["x"], ["y"], dict(attrs, tactic=window_tactic(SMALL_POOLED).name)), cpu)
     assert pooled_words.endswith("max pool 3x3/2,2/1,1,1,1 in the epilogue (only pooled codes stored)")
     assert _tactic(Node("QConv", "stem", ["x"], ["y"], dict(attrs, tactic="torch")), cpu).endswith(
         "then max pool 3x3/2,2/1,1,1,1 (torch)")

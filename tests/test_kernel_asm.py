@@ -63,7 +63,8 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.window_resident import window_resident_tiles
-names = [form + tile.name for tile in window_resident_tiles(1, max_pool=True) for form in ("window_", "window_s2d_")]
+from sartor.ops.quantized_window import window_tactic
+names = [window_tactic(tile, form).name for tile in window_resident_tiles(1, max_pool=True) for form in (False, True)]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
     if label in names:
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
@@ -101,13 +102,15 @@ def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
 
 def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
-    # both walks at effort 1, each also with its columns' bias and scale loaded once (`_c`), the one
-    # by filter rows also over row pairs (`_o2`), and three tiles of those pooling the output (`_mp`,
-    # a stem carrying its max pool; one walking balanced, `_b`); each in the 4-byte and the
+    # both walks at effort 1, each also with its columns' bias and scale loaded once (cols-loaded), the
+    # one by filter rows also over row pairs (row-pairs), and three tiles of those pooling the output
+    # (max-pool, a stem carrying its max pool; one walking balanced); each in the 4-byte and the
     # space-to-depth form
-    for form in ("window_resident_", "window_s2d_resident_"):
-        assert sorted(("_kh" in label, "_c" in label, label.endswith("_o2"), "_mp" in label, label.endswith("_b"))
-                      for label, *_ in lines if label.startswith(form)) == [
+    for s2d in (False, True):
+        form = ".space-to-depth" if s2d else ""
+        assert sorted((".kh-steps" in label, ".cols-loaded" in label, label.endswith(".row-pairs" + form),
+                       ".max-pool" in label, ".balanced" in label)
+                      for label, *_ in lines if label.endswith(".space-to-depth") == s2d) == [
             (False, False, False, False, False), (False, True, False, False, False), (True, False, False, False, False),
             (True, False, False, True, False), (True, False, False, True, False), (True, False, False, True, True),
             (True, False, True, False, False), (True, True, False, False, False), (True, True, True, False, False)]
@@ -115,9 +118,9 @@ def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
     # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'
     # 4-byte windows until the kernel was told their alignment; session 25).
-    assert {label: int(copy) for label, *_, copy in lines if label.startswith("window_resident_")} == {
-        label: 8 for label, *_ in lines if label.startswith("window_resident_")}
-    assert all(int(copy) == 16 for label, *_, copy in lines if label.startswith("window_s2d_resident_"))
+    assert {label: int(copy) for label, *_, copy in lines if not label.endswith(".space-to-depth")} == {
+        label: 8 for label, *_ in lines if not label.endswith(".space-to-depth")}
+    assert all(int(copy) == 16 for label, *_, copy in lines if label.endswith(".space-to-depth"))
 
 
 PROJECTED_CHILD = r"""
@@ -126,7 +129,7 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.resident_gemm import resident_tactics
-first = resident_tactics(1)[:2]  # the first tile, plain and `_g`
+first = resident_tactics(1)[:2]  # the first tile, plain and grouped
 for layer in ("layer1.conv3", "layer1.projected", "layer2.projected"):
     for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer):
         if label in first:
@@ -140,7 +143,7 @@ def test_projected_resident_kernel_compiles_for_sm90():
     and strided (layer2.0), beside the same tile without one (layer1's conv3): every product on
     Hopper's tensor cores, the projection's as well, and no spills."""
     lines = [line.split() for line in _compile_in_child(PROJECTED_CHILD).splitlines()]
-    assert [(layer, label.endswith("_g")) for layer, label, _, _ in lines] == [
+    assert [(layer, label.endswith(".grouped")) for layer, label, _, _ in lines] == [
         (layer, adjacent) for layer in ("layer1.conv3", "layer1.projected", "layer2.projected")
         for adjacent in (False, True)]
     assert all(spills == "0" for _, _, spills, _ in lines)
@@ -187,18 +190,19 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.window_resident import window_resident_tiles
-first = window_resident_tiles(1)[0].name
+from sartor.ops.quantized_window import window_tactic
+first = window_resident_tiles(1)[0]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
-    if label in ("window_" + first, "window_s2d_" + first):
+    if label in (window_tactic(first).name, window_tactic(first, True).name):
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
         sizes = sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx)))
-        print(label.startswith("window_s2d_"), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ",".join(sizes),
+        print(label.endswith(".space-to-depth"), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ",".join(sizes),
               len(re.findall(r"cp\.async\.c[ag]", ptx)), "wgmma.mma_async" in ptx)
 """
 
 
 def test_space_to_depth_stem_gathers_in_aligned_16_byte_copies():
-    """The stem's resident-window tile over block pixels (`window_s2d_…`) copies its rows in 16-byte
+    """The stem's resident-window tile over block pixels (`….space-to-depth`) copies its rows in 16-byte
     pieces, fewer than the 4-byte form's 8-byte ones (the builder's first tile, K by filter rows:
     4 rows of 64 bytes against 7 of 32), on Hopper's tensor cores without spills."""
     lines = sorted(line.split() for line in _compile_in_child(SPACE_TO_DEPTH_CHILD).splitlines())
@@ -214,8 +218,8 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("layer3.conv3",
-                                                                            ["resident_64x64_t8_w4_s2_c_g"]):
-    if label == "resident_64x64_t8_w4_s2_c_g":
+                                                                            ["resident.64x64.t8.w4.s2.cols-loaded.grouped"]):
+    if label == "resident.64x64.t8.w4.s2.cols-loaded.grouped":
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
         length, mix = kernel_asm.ptxas_report(ptx, 90)["main_loop"]
         print(length, mix.get("IGMMA", 0), mix.get("BRA", 0), sum(mix.values()))

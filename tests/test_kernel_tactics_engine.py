@@ -30,12 +30,12 @@ from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
 from sartor.kernels.window_resident import WindowResidentTile  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
-from sartor.ops.quantized_window import WINDOW_TILES  # noqa: E402
+from sartor.ops.quantized_window import WINDOW_TILES, window_tactic  # noqa: E402
 from sartor.runtime.engine_file import read_engine_file  # noqa: E402
 from sartor.tactics import select  # noqa: E402
 
 # Layer: (weight shape, the tactic it is given).
-FORCED = {"stem": ((16, 3, 7, 7), "window_" + WINDOW_TILES[0].name),
+FORCED = {"stem": ((16, 3, 7, 7), window_tactic(WINDOW_TILES[0]).name),
           "mix": ((16, 16, 1, 1), ResidentTile(16, 32, 3, 1, 1).name),
           "proj": ((32, 16, 1, 1), INT_MM),
           "refine": ((32, 32, 3, 3), TmaTile(4, 8, 32, 32, 1, 1).name),
@@ -100,7 +100,7 @@ def forced_kernel_tactics(monkeypatch):
     monkeypatch.setattr(select, "_time_candidates", kernels_first)
 
 
-@pytest.mark.parametrize("stem_tactic", [FORCED["stem"][1], "window_" + RESIDENT_WINDOW.name])
+@pytest.mark.parametrize("stem_tactic", [FORCED["stem"][1], window_tactic(RESIDENT_WINDOW).name])
 def test_engine_with_kernel_tactics_equals_the_emulation_engine(tmp_path, forced_kernel_tactics, monkeypatch,
                                                                 stem_tactic):
     monkeypatch.setitem(FORCED, "stem", (FORCED["stem"][0], stem_tactic))

@@ -14,6 +14,7 @@ from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv
 
 triton = pytest.importorskip("triton")
 
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels import gemm_tma  # noqa: E402
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.gemm_tma import GemmTmaTile, gemm_tma as run_gemm_tma, gemm_tma_applies  # noqa: E402
@@ -143,7 +144,7 @@ def test_gemm_tma_tile_names_round_trip():
     for name in every:
         assert GemmTmaTile.parse(name).name == name
     first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # both 128 or more columns wide
-    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1) == first + [n + "_e2" for n in first]
+    assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 1) == first + [n + ".halves" for n in first]
     narrow = [t for t in gemm_tma.GEMM_TMA_TILES if t.block_n < gemm_tma.HALVES_MIN_BLOCK_N]
     assert narrow and not any(GemmTmaTile.parse(n) == replace(t, halves=True)
                               for n in gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5)
@@ -158,15 +159,16 @@ def test_gemm_tma_tile_names_round_trip():
     deep = torch.zeros(1, 512, 4, 4, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     assert [GemmTmaTile.parse(n) for n in gemm_tma.gemm_tma_tactics(deep, (32, 512, 1, 1), ONE_BY_ONE, 1)][:2] \
         == list(gemm_tma.GEMM_TMA_TILES[:2])
-    assert SMALL.name == "gemm_tma_16x32x32_w1_s1" and HALVES.name == "gemm_tma_16x32x32_w1_s1_e2"
-    assert THROUGH_MMA.name == "gemm_tma_16x32x32_w1_s1_e2_m" and GemmTmaTile.parse(THROUGH_MMA.name) == THROUGH_MMA
+    assert SMALL.name == "gemm_tma.16x32x32.w1.s1" and HALVES.name == "gemm_tma.16x32x32.w1.s1.halves"
+    assert THROUGH_MMA.name == "gemm_tma.16x32x32.w1.s1.halves.residual-mma"
+    assert GemmTmaTile.parse(THROUGH_MMA.name) == THROUGH_MMA
     # INT8 residual codes: from RESIDUAL_MMA_MIN_EFFORT the one-tile-per-program halved tiles also through the
     # tensor cores; not below it, nor without a residual
     effort = gemm_tma.RESIDUAL_MMA_MIN_EFFORT
     with_codes = gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort, residual=True,
                                            residual_codes=True)
-    halved = [n for n in with_codes if n.endswith("_e2")]
-    assert halved and [n + "_m" for n in halved] == [n for n in with_codes if n.endswith("_m")]
+    halved = [n for n in with_codes if n.endswith(".halves")]
+    assert halved and [n + ".residual-mma" for n in halved] == [n for n in with_codes if n.endswith(".residual-mma")]
     assert gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort - 1, residual=True,
                                      residual_codes=True) == gemm_tma.gemm_tma_tactics(
         wide, (32, 512, 1, 1), ONE_BY_ONE, effort - 1, residual=True)
@@ -174,14 +176,18 @@ def test_gemm_tma_tile_names_round_trip():
         gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, effort)
     assert not any(GemmTmaTile.parse(n).residual_mma and GemmTmaTile.parse(n).persistent for n in
                    gemm_tma.gemm_tma_tactics(wide, (32, 512, 1, 1), ONE_BY_ONE, 5, residual=True, residual_codes=True))
-    assert GemmTmaTile.parse("gemm_tma_128x128x128_w8_s3_e2_pf2") == replace(
+    assert GemmTmaTile.parse("gemm_tma.128x128x128.w8.s3.halves.persistent-flat.per-sm2") == replace(
         gemm_tma.GEMM_TMA_TILES[0], halves=True, persistent=gemm_tma.PERSISTENT_FLAT, programs_per_sm=2)
-    for bad in ("gemm_tma_128x128_w8_s3", "gemm_tma_128x96x64_w8_s3", "gemm_tma_128x128x16_w8_s3",
-                "gemm_tma_128x128x64_w8_s3_pf0", "gemm_tma_128x128x64_w8_s3_pf", "gemm_tma_128x128x64_w8_s3_pf2_e2",
-                "gemm_tma_128x128x64_8_s3", "gemm_tma_128x128x64_w8_s3_p", "gemm_tma_128x128x64_w8_s3_e2_e2",
-                "gemm_tma_128x128x64_w8_s3_m", "gemm_tma_128x128x64_w8_s3_m_e2", "gemm_tma_128x128x64_w8_s3_e2_m_pf1",
-                "tma_8x16x64x64_w4_s4", None):
-        assert GemmTmaTile.parse(bad) is None, bad
+    for bad in ("gemm_tma.128x128.w8.s3", "gemm_tma.128x96x64.w8.s3", "gemm_tma.128x128x16.w8.s3",
+                "gemm_tma.128x128x64.w8.s3.persistent-flat.per-sm0", "gemm_tma.128x128x64.w8.s3.per-sm2",
+                "gemm_tma.128x128x64.w8.s3.persistent-flat.per-sm2.halves", "gemm_tma.128x128x64.8.s3",
+                "gemm_tma.128x128x64.w8.s3.persistent", "gemm_tma.128x128x64.w8.s3.halves.halves",
+                "gemm_tma.128x128x64.w8.s3.residual-mma", "gemm_tma.128x128x64.w8.s3.residual-mma.halves",
+                "gemm_tma.128x128x64.w8.s3.halves.residual-mma.persistent-flat",
+                "gemm_tma.128x128x64.w8.s3.persistent-flat.per-sm1", "tma.8x16x64x64.w4.s4", None,
+                "gemm_tma_128x128x64_w8_s3"):
+        with pytest.raises(TacticNameError):
+            GemmTmaTile.parse(bad)
 
 
 def test_persistent_variants_come_from_their_effort_and_only_where_specialized():
@@ -218,9 +224,9 @@ def test_cuda_one_by_one_int8_layers_offer_gemm_tiles():
     attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0]}
     names = default_registry()["QConv"].tactics([x, w], attrs, 1)
     first = [t.name for t in gemm_tma.GEMM_TMA_TILES[:2]]  # K = 512: the tiles as listed
-    assert [n for n in names if GemmTmaTile.parse(n)] == first + [n + "_e2" for n in first]
+    assert [n for n in names if n.startswith("gemm_tma.")] == first + [n + ".halves" for n in first]
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
-    assert not any(GemmTmaTile.parse(n) for n in strided)
+    assert not any(n.startswith("gemm_tma.") for n in strided)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),

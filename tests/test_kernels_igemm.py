@@ -15,6 +15,7 @@ triton = pytest.importorskip("triton")
 from sartor.kernels import conv_igemm as igemm  # noqa: E402
 from sartor.kernels.conv_igemm import (  # noqa: E402
     ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.quantized import qconv, qgemm, quantize  # noqa: E402
@@ -192,11 +193,12 @@ def test_tile_names_round_trip_and_effort_widens_the_search():
     for tile in candidate_tiles(int8=True, effort=5) + candidate_tiles(int8=False, effort=5):
         assert TileConfig.parse(tile.name) == tile
     split = TileConfig(64, 64, 64, 4, 4, split_k=4)
-    assert split.name == "igemm_64x64x64_w4_s4_k4" and TileConfig.parse(split.name) == split
-    assert TileConfig.parse("cudnn_fused") is None and TileConfig.parse("igemm_bad") is None
-    for bad in ("igemm_64x64x64_w4_s4_x4", "igemm_64x64x64_w4_s4_k4_k2", "igemm_64x64x64_w4_s4_k0",
-                "igemm_64x64x64_4_s4"):
-        assert TileConfig.parse(bad) is None, bad
+    assert split.name == "igemm.64x64x64.w4.s4.split4" and TileConfig.parse(split.name) == split
+    for bad in ("cudnn_fused", "igemm.bad", "igemm.64x64x64.w4.s4.x4", "igemm.64x64x64.w4.s4.split4.split2",
+                "igemm.64x64x64.w4.s4.split0", "igemm.64x64x64.w4.s4.split1", "igemm.64x64x64.4.s4",
+                "igemm_64x64x64_w4_s4"):
+        with pytest.raises(TacticNameError):
+            TileConfig.parse(bad)
 
 
 def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
@@ -300,9 +302,9 @@ def test_cuda_layers_offer_the_kernel():
     x = torch.zeros(1, 16, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
     w = torch.zeros(8, 16, 3, 3, dtype=torch.int8, device="cuda")
     names = default_registry()["QConv"].tactics([x.to(torch.int8), w], {}, 2)
-    assert names[0] == "torch" and all(TileConfig.parse(n) for n in names[1:]) and len(names) > 1
+    assert names[0] == "torch" and all(n.startswith("igemm.") for n in names[1:]) and len(names) > 1
     float_names = default_registry()["FusedConv"].tactics([x.half(), w.half()], {}, 2)
-    assert any(TileConfig.parse(n) for n in float_names)
+    assert any(n.startswith("igemm.") for n in float_names)
 
 
 
@@ -312,7 +314,7 @@ def test_im2col_tactic_equals_emulation(int8_output, tile):
     """The 3-channel stem's tactic: INT8 columns with K = 147 padded to a multiple of 32 and of the
     tile's BLOCK_K (160, or 192 for BLOCK_K 64, so that the GEMM walks whole K blocks), then the
     GEMM kernel."""
-    from sartor.ops.quantized import _im2col_conv, qlayer_weight_for_tactic
+    from sartor.ops.quantized import Im2colIgemm, _im2col_conv, qlayer_weight_for_tactic
     generator = torch.Generator().manual_seed(5)
     attrs = {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3], "input_inv_scale": 40.0,
              "activation": "Relu", "qmin": -127}
@@ -323,7 +325,7 @@ def test_im2col_tactic_equals_emulation(int8_output, tile):
     bias = torch.randint(-3000, 3000, (16,), dtype=torch.int32, generator=generator)
     scale = torch.rand(16, generator=generator) * 1e-3
     expected = qconv([x, wq, bias, None, scale], attrs)
-    tactic = "im2col_" + tile.name
+    tactic = Im2colIgemm(tile).name
     flat = qlayer_weight_for_tactic(wq, tactic)
     assert flat.shape == (16, 160 if tile.block_k == 32 else 192) and not flat[:, 147:].any()
     out = _im2col_conv(x.to(DEVICE), flat.to(DEVICE), bias.to(DEVICE), scale.to(DEVICE), attrs, tile)
@@ -409,11 +411,13 @@ def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
     assert halved_epilogue_tiles([tile], residual=False) == []
     wide = TileConfig(128, 128, 64, 8, 3)
     assert halved_epilogue_tiles([wide], residual=False) == [replace(wide, epilogue_halves=True)]
-    assert TileConfig.parse(halved[0].name) == halved[0] and halved[0].name.endswith("_e2")
-    assert TileConfig.parse(halved[1].name) == halved[1] and halved[1].name.endswith("_e2_re")
-    assert TileConfig.parse("igemm_16x32x64_w1_s1_k2_e2") is None  # split-K has its own epilogue kernel
-    assert TileConfig.parse("igemm_16x32x64_w1_s1_re") is None  # the early residual goes with the halves
-    assert TileConfig.parse("igemm_16x32x64_w1_s1_e2_re_pt").residual_early
+    assert TileConfig.parse(halved[0].name) == halved[0] and halved[0].name.endswith(".halves")
+    assert TileConfig.parse(halved[1].name) == halved[1] and halved[1].name.endswith(".halves.residual-early")
+    with pytest.raises(TacticNameError):
+        TileConfig.parse("igemm.16x32x64.w1.s1.split2.halves")  # split-K has its own epilogue kernel
+    with pytest.raises(TacticNameError):
+        TileConfig.parse("igemm.16x32x64.w1.s1.residual-early")  # the early residual goes with the halves
+    assert TileConfig.parse("igemm.16x32x64.w1.s1.halves.residual-early.padded-taps").residual_early
     to_dev = lambda t: None if t is None else t.to(DEVICE).contiguous(memory_format=torch.channels_last)  # noqa: E731
     for variant in halved:
         out = conv_igemm(to_dev(x), pack_weight(w.to(DEVICE)), bias.to(DEVICE),
@@ -473,7 +477,7 @@ def test_padded_tap_variants_are_offered_where_channels_miss_the_k_block():
     tiles = candidate_tiles(int8=True, effort=2)
     variants = padded_tap_tiles(tiles, 24, 24, eight_bit=True)
     assert variants and all(v.padded_taps and v.block_k == 32 and v.block_n == 32 for v in variants)
-    assert all(TileConfig.parse(v.name) == v and v.name.endswith("_pt") for v in variants)
+    assert all(TileConfig.parse(v.name) == v and v.name.endswith(".padded-taps") for v in variants)
     assert len(set(variants)) == len(variants)
     assert {v.block_k for v in padded_tap_tiles(tiles, 80, 256, eight_bit=True)} == {32}  # 96 pads less than 128
     assert {v.block_k for v in padded_tap_tiles(tiles, 48, 256, eight_bit=True)} == {64}
@@ -481,8 +485,9 @@ def test_padded_tap_variants_are_offered_where_channels_miss_the_k_block():
                                                 eight_bit=False)} == {16}
     assert padded_tap_tiles(tiles, 64, 64, eight_bit=True) == []
     assert padded_tap_tiles(tiles, 27, 64, eight_bit=True) == []
-    assert TileConfig.parse("igemm_64x64x32_w4_s4_e2_pt").epilogue_halves
-    assert TileConfig.parse("igemm_64x64x32_w4_s4_pt_e2") is None
+    assert TileConfig.parse("igemm.64x64x32.w4.s4.halves.padded-taps").epilogue_halves
+    with pytest.raises(TacticNameError):
+        TileConfig.parse("igemm.64x64x32.w4.s4.padded-taps.halves")  # one spelling: the declared order
 
 
 WEIGHT_TMA_TILES = [TileConfig(16, 16, 32, 1, 1, weight_tma=True),
@@ -510,14 +515,16 @@ def test_weight_tma_tiles_equal_the_emulation(tile, strides, cout):
 
 @NO_DESCRIPTORS
 def test_weight_tma_variants_are_named_offered_and_refused_where_they_cannot_load():
-    """Named "_wt" last, parsed back; offered for multi-tap layers whose channels are whole K blocks
+    """Named ".weight-tma" last, parsed back; offered for multi-tap layers whose channels are whole K blocks
     (not for 1×1 layers, which have gemm_tma, nor for a tap-padded or gathered walk); a tile that
     would gather K is refused with a one-line reason rather than run."""
     for tile in WEIGHT_TMA_TILES + [TileConfig(64, 64, 64, 4, 4, epilogue_halves=True, residual_early=True,
                                                weight_tma=True)]:
-        assert tile.name.endswith("_wt") and TileConfig.parse(tile.name) == tile
-    assert TileConfig.parse("igemm_16x16x32_w1_s1_wt_e2") is None
-    assert TileConfig.parse("igemm_16x16x32_w1_s1_pt_wt") is None  # the padded walk loads by threads
+        assert tile.name.endswith(".weight-tma") and TileConfig.parse(tile.name) == tile
+    for bad in ("igemm.16x16x32.w1.s1.weight-tma.halves",
+                "igemm.16x16x32.w1.s1.padded-taps.weight-tma"):  # the padded walk loads by threads
+        with pytest.raises(TacticNameError):
+            TileConfig.parse(bad)
     tiles = candidate_tiles(int8=True, effort=1)
     whole_blocks = [t for t in tiles if 64 % t.block_k == 0]  # not the deep-K tile's 128-channel K step
     assert 0 < len(whole_blocks) < len(tiles)
@@ -529,6 +536,6 @@ def test_weight_tma_variants_are_named_offered_and_refused_where_they_cannot_loa
     x = torch.randint(-127, 128, (1, 48, 5, 5), dtype=torch.int8).to(DEVICE)
     w = torch.randint(-127, 128, (16, 48, 3, 3), dtype=torch.int8).to(DEVICE)
     attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)))
-    with pytest.raises(ValueError, match="conv_igemm: tile igemm_16x16x32_w1_s1_wt copies the weight"):
+    with pytest.raises(ValueError, match="conv_igemm: tile igemm.16x16x32.w1.s1.weight-tma copies the weight"):
         conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs), replace(SMALL_TILE, block_k=32, weight_tma=True),
                    dequant_scale=torch.ones(16, device=DEVICE), input_inv_scale=1.0)

@@ -8,6 +8,7 @@ import torch
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, _code_words, max_pool_nhwc,  # noqa: E402
                                  max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
@@ -89,13 +90,15 @@ def test_every_pool_tile_matches_reference(tile):
 
 
 def test_pool_tile_names_round_trip_and_bad_names_are_refused():
-    assert POOL_TILES[0].name == "triton_nhwc" and PoolTile.parse("triton_nhwc") == POOL_TILES[0]
+    assert POOL_TILES[0].name == "max_pool.elements4096.channels64.w4"
     for tile in POOL_TILES:
         assert PoolTile.parse(tile.name) == tile
-    for bad in ("triton_nhwc_e8192_c64", "triton_nhwc_e8192_c64_w3", "triton_nhwc_e32_c64_w4", "triton_nhwc_x1_c1_w1",
-                "triton_nhwc_e8192_c64_wx", "torch", None, "triton_nhwcx"):
-        assert PoolTile.parse(bad) is None, bad
-    assert pool_tactics(0) == ["triton_nhwc"] and len(pool_tactics(1)) == 3
+    for bad in ("max_pool.elements8192.channels64", "max_pool.elements8192.channels64.w3",
+                "max_pool.elements32.channels64.w4", "max_pool.x1.channels1.w1", "max_pool.elements8192.channels64.wx",
+                "torch", None, "triton_nhwc", "triton_nhwc_e8192_c64_w4"):
+        with pytest.raises(TacticNameError):
+            PoolTile.parse(bad)
+    assert pool_tactics(0) == [POOL_TILES[0].name] and len(pool_tactics(1)) == 3
     assert pool_tactics(5) == [tile.name for tile in POOL_TILES]
     # ResNet-50's stem pool on 132 SMs: at batch 1 the first tile leaves SMs idle, at batch 8 it does not.
     stem = 64 * 56 * 56
@@ -130,11 +133,11 @@ def test_max_pool_tactics():
 
 def test_the_chosen_tactic_reaches_the_executor():
     """A schema'd ONNX op keeps the builder's tactic through attribute filling (an H200 build chose
-    triton_nhwc for ResNet-50's pool while the engine still ran PyTorch's: the key was dropped)."""
+    the Triton pool for ResNet-50's pool while the engine still ran PyTorch's: the key was dropped)."""
     opdef = default_registry()["MaxPool"]
-    attrs = opdef.fill_attrs({"kernel_shape": [3, 3], "tactic": "triton_nhwc"})
-    assert attrs["tactic"] == "triton_nhwc"
-    assert opdef.unsupported_reason({"kernel_shape": [3, 3], "tactic": "triton_nhwc"}, ["float32"]) is None
+    attrs = opdef.fill_attrs({"kernel_shape": [3, 3], "tactic": POOL_TILES[0].name})
+    assert attrs["tactic"] == POOL_TILES[0].name
+    assert opdef.unsupported_reason({"kernel_shape": [3, 3], "tactic": POOL_TILES[0].name}, ["float32"]) is None
     assert "tactic" not in default_registry()["Relu"].fill_attrs({"tactic": "x"})
 
 
@@ -146,7 +149,7 @@ def test_sppf_pool_reads_and_writes_channel_slices_of_one_buffer():
     assert max_pool_into([buffer[:, :6]], dict(SPPF_POOL, tactic="torch"), buffer[:, 6:12]) is None
 
 
-SPPF_POOL = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": "triton_nhwc"}
+SPPF_POOL = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": POOL_TILES[0].name}
 
 
 def assert_sppf_chain_in_one_buffer(first: torch.Tensor) -> torch.Tensor:

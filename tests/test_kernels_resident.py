@@ -13,6 +13,7 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm, residual_
 pytest.importorskip("triton")
 
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
                                           RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection, ResidentTile,
@@ -182,26 +183,29 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     assert 4 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
     assert len(resident_tactics(5)) == 4 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
-    assert resident_tactics(1) == [first, first + "_g", first + "_c", first + "_c_g"]
+    g, c, e, r, m, mb = (".grouped", ".cols-loaded", ".residual-early", ".residual-next", ".residual-mma",
+                         ".residual-mma-bits")
+    assert resident_tactics(1) == [first, first + g, first + c, first + c + g]
     assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
     wide = WIDE_K_TILE.name
     assert resident_tactics(1, k_total=WIDE_K) == resident_tactics(1)  # layer1/2's K of 64 and 128
-    assert resident_tactics(1, k_total=256) == [first, first + "_g", wide, wide + "_g", first + "_c", first + "_c_g",
-                                                wide + "_c", wide + "_c_g"]  # layer3's conv3
+    assert resident_tactics(1, k_total=256) == [first, first + g, wide, wide + g, first + c, first + c + g,
+                                                wide + c, wide + c + g]  # layer3's conv3
     assert resident_tactics(5, k_total=256) == resident_tactics(5)  # already among the tiles: not twice
     with_residual = resident_tactics(3, residual=True)
-    assert with_residual[:2] == [first, first + "_g"] and with_residual[-2:] == [RESIDENT_TILES[3].name + "_e_c_g",
-                                                                                RESIDENT_TILES[3].name + "_r_c_g"]
+    assert with_residual[:2] == [first, first + g] and with_residual[-2:] == [RESIDENT_TILES[3].name + e + c + g,
+                                                                           RESIDENT_TILES[3].name + r + c + g]
     with_residual = [name for name in with_residual if name.startswith(first)]
-    assert with_residual == [first + suffix for suffix in ("", "_g", "_c", "_c_g", "_e", "_r", "_e_g", "_r_g", "_e_c",
-                                                           "_r_c", "_e_c_g", "_r_c_g")]
-    # INT8 residual codes: every tile also through the tensor cores (`_m`), at every effort, and with
-    # the residual's sums decoded (`_mb`) from MMA_BITS_MIN_EFFORT; not without a residual
+    assert with_residual == [first + suffix for suffix in ("", g, c, c + g, e, r, e + g, r + g, e + c, r + c,
+                                                           e + c + g, r + c + g)]
+    # INT8 residual codes: every tile also through the tensor cores (residual-mma), at every effort,
+    # and with the residual's sums decoded (residual-mma-bits) from MMA_BITS_MIN_EFFORT; not without
+    # a residual
     assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
-        first + suffix for suffix in ("_m", "_m_g", "_m_c", "_m_c_g")]
+        first + suffix for suffix in (m, m + g, m + c, m + c + g)]
     assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
-    variants = ("", "_g", "_c", "_c_g")
-    for effort, modes in ((3, ("_m", "_e", "_r")), (MMA_BITS_MIN_EFFORT, ("_m", "_mb", "_e", "_r"))):
+    variants = ("", g, c, c + g)
+    for effort, modes in ((3, (m, e, r)), (MMA_BITS_MIN_EFFORT, (m, mb, e, r))):
         with_codes = [name for name in resident_tactics(effort, residual=True, residual_codes=True)
                       if name.startswith(first)]
         assert with_codes == [first + variant for variant in variants] + [
@@ -211,9 +215,9 @@ def test_resident_applies_to_one_block_1x1_layers_only():
                               > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
     assert any(ResidentTile.parse(name) == replace(widest[0], residual_prefetch=1)
                for name in resident_tactics(5, True, 256, True))  # the other modes still offered
-    with pytest.raises(ValueError, match="comes with `_c`"):
+    with pytest.raises(ValueError, match="comes with cols-loaded"):
         ResidentTile(64, 64, 8, 4, 3, projection_columns_loaded=True)
-    assert ResidentTile.parse("resident_64x64_t8_w4_s3_cp_g") == ResidentTile(
+    assert ResidentTile.parse("resident.64x64.t8.w4.s3.cols-loaded.proj-cols-loaded.grouped") == ResidentTile(
         64, 64, 8, 4, 3, n_adjacent=True, columns_loaded=True, projection_columns_loaded=True)
     for tile in (*RESIDENT_TILES, SMALL_EARLY, SMALL_AHEAD, SMALL_ADJACENT, replace(SMALL_EARLY, n_adjacent=True),
                  SMALL_COLUMNS, SMALL_MMA, replace(SMALL_MMA, n_adjacent=True, columns_loaded=True), SMALL_MMA_BITS,
@@ -224,11 +228,14 @@ def test_resident_applies_to_one_block_1x1_layers_only():
                                                                                                  True, True] * 2
     assert [ResidentTile.parse(name).columns_loaded for name in with_residual] == [False, False, True, True] + [
         False] * 4 + [True] * 4
-    for bad in ("resident_64x64_t4_w4", "resident_64x64_4_w4_s3", "resident_axb_t1_w1_s1", "igemm_64x64x64_w4_s4",
-                "resident_64x33_t4_w4_s3", "resident_64x64_t4_w4_s3_x", "resident_64x64_t4_w4_s3_r_e",
-                "resident_64x64_t4_w4_s3_g_e", "resident_64x64_t4_w4_s3_g_c", "resident_64x64_t4_w4_s3_c_e",
-                "resident_64x64_t4_w4_s3_cp_c"):
-        assert ResidentTile.parse(bad) is None, bad
+    for bad in ("resident.64x64.t4.w4", "resident.64x64.4.w4.s3", "resident.axb.t1.w1.s1", "igemm.64x64x64.w4.s4",
+                "resident.64x33.t4.w4.s3", "resident.64x64.t4.w4.s3.x",
+                "resident.64x64.t4.w4.s3.residual-next.residual-early",
+                "resident.64x64.t4.w4.s3.grouped.residual-early", "resident.64x64.t4.w4.s3.grouped.cols-loaded",
+                "resident.64x64.t4.w4.s3.cols-loaded.residual-early", "resident.64x64.t4.w4.s3.proj-cols-loaded",
+                "resident_64x64_t4_w4_s3"):
+        with pytest.raises(TacticNameError):
+            ResidentTile.parse(bad)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the tactics list the kernels on CUDA tensors only")
@@ -236,9 +243,9 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
     registry = default_registry()["QConv"]
     x = torch.zeros(1, 64, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
     one = registry.tactics([x, torch.zeros(32, 64, 1, 1, dtype=torch.int8, device="cuda")], {}, 1)
-    assert any(name.startswith("resident_") for name in one)
+    assert any(name.startswith("resident.") for name in one)
     three = registry.tactics([x, torch.zeros(32, 64, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
-    assert three and not any(name.startswith("resident_") for name in three)
+    assert three and not any(name.startswith("resident.") for name in three)
     # the residual through the tensor cores: for a residual of INT8 codes, not for a float one
     w, bias, scale = (torch.zeros(32, 64, 1, 1, dtype=torch.int8, device="cuda"),
                       torch.zeros(32, dtype=torch.int32, device="cuda"), torch.ones(32, device="cuda"))
@@ -246,9 +253,9 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
     for effort, modes in ((1, {3}), (MMA_BITS_MIN_EFFORT, {3, 4})):
         codes = registry.tactics([x, w, bias, residual.to(torch.int8), scale], {}, effort)
         floats = registry.tactics([x, w, bias, residual, scale], {}, effort)
-        through = [ResidentTile.parse(name) for name in codes if ResidentTile.parse(name)]
+        through = [ResidentTile.parse(name) for name in codes if name.startswith("resident.")]
         assert {tile.residual_prefetch for tile in through if tile.residual_prefetch >= 3} == modes
-        assert not any(ResidentTile.parse(name) and ResidentTile.parse(name).residual_prefetch >= 3 for name in floats)
+        assert not any(ResidentTile.parse(name).residual_prefetch >= 3 for name in floats if name.startswith("resident."))
 
 
 def test_a_projection_that_does_not_fit_the_layer_is_refused():

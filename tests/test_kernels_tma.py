@@ -10,6 +10,7 @@ from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv
 
 triton = pytest.importorskip("triton")
 
+from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels import conv_tma  # noqa: E402
 from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.conv_tma import TmaTile, conv_tma as run_conv_tma, tma_applies  # noqa: E402
@@ -110,13 +111,13 @@ def test_tma_tile_names_round_trip():
     assert widest == [0] * 6 + [conv_tma.PERSISTENT_PROGRAMS_PER_SM] * 6
     assert [TmaTile.parse(n).persistent for n in conv_tma.tma_tactics(x, (32, 64, 3, 3), same, 1)] == [0, 0]
     assert conv_tma.tma_tactics(x.float(), (32, 64, 3, 3), same, 3) == []
-    # One program per SM keeps its old name, so engines and timing caches that chose it still read.
-    assert PERSISTENT.name == "tma_4x8x32x32_w1_s1_p" and TmaTile.parse(PERSISTENT.name) == PERSISTENT
-    assert TmaTile.parse("tma_8x16x64x64_w4_s4_p3") == TmaTile(8, 16, 64, 64, 4, 4, persistent=3)
-    for bad in ("tma_8x16x64_w4_s4", "tma_8x12x64x64_w4_s4", "tma_8x16x64x64_4_s4", "igemm_64x64x64_w4_s4", None,
-                "tma_8x16x64x64_w4_s4_q", "tma_8x16x64x64_w4_s4_p_p", "tma_8x16x64x64_w4_s4_p1",
-                "tma_8x16x64x64_w4_s4_p0", "tma_8x16x64x64_w4_s4_px"):
-        assert TmaTile.parse(bad) is None, bad
+    assert PERSISTENT.name == "tma.4x8x32x32.w1.s1.persistent1" and TmaTile.parse(PERSISTENT.name) == PERSISTENT
+    assert TmaTile.parse("tma.8x16x64x64.w4.s4.persistent3") == TmaTile(8, 16, 64, 64, 4, 4, persistent=3)
+    for bad in ("tma.8x16x64.w4.s4", "tma.8x12x64x64.w4.s4", "tma.8x16x64x64.4.s4", "igemm.64x64x64.w4.s4", None,
+                "tma.8x16x64x64.w4.s4.q", "tma.8x16x64x64.w4.s4.persistent1.persistent1",
+                "tma.8x16x64x64.w4.s4.persistent0", "tma.8x16x64x64.w4.s4.persistentx", "tma_8x16x64x64_w4_s4_p"):
+        with pytest.raises(TacticNameError):
+            TmaTile.parse(bad)
 
 
 def test_qconv_runs_the_tma_tactic_with_its_stored_weight():
@@ -130,9 +131,9 @@ def test_cuda_int8_layers_of_stride_one_offer_tma_tiles():
     w = torch.zeros(64, 64, 3, 3, dtype=torch.int8, device="cuda")
     attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}
     names = default_registry()["QConv"].tactics([x, w], attrs, 1)
-    assert [n for n in names if TmaTile.parse(n)] == [t.name for t in conv_tma.TMA_TILES[:2]]
+    assert [n for n in names if n.startswith("tma.")] == [t.name for t in conv_tma.TMA_TILES[:2]]
     strided = default_registry()["QConv"].tactics([x, w], dict(attrs, strides=[2, 2]), 1)
-    assert not any(TmaTile.parse(n) for n in strided)
+    assert not any(n.startswith("tma.") for n in strided)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),

@@ -24,8 +24,9 @@ from sartor.ops import default_registry, quantized  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import _window_conv, own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
-from sartor.ops.quantized_window import (WINDOW_TILES, window_applies, window_pack, window_resident_tile,  # noqa: E402
-                                         window_tactics, window_tile, window_weight)
+from sartor.kernels.registry import TacticNameError, tactic_for  # noqa: E402
+from sartor.ops.quantized_window import (WINDOW_TILES, WindowIgemm, WindowResident, window_applies,  # noqa: E402
+                                         window_pack, window_tactic, window_tactics, window_weight)
 from sartor.passes.bound_accumulators import product_bound  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,7 +93,7 @@ def test_window_tactic_equals_the_emulation(geometry, int8_output):
     if int8_output:
         attrs["output_inv_scale"] = 3.0
     expected = qconv([x, wq, bias, None, scale], attrs)
-    w_window = qlayer_weight_for_tactic(wq, "window_" + TILE.name)
+    w_window = qlayer_weight_for_tactic(wq, window_tactic(TILE).name)
     assert w_window.shape[1] % 32 == 0 and w_window.shape[2:] == (wq.shape[2], 1)
     out = _window_conv(x.to(DEVICE), w_window.to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs, TILE)
     assert out.shape == expected.shape and out.is_contiguous(memory_format=torch.channels_last)
@@ -107,7 +108,7 @@ def test_window_tactic_with_codes_in_and_a_residual_equals_the_emulation():
     expected_shape = qconv([codes, wq, bias, None, scale], attrs).shape
     residual = torch.randint(-128, 128, expected_shape, dtype=torch.int8, generator=generator)
     expected = qconv([codes, wq, bias, residual, scale], attrs)
-    out = _window_conv(codes.to(DEVICE), qlayer_weight_for_tactic(wq, "window_" + TILE.name).to(DEVICE),
+    out = _window_conv(codes.to(DEVICE), qlayer_weight_for_tactic(wq, window_tactic(TILE).name).to(DEVICE),
                        bias.to(DEVICE), residual.to(DEVICE), scale.to(DEVICE), attrs, TILE)
     assert torch.equal(out.cpu(), expected)
 
@@ -118,7 +119,7 @@ def test_fp8_window_tactic_matches_the_emulation_within_one_step():
     x, wq, bias, scale, attrs = _layer(GEOMETRIES[0].values[0], torch.Generator().manual_seed(7), fp8=True)
     attrs["output_inv_scale"] = 8.0
     expected = qconv([x, wq, bias, None, scale], attrs)
-    w_window = qlayer_weight_for_tactic(wq, "window_" + TILE.name)
+    w_window = qlayer_weight_for_tactic(wq, window_tactic(TILE).name)
     assert w_window.dtype == torch.float8_e4m3fn
     out = _window_conv(x.to(DEVICE), w_window.to(DEVICE), bias.to(DEVICE), None, scale.to(DEVICE), attrs, TILE)
     assert out.dtype == torch.float8_e4m3fn and int(code_distance(out.cpu(), expected).max()) <= 1
@@ -139,7 +140,7 @@ def test_cuda_stem_layers_offer_the_window_tactic_and_wide_layers_do_not():
     registry = default_registry()["QConv"]
     stem = registry.tactics([torch.zeros(1, 3, 16, 16, device="cuda"),
                              torch.zeros(8, 3, 7, 7, dtype=torch.int8, device="cuda")], {"pads": [3, 3, 3, 3]}, 1)
-    assert any(name.startswith("window_") for name in stem)
+    assert any(name.startswith("window_igemm.") for name in stem)
     wide = registry.tactics([torch.zeros(1, 8, 16, 16, device="cuda"),
                              torch.zeros(8, 8, 3, 3, dtype=torch.int8, device="cuda")], {"pads": [1, 1, 1, 1]}, 1)
     assert wide and not any(name.startswith("window_") for name in wide)
@@ -190,11 +191,11 @@ RESIDENT_PAIRS_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjac
 
 def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
     """The layer through _window_conv and through the op with the tile's tactic: both results."""
-    tactic = "window_" + tile.name
+    tactic = window_tactic(tile).name
     w_window = qlayer_weight_for_tactic(wq, tactic)
     assert torch.equal(w_window, window_weight(wq))
     args = [t.to(DEVICE) if t is not None else None for t in (x, w_window, bias, residual, scale)]
-    direct = _window_conv(*args[:4], args[4], attrs, window_tile(tactic))
+    direct = _window_conv(*args[:4], args[4], attrs, tactic_for(tactic).tile)
     through_the_op = qconv(args, dict(attrs, tactic=tactic))
     return direct, through_the_op
 
@@ -281,29 +282,32 @@ def test_resident_window_refuses_what_is_not_packed_pixels_and_window_weight():
 def test_resident_window_tactic_names_round_trip_and_malformed_ones_are_refused():
     for tile in (*WINDOW_RESIDENT_TILES, RESIDENT, RESIDENT_KH, RESIDENT_COLUMNS, RESIDENT_LOADED, RESIDENT_PAIRS,
                  RESIDENT_PAIRS_LOADED):
-        tactic = "window_" + tile.name
-        assert tactic.startswith("window_resident_") and window_tile(tactic) == tile == window_resident_tile(tactic)
+        tactic = window_tactic(tile).name
+        assert tactic.startswith("window_resident.") and tactic_for(tactic) == WindowResident(tile)
         assert own_kernel_tactic(tactic) and "weight resident over row tiles" in _tactic(
             Node("QConv", "stem", ["x"], ["y"], {"tactic": tactic}), torch.device("cpu"))
-    assert window_tile("window_" + TILE.name) == TILE and window_resident_tile("window_" + TILE.name) is None
-    assert not own_kernel_tactic("window_" + TILE.name)  # the implicit-GEMM windows launch as before
-    assert window_resident_tile(None) is None and window_resident_tile("") is None
-    for bad in ("window_resident_64x64_t8_w4", "window_resident_64x64_t8_w4_s3_e", "window_resident_64x64_t8_w4_s3_r",
-                "window_resident_64x64_t8_w4_s3_kh_g", "window_resident_64x64_t8_w4_s3_kh_kh",
-                "window_resident_64x64_t8_w4_s3_x", "window_resident_64x33_t8_w4_s3", "window_resident_axb_t1_w1_s1",
-                "window_64x64_t8_w4_s3", "window_resident_", "window_resident_64x64_t8_w4_s3_",
-                "window_resident_64x64_t8_w4_s3_o2", "window_resident_64x64_t8_w4_s3_o2_kh",
-                "window_resident_64x64_t8_w4_s3_kh_o2_o2", "window_resident_64x64_t8_w4_s3_c_o2"):
-        assert window_tile(bad) is None and not own_kernel_tactic(bad), bad
-    assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh") == WINDOW_RESIDENT_TILES[0]
-    assert WindowResidentTile.parse("resident_64x64_t8_w4_s2_kh_o2").row_pairs
-    described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_" + RESIDENT_PAIRS.name}),
+    assert tactic_for(window_tactic(TILE).name) == WindowIgemm(TILE)
+    assert not own_kernel_tactic(window_tactic(TILE).name)  # the implicit-GEMM windows launch as before
+    for bad in ("window_resident.64x64.t8.w4", "window_resident.64x64.t8.w4.s3.residual-early",
+                "window_resident.64x64.t8.w4.s3.residual-next", "window_resident.64x64.t8.w4.s3.kh-steps.grouped",
+                "window_resident.64x64.t8.w4.s3.kh-steps.kh-steps", "window_resident.64x64.t8.w4.s3.x",
+                "window_resident.64x33.t8.w4.s3", "window_resident.axb.t1.w1.s1", "window.64x64.t8.w4.s3",
+                "window_resident", "window_resident.64x64.t8.w4.s3.", "window_resident.64x64.t8.w4.s3.row-pairs",
+                "window_resident.64x64.t8.w4.s3.row-pairs.kh-steps",
+                "window_resident.64x64.t8.w4.s3.kh-steps.row-pairs.row-pairs",
+                "window_resident.64x64.t8.w4.s3.cols-loaded.row-pairs", "window_resident_64x64_t8_w4_s2_kh"):
+        with pytest.raises(TacticNameError):
+            tactic_for(bad)
+    assert tactic_for("window_resident.64x64.t8.w4.s2.kh-steps").tile == WINDOW_RESIDENT_TILES[0]
+    assert tactic_for("window_resident.64x64.t8.w4.s2.kh-steps.row-pairs").tile.row_pairs
+    described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": window_tactic(RESIDENT_PAIRS).name}),
                         torch.device("cpu"))
     assert "two output rows per row tile" in described and "two output rows" not in _tactic(
-        Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_" + RESIDENT_KH.name}), torch.device("cpu"))
+        Node("QConv", "stem", ["x"], ["y"], {"tactic": window_tactic(RESIDENT_KH).name}), torch.device("cpu"))
     with pytest.raises(ValueError, match="walk K by filter rows"):
         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), row_pairs=True)
-    assert ResidentTile.parse("resident_64x64_t8_w4_s3_kh") is None  # the 1×1 kernel does not take the windows'
+    with pytest.raises(TacticNameError):  # the 1×1 kernel does not take the windows' walk
+        ResidentTile.parse("resident.64x64.t8.w4.s3.kh-steps")
 
 
 def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(monkeypatch):
@@ -314,15 +318,15 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
     registry = default_registry()["QConv"]
     stem = registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(8, 3, 7, 7, dtype=torch.int8)],
                             {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)
-    offered = [name for name in stem if name.startswith("window_resident_")]
-    first_two = ["window_" + tile.name for tile in WINDOW_RESIDENT_TILES[:2]]
-    loaded = [name.replace("_s2", "_s2_c") for name in first_two]  # the columns' bias and scale loaded once
-    by_rows = [name + "_o2" for name in first_two + loaded if name.endswith("_kh")]  # and over row pairs
+    offered = [name for name in stem if name.startswith("window_resident.") and not name.endswith(".space-to-depth")]
+    first_two = [window_tactic(tile).name for tile in WINDOW_RESIDENT_TILES[:2]]
+    loaded = [name.replace(".s2", ".s2.cols-loaded") for name in first_two]  # the columns' bias and scale once
+    by_rows = [name + ".row-pairs" for name in first_two + loaded if name.endswith(".kh-steps")]  # over row pairs
     assert offered == first_two + loaded + by_rows and len(by_rows) == 2
     assert offered == window_tactics(1)[-6:] and len(window_tactics(3)) > len(window_tactics(1))
     wide = registry.tactics([torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8)],
                             {"pads": [1, 1, 1, 1]}, 1)
-    assert any(name.startswith("igemm_") for name in wide)
+    assert any(name.startswith("igemm.") for name in wide)
     assert not any(name.startswith("window_") for name in wide)
 
 

@@ -24,23 +24,24 @@ SHAPES = {"min_shapes": {"x": (1, 8, 6, 6)}, "opt_shapes": {"x": (1, 8, 6, 6)}, 
 def test_only_quantized_layers_whose_kernels_wait_are_marked():
     def node(op, name, **attrs):
         return Node(op, name, ["x"], [name], attrs)
-    graph = Graph(nodes=[node("QConv", "igemm", tactic="igemm_64x64x64_w4_s4"),
-                         node("QConv", "resident", tactic="resident_64x64_t8_w4_s3_g"),
-                         node("QConv", "tma", tactic="tma_8x16x64x64_w4_s4_p"),
-                         node("QGemm", "fc", tactic="igemm_64x64x64_w4_s4_e2_re"),
+    graph = Graph(nodes=[node("QConv", "igemm", tactic="igemm.64x64x64.w4.s4"),
+                         node("QConv", "resident", tactic="resident.64x64.t8.w4.s3.grouped"),
+                         node("QConv", "tma", tactic="tma.8x16x64x64.w4.s4.persistent1"),
+                         node("QGemm", "fc", tactic="igemm.64x64x64.w4.s4.halves.residual-early"),
                          node("QConv", "emulation", tactic="torch"),
                          node("QConv", "cublas", tactic="cublas_int_mm"),
-                         node("QConv", "window", tactic="window_igemm_128x64x32_w4_s4"),
-                         node("QConv", "im2col", tactic="im2col_igemm_64x64x64_w4_s4"),
+                         node("QConv", "window", tactic="window_igemm.128x64x32.w4.s4"),
+                         node("QConv", "im2col", tactic="im2col_igemm.64x64x64.w4.s4"),
                          node("QConv", "untimed"),
                          node("QConv", "one_profile_kernel", tactic="torch",
-                              tactic_by_profile=["torch", "igemm_64x64x64_w4_s4"]),
-                         node("FusedConv", "float", tactic="igemm_64x64x32_w4_s4")],
+                              tactic_by_profile=["torch", "igemm.64x64x64.w4.s4"]),
+                         node("FusedConv", "float", tactic="igemm.64x64x32.w4.s4")],
                   inputs=[], outputs=[], initializers={})
     assert mark_programmatic_launch(graph) == 5
     assert [n.name for n in graph.nodes if n.attrs.get("pdl")] == ["igemm", "resident", "tma", "fc",
                                                                    "one_profile_kernel"]
-    assert not own_kernel_tactic(None) and not own_kernel_tactic("") and own_kernel_tactic("igemm_64x64x64_w4_s4_pt")
+    assert not own_kernel_tactic(None) and not own_kernel_tactic("")
+    assert own_kernel_tactic("igemm.64x64x64.w4.s4.padded-taps")
 
 
 def _model(tmp_path):

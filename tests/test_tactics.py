@@ -209,7 +209,7 @@ def test_timing_cache_round_trip(tmp_path):
     cache.record(other, sig, "torch", {"torch": 0.1}, {}, effort=1)
     cache.save()
     data = json.loads(path.read_text())
-    assert data["format"] == FORMAT == "sartor-timing-cache-1"
+    assert data["format"] == FORMAT == "sartor-timing-cache-2"
     assert data["devices"][fingerprint_digest(CPU)]["fingerprint"] == CPU  # recorded in full
     entry = data["devices"][fingerprint_digest(CPU)]["entries"][sig]
     assert entry["winner"] == "channels_last" and entry["timings_ms"] == {"torch": 0.5, "channels_last": 0.25}
@@ -318,10 +318,12 @@ def test_cache_for_another_fingerprint_is_kept_but_not_used(tiny_onnx, tmp_path,
 @pytest.mark.parametrize("content, fragment", [
     ("{not json", "is not valid JSON (line 1"),
     ('{"format": "sartor-calib-1", "amax": {}}', "is not a sartor timing cache (format 'sartor-calib-1'"),
-    ('{"format": "sartor-timing-cache-1", "devices": {"x": {"fingerprint": {}, "entries": {"s": {"winner": 3}}}}}',
+    ('{"format": "sartor-timing-cache-2", "devices": {"x": {"fingerprint": {}, "entries": {"s": {"winner": 3}}}}}',
      "entry 's' is malformed"),
     ("\xff\xfe", "is not readable (UnicodeDecodeError)"),
-], ids=["json", "format", "entry", "binary"])
+    ('{"format": "sartor-timing-cache-1", "devices": {"x": {"fingerprint": {}, "entries": {"s": {"winner": '
+     '"igemm_64x64x32_w4_s4", "timings_ms": {}}}}}}', "named in sartor's scheme before the tactic registry"),
+], ids=["json", "format", "entry", "binary", "old-names"])
 def test_corrupt_cache_is_refused_in_one_line(tiny_onnx, tmp_path, cli, content, fragment):
     cache = tmp_path / "timing.json"
     cache.write_bytes(content.encode("latin-1"))

@@ -137,14 +137,14 @@ def test_equal_layouts_are_stored_once(two_profiles):
     header, tensors = read_engine_file(plan)
     for attrs in conv_nodes(header).values():
         attrs["tactic"] = "channels_last"
-        attrs["tactic_by_profile"] = ["channels_last", "igemm_64x64x32_w4_s4"]
+        attrs["tactic_by_profile"] = ["channels_last", "igemm.64x64x32.w4.s4"]
     same = plan.parent / "same.plan"
     write_atomic(same, pack(header, tensors))
     engine = sartor.load(same, device="cpu")
     for step in engine.executor.steps:
         if step.node.op_type == "FusedConv":
             variant = step.profile_variants[1]
-            assert variant.attrs["tactic"] == "igemm_64x64x32_w4_s4"
+            assert variant.attrs["tactic"] == "igemm.64x64x32.w4.s4"
             assert variant.constants[1] is step.constants[1]
             assert step.constants[1].is_contiguous(memory_format=torch.channels_last)
     assert engine.profile_weight_bytes == 0

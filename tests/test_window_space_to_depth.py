@@ -1,5 +1,5 @@
 """The space-to-depth form of the window tactic (`sartor/ops/quantized_window.py`, tactics
-"window_s2d_…"): block pixels are the 4-byte pixels in 2 × 2 blocks, the weight puts each tap where
+"….space-to-depth"): block pixels are the 4-byte pixels in 2 × 2 blocks, the weight puts each tap where
 the blocks hold its pixel, the convolution equals the emulation bit for bit through the
 implicit-GEMM and the resident-window tiles, and the form is offered for INT8 stride-2 layers only.
 Through Triton's interpreter on CPU and natively on a GPU."""
@@ -15,11 +15,12 @@ from sartor.builder.pipeline import _tactic  # noqa: E402
 from sartor.ir.graph import Node  # noqa: E402
 from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
+from sartor.kernels.registry import TacticNameError, tactic_for  # noqa: E402
 from sartor.kernels.window_resident import WindowResidentTile, window_resident_tiles  # noqa: E402
 from sartor.ops.fp8 import QFORMAT  # noqa: E402
 from sartor.ops.quantized import own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
-from sartor.ops.quantized_window import (WINDOW_TILES, space_to_depth_applies, window_space_to_depth,  # noqa: E402
-                                         window_tactics, window_tile, window_weight)
+from sartor.ops.quantized_window import (WINDOW_TACTICS, WINDOW_TILES, space_to_depth_applies,  # noqa: E402
+                                         window_tactic, window_tactics, window_weight)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Small enough for the interpreter (see test_kernels_window.py): K of 4 rows of 64 bytes in one
@@ -80,7 +81,7 @@ def test_space_to_depth_window_tactic_equals_the_emulation(geometry, tile):
     x, wq, bias, scale, attrs = _layer(geometry, torch.Generator().manual_seed(5))
     attrs["output_inv_scale"] = 3.0
     expected = qconv([x, wq, bias, None, scale], attrs)
-    tactic = "window_s2d_" + tile.name
+    tactic = window_tactic(tile, space_to_depth=True).name
     w = qlayer_weight_for_tactic(wq, tactic)
     assert torch.equal(w, window_weight(wq, space_to_depth=True))
     out = qconv([t.to(DEVICE) for t in (x, w, bias)] + [None, scale.to(DEVICE)], dict(attrs, tactic=tactic))
@@ -96,7 +97,7 @@ def test_space_to_depth_window_tactic_with_codes_a_residual_and_float_output_equ
     residual = torch.randint(-128, 128, qconv([codes, wq, bias, None, scale], attrs).shape, dtype=torch.int8,
                              generator=generator)
     expected = qconv([codes, wq, bias, residual, scale], attrs)
-    tactic = "window_s2d_" + TILES[1].name
+    tactic = window_tactic(TILES[1], space_to_depth=True).name
     inputs = [t.to(DEVICE) for t in (codes, qlayer_weight_for_tactic(wq, tactic), bias, residual, scale)]
     out = qconv(inputs, dict(attrs, tactic=tactic))
     assert out.dtype == torch.float32 and torch.equal(out.cpu(), expected)
@@ -112,20 +113,21 @@ def test_space_to_depth_is_offered_for_stride_2_windows_only():
     assert not space_to_depth_applies(torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8),
                                       {"strides": [2, 2]})
     plain, both = window_tactics(1), window_tactics(1, space_to_depth=True)
-    assert both[:len(plain)] == plain and [n.replace("window_s2d_", "window_") for n in both[len(plain):]] == plain
+    assert both[:len(plain)] == plain and [n.removesuffix(".space-to-depth") for n in both[len(plain):]] == plain
     for name in both:
-        assert window_tile(name) is not None and window_space_to_depth(name) == name.startswith("window_s2d_")
-        assert own_kernel_tactic(name) == own_kernel_tactic(name.replace("window_s2d_", "window_"))
-    assert not window_space_to_depth("s2d_" + WINDOW_TILES[0].name) and not window_space_to_depth(None)
-    assert window_tile("window_s2d_s2d_" + WINDOW_TILES[0].name) is None
+        tactic = tactic_for(name)
+        assert isinstance(tactic, WINDOW_TACTICS) and tactic.space_to_depth == name.endswith(".space-to-depth")
+        assert own_kernel_tactic(name) == own_kernel_tactic(name.removesuffix(".space-to-depth"))
+    with pytest.raises(TacticNameError):
+        tactic_for(window_tactic(WINDOW_TILES[0], space_to_depth=True).name + ".space-to-depth")
     for tile in TILES:  # `sartor inspect` says which form runs
-        described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": "window_s2d_" + tile.name}),
-                            torch.device("cpu"))
-        assert "16-byte pixels of 2x2 blocks" in described and tile.name.split("_", 1)[1] in described
+        tactic = window_tactic(tile, space_to_depth=True)
+        described = _tactic(Node("QConv", "stem", ["x"], ["y"], {"tactic": tactic.name}), torch.device("cpu"))
+        assert "16-byte pixels of 2x2 blocks" in described and tactic.tile.fields_text in described
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="alignment faults exist on the GPU only; the interpreter reads any byte")
-@pytest.mark.parametrize("form", ["window_", "window_s2d_"])
+@pytest.mark.parametrize("form", [False, True], ids=["window", "space_to_depth"])
 def test_row_pair_tiles_at_resnets_stem_size_equal_the_emulation_on_the_gpu(form):
     """The builder's own row-pair tiles over a 224 × 224 image, whose 112 output columns Triton
     proves a multiple of 16: there Triton 3.6 copied the 4-byte form's 8-byte-aligned windows 16
@@ -141,7 +143,7 @@ def test_row_pair_tiles_at_resnets_stem_size_equal_the_emulation_on_the_gpu(form
     expected = qconv([x, wq, bias, None, scale], attrs)
     for tile in window_resident_tiles(1):
         if tile.row_pairs:
-            tactic = form + tile.name
+            tactic = window_tactic(tile, space_to_depth=form).name
             inputs = [t.to(DEVICE) for t in (x, qlayer_weight_for_tactic(wq, tactic), bias)]
             out = qconv(inputs + [None, scale.to(DEVICE)], dict(attrs, tactic=tactic))
             assert torch.equal(out.cpu(), expected), tactic

@@ -99,7 +99,8 @@ class BuildConfig:
             raise ConfigError(f"--builder-effort {self.builder_effort} must be 0..5")
         for pattern in self.exclude_tactics:
             if not isinstance(pattern, str) or not pattern.strip():
-                raise ConfigError(f"--exclude-tactic {pattern!r}: give a glob over tactic names, e.g. 'window_*_o2'")
+                raise ConfigError(f"--exclude-tactic {pattern!r}: give a glob over tactic names, e.g. "
+                                  f"'window_resident.*.row-pairs*'")
         if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
             raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
                               f"--precision int8 or fp8, not {self.precision}")

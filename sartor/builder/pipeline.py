@@ -13,14 +13,12 @@ import torch
 from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
-from ..kernels.conv_igemm import TileConfig
-from ..kernels.pool import PoolTile
+from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
+from ..kernels.registry import LayerFacts, tactic_for
 from ..kernels.tile_steps import sums_decoded
 from ..ops.fp8 import is_fp8
 from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
-from ..ops.quantized import ACCUMULATOR_BOUND, SPLIT_PREFIX
-from ..ops.quantized_window import window_resident_tile, window_space_to_depth, window_tile
-from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
+from ..ops.quantized import ACCUMULATOR_BOUND
 from ..ops.util import tensor_from_numpy
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
@@ -77,85 +75,17 @@ def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: t
 
 
 def _tactic(node, device: torch.device) -> str:
-    """What runs the layer, in words (the timed choice for fused convolutions); for a QConv carrying
-    its max pool (`ops/fused_pool.py`), where the pool runs."""
-    words = _kernel_words(node, device)
+    """What runs the layer, in words (the timed choice for layers with tactics: the registry's
+    description of it); for a QConv carrying its max pool (`ops/fused_pool.py`), where the pool runs."""
+    tactic = tactic_for(node.attrs.get("tactic"))
+    words = tactic.describe(LayerFacts(node.op_type, is_fp8(node.attrs), "projection_strides" in node.attrs,
+                                       device.type))
     pool = max_pool_label(node.attrs)
     if pool is None:
         return words
-    tile = window_resident_tile(node.attrs.get("tactic"))
-    if tile is not None and tile.max_pool:
+    if tactic.fuses_max_pool:
         return f"{words}, max pool {pool} in the epilogue (only pooled codes stored)"
     return f"{words}, then max pool {pool} ({'triton channels-last' if device.type == 'cuda' else 'torch'})"
-
-
-def _kernel_words(node, device: torch.device) -> str:
-    """What runs the layer's own product, in words."""
-    library = {"cuda": "cudnn/cublas", "cpu": "onednn/mkl"}[device.type]
-    chosen = node.attrs.get("tactic")
-    if chosen == "cudnn_fused":
-        return "cudnn conv+bias(+add)+relu fused"
-    if chosen == "triton_epilogue":
-        return f"torch.conv ({library}) + triton epilogue"
-    if chosen == "channels_last":
-        return f"torch.conv channels-last ({library}) + torch epilogue"
-    if chosen == "triton_depthwise":
-        return "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue"
-    if chosen == "triton_nhwc" and node.op_type in ("Resize", "Upsample"):
-        return "triton channels-last nearest upsample"
-    pool_tile = PoolTile.parse(chosen) if node.op_type == "MaxPool" else None
-    if pool_tile is not None:
-        return (f"triton channels-last max pool (padding by masks), {pool_tile.elements} elements of up to "
-                f"{pool_tile.max_block_c} channels per program, {pool_tile.warps} warps")
-    if chosen == "triton_yolo_decode":
-        return "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)"
-    fp8 = is_fp8(node.attrs)
-    if chosen == "cublas_int_mm":
-        return "cuBLAS int8 GEMM (torch._int_mm, int32 accumulate) + triton epilogue"
-    if chosen == "cublas_scaled_mm":
-        return "cuBLAS fp8 e4m3 GEMM (torch._scaled_mm, fp32 accumulate) + triton epilogue"
-    if chosen and chosen.startswith("tma_"):
-        return (f"{'fp8' if fp8 else 'int8'} triton implicit GEMM, input boxes by TMA bulk copies "
-                f"{chosen[len('tma_'):]} + fused epilogue")
-    if chosen and chosen.startswith("gemm_tma_"):
-        return (f"{'fp8' if fp8 else 'int8'} triton dense GEMM of a 1x1 layer, tiles by TMA bulk copies "
-                f"{chosen[len('gemm_tma_'):]} + fused epilogue")
-    if chosen and chosen.startswith(SPLIT_PREFIX):
-        return (f"{'fp8' if fp8 else 'int8'} triton GEMM of the projection (float32 out), then of the layer, weight "
-                f"tiles resident over row tiles {chosen[len(SPLIT_PREFIX + 'resident_'):]} + fused epilogue")
-    if chosen and chosen.startswith("resident_") and "projection_strides" in node.attrs:
-        return (f"{'fp8' if fp8 else 'int8'} triton GEMM and its projection's, both weight tiles resident over row "
-                f"tiles {chosen[len('resident_'):]} + fused epilogue")
-    if chosen and chosen.startswith("resident_"):
-        return (f"{'fp8' if fp8 else 'int8'} triton GEMM, weight tile resident over row tiles "
-                f"{chosen[len('resident_'):]} + fused epilogue")
-    window = window_tile(chosen)
-    if window is not None:  # its tile's name is resident_… or igemm_…, in either form
-        pixels = ("16-byte pixels of 2x2 blocks, stride 1" if window_space_to_depth(chosen) else "4-byte pixels")
-        if window_resident_tile(chosen) is not None:
-            rows = ", two output rows per row tile" if window.row_pairs else ""
-            return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton GEMM over pixel windows, weight resident over "
-                    f"row tiles {window.name.removeprefix('resident_')}{rows} + fused epilogue")
-        return (f"{'fp8' if fp8 else 'int8'} {pixels} + triton implicit GEMM over pixel windows "
-                f"{window.name.removeprefix('igemm_')} + fused epilogue")
-    if chosen and chosen.startswith("im2col_igemm_"):
-        return f"{'fp8' if fp8 else 'int8'} im2col + triton GEMM {chosen[len('im2col_igemm_'):]} + fused epilogue"
-    if chosen and chosen.startswith("igemm_"):
-        kind = "int8 tensor cores, int32 accumulate" if node.op_type in ("QConv", "QGemm") else "fp32 accumulate"
-        kind = "fp8 e4m3 tensor cores, fp32 accumulate" if fp8 else kind
-        tile = TileConfig.parse(chosen)
-        epilogue = "fused epilogue in two column halves" if tile and tile.epilogue_halves else "fused epilogue"
-        epilogue += ", residual loaded before the K loop" if tile and tile.residual_early else ""
-        return f"triton implicit-GEMM {chosen[len('igemm_'):]} ({kind}) + {epilogue}"
-    if node.op_type in ("Conv", "FusedConv", "ConvTranspose"):
-        return f"torch.conv ({library})" + (" + torch epilogue" if node.op_type == "FusedConv" else "")
-    if node.op_type in ("Gemm", "FusedGemm", "MatMul"):
-        return f"torch.matmul ({library})"
-    if node.op_type in ("QConv", "QGemm") and fp8:
-        return "fp8 e4m3 emulation (exact accumulation in float64)"
-    if node.op_type in ("QConv", "QGemm"):
-        return "int8 emulation (exact integer accumulation in float64)"
-    return "torch"
 
 
 def _tactics_by_profile(node, selections: list[TacticSelection]) -> dict:

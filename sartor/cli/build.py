@@ -184,7 +184,7 @@ def add_parser(subparsers, parents) -> None:
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--exclude-tactic", action="append", default=[], metavar="PATTERN",
                    help="a glob over tactic names (`sartor inspect` lists them) the builder never runs, e.g. "
-                        "'window_*_o2' after a build stopped on a kernel that faulted the GPU; repeatable")
+                        "'window_resident.*.row-pairs*' after a build stopped on a kernel that faulted the GPU; repeatable")
     p.add_argument("--data", metavar="VAL",
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
                         "--accuracy-budget")

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments
 
 try:  # host-side descriptors: Triton 3.4 and newer
@@ -194,8 +196,7 @@ if triton is not None:
         mask = m_ok[:, None] & n_ok[None, :]
         acc = tl.load(ws_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask, other=0)
         # Unrolled, so that every share's load is in flight at once: as a loop, each waited for the
-        # last (ResNet-50's last 3×3 layers at batch 1 split 16 ways: 5.0 µs of products, then 24.1 µs
-        # here, against 23.6 unsplit; Nsight Compute, H200, session 19).
+        # last (docs/decisions/kernel-split-k-epilogue-unrolled.md).
         for k in tl.static_range(1, SPLIT_K):
             acc += tl.load(ws_ptr + (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask,
                            other=0)
@@ -205,8 +206,9 @@ if triton is not None:
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
 
+@register
 @dataclass(frozen=True)
-class TileConfig:
+class TileConfig(Tactic):
     """One kernel configuration: the tile, the warps, the software-pipeline depth, how many
     programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
     whether the epilogue runs in two halves of the tile's columns (fewer registers live), and
@@ -216,7 +218,8 @@ class TileConfig:
     the products rather than stalling the epilogue ("residual early"), and whether the weight's
     tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
     no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
-    blocked K walks only)."""
+    blocked K walks only). Named e.g. "igemm.128x128x64.w8.s3.split4" or
+    "igemm.64x64x64.w4.s4.halves.residual-early"."""
     block_m: int
     block_n: int
     block_k: int
@@ -228,43 +231,27 @@ class TileConfig:
     residual_early: bool = False
     weight_tma: bool = False
 
-    @property
-    def name(self) -> str:
-        base = f"igemm_{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-        return (base + (f"_k{self.split_k}" if self.split_k > 1 else "") + ("_e2" if self.epilogue_halves else "")
-                + ("_re" if self.residual_early else "") + ("_pt" if self.padded_taps else "")
-                + ("_wt" if self.weight_tma else ""))
+    FAMILY: ClassVar[str] = "igemm"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
+                               Number("split_k", "split", omit=1), Flag("epilogue_halves", "halves"),
+                               Flag("residual_early", "residual-early"), Flag("padded_taps", "padded-taps"),
+                               Flag("weight_tma", "weight-tma"))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
-    @classmethod
-    def parse(cls, tactic: str) -> "TileConfig | None":
-        if not tactic.startswith("igemm_"):
-            return None
-        try:
-            tile, warps, stages, *suffixes = tactic[len("igemm_"):].split("_")
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            if not warps.startswith("w") or not stages.startswith("s"):
-                return None
-            weight_tma = suffixes[-1:] == ["wt"]
-            if weight_tma:
-                suffixes = suffixes[:-1]
-            padded = suffixes[-1:] == ["pt"]
-            if padded:
-                suffixes = suffixes[:-1]
-            early = suffixes[-1:] == ["re"]
-            if early:
-                suffixes = suffixes[:-1]
-            halves = suffixes[-1:] == ["e2"]
-            if halves:
-                suffixes = suffixes[:-1]
-            if len(suffixes) > 1 or (suffixes and not suffixes[0].startswith("k")):
-                return None
-            split_k = int(suffixes[0][1:]) if suffixes else 1
-            if (split_k < 1 or (halves and (split_k > 1 or bn % 2)) or (early and not halves)
-                    or (weight_tma and padded)):
-                return None
-            return cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), split_k, halves, padded, early, weight_tma)
-        except ValueError:
-            return None
+    def invalid(self) -> str | None:
+        if self.split_k < 1 or (self.epilogue_halves and (self.split_k > 1 or self.block_n % 2)):
+            return "split-K shares its epilogue whole; halves need an even block_n"
+        if self.residual_early and not self.epilogue_halves:
+            return "residual-early comes with halves"
+        return "weight-tma walks blocked K, not padded taps" if self.weight_tma and self.padded_taps else None
+
+    def describe(self, layer: LayerFacts) -> str:
+        kind = "int8 tensor cores, int32 accumulate" if layer.op_type in ("QConv", "QGemm") else "fp32 accumulate"
+        kind = "fp8 e4m3 tensor cores, fp32 accumulate" if layer.fp8 else kind
+        epilogue = "fused epilogue in two column halves" if self.epilogue_halves else "fused epilogue"
+        epilogue += ", residual loaded before the K loop" if self.residual_early else ""
+        return f"triton implicit-GEMM {self.fields_text} ({kind}) + {epilogue}"
 
 
 # Candidate tiles, best guesses first: the builder times the first few at low effort and more at
@@ -279,11 +266,8 @@ _FLOAT_TILES = (TileConfig(128, 128, 32, 8, 3), TileConfig(64, 64, 32, 4, 4), Ti
                 TileConfig(64, 64, 64, 4, 3))
 # Builder effort -> how many candidate tiles are timed.
 TILES_PER_EFFORT = {1: 2, 2: 6, 3: 8, 4: 10, 5: 10}
-# Timed at every effort: the 128×128 tile with the deeper K step. At effort 3 (ResNet-50 at batch 256
-# on the H200, session 26) its INT8 form won all nine 3×3 layers of layers 2–4 and both strided 1×1
-# layers over the effort-1 tiles: layer4's 3×3 0.0709 → 0.0528 ms, layer3's 0.0688 → 0.0551, about
-# 0.18 ms of the engine in all. Its float form won the two downsample-shaped 1×1 layers of the FP16
-# engine that cuDNN did not (0.188 against 0.198 ms for the effort-1 tiles' best).
+# Timed at every effort: the 128×128 tile with the deeper K step, which won ResNet-50's later 3×3 and
+# strided 1×1 layers over the effort-1 tiles (docs/decisions/kernel-igemm-deep-k-tile.md).
 DEEP_K_TILES = {True: TileConfig(128, 128, 128, 8, 3), False: TileConfig(128, 128, 64, 8, 3)}
 
 
@@ -334,9 +318,9 @@ PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; 
 
 def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bit: bool) -> list[TileConfig]:
     """Variants of `tiles` that walk K tap by tap, each tap's channels in blocks cut at `channels`,
-    for a convolution whose channel count is no multiple of the tiles' BLOCK_K (the sample
-    detector's 24, 40, 48, 80: each K element gathered alone, with a division per element, ran its
-    INT8 3×3 layers at 0.22 ms where cuDNN's FP16 took 0.067 on the H200, session 14). The K block is
+    for a convolution whose channel count is no multiple of the tiles' BLOCK_K (24, 40, 48, 80
+    channels: otherwise each K element is gathered alone, with a division per element;
+    docs/decisions/kernel-igemm-padded-taps.md). The K block is
     the tensor-core step (32 bytes of 8-bit codes, 16 halves) or twice it, whichever pads less, and
     the N block no wider than the layer's outputs need. Only candidates: timed against the gather."""
     if channels % PADDED_TAPS_CHANNEL_MULTIPLE:
@@ -356,9 +340,8 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
 
 def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, element_size: int) -> list[TileConfig]:
     """Weight-TMA variants of `tiles` for a convolution with more than one filter tap whose
-    channels are whole K blocks: ResNet-50's 3×3 INT8 layers of layers 2–4 ran at 590–720 TOPS in
-    these tiles at batch 256 where a plain Triton INT8 matmul reached 920–953, and Nsight Compute
-    counted 28% excess shared-memory wavefronts in layer3's (H200, sessions 19–20). 1×1 layers
+    channels are whole K blocks: no per-thread addresses for the weight, and shared memory written in
+    the layout the tensor cores read (docs/decisions/kernel-igemm-weight-tma.md). 1×1 layers
     have `kernels/gemm_tma.py`. Only candidates: timed against the tiles they vary."""
     if math.prod(w_shape[2:]) < 2:
         return []

@@ -1,11 +1,11 @@
 """INT8 (FP8) stride-1 convolutions whose input tiles are loaded by the tensor memory accelerator:
-each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma_…"). A 1×1
+each K step copies one tap's box of input pixels in one bulk tensor copy (tactics "tma.…"). A 1×1
 layer of a larger stride without padding (ResNet's downsample) runs as the stride-1 layer over a
 view of every stride-th pixel: the copy's pixel strides are the input's times the stride.
 
-ResNet-50's 3×3 layers ran at 330–550 TOPS with the implicit-GEMM kernel on the H200, where a plain
-Triton INT8 matmul over the same shapes reached 920–953 (BENCHMARKS.md, session 14). The implicit
-GEMM computes every row's address and padding mask at each K step and loads through the threads.
+The implicit-GEMM kernel ran ResNet-50's 3×3 layers well below a plain Triton INT8 matmul over the
+same shapes (docs/decisions/kernel-conv-tma.md). The implicit GEMM computes every row's address
+and padding mask at each K step and loads through the threads.
 Here a program's BLOCK_M output pixels are a rectangle of BH × BW pixels of one image, so the
 input it needs for tap (kh, kw) is a box of the NHWC input [1, BH, BW, BLOCK_K] at (n, oh0 + kh -
 pad, ow0 + kw - pad, c0): one TMA copy, whose out-of-bounds part (the padding, negative
@@ -20,6 +20,7 @@ right or bottom edge compute zeros there and store nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -27,6 +28,7 @@ from .conv_igemm import (PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeo
                          multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments
 
 if triton is not None and TensorDescriptor is not None:
@@ -126,15 +128,13 @@ if triton is not None and TensorDescriptor is not None:
                            BH, BW, BLOCK_N, BLOCK_K)
 
 
-TMA_PREFIX = "tma_"
-
-
+@register
 @dataclass(frozen=True)
-class TmaTile:
+class TmaTile(Tactic):
     """A tile's output pixels as a BH × BW rectangle, its output channels (BLOCK_N), the K step
     (channels per tap and copy), warps and pipeline stages; `persistent`: that many programs per SM
-    walk the tiles between them (name suffix "_p" for one, "_p3" for three), else (0) one program
-    per tile."""
+    walk the tiles between them ("persistent3"), else (0) one program per tile. Named e.g.
+    "tma.8x16x64x64.w4.s4"."""
     bh: int
     bw: int
     block_n: int
@@ -143,42 +143,26 @@ class TmaTile:
     stages: int
     persistent: int = 0
 
-    @property
-    def name(self) -> str:
-        suffix = "" if not self.persistent else "_p" if self.persistent == 1 else f"_p{self.persistent}"
-        return f"{TMA_PREFIX}{self.bh}x{self.bw}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}" + suffix
+    FAMILY: ClassVar[str] = "tma"
+    SCHEME: ClassVar[tuple] = (Dims(("bh", "bw", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
+                               Number("persistent", "persistent", omit=0))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
-    @classmethod
-    def parse(cls, tactic: str | None) -> "TmaTile | None":
-        if not tactic or not tactic.startswith(TMA_PREFIX):
-            return None
-        try:
-            tile, warps, stages, *rest = tactic[len(TMA_PREFIX):].split("_")
-            bh, bw, bn, bk = (int(v) for v in tile.split("x"))
-            if not (warps.startswith("w") and stages.startswith("s")):
-                return None
-            if rest == []:
-                persistent = 0
-            elif len(rest) == 1 and rest[0] == "p":
-                persistent = 1
-            elif len(rest) == 1 and rest[0].startswith("p") and rest[0][1:].isdigit() and int(rest[0][1:]) > 1:
-                persistent = int(rest[0][1:])  # "_p1" is spelled "_p"
-            else:
-                return None
-            parsed = cls(bh, bw, bn, bk, int(warps[1:]), int(stages[1:]), persistent)
-        except ValueError:
-            return None
-        sizes = (bh, bw, bn, bk)
-        return parsed if all(v > 0 and v & (v - 1) == 0 for v in sizes) else None  # Triton blocks: powers of 2
+    def invalid(self) -> str | None:
+        sizes = (self.bh, self.bw, self.block_n, self.block_k)
+        return None if all(v > 0 and v & (v - 1) == 0 for v in sizes) else "Triton blocks are powers of 2"
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"{layer.codes} triton implicit GEMM, input boxes by TMA bulk copies {self.fields_text} "
+                f"+ fused epilogue")
 
 
 # Best guesses first, as one program per tile, then the same rectangles as persistent programs.
 # Rectangles 8 pixels wide divide ResNet's 56 and 28; the builder times as many as its effort
-# allows. Persistent tiles run PERSISTENT_PROGRAMS_PER_SM programs per SM: with one (4 warps an
-# SM), the 8×16 tile lost to its one-tile form on layer1's 3×3 layers, 0.204 against 0.130 ms
-# (H200, session 22), where that form holds 4 programs per SM. Its persistent kernel takes 164
-# registers (sm_90, offline), so 3 fit; with 3 it still lost, 0.141 against 0.134 ms, and with 2
-# 0.141 (session 23's probe), so the persistent forms come after every one-tile rectangle.
+# allows. Persistent tiles run PERSISTENT_PROGRAMS_PER_SM programs per SM (164 registers a thread on
+# sm_90, so 3 fit); they lost to the one-tile forms, so they come after every one-tile rectangle
+# (docs/decisions/kernel-conv-tma.md).
 PERSISTENT_PROGRAMS_PER_SM = 3
 _RECTANGLES = (TmaTile(8, 16, 64, 64, 4, 4), TmaTile(8, 8, 64, 64, 4, 4), TmaTile(16, 8, 128, 64, 8, 3),
                TmaTile(8, 16, 128, 64, 8, 3), TmaTile(8, 8, 128, 64, 4, 3), TmaTile(4, 8, 64, 64, 4, 4))

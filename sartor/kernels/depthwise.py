@@ -21,6 +21,7 @@ import torch
 
 from .conv_igemm import ConvGeometry
 from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from .registry import DEPTHWISE_TAPS, fixed_tactic
 
 if triton is not None:
     import triton.language as tl
@@ -135,3 +136,9 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
         HAS_RES=residual is not None, RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
         BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
     return y
+
+
+TRITON_DEPTHWISE = "triton_depthwise"
+fixed_tactic(TRITON_DEPTHWISE,
+             "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
+             weight_layout=DEPTHWISE_TAPS)

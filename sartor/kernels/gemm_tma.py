@@ -1,12 +1,11 @@
 """INT8 (FP8) 1×1 stride-1 convolutions as dense GEMMs whose tiles the tensor memory accelerator
-loads (tactics "gemm_tma_…").
+loads (tactics "gemm_tma.…").
 
 Over channels-last codes with evenly spaced pixels, a 1×1 stride-1 convolution without padding is
-the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. ResNet-50's reducing
-1×1 layers (K = 512–2,048) and layer4's expanding ones ran at 340–640 TOPS on the H200 as
-implicit-GEMM tiles (BENCHMARKS.md, session 20), which compute each row's pixel address and padding
-mask at every K step and load through the threads. A plain Triton INT8 matmul reached 920–953 TOPS
-on large-K shapes there. Here each K step is two bulk tensor copies: a [BLOCK_M, BLOCK_K] box of
+the GEMM [pixels, C] × [C, Cout]: the input is already a row-major matrix. The implicit-GEMM tiles
+compute each row's pixel address and padding mask at every K step and load through the threads,
+well below a plain Triton INT8 matmul on large-K shapes (docs/decisions/kernel-gemm-tma.md). Here
+each K step is two bulk tensor copies: a [BLOCK_M, BLOCK_K] box of
 the input and a [BLOCK_N, BLOCK_K] box of the weight, packed K-major (`conv_igemm.pack_weight`).
 Rows, columns and K past the matrix are filled with zeros by the copy. Under Triton's interpreter
 the descriptors are emulated, so the tests run on the CPU.
@@ -17,6 +16,7 @@ as the other INT8 tiles' does.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +24,7 @@ from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOU
                          TensorDescriptor, _as_nchw_view, multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None and TensorDescriptor is not None:
@@ -108,31 +109,28 @@ if triton is not None and TensorDescriptor is not None:
                                BLOCK_N, BLOCK_K, GROUP_M, RES_MMA)
 
 
-GEMM_TMA_PREFIX = "gemm_tma_"
 MIN_BLOCK_K = 32  # bytes of 8-bit codes: the tensor cores' K step
-HALVES_SUFFIX = "_e2"
-# A halved epilogue whose residual of INT8 codes comes through the tensor cores, as the resident
-# kernel's `_m` tiles (resident_gemm.RESIDUAL_PREFETCH), which won layer1–3's conv3 on the H200. Here
-# it lost on layer4's conv3 (K = 512, session 26, effort 3, batch 256): 0.0816 against 0.0686 ms
-# and 0.0709 against 0.0515 for the plain halved tiles. Each K step already waits on its bulk
-# copies, and the residual's product adds a fifth of the K steps' products. Timed from this effort
-# on, where the search is wide anyway.
-RESIDUAL_MMA_SUFFIX = "_m"
+# A halved epilogue whose residual of INT8 codes comes through the tensor cores ("residual-mma", as
+# resident_gemm.RESIDUAL_PREFETCH's). Each K step here already waits on its bulk copies, and the
+# residual's product adds a fifth of the K steps' products: it lost to the plain halved tiles, so
+# it is timed from this effort on, where the search is wide anyway (docs/decisions/kernel-gemm-tma.md).
 RESIDUAL_MMA_MIN_EFFORT = 4
-# How a persistent tile walks its tiles (the kernel's PERSISTENT), by name suffix: "_pf2" is
-# flattened with two programs per SM, "_ws1" warp-specialized with one.
+# How a persistent tile walks its tiles (the kernel's PERSISTENT), by name: "persistent-flat.per-sm2" is
+# flattened with two programs per SM, "persistent-ws" warp-specialized with one.
 PERSISTENT_FLAT, PERSISTENT_WS = 1, 2
-PERSISTENT_SUFFIXES = {PERSISTENT_FLAT: "_pf", PERSISTENT_WS: "_ws"}
+PERSISTENT_WORDS = {0: "", PERSISTENT_FLAT: "persistent-flat", PERSISTENT_WS: "persistent-ws"}
 
 
+@register
 @dataclass(frozen=True)
-class GemmTmaTile:
+class GemmTmaTile(Tactic):
     """Rows, columns and K step of a program's tile, warps, pipeline stages; `halves`: the epilogue
-    runs over two halves of the columns in turn (name suffix "_e2"), with half of the float values
-    and residual live at once, as conv_igemm's `_e2` tiles. `persistent` (PERSISTENT_FLAT or
-    PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM that walk
-    the tiles between them. `residual_mma` (suffix "_m", halved one-tile tiles only): a residual of INT8
-    codes is loaded before the K steps and added through the tensor cores (see resident_gemm's `_m`)."""
+    runs over two halves of the columns in turn ("halves"), with half of the float values and
+    residual live at once, as conv_igemm's halved tiles. `persistent` (PERSISTENT_FLAT or
+    PERSISTENT_WS, 0: one tile per program) launches `programs_per_sm` programs per SM ("per-sm2")
+    that walk the tiles between them. `residual_mma` ("residual-mma", halved one-tile tiles only):
+    a residual of INT8 codes is loaded before the K steps and added through the tensor cores (see
+    resident_gemm's "residual-mma"). Named e.g. "gemm_tma.128x128x128.w8.s3.halves"."""
     block_m: int
     block_n: int
     block_k: int
@@ -143,58 +141,44 @@ class GemmTmaTile:
     programs_per_sm: int = 1
     residual_mma: bool = False
 
-    @property
-    def name(self) -> str:
-        return (f"{GEMM_TMA_PREFIX}{self.block_m}x{self.block_n}x{self.block_k}_w{self.warps}_s{self.stages}"
-                + (HALVES_SUFFIX if self.halves else "") + (RESIDUAL_MMA_SUFFIX if self.residual_mma else "")
-                + (f"{PERSISTENT_SUFFIXES[self.persistent]}{self.programs_per_sm}" if self.persistent else ""))
+    FAMILY: ClassVar[str] = "gemm_tma"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
+                               Flag("halves", "halves"), Flag("residual_mma", "residual-mma"),
+                               Choice("persistent", PERSISTENT_WORDS), Number("programs_per_sm", "per-sm", omit=1))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
-    @classmethod
-    def parse(cls, tactic: str | None) -> "GemmTmaTile | None":
-        if not tactic or not tactic.startswith(GEMM_TMA_PREFIX):
-            return None
-        body = tactic[len(GEMM_TMA_PREFIX):]
-        persistent, programs = 0, 1
-        for mode, suffix in PERSISTENT_SUFFIXES.items():
-            head, found, count = body.rpartition(suffix)
-            if found and count.isdigit():
-                body, persistent, programs = head, mode, int(count)
-                break
-        residual_mma = body.endswith(HALVES_SUFFIX + RESIDUAL_MMA_SUFFIX)
-        body = body.removesuffix(RESIDUAL_MMA_SUFFIX) if residual_mma else body
-        halves = body.endswith(HALVES_SUFFIX)
-        try:
-            tile, warps, stages = body.removesuffix(HALVES_SUFFIX).split("_")
-            bm, bn, bk = (int(v) for v in tile.split("x"))
-            if not (warps.startswith("w") and stages.startswith("s")):
-                return None
-            parsed = cls(bm, bn, bk, int(warps[1:]), int(stages[1:]), halves, persistent, programs, residual_mma)
-        except ValueError:
-            return None
+    def invalid(self) -> str | None:
         # Triton blocks are powers of 2; the tensor cores' 8-bit K step is 32 bytes.
-        powers = all(v > 0 and v & (v - 1) == 0 for v in (bm, bn, bk))
-        return (parsed if powers and bk >= MIN_BLOCK_K and parsed.warps > 0 and parsed.stages > 0 and bn >= 2
-                and programs > 0 and not (residual_mma and persistent) else None)
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.block_m, self.block_n, self.block_k))
+        if not (powers and self.block_k >= MIN_BLOCK_K and self.warps > 0 and self.stages > 0 and self.block_n >= 2):
+            return f"blocks are powers of 2, block_k at least {MIN_BLOCK_K}"
+        if self.programs_per_sm < 1 or (self.programs_per_sm > 1 and not self.persistent):
+            return "programs per SM are a persistent tile's"
+        if self.residual_mma and (self.persistent or not self.halves):
+            return "residual-mma is a halved one-tile tile's"
+        return None
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"{layer.codes} triton dense GEMM of a 1x1 layer, tiles by TMA bulk copies {self.fields_text} "
+                f"+ fused epilogue")
 
 
-# Best guesses first: the tiles of the plain INT8 matmul that reached 920–953 TOPS on the H200 have
-# deep K blocks; the builder times as many as its effort allows.
+# Best guesses first: the tiles of the fastest plain INT8 matmul (docs/decisions/kernel-gemm-tma.md)
+# have deep K blocks; the builder times as many as its effort allows.
 GEMM_TMA_TILES = (GemmTmaTile(128, 128, 128, 8, 3), GemmTmaTile(128, 256, 64, 8, 3), GemmTmaTile(128, 128, 64, 8, 4),
                   GemmTmaTile(256, 128, 64, 8, 3), GemmTmaTile(64, 128, 128, 4, 4), GemmTmaTile(128, 64, 128, 4, 4))
 GEMM_TMA_PER_EFFORT = {1: 2, 2: 4, 3: 6}
-# Persistent variants, timed from PERSISTENT_MIN_EFFORT on (not yet timed on a GPU, so kept out of
-# effort 1). ResNet-50's layer3 conv3 (K = 256: two K steps per 128-deep tile) takes 0.072 ms at
-# batch 256 where its product alone would take 0.029 (session 22): one-tile programs wait for their
-# copies and then for their epilogue. A persistent program has the next tile's copies in flight
+# Persistent variants, timed from PERSISTENT_MIN_EFFORT on. One-tile programs wait for their copies
+# and then for their epilogue (a K of two 128-deep steps, as ResNet-50's layer3 conv3, leaves the
+# layer far slower than its product). A persistent program has the next tile's copies in flight
 # during this tile's epilogue: flattened for the first FLAT_TILES tiles, warp-specialized for
 # WS_TILES, each with 1 and 2 programs per SM. Triton's Hopper warp specialization takes only some
 # tiles (bench/kernel_asm.py, sm_90, offline): its 8-warp tiles compile to the plain loop, and the
 # 4-warp 128×64 tile fails to compile with Triton 3.8 (3.6 takes it, without its halved epilogue),
 # so WS_TILES is the one tile both specialize, and a warp-specialized tile has no halved epilogue.
-# On the H200 (session 23, bench/tiles_probe.py, batch 256) every persistent variant lost to the
-# resident tiles on the expanding 1×1 layers of layers 1–3: the flattened ones by 33–113% at one
-# program per SM and 15–40% at two, the warp-specialized ones by 2.3–3×. Timed from effort 4,
-# where the search is wide anyway, and not in the effort-3 builds the tables use.
+# Every persistent variant lost to the resident tiles on ResNet-50's expanding 1×1 layers
+# (docs/decisions/kernel-gemm-tma.md): timed from effort 4, where the search is wide anyway.
 PERSISTENT_MIN_EFFORT = 4
 FLAT_TILES = 2
 WS_TILES = (GemmTmaTile(64, 128, 128, 4, 4),)

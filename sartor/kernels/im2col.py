@@ -3,10 +3,8 @@
 A convolution reading 3 channels (a network's stem) walks K = kh·kw·C in steps far narrower than
 the tensor cores' 32 bytes, so it runs as an explicit im2col followed by the GEMM kernel
 (`sartor/ops/quantized.py`, tactic "im2col_…"). Built from PyTorch ops, the columns took four passes
-over memory (quantize, pad, gather the windows, pad K); the stem, columns and GEMM together, took
-3.7 ms of ResNet-50's INT8 11.3 ms at batch 256 on the H200. With this kernel the whole engine
-measured 11.5 against 11.7 ms, within the noise between machines: most of the stem's time is its
-GEMM (BENCHMARKS.md, session 11).
+over memory (quantize, pad, gather the windows, pad K); with this kernel most of the stem's time is
+its GEMM (docs/decisions/kernel-stem-im2col-and-pixel-windows.md).
 
 This kernel reads the input once per tap (any strides: NCHW or NHWC; float, quantized as loaded,
 or codes the producer already stored) and writes each row of the columns [N·OH·OW, K padded]

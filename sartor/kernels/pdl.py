@@ -1,8 +1,8 @@
 """Programmatic dependent launch (PDL; Hopper and newer): a kernel launched with it may start while
 the kernel before it in the stream still runs, so its programs are resident and waiting when that
 kernel ends, instead of being launched then. At batch 1 an engine is a chain of short kernels,
-and the gap between two of them is a large share of each (ResNet-50 INT8: about 55 kernels in
-0.45 ms on the H200).
+and the gap between two of them is a large share of each (ResNet-50 INT8: about 55 kernels;
+docs/decisions/kernel-programmatic-launch.md).
 
 A kernel that takes part calls `await_previous_kernel(PDL)` before any memory access: it waits
 there until the previous kernel has finished and its writes are visible, then lets the next

@@ -1,9 +1,9 @@
 """A few-channel image as padded 4-byte pixels of INT8 (FP8) codes, in one pass: what the window
-convolution of a network's stem reads (`sartor/ops/quantized.py`, tactics "window_…").
+convolution of a network's stem reads (`sartor/ops/quantized_window.py`, tactics "window_igemm.…", "window_resident.…").
 
-ResNet-50's INT8 stem (7×7, stride 2, 3 FP32 channels in NCHW) took 3.46 ms of 11 ms at batch 256
-on the H200, 2.62 ms of it in the im2col kernel (BENCHMARKS.md, session 13): each column gathers
-single bytes from three planes. Packed as [N, HP, WP, 4] (channel 3 and the padding are code 0), a
+ResNet-50's INT8 stem (7×7, stride 2, 3 FP32 channels in NCHW) spent most of its time in the
+im2col kernel (docs/decisions/kernel-stem-im2col-and-pixel-windows.md): each column gathers single
+bytes from three planes. Packed as [N, HP, WP, 4] (channel 3 and the padding are code 0), a
 row of kw taps of one filter row is a run of contiguous bytes, so the convolution needs no columns:
 it reads overlapping 32-byte windows of this tensor in place.
 
@@ -52,10 +52,9 @@ if triton is not None:
         tl.store(p_ptr + at, v, mask=stored)
 
 
-# Padded pixels of one row per program. ResNet-50's stem at batch 256 on the H200 (bench/pack_probe.py,
-# session 25), 4 warps, ms for block widths 64 / 128 / 256 / 512: 4-byte pixels 0.181 / 0.104 /
-# 0.085 / 0.131, space-to-depth 0.223 / 0.130 / 0.111 / 0.135 (rows of 229–232 padded pixels: at
-# 128 each took two programs, the second mostly masked).
+# Padded pixels of one row per program: the fastest width of both forms on ResNet-50's stem, whose
+# rows of 229–232 padded pixels took two programs at 128, the second mostly masked
+# (docs/decisions/kernel-stem-im2col-and-pixel-windows.md).
 BLOCK_W = 256
 PACK_WARPS = 4
 

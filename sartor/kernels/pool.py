@@ -1,9 +1,9 @@
 """2-D max pooling over channels-last tensors in Triton: padding by masks, one read of each window.
 
-PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NHWC kernel, which
-on the H200 took 0.83 ms for ResNet-50's stem pool at batch 256 — several times what moving its
-bytes costs. Here each program owns a block of output pixels × a block of channels; channel vectors
-are contiguous in NHWC, so every tap is a coalesced load.
+PyTorch pads explicitly (a padded copy of the whole tensor) and then runs its NHWC kernel, several
+times what moving the tensor's bytes costs (docs/decisions/kernel-max-pool-tiles.md). Here each
+program owns a block of output pixels × a block of channels; channel vectors are contiguous in NHWC,
+so every tap is a coalesced load.
 
 INT8 and FP8 (E4M3) tensors pool too (a pooling layer between two INT8 layers, see
 `sartor/quant/quantize.py`): the codes are compared as float32 values, which holds every int8 and
@@ -13,10 +13,12 @@ dtype needs an encoding of -inf (e4m3fn has none) and padding never wins the max
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from .epilogue import channels_last_output, pixel_stride, triton
+from .registry import LayerFacts, Number, Tactic, register
 
 if triton is not None:
     import triton.language as tl
@@ -37,14 +39,13 @@ if triton is not None:
         c_ok = offs_c < C
         n, oh, ow = pixel_coords(offs_p, OH, OW)
         base = n.to(tl.int64) * sxn
-        # INT8 codes are compared as integers: converting each tap to float32 and back cost Hopper's
-        # conversion rate (16 values per clock per SM), which bounded ResNet-50's INT8 stem pool at
-        # 0.139 ms on the H200 (ten conversions per output, 51 M outputs at batch 256).
+        # INT8 codes are compared as integers: converting each tap to float32 and back is bound by
+        # Hopper's conversion rate (16 values per clock per SM; docs/decisions/kernel-max-pool-tiles.md).
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
         # Floats with an infinity compare in their own dtype, masked taps loaded as -inf: FP16 went
         # through float32 with a select per tap, three instructions per value and tap where the
-        # packed half maximum takes half of one (sm_90 SASS; the FP16 stem pool ran at 0.25 ms on
-        # the H200, twice its traffic's time). E4M3 has no infinity and keeps the select.
+        # packed half maximum takes half of one (docs/decisions/kernel-max-pool-tiles.md). E4M3 has
+        # no infinity and keeps the select.
         ELEMENT: tl.constexpr = x_ptr.dtype.element_ty
         NATIVE: tl.constexpr = ELEMENT.is_fp16() or ELEMENT.is_bf16() or ELEMENT.is_fp32()
         if CODE_WORDS:
@@ -102,46 +103,36 @@ if triton is not None:
     def _word_max(even, odd, words, PACKED_MAX: tl.constexpr):
         """The running maxima of words of four INT8 codes: bytes 0 and 2 in `even`'s 16-bit halves,
         bytes 1 and 3 in `odd`'s, each as 0..255. The int8 maximum widened every byte with a byte
-        permute or two (1,208 of the 2,328 SASS instructions of ResNet-50's stem pool tile on sm_90;
-        the pool ran at 0.121 ms, twice its traffic's time, with the SMs 79% busy: H200, session 19);
-        here a word of four codes takes a shift, two logic operations and two packed maxima."""
+        permute or two (docs/decisions/kernel-max-pool-tiles.md); here a word of four codes takes a
+        shift, two logic operations and two packed maxima."""
         biased = words ^ WORD_BIAS
         return (_lane_max(even, biased & LANE_BYTES, PACKED_MAX),
                 _lane_max(odd, (biased >> 8) & LANE_BYTES, PACKED_MAX))
 
 
 POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
-POOL_TACTIC = "triton_nhwc"
 
 
+@register
 @dataclass(frozen=True)
-class PoolTile:
-    """Elements (pixels × channels) per program, the widest channel block, warps. The first of
-    POOL_TILES is the tactic "triton_nhwc"; the others carry their numbers in the name. ResNet-50's
-    stem pool moved 1.9 (INT8) and 2.0 (FP16) of the H200's 4.1 TB/s with the first (session 16):
-    an 8-bit program of 4,096 elements keeps 32 bytes per thread in flight per tap."""
+class PoolTile(Tactic):
+    """MaxPool's Triton tactic: elements (pixels × channels) per program, the widest channel block,
+    warps. Named e.g. "max_pool.elements4096.channels64.w4"; the first of POOL_TILES is what runs
+    a pool that was not timed (a QConv's carried pool)."""
     elements: int
     max_block_c: int
     warps: int
 
-    @property
-    def name(self) -> str:
-        if self == POOL_TILES[0]:
-            return POOL_TACTIC
-        return f"{POOL_TACTIC}_e{self.elements}_c{self.max_block_c}_w{self.warps}"
+    FAMILY: ClassVar[str] = "max_pool"
+    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels"), Number("warps", "w"))
 
-    @classmethod
-    def parse(cls, tactic: str | None) -> "PoolTile | None":
-        if tactic == POOL_TACTIC:
-            return POOL_TILES[0]
-        if not tactic or not tactic.startswith(POOL_TACTIC + "_"):
-            return None
-        parts = tactic[len(POOL_TACTIC) + 1:].split("_")
-        if len(parts) != 3 or [part[:1] for part in parts] != ["e", "c", "w"] or not all(p[1:].isdigit() for p in parts):
-            return None
-        tile = cls(*(int(part[1:]) for part in parts))
-        powers = all(v > 0 and v & (v - 1) == 0 for v in (tile.elements, tile.max_block_c, tile.warps))
-        return tile if powers and tile.elements >= tile.max_block_c else None
+    def invalid(self) -> str | None:
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.max_block_c, self.warps))
+        return None if powers and self.elements >= self.max_block_c else "sizes are powers of 2, elements ≥ channels"
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"triton channels-last max pool (padding by masks), {self.elements} elements of up to "
+                f"{self.max_block_c} channels per program, {self.warps} warps")
 
     def blocks(self, channels: int) -> tuple[int, int]:
         """(pixels, channels) per program for a tensor of `channels`."""
@@ -149,19 +140,17 @@ class PoolTile:
         return max(16, self.elements // block_c), block_c
 
 
-# The first is the tile every build before session 16 ran; the rest, timed from the effort given in
-# POOL_TILES_PER_EFFORT, give 8-bit tensors more bytes per thread and wider channel blocks. On sm_90
-# (Triton 3.6, ResNet-50's stem pool, 64 channels), with INT8 codes in words and FP16 compared as
-# halves: INT8 takes 32–108 registers and FP16 72–116, no spills; FP32 spills in the two
-# 64-elements-per-thread tiles, which the builder's timing then passes over. Before, the INT8 tile
-# the builder picked (8,192 elements, 4 warps) took 255 registers: two programs of 4 warps per SM,
-# 12.5% occupancy (Nsight Compute, H200, session 19).
+# The first is the original tile; the rest, timed from the effort given in POOL_TILES_PER_EFFORT,
+# give 8-bit tensors more bytes per thread and wider channel blocks. On sm_90 (Triton 3.6, ResNet-50's
+# stem pool, 64 channels), with INT8 codes in words and FP16 compared as halves: INT8 takes 32–108
+# registers and FP16 72–116, no spills; FP32 spills in the two 64-elements-per-thread tiles, which
+# the builder's timing then passes over (docs/decisions/kernel-max-pool-tiles.md).
 POOL_TILES = (PoolTile(4096, 64, 4), PoolTile(8192, 64, 4), PoolTile(16384, 128, 8), PoolTile(8192, 128, 8),
               PoolTile(2048, 64, 4), PoolTile(1024, 64, 4))
 POOL_TILES_PER_EFFORT = {0: 1, 1: 3, 2: 3}
 # A pool whose output fills fewer than SMALL_POOL_WAVES waves of the first tile's programs leaves SMs
-# idle (ResNet-50's stem pool at batch 1: 200 K elements, 49 programs for the H200's 132 SMs, 0.0107
-# ms in session 17's timing cache): from effort 1 on, the smallest tile is timed for it as well.
+# idle (ResNet-50's stem pool at batch 1: 49 programs for 132 SMs): from effort 1 on, the smallest
+# tile is timed for it as well.
 SMALL_POOL_TILE = POOL_TILES[-1]
 SMALL_POOL_WAVES = 2
 

@@ -1,10 +1,10 @@
 """INT8 (FP8) 1×1 convolutions and GEMMs whose whole K is one block: the weight tile stays in the
-program, which walks several row tiles with the layer's epilogue fused (tactics "resident_…").
+program, which walks several row tiles with the layer's epilogue fused (tactics "resident.…").
 
-ResNet-50's 1×1 layers over 64 channels took 0.40–0.44 ms each at batch 256 on the H200 with the
-implicit-GEMM kernel, and their time did not fall when the output shrank from float32 to INT8
-(BENCHMARKS.md, session 13): with K = 64 each of its programs loads one A tile and one B tile,
-does one product and stores, and little of one program's memory latency hides behind another's.
+Through the implicit-GEMM kernel, 1×1 layers over 64 channels did not speed up when their output
+shrank (docs/decisions/kernel-resident-gemm.md): with K = 64 each of its programs loads one A tile
+and one B tile, does one product and stores, and little of one program's memory latency hides
+behind another's.
 Here each program loads its BLOCK_N × K weight tile once and walks TILES consecutive row tiles, so
 the software pipeline loads the next rows while this tile's products and epilogue run.
 
@@ -14,12 +14,14 @@ the emulation's as the implicit-GEMM tiles' does.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from .conv_igemm import ConvGeometry
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
+from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
 from .tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None:
@@ -33,7 +35,7 @@ if triton is not None:
     @triton.jit
     def program_tiles(COUT, BLOCK_N: tl.constexpr, N_ADJACENT: tl.constexpr):
         """This program's (row group, column tile): with N_ADJACENT a 1-D grid in which one row
-        group's column tiles run side by side (ResidentTile's `_g`), else a (row groups, column
+        group's column tiles run side by side (ResidentTile's "grouped"), else a (row groups, column
         tiles) grid."""
         if N_ADJACENT:
             column_tiles = tl.cdiv(COUT, BLOCK_N)
@@ -103,7 +105,7 @@ if triton is not None:
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
-        if PROJ_COLUMNS_LOADED:  # and the projection's (ResidentTile `_cp`)
+        if PROJ_COLUMNS_LOADED:  # and the projection's (proj-cols-loaded)
             pbias, pscale = _column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
         else:
             pbias, pscale = pbias_ptr, pscale_ptr
@@ -170,61 +172,52 @@ if triton is not None:
             if RES_PREFETCH == 2:
                 res_lo, res_hi = next_lo, next_hi
 
-RESIDENT_PREFIX = "resident_"
-# When a row tile's residual is loaded, by tactic suffix. The halved epilogue waited a full memory
-# latency for it after the product: layer1's conv3 moved 1.78 of the H200's 4 TB/s (session 14).
-#   0 (""): in the epilogue, after the product;
-#   1 ("_e"): at the start of the tile's iteration, so that its latency overlaps the product;
-#   2 ("_r"): one row tile ahead, carried to the next iteration (more registers, a layout conversion
-#      more per half: bench/kernel_asm.py);
-#   3 ("_m"): INT8 codes only, at the start of the tile's iteration as a product's operand: codes · I
-#      on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes made the
-#      compiler convert each half's float32 values through shared memory; this way only the INT8
-#      output is (sm_90, layer1's conv3 in the 64×64 `_c_g` tile: 438 → 399 instructions a row
-#      tile, shared loads 11 → 5, matrix stores 8 → 2; 96 → 128 registers). It won all eleven conv3
-#      layers with a residual of ResNet-50's layers 1–3 on the H200 (session 26);
-#   4 ("_mb"): as "_m", the sums decoded from their bits rather than converted (DECODE_BITS of
-#      `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more).
-#      Where the layer's own sums are decoded too (`passes/bound_accumulators.py`: every resident
-#      layer of ResNet-50), `_mb` has no conversion left and still lost to `_m` on every conv3 with
-#      a residual: 0.1659 against 0.1635 ms on layer1's, 0.0966 against 0.0951 on layer2's (H200,
-#      session 27), so it is timed from MMA_BITS_MIN_EFFORT only.
-RESIDUAL_PREFETCH = {0: "", 1: "_e", 2: "_r", 3: "_m", 4: "_mb"}
-SUFFIX_PREFETCH = {suffix: mode for mode, suffix in RESIDUAL_PREFETCH.items() if suffix}
+# When a row tile's residual is loaded (the kernel's RES_PREFETCH), by the word in the tactic's name.
+# The halved epilogue otherwise waits a full memory latency for it after the product
+# (docs/decisions/kernel-resident-gemm.md for the measurements behind each mode and its effort).
+#   0 (no word): in the epilogue, after the product;
+#   1 ("residual-early"): at the start of the tile's iteration, so that its latency overlaps the product;
+#   2 ("residual-next"): one row tile ahead, carried to the next iteration (more registers, a layout
+#      conversion more per half: bench/kernel_asm.py);
+#   3 ("residual-mma"): INT8 codes only, at the start of the tile's iteration as a product's operand:
+#      codes · I on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes
+#      made the compiler convert each half's float32 values through shared memory; this way only the
+#      INT8 output is;
+#   4 ("residual-mma-bits"): as 3, the sums decoded from their bits rather than converted (DECODE_BITS
+#      of `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more);
+#      it lost to 3, so it is timed from MMA_BITS_MIN_EFFORT only.
+RESIDUAL_PREFETCH = {0: "", 1: "residual-early", 2: "residual-next", 3: "residual-mma", 4: "residual-mma-bits"}
 MMA_RESIDUAL = (3, 4)
 MMA_RESIDUAL_BITS = 4
 MMA_BITS_MIN_EFFORT = 4
-# The `_m` (`_mb`) tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
-# with which the 64×256 tile asked 240 KB of the H200's 227 KB on layer3's conv3 (K = 256; session
-# 26's effort-3 build rejected all four of its `_m` variants). Wider tiles are not offered them.
+# The residual-mma tiles hold a BLOCK_N × BLOCK_N identity in shared memory: 64 KB at 256 columns,
+# more than an SM's shared memory with the 64×256 tile's own buffers. Wider tiles are not offered them.
 MMA_RESIDUAL_MAX_BLOCK_N = 128
-# `_cp` (the projection's bias and scale held too) spills from 64 × 128 on: 136–232 bytes a thread
+# proj-cols-loaded (the projection's bias and scale held too) spills from 64 × 128 on: 136–232 bytes a thread
 # (sm_90, Triton 3.6, layer1's projected conv3; bench/kernel_asm.py --layer layer1.projected).
 PROJECTION_COLUMNS_MAX_BLOCK_N = 64
 # One K block, held with the weight tile for all of a program's row tiles. 256 takes in the 1×1 layers
-# of K = 256 (ResNet-50's layer3 conv3 ran at 0.122 ms through the implicit GEMM, where its traffic
-# alone would take 0.028 and its product 0.029: H200, session 16). At 256, Triton 3.6 compiles every
+# of K = 256 (ResNet-50's layer3 conv3, far slower through the implicit GEMM than its traffic or its
+# product: docs/decisions/kernel-resident-gemm.md). At 256, Triton 3.6 compiles every
 # resident tile for sm_90 without spills; shared memory goes from 67.5 KB (64×64, 3 stages: three
 # programs per SM) to 139 KB (128×128: one) (bench/kernel_asm.py --layer layer3.conv3).
 MAX_RESIDENT_K = 256
 MIN_BLOCK_K = 32  # the K step of 8-bit tensor-core products
 
 
+@register
 @dataclass(frozen=True)
-class ResidentTile:
+class ResidentTile(Tactic):
     """Rows per tile, output channels per program, row tiles per program, warps, pipeline stages,
     when a row tile's residual is loaded (`RESIDUAL_PREFETCH`; layers without a residual run as
     the plain tile), and whether the programs of one row group's column tiles are launched side
-    by side (suffix `_g`). Without `_g` the column tiles of one row group lie a whole grid row
-    apart, so where the input (ResNet-50's layer1 at batch 256: 51 MB) outgrows L2 (50 MB on the
-    H200) each column tile may read the rows from memory again; with `_g` they share them in L2.
-    `_c` (columns_loaded): the epilogue's bias and scale are loaded once per program, not per row
-    tile. Per row tile they were 16 of a thread's 20 global loads in layer1's conv3 (sm_90 PTX), whose
-    L1 ran 87% busy at 45% of DRAM's bandwidth (Nsight Compute, H200, session 19); held, they cost
-    16–30 registers. `_cp` (projection_columns_loaded, with `_c`): a projected layer's projection's
-    bias and scale too, which `_c` leaves to each row tile (16 global loads a thread and row tile in
-    layer1's projected conv3, sm_90: 504 → 464 instructions, 128 → 149 registers, so 3 programs an
-    SM where `_c` has 4), so both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N)."""
+    by side ("grouped"). Otherwise the column tiles of one row group lie a whole grid row apart, so
+    where the input outgrows L2 each column tile may read the rows from memory again; grouped they
+    share them in L2. "cols-loaded" (columns_loaded): the epilogue's bias and scale are loaded once
+    per program, not per row tile (fewer loads, more registers). "proj-cols-loaded"
+    (projection_columns_loaded, with cols-loaded): a projected layer's projection's bias and scale
+    too, which cols-loaded leaves to each row tile; both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N).
+    Named e.g. "resident.64x64.t8.w4.s3.residual-mma.cols-loaded.grouped"."""
     block_m: int
     block_n: int
     tiles: int
@@ -235,54 +228,41 @@ class ResidentTile:
     columns_loaded: bool = False
     projection_columns_loaded: bool = False
 
+    FAMILY: ClassVar[str] = "resident"
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n")), Number("tiles", "t"), Number("warps", "w"),
+                               Number("stages", "s"), Choice("residual_prefetch", RESIDUAL_PREFETCH),
+                               Flag("columns_loaded", "cols-loaded"),
+                               Flag("projection_columns_loaded", "proj-cols-loaded"), Flag("n_adjacent", "grouped"))
+    WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         if self.projection_columns_loaded and not self.columns_loaded:
-            raise ValueError("ResidentTile: `_cp` (the projection's columns loaded once) comes with `_c`")
+            raise ValueError("ResidentTile: proj-cols-loaded (the projection's columns loaded once) comes with "
+                             "cols-loaded")
 
-    @property
-    def name(self) -> str:
-        columns = "_cp" if self.projection_columns_loaded else "_c" if self.columns_loaded else ""
-        return (f"{RESIDENT_PREFIX}{self.block_m}x{self.block_n}_t{self.tiles}_w{self.warps}_s{self.stages}"
-                + RESIDUAL_PREFETCH[self.residual_prefetch] + columns + ("_g" if self.n_adjacent else ""))
+    def invalid(self) -> str | None:
+        return "the epilogue runs in two halves of the columns: block_n must be even" if self.block_n % 2 else None
+
+    def describe(self, layer: LayerFacts) -> str:
+        if layer.projected:
+            return (f"{layer.codes} triton GEMM and its projection's, both weight tiles resident over row tiles "
+                    f"{self.fields_text} + fused epilogue")
+        return f"{layer.codes} triton GEMM, weight tile resident over row tiles {self.fields_text} + fused epilogue"
 
     def grid(self, rows: int, cout: int) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
-        (row groups, column tiles), or with `_g` one dimension holding both."""
+        (row groups, column tiles), or grouped one dimension holding both."""
         row_groups = triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles)
         column_tiles = triton.cdiv(cout, self.block_n)
         return (row_groups * column_tiles,) if self.n_adjacent else (row_groups, column_tiles)
-
-    @classmethod
-    def parse(cls, tactic: str | None) -> "ResidentTile | None":
-        if not tactic or not tactic.startswith(RESIDENT_PREFIX):
-            return None
-        try:
-            parts = tactic[len(RESIDENT_PREFIX):].split("_")
-            adjacent = parts[-1] == "g"
-            if adjacent:
-                parts = parts[:-1]
-            projection_columns_loaded = parts[-1] == "cp"
-            columns_loaded = parts[-1] in ("c", "cp")
-            if columns_loaded:
-                parts = parts[:-1]
-            prefetch = SUFFIX_PREFETCH.get(f"_{parts[-1]}", 0)
-            tile, tiles, warps, stages = parts[:-1] if prefetch else parts
-            bm, bn = (int(v) for v in tile.split("x"))
-            if not (tiles.startswith("t") and warps.startswith("w") and stages.startswith("s")):
-                return None
-            if bn % 2:  # the epilogue runs in two halves of the columns
-                return None
-            return cls(bm, bn, int(tiles[1:]), int(warps[1:]), int(stages[1:]), prefetch, adjacent, columns_loaded,
-                       projection_columns_loaded)
-        except ValueError:
-            return None
 
 
 # Best guesses first; the builder times as many as its effort allows (as for the igemm tiles). Ordered
 # by what bench/kernel_asm.py reports for ResNet's layer1 conv3 on sm_90 (fewest registers per
 # thread, so most programs per SM, first): 72, 117, 122, 130, 140 and 140 registers, no spills.
-# The last two, timed from effort 4 and by the probe, ask what bounds layer1's conv3 (0.232 ms at
-# batch 256 against 0.129 for its traffic alone, session 17): the 32-row tile holds 10 programs
+# The last two, timed from effort 4 and by the probe, ask what bounds layer1's conv3 (slower than its
+# traffic alone: docs/decisions/kernel-resident-gemm.md): the 32-row tile holds 10 programs
 # (40 warps) per SM where the first holds 7 (28 warps), at 48 registers and 10 KB of shared memory;
 # 16 row tiles per program halve the weight loads.
 RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 256, 4, 8, 3),
@@ -293,27 +273,26 @@ RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3),
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
 # the same layers already time.
 RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
-# The early-residual variants lost to the plain tile on layer1's 1×1 layers, where each resident
-# tile is timed (H200, session 15: 0.263 ms plain against 0.278–0.281), and gained up to 11% on
-# weaker tiles only: timed from this effort on, where the search is wide anyway.
+# The early-residual variants lost to the plain tile on layer1's 1×1 layers and gained on weaker
+# tiles only (docs/decisions/kernel-resident-gemm.md): timed from this effort on, where the search is
+# wide anyway.
 PREFETCH_MIN_EFFORT = 3
 
 
-# Over K = 256 the 64×128 tile with 2 stages beat the first tile: 0.087 ms against 0.097–0.101 on
-# layer3's conv3 (H200, session 17's probe), six layers of ResNet-50. It lost at K = 64 (layer1's
-# conv3: 0.270 against 0.206, session 18's probe) and at K = 128 (layer2's conv3: 0.145 against
-# 0.134, session 18's timing cache). Above WIDE_K it is timed at every effort.
+# Over K = 256 the 64×128 tile with 2 stages beat the first tile on ResNet-50's layer3 conv3 (six
+# layers); it lost at K = 64 and K = 128 (docs/decisions/kernel-resident-gemm.md). Above WIDE_K it
+# is timed at every effort.
 WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
 WIDE_K = 128
 
 
 def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, residual_codes: bool = False) -> list[str]:
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
-    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent (`_g`), and each of
-    those with its columns' bias and scale loaded once (`_c`: fewer loads, more registers, so timed);
-    for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
-    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores (`_m` at every
-    effort, `_mb` from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
+    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent ("grouped"), and each
+    of those with its columns' bias and scale loaded once ("cols-loaded": fewer loads, more registers,
+    so timed); for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
+    MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores ("residual-mma" at
+    every effort, "residual-mma-bits" from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
     each also with its residual loaded early (without one, these would be the same kernel)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:

@@ -156,10 +156,10 @@ if triton is not None:
     @triton.jit
     def _quantize_operand(v, inv_scale, qmin):
         """_quantize_code for the A tile of a float-input layer, which goes on into tl.dot: there
-        the code is converted from the float value. On the H200 (Triton 3.6) a product over
-        _quantize_code's low bytes read wrong codes (session 17: every code of the rounding test
-        came out -1; the builder's output check rejected those tactics), while the same codes
-        stored by an epilogue or a packing kernel were right."""
+        the code is converted from the float value. On the GPU (Triton 3.6) a product over
+        _quantize_code's low bytes read wrong codes (every code came out -1; the builder's output
+        check rejected those tactics), while the same codes stored by an epilogue or a packing
+        kernel were right (docs/decisions/kernel-tile-steps-rounding.md)."""
         q = (v * inv_scale + 12582912.0) - 12582912.0
         return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
 
@@ -218,8 +218,8 @@ if triton is not None:
 
     # Compiled kernels round float32 → e4m3 with the hardware's conversion (cvt.rn.satfinite: to
     # nearest, ties to even, subnormals kept, ±448 for whatever lies beyond, NaN kept), which is
-    # _quantize_fp8's result without its twenty-odd instructions per value; session 17's ResNet-50
-    # FP8 engine ran at 8.06 ms against INT8's 5.41 on the H200, its 1×1 layers up to twice as long.
+    # _quantize_fp8's result without its twenty-odd instructions per value, which made FP8 1×1 layers
+    # up to twice as long as INT8's (docs/decisions/kernel-tile-steps-rounding.md).
     # Triton's interpreter does not round to nearest, so interpreted kernels keep the arithmetic.
     # Whether this module's kernels are interpreted is decided once, as @triton.jit made them.
     FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(_quantize_fp8, InterpretedFunction))
@@ -320,7 +320,7 @@ if triton is not None:
                        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
         """_column_values of a tile's two column halves, as `_epilogue_store_halves_loaded` takes them:
         (bias_lo, scale_lo, bias_hi, scale_hi). A program that stores several row tiles of the same
-        columns loads them once (ResidentTile `_c`)."""
+        columns loads them once (ResidentTile "cols-loaded")."""
         first = first_column + tl.arange(0, BLOCK_N // 2)
         bias_lo, scale_lo = _column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         second = first + BLOCK_N // 2
@@ -418,8 +418,9 @@ if triton is not None:
         layout, in the two column halves the epilogue takes: codes · I on the tensor cores, converted
         exactly. Loaded into registers (`_residual_halves`), the codes sit in a coalesced layout, so
         the compiler converted the float32 products to it through shared memory before adding them:
-        16 KB a 64×64 tile, with bank conflicts on its stores (ResNet-50's layer1 conv3, Nsight
-        Compute, session 25). As a product's operand the codes go through shared memory once, as
+        16 KB a 64×64 tile, with bank conflicts on its stores
+        (docs/decisions/kernel-tile-steps-rounding.md). As a product's operand the codes go through
+        shared memory once, as
         bytes, and come back in the accumulator's layout. `identity`: the BLOCK_N × BLOCK_N identity
         in INT8 (`_identity`).
 

@@ -1,20 +1,20 @@
 """The window convolution of a network's stem with the weight resident in each program (tactics
-"window_resident_…", `sartor/ops/quantized_window.py`).
+"window_resident.…", `sartor/ops/quantized_window.py`).
 
 The window tactic packs the few-channel image into 4-byte pixels and runs the implicit GEMM over
-overlapping windows of them as a kh × 1 convolution: ResNet-50's INT8 stem took 0.389 ms of GEMM
-for 92 GOP at batch 256 on the H200 (BENCHMARKS.md, session 16), bound neither by memory nor by
-the tensor cores, each program walking 7 K steps with the general implicit-GEMM index math for one
-row tile. Here, as in the resident kernel of 1×1 layers (`resident_gemm.py`), each program loads
+overlapping windows of them as a kh × 1 convolution: bound neither by memory nor by the tensor
+cores, each program walking 7 K steps with the general implicit-GEMM index math for one row tile
+(docs/decisions/kernel-window-resident-tiles.md). Here, as in the resident kernel of 1×1 layers
+(`resident_gemm.py`), each program loads
 its weight block [K, BLOCK_N] once (K = kh · window: 7 · 32 = 224 for the stem) and walks TILES row
 tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes per output pixel.
 Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
-(`_kh`) one product per filter row, the kh weight blocks held as a tuple, nothing padded.
+("kh-steps") one product per filter row, the kh weight blocks held as a tuple, nothing padded.
 
 The products and their sums are `tile_steps`' (`_accumulate`, `_epilogue_store_halves`): the output
 equals the emulation's as the other window tiles' does.
 
-A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles (`_mp`,
+A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles ("max-pool",
 `_window_pooled_pairs`): the pool is computed from the tiles of output rows in registers, and only
 the pooled codes are stored.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -30,6 +31,7 @@ from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
+from .registry import Flag, Inline, Tactic
 from .resident_gemm import ResidentTile
 
 if triton is not None:
@@ -73,7 +75,7 @@ if triton is not None:
             k_ok = filter_row < KH
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all the program's row tiles (`_c`)
+        if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all its row tiles (cols-loaded)
             bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
         else:
@@ -126,7 +128,7 @@ if triton is not None:
                            HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
                            OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            COLUMNS_LOADED: tl.constexpr):
-        """One row tile's epilogue: with the columns' bias and scale given (`_c`) or loaded here."""
+        """One row tile's epilogue: with the columns' bias and scale given (cols-loaded) or loaded here."""
         if COLUMNS_LOADED:
             res_lo, res_hi = 0.0, 0.0
             if HAS_RES:
@@ -151,7 +153,7 @@ if triton is not None:
                           RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
                           COLUMNS_LOADED: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """The `_o2` walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
+        """The row-pairs walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
         counts such pairs). The lower row's filter row i reads the packed row that the upper row's
         filter row i + STRIDE_H / DIL_H reads: undilated, the pair loads STRIDE_H + KH rows of windows
         for 2 · KH products, where two tiles would load 2 · KH (the stem's space-to-depth form: 5
@@ -190,7 +192,7 @@ if triton is not None:
     def _window_row_products(p_ptr, weights, window_start, ok, offs_k, row_bytes, KH: tl.constexpr,
                              DIL_H: tl.constexpr, INT8: tl.constexpr, FP8: tl.constexpr, BLOCK_M: tl.constexpr,
                              BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
-        """One output row's sums, a product per filter row (`_kh`): the window of filter row kh
+        """One output row's sums, a product per filter row (kh-steps): the window of filter row kh
         starts kh · DIL_H packed rows below `window_start`. Pixels not `ok` read nothing."""
         acc = _zero_accumulator(INT8, BLOCK_M, BLOCK_N)
         for kh in tl.static_range(KH):
@@ -280,7 +282,7 @@ if triton is not None:
                      STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr, INT8: tl.constexpr,
                      HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """One step of the pooled walks (`_mp`): pair `pair` of strip `strip` of image `n_idx` (nothing
+        """One step of the pooled walks (max-pool): pair `pair` of strip `strip` of image `n_idx` (nothing
         where not `ok`), its pooled row stored from the max of its two rows and `previous` (the values
         of the row above), pooled 3 to 1 along the row. Returns the pair's lower row's values, the
         next pair's `previous`.
@@ -319,16 +321,15 @@ if triton is not None:
                              INT8: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, TILES: tl.constexpr,
                              BALANCED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              WINDOW: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
-        """The `_mp` walks: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
+        """The max-pool walks: the layer's output codes max-pooled 3 × 3 at stride 2, padding 1, inside
         the kernel; only the pooled codes are stored (`y_ptr`: [N, ⌈OH/2⌉, ⌈OW/2⌉] pixels). A program
         walks pairs of output rows down strips of an image (`_pooled_pair`), keeping each pair's lower
         row for the next; the row above its first pair it computes first.
 
-        Banded: row group → (image, band of TILES pairs, strip), strips fastest. BALANCED (`_b`): the
-        grid's programs share the walk's M steps, all (image, strip, pair)s with pairs fastest, in
-        equal runs that cross strips and images (a pair 0 starts from the padding): ResNet-50 at
-        batch 256 has 28,672, and bands of 8 pairs made 3,584 programs, 9.05 rounds of the 396 that
-        an H200 holds at once, so the tenth ran 14."""
+        Banded: row group → (image, band of TILES pairs, strip), strips fastest. BALANCED ("balanced"):
+        the grid's programs share the walk's M steps, all (image, strip, pair)s with pairs fastest, in
+        equal runs that cross strips and images (a pair 0 starts from the padding), so that no last
+        round of programs runs mostly empty (docs/decisions/kernel-window-resident-tiles.md)."""
         STRIP: tl.constexpr = BLOCK_M // 2 - 1
         pairs = (OH + 1) // 2
         strips = tl.cdiv((OW + 1) // 2, STRIP)
@@ -368,30 +369,30 @@ if triton is not None:
                                         out_inv_scale, qmin, alpha, beta, KH, STRIDE_H, DIL_H, PIXEL_STEP, INT8,
                                         HAS_BIAS, ACT, BLOCK_M, BLOCK_N, WINDOW, WINDOW_ALIGN)
 
-KH_STEPS_SUFFIX = "_kh"
-ROW_PAIRS_SUFFIX = "_o2"  # after KH_STEPS_SUFFIX: two output rows per row tile
-MAX_POOL_SUFFIX = "_mp"  # after ROW_PAIRS_SUFFIX: the output max-pooled 3 × 3 / 2 in the kernel
-BALANCED_SUFFIX = "_b"  # after MAX_POOL_SUFFIX: the pooled walk shared equally by a fixed grid
-# The max pool a `_mp` tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
+# The max pool a "max-pool" tile computes (ONNX MaxPool attributes; `passes/fuse_stem_max_pool.py`).
 FUSED_POOL_KERNEL, FUSED_POOL_STRIDES, FUSED_POOL_PADS = (3, 3), (2, 2), (1, 1, 1, 1)
 
 
 @dataclass(frozen=True)
-class WindowResidentTile:
+class WindowResidentTile(Tactic):
     """A resident tile (its residual is loaded in the epilogue: `residual_prefetch` 0), whether K
-    is walked one filter row at a time (suffix `_kh`) rather than in one product over K padded to a
+    is walked one filter row at a time ("kh-steps") rather than in one product over K padded to a
     power of two, and, walking by filter rows, whether each row tile covers the same pixels of two
-    output rows (`_o2`, `_window_row_pairs`). Nsight Compute found the stem's GEMM bound by L2 (80%
-    busy, 1.56 GB through it for 236 MB of DRAM traffic: session 25): each output pixel reads 4
-    windows of 64 bytes there; a pair of rows shares 3 of its 4. `max_pool` (`_mp`, row pairs
-    only): the layer's 3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles`
-    row pairs a program; `balanced` (`_b`, pooled only): `resident.tiles` programs per SM share the
-    walk in equal runs."""
+    output rows ("row-pairs", `_window_row_pairs`): each output pixel reads 4 windows of 64 bytes
+    through L2, and a pair of rows shares 3 of its 4. "max-pool" (row pairs only): the layer's
+    3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles` row pairs a
+    program; "balanced" (pooled only): `resident.tiles` programs per SM share the walk in equal
+    runs. Spelled inline in the window tactics (`ops/quantized_window.py`), e.g.
+    "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs"."""
     resident: ResidentTile
     kh_steps: bool = False
     row_pairs: bool = False
     max_pool: bool = False
     balanced: bool = False
+
+    SCHEME: ClassVar[tuple] = (Inline("resident", ResidentTile), Flag("kh_steps", "kh-steps"),
+                               Flag("row_pairs", "row-pairs"), Flag("max_pool", "max-pool"),
+                               Flag("balanced", "balanced"))
 
     def __post_init__(self):
         if self.row_pairs and not self.kh_steps:
@@ -401,37 +402,21 @@ class WindowResidentTile:
         if self.balanced and (not self.max_pool or self.resident.n_adjacent):
             raise ValueError("WindowResidentTile: the balanced walk is the pooled one's, on a 2-D grid")
 
-    @property
-    def name(self) -> str:
-        return (self.resident.name + (KH_STEPS_SUFFIX if self.kh_steps else "")
-                + (ROW_PAIRS_SUFFIX if self.row_pairs else "") + (MAX_POOL_SUFFIX if self.max_pool else "")
-                + (BALANCED_SUFFIX if self.balanced else ""))
+    def invalid(self) -> str | None:
+        if self.resident.residual_prefetch:
+            return "the window tiles load the residual in the epilogue"
+        return "the pooled walk needs row tiles of 4 rows or more" if self.max_pool and self.resident.block_m < 4 \
+            else None
 
     @property
     def output_rows(self) -> int:
         """Output rows per row tile."""
         return 2 if self.row_pairs else 1
 
-    @classmethod
-    def parse(cls, name: str | None) -> "WindowResidentTile | None":
-        balanced = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX + BALANCED_SUFFIX)
-        name = name[:-len(BALANCED_SUFFIX)] if balanced else name
-        max_pool = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX + MAX_POOL_SUFFIX)
-        name = name[:-len(MAX_POOL_SUFFIX)] if max_pool else name
-        row_pairs = bool(name) and name.endswith(KH_STEPS_SUFFIX + ROW_PAIRS_SUFFIX)
-        name = name[:-len(ROW_PAIRS_SUFFIX)] if row_pairs else name
-        kh_steps = bool(name) and name.endswith(KH_STEPS_SUFFIX)
-        resident = ResidentTile.parse(name[:-len(KH_STEPS_SUFFIX)] if kh_steps else name)
-        if (resident is None or resident.residual_prefetch or (max_pool and resident.block_m < 4)
-                or (balanced and resident.n_adjacent)):
-            return None
-        return cls(resident, kh_steps, row_pairs, max_pool, balanced)
 
-
-# Fastest first as the H200 timed them over pre-packed pixels (session 17's probe, batch 256; ms):
-# _kh 64×64 2 stages 0.301, 64×64 2 stages 0.321, 3 stages 0.333, _kh 3 stages 0.334, 128×64 8 warps
-# 0.365, 64×64 8 warps 0.414; the implicit-GEMM window tile took 0.392. bench/kernel_asm.py --layer
-# stem (sm_90, Triton 3.6): 54–84 registers, 44–84 KiB of shared memory per program, no spills.
+# Fastest first as timed over pre-packed pixels (docs/decisions/kernel-window-resident-tiles.md).
+# bench/kernel_asm.py --layer stem (sm_90, Triton 3.6): 54–84 registers, 44–84 KiB of shared memory
+# per program, no spills.
 # The stem's 64 output channels are one column tile.
 WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True),
                          WindowResidentTile(ResidentTile(64, 64, 8, 4, 2)),
@@ -441,11 +426,9 @@ WINDOW_RESIDENT_TILES = (WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_st
                          WindowResidentTile(ResidentTile(64, 64, 8, 8, 3)))
 # Builder effort -> how many are timed (beside the implicit-GEMM window tiles): both forms from the start.
 WINDOW_RESIDENT_PER_EFFORT = {1: 2, 2: 4}
-# The pooled tiles (`_mp`), `tiles` being row pairs a program, or programs an SM for the balanced
-# walk (`_b`). ResNet-50's 112 × 112 stem output at batch 256 is 28,672 pair steps (2 strips of 64
-# columns); bands of 8 pairs make 3,584 programs, which the H200 ran at 0.300 ms (session 28, effort
-# 3; bands of 4: 0.323), where it holds 3 programs an SM at once: 9.05 rounds. The balanced walk
-# gives 3 × 132 programs 73 steps each. bench/kernel_asm.py --layer stem (sm_90, Triton 3.6):
+# The pooled tiles ("max-pool"), `tiles` being row pairs a program, or programs an SM for the
+# balanced walk ("balanced": equal runs where bands leave a last partial round of programs;
+# docs/decisions/kernel-window-resident-tiles.md). bench/kernel_asm.py --layer stem (sm_90, Triton 3.6):
 # 160–203 registers (the pair's two accumulators, the row kept from the pair above and the rows'
 # values), no spills; 8 warps on 64 × 64 or 128 × 64 kept as many registers a thread, one program an SM.
 POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, True, balanced=True),
@@ -462,8 +445,8 @@ INTERPRETED_SMS = 2
 
 def window_resident_tiles(effort: int, max_pool: bool = False) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
-    loaded once per program (ResidentTile's `_c`), then those walking by filter rows also over row
-    pairs (`_o2`); with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
+    loaded once per program (ResidentTile's cols-loaded), then those walking by filter rows also over
+    row pairs; with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
     after them, the others then storing the output for the pool to run after."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
@@ -483,7 +466,7 @@ def pooled_steps(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int]) 
 
 
 def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, int], sms: int) -> int:
-    """The programs of one column tile of a `_mp` tile: image × band of `tiles` pairs × strip; balanced,
+    """The programs of one column tile of a max-pool tile: image × band of `tiles` pairs × strip; balanced,
     `tiles` a multiprocessor of `sms` (never more than there are steps)."""
     steps = pooled_steps(tile, batch, out_hw)
     if tile.balanced:
@@ -496,8 +479,8 @@ def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
     """The largest power of two, up to 16, dividing every window's first byte: windows start
     `pixel_step` bytes apart in rows of `row_bytes` and images of `image_bytes`. Stated to the kernel
     because Triton 3.6 proved the row-pair walk's windows 16-byte aligned where the 4-byte form's
-    start every 8 bytes, and copied them 16 bytes at a time: a misaligned address on the H200
-    (session 25)."""
+    start every 8 bytes, and copied them 16 bytes at a time: a misaligned address on the GPU
+    (docs/decisions/kernel-window-resident-tiles.md)."""
     return math.gcd(pixel_step, row_bytes, image_bytes, 16)
 
 

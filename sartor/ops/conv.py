@@ -8,8 +8,10 @@ import torch.nn.functional as F
 
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
                                   padded_tap_tiles, single_pass_tiles, split_k_tiles)
-from ..kernels.depthwise import depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
+from ..kernels.depthwise import TRITON_DEPTHWISE, depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
 from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
+from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, REFERENCE, fixed_tactic,
+                                tactic_for)
 from .elementwise import apply_activation
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
@@ -118,7 +120,8 @@ def _conv_channels_last(x, w, b, residual, attrs):
     """CPU candidate: the convolution in channels-last layout (oneDNN's preferred one), the epilogue
     in torch, the output back in the input's memory format."""
     nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    y = conv_nd(x.contiguous(memory_format=torch.channels_last), conv_weight_for_tactic(w, "channels_last"), b, attrs)
+    y = conv_nd(x.contiguous(memory_format=torch.channels_last), conv_weight_for_tactic(w, CHANNELS_LAST_TACTIC), b,
+                attrs)
     y = y.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
     return _torch_epilogue(y, residual, attrs)
 
@@ -181,11 +184,12 @@ def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, r
 
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
     """A FusedConv weight in the layout its tactic reads (the executor stores it so once, at load)."""
-    if tactic == "channels_last" and w.dim() == 4:
+    layout = tactic_for(tactic).weight_layout
+    if layout == CHANNELS_LAST and w.dim() == 4:
         return w.contiguous(memory_format=torch.channels_last)
-    if tactic is not None and TileConfig.parse(tactic) is not None:
+    if layout == PACKED_K_MAJOR:
         return pack_weight(w)
-    if tactic == "triton_depthwise" and w.dim() == 4 and w.shape[1] == 1:
+    if layout == DEPTHWISE_TAPS and w.dim() == 4 and w.shape[1] == 1:
         return pack_depthwise_weight(w)
     return w
 
@@ -197,23 +201,30 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
-    tactic = attrs.get("tactic", "torch")
+    tactic = attrs.get("tactic", REFERENCE)
     if out.dtype != x.dtype or pixel_stride(out) is None:
         return None
-    tile = TileConfig.parse(tactic)
-    if tile is not None:
+    tile = tactic_for(tactic)
+    if isinstance(tile, TileConfig):
         return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
-    if tactic == "triton_depthwise":
+    if tactic == TRITON_DEPTHWISE:
         return _conv_depthwise(x, w, b, residual, attrs, out=out)
-    if tactic == "triton_epilogue" and x.is_cuda:
+    if tactic == TRITON_EPILOGUE and x.is_cuda:
         return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
     return None
 
 
 # Implementations of one fused conv that the builder times against each other (tactics): on CUDA
-# the library ones, the implicit-GEMM tiles ("igemm_...") and, for depthwise convs, the Triton
+# the library ones, the implicit-GEMM tiles ("igemm.…") and, for depthwise convs, the Triton
 # depthwise kernel; on the CPU "torch" and "channels_last". "torch" is the reference.
-FUSED_CONV_TACTICS = ("torch", "triton_epilogue", "cudnn_fused", "channels_last", "igemm_*", "triton_depthwise")
+TRITON_EPILOGUE = "triton_epilogue"
+CUDNN_FUSED = "cudnn_fused"
+CHANNELS_LAST_TACTIC = "channels_last"
+fixed_tactic(TRITON_EPILOGUE, lambda layer: f"torch.conv ({layer.library}) + triton epilogue")
+fixed_tactic(CUDNN_FUSED, "cudnn conv+bias(+add)+relu fused")
+fixed_tactic(CHANNELS_LAST_TACTIC, lambda layer: f"torch.conv channels-last ({layer.library}) + torch epilogue",
+             weight_layout=CHANNELS_LAST)
+FUSED_CONV_TACTICS = (REFERENCE, TRITON_EPILOGUE, CUDNN_FUSED, CHANNELS_LAST_TACTIC, "igemm.*", TRITON_DEPTHWISE)
 
 
 def igemm_variant_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
@@ -232,24 +243,24 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     """The candidates for one FusedConv with these arguments, the reference ("torch") first."""
     x, w = inputs[0], inputs[1]
     residual = inputs[3] if len(inputs) > 3 else None
-    tactics = ["torch"]
+    tactics = [REFERENCE]
     if not x.is_cuda:
         if x.dim() == 4:
-            tactics.append("channels_last")
+            tactics.append(CHANNELS_LAST_TACTIC)
         return tactics
     # Channel slices of a channels-last buffer (Split outputs, a Concat's inputs written in place)
     # qualify too: the Triton kernels read any pixel stride, cuDNN copies them first.
     if x.dim() == 4 and pixel_stride(x) is not None:
         if triton is not None:
-            tactics.append("triton_epilogue")
+            tactics.append(TRITON_EPILOGUE)
         if cudnn_fused_applicable(x, w, residual, attrs):
-            tactics.append("cudnn_fused")
+            tactics.append(CUDNN_FUSED)
         geometry = igemm_geometry(x, w, attrs) if x.dtype in (torch.float16, torch.bfloat16) else None
         if geometry is not None:
             tiles = candidate_tiles(int8=False, effort=effort)
             tactics += [tile.name for tile in tiles + igemm_variant_tiles(tiles, x, w, geometry)]
         if depthwise_geometry(x, w, attrs) is not None:
-            tactics.append("triton_depthwise")
+            tactics.append(TRITON_DEPTHWISE)
     return tactics
 
 
@@ -260,21 +271,21 @@ def fused_conv(inputs, attrs):
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     residual = inputs[3] if len(inputs) > 3 else None
-    tactic = attrs.get("tactic", "torch")
-    if tactic == "cudnn_fused" and cudnn_fused_applicable(x, w, residual, attrs):
+    tactic = attrs.get("tactic", REFERENCE)
+    if tactic == CUDNN_FUSED and cudnn_fused_applicable(x, w, residual, attrs):
         return _conv_cudnn_fused(x, w, b, residual, attrs)
-    if tactic == "triton_epilogue" and x.is_cuda:
+    if tactic == TRITON_EPILOGUE and x.is_cuda:
         y = _conv_triton_epilogue(x, w, b, residual, attrs)
         if y is not None:
             return y
-    if tactic == "channels_last" and not x.is_cuda and x.dim() == 4:
+    if tactic == CHANNELS_LAST_TACTIC and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
-    if tactic == "triton_depthwise":
+    if tactic == TRITON_DEPTHWISE:
         y = _conv_depthwise(x, w, b, residual, attrs)
         if y is not None:
             return y
-    tile = TileConfig.parse(tactic)
-    if tile is not None:
+    tile = tactic_for(tactic)
+    if isinstance(tile, TileConfig):
         y = _conv_igemm(x, w, b, residual, attrs, tile)
         if y is not None:
             return y

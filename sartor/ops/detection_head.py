@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.registry import fixed_tactic
 from ..kernels.yolo_head import yolo_decode, yolo_decode_supported
 from .registry import OpTable
 
@@ -16,6 +17,7 @@ OPS = OpTable("detection_head")
 
 REFERENCE = "torch"
 TRITON = "triton_yolo_decode"
+fixed_tactic(TRITON, "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)")
 
 
 def _split_inputs(inputs: list, attrs: dict) -> tuple[list, list]:

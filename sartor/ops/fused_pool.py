@@ -1,6 +1,6 @@
 """A QConv carrying the max pool that alone read its codes (`passes/fuse_stem_max_pool.py`): the
 attributes that say so, and whether the pooled resident-window tiles (`kernels/window_resident.py`,
-`_mp`) compute that pool inside the layer's kernel, storing only the pooled codes. Every other
+"max-pool") compute that pool inside the layer's kernel, storing only the pooled codes. Every other
 tactic of such a layer runs the layer, then the pool (`ops/quantized.py`, qconv)."""
 from __future__ import annotations
 

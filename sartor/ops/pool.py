@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from ..kernels.epilogue import pixel_stride
 from ..kernels.pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
+from ..kernels.registry import tactic_for
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
 from ..ir.dtypes import FLOAT_DTYPES
@@ -78,10 +79,10 @@ def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
 
 
 def _triton_max_pool(x: torch.Tensor, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """A Triton tactic's result ("triton_nhwc…"), new or in `out`; None where the tactic is not one
+    """A Triton tactic's result ("max_pool.…"), new or in `out`; None where the tactic is not one
     or does not apply."""
-    tile = PoolTile.parse(attrs.get("tactic"))
-    if tile is None or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
+    tile = tactic_for(attrs.get("tactic"))
+    if not isinstance(tile, PoolTile) or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
     return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out,

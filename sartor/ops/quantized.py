@@ -17,8 +17,8 @@ What one INT8 layer computes, in the order a GPU kernel does it:
    ±127 (`requantize`; on the GPU one fused multiply-add with 1.5·2^23); otherwise it stays FP32.
 
 Steps 4 and 5 are defined with fused multiply-adds because the GPU's epilogue is bound by its
-instruction count on the 1×1 layers (ResNet-50's expanding layers, BENCHMARKS.md session 19), and
-each fma is one instruction where a multiply and an add, each rounded, were two.
+instruction count on the 1×1 layers, and each fma is one instruction where a multiply and an add,
+each rounded, were two (docs/decisions/kernel-int8-epilogue-fma.md).
 
 A projected QConv (`passes/fuse_projected_residual.py`; inputs from PROJECTION_FIRST_INPUT) takes as
 its residual a second unpadded 1×1 layer's output, computed by steps 1–3 of that layer and not
@@ -61,31 +61,33 @@ ops with three differences:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.epilogue import pixel_stride, triton
-from ..kernels.im2col import im2col_codes
-from ..kernels.pool import POOL_TACTIC
+from ..kernels.pool import POOL_TILES
 from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
 from ..kernels.resident_gemm import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window_resident import WindowResidentTile
+from ..kernels.registry import (AS_GIVEN, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline, LayerFacts,
+                                Tactic, register, tactic_for)
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
 from .fused_pool import fused_max_pool, pool_in_kernel, without_max_pool
 from .int8_cpu import conv_by_int_mm, depthwise_in_float32, matmul_by_int_mm
+from .quantized_im2col import IM2COL_MAX_CHANNELS, Im2colIgemm, im2col_conv, im2col_weight
 from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer, library_tactics
-from .quantized_window import (space_to_depth_applies, window_applies, window_conv, window_resident_tile,
-                               window_space_to_depth, window_tactics, window_tile, window_weight)
+from .quantized_window import (WINDOW_TACTICS, WindowResident, space_to_depth_applies, window_applies, window_conv,
+                               window_tactics, window_weight)
 from .pool import max_pool
 from .registry import OpTable
 from .util import exact_integer_math
@@ -214,21 +216,6 @@ def _igemm_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict, gemm: bool) 
     return igemm_geometry(x, wq, attrs)
 
 
-# A convolution reading few channels (the 3-channel stem) walks K in steps far narrower than the
-# tensor cores' 32 bytes; it runs better as an explicit im2col (INT8 columns, K padded to a multiple
-# of 32 and of the GEMM tile's BLOCK_K) followed by the GEMM kernel. The tactic names are "im2col_" +
-# the GEMM tile's name.
-IM2COL_PREFIX = "im2col_"
-IM2COL_MAX_CHANNELS = 16
-IM2COL_K_MULTIPLE = 32
-
-
-def _im2col_tile(tactic: str | None) -> TileConfig | None:
-    if not tactic or not tactic.startswith(IM2COL_PREFIX):
-        return None
-    return TileConfig.parse(tactic[len(IM2COL_PREFIX):])
-
-
 def fp8_tensor_cores(device: torch.device) -> bool:
     """FP8 tensor-core products (Triton's FP8 tl.dot) need compute capability 8.9 or newer."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -241,7 +228,7 @@ def _qlayer_tactics(gemm: bool):
         TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
         the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions). A
         projected layer: `projected_tactics`."""
-        names = ["torch"]
+        names = [REFERENCE]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
         if projection_inputs(inputs) is not None:
@@ -251,7 +238,7 @@ def _qlayer_tactics(gemm: bool):
             tiles = candidate_tiles(int8=True, effort=effort)
             kernels = tiles + igemm_variant_tiles(tiles, inputs[0], inputs[1], geometry)
             residual = len(inputs) > 3 and inputs[3] is not None
-            residual_codes = residual and inputs[3].dtype == torch.int8  # for the `_m` variants
+            residual_codes = residual and inputs[3].dtype == torch.int8  # for the residual-mma variants
             halved = halved_epilogue_tiles(kernels, residual)
             names += [tile.name for tile in kernels + halved]
             if not gemm:
@@ -266,7 +253,7 @@ def _qlayer_tactics(gemm: bool):
             if library_applies(inputs[0], inputs[1], geometry):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
-                names += [IM2COL_PREFIX + tile.name for tile in tiles]
+                names += [Im2colIgemm(tile).name for tile in tiles]
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
@@ -277,36 +264,23 @@ def _qlayer_tactics(gemm: bool):
 
 
 def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
-    """Windowed for the pixel windows (`quantized_window.window_weight`); packed K-major for the
-    implicit-GEMM tiles, the resident kernel and the library GEMMs; flattened to [Cout, kh·kw·C]
-    for im2col, K zero-padded to a multiple of 32 and of the tile's BLOCK_K: the GEMM kernel walks
-    a K it can split into whole BLOCK_K blocks with contiguous loads, and any other K with a
-    per-element gather (the stem's K = 147 padded to 160 had every im2col tile of BLOCK_K 64
-    gathering: 3.7 ms at ResNet-50's batch 256 on the H200); as built for the emulation."""
-    if window_tile(tactic) is not None and wq.dim() == 4:
-        return window_weight(wq, space_to_depth=window_space_to_depth(tactic))
-    tile = _im2col_tile(tactic)
-    if tile is not None and wq.dim() == 4:
-        flat = wq.permute(0, 2, 3, 1).reshape(wq.shape[0], -1)
-        multiple = math.lcm(IM2COL_K_MULTIPLE, tile.block_k)
-        return _pad_columns(flat, -flat.shape[1] % multiple).contiguous()
-    return pack_weight(wq) if own_kernel_tactic(tactic) or tactic in LIBRARY_TACTICS else wq
+    """The weight in the layout the tactic's family declares: windowed for the pixel windows
+    (`quantized_window.window_weight`); packed K-major for the implicit-GEMM tiles, the resident
+    kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); as
+    built for the emulation."""
+    chosen = tactic_for(tactic)
+    layout = chosen.weight_layout if wq.dim() == 4 else AS_GIVEN
+    if layout == PIXEL_WINDOWS:
+        return window_weight(wq, space_to_depth=chosen.space_to_depth)
+    if layout == IM2COL_ROWS:
+        return im2col_weight(wq, chosen.tile)
+    return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 
 def own_kernel_tactic(tactic: str | None) -> bool:
     """Whether the tactic is one of sartor's own Triton kernels with the layer's epilogue fused that
-    --pdl launches with programmatic dependent launch: those `_kernel_tactic` runs (an
-    implicit-GEMM, resident or TMA tile), which read the weight packed K-major, and the
-    resident-window tiles (their GEMM kernel; the pixel packing before it launches as usual)."""
-    return bool(tactic) and (any(kind.parse(tactic) is not None
-                                 for kind in (TileConfig, ResidentTile, TmaTile, GemmTmaTile))
-                             or window_resident_tile(tactic) is not None)
-
-
-def _pad_columns(t: torch.Tensor, extra: int) -> torch.Tensor:
-    """Zero columns appended to a 2-D 8-bit tensor (INT8 or FP8: both encode zero as byte 0;
-    padding goes through the bytes, which every torch release pads)."""
-    return F.pad(t.view(torch.uint8), (0, extra)).view(t.dtype)
+    --pdl launches with programmatic dependent launch (the family's PROGRAMMATIC_LAUNCH)."""
+    return tactic_for(tactic).PROGRAMMATIC_LAUNCH
 
 
 # The attribute bounding an INT8 layer's int32 sums (`passes/bound_accumulators.py`), which its kernels
@@ -341,12 +315,7 @@ def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
     geometry = igemm_geometry(x, _unpacked_weight_shape(x, w_flat, attrs), attrs, require_cuda=False)
     if geometry is None:
         return None
-    columns = im2col_codes(x, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations, geometry.out_hw,
-                           w_flat.shape[1], code_dtype(attrs), attrs["input_inv_scale"], attrs.get("qmin", -QMAX))
-    y = conv_igemm(columns, w_flat, bias, ConvGeometry.gemm(), tile, dequant_scale=dequant_scale,
-                   **_int8_epilogue(attrs))
-    n, (oh, ow) = x.shape[0], geometry.out_hw
-    return y.view(n, oh, ow, -1).permute(0, 3, 1, 2)  # channels-last [N, Cout, OH, OW]
+    return im2col_conv(x, w_flat, bias, dequant_scale, geometry, tile, code_dtype(attrs), _int8_epilogue(attrs))
 
 
 def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileConfig | WindowResidentTile,
@@ -390,8 +359,11 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
                          pdl=_programmatic_launch(x, attrs), strides=tuple(geometry.strides), **_int8_epilogue(attrs))
 
 
-def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, out: torch.Tensor | None = None):
-    """The TMA-fed convolution (`kernels/conv_tma.py`), or None where it does not apply."""
+def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, gemm: bool,
+                out: torch.Tensor | None = None):
+    """The TMA-fed convolution (`kernels/conv_tma.py`), or None where it does not apply (GEMMs too)."""
+    if gemm:
+        return None
     geometry = _any_device_geometry(x, wq, attrs, gemm=False)
     if not tma_applies(x, tuple(wq.shape), geometry, tile.block_k) or x.dtype != code_dtype(attrs):
         return None
@@ -422,22 +394,17 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
     convolution or a dense GEMM) or an implicit-GEMM tile; None for any other tactic, or where this
     one does not apply to these inputs (the caller then runs the emulation)."""
-    tactic = attrs.get("tactic") or ""
-    if tactic in LIBRARY_TACTICS:
-        return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)
-    resident = ResidentTile.parse(tactic)
-    if resident is not None:
-        return _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, resident, gemm, out)
-    tma = TmaTile.parse(tactic)
-    if tma is not None:
-        return None if gemm else _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tma, out)
-    dense = GemmTmaTile.parse(tactic)
-    if dense is not None:
-        return _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, dense, gemm, out)
-    tile = TileConfig.parse(tactic)
-    if tile is not None:
-        return _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile, gemm, out)
-    return None
+    name = attrs.get("tactic") or REFERENCE
+    if name in LIBRARY_TACTICS:
+        return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
+    tactic = tactic_for(name)
+    run = _KERNEL_RUNNERS.get(type(tactic))
+    return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)
+
+
+# How `_kernel_tactic` runs each kernel family's tactic on a QConv or QGemm.
+_KERNEL_RUNNERS = {ResidentTile: _qlayer_resident, TmaTile: _qlayer_tma, GemmTmaTile: _qlayer_gemm_tma,
+                   TileConfig: _qlayer_igemm}
 
 
 def code_dtype(attrs: dict) -> torch.dtype:
@@ -456,10 +423,25 @@ def qlayer_output_dtype(attrs: dict) -> torch.dtype:
 # that unpadded 1×1 layer's output dequantized to float32, not requantized (what the layer's own
 # epilogue gives with no output scale), added as a float residual (input 3 stays empty).
 PROJECTION_FIRST_INPUT = 5
-# The projection run as a layer of its own before the resident kernel reads its float32 output as the
-# residual: a slower route to the same numbers, for where the fused kernel is rejected.
-SPLIT_PREFIX = "split_"
-SPLIT_TACTIC = SPLIT_PREFIX + replace(RESIDENT_TILES[0], n_adjacent=True).name
+
+
+@register
+@dataclass(frozen=True)
+class ResidentSplitProjection(Tactic):
+    """The projection run as a layer of its own before the resident kernel reads its float32 output
+    as the residual: a slower route to the same numbers, for where the fused kernel is rejected.
+    Named "resident_split_projection." + the resident tile's fields."""
+    tile: ResidentTile
+
+    FAMILY: ClassVar[str] = "resident_split_projection"
+    SCHEME: ClassVar[tuple] = (Inline("tile", ResidentTile),)
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"{layer.codes} triton GEMM of the projection (float32 out), then of the layer, weight tiles "
+                f"resident over row tiles {self.tile.fields_text} + fused epilogue")
+
+
+SPLIT_TACTIC = ResidentSplitProjection(replace(RESIDENT_TILES[0], n_adjacent=True)).name
 
 
 def projection_inputs(inputs) -> list | None:
@@ -492,9 +474,9 @@ FEW_ROWS_TILE = ResidentTile(32, 64, 2, 4, 2, n_adjacent=True)
 
 def projected_tactics(inputs, attrs: dict, effort: int) -> list[str]:
     """The resident tiles with the projection fused (each timed as for a layer of the larger K;
-    the early-residual variants have no residual to load early; each `_c_g` tile of up to
-    PROJECTION_COLUMNS_MAX_BLOCK_N columns also as `_cp_g`, the projection's columns loaded once
-    too; FEW_ROWS_TILE where the first tile would leave multiprocessors idle) and SPLIT_TACTIC,
+    the early-residual variants have no residual to load early; each cols-loaded grouped tile of up
+    to PROJECTION_COLUMNS_MAX_BLOCK_N columns also with proj-cols-loaded, the projection's columns
+    loaded once too; FEW_ROWS_TILE where the first tile would leave multiprocessors idle) and SPLIT_TACTIC,
     where both the layer and its projection are resident-kernel layers on CUDA."""
     x, wq = inputs[0], inputs[1]
     px, pw = projection_inputs(inputs)[:2]
@@ -524,10 +506,10 @@ def _projection(inputs, attrs: dict) -> Projection:
 def _projected_kernel(inputs, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """A projected layer by its tactic (a resident tile, or SPLIT_TACTIC), or None for the emulation."""
     x, wq, bias, scale = inputs[0], inputs[1], inputs[2], inputs[4]
-    tactic = attrs.get("tactic") or ""
-    split = tactic.startswith(SPLIT_PREFIX)
-    tile = ResidentTile.parse(tactic[len(SPLIT_PREFIX):] if split else tactic)
-    if tile is None:
+    tactic = tactic_for(attrs.get("tactic"))
+    split = isinstance(tactic, ResidentSplitProjection)
+    tile = tactic.tile if split else tactic
+    if not isinstance(tile, ResidentTile):
         return None
     projection = _projection(inputs, attrs)
     if not _projected_resident_applies(x, wq, projection.x, projection.weight,
@@ -562,17 +544,15 @@ def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
 def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Tensor | None:
     """The layer by its tactic when that is one of the kernels (windows, im2col, `_kernel_tactic`'s),
     else None (the emulation)."""
-    window = window_tile(attrs.get("tactic"))
-    if isinstance(window, WindowResidentTile) and window.max_pool:
+    tactic = tactic_for(attrs.get("tactic"))
+    if tactic.fuses_max_pool:
         raise ValueError(f"QConv: tactic {attrs['tactic']} pools the layer's output, and the layer carries no max pool")
-    if window is not None:
-        y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, window,
-                         space_to_depth=window_space_to_depth(attrs.get("tactic")))
+    if isinstance(tactic, WINDOW_TACTICS):
+        y = _window_conv(x, wq, bias, residual, dequant_scale, attrs, tactic.tile, space_to_depth=tactic.space_to_depth)
         if y is not None:
             return y
-    im2col_tile = _im2col_tile(attrs.get("tactic"))
-    if im2col_tile is not None and residual is None:
-        y = _im2col_conv(x, wq, bias, dequant_scale, attrs, im2col_tile)
+    if isinstance(tactic, Im2colIgemm) and residual is None:
+        y = _im2col_conv(x, wq, bias, dequant_scale, attrs, tactic.tile)
         if y is not None:
             return y
     return _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm=False)
@@ -580,20 +560,20 @@ def _qconv_kernel(x, wq, bias, residual, dequant_scale, attrs: dict) -> torch.Te
 
 def _pooled_qconv(inputs, attrs: dict, pool: dict) -> torch.Tensor:
     """A QConv carrying its max pool (`ops/fused_pool.py`): one kernel for a pooled window tile
-    (`_mp`), else the layer by its tactic (the emulation too) and then the pool, by the Triton
+    ("max-pool"), else the layer by its tactic (the emulation too) and then the pool, by the Triton
     pool's first tile on CUDA (the pool's own timing is the unfused graph's)."""
     layer = without_max_pool(attrs)
-    tile = window_resident_tile(attrs.get("tactic"))
-    if tile is not None and tile.max_pool:
+    tactic = tactic_for(attrs.get("tactic"))
+    if isinstance(tactic, WindowResident) and tactic.fuses_max_pool:
         if not pool_in_kernel(pool):
             raise ValueError(f"QConv: tactic {attrs['tactic']} pools 3x3/2 with padding 1, not the layer's {pool}")
-        y = _window_conv(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, None, inputs[4], layer, tile,
-                         space_to_depth=window_space_to_depth(attrs["tactic"]))
+        y = _window_conv(inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None, None, inputs[4], layer,
+                         tactic.tile, space_to_depth=tactic.space_to_depth)
         if y is not None:
             return y
-        layer["tactic"] = "torch"  # the windows do not apply to these inputs
+        layer["tactic"] = REFERENCE  # the windows do not apply to these inputs
     y = qconv(inputs, layer)
-    return max_pool([y], dict(pool, tactic=POOL_TACTIC if y.is_cuda else "torch"))
+    return max_pool([y], dict(pool, tactic=POOL_TILES[0].name if y.is_cuda else REFERENCE))
 
 
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,

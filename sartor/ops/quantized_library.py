@@ -3,10 +3,8 @@
 layer's epilogue in one Triton kernel (`accumulator_epilogue`, the split-K epilogue with one share).
 
 Issue 5 asks for the libraries' kernels among the candidates, as TensorRT times cuBLAS/cuDNN beside
-its own. On the H200 `_int_mm` alone (int32 out, no epilogue) took 0.094 ms on layer3's 1×1 conv3
-of ResNet-50 (K = 256) where the implicit-GEMM tiles took 0.22 ms with their epilogue (BENCHMARKS.md
-session 13, single-launch timings). Its int32 accumulators make a round trip through memory, so the
-builder's timing decides where it pays.
+its own. Their int32 accumulators make a round trip through memory, so the builder's timing decides
+where they pay (docs/decisions/kernel-library-gemms.md).
 
 INT8: the integer sums are exact, so the output is the emulation's bit for bit. FP8: cuBLAS adds
 the products in float32 in its own order; the tactic check's FP8 tolerance covers it.
@@ -17,10 +15,15 @@ import torch
 
 from ..kernels.conv_igemm import ConvGeometry, accumulator_epilogue
 from ..kernels.epilogue import pixel_stride
+from ..kernels.registry import PACKED_K_MAJOR, fixed_tactic
 
 INT_MM = "cublas_int_mm"
 SCALED_MM = "cublas_scaled_mm"
 LIBRARY_TACTICS = (INT_MM, SCALED_MM)
+fixed_tactic(INT_MM, "cuBLAS int8 GEMM (torch._int_mm, int32 accumulate) + triton epilogue",
+             weight_layout=PACKED_K_MAJOR)
+fixed_tactic(SCALED_MM, "cuBLAS fp8 e4m3 GEMM (torch._scaled_mm, fp32 accumulate) + triton epilogue",
+             weight_layout=PACKED_K_MAJOR)
 MIN_ROWS = 17  # torch._int_mm on CUDA wants more than 16 rows
 DIM_MULTIPLE = 16  # cuBLAS FP8 GEMMs want K and N multiples of 16 (INT8: 8); 16 for both
 

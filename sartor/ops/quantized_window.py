@@ -1,5 +1,6 @@
-"""The window tactic of few-channel INT8 (FP8) convolutions (a network's stem): tactics "window_"
-+ a GEMM tile's name, offered beside the implicit-GEMM and im2col tiles of QConv.
+"""The window tactics of few-channel INT8 (FP8) convolutions (a network's stem): "window_igemm.…"
+(an implicit-GEMM tile's fields) and "window_resident.…" (a resident-window tile's), offered beside
+the implicit-GEMM and im2col tiles of QConv.
 
 The input is packed once into padded 4-byte pixels of codes (`sartor/kernels/pixel_pack.py`). In
 that tensor the kw taps of one filter row, all channels, are kw·4 contiguous bytes, so a kh × kw
@@ -9,36 +10,37 @@ through a strided view, one window per output pixel and filter row. The weight i
 match: [Cout, window, kh, 1] with byte kw·4 + c of each window holding tap (kw, c), zero past the
 kernel's width and channels. The implicit-GEMM kernel then walks K in whole 32-byte blocks of
 contiguous loads, where im2col first wrote [N·OH·OW, K] columns byte by byte from the image's
-planes (2.62 ms of ResNet-50's 3.46 ms INT8 stem at batch 256 on the H200, BENCHMARKS.md
-session 13).
+planes (docs/decisions/kernel-stem-im2col-and-pixel-windows.md).
 
 The products and their int32 sums are those of the emulation (zero codes add nothing), so the
 output is the emulation's bit for bit, as for the other tiles.
 
-Beside the implicit-GEMM tiles ("window_igemm_…"), resident-window tiles ("window_resident_…",
+Beside the implicit-GEMM tiles ("window_igemm.…"), resident-window tiles ("window_resident.…",
 `sartor/kernels/window_resident.py`) run the GEMM over the same packed pixels and weight with the
 weight block held in each program across several row tiles.
 
-A stride-2 INT8 stem has a space-to-depth form of each ("window_s2d_…"): the image packed into
+A stride-2 INT8 stem has a space-to-depth form of each (flag "space-to-depth"): the image packed into
 16-byte pixels, each a 2 × 2 block of 4-byte ones, makes the 7 × 7 stride-2 convolution a 4 × 4
 stride-1 one over them (the kernel zero-padded to 8 × 8). A window is then 4 whole 16-byte pixels,
 64 bytes starting every 16, where the 4-byte form's 32-byte windows start every 8 bytes: the GEMM
-gathers its rows in fewer loads, of 16 aligned bytes rather than 8 (session 19's Nsight Compute
-found the stem's GEMM bound by shared memory, with 36% excess wavefronts from 8-byte copies). K is 4 · 64 = 256
+gathers its rows in fewer loads, of 16 aligned bytes rather than 8
+(docs/decisions/kernel-stem-im2col-and-pixel-windows.md). K is 4 · 64 = 256
 against 7 · 32 = 224. The products are the same and their int32 sums exact, so the output is the
 emulation's bit for bit; FP8, which sums in float32 window by window, keeps the 4-byte form.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from ..kernels.conv_igemm import TILES_PER_EFFORT, ConvGeometry, TileConfig, conv_igemm
 from ..kernels.pixel_pack import PIXEL_BYTES, pack_pixels
+from ..kernels.registry import PIXEL_WINDOWS, Flag, Inline, LayerFacts, Tactic, register
 from ..kernels.window_resident import WindowResidentTile, window_resident_conv, window_resident_tiles
 from .fp8 import is_fp8
 
-WINDOW_PREFIX = "window_"
-SPACE_TO_DEPTH = "s2d_"  # after WINDOW_PREFIX: the space-to-depth form
 BLOCK_PIXEL_BYTES = 4 * PIXEL_BYTES  # a 2 × 2 block of 4-byte pixels
 WINDOW_STEP = 32  # bytes: the K step of 8-bit tensor-core products, and the GEMM tiles' BLOCK_K
 WINDOW_MAX_BYTES = 64  # kernels up to 16 taps wide
@@ -81,33 +83,67 @@ def space_to_depth_applies(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bo
             and list(dilations) == [1, 1] and space_to_depth_window_bytes(wq.shape[3]) <= WINDOW_MAX_BYTES)
 
 
+def _pixels_words(space_to_depth: bool) -> str:
+    return "16-byte pixels of 2x2 blocks, stride 1" if space_to_depth else "4-byte pixels"
+
+
+@register
+@dataclass(frozen=True)
+class WindowIgemm(Tactic):
+    """Packed pixels, then an implicit-GEMM tile over their windows, e.g. "window_igemm.64x64x32.w4.s4"
+    (".space-to-depth": through block pixels)."""
+    tile: TileConfig
+    space_to_depth: bool = False
+
+    FAMILY: ClassVar[str] = "window_igemm"
+    SCHEME: ClassVar[tuple] = (Inline("tile", TileConfig), Flag("space_to_depth", "space-to-depth"))
+    WEIGHT_LAYOUT: ClassVar[str] = PIXEL_WINDOWS
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"{layer.codes} {_pixels_words(self.space_to_depth)} + triton implicit GEMM over pixel windows "
+                f"{self.tile.fields_text} + fused epilogue")
+
+
+@register
+@dataclass(frozen=True)
+class WindowResident(Tactic):
+    """Packed pixels, then a resident-window tile over their windows, e.g.
+    "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs" (".space-to-depth": through block pixels;
+    ".max-pool": the layer's carried max pool in the kernel)."""
+    tile: WindowResidentTile
+    space_to_depth: bool = False
+
+    FAMILY: ClassVar[str] = "window_resident"
+    SCHEME: ClassVar[tuple] = (Inline("tile", WindowResidentTile), Flag("space_to_depth", "space-to-depth"))
+    WEIGHT_LAYOUT: ClassVar[str] = PIXEL_WINDOWS
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True  # its GEMM kernel; the pixel packing launches as usual
+
+    @property
+    def fuses_max_pool(self) -> bool:
+        return self.tile.max_pool
+
+    def describe(self, layer: LayerFacts) -> str:
+        rows = ", two output rows per row tile" if self.tile.row_pairs else ""
+        return (f"{layer.codes} {_pixels_words(self.space_to_depth)} + triton GEMM over pixel windows, weight "
+                f"resident over row tiles {self.tile.fields_text}{rows} + fused epilogue")
+
+
+WINDOW_TACTICS = (WindowIgemm, WindowResident)
+
+
+def window_tactic(tile: TileConfig | WindowResidentTile, space_to_depth: bool = False) -> WindowIgemm | WindowResident:
+    """The window tactic running `tile` (an implicit-GEMM or a resident-window tile) over packed pixels."""
+    return (WindowResident if isinstance(tile, WindowResidentTile) else WindowIgemm)(tile, space_to_depth)
+
+
 def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = False) -> list[str]:
     """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows;
     with `space_to_depth` each in that form too; with `max_pool` (a layer carrying the 3 × 3 / 2 max
     pool the pooled tiles compute) the pooled resident-window tiles too."""
     tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))],
              *window_resident_tiles(effort, max_pool=max_pool)]
-    forms = (WINDOW_PREFIX, WINDOW_PREFIX + SPACE_TO_DEPTH) if space_to_depth else (WINDOW_PREFIX,)
-    return [form + tile.name for form in forms for tile in tiles]
-
-
-def window_tile(tactic: str | None) -> TileConfig | WindowResidentTile | None:
-    """The tile a window tactic names (either form): an implicit-GEMM tile or a resident-window one."""
-    if not tactic or not tactic.startswith(WINDOW_PREFIX):
-        return None
-    name = tactic[len(WINDOW_PREFIX):].removeprefix(SPACE_TO_DEPTH)
-    return TileConfig.parse(name) or WindowResidentTile.parse(name)
-
-
-def window_space_to_depth(tactic: str | None) -> bool:
-    """Whether a window tactic is the space-to-depth form."""
-    return window_tile(tactic) is not None and tactic[len(WINDOW_PREFIX):].startswith(SPACE_TO_DEPTH)
-
-
-def window_resident_tile(tactic: str | None) -> WindowResidentTile | None:
-    """The tile of a resident-window tactic; None for any other."""
-    tile = window_tile(tactic)
-    return tile if isinstance(tile, WindowResidentTile) else None
+    forms = (False, True) if space_to_depth else (False,)
+    return [window_tactic(tile, form).name for form in forms for tile in tiles]
 
 
 def window_weight(wq: torch.Tensor, space_to_depth: bool = False) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.epilogue import pixel_stride
+from ..kernels.registry import fixed_tactic
 from ..kernels.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported
 from .registry import OpTable
 from .util import floats, ints, norm_axis, only_dtypes
@@ -205,6 +206,7 @@ def _nearest_factors(x, axes, sizes, scales, attrs) -> tuple[int, int] | None:
 
 # ---- the ops: a request is (x, sizes, scales, roi, axes, Resize attributes) ----------------------
 TRITON_NEAREST = "triton_nhwc"
+fixed_tactic(TRITON_NEAREST, "triton channels-last nearest upsample")
 
 
 def _resize_request(inputs: list, attrs: dict) -> tuple:

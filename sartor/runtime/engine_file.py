@@ -22,7 +22,10 @@ from safetensors.torch import save as save_safetensors
 from ..errors import EngineFileError, OutputPathError
 
 MAGIC = b"SARTOR\x00E"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# What an engine of an older format lacks, said in its refusal. 2: tactics are named in the
+# registry's scheme (`kernels/registry.py`); version 1 engines name them in the scheme before it.
+OLDER_FORMATS = {1: "its layers' tactics are named in sartor's scheme before the tactic registry"}
 _DIGEST = 32
 _PICKLE_PREFIXES = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
 
@@ -46,7 +49,8 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         raise EngineFileError(f"{where} is not a sartor engine (bad magic)")
     version = struct.unpack_from("<I", data, len(MAGIC))[0]
     if version != FORMAT_VERSION:
-        raise EngineFileError(f"{where} has engine format version {version}; this sartor reads version "
+        why = f" ({OLDER_FORMATS[version]})" if version in OLDER_FORMATS else ""
+        raise EngineFileError(f"{where} has engine format version {version}{why}; this sartor reads version "
                               f"{FORMAT_VERSION}: rebuild the engine from its ONNX model")
     offset = len(MAGIC) + 4
     try:

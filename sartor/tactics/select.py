@@ -32,7 +32,7 @@ REFERENCE_TACTIC = "torch"
 # What CUDA says of a fault that ends the process's context (cudaErrorIllegalAddress,
 # MisalignedAddress, IllegalInstruction, InvalidPc, LaunchFailure, HardwareStackError, Assert,
 # LaunchTimeout): after one, no candidate can run, so the build must stop rather than reject the
-# rest. Session 25's H200 build met "misaligned address" from a Triton 3.6 miscompile.
+# rest (a Triton 3.6 miscompile once met "misaligned address" mid-build).
 STICKY_CUDA_ERRORS = ("illegal memory access", "misaligned address", "illegal instruction",
                       "invalid program counter", "unspecified launch failure", "hardware stack error",
                       "device-side assert", "launch timed out")
@@ -62,9 +62,9 @@ def _graph_replay(fn, device: torch.device, calls: int = 1):
     return graph.replay
 
 
-# Events around one replay also time the graph's launch, during which the GPU waits: about 10 µs
-# on the H200, where a batch-1 layer's kernels take 3–20 µs (Nsight Compute, session 19), and a
-# device copy of 800 KB timed at 0.017 ms. A replay shorter than SHORT_REPLAY_MS is captured again
+# Events around one replay also time the graph's launch, during which the GPU waits: about as long as
+# a batch-1 layer's kernels or a small device copy (docs/decisions/tactic-timing-short-replays.md).
+# A replay shorter than SHORT_REPLAY_MS is captured again
 # with enough calls of the candidate to fill REPLAY_FILL_MS, up to MAX_CALLS_PER_REPLAY, and its
 # time divided by them: the candidates of a small layer are then compared by their own time, with
 # the launches between them as an engine's graph has them.
@@ -151,8 +151,9 @@ def _mismatch(out, ref: torch.Tensor, fp8_products: bool = False) -> str | None:
     tolerance = 1e-2 if ref.dtype in (torch.float16, torch.bfloat16) else 1e-4
     if fp8_products:
         # The FP8 tensor cores' chunk sums of ~14 bits against the emulation's exact ones: a float32
-        # output lands up to a few 2^-14 of the layer's largest value away (1.76e-4 on the H200,
-        # session 28, a 128-deep chunk), where its e4m3 codes would be allowed steps of 2^-4.
+        # output lands up to a few 2^-14 of the layer's largest value away
+        # (docs/decisions/tactic-timing-short-replays.md), where its e4m3 codes would be allowed
+        # steps of 2^-4.
         tolerance = max(tolerance, FP8_CANCELLATION_TOLERANCE)
     # Below float16's smallest normal number (6.1e-5) a value has no relative precision: its steps
     # are absolute (2^-24). Networks whose activations fade layer by layer (random-weight YOLOv8n

@@ -1,7 +1,7 @@
 """The timing cache: what tactic selection measured, kept in a readable JSON file so that the next
 build of the same layers (same model or another one) times nothing it has timed before.
 
-    {"format": "sartor-timing-cache-1",
+    {"format": "sartor-timing-cache-2",
      "devices": {"<fingerprint digest>": {
          "fingerprint": {...the device fingerprint, in full...},
          "entries": {"<layer signature>": {"winner": "channels_last",
@@ -37,7 +37,9 @@ from ..ops.fused_pool import max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..runtime.engine_file import write_atomic
 
-FORMAT = "sartor-timing-cache-1"
+FORMAT = "sartor-timing-cache-2"
+# Caches of an older format, refused with what they lack: their winners would name no tactic now.
+OLDER_FORMATS = {"sartor-timing-cache-1": "its tactics are named in sartor's scheme before the tactic registry"}
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
            torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 
@@ -132,6 +134,10 @@ def _check_entry(entry, where: str) -> dict:
 
 def _parse(data, where: str) -> dict[str, dict]:
     """{digest: {"fingerprint": {...}, "entries": {...}}}, digests recomputed from the fingerprints."""
+    if isinstance(data, dict) and data.get("format") in OLDER_FORMATS:
+        raise TimingCacheError(f"{where} is a timing cache of format {data['format']!r} ("
+                               f"{OLDER_FORMATS[data['format']]}); this sartor reads {FORMAT!r}: delete it to time "
+                               f"the layers again")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise TimingCacheError(f"{where} is not a sartor timing cache (format {found!r}, expected {FORMAT!r})")
