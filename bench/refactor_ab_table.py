@@ -32,7 +32,7 @@ def main() -> None:
         base, new = entries(base_file), entries(new_file)
         lines += ["", f"## {base_file.stem}", "",
                   "| layer (signature, shortened) | base winner | new winner | same candidate | base ms | new ms | "
-                  "candidates |", "|---|---|---|---|---|---|---|"]
+                  "candidates | the other's winner, each side (ms) |", "|---|---|---|---|---|---|---|---|"]
         for signature, b in base.items():
             n = new.get(signature)
             if n is None:
@@ -43,9 +43,16 @@ def main() -> None:
             match = len(b_order) == len(n_order) and b_order.index(b["winner"]) == n_order.index(n["winner"])
             same += match
             differ += not match
+            crossed = ""
+            if not match and len(b_order) == len(n_order):
+                # each side's time for the candidate the other side chose: a near tie is timing noise
+                b_of_new = b["timings_ms"][b_order[n_order.index(n["winner"])]]
+                n_of_base = n["timings_ms"][n_order[b_order.index(b["winner"])]]
+                crossed = f"base {b_of_new:.4f} (+{b_of_new / b['timings_ms'][b['winner']] - 1:.1%}), " \
+                          f"new {n_of_base:.4f} (+{n_of_base / n['timings_ms'][n['winner']] - 1:.1%})"
             lines.append(f"| {signature[:60]} | {b['winner']} | {n['winner']} | {'yes' if match else '**no**'} | "
                          f"{b['timings_ms'][b['winner']]:.4f} | {n['timings_ms'][n['winner']]:.4f} | "
-                         f"{len(b_order)} / {len(n_order)} |")
+                         f"{len(b_order)} / {len(n_order)} | {crossed} |")
     lines.insert(0, f"{same} layers chose the same candidate, {differ} another, {unmatched} unmatched")
     rows = []
     for side in ("base", "new"):

@@ -159,6 +159,11 @@ def test_excluded_tactics_are_never_run_and_the_engine_records_them(tiny_onnx, t
         "conv1": {"torch"}, "conv2": {"torch"}}
     assert header["tactics"]["excluded"] == ["channels_*"]
     assert header["build_config"]["exclude_tactics"] == ["channels_*"]  # the engine can be rebuilt as it was
+    # a glob that matches no candidate (an old-scheme name, a typo) is said in the build log, not ignored
+    header, log = build(tiny_onnx, tmp_path / "w.plan", exclude_tactics=["igemm_*", "channels_*"])
+    assert [line for line in log if "matched no candidate" in line] == [
+        "warning: --exclude-tactic 'igemm_*' matched no candidate of any layer (tactic names read like "
+        "igemm.128x128x64.w8.s3; `sartor inspect` shows each layer's)"]
     # the reference may be left out too: the other candidate is still checked against it
     header, _ = build(tiny_onnx, tmp_path / "r.plan", exclude_tactics=["torch"])
     assert set(chosen(header).values()) == {"channels_last"}

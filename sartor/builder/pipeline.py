@@ -285,6 +285,13 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                                effort=config.builder_effort, cache=timing_cache,
                                                time_single=config.time_every_layer, exclude=config.exclude_tactics)
     record_tactics(graph, selections)
+    used = set().union(*(s.exclusions_used for s in selections))
+    for pattern in config.exclude_tactics if config.builder_effort > 0 else ():
+        if pattern not in used:
+            line = (f"warning: --exclude-tactic {pattern!r} matched no candidate of any layer (tactic names read "
+                    f"like igemm.128x128x64.w8.s3; `sartor inspect` shows each layer's)")
+            log.append(line)
+            warn_and_keep(line)
     if config.pdl:
         log.append(f"pdl: {mark_programmatic_launch(graph)} quantized layer(s) launched with programmatic dependent "
                    f"launch")

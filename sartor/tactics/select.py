@@ -205,6 +205,7 @@ class TacticSelection:
     layers: dict[str, dict] = field(default_factory=dict)
     timed: int = 0
     cached: int = 0
+    exclusions_used: set = field(default_factory=set)  # the --exclude-tactic globs that matched a candidate
 
     def summary(self) -> str:
         return f"tactics: {self.timed} timed, {self.cached} from timing cache"
@@ -303,6 +304,7 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
             return
         name = step.node.name
         offered = opdef.tactics(args, step.attrs, effort)
+        selection.exclusions_used.update(p for p in exclude if any(fnmatchcase(t, p) for t in offered))
         candidates = excluding(offered, exclude)
         if not candidates:
             raise ConfigError(f"--exclude-tactic {' '.join(exclude)} leaves layer {name!r} no tactic (it had "
