@@ -1,7 +1,7 @@
 """What the INT8 kernels compile to for Hopper, checked on any machine (Triton compiles for sm_90
 with the ptxas its wheel ships; bench/kernel_asm.py). The epilogue requantizes with one fused
 multiply-add of its value, the output's inverse scale and 1.5·2^23, and reads the code from the
-sum's low byte (`_requantize_code`): one rounding of the exact product, as the emulation defines it
+sum's low byte (`requantize_int8`): one rounding of the exact product, as the emulation defines it
 (ops/quantized.py), never a multiply and a separate add, which round twice. The residual's codes are
 added with their scale in one fused multiply-add as well. The epilogue must convert neither its
 output codes from float nor its residual codes to float with the conversion instructions, which run
@@ -95,7 +95,7 @@ def test_int8_rounding_survives_compilation_for_sm90():
 
 def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
     """FP8_HARDWARE_ROUNDING: a compiled FP8 epilogue converts with cvt.rn.satfinite (nearest even,
-    ±448 beyond) and no longer floors its way to the e4m3 grid (_quantize_fp8, 64 floors here)."""
+    ±448 beyond) and no longer floors its way to the e4m3 grid (round_to_fp8_grid, 64 floors here)."""
     conversions, floors, hopper = _compile_in_child(FP8_CHILD).split()
     assert int(conversions) > 0 and floors == "0" and hopper == "True"
 

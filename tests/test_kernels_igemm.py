@@ -140,7 +140,7 @@ def test_int8_epilogue_variants(activation, after):
 @pytest.mark.parametrize("activation", [None, "Relu"])
 def test_int8_residual_codes_and_saturation_over_the_whole_range(activation):
     """Every INT8 residual code, -128 included (`_codes_to_float` reads it by bit pattern), scaled by
-    1.5 so that half of them tie and the ends saturate at -128 and 127 (`_quantize_code`; after
+    1.5 so that half of them tie and the ends saturate at -128 and 127 (`quantize_int8`; after
     ReLU, `_quantize_code_nonnegative` without the lower clamp): codes equal the emulation's."""
     codes = torch.arange(-128, 128, dtype=torch.int8).reshape(1, 1, 16, 16)
     attrs = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 1.0, "output_inv_scale": 3.0,

@@ -161,7 +161,7 @@ def test_row_alignment_is_what_every_row_offset_is_a_multiple_of():
 
 
 def test_kernel_quantization_rounds_and_saturates_as_the_emulation_does():
-    """The kernels' quantization (`_quantize_code`: one float32 add of 1.5·2^23, the code as the low byte) on ties,
+    """The kernels' quantization (`quantize_int8`: one float32 add of 1.5·2^23, the code as the low byte) on ties,
     values next to 2^22 where that trick stops being exact, huge values and infinities."""
     values = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -126.5, -127.5, -128.5, 0.49999997, -0.49999997,
               4194303.5, 4194304.5, -4194303.5, -4194304.5, 8388607.0, 12582911.0, -12582913.0, 3.0e9, -3.0e9,

@@ -52,8 +52,8 @@ if triton is not None:
 
     from .pdl import await_previous_kernel
     BLOCKED_TAPS_BOUND = tl.constexpr(MAX_BLOCKED_TAPS)  # the kernel's view of the host's bound
-    from .tile_steps import (_accumulate, _epilogue_store, _epilogue_store_halves, _epilogue_store_halves_given,
-                             _residual_halves, grouped_tile, next_k_step, pixel_coords)
+    from .tile_steps import (accumulate_dot, store_epilogue, store_epilogue_halves, store_epilogue_halves_given,
+                             load_residual_halves, grouped_tile, next_k_step, pixel_coords)
 
     @triton.jit
     def _conv_igemm_kernel(
@@ -89,7 +89,7 @@ if triton is not None:
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if RES_EARLY:  # (halves, no split-K, a residual: see TileConfig)
-            res_lo, res_hi = _residual_halves(res_ptr, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
+            res_lo, res_hi = load_residual_halves(res_ptr, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
                                               BLOCK_N)
 
         # Split-K: program (tile, pid_k) walks its share of the K blocks and leaves its partial sum
@@ -111,7 +111,7 @@ if triton is not None:
                 a = tl.load(x_ptr + x_row[:, None] + ih * sxh + iw * sxw + c[None, :] * sxc, mask=a_mask, other=0.0)
                 b = tl.load(w_ptr + w_col[None, :] + kk[:, None], mask=n_ok[None, :] & (kk < k_total)[:, None],
                             other=0.0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+                acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
         else:
             c_blocks = tl.cdiv(C, BLOCK_K)
             steps = KH * KW * c_blocks
@@ -161,20 +161,20 @@ if triton is not None:
                         b = tl.trans(w_desc.load([pid_n * BLOCK_N, tap * C + c0]))
                     else:
                         b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :], other=0.0)
-                acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+                acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
                 kh, kw, cb = next_k_step(kh, kw, cb, c_blocks, KW)
 
         if RES_EARLY:
-            _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, m_ok, bias_ptr, scale_ptr,
+            store_epilogue_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, m_ok, bias_ptr, scale_ptr,
                                          y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8,
                                          HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N)
         elif SPLIT_K == 1 and EPILOGUE_HALVES:
-            _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+            store_epilogue_halves(acc, offs_m, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                    res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
                                    beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
                                    BLOCK_M, BLOCK_N)
         elif SPLIT_K == 1:
-            _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+            store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                             y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
         else:
@@ -201,7 +201,7 @@ if triton is not None:
             acc += tl.load(ws_ptr + (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask,
                            other=0)
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-        _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+        store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
@@ -419,7 +419,7 @@ def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
     return common & -common
 
 
-def _as_nchw_view(x: torch.Tensor) -> torch.Tensor:
+def as_nchw_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 4 else x.reshape(x.shape[0], x.shape[1], 1, 1)
 
 
@@ -492,7 +492,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     int8, fp8 = quantized and not fp8, quantized and fp8
     code_dtype = torch.float8_e4m3fn if fp8 else torch.int8
     quantize_input = quantized and x.dtype != code_dtype
-    x4 = _as_nchw_view(x)
+    x4 = as_nchw_view(x)
     n, c, h, w_in = x4.shape
     oh, ow = geometry.out_hw
     cout = w_packed.shape[0]
@@ -500,7 +500,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         out_dtype = (code_dtype if output_inv_scale is not None else torch.float32) if quantized else x.dtype
     shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
     y = channels_last_output(shape, out_dtype, x.device, out, "conv_igemm")
-    res4 = _as_nchw_view(residual) if residual is not None else None
+    res4 = as_nchw_view(residual) if residual is not None else None
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
     many_taps = geometry.kernel[0] * geometry.kernel[1] > MAX_BLOCKED_TAPS
@@ -559,7 +559,7 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
     m, cout = acc.shape
     y = channels_last_output(out_shape, code_dtype if output_inv_scale is not None else torch.float32, acc.device,
                              out, "accumulator_epilogue")
-    res4 = _as_nchw_view(residual) if residual is not None else None
+    res4 = as_nchw_view(residual) if residual is not None else None
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,

@@ -13,7 +13,7 @@ coordinates included) the hardware fills with zeros. The weight, packed K-major 
 (`conv_igemm.pack_weight`), is a second descriptor. Under Triton's interpreter the same
 descriptors are emulated, so the tests run on the CPU.
 
-The arithmetic is `tile_steps`' (`_accumulate`, `_epilogue_store`): the output equals the
+The arithmetic is `tile_steps`' (`accumulate_dot`, `store_epilogue`): the output equals the
 emulation's bit for bit, as the implicit-GEMM tiles' does. Rectangles that overhang the image's
 right or bottom edge compute zeros there and store nothing.
 """
@@ -34,7 +34,7 @@ from .tile_steps import epilogue_arguments
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
-    from .tile_steps import _epilogue_store, next_k_step
+    from .tile_steps import store_epilogue, next_k_step
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -85,7 +85,7 @@ if triton is not None and TensorDescriptor is not None:
         m_ok = (oh < OH) & (ow < OW)
         offs_m = (image * OH + oh) * OW + ow
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _epilogue_store(acc, offs_m, offs_n, m_ok, offs_n < COUT, image, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+        store_epilogue(acc, offs_m, offs_n, m_ok, offs_n < COUT, image, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 

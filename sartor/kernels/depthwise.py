@@ -26,7 +26,7 @@ from .registry import DEPTHWISE_TAPS, fixed_tactic
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import _epilogue_store, pixel_coords
+    from .tile_steps import store_epilogue, pixel_coords
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
@@ -56,7 +56,7 @@ if triton is not None:
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
                 acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
         # The implicit-GEMM kernel's float epilogue: bias, residual, activation, one store.
-        _epilogue_store(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, bias_ptr, res_ptr, y_ptr,
+        store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, bias_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, 1.0, 1.0, -127.0, alpha, beta,
                         False, False, HAS_BIAS, HAS_RES, False, RES_AFTER, ACT, False)  # float: no INT8/FP8
 

@@ -20,7 +20,7 @@ ACTIVATION_CODES = {None: 0, "Relu": 1, "Sigmoid": 2, "SiLU": 3, "Clip": 4, "Har
 
 if triton is not None:
     @triton.jit
-    def _activate(y, ACT: tl.constexpr, alpha, beta):
+    def activate(y, ACT: tl.constexpr, alpha, beta):
         if ACT == 1:
             y = tl.maximum(y, 0.0)
         elif ACT == 2:
@@ -62,7 +62,7 @@ if triton is not None:
                 residual = tl.load(res_ptr + pixel * res_row + channel, mask=mask).to(tl.float32)
             if not RES_AFTER:
                 y += residual
-        y = _activate(y, ACT, alpha, beta)
+        y = activate(y, ACT, alpha, beta)
         if HAS_RES:
             if RES_AFTER:
                 y += residual

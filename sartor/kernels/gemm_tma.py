@@ -10,7 +10,7 @@ the input and a [BLOCK_N, BLOCK_K] box of the weight, packed K-major (`conv_igem
 Rows, columns and K past the matrix are filled with zeros by the copy. Under Triton's interpreter
 the descriptors are emulated, so the tests run on the CPU.
 
-The arithmetic is `tile_steps`' (`_epilogue_store`): the output equals the emulation's bit for bit,
+The arithmetic is `tile_steps`' (`store_epilogue`): the output equals the emulation's bit for bit,
 as the other INT8 tiles' does.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry,
-                         TensorDescriptor, _as_nchw_view, multiprocessors, packed_weight_descriptor)
+                         TensorDescriptor, as_nchw_view, multiprocessors, packed_weight_descriptor)
 from .epilogue import channels_last_output, pixel_stride, triton
 from .pdl import launch_options
 from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -31,8 +31,8 @@ if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
     from .pdl import await_previous_kernel
-    from .tile_steps import (_codes_halves_through_mma, _epilogue_store, _epilogue_store_halves,
-                             _epilogue_store_halves_given, _identity, _residual_tile, grouped_tile, pixel_coords)
+    from .tile_steps import (decode_codes_through_mma, store_epilogue, store_epilogue_halves,
+                             store_epilogue_halves_given, int8_identity, load_residual_tile, grouped_tile, pixel_coords)
 
     @triton.jit
     def _gemm_tma_tile(
@@ -44,12 +44,12 @@ if triton is not None and TensorDescriptor is not None:
             GROUP_M: tl.constexpr, RES_MMA: tl.constexpr):
         """One output tile: its K steps, then the epilogue. RES_MMA: the residual's INT8 codes are
         loaded before the K steps and reach the epilogue through the tensor cores
-        (`_codes_halves_through_mma`)."""
+        (`decode_codes_through_mma`)."""
         pid_m, pid_n = grouped_tile(tile_id, M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
         if RES_MMA:
-            codes = _residual_tile(res_ptr, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh, srw,
+            codes = load_residual_tile(res_ptr, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh, srw,
                                    BLOCK_N)
         if INT8:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
@@ -65,17 +65,17 @@ if triton is not None and TensorDescriptor is not None:
 
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if RES_MMA:
-            res_lo, res_hi = _codes_halves_through_mma(codes, _identity(BLOCK_N), BLOCK_M, BLOCK_N)
-            _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, bias_ptr,
+            res_lo, res_hi = decode_codes_through_mma(codes, int8_identity(BLOCK_N), BLOCK_M, BLOCK_N)
+            store_epilogue_halves_given(acc, res_lo, res_hi, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, bias_ptr,
                                          scale_ptr, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta, INT8,
                                          FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N)
         elif EPILOGUE_HALVES:
-            _epilogue_store_halves(acc, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, bias_ptr, scale_ptr,
+            store_epilogue_halves(acc, offs_m, pid_n * BLOCK_N, COUT, offs_m < M, n_idx, oh, ow, bias_ptr, scale_ptr,
                                    res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha,
                                    beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
                                    BLOCK_M, BLOCK_N)
         else:
-            _epilogue_store(acc, offs_m, offs_n, offs_m < M, offs_n < COUT, n_idx, oh, ow, bias_ptr, scale_ptr,
+            store_epilogue(acc, offs_m, offs_n, offs_m < M, offs_n < COUT, n_idx, oh, ow, bias_ptr, scale_ptr,
                             res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
@@ -278,7 +278,7 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
                              "gemm_tma")
     x_desc = TensorDescriptor(x, [m, k], [_matrix_rows(x), 1], [tile.block_m, tile.block_k])
     w_desc = packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)
-    rs = _as_nchw_view(residual).stride() if residual is not None else (0, 0, 0, 0)
+    rs = as_nchw_view(residual).stride() if residual is not None else (0, 0, 0, 0)
     (oh, ow), rs = residual_pixels(rs, shape[0], (oh, ow))
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,

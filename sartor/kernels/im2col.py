@@ -20,7 +20,7 @@ from .epilogue import triton
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import _quantize_code, _quantize_fp8, pixel_coords
+    from .tile_steps import quantize_int8, round_to_fp8_grid, pixel_coords
 
     @triton.jit
     def _im2col_kernel(x_ptr, col_ptr, M, C, H, W, OH, OW, K, KP,
@@ -47,9 +47,9 @@ if triton is not None:
         v = tl.load(x_ptr + (row_offsets[:, None] + col_offsets[None, :]), mask=inside, other=0)
         if QUANTIZE:
             if FP8:
-                v = _quantize_fp8(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                v = _quantize_code(v.to(tl.float32), in_inv_scale, qmin)
+                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
         stored = (rows < M)[:, None] & (cols < KP)[None, :]
         tl.store(col_ptr + ((rows.to(tl.int64) * KP)[:, None] + cols[None, :]), v, mask=stored)
 

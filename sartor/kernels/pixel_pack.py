@@ -22,7 +22,7 @@ PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import _quantize_code, _quantize_fp8
+    from .tile_steps import quantize_int8, round_to_fp8_grid
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
@@ -40,9 +40,9 @@ if triton is not None:
         v = tl.load(x_ptr + offsets, mask=inside, other=0)
         if QUANTIZE:
             if FP8:
-                v = _quantize_fp8(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                v = _quantize_code(v.to(tl.float32), in_inv_scale, qmin)
+                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
         stored = (pw < WP)[:, None] & (c < 4)[None, :]
         if SPACE_TO_DEPTH:  # byte (dy·2 + dx)·4 + c of 16-byte pixel (row // 2, pw // 2)
             at = (n.to(tl.int64) * HP * WP * 4 + (padded_row // 2) * (WP * 8) + (padded_row % 2) * 8

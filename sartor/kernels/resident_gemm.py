@@ -8,7 +8,7 @@ behind another's.
 Here each program loads its BLOCK_N × K weight tile once and walks TILES consecutive row tiles, so
 the software pipeline loads the next rows while this tile's products and epilogue run.
 
-The arithmetic is `tile_steps`', step for step (`_accumulate`, `_epilogue_store`): the output equals
+The arithmetic is `tile_steps`', step for step (`accumulate_dot`, `store_epilogue`): the output equals
 the emulation's as the implicit-GEMM tiles' does.
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ from .tile_steps import epilogue_arguments, residual_pixels
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (_accumulate, _column_halves, _column_values, _dequantize_tile, _epilogue_store_halves,
-                             _epilogue_store_halves_given, _epilogue_store_halves_loaded, _residual_halves,
-                             _codes_halves_through_mma, _identity, _residual_tile, pixel_coords)
+    from .tile_steps import (accumulate_dot, load_column_halves, load_column_values, dequantize_tile, store_epilogue_halves,
+                             store_epilogue_halves_given, store_epilogue_halves_loaded, load_residual_halves,
+                             decode_codes_through_mma, int8_identity, load_residual_tile, pixel_coords)
     from .pdl import await_previous_kernel
 
     @triton.jit
@@ -61,7 +61,7 @@ if triton is not None:
         """The projected residual of these rows, dequantized to float32 as the projection layer's own
         epilogue would give it before requantizing (see ops/quantized.py), in the two column halves
         the epilogue takes: the second product of a projected layer. LOADED: `pbias_ptr` and
-        `pscale_ptr` hold the columns' values (`_column_values`)."""
+        `pscale_ptr` hold the columns' values (`load_column_values`)."""
         offs_pk = tl.arange(0, BLOCK_PK)
         p_rows = _input_rows(offs_m, OH, OW, p_row, spn, sph, spw, STRIDED)
         a = tl.load(p_ptr + p_rows[:, None] + offs_pk[None, :], mask=m_ok[:, None] & (offs_pk < PK)[None, :],
@@ -70,8 +70,8 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _accumulate(acc, a, pb, p_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_PK)
-        projected = _dequantize_tile(acc, offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, HAS_BIAS, LOADED)
+        acc = accumulate_dot(acc, a, pb, p_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_PK)
+        projected = dequantize_tile(acc, offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, HAS_BIAS, LOADED)
         return tl.split(tl.permute(tl.reshape(projected, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
     @triton.jit
@@ -103,34 +103,34 @@ if triton is not None:
         first_tile = row_group * TILES
         first_column = column_tile * BLOCK_N
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
-            bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
+            bias_lo, scale_lo, bias_hi, scale_hi = load_column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
         if PROJ_COLUMNS_LOADED:  # and the projection's (proj-cols-loaded)
-            pbias, pscale = _column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
+            pbias, pscale = load_column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
         else:
             pbias, pscale = pbias_ptr, pscale_ptr
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-            res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
+            res_lo, res_hi = load_residual_halves(res_ptr, first_column, COUT, offs_m < M, n_idx, oh, ow, srn, src, srh,
                                               srw, BLOCK_N)
         if RES_PREFETCH >= 3:
-            identity = _identity(BLOCK_N)
+            identity = int8_identity(BLOCK_N)
         for t in range(TILES):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
             if RES_PREFETCH >= 3:  # this tile's residual codes, through the tensor cores
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                codes = _residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N)
-                res_lo, res_hi = _codes_halves_through_mma(codes, identity, BLOCK_M, BLOCK_N, RES_PREFETCH == 4)
+                codes = load_residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N)
+                res_lo, res_hi = decode_codes_through_mma(codes, identity, BLOCK_M, BLOCK_N, RES_PREFETCH == 4)
             if RES_PREFETCH == 1:  # this tile's residual, asked for before its product
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
+                res_lo, res_hi = load_residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh,
                                                   srw, BLOCK_N)
             if RES_PREFETCH == 2:  # the next tile's, used an iteration later
                 next_m = offs_m + BLOCK_M
                 next_n, next_oh, next_ow = pixel_coords(next_m, OH, OW)
-                next_lo, next_hi = _residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
+                next_lo, next_hi = load_residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
                                                     next_n, next_oh, next_ow, srn, src, srh, srw, BLOCK_N)
             # Output pixel (n, oh, ow) of a strided layer reads input pixel (n, oh·sh, ow·sw).
             x_rows = _input_rows(offs_m, OH, OW, x_row, sxn, sxh, sxw, STRIDED)
@@ -139,7 +139,7 @@ if triton is not None:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
             else:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = _accumulate(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+            acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
             if HAS_PROJ:
                 res_lo, res_hi = _projection_halves(p_ptr, pb, pbias, pscale, offs_m, m_ok, offs_n, n_ok, OH, OW, PK,
                                                     p_row, spn, sph, spw, p_inv_scale, qmin, INT8, FP8, PROJ_STRIDED,
@@ -150,22 +150,22 @@ if triton is not None:
             if COLUMNS_LOADED:
                 if RES_PREFETCH == 0 and not HAS_PROJ and HAS_RES:
                     n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                    res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
+                    res_lo, res_hi = load_residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
                                                       srh, srw, BLOCK_N)
                 elif not HAS_RES:
                     res_lo, res_hi = 0.0, 0.0
-                _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+                store_epilogue_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
                                               scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
                                               beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
                                               BLOCK_M, BLOCK_N)
             elif RES_PREFETCH == 0 and not HAS_PROJ:
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-                _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+                store_epilogue_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                        res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
                                        alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
                                        OUT_QUANT, BLOCK_M, BLOCK_N)
             else:
-                _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr,
+                store_epilogue_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr,
                                              scale_ptr, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
                                              INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
                                              BLOCK_M, BLOCK_N)
@@ -180,11 +180,11 @@ if triton is not None:
 #   2 ("residual-next"): one row tile ahead, carried to the next iteration (more registers, a layout
 #      conversion more per half: bench/kernel_asm.py);
 #   3 ("residual-mma"): INT8 codes only, at the start of the tile's iteration as a product's operand:
-#      codes · I on the tensor cores (`_codes_halves_through_mma`). Loaded into registers, the codes
+#      codes · I on the tensor cores (`decode_codes_through_mma`). Loaded into registers, the codes
 #      made the compiler convert each half's float32 values through shared memory; this way only the
 #      INT8 output is;
 #   4 ("residual-mma-bits"): as 3, the sums decoded from their bits rather than converted (DECODE_BITS
-#      of `_codes_halves_through_mma`: 32 conversions a row tile fewer, 32 other instructions more);
+#      of `decode_codes_through_mma`: 32 conversions a row tile fewer, 32 other instructions more);
 #      it lost to 3, so it is timed from MMA_BITS_MIN_EFFORT only.
 RESIDUAL_PREFETCH = {0: "", 1: "residual-early", 2: "residual-next", 3: "residual-mma", 4: "residual-mma-bits"}
 MMA_RESIDUAL = (3, 4)

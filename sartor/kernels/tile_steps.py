@@ -1,8 +1,8 @@
 """The steps every tensor-core kernel of sartor shares (implicit GEMM, TMA, resident, windows, the
 library GEMMs' epilogue), in Triton: the product of a tile with its A operand quantized on load
-(`_accumulate`), the rounding of float values to INT8 codes and E4M3, and the fused epilogue that
+(`accumulate_dot`), the rounding of float values to INT8 codes and E4M3, and the fused epilogue that
 dequantizes a tile, adds its residual, applies its activation, requantizes and stores it
-(`_epilogue_store` and its variants in column halves, with the residual or the columns' bias and
+(`store_epilogue` and its variants in column halves, with the residual or the columns' bias and
 scale loaded beforehand). `epilogue_arguments` gives a kernel the epilogue's runtime scalars and
 constexpr flags. The arithmetic is the one `sartor/ops/quantized.py` documents, step for step, so
 that every kernel's output equals the emulation's.
@@ -26,7 +26,7 @@ if triton is not None:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    from .epilogue import _activate
+    from .epilogue import activate
 
     @triton.jit
     def odometer_step(low, middle, high, low_count, middle_count):
@@ -79,7 +79,7 @@ if triton is not None:
         return tl.where(up, r + 1.0, r)
 
     @triton.jit
-    def _quantize_code(v, inv_scale, qmin):
+    def quantize_int8(v, inv_scale, qmin):
         """The INT8 code of v: round(v · inv_scale) half to even, clamped to [qmin, 127].
         One float32 add of 1.5·2^23 rounds: for |v · inv_scale| < 2^22 the sum lies in
         [2^23, 2^24), where float32 steps are 1, so the add rounds to the nearest integer, ties to
@@ -88,14 +88,14 @@ if triton is not None:
         clamped sum is 0x4B400000 + code as bits, and 0x4B400000's low byte is 0: the code is its
         low byte. No float → integer conversion: Hopper converts 16 values per clock per SM, an
         eighth of a float add's rate (bench/kernel_asm.py counts them), and a packing kernel needs
-        one per element. An epilogue's output rounds the exact product (_requantize_code)."""
+        one per element. An epilogue's output rounds the exact product (requantize_int8)."""
         t = v * inv_scale + 12582912.0
         t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
         return t.to(tl.int32, bitcast=True).to(tl.int8)
 
     @triton.jit
     def _quantize_code_nonnegative(v, inv_scale):
-        """_quantize_code of a v ≥ 0 (ReLU's output; the GPU's maximum turns NaN into 0): the sum is
+        """quantize_int8 of a v ≥ 0 (ReLU's output; the GPU's maximum turns NaN into 0): the sum is
         at least 1.5·2^23, so the lower clamp, one instruction per output element, has nothing to do."""
         t = tl.minimum(v * inv_scale + 12582912.0, 12583039.0)
         return t.to(tl.int32, bitcast=True).to(tl.int8)
@@ -124,10 +124,10 @@ if triton is not None:
         return tl.where(inexact_even, bits + toward_exact, bits).to(tl.float64, bitcast=True).to(tl.float32)
 
     @triton.jit
-    def _requantize_code(v, inv_scale, qmin):
+    def requantize_int8(v, inv_scale, qmin):
         """The INT8 code of an epilogue's output: round(v · inv_scale) half to even, of the exact
         product, clamped to [qmin, 127]. On the GPU one fused multiply-add with 1.5·2^23 rounds
-        once (as _quantize_code's add does) where a multiply and an add took two instructions and
+        once (as quantize_int8's add does) where a multiply and an add took two instructions and
         two roundings; the emulation (ops/quantized.py `requantize`) rounds the exact float64
         product. Interpreted, the product is exact in float64 and rounded there."""
         if COMPILED:
@@ -139,7 +139,7 @@ if triton is not None:
 
     @triton.jit
     def _requantize_code_nonnegative(v, inv_scale):
-        """_requantize_code of a v ≥ 0 (ReLU's output): no lower clamp (see _quantize_code_nonnegative)."""
+        """requantize_int8 of a v ≥ 0 (ReLU's output): no lower clamp (see _quantize_code_nonnegative)."""
         if COMPILED:
             t = tl.minimum(tl.fma(v, inv_scale, 12582912.0), 12583039.0)
             return t.to(tl.int32, bitcast=True).to(tl.int8)
@@ -155,9 +155,9 @@ if triton is not None:
 
     @triton.jit
     def _quantize_operand(v, inv_scale, qmin):
-        """_quantize_code for the A tile of a float-input layer, which goes on into tl.dot: there
+        """quantize_int8 for the A tile of a float-input layer, which goes on into tl.dot: there
         the code is converted from the float value. On the GPU (Triton 3.6) a product over
-        _quantize_code's low bytes read wrong codes (every code came out -1; the builder's output
+        quantize_int8's low bytes read wrong codes (every code came out -1; the builder's output
         check rejected those tactics), while the same codes stored by an epilogue or a packing
         kernel were right (docs/decisions/kernel-tile-steps-rounding.md)."""
         q = (v * inv_scale + 12582912.0) - 12582912.0
@@ -176,7 +176,7 @@ if triton is not None:
     @triton.jit
     def _codes_to_float(codes):
         """Float32 values of INT8 codes without an integer → float conversion (see
-        _quantize_code): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
+        quantize_int8): 0x4B400000 + code as bits is the float 1.5·2^23 + code, exactly. Other
         dtypes (FP8 codes, float residuals) convert as usual."""
         if codes.dtype == tl.int8:
             if COMPILED:
@@ -204,7 +204,7 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True) - 12583040.0
 
     @triton.jit
-    def _quantize_fp8(v, inv_scale):
+    def round_to_fp8_grid(v, inv_scale):
         """clamp(v · inv_scale, ±448) rounded to the e4m3 grid (ties to even), still float32: the
         grid step is 2^(e-3) for a value in [2^e, 2^(e+1)), and 2^-9 below 2^-6 (subnormals)."""
         v = v * inv_scale
@@ -218,23 +218,23 @@ if triton is not None:
 
     # Compiled kernels round float32 → e4m3 with the hardware's conversion (cvt.rn.satfinite: to
     # nearest, ties to even, subnormals kept, ±448 for whatever lies beyond, NaN kept), which is
-    # _quantize_fp8's result without its twenty-odd instructions per value, which made FP8 1×1 layers
+    # round_to_fp8_grid's result without its twenty-odd instructions per value, which made FP8 1×1 layers
     # up to twice as long as INT8's (docs/decisions/kernel-tile-steps-rounding.md).
     # Triton's interpreter does not round to nearest, so interpreted kernels keep the arithmetic.
     # Whether this module's kernels are interpreted is decided once, as @triton.jit made them.
-    FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(_quantize_fp8, InterpretedFunction))
+    FP8_HARDWARE_ROUNDING = tl.constexpr(not isinstance(round_to_fp8_grid, InterpretedFunction))
     # The same decision for the epilogue's fused multiply-adds (interpreted: _fma_round_to_odd) and
     # its inline PTX (_packed_codes_to_float), which the interpreter cannot run.
     COMPILED = FP8_HARDWARE_ROUNDING
     _SUMS_DECODED = tl.constexpr(SUMS_DECODED)
 
     @triton.jit
-    def _accumulate(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
+    def accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
                     QUANTIZE_INPUT: tl.constexpr, BLOCK_K: tl.constexpr):
         """acc += a·b on the tensor cores; float A tiles of an INT8 (FP8) layer are quantized first."""
         if QUANTIZE_INPUT:
             if FP8:
-                a = _quantize_fp8(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+                a = round_to_fp8_grid(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
                 a = _quantize_operand(a.to(tl.float32), in_inv_scale, qmin)
         if INT8:
@@ -260,7 +260,7 @@ if triton is not None:
         return tl.load(res_ptr + r_row[:, None] + offs_n[None, :] * src, mask=out_mask, other=0.0)
 
     @triton.jit
-    def _epilogue_store(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+    def store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                         RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
@@ -274,14 +274,14 @@ if triton is not None:
                               ACT, OUT_QUANT)
 
     @triton.jit
-    def _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+    def dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, LOADED: tl.constexpr = False):
         """An accumulator tile with its bias, dequantized to float32 (a float layer's: plus its bias).
-        LOADED: `bias_ptr` and `scale_ptr` are the columns' values already (`_column_values`)."""
+        LOADED: `bias_ptr` and `scale_ptr` are the columns' values already (`load_column_values`)."""
         if LOADED:
             bias, scale = bias_ptr, scale_ptr
         else:
-            bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+            bias, scale = load_column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         if INT8 == _SUMS_DECODED:
             # The bias and 0x4B400000 are added to the columns first: one integer add per sum.
             if HAS_BIAS:
@@ -304,7 +304,7 @@ if triton is not None:
         return y
 
     @triton.jit
-    def _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+    def load_column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
                        HAS_BIAS: tl.constexpr):
         """These columns' bias (0 without one) and dequant scale (1 for a float layer)."""
         bias = 0
@@ -316,15 +316,15 @@ if triton is not None:
         return bias, scale
 
     @triton.jit
-    def _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
+    def load_column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8: tl.constexpr, FP8: tl.constexpr,
                        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
-        """_column_values of a tile's two column halves, as `_epilogue_store_halves_loaded` takes them:
+        """load_column_values of a tile's two column halves, as `store_epilogue_halves_loaded` takes them:
         (bias_lo, scale_lo, bias_hi, scale_hi). A program that stores several row tiles of the same
         columns loads them once (ResidentTile "cols-loaded")."""
         first = first_column + tl.arange(0, BLOCK_N // 2)
-        bias_lo, scale_lo = _column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        bias_lo, scale_lo = load_column_values(first, first < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         second = first + BLOCK_N // 2
-        bias_hi, scale_hi = _column_values(second, second < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
+        bias_hi, scale_hi = load_column_values(second, second < COUT, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS)
         return bias_lo, scale_lo, bias_hi, scale_hi
 
     @triton.jit
@@ -333,16 +333,16 @@ if triton is not None:
                               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                               RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
                               LOADED: tl.constexpr = False):
-        """_epilogue_store with the residual's tile already loaded (`_load_residual`; unused
+        """store_epilogue with the residual's tile already loaded (`_load_residual`; unused
         without HAS_RES): a kernel may load it early, so that its latency hides behind the product.
-        LOADED: `bias_ptr` and `scale_ptr` hold the columns' values (`_dequantize_tile`)."""
-        y = _epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha,
+        LOADED: `bias_ptr` and `scale_ptr` hold the columns' values (`dequantize_tile`)."""
+        y = epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha,
                              beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, LOADED)
         y_offsets = offs_m.to(tl.int64)[:, None] * y_row + offs_n[None, :]
         tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
     @triton.jit
-    def _epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha, beta,
+    def epilogue_output(acc, residual, offs_n, n_ok, bias_ptr, scale_ptr, res_scale, out_inv_scale, qmin, alpha, beta,
                          INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                          RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
                          OUT_QUANT: tl.constexpr, LOADED: tl.constexpr = False):
@@ -350,7 +350,7 @@ if triton is not None:
         activation, then with OUT_QUANT the output codes (INT8, or e4m3 as float32 interpreted), else
         float32. A kernel that goes on with the codes (the stem's max pool, `window_resident.py`)
         takes them here."""
-        y = _dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
+        y = dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
         if HAS_RES:
             if RES_QUANT:
                 residual = _codes_to_float(residual)
@@ -358,7 +358,7 @@ if triton is not None:
                 residual = residual.to(tl.float32)
             if not RES_AFTER:
                 y = _add_residual(y, residual, res_scale, RES_QUANT)
-        y = _activate(y, ACT, alpha, beta)
+        y = activate(y, ACT, alpha, beta)
         if HAS_RES:
             if RES_AFTER:
                 y = _add_residual(y, residual, res_scale, RES_QUANT)
@@ -367,36 +367,36 @@ if triton is not None:
                 if FP8_HARDWARE_ROUNDING:
                     y = (y * out_inv_scale).to(tl.float8e4nv)
                 else:
-                    y = _quantize_fp8(y, out_inv_scale)
+                    y = round_to_fp8_grid(y, out_inv_scale)
             elif ACT == 1 and not RES_AFTER:  # ReLU last: y ≥ 0
                 y = _requantize_code_nonnegative(y, out_inv_scale)
             else:
-                y = _requantize_code(y, out_inv_scale, qmin)
+                y = requantize_int8(y, out_inv_scale, qmin)
         return y
 
     @triton.jit
-    def _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
+    def store_epilogue_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr,
                                y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                                INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                                RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
                                OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """_epilogue_store over two halves of the tile's columns in turn: half of the float32 values
+        """store_epilogue over two halves of the tile's columns in turn: half of the float32 values
         and of the residual live at once (bench/kernel_asm.py: 96 → 61 registers for ResNet-50's
         layer1 conv3 in the 64×64 tile), with no layout conversion added."""
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         first = first_column + tl.arange(0, BLOCK_N // 2)
-        _epilogue_store(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+        store_epilogue(lo, offs_m, first, m_ok, first < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
         second = first + BLOCK_N // 2
-        _epilogue_store(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+        store_epilogue(hi, offs_m, second, m_ok, second < COUT, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
     @triton.jit
-    def _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
+    def load_residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
                          BLOCK_N: tl.constexpr):
-        """The residual's tile in the two column halves `_epilogue_store_halves_given` takes."""
+        """The residual's tile in the two column halves `store_epilogue_halves_given` takes."""
         first = first_column + tl.arange(0, BLOCK_N // 2)
         second = first + BLOCK_N // 2
         lo = _load_residual(res_ptr, first, m_ok[:, None] & (first < COUT)[None, :], n_idx, oh, ow, srn, src, srh, srw)
@@ -405,24 +405,24 @@ if triton is not None:
         return lo, hi
 
     @triton.jit
-    def _residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N: tl.constexpr):
+    def load_residual_tile(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw, BLOCK_N: tl.constexpr):
         """The residual's whole tile (BLOCK_N columns from `first_column`), as stored."""
         offs_n = first_column + tl.arange(0, BLOCK_N)
         return _load_residual(res_ptr, offs_n, m_ok[:, None] & (offs_n < COUT)[None, :], n_idx, oh, ow, srn, src, srh,
                               srw)
 
     @triton.jit
-    def _codes_halves_through_mma(codes, identity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def decode_codes_through_mma(codes, identity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                   DECODE_BITS: tl.constexpr = False):
-        """A residual tile of INT8 codes (`_residual_tile`) as float32 in the accumulator's own
+        """A residual tile of INT8 codes (`load_residual_tile`) as float32 in the accumulator's own
         layout, in the two column halves the epilogue takes: codes · I on the tensor cores, converted
-        exactly. Loaded into registers (`_residual_halves`), the codes sit in a coalesced layout, so
+        exactly. Loaded into registers (`load_residual_halves`), the codes sit in a coalesced layout, so
         the compiler converted the float32 products to it through shared memory before adding them:
         16 KB a 64×64 tile, with bank conflicts on its stores
         (docs/decisions/kernel-tile-steps-rounding.md). As a product's operand the codes go through
         shared memory once, as
         bytes, and come back in the accumulator's layout. `identity`: the BLOCK_N × BLOCK_N identity
-        in INT8 (`_identity`).
+        in INT8 (`int8_identity`).
 
         The int32 sums become float32 by a conversion instruction, or with DECODE_BITS without one:
         the product accumulates onto 0x4B400000, the bits of 1.5·2^23, so each sum's bits are the
@@ -441,19 +441,19 @@ if triton is not None:
         return tl.split(tl.permute(tl.reshape(values, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
     @triton.jit
-    def _identity(BLOCK_N: tl.constexpr):
-        """The BLOCK_N × BLOCK_N identity in INT8, `_codes_halves_through_mma`'s second operand."""
+    def int8_identity(BLOCK_N: tl.constexpr):
+        """The BLOCK_N × BLOCK_N identity in INT8, `decode_codes_through_mma`'s second operand."""
         rows = tl.arange(0, BLOCK_N)
         return (rows[:, None] == rows[None, :]).to(tl.int8)
 
     @triton.jit
-    def _epilogue_store_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,
+    def store_epilogue_halves_given(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_ptr, scale_ptr,
                                      y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
                                      INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
                                      HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
                                      ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
                                      BLOCK_N: tl.constexpr):
-        """_epilogue_store_halves with the residual's halves already loaded (`_residual_halves`)."""
+        """store_epilogue_halves with the residual's halves already loaded (`load_residual_halves`)."""
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         first = first_column + tl.arange(0, BLOCK_N // 2)
         _epilogue_store_given(lo, res_lo, offs_m, first, m_ok, first < COUT, bias_ptr, scale_ptr, y_ptr, y_row,
@@ -465,13 +465,13 @@ if triton is not None:
                               RES_AFTER, ACT, OUT_QUANT)
 
     @triton.jit
-    def _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+    def store_epilogue_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
                                       scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha, beta,
                                       INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr,
                                       HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
                                       ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_M: tl.constexpr,
                                       BLOCK_N: tl.constexpr):
-        """_epilogue_store_halves_given with each half's bias and scale loaded before (`_column_values`),
+        """store_epilogue_halves_given with each half's bias and scale loaded before (`load_column_values`),
         for a program that stores several row tiles of the same columns."""
         lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         first = first_column + tl.arange(0, BLOCK_N // 2)
@@ -511,7 +511,7 @@ def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None,
                        residual_after_activation: bool, residual_scale: float | None,
                        output_inv_scale: float | None, qmin: float,
                        accumulator_bound: int | None = None) -> tuple[tuple, dict]:
-    """The fused epilogue's arguments as this family's kernels take them (`_epilogue_store`): the
+    """The fused epilogue's arguments as this family's kernels take them (`store_epilogue`): the
     runtime scalars (residual scale, output inverse scale, qmin, alpha, beta) and the constexpr
     flags. `accumulator_bound`: a bound on |sum + bias| of an INT8 layer's accumulators
     (`passes/bound_accumulators.py`), below DECODABLE_SUM for the sums to be decoded from their bits."""

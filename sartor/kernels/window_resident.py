@@ -11,7 +11,7 @@ tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes
 Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
 ("kh-steps") one product per filter row, the kh weight blocks held as a tuple, nothing padded.
 
-The products and their sums are `tile_steps`' (`_accumulate`, `_epilogue_store_halves`): the output
+The products and their sums are `tile_steps`' (`accumulate_dot`, `store_epilogue_halves`): the output
 equals the emulation's as the other window tiles' does.
 
 A stem carrying its 3 × 3 / 2 max pool (`passes/fuse_stem_max_pool.py`) has pooled tiles ("max-pool",
@@ -37,8 +37,8 @@ from .resident_gemm import ResidentTile
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (_accumulate, _column_halves, _column_values, _epilogue_output, _epilogue_store_halves,
-                             _epilogue_store_halves_loaded, _requantize_code, _residual_halves, odometer_step,
+    from .tile_steps import (accumulate_dot, load_column_halves, load_column_values, epilogue_output, store_epilogue_halves,
+                             store_epilogue_halves_loaded, requantize_int8, load_residual_halves, odometer_step,
                              pixel_coords)
     from .pdl import await_previous_kernel
     from .resident_gemm import program_tiles
@@ -76,7 +76,7 @@ if triton is not None:
             k_offsets = filter_row * (DIL_H * row_bytes) + offs_k % WINDOW
             weight = tl.load(w_ptr + w_col + offs_k[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         if COLUMNS_LOADED and not MAX_POOL:  # each half's bias and scale, once for all its row tiles (cols-loaded)
-            bias_lo, scale_lo, bias_hi, scale_hi = _column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
+            bias_lo, scale_lo, bias_hi, scale_hi = load_column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
                                                                   HAS_BIAS, BLOCK_N)
         else:
             bias_lo, scale_lo, bias_hi, scale_hi = 0.0, 0.0, 0.0, 0.0
@@ -107,7 +107,7 @@ if triton is not None:
                                 other=0.0)
                     # FP8 sums move to the float32 accumulator after each window, as the window
                     # tiles' K steps of 32-byte windows do.
-                    acc = _accumulate(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
+                    acc = accumulate_dot(acc, a, weight, 1.0, -127.0, INT8, FP8, False, WINDOW)
                 _window_tile_store(acc, offs_m, m_ok, n_idx, oh, ow, first_column, COUT, bias_lo, scale_lo, bias_hi,
                                    scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale,
                                    out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER,
@@ -132,14 +132,14 @@ if triton is not None:
         if COLUMNS_LOADED:
             res_lo, res_hi = 0.0, 0.0
             if HAS_RES:
-                res_lo, res_hi = _residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
+                res_lo, res_hi = load_residual_halves(res_ptr, first_column, COUT, m_ok, n_idx, oh, ow, srn, src,
                                                   srh, srw, BLOCK_N)
-            _epilogue_store_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
+            store_epilogue_halves_loaded(acc, res_lo, res_hi, offs_m, first_column, COUT, m_ok, bias_lo, bias_hi,
                                           scale_lo, scale_hi, y_ptr, y_row, res_scale, out_inv_scale, qmin, alpha,
                                           beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT,
                                           BLOCK_M, BLOCK_N)
         else:
-            _epilogue_store_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
+            store_epilogue_halves(acc, offs_m, first_column, COUT, m_ok, n_idx, oh, ow, bias_ptr, scale_ptr,
                                    res_ptr, y_ptr, y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin,
                                    alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT,
                                    OUT_QUANT, BLOCK_M, BLOCK_N)
@@ -198,7 +198,7 @@ if triton is not None:
         for kh in tl.static_range(KH):
             a = tl.load(p_ptr + window_start[:, None] + (kh * DIL_H * row_bytes + offs_k)[None, :], mask=ok[:, None],
                         other=0.0)
-            acc = _accumulate(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
+            acc = accumulate_dot(acc, a, weights[kh], 1.0, -127.0, INT8, FP8, False, WINDOW)
         return acc
 
     @triton.jit
@@ -217,14 +217,14 @@ if triton is not None:
             if r % DIL_H == 0 and r // DIL_H < KH:
                 a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
                             mask=upper_ok[:, None], other=0.0)
-                upper = _accumulate(upper, a, weights[r // DIL_H], 1.0, -127.0, INT8, FP8, False, WINDOW)
+                upper = accumulate_dot(upper, a, weights[r // DIL_H], 1.0, -127.0, INT8, FP8, False, WINDOW)
                 if r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
-                    lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                    lower = accumulate_dot(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
                                         WINDOW)
             elif r >= STRIDE_H and (r - STRIDE_H) % DIL_H == 0 and (r - STRIDE_H) // DIL_H < KH:
                 a = tl.load(p_ptr + window_start[:, None] + (r * row_bytes + offs_k)[None, :],
                             mask=lower_ok[:, None], other=0.0)
-                lower = _accumulate(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
+                lower = accumulate_dot(lower, a, weights[(r - STRIDE_H) // DIL_H], 1.0, -127.0, INT8, FP8, False,
                                     WINDOW)
         return upper, lower
 
@@ -240,7 +240,7 @@ if triton is not None:
         Requantizing is monotonic (a rounding of v · out_inv_scale, out_inv_scale > 0, then a
         clamp), so the codes of the max are the max of the codes: the pool requantizes each pooled
         value once, where the layer would requantize four."""
-        values = _epilogue_output(acc, 0.0, offs_n, n_ok, bias, scale, 1.0, 1.0, -127.0, alpha, beta, INT8, False,
+        values = epilogue_output(acc, 0.0, offs_n, n_ok, bias, scale, 1.0, 1.0, -127.0, alpha, beta, INT8, False,
                                   HAS_BIAS, False, False, False, ACT, False, LOADED=True)
         return tl.where(ok[:, None], values, _LOWEST_FLOAT32)
 
@@ -306,7 +306,7 @@ if triton is not None:
         rows_max = tl.maximum(tl.maximum(previous, lower_values),
                               _pool_values(upper, upper_ok, offs_n, n_ok, bias, scale, alpha, beta, INT8, HAS_BIAS,
                                            ACT))
-        pooled = _requantize_code(_max_of_column_triples(rows_max, BLOCK_M, BLOCK_N), out_inv_scale, qmin)
+        pooled = requantize_int8(_max_of_column_triples(rows_max, BLOCK_M, BLOCK_N), out_inv_scale, qmin)
         pooled_j = tl.arange(0, BLOCK_M // 2)
         pooled_q = strip * STRIP + pooled_j
         pooled_ok = (pooled_j < STRIP) & (pooled_q < pooled_w) & ok & (pair < pairs)
@@ -335,7 +335,7 @@ if triton is not None:
         strips = tl.cdiv((OW + 1) // 2, STRIP)
         offs_n = first_column + tl.arange(0, BLOCK_N)
         n_ok = offs_n < COUT
-        bias, scale = _column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, False, HAS_BIAS)
+        bias, scale = load_column_values(offs_n, n_ok, bias_ptr, scale_ptr, INT8, False, HAS_BIAS)
         if BALANCED:
             steps = tl.cdiv(M, tl.num_programs(0))
             first = row_group * steps
