@@ -1,5 +1,5 @@
 """passes/bound_accumulators.py and the INT8 epilogue that decodes its int32 sums from their bits
-(`kernels/tile_steps.py`, SUMS_DECODED): the bound is what the weights allow; it is recorded on
+(`kernels/common/tile_steps.py`, SUMS_DECODED): the bound is what the weights allow; it is recorded on
 INT8 layers (their projection included), not on FP8 ones; kernels that decode give the emulation's
 output bit for bit (Triton's interpreter on CPU, compiled on a GPU); where the sums reach 2^22
 decoding goes wrong, so the bound is what keeps it exact; the timing identity tells the two
@@ -12,11 +12,11 @@ import torch
 from int8_layers import on_device, random_int8_conv
 from test_fuse_projected_residual import _fused_layer_inputs, _quantized, bottleneck
 
-from sartor.kernels.conv_igemm import TileConfig
-from sartor.kernels.conv_tma import TmaTile
-from sartor.kernels.gemm_tma import GemmTmaTile
-from sartor.kernels.resident_gemm import RESIDENT_TILES, ResidentTile, resident_gemm
-from sartor.kernels.tile_steps import DECODABLE_SUM, SUMS_CONVERTED, SUMS_DECODED, epilogue_arguments
+from sartor.kernels.conv.igemm import TileConfig
+from sartor.kernels.conv.tma import TmaTile
+from sartor.kernels.gemm.tma import GemmTmaTile
+from sartor.kernels.gemm.resident import RESIDENT_TILES, ResidentTile, resident_gemm
+from sartor.kernels.common.tile_steps import DECODABLE_SUM, SUMS_CONVERTED, SUMS_DECODED, epilogue_arguments
 from sartor.ops import quantized
 from sartor.ops.quantized import ACCUMULATOR_BOUND, _kernel_tactic, qconv, qlayer_weight_for_tactic
 from sartor.passes.bound_accumulators import LARGEST_INPUT_CODE, bound_accumulators, product_bound

@@ -16,7 +16,7 @@ from sartor.ops.quantized import fused_multiply_add, quantize, requantize
 
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.conv_igemm import accumulator_epilogue  # noqa: E402
+from sartor.kernels.conv.igemm import accumulator_epilogue  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

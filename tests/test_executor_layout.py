@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from passes_helpers import OnnxBuilder, import_graph, run_ort
 
-from sartor.kernels.epilogue import pixel_stride
+from sartor.kernels.pointwise.epilogue import pixel_stride
 from sartor.passes.pipelines import optimize
 from sartor.runtime.executor import Executor
 

@@ -364,7 +364,7 @@ KERNEL_GEOMETRIES = [(32, (3, 3), (1, 1), (1, 1, 1, 1)), (3, (3, 3), (2, 2), (0,
 @pytest.mark.parametrize("channels,kernel,strides,pads", KERNEL_GEOMETRIES)
 @pytest.mark.parametrize("fp8_input,fp8_output", [(False, False), (True, True)])
 def test_fp8_kernel_matches_the_emulation(channels, kernel, strides, pads, fp8_input, fp8_output):
-    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
     from sartor.ops.conv import conv_geometry
     g = torch.Generator().manual_seed(3)
     attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads), "dilations": [1, 1],
@@ -403,7 +403,7 @@ def test_fp8_kernel_quantizes_on_load_exactly():
     """A 1×1 convolution with an identity weight returns the kernel's own quantization of its input:
     every tie, subnormal and saturating value rounds as the emulation rounds (Triton's interpreter
     casts fp32 → fp8 without ties-to-even, so the kernel rounds before it casts)."""
-    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
     values = all_e4m3_values().sort().values
     middles = (values[1:] + values[:-1]) / 2
     probes = torch.cat([values, middles, torch.tensor([500.0, -1e9, 0.3 * SUBNORMAL])])
@@ -424,7 +424,7 @@ def test_fp8_kernel_quantizes_on_load_exactly():
 def test_fp8_kernel_keeps_nan_inputs_nan():
     """A NaN activation stays NaN through the kernel's quantization, as through the emulation's cast
     (a GPU's maximum/minimum return the other operand: an unguarded clamp makes NaN -448)."""
-    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
     channels = 32
     x = torch.ones(1, channels, 1, 4)
     x[..., 1] = float("nan")
@@ -437,7 +437,7 @@ def test_fp8_kernel_keeps_nan_inputs_nan():
 
 @needs_fp8_kernel
 def test_fp8_gemm_and_im2col_kernels_match_the_emulation():
-    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
     from sartor.ops.quantized import Im2colIgemm, _im2col_conv, qlayer_weight_for_tactic
     g = torch.Generator().manual_seed(4)
     tile = TileConfig(16, 16, 32, 1, 1)

@@ -16,7 +16,7 @@ import sartor
 from sartor.cli.inspect import epilogue
 from sartor.frontend.onnx import import_model_proto
 from sartor.ir import verify_graph
-from sartor.kernels.resident_gemm import RESIDENT_TILES, resident_gemm
+from sartor.kernels.gemm.resident import RESIDENT_TILES, resident_gemm
 from sartor.ops import quantized
 from sartor.ops.quantized import SPLIT_TACTIC, projected_tactics, qconv
 from sartor.ops.util import tensor_from_numpy

@@ -1,4 +1,4 @@
-"""passes/fuse_stem_max_pool.py and the pooled window tiles (`kernels/window_resident.py`, `_mp`): an
+"""passes/fuse_stem_max_pool.py and the pooled window tiles (`kernels/window/resident.py`, `_mp`): an
 INT8 stem carrying the 3 × 3 / 2 max pool that alone read its codes. Where the pass fires the graph
 computes exactly what it computed before, by the emulation, by a layer's other tactics followed by
 the pool, and by the pooled kernel (under Triton's interpreter on the CPU, compiled on a GPU);
@@ -17,8 +17,8 @@ from sartor.frontend.onnx import import_model_proto
 from sartor.ir import verify_graph
 from sartor.ir.graph import Node
 from sartor.kernels.registry import TacticNameError, tactic_for
-from sartor.kernels.resident_gemm import ResidentTile
-from sartor.kernels.window_resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups, pooled_steps,
+from sartor.kernels.gemm.resident import ResidentTile
+from sartor.kernels.window.resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups, pooled_steps,
                                             window_resident_conv, window_resident_tiles)
 from sartor.ops import default_registry, quantized
 from sartor.ops.conv import igemm_geometry

@@ -62,7 +62,7 @@ import re, sys
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels.window_resident import window_resident_tiles
+from sartor.kernels.window.resident import window_resident_tiles
 from sartor.ops.quantized_window import window_tactic
 names = [window_tactic(tile, form).name for tile in window_resident_tiles(1, max_pool=True) for form in (False, True)]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
@@ -128,7 +128,7 @@ import sys
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels.resident_gemm import resident_tactics
+from sartor.kernels.gemm.resident import resident_tactics
 first = resident_tactics(1)[:2]  # the first tile, plain and grouped
 for layer in ("layer1.conv3", "layer1.projected", "layer2.projected"):
     for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer):
@@ -159,7 +159,7 @@ from dataclasses import replace
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels import gemm_tma
+from sartor.kernels.gemm import tma as gemm_tma
 first, specialized = gemm_tma.GEMM_TMA_TILES[0], gemm_tma.WS_TILES[0]
 wanted = {first.name: "plain", replace(first, persistent=gemm_tma.PERSISTENT_FLAT).name: "flat",
           replace(specialized, persistent=gemm_tma.PERSISTENT_WS).name: "ws"}
@@ -189,7 +189,7 @@ import re, sys
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels.window_resident import window_resident_tiles
+from sartor.kernels.window.resident import window_resident_tiles
 from sartor.ops.quantized_window import window_tactic
 first = window_resident_tiles(1)[0]
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):

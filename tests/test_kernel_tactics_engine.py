@@ -24,10 +24,10 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("triton")
 
 import sartor  # noqa: E402
-from sartor.kernels.conv_igemm import TileConfig  # noqa: E402
-from sartor.kernels.conv_tma import TmaTile  # noqa: E402
-from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
-from sartor.kernels.window_resident import WindowResidentTile  # noqa: E402
+from sartor.kernels.conv.igemm import TileConfig  # noqa: E402
+from sartor.kernels.conv.tma import TmaTile  # noqa: E402
+from sartor.kernels.gemm.resident import ResidentTile  # noqa: E402
+from sartor.kernels.window.resident import WindowResidentTile  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, window_tactic  # noqa: E402

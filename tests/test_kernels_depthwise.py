@@ -10,7 +10,7 @@ import torch.nn.functional as F
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.depthwise import depthwise_conv_nhwc, pack_depthwise_weight  # noqa: E402
+from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, pack_depthwise_weight  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import (  # noqa: E402
     _conv_depthwise, applicable_conv_tactics, conv_weight_for_tactic, depthwise_geometry, fused_conv,

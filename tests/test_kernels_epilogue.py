@@ -7,7 +7,7 @@ import torch
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.epilogue import ACTIVATION_CODES, fused_epilogue  # noqa: E402
+from sartor.kernels.pointwise.epilogue import ACTIVATION_CODES, fused_epilogue  # noqa: E402
 from sartor.ops.elementwise import apply_activation  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,7 +44,7 @@ def test_epilogue_on_row_major_gemm_output():
 def test_epilogue_into_a_channel_slice_with_a_sliced_residual():
     """The Triton-epilogue tactic writing a Concat input in place: out and residual are channel
     slices of wider channels-last buffers; channels outside the slice are left as they were."""
-    from sartor.kernels.epilogue import pixel_stride
+    from sartor.kernels.pointwise.epilogue import pixel_stride
     generator = torch.Generator().manual_seed(2)
     y = torch.randn(2, 6, 3, 4, generator=generator).contiguous(memory_format=torch.channels_last).to(DEVICE)
     bias = torch.randn(6, generator=generator).to(DEVICE)
@@ -61,7 +61,7 @@ def test_epilogue_into_a_channel_slice_with_a_sliced_residual():
 
 
 def test_pixel_stride_tells_channel_slices_from_other_layouts():
-    from sartor.kernels.epilogue import pixel_stride
+    from sartor.kernels.pointwise.epilogue import pixel_stride
     nhwc = torch.empty(2, 10, 5, 7).contiguous(memory_format=torch.channels_last)
     assert pixel_stride(nhwc) == 10
     assert pixel_stride(nhwc[:, 3:6]) == 10

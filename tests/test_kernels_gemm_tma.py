@@ -1,4 +1,4 @@
-"""The TMA-fed dense GEMM for 1×1 stride-1 INT8 layers (`sartor/kernels/gemm_tma.py`): bit for bit
+"""The TMA-fed dense GEMM for 1×1 stride-1 INT8 layers (`sartor/kernels/gemm/tma.py`): bit for bit
 the INT8 emulation, through Triton's interpreter on CPU (which emulates the bulk copies and their
 zero fill past the matrix) and natively on a GPU; where it applies; its tactic names; the op
 running it by its tactic."""
@@ -15,9 +15,9 @@ from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels import gemm_tma  # noqa: E402
-from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
-from sartor.kernels.gemm_tma import GemmTmaTile, gemm_tma as run_gemm_tma, gemm_tma_applies  # noqa: E402
+from sartor.kernels.gemm import tma as gemm_tma  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.gemm.tma import GemmTmaTile, gemm_tma as run_gemm_tma, gemm_tma_applies  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.quantized import as_quantized, qconv, qgemm  # noqa: E402
 

@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
-
-from sartor.kernels import conv_igemm as igemm  # noqa: E402
-from sartor.kernels.conv_igemm import (  # noqa: E402
+from sartor.kernels.conv import igemm  # noqa: E402
+from sartor.kernels.conv.igemm import (  # noqa: E402
     ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
@@ -204,7 +203,7 @@ def test_tile_names_round_trip_and_effort_widens_the_search():
 def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
     """Batch 1's 7×7 stage (49 rows, 512 channels, K = 4,608) on 132 SMs gets split variants that
     fill the GPU without shares under 4 K blocks; a layer of 800k rows gets none."""
-    from sartor.kernels.conv_igemm import MIN_K_BLOCKS_PER_SHARE, split_k_tiles
+    from sartor.kernels.conv.igemm import MIN_K_BLOCKS_PER_SHARE, split_k_tiles
     tiles = candidate_tiles(int8=True, effort=2)
     variants = split_k_tiles(tiles, 49, 512, 4608, 132)
     assert variants and all(v.split_k > 1 for v in variants)
@@ -219,7 +218,7 @@ def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
 def test_one_stage_variants_are_offered_where_k_is_one_block_only():
     """ResNet's 1×1 layers over 64 channels (K = 64) get one-stage variants of the tiles whose
     BLOCK_K holds all of K; a 3×3 layer (K = 576) gets none, and the kernel's result is the same."""
-    from sartor.kernels.conv_igemm import single_pass_tiles
+    from sartor.kernels.conv.igemm import single_pass_tiles
     tiles = candidate_tiles(int8=True, effort=3)
     variants = single_pass_tiles(tiles, 64)
     assert variants and all(v.stages == 1 and v.block_k >= 64 for v in variants)
@@ -391,7 +390,7 @@ def test_epilogue_in_halves_gives_the_same_output(residual, int8_output):
     epilogue does, for INT8 with and without a residual and requantization, columns not a multiple
     of the tile included, also with the residual loaded before the K loop; its variants are named,
     parsed and offered for unsplit tiles only, the early residual only where there is one."""
-    from sartor.kernels.conv_igemm import halved_epilogue_tiles
+    from sartor.kernels.conv.igemm import halved_epilogue_tiles
     generator = torch.Generator().manual_seed(10)
     x = torch.randint(-127, 128, (2, 64, 5, 6), dtype=torch.int8, generator=generator)
     w = torch.randint(-127, 128, (40, 64, 3, 3), dtype=torch.int8, generator=generator)
@@ -473,7 +472,7 @@ def test_padded_tap_variants_are_offered_where_channels_miss_the_k_block():
     """24 channels: variants with a 32-wide K block, N narrowed to the 24 outputs' 32, named and
     parsed; 64 channels (a multiple of every K block) and 27 channels (rows too ragged to load as
     vectors) get none."""
-    from sartor.kernels.conv_igemm import padded_tap_tiles
+    from sartor.kernels.conv.igemm import padded_tap_tiles
     tiles = candidate_tiles(int8=True, effort=2)
     variants = padded_tap_tiles(tiles, 24, 24, eight_bit=True)
     assert variants and all(v.padded_taps and v.block_k == 32 and v.block_n == 32 for v in variants)

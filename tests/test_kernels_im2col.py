@@ -1,4 +1,4 @@
-"""The one-pass INT8/FP8 im2col of few-channel convolutions (`sartor/kernels/im2col.py`) against the
+"""The one-pass INT8/FP8 im2col of few-channel convolutions (`sartor/kernels/conv/im2col.py`) against the
 columns PyTorch's unfold makes of the quantized input, through Triton's interpreter on CPU and
 natively on a GPU."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
 
-from sartor.kernels.im2col import im2col_codes  # noqa: E402
+from sartor.kernels.conv.im2col import im2col_codes  # noqa: E402
 from sartor.ops.fp8 import quantize_fp8  # noqa: E402
 from sartor.ops.quantized import quantize  # noqa: E402
 

@@ -10,7 +10,7 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm
 
 pytest.importorskip("triton")
 
-from sartor.kernels.conv_igemm import ConvGeometry, accumulator_epilogue, pack_weight  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, accumulator_epilogue, pack_weight  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import _qlayer_library, qconv, qconv_into, qgemm  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, SCALED_MM, library_applies  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels.pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, _code_words, max_pool_nhwc,  # noqa: E402
+from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, _code_words, max_pool_nhwc,  # noqa: E402
                                  max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402

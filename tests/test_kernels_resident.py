@@ -1,5 +1,5 @@
 """The resident-weight kernel of INT8/FP8 1×1 convolutions and GEMMs of small K
-(`sartor/kernels/resident_gemm.py`): equal to the emulation, into channel slices, where the tactic
+(`sartor/kernels/gemm/resident.py`): equal to the emulation, into channel slices, where the tactic
 is offered and where it must not be. Through Triton's interpreter on CPU and natively on a GPU."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm, residual_
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
 
-from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels.tile_steps import residual_pixels  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
+from sartor.kernels.common.tile_steps import residual_pixels  # noqa: E402
+from sartor.kernels.gemm.resident import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
                                           RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection, ResidentTile,
                                           resident_applies, resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
@@ -259,7 +259,7 @@ def test_cuda_1x1_layers_offer_the_resident_tactic_and_3x3_layers_do_not():
 
 
 def test_a_projection_that_does_not_fit_the_layer_is_refused():
-    """resident_gemm's projection (kernels/resident_gemm.py, Projection): each misfit in one line."""
+    """resident_gemm's projection (kernels/gemm/resident.py, Projection): each misfit in one line."""
     x = torch.zeros(2, 64, 8, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
     w = torch.zeros(32, 64, dtype=torch.int8, device=DEVICE)
     scale = torch.ones(32, device=DEVICE)

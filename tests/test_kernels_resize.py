@@ -14,7 +14,7 @@ from onnx.reference import ReferenceEvaluator
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported  # noqa: E402
+from sartor.kernels.pointwise.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.resize import RESIZE_ATTRS, resize, resize_into, upsample, upsample_into  # noqa: E402
 from sartor.runtime.concat_plan import ShapeMemo, SliceTarget  # noqa: E402

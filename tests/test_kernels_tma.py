@@ -1,4 +1,4 @@
-"""The TMA-fed convolution kernel (`sartor/kernels/conv_tma.py`): bit for bit the INT8 emulation,
+"""The TMA-fed convolution kernel (`sartor/kernels/conv/tma.py`): bit for bit the INT8 emulation,
 through Triton's interpreter on CPU (which emulates the bulk copies, zero fill of the padding
 included) and natively on a GPU; where it applies; its tactic names."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from int8_layers import (assert_fp8_conv_passes_the_builders_check, assert_qconv
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels import conv_tma  # noqa: E402
-from sartor.kernels.conv_igemm import ConvGeometry, pack_weight  # noqa: E402
-from sartor.kernels.conv_tma import TmaTile, conv_tma as run_conv_tma, tma_applies  # noqa: E402
+from sartor.kernels.conv import tma as conv_tma  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.conv.tma import TmaTile, conv_tma as run_conv_tma, tma_applies  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.quantized import qconv  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The window tactic of few-channel INT8/FP8 convolutions (`sartor/ops/quantized_window.py`): the
 pixel packing against PyTorch's padding of the quantized input, the whole convolution against the
 emulation bit for bit, where the tactic is offered and where it must not be, and the kernel's row
-alignment hint; the same for the resident-window tiles (`sartor/kernels/window_resident.py`), with
+alignment hint; the same for the resident-window tiles (`sartor/kernels/window/resident.py`), with
 their names. Through Triton's interpreter on CPU and natively on a GPU."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ pytest.importorskip("triton")
 
 from sartor.builder.pipeline import _tactic  # noqa: E402
 from sartor.ir.graph import Node  # noqa: E402
-from sartor.kernels.conv_igemm import ConvGeometry, row_alignment  # noqa: E402
-from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
-from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
-from sartor.kernels.tile_steps import DECODABLE_SUM  # noqa: E402
-from sartor.kernels.window_resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, row_alignment  # noqa: E402
+from sartor.kernels.window.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.gemm.resident import ResidentTile  # noqa: E402
+from sartor.kernels.common.tile_steps import DECODABLE_SUM  # noqa: E402
+from sartor.kernels.window.resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
                                             window_alignment, window_resident_conv)
 from sartor.ops import default_registry, quantized  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402

@@ -1,4 +1,4 @@
-"""--pdl (`sartor/builder/pdl.py`, `sartor/kernels/pdl.py`): which layers are marked, the refusals a
+"""--pdl (`sartor/builder/pdl.py`, `sartor/kernels/common/pdl.py`): which layers are marked, the refusals a
 user can reach, the flag through the CLI, the API and the rebuild command, and (GPU, compute
 capability 9.0+) that kernels launched with programmatic dependent launch compute what the others
 do, also chained in a CUDA graph."""
@@ -83,7 +83,7 @@ def test_the_cli_flag_reaches_the_config_and_the_rebuild_command():
 
 
 def _hopper() -> bool:
-    from sartor.kernels.pdl import pdl_available
+    from sartor.kernels.common.pdl import pdl_available
     return torch.cuda.is_available() and pdl_available("cuda")
 
 
@@ -92,9 +92,9 @@ def test_pdl_kernels_equal_the_others_chained_in_a_cuda_graph():
     """Three layers in a row, each reading the one before (and the first's output again as the
     third's residual), launched with PDL inside one CUDA graph, replayed: the same codes as the
     ordinary launches."""
-    from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
-    from sartor.kernels.conv_tma import TmaTile, conv_tma
-    from sartor.kernels.resident_gemm import ResidentTile, resident_gemm
+    from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight
+    from sartor.kernels.conv.tma import TmaTile, conv_tma
+    from sartor.kernels.gemm.resident import ResidentTile, resident_gemm
     generator = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randint(-127, 128, (2, 64, 16, 16), dtype=torch.int8, device="cuda", generator=generator)
     x = x.contiguous(memory_format=torch.channels_last)

@@ -238,7 +238,7 @@ def _codes(dtype, shape, generator) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 @pytest.mark.parametrize("attrs", POOL_CASES)
 def test_code_max_pool_kernel_matches_reference(dtype, attrs):
-    from sartor.kernels.pool import max_pool_nhwc
+    from sartor.kernels.pool.max_pool import max_pool_nhwc
     from sartor.ops.pool import _pool_geometry, max_pool
     x = _codes(dtype, (2, 6, 9, 7), torch.Generator().manual_seed(0))
     expected = max_pool([x], dict(attrs))
@@ -261,7 +261,7 @@ def test_code_max_pool_reads_and_writes_channel_slices(dtype):
 
 
 def test_max_pool_tactics_take_codes_on_cuda():
-    from sartor.kernels.pool import max_pool_nhwc_supported
+    from sartor.kernels.pool.max_pool import max_pool_nhwc_supported
     x = torch.zeros(1, 8, 6, 6, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     assert max_pool_nhwc_supported(x) and max_pool_nhwc_supported(x.to(torch.float8_e4m3fn))
     assert not max_pool_nhwc_supported(x.to(torch.int32)) and not max_pool_nhwc_supported(x.contiguous())
@@ -269,7 +269,7 @@ def test_max_pool_tactics_take_codes_on_cuda():
 
 @pytest.mark.parametrize("out_format", ["int8", "fp8", "float"])
 def test_qconv_write_into_stores_into_a_slice_and_equals_the_plain_result(out_format, monkeypatch):
-    from sartor.kernels.conv_igemm import TileConfig, pack_weight
+    from sartor.kernels.conv.igemm import TileConfig, pack_weight
     from sartor.ops import quantized
     from sartor.ops.conv import igemm_geometry
     from sartor.ops.fp8 import QFORMAT

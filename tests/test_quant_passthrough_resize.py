@@ -103,7 +103,7 @@ def test_resize_does_not_pass_through(variant):
 
 triton = pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-from sartor.kernels.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported  # noqa: E402
+from sartor.kernels.pointwise.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.resize import RESIZE_ATTRS, resize, resize_into, upsample  # noqa: E402
 

@@ -16,14 +16,14 @@ from sartor.builder.pipeline import _tactic
 from sartor.errors import EngineFileError, SartorError
 from sartor.ir import Node
 from sartor.kernels import registry
-from sartor.kernels.conv_igemm import TileConfig, candidate_tiles, halved_epilogue_tiles, padded_tap_tiles
-from sartor.kernels.conv_tma import TMA_TILES, TmaTile
-from sartor.kernels.gemm_tma import GEMM_TMA_TILES, WS_TILES, GemmTmaTile
-from sartor.kernels.pool import POOL_TILES, PoolTile, pool_tactics
+from sartor.kernels.conv.igemm import TileConfig, candidate_tiles, halved_epilogue_tiles, padded_tap_tiles
+from sartor.kernels.conv.tma import TMA_TILES, TmaTile
+from sartor.kernels.gemm.tma import GEMM_TMA_TILES, WS_TILES, GemmTmaTile
+from sartor.kernels.pool.max_pool import POOL_TILES, PoolTile, pool_tactics
 from sartor.kernels.registry import (FAMILY_MODULES, LayerFacts, Number, Tactic, TacticNameError, families,
                                      parse_tactic, register, tactic_for)
-from sartor.kernels.resident_gemm import ResidentTile, resident_tactics
-from sartor.kernels.window_resident import POOLED_TILES
+from sartor.kernels.gemm.resident import ResidentTile, resident_tactics
+from sartor.kernels.window.resident import POOLED_TILES
 from sartor.ops.conv import conv_weight_for_tactic
 from sartor.ops.quantized import SPLIT_TACTIC, Im2colIgemm, qconv, qlayer_weight_for_tactic
 from sartor.ops.quantized_window import window_tactics

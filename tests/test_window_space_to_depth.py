@@ -13,10 +13,10 @@ pytest.importorskip("triton")
 
 from sartor.builder.pipeline import _tactic  # noqa: E402
 from sartor.ir.graph import Node  # noqa: E402
-from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
-from sartor.kernels.resident_gemm import ResidentTile  # noqa: E402
+from sartor.kernels.window.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.gemm.resident import ResidentTile  # noqa: E402
 from sartor.kernels.registry import TacticNameError, tactic_for  # noqa: E402
-from sartor.kernels.window_resident import WindowResidentTile, window_resident_tiles  # noqa: E402
+from sartor.kernels.window.resident import WindowResidentTile, window_resident_tiles  # noqa: E402
 from sartor.ops.fp8 import QFORMAT  # noqa: E402
 from sartor.ops.quantized import own_kernel_tactic, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
 from sartor.ops.quantized_window import (WINDOW_TACTICS, WINDOW_TILES, space_to_depth_applies,  # noqa: E402

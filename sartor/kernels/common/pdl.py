@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import triton
+from ..pointwise.epilogue import triton
 
 gdc_wait = gdc_launch_dependents = None
 if triton is not None:

@@ -33,10 +33,10 @@ from typing import ClassVar
 
 import torch
 
-from .epilogue import channels_last_output, pixel_stride, triton
-from .pdl import launch_options
-from .registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
-from .tile_steps import epilogue_arguments
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.pdl import launch_options
+from ..registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
+from ..common.tile_steps import epilogue_arguments
 
 try:  # host-side descriptors: Triton 3.4 and newer
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -50,9 +50,9 @@ MAX_BLOCKED_TAPS = 64
 if triton is not None:
     import triton.language as tl
 
-    from .pdl import await_previous_kernel
+    from ..common.pdl import await_previous_kernel
     BLOCKED_TAPS_BOUND = tl.constexpr(MAX_BLOCKED_TAPS)  # the kernel's view of the host's bound
-    from .tile_steps import (accumulate_dot, store_epilogue, store_epilogue_halves, store_epilogue_halves_given,
+    from ..common.tile_steps import (accumulate_dot, store_epilogue, store_epilogue_halves, store_epilogue_halves_given,
                              load_residual_halves, grouped_tile, next_k_step, pixel_coords)
 
     @triton.jit
@@ -342,7 +342,7 @@ def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, ele
     """Weight-TMA variants of `tiles` for a convolution with more than one filter tap whose
     channels are whole K blocks: no per-thread addresses for the weight, and shared memory written in
     the layout the tensor cores read (docs/decisions/kernel-igemm-weight-tma.md). 1×1 layers
-    have `kernels/gemm_tma.py`. Only candidates: timed against the tiles they vary."""
+    have `kernels/gemm/tma.py`. Only candidates: timed against the tiles they vary."""
     if math.prod(w_shape[2:]) < 2:
         return []
     return [replace(tile, weight_tma=True) for tile in tiles
@@ -405,7 +405,7 @@ def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
     kernel's blocked K walk reads channels from, when channels are contiguous; else 1.
 
     Triton proves a stride a multiple of 16 only when it is one; the window convolution's pixels
-    are 4 bytes apart (`kernels/pixel_pack.py`), so without this hint its 32-byte rows load byte by
+    are 4 bytes apart (`kernels/window/pixel_pack.py`), so without this hint its 32-byte rows load byte by
     byte. A row starts at n·sxn + ih·sxh + iw·sxw, where ih = oh·stride - pad + kh·dilation (and
     iw alike): a term whose every factor is zero (one output row, one tap, no pad) drops out."""
     sxn, sxc, sxh, sxw = x4.stride()
@@ -478,7 +478,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
                pdl: bool = False) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
-    `pdl`: launch it with programmatic dependent launch (`kernels/pdl.py`; CUDA tensors only).
+    `pdl`: launch it with programmatic dependent launch (`kernels/common/pdl.py`; CUDA tensors only).
 
     INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
     w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.

@@ -20,7 +20,7 @@ from .epilogue import channels_last_output, pixel_stride, triton
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import pixel_coords
+    from ..common.tile_steps import pixel_coords
 
     @triton.jit
     def _upsample_nearest_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, y_row, sxn, sxh, sxw,

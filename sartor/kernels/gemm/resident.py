@@ -18,19 +18,19 @@ from typing import ClassVar
 
 import torch
 
-from .conv_igemm import ConvGeometry
-from .epilogue import channels_last_output, pixel_stride, triton
-from .pdl import launch_options
-from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
-from .tile_steps import epilogue_arguments, residual_pixels
+from ..conv.igemm import ConvGeometry
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.pdl import launch_options
+from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
+from ..common.tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (accumulate_dot, load_column_halves, load_column_values, dequantize_tile, store_epilogue_halves,
+    from ..common.tile_steps import (accumulate_dot, load_column_halves, load_column_values, dequantize_tile, store_epilogue_halves,
                              store_epilogue_halves_given, store_epilogue_halves_loaded, load_residual_halves,
                              decode_codes_through_mma, int8_identity, load_residual_tile, pixel_coords)
-    from .pdl import await_previous_kernel
+    from ..common.pdl import await_previous_kernel
 
     @triton.jit
     def program_tiles(COUT, BLOCK_N: tl.constexpr, N_ADJACENT: tl.constexpr):

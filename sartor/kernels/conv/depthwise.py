@@ -7,7 +7,7 @@ Depthwise convolution does KH·KW multiply-adds per output value, so it is bound
 not arithmetic: no tensor cores, one read of the input per tap (neighbouring taps hit in L1/L2),
 one write of the output.
 
-Laid out as the max pool kernel is (sartor/kernels/pool.py): each program owns a block of output
+Laid out as the max pool kernel is (sartor/kernels/pool/max_pool.py): each program owns a block of output
 pixels × a block of channels; channels are contiguous in NHWC, so every tap is one coalesced load
 of [BLOCK_P, BLOCK_C], and the weight, stored [KH, KW, C] by `pack_depthwise_weight`, is one
 coalesced load of BLOCK_C per tap. Padding (asymmetric too) is done by masks, never by a padded
@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import torch
 
-from .conv_igemm import ConvGeometry
-from .epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
-from .registry import DEPTHWISE_TAPS, fixed_tactic
+from .igemm import ConvGeometry
+from ..pointwise.epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from ..registry import DEPTHWISE_TAPS, fixed_tactic
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import store_epilogue, pixel_coords
+    from ..common.tile_steps import store_epilogue, pixel_coords
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import triton
+from ..pointwise.epilogue import triton
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import quantize_int8, round_to_fp8_grid, pixel_coords
+    from ..common.tile_steps import quantize_int8, round_to_fp8_grid, pixel_coords
 
     @triton.jit
     def _im2col_kernel(x_ptr, col_ptr, M, C, H, W, OH, OW, K, KP,

@@ -5,7 +5,7 @@ The window tactic packs the few-channel image into 4-byte pixels and runs the im
 overlapping windows of them as a kh × 1 convolution: bound neither by memory nor by the tensor
 cores, each program walking 7 K steps with the general implicit-GEMM index math for one row tile
 (docs/decisions/kernel-window-resident-tiles.md). Here, as in the resident kernel of 1×1 layers
-(`resident_gemm.py`), each program loads
+(`gemm/resident.py`), each program loads
 its weight block [K, BLOCK_N] once (K = kh · window: 7 · 32 = 224 for the stem) and walks TILES row
 tiles, gathering each tile's K in one step: kh rows of `window` contiguous bytes per output pixel.
 Two forms: one product over K padded to a power of two (the weight's padding rows are zero), or
@@ -26,22 +26,22 @@ from typing import ClassVar
 
 import torch
 
-from .conv_igemm import ConvGeometry
-from .epilogue import channels_last_output, pixel_stride, triton
-from .pdl import launch_options
-from .tile_steps import epilogue_arguments
+from ..conv.igemm import ConvGeometry
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.pdl import launch_options
+from ..common.tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
-from .registry import Flag, Inline, Tactic
-from .resident_gemm import ResidentTile
+from ..registry import Flag, Inline, Tactic
+from ..gemm.resident import ResidentTile
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import (accumulate_dot, load_column_halves, load_column_values, epilogue_output, store_epilogue_halves,
+    from ..common.tile_steps import (accumulate_dot, load_column_halves, load_column_values, epilogue_output, store_epilogue_halves,
                              store_epilogue_halves_loaded, requantize_int8, load_residual_halves, odometer_step,
                              pixel_coords)
-    from .pdl import await_previous_kernel
-    from .resident_gemm import program_tiles
+    from ..common.pdl import await_previous_kernel
+    from ..gemm.resident import program_tiles
 
     @triton.jit
     def _window_resident_kernel(

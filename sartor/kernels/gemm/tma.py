@@ -20,18 +20,18 @@ from typing import ClassVar
 
 import torch
 
-from .conv_igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry,
+from ..conv.igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry,
                          TensorDescriptor, as_nchw_view, multiprocessors, packed_weight_descriptor)
-from .epilogue import channels_last_output, pixel_stride, triton
-from .pdl import launch_options
-from .registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
-from .tile_steps import epilogue_arguments, residual_pixels
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.pdl import launch_options
+from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
+from ..common.tile_steps import epilogue_arguments, residual_pixels
 
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
-    from .pdl import await_previous_kernel
-    from .tile_steps import (decode_codes_through_mma, store_epilogue, store_epilogue_halves,
+    from ..common.pdl import await_previous_kernel
+    from ..common.tile_steps import (decode_codes_through_mma, store_epilogue, store_epilogue_halves,
                              store_epilogue_halves_given, int8_identity, load_residual_tile, grouped_tile, pixel_coords)
 
     @triton.jit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import ACTIVATION_CODES, triton
+from ..pointwise.epilogue import ACTIVATION_CODES, triton
 
 # How an INT8 kernel's epilogue turns its int32 sums (with the bias) into float32: the value of its
 # INT8 constexpr (False: the layer is not INT8). SUMS_CONVERTED: by a conversion instruction, which
@@ -26,7 +26,7 @@ if triton is not None:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    from .epilogue import activate
+    from ..pointwise.epilogue import activate
 
     @triton.jit
     def odometer_step(low, middle, high, low_count, middle_count):
@@ -348,7 +348,7 @@ if triton is not None:
                          OUT_QUANT: tl.constexpr, LOADED: tl.constexpr = False):
         """The epilogue's values of one tile as they are stored: bias, dequantization, residual,
         activation, then with OUT_QUANT the output codes (INT8, or e4m3 as float32 interpreted), else
-        float32. A kernel that goes on with the codes (the stem's max pool, `window_resident.py`)
+        float32. A kernel that goes on with the codes (the stem's max pool, `window/resident.py`)
         takes them here."""
         y = dequantize_tile(acc, offs_n, n_ok, bias_ptr, scale_ptr, INT8, FP8, HAS_BIAS, LOADED)
         if HAS_RES:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from .epilogue import triton
-from .im2col import CODE_DTYPES, code_source
+from ..pointwise.epilogue import triton
+from ..conv.im2col import CODE_DTYPES, code_source
 
 PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import quantize_int8, round_to_fp8_grid
+    from ..common.tile_steps import quantize_int8, round_to_fp8_grid
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,

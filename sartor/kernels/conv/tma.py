@@ -24,18 +24,18 @@ from typing import ClassVar
 
 import torch
 
-from .conv_igemm import (PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor,
+from .igemm import (PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor,
                          multiprocessors, packed_weight_descriptor)
-from .epilogue import channels_last_output, pixel_stride, triton
-from .pdl import launch_options
-from .registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
-from .tile_steps import epilogue_arguments
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.pdl import launch_options
+from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
+from ..common.tile_steps import epilogue_arguments
 
 if triton is not None and TensorDescriptor is not None:
     import triton.language as tl
 
-    from .tile_steps import store_epilogue, next_k_step
-    from .pdl import await_previous_kernel
+    from ..common.tile_steps import store_epilogue, next_k_step
+    from ..common.pdl import await_previous_kernel
 
     @triton.jit
     def _conv_tma_tile(

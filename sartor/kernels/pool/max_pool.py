@@ -17,13 +17,13 @@ from typing import ClassVar
 
 import torch
 
-from .epilogue import channels_last_output, pixel_stride, triton
-from .registry import LayerFacts, Number, Tactic, register
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..registry import LayerFacts, Number, Tactic, register
 
 if triton is not None:
     import triton.language as tl
 
-    from .tile_steps import pixel_coords
+    from ..common.tile_steps import pixel_coords
 
     @triton.jit
     def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, y_row, sxn, sxh, sxw, pad_h, pad_w,
