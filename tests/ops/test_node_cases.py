@@ -26,7 +26,7 @@ from sartor.runtime.executor import Executor
 
 def _load_refusals():
     # Loaded by path: tests/ is not a package, and this works whatever pytest's import mode.
-    path = Path(__file__).with_name("node_case_refusals.py")
+    path = Path(__file__).resolve().parents[1] / "node_case_refusals.py"
     spec = importlib.util.spec_from_file_location("node_case_refusals", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

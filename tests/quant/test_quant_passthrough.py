@@ -256,7 +256,7 @@ def test_code_max_pool_kernel_matches_reference(dtype, attrs):
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
 def test_code_max_pool_reads_and_writes_channel_slices(dtype):
-    from test_kernels_pool import assert_sppf_chain_in_one_buffer
+    from pool_helpers import assert_sppf_chain_in_one_buffer
     assert_sppf_chain_in_one_buffer(_codes(dtype, (2, 6, 7, 7), torch.Generator().manual_seed(5)))
 
 

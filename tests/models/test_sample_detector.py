@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "samples" / "detector" / "sample_detector.onnx"
 PREPROCESS = "letterbox=320,mean=0,std=255,rgb,nchw"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 pytest.importorskip("torchvision")  # h200_models, which h200_serve imports, exports torchvision models
 from h200_serve import MODELS, parse_profiles, with_profile  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import inductor_cache  # noqa: E402
 from inductor_cache import (CacheArchiveError, autotune_op_count, earlier_compile_s, export_results,  # noqa: E402

@@ -13,6 +13,7 @@ from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile,
                                  max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
+from pool_helpers import SPPF_POOL, assert_sppf_chain_in_one_buffer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -123,7 +124,7 @@ def test_max_pool_tactics():
     assert tactics([x], {"kernel_shape": [2, 2]}) == ["torch"]  # CPU: the reference only
     assert not max_pool_nhwc_supported(x) and max_pool_nhwc_supported(x.contiguous(memory_format=torch.channels_last))
     assert not max_pool_nhwc_supported(torch.zeros(1, 8, 6, 6, dtype=torch.int8))  # NCHW (int8 channels-last: see
-    # tests/test_quant_passthrough.py)
+    # tests/quant/test_quant_passthrough.py)
     if DEVICE == "cuda":
         x_cl = x.cuda().contiguous(memory_format=torch.channels_last)
         # A 200-element output leaves SMs idle under the first tile, so the smallest tile is timed too.
@@ -147,21 +148,3 @@ def test_sppf_pool_reads_and_writes_channel_slices_of_one_buffer():
     from sartor.ops.pool import max_pool_into
     buffer = assert_sppf_chain_in_one_buffer(torch.randn(2, 6, 7, 7, generator=torch.Generator().manual_seed(5)))
     assert max_pool_into([buffer[:, :6]], dict(SPPF_POOL, tactic="torch"), buffer[:, 6:12]) is None
-
-
-SPPF_POOL = {"kernel_shape": [5, 5], "strides": [1, 1], "pads": [2, 2, 2, 2], "tactic": POOL_TILES[0].name}
-
-
-def assert_sppf_chain_in_one_buffer(first: torch.Tensor) -> torch.Tensor:
-    """Three 5×5 pools chained through slices of one channels-last buffer of `first`'s dtype (float
-    or quantized codes) give exactly the reference pools; returns the buffer."""
-    from sartor.ops.pool import max_pool_into
-    buffer = torch.zeros(2, 24, 7, 7).to(first.dtype).contiguous(memory_format=torch.channels_last).to(DEVICE)
-    buffer[:, :6] = first.to(DEVICE)
-    expected = [first]
-    for k in range(1, 4):
-        expected.append(max_pool([expected[-1]], dict(SPPF_POOL, tactic="torch")))
-        written = max_pool_into([buffer[:, 6 * (k - 1):6 * k]], SPPF_POOL, buffer[:, 6 * k:6 * (k + 1)])
-        assert written is not None and written.data_ptr() == buffer[:, 6 * k:].data_ptr()
-    assert torch.equal(buffer.cpu().float(), torch.cat(expected, 1).float())
-    return buffer

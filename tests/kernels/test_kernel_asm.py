@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import re, sys

@@ -30,7 +30,7 @@ from sartor.ops.detection_head import TRITON, yolo_decode_reference
 from sartor.passes import optimize
 from sartor.passes.fuse_yolo_head import fuse_yolo_head
 
-CARRY = Path(__file__).resolve().parent.parent / ".carry"
+CARRY = Path(__file__).resolve().parents[2] / ".carry"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter (conftest.py)
 RTOL = 1e-4  # max|ours - ORT| / max|ORT|, FP32
 BATCH, FEATURES, BINS, CLASSES = 2, 8, 16, 3
@@ -163,7 +163,7 @@ def test_fires_on_an_ultralytics_yolo11n_export(exported):
 def test_fires_on_the_sample_detector():
     """Its decode is written by hand: Softmax, Mul by arange and ReduceSum, Split, anchors already
     times the strides, and a three-input Concat."""
-    path = Path(__file__).resolve().parent.parent / "samples" / "detector" / "sample_detector.onnx"
+    path = Path(__file__).resolve().parents[2] / "samples" / "detector" / "sample_detector.onnx"
     _assert_fused_and_matches(path, 320, 1, in_dfl=lambda name: name.startswith("/head/") and name.count("/") == 2)
 
 

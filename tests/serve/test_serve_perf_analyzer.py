@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import BATCHING, HOST, add_model, running
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def perf_analyzer_binary() -> str:
