@@ -12,12 +12,13 @@ files="test_kernels_igemm test_kernels_tma test_kernels_window test_kernels_resi
        test_serve_shm_stream test_serve_frontends test_serve_groups test_pdl test_input_buffers"
 mkdir -p "$OUT/checks"
 check_one() {
-  local f=$1 start rc
+  local f=$1 start rc path
+  path=$(ls tests/*/"$f.py" | head -1)  # tests/<package>/test_*.py: each basename is unique
   start=$(date +%s)
-  timeout "$per_file" python -m pytest -q -rs -p no:cacheprovider "tests/$f.py" > "$OUT/checks/$f.txt" 2>&1
+  timeout "$per_file" python -m pytest -q -rs -p no:cacheprovider "$path" > "$OUT/checks/$f.txt" 2>&1
   rc=$?
   echo "$f rc=$rc $(( $(date +%s) - start ))s: $(tail -1 "$OUT/checks/$f.txt")" | tee -a "$OUT/checks/summary.txt"
 }
 export -f check_one
 export OUT per_file
-for f in $files; do [ -f "tests/$f.py" ] && echo "$f"; done | xargs -P "${PARALLEL:-6}" -I{} bash -c 'check_one {}'
+for f in $files; do ls tests/*/"$f.py" > /dev/null 2>&1 && echo "$f"; done | xargs -P "${PARALLEL:-6}" -I{} bash -c 'check_one {}'

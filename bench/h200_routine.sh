@@ -35,7 +35,7 @@
 #              .carry/cos (issue 4; bench/int8_cosine_gpu.py)                                ~60
 #   kernels    the implicit-GEMM, TMA, resident, window, pool, FP8 and tactic-check test files, the
 #              CUDA shared-memory stream tests and the engine's input buffers, and the sm_90
-#              compiles of tests/test_kernel_asm.py with the machine's own Triton, alone (after a
+#              compiles of tests/kernels/test_kernel_asm.py with the machine's own Triton, alone (after a
 #              kernel or output-path change; session 25: 304 s before test_kernel_asm joined, session
 #              26: 446 s, so a call of its own; carry .whl/serve, or its two serving files skip:
 #              session 21's call 1 had neither)                                              ~450
@@ -153,8 +153,8 @@ for name in "$@"; do
     effort) stage effort 560 bash -c 'python bench/h200_table.py --out /tmp/routine/effort --models resnet50 \
               --batches "${EFFORT_BATCHES:-256}" --int8 --effort "${EFFORT:-3}" --no-compile --no-warm-build \
               && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/effort/' ;;
-    int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/test_fuse_projected_residual.py tests/test_kernels_resident.py \
-            tests/test_kernels_pool.py tests/test_epilogue_fma.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
+    int8) stage int8 400 bash -c 'python -m pytest -q -rs -p no:cacheprovider tests/passes/test_fuse_projected_residual.py tests/kernels/test_kernels_resident.py \
+            tests/kernels/test_kernels_pool.py tests/kernels/test_epilogue_fma.py; python bench/h200_table.py --out /tmp/routine/int8 --models resnet50 \
             --batches 256,1 --int8 --effort 1 --no-warm-build && cp /tmp/sartor_table/timing_resnet50_*.json /tmp/routine/int8/' ;;
     int8ab) stage int8ab 560 bash -c 'base=${INT8_BASE:-.carry/int8base}
               common="--models resnet50 --batches 256 --int8 --effort 1 --no-compile --no-warm-build"
@@ -196,8 +196,8 @@ tma.8x16x64x64.w4.s4.persistent3,tma.8x8x64x64.w4.s4,tma.8x8x64x64.w4.s4.persist
                 --levels 32,64 --duration 3 --warmup 1 --effort 1 --shared-memory cuda --frontends 8 --variants batched \
                 --load-generator perf_analyzer --request-batch 8 --instances 2 --reuse-plan --measure-budget-s 40 \
                 --budget-s 200 ;;
-    serve8ab) stage serve8ab 460 bash -c 'python -m pytest -q -p no:cacheprovider tests/test_serve_shm_stream.py \
-                tests/test_serve_device_copies.py tests/test_serve_batching.py
+    serve8ab) stage serve8ab 460 bash -c 'python -m pytest -q -p no:cacheprovider tests/serve/test_serve_shm_stream.py \
+                tests/serve/test_serve_device_copies.py tests/serve/test_serve_batching.py
               common="--models resnet50 --levels 32,64,128 --duration 3 --warmup 1 --effort 1 --shared-memory cuda
                 --frontends 8 --variants batched --load-generator perf_analyzer --request-batch 8
                 --measure-budget-s 40 --server-start-s 25 --budget-s 125"
@@ -230,13 +230,13 @@ tma.8x16x64x64.w4.s4.persistent3,tma.8x8x64x64.w4.s4,tma.8x8x64x64.w4.s4.persist
                 --inductor-cache "$autotune_cache" --autotune-resume "$autotune_resume" ;;
     cosine) stage cosine 300 python bench/int8_cosine_gpu.py --from .carry/cos --out /tmp/routine/cosine --models yolov8n \
               --methods mse ;;
-    kernels) stage kernels 560 python -m pytest -q -rs -p no:cacheprovider tests/test_kernels_igemm.py tests/test_kernels_tma.py \
-               tests/test_kernels_resident.py tests/test_tactics.py tests/test_kernel_tactics_engine.py \
-               tests/test_serve_shm_stream.py tests/test_pdl.py tests/test_kernels_window.py tests/test_kernels_pool.py \
-               tests/test_fuse_projected_residual.py tests/test_kernels_gemm_tma.py tests/test_epilogue_fma.py \
-               tests/test_serve_device_copies.py tests/test_input_buffers.py tests/test_fp8.py \
-               tests/test_window_space_to_depth.py tests/test_kernel_asm.py tests/test_fuse_stem_max_pool.py \
-               tests/test_bound_accumulators.py ;;
+    kernels) stage kernels 560 python -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernels_igemm.py tests/kernels/test_kernels_tma.py \
+               tests/kernels/test_kernels_resident.py tests/tactics/test_tactics.py tests/tactics/test_kernel_tactics_engine.py \
+               tests/serve/test_serve_shm_stream.py tests/builder/test_pdl.py tests/kernels/test_kernels_window.py tests/kernels/test_kernels_pool.py \
+               tests/passes/test_fuse_projected_residual.py tests/kernels/test_kernels_gemm_tma.py tests/kernels/test_epilogue_fma.py \
+               tests/serve/test_serve_device_copies.py tests/runtime/test_input_buffers.py tests/quant/test_fp8.py \
+               tests/ops/test_window_space_to_depth.py tests/kernels/test_kernel_asm.py tests/passes/test_fuse_stem_max_pool.py \
+               tests/passes/test_bound_accumulators.py ;;
     fallback) stage fallback 500 python bench/fallback_where_faster.py --out /tmp/routine/fallback --models detector \
                 --batch 32 --effort 1 ;;
     *) echo "unknown stage $name" | tee -a "$OUT/routine.txt" ;;

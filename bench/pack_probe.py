@@ -1,4 +1,4 @@
-"""The stem's pixel packing (`sartor/kernels/pixel_pack.py`) at several launch shapes, timed as the
+"""The stem's pixel packing (`sartor/kernels/window/pixel_pack.py`) at several launch shapes, timed as the
 builder times tactics: ResNet-50's FP32 NCHW input at batch 256 quantized into padded 4-byte pixels
 and into the space-to-depth form's 16-byte block pixels, as the window tactics lay them out.
 
@@ -19,8 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sartor.kernels.conv_igemm import ConvGeometry  # noqa: E402
-from sartor.kernels.pixel_pack import pack_pixels  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry  # noqa: E402
+from sartor.kernels.window.pixel_pack import pack_pixels  # noqa: E402
 from sartor.ops.quantized_window import space_to_depth_pack, window_pack, window_weight  # noqa: E402
 from sartor.tactics.select import time_ms  # noqa: E402
 

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, median_ms, row_recorder  # noqa: E402
-from sartor.kernels.conv_tma import TmaTile, conv_tma  # noqa: E402
-from sartor.kernels.gemm_tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
+from sartor.kernels.conv.tma import TmaTile, conv_tma  # noqa: E402
+from sartor.kernels.gemm.tma import GemmTmaTile, fit_to_k, gemm_tma  # noqa: E402
 from sartor.kernels.registry import TacticNameError, tactic_for  # noqa: E402
-from sartor.kernels.resident_gemm import ResidentTile, resident_gemm  # noqa: E402
+from sartor.kernels.gemm.resident import ResidentTile, resident_gemm  # noqa: E402
 
 # (input channels, output channels, size, kernel, residual): the expanding 1×1 layers, and layer1's 3×3.
 LAYERS = {"layer1.conv3": (64, 256, 56, 1, True), "layer2.conv3": (128, 512, 28, 1, True),

@@ -1,6 +1,6 @@
 """ONNX node test cases that sartor refuses at import, each with the reason the refusal names.
 
-`tests/test_node_cases.py` checks that every case listed here is refused, with an error that
+`tests/ops/test_node_cases.py` checks that every case listed here is refused, with an error that
 contains the reason, and that every other selected case imports and computes the expected outputs.
 """
 

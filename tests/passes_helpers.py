@@ -1,8 +1,10 @@
 """Helpers for the pass tests: build small ONNX graphs, import them, run sartor and ONNX Runtime.
 
-Not a test module (no test_ prefix); `tests/test_passes.py` imports it.
+Not a test module (no test_ prefix); the pass tests (`tests/passes/test_<pass>.py`) import it.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -197,3 +199,63 @@ def build_int8_cpu(model: onnx.ModelProto, work, calibration: np.ndarray, profil
     np.save(work / "calib.npy", calibration)
     return sartor.build(work / "model.onnx", work / "model.plan", device="cpu", profiles=profiles, precision="int8",
                         calib=work / "calib.npy")
+
+
+# ---- shared by the pass tests: one pass applied, a pass that must not fire, spelled-out activations ----
+
+def apply_pass(model, rewrite, expect_fired: bool):
+    """Import, run one pass, check its count and the graph's structure; returns (graph, count)."""
+    graph = import_graph(model)
+    count = rewrite(graph)
+    if expect_fired:
+        assert count > 0, f"{rewrite.__name__} did not fire"
+    else:
+        assert count == 0, f"{rewrite.__name__} fired {count} time(s) where it must not"
+    verify_graph(graph)
+    return graph, count
+
+
+def assert_unchanged(model, rewrite, feeds=None):
+    """The pass must not fire; the graph keeps every node and still computes the same."""
+    before = import_graph(model)
+    graph, _ = apply_pass(model, rewrite, expect_fired=False)
+    assert [n.op_type for n in graph.nodes] == [n.op_type for n in before.nodes]
+    assert_matches_ort(graph, model, feeds if feeds is not None else random_feeds(model))
+    return graph
+
+
+def random_feeds(model, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def spelled_gelu(b: OnnxBuilder, x: str, order: str, x_operand_first: bool = True, scale_by: str = "Div") -> str:
+    if scale_by == "Div":
+        scaled = b.node("Div", [x, b.scalar(math.sqrt(2.0))], name="gelu_div")
+    else:
+        scaled = b.node("Mul", [x, b.scalar(1 / math.sqrt(2.0))], name="gelu_div")
+    erf = b.node("Erf", [scaled], name="gelu_erf")
+    one = b.node("Add", [erf, b.scalar(1.0)] if x_operand_first else [b.scalar(1.0), erf], name="gelu_add")
+    if order == "x_then_half":  # (x * (1 + erf)) * 0.5, as torch.onnx exports F.gelu
+        prod = b.node("Mul", [x, one] if x_operand_first else [one, x], name="gelu_mul_x")
+        return b.node("Mul", [prod, b.scalar(0.5)] if x_operand_first else [b.scalar(0.5), prod], name="gelu_mul_half")
+    half = b.node("Mul", [one, b.scalar(0.5)] if x_operand_first else [b.scalar(0.5), one], name="gelu_mul_half")
+    return b.node("Mul", [half, x] if x_operand_first else [x, half], name="gelu_mul_x")
+
+
+def spelled_hardswish(b: OnnxBuilder, x: str, divide: bool = True, bounds=(0.0, 6.0), clip_inputs=None,
+               three_first: bool = False) -> str:
+    added = b.node("Add", [b.scalar(3.0), x] if three_first else [x, b.scalar(3.0)], name="hs_add")
+    bounds_in = clip_inputs or [b.scalar(bounds[0]), b.scalar(bounds[1])]
+    clipped = b.node("Clip", [added] + bounds_in, name="hs_clip")
+    prod = b.node("Mul", [x, clipped], name="hs_mul")
+    if divide:
+        return b.node("Div", [prod, b.scalar(6.0)], name="hs_scale")
+    return b.node("Mul", [prod, b.scalar(1 / 6)], name="hs_scale")

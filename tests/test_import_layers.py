@@ -29,13 +29,6 @@ LAYERS = (
 RANK = {package: rank for rank, (_, packages) in enumerate(LAYERS) for package in packages}
 LAYER_NAME = {package: name for name, packages in LAYERS for package in packages}
 
-# Private names that may still cross modules, by the module that defines them: the Triton helpers
-# that sartor/kernels shares between its kernels, whose renaming belongs to the kernel-naming work
-# on those files. Only modules of sartor.kernels may import them.
-PRIVATE_NAMES_SHARED_INSIDE_KERNELS = frozenset({
-    "sartor.kernels.tile_steps", "sartor.kernels.epilogue", "sartor.kernels.conv_igemm"})
-
-
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module
@@ -123,8 +116,6 @@ def private_name_imports(imports: list[Import], where: str) -> list[str]:
         if edge.target == edge.source:
             continue
         private = [n for n in edge.names if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]
-        if private and edge.target in PRIVATE_NAMES_SHARED_INSIDE_KERNELS and package_of(edge.source) == "kernels":
-            continue
         if private:
             problems.append(f"{where}:{edge.line}: {edge.source} imports private {', '.join(private)} from "
                             f"{edge.target}")

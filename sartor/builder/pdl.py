@@ -1,5 +1,5 @@
 """--pdl: the INT8 (FP8) layers whose kernel takes part in programmatic dependent launch
-(`kernels/pdl.py`) are marked to be launched with it (for the resident-window tiles, their GEMM
+(`kernels/common/pdl.py`) are marked to be launched with it (for the resident-window tiles, their GEMM
 after the pixel packing). The layers that run another tactic (the emulation, cuBLAS, im2col, the
 pixel windows' implicit-GEMM tiles: kernels that do not wait for their predecessor as PDL
 requires) keep the ordinary launch."""
@@ -10,7 +10,7 @@ import torch
 from ..errors import ConfigError
 from ..ir import Graph
 from ..ir.dtypes import QUANTIZED_LAYERS
-from ..kernels.pdl import MIN_CAPABILITY, pdl_available
+from ..kernels.common.pdl import MIN_CAPABILITY, pdl_available
 from ..ops.quantized import own_kernel_tactic
 
 

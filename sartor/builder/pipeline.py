@@ -15,7 +15,7 @@ from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
 from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
 from ..kernels.registry import LayerFacts, tactic_for
-from ..kernels.tile_steps import sums_decoded
+from ..kernels.common.tile_steps import sums_decoded
 from ..ops.fp8 import is_fp8
 from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND

@@ -23,12 +23,12 @@ from ..errors import TacticNameError  # noqa: F401 - raised here, imported from 
 
 # The modules that register tactic families; a new family is one module and one line here.
 FAMILY_MODULES = (
-    "sartor.kernels.conv_igemm",
-    "sartor.kernels.resident_gemm",
-    "sartor.kernels.conv_tma",
-    "sartor.kernels.gemm_tma",
-    "sartor.kernels.pool",
-    "sartor.kernels.depthwise",
+    "sartor.kernels.conv.igemm",
+    "sartor.kernels.gemm.resident",
+    "sartor.kernels.conv.tma",
+    "sartor.kernels.gemm.tma",
+    "sartor.kernels.pool.max_pool",
+    "sartor.kernels.conv.depthwise",
     "sartor.ops.conv",
     "sartor.ops.quantized",
     "sartor.ops.quantized_im2col",

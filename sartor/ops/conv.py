@@ -6,10 +6,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
+from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
                                   padded_tap_tiles, single_pass_tiles, split_k_tiles)
-from ..kernels.depthwise import TRITON_DEPTHWISE, depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
-from ..kernels.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
+from ..kernels.conv.depthwise import TRITON_DEPTHWISE, depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
+from ..kernels.pointwise.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, REFERENCE, fixed_tactic,
                                 tactic_for)
 from .elementwise import apply_activation

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.registry import fixed_tactic
-from ..kernels.yolo_head import yolo_decode, yolo_decode_supported
+from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_supported
 from .registry import OpTable
 
 OPS = OpTable("detection_head")

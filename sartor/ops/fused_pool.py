@@ -1,10 +1,10 @@
 """A QConv carrying the max pool that alone read its codes (`passes/fuse_stem_max_pool.py`): the
-attributes that say so, and whether the pooled resident-window tiles (`kernels/window_resident.py`,
+attributes that say so, and whether the pooled resident-window tiles (`kernels/window/resident.py`,
 "max-pool") compute that pool inside the layer's kernel, storing only the pooled codes. Every other
 tactic of such a layer runs the layer, then the pool (`ops/quantized.py`, qconv)."""
 from __future__ import annotations
 
-from ..kernels.window_resident import FUSED_POOL_KERNEL, FUSED_POOL_PADS, FUSED_POOL_STRIDES
+from ..kernels.window.resident import FUSED_POOL_KERNEL, FUSED_POOL_PADS, FUSED_POOL_STRIDES
 
 # QConv attribute -> the MaxPool attribute it holds.
 MAX_POOL_ATTRS = {"max_pool_kernel_shape": "kernel_shape", "max_pool_strides": "strides", "max_pool_pads": "pads"}

@@ -6,8 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.epilogue import pixel_stride
-from ..kernels.pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
+from ..kernels.pointwise.epilogue import pixel_stride
+from ..kernels.pool.max_pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
 from ..kernels.registry import tactic_for
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
@@ -68,7 +68,7 @@ def _pad_for_pool(x, attrs, fill):
 def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     """"torch" (the reference: explicit padding, then PyTorch's pool) and, for channels-last
     CUDA tensors without an Indices output, the Triton kernel that pads by masks, in as many tiles
-    as the effort times (`kernels.pool.POOL_TILES`)."""
+    as the effort times (`kernels.pool.max_pool.POOL_TILES`)."""
     x = inputs[0]
     if x.is_cuda and not attrs.get("_with_indices") and max_pool_nhwc_supported(x):
         *_, outs = _pool_geometry(x, attrs)

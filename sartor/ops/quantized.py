@@ -23,7 +23,7 @@ each rounded, were two (docs/decisions/kernel-int8-epilogue-fma.md).
 A projected QConv (`passes/fuse_projected_residual.py`; inputs from PROJECTION_FIRST_INPUT) takes as
 its residual a second unpadded 1×1 layer's output, computed by steps 1–3 of that layer and not
 re-quantized: float32, added in step 4. Its kernels are the resident tiles with the second product
-beside the first (`kernels/resident_gemm.py`, Projection).
+beside the first (`kernels/gemm/resident.py`, Projection).
 
 Saturation is to [-127, 127] (symmetric) for the layers sartor calibrates. Layers folded from a
 Q/DQ model (`sartor/passes/fold_qdq.py`) carry `qmin = -128`: they saturate to [-128, 127] as ONNX
@@ -39,12 +39,12 @@ by a host scalar is itself a multiplication by a reciprocal, so the reciprocal i
 
 That emulation is the reference ("torch" tactic). On CUDA the builder also times Triton kernels
 with int8 tensor-core products, int32 accumulation and this same epilogue, fused, producing the
-same numbers: the implicit-GEMM tiles (`sartor/kernels/conv_igemm.py`), and where they apply
+same numbers: the implicit-GEMM tiles (`sartor/kernels/conv/igemm.py`), and where they apply
 im2col + GEMM and packed pixel windows for few-channel stems (`ops/quantized_window.py`: the
 implicit GEMM or a resident-weight GEMM over them),
-resident weight tiles for 1×1 layers of one K block (`sartor/kernels/resident_gemm.py`), input
-boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv_tma.py`), 1×1 stride-1
-layers and GEMMs as dense GEMMs of TMA-loaded tiles (`sartor/kernels/gemm_tma.py`), and
+resident weight tiles for 1×1 layers of one K block (`sartor/kernels/gemm/resident.py`), input
+boxes loaded by TMA bulk copies for stride-1 layers (`sartor/kernels/conv/tma.py`), 1×1 stride-1
+layers and GEMMs as dense GEMMs of TMA-loaded tiles (`sartor/kernels/gemm/tma.py`), and
 cuBLAS's GEMMs through torch with the epilogue as a Triton kernel (`ops/quantized_library.py`).
 
 FP8 layers (attribute `qformat="fp8e4m3"`, see `sartor/ops/fp8.py` for the format) are the same
@@ -67,15 +67,15 @@ from typing import ClassVar
 import torch
 
 from ..ir.dtypes import INT8_QMAX as QMAX
-from ..kernels.conv_igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
+from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
-from ..kernels.epilogue import pixel_stride, triton
-from ..kernels.pool import POOL_TILES
-from ..kernels.conv_tma import TmaTile, conv_tma, tma_applies, tma_tactics
-from ..kernels.gemm_tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
-from ..kernels.resident_gemm import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
+from ..kernels.pointwise.epilogue import pixel_stride, triton
+from ..kernels.pool.max_pool import POOL_TILES
+from ..kernels.conv.tma import TmaTile, conv_tma, tma_applies, tma_tactics
+from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
+from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
                                      resident_applies, resident_gemm, resident_tactics)
-from ..kernels.window_resident import WindowResidentTile
+from ..kernels.window.resident import WindowResidentTile
 from ..kernels.registry import (AS_GIVEN, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline, LayerFacts,
                                 Tactic, register, tactic_for)
 from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
@@ -136,7 +136,7 @@ def fused_multiply_add(a: torch.Tensor, b: float, c: torch.Tensor) -> torch.Tens
     """a · b + c for float32 a, c and a float32 scalar b, rounded once to float32, as the GPU's
     fma: the product is exact in float64, the float64 sum is made round-to-odd from its exact
     error (TwoSum), and rounding a round-to-odd float64 to float32 gives the correctly rounded
-    result (Boldo and Melquiond, 2008). `kernels/tile_steps.py` `_fma_round_to_odd` is the same
+    result (Boldo and Melquiond, 2008). `kernels/common/tile_steps.py` `_fma_round_to_odd` is the same
     for interpreted kernels."""
     product = a.to(torch.float64) * _as_float32(b)
     addend = c.to(torch.float64)
@@ -284,7 +284,7 @@ def own_kernel_tactic(tactic: str | None) -> bool:
 
 
 # The attribute bounding an INT8 layer's int32 sums (`passes/bound_accumulators.py`), which its kernels
-# take as `accumulator_bound` (`kernels/tile_steps.py`, epilogue_arguments).
+# take as `accumulator_bound` (`kernels/common/tile_steps.py`, epilogue_arguments).
 ACCUMULATOR_BOUND = "accumulator_bound"
 
 
@@ -310,7 +310,7 @@ def _unpacked_weight_shape(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> to
 
 
 def _im2col_conv(x, w_flat, bias, dequant_scale, attrs, tile: TileConfig):
-    """The INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)] in one pass (`kernels/im2col.py`), then
+    """The INT8 (FP8) columns [N·OH·OW, kh·kw·C (padded)] in one pass (`kernels/conv/im2col.py`), then
     one GEMM with the epilogue."""
     geometry = igemm_geometry(x, _unpacked_weight_shape(x, w_flat, attrs), attrs, require_cuda=False)
     if geometry is None:
@@ -351,7 +351,7 @@ def _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, tactic: str, ge
 
 def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: ResidentTile, gemm: bool,
                      out: torch.Tensor | None = None):
-    """The resident-weight kernel (`kernels/resident_gemm.py`), or None where it does not apply."""
+    """The resident-weight kernel (`kernels/gemm/resident.py`), or None where it does not apply."""
     geometry = _any_device_geometry(x, wq, attrs, gemm)
     if geometry is None or not resident_applies(x, wq.shape[1], geometry):
         return None
@@ -361,7 +361,7 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
 
 def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, gemm: bool,
                 out: torch.Tensor | None = None):
-    """The TMA-fed convolution (`kernels/conv_tma.py`), or None where it does not apply (GEMMs too)."""
+    """The TMA-fed convolution (`kernels/conv/tma.py`), or None where it does not apply (GEMMs too)."""
     if gemm:
         return None
     geometry = _any_device_geometry(x, wq, attrs, gemm=False)
@@ -373,7 +373,7 @@ def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, gemm
 
 def _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, tile: GemmTmaTile, gemm: bool,
                      out: torch.Tensor | None = None):
-    """The TMA-fed dense GEMM (`kernels/gemm_tma.py`), or None where it does not apply."""
+    """The TMA-fed dense GEMM (`kernels/gemm/tma.py`), or None where it does not apply."""
     geometry = _any_device_geometry(x, wq, attrs, gemm)
     if not gemm_tma_applies(x, tuple(wq.shape), geometry) or x.dtype != code_dtype(attrs):
         return None

@@ -1,5 +1,5 @@
 """The im2col tactic of few-channel INT8 (FP8) convolutions (a network's stem): the columns
-[N·OH·OW, kh·kw·C] written once as codes (`sartor/kernels/im2col.py`), then one implicit-GEMM
+[N·OH·OW, kh·kw·C] written once as codes (`sartor/kernels/conv/im2col.py`), then one implicit-GEMM
 tile over them with the layer's epilogue; tactics "im2col_igemm." + the tile's fields.
 
 A convolution reading few channels walks K in steps far narrower than the tensor cores' 32 bytes;
@@ -16,8 +16,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..kernels.conv_igemm import ConvGeometry, TileConfig, conv_igemm
-from ..kernels.im2col import im2col_codes
+from ..kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm
+from ..kernels.conv.im2col import im2col_codes
 from ..kernels.registry import IM2COL_ROWS, Inline, LayerFacts, Tactic, register
 
 IM2COL_MAX_CHANNELS = 16  # layers reading fewer channels are offered the tactic

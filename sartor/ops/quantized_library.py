@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.conv_igemm import ConvGeometry, accumulator_epilogue
-from ..kernels.epilogue import pixel_stride
+from ..kernels.conv.igemm import ConvGeometry, accumulator_epilogue
+from ..kernels.pointwise.epilogue import pixel_stride
 from ..kernels.registry import PACKED_K_MAJOR, fixed_tactic
 
 INT_MM = "cublas_int_mm"

@@ -2,7 +2,7 @@
 (an implicit-GEMM tile's fields) and "window_resident.…" (a resident-window tile's), offered beside
 the implicit-GEMM and im2col tiles of QConv.
 
-The input is packed once into padded 4-byte pixels of codes (`sartor/kernels/pixel_pack.py`). In
+The input is packed once into padded 4-byte pixels of codes (`sartor/kernels/window/pixel_pack.py`). In
 that tensor the kw taps of one filter row, all channels, are kw·4 contiguous bytes, so a kh × kw
 convolution over C ≤ 4 channels is a kh × 1 convolution over `window` "channels": overlapping
 windows of `window` bytes (kw·4 rounded up to the tensor cores' 32-byte K step), read in place
@@ -16,7 +16,7 @@ The products and their int32 sums are those of the emulation (zero codes add not
 output is the emulation's bit for bit, as for the other tiles.
 
 Beside the implicit-GEMM tiles ("window_igemm.…"), resident-window tiles ("window_resident.…",
-`sartor/kernels/window_resident.py`) run the GEMM over the same packed pixels and weight with the
+`sartor/kernels/window/resident.py`) run the GEMM over the same packed pixels and weight with the
 weight block held in each program across several row tiles.
 
 A stride-2 INT8 stem has a space-to-depth form of each (flag "space-to-depth"): the image packed into
@@ -35,10 +35,10 @@ from typing import ClassVar
 
 import torch
 
-from ..kernels.conv_igemm import TILES_PER_EFFORT, ConvGeometry, TileConfig, conv_igemm
-from ..kernels.pixel_pack import PIXEL_BYTES, pack_pixels
+from ..kernels.conv.igemm import TILES_PER_EFFORT, ConvGeometry, TileConfig, conv_igemm
+from ..kernels.window.pixel_pack import PIXEL_BYTES, pack_pixels
 from ..kernels.registry import PIXEL_WINDOWS, Flag, Inline, LayerFacts, Tactic, register
-from ..kernels.window_resident import WindowResidentTile, window_resident_conv, window_resident_tiles
+from ..kernels.window.resident import WindowResidentTile, window_resident_conv, window_resident_tiles
 from .fp8 import is_fp8
 
 BLOCK_PIXEL_BYTES = 4 * PIXEL_BYTES  # a 2 × 2 block of 4-byte pixels
@@ -171,7 +171,7 @@ def window_conv(x: torch.Tensor, w_window: torch.Tensor, bias: torch.Tensor | No
                 code: torch.dtype, epilogue: dict, pdl: bool = False, space_to_depth: bool = False) -> torch.Tensor:
     """The convolution of `x` [N, C ≤ 4, H, W] (any strides; floats are quantized with the
     epilogue's input_inv_scale) with `geometry`, through packed pixels and windows; channels-last
-    output, with the layer's epilogue. `pdl`: the resident-window kernel's launch (`kernels/pdl.py`).
+    output, with the layer's epilogue. `pdl`: the resident-window kernel's launch (`kernels/common/pdl.py`).
     `space_to_depth`: through block pixels, `w_window` being window_weight's of that form."""
     if space_to_depth:
         packed, geometry = space_to_depth_pack(x, w_window, geometry, code, epilogue["input_inv_scale"],

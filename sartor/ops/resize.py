@@ -16,9 +16,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.epilogue import pixel_stride
+from ..kernels.pointwise.epilogue import pixel_stride
 from ..kernels.registry import fixed_tactic
-from ..kernels.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported
+from ..kernels.pointwise.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported
 from .registry import OpTable
 from .util import floats, ints, norm_axis, only_dtypes
 

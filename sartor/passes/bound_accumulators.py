@@ -1,6 +1,6 @@
 """A bound on the int32 sums of each INT8 layer, from its weights: where every sum (with its bias)
 stays below 2^22 in magnitude, the layer's kernels turn their sums into float32 by decoding bits
-instead of a conversion instruction (`kernels/tile_steps.py`, SUMS_DECODED).
+instead of a conversion instruction (`kernels/common/tile_steps.py`, SUMS_DECODED).
 
 An INT8 layer's epilogue converts one int32 sum per output value to float32 before scaling it, and
 Hopper issues those conversions at an eighth of a float add's rate

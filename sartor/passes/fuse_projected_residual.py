@@ -1,7 +1,7 @@
 """A quantized 1×1 layer whose only reader takes it as residual (ResNet's downsample, read by its
 block's last 1×1 layer) is computed inside that reader: a *projected* QConv (`ops/quantized.py`,
 PROJECTION_FIRST_INPUT), whose resident kernel runs the projection's product beside its own and
-adds it in the epilogue (`kernels/resident_gemm.py`, Projection).
+adds it in the epilogue (`kernels/gemm/resident.py`, Projection).
 
 The downsample's output is then never stored: in ResNet-50 at batch 256, 205 MB of INT8 codes in
 layer1 (written by one kernel, read back by the next) and 103 MB in layer2
@@ -21,7 +21,7 @@ model (`fold_qdq.py`): there the rounding of the residual to INT8 is the model's
 from __future__ import annotations
 
 from ..ir import Graph, Node
-from ..kernels.resident_gemm import MAX_RESIDENT_K
+from ..kernels.gemm.resident import MAX_RESIDENT_K
 from .base import single_consumer
 from .qdq_params import QDQ_QMIN
 

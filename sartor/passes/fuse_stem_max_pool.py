@@ -1,5 +1,5 @@
 """The 3 × 3 / 2 max pool that alone reads an INT8 stem's codes is carried by the stem's QConv
-(`ops/fused_pool.py`), whose pooled window tiles (`kernels/window_resident.py`, "max-pool") pool inside
+(`ops/fused_pool.py`), whose pooled window tiles (`kernels/window/resident.py`, "max-pool") pool inside
 the convolution's kernel and store only the pooled codes.
 
 ResNet-50's stem at batch 256 writes 205 MB of INT8 codes that its max pool reads back at once

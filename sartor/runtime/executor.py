@@ -16,7 +16,7 @@ from ..ir import Graph, Node
 from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
-from ..kernels.epilogue import pixel_stride
+from ..kernels.pointwise.epilogue import pixel_stride
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic

@@ -92,8 +92,8 @@ def _valid_files(kernel: str, files: Collection[str]) -> bool:
 
 
 def sartor_kernel_names() -> frozenset[str]:
-    """The names of the Triton functions sartor ships (sartor/kernels/*.py): the only kernels an
-    engine may install. Under TRITON_INTERPRET they are interpreter objects; both kinds keep the
+    """The names of the Triton functions sartor ships (every module under sartor/kernels/, its
+    sub-packages walked): the only kernels an engine may install. Under TRITON_INTERPRET they are interpreter objects; both kinds keep the
     Python function in `.fn` (and Autotuner/Heuristics wrap them in `.fn` too)."""
     try:
         from triton.runtime.jit import JITFunction
@@ -107,8 +107,8 @@ def sartor_kernel_names() -> frozenset[str]:
         pass
     from .. import kernels as package
     names = set()
-    for module_info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+    for module_info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+        module = importlib.import_module(module_info.name)
         for value in vars(module).values():
             for _ in range(4):
                 if isinstance(value, kinds):

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SartorError
-from ..kernels.epilogue import pixel_stride
-from ..kernels.tile_steps import sums_decoded
+from ..kernels.pointwise.epilogue import pixel_stride
+from ..kernels.common.tile_steps import sums_decoded
 from ..ops.conv import conv_geometry
 from ..ops.fused_pool import max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
@@ -88,7 +88,7 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
              f"precision={precision}", f"tf32={int(bool(tf32))}"]
     if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
         parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
-        if sums_decoded(attrs.get(ACCUMULATOR_BOUND)):  # another epilogue (kernels/tile_steps.py)
+        if sums_decoded(attrs.get(ACCUMULATOR_BOUND)):  # another epilogue (kernels/common/tile_steps.py)
             parts.append("sums=decoded")
     pool = max_pool_label(attrs)
     if pool is not None:  # a QConv carrying its max pool (ops/fused_pool.py): another output

@@ -1,0 +1,144 @@
+"""2-D depthwise convolution over channels-last tensors in Triton, with the FusedConv epilogue.
+
+The implicit GEMM does not serve grouped convolutions, so a depthwise layer (group = C = Cout:
+MobileNetV3, EfficientNet, YOLO11's DWConv and C2PSA `pe`) otherwise runs cuDNN's depthwise kernel
+and then a separate epilogue pass over memory, and cannot store into a Concat's channel slice.
+Depthwise convolution does KH·KW multiply-adds per output value, so it is bound by memory traffic,
+not arithmetic: no tensor cores, one read of the input per tap (neighbouring taps hit in L1/L2),
+one write of the output.
+
+Laid out as the max pool kernel is (sartor/kernels/pool/max_pool.py): each program owns a block of output
+pixels × a block of channels; channels are contiguous in NHWC, so every tap is one coalesced load
+of [BLOCK_P, BLOCK_C], and the weight, stored [KH, KW, C] by `pack_depthwise_weight`, is one
+coalesced load of BLOCK_C per tap. Padding (asymmetric too) is done by masks, never by a padded
+copy. Accumulation is float32; bias, residual (before or after the activation) and the
+activation are applied before the single store, in the input's dtype, into a new channels-last
+tensor or a channel slice of a wider one.
+"""
+from __future__ import annotations
+
+import torch
+
+from .igemm import ConvGeometry
+from ..pointwise.epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from ..registry import DEPTHWISE_TAPS, fixed_tactic
+
+if triton is not None:
+    import triton.language as tl
+
+    from ..common.tile_steps import store_epilogue, pixel_coords
+
+    @triton.jit
+    def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
+                               sxn, sxh, sxw, swc, swh, sww, srn, src, srh, srw, pad_h, pad_w, alpha, beta,
+                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                               DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                               HAS_RES: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                               BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        p_ok = offs_p < P
+        c_ok = offs_c < C
+        n, oh, ow = pixel_coords(offs_p, OH, OW)
+        base = n.to(tl.int64) * sxn
+        ih0 = oh * SH - pad_h
+        iw0 = ow * SW - pad_w
+        w_col = offs_c * swc
+        acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+        for kh in tl.static_range(KH):
+            ih = ih0 + kh * DH
+            row_ok = p_ok & (ih >= 0) & (ih < H)
+            for kw in tl.static_range(KW):
+                iw = iw0 + kw * DW
+                ok = row_ok & (iw >= 0) & (iw < W)
+                v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
+                            mask=ok[:, None] & c_ok[None, :], other=0.0)
+                tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
+                acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
+        # The implicit-GEMM kernel's float epilogue: bias, residual, activation, one store.
+        store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, bias_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, 1.0, 1.0, -127.0, alpha, beta,
+                        False, False, HAS_BIAS, HAS_RES, False, RES_AFTER, ACT, False)  # float: no INT8/FP8
+
+
+DEPTHWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The taps are unrolled (one coalesced load each); beyond 9×9 the unrolled kernel only costs
+# compile time for shapes no vision model uses.
+MAX_TAPS = 81
+# 64 channels of FP16 are one 128-byte line per pixel per tap; a [64, 64] float32 accumulator is 32
+# registers a thread at 4 warps, leaving room for the unrolled 5×5 loads.
+_BLOCK_C = 64
+_BLOCK_ELEMENTS = 4096
+_MIN_BLOCK_P = 16
+
+
+def depthwise_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A float channels-last input (or a channel slice of one) and a [C, 1, KH, KW] weight: one
+    filter per input channel, channel multiplier 1. The caller checks group == C."""
+    return (triton is not None and x.dim() == 4 and w.dim() == 4 and x.dtype in DEPTHWISE_DTYPES
+            and w.dtype in DEPTHWISE_DTYPES and w.shape[0] == x.shape[1] and w.shape[1] == 1
+            and w.shape[2] * w.shape[3] <= MAX_TAPS and pixel_stride(x) is not None)
+
+
+def pack_depthwise_weight(w: torch.Tensor) -> torch.Tensor:
+    """A [C, 1, KH, KW] weight with its memory ordered [KH, KW, C] (its shape kept, so torch's
+    convolution and the geometry still read it): each tap's channel vector is contiguous."""
+    return w.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
+
+
+def _block_sizes(pixels: int, channels: int, min_programs: int) -> tuple[int, int]:
+    """Blocks as large as registers allow, halved along pixels while the grid would leave SMs idle
+    (late MobileNet stages hold 7×7 pixels at batch 1)."""
+    block_c = min(_BLOCK_C, max(16, triton.next_power_of_2(channels)))
+    block_p = max(_MIN_BLOCK_P, _BLOCK_ELEMENTS // block_c)
+    while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) * triton.cdiv(channels, block_c) < min_programs:
+        block_p //= 2
+    return block_p, block_c
+
+
+def _min_programs(device: torch.device) -> int:
+    # Two programs per SM hide a load's latency behind the other's; the interpreter wants few.
+    if device.type != "cuda":
+        return 1
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
+                        residual: torch.Tensor | None = None, activation: str | None = None,
+                        alpha: float | None = None, beta: float | None = None,
+                        residual_after_activation: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Depthwise convolution of a channels-last [N, C, H, W] tensor (any pixel stride) by a
+    [C, 1, KH, KW] weight (any strides; `pack_depthwise_weight`'s layout loads fastest), then
+    bias, residual (the output's shape, any strides) and activation. The result has x's dtype:
+    a new channels-last tensor, or `out` (a channel slice of a Concat's buffer)."""
+    if not depthwise_supported(x, w):
+        raise ValueError(f"depthwise_conv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
+                         f"{tuple(w.shape)} are not a channels-last depthwise convolution")
+    n, c, h, w_in = x.shape
+    oh, ow = geometry.out_hw
+    shape = (n, c, oh, ow)
+    y = channels_last_output(shape, x.dtype, x.device, out, "depthwise_conv_nhwc")
+    if residual is not None and tuple(residual.shape) != shape:
+        raise ValueError(f"depthwise_conv_nhwc: residual {tuple(residual.shape)} is not the output's shape {shape}")
+    sxn, _, sxh, sxw = x.stride()
+    swc, _, swh, sww = w.stride()
+    rs = residual.stride() if residual is not None else (0, 0, 0, 0)
+    pixels = n * oh * ow
+    block_p, block_c = _block_sizes(pixels, c, _min_programs(x.device))
+    grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
+    _depthwise_nhwc_kernel[grid](
+        x, w, bias if bias is not None else w, residual if residual is not None else y, y,
+        pixels, c, h, w_in, oh, ow, pixel_stride(y), sxn, sxh, sxw, swc, swh, sww, *rs,
+        geometry.pads[0], geometry.pads[1],
+        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        KH=geometry.kernel[0], KW=geometry.kernel[1], SH=geometry.strides[0], SW=geometry.strides[1],
+        DH=geometry.dilations[0], DW=geometry.dilations[1], HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+    return y
+
+
+TRITON_DEPTHWISE = "triton_depthwise"
+fixed_tactic(TRITON_DEPTHWISE,
+             "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
+             weight_layout=DEPTHWISE_TAPS)

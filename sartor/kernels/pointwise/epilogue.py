@@ -1,0 +1,146 @@
+"""One-pass epilogue for convolution and GEMM outputs: y = act(y + bias[c] (+ residual)), in place or
+into a channel slice of a wider buffer.
+
+PyTorch adds a broadcast bias with a non-vectorised kernel and then runs the residual add and the
+activation as further passes over memory; this kernel reads y (and the residual) once and writes
+once. Channel = flat index % C, so it serves channels-last 4-D tensors and row-major 2-D ones.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU runtime does not need Triton
+    triton = None
+
+ACTIVATION_CODES = {None: 0, "Relu": 1, "Sigmoid": 2, "SiLU": 3, "Clip": 4, "HardSwish": 5, "HardSigmoid": 6,
+                    "LeakyRelu": 7, "Gelu": 8, "Tanh": 9}
+
+if triton is not None:
+    @triton.jit
+    def activate(y, ACT: tl.constexpr, alpha, beta):
+        if ACT == 1:
+            y = tl.maximum(y, 0.0)
+        elif ACT == 2:
+            y = 1.0 / (1.0 + tl.exp(-y))
+        elif ACT == 3:
+            y = y / (1.0 + tl.exp(-y))
+        elif ACT == 4:
+            y = tl.minimum(tl.maximum(y, alpha), beta)
+        elif ACT == 5:
+            y = y * tl.minimum(tl.maximum(y + 3.0, 0.0), 6.0) / 6.0
+        elif ACT == 6:
+            y = tl.minimum(tl.maximum(y * alpha + beta, 0.0), 1.0)
+        elif ACT == 7:
+            y = tl.where(y >= 0.0, y, y * alpha)
+        elif ACT == 8:
+            y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+        elif ACT == 9:
+            y = 2.0 / (1.0 + tl.exp(-2.0 * y)) - 1.0
+        return y
+
+    @triton.jit
+    def _epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, n, channels, res_row, out_row, alpha, beta,
+                         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_AFTER: tl.constexpr,
+                         ACT: tl.constexpr, RES_DENSE: tl.constexpr, OUT_DENSE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        # A pixel's channels are contiguous; pixels of the residual and the output may lie further
+        # apart (channel slices of a wider buffer, as a Concat's inputs are when written in place).
+        pixel = offsets // channels
+        channel = offsets % channels
+        y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + channel, mask=mask).to(tl.float32)
+        if HAS_RES:
+            if RES_DENSE:
+                residual = tl.load(res_ptr + offsets, mask=mask).to(tl.float32)
+            else:
+                residual = tl.load(res_ptr + pixel * res_row + channel, mask=mask).to(tl.float32)
+            if not RES_AFTER:
+                y += residual
+        y = activate(y, ACT, alpha, beta)
+        if HAS_RES:
+            if RES_AFTER:
+                y += residual
+        if OUT_DENSE:
+            tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(out_ptr + pixel * out_row + channel, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def pixel_stride(t: torch.Tensor) -> int | None:
+    """Elements from one pixel (row) to the next when channels are the fastest dimension and the
+    pixels are evenly spaced — a channels-last tensor, or a channel slice of one — else None."""
+    if t.dim() == 2:
+        return t.stride(0) if t.stride(1) == 1 or t.shape[1] == 1 else None
+    if t.dim() != 4 or (t.stride(1) != 1 and t.shape[1] != 1):
+        return None
+    pixels_below = 1  # pixels one step of the dimension spans
+    row = None
+    for dim in (3, 2, 0):
+        size = t.shape[dim]
+        if size > 1:
+            if row is None:
+                row = t.stride(dim)
+            if t.stride(dim) != row * pixels_below:
+                return None
+        pixels_below *= size
+    row = t.shape[1] if row is None else row
+    return row if row >= t.shape[1] else None
+
+
+def channels_last_output(shape: tuple, dtype: torch.dtype, device: torch.device, out: torch.Tensor | None,
+                         kernel: str) -> torch.Tensor:
+    """Where a kernel stores its [N, C, H, W] (or [N, C]) output: `out` when given, checked to hold
+    it (a channels-last tensor or a channel slice of a Concat's buffer), else a new channels-last
+    tensor."""
+    shape = tuple(shape)
+    if out is not None:
+        if tuple(out.shape) != shape or out.dtype != dtype or pixel_stride(out) is None:
+            raise ValueError(f"{kernel}: out {tuple(out.shape)} {out.dtype} strides {out.stride()} cannot hold the "
+                             f"output {shape} {dtype}")
+        return out
+    if len(shape) == 4:
+        return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _channel_fastest(t: torch.Tensor) -> bool:
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    return t.is_contiguous()
+
+
+def epilogue_supported(y: torch.Tensor, residual: torch.Tensor | None) -> bool:
+    if triton is None or not y.is_cuda or y.dim() not in (2, 4) or not _channel_fastest(y):
+        return False
+    return residual is None or (residual.shape == y.shape and residual.dtype == y.dtype
+                                and pixel_stride(residual) is not None)
+
+
+def fused_epilogue(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                   activation: str | None, alpha: float | None, beta: float | None,
+                   residual_after_activation: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply the epilogue to `y` (channels-last 4-D or contiguous 2-D), in place, or into `out`:
+    y's shape and dtype, channels fastest, pixels evenly spaced (see pixel_stride)."""
+    channels = y.shape[1] if y.dim() == 4 else y.shape[-1]
+    out = y if out is None else out
+    if out.shape != y.shape or out.dtype != y.dtype or pixel_stride(out) is None:
+        raise ValueError(f"fused_epilogue: out {tuple(out.shape)} {out.dtype} strides {out.stride()} "
+                         f"cannot hold y {tuple(y.shape)} {y.dtype}")
+    res_row = pixel_stride(residual) if residual is not None else channels
+    out_row = pixel_stride(out)
+    n = y.numel()
+    block = 1024
+    grid = (triton.cdiv(n, block),)
+    _epilogue_kernel[grid](
+        y, bias if bias is not None else y, residual if residual is not None else y, out, n, channels,
+        res_row, out_row, float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        HAS_BIAS=bias is not None, HAS_RES=residual is not None, RES_AFTER=bool(residual_after_activation),
+        ACT=ACTIVATION_CODES[activation], RES_DENSE=res_row == channels, OUT_DENSE=out_row == channels,
+        BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,277 @@
+"""What the INT8 kernels compile to for Hopper, checked on any machine (Triton compiles for sm_90
+with the ptxas its wheel ships; bench/kernel_asm.py). The epilogue requantizes with one fused
+multiply-add of its value, the output's inverse scale and 1.5·2^23, and reads the code from the
+sum's low byte (`requantize_int8`): one rounding of the exact product, as the emulation defines it
+(ops/quantized.py), never a multiply and a separate add, which round twice. The residual's codes are
+added with their scale in one fused multiply-add as well. The epilogue must convert neither its
+output codes from float nor its residual codes to float with the conversion instructions, which run
+at an eighth of an add's rate. The resident-window
+kernel of the stem compiles in both its forms (one product over padded K; the weight held as a
+tuple of filter rows) to Hopper's tensor-core instructions without spills. FP8 epilogues round with
+the hardware's conversion once compiled.
+
+The compile runs in a child process: this test session may run Triton's interpreter, under which
+the kernels are not compilable objects."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv3")[1]  # INT8 out, residual
+ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+params = set(re.findall(r"ld\.param\.\w+\s+(%r\d+),", ptx))
+# value * inverse scale + 1.5*2^23, rounded once
+rounding = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f4B400000;", ptx))
+# + 1.5*2^23 added alone to a computed value: the two-rounding form (1.5*2^23 + qmin, the lower
+# clamp bound, adds it to a parameter)
+separate = sum(source not in params for source in re.findall(r"add\.rn\.f32\s+%r\d+, (%r\d+), 0f4B400000;", ptx))
+clamped = len(re.findall(r"min\.f32\s+%r\d+, %r\d+, 0f4B40007F;", ptx))  # 1.5*2^23 + 127
+residual = len(re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, %r\d+;", ptx))  # code * scale + value
+conversions = len(re.findall(r"cvt\.r[nz]i?\.s(?:8|16|32)\.f32|cvt\.rn\.f32\.s(?:8|16)\b", ptx))
+decoded = len(re.findall(r"prmt\.b32\s+%r\d+, flipped, exponent, 0x765[0-3];", ptx))  # _packed_codes_to_float
+print(rounding, separate, clamped, residual, decoded, conversions, "wgmma.mma_async" in ptx)
+"""
+
+FP8_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+label, fn, values, constexprs, warps, stages = kernel_asm.layer_cases("layer1.conv3")[1]  # residual, codes out
+values = dict(values, x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", res_ptr="*fp8e4nv", y_ptr="*fp8e4nv", bias_ptr="*fp32")
+ptx = kernel_asm.compile_for(fn, values, dict(constexprs, INT8=False, FP8=True), warps, stages,
+                             GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx)), len(re.findall(r"cvt\.rmi(?:\.ftz)?\.f32\.f32", ptx)),
+      "wgmma.mma_async" in ptx)
+"""
+
+STEM_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.window.resident import window_resident_tiles
+from sartor.ops.quantized_window import window_tactic
+names = [window_tactic(tile, form).name for tile in window_resident_tiles(1, max_pool=True) for form in (False, True)]
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
+    if label in names:
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        copies = {int(size, 16) for size in re.findall(
+            r"cp\.async\.c[ag]\.shared\.global\S* \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx)}
+        print(label, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], "wgmma.mma_async" in ptx, max(copies))
+"""
+
+
+def _compile_in_child(code: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_int8_rounding_survives_compilation_for_sm90():
+    rounding, separate, clamped, residual, decoded, conversions, hopper = _compile_in_child(CHILD).split()
+    assert int(rounding) > 0 and separate == "0"  # one fused multiply-add rounds, no add on its own
+    assert clamped == rounding  # each rounded sum is clamped to the codes' bounds before its low byte is read
+    assert residual == rounding  # each output's residual code added with its scale in one rounding
+    assert decoded == rounding  # each residual code decoded by one byte permute, four codes to a word
+    assert conversions == "0"  # codes neither made from floats nor read as floats by conversion instructions
+    assert hopper == "True"  # Hopper's tensor-core instructions, not a fallback
+
+
+def test_fp8_epilogue_rounds_with_the_hardware_conversion_when_compiled():
+    """FP8_HARDWARE_ROUNDING: a compiled FP8 epilogue converts with cvt.rn.satfinite (nearest even,
+    ±448 beyond) and no longer floors its way to the e4m3 grid (round_to_fp8_grid, 64 floors here)."""
+    conversions, floors, hopper = _compile_in_child(FP8_CHILD).split()
+    assert int(conversions) > 0 and floors == "0" and hopper == "True"
+
+
+def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
+    lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
+    # both walks at effort 1, each also with its columns' bias and scale loaded once (cols-loaded), the
+    # one by filter rows also over row pairs (row-pairs), and three tiles of those pooling the output
+    # (max-pool, a stem carrying its max pool; one walking balanced); each in the 4-byte and the
+    # space-to-depth form
+    for s2d in (False, True):
+        form = ".space-to-depth" if s2d else ""
+        assert sorted((".kh-steps" in label, ".cols-loaded" in label, label.endswith(".row-pairs" + form),
+                       ".max-pool" in label, ".balanced" in label)
+                      for label, *_ in lines if label.endswith(".space-to-depth") == s2d) == [
+            (False, False, False, False, False), (False, True, False, False, False), (True, False, False, False, False),
+            (True, False, False, True, False), (True, False, False, True, False), (True, False, False, True, True),
+            (True, False, True, False, False), (True, True, False, False, False), (True, True, True, False, False)]
+    assert all(spills == "0" and hopper == "True" for _, spills, hopper, _ in lines)
+    # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
+    # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'
+    # 4-byte windows until the kernel was told their alignment; session 25).
+    assert {label: int(copy) for label, *_, copy in lines if not label.endswith(".space-to-depth")} == {
+        label: 8 for label, *_ in lines if not label.endswith(".space-to-depth")}
+    assert all(int(copy) == 16 for label, *_, copy in lines if label.endswith(".space-to-depth"))
+
+
+PROJECTED_CHILD = r"""
+import sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.gemm.resident import resident_tactics
+first = resident_tactics(1)[:2]  # the first tile, plain and grouped
+for layer in ("layer1.conv3", "layer1.projected", "layer2.projected"):
+    for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer):
+        if label in first:
+            ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+            print(layer, label, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ptx.count("wgmma.mma_async"))
+"""
+
+
+def test_projected_resident_kernel_compiles_for_sm90():
+    """The resident kernel with a projection (passes/fuse_projected_residual.py), unstrided (layer1.0)
+    and strided (layer2.0), beside the same tile without one (layer1's conv3): every product on
+    Hopper's tensor cores, the projection's as well, and no spills."""
+    lines = [line.split() for line in _compile_in_child(PROJECTED_CHILD).splitlines()]
+    assert [(layer, label.endswith(".grouped")) for layer, label, _, _ in lines] == [
+        (layer, adjacent) for layer in ("layer1.conv3", "layer1.projected", "layer2.projected")
+        for adjacent in (False, True)]
+    assert all(spills == "0" for _, _, spills, _ in lines)
+    plain = {int(wgmma) for layer, _, _, wgmma in lines if layer == "layer1.conv3"}
+    # layer1.0: a projection of the same K as the layer's own product, so twice its tensor-core ops
+    assert {int(wgmma) for layer, _, _, wgmma in lines if layer == "layer1.projected"} == {2 * n for n in plain}
+    assert all(int(wgmma) > max(plain) for layer, _, _, wgmma in lines if layer == "layer2.projected")
+
+
+PERSISTENT_CHILD = r"""
+import re, sys
+from dataclasses import replace
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.gemm import tma as gemm_tma
+first, specialized = gemm_tma.GEMM_TMA_TILES[0], gemm_tma.WS_TILES[0]
+wanted = {first.name: "plain", replace(first, persistent=gemm_tma.PERSISTENT_FLAT).name: "flat",
+          replace(specialized, persistent=gemm_tma.PERSISTENT_WS).name: "ws"}
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("layer3.conv3", []):
+    if label in wanted:
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        print(wanted[label], kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], len(re.findall("setmaxnreg", ptx)),
+              "wgmma.mma_async" in ptx)
+"""
+
+
+def test_persistent_gemm_tiles_compile_for_sm90_and_the_specialized_one_specializes():
+    """The persistent `gemm_tma` variants on layer3's conv3 (K = 256): flattened and warp-specialized
+    both compile to Hopper's tensor-core instructions without spills, and the warp-specialized one
+    really is (a producer warp group giving up registers: setmaxnreg), where the one-tile kernel is
+    not. Triton compiles `warp_specialize` to the plain loop where its pass does not take a tile,
+    which is why WS_TILES names the tiles it takes."""
+    lines = sorted(line.split() for line in _compile_in_child(PERSISTENT_CHILD).splitlines())
+    assert [kind for kind, *_ in lines] == ["flat", "plain", "ws"]
+    assert all(spills == "0" and hopper == "True" for _, spills, _, hopper in lines)
+    registers = {kind: int(count) for kind, _, count, _ in lines}
+    assert registers["ws"] > 0 and registers["plain"] == 0 and registers["flat"] == 0
+
+
+SPACE_TO_DEPTH_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.window.resident import window_resident_tiles
+from sartor.ops.quantized_window import window_tactic
+first = window_resident_tiles(1)[0]
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("stem"):
+    if label in (window_tactic(first).name, window_tactic(first, True).name):
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        sizes = sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], (0x[0-9a-f]+)", ptx)))
+        print(label.endswith(".space-to-depth"), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"], ",".join(sizes),
+              len(re.findall(r"cp\.async\.c[ag]", ptx)), "wgmma.mma_async" in ptx)
+"""
+
+
+def test_space_to_depth_stem_gathers_in_aligned_16_byte_copies():
+    """The stem's resident-window tile over block pixels (`….space-to-depth`) copies its rows in 16-byte
+    pieces, fewer than the 4-byte form's 8-byte ones (the builder's first tile, K by filter rows:
+    4 rows of 64 bytes against 7 of 32), on Hopper's tensor cores without spills."""
+    lines = sorted(line.split() for line in _compile_in_child(SPACE_TO_DEPTH_CHILD).splitlines())
+    assert [s2d for s2d, *_ in lines] == ["False", "True"]
+    (_, plain_spills, plain_sizes, plain_copies, plain_hopper), (_, spills, sizes, copies, hopper) = lines
+    assert plain_sizes == "0x8" and sizes == "0x10" and int(copies) < int(plain_copies)
+    assert spills == plain_spills == "0" and hopper == plain_hopper == "True"
+
+
+LOOP_CHILD = r"""
+import sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("layer3.conv3",
+                                                                            ["resident.64x64.t8.w4.s2.cols-loaded.grouped"]):
+    if label == "resident.64x64.t8.w4.s2.cols-loaded.grouped":
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        length, mix = kernel_asm.ptxas_report(ptx, 90)["main_loop"]
+        print(length, mix.get("IGMMA", 0), mix.get("BRA", 0), sum(mix.values()))
+"""
+
+
+def _sass(*lines: tuple[int, str]) -> str:
+    """cuobjdump -sass lines: address, then the instruction and its encoding comment."""
+    return "\n".join(f"        /*{address:04x}*/                   {text} ;   /* 0x000000000000794d */"
+                     for address, text in lines)
+
+
+def test_the_main_loop_is_the_innermost_one_with_a_tensor_core_product(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kernel_asm
+    sass = _sass((0x10, "S2R R0, SR_TID.X"),
+                 (0x20, "IMAD R1, R0, R0, RZ"),  # outer loop: the row tiles
+                 (0x30, "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]"),
+                 (0x40, "IGMMA.64x64x32.S8.S8 R24, gdesc[UR8], R24, gsb0"),
+                 (0x50, "FFMA R6, R24, R7, R8"),
+                 (0x60, "@P0 BRA 0x40"),  # inner loop: the product and one add
+                 (0x70, "STG.E.128 desc[UR4][R10.64], R12"),
+                 (0x80, "@P1 BRA 0x20"),
+                 (0x90, "FADD R1, R1, R1"),  # a loop without a product is not the main loop
+                 (0xa0, "@P2 BRA 0x90"),
+                 (0xb0, "EXIT"))
+    assert kernel_asm.main_loop_mix(sass) == (3, {"IGMMA": 1, "FFMA": 1, "BRA": 1})
+    assert kernel_asm.main_loop_mix(_sass((0x10, "FADD R1, R1, R1"), (0x20, "@P0 BRA 0x10"), (0x30, "EXIT"))) == (0, {})
+
+
+def test_the_resident_tiles_main_loop_is_found_in_compiled_sass():
+    """layer3's conv3 (K = 256) through the 64×64 resident tile: one row tile's pass issues K / 32 = 8
+    tensor-core products of 64×64×32, and the loop ends in its branch."""
+    length, products, branches, total = map(int, _compile_in_child(LOOP_CHILD).split())
+    assert products == 8 and branches == 1 and length == total > 100
+
+
+def test_a_candidate_that_fails_to_compile_is_reported_by_its_first_cause(monkeypatch):
+    """Triton wraps a failure inside a called @jit function in one error per caller (session 25:
+    an AssertionError under two CompilationErrors that named only the call sites)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import kernel_asm
+    root = AssertionError("tuple index is not a constexpr")
+    try:
+        try:
+            try:
+                raise root
+            except AssertionError as exc:
+                raise RuntimeError("at 39:50") from exc
+        except RuntimeError as exc:
+            raise RuntimeError("at 37:8") from exc
+    except RuntimeError as outer:
+        assert kernel_asm.first_cause(outer) is root
+    plain = ValueError("no cause")
+    assert kernel_asm.first_cause(plain) is plain

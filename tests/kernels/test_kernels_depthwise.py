@@ -1,0 +1,221 @@
+"""The channels-last depthwise convolution kernel and its FusedConv tactic: against F.conv2d with
+groups = C plus the torch epilogue, through Triton's interpreter on CPU (and natively on a GPU);
+and where the tactic is offered."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+triton = pytest.importorskip("triton")
+
+from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, pack_depthwise_weight  # noqa: E402
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.conv import (  # noqa: E402
+    _conv_depthwise, applicable_conv_tactics, conv_weight_for_tactic, depthwise_geometry, fused_conv,
+    fused_conv_into)
+from sartor.ops.elementwise import FUSABLE_ACTIVATIONS, apply_activation  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ACTIVATION_ARGS = {"Clip": (-0.5, 0.7), "HardSigmoid": (0.2, 0.5), "LeakyRelu": (0.1, None)}
+
+# (kernel, strides, pads (top, left, bottom, right), dilations)
+GEOMETRIES = [
+    ((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((5, 5), (1, 1), (2, 2, 2, 2), (1, 1)),
+    ((5, 5), (2, 2), (2, 2, 2, 2), (1, 1)),
+    ((3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    ((3, 5), (2, 1), (0, 2, 1, 1), (1, 2)),  # asymmetric pads, as SAME_UPPER with stride 2 gives
+]
+
+
+def _attrs(kernel, strides, pads, dilations, channels, **epilogue) -> dict:
+    return dict({"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
+                 "dilations": list(dilations), "group": channels}, **epilogue)
+
+
+def _reference(x, w, b, residual, attrs):
+    """F.conv2d(groups=C) on an explicitly padded copy, then the FusedConv epilogue, in float32."""
+    top, left, bottom, right = attrs["pads"]
+    y = F.conv2d(F.pad(x.float(), [left, right, top, bottom]), w.float(), None if b is None else b.float(),
+                 attrs["strides"], 0, attrs["dilations"], groups=x.shape[1])
+    after = attrs.get("residual_after_activation", False)
+    if residual is not None and not after:
+        y = y + residual.float()
+    if attrs.get("activation"):
+        y = apply_activation(y, attrs["activation"], attrs.get("activation_alpha"), attrs.get("activation_beta"))
+    if residual is not None and after:
+        y = y + residual.float()
+    return y
+
+
+def _inputs(channels, kernel, attrs, dtype, generator, residual=False, size=(9, 8)):
+    x = torch.randn(2, channels, *size, generator=generator)
+    w = torch.randn(channels, 1, *kernel, generator=generator) / (kernel[0] * kernel[1]) ** 0.5
+    b = torch.randn(channels, generator=generator) * 0.1
+    out_shape = _reference(x, w, None, None, dict(attrs, activation=None)).shape
+    r = torch.randn(out_shape, generator=generator) if residual else None
+    x, w, b = (t.to(DEVICE, dtype) for t in (x, w, b))
+    r = r.to(DEVICE, dtype) if r is not None else None
+    return x.contiguous(memory_format=torch.channels_last), w, b, r
+
+
+def _tolerance(dtype):
+    return {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+
+
+def _check(out, x, w, b, residual, attrs):
+    expected = _reference(x, w, b, residual, attrs)
+    assert out.dtype == x.dtype and out.shape == expected.shape
+    tolerance = _tolerance(x.dtype)
+    torch.testing.assert_close(out.float().cpu(), expected.cpu(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_geometries_match_grouped_conv2d(kernel, strides, pads, dilations, dtype):
+    generator = torch.Generator().manual_seed(1)
+    channels = 20  # less than one channel block: masked channel lanes
+    attrs = _attrs(kernel, strides, pads, dilations, channels, activation="SiLU")
+    x, w, b, _ = _inputs(channels, kernel, attrs, dtype, generator)
+    out = _conv_depthwise(x, conv_weight_for_tactic(w, "triton_depthwise"), b, None, attrs, require_cuda=False)
+    assert out is not None and out.is_contiguous(memory_format=torch.channels_last)
+    _check(out, x, w, b, None, attrs)
+
+
+@pytest.mark.parametrize("activation", FUSABLE_ACTIVATIONS + (None,))
+@pytest.mark.parametrize("after", [False, True])
+def test_every_activation_with_the_residual_before_or_after(activation, after):
+    generator = torch.Generator().manual_seed(2)
+    alpha, beta = ACTIVATION_ARGS.get(activation, (None, None))
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16, activation=activation, activation_alpha=alpha,
+                   activation_beta=beta, residual_after_activation=after)
+    x, w, b, residual = _inputs(16, (3, 3), attrs, torch.float32, generator, residual=True, size=(5, 6))
+    out = _conv_depthwise(x, pack_depthwise_weight(w), b, residual, attrs, require_cuda=False)
+    _check(out, x, w, b, residual, attrs)
+
+
+def test_fp16_residual_more_channels_than_one_block_and_an_unpacked_weight():
+    """Two channel blocks (the second ragged), an NCHW-ordered weight (read through its strides),
+    no bias, a residual after HardSwish."""
+    generator = torch.Generator().manual_seed(3)
+    attrs = _attrs((5, 5), (2, 2), (2, 2, 2, 2), (1, 1), 72, activation="HardSwish", residual_after_activation=True)
+    x, w, _, residual = _inputs(72, (5, 5), attrs, torch.float16, generator, residual=True, size=(7, 7))
+    assert w.is_contiguous()
+    out = _conv_depthwise(x, w, None, residual, attrs, require_cuda=False)
+    _check(out, x, w, None, residual, attrs)
+
+
+def test_channel_slice_input_and_output():
+    """A Split half in, a Concat's slice out (YOLO's C2PSA / DWConv feeding a Concat): both pixel
+    strides wider than the channels; the buffer's other channels stay untouched."""
+    generator = torch.Generator().manual_seed(4)
+    dtype = torch.float16
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 24, activation="SiLU")
+    source = torch.randn(2, 40, 6, 7, generator=generator).to(DEVICE, dtype).contiguous(
+        memory_format=torch.channels_last)
+    x = source[:, 8:32]
+    residual = source[:, 16:40]  # a sliced residual too
+    w = (torch.randn(24, 1, 3, 3, generator=generator) / 3).to(DEVICE, dtype)
+    b = (torch.randn(24, generator=generator) * 0.1).to(DEVICE, dtype)
+    buffer = torch.full((2, 56, 6, 7), 7.0, dtype=dtype, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    out = buffer.narrow(1, 20, 24)
+    written = _conv_depthwise(x, pack_depthwise_weight(w), b, residual, attrs, out=out, require_cuda=False)
+    assert written.data_ptr() == out.data_ptr()
+    _check(buffer[:, 20:44], x, w, b, residual, attrs)
+    assert (buffer[:, :20] == 7).all() and (buffer[:, 44:] == 7).all()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the tactic runs the kernel on CUDA tensors only")
+def test_the_tactic_runs_through_fused_conv_and_into_a_slice():
+    generator = torch.Generator().manual_seed(5)
+    attrs = _attrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 32, activation="Relu", tactic="triton_depthwise")
+    x, w, b, _ = _inputs(32, (3, 3), attrs, torch.float16, generator, size=(12, 12))
+    stored = conv_weight_for_tactic(w, "triton_depthwise")
+    _check(fused_conv([x, stored, b], attrs), x, w, b, None, attrs)
+    buffer = torch.zeros(2, 48, 6, 6, dtype=x.dtype, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    assert fused_conv_into([x, stored, b], attrs, buffer[:, 16:]) is not None
+    _check(buffer[:, 16:], x, w, b, None, attrs)
+
+
+def test_packed_weight_keeps_its_shape_and_orders_taps_outermost():
+    w = torch.randn(12, 1, 5, 3)
+    packed = conv_weight_for_tactic(w, "triton_depthwise")
+    assert packed.shape == w.shape and torch.equal(packed, w)
+    assert packed.permute(2, 3, 0, 1).is_contiguous()
+    dense = torch.randn(8, 4, 3, 3)
+    assert conv_weight_for_tactic(dense, "triton_depthwise") is dense  # not a depthwise weight
+
+
+def test_the_tactic_falls_back_to_torch_where_the_kernel_does_not_apply():
+    """On the CPU (or for a dense conv) the "triton_depthwise" attribute runs torch's conv."""
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 8, 6, 6, generator=generator).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(8, 1, 3, 3, generator=generator)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 8, activation="Relu")
+    expected = fused_conv([x, w], dict(attrs, tactic="torch"))
+    torch.testing.assert_close(fused_conv([x, pack_depthwise_weight(w)], dict(attrs, tactic="triton_depthwise")),
+                               expected)
+    assert fused_conv_into([x, w], dict(attrs, tactic="triton_depthwise"), torch.empty_like(expected)) is None
+
+
+def test_which_convolutions_the_kernel_takes():
+    x = torch.zeros(1, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    depthwise = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16)
+    w = torch.zeros(16, 1, 3, 3)
+    assert depthwise_geometry(x, w, depthwise, require_cuda=False) is not None
+    assert depthwise_geometry(x, w, depthwise) is None  # a CPU tensor outside tests
+    assert depthwise_geometry(x.half(), w.half(), depthwise, require_cuda=False) is not None
+    # a dense conv, a grouped one (4 channels a group), a channel multiplier of 2
+    assert depthwise_geometry(x, torch.zeros(16, 16, 3, 3), dict(depthwise, group=1), require_cuda=False) is None
+    assert depthwise_geometry(x, torch.zeros(16, 4, 3, 3), dict(depthwise, group=4), require_cuda=False) is None
+    assert depthwise_geometry(x, torch.zeros(32, 1, 3, 3), depthwise, require_cuda=False) is None
+    # NCHW input, integer input, 1-D conv, an unknown activation
+    assert depthwise_geometry(x.contiguous(), w, depthwise, require_cuda=False) is None
+    assert depthwise_geometry(x.to(torch.int8), w, depthwise, require_cuda=False) is None
+    assert depthwise_geometry(torch.zeros(1, 16, 8), torch.zeros(16, 1, 3), depthwise, require_cuda=False) is None
+    assert depthwise_geometry(x, w, dict(depthwise, activation="Elu"), require_cuda=False) is None
+
+
+def test_cpu_layers_never_list_the_tactic():
+    x = torch.zeros(1, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16)
+    assert applicable_conv_tactics([x, torch.zeros(16, 1, 3, 3)], attrs) == ["torch", "channels_last"]
+    assert default_registry()["FusedConv"].tactics([x, torch.zeros(16, 1, 3, 3)], attrs, 2) == ["torch", "channels_last"]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the tactic is listed for CUDA tensors only")
+def test_cuda_lists_the_tactic_for_depthwise_convs_only():
+    x = torch.zeros(1, 16, 8, 8, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16)
+    w = torch.zeros(16, 1, 3, 3, device="cuda", dtype=torch.float16)
+    assert "triton_depthwise" in applicable_conv_tactics([x, w], attrs)
+    assert "triton_depthwise" in applicable_conv_tactics([x[:, :8], w[:8]], dict(attrs, group=8))  # a Split half
+    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(16, 16, 3, 3, device="cuda", dtype=torch.float16)],
+                                                             dict(attrs, group=1))
+    assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(32, 1, 3, 3, device="cuda", dtype=torch.float16)], attrs)
+
+
+def test_bfloat16_keeps_its_dtype():
+    generator = torch.Generator().manual_seed(7)
+    attrs = _attrs((3, 3), (2, 2), (0, 0, 1, 1), (1, 1), 16, activation="Gelu")
+    x, w, b, residual = _inputs(16, (3, 3), attrs, torch.bfloat16, generator, residual=True, size=(6, 5))
+    out = _conv_depthwise(x, pack_depthwise_weight(w), b, residual, attrs, require_cuda=False)
+    _check(out, x, w, b, residual, attrs)
+
+
+def test_wrong_outputs_and_inputs_are_refused():
+    x = torch.zeros(1, 8, 5, 5).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    w = torch.zeros(8, 1, 3, 3, device=DEVICE)
+    geometry = depthwise_geometry(x, w, _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 8), require_cuda=False)
+    wide = torch.empty(1, 16, 5, 5, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="cannot hold"):
+        depthwise_conv_nhwc(x, w, None, geometry, out=wide.narrow(1, 0, 7))
+    with pytest.raises(ValueError, match="cannot hold"):
+        depthwise_conv_nhwc(x, w, None, geometry, out=wide.narrow(1, 0, 8).half())
+    with pytest.raises(ValueError, match="residual"):
+        depthwise_conv_nhwc(x, w, None, geometry, residual=torch.zeros(1, 8, 4, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="not a channels-last depthwise"):
+        depthwise_conv_nhwc(x.contiguous(), w, None, geometry)
