@@ -1,13 +1,16 @@
 """`sartor bench PLAN`: latency percentiles and throughput, with and without host↔device copies."""
 from __future__ import annotations
 
+from ..errors import ConfigError
 from ..runtime import load
 from ..runtime.benchmark import benchmark
 from ..runtime.profiles import parse_shape_spec
 from .common import console, fmt_shape, key_values, print_json, table
 
 DESCRIPTION = ("Time an engine: p50/p90/p99 latency and throughput, with host↔device copies (numpy in/out) "
-               "and without (device tensors in, outputs left on the device).")
+               "and without (device tensors in, outputs left on the device). With --end-to-end --images DIR: "
+               "image files to results through the engine's stored preprocessing (decode, preprocess, infer, "
+               "post-process), beside each stage alone and the engine alone.")
 
 
 def add_parser(subparsers, parents) -> None:
@@ -20,10 +23,20 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="time image files to results through sartor.Pipeline (needs --images)")
+    p.add_argument("--images", metavar="DIR", help="with --end-to-end: a folder of JPEG/PNG files (read below it)")
+    p.add_argument("--batch", type=int, help="with --end-to-end: images per batch (default: the profile's, up to 32)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="with --end-to-end: passes over the images; the first is reported apart (default 3)")
+    p.add_argument("--decoder", default="auto", choices=("auto", "yolo", "none"),
+                   help="with --end-to-end: post-processing (auto: yolo for one [B, 4+C, N] output)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.end_to_end or args.images:
+        return run_end_to_end(args)
     shapes = parse_shape_spec(args.shapes) if args.shapes else None
     engine = load(args.plan, device=args.device)
     result = benchmark(engine, shapes, iterations=args.iterations, warmup=args.warmup, seed=args.seed)
@@ -41,5 +54,30 @@ def run(args) -> int:
     for mode, stats in (("with host↔device copies", result.with_copies), ("device only", result.device_only)):
         rows.add_row(mode, *(f"{v:.3f}" for v in (stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.mean_ms,
                                                     stats.min_ms)), f"{stats.throughput:.1f}")
+    out.print(rows)
+    return 0
+
+
+def run_end_to_end(args) -> int:
+    from ..pipeline.benchmark import end_to_end, image_files
+    if not args.end_to_end or not args.images:
+        raise ConfigError("--end-to-end and --images DIR go together")
+    files = image_files(args.images)
+    engine = load(args.plan, device=args.device)
+    result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder)
+    if args.json:
+        print_json(dict(result.to_json(), engine=str(args.plan)))
+        return 0
+    out = console()
+    out.print(key_values("End to end", [
+        ("engine", args.plan), ("device", result.device), ("images", f"{result.images} from {args.images}"),
+        ("batch", result.batch), ("post-processing", result.decoder),
+        ("first pass", f"{result.first_pass_s:.2f} s (graph capture, kernel loads: reported apart)"),
+        ("steady state", f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} passes; a batch every "
+                         f"{result.batch_ms_p50:.2f} ms (p99 {result.batch_ms_p99:.2f})"),
+        ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
+    ]))
+    rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
+    rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("read", "decode", "preprocess", "infer", "post")))
     out.print(rows)
     return 0

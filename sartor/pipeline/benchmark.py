@@ -1,0 +1,134 @@
+"""`sartor bench --end-to-end`: image files to results through `Pipeline`, timed as a user sees
+them, beside each stage alone and the engine alone.
+
+- passes: the whole list of images run through the pipeline `passes` times; the first pass (CUDA
+  graph capture, kernel loads, buffer allocation) is reported apart, the others make the steady
+  state: frames/s and the per-batch takt (median and p99 of one batch's time in the stream).
+- stages: one batch through each stage alone, synchronised, `stage_repeats` times: read (file
+  bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
+  (the decoder, and the copy of what it keeps to the host).
+- engine: the engine alone on its own input buffer, at the same batch.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+from .decode import decode_frames
+from .detections import YoloNms
+from .pipeline import Pipeline
+from .prepare import prepare_batch
+from .sources import read_sources
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+def image_files(folder: str | Path) -> list[Path]:
+    """The image files directly in `folder` or below it, sorted; none is an error."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ConfigError(f"--images {folder}: not a folder")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not files:
+        raise ConfigError(f"--images {folder}: no image files ({', '.join(IMAGE_SUFFIXES)}) in it")
+    return files
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return round(statistics.median(times), 4)
+
+
+@dataclass
+class EndToEndResult:
+    device: str
+    images: int
+    batch: int
+    passes: int
+    decoder: str
+    first_pass_s: float
+    frames_per_s: float  # steady state: passes after the first
+    batch_ms_p50: float  # one batch's time in the stream, steady state
+    batch_ms_p99: float
+    engine_frames_per_s: float  # the engine alone, its input already in place
+    stages_ms: dict = field(default_factory=dict)  # one batch through each stage alone
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
+               decoder: str = "auto") -> EndToEndResult:
+    if passes < 2:
+        raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
+    nms = YoloNms()
+    head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
+    if decoder == "auto":
+        decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
+    if decoder not in ("yolo", "none"):
+        raise ConfigError(f"--decoder {decoder!r} is not one of auto, yolo, none")
+    pipeline = Pipeline(engine, batch_size=batch, decoder=nms if decoder == "yolo" else None,
+                        host_outputs=decoder != "yolo")
+    device = pipeline.device
+    batch = pipeline.batch_size
+
+    # whole passes: the first apart, then the steady state, each batch's time between results
+    start = time.perf_counter()
+    for _ in pipeline.stream(files):
+        pass
+    first_pass_s = time.perf_counter() - start
+    batch_times, total = [], 0.0
+    for _ in range(passes - 1):
+        start = last = time.perf_counter()
+        for index, _ in enumerate(pipeline.stream(files)):
+            if (index + 1) % batch == 0 or index + 1 == len(files):
+                now = time.perf_counter()
+                batch_times.append((now - last) * 1e3)
+                last = now
+        total += time.perf_counter() - start
+    frames_per_s = len(files) * (passes - 1) / total
+
+    # each stage alone on the first batch
+    chunk = (list(files) * (batch // len(files) + 1))[:max(batch, pipeline.min_batch)]
+    sources = read_sources(chunk)
+    decoded = decode_frames(sources, device)
+    bad = [d.error for d in decoded if d.error is not None]
+    if bad:
+        raise ConfigError(f"--images: {bad[0]}")
+    frames, names = [d.pixels for d in decoded], [d.name for d in decoded]
+    shape = pipeline.spec.input_shape(len(frames))
+    context = engine.context(pipeline.profile)
+    buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
+    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer)
+    outputs = context.run({pipeline.input_name: prepared})
+    stages = {"read": _median_ms(lambda: read_sources(chunk), device, stage_repeats),
+              "decode": _median_ms(lambda: decode_frames(sources, device), device, stage_repeats),
+              "preprocess": _median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer), device,
+                                       stage_repeats),
+              "infer": _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, stage_repeats)}
+    if decoder == "yolo":
+        stages["post"] = _median_ms(lambda: nms(outputs, metas), device, stage_repeats)
+    else:
+        stages["post"] = _median_ms(lambda: {k: v.cpu() for k, v in outputs.items()}, device, stage_repeats)
+    engine_ms = _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, max(stage_repeats, 20))
+    return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
+                          round(frames_per_s, 1), round(statistics.median(batch_times), 3),
+                          round(sorted(batch_times)[min(len(batch_times) - 1, int(0.99 * len(batch_times)))], 3),
+                          round(len(chunk) * 1e3 / engine_ms, 1), stages)

@@ -1,0 +1,65 @@
+"""`sartor bench --end-to-end`: image files to results through the pipeline, on the CPU."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error
+from PIL import Image
+
+import sartor
+
+
+@pytest.fixture(scope="module")
+def letterbox_plan(tmp_path_factory, tiny_onnx):
+    out = tmp_path_factory.mktemp("e2e") / "tiny.plan"
+    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
+                 preprocess=f"letterbox={IMAGE},mean=0,std=255,rgb,nchw")
+    return out
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("frames")
+    rng = np.random.default_rng(0)
+    for i in range(5):  # JPEG and PNG, two sizes, one in a sub-folder
+        pixels = rng.integers(0, 256, (40 + 8 * (i % 2), 64, 3), dtype=np.uint8)
+        target = folder / ("nested" if i == 4 else "") / f"frame{i}.{'png' if i == 3 else 'jpg'}"
+        target.parent.mkdir(exist_ok=True)
+        Image.fromarray(pixels).save(target)
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def test_end_to_end_times_every_stage_and_the_engine(cli, letterbox_plan, image_folder):
+    result = cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--batch", "2", "--passes", "3",
+                 "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    assert data["images"] == 5 and data["batch"] == 2 and data["passes"] == 3 and data["decoder"] == "none"
+    assert set(data["stages_ms"]) == {"read", "decode", "preprocess", "infer", "post"}
+    assert all(v > 0 for v in data["stages_ms"].values())
+    assert data["frames_per_s"] > 0 and data["engine_frames_per_s"] > 0 and data["first_pass_s"] > 0
+    assert 0 < data["batch_ms_p50"] <= data["batch_ms_p99"]
+    table = cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder)
+    assert table.code == 0, table
+    assert "steady state" in table.out and "One batch through each stage alone" in table.out
+
+
+def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_folder, tmp_path):
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end"), "--end-to-end and --images DIR go together")
+    assert_cli_error(cli("bench", letterbox_plan, "--images", image_folder), "--end-to-end and --images DIR go together")
+    (tmp_path / "empty").mkdir()
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "empty"),
+                     "no image files")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "missing"), "not a folder")
+    assert_cli_error(cli("bench", tiny_plan, "--end-to-end", "--images", image_folder), "records no preprocessing")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--passes", "1"),
+                     "--passes must be at least 2")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--batch", "9"),
+                     "batch size 9 is outside 1..4")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "bad"),
+                     "image", "broken.jpg", "corrupt")
