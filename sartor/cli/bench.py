@@ -72,9 +72,11 @@ def run_end_to_end(args) -> int:
     out.print(key_values("End to end", [
         ("engine", args.plan), ("device", result.device), ("images", f"{result.images} from {args.images}"),
         ("batch", result.batch), ("post-processing", result.decoder),
-        ("first pass", f"{result.first_pass_s:.2f} s (graph capture, kernel loads: reported apart)"),
-        ("steady state", f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} passes; a batch every "
-                         f"{result.batch_ms_p50:.2f} ms (p99 {result.batch_ms_p99:.2f})"),
+        ("first pass", f"{result.first_pass_s:.2f} s (warm-up: graph capture and kernel loads on a GPU; "
+                       f"reported apart)"),
+        ("steady state", f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} "
+                         f"pass{'es' if result.passes > 2 else ''}; a batch every {result.batch_ms_p50:.2f} ms "
+                         f"(p99 {result.batch_ms_p99:.2f})"),
         ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
     ]))
     rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
