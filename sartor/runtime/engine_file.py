@@ -11,8 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import stat
 import struct
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -98,37 +102,97 @@ def _check_parent(path: Path, parent: Path) -> None:
     raise OutputPathError(f"cannot write {path}: directory {parent} does not exist")
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: no half-written file under the name."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (os.umask can only set)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _output_target(path: Path) -> Path:
+    """The file to write for `path`. A symlink is written through (its target, created if missing),
+    as `cp` and shell redirection do; a directory, device, FIFO or socket is refused, because a
+    rename over it would replace the node with a regular file."""
+    if path.is_symlink():
+        target = Path(os.path.realpath(path))
+        if target.is_symlink():  # a loop of links
+            raise OutputPathError(f"cannot write {path}: it is a symbolic link that resolves to no file")
+        path = target
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet; _check_parent words a bad parent
+        return path
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
         raise OutputPathError(f"cannot write {path}: it is a directory")
-    _check_parent(path, parent)
+    if not stat.S_ISREG(mode):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+        raise OutputPathError(f"cannot write {path}: it is {kind}, not a regular file (sartor renames a finished "
+                              f"file over the name, which would replace it)")
+    return path
+
+
+@contextmanager
+def _termination_cleans_up():
+    """SIGTERM (what systemd, Docker and Kubernetes send) during the write raises SystemExit(143) in
+    the main thread, so the temporary file is removed before the process ends, as on Ctrl-C. A
+    handler the application installed itself is left in place."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, terminate)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    except OSError as exc:
-        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: no half-written file under the name,
+    and none left beside it when the write fails or the process is told to stop. The new file gets
+    the mode of the file it replaces, else the umask's; a symlink is written through."""
+    path = Path(path)
+    target = _output_target(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    _check_parent(target, parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        mode = 0o666 & ~_umask()
+    tmp = None
+    with _termination_cleans_up():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fchmod(handle.fileno(), mode)
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+            tmp = None
+        except OSError as exc:
+            raise OutputPathError(f"cannot write {path}: {exc.strerror or exc}") from None
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
 
 def check_writable(path: str | os.PathLike) -> None:
     """Fail before a long build rather than after it."""
-    path = Path(path)
+    path = _output_target(Path(path))
     parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise OutputPathError(f"cannot write {path}: it is a directory")
     _check_parent(path, parent)
     if not os.access(parent, os.W_OK):
         raise OutputPathError(f"cannot write {path}: directory {parent} is not writable")
