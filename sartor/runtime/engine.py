@@ -129,11 +129,17 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
     except (KeyError, TypeError):
         raise EngineFileError(f"{path} has no device fingerprint in its header") from None
     target = parse_device(device or ("cuda" if kind == "cuda" else "cpu"))
-    check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
-    tensors, kernel_tensors = split_kernel_tensors(tensors)
-    # Before the first run: the JIT then finds every kernel the engine runs in its cache.
-    installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target), install_refusal(install_kernels))
-                 if target.type == "cuda" else None)
-    engine = Engine(header, tensors, target, str(path))
+    try:
+        check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
+        tensors, kernel_tensors = split_kernel_tensors(tensors)
+        # Before the first run: the JIT then finds every kernel the engine runs in its cache.
+        installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target),
+                                            install_refusal(install_kernels)) if target.type == "cuda" else None)
+        engine = Engine(header, tensors, target, str(path))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # The digest proves the file is whole, not that its header was written by sartor: a field
+        # missing or of the wrong type is a malformed engine, said in one line.
+        raise EngineFileError(f"{path} has a malformed header ({type(exc).__name__}: {exc}); rebuild the engine "
+                              f"from its ONNX model") from None
     engine.kernels_installed = installed
     return engine

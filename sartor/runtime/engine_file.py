@@ -57,6 +57,9 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         raise EngineFileError(f"{where} has engine format version {version}{why}; this sartor reads version "
                               f"{FORMAT_VERSION}: rebuild the engine from its ONNX model")
     offset = len(MAGIC) + 4
+    if len(data) >= offset + 8 and struct.unpack_from("<Q", data, offset)[0] > len(data):
+        raise EngineFileError(f"{where} is corrupted: its header length {struct.unpack_from('<Q', data, offset)[0]} "
+                              f"is larger than the whole file ({len(data)} bytes)")
     try:
         header_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
@@ -64,7 +67,7 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         offset += header_len
         weights_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
-    except struct.error:
+    except (struct.error, OverflowError):
         # Cut inside the header: the full size is unknown, but not what it must at least be.
         at_least = max(offset, len(MAGIC) + 12) + 8 + _DIGEST
         raise EngineFileError(f"{where} is truncated ({len(data)} bytes; an engine needs at least {at_least})") from None
