@@ -42,6 +42,9 @@ def pack(header: dict, weights: dict[str, torch.Tensor]) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
+IMPLAUSIBLE_HEADER_BYTES = 1 << 40
+
+
 def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
     if data.startswith(_PICKLE_PREFIXES):
         raise EngineFileError(f"{where} is a pickle/zip file, not a sartor engine; sartor never unpickles files")
@@ -57,9 +60,10 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         raise EngineFileError(f"{where} has engine format version {version}{why}; this sartor reads version "
                               f"{FORMAT_VERSION}: rebuild the engine from its ONNX model")
     offset = len(MAGIC) + 4
-    if len(data) >= offset + 8 and struct.unpack_from("<Q", data, offset)[0] > len(data):
+    if len(data) >= offset + 8 and struct.unpack_from("<Q", data, offset)[0] > IMPLAUSIBLE_HEADER_BYTES:
+        # A length no header has (a flipped high bit): the file is corrupt, not merely cut short.
         raise EngineFileError(f"{where} is corrupted: its header length {struct.unpack_from('<Q', data, offset)[0]} "
-                              f"is larger than the whole file ({len(data)} bytes)")
+                              f"is larger than any engine ({len(data)} bytes here)")
     try:
         header_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
