@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
+from ..runtime.benchmark import synchronize
 from .decode import decode_frames
 from .detections import YoloNms
 from .pipeline import Pipeline
@@ -39,19 +40,14 @@ def image_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_ms(fn, device: torch.device, repeats: int) -> float:
     fn()
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
     return round(statistics.median(times), 4)
 

@@ -44,6 +44,22 @@ class Detections:
         return Detections(self.boxes[keep], self.scores[keep], self.classes[keep])
 
 
+def _shape(value) -> tuple:
+    """A tensor's or an array's shape, or a shape given as a tuple/list of ints."""
+    if isinstance(value, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in value):
+        return tuple(int(d) for d in value)
+    return tuple(value.shape) if hasattr(value, "shape") else tuple(np.shape(value))
+
+
+def yolo_output(outputs: dict) -> str | None:
+    """The first output shaped [B, 4+C, N] with N > 4+C (values: arrays, tensors or shapes)."""
+    for name, value in outputs.items():
+        shape = _shape(value)
+        if len(shape) == 3 and shape[1] > 4 and shape[2] > shape[1]:
+            return name
+    return None
+
+
 class YoloNms:
     """A pipeline decoder: `[B, 4+C, N]` head outputs on any device → one Detections per image.
 
@@ -56,8 +72,7 @@ class YoloNms:
         self.conf, self.iou, self.max_det, self.agnostic, self.output = conf, iou, max_det, agnostic, output
 
     def _head(self, outputs: dict) -> torch.Tensor:
-        name = self.output or next((k for k, v in outputs.items()
-                                    if len(v.shape) == 3 and v.shape[2] > v.shape[1] > 4), None)
+        name = self.output or yolo_output(outputs)
         if name is None:
             shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
             raise DataError(f"YoloNms needs one output of shape [B, 4+C, N] with N > 4+C; the model gives {shapes}")

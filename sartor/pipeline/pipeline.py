@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ..data.preprocess import ImageMeta, PreprocessSpec
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
-from .prepare import TORCH_DTYPES, prepare_batch
+from .prepare import input_tensor, prepare_batch
 from .sources import FRAME_ORDERS, read_sources
 
 DEFAULT_MAX_BATCH = 32
@@ -102,8 +101,7 @@ class Pipeline:
             raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")
         self.frame_order, self.skip_bad, self.overlap, self.host_outputs = frame_order, skip_bad, overlap, host_outputs
         image = image_input(engine)
-        if TORCH_DTYPES[spec.dtype] != {"float32": torch.float32, "float16": torch.float16,
-                                         "uint8": torch.uint8}.get(image.dtype):
+        if spec.dtype != image.dtype:
             raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "
                               f"is {image.dtype}")
         self.input_name = image.name
@@ -130,8 +128,7 @@ class Pipeline:
             return None
         buffer = self._staging[slot]
         if buffer is None or buffer.shape[0] < rows:
-            buffer = self._staging[slot] = torch.empty(self.spec.input_shape(self.batch_size_rows),
-                                                       dtype=TORCH_DTYPES[self.spec.dtype], device=self.device)
+            buffer = self._staging[slot] = input_tensor(self.spec, self.batch_size_rows, self.device)
         return buffer[:rows]
 
     @property

@@ -7,14 +7,14 @@ On the CPU the resize reads and writes uint8 (torch's vectorised uint8 path) and
 computed in float64; on CUDA it runs in float32 and is rounded to uint8 levels, as Pillow's is."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from ..data.preprocess import ImageMeta, PreprocessSpec, placement
 from ..errors import DataError
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
-
+from ..ir.dtypes import NUMPY_TO_TORCH
 
 def _resized(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """N×3×H×W uint8 → N×3×h×w uint8 levels (float32 on CUDA, exact integers), bilinear with
@@ -40,12 +40,23 @@ def _normalized(levels: torch.Tensor, spec: PreprocessSpec, mean: torch.Tensor, 
     return out.round_().clamp_(0, 255) if spec.dtype == "uint8" else out
 
 
+@functools.lru_cache(maxsize=16)
+def _constants(spec: PreprocessSpec, device: torch.device) -> tuple:
+    """(identity, mean, std, the pad's values) of `spec` on `device`: made once, not copied to the
+    device with every batch."""
+    identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
+    mean = torch.tensor(spec.mean, dtype=torch.float32, device=device).view(3, 1, 1)
+    std = torch.tensor(spec.std, dtype=torch.float32, device=device).view(3, 1, 1)
+    pad_values = _normalized(torch.full((3, 1, 1), float(spec.pad_value), device=device), spec, mean, std, identity)
+    return identity, mean, std, pad_values
+
+
 def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torch.Tensor:
     """A new tensor of the shape and dtype `spec` produces for `batch` images (resize modes only)."""
     shape = spec.input_shape(batch)
     if shape is None:
         raise DataError("preprocess 'none' keeps each image's size: there is no fixed input shape")
-    return torch.empty(shape, dtype=TORCH_DTYPES[spec.dtype], device=device)
+    return torch.empty(shape, dtype=NUMPY_TO_TORCH[spec.dtype], device=device)
 
 
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
@@ -72,14 +83,11 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
         shape = (len(frames), 3, h, w) if spec.layout == "nchw" else (len(frames), h, w, 3)
     else:
         shape = spec.input_shape(len(frames))
-    target = out if out is not None else torch.empty(shape, dtype=TORCH_DTYPES[spec.dtype], device=device)
-    if tuple(target.shape) != tuple(shape) or target.dtype != TORCH_DTYPES[spec.dtype] or target.device != device:
+    target = out if out is not None else torch.empty(shape, dtype=NUMPY_TO_TORCH[spec.dtype], device=device)
+    if tuple(target.shape) != tuple(shape) or target.dtype != NUMPY_TO_TORCH[spec.dtype] or target.device != device:
         raise DataError(f"preprocess output buffer is {tuple(target.shape)} {target.dtype} on {target.device}; "
-                        f"{spec.describe()!r} makes {tuple(shape)} {TORCH_DTYPES[spec.dtype]} on {device}")
-    identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
-    mean = torch.tensor(spec.mean, dtype=torch.float32, device=device).view(3, 1, 1)
-    std = torch.tensor(spec.std, dtype=torch.float32, device=device).view(3, 1, 1)
-    pad_values = _normalized(torch.full((3, 1, 1), float(spec.pad_value), device=device), spec, mean, std, identity)
+                        f"{spec.describe()!r} makes {tuple(shape)} {NUMPY_TO_TORCH[spec.dtype]} on {device}")
+    identity, mean, std, pad_values = _constants(spec, device)
     canvas = target if spec.layout == "nchw" else target.permute(0, 3, 1, 2)  # N×3×H×W view either way
     groups: dict[tuple[int, int], list[int]] = {}
     for i, size in enumerate(sizes):

@@ -56,7 +56,8 @@ class BenchmarkResult:
         return data
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -86,13 +87,13 @@ def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 10
     def timed(feeds: dict, to_host: bool) -> list[float]:
         for _ in range(warmup):
             context.run(feeds)
-        _sync(device)
+        synchronize(device)
         samples = []
         for _ in range(iterations):
             start = time.perf_counter()
             outputs = context.run(feeds)
             if not to_host:
-                _sync(device)
+                synchronize(device)
             samples.append(time.perf_counter() - start)
             del outputs
         return samples

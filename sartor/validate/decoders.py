@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ConfigError, DataError
-from ..pipeline.detections import MAX_CANDIDATES, Detections
+from ..pipeline.detections import MAX_CANDIDATES, Detections, yolo_output
 
 DEFAULT_CONF = 0.001  # keep nearly everything: mAP integrates over all scores (Ultralytics val)
 DEFAULT_IOU = 0.7  # Ultralytics val's NMS IoU
@@ -158,22 +158,6 @@ def decode_yolo(outputs: dict, metas: Sequence, options: DecodeOptions | None = 
         boxes, scores, classes = _nms_detections(boxes, scores, classes, options)
         results.append(_finish(boxes, scores, classes, meta))
     return results
-
-
-def _shape(value) -> tuple:
-    """An array's shape, or a shape given as a tuple/list of ints."""
-    if isinstance(value, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in value):
-        return tuple(int(d) for d in value)
-    return tuple(np.shape(value))
-
-
-def yolo_output(outputs: dict) -> str | None:
-    """The first output shaped [B, 4+C, N] with N > 4+C (values: arrays or shapes)."""
-    for name, value in outputs.items():
-        shape = _shape(value)
-        if len(shape) == 3 and shape[1] > 4 and shape[2] > shape[1]:
-            return name
-    return None
 
 
 def yolo_num_classes(shape: Sequence[int]) -> int:
