@@ -31,6 +31,8 @@ FORMAT_VERSION = 2
 # registry's scheme (`kernels/registry.py`); version 1 engines name them in the scheme before it.
 OLDER_FORMATS = {1: "its layers' tactics are named in sartor's scheme before the tactic registry"}
 _DIGEST = 32
+# A header length no engine has: a flipped high bit, reported as corruption rather than truncation.
+IMPLAUSIBLE_HEADER_BYTES = 1 << 40
 _PICKLE_PREFIXES = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
 
 
@@ -40,9 +42,6 @@ def pack(header: dict, weights: dict[str, torch.Tensor]) -> bytes:
     body = (MAGIC + struct.pack("<I", FORMAT_VERSION) + struct.pack("<Q", len(header_bytes)) + header_bytes
             + struct.pack("<Q", len(weight_bytes)) + weight_bytes)
     return body + hashlib.sha256(body).digest()
-
-
-IMPLAUSIBLE_HEADER_BYTES = 1 << 40
 
 
 def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
@@ -60,18 +59,17 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         raise EngineFileError(f"{where} has engine format version {version}{why}; this sartor reads version "
                               f"{FORMAT_VERSION}: rebuild the engine from its ONNX model")
     offset = len(MAGIC) + 4
-    if len(data) >= offset + 8 and struct.unpack_from("<Q", data, offset)[0] > IMPLAUSIBLE_HEADER_BYTES:
-        # A length no header has (a flipped high bit): the file is corrupt, not merely cut short.
-        raise EngineFileError(f"{where} is corrupted: its header length {struct.unpack_from('<Q', data, offset)[0]} "
-                              f"is larger than any engine ({len(data)} bytes here)")
     try:
         header_len = struct.unpack_from("<Q", data, offset)[0]
+        if header_len > IMPLAUSIBLE_HEADER_BYTES:
+            raise EngineFileError(f"{where} is corrupted: its header length {header_len} is larger than any engine "
+                                  f"({len(data)} bytes here)")
         offset += 8
         header_bytes = data[offset:offset + header_len]
         offset += header_len
         weights_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
-    except (struct.error, OverflowError):
+    except struct.error:
         # Cut inside the header: the full size is unknown, but not what it must at least be.
         at_least = max(offset, len(MAGIC) + 12) + 8 + _DIGEST
         raise EngineFileError(f"{where} is truncated ({len(data)} bytes; an engine needs at least {at_least})") from None
