@@ -1,12 +1,13 @@
-"""Issue 5, part 4: a ResNet-50 FP16 engine loads and runs its first inference on a fresh machine
-(empty Triton cache) in ≤ 2 s, because the compiled kernels travel in the engine file.
+"""Issues 5 and 31: an engine loads and runs its first inference on a fresh machine (empty Triton
+cache) in ≤ 2 s, because the compiled kernels travel in the engine file.
 
 One device call:
 
     PYTHONPATH=. python bench/load_cold.py --out $OUT [--batch 1] [--onnx-dir .carry]
+        [--engine resnet50:fp16 --engine resnet50:int8 --engine yolov8n:int8 ...] [--no-compare]
 
-Builds ResNet-50 FP16 twice (with embedded kernels, then with --no-embed-kernels from the same
-timing cache, so both run the same tactics), then loads each engine in fresh processes, each with
+Builds each engine twice (with embedded kernels, then, unless --no-compare, with --no-embed-kernels
+from the same timing cache, so both run the same tactics), then loads each in fresh processes, each with
 its own TRITON_CACHE_DIR, and measures import, load, first and second inference, how many kernels
 Triton compiled (its compilation listener: cache misses) and what it wrote in the cache:
 
@@ -31,10 +32,54 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 2.0
-INPUT = "input"
+# model: (input name, H×W, ImageNet-normalised calibration images)
+MODELS = {"resnet50": ("input", 224, True), "yolov8n": ("images", 640, False)}
 
 
-def child(plan: str, out_npy: str, batch: int) -> None:
+def key_parts(src) -> dict:
+    """What Triton's cache key is made of for one compile (ASTSource.hash's parts), to tell which
+    part differs when an embedded kernel misses."""
+    fn = getattr(src, "fn", None)
+    return {"name": getattr(fn, "__name__", "?"), "fn_cache_key": getattr(fn, "cache_key", None),
+            "attrs": repr(getattr(src, "attrs", None)), "signature": repr(getattr(src, "signature", None)),
+            "constants": repr(sorted((str(k), repr(v)) for k, v in (getattr(src, "constants", None) or {}).items()))}
+
+
+def jit_keys() -> dict:
+    """Every sartor Triton function whose cache key this process computed: its key, the parts of
+    it that are its own (source, first line, constexpr globals) and the functions it calls."""
+    import hashlib as _hashlib
+
+    from triton.runtime.jit import JITFunction
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("sartor."):
+            continue
+        for attr, value in list(vars(module).items()):
+            for _ in range(4):
+                if isinstance(value, JITFunction):
+                    break
+                value = getattr(value, "fn", None)
+            if not isinstance(value, JITFunction) or value.hash is None:
+                continue
+            globals_seen = getattr(value, "used_global_vals", {}) or {}
+            found[f"{name}.{attr}"] = {
+                "hash": value.hash, "line": value.starting_line_number,
+                "src": _hashlib.sha256(value.src.encode()).hexdigest()[:16],
+                "globals": sorted(f"{k[0]}={v[0]!r}" for k, v in globals_seen.items())}
+    return found
+
+
+def key_listener(events: list):
+    def listener(**event):
+        row = key_parts(event["src"])
+        row["cache_hit"] = event["cache_hit"]
+        row["hash"] = event["metadata"].get("hash")
+        events.append(row)
+    return listener
+
+
+def child(plan: str, out_npy: str, batch: int, model: str) -> None:
     """One cold load in this (fresh) process: prints one JSON line."""
     t0 = time.perf_counter()
     import numpy as np
@@ -42,7 +87,11 @@ def child(plan: str, out_npy: str, batch: int) -> None:
     import triton
     events = {"compiled": [], "cache_hits": 0}
 
+    keys: list = []
+    record_key = key_listener(keys)
+
     def listener(**event):
+        record_key(**event)
         if event["cache_hit"]:
             events["cache_hits"] += 1
         else:
@@ -51,18 +100,19 @@ def child(plan: str, out_npy: str, batch: int) -> None:
     import sartor
     torch.cuda.init()
     import_s = time.perf_counter() - t0
-    x = torch.from_numpy(np.random.default_rng(0).random((batch, 3, 224, 224), dtype=np.float32)).cuda()
+    name, size, _ = MODELS[model]
+    x = torch.from_numpy(np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)).cuda()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     engine = sartor.load(plan)
     load_s = time.perf_counter() - t0
     ctx = engine.context()
     t0 = time.perf_counter()
-    out = ctx.run({INPUT: x})
+    out = ctx.run({name: x})
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ctx.run({INPUT: x})
+    ctx.run({name: x})
     torch.cuda.synchronize()
     second_s = time.perf_counter() - t0
     np.save(out_npy, next(iter(out.values())).float().cpu().numpy())
@@ -70,7 +120,8 @@ def child(plan: str, out_npy: str, batch: int) -> None:
     print(json.dumps({"import_s": round(import_s, 3), "load_s": round(load_s, 3), "first_inference_s": round(first_s, 3),
                       "second_inference_s": round(second_s, 4), "load_plus_first_s": round(load_s + first_s, 3),
                       "kernels_compiled": len(events["compiled"]), "compiled_names": sorted(set(events["compiled"])),
-                      "kernel_cache_hits": events["cache_hits"],
+                      "kernel_cache_hits": events["cache_hits"], "keys": keys,
+                      "jit_keys": jit_keys(),
                       "installed": None if report is None else len(report.installed),
                       "already_cached": None if report is None else len(report.present),
                       "install_note": None if report is None else report.describe()}))
@@ -91,12 +142,13 @@ def seed_host_modules(source: Path, target: Path) -> None:
         shutil.copy2(so, target / so.parent.name / so.name)
 
 
-def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int) -> dict:
+def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int, model: str) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, __file__, "--child", str(plan), str(out_npy), "--batch", str(batch)],
-                         env=env, capture_output=True, text=True, timeout=400)
+    run = subprocess.run([sys.executable, __file__, "--child", str(plan), str(out_npy), "--batch", str(batch),
+                          "--child-model", model],
+                         env=env, capture_output=True, text=True, timeout=400, check=False)
     wall = time.perf_counter() - t0
     if run.returncode != 0:
         return {"error": run.stderr[-4000:]}
@@ -105,25 +157,64 @@ def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int) -> dict:
     return row
 
 
-def build_engines(work: Path, onnx: Path, batch: int) -> dict:
+def calibration_file(work: Path, model: str) -> Path:
+    """Street scenes, half at night, as the model reads them: what an INT8 build calibrates on."""
+    import numpy as np
+    from h200_int8 import scene_images
+    _, size, imagenet = MODELS[model]
+    path = work / f"calib_{model}.npy"
+    if not path.exists():
+        np.save(path, scene_images(32, 50_000, size=size, imagenet=imagenet))
+    return path
+
+
+def build_engines(work: Path, onnx: Path, batch: int, model: str, precision: str, compare: bool) -> dict:
     import sartor
-    shapes = {INPUT: (batch, 3, 224, 224)}
-    timing = work / "timing.json"
+    input_name, size, _ = MODELS[model]
+    shapes = {input_name: (batch, 3, size, size)}
+    timing = work / f"timing_{model}_{precision}.json"
     timing.unlink(missing_ok=True)
+    extra = {}
+    if precision == "int8":
+        extra = {"calib": str(calibration_file(work, model)), "calib_size": 32,
+                 "calib_cache": str(work / f"calib_cache_{model}.json")}
     built = {}
-    for name, embed in (("embedded", True), ("not_embedded", False)):
-        plan = work / f"resnet50_fp16_b{batch}_{name}.plan"
+    for name, embed in (("embedded", True), ("not_embedded", False))[:2 if compare else 1]:
+        plan = work / f"{model}_{precision}_b{batch}_{name}.plan"
+        import triton
+        build_keys: list = []
+        triton.knobs.compilation.listener = key_listener(build_keys)
         t0 = time.perf_counter()
-        result = sartor.build(str(onnx), str(plan), device="cuda", precision="fp16", min_shapes=shapes,
-                              opt_shapes=shapes, max_shapes=shapes, timing_cache=str(timing), embed_kernels=embed)
+        result = sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes=shapes,
+                              opt_shapes=shapes, max_shapes=shapes, timing_cache=str(timing), embed_kernels=embed,
+                              **extra)
         record = result.header.get("kernels") or {}
         built[name] = {"plan": plan, "build_s": round(time.perf_counter() - t0, 1),
                        "file_bytes": plan.stat().st_size, "kernels_stage_s": result.stage_seconds.get("kernels"),
                        "kernel_entries": len(record.get("entries") or []), "kernel_bytes": record.get("bytes", 0),
                        "kernel_names": sorted({e["name"] for e in record.get("entries") or []}),
                        "log": [line for line in result.log if line.startswith("kernels:")],
-                       "tactics": sorted({layer["tactic"] for layer in result.header["layers"]})}
+                       "tactics": sorted({layer["tactic"] for layer in result.header["layers"]}),
+                       "build_keys": build_keys, "jit_keys": jit_keys()}
+        triton.knobs.compilation.listener = None
     return built
+
+
+def key_misses(build_keys: list, run_keys: list) -> list:
+    """For each kernel compiled at first run: which key parts differ from the nearest compile of the
+    same kernel during the build (the one differing in the fewest parts)."""
+    parts = ("fn_cache_key", "attrs", "signature", "constants")
+    found = []
+    for row in run_keys:
+        if row["cache_hit"]:
+            continue
+        same_name = [b for b in build_keys if b["name"] == row["name"]]
+        if not same_name:
+            found.append({"name": row["name"], "differs": "no build-time compile of this kernel"})
+            continue
+        nearest = min(same_name, key=lambda b: sum(b[k] != row[k] for k in parts))
+        found.append({"name": row["name"], "differs": {k: [nearest[k], row[k]] for k in parts if nearest[k] != row[k]}})
+    return found
 
 
 def main() -> None:
@@ -131,10 +222,14 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--onnx-dir", type=Path, default=None, help="where resnet50.onnx is (or is exported to)")
+    parser.add_argument("--engine", action="append", default=[], metavar="MODEL:PRECISION",
+                        help=f"models: {', '.join(MODELS)}; precisions fp16, int8 (default resnet50:fp16)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the engine without embedded kernels")
     parser.add_argument("--child", nargs=2, metavar=("PLAN", "OUT_NPY"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-model", default="resnet50", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], args.batch)
+        child(args.child[0], args.child[1], args.batch, args.child_model)
         return
     import numpy as np
     sys.path.insert(0, str(ROOT))
@@ -143,32 +238,43 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="load_cold_"))
-    onnx = export_classifier("resnet50", args.onnx_dir or work)
-    built = build_engines(work, onnx, args.batch)
-    runs = {}
-    for name, info in built.items():
-        cold_cache = work / f"cache_{name}_cold"
-        cold_cache.mkdir()
-        runs[f"{name}/cold"] = cold_load(info["plan"], cold_cache, work / f"{name}_cold.npy", args.batch)
-        host_warm = work / f"cache_{name}_host_warm"
-        host_warm.mkdir()
-        seed_host_modules(cold_cache, host_warm)
-        runs[f"{name}/cold_host_warm"] = cold_load(info["plan"], host_warm, work / f"{name}_host.npy", args.batch)
-        info["plan"] = str(info["plan"])
-    outputs = [np.load(p) for p in sorted(work.glob("*.npy"))]
-    embedded = runs.get("embedded/cold", {})
-    result = {
-        "versions": versions(), "batch": args.batch, "target_s": TARGET_SECONDS, "engines": built, "runs": runs,
-        "outputs_identical": bool(outputs) and all(np.array_equal(outputs[0], o) for o in outputs[1:]),
-        # cuDNN's algorithm search runs again in each fresh process and may pick another algorithm
-        # (another summation order): a spread at FP16 rounding is expected, a wrong kernel is not.
-        "outputs_max_relative_spread": max((float(np.abs(o - outputs[0]).max() / (np.abs(outputs[0]).max() or 1.0))
-                                            for o in outputs[1:]), default=0.0),
-        "embedded_cold_compiled_nothing": embedded.get("kernels_compiled") == 0,
-        "embedded_cold_meets_target": embedded.get("load_plus_first_s", float("inf")) <= TARGET_SECONDS,
-    }
-    (out / "load_cold.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    results = {"versions": versions(), "batch": args.batch, "target_s": TARGET_SECONDS, "engines": {}}
+    for spec in args.engine or ["resnet50:fp16"]:
+        model, precision = spec.split(":")
+        if model == "resnet50":
+            onnx = export_classifier("resnet50", args.onnx_dir or work)
+        else:
+            onnx = (args.onnx_dir or ROOT / ".carry") / f"{model}.onnx"
+        built = build_engines(work, onnx, args.batch, model, precision, not args.no_compare)
+        runs = {}
+        outs = work / "outputs"
+        outs.mkdir(exist_ok=True)
+        for name, info in built.items():
+            cold_cache = work / f"cache_{spec}_{name}_cold".replace(":", "_")
+            cold_cache.mkdir()
+            runs[f"{name}/cold"] = cold_load(info["plan"], cold_cache, outs / f"{name}_cold.npy", args.batch, model)
+            host_warm = work / f"cache_{spec}_{name}_host_warm".replace(":", "_")
+            host_warm.mkdir()
+            seed_host_modules(cold_cache, host_warm)
+            runs[f"{name}/cold_host_warm"] = cold_load(info["plan"], host_warm, outs / f"{name}_host.npy",
+                                                       args.batch, model)
+            info["plan"] = str(info["plan"])
+        outputs = [np.load(p) for p in sorted(outs.glob("*.npy"))]
+        shutil.rmtree(outs)
+        embedded = runs.get("embedded/cold", {})
+        results["engines"][spec] = {"key_misses": key_misses(built["embedded"].get("build_keys", []),
+                                                             embedded.get("keys", [])),
+            "built": built, "runs": runs,
+            "outputs_identical": bool(outputs) and all(np.array_equal(outputs[0], o) for o in outputs[1:]),
+            # cuDNN's algorithm search runs again in each fresh process and may pick another algorithm
+            # (another summation order): a spread at FP16 rounding is expected, a wrong kernel is not.
+            "outputs_max_relative_spread": max((float(np.abs(o - outputs[0]).max() / (np.abs(outputs[0]).max() or 1.0))
+                                                for o in outputs[1:]), default=0.0),
+            "embedded_cold_compiled_nothing": embedded.get("kernels_compiled") == 0,
+            "embedded_cold_meets_target": embedded.get("load_plus_first_s", float("inf")) <= TARGET_SECONDS,
+        }
+        (out / "load_cold.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1))
     shutil.rmtree(work, ignore_errors=True)
 
 

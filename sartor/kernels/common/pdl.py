@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..pointwise.epilogue import triton
+from .cache_keys import settle_cache_keys
 
 gdc_wait = gdc_launch_dependents = None
 if triton is not None:
@@ -45,3 +46,6 @@ def pdl_available(device: torch.device | str) -> bool:
 def launch_options(pdl: bool) -> dict:
     """The launch keyword arguments of a kernel that calls `await_previous_kernel(PDL=pdl)`."""
     return {"launch_pdl": True} if pdl else {}
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..pointwise.epilogue import ACTIVATION_CODES, triton
+from .cache_keys import settle_cache_keys
 
 # How an INT8 kernel's epilogue turns its int32 sums (with the bias) into float32: the value of its
 # INT8 constexpr (False: the layer is not INT8). SUMS_CONVERTED: by a conversion instruction, which
@@ -525,3 +526,6 @@ def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None,
                  RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
                  OUT_QUANT=quantized and output_inv_scale is not None)
     return scalars, flags
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

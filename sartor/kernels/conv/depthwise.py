@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from .igemm import ConvGeometry
 from ..pointwise.epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
@@ -142,3 +143,6 @@ TRITON_DEPTHWISE = "triton_depthwise"
 fixed_tactic(TRITON_DEPTHWISE,
              "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
              weight_layout=DEPTHWISE_TAPS)
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -572,3 +573,5 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
                             64, 64, fusion=False)
     return y
 
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

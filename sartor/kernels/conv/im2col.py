@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import triton
 
 if triton is not None:
@@ -98,3 +99,6 @@ def im2col_codes(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, i
         BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4,
         enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
     return columns if quantize else columns.view(code)
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

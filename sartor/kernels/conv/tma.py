@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from .igemm import (PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry, TensorDescriptor,
                          multiprocessors, packed_weight_descriptor)
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
@@ -266,3 +267,6 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     else:
         _conv_tma_kernel[(tiles,)](*tensors, cout, c, oh, ow, pixel_stride(y), *rs, *pads, *scalars, **constants)
     return y
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

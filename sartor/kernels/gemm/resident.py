@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..conv.igemm import ConvGeometry
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
@@ -426,3 +427,6 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..conv.igemm import (GROUP_M, HALVES_MIN_BLOCK_N, PERSISTENT_PROGRAMS_WITHOUT_GPU, TMA_ALIGNMENT, ConvGeometry,
                          TensorDescriptor, as_nchw_view, multiprocessors, packed_weight_descriptor)
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
@@ -299,3 +300,6 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
                            num_stages=tile.stages,
                            enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
+
 try:
     import triton
     import triton.language as tl
@@ -144,3 +146,6 @@ def fused_epilogue(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.T
         ACT=ACTIVATION_CODES[activation], RES_DENSE=res_row == channels, OUT_DENSE=out_row == channels,
         BLOCK=block, num_warps=4)
     return out
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from .epilogue import channels_last_output, pixel_stride, triton
 
 if triton is not None:
@@ -75,3 +76,6 @@ def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.
     _upsample_nearest_nhwc_kernel[grid](_as_moved(x), _as_moved(y), pixels, c, h, w, pixel_stride(y), sxn, sxh, sxw,
                                         FH=fh, FW=fw, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
     return y
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

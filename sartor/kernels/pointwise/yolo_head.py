@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from .epilogue import triton
 
 if triton is not None:
@@ -90,3 +91,6 @@ def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max:
                                   num_warps=4)
         start += pixels
     return out
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

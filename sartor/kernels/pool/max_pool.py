@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..registry import LayerFacts, Number, Tactic, register
 
@@ -218,3 +219,6 @@ def _has_packed_max(device: torch.device) -> bool:
     """Whether compiled kernels on `device` have PTX's packed 16-bit maximum (sm_90 on); the
     interpreter (CPU tensors) computes the lanes apart."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import triton
 from ..conv.im2col import CODE_DTYPES, code_source
 
@@ -88,3 +89,6 @@ def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, in
         QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=block_w, SPACE_TO_DEPTH=space_to_depth, num_warps=warps,
         enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
     return packed if quantize else packed.view(code)
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

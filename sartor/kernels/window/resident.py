@@ -26,6 +26,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.cache_keys import settle_cache_keys
 from ..conv.igemm import ConvGeometry
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
@@ -537,3 +538,6 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)
