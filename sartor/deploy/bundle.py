@@ -27,8 +27,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -156,6 +159,25 @@ def _keep_calibration(source: str, staging: Path) -> dict:
     return record
 
 
+@contextmanager
+def termination_cleans_up():
+    """SIGTERM (systemd, Docker, Kubernetes) while a temporary directory exists raises
+    SystemExit(143) in the main thread, so that the `finally` removing it runs (as
+    runtime/engine_file.py does for one file). A handler the application installed is kept."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _staging_directory(bundle: Path) -> Path:
     if bundle.exists() or bundle.is_symlink():
         raise BundleError(f"bundle directory {bundle} already exists: remove it or choose another")
@@ -174,7 +196,11 @@ def build_bundle(config: BuildConfig, bundle_dir: str | os.PathLike, progress=No
     check_bundle_options(config)
     check_writable(config.output_path)
     bundle = Path(bundle_dir)
-    staging = _staging_directory(bundle)
+    with termination_cleans_up():
+        return _build_bundle(config, bundle, _staging_directory(bundle), progress, warn)
+
+
+def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, warn) -> BundleResult:
     try:
         as_given = config.to_json()
         built_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -36,6 +36,7 @@ from .bundle import (
     TIMING_CACHE,
     config_from_options,
     labels,
+    termination_cleans_up,
 )
 from .golden import (
     DEFAULT_MIN_COSINE,
@@ -138,16 +139,17 @@ def rebuild(bundle_dir: str | os.PathLike, output: str | os.PathLike, device: st
     cached_layers = (stored_header.get("tactics") or {}).get("from_timing_cache", 0)
     why = _why_retimed(stored_fingerprint, here, TimingCache(root / TIMING_CACHE), cached_layers)
     # The bundle stays as it is: the build reads (and may add timings to) copies of its files.
-    work = Path(os.path.abspath(tempfile.mkdtemp(prefix=".sartor-rebuild.", suffix=".tmp",
-                                                 dir=os.path.dirname(output))))
-    try:
-        for name in (MODEL, CALIB_CACHE, TIMING_CACHE):
-            if (root / name).is_file():
-                shutil.copyfile(root / name, work / name)
-        config = config_from_options(dict(options, device=device or options.get("device")), work, output)
-        result = build(config, progress, warn, Reproducible(engine_record["built_at"], labels(work, output)))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with termination_cleans_up():
+        work = Path(os.path.abspath(tempfile.mkdtemp(prefix=".sartor-rebuild.", suffix=".tmp",
+                                                     dir=os.path.dirname(output))))
+        try:
+            for name in (MODEL, CALIB_CACHE, TIMING_CACHE):
+                if (root / name).is_file():
+                    shutil.copyfile(root / name, work / name)
+            config = config_from_options(dict(options, device=device or options.get("device")), work, output)
+            result = build(config, progress, warn, Reproducible(engine_record["built_at"], labels(work, output)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     sha = file_sha256(Path(output))
     identical = sha == engine_record["sha256"]
     differing = []

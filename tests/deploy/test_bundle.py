@@ -4,7 +4,13 @@ another fingerprint that re-times and judges the golden outputs."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +28,7 @@ from sartor.errors import ConfigError
 from sartor.runtime.engine_file import read_engine_file
 
 SHAPES = {"min": MIN_SHAPES, "opt": OPT_SHAPES, "max": MAX_SHAPES}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +224,37 @@ def test_bundle_refusals(tiny_onnx, fp32_bundle, calib_npy, tmp_path):
         rebuild(bundle, bundle / "again.plan")
     with pytest.raises(BundleError, match="which this sartor does not know"):
         config_from_options(dict(BuildConfig("m", "o").to_json(), future_option=1), bundle, "o")
+
+
+def test_sigterm_during_a_bundle_build_leaves_no_directory(tiny_onnx, tmp_path):
+    """A real process told to stop while its bundle is half made (held in its progress callback)
+    removes the temporary directory: neither the bundle nor a staging directory stays."""
+    marker, bundle = tmp_path / "building", tmp_path / "b"
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from sartor.builder import BuildConfig
+        from sartor.deploy import build_bundle
+
+        def progress(stage):
+            if stage == "tactics":  # the staging directory holds the model and the first caches by now
+                Path({str(marker)!r}).touch()
+                time.sleep(600)
+
+        config = BuildConfig({str(tiny_onnx)!r}, {str(tmp_path / "e.plan")!r}, device="cpu",
+                             profiles=[{SHAPES!r}])
+        build_bundle(config, {str(bundle)!r}, progress=progress)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
+    try:
+        while not marker.exists():
+            assert child.poll() is None, child.stderr.read().decode()
+            time.sleep(0.05)
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".b.")]  # staging, while it builds
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["building"]
