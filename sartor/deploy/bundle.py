@@ -12,6 +12,8 @@
     DIR/engine.json                the engine file's SHA-256, size and build time
     DIR/engine_header.json         its header (what `sartor rebuild` names when a rebuild differs)
     DIR/golden/                    inputs, the engine's outputs and the FP32 reference's (.npz)
+    DIR/validation/                --data (labelled validation folders up to CALIB_COPY_LIMIT bytes)
+                                   and the engine's and FP32 model's task metric on it (accuracy.py)
 
 The bundle is assembled in a temporary directory beside DIR and renamed to DIR when complete.
 
@@ -43,6 +45,7 @@ from ..runtime.engine import BUNDLE_LABEL, load
 from ..runtime.engine_file import check_writable, read_engine_file, write_atomic
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..version import __version__
+from .accuracy import DATA_DIR, record_validation
 from .golden import engine_outputs, golden_inputs, npz_bytes, reference_outputs
 from .manifest import FORMAT, MANIFEST, BundleError, file_sha256, write_manifest
 
@@ -130,31 +133,30 @@ def _json(data) -> bytes:
     return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
-def _calibration_files(source: Path) -> list[Path]:
+def _data_files(source: Path) -> list[Path]:
     if source.is_dir():
         return sorted(p for p in source.rglob("*") if p.is_file())
     return [source]
 
 
-def _keep_calibration(source: str, staging: Path) -> dict:
-    """Copy the --calib files into the bundle when small, and list their SHA-256 either way."""
+def keep_data(source: str, staging: Path, into: str, copy_files: bool = True) -> dict:
+    """List the files of `source` (a file or a folder) by SHA-256, and copy them to `staging/into`
+    when they are at most CALIB_COPY_LIMIT bytes in all (and `copy_files`)."""
     root = Path(source)
-    files = _calibration_files(root)
+    files = _data_files(root)
     total = sum(p.stat().st_size for p in files)
-    copied = total <= CALIB_COPY_LIMIT
-    (staging / SAMPLES).parent.mkdir(parents=True, exist_ok=True)
+    copied = copy_files and total <= CALIB_COPY_LIMIT
+    (staging / into).parent.mkdir(parents=True, exist_ok=True)
     if copied:
-        target = staging / SAMPLES_DIR
         if root.is_dir():
-            shutil.copytree(root, target, copy_function=shutil.copyfile)
+            shutil.copytree(root, staging / into, copy_function=shutil.copyfile)
         else:
-            target.mkdir()
-            shutil.copyfile(root, target / root.name)
-    referenced = root.is_file() and root.suffix not in (".npy", ".npz")
+            (staging / into).mkdir()
+            shutil.copyfile(root, staging / into / root.name)
     record = {"source": source, "bytes": total, "copy_limit_bytes": CALIB_COPY_LIMIT, "copied": copied,
               "files": [{"path": (p.relative_to(root).as_posix() if root.is_dir() else p.name),
                          "sha256": file_sha256(p), "bytes": p.stat().st_size} for p in files]}
-    if referenced:  # a COCO .json or a manifest names images held elsewhere
+    if root.is_file() and root.suffix not in (".npy", ".npz"):  # a COCO .json or a manifest names images elsewhere
         record["note"] = "an index of images: the images it names are not in this list"
     return record
 
@@ -205,7 +207,7 @@ def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, wa
         as_given = config.to_json()
         built_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         shutil.copyfile(config.model_path, staging / MODEL)
-        samples = _keep_calibration(config.calib, staging) if config.calib else None
+        samples = keep_data(config.calib, staging, SAMPLES_DIR) if config.calib else None
         # First build: as asked, its caches (the user's, else the bundle's) filled by calibration and timing.
         first = dataclasses.replace(config, output_path=str(staging / ".first.plan"),
                                     calib_cache=config.calib_cache or str(staging / CALIB_CACHE),
@@ -234,7 +236,11 @@ def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, wa
         write_atomic(staging / "versions.json", _json(versions()))
         if samples is not None:
             write_atomic(staging / SAMPLES, _json(samples))
-        _write_golden(staging, output, config)
+        engine = load(output, device=str(parse_device(config.device)))
+        _write_golden(staging, engine, config)
+        if config.data:
+            kept = keep_data(config.data, staging, DATA_DIR, copy_files=Path(config.data).is_dir())
+            record_validation(kept, staging, engine, staging / MODEL, config.split_by, config.classes)
         manifest = write_manifest(staging)
         os.rename(staging, bundle)
         staging = None
@@ -245,9 +251,8 @@ def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, wa
     return BundleResult(result, str(bundle), len(files) + 1, sum(f["bytes"] for f in files.values()))
 
 
-def _write_golden(staging: Path, output: str, config: BuildConfig) -> None:
-    device = parse_device(config.device)
-    engine = load(output, device=str(device))
+def _write_golden(staging: Path, engine, config: BuildConfig) -> None:
+    device = engine.device
     feeds, source = golden_inputs(engine, config.calib, config.preprocess_spec(), config.seed)
     reference, reference_source = reference_outputs(staging / MODEL, feeds)
     golden = staging / GOLDEN

@@ -26,6 +26,7 @@ from ..runtime.engine import load
 from ..runtime.engine_file import check_writable, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..tactics.timing_cache import TimingCache, fingerprint_digest
+from .accuracy import DEFAULT_MAX_DROP, AccuracyDrop, accuracy_drop
 from .bundle import (
     CALIB_CACHE,
     ENGINE,
@@ -62,6 +63,7 @@ class RebuildReport:
     agreement: list[OutputAgreement] = field(default_factory=list)
     min_cosine: float = DEFAULT_MIN_COSINE
     golden_inputs: str = ""
+    accuracy: AccuracyDrop | None = None  # on the bundle's labelled validation data, when it has some
     build: BuildResult | None = None
 
     @property
@@ -70,15 +72,18 @@ class RebuildReport:
 
     @property
     def passed(self) -> bool:
-        """The golden outputs within tolerance, and on the same machine the same bytes too."""
-        return self.agreement_passed and (self.identical or not self.same_machine)
+        """The golden outputs (and the validation metric) within tolerance, and on the same machine
+        the same bytes too."""
+        return (self.agreement_passed and (self.accuracy is None or self.accuracy.passed)
+                and (self.identical or not self.same_machine))
 
     def to_json(self) -> dict:
         return {"bundle": self.bundle, "output": self.output, "same_machine": self.same_machine,
                 "why_retimed": self.why_retimed, "sha256": self.sha256, "bundle_sha256": self.bundle_sha256,
                 "identical": self.identical, "differing_fields": self.differing_fields, "timed": self.timed,
                 "min_cosine": self.min_cosine, "golden_inputs": self.golden_inputs,
-                "agreement": [row.to_json() for row in self.agreement], "passed": self.passed}
+                "agreement": [row.to_json() for row in self.agreement],
+                "accuracy": None if self.accuracy is None else self.accuracy.to_json(), "passed": self.passed}
 
 
 def _read_json(root: Path, name: str) -> dict:
@@ -119,7 +124,8 @@ def _differing_fields(before: dict, after: dict, prefix: str = "") -> list[str]:
 
 
 def rebuild(bundle_dir: str | os.PathLike, output: str | os.PathLike, device: str | None = None,
-            min_cosine: float = DEFAULT_MIN_COSINE, progress=None, warn=None) -> RebuildReport:
+            min_cosine: float = DEFAULT_MIN_COSINE, max_drop: float = DEFAULT_MAX_DROP, progress=None,
+            warn=None) -> RebuildReport:
     """Rebuild the bundle's engine into `output` on this machine and say how it compares."""
     root = Path(bundle_dir)
     verify_bundle(root)
@@ -158,16 +164,17 @@ def rebuild(bundle_dir: str | os.PathLike, output: str | os.PathLike, device: st
         differing = _differing_fields(stored_header, header) or ["weights or embedded kernels"]
     report = RebuildReport(str(root), output, why is None, why, sha, engine_record["sha256"], identical, differing,
                            result.header["tactics"].get("timed", 0), min_cosine=min_cosine, build=result)
-    _judge_golden(report, root, output, target)
+    engine = load(output, device=str(target))
+    _judge_golden(report, root, engine)
+    report.accuracy = accuracy_drop(root, engine, root / MODEL, max_drop)
     return report
 
 
-def _judge_golden(report: RebuildReport, root: Path, output: str, device) -> None:
+def _judge_golden(report: RebuildReport, root: Path, engine) -> None:
     golden = root / GOLDEN
     feeds = read_npz(golden / "inputs.npz")
     stored = read_npz(golden / "engine_outputs.npz")
     reference_path = golden / "reference_outputs.npz"
     reference = read_npz(reference_path) if reference_path.is_file() else None
-    engine = load(output, device=str(device))
     report.agreement = agreement(stored, engine_outputs(engine, feeds), reference, report.min_cosine)
     report.golden_inputs = str(_read_json(golden, "golden.json").get("inputs", ""))

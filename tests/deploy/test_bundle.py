@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, gaussian_images
+from PIL import Image
 
 import sartor
 from sartor.builder import BuildConfig
@@ -258,3 +259,36 @@ def test_sigterm_during_a_bundle_build_leaves_no_directory(tiny_onnx, tmp_path):
         if child.poll() is None:
             child.kill()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["building"]
+
+
+def image_folder(directory: Path) -> Path:
+    """An ImageFolder of three of the tiny classifier's ten classes, two noise images each."""
+    rng = np.random.default_rng(5)
+    for label in ("c0", "c3", "c7"):
+        (directory / label).mkdir(parents=True)
+        for k in range(2):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(directory / label / f"{k}.png")
+    return directory
+
+
+def test_labelled_validation_data_measures_the_accuracy_drop(tiny_onnx, calib_npy, tmp_path, cli):
+    data = image_folder(tmp_path / "val")
+    classes = [f"c{k}" for k in range(10)]
+    bundle = tmp_path / "b"
+    sartor.build(tiny_onnx, tmp_path / "e.plan", device="cpu", profiles=[SHAPES], precision="int8", calib=calib_npy,
+                 builder_effort=0, data=data, classes=classes, preprocess="resize=16x16,mean=0,std=255,rgb,nchw",
+                 bundle=bundle)
+    record = json.loads((bundle / "validation/validation.json").read_text())
+    measured = record["measured"]
+    assert record["copied"] and measured["metric"] == "top-1" and measured["images"] == 6
+    assert (bundle / "validation/data/c3/1.png").read_bytes() == (data / "c3/1.png").read_bytes()
+    report = rebuild(bundle, tmp_path / "again.plan")
+    assert report.identical and report.accuracy is not None and report.accuracy.drop == 0.0 and report.passed
+    assert report.accuracy.reference == measured["reference"]
+    # A bundle that says its engine scored higher: the rebuild's drop is over the limit.
+    _edit_json(bundle, "validation/validation.json", lambda r: r["measured"].update(engine=r["measured"]["engine"] + 0.5))
+    report = rebuild(bundle, tmp_path / "again.plan", max_drop=0.1)
+    assert report.identical and report.accuracy.drop == pytest.approx(0.5) and not report.passed
+    result = cli("rebuild", bundle, "-o", tmp_path / "again.plan", "--max-drop", "0.1")
+    assert result.code == 1 and "FAIL: the validation top-1 dropped by more than 0.1" in result.out, result
+    assert "drop 0.5000" in result.out
