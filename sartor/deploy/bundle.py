@@ -104,13 +104,19 @@ def config_from_options(options: dict, directory: Path, output: str) -> BuildCon
         raise BundleError(f"the bundle's build options include {', '.join(unknown)}, which this sartor does not "
                           f"know: rebuild it with the sartor that made it ({__version__} here)")
     values = dict(options, model_path=str(directory / MODEL), output_path=output)
-    for key in ("calib_cache", "timing_cache"):
-        if values.get(key):
-            values[key] = str(directory / values[key])
     try:
-        return BuildConfig(**values)
-    except TypeError as exc:
-        raise BundleError(f"the bundle's build options are malformed ({exc})") from None
+        for key in ("calib_cache", "timing_cache"):
+            if values.get(key):
+                values[key] = str(directory / values[key])
+        config = BuildConfig(**values)
+        if not (isinstance(config.profiles, list) and all(isinstance(p, dict) for p in config.profiles)):
+            raise TypeError("profiles must be a list of {min, opt, max} objects")
+        config.validate()  # before the build: a wrong type here is the bundle's fault, not a bug
+    except ConfigError as exc:  # the flags it names were the bundle's, not this command's
+        raise BundleError(f"the bundle's build options are malformed: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise BundleError(f"the bundle's build options are malformed ({type(exc).__name__}: {exc})") from None
+    return config
 
 
 def labels(directory: Path, output: str) -> dict:

@@ -16,6 +16,7 @@ from ..quant.data import open_calibration
 from ..runtime.engine import Engine
 from ..runtime.sample_inputs import random_inputs
 from ..validate.compare import compare_output, onnxruntime_outputs
+from .manifest import BundleError
 
 # A rebuilt engine agrees with the stored one when every output's cosine against the stored
 # engine's outputs reaches this (INT8 engines built with other kernels round differently in a few
@@ -69,8 +70,12 @@ def npz_bytes(arrays: dict) -> bytes:
 
 
 def read_npz(path: Path) -> dict:
-    with np.load(path, allow_pickle=False) as archive:
-        return {name: archive[name] for name in archive.files}
+    """The arrays of a bundle's .npz (never pickled objects); a missing or broken file is a BundleError."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"bundle file {path} is not a readable .npz of arrays ({type(exc).__name__})") from None
 
 
 @dataclass

@@ -96,6 +96,23 @@ def test_rebuild_errors_are_one_line(cli_bundle, cli, tmp_path):
     assert not (tmp_path / "x.plan").exists()
 
 
+@pytest.mark.parametrize("edit", [{"profiles": "oops"}, {"layer_precision": ["x"]}, {"builder_effort": "2"}])
+def test_malformed_options_in_a_consistent_bundle_are_one_line(cli_bundle, cli, tmp_path, edit):
+    """A bundle whose author rewrote the options and the manifest: refused in one line, not a traceback."""
+    _, bundle = cli_bundle
+    edited = _copy(bundle, tmp_path)
+    options = json.loads((edited / "build_options.json").read_text())
+    options["options"].update(edit)
+    (edited / "build_options.json").write_text(json.dumps(options))
+    write_manifest(edited)
+    assert_cli_error(cli("rebuild", edited, "-o", tmp_path / "x.plan"), "build options are malformed")
+    (edited / "golden/inputs.npz").write_bytes(b"not a zip")
+    options["options"] = json.loads((bundle / "build_options.json").read_text())["options"]
+    (edited / "build_options.json").write_text(json.dumps(options))
+    write_manifest(edited)
+    assert_cli_error(cli("rebuild", edited, "-o", tmp_path / "x.plan"), "inputs.npz is not a readable .npz")
+
+
 def test_build_bundle_errors_are_one_line(tiny_onnx, cli_bundle, cli, tmp_path):
     _, bundle = cli_bundle
     out = tmp_path / "e.plan"
