@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, gaussian_images
 from PIL import Image
 
@@ -292,3 +293,21 @@ def test_labelled_validation_data_measures_the_accuracy_drop(tiny_onnx, calib_np
     result = cli("rebuild", bundle, "-o", tmp_path / "again.plan", "--max-drop", "0.1")
     assert result.code == 1 and "FAIL: the validation top-1 dropped by more than 0.1" in result.out, result
     assert "drop 0.5000" in result.out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: on the CPU Triton's interpreter "
+                    "compiles nothing, so no kernel is embedded")
+def test_cuda_int8_rebuild_is_byte_identical_even_with_an_empty_triton_cache(tiny_onnx, calib_npy, tmp_path):
+    engine, bundle = tmp_path / "e.plan", tmp_path / "b"
+    sartor.build(tiny_onnx, engine, device="cuda", profiles=[SHAPES], precision="int8", calib=calib_npy,
+                 bundle=bundle)
+    assert read_engine_file(engine)[0]["kernels"]["embedded"]
+    report = rebuild(bundle, tmp_path / "same.plan")
+    assert report.same_machine and report.identical and report.passed, report.differing_fields
+    # A fresh process with an empty Triton cache compiles every kernel again: still the same file.
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "empty_triton_cache"), PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, "-m", "sartor", "rebuild", str(bundle), "-o", str(tmp_path / "fresh.plan"),
+                          "--json"], check=False, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    assert (tmp_path / "fresh.plan").read_bytes() == engine.read_bytes()
