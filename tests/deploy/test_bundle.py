@@ -26,8 +26,8 @@ from sartor.deploy import bundle as bundle_module
 from sartor.deploy.bundle import config_from_options
 from sartor.deploy.golden import read_npz
 from sartor.deploy.manifest import file_sha256, write_manifest
-from sartor.errors import ConfigError
-from sartor.runtime.engine_file import read_engine_file
+from sartor.errors import ConfigError, FingerprintMismatchError
+from sartor.runtime.engine_file import pack, read_engine_file
 
 SHAPES = {"min": MIN_SHAPES, "opt": OPT_SHAPES, "max": MAX_SHAPES}
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,3 +311,13 @@ def test_cuda_int8_rebuild_is_byte_identical_even_with_an_empty_triton_cache(tin
                           "--json"], check=False, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
     assert (tmp_path / "fresh.plan").read_bytes() == engine.read_bytes()
+
+
+def test_a_bundled_engine_on_another_machine_names_sartor_rebuild(fp32_bundle, tmp_path):
+    engine, _ = fp32_bundle
+    header, tensors = read_engine_file(engine)
+    header["fingerprint"]["cpu"] = "another CPU"
+    moved = tmp_path / "moved.plan"
+    moved.write_bytes(pack(header, tensors))
+    with pytest.raises(FingerprintMismatchError, match=r"differs in cpu.*sartor rebuild BUNDLE -o OUT.plan"):
+        sartor.load(moved, device="cpu")
