@@ -214,8 +214,9 @@ def add_parser(subparsers, parents) -> None:
                    help="CUDA: do not store the compiled Triton kernels in the engine (a smaller file; the first "
                         "run on a machine whose Triton cache lacks them JIT-compiles them)")
     p.add_argument("--bundle", metavar="DIR",
-                   help="also write a provenance bundle to DIR (a new directory): the model, options, calibration "
-                        "and timing caches, golden outputs; `sartor rebuild DIR` rebuilds the engine from it")
+                   help="also write a provenance bundle to DIR (a new directory, or one file when it ends in .tar): "
+                        "the model, options, calibration and timing caches, golden outputs; `sartor rebuild DIR` "
+                        "rebuilds the engine from it")
     p.set_defaults(func=run, shape_events=None)
 
 

@@ -21,7 +21,7 @@ DESCRIPTION = ("Rebuild the engine of a provenance bundle (`sartor build --bundl
 def add_parser(subparsers, parents) -> None:
     p = subparsers.add_parser("rebuild", parents=parents, help="Rebuild a bundle's engine on this machine",
                               description=DESCRIPTION)
-    p.add_argument("bundle", metavar="BUNDLE", help="the bundle directory `sartor build --bundle` wrote")
+    p.add_argument("bundle", metavar="BUNDLE", help="the bundle `sartor build --bundle` wrote (a directory, or its .tar)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.plan", help="where to write the rebuilt engine")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the bundle's build option, else cuda when available)")
     p.add_argument("--min-cosine", type=float, default=DEFAULT_MIN_COSINE, metavar="C",

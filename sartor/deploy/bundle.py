@@ -15,7 +15,8 @@
     DIR/validation/                --data (labelled validation folders up to CALIB_COPY_LIMIT bytes)
                                    and the engine's and FP32 model's task metric on it (accuracy.py)
 
-The bundle is assembled in a temporary directory beside DIR and renamed to DIR when complete.
+The bundle is assembled in a temporary directory beside DIR and renamed to DIR when complete; a
+DIR ending in .tar is written as one tar file instead (archive.py).
 
 The engine written to -o is the second of two builds: the first calibrates and times (filling the
 caches), the second builds from the bundle's own caches and files exactly as `sartor rebuild`
@@ -46,6 +47,7 @@ from ..runtime.engine_file import check_writable, read_engine_file, write_atomic
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..version import __version__
 from .accuracy import DATA_DIR, record_validation
+from .archive import is_archive, write_archive
 from .golden import engine_outputs, golden_inputs, npz_bytes, reference_outputs
 from .manifest import FORMAT, MANIFEST, BundleError, file_sha256, write_manifest
 
@@ -199,7 +201,8 @@ def _staging_directory(bundle: Path) -> Path:
 
 
 def build_bundle(config: BuildConfig, bundle_dir: str | os.PathLike, progress=None, warn=None) -> BundleResult:
-    """Build `config`'s engine and write its provenance bundle to `bundle_dir` (which must not exist)."""
+    """Build `config`'s engine and write its provenance bundle to `bundle_dir` (which must not exist;
+    a name ending in .tar makes it one tar file)."""
     config.validate()
     check_bundle_options(config)
     check_writable(config.output_path)
@@ -248,8 +251,11 @@ def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, wa
             kept = keep_data(config.data, staging, DATA_DIR, copy_files=Path(config.data).is_dir())
             record_validation(kept, staging, engine, staging / MODEL, config.split_by, config.classes)
         manifest = write_manifest(staging)
-        os.rename(staging, bundle)
-        staging = None
+        if is_archive(bundle):
+            write_archive(staging, bundle, built_at)  # the staging directory goes in `finally`
+        else:
+            os.rename(staging, bundle)
+            staging = None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -27,6 +27,7 @@ from ..runtime.engine_file import check_writable, read_engine_file
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..tactics.timing_cache import TimingCache, fingerprint_digest
 from .accuracy import DEFAULT_MAX_DROP, AccuracyDrop, accuracy_drop
+from .archive import extracted, is_archive
 from .bundle import (
     CALIB_CACHE,
     ENGINE,
@@ -126,8 +127,22 @@ def _differing_fields(before: dict, after: dict, prefix: str = "") -> list[str]:
 def rebuild(bundle_dir: str | os.PathLike, output: str | os.PathLike, device: str | None = None,
             min_cosine: float = DEFAULT_MIN_COSINE, max_drop: float = DEFAULT_MAX_DROP, progress=None,
             warn=None) -> RebuildReport:
-    """Rebuild the bundle's engine into `output` on this machine and say how it compares."""
+    """Rebuild the bundle's engine (a bundle directory, or its .tar) into `output` on this machine
+    and say how it compares."""
     root = Path(bundle_dir)
+    if not is_archive(root):
+        return _rebuild(root, output, device, min_cosine, max_drop, progress, warn)
+    check_writable(output)  # before extracting beside it
+    with termination_cleans_up(), extracted(root, Path(os.path.dirname(os.path.abspath(output)))) as directory:
+        try:
+            report = _rebuild(directory, output, device, min_cosine, max_drop, progress, warn)
+        except BundleError as exc:  # named by the file the user gave, not the temporary directory
+            raise BundleError(str(exc).replace(str(directory), str(root))) from None
+    report.bundle = str(root)
+    return report
+
+
+def _rebuild(root: Path, output, device, min_cosine, max_drop, progress, warn) -> RebuildReport:
     verify_bundle(root)
     options = _read_json(root, OPTIONS).get("options")
     engine_record = _read_json(root, ENGINE)

@@ -3,12 +3,14 @@ rebuilds (FP32, and INT8 from the calibration cache), modified bundles refused, 
 another fingerprint that re-times and judges the golden outputs."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ import sartor
 from sartor.builder import BuildConfig
 from sartor.deploy import BundleError, rebuild, verify_bundle
 from sartor.deploy import bundle as bundle_module
+from sartor.deploy.archive import write_archive
 from sartor.deploy.bundle import config_from_options
 from sartor.deploy.golden import read_npz
 from sartor.deploy.manifest import file_sha256, write_manifest
@@ -321,3 +324,43 @@ def test_a_bundled_engine_on_another_machine_names_sartor_rebuild(fp32_bundle, t
     moved.write_bytes(pack(header, tensors))
     with pytest.raises(FingerprintMismatchError, match=r"differs in cpu.*sartor rebuild BUNDLE -o OUT.plan"):
         sartor.load(moved, device="cpu")
+
+
+def test_a_bundle_as_one_tar_file(tiny_onnx, tmp_path):
+    archive = tmp_path / "tiny.tar"
+    engine = tmp_path / "e.plan"
+    sartor.build(tiny_onnx, engine, device="cpu", profiles=[SHAPES], bundle=archive)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.plan", "tiny.tar"]  # no staging directory left
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        assert names == sorted(names) and "manifest.json" in names and "model.onnx" in names
+        assert {(m.uid, m.uname) for m in tar.getmembers()} == {(0, "")}
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    # The same directory gives the same tar, byte for byte.
+    write_archive(tmp_path / "unpacked", tmp_path / "again.tar", "2026-01-01T00:00:00Z")
+    write_archive(tmp_path / "unpacked", tmp_path / "twice.tar", "2026-01-01T00:00:00Z")
+    assert (tmp_path / "again.tar").read_bytes() == (tmp_path / "twice.tar").read_bytes()
+    report = rebuild(archive, tmp_path / "rebuilt.plan")
+    assert report.identical and report.passed and report.bundle == str(archive)
+    assert (tmp_path / "rebuilt.plan").read_bytes() == engine.read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # the extracted copy is gone
+    # A member edited: refused, named by the tar.
+    model = tmp_path / "unpacked" / "model.onnx"
+    model.write_bytes(model.read_bytes() + b"\0")
+    write_archive(tmp_path / "unpacked", tmp_path / "edited.tar", "2026-01-01T00:00:00Z")
+    with pytest.raises(BundleError, match=rf"bundle {tmp_path / 'edited.tar'} was modified: model.onnx"):
+        rebuild(tmp_path / "edited.tar", tmp_path / "x.plan")
+    # Members that would land outside the extraction directory, and files that are not tars.
+    with tarfile.open(tmp_path / "evil.tar", "w") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(BundleError, match="holds a member sartor will not extract"):
+        rebuild(tmp_path / "evil.tar", tmp_path / "x.plan")
+    assert not (tmp_path.parent / "outside.txt").exists()
+    (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 64)
+    with pytest.raises(BundleError, match="is not a readable tar"):
+        rebuild(tmp_path / "junk.tar", tmp_path / "x.plan")
+    with pytest.raises(BundleError, match="not found"):
+        rebuild(tmp_path / "missing.tar", tmp_path / "x.plan")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
