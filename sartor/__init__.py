@@ -18,7 +18,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
           fallback_where_faster: bool | None = None, pdl: bool | None = None,
-          exclude_tactics: list | None = None):
+          exclude_tactics: list | None = None, bundle: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written). Each option
@@ -49,6 +49,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       with programmatic dependent launch.
     - `exclude_tactics` is `--exclude-tactic`, as a list of globs over tactic names the builder
       never runs.
+    - `bundle` is `--bundle DIR`: a provenance bundle written beside the engine (the result is then
+      a `deploy.BundleResult`, the engine's BuildResult in its `build`).
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -75,6 +77,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})
+    if bundle is not None:
+        from .deploy import build_bundle
+        return build_bundle(config, bundle)
     return run_build(config)
 
 

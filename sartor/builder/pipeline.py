@@ -62,6 +62,30 @@ class BuildResult:
     warnings: list = field(default_factory=list)  # lines also in `log`
 
 
+@dataclass(frozen=True)
+class Reproducible:
+    """What a reproducible build (`sartor build --bundle`, `sartor rebuild`: sartor/deploy/) records
+    in place of its circumstances, so that two builds of one bundle write the same bytes: the
+    bundle's build time, no build duration, and each path under a prefix as its label (as a
+    compiler's -ffile-prefix-map). docs/decisions/0026-reproducible-bundle-builds.md lists why."""
+    built_at: str
+    path_labels: dict = field(default_factory=dict)  # path or directory prefix -> what the header says
+
+
+def _label_paths(value, labels: dict):
+    """`value` (a header: dicts, lists, strings) with every labelled path prefix replaced, longest
+    first (the caller orders `labels`)."""
+    if isinstance(value, str):  # a path, or a log line naming one
+        for prefix, label in labels.items():
+            value = value.replace(prefix, label)
+        return value
+    if isinstance(value, dict):
+        return {key: _label_paths(v, labels) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_label_paths(v, labels) for v in value]
+    return value
+
+
 def _random_feeds(graph: Graph, shapes: dict, device: torch.device, generator: torch.Generator) -> dict:
     feeds = {}
     for info in graph.inputs:
@@ -162,10 +186,11 @@ def _embed_kernels(config: BuildConfig, header: dict, tensors: dict, device: tor
     return record, kernel_tensors
 
 
-def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None
-          ) -> BuildResult:
+def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
+          reproducible: Reproducible | None = None) -> BuildResult:
     """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
-    `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings."""
+    `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings.
+    `reproducible`: record its build time and path labels instead of this build's (see Reproducible)."""
     if config.fallback_where_faster:
         from .speed_fallback import build_with_fallback_where_faster
         config.validate()
@@ -317,6 +342,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                    "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
                   for n in graph.nodes]
         seconds = round(time.perf_counter() - started, 3)
+        timing = ({"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": seconds}
+                  if reproducible is None else {"built_at": reproducible.built_at})
         header = {
             "format": "sartor-engine",
             "fingerprint": device_fingerprint(device),
@@ -336,9 +363,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             "planner": planner,
             "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                            "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,
-                           "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "build_seconds": seconds, "sartor": __version__, "calibration": calibration},
+                           **timing, "sartor": __version__, "calibration": calibration},
         }
+        if reproducible is not None:
+            header = _label_paths(header, reproducible.path_labels)
         return header, tensors
 
     kernels = None

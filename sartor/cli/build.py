@@ -213,6 +213,10 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--no-embed-kernels", action="store_true",
                    help="CUDA: do not store the compiled Triton kernels in the engine (a smaller file; the first "
                         "run on a machine whose Triton cache lacks them JIT-compiles them)")
+    p.add_argument("--bundle", metavar="DIR",
+                   help="also write a provenance bundle to DIR (a new directory, or one file when it ends in .tar): "
+                        "the model, options, calibration and timing caches, golden outputs; `sartor rebuild DIR` "
+                        "rebuilds the engine from it")
     p.set_defaults(func=run, shape_events=None)
 
 
@@ -295,10 +299,18 @@ def run(args) -> int:
         def on_warning(line: str) -> None:
             progress.console.print(text(line), soft_wrap=True)
 
-        result = run_build(config, progress=on_stage, warn=on_warning)
+        if args.bundle:
+            from ..deploy import build_bundle
+            bundled = build_bundle(config, args.bundle, progress=on_stage, warn=on_warning)
+            result = bundled.build
+        else:
+            result = run_build(config, progress=on_stage, warn=on_warning)
         finish_stage()
         progress.update(task, description="done", completed=len(stages))
     print_summary(out, result)
+    if args.bundle:
+        out.print(text(f"bundle: {bundled.path} ({bundled.files} files, {fmt_bytes(bundled.bytes)}); "
+                       f"`sartor rebuild {bundled.path} -o OUT.plan` rebuilds the engine"))
     return 0
 
 

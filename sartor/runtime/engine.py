@@ -81,8 +81,14 @@ class Engine:
         return ctx
 
 
+# What an engine built from a provenance bundle records as its bundle directory (sartor/deploy/).
+BUNDLE_LABEL = "<bundle>"
+
+
 def rebuild_command(header: dict) -> str:
     config = header.get("build_config", {})
+    if str(config.get("model_path", "")).startswith(BUNDLE_LABEL):  # the options are in the bundle
+        return "sartor rebuild BUNDLE -o OUT.plan --device <this device> (BUNDLE: the engine's provenance bundle)"
     args = ["sartor", "build", config.get("model_path", "MODEL.onnx"), "-o", config.get("output_path", "OUT.plan"),
             "--precision", config.get("precision", "fp32")]
     for index, profile in enumerate(config.get("profiles") or []):

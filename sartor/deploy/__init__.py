@@ -1,0 +1,7 @@
+"""What a device needs around an engine: provenance bundles (`sartor build --bundle`) and
+`sartor rebuild`."""
+from .bundle import BundleResult, build_bundle
+from .manifest import BundleError, verify_bundle
+from .rebuild import RebuildReport, rebuild
+
+__all__ = ["BundleError", "BundleResult", "RebuildReport", "build_bundle", "rebuild", "verify_bundle"]
