@@ -1,0 +1,1 @@
+"""What a device needs around an engine: signing keys and signed engines (signing.py)."""
