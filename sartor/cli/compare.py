@@ -7,7 +7,16 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..runtime import load
 from ..validate.compare import compare_with_onnxruntime
-from .common import add_trust_arg, console, fmt_float, fmt_shape, parse_inputs, print_json, table, text
+from .common import (
+    add_trust_arg,
+    console,
+    fmt_float,
+    fmt_shape,
+    parse_inputs,
+    print_json,
+    table,
+    text,
+)
 
 DESCRIPTION = ("Run the ONNX model (ONNX Runtime, FP32, CPU) and the engine on the same inputs and compare "
                "their outputs; exit 1 when an output is over tolerance.")

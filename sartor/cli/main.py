@@ -12,7 +12,18 @@ import traceback
 
 from ..errors import SartorError
 from ..version import __version__
-from . import bench, build, compare, inspect, keygen, run, sensitivity, serve, sign, validate
+from . import (
+    bench,
+    build,
+    compare,
+    inspect,
+    keygen,
+    run,
+    sensitivity,
+    serve,
+    sign,
+    validate,
+)
 
 COMMANDS = (build, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3

@@ -227,8 +227,9 @@ def test_a_signature_of_another_engine_is_refused(plan_copy, tiny_onnx, keys, tr
     """A valid block copied from another signed engine: it verifies for that engine only."""
     from conftest import MAX_SHAPES, MIN_SHAPES
     other = tmp_path / "other.plan"
-    sartor.build(tiny_onnx, other, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=MIN_SHAPES, max_shapes=MAX_SHAPES)
-    sign_engine(other, keys["a"][0])
+    sartor.build(tiny_onnx, other, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=MIN_SHAPES, max_shapes=MAX_SHAPES,
+                 sign_key=keys["a"][0])
+    assert sartor.load(other, device="cpu", trust=trusted).signed_by == keys["a"][1], "sartor.build signs"
     plan_copy.write_bytes(plan_copy.read_bytes() + other.read_bytes()[-SIGNATURE_BLOCK_BYTES:])
     with pytest.raises(EngineFileError, match="does not verify"):
         sartor.load(plan_copy, device="cpu", trust=trusted)
