@@ -796,6 +796,28 @@ def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_p
     assert kernel_dirs == set(events["installed"]), "the engine's entries are in its private directory"
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=0, atol=0)
 
+    # Under a trust store: the unsigned engine is refused; signed by a trusted key, it loads cold as above.
+    from sartor.deploy.signing import generate_key, sign_engine
+    generate_key(tmp_path / "signer")
+    (tmp_path / "trust").mkdir()
+    (tmp_path / "trust" / "signer.pub").write_bytes((tmp_path / "signer.pub").read_bytes())
+    signed = tmp_path / "signed.plan"
+    sign_engine(plan, tmp_path / "signer", signed)
+    for engine_file, fresh in ((plan, "unsigned"), (signed, "signed")):
+        (tmp_path / f"{fresh}_triton_cache").mkdir()
+        trusted_env = dict(env, TRITON_CACHE_DIR=str(tmp_path / f"{fresh}_triton_cache"),
+                           SARTOR_CACHE_DIR=str(tmp_path / f"{fresh}_sartor_cache"), SARTOR_TRUST=str(tmp_path / "trust"))
+        run = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(engine_file), str(tmp_path / "images.npy"),
+                              str(tmp_path / f"out_{fresh}.npy")], env=trusted_env, capture_output=True, text=True,
+                             timeout=600, check=False)
+        if engine_file == plan:
+            assert run.returncode != 0 and "is not signed" in run.stderr, run.stderr[-3000:]
+            assert not (tmp_path / "unsigned_sartor_cache").exists(), "nothing installed from a refused engine"
+            continue
+        assert run.returncode == 0, run.stderr[-3000:]
+        events = json.loads(run.stdout.strip().splitlines()[-1])
+        assert events["misses"] == 0 and sorted(events["installed"]) == sorted(e["key"] for e in record["entries"])
+
     opted_out = tmp_path / "opted_out_triton_cache"
     opted_out.mkdir()
     env = dict(env, TRITON_CACHE_DIR=str(opted_out), SARTOR_NO_KERNEL_INSTALL="1")
