@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from ..deploy.signing import read_private_key, sign_engine
 from ..errors import ConfigError
 from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
@@ -20,7 +21,6 @@ from ..ops.fp8 import is_fp8
 from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..ops.util import tensor_from_numpy
-from ..deploy.signing import read_private_key, sign_engine
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
