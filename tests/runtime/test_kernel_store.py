@@ -401,6 +401,31 @@ def test_a_later_process_never_runs_an_engines_kernels(built_cache, tmp_path):
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
 
 
+def test_two_engines_in_one_process_keep_their_own_entries(built_cache, tmp_path, caplog):
+    """Engine B carries engine A's key with another cubin: both install into their own directories,
+    Triton runs A's (loaded first) and B's conflict is one warning; neither reaches Triton's cache."""
+    entry = built_cache[1][0]
+    cubin = bytearray(entry.files["_add_one.cubin"])
+    cubin[len(cubin) // 2] ^= 0xFF
+    forged = dict(entry.files, **{"_add_one.cubin": bytes(cubin)})
+    other = ks.KernelEntry(entry.key, entry.name, entry.triton, entry.arch, forged)
+    user_wide, root = tmp_path / "user_wide", tmp_path / "private"
+    reports = []
+    with caplog.at_level(logging.WARNING, logger="sartor.runtime"):
+        for digest, carried in (("aa" * 32, entry), ("bb" * 32, other)):
+            record, tensors = ks.pack_kernels([carried], triton.__version__)
+            reports.append(ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS,
+                                                     digest=digest, root=root))
+    assert [r.installed for r in reports] == [[entry.key], [entry.key]]
+    assert (root / ("bb" * 32) / entry.key / "_add_one.cubin").read_bytes() == forged["_add_one.cubin"]
+    assert len(reports[1].ignored) == 1 and "differs from the one an engine loaded earlier" in reports[1].ignored[0]
+    assert any("differs" in r.getMessage() for r in caplog.records)
+    with triton_cache_at(user_wide):
+        kernel = compile_add_one()
+    assert kernel.asm["cubin"] == entry.files["_add_one.cubin"], "the first engine's binary runs"
+    assert not (user_wide / entry.key).exists()
+
+
 def test_group_file_points_at_the_installed_files(built_cache, tmp_path):
     entry = built_cache[1][0]
     ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
