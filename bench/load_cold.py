@@ -143,7 +143,11 @@ def seed_host_modules(source: Path, target: Path) -> None:
 
 
 def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int, model: str) -> dict:
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    # The engine's kernels install into sartor's private cache (runtime/kernel_cache.py): a fresh one
+    # per run beside Triton's, so that every run starts as cold as its Triton cache.
+    private = cache.parent / f"{cache.name}.sartor"
+    shutil.rmtree(private, ignore_errors=True)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), SARTOR_CACHE_DIR=str(private), PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
     t0 = time.perf_counter()
     run = subprocess.run([sys.executable, __file__, "--child", str(plan), str(out_npy), "--batch", str(batch),
@@ -153,7 +157,8 @@ def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int, model: str) ->
     if run.returncode != 0:
         return {"error": run.stderr[-4000:]}
     row = json.loads(run.stdout.strip().splitlines()[-1])
-    row.update(process_wall_s=round(wall, 2), cache_after=cache_contents(cache))
+    row.update(process_wall_s=round(wall, 2), cache_after=cache_contents(cache),
+               private_kernel_entries=len(list(private.glob("kernels/*/*/__grp__*.json"))))
     return row
 
 

@@ -18,7 +18,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
           fallback_where_faster: bool | None = None, pdl: bool | None = None,
-          exclude_tactics: list | None = None, bundle: str | None = None):
+          exclude_tactics: list | None = None, bundle: str | None = None, sign_key: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written). Each option
@@ -51,6 +51,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       never runs.
     - `bundle` is `--bundle DIR`: a provenance bundle written beside the engine (the result is then
       a `deploy.BundleResult`, the engine's BuildResult in its `build`).
+    - `sign_key` is `--sign-key`: an Ed25519 private key file (`sartor keygen`) the engine is
+      signed with, for devices that load with a trust store (`sartor.load(trust=...)`).
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -74,6 +76,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
         "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster, "pdl": pdl,
         "exclude_tactics": None if exclude_tactics is None else list(exclude_tactics),
+        "sign_key": as_text(sign_key),
     }
     config = BuildConfig(model_path=str(model), output_path=str(output),
                          **{key: value for key, value in options.items() if value is not None})

@@ -59,3 +59,12 @@ class ConfigError(SartorError):
 
 class DataError(SartorError):
     """A dataset, its annotations or one of its images is missing, malformed or inconsistent."""
+
+
+class UntrustedEngineError(EngineFileError):
+    """A trust store is set and the engine is unsigned or signed by a key it does not hold, or the
+    engine's signature does not verify."""
+
+
+class KeyFileError(SartorError):
+    """A signing key, public key or trust store is missing, unreadable or not an Ed25519 key."""

@@ -82,6 +82,12 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_kernel_cache(tmp_path_factory):
+    """Engines' kernels install into a directory of the test session, not ~/.cache/sartor."""
+    os.environ.setdefault("SARTOR_CACHE_DIR", str(tmp_path_factory.mktemp("sartor_cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny_onnx(tmp_path_factory) -> Path:
     """The tiny classifier as an ONNX file (one per test session)."""

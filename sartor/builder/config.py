@@ -40,6 +40,9 @@ class BuildConfig:
     # shapes, so that loading on a fresh machine JIT-compiles nothing there (other sizes inside a
     # profile may compile once; sartor/runtime/kernel_store.py); False keeps files small.
     embed_kernels: bool = True
+    # An Ed25519 private key file (`sartor keygen`): the engine is written signed with it. Not
+    # recorded in the engine's header: it says who vouches for the file, not how it was built.
+    sign_key: str | None = None
     # INT8 (sartor/quant): calibration data (.npy/.npz of input samples, or a dataset), how many
     # samples, the threshold method (None: entropy) and the calibration cache file.
     calib: str | None = None

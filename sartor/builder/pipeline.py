@@ -24,7 +24,7 @@ from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
-from ..runtime.engine_file import check_writable, pack, write_atomic
+from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..runtime.graph_codec import encode_graph
@@ -191,10 +191,16 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
     `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings.
     `reproducible`: record its build time and path labels instead of this build's (see Reproducible)."""
+    # Imported here: deploy's bundles call this builder, so deploy is imported after it.
+    from ..deploy.signing import read_private_key, sign_engine
+    signing_key = read_private_key(config.sign_key) if config.sign_key else None  # refused before the build
     if config.fallback_where_faster:
         from .speed_fallback import build_with_fallback_where_faster
         config.validate()
-        return build_with_fallback_where_faster(config, lambda one: build(one, progress, warn))
+        result = build_with_fallback_where_faster(config, lambda one: build(one, progress, warn))
+        if signing_key is not None:  # the kept engine's header was rewritten after its build signed it
+            sign_engine(config.output_path, signing_key)
+        return result
     progress = progress or (lambda stage: None)
     warnings: list[str] = []
 
@@ -354,7 +360,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             "layers": layers,
             "memory": memory,
             "tactics": _tactics_record(config, selections),
-            "build_config": dict(config.to_json(), model_path=str(config.model_path), output_path=str(config.output_path)),
+            "build_config": {**{k: v for k, v in config.to_json().items() if k != "sign_key"},
+                             "model_path": str(config.model_path), "output_path": str(config.output_path)},
             # What the layers outside INT8 (FP8) ran at, also when the device chose it (build_config holds None then).
             "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS
             else None,
@@ -380,7 +387,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     if kernels is not None:
         header["kernels"], kernel_tensors = kernels
         tensors = {**tensors, **kernel_tensors}
-    write_atomic(config.output_path, pack(header, tensors))
+    data = pack(header, tensors)
+    write_atomic(config.output_path, data if signing_key is None else sign(data, signing_key))
     done("serialize")
     return BuildResult(str(config.output_path), header, onnx_nodes, len(graph.nodes),
                        round(time.perf_counter() - started, 3), stage_seconds, log, warnings)

@@ -5,7 +5,7 @@ from ..errors import ConfigError
 from ..runtime import load
 from ..runtime.benchmark import benchmark
 from ..runtime.profiles import parse_shape_spec
-from .common import console, fmt_shape, key_values, print_json, table
+from .common import add_trust_arg, console, fmt_shape, key_values, print_json, table
 
 DESCRIPTION = ("Time an engine: p50/p90/p99 latency and throughput, with host↔device copies (numpy in/out) "
                "and without (device tensors in, outputs left on the device). With --end-to-end --images DIR: "
@@ -21,6 +21,7 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--iterations", type=int, default=100, help="timed runs per mode (default 100)")
     p.add_argument("--warmup", type=int, default=10, help="untimed runs before timing, per mode (default 10)")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
+    add_trust_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--end-to-end", action="store_true",
@@ -38,7 +39,7 @@ def run(args) -> int:
     if args.end_to_end or args.images:
         return run_end_to_end(args)
     shapes = parse_shape_spec(args.shapes) if args.shapes else None
-    engine = load(args.plan, device=args.device)
+    engine = load(args.plan, device=args.device, trust=args.trust)
     result = benchmark(engine, shapes, iterations=args.iterations, warmup=args.warmup, seed=args.seed)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
@@ -63,7 +64,7 @@ def run_end_to_end(args) -> int:
     if not args.end_to_end or not args.images:
         raise ConfigError("--end-to-end and --images DIR go together")
     files = image_files(args.images)
-    engine = load(args.plan, device=args.device)
+    engine = load(args.plan, device=args.device, trust=args.trust)
     result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))

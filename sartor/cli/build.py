@@ -125,9 +125,14 @@ tactics:
 kernels:
   A CUDA build runs the finished engine once at each profile's min, opt and max shapes and stores
   the compiled Triton kernels it ran (GPU binary and metadata, no host code) in the engine file.
-  Loading writes those that Triton's cache lacks into it, so the first run on a fresh machine
-  compiles nothing at those shapes (other sizes inside a profile may compile once; set
-  SARTOR_NO_KERNEL_INSTALL=1 where engines come from elsewhere). --no-embed-kernels leaves them out (smaller file). `sartor inspect` shows them.
+  Loading installs them into a private cache keyed by the engine's checksum (never Triton's
+  user-wide cache), so the first run on a fresh machine compiles nothing at those shapes (other
+  sizes inside a profile may compile once; set SARTOR_NO_KERNEL_INSTALL=1 to compile them there
+  instead). --no-embed-kernels leaves them out (smaller file). `sartor inspect` shows them.
+
+signing:
+  --sign-key KEY signs the engine with an Ed25519 private key from `sartor keygen -o KEY`; devices
+  with a trust store (`--trust DIR`, SARTOR_TRUST) load only engines signed by its keys.
 """
 
 
@@ -217,6 +222,7 @@ def add_parser(subparsers, parents) -> None:
                    help="also write a provenance bundle to DIR (a new directory, or one file when it ends in .tar): "
                         "the model, options, calibration and timing caches, golden outputs; `sartor rebuild DIR` "
                         "rebuilds the engine from it")
+    p.add_argument("--sign-key", metavar="KEY", help="sign the engine with this Ed25519 private key (`sartor keygen`)")
     p.set_defaults(func=run, shape_events=None)
 
 
@@ -268,7 +274,8 @@ def config_from_args(args) -> BuildConfig:
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
         min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction,
-        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl, exclude_tactics=args.exclude_tactic)
+        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl, exclude_tactics=args.exclude_tactic,
+        sign_key=args.sign_key)
 
 
 def run(args) -> int:

@@ -160,3 +160,10 @@ def npz_bytes(arrays: dict) -> bytes:
             with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
                 np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
     return buffer.getvalue()
+
+
+def add_trust_arg(parser: argparse.ArgumentParser) -> None:
+    """`--trust KEYS`, for every subcommand that loads engines (sartor.load's `trust`)."""
+    parser.add_argument("--trust", metavar="KEYS",
+                        help="load only engines signed by one of these keys: a directory of .pub files or one .pub "
+                             "file (default: $SARTOR_TRUST; when neither is set, any engine whose checksum holds)")

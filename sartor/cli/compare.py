@@ -7,7 +7,16 @@ from __future__ import annotations
 from ..errors import ConfigError
 from ..runtime import load
 from ..validate.compare import compare_with_onnxruntime
-from .common import console, fmt_float, fmt_shape, parse_inputs, print_json, table, text
+from .common import (
+    add_trust_arg,
+    console,
+    fmt_float,
+    fmt_shape,
+    parse_inputs,
+    print_json,
+    table,
+    text,
+)
 
 DESCRIPTION = ("Run the ONNX model (ONNX Runtime, FP32, CPU) and the engine on the same inputs and compare "
                "their outputs; exit 1 when an output is over tolerance.")
@@ -25,6 +34,7 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance, times max|ref| (default 1e-4)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
+    add_trust_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -34,7 +44,7 @@ def run(args) -> int:
         raise ConfigError("--rtol and --atol must not be negative")
     if args.batch is not None and args.batch < 1:
         raise ConfigError(f"--batch must be at least 1, not {args.batch}")
-    engine = load(args.plan, device=args.device)
+    engine = load(args.plan, device=args.device, trust=args.trust)
     feeds = parse_inputs(args.input, [v.name for v in engine.inputs])
     report = compare_with_onnxruntime(args.model, engine, feeds, batch=args.batch, seed=args.seed,
                                       rtol=args.rtol, atol=args.atol)

@@ -1,7 +1,8 @@
 """`sartor inspect PLAN`: what an engine holds, read without binding it to a device.
 
-Reading verifies the file's integrity but not its device fingerprint, so an engine built for
-another machine can still be inspected (the fingerprint section says whether it matches here).
+Reading verifies the file's checksum and signature (and, with a trust store, that a trusted key
+signed it) but not its device fingerprint, so an engine built for another machine can still be
+inspected (the fingerprint section says whether it matches here).
 """
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 from ..errors import DeviceError
 from ..ops.fused_pool import max_pool_label
-from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
+from ..runtime.engine_file import FORMAT_VERSION, read_engine
+from ..runtime.engine_signature import trust_store
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
 from ..runtime.profiles import Profile
 from .common import (
+    add_trust_arg,
     console,
     describe_precision,
     fmt_bytes,
@@ -31,6 +34,7 @@ def add_parser(subparsers, parents) -> None:
     p = subparsers.add_parser("inspect", parents=parents, help=DESCRIPTION.rstrip("."), description=DESCRIPTION)
     p.add_argument("plan", metavar="PLAN", help="the engine file")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_trust_arg(p)
     p.set_defaults(func=run)
 
 
@@ -183,8 +187,18 @@ def print_fallback_where_faster(out, record: dict) -> None:
     out.print(key_values("Fallback where faster", lines))
 
 
-def engine_summary(path: str) -> dict:
-    header, tensors = read_engine_file(path)
+def _signature_summary(engine, store) -> dict:
+    signer = engine.signature.fingerprint if engine.signature else None
+    return {"signed": signer is not None, "fingerprint": signer, "checksum": engine.digest,
+            "trust_store": store.describe() if store else None,
+            "text": (f"signed by key {signer}" if signer else "not signed")
+            + (f" (trusted: {store.describe()})" if store else "")}
+
+
+def engine_summary(path: str, trust=None) -> dict:
+    store = trust_store(trust)
+    engine = read_engine(path, store)
+    header, tensors = engine.header, engine.tensors
     weight_bytes = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("w/"))
     arenas = [p.get("arena_bytes", 0) for p in header.get("memory", {}).get("profiles", [])]
     config = header.get("build_config", {})
@@ -213,11 +227,12 @@ def engine_summary(path: str) -> dict:
         "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
         "kernels": _kernels_summary(header, tensors),
+        "signature": _signature_summary(engine, store),
     }
 
 
 def run(args) -> int:
-    info = engine_summary(args.plan)
+    info = engine_summary(args.plan, args.trust)
     if args.json:
         print_json(info)
         return 0
@@ -233,6 +248,7 @@ def run(args) -> int:
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
+        ("signature", info["signature"]["text"]),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):

@@ -12,9 +12,21 @@ import traceback
 
 from ..errors import SartorError
 from ..version import __version__
-from . import bench, build, compare, inspect, rebuild, run, sensitivity, serve, validate
+from . import (
+    bench,
+    build,
+    compare,
+    inspect,
+    keygen,
+    rebuild,
+    run,
+    sensitivity,
+    serve,
+    sign,
+    validate,
+)
 
-COMMANDS = (build, rebuild, run, inspect, compare, validate, bench, serve, sensitivity)
+COMMANDS = (build, rebuild, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 

@@ -6,7 +6,16 @@ import numpy as np
 from ..runtime import load
 from ..runtime.engine_file import check_writable, write_atomic
 from ..runtime.sample_inputs import random_inputs
-from .common import console, fmt_float, fmt_shape, npz_bytes, parse_inputs, table, text
+from .common import (
+    add_trust_arg,
+    console,
+    fmt_float,
+    fmt_shape,
+    npz_bytes,
+    parse_inputs,
+    table,
+    text,
+)
 
 DESCRIPTION = "Run an engine once on inputs from .npy files and print (or save) its outputs."
 
@@ -19,6 +28,7 @@ def add_parser(subparsers, parents) -> None:
                         "profile 0's opt shapes are used")
     p.add_argument("--output", metavar="OUT.npz", help="save the outputs here (written atomically)")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
+    add_trust_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.set_defaults(func=run)
 
@@ -26,7 +36,7 @@ def add_parser(subparsers, parents) -> None:
 def run(args) -> int:
     if args.output:
         check_writable(args.output)
-    engine = load(args.plan, device=args.device)
+    engine = load(args.plan, device=args.device, trust=args.trust)
     out = console()
     feeds = parse_inputs(args.input, [v.name for v in engine.inputs])
     if not args.input:

@@ -8,7 +8,7 @@ import sys
 import threading
 
 from ..errors import ConfigError, SartorError
-from .common import console, table, text
+from .common import add_trust_arg, console, table, text
 
 DESCRIPTION = ("Serve the engines of a Triton-layout model repository (<repo>/<model>/<version>/model.plan, "
                "optional <repo>/<model>/config.pbtxt) over KServe v2 HTTP/REST and gRPC, with dynamic batching "
@@ -46,6 +46,7 @@ def add_parser(subparsers, parents) -> None:
                    help="K processes, each with its own engine instances, batchers and N frontend processes, on "
                         "the same ports: the per-request work of one process spread over K (default 1; 1..16; "
                         "K > 1 needs --frontends 2 or more and holds every engine K times)")
+    add_trust_arg(p)
     p.add_argument("--dry-run", action="store_true",
                    help="load and warm up every model, print the repository index, then exit (1 if any model is "
                         "unavailable)")
@@ -81,7 +82,7 @@ def run(args) -> int:
                            devices=_devices(args.device), poll_interval=args.poll_interval or None,
                            max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
                            max_request_bytes=args.max_request_bytes, frontends=args.frontends,
-                           engine_processes=args.engine_processes)
+                           engine_processes=args.engine_processes, trust=args.trust)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     out = console()

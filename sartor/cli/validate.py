@@ -10,10 +10,11 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..runtime import load
 from ..runtime.engine_file import check_writable
 from ..validate.decoders import DEFAULT_CONF, DEFAULT_IOU, DEFAULT_MAX_DET
 from ..validate.metrics import DEFAULT_PSEUDO_CONF
-from .common import console, print_json, table, text
+from .common import add_trust_arg, console, print_json, table, text
 
 DESCRIPTION = ("Compute the task metric (top-1, COCO mAP) of an engine and of its FP32 ONNX reference on the "
                "same images, overall and per split; exit 1 when a split drops more than --max-drop.")
@@ -65,6 +66,7 @@ def add_parser(subparsers, parents) -> None:
                    help=f"without labels: reference detections at or above this score are the ground truth "
                         f"(default {DEFAULT_PSEUDO_CONF})")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
+    add_trust_arg(p)
     p.set_defaults(func=run)
 
 
@@ -97,7 +99,8 @@ def run(args) -> int:
         raise ConfigError(f"--max-drop {args.max_drop} must not be negative")
     if args.report:
         check_writable(args.report)
-    report = validate(args.plan, args.data, reference=args.reference, task=args.task, split_by=args.split_by,
+    engine = load(args.plan, device=args.device, trust=args.trust)
+    report = validate(engine, args.data, reference=args.reference, task=args.task, split_by=args.split_by,
                       max_drop=args.max_drop, batch=args.batch, decoder=args.decoder, preprocess=args.preprocess,
                       device=args.device, conf=args.conf, iou=args.iou, max_det=args.max_det,
                       pseudo_conf=args.pseudo_conf, class_names=read_class_names(args.classes),

@@ -1,5 +1,5 @@
-"""What a device needs around an engine: provenance bundles (`sartor build --bundle`) and
-`sartor rebuild`."""
+"""What a device needs around an engine: signing keys and signed engines (signing.py), provenance
+bundles (`sartor build --bundle`) and `sartor rebuild`."""
 from .bundle import BundleResult, build_bundle
 from .manifest import BundleError, verify_bundle
 from .rebuild import RebuildReport, rebuild

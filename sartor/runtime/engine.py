@@ -9,7 +9,8 @@ import torch
 from ..errors import EngineFileError
 from ..ops import default_registry
 from .context import ExecutionContext
-from .engine_file import read_engine_file
+from .engine_file import read_engine
+from .engine_signature import trust_store
 from .executor import Executor
 from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
@@ -38,6 +39,8 @@ class Engine:
         self._contexts: list[ExecutionContext] = []
         # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
         self.kernels_installed = None
+        # The signer's key fingerprint when the file is signed (verified), else None.
+        self.signed_by: str | None = None
 
     # ---- what the engine declares ------------------------------------------------------
     @property
@@ -116,19 +119,27 @@ def rebuild_command(header: dict) -> str:
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
-def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True) -> Engine:
+def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True,
+         trust=None) -> Engine:
     """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT).
 
-    A CUDA engine's compiled Triton kernels are installed into this process's Triton cache (shared
-    with every later process of this user), so that runs at the profiles' min, opt and max shapes
-    compile nothing. Trust boundary: loading checks that each entry's key, kernel name and arch
-    agree with its metadata and that the kernel is one sartor ships, so a file cannot plant entries
-    under another program's keys; it cannot prove that a cubin is the compile of sartor's source, so
-    whoever built the engine is trusted with the GPU code of sartor's kernels. Loading engines you
-    did not build, pass `install_kernels=False` (or set SARTOR_NO_KERNEL_INSTALL=1): their kernels
-    are then compiled here.
+    `trust`: the keys whose signatures are accepted (a directory of .pub files, one .pub file, an
+    Ed25519 public key, or a list of these); by default `$SARTOR_TRUST`. With a trust store, an
+    engine that is unsigned, signed by another key, or changed after signing is refused before
+    anything from it is used. Without one, any engine whose checksum holds loads, as an engine you
+    built does; a signature it carries must still verify.
+
+    A CUDA engine's compiled Triton kernels are installed into a private cache keyed by the
+    engine's checksum (`$SARTOR_CACHE_DIR/kernels/<digest>/`, never Triton's user-wide cache) and
+    this process's Triton reads them there, so that runs at the profiles' min, opt and max shapes
+    compile nothing. They are GPU code from the file: they are installed from an engine that
+    verified against the trust store, or, with no trust store, from any engine (the caller vouches
+    for the files it loads, as for their weights). `install_kernels=False` (or
+    SARTOR_NO_KERNEL_INSTALL=1) trusts the weights but not the binaries: they are compiled here.
     """
-    header, tensors = read_engine_file(path)
+    store = trust_store(trust)
+    engine_file = read_engine(path, store)
+    header, tensors = engine_file.header, engine_file.tensors
     try:
         built_for = header["fingerprint"]
         kind = built_for["kind"]
@@ -139,13 +150,14 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
         tensors, kernel_tensors = split_kernel_tensors(tensors)
         # Before the first run: the JIT then finds every kernel the engine runs in its cache.
-        installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target),
-                                            install_refusal(install_kernels)) if target.type == "cuda" else None)
+        installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target), install_refusal(install_kernels),
+                                            digest=engine_file.digest) if target.type == "cuda" else None)
         engine = Engine(header, tensors, target, str(path))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        # The digest proves the file is whole, not that its header was written by sartor: a field
+        # The checksum proves the file is whole, not that its header was written by sartor: a field
         # missing or of the wrong type is a malformed engine, said in one line.
         raise EngineFileError(f"{path} has a malformed header ({type(exc).__name__}: {exc}); rebuild the engine "
                               f"from its ONNX model") from None
     engine.kernels_installed = installed
+    engine.signed_by = engine_file.signature.fingerprint if engine_file.signature else None
     return engine

@@ -1,10 +1,13 @@
-"""The engine container: never pickle, always signed.
+"""The engine container: never pickle, always checksummed, optionally signed.
 
     MAGIC (8) | format version (u32 LE) | header length (u64 LE) | header (UTF-8 JSON)
-    | weights length (u64 LE) | weights (safetensors) | SHA-256 of everything before (32)
+    | weights length (u64 LE) | weights (safetensors) | SHA-256 checksum of everything before (32)
+    [ | signature block (engine_signature.py: the signer's Ed25519 public key and signature) ]
 
-Loading checks the magic, the version, the length fields and the digest before it parses anything,
-so a truncated, tampered or foreign file is refused with one line and no code from it runs.
+Loading checks the magic, the version, the length fields, the checksum and the signature (when
+there is one, or when a trust store asks for one) before it parses anything, so a truncated,
+corrupted, tampered or foreign file is refused with one line and nothing from it is used. The
+checksum is not a signature: anyone can recompute it; only the signature says who made the file.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import struct
 import tempfile
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +28,12 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from ..errors import EngineFileError, OutputPathError
+from .engine_signature import (
+    Signature,
+    TrustStore,
+    parse_signature_block,
+    signature_block,
+)
 
 MAGIC = b"SARTOR\x00E"
 FORMAT_VERSION = 2
@@ -44,7 +54,22 @@ def pack(header: dict, weights: dict[str, torch.Tensor]) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class EngineFile:
+    """An engine file read and checked: its header and tensors, the SHA-256 checksum of its payload
+    (the engine's identity: the private kernel cache is keyed by it) and its signature, if any."""
+    header: dict
+    tensors: dict
+    checksum: bytes
+    signature: Signature | None
+
+    @property
+    def digest(self) -> str:
+        return self.checksum.hex()
+
+
+def _payload_end(data: bytes, where: str) -> int:
+    """Where the checksum ends, checking magic, version and lengths; one line when they are wrong."""
     if data.startswith(_PICKLE_PREFIXES):
         raise EngineFileError(f"{where} is a pickle/zip file, not a sartor engine; sartor never unpickles files")
     if not data:
@@ -64,9 +89,7 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         if header_len > IMPLAUSIBLE_HEADER_BYTES:
             raise EngineFileError(f"{where} is corrupted: its header length {header_len} is larger than any engine "
                                   f"({len(data)} bytes here)")
-        offset += 8
-        header_bytes = data[offset:offset + header_len]
-        offset += header_len
+        offset += 8 + header_len
         weights_len = struct.unpack_from("<Q", data, offset)[0]
         offset += 8
     except struct.error:
@@ -74,26 +97,69 @@ def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Te
         at_least = max(offset, len(MAGIC) + 12) + 8 + _DIGEST
         raise EngineFileError(f"{where} is truncated ({len(data)} bytes; an engine needs at least {at_least})") from None
     expected_end = offset + weights_len + _DIGEST
-    if len(header_bytes) != header_len or len(data) < expected_end:
+    if len(data) < expected_end:
         raise EngineFileError(f"{where} is truncated ({len(data)} of {expected_end} bytes)")
-    if len(data) > expected_end:
-        raise EngineFileError(f"{where} has {len(data) - expected_end} unexpected trailing bytes")
-    body, digest = data[:-_DIGEST], data[-_DIGEST:]
-    if hashlib.sha256(body).digest() != digest:
-        raise EngineFileError(f"{where} failed its integrity check (SHA-256 mismatch): corrupted or tampered")
+    return expected_end
+
+
+def open_engine(data: bytes, where: str = "engine", trust: TrustStore | None = None) -> EngineFile:
+    """Check and read an engine file's bytes. A signature that does not verify is refused always;
+    with a `trust` store, so is an unsigned engine or one signed by a key the store lacks."""
+    end = _payload_end(data, where)
+    body, checksum = data[:end - _DIGEST], data[end - _DIGEST:end]
+    signature = parse_signature_block(data[end:], where) if len(data) > end else None
+    if hashlib.sha256(body).digest() != checksum:
+        raise EngineFileError(f"{where} failed its integrity check (SHA-256 checksum mismatch): corrupted or "
+                              f"tampered")
+    if signature is not None and not signature.verifies(checksum):
+        raise EngineFileError(f"{where} has a signature by key {signature.fingerprint} that does not verify: the "
+                              f"engine was changed after it was signed, or the signature is corrupted")
+    if trust is not None:
+        trust.check(signature, where)
+    offset = len(MAGIC) + 4
+    header_len = struct.unpack_from("<Q", data, offset)[0]
+    offset += 8
+    header_bytes = data[offset:offset + header_len]
+    offset += header_len
+    weights_len = struct.unpack_from("<Q", data, offset)[0]
+    offset += 8
     try:
         header = json.loads(header_bytes.decode("utf-8"))
         weights = load_safetensors(bytes(data[offset:offset + weights_len]))
     except Exception as exc:
-        raise EngineFileError(f"{where} is signed but unreadable ({type(exc).__name__})") from None
-    return header, weights
+        raise EngineFileError(f"{where} passes its checksum but is unreadable ({type(exc).__name__})") from None
+    return EngineFile(header, weights, checksum, signature)
 
 
-def read_engine_file(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+def unpack(data: bytes, where: str = "engine") -> tuple[dict, dict[str, torch.Tensor]]:
+    """The header and tensors of an engine file's bytes (checked as `open_engine` does, no trust store)."""
+    engine = open_engine(data, where)
+    return engine.header, engine.tensors
+
+
+def sign(data: bytes, private_key, where: str = "engine") -> bytes:
+    """The engine file `data` signed with `private_key` (Ed25519): its checksum is checked, any
+    signature it had is dropped, and a new block is appended. The payload is unchanged."""
+    end = _payload_end(data, where)
+    checksum = data[end - _DIGEST:end]
+    if hashlib.sha256(data[:end - _DIGEST]).digest() != checksum:
+        raise EngineFileError(f"{where} failed its integrity check (SHA-256 checksum mismatch): corrupted or "
+                              f"tampered; not signed")
+    if len(data) > end:
+        parse_signature_block(data[end:], where)  # a block, not other bytes, is what gets replaced
+    return data[:end] + signature_block(private_key, checksum)
+
+
+def read_engine(path: str | os.PathLike, trust: TrustStore | None = None) -> EngineFile:
     path = Path(path)
     if not path.is_file():
         raise EngineFileError(f"engine file not found: {path}")
-    return unpack(path.read_bytes(), str(path))
+    return open_engine(path.read_bytes(), str(path), trust)
+
+
+def read_engine_file(path: str | os.PathLike, trust: TrustStore | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    engine = read_engine(path, trust)
+    return engine.header, engine.tensors
 
 
 def _check_parent(path: Path, parent: Path) -> None:
@@ -164,16 +230,17 @@ def _termination_cleans_up():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
     """Write to a temporary file beside `path`, then rename: no half-written file under the name,
     and none left beside it when the write fails or the process is told to stop. The new file gets
-    the mode of the file it replaces, else the umask's; a symlink is written through."""
+    `mode` when given (a private key's 0600: the temporary never has more), else the mode of the
+    file it replaces, else the umask's; a symlink is written through."""
     path = Path(path)
     target = _output_target(path)
     parent = target.parent if str(target.parent) else Path(".")
     _check_parent(target, parent)
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        mode = stat.S_IMODE(os.stat(target).st_mode) if mode is None else mode
     except (FileNotFoundError, NotADirectoryError):
         mode = 0o666 & ~_umask()
     tmp = None

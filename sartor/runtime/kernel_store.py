@@ -15,11 +15,13 @@ writes them back as entries with a group file that points at their new place. Ho
 compiled launcher modules, `.so`) is never stored: loading an engine must not be able to run code on
 the host.
 
-Triton's cache is the user's, shared by every process and program, so an entry is written only when
-what Triton will load agrees with where it lands: the key is the one Triton derives from the
-metadata's own hash, the kernel is one sartor ships, and the metadata's arch is this GPU's. That
-keeps an engine file from planting entries under another program's keys or corrupt metadata; it
-cannot prove that a cubin is the compile of sartor's source (see `sartor.load(install_kernels=...)`).
+Loading installs them only from an engine the caller trusts (one that verified against a trust
+store, or any when no trust store is set and installation is not turned off) and only into the
+engine's private directory (kernel_cache.py), never into Triton's user-wide cache. An entry is
+written only when what Triton will load agrees with where it lands: the key is the one Triton
+derives from the metadata's own hash, the kernel is one sartor ships, and the metadata's arch is
+this GPU's. That keeps a file from serving another program's keys or corrupt metadata; it cannot
+prove that a cubin is the compile of sartor's source: the signature says who made it.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from . import kernel_cache
+
 log = logging.getLogger("sartor.runtime")
 
 # How entries are named and laid out; a reader that meets another scheme ignores the kernels.
@@ -54,7 +58,7 @@ _HASH = re.compile(r"[0-9a-f]{64}")  # Triton's compilation hash: a SHA-256 hex 
 # Triton names an entry's files after the kernel, cut to this many characters (compiler.compile).
 _FILE_STEM_CHARS = 150
 MAX_ENTRIES = 4096
-# Set (to anything but "0") where engines come from elsewhere: their kernels are then compiled here.
+# Set (to anything but "0") to compile engines' kernels here rather than run the binaries they carry.
 NO_INSTALL_ENV = "SARTOR_NO_KERNEL_INSTALL"
 
 
@@ -260,9 +264,9 @@ def unpack_kernels(record, tensors: dict[str, torch.Tensor]) -> tuple[list[Kerne
 
 @dataclass
 class InstallReport:
-    cache_dir: str | None
+    cache_dir: str | None  # the engine's private directory
     installed: list = field(default_factory=list)  # keys written now
-    present: list = field(default_factory=list)  # keys Triton already had (left as they are)
+    present: list = field(default_factory=list)  # keys installed before with the same files (left as they are)
     busy: list = field(default_factory=list)  # keys whose directory holds files but no group (left alone)
     ignored: list = field(default_factory=list)  # one line per entry or reason not installed
 
@@ -301,13 +305,25 @@ def _content_problem(entry: KernelEntry, triton_version: str, arch: str, kernel_
     return None
 
 
+def _holds(final: Path, entry: KernelEntry) -> bool:
+    """Whether the entry directory `final` holds exactly `entry`'s files and a group naming them there."""
+    group = {"child_paths": {name: str(final / name) for name in entry.files}}
+    try:
+        if json.loads((final / (GROUP_PREFIX + entry.metadata_file)).read_text()) != group:
+            return False
+        return all((final / name).read_bytes() == data for name, data in entry.files.items())
+    except (OSError, ValueError):
+        return False
+
+
 def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, triton_version: str,
                     arch: str, kernel_names: Collection[str] | None = None) -> InstallReport:
-    """Write each entry Triton's cache lacks, atomically (built in a temporary directory, then
-    renamed into place), so that neither a concurrent load nor a running Triton sees half an entry.
-    An existing entry is never overwritten. Entries of another Triton version or GPU arch, of a
-    kernel not in `kernel_names` (by default sartor's) or whose metadata disagrees with the header
-    are skipped with a line."""
+    """Write each entry into `cache_dir` (an engine's private directory) atomically: built in a
+    temporary directory, then renamed into place, so that neither a concurrent load nor a running
+    Triton sees half an entry. An entry already there with the same files is left as it is; one
+    whose files differ (edited on disk) is replaced. Entries of another Triton version or GPU arch,
+    of a kernel not in `kernel_names` (by default sartor's) or whose metadata disagrees with the
+    header are skipped with a line."""
     root = Path(cache_dir)
     report = InstallReport(str(root))
     kernel_names = sartor_kernel_names() if kernel_names is None else kernel_names
@@ -317,11 +333,12 @@ def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, tr
             report.ignored.append(problem)
             continue
         final = root / entry.key
-        if (final / (GROUP_PREFIX + entry.metadata_file)).exists():
+        if _holds(final, entry):
             report.present.append(entry.key)
             continue
-        root.mkdir(parents=True, exist_ok=True)
+        kernel_cache.make_private(root)
         staging = root / f"tmp.sartor_{os.getpid()}_{uuid.uuid4().hex}"
+        stale = None
         try:
             staging.mkdir()
             for name, data in entry.files.items():
@@ -329,12 +346,19 @@ def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, tr
             # The group names the files at their final place (Triton checks each path exists).
             group = {"child_paths": {name: str(final / name) for name in entry.files}}
             (staging / (GROUP_PREFIX + entry.metadata_file)).write_text(json.dumps(group))
+            if (final / (GROUP_PREFIX + entry.metadata_file)).exists():
+                if _holds(final, entry):  # a concurrent load installed it meanwhile
+                    report.present.append(entry.key)
+                    continue
+                # Files that differ from what the engine carries (edited on disk): moved aside, replaced.
+                stale = root / f"tmp.stale_{os.getpid()}_{uuid.uuid4().hex}"
+                os.rename(final, stale)
             # rename(2) moves a directory onto a missing or empty one atomically, and fails on a
             # non-empty one: a lookup by Triton leaves an empty directory, a compile fills it.
             os.rename(staging, final)
             report.installed.append(entry.key)
         except OSError:
-            if (final / (GROUP_PREFIX + entry.metadata_file)).exists():
+            if _holds(final, entry):  # a concurrent load installed the same entry
                 report.present.append(entry.key)
             elif final.is_dir() and any(final.iterdir()):
                 report.busy.append(entry.key)
@@ -342,19 +366,9 @@ def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, tr
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
     return report
-
-
-def triton_cache_dir() -> tuple[str | None, str]:
-    """Where Triton's JIT in this process reads its cache (None and why when it is not a directory)."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return None, "triton is not installed"
-    if knobs.cache.manager_class is not None:
-        return None, f"Triton uses the cache manager {knobs.cache.manager_class.__name__}, not its file cache"
-    directory = knobs.cache.dir
-    return (directory, "") if directory else (None, "Triton has no cache directory")
 
 
 def cuda_arch(device: torch.device) -> str:
@@ -374,10 +388,13 @@ def install_refusal(install_kernels: bool = True) -> str:
 
 
 def install_engine_kernels(header: dict, tensors: dict[str, torch.Tensor], arch: str, refusal: str = "",
-                           kernel_names: Collection[str] | None = None) -> InstallReport | None:
-    """Install the kernels an engine file carries into this process' Triton cache before its first
-    run, for GPU arch `arch` (None when the file carries none). With a `refusal` (install_refusal),
-    nothing is written and the JIT compiles them as it would without the file's kernels."""
+                           kernel_names: Collection[str] | None = None, *, digest: str,
+                           root: Path | None = None) -> InstallReport | None:
+    """Install the kernels an engine file carries into its private directory (kernel_cache.py: by
+    the engine's checksum `digest`, under `root` or the private root) and make this process's Triton
+    read them there, before the engine's first run, for GPU arch `arch`. None when the file carries
+    none. With a `refusal` (install_refusal), nothing is written and the JIT compiles them as it
+    would without the file's kernels."""
     record = header.get("kernels")
     entries, problems = unpack_kernels(record, tensors)
     if not is_embedded(record) and not problems:
@@ -386,16 +403,18 @@ def install_engine_kernels(header: dict, tensors: dict[str, torch.Tensor], arch:
         report = InstallReport(None, ignored=[f"{len(entries)} embedded kernel(s) not installed: {refusal}"])
         log.info("engine kernels: %s (the JIT compiles them)", report.ignored[0])
         return report
-    cache_dir, why_not = triton_cache_dir()
-    if cache_dir is None:
+    why_not = kernel_cache.foreign_manager()
+    directory = kernel_cache.engine_directory(digest, root)
+    if why_not:
         report = InstallReport(None, ignored=[f"{len(entries)} embedded kernel(s) not installed: {why_not}"])
     else:
         import triton
         try:
-            report = install_kernels(entries, cache_dir, triton.__version__, arch, kernel_names)
+            report = install_kernels(entries, directory, triton.__version__, arch, kernel_names)
+            report.ignored += kernel_cache.serve_entries(directory, report.installed + report.present)
         except OSError as exc:
-            report = InstallReport(cache_dir, ignored=[f"embedded kernels not installed in {cache_dir}: "
-                                                       f"{exc.strerror or exc}"])
+            report = InstallReport(str(directory), ignored=[f"embedded kernels not installed in {directory}: "
+                                                            f"{exc.strerror or exc}"])
     report.ignored[:0] = problems
     for line in report.ignored:
         log.warning("%s (the JIT compiles what is missing)", line)

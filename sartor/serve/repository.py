@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import ConfigError, SartorError
 from ..runtime import load as load_engine
+from ..runtime.engine_signature import trust_store
 from .batcher import (FLAG_GATE, Batcher, BatchPolicy, Instance, device_gate, on_device, shape_key,
                       wants_tf32)
 from .config import DEFAULT_MODEL_FILE, ModelSettings, check_devices, complete_config, read_config
@@ -150,10 +151,12 @@ class ModelRecord:
 
 class Repository:
     def __init__(self, root, metrics, devices: list[str] | None = None, max_queue_size: int = 1024,
-                 poll_interval: float | None = None) -> None:
+                 poll_interval: float | None = None, trust=None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a directory")
+        # Read once, before any model loads: an engine not signed by these keys is UNAVAILABLE.
+        self.trust = trust_store(trust)
         self.metrics = metrics
         self.devices = check_devices(devices) if devices else None
         self.max_queue_size = max_queue_size
@@ -262,14 +265,14 @@ class Repository:
         load_started = time.perf_counter()
         first_device = self.devices[0] if self.devices else None
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
-            first = load_engine(plan, device=first_device)
+            first = load_engine(plan, device=first_device, trust=self.trust)
         config, settings = complete_config(config, has_max_batch, name, first, self.devices, where)
         loaded = {str(first.device): first}
         engines = {}  # only the devices that hold instances: `first` is dropped when none runs on its device
         for device, _ in settings.instances:
             if device not in loaded:
                 with device_gate(device).exclusive():
-                    loaded[device] = load_engine(plan, device=device)
+                    loaded[device] = load_engine(plan, device=device, trust=self.trust)
             engines[device] = loaded[device]
         preprocess = first.preprocess
         del loaded, first

@@ -47,6 +47,7 @@ class ServeOptions:
     grpc_max_concurrent: int | None = None
     frontends: int = 1  # >1: HTTP and gRPC in that many processes (frontend_pool.py); 1: in this process
     engine_processes: int = 1  # >1: that many whole servers on the same ports (shards.py), each with `frontends`
+    trust: str | None = None  # --trust: a directory of .pub files or one; None: $SARTOR_TRUST, else no trust store
 
     def check(self) -> None:
         for label, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
@@ -78,7 +79,8 @@ class Server:
         self.options = options
         self.metrics = Metrics()
         self.repository = Repository(options.model_repository, self.metrics, devices=options.devices,
-                                     max_queue_size=options.max_queue_size, poll_interval=options.poll_interval or None)
+                                     max_queue_size=options.max_queue_size, poll_interval=options.poll_interval or None,
+                                     trust=options.trust)
         self.core = InferenceCore(self.repository, self.metrics, options.request_timeout or None)
         self.http_port = self.grpc_port = self.metrics_port = None
         self._loop: asyncio.AbstractEventLoop | None = None

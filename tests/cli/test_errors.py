@@ -277,14 +277,14 @@ def test_profile_index_out_of_range(tiny_engine):
 
 # ---- bad engine files: load (run/compare/bench) and inspect refuse them, one line --------------------
 
-def _resign(body: bytes) -> bytes:
+def _with_checksum(body: bytes) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
 def _other_version(data: bytes) -> bytes:
     body = bytearray(data[:-32])
     struct.pack_into("<I", body, len(MAGIC), FORMAT_VERSION + 1)
-    return _resign(bytes(body))
+    return _with_checksum(bytes(body))
 
 
 def _flip_weight_byte(data: bytes) -> bytes:
@@ -446,7 +446,7 @@ def test_verbose_shows_the_traceback(cli, tmp_path):
 def test_internal_error_exits_3_in_one_line(cli, monkeypatch, tiny_plan):
     from sartor.cli import inspect as inspect_cmd
 
-    def broken(path):
+    def broken(path, trust=None):
         raise RuntimeError("boom\nsecond line")
     monkeypatch.setattr(inspect_cmd, "engine_summary", broken)
     result = cli("inspect", tiny_plan)

@@ -1,6 +1,6 @@
 """An engine file damaged or edited anywhere is refused with one SartorError, never an internal
 error: bits flipped in the header length, and header fields removed or given another type with the
-digest recomputed (a SHA-256 proves a file whole, not who wrote it)."""
+checksum recomputed (a SHA-256 checksum proves a file whole, not who wrote it: a signature does)."""
 from __future__ import annotations
 
 import struct
@@ -45,7 +45,7 @@ def test_edited_header_fields_are_refused_in_one_line(tiny_plan, tmp_path):
     refused = 0
     for what, edited in _edits(header):
         path = tmp_path / "edited.plan"
-        path.write_bytes(pack(edited, tensors))  # the digest recomputed: the file is "whole"
+        path.write_bytes(pack(edited, tensors))  # the checksum recomputed: the file is "whole"
         try:
             engine = sartor.load(path, device="cpu")
         except SartorError as exc:

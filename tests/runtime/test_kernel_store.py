@@ -32,11 +32,21 @@ from sartor.builder.pipeline import _embed_kernels
 from sartor.cli.build import add_parser, config_from_args
 from sartor.cli.inspect import engine_summary
 from sartor.errors import EngineFileError
+from sartor.runtime import kernel_cache
 from sartor.runtime import kernel_store as ks
 from sartor.runtime.engine import rebuild_command
 from sartor.runtime.engine_file import pack, read_engine_file, unpack
 
 ARCH = "90"
+DIGEST = "ab" * 32  # an engine checksum: the private directory its kernels go to
+
+
+@pytest.fixture(autouse=True)
+def _no_served_entries():
+    """Loads here make this process's Triton read engines' private entries: undone after each test."""
+    yield
+    kernel_cache.forget_served()
+    del triton.knobs.cache.manager_class
 
 
 def _add_one(x_ptr, n, BLOCK: tl.constexpr):
@@ -184,7 +194,7 @@ def test_pack_and_unpack_through_the_engine_file(built_cache):
     assert problems == [] and back == entries
 
 
-def test_tampered_kernel_bytes_fail_the_integrity_check(built_cache):
+def test_tampered_kernel_bytes_fail_the_checksum(built_cache):
     data = bytearray(_engine_file_bytes(built_cache[1]))
     cubin = built_cache[1][0].files["_add_one.cubin"]
     at = bytes(data).index(cubin[64:96])
@@ -240,8 +250,8 @@ def test_malformed_records_give_lines_not_errors(record, tmp_path):
     assert entries == [] and all(isinstance(p, str) and "\n" not in p for p in problems)
     assert problems or record_has_no_entries(record)
     assert isinstance(ks.describe_record(record), str)
-    with triton_cache_at(tmp_path):
-        report = ks.install_engine_kernels({"kernels": record}, {}, ARCH, kernel_names=KERNELS)
+    report = ks.install_engine_kernels({"kernels": record}, {}, ARCH, kernel_names=KERNELS, digest=DIGEST,
+                                       root=tmp_path)
     assert report is None or not report.installed
     assert list(tmp_path.iterdir()) == []
 
@@ -295,8 +305,8 @@ def test_fuzzed_records_never_raise(built_cache, tmp_path):
         assert all(isinstance(p, str) for p in problems), fuzzed
         assert all((e.key, e.name, e.files) == (real.key, real.name, real.files) for e in entries), fuzzed
         assert isinstance(ks.describe_record(fuzzed), str), fuzzed
-        with triton_cache_at(tmp_path / str(i)):
-            ks.install_engine_kernels({"kernels": fuzzed}, tensors, ARCH, kernel_names=KERNELS)
+        ks.install_engine_kernels({"kernels": fuzzed}, tensors, ARCH, kernel_names=KERNELS, digest=DIGEST,
+                                  root=tmp_path / str(i))
     assert kept > 0 and skipped > 0, "the fuzz reaches both outcomes"
 
 
@@ -319,18 +329,34 @@ def test_another_scheme_is_ignored_with_a_line(built_cache):
 # ---- installation -----------------------------------------------------------------------------
 
 def test_installed_entries_make_triton_compile_nothing(built_cache, tmp_path):
+    """Installed into an engine's private directory and served from it, an entry is what Triton
+    loads; Triton's user-wide cache gets no entry of the kernel."""
     header, kernel_tensors = _roundtrip(built_cache[1])
     entries, _ = ks.unpack_kernels(header["kernels"], kernel_tensors)
-    fresh = tmp_path / "fresh_cache"
-    report = ks.install_kernels(entries, fresh, triton.__version__, ARCH, KERNELS)
+    private, user_wide = tmp_path / "private" / DIGEST, tmp_path / "user_wide"
+    report = ks.install_kernels(entries, private, triton.__version__, ARCH, KERNELS)
     assert report.installed == [entries[0].key] and not report.present and not report.ignored
-    before = sorted(p.relative_to(fresh) for p in fresh.rglob("*"))
+    assert kernel_cache.serve_entries(private, report.installed) == []
+    before = sorted(p.relative_to(private) for p in private.rglob("*"))
     events = Events()
-    with triton_cache_at(fresh), listening(events):
+    with triton_cache_at(user_wide), listening(events):
         kernel = compile_add_one()
     assert (events.hits, events.misses) == (1, 0), "Triton found the installed entry"
     assert kernel.asm["cubin"] == entries[0].files["_add_one.cubin"]
-    assert sorted(p.relative_to(fresh) for p in fresh.rglob("*")) == before, "nothing compiled or written"
+    assert sorted(p.relative_to(private) for p in private.rglob("*")) == before, "nothing compiled or written"
+    assert not (user_wide / entries[0].key).exists(), "the user-wide cache is not touched for a served key"
+
+
+def test_installed_but_not_served_entries_are_not_read(built_cache, tmp_path):
+    """The check above can fail: an entry in a private directory that this process does not serve
+    (another engine's, or one no load verified) is not what Triton runs."""
+    entry = built_cache[1][0]
+    private, user_wide = tmp_path / "private" / DIGEST, tmp_path / "user_wide"
+    ks.install_kernels([entry], private, triton.__version__, ARCH, KERNELS)
+    events = Events()
+    with triton_cache_at(user_wide), listening(events):
+        compile_add_one()
+    assert (events.hits, events.misses) == (0, 1)
 
 
 def test_without_installation_triton_compiles(tmp_path):
@@ -341,6 +367,65 @@ def test_without_installation_triton_compiles(tmp_path):
     assert (events.hits, events.misses) == (0, 1)
 
 
+_LATER_PROCESS = r"""
+import json, sys
+sys.path[:0] = sys.argv[1:3]
+import test_kernel_store as t
+events = t.Events()
+with t.listening(events):
+    t.compile_add_one()
+print(json.dumps({"hits": events.hits, "misses": events.misses}))
+"""
+
+
+def test_a_later_process_never_runs_an_engines_kernels(built_cache, tmp_path):
+    """What a load installs serves the loading process only: a later process compiling the same
+    kernel with the same Triton cache (here a real one, without loading the engine) compiles it
+    itself, so an engine cannot plant GPU code for other programs."""
+    entry = built_cache[1][0]
+    record, tensors = ks.pack_kernels([entry], triton.__version__)
+    user_wide = tmp_path / "user_wide"
+    events = Events()
+    with triton_cache_at(user_wide):
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS, digest=DIGEST,
+                                           root=tmp_path / "private")
+        with listening(events):
+            compile_add_one()
+    assert report.installed == [entry.key] and report.cache_dir == str(tmp_path / "private" / DIGEST)
+    assert (events.hits, events.misses) == (1, 0), "this process reads the engine's entry"
+    tests = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", _LATER_PROCESS, str(tests), str(tests / "runtime")],
+                         env=dict(os.environ, TRITON_CACHE_DIR=str(user_wide)), capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"hits": 0, "misses": 1}
+
+
+def test_two_engines_in_one_process_keep_their_own_entries(built_cache, tmp_path, caplog):
+    """Engine B carries engine A's key with another cubin: both install into their own directories,
+    Triton runs A's (loaded first) and B's conflict is one warning; neither reaches Triton's cache."""
+    entry = built_cache[1][0]
+    cubin = bytearray(entry.files["_add_one.cubin"])
+    cubin[len(cubin) // 2] ^= 0xFF
+    forged = dict(entry.files, **{"_add_one.cubin": bytes(cubin)})
+    other = ks.KernelEntry(entry.key, entry.name, entry.triton, entry.arch, forged)
+    user_wide, root = tmp_path / "user_wide", tmp_path / "private"
+    reports = []
+    with caplog.at_level(logging.WARNING, logger="sartor.runtime"):
+        for digest, carried in (("aa" * 32, entry), ("bb" * 32, other)):
+            record, tensors = ks.pack_kernels([carried], triton.__version__)
+            reports.append(ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS,
+                                                     digest=digest, root=root))
+    assert [r.installed for r in reports] == [[entry.key], [entry.key]]
+    assert (root / ("bb" * 32) / entry.key / "_add_one.cubin").read_bytes() == forged["_add_one.cubin"]
+    assert len(reports[1].ignored) == 1 and "differs from the one an engine loaded earlier" in reports[1].ignored[0]
+    assert any("differs" in r.getMessage() for r in caplog.records)
+    with triton_cache_at(user_wide):
+        kernel = compile_add_one()
+    assert kernel.asm["cubin"] == entry.files["_add_one.cubin"], "the first engine's binary runs"
+    assert not (user_wide / entry.key).exists()
+
+
 def test_group_file_points_at_the_installed_files(built_cache, tmp_path):
     entry = built_cache[1][0]
     ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
@@ -349,15 +434,25 @@ def test_group_file_points_at_the_installed_files(built_cache, tmp_path):
     assert not list(tmp_path.glob("tmp.*")), "no staging directory left"
 
 
-def test_an_existing_entry_is_never_overwritten(built_cache, tmp_path):
+def test_an_entry_with_the_engines_files_is_left_as_it_is(built_cache, tmp_path):
     entry = built_cache[1][0]
-    mine = tmp_path / entry.key
-    mine.mkdir()
-    (mine / "__grp___add_one.json").write_text("{\"child_paths\": {}}")
-    (mine / "_add_one.cubin").write_bytes(b"theirs")
+    ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / entry.key).iterdir()}
     report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
     assert report.present == [entry.key] and not report.installed
-    assert (mine / "_add_one.cubin").read_bytes() == b"theirs"
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / entry.key).iterdir()} == before
+
+
+def test_an_entry_edited_on_disk_is_replaced_by_the_engines(built_cache, tmp_path):
+    """The private directory holds what the engine carries: a cubin changed there after the
+    install (by anyone who can write the directory) is not run, it is written again."""
+    entry = built_cache[1][0]
+    ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
+    (tmp_path / entry.key / "_add_one.cubin").write_bytes(b"planted")
+    report = ks.install_kernels([entry], tmp_path, triton.__version__, ARCH, KERNELS)
+    assert report.installed == [entry.key] and not report.present
+    assert (tmp_path / entry.key / "_add_one.cubin").read_bytes() == entry.files["_add_one.cubin"]
+    assert [p.name for p in tmp_path.iterdir()] == [entry.key], "no staging or stale directory left"
 
 
 def test_an_empty_directory_from_a_triton_lookup_is_filled(built_cache, tmp_path):
@@ -505,11 +600,12 @@ def test_install_refusal(monkeypatch, install, env, refused):
 
 def test_a_refused_load_writes_nothing(built_cache, tmp_path, caplog):
     record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
-    with triton_cache_at(tmp_path), caplog.at_level(logging.INFO, logger="sartor.runtime"):
+    with caplog.at_level(logging.INFO, logger="sartor.runtime"):
         report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, "sartor.load(install_kernels=False)",
-                                           kernel_names=KERNELS)
+                                           kernel_names=KERNELS, digest=DIGEST, root=tmp_path)
         assert list(tmp_path.iterdir()) == []
-        allowed = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, "", kernel_names=KERNELS)
+        allowed = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, "", kernel_names=KERNELS,
+                                            digest=DIGEST, root=tmp_path)
     assert not report.installed and "install_kernels=False" in report.ignored[0]
     assert not any(r.levelno >= logging.WARNING for r in caplog.records), "an opt-out is not a warning"
     assert allowed.installed == [built_cache[1][0].key], "the same record is installed without the refusal"
@@ -525,26 +621,26 @@ def test_load_step_logs_ignored_kernels_and_installs_the_rest(built_cache, tmp_p
     entry = built_cache[1][0]
     other = ks.KernelEntry("A" * 52, entry.name, "0.0.1", ARCH, entry.files)
     record, tensors = ks.pack_kernels([entry, other], triton.__version__)
-    with triton_cache_at(tmp_path), caplog.at_level(logging.INFO, logger="sartor.runtime"):
-        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS)
-    assert report.installed == [entry.key] and report.cache_dir == str(tmp_path)
+    with caplog.at_level(logging.INFO, logger="sartor.runtime"):
+        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, kernel_names=KERNELS, digest=DIGEST,
+                                           root=tmp_path)
+    assert report.installed == [entry.key] and report.cache_dir == str(tmp_path / DIGEST)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "Triton 0.0.1" in warnings[0] and "AAAAAAAAAAAA" in warnings[0]
     assert any("1 Triton kernel(s) installed" in r.getMessage() for r in caplog.records)
 
 
 def test_engines_without_kernels_install_nothing(tmp_path):
-    with triton_cache_at(tmp_path):
-        assert ks.install_engine_kernels({"format": "sartor-engine"}, {}, ARCH) is None
-        assert ks.install_engine_kernels({"kernels": ks.not_embedded("off")}, {}, ARCH) is None
+    assert ks.install_engine_kernels({"format": "sartor-engine"}, {}, ARCH, digest=DIGEST, root=tmp_path) is None
+    assert ks.install_engine_kernels({"kernels": ks.not_embedded("off")}, {}, ARCH, digest=DIGEST,
+                                     root=tmp_path) is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_custom_cache_manager_is_not_written_to(built_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_MANAGER", "triton.runtime.cache:FileCacheManager")
     record, tensors = ks.pack_kernels(built_cache[1], triton.__version__)
-    with triton_cache_at(tmp_path):
-        report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH)
+    report = ks.install_engine_kernels({"kernels": record}, tensors, ARCH, digest=DIGEST, root=tmp_path)
     assert not report.installed and "cache manager" in report.ignored[0]
     assert list(tmp_path.iterdir()) == []
 
@@ -709,10 +805,10 @@ def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_p
     assert record["embedded"] and record["entries"], record
     expected = sartor.load(plan).context().run({"images": images})["logits"]
 
-    cache = tmp_path / "empty_triton_cache"
+    cache, private = tmp_path / "empty_triton_cache", tmp_path / "sartor_cache"
     cache.mkdir()
     np.save(tmp_path / "images.npy", images)
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), SARTOR_CACHE_DIR=str(private))
     env.pop("TRITON_INTERPRET", None)
     run = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(plan), str(tmp_path / "images.npy"),
                           str(tmp_path / "out.npy")], env=env, capture_output=True, text=True, timeout=600)
@@ -720,9 +816,32 @@ def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_p
     events = json.loads(run.stdout.strip().splitlines()[-1])
     assert events["misses"] == 0 and events["hits"] >= 1, events
     assert sorted(events["installed"]) == sorted(e["key"] for e in record["entries"])
-    kernel_dirs = {p.parent.name for p in cache.glob("*/__grp__*.json")}
-    assert kernel_dirs == set(events["installed"]), "Triton wrote no kernel entry of its own"
+    assert list(cache.glob("*/__grp__*.json")) == [], "no kernel entry in Triton's user-wide cache"
+    kernel_dirs = {p.parent.name for p in private.glob("kernels/*/*/__grp__*.json")}
+    assert kernel_dirs == set(events["installed"]), "the engine's entries are in its private directory"
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=0, atol=0)
+
+    # Under a trust store: the unsigned engine is refused; signed by a trusted key, it loads cold as above.
+    from sartor.deploy.signing import generate_key, sign_engine
+    generate_key(tmp_path / "signer")
+    (tmp_path / "trust").mkdir()
+    (tmp_path / "trust" / "signer.pub").write_bytes((tmp_path / "signer.pub").read_bytes())
+    signed = tmp_path / "signed.plan"
+    sign_engine(plan, tmp_path / "signer", signed)
+    for engine_file, fresh in ((plan, "unsigned"), (signed, "signed")):
+        (tmp_path / f"{fresh}_triton_cache").mkdir()
+        trusted_env = dict(env, TRITON_CACHE_DIR=str(tmp_path / f"{fresh}_triton_cache"),
+                           SARTOR_CACHE_DIR=str(tmp_path / f"{fresh}_sartor_cache"), SARTOR_TRUST=str(tmp_path / "trust"))
+        run = subprocess.run([sys.executable, "-c", _COLD_LOAD, str(engine_file), str(tmp_path / "images.npy"),
+                              str(tmp_path / f"out_{fresh}.npy")], env=trusted_env, capture_output=True, text=True,
+                             timeout=600, check=False)
+        if engine_file == plan:
+            assert run.returncode != 0 and "is not signed" in run.stderr, run.stderr[-3000:]
+            assert not (tmp_path / "unsigned_sartor_cache").exists(), "nothing installed from a refused engine"
+            continue
+        assert run.returncode == 0, run.stderr[-3000:]
+        events = json.loads(run.stdout.strip().splitlines()[-1])
+        assert events["misses"] == 0 and sorted(events["installed"]) == sorted(e["key"] for e in record["entries"])
 
     opted_out = tmp_path / "opted_out_triton_cache"
     opted_out.mkdir()
