@@ -12,13 +12,17 @@ from PIL import Image
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.data.preprocess import parse_preprocess, placement, preprocess_image  # noqa: E402
-from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES, PreprocessTile, letterbox_frames  # noqa: E402
-from sartor.kernels.preprocess.taps import pillow_taps  # noqa: E402
-from sartor.kernels.preprocess.torch_path import letterbox_torch  # noqa: E402
-from sartor.kernels.registry import parse_tactic  # noqa: E402
-from sartor.errors import TacticNameError  # noqa: E402
-from sartor.pipeline import prepare_batch  # noqa: E402
+from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
+from sartor.errors import TacticNameError
+from sartor.kernels.preprocess.letterbox import (
+    PREPROCESS_TILES,
+    PreprocessTile,
+    letterbox_frames,
+)
+from sartor.kernels.preprocess.taps import pillow_taps
+from sartor.kernels.preprocess.torch_path import letterbox_torch
+from sartor.kernels.registry import parse_tactic
+from sartor.pipeline import prepare_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The torch path resizes in uint8 on the CPU with weights of its own: two levels from Pillow there.

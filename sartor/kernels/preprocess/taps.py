@@ -33,7 +33,7 @@ def pillow_taps(in_size: int, out_size: int) -> tuple[list[int], list[list[int]]
     scale = in_size / out_size
     filterscale = max(scale, 1.0)
     support = BILINEAR_SUPPORT * filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
+    ksize = math.ceil(support) * 2 + 1
     starts, weights = [], []
     for xx in range(out_size):
         center = (xx + 0.5) * scale
