@@ -30,7 +30,10 @@ class FrameFormat:
     @staticmethod
     def from_json(record: dict) -> FrameFormat:
         try:
-            return FrameFormat(tuple(int(d) for d in record["size"]), record["order"], record["name"])
+            size = tuple(int(d) for d in record["size"])
+            if len(size) != 2 or record["order"] not in FRAME_ORDERS:
+                raise ValueError("size is not (H, W) or the order is unknown")
+            return FrameFormat(size, record["order"], str(record["name"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"input format record {record!r} is malformed: {exc}") from None
 
