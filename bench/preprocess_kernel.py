@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sartor.data.preprocess import parse_preprocess, placement, preprocess_batch  # noqa: E402
-from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES, letterbox_frames  # noqa: E402
-from sartor.pipeline import prepare_batch  # noqa: E402
-from sartor.pipeline.prepare import input_tensor  # noqa: E402
+from sartor.data.preprocess import parse_preprocess, placement, preprocess_batch
+from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES, letterbox_frames
+from sartor.pipeline import prepare_batch
+from sartor.pipeline.prepare import input_tensor
 
 SPEC = "letterbox=640,mean=0,std=255,rgb,nchw,dtype=float16"
 

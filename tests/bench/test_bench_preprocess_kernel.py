@@ -18,7 +18,7 @@ def test_the_benchmark_writes_its_json(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "preprocess_kernel.py"), "--out", str(out),
                            "--frames", "2", "--size", "12x20", "--spec", "letterbox=8,mean=0,std=255,bgr,nhwc,dtype=float16",
                            "--repeats", "1", "--warmup", "0", "--cpu-repeats", "1", "--tiles", "1"],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["frames"] == 2 and report["frame_size"] == [12, 20]

@@ -27,7 +27,7 @@ PROFILE = [{"min": {"images": (1, 3, IMAGE, IMAGE)}, "opt": {"images": (2, 3, IM
 def engines(tiny_onnx, tmp_path_factory):
     """(the float-input engine, the raw-frames engine) of the tiny classifier, on the CPU."""
     folder = tmp_path_factory.mktemp("frames")
-    common = dict(device="cpu", profiles=PROFILE, preprocess=SPEC)
+    common = {"device": "cpu", "profiles": PROFILE, "preprocess": SPEC}
     build(BuildConfig(str(tiny_onnx), str(folder / "float.plan"), **common))
     build(BuildConfig(str(tiny_onnx), str(folder / "frames.plan"), input_format="uint8:37x53", **common))
     return sartor.load(folder / "float.plan", device="cpu"), sartor.load(folder / "frames.plan", device="cpu")
