@@ -112,3 +112,28 @@ def test_bad_input_formats_are_refused_before_building(tiny_onnx, tmp_path, inpu
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         build(config)
     assert not (tmp_path / "x.plan").exists()
+
+
+def test_validate_refuses_an_engine_of_raw_frames_in_one_line(engines, tmp_path):
+    from sartor.validate.runner import validate
+    _, frames_engine = engines
+    with pytest.raises(ConfigError, match="takes raw 37x53 frames") as caught:
+        validate(frames_engine, str(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_cuda_the_engine_preprocesses_inside_its_graph_as_prepare_batch_does(tiny_onnx, tmp_path):
+    common = {"device": "cuda", "profiles": PROFILE, "preprocess": SPEC}
+    build(BuildConfig(str(tiny_onnx), str(tmp_path / "float.plan"), **common))
+    build(BuildConfig(str(tiny_onnx), str(tmp_path / "frames.plan"), input_format="uint8:37x53", **common))
+    float_engine, frames_engine = (sartor.load(tmp_path / name) for name in ("float.plan", "frames.plan"))
+    assert frames_engine.layers[0]["op"] == "Preprocess" and frames_engine.header["tactics"]["timed"] >= 1
+    frames = torch.from_numpy(camera_frames(4, seed=11)).cuda()
+    prepared, _ = prepare_batch(list(frames.permute(0, 3, 1, 2)), list("abcd"), float_engine.preprocess)
+    expected = float_engine.context().run({"images": prepared})["logits"].float()
+    for _ in range(3):  # eager runs, then the captured CUDA graph's replay
+        ours = frames_engine.context().run({"frames": frames})["logits"].float()
+        # The layer's tactic is the kernel (Pillow's pixels, as prepare_batch's) or the float torch
+        # path (within a level of them): the logits agree to a level's effect.
+        assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() > 0.9999

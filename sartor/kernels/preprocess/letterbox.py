@@ -87,14 +87,16 @@ if triton is not None:
             v0 += _clip8(h0) * wy
             v1 += _clip8(h1) * wy
             v2 += _clip8(h2) * wy
-        r0 = _clip8(v0)
         r1 = _clip8(v1)
-        r2 = _clip8(v2)
         if SWAP:  # the frames' channel order is the reverse of the engine's
-            r0, r2 = r2, r0
+            r0 = _clip8(v2)
+            r2 = _clip8(v0)
+        else:
+            r0 = _clip8(v0)
+            r2 = _clip8(v2)
         out = y_ptr + n * syn + oy.to(tl.int64) * syh + ox.to(tl.int64) * syw
         dtype: tl.constexpr = y_ptr.dtype.element_ty
-        padded = tl.full((BLOCK,), pad, tl.int32)
+        padded = tl.zeros((BLOCK,), tl.int32) + pad
         tl.store(out, _normalised(tl.where(inside, r0, padded), mean0, std0, IDENTITY, LEVELS).to(dtype), mask=valid)
         tl.store(out + syc, _normalised(tl.where(inside, r1, padded), mean1, std1, IDENTITY, LEVELS).to(dtype),
                  mask=valid)
