@@ -31,6 +31,8 @@ class BuildConfig:
     guard_samples: int = 2  # random batches at the opt shape used by the FP16 overflow guard
     seed: int = 0
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
+    # `uint8:720x1280[:bgr]`: the engine takes raw frames and applies `preprocess` as its first layer.
+    input_format: str | None = None
     builder_effort: int = DEFAULT_BUILDER_EFFORT
     # Globs over tactic names the builder never runs (`--exclude-tactic`): a kernel that faults the
     # GPU here ends the build (a TacticFaultError naming its layer), and this rebuilds without it.
@@ -114,6 +116,7 @@ class BuildConfig:
             raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
                               "or more, not 0 (which times nothing)")
         self.preprocess_spec()
+        self.frame_format()
         self._validate_int8()
 
     def wants_int8(self) -> bool:
@@ -219,6 +222,18 @@ class BuildConfig:
             return None
         from ..data.preprocess import parse_preprocess
         return parse_preprocess(self.preprocess)
+
+    def frame_format(self):
+        """The parsed --input-format (a FrameFormat), or None: the model's own input."""
+        if self.input_format is None:
+            return None
+        from ..data.frame_format import parse_frame_format
+        frames = parse_frame_format(self.input_format)
+        spec = self.preprocess_spec()
+        if spec is None or spec.resize == "none":
+            raise ConfigError(f"--input-format {frames.describe()} needs --preprocess with letterbox= or resize= "
+                              f"(what the engine's first layer does to the frames)")
+        return frames
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -23,6 +23,7 @@ from ..ops.util import tensor_from_numpy
 from ..passes import optimize
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
+from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
 from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
@@ -305,6 +306,12 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         decoded = sum(sums_decoded(node.attrs.get(ACCUMULATOR_BOUND)) for node in graph.nodes)
         log.append(f"quantize: {decoded} of {bounded} INT8 layer(s) decode their int32 sums from bits, their bound "
                    f"below 2^22 (passes/bound_accumulators.py)")
+    frames = config.frame_format()
+    if frames is not None:  # after calibration, which reads samples of the model's own input
+        profiles = accept_frames(graph, profiles, preprocess, frames)
+        plan.layers[PREPROCESS_LAYER] = "fp32"
+        plan.reasons[PREPROCESS_LAYER] = f"raw frames in (--input-format {frames.describe()}): --preprocess applied"
+        log.append(f"input: raw frames {frames.describe()}, {preprocess.describe()} applied by the first layer")
     stage("tactics")
     selections = [TacticSelection()]
     if config.builder_effort > 0:
@@ -367,6 +374,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             else None,
             "build_log": log,
             "preprocess": preprocess.to_json() if preprocess is not None else None,
+            "input_format": frames.to_json() if frames is not None else None,
             "planner": planner,
             "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                            "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,

@@ -169,6 +169,10 @@ def add_parser(subparsers, parents) -> None:
                    help="how images become the input, stored in the engine for `sartor validate`, e.g. "
                         "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
+    p.add_argument("--input-format", metavar="uint8:HxW[:bgr]",
+                   help="the engine takes raw uint8 frames N×H×W×3 of this size (RGB unless :bgr) and applies "
+                        "--preprocess as its first layer, inside its CUDA graph (e.g. uint8:720x1280); the "
+                        "profiles' batch ranges carry over")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
                          cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
@@ -266,7 +270,7 @@ def config_from_args(args) -> BuildConfig:
         profiles=profiles_from_events(args.shape_events),
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
-        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess,
+        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess, input_format=args.input_format,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,
@@ -356,6 +360,8 @@ def print_summary(out, result) -> None:
     rows += [(f"profile {k}", p.describe()) for k, p in enumerate(profiles)]
     if header.get("preprocess"):
         rows.append(("preprocess", header["preprocess"].get("text", "")))
+    if header.get("input_format"):
+        rows.append(("input", f"raw frames {header['input_format']['text']} (N×H×W×3), preprocessed in the engine"))
     calibration = header["provenance"].get("calibration")
     if calibration:
         rows.append(("calibration", f"{calibration['method']}, {calibration['calib_size']} samples, sha256 "

@@ -226,6 +226,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "planner": header.get("planner"),
         "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
+        "input_format": header.get("input_format"),
         "kernels": _kernels_summary(header, tensors),
         "signature": _signature_summary(engine, store),
     }
@@ -246,6 +247,8 @@ def run(args) -> int:
         ("matches this machine", match),
         ("precision", describe_precision(info)),
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
+        ("input", f"raw frames {info['input_format']['text']} (N×H×W×3), preprocessed by the first layer"
+         if info["input_format"] else "the model's own input"),
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
         ("signature", info["signature"]["text"]),

@@ -15,6 +15,7 @@ def all_tables() -> list[OpTable]:
         linalg,
         norm,
         pool,
+        preprocess,
         qdq,
         quantized,
         reduce,
@@ -22,7 +23,7 @@ def all_tables() -> list[OpTable]:
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, detection_head.OPS, quantized.OPS, qdq.OPS]
+            detection.OPS, detection_head.OPS, quantized.OPS, qdq.OPS, preprocess.OPS]
 
 
 @lru_cache(maxsize=1)

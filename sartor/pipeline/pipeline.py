@@ -25,6 +25,7 @@ from ..data.preprocess import ImageMeta, PreprocessSpec
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
 from .prepare import input_tensor, prepare_batch
+from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .sources import FRAME_ORDERS, read_sources
 
 DEFAULT_MAX_BATCH = 32
@@ -101,11 +102,18 @@ class Pipeline:
             raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")
         self.frame_order, self.skip_bad, self.overlap, self.host_outputs = frame_order, skip_bad, overlap, host_outputs
         image = image_input(engine)
-        if spec.dtype != image.dtype:
+        # An engine built with --input-format uint8 takes decoded frames and preprocesses them itself.
+        self.frames = engine.input_format
+        if self.frames is not None and preprocess is not None and preprocess != engine.preprocess:
+            raise ConfigError(f"this engine preprocesses its frames itself ({engine.preprocess}): preprocess= "
+                              f"{preprocess} cannot apply")
+        if self.frames is None and spec.dtype != image.dtype:
             raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "
                               f"is {image.dtype}")
         self.input_name = image.name
-        self.profile, self.min_batch, max_batch = _batch_range(engine, image.name, spec, profile)
+        self.profile, self.min_batch, max_batch = (
+            _batch_range(engine, image.name, spec, profile) if self.frames is None
+            else frames_batch_range(engine, image.name, self.frames, profile))
         if spec.resize == "none":
             max_batch = 1  # images keep their own sizes
         if batch_size is not None and not 1 <= batch_size <= max_batch:
@@ -128,7 +136,9 @@ class Pipeline:
             return None
         buffer = self._staging[slot]
         if buffer is None or buffer.shape[0] < rows:
-            buffer = self._staging[slot] = input_tensor(self.spec, self.batch_size_rows, self.device)
+            buffer = self._staging[slot] = (
+                input_tensor(self.spec, self.batch_size_rows, self.device) if self.frames is None
+                else frames_tensor(self.frames, self.batch_size_rows, self.device))
         return buffer[:rows]
 
     @property
@@ -144,7 +154,9 @@ class Pipeline:
                 stream.wait_event(self._staging_free[slot])  # the engine has copied this buffer out
             decoded = decode_frames(sources, self.device)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
-            good = [i for i, d in enumerate(decoded) if d.error is None]
+            if self.frames is not None:
+                failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
+            good = [i for i in range(len(decoded)) if i not in failures]
             if not good:
                 return _Prepared(names, failures, good, None, [], None)
             frames = [decoded[i].pixels for i in good]
@@ -153,7 +165,9 @@ class Pipeline:
             frames += [frames[0]] * (rows - len(frames))  # filled to the profile's minimum batch
             frame_names += [frame_names[0]] * (rows - len(frame_names))
             try:
-                batch, metas = prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows))
+                batch, metas = (
+                    prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows)) if self.frames is None
+                    else lay_out_frames(frames, frame_names, self.spec, self.frames, self._buffer(slot, rows)))
             except DataError as exc:
                 return _Prepared(names, {i: str(exc) for i in good} | failures, [], None, [], None)
             ready = None

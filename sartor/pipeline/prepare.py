@@ -1,54 +1,24 @@
-"""The engine's stored preprocessing (`PreprocessSpec`) applied with torch on the frames' device,
-written straight into the engine's input buffer: one antialiased bilinear resize (Pillow's filter,
-so the pixels equal `sartor.data.preprocess` on the CPU and lie within one level of it on the GPU),
-the letterbox's pad, channel order, mean/std, layout and dtype.
+"""The engine's stored preprocessing (`PreprocessSpec`) applied on the frames' device, written
+straight into the engine's input buffer: one antialiased bilinear resize (Pillow's filter), the
+letterbox's pad, channel order, mean/std, layout and dtype.
 
-On the CPU the resize reads and writes uint8 (torch's vectorised uint8 path) and nothing is
-computed in float64; on CUDA it runs in float32 and is rounded to uint8 levels, as Pillow's is."""
+On CUDA with Triton that is one kernel launch per frame size (`kernels/preprocess/letterbox.py`,
+Pillow's pixels); elsewhere torch ops (`kernels/preprocess/torch_path.py`: uint8 on the CPU, float32
+rounded to levels on CUDA)."""
 from __future__ import annotations
 
-import functools
-
 import torch
-import torch.nn.functional as F
 
 from ..data.preprocess import ImageMeta, PreprocessSpec, placement
 from ..errors import DataError
 from ..ir.dtypes import NUMPY_TO_TORCH
-
-def _resized(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """N×3×H×W uint8 → N×3×h×w uint8 levels (float32 on CUDA, exact integers), bilinear with
-    antialiasing when shrinking."""
-    if tuple(frames.shape[-2:]) == tuple(size):
-        return frames
-    if frames.device.type == "cpu":
-        return F.interpolate(frames.contiguous(memory_format=torch.channels_last), size=size, mode="bilinear",
-                             antialias=True, align_corners=False)
-    out = F.interpolate(frames.float(), size=size, mode="bilinear", antialias=True, align_corners=False)
-    return out.round_().clamp_(0, 255)
+from ..kernels.preprocess.letterbox import letterbox_frames, preprocess_kernel_available
+from ..kernels.preprocess.torch_path import letterbox_torch
 
 
-def _normalized(levels: torch.Tensor, spec: PreprocessSpec, mean: torch.Tensor, std: torch.Tensor,
-                identity: bool) -> torch.Tensor:
-    """…×3×h×w pixel levels → the spec's values (float32, or uint8 levels for dtype=uint8)."""
-    if spec.channels == "bgr":
-        levels = levels.flip(-3)
-    if identity:
-        return levels
-    x = levels.float() if levels.dtype != torch.float32 else levels
-    out = (x - mean) / std  # the spec's (x - mean) / std in float32, as the CPU reference computes it
-    return out.round_().clamp_(0, 255) if spec.dtype == "uint8" else out
-
-
-@functools.lru_cache(maxsize=16)
-def _constants(spec: PreprocessSpec, device: torch.device) -> tuple:
-    """(identity, mean, std, the pad's values) of `spec` on `device`: made once, not copied to the
-    device with every batch."""
-    identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
-    mean = torch.tensor(spec.mean, dtype=torch.float32, device=device).view(3, 1, 1)
-    std = torch.tensor(spec.std, dtype=torch.float32, device=device).view(3, 1, 1)
-    pad_values = _normalized(torch.full((3, 1, 1), float(spec.pad_value), device=device), spec, mean, std, identity)
-    return identity, mean, std, pad_values
+def uses_kernel(device: torch.device) -> bool:
+    """Whether prepare_batch runs the Triton kernel on `device` by default: on CUDA with Triton."""
+    return device.type == "cuda" and preprocess_kernel_available()
 
 
 def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torch.Tensor:
@@ -60,12 +30,12 @@ def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torc
 
 
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
+                  out: torch.Tensor | None = None, kernel: bool | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
     """3×H×W uint8 RGB frames → (the batch as `spec` says, one ImageMeta each). `out` (e.g. the
     engine's bound input buffer, `ExecutionContext.input_buffers`) receives it in place when given;
     it must have the spec's shape for len(frames) images, dtype and the frames' device. Frames of
-    one size are resized and normalised together: a camera's batch is a few operations, not a few
-    per frame."""
+    one size are prepared together: a camera's batch is one kernel launch (`kernel`: None picks
+    the Triton kernel on CUDA with Triton, else torch ops; True or False forces one)."""
     if not frames:
         raise DataError("prepare_batch got no frames")
     device = frames[0].device
@@ -87,25 +57,20 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
     if tuple(target.shape) != tuple(shape) or target.dtype != NUMPY_TO_TORCH[spec.dtype] or target.device != device:
         raise DataError(f"preprocess output buffer is {tuple(target.shape)} {target.dtype} on {target.device}; "
                         f"{spec.describe()!r} makes {tuple(shape)} {NUMPY_TO_TORCH[spec.dtype]} on {device}")
-    identity, mean, std, pad_values = _constants(spec, device)
-    canvas = target if spec.layout == "nchw" else target.permute(0, 3, 1, 2)  # N×3×H×W view either way
+    prepare = letterbox_frames if (uses_kernel(device) if kernel is None else kernel) else letterbox_torch
     groups: dict[tuple[int, int], list[int]] = {}
     for i, size in enumerate(sizes):
         groups.setdefault(size, []).append(i)
     metas: list[ImageMeta | None] = [None] * len(frames)
     for (h, w), members in groups.items():
         place = placement(h, w, spec)
-        (new_h, new_w), (top, left), (out_h, out_w) = place.resized, place.pad, place.input_size
-        rows = slice(members[0], members[-1] + 1) if members == list(range(members[0], members[-1] + 1)) \
-            else torch.tensor(members, device=device)
         stacked = frames[members[0]][None] if len(members) == 1 else torch.stack([frames[i] for i in members])
-        values = _normalized(_resized(stacked, (new_h, new_w)), spec, mean, std, identity)
-        if (new_h, new_w) != (out_h, out_w):  # the letterbox's bands around the image
-            canvas[rows, :, :top] = pad_values
-            canvas[rows, :, top + new_h:] = pad_values
-            canvas[rows, :, top:top + new_h, :left] = pad_values
-            canvas[rows, :, top:top + new_h, left + new_w:] = pad_values
-        canvas[rows, :, top:top + new_h, left:left + new_w] = values
+        if members == list(range(members[0], members[-1] + 1)):
+            prepare(stacked, "chw", "rgb", spec, place.resized, place.pad, target[members[0]:members[-1] + 1])
+        else:  # frames of this size interleaved with others: prepared apart, then placed
+            rows = torch.tensor(members, device=device)
+            part = torch.empty((len(members), *target.shape[1:]), dtype=target.dtype, device=device)
+            target.index_copy_(0, rows, prepare(stacked, "chw", "rgb", spec, place.resized, place.pad, part))
         for i in members:
             metas[i] = place.meta(names[i], (h, w))
     return target, metas

@@ -48,6 +48,7 @@ class ExecutionContext:
         self.profile = profile
         self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
         self._declared = {v.name: v for v in engine.inputs}
+        self._frames = engine.input_format  # raw frames of one size (--input-format), or None
         self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
         self._captured: dict[tuple, _CapturedShape] = {}
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
@@ -87,6 +88,12 @@ class ExecutionContext:
                 raise InputError(f"input {name!r} has rank {len(shape)} (shape {'x'.join(map(str, shape))}); "
                                  f"the engine expects rank {len(info.shape)}")
             shapes[name] = shape
+        frames = self._frames
+        if frames is not None and frames_differ(shapes.get(frames.name), frames.size):
+            got = shapes[frames.name]
+            raise InputError(f"input {frames.name!r} holds {got[1]}x{got[2]} frames (shape {'x'.join(map(str, got))}); "
+                             f"the engine takes {frames.size[0]}x{frames.size[1]}x3 uint8 frames (built with "
+                             f"--input-format {frames.describe()}): resize them first or rebuild for this size")
         return shapes
 
     def select_profile(self, shapes: dict[str, tuple]) -> int:
@@ -211,6 +218,11 @@ class ExecutionContext:
                     self.run(feeds)
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
+
+
+def frames_differ(shape: tuple | None, size: tuple[int, int]) -> bool:
+    """Whether a frames input of `shape` (N×H×W×3) is not of the declared frame size."""
+    return shape is not None and (len(shape) != 4 or tuple(shape[1:]) != (*size, 3))
 
 
 def _random_input(shape: tuple, dtype: str, device: torch.device) -> torch.Tensor:

@@ -71,6 +71,14 @@ class Engine:
         return PreprocessSpec.from_json(record) if record else None
 
     @property
+    def input_format(self):
+        """The FrameFormat of an engine built with --input-format uint8:HxW (raw frames in, its first
+        layer preprocessing them), or None: the engine takes the model's own input."""
+        from ..data.frame_format import FrameFormat
+        record = self.header.get("input_format")
+        return FrameFormat.from_json(record) if record else None
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device (with the copies some profiles' tactics read in another layout) plus
         the largest activation arena any profile needs."""
@@ -107,6 +115,8 @@ def rebuild_command(header: dict) -> str:
             args += [flag, f"{key}={value}"]
     if config.get("preprocess"):
         args += ["--preprocess", config["preprocess"]]
+    if config.get("input_format"):
+        args += ["--input-format", config["input_format"]]
     for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
         if config.get(key):
             args += [flag, str(config[key])]

@@ -216,9 +216,10 @@ class Executor:
         recorded = {} if memo.value_meta is None and self.concat_plan.concats else None
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
-            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda and not (
+            # Integer feeds (raw uint8 frames, N×H×W×3) are not images in NCHW: left as given.
+            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda and tensor.is_floating_point() and not (
                     name in self.layout_free_feeds and tensor.shape[1] < LAYOUT_FREE_MAX_CHANNELS):
-                dtype = self.feed_dtypes.get(name) if tensor.is_floating_point() else None
+                dtype = self.feed_dtypes.get(name)
                 tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
             env[name] = tensor
         for index, step in enumerate(self.steps):

@@ -322,6 +322,11 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         raise ConfigError(f"engine {engine_label} records no preprocessing: rebuild it with --preprocess, or give "
                           f"--preprocess (e.g. letterbox=640,mean=0,std=255,rgb,nchw)")
     image_input = engine_image_input(engine, needed_by="validate")
+    frames = getattr(engine, "input_format", None)
+    if frames is not None:
+        raise ConfigError(f"engine {engine_label} takes raw {frames.size[0]}x{frames.size[1]} frames (built with "
+                          f"--input-format {frames.describe()}); validation reads images of every size: validate "
+                          f"the same build without --input-format")
     if image_input.dtype != spec.dtype:
         raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image_input.name!r} "
                           f"takes {image_input.dtype}: add dtype={image_input.dtype}")

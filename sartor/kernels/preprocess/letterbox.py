@@ -1,0 +1,179 @@
+"""uint8 frames to an engine's input in one Triton launch: Pillow's antialiased bilinear resize
+(its fixed-point taps and its rounding to uint8 after each pass, `taps.py`), the letterbox's pad
+bands, channel order, (x - mean) / std, NCHW or NHWC, float32, float16 or uint8 levels.
+
+Each program owns a block of output pixels of one frame and all three channels. An output pixel
+inside the image sums its vertical taps of horizontally filtered rows, each row sum rounded to
+uint8 as Pillow's first pass stores it, then rounds the vertical sum as its second pass; a pixel
+in a pad band stores the normalised pad value. The frames are read through their strides, so
+3×H×W (decoders) and H×W×3 (cameras, OpenCV) frames are both read in place; the output too, so it
+may be the engine's bound input buffer or a slice of it. The taps live on the device, made once
+per (input size, output size): a batch touches no host data.
+
+One launch rather than a horizontal then a vertical kernel: the two-pass form writes and reads an
+intermediate image the size of the frame's rows at the output width, for fewer multiply-adds per
+pixel (2k against k², k = 5 at a 2× shrink); the taps of one block overlap, so the k² loads are
+cache hits (docs/decisions/0024-preprocessing-kernel.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ...data.preprocess import PreprocessSpec
+from ..common.cache_keys import settle_cache_keys
+from ..pointwise.epilogue import triton
+from ..registry import LayerFacts, Number, Tactic, register
+from .taps import device_taps
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _clip8(acc):
+        """Pillow's clip8: a fixed-point sum (rounding half already added) to 0..255."""
+        return tl.minimum(tl.maximum(acc >> 22, 0), 255)
+
+    @triton.jit
+    def _normalised(level, mean, std, IDENTITY: tl.constexpr, LEVELS: tl.constexpr):
+        """(level - mean) / std in float32 (IEEE division, as numpy's); with LEVELS rounded half to
+        even and clamped to 0..255, as the CPU reference's np.rint and clip."""
+        x = level.to(tl.float32)
+        if not IDENTITY:
+            x = tl.math.div_rn(x - mean, std)
+            if LEVELS:
+                low = tl.floor(x)
+                frac = x - low
+                odd = (low - 2.0 * tl.floor(low * 0.5)) == 1.0
+                x = tl.where((frac > 0.5) | ((frac == 0.5) & odd), low + 1.0, low)
+                x = tl.minimum(tl.maximum(x, 0.0), 255.0)
+        return x
+
+    @triton.jit
+    def _letterbox_kernel(x_ptr, y_ptr, row_start_ptr, row_weight_ptr, col_start_ptr, col_weight_ptr,
+                          H, W, new_h, new_w, top, left, OH, OW, KY, KX,
+                          sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+                          mean0, mean1, mean2, std0, std1, std2, pad,
+                          SWAP: tl.constexpr, IDENTITY: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr):
+        n = tl.program_id(1).to(tl.int64)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < OH * OW
+        oy = offs // OW
+        ox = offs % OW
+        iy = oy - top
+        ix = ox - left
+        inside = valid & (iy >= 0) & (iy < new_h) & (ix >= 0) & (ix < new_w)
+        iy = tl.minimum(tl.maximum(iy, 0), new_h - 1)
+        ix = tl.minimum(tl.maximum(ix, 0), new_w - 1)
+        y0 = tl.load(row_start_ptr + iy)
+        x0 = tl.load(col_start_ptr + ix)
+        frame = x_ptr + n * sxn
+        half = 1 << 21  # Pillow's rounding: half of taps.PRECISION_BITS (22), as _clip8 shifts by it
+        v0 = tl.full((BLOCK,), half, tl.int32)
+        v1 = tl.full((BLOCK,), half, tl.int32)
+        v2 = tl.full((BLOCK,), half, tl.int32)
+        for i in range(KY):
+            wy = tl.load(row_weight_ptr + iy * KY + i)
+            row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh  # past the taps: weight 0
+            h0 = tl.full((BLOCK,), half, tl.int32)
+            h1 = tl.full((BLOCK,), half, tl.int32)
+            h2 = tl.full((BLOCK,), half, tl.int32)
+            for j in range(KX):
+                wx = tl.load(col_weight_ptr + ix * KX + j)
+                pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
+                h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
+                h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
+                h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
+            v0 += _clip8(h0) * wy
+            v1 += _clip8(h1) * wy
+            v2 += _clip8(h2) * wy
+        r1 = _clip8(v1)
+        if SWAP:  # the frames' channel order is the reverse of the engine's
+            r0 = _clip8(v2)
+            r2 = _clip8(v0)
+        else:
+            r0 = _clip8(v0)
+            r2 = _clip8(v2)
+        out = y_ptr + n * syn + oy.to(tl.int64) * syh + ox.to(tl.int64) * syw
+        dtype: tl.constexpr = y_ptr.dtype.element_ty
+        padded = tl.zeros((BLOCK,), tl.int32) + pad
+        tl.store(out, _normalised(tl.where(inside, r0, padded), mean0, std0, IDENTITY, LEVELS).to(dtype), mask=valid)
+        tl.store(out + syc, _normalised(tl.where(inside, r1, padded), mean1, std1, IDENTITY, LEVELS).to(dtype),
+                 mask=valid)
+        tl.store(out + 2 * syc, _normalised(tl.where(inside, r2, padded), mean2, std2, IDENTITY, LEVELS).to(dtype),
+                 mask=valid)
+
+
+@register
+@dataclass(frozen=True)
+class PreprocessTile(Tactic):
+    """The preprocessing kernel's tactic: output pixels per program and warps, named e.g.
+    "preprocess.pixels256.w4"."""
+    pixels: int
+    warps: int
+
+    FAMILY: ClassVar[str] = "preprocess"
+    SCHEME: ClassVar[tuple] = (Number("pixels", "pixels"), Number("warps", "w"))
+
+    def invalid(self) -> str | None:
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.pixels, self.warps))
+        return None if powers and self.pixels >= 32 * self.warps else "powers of 2, pixels ≥ 32 · warps"
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"triton fused preprocessing (Pillow bilinear taps, letterbox, normalise, layout), "
+                f"{self.pixels} pixels per program, {self.warps} warps")
+
+
+# The first runs where nothing was timed (the pipeline's prepare step); the builder times them all.
+PREPROCESS_TILES = (PreprocessTile(256, 4), PreprocessTile(128, 4), PreprocessTile(512, 4), PreprocessTile(1024, 8))
+
+FRAME_LAYOUTS = ("chw", "hwc")
+
+
+def preprocess_kernel_available() -> bool:
+    return triton is not None
+
+
+def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, spec: PreprocessSpec,
+                     resized: tuple[int, int], pad: tuple[int, int], out: torch.Tensor,
+                     tile: PreprocessTile | None = None) -> torch.Tensor:
+    """N frames of one size (N×3×H×W for `frame_layout` "chw", N×H×W×3 for "hwc", uint8, any
+    strides, channels in `frame_order`) → `out` (N images as `spec` lays them out), each frame
+    resized to `resized` (h, w) with its top-left corner at `pad` (top, left) and the rest of the
+    canvas the spec's pad value."""
+    if frame_layout not in FRAME_LAYOUTS:
+        raise ValueError(f"letterbox_frames: frame layout {frame_layout!r} is not one of {FRAME_LAYOUTS}")
+    if frames.dtype != torch.uint8 or frames.dim() != 4:
+        raise ValueError(f"letterbox_frames: frames must be 4-D uint8, not {tuple(frames.shape)} {frames.dtype}")
+    n = frames.shape[0]
+    if frame_layout == "chw":
+        _, _, h, w = frames.shape
+        sxn, sxc, sxh, sxw = frames.stride()
+    else:
+        _, h, w, _ = frames.shape
+        sxn, sxh, sxw, sxc = frames.stride()
+    if spec.layout == "nchw":
+        _, _, oh, ow = out.shape
+        syn, syc, syh, syw = out.stride()
+    else:
+        _, oh, ow, _ = out.shape
+        syn, syh, syw, syc = out.stride()
+    (new_h, new_w), (top, left) = resized, pad
+    row_start, row_weight, ky = device_taps(int(h), int(new_h), frames.device)
+    col_start, col_weight, kx = device_taps(int(w), int(new_w), frames.device)
+    identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
+    tile = tile or PREPROCESS_TILES[0]
+    grid = (triton.cdiv(oh * ow, tile.pixels), n)
+    if n == 0:
+        return out
+    _letterbox_kernel[grid](frames, out, row_start, row_weight, col_start, col_weight,
+                            h, w, new_h, new_w, top, left, oh, ow, ky, kx,
+                            sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+                            *spec.mean, *spec.std, spec.pad_value,
+                            SWAP=frame_order != spec.channels, IDENTITY=identity, LEVELS=spec.dtype == "uint8",
+                            BLOCK=tile.pixels, num_warps=tile.warps)
+    return out
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -1,0 +1,158 @@
+"""The fused preprocessing kernel (kernels/preprocess/letterbox.py) against the CPU reference
+(`sartor.data.preprocess`, Pillow) and today's torch path, through Triton's interpreter on small
+frames (natively on a GPU): letterbox geometry exact, pixels within one level; its taps against
+Pillow's one-axis resizes; its tactics by name."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+triton = pytest.importorskip("triton")
+
+from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
+from sartor.errors import TacticNameError
+from sartor.kernels.preprocess.letterbox import (
+    PREPROCESS_TILES,
+    PreprocessTile,
+    letterbox_frames,
+)
+from sartor.kernels.preprocess.taps import pillow_taps
+from sartor.kernels.preprocess.torch_path import letterbox_torch
+from sartor.kernels.registry import parse_tactic
+from sartor.pipeline import prepare_batch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The torch path resizes in uint8 on the CPU with weights of its own: two levels from Pillow there.
+TORCH_LEVELS = {"cpu": 2, "cuda": 1}
+
+
+def frame(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A smooth gradient plus noise, H×W×3 uint8 RGB: edges and flat areas both."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([yy * 255 / max(h - 1, 1), xx * 255 / max(w - 1, 1), (yy + xx) * 127 / max(h + w - 2, 1)], -1)
+    return np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
+
+
+def levels(values: torch.Tensor | np.ndarray, spec) -> np.ndarray:
+    """Values of the spec's output → float64 pixel levels (undoing mean/std)."""
+    x = (values.cpu().numpy() if isinstance(values, torch.Tensor) else values).astype(np.float64)
+    if spec.dtype == "uint8":
+        return x
+    shape = (3, 1, 1) if spec.layout == "nchw" else (1, 1, 3)
+    return x * np.asarray(spec.std).reshape(shape) + np.asarray(spec.mean).reshape(shape)
+
+
+def run_kernel(pixels: np.ndarray, spec, frame_layout: str = "chw", frame_order: str = "rgb", batch: int = 2,
+               tile=None) -> torch.Tensor:
+    """The kernel over `batch` copies of an H×W×3 RGB frame, given as `frame_layout`/`frame_order`."""
+    h, w, _ = pixels.shape
+    given = pixels[..., ::-1] if frame_order == "bgr" else pixels
+    t = torch.from_numpy(np.ascontiguousarray(given)).to(DEVICE)
+    t = t.permute(2, 0, 1).contiguous() if frame_layout == "chw" else t
+    frames = torch.stack([t] * batch)
+    place = placement(h, w, spec)
+    shape = spec.input_shape(batch) or ((batch, 3, h, w) if spec.layout == "nchw" else (batch, h, w, 3))
+    out = torch.full(shape, 7, dtype=getattr(torch, spec.dtype), device=DEVICE)
+    return letterbox_frames(frames, frame_layout, frame_order, spec, place.resized, place.pad, out, tile)
+
+
+CASES = [  # (frame H, W, spec): downscale, upscale, odd sizes, both layouts, orders and dtypes
+    (37, 53, "letterbox=32,mean=0,std=255,rgb,nchw"),
+    (37, 53, "letterbox=32,mean=0,std=255,bgr,nhwc,dtype=float16"),
+    (19, 23, "letterbox=45x61,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw"),
+    (41, 17, "resize=13x29,mean=0,std=1,bgr,nchw,dtype=uint8"),
+    (33, 64, "letterbox=31,mean=10,std=3,rgb,nhwc,dtype=uint8,pad=0"),
+    (24, 32, "none,mean=0,std=255,rgb,nchw"),
+]
+
+
+@pytest.mark.parametrize("h,w,text", CASES)
+def test_kernel_matches_the_pil_reference_and_the_torch_path(h, w, text):
+    spec = parse_preprocess(text)
+    pixels = frame(h, w)
+    reference, meta = preprocess_image(pixels, spec)
+    ours = run_kernel(pixels, spec)
+    assert tuple(ours.shape) == (2, *reference.shape) and ours.dtype == getattr(torch, spec.dtype)
+    assert torch.equal(ours[0], ours[1])
+    apart = np.abs(levels(ours[0], spec) - levels(reference, spec))
+    slack = 0.5 * max(spec.std) / 1024 if spec.dtype == "float16" else 1e-3  # float16 holds values to 2^-11
+    assert apart.max() <= 1 + slack
+    # Most pixels equal: a shifted or blurred image fails here. (Exact where Pillow runs its
+    # horizontal pass first; Pillow 13 runs the vertical one first for some shapes.)
+    assert (apart > slack).mean() < 0.25
+    # The pad bands hold the pad value exactly: geometry exact.
+    (top, left), (new_h, new_w) = meta.pad, placement(h, w, spec).resized
+    image = levels(ours[0], spec)
+    if spec.layout == "nchw":
+        image = image.transpose(1, 2, 0)
+    inside = np.zeros(image.shape[:2], bool)
+    inside[top:top + new_h, left:left + new_w] = True
+    assert np.abs(image[~inside] - spec.pad_value).max(initial=0) <= slack
+    place = placement(h, w, spec)
+    canvas = torch.empty_like(ours)
+    t = torch.from_numpy(pixels).permute(2, 0, 1).to(DEVICE)
+    torch_path = letterbox_torch(torch.stack([t, t]), "chw", "rgb", spec, place.resized, place.pad, canvas)
+    between = np.abs(levels(ours, spec) - levels(torch_path, spec))
+    assert between.max() <= TORCH_LEVELS[DEVICE] + slack
+
+
+@pytest.mark.parametrize("frame_layout,frame_order", [("hwc", "rgb"), ("hwc", "bgr"), ("chw", "bgr")])
+def test_frames_as_cameras_give_them_equal_channels_first_rgb(frame_layout, frame_order):
+    spec = parse_preprocess("letterbox=32,mean=0,std=255,bgr,nchw")
+    pixels = frame(37, 53, seed=3)
+    assert torch.equal(run_kernel(pixels, spec, frame_layout, frame_order), run_kernel(pixels, spec))
+
+
+@pytest.mark.parametrize("tile", PREPROCESS_TILES[1:])
+def test_every_tile_computes_the_same_pixels(tile):
+    spec = parse_preprocess("letterbox=32x40,mean=0,std=255,rgb,nhwc,dtype=float16")
+    pixels = frame(29, 31, seed=5)
+    assert torch.equal(run_kernel(pixels, spec, tile=tile), run_kernel(pixels, spec))
+
+
+def test_kernel_writes_into_a_slice_of_a_wider_buffer_and_nothing_else():
+    spec = parse_preprocess("letterbox=32,mean=0,std=255,rgb,nchw")
+    pixels = frame(37, 53)
+    place = placement(37, 53, spec)
+    frames = torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous().to(DEVICE)
+    buffer = torch.full((3, 3, 32, 32), -1.0, device=DEVICE)
+    letterbox_frames(frames, "chw", "rgb", spec, place.resized, place.pad, buffer[1:2])
+    assert torch.equal(buffer[1], run_kernel(pixels, spec, batch=1)[0])
+    assert bool((buffer[0] == -1).all()) and bool((buffer[2] == -1).all())
+
+
+@pytest.mark.parametrize("in_size,out_size", [(53, 32), (53, 23), (37, 90), (7, 5), (720, 360), (1280, 640), (5, 5)])
+def test_taps_reproduce_pillow_on_one_axis(in_size, out_size):
+    """A one-row image resized along its width is one Pillow pass: the taps give its pixels exactly."""
+    row = frame(1, in_size, seed=in_size)
+    expected = np.asarray(Image.fromarray(row).resize((out_size, 1), Image.Resampling.BILINEAR)).astype(np.int64)
+    starts, weights = pillow_taps(in_size, out_size)
+    k = len(weights[0])
+    index = np.minimum(np.asarray(starts)[:, None] + np.arange(k), in_size - 1)
+    sums = (row[0].astype(np.int64)[index] * np.asarray(weights)[:, :, None]).sum(1) + (1 << 21)
+    assert np.array_equal(np.clip(sums >> 22, 0, 255), expected[0])
+
+
+def test_prepare_batch_kernel_and_torch_paths_agree_on_interleaved_sizes():
+    spec = parse_preprocess("letterbox=32,mean=0,std=255,rgb,nhwc,dtype=float16")
+    a, b = (torch.from_numpy(frame(*size, seed=k)).permute(2, 0, 1).to(DEVICE)
+            for k, size in enumerate([(37, 53), (29, 19)]))
+    fused, fused_metas = prepare_batch([a, b, a], list("xyz"), spec, kernel=True)  # sizes {0, 2} and {1}
+    ops, op_metas = prepare_batch([a, b, a], list("xyz"), spec, kernel=False)
+    assert fused_metas == op_metas
+    assert torch.equal(fused[0], fused[2])
+    assert (fused.float() - ops.float()).abs().max().item() * 255 <= TORCH_LEVELS[DEVICE] + 0.5
+
+
+def test_tactic_names_parse_back_and_bad_ones_are_refused():
+    for tile in PREPROCESS_TILES:
+        assert parse_tactic(tile.name) == tile
+    assert PREPROCESS_TILES[0].name == "preprocess.pixels256.w4"
+    with pytest.raises(TacticNameError):
+        parse_tactic("preprocess.pixels100.w4")  # not a power of two
+    with pytest.raises(TacticNameError):
+        PreprocessTile.parse("preprocess.pixels64.w4")  # fewer pixels than threads

@@ -1,0 +1,50 @@
+"""The `Preprocess` op (ops/preprocess.py), the first layer of a raw-frames engine: its torch
+reference against the CPU reference (Pillow), its Triton tactic against the reference (through the
+interpreter on CPU), and which tactics it offers where."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sartor.data.preprocess import parse_preprocess, preprocess_image
+from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES
+from sartor.ops import default_registry
+from sartor.ops.preprocess import preprocess, preprocess_tactics
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SPEC = "letterbox=32,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw,dtype=float16"
+
+
+def frames(count: int = 2, size=(37, 53), seed: int = 0) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (count, *size, 3), dtype=np.uint8))
+
+
+def as_levels(values: torch.Tensor, spec) -> np.ndarray:
+    std, mean = (np.asarray(v).reshape(3, 1, 1) for v in (spec.std, spec.mean))
+    return values.float().cpu().numpy() * std + mean
+
+
+@pytest.mark.parametrize("frame_order", ["rgb", "bgr"])
+def test_reference_and_kernel_tactic_match_the_pil_reference(frame_order):
+    spec = parse_preprocess(SPEC)
+    given = frames()
+    rgb = given.flip(-1) if frame_order == "bgr" else given  # what the camera saw, in RGB
+    expected = np.stack([preprocess_image(f.numpy(), spec)[0] for f in rgb])
+    attrs = {"spec": SPEC, "frame_order": frame_order}
+    reference = preprocess([given.to(DEVICE)], attrs)
+    fused = preprocess([given.to(DEVICE)], dict(attrs, tactic=PREPROCESS_TILES[0].name))
+    assert reference.shape == fused.shape == expected.shape and fused.dtype == torch.float16
+    slack = 0.5 * max(spec.std) / 1024  # float16 holds these values to 2^-11 of their size
+    kernel_levels = np.abs(as_levels(fused, spec) - as_levels(torch.from_numpy(expected), spec))
+    assert kernel_levels.max() <= 1 + slack
+    torch_levels = np.abs(as_levels(reference, spec) - as_levels(torch.from_numpy(expected), spec))
+    assert torch_levels.max() <= (2 if DEVICE == "cpu" else 1) + slack
+
+
+def test_tactics_are_the_kernel_tiles_on_cuda_only():
+    assert default_registry()["Preprocess"].tactics is preprocess_tactics
+    assert preprocess_tactics([frames()], {}) == ["torch"]  # a CPU tensor
+    if torch.cuda.is_available():
+        offered = preprocess_tactics([frames().cuda()], {})
+        assert offered == ["torch", *(tile.name for tile in PREPROCESS_TILES)]
