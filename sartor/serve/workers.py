@@ -27,6 +27,7 @@ from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 from tritonclient.grpc import service_pb2 as pb
 from yarl import URL
 
+from .admission import BodyAdmission
 from .errors import InvalidRequest, ModelUnavailable
 from .grpc_frontend import SERVICE, GrpcFrontend, safe_deserializer, wrap_unary_handler
 from .http_frontend import HttpFrontend, error_middleware
@@ -45,14 +46,21 @@ class RemoteCore:
     in one loop iteration leave in one grouped frame (more where they exceed `payload_limit`, which
     the main process's channel enforces)."""
 
-    def __init__(self, payload_limit: int) -> None:
+    def __init__(self, payload_limit: int, max_queue_size: int = 1024) -> None:
         self.payload_limit = payload_limit
+        # The queues are the main process's: here, bodies being received are bounded per model by
+        # max_queue_size alone (admission.py), so this process holds at most that many per model.
+        self.max_queue_size = max_queue_size
+        self.admission = BodyAdmission()
         self.channel: Channel | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._unsent: dict[int, tuple[dict, list]] = {}  # id -> (request header, payload buffers)
         self.stop_requested = asyncio.Event()
         self.grace = 5.0
+
+    def admit(self, name: str, version: str | None):
+        return self.admission.reading((name, version), f"model '{name}'", lambda: 0, self.max_queue_size)
 
     async def infer(self, name: str, version: str | None, inputs: dict, outputs: list[str] | None = None,
                     timeout_us=None, client_deadline_s: float | None = None, output_regions: dict | None = None):
@@ -216,7 +224,7 @@ def grpc_handler(core: RemoteCore, control: grpc.aio.Channel):
 
 async def _serve(settings: dict) -> None:
     loop = asyncio.get_running_loop()
-    core = RemoteCore(request_payload_limit(settings["max_request_bytes"]))
+    core = RemoteCore(request_payload_limit(settings["max_request_bytes"]), settings.get("max_queue_size", 1024))
     _, channel = await loop.create_unix_connection(lambda: Channel(core.on_frame, core.on_lost), settings["ipc"])
     core.channel = channel
     loop.add_signal_handler(signal.SIGTERM, core.stop_requested.set)
