@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import DeviceError
 from ..ops.fused_pool import max_pool_label
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
-from ..runtime.fingerprint import describe, device_fingerprint, parse_device
+from ..runtime.fingerprint import compare_fingerprints, compatibility_level, describe, device_fingerprint, parse_device
 from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
 from ..runtime.profiles import Profile
 from .common import (
@@ -153,9 +153,12 @@ def _fingerprint_here(header: dict) -> dict:
         device = parse_device(header.get("device") or built_for.get("kind") or "cpu")
         here = device_fingerprint(device)
     except DeviceError as exc:
-        return {"matches": False, "differs_in": ["device"], "here": None, "note": str(exc)}
-    differing = sorted(k for k in set(built_for) | set(here) if built_for.get(k) != here.get(k))
-    return {"matches": not differing, "differs_in": differing, "here": here, "note": ""}
+        return {"matches": False, "loads": False, "differs_in": ["device"], "refused_for": ["device"],
+                "warned_for": [], "here": None, "note": str(exc)}
+    check = compare_fingerprints(built_for, here, compatibility_level())
+    differing = sorted(check.refused + check.warned)
+    return {"matches": not differing, "loads": check.loads, "compatibility": check.level, "differs_in": differing,
+            "refused_for": list(check.refused), "warned_for": list(check.warned), "here": here, "note": ""}
 
 
 def _kernels_summary(header: dict, tensors: dict) -> dict:
@@ -224,6 +227,8 @@ def run(args) -> int:
     out = console()
     here = info["fingerprint_here"]
     match = "yes" if here["matches"] else f"no (differs in {', '.join(here['differs_in'])}) {here['note']}".strip()
+    if not here["matches"] and here["loads"]:
+        match += f"; loads at compatibility '{here['compatibility']}', with a warning"
     out.print(key_values("Engine", [
         ("file", f"{info['path']} ({fmt_bytes(info['file_bytes'])}, format v{info['format_version']})"),
         ("device", info["device"]),

@@ -38,6 +38,8 @@ class Engine:
         self._contexts: list[ExecutionContext] = []
         # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
         self.kernels_installed = None
+        # How the fingerprint compared with this machine's at load (fingerprint.Compatibility).
+        self.fingerprint_check = None
 
     # ---- what the engine declares ------------------------------------------------------
     @property
@@ -110,7 +112,8 @@ def rebuild_command(header: dict) -> str:
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
-def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True) -> Engine:
+def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True,
+         compatibility: str | None = None) -> Engine:
     """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT).
 
     A CUDA engine's compiled Triton kernels are installed into this process's Triton cache (shared
@@ -121,6 +124,10 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
     whoever built the engine is trusted with the GPU code of sartor's kernels. Loading engines you
     did not build, pass `install_kernels=False` (or set SARTOR_NO_KERNEL_INSTALL=1): their kernels
     are then compiled here.
+
+    `compatibility` ("strict", "default", "loose"; else $SARTOR_FINGERPRINT, else "default") says
+    which fingerprint differences refuse the load and which are warned about in the log
+    (fingerprint.py).
     """
     header, tensors = read_engine_file(path)
     try:
@@ -130,7 +137,8 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         raise EngineFileError(f"{path} has no device fingerprint in its header") from None
     target = parse_device(device or ("cuda" if kind == "cuda" else "cpu"))
     try:
-        check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
+        fingerprint_check = check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header),
+                                              compatibility, str(path))
         tensors, kernel_tensors = split_kernel_tensors(tensors)
         # Before the first run: the JIT then finds every kernel the engine runs in its cache.
         installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target),
@@ -142,4 +150,5 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         raise EngineFileError(f"{path} has a malformed header ({type(exc).__name__}: {exc}); rebuild the engine "
                               f"from its ONNX model") from None
     engine.kernels_installed = installed
+    engine.fingerprint_check = fingerprint_check
     return engine

@@ -11,8 +11,8 @@ about (2 × max_queue_size + a running batch) × --max-request-bytes per model.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from .errors import QueueFull
 

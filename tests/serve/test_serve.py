@@ -36,7 +36,7 @@ def repo(tmp_path, tiny_plan) -> Path:
 def alien_plan(plan: Path, dest: Path) -> Path:
     """The same engine, signed for another CPU: refused by the fingerprint check."""
     header, tensors = unpack(plan.read_bytes())
-    header["fingerprint"]["cpu"] = "Imaginary CPU 9000"
+    header["fingerprint"].update(cpu="Imaginary CPU 9000", arch="imaginary64")
     dest.write_bytes(pack(header, tensors))
     return dest
 

@@ -10,16 +10,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from conftest import make_model, save
 from onnx import TensorProto, helper
 from serve_helpers import HOST, add_model, running, wait_for
-
-from conftest import make_model, save
 
 QUEUE_2 = """max_batch_size: 2
 dynamic_batching { max_queue_delay_microseconds: 1000 default_queue_policy { max_queue_size: 2 } }
@@ -42,7 +40,7 @@ def _status(sock: socket.socket) -> tuple[int, str]:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     status = int(head.split()[1])
-    match = re.search(rb"Content-Length: (\d+)", head, re.I)
+    match = re.search(rb"Content-Length: (\d+)", head, re.IGNORECASE)
     want = int(match.group(1)) if match else 0
     while len(body) < want:
         chunk = sock.recv(65536)
