@@ -12,6 +12,7 @@ from ..ops.fused_pool import max_pool_label
 from ..runtime.engine_file import FORMAT_VERSION, read_engine_file
 from ..runtime.fingerprint import compare_fingerprints, compatibility_level, describe, device_fingerprint, parse_device
 from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
+from ..runtime.memory_plan import memory_by_profile
 from ..runtime.profiles import Profile
 from .common import (
     console,
@@ -190,6 +191,8 @@ def engine_summary(path: str) -> dict:
     header, tensors = read_engine_file(path)
     weight_bytes = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("w/"))
     arenas = [p.get("arena_bytes", 0) for p in header.get("memory", {}).get("profiles", [])]
+    # Weights a profile's tactic reads in another layout are made at load: counted by Engine, not here.
+    by_profile = memory_by_profile(header, weight_bytes)
     config = header.get("build_config", {})
     graph = header.get("graph", {})
     return {
@@ -206,8 +209,8 @@ def engine_summary(path: str) -> dict:
         "profiles": header.get("profiles", []),
         "layers": [dict(layer, epilogue=epilogue(layer.get("attrs") or {})) for layer in header.get("layers", [])],
         "memory": {"weight_bytes": int(weight_bytes), "arena_bytes": arenas,
-                   "device_bytes": int(weight_bytes + max(arenas, default=0)),
-                   "profiles": header.get("memory", {}).get("profiles", [])},
+                   "device_bytes": max((p["total_bytes"] for p in by_profile), default=int(weight_bytes)),
+                   "by_profile": by_profile, "profiles": header.get("memory", {}).get("profiles", [])},
         "provenance": header.get("provenance", {}),
         "build_config": config,
         "build_log": header.get("build_log", []),
@@ -217,6 +220,11 @@ def engine_summary(path: str) -> dict:
         "preprocess": header.get("preprocess"),
         "kernels": _kernels_summary(header, tensors),
     }
+
+
+def _context_memory(row: dict) -> str:
+    return (f"arena {fmt_bytes(row['arena_bytes'])} + inputs {fmt_bytes(row['input_bytes'])} + workspace "
+            f"{fmt_bytes(row['workspace_bytes'])} per context; {fmt_bytes(row['total_bytes'])} with the weights")
 
 
 def run(args) -> int:
@@ -263,10 +271,11 @@ def run(args) -> int:
         for name, line in differing:
             out.print(text(f"  {name}: {line}"))
     memory = info["memory"]
+    total = (f"{fmt_bytes(memory['device_bytes'])} (one context; each more adds "
+             f"{fmt_bytes(memory['device_bytes'] - memory['weight_bytes'])})")
     out.print(key_values("Memory", [("weights", fmt_bytes(memory["weight_bytes"]))]
-                         + [(f"activation arena, profile {k}", f"{fmt_bytes(a)} at max shapes")
-                            for k, a in enumerate(memory["arena_bytes"])]
-                         + [("device total", fmt_bytes(memory["device_bytes"]))]))
+                         + [(f"profile {p['profile']} at max shapes", _context_memory(p)) for p in memory["by_profile"]]
+                         + [("device total", total)]))
     if info["planner"]:
         print_planner(out, info["planner"])
     if info["fallback_where_faster"]:

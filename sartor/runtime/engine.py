@@ -13,6 +13,7 @@ from .engine_file import read_engine_file
 from .executor import Executor
 from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
+from .memory_plan import memory_by_profile
 from .kernel_store import cuda_arch, install_engine_kernels, install_refusal, split_kernel_tensors
 from .profiles import Profile
 
@@ -70,11 +71,26 @@ class Engine:
         return PreprocessSpec.from_json(record) if record else None
 
     @property
+    def memory_by_profile(self) -> list[dict]:
+        """Per profile at its max shapes: the weights all contexts share (the copies some profiles'
+        tactics read in another layout included) and each context's arena, inputs and workspace
+        (memory_plan.memory_by_profile)."""
+        return memory_by_profile(self.header, self.weight_bytes, self.profile_weight_bytes)
+
+    @property
+    def context_memory_bytes(self) -> int:
+        """What one more context adds at the largest profile: activation arena, inputs, workspace."""
+        return max((p["context_bytes"] for p in self.memory_by_profile), default=0)
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device (with the copies some profiles' tactics read in another layout) plus
-        the largest activation arena any profile needs."""
-        arenas = [p.get("arena_bytes", 0) for p in self.header.get("memory", {}).get("profiles", [])]
-        return self.weight_bytes + self.profile_weight_bytes + max(arenas, default=0)
+        one context at the largest profile (arena, inputs, workspace)."""
+        return self.weight_bytes + self.profile_weight_bytes + self.context_memory_bytes
+
+    def device_memory_for(self, contexts: int) -> int:
+        """The weights once and `contexts` contexts at the largest profile."""
+        return self.weight_bytes + self.profile_weight_bytes + contexts * self.context_memory_bytes
 
     def context(self, profile: int | None = None) -> ExecutionContext:
         """A context bound to profile `profile`, or (None) to the first profile admitting each run."""
