@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -212,3 +213,34 @@ def _post_binary(port: int, body: bytes, header_length: int) -> int:
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused before the body: the answer is still there to read
         return _status(sock)[0]
+
+
+def test_frontend_processes_bound_the_bodies_they_receive(tmp_path, tiny_plan):
+    """--frontends 2 with a queue of 1: each frontend process receives at most one body per model at
+    a time, so of three requests whose bodies are all still arriving, one at least is refused (two
+    land on one process) before its body is read."""
+    root = tmp_path / "repo"
+    add_model(root, "tiny", tiny_plan, "max_batch_size: 4\n")
+    body = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16],
+                                   "data": [0.0] * 768}]}).encode()
+    with running(root, frontends=2, max_queue_size=1, metrics_port=None) as server:
+        sockets = [socket.create_connection((HOST, server.http_port), timeout=60) for _ in range(3)]
+        try:
+            for sock in sockets:
+                sock.sendall(_headers(server.http_port, "tiny", len(body)) + body[:100])
+            # No body is whole yet, so the refusal comes now: wait for it before completing any.
+            answered, _, _ = select.select(sockets, [], [], 60)
+            assert answered, "no request was refused while three bodies were arriving"
+            statuses = []
+            for sock in sockets:
+                try:
+                    sock.sendall(body[100:])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                statuses.append(_status(sock))
+        finally:
+            for sock in sockets:
+                sock.close()
+    assert sorted(s for s, _ in statuses)[0] == 200 and 503 in [s for s, _ in statuses], statuses
+    refused = next(m for s, m in statuses if s == 503)
+    assert "model 'tiny': the queue is full (0 requests waiting and 1 being received, of max_queue_size 1)" in refused
