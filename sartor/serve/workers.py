@@ -17,9 +17,11 @@ empty).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import re
 import signal
 
 import grpc
@@ -36,6 +38,7 @@ from .ipc import (Channel, RemoteInternalError, encode_regions, encode_tensors, 
 
 log = logging.getLogger("sartor.serve")
 LOCAL_GRPC = ("ModelInfer", "ModelStreamInfer")
+IMAGE_ROUTE = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer_image")
 REQUEST_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "Accept-Encoding")
 RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length", "Allow")
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -166,13 +169,17 @@ class HttpPassThrough:
             self.session = ClientSession(connector=UnixConnector(path=self.socket_path), auto_decompress=False,
                                          timeout=ClientTimeout(total=None), skip_auto_headers=("Accept-Encoding",
                                                                                                "User-Agent"))
-        body = await self.frontend._body(request)  # the same size limit and messages as the frontend's own
-        headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
-        async with self.session.request(request.method, URL("http://sartor" + request.raw_path, encoded=True),
-                                        data=body, headers=headers) as answer:
-            payload = await answer.read()
-            kept = {k: answer.headers[k] for k in RESPONSE_HEADERS if k in answer.headers}
-            return web.Response(status=answer.status, body=payload, headers=kept)
+        image = IMAGE_ROUTE.fullmatch(request.path) if request.method == "POST" else None
+        # An image body is held, until its answer, like an inference body (admission.py).
+        held = self.frontend.core.admit(image.group(1), image.group(2)) if image else contextlib.nullcontext()
+        with held:
+            body = await self.frontend._body(request)  # the same size limit and messages as the frontend's own
+            headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
+            async with self.session.request(request.method, URL("http://sartor" + request.raw_path, encoded=True),
+                                            data=body, headers=headers) as answer:
+                payload = await answer.read()
+                kept = {k: answer.headers[k] for k in RESPONSE_HEADERS if k in answer.headers}
+                return web.Response(status=answer.status, body=payload, headers=kept)
 
     async def close(self, app=None) -> None:
         if self.session is not None:

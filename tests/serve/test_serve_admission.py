@@ -25,9 +25,9 @@ dynamic_batching { max_queue_delay_microseconds: 1000 default_queue_policy { max
 """
 
 
-def _headers(port: int, model: str, length: int | None, extra: str = "") -> bytes:
+def _headers(port: int, model: str, length: int | None, extra: str = "", route: str = "infer") -> bytes:
     size = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
-    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
+    return (f"POST /v2/models/{model}/{route} HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
             f"Content-Type: application/json\r\n{size}{extra}\r\n").encode()
 
 
@@ -215,10 +215,12 @@ def _post_binary(port: int, body: bytes, header_length: int) -> int:
         return _status(sock)[0]
 
 
-def test_frontend_processes_bound_the_bodies_they_receive(tmp_path, tiny_plan):
+@pytest.mark.parametrize("route", ["infer", "infer_image"])
+def test_frontend_processes_bound_the_bodies_they_receive(tmp_path, tiny_plan, route):
     """--frontends 2 with a queue of 1: each frontend process receives at most one body per model at
     a time, so of three requests whose bodies are all still arriving, one at least is refused (two
-    land on one process) before its body is read."""
+    land on one process) before its body is read. The image route (passed through to the main
+    process) is bounded the same way."""
     root = tmp_path / "repo"
     add_model(root, "tiny", tiny_plan, "max_batch_size: 4\n")
     body = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16],
@@ -227,7 +229,7 @@ def test_frontend_processes_bound_the_bodies_they_receive(tmp_path, tiny_plan):
         sockets = [socket.create_connection((HOST, server.http_port), timeout=60) for _ in range(3)]
         try:
             for sock in sockets:
-                sock.sendall(_headers(server.http_port, "tiny", len(body)) + body[:100])
+                sock.sendall(_headers(server.http_port, "tiny", len(body), route=route) + body[:100])
             # No body is whole yet, so the refusal comes now: wait for it before completing any.
             answered, _, _ = select.select(sockets, [], [], 60)
             assert answered, "no request was refused while three bodies were arriving"
@@ -241,6 +243,7 @@ def test_frontend_processes_bound_the_bodies_they_receive(tmp_path, tiny_plan):
         finally:
             for sock in sockets:
                 sock.close()
-    assert min(s for s, _ in statuses) == 200 and 503 in [s for s, _ in statuses], statuses
+    answered = 400 if route == "infer_image" else 200  # JSON is no image: refused by the main process
+    assert min(s for s, _ in statuses) == answered and 503 in [s for s, _ in statuses], statuses
     refused = next(m for s, m in statuses if s == 503)
     assert "model 'tiny': the queue is full (0 requests waiting and 1 being received, of max_queue_size 1)" in refused
