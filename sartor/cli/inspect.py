@@ -12,8 +12,9 @@ from ..errors import DeviceError
 from ..ops.fused_pool import max_pool_label
 from ..runtime.engine_file import FORMAT_VERSION, read_engine
 from ..runtime.engine_signature import trust_store
-from ..runtime.fingerprint import describe, device_fingerprint, parse_device
+from ..runtime.fingerprint import compare_fingerprints, compatibility_level, describe, device_fingerprint, parse_device
 from ..runtime.kernel_store import TENSOR_PREFIX, describe_record, is_embedded, record_entries
+from ..runtime.memory_plan import memory_by_profile
 from ..runtime.profiles import Profile
 from .common import (
     add_trust_arg,
@@ -157,9 +158,12 @@ def _fingerprint_here(header: dict) -> dict:
         device = parse_device(header.get("device") or built_for.get("kind") or "cpu")
         here = device_fingerprint(device)
     except DeviceError as exc:
-        return {"matches": False, "differs_in": ["device"], "here": None, "note": str(exc)}
-    differing = sorted(k for k in set(built_for) | set(here) if built_for.get(k) != here.get(k))
-    return {"matches": not differing, "differs_in": differing, "here": here, "note": ""}
+        return {"matches": False, "loads": False, "differs_in": ["device"], "refused_for": ["device"],
+                "warned_for": [], "here": None, "note": str(exc)}
+    check = compare_fingerprints(built_for, here, compatibility_level())
+    differing = sorted(check.refused + check.warned)
+    return {"matches": not differing, "loads": check.loads, "compatibility": check.level, "differs_in": differing,
+            "refused_for": list(check.refused), "warned_for": list(check.warned), "here": here, "note": ""}
 
 
 def _kernels_summary(header: dict, tensors: dict) -> dict:
@@ -201,6 +205,8 @@ def engine_summary(path: str, trust=None) -> dict:
     header, tensors = engine.header, engine.tensors
     weight_bytes = sum(t.numel() * t.element_size() for k, t in tensors.items() if k.startswith("w/"))
     arenas = [p.get("arena_bytes", 0) for p in header.get("memory", {}).get("profiles", [])]
+    # Weights a profile's tactic reads in another layout are made at load: counted by Engine, not here.
+    by_profile = memory_by_profile(header, weight_bytes)
     config = header.get("build_config", {})
     graph = header.get("graph", {})
     return {
@@ -217,8 +223,8 @@ def engine_summary(path: str, trust=None) -> dict:
         "profiles": header.get("profiles", []),
         "layers": [dict(layer, epilogue=epilogue(layer.get("attrs") or {})) for layer in header.get("layers", [])],
         "memory": {"weight_bytes": int(weight_bytes), "arena_bytes": arenas,
-                   "device_bytes": int(weight_bytes + max(arenas, default=0)),
-                   "profiles": header.get("memory", {}).get("profiles", [])},
+                   "device_bytes": max((p["total_bytes"] for p in by_profile), default=int(weight_bytes)),
+                   "by_profile": by_profile, "profiles": header.get("memory", {}).get("profiles", [])},
         "provenance": header.get("provenance", {}),
         "build_config": config,
         "build_log": header.get("build_log", []),
@@ -232,6 +238,11 @@ def engine_summary(path: str, trust=None) -> dict:
     }
 
 
+def _context_memory(row: dict) -> str:
+    return (f"arena {fmt_bytes(row['arena_bytes'])} + inputs {fmt_bytes(row['input_bytes'])} + workspace "
+            f"{fmt_bytes(row['workspace_bytes'])} per context; {fmt_bytes(row['total_bytes'])} with the weights")
+
+
 def run(args) -> int:
     info = engine_summary(args.plan, args.trust)
     if args.json:
@@ -240,6 +251,8 @@ def run(args) -> int:
     out = console()
     here = info["fingerprint_here"]
     match = "yes" if here["matches"] else f"no (differs in {', '.join(here['differs_in'])}) {here['note']}".strip()
+    if not here["matches"] and here["loads"]:
+        match += f"; loads at compatibility '{here['compatibility']}', with a warning"
     out.print(key_values("Engine", [
         ("file", f"{info['path']} ({fmt_bytes(info['file_bytes'])}, format v{info['format_version']})"),
         ("device", info["device"]),
@@ -277,10 +290,11 @@ def run(args) -> int:
         for name, line in differing:
             out.print(text(f"  {name}: {line}"))
     memory = info["memory"]
+    total = (f"{fmt_bytes(memory['device_bytes'])} (one context; each more adds "
+             f"{fmt_bytes(memory['device_bytes'] - memory['weight_bytes'])})")
     out.print(key_values("Memory", [("weights", fmt_bytes(memory["weight_bytes"]))]
-                         + [(f"activation arena, profile {k}", f"{fmt_bytes(a)} at max shapes")
-                            for k, a in enumerate(memory["arena_bytes"])]
-                         + [("device total", fmt_bytes(memory["device_bytes"]))]))
+                         + [(f"profile {p['profile']} at max shapes", _context_memory(p)) for p in memory["by_profile"]]
+                         + [("device total", total)]))
     if info["planner"]:
         print_planner(out, info["planner"])
     if info["fallback_where_faster"]:

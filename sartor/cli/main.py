@@ -7,10 +7,14 @@ usage error or any SartorError (printed as one `error: ...` line); 3 an internal
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import traceback
 
 from ..errors import SartorError
+from ..runtime.fingerprint import ENVIRONMENT as FINGERPRINT_ENVIRONMENT
+from ..runtime.fingerprint import LEVELS as COMPATIBILITY_LEVELS
 from ..version import __version__
 from . import (
     bench,
@@ -39,6 +43,12 @@ def make_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
+    for p in (parser, common):
+        p.add_argument("--compatibility", choices=COMPATIBILITY_LEVELS, default=argparse.SUPPRESS,
+                       help="which differences between an engine's fingerprint and this machine refuse a load: "
+                            "strict (any), default (device, GPU model, toolkit major.minor; driver and patch "
+                            "versions only warn), loose (only device kind, architecture, compute capability); "
+                            f"sets ${FINGERPRINT_ENVIRONMENT}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.add_parser(subparsers, [common])
@@ -49,6 +59,23 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+@contextlib.contextmanager
+def _compatibility(level: str | None):
+    """--compatibility as $SARTOR_FINGERPRINT, which every load reads (the server's engine processes
+    too), for this command only."""
+    previous = os.environ.get(FINGERPRINT_ENVIRONMENT)
+    if level is not None:
+        os.environ[FINGERPRINT_ENVIRONMENT] = level
+    try:
+        yield
+    finally:
+        if level is not None:
+            if previous is None:
+                del os.environ[FINGERPRINT_ENVIRONMENT]
+            else:
+                os.environ[FINGERPRINT_ENVIRONMENT] = previous
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     try:
@@ -57,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     verbose = getattr(args, "verbose", False)
     try:
-        return args.func(args)
+        with _compatibility(getattr(args, "compatibility", None)):
+            return args.func(args)
     except SartorError as exc:
         if verbose:
             traceback.print_exc()

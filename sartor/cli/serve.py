@@ -39,6 +39,10 @@ def add_parser(subparsers, parents) -> None:
                         "(default 60; 0 none)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20,
                    help="largest request body accepted (default 64 MiB)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="device memory all models together may take on each device, e.g. 8G (K/M/G/T: powers "
+                        "of 1024): a model that would not fit (weights + instance_group count x its context at the "
+                        "largest profile) is unavailable with the numbers, the others serve (default: no limit)")
     p.add_argument("--frontends", type=int, default=1, metavar="N",
                    help="HTTP and gRPC in N processes sharing the ports, feeding this one (default 1: in this "
                         "process; 1..64)")
@@ -72,6 +76,7 @@ def _index_table(server):
 def run(args) -> int:
     try:
         from ..serve import Server, ServeOptions
+        from ..serve.memory_budget import parse_size
     except ImportError as exc:
         raise SartorError(f"sartor serve needs its extra dependencies ({exc.name} is missing): "
                           f"pip install 'sartor[serve]'") from None
@@ -82,7 +87,8 @@ def run(args) -> int:
                            devices=_devices(args.device), poll_interval=args.poll_interval or None,
                            max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
                            max_request_bytes=args.max_request_bytes, frontends=args.frontends,
-                           engine_processes=args.engine_processes, trust=args.trust)
+                           engine_processes=args.engine_processes, trust=args.trust,
+                           memory_budget=parse_size(args.memory_budget, "--memory-budget") if args.memory_budget else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     out = console()

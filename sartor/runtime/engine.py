@@ -14,6 +14,7 @@ from .engine_signature import trust_store
 from .executor import Executor
 from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
+from .memory_plan import memory_by_profile
 from .kernel_store import cuda_arch, install_engine_kernels, install_refusal, split_kernel_tensors
 from .profiles import Profile
 
@@ -41,6 +42,8 @@ class Engine:
         self.kernels_installed = None
         # The signer's key fingerprint when the file is signed (verified), else None.
         self.signed_by: str | None = None
+        # How the fingerprint compared with this machine's at load (fingerprint.Compatibility).
+        self.fingerprint_check = None
 
     # ---- what the engine declares ------------------------------------------------------
     @property
@@ -79,11 +82,26 @@ class Engine:
         return FrameFormat.from_json(record) if record else None
 
     @property
+    def memory_by_profile(self) -> list[dict]:
+        """Per profile at its max shapes: the weights all contexts share (the copies some profiles'
+        tactics read in another layout included) and each context's arena, inputs and workspace
+        (memory_plan.memory_by_profile)."""
+        return memory_by_profile(self.header, self.weight_bytes, self.profile_weight_bytes)
+
+    @property
+    def context_memory_bytes(self) -> int:
+        """What one more context adds at the largest profile: activation arena, inputs, workspace."""
+        return max((p["context_bytes"] for p in self.memory_by_profile), default=0)
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device (with the copies some profiles' tactics read in another layout) plus
-        the largest activation arena any profile needs."""
-        arenas = [p.get("arena_bytes", 0) for p in self.header.get("memory", {}).get("profiles", [])]
-        return self.weight_bytes + self.profile_weight_bytes + max(arenas, default=0)
+        one context at the largest profile (arena, inputs, workspace)."""
+        return self.weight_bytes + self.profile_weight_bytes + self.context_memory_bytes
+
+    def device_memory_for(self, contexts: int) -> int:
+        """The weights once and `contexts` contexts at the largest profile."""
+        return self.weight_bytes + self.profile_weight_bytes + contexts * self.context_memory_bytes
 
     def context(self, profile: int | None = None) -> ExecutionContext:
         """A context bound to profile `profile`, or (None) to the first profile admitting each run."""
@@ -130,7 +148,7 @@ def rebuild_command(header: dict) -> str:
 
 
 def load(path: str | os.PathLike, device: str | None = None, install_kernels: bool = True,
-         trust=None) -> Engine:
+         trust=None, compatibility: str | None = None) -> Engine:
     """Read, verify and bind an engine file to this machine's device (no rebuild, no JIT).
 
     `trust`: the keys whose signatures are accepted (a directory of .pub files, one .pub file, an
@@ -146,6 +164,10 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
     verified against the trust store, or, with no trust store, from any engine (the caller vouches
     for the files it loads, as for their weights). `install_kernels=False` (or
     SARTOR_NO_KERNEL_INSTALL=1) trusts the weights but not the binaries: they are compiled here.
+
+    `compatibility` ("strict", "default", "loose"; else $SARTOR_FINGERPRINT, else "default") says
+    which fingerprint differences refuse the load and which are warned about in the log
+    (fingerprint.py).
     """
     store = trust_store(trust)
     engine_file = read_engine(path, store)
@@ -157,7 +179,8 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         raise EngineFileError(f"{path} has no device fingerprint in its header") from None
     target = parse_device(device or ("cuda" if kind == "cuda" else "cpu"))
     try:
-        check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header))
+        fingerprint_check = check_fingerprint(built_for, device_fingerprint(target), rebuild_command(header),
+                                              compatibility, str(path))
         tensors, kernel_tensors = split_kernel_tensors(tensors)
         # Before the first run: the JIT then finds every kernel the engine runs in its cache.
         installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target), install_refusal(install_kernels),
@@ -170,4 +193,5 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
                               f"from its ONNX model") from None
     engine.kernels_installed = installed
     engine.signed_by = engine_file.signature.fingerprint if engine_file.signature else None
+    engine.fingerprint_check = fingerprint_check
     return engine

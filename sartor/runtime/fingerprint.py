@@ -1,14 +1,40 @@
-"""What an engine is locked to: the device model and the toolkit that chose its kernels."""
+"""What an engine is locked to: the device model and the toolkit that chose its kernels, and the
+compatibility levels that say which differences refuse a load and which only warn
+([0022](../../docs/decisions/0022-fingerprint-policy-and-memory-budgets.md)).
+
+    strict   every field equal (what every load required before the levels existed)
+    default  refused: another device kind, CPU architecture, GPU model or compute capability, CUDA
+             major.minor, Triton version (the embedded cubins), torch or sartor major.minor;
+             warned: driver, CPU model name, torch and sartor patch or local build suffix
+    loose    refused: another device kind, CPU architecture or compute capability (code that cannot
+             run); warned: everything else
+
+The level is `load(..., compatibility=)`, else $SARTOR_FINGERPRINT, else "default".
+"""
 from __future__ import annotations
 
+import logging
+import os
 import platform
+import re
 import subprocess
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cache
 
 import torch
 
-from ..errors import DeviceError, FingerprintMismatchError
+from ..errors import ConfigError, DeviceError, FingerprintMismatchError
 from ..version import __version__
+
+log = logging.getLogger("sartor.runtime")
+LEVELS = ("strict", "default", "loose")
+ENVIRONMENT = "SARTOR_FINGERPRINT"
+# Fields a difference in refuses at every level: the engine's code cannot run there.
+ALWAYS_REFUSED = ("kind", "arch", "compute_capability")
+# Fields that refuse at "default" when they differ as a whole; those in RELEASES compare only
+# major.minor (a patch or a local build suffix such as +cu124 warns).
+REFUSED_AT_DEFAULT = ("gpu", "triton")
+RELEASES = ("cuda", "torch", "sartor")
 
 
 def parse_device(spec: str | None) -> torch.device:
@@ -29,7 +55,7 @@ def parse_device(spec: str | None) -> torch.device:
     return device
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -41,7 +67,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _driver_version() -> str:
     try:
         import pynvml  # nvidia-ml-py
@@ -84,9 +110,69 @@ def describe(fp: dict) -> str:
             f"CUDA {fp.get('cuda')}, torch {fp.get('torch')}, triton {fp.get('triton')}, sartor {fp.get('sartor')}")
 
 
-def check_fingerprint(built_for: dict, here: dict, rebuild_hint: str) -> None:
+def compatibility_level(level: str | None = None) -> str:
+    """`level`, else $SARTOR_FINGERPRINT, else "default"; anything else is a one-line ConfigError."""
+    chosen = level if level is not None else (os.environ.get(ENVIRONMENT) or "default")
+    if chosen not in LEVELS:
+        where = f"${ENVIRONMENT}" if level is None else "compatibility"
+        raise ConfigError(f"{where}={chosen!r} is not a compatibility level: use one of {', '.join(LEVELS)}")
+    return chosen
+
+
+def _major_minor(version) -> tuple:
+    numbers = re.findall(r"\d+", str(version).split("+", 1)[0])
+    return tuple(numbers[:2]) if numbers else (str(version),)
+
+
+def _refuses(field: str, built: object, here: object, level: str) -> bool:
+    """Whether a difference in `field` (built != here) refuses a load at `level`."""
+    if level == "strict" or field in ALWAYS_REFUSED:
+        return True
+    if level == "loose":
+        return False
+    if field in REFUSED_AT_DEFAULT:
+        return True
+    return field in RELEASES and _major_minor(built) != _major_minor(here)
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    """How an engine's fingerprint compares with this machine's at one level."""
+    level: str
+    refused: tuple  # fields whose difference refuses the load
+    warned: tuple  # fields that differ but only warn
+    built_for: dict
+    here: dict
+
+    @property
+    def loads(self) -> bool:
+        return not self.refused
+
+    def differences(self, fields) -> str:
+        return ", ".join(f"{k} {self.built_for.get(k)} (here {self.here.get(k)})" for k in fields)
+
+
+def compare_fingerprints(built_for: dict, here: dict, level: str = "default") -> Compatibility:
     differing = sorted(k for k in set(built_for) | set(here) if built_for.get(k) != here.get(k))
-    if differing:
+    refused = tuple(k for k in differing if _refuses(k, built_for.get(k), here.get(k), level))
+    return Compatibility(level, refused, tuple(k for k in differing if k not in refused), built_for, here)
+
+
+def check_fingerprint(built_for: dict, here: dict, rebuild_hint: str, level: str | None = None,
+                      source: str = "engine") -> Compatibility:
+    """Refuse (FingerprintMismatchError naming both sides and the rebuild) or warn once in the log, by
+    the compatibility level (see the module's docstring)."""
+    result = compare_fingerprints(built_for, here, compatibility_level(level))
+    if result.refused:
+        also = f"; also in {', '.join(result.warned)}" if result.warned else ""
+        loose = compare_fingerprints(built_for, here, "loose")
+        override = ("; or accept the difference: --compatibility loose (SARTOR_FINGERPRINT=loose)"
+                    if loose.loads and result.level != "loose" else "")
         raise FingerprintMismatchError(
             f"engine was built for [{describe(built_for)}] but this machine is [{describe(here)}] "
-            f"(differs in {', '.join(differing)}); rebuild it here: {rebuild_hint}")
+            f"(differs in {', '.join(result.refused)}, which must match at compatibility '{result.level}'{also}); "
+            f"rebuild it here: {rebuild_hint}{override}")
+    if result.warned:
+        log.warning("%s: loaded at compatibility '%s' although its fingerprint differs here in %s; rebuild it here "
+                    "for tactics timed on this machine", source, result.level, result.differences(result.warned))
+    return result

@@ -5,7 +5,8 @@ Read: max_batch_size, dynamic_batching { preferred_batch_size, max_queue_delay_m
 default_queue_policy { default_timeout_microseconds, max_queue_size } }, instance_group [{ count,
 kind, gpus }], input/output names and data types (checked against the engine), default_model_filename,
 and parameters { key: "preprocess" value: { string_value: "letterbox=640,..." } } (used by the image
-route when the engine stores no preprocessing). Other fields are kept and reported but not acted on.
+route when the engine stores no preprocessing) and { key: "memory_budget" value: { string_value: "2G" } }
+(the most device memory the version may take: memory_budget.py). Other fields are kept and reported but not acted on.
 
 As Triton's auto-complete does: without max_batch_size in the config, it is the largest batch the
 engine's profiles admit (0 when the engine has no shared dynamic batch dim), and a batching model
@@ -22,6 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
 from ..runtime.fingerprint import parse_device
+from .memory_budget import parse_size
 from .tensors import kserve_datatype
 
 CONFIG_FILE = "config.pbtxt"
@@ -42,6 +44,7 @@ class ModelSettings:
     allow_timeout_override: bool = True
     instances: list[tuple[str, int]] = field(default_factory=list)  # (device, count)
     preprocess: str | None = None  # config.pbtxt parameter "preprocess"
+    memory_budget: int | None = None  # config.pbtxt parameter "memory_budget", in bytes
 
 
 def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
@@ -222,5 +225,8 @@ def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engi
             group.gpus.append(int(device.partition(":")[2] or 0))
     if "preprocess" in config.parameters:
         settings.preprocess = config.parameters["preprocess"].string_value or None
+    if "memory_budget" in config.parameters:
+        settings.memory_budget = parse_size(config.parameters["memory_budget"].string_value,
+                                            f"{where}: parameter memory_budget")
     config.default_model_filename = config.default_model_filename or DEFAULT_MODEL_FILE
     return config, settings

@@ -4,6 +4,7 @@ calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -12,9 +13,10 @@ from typing import Callable
 import numpy as np
 
 from ..version import __version__
+from .admission import BodyAdmission
 from .batcher import GroupFuture
 from .device_copies import DeviceCopies
-from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, RequestTimeout, ServeError
+from .errors import BatcherClosed, InvalidRequest, ModelUnavailable, QueueFull, RequestTimeout, ServeError
 from .relay import LoopRelay, expire
 from .repository import Repository, ServedModel
 from .shared_memory import Lease, SharedMemoryRegistry, ShmInput, ShmRef
@@ -112,6 +114,7 @@ class InferenceCore:
         # With --engine-processes K, the other shards (peers.Siblings): loads, unloads and
         # statistics span them (the registry is mirrored by peers.MirroredRegistry).
         self.siblings = None
+        self.admission = BodyAdmission()
 
     # ---- server -------------------------------------------------------------------------------------
     def server_metadata(self) -> dict:
@@ -124,6 +127,22 @@ class InferenceCore:
         return self.repository.ready
 
     # ---- inference ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def admit(self, name: str, version: str | None):
+        """A context held while a request's body is read and parsed: QueueFull at once (counted as a
+        rejected request), before the body is read, when the model's queue has no room (admission.py)."""
+        model = self.repository.served(name, version)
+        batcher = model.batcher
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.admission.reading(
+                    (model.name, model.version), f"model '{model.name}' version {model.version}",
+                    lambda: batcher.pending, batcher.policy.max_queue_size))
+            except QueueFull as exc:
+                self._count_failure(model, exc)
+                raise
+            yield
+
     def _timeout(self, model: ServedModel, timeout_us) -> float | None:
         if timeout_us is not None:
             if (isinstance(timeout_us, bool) or not isinstance(timeout_us, (int, float)) or not math.isfinite(timeout_us)

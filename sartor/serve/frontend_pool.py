@@ -286,6 +286,7 @@ class FrontendPool:
         settings = {"index": index, "ipc": self._path("ipc"), "control_http": self._path("http"),
                     "control_grpc": self._path("grpc"), "host": o.host, "http_port": self.http_port,
                     "grpc_port": self.grpc_port, "max_request_bytes": o.max_request_bytes,
+                    "max_queue_size": o.max_queue_size,
                     "grpc_max_concurrent": o.grpc_max_concurrent, "grace": 5.0,
                     "log_level": logging.getLogger("sartor").getEffectiveLevel()}
         package_root = str(Path(__file__).resolve().parents[2])  # where `import sartor` found this copy

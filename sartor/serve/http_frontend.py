@@ -19,7 +19,7 @@
 
 Errors are `{"error": "<one line>"}` with 400 (bad request, unknown or unavailable model), 404 (a
 shared-memory region that is not registered), 501 (CUDA shared memory without a GPU), 503 (queue
-full), 504 (timed out in the queue) or 500 (the engine failed).
+full, or full counting the bodies being received: refused before the body is read, admission.py), 504 (timed out in the queue) or 500 (the engine failed).
 """
 from __future__ import annotations
 
@@ -218,9 +218,11 @@ class HttpFrontend:
     # ---- inference ------------------------------------------------------------------------------------
     async def infer(self, request):
         name, version = self._target(request)
-        body = await self._body(request)
-        parsed = await self._offload(len(body), parse_infer_request, body,
-                                     request.headers.get("Inference-Header-Content-Length"))
+        with self.core.admit(name, version):  # before the body is read: admission.py
+            body = await self._body(request)
+            parsed = await self._offload(len(body), parse_infer_request, body,
+                                         request.headers.get("Inference-Header-Content-Length"))
+            del body
         outcome = await self.core.infer(name, version, parsed.inputs, [n for n, _ in parsed.outputs] or None,
                                         parsed.timeout_us, output_regions=parsed.output_regions)
         size = sum(a.nbytes for n, a in outcome.outputs.items() if n not in outcome.shared_memory)
@@ -234,11 +236,12 @@ class HttpFrontend:
 
     async def infer_image(self, request):
         name, version = self._target(request)
-        body = await self._body(request)
         model = self.core.repository.served(name, version)
         loop = asyncio.get_running_loop()
         query = dict(request.query)
-        inputs, meta, options = await loop.run_in_executor(None, image_route.prepare, model, body, query)
+        with self.core.admit(name, version):
+            body = await self._body(request)
+            inputs, meta, options = await loop.run_in_executor(None, image_route.prepare, model, body, query)
         timeout = query.get("timeout")
         try:
             timeout = int(timeout) if timeout is not None else None

@@ -30,6 +30,8 @@ from .batcher import (FLAG_GATE, Batcher, BatchPolicy, Instance, device_gate, on
                       wants_tf32)
 from .config import DEFAULT_MODEL_FILE, ModelSettings, check_devices, complete_config, read_config
 from .errors import InvalidRequest, ModelUnavailable
+from .memory_budget import MemoryBudget
+from .memory_budget import needs as budget_needs
 from .tensors import kserve_datatype
 
 log = logging.getLogger("sartor.serve")
@@ -151,7 +153,7 @@ class ModelRecord:
 
 class Repository:
     def __init__(self, root, metrics, devices: list[str] | None = None, max_queue_size: int = 1024,
-                 poll_interval: float | None = None, trust=None) -> None:
+                 poll_interval: float | None = None, trust=None, memory_budget: int | None = None) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a directory")
@@ -161,6 +163,7 @@ class Repository:
         self.devices = check_devices(devices) if devices else None
         self.max_queue_size = max_queue_size
         self.poll_interval = poll_interval
+        self.memory = MemoryBudget(memory_budget)  # what each model holds per device (memory_budget.py)
         self._records: dict[str, ModelRecord] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -267,6 +270,16 @@ class Repository:
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture
             first = load_engine(plan, device=first_device, trust=self.trust)
         config, settings = complete_config(config, has_max_batch, name, first, self.devices, where)
+        # Before any other device's copy, context or warm-up: a version over the budget costs no more.
+        previous = self.memory.reserve(name, version, budget_needs(first, settings.instances), settings.memory_budget)
+        try:
+            return self._build_instances(name, version, plan, config, settings, first, stamp, load_started)
+        except BaseException:
+            self.memory.restore(name, previous)
+            raise
+
+    def _build_instances(self, name: str, version: str, plan: Path, config, settings: ModelSettings, first, stamp,
+                         load_started: float) -> ServedModel:
         loaded = {str(first.device): first}
         engines = {}  # only the devices that hold instances: `first` is dropped when none runs on its device
         for device, _ in settings.instances:
@@ -361,6 +374,7 @@ class Repository:
                 record.state, record.reason, record.user_unloaded = UNAVAILABLE, reason, not forget
                 if forget:
                     self._records.pop(name, None)
+            self.memory.release(name)
         if old is not None:
             self._retire(old)
 

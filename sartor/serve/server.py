@@ -48,6 +48,7 @@ class ServeOptions:
     frontends: int = 1  # >1: HTTP and gRPC in that many processes (frontend_pool.py); 1: in this process
     engine_processes: int = 1  # >1: that many whole servers on the same ports (shards.py), each with `frontends`
     trust: str | None = None  # --trust: a directory of .pub files or one; None: $SARTOR_TRUST, else no trust store
+    memory_budget: int | None = None  # bytes per device for all models together (memory_budget.py); None: no limit
 
     def check(self) -> None:
         for label, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
@@ -62,6 +63,8 @@ class ServeOptions:
         if self.engine_processes > 1 and self.frontends < 2:
             raise ConfigError(f"--engine-processes {self.engine_processes} needs --frontends 2 or more: each engine "
                               f"process's frontend processes share the ports")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ConfigError(f"--memory-budget {self.memory_budget} must be more than 0 bytes")
         if self.max_queue_size < 1:
             raise ConfigError(f"--max-queue-size {self.max_queue_size} must be at least 1")
         if self.max_request_bytes < 1024:
@@ -80,7 +83,7 @@ class Server:
         self.metrics = Metrics()
         self.repository = Repository(options.model_repository, self.metrics, devices=options.devices,
                                      max_queue_size=options.max_queue_size, poll_interval=options.poll_interval or None,
-                                     trust=options.trust)
+                                     trust=options.trust, memory_budget=options.memory_budget)
         self.core = InferenceCore(self.repository, self.metrics, options.request_timeout or None)
         self.http_port = self.grpc_port = self.metrics_port = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -17,9 +17,11 @@ empty).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import re
 import signal
 
 import grpc
@@ -27,6 +29,7 @@ from aiohttp import ClientSession, ClientTimeout, UnixConnector, web
 from tritonclient.grpc import service_pb2 as pb
 from yarl import URL
 
+from .admission import BodyAdmission
 from .errors import InvalidRequest, ModelUnavailable
 from .grpc_frontend import SERVICE, GrpcFrontend, safe_deserializer, wrap_unary_handler
 from .http_frontend import HttpFrontend, error_middleware
@@ -35,6 +38,7 @@ from .ipc import (Channel, RemoteInternalError, encode_regions, encode_tensors, 
 
 log = logging.getLogger("sartor.serve")
 LOCAL_GRPC = ("ModelInfer", "ModelStreamInfer")
+IMAGE_ROUTE = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer_image")
 REQUEST_HEADERS = ("Content-Type", "Inference-Header-Content-Length", "Accept-Encoding")
 RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "Inference-Header-Content-Length", "Allow")
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -45,14 +49,21 @@ class RemoteCore:
     in one loop iteration leave in one grouped frame (more where they exceed `payload_limit`, which
     the main process's channel enforces)."""
 
-    def __init__(self, payload_limit: int) -> None:
+    def __init__(self, payload_limit: int, max_queue_size: int = 1024) -> None:
         self.payload_limit = payload_limit
+        # The queues are the main process's: here, bodies being received are bounded per model by
+        # max_queue_size alone (admission.py), so this process holds at most that many per model.
+        self.max_queue_size = max_queue_size
+        self.admission = BodyAdmission()
         self.channel: Channel | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._unsent: dict[int, tuple[dict, list]] = {}  # id -> (request header, payload buffers)
         self.stop_requested = asyncio.Event()
         self.grace = 5.0
+
+    def admit(self, name: str, version: str | None):
+        return self.admission.reading((name, version), f"model '{name}'", lambda: 0, self.max_queue_size)
 
     async def infer(self, name: str, version: str | None, inputs: dict, outputs: list[str] | None = None,
                     timeout_us=None, client_deadline_s: float | None = None, output_regions: dict | None = None):
@@ -158,13 +169,17 @@ class HttpPassThrough:
             self.session = ClientSession(connector=UnixConnector(path=self.socket_path), auto_decompress=False,
                                          timeout=ClientTimeout(total=None), skip_auto_headers=("Accept-Encoding",
                                                                                                "User-Agent"))
-        body = await self.frontend._body(request)  # the same size limit and messages as the frontend's own
-        headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
-        async with self.session.request(request.method, URL("http://sartor" + request.raw_path, encoded=True),
-                                        data=body, headers=headers) as answer:
-            payload = await answer.read()
-            kept = {k: answer.headers[k] for k in RESPONSE_HEADERS if k in answer.headers}
-            return web.Response(status=answer.status, body=payload, headers=kept)
+        image = IMAGE_ROUTE.fullmatch(request.path) if request.method == "POST" else None
+        # An image body is held, until its answer, like an inference body (admission.py).
+        held = self.frontend.core.admit(image.group(1), image.group(2)) if image else contextlib.nullcontext()
+        with held:
+            body = await self.frontend._body(request)  # the same size limit and messages as the frontend's own
+            headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
+            async with self.session.request(request.method, URL("http://sartor" + request.raw_path, encoded=True),
+                                            data=body, headers=headers) as answer:
+                payload = await answer.read()
+                kept = {k: answer.headers[k] for k in RESPONSE_HEADERS if k in answer.headers}
+                return web.Response(status=answer.status, body=payload, headers=kept)
 
     async def close(self, app=None) -> None:
         if self.session is not None:
@@ -216,7 +231,7 @@ def grpc_handler(core: RemoteCore, control: grpc.aio.Channel):
 
 async def _serve(settings: dict) -> None:
     loop = asyncio.get_running_loop()
-    core = RemoteCore(request_payload_limit(settings["max_request_bytes"]))
+    core = RemoteCore(request_payload_limit(settings["max_request_bytes"]), settings.get("max_queue_size", 1024))
     _, channel = await loop.create_unix_connection(lambda: Channel(core.on_frame, core.on_lost), settings["ipc"])
     core.channel = channel
     loop.add_signal_handler(signal.SIGTERM, core.stop_requested.set)

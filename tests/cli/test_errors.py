@@ -361,7 +361,7 @@ def test_engine_file_not_found(tmp_path, cli):
 
 def _other_machine(plan: Path, dest: Path) -> Path:
     header, tensors = unpack(plan.read_bytes())
-    header["fingerprint"]["cpu"] = "Imaginary CPU 9000"
+    header["fingerprint"].update(cpu="Imaginary CPU 9000", arch="imaginary64")  # the arch refuses the load
     dest.write_bytes(pack(header, tensors))
     return dest
 
@@ -370,10 +370,10 @@ def test_other_device_fingerprint(tiny_plan, tmp_path, cli):
     other = _other_machine(tiny_plan, tmp_path / "other.plan")
     with pytest.raises(FingerprintMismatchError) as info:
         sartor.load(other, device="cpu")
-    one_line(info, FingerprintMismatchError, "Imaginary CPU 9000", "differs in cpu", "rebuild it here",
+    one_line(info, FingerprintMismatchError, "Imaginary CPU 9000", "differs in arch", "rebuild it here",
              "sartor build", "--max-shapes images:4x3x16x16")
     assert_cli_error(cli("run", other), "Imaginary CPU 9000")
-    assert_cli_error(cli("compare", tmp_path / "m.onnx", other), "differs in cpu")
+    assert_cli_error(cli("compare", tmp_path / "m.onnx", other), "differs in arch")
 
 
 def test_inspect_does_not_fail_on_fingerprint_mismatch(tiny_plan, tmp_path, cli):
@@ -381,13 +381,14 @@ def test_inspect_does_not_fail_on_fingerprint_mismatch(tiny_plan, tmp_path, cli)
     result = cli("inspect", other)
     assert result.code == 0, result
     assert "Imaginary CPU 9000" in result.out
-    assert "no (differs in cpu)" in result.out
+    assert "no (differs in arch, cpu)" in result.out
     result = cli("inspect", other, "--json")
     assert result.code == 0, result
     info = json.loads(result.out)
     assert info["fingerprint"]["cpu"] == "Imaginary CPU 9000"
     assert info["fingerprint_here"]["matches"] is False
-    assert info["fingerprint_here"]["differs_in"] == ["cpu"]
+    assert info["fingerprint_here"]["differs_in"] == ["arch", "cpu"]
+    assert info["fingerprint_here"]["refused_for"] == ["arch"] and info["fingerprint_here"]["loads"] is False
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -319,10 +319,13 @@ def test_cuda_int8_rebuild_is_byte_identical_even_with_an_empty_triton_cache(tin
 def test_a_bundled_engine_on_another_machine_names_sartor_rebuild(fp32_bundle, tmp_path):
     engine, _ = fp32_bundle
     header, tensors = read_engine_file(engine)
+    # Another CPU architecture: a difference every compatibility level refuses (a CPU model name
+    # alone is only warned about).
     header["fingerprint"]["cpu"] = "another CPU"
+    header["fingerprint"]["arch"] = "riscv64"
     moved = tmp_path / "moved.plan"
     moved.write_bytes(pack(header, tensors))
-    with pytest.raises(FingerprintMismatchError, match=r"differs in cpu.*sartor rebuild BUNDLE -o OUT.plan"):
+    with pytest.raises(FingerprintMismatchError, match=r"differs in arch.*sartor rebuild BUNDLE -o OUT.plan"):
         sartor.load(moved, device="cpu")
 
 

@@ -36,7 +36,7 @@ def repo(tmp_path, tiny_plan) -> Path:
 def alien_plan(plan: Path, dest: Path) -> Path:
     """The same engine, signed for another CPU: refused by the fingerprint check."""
     header, tensors = unpack(plan.read_bytes())
-    header["fingerprint"]["cpu"] = "Imaginary CPU 9000"
+    header["fingerprint"].update(cpu="Imaginary CPU 9000", arch="imaginary64")
     dest.write_bytes(pack(header, tensors))
     return dest
 
@@ -505,9 +505,9 @@ def test_several_gpus_with_several_instances_each(tmp_path, tiny_plan, monkeypat
         def __getattr__(self, name):
             return getattr(self._engine, name)
 
-    def load_as(plan, device=None):
+    def load_as(plan, device=None, **options):
         loads.append((Path(plan).parent.parent.name, device))
-        return OnNamedGpu(real_load(plan, device="cpu"), device)
+        return OnNamedGpu(real_load(plan, device="cpu", **options), device)
 
     monkeypatch.setattr(config_module, "parse_device", lambda spec: torch.device(spec if ":" in spec else spec + ":0"))
     monkeypatch.setattr(repository_module, "load_engine", load_as)

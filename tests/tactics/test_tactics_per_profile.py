@@ -127,7 +127,9 @@ def test_weights_are_kept_per_layout_and_counted(two_profiles):
         extra += other.numel() * other.element_size()
     assert engine.profile_weight_bytes == extra > 0
     arenas = [p["arena_bytes"] for p in engine.header["memory"]["profiles"]]
-    assert engine.device_memory_bytes == engine.weight_bytes + extra + max(arenas)
+    rows = engine.memory_by_profile
+    assert [r["arena_bytes"] for r in rows] == arenas and all(r["input_bytes"] > 0 for r in rows)
+    assert engine.device_memory_bytes == engine.weight_bytes + extra + max(a + r["input_bytes"] for a, r in zip(arenas, rows))
 
 
 def test_equal_layouts_are_stored_once(two_profiles):
