@@ -31,6 +31,9 @@ class BuildConfig:
     guard_samples: int = 2  # random batches at the opt shape used by the FP16 overflow guard
     seed: int = 0
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
+    # `--nms conf=0.25,iou=0.45,max_det=300,topk=1000`: the YOLO head's decode and class-aware NMS
+    # appended to the engine, its outputs four fixed-size tensors (ops/nms.py, passes/append_nms.py).
+    nms: str | None = None
     builder_effort: int = DEFAULT_BUILDER_EFFORT
     # Globs over tactic names the builder never runs (`--exclude-tactic`): a kernel that faults the
     # GPU here ends the build (a TacticFaultError naming its layer), and this rebuilds without it.
@@ -111,6 +114,7 @@ class BuildConfig:
             raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
                               "or more, not 0 (which times nothing)")
         self.preprocess_spec()
+        self.nms_settings()
         self._validate_int8()
 
     def wants_int8(self) -> bool:
@@ -209,6 +213,13 @@ class BuildConfig:
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")
+
+    def nms_settings(self):
+        """The parsed --nms settings, or None."""
+        if self.nms is None:
+            return None
+        from ..ops.nms import parse_nms
+        return parse_nms(self.nms)
 
     def preprocess_spec(self):
         """The parsed --preprocess spec, or None."""

@@ -73,6 +73,16 @@ preprocessing:
     dtype=float32|float16|uint8
   The size must match the image input's H and W in every profile.
 
+detections:
+  --nms conf=0.25,iou=0.45,max_det=300,topk=1000 appends to a YOLOv8/YOLO11 detector (the raw
+  [B, 4+C, anchors] head) the decoding of its boxes and class-aware NMS with torchvision's greedy
+  semantics, as TensorRT's EfficientNMS plugin: every (anchor, class) over conf is a candidate,
+  the topk best per image (at most 4096) go through NMS, the max_det first kept are written. The
+  engine's outputs become num_detections [B] int32, detection_boxes [B,max_det,4] (x1,y1,x2,y2 in
+  input pixels), detection_scores [B,max_det], detection_classes [B,max_det] int32; all fixed-size,
+  so on CUDA the NMS runs inside the engine's CUDA graph. Add "agnostic" for class-agnostic NMS.
+  Above topk candidates, only the topk best are considered (the build log says so).
+
 INT8:
   --precision int8 --calib DATA runs Conv/Gemm/MatMul layers with constant weights in INT8
   (per-channel weight scales, per-tensor activation scales from calibration) and the others in
@@ -164,6 +174,10 @@ def add_parser(subparsers, parents) -> None:
                    help="how images become the input, stored in the engine for `sartor validate`, e.g. "
                         "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
                         "std=58.395:57.12:57.375 (see 'preprocessing' below)")
+    p.add_argument("--nms", metavar="SPEC",
+                   help="append the YOLO head's decode and class-aware NMS to the engine: its outputs become "
+                        "num_detections, detection_boxes, detection_scores, detection_classes (fixed size), e.g. "
+                        "conf=0.25,iou=0.45,max_det=300,topk=1000[,agnostic] (see 'detections' below)")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
                          cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
@@ -257,6 +271,7 @@ def config_from_args(args) -> BuildConfig:
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
         overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess,
+        nms=args.nms,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,

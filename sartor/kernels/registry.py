@@ -36,6 +36,7 @@ FAMILY_MODULES = (
     "sartor.ops.quantized_library",
     "sartor.ops.resize",
     "sartor.ops.detection_head",
+    "sartor.ops.nms",
 )
 SEPARATOR = "."
 

@@ -68,6 +68,12 @@ class Engine:
         return PreprocessSpec.from_json(record) if record else None
 
     @property
+    def nms(self) -> dict | None:
+        """The in-engine NMS (`sartor build --nms`): its settings, the head output it reads (`head_output`)
+        and its four outputs (`outputs`: count, boxes, scores, classes); None for other engines."""
+        return self.header.get("nms")
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device (with the copies some profiles' tactics read in another layout) plus
         the largest activation arena any profile needs."""
