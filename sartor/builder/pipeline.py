@@ -22,7 +22,7 @@ from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..ops.util import tensor_from_numpy
 from ..passes import optimize
-from ..passes.append_nms import append_nms
+from ..passes.append_nms import append_nms, yolo_head_output
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
@@ -236,6 +236,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")
     log.extend(report.notes)  # Q/DQ models: pairs folded and left as fake quantization
+    if config.nms is not None:
+        yolo_head_output(graph)  # refused now, not after calibration; the layer is appended after quantization
     done("optimize")
 
     stage("precision")
