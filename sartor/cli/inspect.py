@@ -212,8 +212,16 @@ def engine_summary(path: str) -> dict:
         "planner": header.get("planner"),
         "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
+        "nms": header.get("nms"),
         "kernels": _kernels_summary(header, tensors),
     }
+
+
+def _nms_line(record: dict) -> str:
+    """The in-engine NMS (`--nms`), as `inspect` shows it."""
+    return (f"conf={record['conf']:g} iou={record['iou']:g} max_det={record['max_det']} topk={record['topk']}"
+            f"{' agnostic' if record.get('agnostic') else ''} after {record['head_output']} "
+            f"({record['classes']} classes)")
 
 
 def run(args) -> int:
@@ -233,6 +241,7 @@ def run(args) -> int:
         ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
+        *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):

@@ -91,6 +91,8 @@ def test_run_inspect_and_bench_read_the_engine(plans, scenes, cli):
     assert ran.code == 0 and "detection_boxes" in ran.out and "4x50x4" in ran.out
     shown = cli("inspect", plans["nms"])
     assert shown.code == 0 and "BatchedNms" in shown.out and "nms: conf=0.25" in shown.out
+    assert "conf=0.25 iou=0.45 max_det=50 topk=500 after output0 (5 classes)" in shown.out
+    assert json.loads(cli("inspect", plans["nms"], "--json").out)["nms"]["topk"] == 500
     from sartor.pipeline.benchmark import IN_ENGINE_NMS, end_to_end
     result = end_to_end(sartor.load(plans["nms"]), _images(scenes)[:4], batch=4, passes=2, stage_repeats=1)
     assert result.decoder == IN_ENGINE_NMS and "post" in result.stages_ms
