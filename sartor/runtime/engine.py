@@ -104,6 +104,8 @@ def rebuild_command(header: dict) -> str:
             args += [flag, f"{key}={value}"]
     if config.get("preprocess"):
         args += ["--preprocess", config["preprocess"]]
+    if config.get("nms"):
+        args += ["--nms", config["nms"]]
     for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
         if config.get(key):
             args += [flag, str(config[key])]

@@ -183,3 +183,18 @@ def sample_head(tmp_path_factory) -> torch.Tensor:
                                    providers=["CPUExecutionProvider"])
     (head,) = session.run(["output0"], {"images": np.ascontiguousarray(arrays, dtype=np.float32)})
     return torch.from_numpy(head)
+
+
+def test_the_builders_check_takes_nms_outputs_equal_or_not_at_all():
+    from sartor.tactics import select
+    pred = grid_head(10, batch=2, classes=4, anchors=60)
+    reference = batched_nms_reference(pred, NmsSettings(conf=0.5, max_det=10, topk=100))
+    assert select._mismatch(tuple(t.clone() for t in reference), reference) is None
+    other_class = list(reference)
+    other_class[3] = reference[3].clone()
+    other_class[3][0, 0] += 1
+    assert select._mismatch(tuple(other_class), reference) == "output 3: integer output differs from reference"
+    assert select._mismatch(reference[:3], reference) == "4 outputs expected"
+    moved = list(reference)
+    moved[1] = reference[1] + 1.0
+    assert select._mismatch(tuple(moved), reference).startswith("output 1: output differs from reference")

@@ -55,6 +55,8 @@ def test_the_engine_outputs_the_four_fixed_size_tensors(plans):
     assert (engine.nms["conf"], engine.nms["iou"], engine.nms["max_det"], engine.nms["topk"]) == (0.25, 0.45, 50, 500)
     assert any("nms: conf=0.25" in line and "at most 4096" in line for line in engine.header["build_log"])
     assert sartor.load(plans["raw"]).nms is None
+    from sartor.runtime.engine import rebuild_command
+    assert f"--nms {NMS}" in rebuild_command(engine.header)  # a chip-lock refusal's command keeps the NMS
 
 
 def test_pipeline_keeps_what_host_side_nms_keeps(plans, scenes):
@@ -96,6 +98,11 @@ def test_run_inspect_and_bench_read_the_engine(plans, scenes, cli):
     from sartor.pipeline.benchmark import IN_ENGINE_NMS, end_to_end
     result = end_to_end(sartor.load(plans["nms"]), _images(scenes)[:4], batch=4, passes=2, stage_repeats=1)
     assert result.decoder == IN_ENGINE_NMS and "post" in result.stages_ms
+
+
+def test_compare_refuses_an_nms_engine_in_one_line(plans, cli):
+    assert_cli_error(cli("compare", MODEL, plans["nms"], "--batch", "2"), "the engine runs NMS itself",
+                     "sartor validate")
 
 
 def test_nms_on_a_model_without_a_yolo_head_exits_2(cli, tiny_onnx, tmp_path):
