@@ -173,16 +173,17 @@ def calibration_file(work: Path, model: str) -> Path:
     return path
 
 
-def build_engines(work: Path, onnx: Path, batch: int, model: str, precision: str, compare: bool) -> dict:
+def build_engines(work: Path, onnx: Path, batch: int, model: str, precision: str, compare: bool,
+                  effort: int | None = None) -> dict:
     import sartor
     input_name, size, _ = MODELS[model]
     shapes = {input_name: (batch, 3, size, size)}
     timing = work / f"timing_{model}_{precision}.json"
     timing.unlink(missing_ok=True)
-    extra = {}
+    extra = {} if effort is None else {"builder_effort": effort}
     if precision == "int8":
-        extra = {"calib": str(calibration_file(work, model)), "calib_size": 32,
-                 "calib_cache": str(work / f"calib_cache_{model}.json")}
+        extra.update(calib=str(calibration_file(work, model)), calib_size=32,
+                     calib_cache=str(work / f"calib_cache_{model}.json"))
     built = {}
     for name, embed in (("embedded", True), ("not_embedded", False))[:2 if compare else 1]:
         plan = work / f"{model}_{precision}_b{batch}_{name}.plan"
@@ -230,6 +231,7 @@ def main() -> None:
     parser.add_argument("--engine", action="append", default=[], metavar="MODEL:PRECISION",
                         help=f"models: {', '.join(MODELS)}; precisions fp16, int8 (default resnet50:fp16)")
     parser.add_argument("--no-compare", action="store_true", help="skip the engine without embedded kernels")
+    parser.add_argument("--effort", type=int, default=None, help="--builder-effort of the builds (default: the builder's)")
     parser.add_argument("--child", nargs=2, metavar=("PLAN", "OUT_NPY"), help=argparse.SUPPRESS)
     parser.add_argument("--child-model", default="resnet50", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -243,14 +245,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="load_cold_"))
-    results = {"versions": versions(), "batch": args.batch, "target_s": TARGET_SECONDS, "engines": {}}
+    results = {"versions": versions(), "batch": args.batch, "builder_effort": args.effort, "target_s": TARGET_SECONDS, "engines": {}}
     for spec in args.engine or ["resnet50:fp16"]:
         model, precision = spec.split(":")
         if model == "resnet50":
             onnx = export_classifier("resnet50", args.onnx_dir or work)
         else:
             onnx = (args.onnx_dir or ROOT / ".carry") / f"{model}.onnx"
-        built = build_engines(work, onnx, args.batch, model, precision, not args.no_compare)
+        built = build_engines(work, onnx, args.batch, model, precision, not args.no_compare, args.effort)
         runs = {}
         outs = work / "outputs"
         outs.mkdir(exist_ok=True)

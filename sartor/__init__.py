@@ -18,7 +18,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
           fallback_where_faster: bool | None = None, pdl: bool | None = None,
-          exclude_tactics: list | None = None, bundle: str | None = None, sign_key: str | None = None):
+          exclude_tactics: list | None = None, bundle: str | None = None, sign_key: str | None = None,
+          nms: str | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written). Each option
@@ -53,6 +54,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       a `deploy.BundleResult`, the engine's BuildResult in its `build`).
     - `sign_key` is `--sign-key`: an Ed25519 private key file (`sartor keygen`) the engine is
       signed with, for devices that load with a trust store (`sartor.load(trust=...)`).
+    - `nms` is `--nms` ("conf=0.25,iou=0.45,max_det=300,topk=1000"): the YOLO head's decode and
+      class-aware NMS inside the engine, whose outputs become num_detections, detection_boxes,
+      detection_scores and detection_classes.
     """
     from .builder import BuildConfig
     from .builder import build as run_build
@@ -67,6 +71,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "layer_precision": None if layer_precision is None else dict(layer_precision),
         "op_precision": None if op_precision is None else dict(op_precision),
         "overflow_guard": overflow_guard, "preprocess": preprocess, "calib": as_text(calib),
+        "nms": nms,
         "calib_size": calib_size, "calib_method": calib_method, "percentile": percentile,
         "calib_cache": as_text(calib_cache), "builder_effort": builder_effort,
         "timing_cache": as_text(timing_cache), "calib_balance_by": calib_balance_by, "data": as_text(data),

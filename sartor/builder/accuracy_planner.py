@@ -570,7 +570,7 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
             pins = {exact_layer_pattern(name): higher for name in kept_out}
             run_build(replace(config, output_path=str(path), calib=calib, calib_cache=str(cache),
                           calib_balance_by=config.calib_balance_by if calib else None,
-                          data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
+                          data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None, nms=None,
                           layer_precision={**pins, **config.layer_precision}))
             trial = target.measure(path)
             path.unlink(missing_ok=True)

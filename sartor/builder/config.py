@@ -33,6 +33,9 @@ class BuildConfig:
     preprocess: str | None = None  # how images become the input, e.g. "letterbox=320,mean=0,std=255,rgb,nchw"
     # `uint8:720x1280[:bgr]`: the engine takes raw frames and applies `preprocess` as its first layer.
     input_format: str | None = None
+    # `--nms conf=0.25,iou=0.45,max_det=300,topk=1000`: the YOLO head's decode and class-aware NMS
+    # appended to the engine, its outputs four fixed-size tensors (ops/nms.py, passes/append_nms.py).
+    nms: str | None = None
     builder_effort: int = DEFAULT_BUILDER_EFFORT
     # Globs over tactic names the builder never runs (`--exclude-tactic`): a kernel that faults the
     # GPU here ends the build (a TacticFaultError naming its layer), and this rebuilds without it.
@@ -117,6 +120,7 @@ class BuildConfig:
                               "or more, not 0 (which times nothing)")
         self.preprocess_spec()
         self.frame_format()
+        self.nms_settings()
         self._validate_int8()
 
     def wants_int8(self) -> bool:
@@ -215,6 +219,13 @@ class BuildConfig:
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")
+
+    def nms_settings(self):
+        """The parsed --nms settings, or None."""
+        if self.nms is None:
+            return None
+        from ..ops.nms import parse_nms
+        return parse_nms(self.nms)
 
     def preprocess_spec(self):
         """The parsed --preprocess spec, or None."""

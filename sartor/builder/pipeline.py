@@ -16,11 +16,13 @@ from ..ir import Graph, verify_graph
 from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
 from ..kernels.registry import LayerFacts, tactic_for
 from ..kernels.common.tile_steps import sums_decoded
+from ..kernels.detection.greedy_nms import MAX_CANDIDATES
 from ..ops.fp8 import is_fp8
 from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..ops.util import tensor_from_numpy
 from ..passes import optimize
+from ..passes.append_nms import append_nms, yolo_head_output
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
@@ -187,6 +189,23 @@ def _embed_kernels(config: BuildConfig, header: dict, tensors: dict, device: tor
     return record, kernel_tensors
 
 
+def _append_nms(config: BuildConfig, graph: Graph, plan, log: list) -> dict:
+    """`--nms`: the NMS layer after the head (after calibration and quantization, which compare the
+    raw head with the FP32 model's), in float32; its header record."""
+    settings = config.nms_settings()
+    head = append_nms(graph, settings)
+    verify_graph(graph)
+    node = graph.nodes[-1]
+    plan.layers[node.name] = "fp32"
+    plan.reasons[node.name] = "NMS boxes and IoU in float32, as torchvision computes them"
+    classes = graph.shape_of(head)[1] - 4
+    log.append(f"nms: {settings.describe()} after {head} ({classes} classes): each image's {settings.topk} best "
+               f"(anchor, class) candidates over conf={settings.conf:g} go through NMS (at most {MAX_CANDIDATES}); an "
+               f"image with more candidates keeps only those {settings.topk}, so its detections may differ from NMS "
+               f"over all of them")
+    return dict(settings.to_json(), head_output=head, classes=classes, outputs=list(node.outputs))
+
+
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
           reproducible: Reproducible | None = None) -> BuildResult:
     """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
@@ -249,6 +268,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")
     log.extend(report.notes)  # Q/DQ models: pairs folded and left as fake quantization
+    if config.nms is not None:
+        yolo_head_output(graph)  # refused now, not after calibration; the layer is appended after quantization
     done("optimize")
 
     stage("precision")
@@ -301,6 +322,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("bias")
 
+    nms = _append_nms(config, graph, plan, log) if config.nms is not None else None
     bounded = bound_accumulators(graph)
     if bounded:
         decoded = sum(sums_decoded(node.attrs.get(ACCUMULATOR_BOUND)) for node in graph.nodes)
@@ -375,6 +397,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             "build_log": log,
             "preprocess": preprocess.to_json() if preprocess is not None else None,
             "input_format": frames.to_json() if frames is not None else None,
+            "nms": nms,
             "planner": planner,
             "provenance": {"onnx_sha256": imported.sha256, "onnx_opset": imported.source_opset,
                            "onnx_producer": imported.producer, "onnx_nodes": onnx_nodes,

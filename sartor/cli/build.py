@@ -73,6 +73,16 @@ preprocessing:
     dtype=float32|float16|uint8
   The size must match the image input's H and W in every profile.
 
+detections:
+  --nms conf=0.25,iou=0.45,max_det=300,topk=1000 appends to a YOLOv8/YOLO11 detector (the raw
+  [B, 4+C, anchors] head) the decoding of its boxes and class-aware NMS with torchvision's greedy
+  semantics, as TensorRT's EfficientNMS plugin: every (anchor, class) over conf is a candidate,
+  the topk best per image (at most 4096) go through NMS, the max_det first kept are written. The
+  engine's outputs become num_detections [B] int32, detection_boxes [B,max_det,4] (x1,y1,x2,y2 in
+  input pixels), detection_scores [B,max_det], detection_classes [B,max_det] int32; all fixed-size,
+  so on CUDA the NMS runs inside the engine's CUDA graph. Add "agnostic" for class-agnostic NMS.
+  Above topk candidates, only the topk best are considered (the build log says so).
+
 INT8:
   --precision int8 --calib DATA runs Conv/Gemm/MatMul layers with constant weights in INT8
   (per-channel weight scales, per-tensor activation scales from calibration) and the others in
@@ -173,6 +183,10 @@ def add_parser(subparsers, parents) -> None:
                    help="the engine takes raw uint8 frames N×H×W×3 of this size (RGB unless :bgr) and applies "
                         "--preprocess as its first layer, inside its CUDA graph (e.g. uint8:720x1280); the "
                         "profiles' batch ranges carry over")
+    p.add_argument("--nms", metavar="SPEC",
+                   help="append the YOLO head's decode and class-aware NMS to the engine: its outputs become "
+                        "num_detections, detection_boxes, detection_scores, detection_classes (fixed size), e.g. "
+                        "conf=0.25,iou=0.45,max_det=300,topk=1000[,agnostic] (see 'detections' below)")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
                          cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
     p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
@@ -271,6 +285,7 @@ def config_from_args(args) -> BuildConfig:
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
         overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess, input_format=args.input_format,
+        nms=args.nms,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,
         calib_balance_by=args.calib_balance_by, int8_fallback_precision=args.int8_fallback_precision,

@@ -233,6 +233,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
         "input_format": header.get("input_format"),
+        "nms": header.get("nms"),
         "kernels": _kernels_summary(header, tensors),
         "signature": _signature_summary(engine, store),
     }
@@ -241,6 +242,13 @@ def engine_summary(path: str, trust=None) -> dict:
 def _context_memory(row: dict) -> str:
     return (f"arena {fmt_bytes(row['arena_bytes'])} + inputs {fmt_bytes(row['input_bytes'])} + workspace "
             f"{fmt_bytes(row['workspace_bytes'])} per context; {fmt_bytes(row['total_bytes'])} with the weights")
+
+
+def _nms_line(record: dict) -> str:
+    """The in-engine NMS (`--nms`), as `inspect` shows it."""
+    return (f"conf={record['conf']:g} iou={record['iou']:g} max_det={record['max_det']} topk={record['topk']}"
+            f"{' agnostic' if record.get('agnostic') else ''} after {record['head_output']} "
+            f"({record['classes']} classes)")
 
 
 def run(args) -> int:
@@ -265,6 +273,7 @@ def run(args) -> int:
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
         ("signature", info["signature"]["text"]),
+        *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))
     io_table = table("Bindings", "kind", "name", "dtype", "shape")
     for kind in ("inputs", "outputs"):

@@ -37,6 +37,7 @@ FAMILY_MODULES = (
     "sartor.ops.resize",
     "sartor.ops.detection_head",
     "sartor.kernels.preprocess.letterbox",
+    "sartor.ops.nms",
 )
 SEPARATOR = "."
 

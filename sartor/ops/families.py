@@ -13,6 +13,7 @@ def all_tables() -> list[OpTable]:
         detection_head,
         elementwise,
         linalg,
+        nms,
         norm,
         pool,
         preprocess,
@@ -23,7 +24,7 @@ def all_tables() -> list[OpTable]:
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, detection_head.OPS, quantized.OPS, qdq.OPS, preprocess.OPS]
+            detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS]
 
 
 @lru_cache(maxsize=1)

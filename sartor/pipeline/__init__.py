@@ -3,10 +3,10 @@ libjpeg-turbo/libpng), the engine's stored preprocessing applied with torch on t
 straight into its bound input buffer, and the engine run, with the next batch decoded while the
 current one runs. `Pipeline` is the one entry point."""
 from .decode import DecodedFrame, decode_frames
-from .detections import Detections, YoloNms
+from .detections import Detections, EngineNms, YoloNms
 from .pipeline import Pipeline, PipelineResult
 from .prepare import prepare_batch
 from .sources import FrameSource, read_sources
 
-__all__ = ["DecodedFrame", "Detections", "YoloNms", "FrameSource", "Pipeline", "PipelineResult", "decode_frames", "prepare_batch",
+__all__ = ["DecodedFrame", "Detections", "EngineNms", "YoloNms", "FrameSource", "Pipeline", "PipelineResult", "decode_frames", "prepare_batch",
            "read_sources"]

@@ -21,11 +21,12 @@ import torch
 from ..errors import ConfigError
 from ..runtime.benchmark import synchronize
 from .decode import decode_frames
-from .detections import YoloNms
+from .detections import EngineNms, YoloNms
 from .pipeline import Pipeline
 from .prepare import prepare_batch
 from .sources import read_sources
 
+IN_ENGINE_NMS = "in-engine nms"  # the decoder an engine built with --nms reports
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
@@ -76,12 +77,14 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
+    if decoder not in ("auto", "yolo", "none"):
+        raise ConfigError(f"--decoder {decoder!r} is not one of auto, yolo, none")
+    if engine.nms is not None and decoder != "none":  # NMS inside the engine: only what it kept is copied out
+        decoder, nms = IN_ENGINE_NMS, EngineNms(engine.nms)
     if decoder == "auto":
         decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
-    if decoder not in ("yolo", "none"):
-        raise ConfigError(f"--decoder {decoder!r} is not one of auto, yolo, none")
-    pipeline = Pipeline(engine, batch_size=batch, decoder=nms if decoder == "yolo" else None,
-                        host_outputs=decoder != "yolo")
+    decodes = decoder != "none"
+    pipeline = Pipeline(engine, batch_size=batch, decoder=nms if decodes else None, host_outputs=not decodes)
     device = pipeline.device
     batch = pipeline.batch_size
 
@@ -119,7 +122,7 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
               "preprocess": _median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer), device,
                                        stage_repeats),
               "infer": _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, stage_repeats)}
-    if decoder == "yolo":
+    if decodes:
         stages["post"] = _median_ms(lambda: nms(outputs, metas), device, stage_repeats)
     else:
         stages["post"] = _median_ms(lambda: {k: v.cpu() for k, v in outputs.items()}, device, stage_repeats)

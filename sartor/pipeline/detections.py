@@ -2,7 +2,8 @@
 pair over the confidence threshold is a candidate (multi-label, as Ultralytics' validator decodes),
 then class-aware NMS (`torchvision.ops.batched_nms`), the `max_det` best, and the boxes mapped back
 to original-image pixels. Only the kept boxes cross to the host. `sartor.validate.decoders.decode_yolo`
-is the same decode on the host."""
+is the same decode on the host. `EngineNms` reads the outputs of an engine that ran this NMS itself
+(`sartor build --nms`, ops/nms.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -60,6 +61,49 @@ def yolo_output(outputs: dict) -> str | None:
     return None
 
 
+def to_original(boxes: torch.Tensor, image: torch.Tensor, metas: Sequence[ImageMeta]) -> torch.Tensor:
+    """Input-pixel boxes [N, 4] of images `image` [N] → original-image pixels (the letterbox undone,
+    clamped to the image), on the boxes' device; as they are when any meta is None."""
+    if not len(boxes) or any(m is None for m in metas):
+        return boxes
+    geometry = torch.tensor([[m.pad[1], m.pad[0], m.scale[1], m.scale[0], m.orig_size[1], m.orig_size[0]]
+                             for m in metas], dtype=torch.float32, device=boxes.device)[image]
+    left, top, sx, sy, w, h = geometry.unbind(1)
+    return torch.stack([((boxes[:, 0] - left) / sx).clamp(min=0).minimum(w),
+                        ((boxes[:, 1] - top) / sy).clamp(min=0).minimum(h),
+                        ((boxes[:, 2] - left) / sx).clamp(min=0).minimum(w),
+                        ((boxes[:, 3] - top) / sy).clamp(min=0).minimum(h)], dim=1)
+
+
+class EngineNms:
+    """A pipeline decoder for engines built with `--nms`, whose NMS ran inside the engine: its four
+    fixed-size outputs (count, boxes, scores, classes; on any device) → one Detections per image.
+    The counts come to the host first, then only the slots up to the largest count, mapped back to
+    original-image pixels on the device. `record` is the engine's `nms` header record."""
+
+    def __init__(self, record: dict) -> None:
+        self.record = record
+        self.count, self.boxes, self.scores, self.classes = record["outputs"]
+
+    def __call__(self, outputs: dict, metas: Sequence[ImageMeta]) -> list[Detections]:
+        missing = [n for n in (self.count, self.boxes, self.scores, self.classes) if n not in outputs]
+        if missing:
+            raise DataError(f"the engine's NMS outputs {', '.join(missing)} are missing from its outputs "
+                            f"({', '.join(outputs)})")
+        counts = torch.as_tensor(outputs[self.count]).reshape(-1)
+        if len(counts) != len(metas):
+            raise DataError(f"the engine's NMS output has batch {len(counts)} but {len(metas)} images were given")
+        counts = counts.cpu().tolist()
+        top = max(counts, default=0)
+        boxes = torch.as_tensor(outputs[self.boxes])[:, :top]
+        image = torch.arange(len(counts), device=boxes.device).repeat_interleave(top)
+        mapped = to_original(boxes.reshape(-1, 4).float(), image, metas).reshape(len(counts), top, 4)
+        host_boxes = mapped.cpu().numpy()
+        host_scores = torch.as_tensor(outputs[self.scores])[:, :top].cpu().numpy()
+        host_classes = torch.as_tensor(outputs[self.classes])[:, :top].cpu().numpy()
+        return [Detections(host_boxes[b, :n], host_scores[b, :n], host_classes[b, :n]) for b, n in enumerate(counts)]
+
+
 class YoloNms:
     """A pipeline decoder: `[B, 4+C, N]` head outputs on any device → one Detections per image.
 
@@ -107,14 +151,7 @@ class YoloNms:
         rank = torch.arange(len(keep), device=keep.device) - (torch.cumsum(counts, 0) - counts)[kept_image]
         keep = keep[rank < self.max_det]
         kept_image, kept = image[keep], boxes[keep]
-        if all(m is not None for m in metas) and len(keep):
-            geometry = torch.tensor([[m.pad[1], m.pad[0], m.scale[1], m.scale[0], m.orig_size[1], m.orig_size[0]]
-                                     for m in metas], dtype=torch.float32, device=kept.device)[kept_image]
-            left, top, sx, sy, w, h = geometry.unbind(1)
-            kept = torch.stack([((kept[:, 0] - left) / sx).clamp(min=0).minimum(w),
-                                ((kept[:, 1] - top) / sy).clamp(min=0).minimum(h),
-                                ((kept[:, 2] - left) / sx).clamp(min=0).minimum(w),
-                                ((kept[:, 3] - top) / sy).clamp(min=0).minimum(h)], dim=1)
+        kept = to_original(kept, kept_image, metas)
         counts = torch.bincount(kept_image, minlength=batch).tolist()
         host_boxes, host_scores, host_classes = (t.cpu().numpy() for t in (kept, scores[keep], cls[keep]))
         results, start = [], 0

@@ -24,6 +24,7 @@ import torch
 from ..data.preprocess import ImageMeta, PreprocessSpec
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
+from .detections import EngineNms, YoloNms
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .sources import FRAME_ORDERS, read_sources
@@ -85,7 +86,9 @@ class Pipeline:
     image: numpy arrays (e.g. `sartor.validate.decoders.decode_yolo`), or with `host_outputs=False`
     the engine's own device tensors, valid during the call (e.g. `YoloNms()`, which sends only
     the kept boxes to the host), and results then carry no outputs. Without a decoder, results carry
-    outputs only. `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
+    outputs only. An engine built with `--nms` decodes itself: without a decoder, or with a
+    `YoloNms` (whose settings the engine's own then replace), its results carry the detections it
+    kept (`EngineNms`). `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
@@ -97,6 +100,8 @@ class Pipeline:
                               "letterbox=640,mean=0,std=255,rgb,nchw), or pass preprocess=")
         if frame_order not in FRAME_ORDERS:
             raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
+        if getattr(engine, "nms", None) is not None and (decoder is None or isinstance(decoder, YoloNms)):
+            decoder = EngineNms(engine.nms)  # the engine ran the NMS itself: its kept boxes are the detections
         self.engine, self.spec, self.decoder = engine, spec, decoder
         if not host_outputs and decoder is None:
             raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")

@@ -94,6 +94,12 @@ class Engine:
         return max((p["context_bytes"] for p in self.memory_by_profile), default=0)
 
     @property
+    def nms(self) -> dict | None:
+        """The in-engine NMS (`sartor build --nms`): its settings, the head output it reads (`head_output`)
+        and its four outputs (`outputs`: count, boxes, scores, classes); None for other engines."""
+        return self.header.get("nms")
+
+    @property
     def device_memory_bytes(self) -> int:
         """Weights on the device (with the copies some profiles' tactics read in another layout) plus
         one context at the largest profile (arena, inputs, workspace)."""
@@ -135,6 +141,8 @@ def rebuild_command(header: dict) -> str:
         args += ["--preprocess", config["preprocess"]]
     if config.get("input_format"):
         args += ["--input-format", config["input_format"]]
+    if config.get("nms"):
+        args += ["--nms", config["nms"]]
     for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
         if config.get(key):
             args += [flag, str(config[key])]

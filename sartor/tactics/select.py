@@ -136,11 +136,19 @@ SMALLEST_NORMAL = {torch.float16: torch.finfo(torch.float16).tiny}
 
 def _mismatch(out, ref: torch.Tensor, fp8_products: bool = False) -> str | None:
     """Why a candidate's output is not the reference's, or None when it matches. `fp8_products`: an
-    FP8 layer's, whose float32 outputs carry the tensor cores' sums (see FP8_CANCELLATION_TOLERANCE)."""
+    FP8 layer's, whose float32 outputs carry the tensor cores' sums (see FP8_CANCELLATION_TOLERANCE).
+    A layer of several outputs (BatchedNms) matches output by output."""
+    if isinstance(ref, (tuple, list)):
+        if not isinstance(out, (tuple, list)) or len(out) != len(ref):
+            return f"{len(ref)} outputs expected"
+        reasons = [_mismatch(o, r, fp8_products) for o, r in zip(out, ref)]
+        return next((f"output {k}: {why}" for k, why in enumerate(reasons) if why is not None), None)
     if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
         return f"output shape {tuple(getattr(out, 'shape', ()))} is not the reference's {tuple(ref.shape)}"
     if ref.dtype == fp8.DTYPE:
         return _fp8_mismatch(out, ref)
+    if ref.dtype in (torch.int32, torch.int64, torch.bool):  # counts and classes: equal or wrong
+        return None if torch.equal(out, ref) else "integer output differs from reference"
     if not torch.isfinite(out).all():
         return "output has non-finite values"
     if ref.dtype == torch.int8:

@@ -154,6 +154,10 @@ def compare_with_onnxruntime(model_path: str | Path, engine: "Engine", feeds: di
                              profile: int | None = None) -> ComparisonReport:
     """Run `feeds` (completed with seeded random inputs for the inputs not given) through ONNX
     Runtime FP32 and the engine, and compare every engine output with the reference."""
+    if getattr(engine, "nms", None) is not None:
+        raise InputError(f"the engine runs NMS itself (built with --nms): its outputs (kept boxes) have no counterpart "
+                         f"in {model_path}; compare an engine built without --nms, or measure this one with "
+                         f"`sartor validate`")
     given = dict(feeds or {})
     unknown = sorted(set(given) - {v.name for v in engine.inputs})
     if unknown:

@@ -20,6 +20,7 @@ import numpy as np
 from ..data.datasets import Dataset, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
+from ..pipeline.detections import EngineNms
 from ..pipeline.pipeline import image_input as engine_image_input
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
@@ -345,6 +346,13 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         raise InputError(f"the reference model's inputs ({', '.join(onnx.inputs)}) are not the engine's "
                          f"({image_input.name}): was the engine built from {reference}?")
     output_names = [v.name for v in engine.outputs]
+    nms = getattr(engine, "nms", None)
+    if nms is not None:  # NMS in the engine: the reference's raw head, through the engine's own NMS settings
+        output_names = [nms["head_output"]]
+        options = DecodeOptions(conf=nms["conf"], iou=nms["iou"], max_det=nms["max_det"], agnostic=nms["agnostic"])
+        notes.append(f"the engine runs NMS itself (--nms conf={options.conf:g},iou={options.iou:g},"
+                     f"max_det={options.max_det}{',agnostic' if options.agnostic else ''}, at most {nms['topk']} "
+                     f"candidates an image): the reference's head is decoded with those settings")
     missing = [n for n in output_names if n not in onnx.outputs]
     if missing:
         raise InputError(f"engine output(s) {', '.join(missing)} are not outputs of {reference}: "
@@ -368,6 +376,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     ref_dets: list[Detections] = []
     eng_dets: list[Detections] = []
     chosen: Decoder | None = None
+    engine_decoder = EngineNms(nms) if nms is not None else None
     class_output = None
     engine_seconds = reference_seconds = 0.0
     for arrays, metas, samples in iterate_batches(dataset.samples, spec, batch_size, progress=progress):
@@ -401,7 +410,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
                                       {k: v.dtype for k, v in expected.items()}, options)
                 _check_classes(dataset, chosen.num_classes, labelled, task)
             ref_dets.extend(chosen(expected, metas))
-            eng_dets.extend(chosen(got, metas))
+            eng_dets.extend((engine_decoder or chosen)(got, metas))
     if task is None:
         raise DataError(f"dataset {dataset.source} has no images")
 
@@ -438,7 +447,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         splits=split_results, split_by=split_by, max_drop=max_drop, per_class=per_class, scores=scores,
         class_names=names, preprocess=spec.describe(), decoder=chosen.name if chosen is not None else None,
         batch=batch_size, device=str(engine.device), precision=str(getattr(engine, "precision", "")),
-        options={"conf": conf, "iou": iou, "max_det": max_det, "pseudo_conf": pseudo_conf,
+        options={"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
                  "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {},
         notes=notes, seconds={"engine": engine_seconds, "reference": reference_seconds,
                               "total": time.perf_counter() - started})

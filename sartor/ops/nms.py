@@ -1,0 +1,194 @@
+"""BatchedNms: a YOLO head's decode into boxes and class-aware NMS with fixed-size outputs, made by
+`passes/append_nms.py` for `sartor build --nms` (TensorRT's EfficientNMS, with torchvision's
+greedy semantics).
+
+Input: the head's output [B, 4 + C, A] (cx, cy, w, h in input pixels, then C class scores). Every
+(anchor, class) pair scoring over `conf` is a candidate (multi-label, as Ultralytics' validator
+and `pipeline.detections.YoloNms`); the `topk` best of each image go on, sorted by score with ties
+in (class, anchor) order, which is the order torchvision's stable sort gives the host decoder's
+candidates; a greedy pass keeps a box unless a kept box of its class (any class with `agnostic`)
+overlaps it by IoU > `iou`; the first `max_det` kept are written out. Outputs, EfficientNMS's:
+num_detections [B] int32, detection_boxes [B, max_det, 4] float32 (x1, y1, x2, y2 in input
+pixels), detection_scores [B, max_det] float32, detection_classes [B, max_det] int32; slots past
+an image's count are zero. Every shape is fixed and nothing is read back to the host, so the layer
+runs inside the engine's CUDA graph.
+
+Tactics: `torch` (the IoU matrix of the K candidates and the greedy walk in tensor ops; on the CPU
+only as far as the last valid candidate) and, on CUDA, `triton_greedy_nms`
+(`kernels/detection/greedy_nms.py`: one program per image). Both share the candidate stage.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..errors import ConfigError
+from ..kernels.detection.greedy_nms import (
+    MAX_CANDIDATES,
+    float32_threshold,
+    greedy_nms,
+    greedy_nms_supported,
+)
+from ..kernels.registry import fixed_tactic
+from .registry import OpTable
+
+OPS = OpTable("nms")
+
+REFERENCE = "torch"
+TRITON = "triton_greedy_nms"
+fixed_tactic(TRITON, "triton greedy NMS (one program per image over its sorted candidates)")
+
+OUTPUT_NAMES = ("num_detections", "detection_boxes", "detection_scores", "detection_classes")
+NO_SCORE = -1.0  # what a candidate under the threshold scores in the top-k (class scores are sigmoids ≥ 0)
+
+
+@dataclass(frozen=True)
+class NmsSettings:
+    """`--nms conf=0.25,iou=0.45,max_det=300,topk=1000[,agnostic]`."""
+    conf: float = 0.25
+    iou: float = 0.45
+    max_det: int = 300
+    topk: int = 1000
+    agnostic: bool = False
+
+    def check(self) -> NmsSettings:
+        # `not a <= x <= b` also refuses NaN.
+        if not 0.0 <= self.conf < 1.0:
+            raise ConfigError(f"--nms conf={self.conf:g} must be in [0, 1)")
+        if not 0.0 < self.iou <= 1.0:
+            raise ConfigError(f"--nms iou={self.iou:g} must be in (0, 1]")
+        if not 1 <= self.topk <= MAX_CANDIDATES:
+            raise ConfigError(f"--nms topk={self.topk} must be in 1..{MAX_CANDIDATES} (the candidates one image "
+                              f"keeps for NMS)")
+        if not 1 <= self.max_det <= self.topk:
+            raise ConfigError(f"--nms max_det={self.max_det} must be in 1..topk ({self.topk}): NMS keeps at most "
+                              f"its candidates")
+        return self
+
+    def describe(self) -> str:
+        return (f"conf={self.conf:g},iou={self.iou:g},max_det={self.max_det},topk={self.topk}"
+                + (",agnostic" if self.agnostic else ""))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> NmsSettings:
+        return cls(**{k: record[k] for k in ("conf", "iou", "max_det", "topk", "agnostic") if k in record})
+
+
+def parse_nms(spec: str) -> NmsSettings:
+    """`conf=0.25,iou=0.45,max_det=300,topk=1000,agnostic` (any subset, any order) → checked settings."""
+    kinds = {"conf": float, "iou": float, "max_det": int, "topk": int}
+    values: dict = {}
+    for token in (t.strip() for t in str(spec).split(",")):
+        if not token:
+            continue
+        if token == "agnostic":
+            values["agnostic"] = True
+            continue
+        key, sep, text = token.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in kinds:
+            raise ConfigError(f"--nms {spec!r}: {token!r} is not one of conf=X, iou=X, max_det=N, topk=N, agnostic")
+        try:
+            values[key] = kinds[key](text.strip())
+        except ValueError:
+            raise ConfigError(f"--nms {spec!r}: {key} needs a {'number' if kinds[key] is float else 'whole number'}, "
+                              f"not {text.strip()!r}") from None
+    return NmsSettings(**values).check()
+
+
+def settings_of(attrs: dict) -> NmsSettings:
+    return NmsSettings.from_json(attrs)
+
+
+# ---- the candidates (both tactics) -------------------------------------------------------------
+def nms_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+    """(boxes [B, K, 4] x1y1x2y2, scores [B, K], classes [B, K] int64, valid [B, K] bool) of each
+    image's K = min(topk, C·A) best (anchor, class) pairs, sorted by score, ties by class then
+    anchor; the valid ones (score > conf) come first."""
+    pred = pred.float()
+    batch, channels, anchors = pred.shape
+    scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)  # index: class · A + anchor
+    masked = torch.where(scores > settings.conf, scores, torch.full_like(scores, NO_SCORE))
+    k = min(settings.topk, scores.shape[1])
+    top, index = masked.topk(k, dim=1, sorted=False)
+    # topk orders equal scores as it likes: order the K by index, then stably by score.
+    index, by_index = index.sort(dim=1)
+    top, by_score = top.gather(1, by_index).sort(dim=1, descending=True, stable=True)
+    index = index.gather(1, by_score)
+    classes, anchor = index // anchors, index % anchors
+    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k))
+    cx, cy, w, h = xywh.unbind(1)
+    boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
+    return boxes, top, classes, top > settings.conf
+
+
+# ---- the torch tactic ------------------------------------------------------------------------
+def overlaps(boxes: torch.Tensor, groups: torch.Tensor, iou: float) -> torch.Tensor:
+    """[B, K, K] bool: box j comes after box i, is of its group, and IoU(i, j) > iou, computed as
+    torchvision's CPU kernel computes it (float32, step by step, the threshold compared in float64)."""
+    x1, y1, x2, y2 = boxes.unbind(2)
+    areas = (x2 - x1) * (y2 - y1)
+    width = (torch.minimum(x2[:, :, None], x2[:, None, :]) - torch.maximum(x1[:, :, None], x1[:, None, :])).clamp(min=0)
+    height = (torch.minimum(y2[:, :, None], y2[:, None, :]) - torch.maximum(y1[:, :, None], y1[:, None, :])).clamp(min=0)
+    inter = width * height
+    ratio = inter / (areas[:, :, None] + areas[:, None, :] - inter)
+    k = boxes.shape[1]
+    later = torch.ones((k, k), dtype=torch.bool, device=boxes.device).triu(1)
+    return (ratio > float32_threshold(iou)) & (groups[:, :, None] == groups[:, None, :]) & later
+
+
+def greedy_keep(boxes: torch.Tensor, groups: torch.Tensor, valid: torch.Tensor, iou: float) -> torch.Tensor:
+    """[B, K] bool: the boxes greedy NMS keeps. On CUDA every step runs (no host read, so it can be
+    captured); on the CPU only up to the last valid candidate."""
+    total = steps = boxes.shape[1]
+    if not boxes.is_cuda:
+        steps = int(valid.sum(1).max()) if valid.numel() else 0
+        boxes, groups, valid = boxes[:, :steps], groups[:, :steps], valid[:, :steps]
+    over = overlaps(boxes, groups, iou)
+    removed = ~valid
+    for i in range(steps):
+        removed = removed | (over[:, i, :] & ~removed[:, i:i + 1])
+    return torch.nn.functional.pad(~removed, (0, total - steps), value=False)
+
+
+def compact(keep: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
+            max_det: int) -> tuple:
+    """The kept candidates in order, the first `max_det` of each image, zero past its count."""
+    batch = keep.shape[0]
+    rank = keep.cumsum(1) - 1
+    slot = torch.where(keep & (rank < max_det), rank, torch.full_like(rank, max_det))  # max_det: dropped
+    out_boxes = boxes.new_zeros((batch, max_det + 1, 4)).scatter_(1, slot[:, :, None].expand(-1, -1, 4), boxes)
+    out_scores = scores.new_zeros((batch, max_det + 1)).scatter_(1, slot, scores)
+    out_classes = classes.new_zeros((batch, max_det + 1)).scatter_(1, slot, classes)
+    count = keep.sum(1).clamp(max=max_det).to(torch.int32)
+    return count, out_boxes[:, :max_det], out_scores[:, :max_det], out_classes[:, :max_det].int()
+
+
+def batched_nms_reference(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+    boxes, scores, classes, valid = nms_candidates(pred, settings)
+    groups = torch.zeros_like(classes) if settings.agnostic else classes
+    keep = greedy_keep(boxes, groups, valid, settings.iou)
+    return compact(keep, boxes, scores, classes, settings.max_det)
+
+
+def batched_nms_tactics(inputs, attrs, effort: int = 2) -> list[str]:
+    pred = inputs[0]
+    k = min(attrs.get("topk", NmsSettings.topk), max(1, (pred.shape[1] - 4) * pred.shape[2]))
+    if pred.is_cuda and greedy_nms_supported(torch.empty((1, k, 4), device="meta")):
+        return [REFERENCE, TRITON]
+    return [REFERENCE]
+
+
+@OPS.internal("BatchedNms", tactics=batched_nms_tactics)
+def batched_nms_op(inputs, attrs):
+    settings = settings_of(attrs)
+    if attrs.get("tactic") == TRITON:
+        boxes, scores, classes, valid = nms_candidates(inputs[0], settings)
+        if greedy_nms_supported(boxes):
+            groups = torch.zeros_like(classes) if settings.agnostic else classes
+            return greedy_nms(boxes, scores, groups, classes, valid.sum(1), settings.iou, settings.max_det)
+    return batched_nms_reference(inputs[0], settings)
