@@ -4,14 +4,13 @@
 # engine-only latency of both, and the end-to-end pipeline on real frames with each.
 #   PYTHONPATH=. bash bench/nms_h200.sh   ($OUT set; .carry/yolov8n.onnx and .carry/frames as for pipeline_e2e.py)
 set -uo pipefail
-python -m pytest -q -p no:cacheprovider tests/ops/test_nms_op.py tests/kernels/test_kernels_greedy_nms.py \
-  tests/passes/test_append_nms.py tests/pipeline/test_engine_nms.py 2>&1 | tail -5
+# The --nms tests run natively in bench/h200_session30.sh. EFFORT (default 2) is the builds' --builder-effort.
 shapes="--min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 --max-shapes images:32x3x640x640"
 pre="letterbox=640,mean=0,std=255,rgb,nchw"
 for variant in raw nms; do
   extra=(); [ "$variant" = nms ] && extra=(--nms conf=0.25,iou=0.45,max_det=300,topk=1000)
   python -m sartor build .carry/yolov8n.onnx -o /tmp/y8_$variant.plan --device cuda --precision fp16 $shapes \
-    --preprocess "$pre" "${extra[@]}" > "$OUT/build_$variant.txt" 2>&1; echo "build $variant exit $?"
+    --preprocess "$pre" --builder-effort "${EFFORT:-2}" "${extra[@]}" > "$OUT/build_$variant.txt" 2>&1; echo "build $variant exit $?"
   python -m sartor bench /tmp/y8_$variant.plan --json > "$OUT/bench_$variant.json"; echo "bench $variant exit $?"
   python -m sartor bench /tmp/y8_$variant.plan --end-to-end --images .carry/frames --batch 32 --json \
     > "$OUT/e2e_$variant.json"; echo "e2e $variant exit $?"
