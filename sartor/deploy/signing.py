@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import EngineFileError, KeyFileError, OutputPathError
 from ..runtime.engine_file import open_engine, sign, write_atomic
-from ..runtime.engine_signature import PUBLIC_KEY_SUFFIX, key_fingerprint
+from ..runtime.engine_signature import PUBLIC_KEY_SUFFIX, key_fingerprint, require_cryptography
 
 PRIVATE_KEY_MODE = 0o600
 
@@ -25,6 +25,7 @@ def public_key_path(key_path: str | os.PathLike) -> Path:
 def generate_key(path: str | os.PathLike, overwrite: bool = False) -> str:
     """Write a new Ed25519 key pair to `path` (private, 0600) and `path`.pub; returns its fingerprint.
     An existing key is never replaced unless `overwrite`: losing it orphans every engine it signed."""
+    require_cryptography("making a signing key")
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     path = Path(path)
@@ -45,6 +46,7 @@ def generate_key(path: str | os.PathLike, overwrite: bool = False) -> str:
 
 def read_private_key(path: str | os.PathLike):
     """An Ed25519 private key from a PEM (PKCS #8) or OpenSSH private key file, unencrypted."""
+    require_cryptography(f"signing with {path}")
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -32,6 +32,15 @@ TRUST_ENV = "SARTOR_TRUST"
 PUBLIC_KEY_SUFFIX = ".pub"
 
 
+def require_cryptography(purpose: str) -> None:
+    """Signatures need the `cryptography` package; an engine loaded without a trust store, and
+    unsigned, needs nothing from it, so a runtime without it still loads and runs engines."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        raise KeyFileError(f"{purpose} needs the cryptography package (pip install cryptography)") from None
+
+
 def _raw_public(public_key) -> bytes:
     from cryptography.hazmat.primitives import serialization
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -58,6 +67,7 @@ class Signature:
         return fingerprint_of_raw(self.public_key)
 
     def verifies(self, checksum: bytes) -> bool:
+        require_cryptography(f"checking the signature by {self.fingerprint}")
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
         try:
@@ -88,6 +98,7 @@ def parse_signature_block(trailer: bytes, where: str) -> Signature:
 
 def read_public_key(path: str | os.PathLike):
     """An Ed25519 public key from a PEM (SubjectPublicKeyInfo) or OpenSSH `.pub` file."""
+    require_cryptography(f"reading the public key {path}")
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -151,7 +162,6 @@ def trust_store(trust) -> TrustStore | None:
     """The trust store a load uses: `trust` (a directory of .pub files, one .pub file, a public key
     object, a TrustStore, or a list of these); when None, $SARTOR_TRUST (a directory or file); None
     when neither is set."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     if trust is None:
         value = os.environ.get(TRUST_ENV, "")
         if not value:
@@ -159,6 +169,8 @@ def trust_store(trust) -> TrustStore | None:
         store = trust_store(value)
         store.source = f"{TRUST_ENV}={value}"
         return store
+    require_cryptography("a trust store")
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     if isinstance(trust, TrustStore):
         return trust
     if isinstance(trust, Ed25519PublicKey):

@@ -322,3 +322,35 @@ def test_open_engine_reports_the_checksum_and_signature(plan_copy, keys):
     sign_engine(plan_copy, keys["a"][0])
     after = open_engine(plan_copy.read_bytes())
     assert after.checksum == before.checksum and after.signature.fingerprint == keys["a"][1]
+
+
+_WITHOUT_CRYPTOGRAPHY = r"""
+import sys
+sys.modules["cryptography"] = None  # as on a device where the package is not installed
+import sartor
+from sartor.errors import SartorError
+plan, signed, trust = sys.argv[1:4]
+sartor.load(plan, device="cpu")
+print("unsigned loads")
+for what, kwargs in (("signed", {"path": signed}), ("store", {"path": plan, "trust": trust})):
+    try:
+        sartor.load(kwargs.pop("path"), device="cpu", **kwargs)
+    except SartorError as exc:
+        print(what, "refused:", exc)
+"""
+
+
+def test_without_the_cryptography_package_unsigned_engines_load_and_signatures_say_what_is_missing(
+        plan_copy, keys, trusted, tmp_path):
+    import subprocess
+    import sys
+    signed = tmp_path / "signed.plan"
+    sign_engine(plan_copy, read_private_key(keys["a"][0]), signed)
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_CRYPTOGRAPHY, str(plan_copy), str(signed), str(trusted)],
+                         capture_output=True, text=True, timeout=120, check=False,
+                         env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.strip().splitlines()
+    assert lines[0] == "unsigned loads"
+    assert lines[1].startswith("signed refused:") and "needs the cryptography package" in lines[1]
+    assert lines[2].startswith("store refused:") and "needs the cryptography package" in lines[2]
