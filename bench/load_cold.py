@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 2.0
 # model: (input name, H×W, ImageNet-normalised calibration images)
-MODELS = {"resnet50": ("input", 224, True), "yolov8n": ("images", 640, False)}
+MODELS = {"resnet50": ("input", 224, True), "resnet18": ("input", 224, True), "yolov8n": ("images", 640, False)}
 
 
 def key_parts(src) -> dict:
@@ -248,8 +248,8 @@ def main() -> None:
     results = {"versions": versions(), "batch": args.batch, "builder_effort": args.effort, "target_s": TARGET_SECONDS, "engines": {}}
     for spec in args.engine or ["resnet50:fp16"]:
         model, precision = spec.split(":")
-        if model == "resnet50":
-            onnx = export_classifier("resnet50", args.onnx_dir or work)
+        if model.startswith("resnet"):
+            onnx = export_classifier(model, args.onnx_dir or work)
         else:
             onnx = (args.onnx_dir or ROOT / ".carry") / f"{model}.onnx"
         built = build_engines(work, onnx, args.batch, model, precision, not args.no_compare, args.effort)
