@@ -1,13 +1,13 @@
 """One CPU core, per 1280×720 JPEG frame: decode + letterbox to 640 + normalise, three ways.
 
 - reference: `sartor.data.preprocess.preprocess_image` (Pillow decode and resize, numpy normalise);
-- exact: the Pipeline's CPU path with exact decoding (Pillow decode, torch's uint8 antialiased
-  bilinear resize, float32 normalisation written into the input buffer);
-- fast: the same with DCT-scaled decoding (`fast_decode=True`: libjpeg decodes at 1/2 scale, the
-  letterbox's size, so no resize is left).
+- exact: the Pipeline's CPU path with `fast_decode=False` (Pillow's decode and bilinear resize, the
+  reference's pixels, then the float32 normalisation written into the input buffer);
+- fast: the CPU Pipeline's default (libjpeg decodes at 1/2 scale in the DCT domain, the
+  letterbox's size, so torch's uint8 resize has nothing left to do; then the same normalisation).
 
-and each path's stages alone on the same frames: decode (Pillow's libjpeg-turbo work), handoff
-(Pillow's pixels out into a tensor: the one copy), resize, normalise (pad bands and the
+and each path's stages alone on the same frames: decode (Pillow's libjpeg-turbo work), resize,
+handoff (Pillow's pixels out into a tensor: the one copy), normalise (pad bands and the
 normalisation into the input buffer). Files are read into memory first: disk is not timed.
 Medians over every frame of `--rounds` rounds, `torch.set_num_threads(1)`.
 
@@ -76,17 +76,24 @@ def measure(datas: list[bytes], rounds: int) -> dict:
         lambda d: preprocess_image(Image.open(io.BytesIO(d)), spec, path="frame"), datas, rounds)
     result["ms_per_frame"]["exact"] = per_frame_ms(lambda s: pipeline(s, False), sources, rounds)
     result["ms_per_frame"]["fast"] = per_frame_ms(lambda s: pipeline(s, True), sources, rounds)
-    for path, draft in (("exact", None), ("fast", (new_w, new_h))):
-        images = [pillow_decode(d, draft) for d in datas]
-        frames = [_host_tensor(im) for im in images]
-        resized = [_resized(f[None], (new_h, new_w))[0] for f in frames]
-        result["stages_ms"][path] = {
-            "decode": per_frame_ms(lambda d, draft=draft: pillow_decode(d, draft), datas, rounds),
-            "handoff": per_frame_ms(_host_tensor, images, rounds),
-            "resize": per_frame_ms(lambda f: _resized(f[None], (new_h, new_w)), frames, rounds),
-            "normalise": per_frame_ms(lambda r: prepare_batch([r], ["frame"], spec, buffer, [(height, width)]),
-                                      resized, rounds),
-            "decoded_size": f"{frames[0].shape[2]}x{frames[0].shape[1]}"}
+    exact_images = [pillow_decode(d, None) for d in datas]
+    exact_resized = [im.resize((new_w, new_h), Image.Resampling.BILINEAR) for im in exact_images]
+    fast_images = [pillow_decode(d, (new_w, new_h)) for d in datas]
+    fast_frames = [_host_tensor(im) for im in fast_images]
+    letterboxed = [_host_tensor(im) for im in exact_resized]
+    normalise = per_frame_ms(lambda f: prepare_batch([f], ["frame"], spec, buffer, [(height, width)]), letterboxed,
+                             rounds)
+    result["stages_ms"]["exact"] = {
+        "decode": per_frame_ms(lambda d: pillow_decode(d, None), datas, rounds),
+        "resize": per_frame_ms(lambda im: im.resize((new_w, new_h), Image.Resampling.BILINEAR), exact_images,
+                               rounds),  # Pillow's, the reference's pixels
+        "handoff": per_frame_ms(_host_tensor, exact_resized, rounds),
+        "normalise": normalise, "decoded_size": f"{width}x{height}"}
+    result["stages_ms"]["fast"] = {
+        "decode": per_frame_ms(lambda d: pillow_decode(d, (new_w, new_h)), datas, rounds),
+        "resize": per_frame_ms(lambda f: _resized(f[None], (new_h, new_w)), fast_frames, rounds),  # torch uint8
+        "handoff": per_frame_ms(_host_tensor, fast_images, rounds),
+        "normalise": normalise, "decoded_size": f"{fast_frames[0].shape[2]}x{fast_frames[0].shape[1]}"}
     ms = result["ms_per_frame"]
     result["speedup_over_reference"] = {k: round(ms["reference"] / ms[k], 2) for k in ("exact", "fast")}
     return result

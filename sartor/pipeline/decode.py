@@ -6,11 +6,16 @@ formats, and everything for a CPU engine, are decoded by Pillow (libjpeg-turbo, 
 decoder of `sartor.data.preprocess`, so the host pixels are the reference's (EXIF orientation is not
 applied there either).
 
-`fast=True` lets a host JPEG be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's
-scaled IDCT, `Image.draft`) when the spec shrinks it at least that much: the frame comes out at the
-smallest such scale still at least the letterbox's size, and `orig_size` keeps the file's own size
-for the geometry. Its pixels are not the exact path's (a DCT low-pass instead of a bilinear
-filter): see docs/decisions/0025-cpu-fast-decode.md for the accuracy it costs."""
+Given the spec, host decoding goes one of two ways, and `orig_size` keeps the file's own size for
+the geometry either way:
+- exact (`fast=False`): Pillow's decode and Pillow's bilinear resize to the spec's size, the
+  reference's pixels exactly (`sartor.data.preprocess`), so `sartor validate` scores the engine,
+  not a resize filter;
+- fast: a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's scaled IDCT,
+  `Image.draft`) when the spec shrinks it at least that much, at the smallest such scale still at
+  least the letterbox's size, and torch's uint8 resize (`prepare`) does what is left. Its pixels
+  are not the reference's (a DCT low-pass, other rounding): docs/decisions/0025-cpu-fast-decode.md
+  gives the accuracy it costs."""
 from __future__ import annotations
 
 import io
@@ -82,9 +87,9 @@ def _host_tensor(image: Image.Image) -> torch.Tensor:
 
 def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = False,
                    max_pixels: int | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
-    """Image file bytes → (3×H×W uint8 RGB on the CPU, (H, W) as stored) through Pillow. With `fast`
-    and a spec that resizes, a JPEG is decoded at the smallest DCT scale still at least the size
-    the spec resizes it to. A file that is not an image, corrupt or truncated, or over `max_pixels`,
+    """Image file bytes → (3×H×W uint8 RGB on the CPU, (H, W) as stored) through Pillow. With a spec
+    that resizes, the frame comes out resized exactly as the reference resizes it, or with `fast`
+    (JPEGs) at the smallest DCT scale still at least that size. A file that is not an image, corrupt or truncated, or over `max_pixels`,
     is a DataError whose one line is the reason alone (the caller names the image)."""
     data = encoded.numpy().tobytes() if isinstance(encoded, torch.Tensor) else bytes(encoded)
     try:
@@ -95,11 +100,17 @@ def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = Fal
                 width, height = image.size
                 if max_pixels is not None and width * height > max_pixels:
                     raise ImageTooLarge(f"image of {width}x{height} pixels exceeds {max_pixels} pixels")
-                if fast and spec is not None and spec.resize != "none" and image.format == "JPEG":
+                exact_size = None
+                if spec is not None and spec.resize != "none":
                     new_h, new_w = placement(height, width, spec).resized
-                    image.draft("RGB", (new_w, new_h))  # a no-op unless it shrinks by 2, 4 or 8
+                    if fast and image.format == "JPEG":
+                        image.draft("RGB", (new_w, new_h))  # a no-op unless it shrinks by 2, 4 or 8
+                    elif not fast:
+                        exact_size = (new_w, new_h)
                 image.load()
                 rgb = image.convert("RGB") if image.mode != "RGB" else image
+                if exact_size is not None and rgb.size != exact_size:
+                    rgb = rgb.resize(exact_size, Image.Resampling.BILINEAR)  # the reference's own resize
                 return _host_tensor(rgb), (height, width)
     except (UnidentifiedImageError, ImportError):
         # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds
@@ -116,8 +127,9 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
 
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | None = None,
                   fast: bool = False) -> list[DecodedFrame]:
-    """One DecodedFrame per source, in order; failures carry their reason and never raise. `spec`
-    and `fast` allow DCT-scaled decoding of host JPEGs (see the module's docstring)."""
+    """One DecodedFrame per source, in order; failures carry their reason and never raise. With
+    `spec`, host-decoded frames come out resized as the reference resizes them, or with `fast`
+    JPEGs at a DCT scale (see the module's docstring); without, at their own size."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []

@@ -106,7 +106,7 @@ class Pipeline:
     `fast_decode` lets JPEGs decoded on the host come out at 1/2, 1/4 or 1/8 scale when the
     preprocessing shrinks them that much (`sartor.pipeline.decode`): on by default for a CPU engine
     (half the CPU time per 720p frame, mAP within noise: docs/decisions/0025-cpu-fast-decode.md);
-    False gives the reference's pixels."""
+    False gives the reference's values for encoded images (Pillow's decode and resize)."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,

@@ -49,7 +49,7 @@ def prepare(model, body: bytes, query: dict) -> tuple[dict, object, dict]:
     if not body:
         raise InvalidRequest("the request body is empty: send the JPEG or PNG bytes")
     try:
-        pixels, size = decode_on_host(body, max_pixels=MAX_IMAGE_PIXELS)
+        pixels, size = decode_on_host(body, spec, max_pixels=MAX_IMAGE_PIXELS)  # exact: the reference's pixels
     except ImageTooLarge as exc:
         raise InvalidRequest(str(exc)) from None
     except SartorError as exc:

@@ -66,7 +66,8 @@ def _engine_map_on_reference_batches(plan: Path, annotations: Path) -> dict:
     dataset = open_dataset(annotations)
     context, detections, decoder = engine.context(), [], None
     for arrays, metas, _ in iterate_batches(dataset.samples, engine.preprocess, 8):
-        outputs = {k: np.asarray(v.detach().cpu()) for k, v in context.run({"images": arrays}).items()}
+        outputs = {k: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+                   for k, v in context.run({"images": arrays}).items()}
         decoder = decoder or make_decoder(None, {k: v.shape for k, v in outputs.items()},
                                           {k: v.dtype for k, v in outputs.items()}, DecodeOptions())
         detections.extend(decoder(outputs, metas))

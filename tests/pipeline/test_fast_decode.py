@@ -1,6 +1,7 @@
 """The CPU fast path: JPEGs decoded on the host at 1/2, 1/4 or 1/8 scale in the DCT domain when the
-preprocessing shrinks them that much (`fast_decode`), the geometry kept from the file's own size,
-the exact path still available; and `decode_on_host`'s refusals (one line each)."""
+preprocessing shrinks them that much (`fast_decode`), the geometry kept from the file's own size;
+the exact path, which gives the reference's values; and `decode_on_host`'s refusals (one line
+each)."""
 from __future__ import annotations
 
 import io
@@ -12,7 +13,7 @@ from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 from PIL import Image
 
 import sartor
-from sartor.data.preprocess import parse_preprocess, preprocess_image
+from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
 from sartor.errors import DataError
 from sartor.pipeline import Pipeline, decode_frames, prepare_batch, read_sources
 from sartor.pipeline.decode import ImageTooLarge, decode_on_host
@@ -43,7 +44,8 @@ def test_fast_decode_picks_the_smallest_dct_scale_that_still_covers_the_resize(t
     (frame,) = decode_frames(read_sources([frame_bytes()]), CPU, spec, fast=True)
     assert tuple(frame.pixels.shape) == (3, *decoded) and frame.size == (720, 1280)
     (exact,) = decode_frames(read_sources([frame_bytes()]), CPU, spec, fast=False)
-    assert tuple(exact.pixels.shape) == (3, 720, 1280) and exact.size == (720, 1280)
+    resized = (720, 1280) if spec.resize == "none" else placement(720, 1280, spec).resized
+    assert tuple(exact.pixels.shape) == (3, *resized) and exact.size == (720, 1280)  # resized by Pillow
 
 
 def test_fast_decode_leaves_png_at_full_size():
@@ -67,6 +69,21 @@ def test_fast_decode_keeps_the_geometry_and_lands_near_the_exact_pixels(name, te
     apart = np.abs(batch[0].numpy().astype(np.float64) - reference) * std
     # A DCT low-pass in place of a bilinear filter: most pixels within a level or two, edges more.
     assert 0.05 < apart.mean() < 1.5 and np.percentile(apart, 99) <= 16, (apart.mean(), np.percentile(apart, 99))
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+@pytest.mark.parametrize("text", ["letterbox=640,mean=0,std=255,rgb,nchw", "letterbox=320,mean=0,std=255,bgr,nhwc",
+                                  "resize=224x224,mean=123.675:116.28:103.53,std=58.395:57.12:57.375",
+                                  "letterbox=1000,mean=10,std=3,rgb,nhwc,dtype=uint8",
+                                  "letterbox=256,mean=0,std=1,rgb,nchw,dtype=float16,pad=0"])
+def test_the_exact_path_gives_the_references_values(fmt, text):
+    spec = parse_preprocess(text)
+    data = frame_bytes("coffee", fmt=fmt)
+    reference, meta = preprocess_image(Image.open(io.BytesIO(data)).convert("RGB"), spec, path="item 0")
+    (frame,) = decode_frames(read_sources([data]), CPU, spec, fast=False)
+    batch, (ours_meta,) = prepare_batch([frame.pixels], ["item 0"], spec, orig_sizes=[frame.size])
+    assert ours_meta == meta
+    np.testing.assert_array_equal(batch[0].numpy(), reference)
 
 
 @pytest.fixture(scope="module")
