@@ -66,8 +66,9 @@ def add_parser(subparsers, parents) -> None:
                         f"(default {DEFAULT_PSEUDO_CONF})")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
     p.add_argument("--fast-decode", action="store_true",
-                   help="decode the engine's host JPEGs at 1/2, 1/4 or 1/8 scale when the letterbox shrinks them "
-                        "that much (the Pipeline's fast_decode): to measure what it costs in accuracy")
+                   help="decode the engine's images as sartor.Pipeline does by default (nvJPEG on a CUDA engine; on "
+                        "the host, JPEGs at 1/2, 1/4 or 1/8 scale when the resize shrinks them that much) instead "
+                        "of exactly as the reference: to measure what the deployed decoders cost in accuracy")
     p.set_defaults(func=run)
 
 

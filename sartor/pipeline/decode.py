@@ -1,21 +1,17 @@
 """Encoded images to uint8 RGB frames on the device that preprocesses them.
 
-On CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(..., device="cuda")`);
-when that call fails, each JPEG is decoded alone, so one corrupt file fails only itself. Other
-formats, and everything for a CPU engine, are decoded by Pillow (libjpeg-turbo, libpng), the
-decoder of `sartor.data.preprocess`, so the host pixels are the reference's (EXIF orientation is not
-applied there either).
-
-Given the spec, host decoding goes one of two ways, and `orig_size` keeps the file's own size for
-the geometry either way:
-- exact (`fast=False`): Pillow's decode and Pillow's bilinear resize to the spec's size, the
-  reference's pixels exactly (`sartor.data.preprocess`), so `sartor validate` scores the engine,
-  not a resize filter;
-- fast: a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's scaled IDCT,
-  `Image.draft`) when the spec shrinks it at least that much, at the smallest such scale still at
-  least the letterbox's size, and torch's uint8 resize (`prepare`) does what is left. Its pixels
-  are not the reference's (a DCT low-pass, other rounding): docs/decisions/0025-cpu-fast-decode.md
-  gives the accuracy it costs."""
+Two ways, and `orig_size` keeps the file's own size for the geometry either way:
+- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(
+  ..., device="cuda")`; when that call fails, each JPEG is decoded alone, so one corrupt file fails
+  only itself). On the host, Pillow (libjpeg-turbo, libpng) decodes a JPEG at 1/2, 1/4 or 1/8 scale
+  in the DCT domain (libjpeg's scaled IDCT, `Image.draft`) when the spec shrinks it at least that
+  much, at the smallest such scale still at least the letterbox's size, and torch's resize
+  (`prepare`) does what is left. Its pixels are not the reference's (a DCT low-pass, nvJPEG's IDCT,
+  other rounding): docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
+- exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
+  size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
+  engine, not a decoder or a resize filter.
+EXIF orientation is not applied, as in `sartor.data.preprocess`."""
 from __future__ import annotations
 
 import io
@@ -126,10 +122,11 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
 
 
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | None = None,
-                  fast: bool = False) -> list[DecodedFrame]:
-    """One DecodedFrame per source, in order; failures carry their reason and never raise. With
-    `spec`, host-decoded frames come out resized as the reference resizes them, or with `fast`
-    JPEGs at a DCT scale (see the module's docstring); without, at their own size."""
+                  fast: bool = True) -> list[DecodedFrame]:
+    """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
+    JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
+    everything through Pillow on the host, resized as the reference resizes it when `spec` is
+    given (see the module's docstring). Without `spec`, host frames keep their own size."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
@@ -138,7 +135,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif device.type == "cuda" and _is_jpeg(source.encoded):
+        elif device.type == "cuda" and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):
                 gpu_jpegs.append(i)
             else:

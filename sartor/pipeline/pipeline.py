@@ -103,15 +103,15 @@ class Pipeline:
     the engine's own device tensors, valid during the call (e.g. `YoloNms()`, which sends only
     the kept boxes to the host), and results then carry no outputs. Without a decoder, results carry
     outputs only. `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them).
-    `fast_decode` lets JPEGs decoded on the host come out at 1/2, 1/4 or 1/8 scale when the
-    preprocessing shrinks them that much (`sartor.pipeline.decode`): on by default for a CPU engine
-    (half the CPU time per 720p frame, mAP within noise: docs/decisions/0025-cpu-fast-decode.md);
-    False gives the reference's values for encoded images (Pillow's decode and resize)."""
+    `fast_decode` (the default) decodes JPEGs by nvJPEG on CUDA and, on the host, at 1/2, 1/4 or 1/8
+    scale when the preprocessing shrinks them that much (half the CPU time per 720p frame, mAP
+    within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
+    encoded images on any device (Pillow's decode and resize on the host)."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
                  preprocess: PreprocessSpec | None = None, overlap: bool = True,
-                 host_outputs: bool = True, fast_decode: bool | None = None) -> None:
+                 host_outputs: bool = True, fast_decode: bool = True) -> None:
         spec = preprocess or engine.preprocess
         if spec is None:
             raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
@@ -129,7 +129,7 @@ class Pipeline:
         self.input_name = image.name
         self.batch_size, self.profile, self.min_batch = choose_batch(engine, image.name, spec, batch_size, profile)
         self.device = torch.device(engine.device)
-        self.fast_decode = self.device.type == "cpu" if fast_decode is None else fast_decode
+        self.fast_decode = fast_decode
         self.context = engine.context(self.profile)
         self._staging: list[torch.Tensor | None] = [None, None]
         self._staging_free: list[torch.cuda.Event | None] = [None, None]

@@ -326,8 +326,9 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         raise DataError(f"dataset {dataset.source} holds {kinds[dataset.task]} labels, but --task {task} was given")
     splits = _split_indices(dataset, split_by)
     batch_size, profile, _ = choose_batch(engine, image_input.name, spec, batch)
-    # The engine sees its images through the Pipeline, as deployed: decoded on its device (nvJPEG on
-    # CUDA), preprocessed into its input; the reference sees sartor.data.preprocess's batches.
+    # The engine sees its images through the Pipeline (normalised on its device, into its input),
+    # the reference sartor.data.preprocess's batches. Exact decoding gives both the same values, so
+    # the drop is the engine's; fast_decode measures the deployed decoders (nvJPEG, DCT scaling).
     pipeline = Pipeline(engine, batch_size=batch_size, profile=profile, preprocess=spec, fast_decode=fast_decode)
     engine_results = pipeline.stream(s.path for s in dataset.samples)
 

@@ -20,6 +20,7 @@ from sartor.pipeline.decode import ImageTooLarge, decode_on_host
 
 skimage_data = pytest.importorskip("skimage.data")
 CPU = torch.device("cpu")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def frame_bytes(name: str = "astronaut", size: tuple[int, int] = (1280, 720), fmt: str = "JPEG") -> bytes:
@@ -76,14 +77,17 @@ def test_fast_decode_keeps_the_geometry_and_lands_near_the_exact_pixels(name, te
                                   "resize=224x224,mean=123.675:116.28:103.53,std=58.395:57.12:57.375",
                                   "letterbox=1000,mean=10,std=3,rgb,nhwc,dtype=uint8",
                                   "letterbox=256,mean=0,std=1,rgb,nchw,dtype=float16,pad=0"])
-def test_the_exact_path_gives_the_references_values(fmt, text):
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_exact_path_gives_the_references_values(device, fmt, text):
+    """On a CUDA engine too: decoded and resized on the host, normalised on the device."""
     spec = parse_preprocess(text)
     data = frame_bytes("coffee", fmt=fmt)
     reference, meta = preprocess_image(Image.open(io.BytesIO(data)).convert("RGB"), spec, path="item 0")
-    (frame,) = decode_frames(read_sources([data]), CPU, spec, fast=False)
+    (frame,) = decode_frames(read_sources([data]), torch.device(device), spec, fast=False)
+    assert frame.pixels.device.type == device
     batch, (ours_meta,) = prepare_batch([frame.pixels], ["item 0"], spec, orig_sizes=[frame.size])
     assert ours_meta == meta
-    np.testing.assert_array_equal(batch[0].numpy(), reference)
+    np.testing.assert_array_equal(batch[0].cpu().numpy(), reference)
 
 
 @pytest.fixture(scope="module")
