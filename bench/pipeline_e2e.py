@@ -15,7 +15,9 @@ JPEG frames (bench/make_frames.py; held in memory as bytes, so disk reads are no
 - raw_e2e: the same with decoded H×W×3 uint8 frames already on the GPU (a camera SDK's case);
 - latency: batch 1 end to end, frame after frame, median and p99, against the engine's batch 1;
 - cpu: one core, per 720p frame: today's `sartor.data.preprocess.preprocess_image` (PIL + numpy)
-  against the pipeline's CPU path (torchvision decode, uint8 resize, normalisation into the input);
+  against the pipeline's CPU path, exact (Pillow decode, uint8 resize, normalisation into the input)
+  and fast (JPEGs decoded at the DCT scale the letterbox needs, the CPU Pipeline's default; per
+  stage: bench/cpu_preprocess.py);
   and frames/s of the PIL path on every core (a thread per core, as `iterate_batches` runs it).
 
     PYTHONPATH=. python bench/pipeline_e2e.py --frames .carry/frames --onnx .carry/yolov8n.onnx --out $OUT
@@ -147,11 +149,12 @@ def measure_cpu(frames: list[bytes], work: Path) -> dict:
     torch.set_num_threads(1)
     reference = per_call_ms(lambda: [preprocess_image(p, spec) for p in paths], 5, warmup=1)
 
-    def fast():
-        decoded = decode_frames(read_sources(paths), torch.device("cpu"))
+    def pipeline_cpu(fast: bool):
+        decoded = decode_frames(read_sources(paths), torch.device("cpu"), spec, fast)
         for d in decoded:
-            prepare_batch([d.pixels], [d.name], spec)
-    ours = per_call_ms(fast, 5, warmup=1)
+            prepare_batch([d.pixels], [d.name], spec, orig_sizes=[d.size])
+    ours = per_call_ms(lambda: pipeline_cpu(False), 5, warmup=1)
+    ours_fast = per_call_ms(lambda: pipeline_cpu(True), 5, warmup=1)
     cores = os.cpu_count() or 1
     with ThreadPoolExecutor(cores) as pool:
         many = paths * 8
@@ -160,6 +163,8 @@ def measure_cpu(frames: list[bytes], work: Path) -> dict:
     return {"pil_one_core_ms_per_frame": round(statistics.median(reference) / len(paths), 3),
             "pipeline_cpu_one_core_ms_per_frame": round(statistics.median(ours) / len(paths), 3),
             "speedup": round(statistics.median(reference) / statistics.median(ours), 2),
+            "pipeline_cpu_fast_one_core_ms_per_frame": round(statistics.median(ours_fast) / len(paths), 3),
+            "speedup_fast": round(statistics.median(reference) / statistics.median(ours_fast), 2),
             f"pil_{cores}_threads_frames_per_s": round(len(many) * 1e3 / statistics.median(threaded), 1)}
 
 

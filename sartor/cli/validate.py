@@ -67,6 +67,10 @@ def add_parser(subparsers, parents) -> None:
                         f"(default {DEFAULT_PSEUDO_CONF})")
     p.add_argument("--device", help="cpu or cuda[:N] (default: the kind the engine was built for)")
     add_trust_arg(p)
+    p.add_argument("--fast-decode", action="store_true",
+                   help="decode the engine's images as sartor.Pipeline does by default (nvJPEG on a CUDA engine; on "
+                        "the host, JPEGs at 1/2, 1/4 or 1/8 scale when the resize shrinks them that much) instead "
+                        "of exactly as the reference: to measure what the deployed decoders cost in accuracy")
     p.set_defaults(func=run)
 
 
@@ -104,7 +108,7 @@ def run(args) -> int:
                       max_drop=args.max_drop, batch=args.batch, decoder=args.decoder, preprocess=args.preprocess,
                       device=args.device, conf=args.conf, iou=args.iou, max_det=args.max_det,
                       pseudo_conf=args.pseudo_conf, class_names=read_class_names(args.classes),
-                      progress=not args.json)
+                      progress=not args.json, fast_decode=args.fast_decode)
     if args.report:
         write_html_report(report, args.report)
     code = 0 if report.passed else 1
@@ -115,7 +119,8 @@ def run(args) -> int:
     mode = "labels" if report.mode == "labels" else "no labels: reference outputs as ground truth"
     out.print(text(f"{report.task} on {report.data}: {report.overall.images} images ({mode}); preprocess "
                    f"{report.preprocess}" + (f"; decoder {report.decoder}" if report.decoder else "")
-                   + f"; batch {report.batch}; {report.device} {report.precision}"))
+                   + f"; batch {report.batch}; {report.device} {report.precision}"
+                   + ("; fast decode" if report.options.get("fast_decode") else "")))
     gate = f" (gate: drop ≤ {report.max_drop:g})" if report.gated else ""
     out.print(text(f"{report.metric}, engine vs ONNX Runtime FP32 reference{gate}"))
     rows = table(None, "split", "images", "reference", "engine", "drop", "result")

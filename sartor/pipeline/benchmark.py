@@ -107,19 +107,20 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     # each stage alone on the first batch
     chunk = (list(files) * (batch // len(files) + 1))[:max(batch, pipeline.min_batch)]
     sources = read_sources(chunk)
-    decoded = decode_frames(sources, device)
+    decoded = decode_frames(sources, device, pipeline.spec, pipeline.fast_decode)
     bad = [d.error for d in decoded if d.error is not None]
     if bad:
         raise ConfigError(f"--images: {bad[0]}")
-    frames, names = [d.pixels for d in decoded], [d.name for d in decoded]
+    frames, names, sizes = [d.pixels for d in decoded], [d.name for d in decoded], [d.size for d in decoded]
     shape = pipeline.spec.input_shape(len(frames))
     context = engine.context(pipeline.profile)
     buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
-    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer)
+    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, sizes)
     outputs = context.run({pipeline.input_name: prepared})
     stages = {"read": _median_ms(lambda: read_sources(chunk), device, stage_repeats),
-              "decode": _median_ms(lambda: decode_frames(sources, device), device, stage_repeats),
-              "preprocess": _median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer), device,
+              "decode": _median_ms(lambda: decode_frames(sources, device, pipeline.spec, pipeline.fast_decode),
+                                   device, stage_repeats),
+              "preprocess": _median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, sizes), device,
                                        stage_repeats),
               "infer": _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, stage_repeats)}
     if decodes:

@@ -1,17 +1,29 @@
 """Encoded images to uint8 RGB frames on the device that preprocesses them.
 
-On CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(..., device="cuda")`);
-when that call fails, each JPEG is decoded alone, so one corrupt file fails only itself. Other
-formats, and everything for a CPU engine, are decoded by libjpeg-turbo / libpng through
-`torchvision.io.decode_image`, which gives the same pixels as Pillow for the same file (EXIF
-orientation is not applied, as in `sartor.data.preprocess`)."""
+Two ways, and `orig_size` keeps the file's own size for the geometry either way:
+- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(
+  ..., device="cuda")`; when that call fails, each JPEG is decoded alone, so one corrupt file fails
+  only itself). On the host, Pillow (libjpeg-turbo, libpng) decodes a JPEG at 1/2, 1/4 or 1/8 scale
+  in the DCT domain (libjpeg's scaled IDCT, `Image.draft`) when the spec shrinks it at least that
+  much, at the smallest such scale still at least the letterbox's size, and torch's resize
+  (`prepare`) does what is left. Its pixels are not the reference's (a DCT low-pass, nvJPEG's IDCT,
+  other rounding): docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
+- exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
+  size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
+  engine, not a decoder or a resize filter.
+EXIF orientation is not applied, as in `sartor.data.preprocess`."""
 from __future__ import annotations
 
+import io
+import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
-from ..errors import ConfigError
+from ..data.preprocess import PreprocessSpec, placement
+from ..errors import ConfigError, DataError
 from .sources import FrameSource
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -28,6 +40,12 @@ class DecodedFrame:
     name: str
     pixels: torch.Tensor | None
     error: str | None = None
+    orig_size: tuple[int, int] | None = None  # (H, W) of the image; None: the pixels' own size
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the image as stored, whatever scale it was decoded at."""
+        return self.orig_size or (int(self.pixels.shape[1]), int(self.pixels.shape[2]))
 
 
 def _is_jpeg(encoded: torch.Tensor) -> bool:
@@ -48,9 +66,54 @@ def _image_io():
     return torchvision.io
 
 
-def _decode_on_host(source: FrameSource) -> torch.Tensor:
-    io = _image_io()
-    return io.decode_image(source.encoded, mode=io.ImageReadMode.RGB, apply_exif_orientation=False)
+class ImageTooLarge(DataError):
+    """An image over the pixel limit a caller sets (`decode_on_host(max_pixels=)`)."""
+
+
+# Pillow hands its pixels out as a read-only array; the pipeline only reads frames, so torch shares
+# it rather than copying it again, and the one warning torch gives about that is not shown.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+
+def _host_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB image → 3×H×W uint8, a channels-last view of Pillow's one copy out (the layout torch's
+    uint8 resize reads without another copy)."""
+    return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+
+
+def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = False,
+                   max_pixels: int | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Image file bytes → (3×H×W uint8 RGB on the CPU, (H, W) as stored) through Pillow. With a spec
+    that resizes, the frame comes out resized exactly as the reference resizes it, or with `fast`
+    (JPEGs) at the smallest DCT scale still at least that size. A file that is not an image, corrupt or truncated, or over `max_pixels`,
+    is a DataError whose one line is the reason alone (the caller names the image)."""
+    data = encoded.numpy().tobytes() if isinstance(encoded, torch.Tensor) else bytes(encoded)
+    try:
+        with warnings.catch_warnings():
+            if max_pixels is not None:  # a server refuses what Pillow would only warn about
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                if max_pixels is not None and width * height > max_pixels:
+                    raise ImageTooLarge(f"image of {width}x{height} pixels exceeds {max_pixels} pixels")
+                exact_size = None
+                if spec is not None and spec.resize != "none":
+                    new_h, new_w = placement(height, width, spec).resized
+                    if fast and image.format == "JPEG":
+                        image.draft("RGB", (new_w, new_h))  # a no-op unless it shrinks by 2, 4 or 8
+                    elif not fast:
+                        exact_size = (new_w, new_h)
+                image.load()
+                rgb = image.convert("RGB") if image.mode != "RGB" else image
+                if exact_size is not None and rgb.size != exact_size:
+                    rgb = rgb.resize(exact_size, Image.Resampling.BILINEAR)  # the reference's own resize
+                return _host_tensor(rgb), (height, width)
+    except (UnidentifiedImageError, ImportError):
+        # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds
+        # a HEIF fallback) fail that way on bytes no reader recognises.
+        raise DataError("Pillow cannot identify it") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise DataError(" ".join(str(exc).split()) or type(exc).__name__) from None
 
 
 def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
@@ -58,8 +121,12 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
     return DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an image: {reason}")
 
 
-def decode_frames(sources: list[FrameSource], device: torch.device) -> list[DecodedFrame]:
-    """One DecodedFrame per source, in order; failures carry their reason and never raise."""
+def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | None = None,
+                  fast: bool = True) -> list[DecodedFrame]:
+    """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
+    JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
+    everything through Pillow on the host, resized as the reference resizes it when `spec` is
+    given (see the module's docstring). Without `spec`, host frames keep their own size."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
@@ -68,7 +135,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device) -> list[Deco
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif device.type == "cuda" and _is_jpeg(source.encoded):
+        elif device.type == "cuda" and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):
                 gpu_jpegs.append(i)
             else:
@@ -76,9 +143,11 @@ def decode_frames(sources: list[FrameSource], device: torch.device) -> list[Deco
                                                              f"image: no JPEG end-of-image marker (truncated)")
         else:
             try:
-                decoded[i] = DecodedFrame(source.name, _decode_on_host(source).to(device, non_blocking=True))
-            except RuntimeError as exc:
+                pixels, size = decode_on_host(source.encoded, spec, fast)
+            except DataError as exc:
                 decoded[i] = _failure(source, exc)
+                continue
+            decoded[i] = DecodedFrame(source.name, pixels.to(device, non_blocking=True), orig_size=size)
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
     return decoded

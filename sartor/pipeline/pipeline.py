@@ -14,9 +14,9 @@ frame, whose outputs are dropped."""
 from __future__ import annotations
 
 import threading
-from contextlib import nullcontext
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -62,21 +62,39 @@ def image_input(engine, needed_by: str = "a pipeline"):
     return images[0]
 
 
-def _batch_range(engine, name: str, spec: PreprocessSpec, profile: int | None) -> tuple[int, int, int]:
-    """(profile, min batch, max batch) of the first profile admitting the spec's image size."""
+def choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None = None,
+                 profile: int | None = None) -> tuple[int, int, int]:
+    """(batch, profile, min batch) for images of the spec's size: the first profile (or `profile`)
+    that admits the size and, when a batch is `requested`, that batch; else its max batch, capped at
+    DEFAULT_MAX_BATCH. With preprocess 'none' images keep their sizes, so the batch is 1."""
     probe = spec.input_shape(1)
+    candidates = []
     for k, candidate in enumerate(engine.profiles):
-        if profile is not None and k != profile:
-            continue
         r = candidate.shapes.get(name)
-        if r is None:
+        if (profile is not None and k != profile) or r is None:
             continue
         if probe is None or all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])):
-            return k, int(r.min[0]), int(r.max[0])
-    shape = "x".join(map(str, probe[1:])) if probe is not None else "(each image's size)"
-    ranges = "; ".join(f"profile {k}: {p.describe()}" for k, p in enumerate(engine.profiles))
-    raise ConfigError(f"preprocess {spec.describe()} makes {shape} inputs, which no profile of the engine admits "
-                      f"({ranges})")
+            candidates.append((k, int(r.min[0]), int(r.max[0])))
+    if not candidates:
+        shape = "x".join(map(str, probe[1:])) if probe is not None else "(each image's size)"
+        ranges = "; ".join(f"profile {k}: {p.describe()}" for k, p in enumerate(engine.profiles))
+        raise ConfigError(f"preprocess {spec.describe()} makes {shape} inputs, which no profile of the engine "
+                          f"admits ({ranges})")
+    if spec.resize == "none":
+        if requested not in (None, 1):
+            raise ConfigError(f"batch size {requested}: with preprocess 'none' images differ in size, so the "
+                              f"batch is 1")
+        k, lo, _ = candidates[0]
+        return 1, k, lo
+    if requested is None:
+        k, lo, hi = candidates[0]
+        return min(hi, max(lo, DEFAULT_MAX_BATCH)), k, lo
+    for k, lo, hi in candidates:
+        if 1 <= requested <= hi:
+            return requested, k, lo
+    top = max(hi for _, _, hi in candidates)
+    raise ConfigError(f"batch size {requested} is outside 1..{top} (the engine's max batch {top} for "
+                      f"{spec.describe()!r} inputs)")
 
 
 class Pipeline:
@@ -88,12 +106,16 @@ class Pipeline:
     the kept boxes to the host), and results then carry no outputs. Without a decoder, results carry
     outputs only. An engine built with `--nms` decodes itself: without a decoder, or with a
     `YoloNms` (whose settings the engine's own then replace), its results carry the detections it
-    kept (`EngineNms`). `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them)."""
+    kept (`EngineNms`). `frame_order` is the channel order of raw frames (`rgb` or `bgr`, as OpenCV gives them).
+    `fast_decode` (the default) decodes JPEGs by nvJPEG on CUDA and, on the host, at 1/2, 1/4 or 1/8
+    scale when the preprocessing shrinks them that much (half the CPU time per 720p frame, mAP
+    within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
+    encoded images on any device (Pillow's decode and resize on the host)."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
                  preprocess: PreprocessSpec | None = None, overlap: bool = True,
-                 host_outputs: bool = True) -> None:
+                 host_outputs: bool = True, fast_decode: bool = True) -> None:
         spec = preprocess or engine.preprocess
         if spec is None:
             raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
@@ -116,16 +138,16 @@ class Pipeline:
             raise ConfigError(f"preprocess {spec.describe()} produces {spec.dtype} but input {image.name!r} "
                               f"is {image.dtype}")
         self.input_name = image.name
-        self.profile, self.min_batch, max_batch = (
-            _batch_range(engine, image.name, spec, profile) if self.frames is None
-            else frames_batch_range(engine, image.name, self.frames, profile))
-        if spec.resize == "none":
-            max_batch = 1  # images keep their own sizes
-        if batch_size is not None and not 1 <= batch_size <= max_batch:
-            raise ConfigError(f"batch size {batch_size} is outside 1..{max_batch}, what the engine's profile "
-                              f"{self.profile} admits for {spec.describe()!r}")
-        self.batch_size = batch_size or min(max_batch, max(self.min_batch, DEFAULT_MAX_BATCH))
+        if self.frames is None:
+            self.batch_size, self.profile, self.min_batch = choose_batch(engine, image.name, spec, batch_size, profile)
+        else:
+            self.profile, self.min_batch, max_batch = frames_batch_range(engine, image.name, self.frames, profile)
+            if batch_size is not None and not 1 <= batch_size <= max_batch:
+                raise ConfigError(f"batch size {batch_size} is outside 1..{max_batch}, what the engine's profile "
+                                  f"{self.profile} admits for {self.frames.describe()} frames")
+            self.batch_size = batch_size or min(max_batch, max(self.min_batch, DEFAULT_MAX_BATCH))
         self.device = torch.device(engine.device)
+        self.fast_decode = fast_decode
         self.context = engine.context(self.profile)
         self._staging: list[torch.Tensor | None] = [None, None]
         self._staging_free: list[torch.cuda.Event | None] = [None, None]
@@ -157,7 +179,8 @@ class Pipeline:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if stream is not None and self._staging_free[slot] is not None:
                 stream.wait_event(self._staging_free[slot])  # the engine has copied this buffer out
-            decoded = decode_frames(sources, self.device)
+            # A raw-frames engine takes frames of its declared size: never decoded at a reduced scale.
+            decoded = decode_frames(sources, self.device, self.spec, self.fast_decode and self.frames is None)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
@@ -166,12 +189,15 @@ class Pipeline:
                 return _Prepared(names, failures, good, None, [], None)
             frames = [decoded[i].pixels for i in good]
             frame_names = [names[i] for i in good]
+            sizes = [decoded[i].size for i in good]
             rows = max(len(frames), self.min_batch)
             frames += [frames[0]] * (rows - len(frames))  # filled to the profile's minimum batch
             frame_names += [frame_names[0]] * (rows - len(frame_names))
+            sizes += [sizes[0]] * (rows - len(sizes))
             try:
                 batch, metas = (
-                    prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows)) if self.frames is None
+                    prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows), orig_sizes=sizes)
+                    if self.frames is None
                     else lay_out_frames(frames, frame_names, self.spec, self.frames, self._buffer(slot, rows)))
             except DataError as exc:
                 return _Prepared(names, {i: str(exc) for i in good} | failures, [], None, [], None)

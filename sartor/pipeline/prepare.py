@@ -30,12 +30,15 @@ def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torc
 
 
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
-                  out: torch.Tensor | None = None, kernel: bool | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
+                  out: torch.Tensor | None = None, kernel: bool | None = None,
+                  orig_sizes: list[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
     """3×H×W uint8 RGB frames → (the batch as `spec` says, one ImageMeta each). `out` (e.g. the
     engine's bound input buffer, `ExecutionContext.input_buffers`) receives it in place when given;
     it must have the spec's shape for len(frames) images, dtype and the frames' device. Frames of
     one size are prepared together: a camera's batch is one kernel launch (`kernel`: None picks
-    the Triton kernel on CUDA with Triton, else torch ops; True or False forces one)."""
+    the Triton kernel on CUDA with Triton, else torch ops; True or False forces one). `orig_sizes`
+    gives the (H, W) of frames decoded at a reduced scale (`DecodedFrame.orig_size`): the geometry
+    and the metas follow the image's own size."""
     if not frames:
         raise DataError("prepare_batch got no frames")
     device = frames[0].device
@@ -44,6 +47,7 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
             raise DataError(f"{name}: frame of shape {tuple(frame.shape)} {frame.dtype} on {frame.device} is not "
                             f"3×H×W uint8 on {device}")
     sizes = [(int(f.shape[1]), int(f.shape[2])) for f in frames]
+    originals = [o or size for o, size in zip(orig_sizes or [None] * len(frames), sizes)]
     if spec.resize == "none":
         if len(set(sizes)) > 1:
             raise DataError(f"frames of different sizes cannot share a batch with preprocess {spec.describe()!r} "
@@ -58,11 +62,11 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
         raise DataError(f"preprocess output buffer is {tuple(target.shape)} {target.dtype} on {target.device}; "
                         f"{spec.describe()!r} makes {tuple(shape)} {NUMPY_TO_TORCH[spec.dtype]} on {device}")
     prepare = letterbox_frames if (uses_kernel(device) if kernel is None else kernel) else letterbox_torch
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, size in enumerate(sizes):
-        groups.setdefault(size, []).append(i)
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(sizes, originals)):
+        groups.setdefault(key, []).append(i)
     metas: list[ImageMeta | None] = [None] * len(frames)
-    for (h, w), members in groups.items():
+    for (_, (h, w)), members in groups.items():
         place = placement(h, w, spec)
         stacked = frames[members[0]][None] if len(members) == 1 else torch.stack([frames[i] for i in members])
         if members == list(range(members[0], members[-1] + 1)):

@@ -8,9 +8,6 @@ Detections are decoded by sartor.validate.decoders when the outputs look like a 
 """
 from __future__ import annotations
 
-import io
-import warnings
-
 import numpy as np
 
 from ..errors import SartorError
@@ -31,31 +28,12 @@ def _number(query: dict, key: str, default, kind):
         raise InvalidRequest(f"query parameter {key}={value!r} must be a {kind.__name__}") from None
 
 
-def decode_image(body: bytes):
-    from PIL import Image, UnidentifiedImageError
-    if not body:
-        raise InvalidRequest("the request body is empty: send the JPEG or PNG bytes")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(body)) as im:
-                if im.width * im.height > MAX_IMAGE_PIXELS:
-                    raise InvalidRequest(f"image of {im.width}x{im.height} pixels exceeds {MAX_IMAGE_PIXELS} pixels")
-                im.load()
-                return im.convert("RGB")
-    except InvalidRequest:
-        raise
-    except (UnidentifiedImageError, ImportError):
-        # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds
-        # a HEIF fallback) fail that way on bytes no reader recognises.
-        raise InvalidRequest("the body is not an image Pillow can read (send JPEG or PNG bytes)") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InvalidRequest(f"the image is corrupt or truncated: {' '.join(str(exc).split())}") from None
-
-
 def prepare(model, body: bytes, query: dict) -> tuple[dict, object, dict]:
-    """(inputs, ImageMeta, decode options) for one image; runs off the event loop."""
-    from ..data.preprocess import preprocess_image
+    """(inputs, ImageMeta, decode options) for one image; runs off the event loop. The image is
+    decoded and preprocessed by the pipeline's own functions (`sartor.pipeline.decode`, `prepare`)
+    on the host: the batcher gathers requests' inputs on the host and copies a batch at once."""
+    from ..pipeline.decode import ImageTooLarge, decode_on_host
+    from ..pipeline.prepare import prepare_batch
     spec = model.preprocess
     if spec is None:
         raise InvalidRequest(f"model '{model.name}' has no stored preprocessing: build it with --preprocess or add "
@@ -68,12 +46,20 @@ def prepare(model, body: bytes, query: dict) -> tuple[dict, object, dict]:
                "iou": _number(query, "iou", 0.7, float), "max_det": _number(query, "max_det", 300, int)}
     if options["decoder"] not in DECODER_CHOICES:
         raise InvalidRequest(f"decoder={options['decoder']!r} is not one of {', '.join(DECODER_CHOICES)}")
-    image = decode_image(body)
+    if not body:
+        raise InvalidRequest("the request body is empty: send the JPEG or PNG bytes")
     try:
-        array, meta = preprocess_image(image, spec, path="<request>")
+        pixels, size = decode_on_host(body, spec, max_pixels=MAX_IMAGE_PIXELS)  # exact: the reference's pixels
+    except ImageTooLarge as exc:
+        raise InvalidRequest(str(exc)) from None
+    except SartorError as exc:
+        raise InvalidRequest(f"the body is not an image, or is corrupt or truncated: {exc} (send JPEG or PNG "
+                             f"bytes)") from None
+    try:
+        batch, (meta,) = prepare_batch([pixels], ["<request>"], spec, orig_sizes=[size])
     except SartorError as exc:
         raise InvalidRequest(f"preprocessing failed: {exc}") from None
-    return {images[0].name: array[None]}, meta, options
+    return {images[0].name: batch.numpy()}, meta, options
 
 
 def respond(model, outputs: dict, meta, options: dict) -> dict:

@@ -10,6 +10,7 @@ of the reference it reproduces.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 from ..data.datasets import Dataset, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
-from ..pipeline.detections import EngineNms
+from ..pipeline.pipeline import Pipeline, choose_batch
 from ..pipeline.pipeline import image_input as engine_image_input
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
@@ -39,7 +40,6 @@ from .metrics import (
 
 TASKS = ("classify", "detect")
 METRIC_NAMES = {"classify": "top-1", "detect": "mAP@[.5:.95]"}
-DEFAULT_MAX_BATCH = 32  # default batch: the profile's max batch, capped here
 HIST_BINS = 20
 DROP_EPS = 1e-9  # float noise allowed over max_drop
 
@@ -192,39 +192,6 @@ def _engine_preprocess(engine) -> PreprocessSpec | None:
     return PreprocessSpec.from_json(record) if record else None
 
 
-def _choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None) -> tuple[int, int, int]:
-    """(batch, profile, min batch) for images of the spec's size within one profile of the engine."""
-    probe = spec.input_shape(1)
-    candidates = []
-    for k, profile in enumerate(engine.profiles):
-        r = profile.shapes.get(name)
-        if r is None:
-            continue
-        if probe is not None and not all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])):
-            continue
-        candidates.append((k, int(r.min[0]), int(r.max[0])))
-    if not candidates:
-        shape = "x".join(map(str, probe[1:])) if probe is not None else "(image size)"
-        ranges = "; ".join(f"profile {k}: {p.describe()}" for k, p in enumerate(engine.profiles))
-        raise ConfigError(f"preprocess {spec.describe()} makes {shape} inputs, which no profile of the engine "
-                          f"admits ({ranges})")
-    if spec.resize == "none":  # images keep their own sizes: one per batch
-        if requested not in (None, 1):
-            raise ConfigError(f"--batch {requested}: with preprocess 'none' images differ in size, so the batch is 1")
-        k, lo, hi = candidates[0]
-        return 1, k, lo
-    if requested is not None:
-        if requested < 1:
-            raise ConfigError(f"--batch must be at least 1, not {requested}")
-        for k, lo, hi in candidates:
-            if requested <= hi:
-                return requested, k, lo
-        top = max(hi for _, _, hi in candidates)
-        raise ConfigError(f"--batch {requested} is over the engine's max batch {top} for this input size")
-    k, lo, hi = candidates[0]
-    return min(hi, max(lo, DEFAULT_MAX_BATCH)), k, lo
-
-
 def _has_labels(dataset: Dataset) -> bool:
     if dataset.task == "detect":
         return any(len(s.boxes) or len(getattr(s, "crowd_boxes", ())) for s in dataset.samples)
@@ -295,12 +262,15 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
              decoder: str | None = None, preprocess: str | PreprocessSpec | None = None, device: str | None = None,
              conf: float = DecodeOptions.conf, iou: float = DecodeOptions.iou,
              max_det: int = DecodeOptions.max_det, pseudo_conf: float = DEFAULT_PSEUDO_CONF,
-             class_names: list[str] | None = None, progress: bool = False) -> ValidationReport:
+             class_names: list[str] | None = None, progress: bool = False,
+             fast_decode: bool = False) -> ValidationReport:
     """Run the engine and the FP32 ONNX reference on the dataset `data` and compare their task metric.
 
     `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (or a
     Dataset). `reference` defaults to the model the engine was built from. Returns a
-    ValidationReport; `report.passed` is False when a split's drop exceeds `max_drop`.
+    ValidationReport; `report.passed` is False when a split's drop exceeds `max_drop`. The engine
+    runs through `sartor.Pipeline` (`fast_decode` as it takes it), the reference on
+    `sartor.data.preprocess`'s batches.
     """
     from ..runtime import load
     started = time.perf_counter()
@@ -367,8 +337,12 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         kinds = {"classify": "classification", "detect": "detection"}
         raise DataError(f"dataset {dataset.source} holds {kinds[dataset.task]} labels, but --task {task} was given")
     splits = _split_indices(dataset, split_by)
-    batch_size, profile, min_batch = _choose_batch(engine, image_input.name, spec, batch)
-    context = engine.context(profile)
+    batch_size, profile, _ = choose_batch(engine, image_input.name, spec, batch)
+    # The engine sees its images through the Pipeline (normalised on its device, into its input),
+    # the reference sartor.data.preprocess's batches. Exact decoding gives both the same values, so
+    # the drop is the engine's; fast_decode measures the deployed decoders (nvJPEG, DCT scaling).
+    pipeline = Pipeline(engine, batch_size=batch_size, profile=profile, preprocess=spec, fast_decode=fast_decode)
+    engine_results = pipeline.stream(s.path for s in dataset.samples)
 
     # ---- run both models over the same batches --------------------------------------------------
     class_stats: list[dict] = []  # classification, per batch: ranks, predictions, top-1 probabilities
@@ -376,23 +350,19 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     ref_dets: list[Detections] = []
     eng_dets: list[Detections] = []
     chosen: Decoder | None = None
-    engine_decoder = EngineNms(nms) if nms is not None else None
     class_output = None
     engine_seconds = reference_seconds = 0.0
     for arrays, metas, samples in iterate_batches(dataset.samples, spec, batch_size, progress=progress):
         count = len(samples)
-        run_size = max(count, min_batch if spec.resize == "none" else batch_size)
-        if run_size > count:  # fill the batch with copies of the last image (the profile's batch range)
-            arrays = np.concatenate([arrays, np.repeat(arrays[-1:], run_size - count, axis=0)])
-        feeds = {image_input.name: arrays.astype(spec.dtype, copy=False)}
         t0 = time.perf_counter()
-        got = context.run(feeds)
+        results = list(itertools.islice(engine_results, count))
         t1 = time.perf_counter()
-        expected = onnx.run(feeds, output_names)
+        expected = onnx.run({image_input.name: arrays.astype(spec.dtype, copy=False)}, output_names)
         t2 = time.perf_counter()
         engine_seconds += t1 - t0
         reference_seconds += t2 - t1
-        got = {k: _to_numpy(v)[:count] for k, v in got.items()}
+        got = {} if nms is not None else {k: np.stack([_to_numpy(r.outputs[k]) for r in results]) for k in output_names}
+        engine_metas = [r.meta for r in results]  # the pipeline's: the same geometry, its own decode
         expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
         if task is None:
             task = dataset.task if labelled else _auto_task({k: v.shape for k, v in expected.items()})
@@ -410,7 +380,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
                                       {k: v.dtype for k, v in expected.items()}, options)
                 _check_classes(dataset, chosen.num_classes, labelled, task)
             ref_dets.extend(chosen(expected, metas))
-            eng_dets.extend((engine_decoder or chosen)(got, metas))
+            # An --nms engine's kept boxes come through the Pipeline's EngineNms, in image pixels.
+            eng_dets.extend([r.detections for r in results] if nms is not None else chosen(got, engine_metas))
     if task is None:
         raise DataError(f"dataset {dataset.source} has no images")
 
@@ -447,8 +418,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         splits=split_results, split_by=split_by, max_drop=max_drop, per_class=per_class, scores=scores,
         class_names=names, preprocess=spec.describe(), decoder=chosen.name if chosen is not None else None,
         batch=batch_size, device=str(engine.device), precision=str(getattr(engine, "precision", "")),
-        options={"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
-                 "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {},
+        options=({"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
+                  "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {}) | {"fast_decode": fast_decode},
         notes=notes, seconds={"engine": engine_seconds, "reference": reference_seconds,
                               "total": time.perf_counter() - started})
 

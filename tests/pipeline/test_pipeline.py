@@ -138,12 +138,12 @@ def photos(count: int) -> list[bytes]:
 
 def expected_logits(engine, items: list[bytes]) -> np.ndarray:
     """The engine on batches that the pipeline's own preprocessing makes, one image at a time (twice,
-    for engines whose minimum batch is 2)."""
+    for engines whose minimum batch is 2), decoded as a CPU Pipeline decodes by default (fast)."""
     spec = engine.preprocess
     rows = []
     for item in items:
-        (frame,) = decode_frames(read_sources([item]), torch.device("cpu"))
-        batch, _ = prepare_batch([frame.pixels] * 2, ["x"] * 2, spec)
+        (frame,) = decode_frames(read_sources([item]), torch.device("cpu"), spec, fast=True)
+        batch, _ = prepare_batch([frame.pixels] * 2, ["x"] * 2, spec, orig_sizes=[frame.size] * 2)
         rows.append(engine.context().run({"images": batch.numpy()})["logits"][0])
     return np.stack(rows)
 
