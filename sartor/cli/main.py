@@ -20,6 +20,7 @@ from . import (
     bench,
     build,
     compare,
+    deploy,
     inspect,
     keygen,
     rebuild,
@@ -30,7 +31,7 @@ from . import (
     validate,
 )
 
-COMMANDS = (build, rebuild, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
+COMMANDS = (build, rebuild, deploy, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 
