@@ -71,7 +71,7 @@ def _options(args) -> DeployOptions:
 def run(args) -> int:
     options = _options(args)
     out = console()
-    say = (lambda line: None) if args.json else (lambda line: out.print(text(line)))
+    say = (lambda line: None) if args.json else (lambda line: out.print(text(line), soft_wrap=True))
     if args.check:
         if args.source:
             raise ConfigError("--check deploys nothing: give no ENGINE_OR_BUNDLE")
@@ -81,12 +81,13 @@ def run(args) -> int:
             if args.json:
                 print_json({"passed": False, "error": str(exc)})
             else:
-                out.print(text(f"FAIL: {exc}"))
+                out.print(text(f"FAIL: {exc}"), soft_wrap=True)
             return 1
         if args.json:
             print_json({"passed": True, "release": result.release, "note": result.note})
         else:
-            out.print(text(result.note or f"{args.name}: current release {result.release} runs on this machine"))
+            out.print(text(result.note or f"{args.name}: current release {result.release} runs on this machine"),
+                      soft_wrap=True)
         return 0
     if not args.source:
         raise ConfigError("give ENGINE_OR_BUNDLE to deploy, or --check")
@@ -105,14 +106,16 @@ def run(args) -> int:
     if checked is not None and not checked.passed:
         failure = checked.failure
         kept = f"release {report.previous} stays current" if report.previous else "nothing was swapped in"
-        out.print(text(f"FAIL: release {report.release} failed preflight ({failure.name}: {failure.detail}); {kept}"))
+        out.print(text(f"FAIL: release {report.release} failed preflight ({failure.name}: {failure.detail}); {kept}"),
+                  soft_wrap=True)
         return 1
     if report.watch is not None and not report.watch.passed:
         restored = (f"rolled back to release {report.previous}" if report.rolled_back else
                     "no previous release to roll back to: it stays current")
-        out.print(text(f"FAIL: release {report.release} failed its health watch ({report.watch.detail}); {restored}"))
+        out.print(text(f"FAIL: release {report.release} failed its health watch ({report.watch.detail}); "
+                       f"{restored}"), soft_wrap=True)
         return 1
     watched = f"; {report.watch.detail}" if report.watch is not None else ""
     out.print(text(f"PASS: {args.name} release {report.release} is current{watched}"
-                   + ("; known good for this machine" if report.known_good else "")))
+                   + ("; known good for this machine" if report.known_good else "")), soft_wrap=True)
     return 0

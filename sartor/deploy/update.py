@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from .archive import extracted, is_archive
 from .bundle import ENGINE
@@ -238,7 +239,7 @@ def check_current(root: str | os.PathLike, name: str, options: DeployOptions | N
     options = options or DeployOptions()
     model_dir = Path(root) / name
     if not (model_dir / RELEASES).is_dir():
-        raise ReleaseError(f"{model_dir} is not a deployed model (no {RELEASES}/ directory)")
+        raise ConfigError(f"{model_dir} is not a deployed model (no {RELEASES}/ directory)")
     try:
         choice = choose_release(model_dir, options.compatibility)
     except ReleaseError:
