@@ -36,7 +36,7 @@ def sartor_process(*argv, env: dict | None = None, **kwargs) -> subprocess.Popen
 
 def run_sartor(*argv, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "sartor", *map(str, argv)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sartor", *map(str, argv)], capture_output=True, text=True, check=False,
                           env=environment, timeout=timeout)
 
 

@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (2), --help and --version (0)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (serve --systemd-unit repeats it)
     verbose = getattr(args, "verbose", False)
     try:
         with _compatibility(getattr(args, "compatibility", None)):

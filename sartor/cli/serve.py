@@ -84,7 +84,7 @@ def _index_table(server):
 
 def run(args) -> int:
     if args.systemd_unit:
-        sys.stdout.write(systemd_unit(sys.argv[1:]))
+        sys.stdout.write(systemd_unit([str(a) for a in args.argv]))
         return 0
     try:
         from ..serve import Server, ServeOptions
