@@ -88,7 +88,7 @@ def _unused_fields(message, path: str) -> list[str]:
         if acted_on is not None and descriptor.name not in acted_on:
             found.append(where)
         elif descriptor.message_type is not None and descriptor.message_type.name in ACTED_ON:
-            items = value if descriptor.label == descriptor.LABEL_REPEATED else [value]
+            items = [value] if hasattr(value, "ListFields") else value  # one message, or a repeated field
             for item in items:
                 found += _unused_fields(item, where + ".")
     return found
