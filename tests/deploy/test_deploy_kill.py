@@ -10,11 +10,23 @@ import threading
 
 import numpy as np
 import pytest
-from release_helpers import HOST, build_bundle, sartor_process, start_server, stop, wait_for_line
+from release_helpers import (
+    HOST,
+    build_bundle,
+    sartor_process,
+    start_server,
+    stop,
+    wait_for_line,
+)
 from serve_helpers import images, running, wait_for
 
 import sartor
-from sartor.deploy.releases import ENGINE_FILE, PAUSE_ENVIRONMENT, current_id, release_dir
+from sartor.deploy.releases import (
+    ENGINE_FILE,
+    PAUSE_ENVIRONMENT,
+    current_id,
+    release_dir,
+)
 from sartor.deploy.update import PAUSE_STEPS, DeployOptions, deploy
 
 # (step, whether `current` names the new release once the deploy is killed there)
@@ -65,7 +77,8 @@ def test_a_deploy_killed_at_each_step_leaves_a_serving_model(builds, tmp_path):
             now = current_id(model)  # a link to a whole release, never a broken one
             assert (release_dir(model, now) / ENGINE_FILE).is_file()
             assert (now != before) == swapped, (step, before, now)
-            wait_for(lambda: server.repository.is_ready("tiny", str(now)), timeout=60, what=f"release {now} served")
+            wait_for(lambda now=now: server.repository.is_ready("tiny", str(now)), timeout=60,
+                     what=f"release {now} served")
             expected = sartor.load(release_dir(model, now) / ENGINE_FILE, device="cpu").context().run(
                 {"images": images(1, 0)})["logits"]
             np.testing.assert_allclose(_infer(server), expected, rtol=1e-5, atol=1e-6)
@@ -93,7 +106,7 @@ def test_a_good_release_swaps_under_load_without_a_dropped_request(builds, tmp_p
                 tensor.set_data_from_numpy(x)
                 try:
                     logits = client.infer("tiny", [tensor]).as_numpy("logits")
-                except Exception as exc:  # any failure is what the test counts
+                except Exception as exc:  # noqa: BLE001 (any failure at all is what the test counts)
                     failures.append(repr(exc))
                     continue
                 answers.append(next((v for v, want in outputs.items() if np.allclose(logits, want, atol=1e-5)), "?"))

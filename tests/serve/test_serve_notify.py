@@ -115,7 +115,7 @@ def test_a_server_killed_with_sigkill_comes_back_under_its_supervisor(tiny_plan,
             assert get_json(f"http://{HOST}:{port}/v2/models/tiny/ready")[0] == 200
         finally:
             done.set()
-            for child in list(children):
+            for child in children:
                 if child.poll() is None:
                     child.terminate()
                     child.wait(60)
