@@ -55,10 +55,10 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
     import numpy as np
-
-    import sartor
     from h200_int8 import scene_images
     from h200_models import export_classifier, versions
+
+    import sartor
     from sartor.deploy.golden import npz_bytes, read_npz
     from sartor.deploy.manifest import write_manifest
     out = Path(args.out)
