@@ -20,6 +20,7 @@ from . import (
     bench,
     build,
     compare,
+    deploy,
     inspect,
     keygen,
     rebuild,
@@ -30,7 +31,7 @@ from . import (
     validate,
 )
 
-COMMANDS = (build, rebuild, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
+COMMANDS = (build, rebuild, deploy, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (2), --help and --version (0)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (serve --systemd-unit repeats it)
     verbose = getattr(args, "verbose", False)
     try:
         with _compatibility(getattr(args, "compatibility", None)):

@@ -8,11 +8,14 @@ import sys
 import threading
 
 from ..errors import ConfigError, SartorError
+from ..serve.notify import UNIT_FLAG, Watchdog, notify, systemd_unit, watchdog_interval
 from .common import add_trust_arg, console, table, text
 
 DESCRIPTION = ("Serve the engines of a Triton-layout model repository (<repo>/<model>/<version>/model.plan, "
-               "optional <repo>/<model>/config.pbtxt) over KServe v2 HTTP/REST and gRPC, with dynamic batching "
-               "and Prometheus metrics.")
+               "optional <repo>/<model>/config.pbtxt) or of a release root (`sartor deploy`: "
+               "<repo>/<model>/current) over KServe v2 HTTP/REST and gRPC, with dynamic batching and Prometheus "
+               "metrics. Under systemd it sends READY=1 once every model is warm, WATCHDOG=1 pings and STOPPING=1 "
+               "on SIGTERM ($NOTIFY_SOCKET).")
 
 
 def _port(text_value: str) -> int | None:
@@ -51,6 +54,12 @@ def add_parser(subparsers, parents) -> None:
                         "the same ports: the per-request work of one process spread over K (default 1; 1..16; "
                         "K > 1 needs --frontends 2 or more and holds every engine K times)")
     add_trust_arg(p)
+    p.add_argument("--allow-rebuild", action="store_true",
+                   help="a release root's model none of whose releases runs on this machine is rebuilt from its "
+                        "current release's bundle at start (and preflighted), instead of staying unavailable")
+    p.add_argument(UNIT_FLAG, action="store_true",
+                   help="print a systemd unit that runs this command (Type=notify, WatchdogSec, Restart=always) "
+                        "and exit")
     p.add_argument("--dry-run", action="store_true",
                    help="load and warm up every model, print the repository index, then exit (1 if any model is "
                         "unavailable)")
@@ -74,6 +83,9 @@ def _index_table(server):
 
 
 def run(args) -> int:
+    if args.systemd_unit:
+        sys.stdout.write(systemd_unit([str(a) for a in args.argv]))
+        return 0
     try:
         from ..serve import Server, ServeOptions
         from ..serve.memory_budget import parse_size
@@ -88,7 +100,8 @@ def run(args) -> int:
                            max_queue_size=args.max_queue_size, request_timeout=args.request_timeout or None,
                            max_request_bytes=args.max_request_bytes, frontends=args.frontends,
                            engine_processes=args.engine_processes, trust=args.trust,
-                           memory_budget=parse_size(args.memory_budget, "--memory-budget") if args.memory_budget else None)
+                           memory_budget=parse_size(args.memory_budget, "--memory-budget") if args.memory_budget else None,
+                           allow_rebuild=args.allow_rebuild)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     out = console()
@@ -106,18 +119,27 @@ def run(args) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    watchdog = None
     try:
-        server.start()
+        server.start()  # returns once every model is loaded and warmed up
         out.print(_index_table(server))
         endpoints = [f"{label} {options.host}:{port}" for label, port in
                      (("HTTP", server.http_port), ("gRPC", server.grpc_port), ("metrics", server.metrics_port))
                      if port is not None]
         out.print(text("serving on " + ", ".join(endpoints) + " (Ctrl-C stops)"))
         sys.stdout.flush()
+        ready = sum(1 for row in server.index() if row["state"] == "READY")
+        notify(f"READY=1\nSTATUS=serving {ready} model version(s) on " + ", ".join(endpoints))
+        interval = watchdog_interval()
+        if interval is not None:
+            watchdog = Watchdog(interval, server.answers).start()
         while not stop.wait(0.5):
             pass
+        notify("STOPPING=1\nSTATUS=draining queued requests")
         out.print(text("stopping: draining queued requests"))
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

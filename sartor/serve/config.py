@@ -6,7 +6,10 @@ default_queue_policy { default_timeout_microseconds, max_queue_size } }, instanc
 kind, gpus }], input/output names and data types (checked against the engine), default_model_filename,
 and parameters { key: "preprocess" value: { string_value: "letterbox=640,..." } } (used by the image
 route when the engine stores no preprocessing) and { key: "memory_budget" value: { string_value: "2G" } }
-(the most device memory the version may take: memory_budget.py). Other fields are kept and reported but not acted on.
+(the most device memory the version may take: memory_budget.py), and version_policy (repository.py:
+latest { num_versions: 1 } or specific { versions: [N] }; one version is served per model). Any other
+field (sequence_batching, optimization, model_warmup, ...) is refused with a line naming it rather
+than silently ignored (`check_acted_on`).
 
 As Triton's auto-complete does: without max_batch_size in the config, it is the largest batch the
 engine's profiles admit (0 when the engine has no shared dynamic batch dim), and a batching model
@@ -62,6 +65,62 @@ def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
     except text_format.ParseError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config, re.search(r"(^|[\s{;,])max_batch_size\s*:", text) is not None
+
+
+# The fields sartor serve acts on, per message; a field set outside these is refused (check_acted_on).
+ACTED_ON = {
+    "ModelConfig": {"name", "platform", "backend", "max_batch_size", "input", "output", "dynamic_batching",
+                    "instance_group", "default_model_filename", "parameters", "version_policy"},
+    "ModelDynamicBatching": {"preferred_batch_size", "max_queue_delay_microseconds", "default_queue_policy"},
+    "ModelQueuePolicy": {"default_timeout_microseconds", "allow_timeout_override", "max_queue_size"},
+    "ModelInstanceGroup": {"name", "kind", "count", "gpus"},
+    "ModelInput": {"name", "data_type", "dims"},
+    "ModelOutput": {"name", "data_type", "dims"},
+}
+PARAMETERS = ("preprocess", "memory_budget")
+
+
+def _unused_fields(message, path: str) -> list[str]:
+    found = []
+    acted_on = ACTED_ON.get(message.DESCRIPTOR.name)
+    for descriptor, value in message.ListFields():
+        where = f"{path}{descriptor.name}"
+        if acted_on is not None and descriptor.name not in acted_on:
+            found.append(where)
+        elif descriptor.message_type is not None and descriptor.message_type.name in ACTED_ON:
+            items = [value] if hasattr(value, "ListFields") else value  # one message, or a repeated field
+            for item in items:
+                found += _unused_fields(item, where + ".")
+    return found
+
+
+def check_acted_on(config: mc.ModelConfig, where: str) -> None:
+    """Refuse, in one line, any field of `config` that sartor serve would not act on."""
+    unused = sorted(set(_unused_fields(config, "")))
+    unused += [f"parameters[{key!r}]" for key in sorted(config.parameters) if key not in PARAMETERS]
+    kinds = {mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_CPU}
+    unused += [f"instance_group kind {mc.ModelInstanceGroup.Kind.Name(g.kind)}" for g in config.instance_group
+               if g.kind not in kinds]
+    if unused:
+        raise ConfigError(f"{where}: sets {', '.join(unused)}, which sartor serve does not act on; remove "
+                          f"{'it' if len(unused) == 1 else 'them'} (the fields it reads are listed in "
+                          f"sartor/serve/config.py)")
+
+
+def serving_version(config: mc.ModelConfig, available: list[int], where: str) -> int | None:
+    """The version `config`'s version_policy serves among `available` (None: none of them). sartor
+    serves one version per model: a policy that asks for several at once is refused."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which is None or (which == "latest" and policy.latest.num_versions <= 1):
+        return max(available) if available else None
+    if which == "specific" and len(policy.specific.versions) == 1:
+        wanted = int(policy.specific.versions[0])
+        return wanted if wanted in available else None
+    asked = (f"latest {{ num_versions: {policy.latest.num_versions} }}" if which == "latest" else
+             "all { }" if which == "all" else f"specific {{ versions: {list(policy.specific.versions)} }}")
+    raise ConfigError(f"{where}: version_policy {asked} serves several versions at once, and sartor serve serves "
+                      f"one version per model: use latest {{ num_versions: 1 }} or specific {{ versions: [N] }}")
 
 
 def _dim0_symbol(shape) -> object:
@@ -171,6 +230,7 @@ def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engi
                     devices: list[str] | None, where: str) -> tuple[mc.ModelConfig, ModelSettings]:
     """Fill in what the engine knows (as Triton's auto-complete does) and check what the user wrote."""
     config = mc.ModelConfig.FromString(config.SerializeToString())
+    check_acted_on(config, where)
     if config.name and config.name != name:
         raise ConfigError(f"{where}: name {config.name!r} differs from the model directory name {name!r}")
     config.name = name
@@ -193,6 +253,8 @@ def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engi
     _check_io(config.input, engine.inputs, "input", where)
     _check_io(config.output, engine.outputs, "output", where)
     batch = max_batch > 0
+    written = {(kind, e.name): list(e.dims) for kind, entries in (("input", config.input), ("output", config.output))
+               for e in entries if len(e.dims)}
     del config.input[:]
     del config.output[:]
     for v in engine.inputs:
@@ -201,6 +263,12 @@ def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engi
     for v in engine.outputs:
         config.output.add(name=v.name, data_type=mc.DataType.Value("TYPE_" + kserve_datatype(v.dtype)),
                           dims=_output_dims(v, batch))
+    for kind, entries in (("input", config.input), ("output", config.output)):
+        for entry in entries:
+            dims = written.get((kind, entry.name))
+            if dims is not None and dims != list(entry.dims):
+                raise ConfigError(f"{where}: {kind} {entry.name!r} has dims {dims} in the config but the engine's are "
+                                  f"{list(entry.dims)} (-1: any size the profiles admit)")
 
     settings = ModelSettings(max_batch_size=max_batch, dynamic_batching=batch and config.HasField("dynamic_batching"))
     if config.HasField("dynamic_batching"):

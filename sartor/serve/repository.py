@@ -12,10 +12,21 @@ caller that reaches a closed batcher retries with the new version.
 A version that fails to load is recorded with its reason (repository index, model ready = false);
 when an older version is being served it keeps serving. The poller retries a failed version only
 once its files change.
+
+A model directory may instead be a release root's (`sartor deploy`, deploy/releases.py):
+
+    <repository>/<model>/releases/<id>/model.plan, <repository>/<model>/current -> releases/<id>
+
+Its version is the release id that `current` names, or, when that release does not run on this
+machine, the one `deploy.releases.choose_release` picks (logged). The poller sees `current` change
+like a new version directory, so a deploy's swap (and a rollback) is served without a restart.
+config.pbtxt's version_policy chooses among Triton-layout versions (config.serving_version); a
+release root serves `current`, so a version_policy there is refused.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,12 +34,29 @@ from pathlib import Path
 
 import numpy as np
 
+from ..deploy.releases import RELEASES, choose_release, is_release_model, release_ids
 from ..errors import ConfigError, SartorError
 from ..runtime import load as load_engine
 from ..runtime.engine_signature import trust_store
-from .batcher import (FLAG_GATE, Batcher, BatchPolicy, Instance, device_gate, on_device, shape_key,
-                      wants_tf32)
-from .config import DEFAULT_MODEL_FILE, ModelSettings, check_devices, complete_config, read_config
+from .batcher import (
+    FLAG_GATE,
+    Batcher,
+    BatchPolicy,
+    Instance,
+    device_gate,
+    on_device,
+    shape_key,
+    wants_tf32,
+)
+from .config import (
+    CONFIG_FILE,
+    DEFAULT_MODEL_FILE,
+    ModelSettings,
+    check_devices,
+    complete_config,
+    read_config,
+    serving_version,
+)
 from .errors import InvalidRequest, ModelUnavailable
 from .memory_budget import MemoryBudget
 from .memory_budget import needs as budget_needs
@@ -153,12 +181,15 @@ class ModelRecord:
 
 class Repository:
     def __init__(self, root, metrics, devices: list[str] | None = None, max_queue_size: int = 1024,
-                 poll_interval: float | None = None, trust=None, memory_budget: int | None = None) -> None:
+                 poll_interval: float | None = None, trust=None, memory_budget: int | None = None,
+                 allow_rebuild: bool = False) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a directory")
         # Read once, before any model loads: an engine not signed by these keys is UNAVAILABLE.
         self.trust = trust_store(trust)
+        self.trust_option = trust
+        self.allow_rebuild = allow_rebuild  # a release root's model with no release that runs here is rebuilt at start
         self.metrics = metrics
         self.devices = check_devices(devices) if devices else None
         self.max_queue_size = max_queue_size
@@ -180,39 +211,78 @@ class Repository:
         return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
 
     @staticmethod
-    def newest_version(model_dir: Path, filename: str) -> tuple[str, Path] | None:
-        versions = []
+    def versions(model_dir: Path, filename: str) -> dict[int, Path]:
+        """Triton layout: {version number: its engine file}."""
+        found = {}
         try:
             for p in model_dir.iterdir():
                 if p.is_dir() and p.name.isdigit() and int(p.name) > 0 and (p / filename).is_file():
-                    versions.append((int(p.name), p))
+                    found[int(p.name)] = p / filename
         except OSError:
-            return None
-        if not versions:
-            return None
-        number, path = max(versions)
-        return str(number), path / filename
+            return {}
+        return found
 
-    def _stamp(self, model_dir: Path) -> tuple | None:
-        try:
-            config, _ = read_config(model_dir)
-            filename = config.default_model_filename or DEFAULT_MODEL_FILE
-        except SartorError:
-            filename = DEFAULT_MODEL_FILE
-        newest = self.newest_version(model_dir, filename)
+    def _locate(self, model_dir: Path) -> tuple[str | None, Path | None, str | None]:
+        """(the version to serve, its engine file, why it is not the expected one); (None, None, None)
+        when there is no version. Raises ConfigError or ReleaseError with the reason."""
+        config, _ = read_config(model_dir)
+        where = str(model_dir / CONFIG_FILE)
+        if is_release_model(model_dir):
+            if config.HasField("version_policy"):
+                raise ConfigError(f"{where}: version_policy does not apply to a release root, which serves its "
+                                  f"`current` release (sartor deploy): remove it")
+            choice = choose_release(model_dir)
+            return str(choice.release), choice.engine, choice.note
+        versions = self.versions(model_dir, config.default_model_filename or DEFAULT_MODEL_FILE)
+        chosen = serving_version(config, sorted(versions), where)
+        return (None, None, None) if chosen is None else (str(chosen), versions[chosen], None)
+
+    def _stamp(self, model_dir: Path) -> tuple:
+        """What the served version depends on: a change means a (re)load. (version, engine file's stat,
+        config's stat, engine path or, when none is found, the layout's state, note)."""
         config_stat = _stat(model_dir / "config.pbtxt")
-        if newest is None:
-            return (None, None, config_stat)
-        return (newest[0], _stat(newest[1]), config_stat)
+        try:
+            version, plan, note = self._locate(model_dir)
+        except SartorError:
+            version = plan = note = None
+        if plan is None:
+            try:
+                current = os.readlink(model_dir / "current")
+            except OSError:
+                current = None
+            state = (current, tuple(release_ids(model_dir)), _stat(model_dir / RELEASES),
+                     tuple(sorted(p.name for p in model_dir.iterdir())) if model_dir.is_dir() else ())
+            return (None, None, config_stat, state, None)
+        return (version, _stat(plan), config_stat, str(plan), note)
 
     # ---- loading ---------------------------------------------------------------------------------------
     def load_all(self) -> None:
-        for name in self.model_dirs():
+        for name, model_dir in self.model_dirs().items():
+            if self.allow_rebuild and is_release_model(model_dir):
+                self._rebuild_when_none_runs_here(name, model_dir)
             try:
                 self.load(name)
             except SartorError as exc:
                 log.warning("%s", exc)
         self.ready = True
+
+    def _rebuild_when_none_runs_here(self, name: str, model_dir: Path) -> None:
+        """--allow-rebuild: a release root's model none of whose releases runs on this machine is
+        rebuilt from its current release's bundle and preflighted (`sartor deploy --check
+        --allow-rebuild`) before it loads."""
+        try:
+            choose_release(model_dir)
+            return
+        except SartorError:
+            pass
+        from ..deploy.update import DeployOptions, check_current
+        try:
+            result = check_current(self.root, name, DeployOptions(trust=self.trust_option, allow_rebuild=True))
+        except SartorError as exc:
+            log.warning("%s", exc)
+            return
+        if result.note:
+            log.warning("model %s: %s", name, result.note)
 
     def load(self, name: str) -> ServedModel:
         """(Re)load the newest version of `name` and swap it in; raises ModelUnavailable on failure
@@ -262,9 +332,13 @@ class Repository:
         filename = config.default_model_filename or DEFAULT_MODEL_FILE
         version = stamp[0] if stamp else None  # the version the stamp describes, even if a newer one appeared since
         if version is None:
-            raise ConfigError(f"{model_dir} has no version directory with a {filename} (expected "
+            self._locate(model_dir)  # raises the reason when there is one (a release root, version_policy)
+            wanted = "" if not config.HasField("version_policy") else " that its version_policy names"
+            raise ConfigError(f"{model_dir} has no version directory{wanted} with a {filename} (expected "
                               f"{model_dir}/1/{filename})")
-        plan = model_dir / version / filename
+        plan = Path(stamp[3])
+        if stamp[4]:
+            log.warning("%s", stamp[4])
         load_started = time.perf_counter()
         first_device = self.devices[0] if self.devices else None
         with device_gate(first_device).exclusive():  # loading allocates on the device: never during a capture

@@ -49,6 +49,7 @@ class ServeOptions:
     engine_processes: int = 1  # >1: that many whole servers on the same ports (shards.py), each with `frontends`
     trust: str | None = None  # --trust: a directory of .pub files or one; None: $SARTOR_TRUST, else no trust store
     memory_budget: int | None = None  # bytes per device for all models together (memory_budget.py); None: no limit
+    allow_rebuild: bool = False  # a release root's model none of whose releases runs here is rebuilt at start
 
     def check(self) -> None:
         for label, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
@@ -83,7 +84,8 @@ class Server:
         self.metrics = Metrics()
         self.repository = Repository(options.model_repository, self.metrics, devices=options.devices,
                                      max_queue_size=options.max_queue_size, poll_interval=options.poll_interval or None,
-                                     trust=options.trust, memory_budget=options.memory_budget)
+                                     trust=options.trust, memory_budget=options.memory_budget,
+                                     allow_rebuild=options.allow_rebuild)
         self.core = InferenceCore(self.repository, self.metrics, options.request_timeout or None)
         self.http_port = self.grpc_port = self.metrics_port = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -225,6 +227,19 @@ class Server:
         self.stop()
 
     # ---- helpers --------------------------------------------------------------------------------------
+    def answers(self, timeout: float = 5.0) -> bool:
+        """Whether the event loop that serves the endpoints runs callbacks (the watchdog's check)."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._stopped.is_set():
+            return False
+
+        async def nothing() -> bool:
+            return True
+        try:
+            return asyncio.run_coroutine_threadsafe(nothing(), loop).result(timeout)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+            return False
+
     def index(self) -> list[dict]:
         """The repository index (with --engine-processes K, as the first engine process sees it)."""
         return self._shards.index() if self._shards is not None else self.repository.index()
