@@ -341,6 +341,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     stage("tactics")
     selections = [TacticSelection()]
     if config.builder_effort > 0:
+        def on_layer(i: int, n: int, name: str) -> None:  # layer i of n reached: i - 1 done
+            advance(i - 1, n, f"layer {i} of {n}: {name}")
+
         # Each profile's winners at its own opt shapes; feeds made one profile at a time (a batch-256
         # input is large).
         feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
@@ -348,7 +351,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                                channels_last=device.type == "cuda", tf32=config.precision == "tf32",
                                                effort=config.builder_effort, cache=timing_cache,
                                                time_single=config.time_every_layer, exclude=config.exclude_tactics,
-                                               on_layer=lambda i, n, name: advance(i - 1, n, f"layer {i} of {n}: {name}"))
+                                               on_layer=on_layer)
     record_tactics(graph, selections)
     used = set().union(*(s.exclusions_used for s in selections))
     for pattern in config.exclude_tactics if config.builder_effort > 0 else ():

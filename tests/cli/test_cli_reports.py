@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import assert_cli_error, classifier_model, save
 from serve_helpers import add_model
@@ -24,7 +25,7 @@ def sartor_process(*argv, **env) -> subprocess.CompletedProcess:
     environment = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", SARTOR_PROGRESS_INTERVAL="0",
                        COLUMNS="80", **env)
     return subprocess.run([sys.executable, "-m", "sartor", *map(str, argv)], capture_output=True, text=True,
-                          env=environment, timeout=600, cwd=REPO)
+                          check=False, env=environment, timeout=600, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +150,15 @@ def test_refusals(tiny_plan, tmp_path, cli):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_nvtx_without_cuda(tiny_plan, cli):
     assert_cli_error(cli("bench", tiny_plan, "--per-layer", "--nvtx"), "--nvtx needs a CUDA device")
+
+
+def test_calibration_reports_its_batches(tiny_onnx, tmp_path, cli, monkeypatch):
+    monkeypatch.setenv("SARTOR_PROGRESS_INTERVAL", "0")
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((12, 3, 16, 16)).astype(np.float32))
+    result = cli("build", tiny_onnx, "-o", tmp_path / "int8.plan", "--device", "cpu", "--precision", "int8",
+                 "--calib", tmp_path / "calib.npy", "--calib-size", "12", "--opt-shapes", "images:4x3x16x16", "--json")
+    assert result.code == 0, result
+    lines = [line for line in result.err.splitlines() if line.startswith("progress: build calibrate ")]
+    assert [line.split()[3] for line in lines] == ["4/12,", "8/12,", "12/12,"], result.err
+    assert lines[-1].endswith(": batch 3")
+    assert json.loads(result.out)["precision"] == "int8"
