@@ -114,7 +114,7 @@ class ProgressReport:
             self._bar.stop()
             self._bar = None
 
-    def __enter__(self) -> ProgressReport:
+    def __enter__(self):  # -> Self (typing.Self needs Python 3.11)
         return self
 
     def __exit__(self, *exc) -> None:

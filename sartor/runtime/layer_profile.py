@@ -8,6 +8,7 @@ The per-layer times add up to more than the engine's graph-replayed latency: eag
 events themselves cost time. Shares between layers are what this is for."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -121,7 +122,9 @@ def profile_layers(engine, shapes: dict | None = None, iterations: int = 20, war
     memo = context.memo_for(tuple(sorted(used.items())))
     clock = _LayerClock(device, len(executor.steps), ranges)
     run_ms = []
-    with torch.inference_mode(), matmul_precision(engine.precision == "tf32"):
+    # Events record on the current device's stream: make it the engine's (cuda:1 is not the default).
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.inference_mode(), matmul_precision(engine.precision == "tf32"):
         for _ in range(warmup):
             executor.run(feeds, memo, profile=profile)
         if device.type == "cuda":

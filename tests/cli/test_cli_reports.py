@@ -162,3 +162,35 @@ def test_calibration_reports_its_batches(tiny_onnx, tmp_path, cli, monkeypatch):
     assert [line.split()[3] for line in lines] == ["4/12,", "8/12,", "12/12,"], result.err
     assert lines[-1].endswith(": batch 3")
     assert json.loads(result.out)["precision"] == "int8"
+
+
+def test_a_terminal_gets_a_live_bar_not_log_lines(tiny_onnx, tmp_path):
+    """stderr a pseudo-terminal: rich draws (and clears) a bar; no `progress:` log lines, and stdout
+    (a pipe) still holds only the JSON document."""
+    import pty
+    leader, follower = pty.openpty()
+    environment = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", SARTOR_PROGRESS_INTERVAL="0",
+                       TERM="xterm")
+    command = ["build", tiny_onnx, "-o", tmp_path / "t.plan", "--device", "cpu", "--opt-shapes", "images:2x3x16x16",
+               "--json"]
+    process = subprocess.Popen([sys.executable, "-m", "sartor", *map(str, command)],
+                               stdout=subprocess.PIPE, stderr=follower, text=True, env=environment, cwd=REPO)
+    os.close(follower)
+    terminal = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the process closed its end of the terminal
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    out = process.stdout.read()
+    assert process.wait(timeout=600) == 0, terminal.decode(errors="replace")
+    os.close(leader)
+    assert json.loads(out)["layer_count"] == 5
+    shown = terminal.decode(errors="replace")
+    assert "progress:" not in shown and "started" not in shown
+    assert "build" in shown and "tactics" in shown  # the bar's description, redrawn in place
+    assert "\x1b[" in shown  # drawn with terminal control codes
+    assert "done tactics" in shown  # finished stages stay above the bar
