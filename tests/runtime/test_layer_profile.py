@@ -46,3 +46,17 @@ def test_refusals(tiny_engine, kwargs, message):
 def test_nvtx_needs_cuda(tiny_engine):
     with pytest.raises(ConfigError, match="--nvtx needs a CUDA device"):
         profile_layers(tiny_engine, iterations=1, nvtx=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_events_and_nvtx_ranges(tiny_onnx, tmp_path):
+    import sartor
+    from conftest import OPT_SHAPES
+    plan = tmp_path / "tiny_cuda.plan"
+    sartor.build(tiny_onnx, plan, device="cuda", opt_shapes=OPT_SHAPES)
+    engine = sartor.load(plan)
+    result = profile_layers(engine, iterations=5, warmup=2, nvtx=True)
+    assert result.nvtx and result.device.startswith("cuda")
+    assert sorted(layer.name for layer in result.layers) == sorted(layer["name"] for layer in engine.layers)
+    assert all(layer.median_ms > 0 for layer in result.layers if not layer.on_host)
+    assert sum(layer.share for layer in result.layers) == pytest.approx(1.0)
