@@ -22,6 +22,7 @@ from ..ops.fused_pool import MAX_POOL_ATTRS, max_pool_label
 from ..ops.quantized import ACCUMULATOR_BOUND
 from ..ops.util import tensor_from_numpy
 from ..passes import optimize
+from ..progress import advance_of
 from ..passes.append_nms import append_nms, yolo_head_output
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
@@ -208,7 +209,9 @@ def _append_nms(config: BuildConfig, graph: Graph, plan, log: list) -> dict:
 
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
           reproducible: Reproducible | None = None) -> BuildResult:
-    """Build the engine file `config` describes. `progress(stage)` is called as each stage starts;
+    """Build the engine file `config` describes. `progress(stage)` is called as each stage starts, and
+    its `advance(done, total, detail)`, when it has one (sartor.progress.ProgressReport), inside the
+    long stages (each calibration batch, each layer the tactics stage reaches);
     `warn(line)` with each warning, which also goes to the build log and BuildResult.warnings.
     `reproducible`: record its build time and path labels instead of this build's (see Reproducible)."""
     # Imported here: deploy's bundles call this builder, so deploy is imported after it.
@@ -222,6 +225,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             sign_engine(config.output_path, signing_key)
         return result
     progress = progress or (lambda stage: None)
+    advance = advance_of(progress)
     warnings: list[str] = []
 
     def warn_and_keep(line: str) -> None:
@@ -292,7 +296,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         from .quantization_stages import quantize_for_build, thresholds_for_build
         stage("calibrate")
         amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
-                                                 warn_and_keep)
+                                                 warn_and_keep, advance)
         done("calibrate")
         if config.planner_flag() is not None:
             stage("planner")
@@ -337,13 +341,17 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     stage("tactics")
     selections = [TacticSelection()]
     if config.builder_effort > 0:
+        def on_layer(i: int, n: int, name: str) -> None:  # layer i of n reached: i - 1 done
+            advance(i - 1, n, f"layer {i} of {n}: {name}")
+
         # Each profile's winners at its own opt shapes; feeds made one profile at a time (a batch-256
         # input is large).
         feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
         selections = select_tactics_by_profile(graph, weights, feeds, device, plan.layers,
                                                channels_last=device.type == "cuda", tf32=config.precision == "tf32",
                                                effort=config.builder_effort, cache=timing_cache,
-                                               time_single=config.time_every_layer, exclude=config.exclude_tactics)
+                                               time_single=config.time_every_layer, exclude=config.exclude_tactics,
+                                               on_layer=on_layer)
     record_tactics(graph, selections)
     used = set().union(*(s.exclusions_used for s in selections))
     for pattern in config.exclude_tactics if config.builder_effort > 0 else ():

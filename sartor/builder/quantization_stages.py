@@ -82,9 +82,10 @@ def check_coverage(splits: dict, config, log: list, warn: Callable[[str], None] 
 
 
 def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, device: torch.device,
-                         profiles: list, log: list, warn: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+                         profiles: list, log: list, warn: Callable[[str], None] | None = None,
+                         advance: Callable[[int, int, str], None] | None = None) -> tuple[dict, dict]:
     """({tensor: amax}, provenance record); warns through `warn` when calibration misses a split of
-    --data."""
+    --data. `advance(done, total, detail)` hears of the calibration samples run so far."""
     if is_qdq_model(graph):  # explicit quantization: the INT8 layers carry the model's scales
         log.append("calibration: none needed: the model is quantized with Q/DQ nodes and its INT8 layers use its "
                    "scales" + (f" (--calib {config.calib} not used)" if config.calib else ""))
@@ -122,8 +123,16 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
     for attribute, counts in splits.items():
         log.append(f"calibration: images per {attribute}: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
     check_coverage(splits, config, log, warn)  # before the long part
+    samples_done = 0
+
+    def on_batch(batches: int, size: int) -> None:
+        nonlocal samples_done
+        samples_done += size
+        if advance is not None:
+            advance(samples_done, min(calibration.available, config.calib_size), f"batch {batches}")
+
     with matmul_precision(False):
-        observers = collect_histograms(graph, weights, calibration, calibration_targets(graph), device)
+        observers = collect_histograms(graph, weights, calibration, calibration_targets(graph), device, on_batch)
     amax = amax_from_histograms(observers, method, config.percentile)
     log.append(f"calibration: {calibration.size} samples from {config.calib} (sha256 {calibration.sha256[:12]}…), "
                f"{len(amax)} tensors, {method}" + (f" {config.percentile}" if percentile is not None else "")

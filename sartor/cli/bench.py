@@ -24,6 +24,11 @@ def add_parser(subparsers, parents) -> None:
     add_trust_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--per-layer", action="store_true",
+                   help="a profiling run apart from the timed one: each layer's median time, share, tactic, "
+                        "precision and ONNX nodes, slowest first")
+    p.add_argument("--nvtx", action="store_true",
+                   help="with --per-layer on CUDA: an NVTX range per layer, named after it, for Nsight Systems")
     p.add_argument("--end-to-end", action="store_true",
                    help="time image files to results through sartor.Pipeline (needs --images)")
     p.add_argument("--images", metavar="DIR", help="with --end-to-end: a folder of JPEG/PNG files (read below it)")
@@ -36,6 +41,11 @@ def add_parser(subparsers, parents) -> None:
 
 
 def run(args) -> int:
+    if args.per_layer:
+        from .bench_layers import run_per_layer
+        return run_per_layer(args)
+    if args.nvtx:
+        raise ConfigError("--nvtx goes with --per-layer (the timed runs replay CUDA graphs, where ranges show nothing)")
     if args.end_to_end or args.images:
         return run_end_to_end(args)
     shapes = parse_shape_spec(args.shapes) if args.shapes else None

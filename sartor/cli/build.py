@@ -5,15 +5,6 @@ import argparse
 import time
 from pathlib import Path
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
 from ..builder import BuildConfig
 from ..builder import build as run_build
 from ..builder.config import (
@@ -23,6 +14,7 @@ from ..builder.config import (
     parse_precision_overrides,
 )
 from ..errors import ConfigError
+from ..progress import ProgressReport
 from ..runtime.fingerprint import describe
 from ..runtime.kernel_store import describe_record
 from ..runtime.profiles import Profile, parse_shape_spec
@@ -32,13 +24,13 @@ from .common import (
     describe_precision,
     fmt_bytes,
     key_values,
+    print_json,
     table,
     text,
 )
+from .build_summary import summary_json
 from .validate import read_class_names
 
-# The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).
-STAGES = ("import", "profiles", "optimize", "precision", "tactics", "memory", "serialize")
 SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
 
 DESCRIPTION = "Compile an ONNX model into an engine file for one device."
@@ -241,6 +233,8 @@ def add_parser(subparsers, parents) -> None:
                         "the model, options, calibration and timing caches, golden outputs; `sartor rebuild DIR` "
                         "rebuilds the engine from it")
     p.add_argument("--sign-key", metavar="KEY", help="sign the engine with this Ed25519 private key (`sartor keygen`)")
+    p.add_argument("--json", action="store_true",
+                   help="print the build summary as one JSON document on stdout (progress and warnings go to stderr)")
     p.set_defaults(func=run, shape_events=None)
 
 
@@ -299,40 +293,33 @@ def config_from_args(args) -> BuildConfig:
 
 def run(args) -> int:
     config = config_from_args(args)
-    err = console(stderr=True)
     out = console()
-    # A live bar on a terminal; in logs and pipes just one line per finished stage.
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]build[/] {task.description:<10}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
-                        disable=not err.is_terminal)
+    # A live bar on a terminal; in a log a line per stage and, inside long stages, every few seconds.
+    report = ProgressReport("build")
     current: dict = {}
 
     def finish_stage() -> None:
         if current:
-            progress.console.print(f"  [green]✓[/] {current['name']:<10} {time.perf_counter() - current['start']:.3f} s")
+            report.print(f"  done {current['name']:<10} {time.perf_counter() - current['start']:.3f} s")
 
-    stages = list(STAGES)
-    with progress:
-        task = progress.add_task("", total=len(stages))
+    def on_stage(name: str) -> None:
+        finish_stage()
+        current.update(name=name, start=time.perf_counter())
+        report(name)
 
-        def on_stage(name: str) -> None:
-            finish_stage()
-            current.update(name=name, start=time.perf_counter())
-            if name not in stages:
-                stages.insert(len(stages) - 1, name)
-            progress.update(task, description=name, total=len(stages), completed=stages.index(name))
-
-        def on_warning(line: str) -> None:
-            progress.console.print(text(line), soft_wrap=True)
-
+    on_stage.advance = report.advance  # per layer and per calibration batch (builder.build's `advance`)
+    with report:
         if args.bundle:
             from ..deploy import build_bundle
-            bundled = build_bundle(config, args.bundle, progress=on_stage, warn=on_warning)
+            bundled = build_bundle(config, args.bundle, progress=on_stage, warn=report.print)
             result = bundled.build
         else:
-            result = run_build(config, progress=on_stage, warn=on_warning)
+            result = run_build(config, progress=on_stage, warn=report.print)
         finish_stage()
-        progress.update(task, description="done", completed=len(stages))
+    bundle = {"path": str(bundled.path), "files": bundled.files, "bytes": bundled.bytes} if args.bundle else None
+    if args.json:
+        print_json(summary_json(result, bundle))
+        return 0
     print_summary(out, result)
     if args.bundle:
         out.print(text(f"bundle: {bundled.path} ({bundled.files} files, {fmt_bytes(bundled.bytes)}); "

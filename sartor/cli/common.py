@@ -18,12 +18,45 @@ from rich.text import Text
 from ..errors import InputError
 from ..ir.dtypes import QUANTIZED_PRECISIONS
 
-WIDE = 160  # columns when the output is not a terminal (logs, pipes, tests): fewer wrapped cells
+# Columns when the output is not a terminal (logs, pipes, tests): wide enough that no cell is ever
+# cut or wrapped (a layer name with "…" in it cannot be searched for); rich sizes tables to their content.
+UNLIMITED = 100_000
+
+
+def on_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+class _TrimmedLines:
+    """A text stream that drops the spaces rich pads table rows with up to their width (in logs they
+    are noise that diff and grep see)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self._partial = ""
+
+    def write(self, data: str) -> int:
+        lines = (self._partial + data).split("\n")
+        self._partial = lines.pop()
+        if lines:
+            self.stream.write("".join(line.rstrip(" ") + "\n" for line in lines))
+        return len(data)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.stream.write(self._partial)
+            self._partial = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, width=None if stream.isatty() else WIDE, highlight=False)
+    if stream.isatty():
+        return Console(file=stream, highlight=False)
+    return Console(file=_TrimmedLines(stream), width=UNLIMITED, highlight=False)
 
 
 def text(value) -> Text:
@@ -31,15 +64,23 @@ def text(value) -> Text:
     return Text("-" if value is None or value == "" else str(value))
 
 
+def _plain_if_piped(kwargs: dict) -> dict:
+    """Plain text tables (columns apart by spaces, no box-drawing characters) when stdout is not a
+    terminal, so logs stay greppable and ASCII."""
+    if on_terminal():
+        return kwargs
+    return {"box": None, "show_edge": False, "pad_edge": False, **kwargs}
+
+
 def table(title: str | None, *columns: str, **kwargs) -> Table:
-    t = Table(title=title, title_justify="left", **kwargs)
+    t = Table(title=title, title_justify="left", **_plain_if_piped(kwargs))
     for column in columns:
         t.add_column(column)
     return t
 
 
 def key_values(title: str | None, rows: list[tuple[str, object]]) -> Table:
-    t = Table(title=title, title_justify="left", show_header=False)
+    t = Table(title=title, title_justify="left", show_header=False, **_plain_if_piped({}))
     t.add_column(style="bold")
     t.add_column()
     for key, value in rows:

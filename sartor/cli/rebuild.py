@@ -11,6 +11,7 @@ from ..deploy import rebuild as run_rebuild
 from ..deploy.accuracy import DEFAULT_MAX_DROP
 from ..deploy.golden import DEFAULT_MIN_COSINE
 from ..errors import ConfigError
+from ..progress import ProgressReport
 from .common import console, fmt_float, print_json, table, text
 
 DESCRIPTION = ("Rebuild the engine of a provenance bundle (`sartor build --bundle`) on this machine, from its "
@@ -39,8 +40,9 @@ def run(args) -> int:
         raise ConfigError(f"--min-cosine {args.min_cosine:g} must be in (0, 1]")
     if not 0.0 <= args.max_drop < float("inf"):
         raise ConfigError(f"--max-drop {args.max_drop:g} must be a finite value ≥ 0")
-    report = run_rebuild(args.bundle, args.output, device=args.device, min_cosine=args.min_cosine,
-                         max_drop=args.max_drop)
+    with ProgressReport("rebuild") as progress:  # the build's stages and layers, on stderr
+        report = run_rebuild(args.bundle, args.output, device=args.device, min_cosine=args.min_cosine,
+                             max_drop=args.max_drop, progress=progress, warn=progress.print)
     if args.json:
         print_json(report.to_json())
         return 0 if report.passed else 1

@@ -6,6 +6,7 @@ import argparse
 import math
 
 from ..ir.dtypes import QUANTIZED_PRECISIONS
+from ..progress import ProgressReport
 from ..validate.sensitivity import DEFAULT_SAMPLES
 from .common import (
     add_calibration_args,
@@ -65,11 +66,12 @@ def run(args) -> int:
     if args.calib_size < 1:
         raise ConfigError(f"--calib-size {args.calib_size} must be at least 1")
     check_decoder(args.decoder)
-    err = console(stderr=True)
-    with err.status("calibrating") as status:
+    # A live bar on a terminal, a line every few seconds in a log (sartor/progress.py).
+    with ProgressReport("sensitivity") as progress:
+        progress("calibrate and rank")
         report = analyze(args.model, args.calib, args.calib_size, args.calib_method, args.percentile,
                          args.calib_cache, args.preprocess, args.device,
-                         on_layer=lambda k, n, name: status.update(f"layer {k + 1}/{n}: {name}"),
+                         on_layer=lambda k, n, name: progress.advance(k, n, f"layer {k + 1} of {n}: {name}"),
                          balance_by=args.calib_balance_by, decoder=args.decoder, precision=args.precision)
     rows = report.layers[:args.top] if args.top > 0 else report.layers
     if args.json:

@@ -9,7 +9,7 @@ import threading
 
 from ..errors import ConfigError, SartorError
 from ..serve.notify import UNIT_FLAG, Watchdog, notify, systemd_unit, watchdog_interval
-from .common import add_trust_arg, console, table, text
+from .common import add_trust_arg, console, print_json, table, text
 
 DESCRIPTION = ("Serve the engines of a Triton-layout model repository (<repo>/<model>/<version>/model.plan, "
                "optional <repo>/<model>/config.pbtxt) or of a release root (`sartor deploy`: "
@@ -63,6 +63,8 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="load and warm up every model, print the repository index, then exit (1 if any model is "
                         "unavailable)")
+    p.add_argument("--json", action="store_true",
+                   help="with --dry-run: print the repository index as one JSON document (logs go to stderr)")
     p.set_defaults(func=run)
 
 
@@ -83,6 +85,8 @@ def _index_table(server):
 
 
 def run(args) -> int:
+    if args.json and not args.dry_run:
+        raise ConfigError("--json goes with --dry-run (a running server reports through its HTTP and gRPC APIs)")
     if args.systemd_unit:
         sys.stdout.write(systemd_unit([str(a) for a in args.argv]))
         return 0
@@ -108,8 +112,13 @@ def run(args) -> int:
     server = Server(options)
     if args.dry_run:
         server.repository.load_all()
-        out.print(_index_table(server))
-        unavailable = [r for r in server.repository.index() if r["state"] != "READY"]
+        index = server.repository.index()
+        unavailable = [r for r in index if r["state"] != "READY"]
+        if args.json:
+            print_json({"schema": "sartor-serve-dry-run/1", "model_repository": str(args.model_repository),
+                        "ready": not unavailable, "models": index})
+        else:
+            out.print(_index_table(server))
         server.repository.shutdown()
         return 1 if unavailable else 0
 

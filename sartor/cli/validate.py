@@ -108,7 +108,7 @@ def run(args) -> int:
                       max_drop=args.max_drop, batch=args.batch, decoder=args.decoder, preprocess=args.preprocess,
                       device=args.device, conf=args.conf, iou=args.iou, max_det=args.max_det,
                       pseudo_conf=args.pseudo_conf, class_names=read_class_names(args.classes),
-                      progress=not args.json, fast_decode=args.fast_decode)
+                      progress=True, fast_decode=args.fast_decode)
     if args.report:
         write_html_report(report, args.report)
     code = 0 if report.passed else 1

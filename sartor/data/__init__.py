@@ -1,6 +1,6 @@
 """The data layer: datasets (COCO, ImageFolder, manifests), image preprocessing, batches.
 
-A bottom layer: it imports only sartor.errors, numpy and Pillow (and rich for a progress bar)."""
+A bottom layer: it imports only sartor.errors, sartor.progress, numpy and Pillow."""
 from .datasets import (
                        Dataset,
                        Sample,

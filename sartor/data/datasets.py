@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..progress import ProgressReport
 from .preprocess import ImageMeta, PreprocessSpec, load_image, preprocess_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm")
@@ -449,23 +450,11 @@ def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec, batc
                             f"{sample.size[1]}x{sample.size[0]}: boxes would not line up")
         return preprocess_image(image, spec, path=sample.path)
 
-    bar = None
-    task = None
-    if progress:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-        console = Console(stderr=True)
-        bar = Progress(TextColumn("[bold]images[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal)
-        bar.start()
-        task = bar.add_task("", total=len(samples))
+    # A live bar on a terminal, a line every few seconds in a log (sartor/progress.py).
+    bar = ProgressReport("validate") if progress else None
+    if bar is not None:
+        bar("images")
+    done = 0
     pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         for start in range(0, len(samples), batch_size):
@@ -477,14 +466,15 @@ def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec, batc
                 sizes = ", ".join(f"{Path(m.path).name} {m.orig_size[0]}x{m.orig_size[1]}" for m in metas[:5])
                 raise DataError(f"images of different sizes cannot share a batch with preprocess "
                                 f"{spec.describe()!r} ({sizes}): use letterbox= or resize=")
+            done += len(chunk)
             if bar is not None:
-                bar.advance(task, len(chunk))
+                bar.advance(done, len(samples), Path(metas[-1].path).name if metas[-1].path else "")
             yield np.stack(arrays), metas, chunk
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
-            bar.stop()
+            bar.finish()
 
 
 # ---- sampling ------------------------------------------------------------------------------------------

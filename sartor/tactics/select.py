@@ -14,7 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -40,6 +40,7 @@ STICKY_CUDA_ERRORS = ("illegal memory access", "misaligned address", "illegal in
 # runs its first candidate, the reference. Higher efforts will also widen the Triton search.
 EFFORT_TIMING = {1: (1, 3), 2: (3, 10), 3: (5, 25), 4: (10, 50), 5: (20, 100)}
 EFFORTS = (0, *EFFORT_TIMING)
+LayerProgress = Callable[[int, int, str], None]  # (layer i, of n, its name)
 
 
 def _graph_replay(fn, device: torch.device, calls: int = 1):
@@ -290,13 +291,14 @@ def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
                    channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
                    fingerprint: dict | None = None, time_single: bool = False,
-                   exclude: Iterable[str] = ()) -> TacticSelection:
+                   exclude: Iterable[str] = (), on_layer: LayerProgress | None = None) -> TacticSelection:
     """Choose the tactic of each layer whose op lists several (FusedConv, QConv, QGemm, MaxPool) at
     the shapes of `feeds`, reading and extending `cache` (or None) for this device's `fingerprint`
     (default: the build device's). With `time_single`, layers of one candidate are timed too (their
     time is then known, for --fallback-where-faster). `exclude`: globs of tactics never run
     (`--exclude-tactic`). A candidate that faults the GPU stops the build with a TacticFaultError
-    naming the layer and the candidates in flight."""
+    naming the layer and the candidates in flight. `on_layer(done, total, name)` hears of each layer
+    as its turn comes (a caller's progress display)."""
     exclude = tuple(exclude)
     selection = TacticSelection()
     if effort == 0:
@@ -307,6 +309,8 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
     slices = None  # scratch Concat buffers: where layers placed in a Concat are timed storing
 
     def before(index, step, args):
+        if on_layer is not None:
+            on_layer(index + 1, len(executor.steps), step.node.name)
         opdef = registry[step.node.op_type]
         if opdef.tactics is None:
             return
@@ -369,21 +373,26 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
 def select_tactics_by_profile(graph: Graph, weights: dict, feeds_by_profile: Iterable[dict], device: torch.device,
                               layer_precision: dict, channels_last: bool, tf32: bool, effort: int = 2,
                               cache: TimingCache | None = None, fingerprint: dict | None = None,
-                              time_single: bool = False, exclude: Iterable[str] = ()) -> list[TacticSelection]:
+                              time_single: bool = False, exclude: Iterable[str] = (),
+                              on_layer: LayerProgress | None = None) -> list[TacticSelection]:
     """select_tactics at each profile's opt shapes (`feeds_by_profile`, one feed set per profile,
     produced as they are needed). The profiles share `cache` or, without one, a cache of this build's
-    own timings, so a layer whose signature a previous profile timed is not timed again."""
+    own timings, so a layer whose signature a previous profile timed is not timed again. `on_layer`
+    (as select_tactics') names the profile too when there are several."""
     feeds_by_profile = iter(feeds_by_profile)
     first = next(feeds_by_profile)
     second = next(feeds_by_profile, None)
     if second is None:  # one profile: exactly the single-profile selection
         return [select_tactics(graph, weights, first, device, layer_precision, channels_last, tf32, effort, cache,
-                               fingerprint, time_single, exclude)]
+                               fingerprint, time_single, exclude, on_layer)]
     shared = cache if cache is not None else TimingCache()
     selections = []
-    for feeds in (first, second, *feeds_by_profile):
+    for k, feeds in enumerate((first, second, *feeds_by_profile)):
+        def on_layer_of_profile(done, total, name, k=k):
+            if on_layer is not None:
+                on_layer(done, total, f"profile {k}: {name}")
         selections.append(select_tactics(graph, weights, feeds, device, layer_precision, channels_last, tf32,
-                                         effort, shared, fingerprint, time_single, exclude))
+                                         effort, shared, fingerprint, time_single, exclude, on_layer_of_profile))
     return selections
 
 
