@@ -29,6 +29,11 @@ class FrameSource:
     error: str | None = None
 
 
+def frame_name(label: str, index: int, seconds: float | None) -> str:
+    """A video frame's name: `clip.mp4 frame 12 (0.400 s)`, without the time when it is unknown."""
+    return f"{label} frame {index}" + (f" ({seconds:.3f} s)" if seconds is not None else "")
+
+
 def _bytes_tensor(data) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from ..errors import ConfigError
-from .sources import FrameSource
+from .sources import FrameSource, frame_name
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".h264", ".264", ".h265", ".265", ".hevc")
 VIDEO_DECODERS = ("auto", "pyav", "nvdec")
@@ -24,10 +24,6 @@ VIDEO_DECODERS = ("auto", "pyav", "nvdec")
 
 def is_video_path(item) -> bool:
     return isinstance(item, (str, os.PathLike)) and os.fspath(item).lower().endswith(VIDEO_SUFFIXES)
-
-
-def frame_name(label: str, index: int, seconds: float | None) -> str:
-    return f"{label} frame {index}" + (f" ({seconds:.3f} s)" if seconds is not None else "")
 
 
 def pyav():

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .sources import FrameSource
-from .video import frame_name
+from .sources import FrameSource, frame_name
 
 FRAMES_PER_CALL = 8  # frames asked of the decoder at a time: NVDEC works on several surfaces at once
 
