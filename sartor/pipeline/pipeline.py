@@ -249,7 +249,15 @@ class Pipeline:
         worker thread while this one runs, else each batch is prepared and run in the calling
         thread (the lowest latency for one frame at a time). `items` may also be one video's path
         or a `VideoSource`: its frames, decoded on a thread of their own."""
-        chunks = _chunks(self._frames_of(items), self.batch_size)
+        source = self._frames_of(items)
+        frames = iter(source)
+        try:
+            yield from self._batches(_chunks(frames, self.batch_size))
+        finally:
+            if isinstance(source, ConcurrentStreams):
+                frames.close()  # stop the decoder threads now, also when a batch raised
+
+    def _batches(self, chunks: Iterator[tuple[list, int]]) -> Iterator[PipelineResult]:
         with self._lock:
             if not self.overlap:
                 for chunk, first in chunks:

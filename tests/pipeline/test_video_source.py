@@ -158,3 +158,12 @@ def test_a_truncated_video_runs_its_good_frames_then_fails_or_is_skipped(letterb
     with pytest.raises(DataError, match=rf"video {cut} is truncated at frame {good}.*skip_bad=True runs the others"):
         ran.extend(Pipeline(letterbox_engine, batch_size=4).stream(cut))
     assert len(ran) == good // 4 * 4  # every whole batch before the failing one ran
+    assert _stream_threads() == []  # the decoder thread stopped with the error
+
+
+def test_a_pipeline_stopped_early_stops_its_decoder(letterbox_engine, clips):
+    results = Pipeline(letterbox_engine, batch_size=2).stream(clips["h264"])
+    next(results)
+    assert len(_stream_threads()) == 1
+    results.close()
+    assert _stream_threads() == []
