@@ -4,6 +4,7 @@
 #   .whl/serve  aiohttp, grpcio, tritonclient[grpc] and what they need beyond the device's own
 #               packages, as Python 3.12 wheels, plus perf_analyzer.tgz (scripts/install_perf_analyzer.sh)
 #   .whl/base   pycocotools and ultralytics (stages agreement, detectors, autotune on detectors)
+#   .whl/video  PyAV (av, 36 MB: FFmpeg with libx264/libx265), for the video end-to-end benchmark
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
 #               activations do not fade into float16 subnormals)
@@ -41,6 +42,10 @@ for part in "${@:-serve base carry}"; do
           mkdir -p .whl/base
           download .whl/base --no-deps pycocotools ultralytics ultralytics-thop
         fi ;;
+      video)
+        if ! ls .whl/video/av-*.whl >/dev/null 2>&1; then
+          download .whl/video --no-deps "av==$(sed -n 's/^av==//p' requirements.lock)"
+        fi ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do
@@ -56,7 +61,7 @@ with tempfile.TemporaryDirectory() as work:
             mv ".carry/$model.onnx.partial" ".carry/$model.onnx"
           fi
         done ;;
-      *) echo "device_carry: unknown part '$name' (serve, base, carry)" >&2; exit 2 ;;
+      *) echo "device_carry: unknown part '$name' (serve, base, video, carry)" >&2; exit 2 ;;
     esac
   done
 done

@@ -10,7 +10,8 @@ from .common import add_trust_arg, console, fmt_shape, key_values, print_json, t
 DESCRIPTION = ("Time an engine: p50/p90/p99 latency and throughput, with host↔device copies (numpy in/out) "
                "and without (device tensors in, outputs left on the device). With --end-to-end --images DIR: "
                "image files to results through the engine's stored preprocessing (decode, preprocess, infer, "
-               "post-process), beside each stage alone and the engine alone.")
+               "post-process), beside each stage alone and the engine alone; with --end-to-end --video FILE "
+               "[--streams N]: N video streams decoded at once, their frames batched together into the engine.")
 
 
 def add_parser(subparsers, parents) -> None:
@@ -32,6 +33,14 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--end-to-end", action="store_true",
                    help="time image files to results through sartor.Pipeline (needs --images)")
     p.add_argument("--images", metavar="DIR", help="with --end-to-end: a folder of JPEG/PNG files (read below it)")
+    p.add_argument("--video", metavar="FILE", action="append",
+                   help="with --end-to-end: a video file (H.264/H.265 MP4, ...); repeat for one stream per file")
+    p.add_argument("--streams", type=int,
+                   help="with --end-to-end --video: concurrent streams, each its own decoder thread (default: one "
+                        "per --video file; with one file, N copies of it)")
+    p.add_argument("--video-decoder", default="auto", choices=("auto", "pyav", "nvdec"),
+                   help="with --video: pyav (CPU threads) or nvdec (PyNvVideoCodec; auto: nvdec for a CUDA engine "
+                        "when it is installed)")
     p.add_argument("--batch", type=int, help="with --end-to-end: images per batch (default: the profile's, up to 32)")
     p.add_argument("--passes", type=int, default=3,
                    help="with --end-to-end: passes over the images; the first is reported apart (default 3)")
@@ -46,6 +55,8 @@ def run(args) -> int:
         return run_per_layer(args)
     if args.nvtx:
         raise ConfigError("--nvtx goes with --per-layer (the timed runs replay CUDA graphs, where ranges show nothing)")
+    if args.video or args.streams is not None:
+        return run_video_end_to_end(args)
     if args.end_to_end or args.images:
         return run_end_to_end(args)
     shapes = parse_shape_spec(args.shapes) if args.shapes else None
@@ -92,5 +103,36 @@ def run_end_to_end(args) -> int:
     ]))
     rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
     rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("read", "decode", "preprocess", "infer", "post")))
+    out.print(rows)
+    return 0
+
+
+def run_video_end_to_end(args) -> int:
+    from ..pipeline.video_benchmark import video_end_to_end
+    if not args.end_to_end or not args.video:
+        raise ConfigError("--end-to-end and --video FILE go together (--streams too)")
+    if args.images:
+        raise ConfigError("--images and --video: time one or the other")
+    engine = load(args.plan, device=args.device, trust=args.trust)
+    result = video_end_to_end(engine, args.video, streams=args.streams, batch=args.batch, passes=args.passes,
+                              decoder=args.decoder, video_decoder=args.video_decoder)
+    if args.json:
+        print_json(dict(result.to_json(), engine=str(args.plan)))
+        return 0
+    out = console()
+    out.print(key_values("End to end, video", [
+        ("engine", args.plan), ("device", result.device),
+        ("streams", (f"{result.streams} ({', '.join(result.videos)}), decoded by {result.video_decoder}, "
+                     f"{result.frames} frames a pass")),
+        ("batch", f"{result.batch} frames across the streams"), ("post-processing", result.decoder),
+        ("first pass", (f"{result.first_pass_s:.2f} s (warm-up: graph capture, kernel loads, decoder start; "
+                        f"reported apart)")),
+        ("steady state", (f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} "
+                          f"pass{'es' if result.passes > 2 else ''}; a frame's latency from its decoder to its "
+                          f"result {result.latency_ms_p50:.2f} ms (p99 {result.latency_ms_p99:.2f})")),
+        ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
+    ]))
+    rows = table("One batch through each stage alone (ms)", "decode", "preprocess", "infer", "post")
+    rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("decode", "preprocess", "infer", "post")))
     out.print(rows)
     return 0

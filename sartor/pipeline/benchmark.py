@@ -41,7 +41,7 @@ def image_files(folder: str | Path) -> list[Path]:
     return files
 
 
-def _median_ms(fn, device: torch.device, repeats: int) -> float:
+def median_ms(fn, device: torch.device, repeats: int) -> float:
     fn()
     synchronize(device)
     times = []
@@ -71,10 +71,8 @@ class EndToEndResult:
         return asdict(self)
 
 
-def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
-               decoder: str = "auto") -> EndToEndResult:
-    if passes < 2:
-        raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
+def bench_pipeline(engine, batch: int | None, decoder: str) -> tuple[Pipeline, object, str]:
+    """(the pipeline, its post-processing or None, the post-processing's name) for `--decoder`."""
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
     if decoder not in ("auto", "yolo", "none"):
@@ -83,8 +81,41 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         decoder, nms = IN_ENGINE_NMS, EngineNms(engine.nms)
     if decoder == "auto":
         decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
-    decodes = decoder != "none"
-    pipeline = Pipeline(engine, batch_size=batch, decoder=nms if decodes else None, host_outputs=not decodes)
+    post = nms if decoder != "none" else None
+    return Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None), post, decoder
+
+
+def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats: int) -> tuple[dict, float]:
+    """({preprocess, infer, post: ms of one batch alone}, the engine alone in frames/s) on `decoded`,
+    one batch of decoded frames."""
+    device = pipeline.device
+    frames, names, sizes = [d.pixels for d in decoded], [d.name for d in decoded], [d.size for d in decoded]
+    shape = pipeline.spec.input_shape(len(frames))
+    context = engine.context(pipeline.profile)
+    buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
+    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, sizes)
+    outputs = context.run({pipeline.input_name: prepared})
+    stages = {"preprocess": median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, sizes), device,
+                                       repeats),
+              "infer": median_ms(lambda: context.run({pipeline.input_name: prepared}), device, repeats)}
+    if post is not None:
+        stages["post"] = median_ms(lambda: post(outputs, metas), device, repeats)
+    else:
+        stages["post"] = median_ms(lambda: {k: v.cpu() for k, v in outputs.items()}, device, repeats)
+    engine_ms = median_ms(lambda: context.run({pipeline.input_name: prepared}), device, max(repeats, 20))
+    return stages, round(len(frames) * 1e3 / engine_ms, 1)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
+               decoder: str = "auto") -> EndToEndResult:
+    if passes < 2:
+        raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
+    pipeline, post, decoder = bench_pipeline(engine, batch, decoder)
     device = pipeline.device
     batch = pipeline.batch_size
 
@@ -111,24 +142,10 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     bad = [d.error for d in decoded if d.error is not None]
     if bad:
         raise ConfigError(f"--images: {bad[0]}")
-    frames, names, sizes = [d.pixels for d in decoded], [d.name for d in decoded], [d.size for d in decoded]
-    shape = pipeline.spec.input_shape(len(frames))
-    context = engine.context(pipeline.profile)
-    buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
-    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, sizes)
-    outputs = context.run({pipeline.input_name: prepared})
-    stages = {"read": _median_ms(lambda: read_sources(chunk), device, stage_repeats),
-              "decode": _median_ms(lambda: decode_frames(sources, device, pipeline.spec, pipeline.fast_decode),
-                                   device, stage_repeats),
-              "preprocess": _median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, sizes), device,
-                                       stage_repeats),
-              "infer": _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, stage_repeats)}
-    if decodes:
-        stages["post"] = _median_ms(lambda: nms(outputs, metas), device, stage_repeats)
-    else:
-        stages["post"] = _median_ms(lambda: {k: v.cpu() for k, v in outputs.items()}, device, stage_repeats)
-    engine_ms = _median_ms(lambda: context.run({pipeline.input_name: prepared}), device, max(stage_repeats, 20))
+    stages = {"read": median_ms(lambda: read_sources(chunk), device, stage_repeats),
+              "decode": median_ms(lambda: decode_frames(sources, device, pipeline.spec, pipeline.fast_decode),
+                                   device, stage_repeats)}
+    after, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
-                          round(sorted(batch_times)[min(len(batch_times) - 1, int(0.99 * len(batch_times)))], 3),
-                          round(len(chunk) * 1e3 / engine_ms, 1), stages)
+                          round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after)

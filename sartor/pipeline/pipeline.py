@@ -10,9 +10,13 @@ batch before that batch runs; True returns them as results with `error` set, in 
 runs the rest.
 
 A last batch smaller than the profile's minimum batch is filled up to it with copies of its first
-frame, whose outputs are dropped."""
+frame, whose outputs are dropped.
+
+A video file (`run("clip.mp4")`) or a `VideoSource` is decoded on a thread of its own while the
+batches before run; its frames are named by file, index and time (`video.py`)."""
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +32,8 @@ from .detections import EngineNms, YoloNms
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .sources import FRAME_ORDERS, read_sources
+from .streams import ConcurrentStreams
+from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
 
@@ -241,8 +247,17 @@ class Pipeline:
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
         """Results in item order, batch by batch; with `overlap`, the next batch is prepared on a
         worker thread while this one runs, else each batch is prepared and run in the calling
-        thread (the lowest latency for one frame at a time)."""
-        chunks = _chunks(items, self.batch_size)
+        thread (the lowest latency for one frame at a time). `items` may also be one video's path
+        or a `VideoSource`: its frames, decoded on a thread of their own."""
+        source = self._frames_of(items)
+        frames = iter(source)
+        try:
+            yield from self._batches(_chunks(frames, self.batch_size))
+        finally:
+            if isinstance(source, ConcurrentStreams):
+                frames.close()  # stop the decoder threads now, also when a batch raised
+
+    def _batches(self, chunks: Iterator[tuple[list, int]]) -> Iterator[PipelineResult]:
         with self._lock:
             if not self.overlap:
                 for chunk, first in chunks:
@@ -258,6 +273,15 @@ class Pipeline:
                     following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None else None
                     yield from self._run(prepared, slot)
                     pending, slot = following, 1 - slot
+
+    def _frames_of(self, items) -> Iterable:
+        if isinstance(items, (str, os.PathLike)):
+            if not is_video_path(items):
+                return [items]  # one image
+            items = VideoSource(items, device=self.device)
+        if isinstance(items, VideoSource):
+            return ConcurrentStreams([items])
+        return items
 
     def run(self, items: Iterable) -> list[PipelineResult]:
         return list(self.stream(items))

@@ -3,7 +3,8 @@
 Items: a path (str or os.PathLike) or the bytes of a JPEG/PNG/other image file (bytes, bytearray,
 memoryview, or a 1-D uint8 numpy array or tensor) — *encoded*; an H×W×3 uint8 numpy array or torch
 tensor, on the host or a device — a *raw frame*, in the channel order the pipeline is told
-(`frame_order`, RGB unless said). A path that cannot be read is a failed item, not an exception:
+(`frame_order`, RGB unless said); or a FrameSource already made (a video's frames, `video.py`),
+taken as it is. A path that cannot be read is a failed item, not an exception:
 the rest of the batch still runs (see `Pipeline`)."""
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ class FrameSource:
     error: str | None = None
 
 
+def frame_name(label: str, index: int, seconds: float | None) -> str:
+    """A video frame's name: `clip.mp4 frame 12 (0.400 s)`, without the time when it is unknown."""
+    return f"{label} frame {index}" + (f" ({seconds:.3f} s)" if seconds is not None else "")
+
+
 def _bytes_tensor(data) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -36,6 +42,8 @@ def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
     """One item as a FrameSource; names are the path, else `item N` (N from 0)."""
     if frame_order not in FRAME_ORDERS:
         raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
+    if isinstance(item, FrameSource):
+        return item  # named and in RGB already (a video's frame)
     if isinstance(item, (str, os.PathLike)):
         name = str(item)
         try:

@@ -1,0 +1,42 @@
+"""NVDEC decoding of video files through PyNvVideoCodec (2.x `SimpleDecoder`): frames come out as
+interleaved RGB in device memory and reach torch through DLPack without a copy to the host.
+
+Not exercised by the CPU test suite (no GPU, no PyNvVideoCodec there); the PyAV path in `video.py`
+is the tested default, and the two are checked against each other on the GPU machine."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .sources import FrameSource, frame_name
+
+FRAMES_PER_CALL = 8  # frames asked of the decoder at a time: NVDEC works on several surfaces at once
+
+
+def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameSource]:
+    import PyNvVideoCodec as nvc
+
+    gpu = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
+                                    output_color_type=nvc.OutputColorType.RGB)
+        rate = float(decoder.get_stream_metadata().average_fps or 0) or None
+    except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
+        yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
+        return
+    index = 0
+    while True:
+        try:
+            batch = decoder.get_batch_frames(FRAMES_PER_CALL)
+        except Exception as exc:  # noqa: BLE001 - as above, for a frame that fails
+            yield FrameSource(frame_name(label, index, None),
+                              error=f"video {label} is corrupt or truncated at frame {index}: {exc}")
+            return
+        if not batch:
+            return
+        for frame in batch:
+            # The decoder reuses its surfaces: keep a copy on the device, not a view of one.
+            pixels = torch.from_dlpack(frame)  # H×W×3 uint8 (interleaved RGB)
+            yield FrameSource(frame_name(label, index, index / rate if rate else None), frame=pixels.clone())
+            index += 1
