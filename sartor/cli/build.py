@@ -23,6 +23,7 @@ from ..builder.config import (
     parse_precision_overrides,
 )
 from ..errors import ConfigError
+from ..quant.auto_method import BUILD_METHODS, DEFAULT_BUILD_METHOD
 from ..runtime.fingerprint import describe
 from ..runtime.kernel_store import describe_record
 from ..runtime.profiles import Profile, parse_shape_spec
@@ -35,6 +36,7 @@ from .common import (
     table,
     text,
 )
+from .inspect import calibration_line
 from .validate import read_class_names
 
 # The builder's stages, in order, for the progress bar (a stage not listed here is added as it starts).
@@ -174,7 +176,8 @@ def add_parser(subparsers, parents) -> None:
                         "--preprocess as its first layer, inside its CUDA graph (e.g. uint8:720x1280); the "
                         "profiles' batch ranges carry over")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
-                         cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
+                         cache_help="calibration cache: read when it exists (calibration skipped), written otherwise",
+                         methods=BUILD_METHODS, default_method=DEFAULT_BUILD_METHOD)
     p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
                    help="INT8/FP8: subtract each quantized layer's per-channel mean output shift, measured on --calib "
                         "(or read from --calib-cache), from its bias (default: "
@@ -364,9 +367,7 @@ def print_summary(out, result) -> None:
         rows.append(("input", f"raw frames {header['input_format']['text']} (N×H×W×3), preprocessed in the engine"))
     calibration = header["provenance"].get("calibration")
     if calibration:
-        rows.append(("calibration", f"{calibration['method']}, {calibration['calib_size']} samples, sha256 "
-                                    f"{calibration['calib_sha256'][:12]}…"
-                                    + (f" (from cache {calibration['cache']})" if calibration["from_cache"] else "")))
+        rows.append(("calibration", calibration_line(calibration)))
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")
