@@ -174,7 +174,7 @@ def print_calibration(out, calibration: dict) -> None:
                             for a, counts in (calibration.get("splits") or {}).items()]))
     methods = calibration.get("methods") or {}
     if methods:
-        t = table("Threshold method per tensor", "tensor", "method")
+        t = table("Threshold methods", "tensor", "method")
         for tensor, method in methods.items():
             t.add_row(text(tensor), method)
         out.print(t)

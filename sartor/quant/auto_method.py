@@ -10,13 +10,17 @@ calibration samples held out from the histograms (docs/decisions/0029-auto-calib
    with only that input quantized at each method's threshold, against its float output. Where
    another method beats the starting one for a tensor, that tensor's threshold is swapped in
    (the largest local gains first, at most MAX_SWAPS of them) and kept only if the whole model's
-   output error on the held-out samples goes down. So auto is never worse, on those samples, than
-   the best single method.
+   output error on the held-out samples goes down: never worse, on those samples, than the best
+   single method.
+4. When a swap was kept, the mix and the best single method are run once more in the engine's
+   exact arithmetic (`quantize_graph`), and the mix stays only if it is still better there.
 
-The held-out runs simulate the plan in float: each quantized layer's inputs (at the thresholds
-its scale group shares, as `quantize_graph` applies them) and its convolution weights (per output
-channel) are quantized and dequantized, and the layer runs in FP32. The engine's exact integer
-arithmetic is ~6× slower on the CPU and differs only by float rounding of the sums.
+The held-out runs of steps 2 and 3 simulate the plan in float: each quantized layer's inputs
+(at the thresholds its scale group shares, as `quantize_graph` applies them; a residual only
+where the engine stores it quantized) and its weights (per output channel) are quantized and
+dequantized, and the layer runs in FP32. The engine's exact integer
+arithmetic is ~6× slower on the CPU; a single layer's error matches it within a few percent, a
+whole model's within tens of percent (rounding differences compound), hence step 4.
 
 Too few samples to hold out MIN_HELD_OUT leaves auto as FALLBACK_METHOD over every sample.
 """
@@ -36,8 +40,9 @@ from ..runtime.executor import Executor
 from .calibrate import amax_from_histograms
 from .calibrators import DEFAULT_METHOD, METHODS
 from .observers import HistogramObserver
-from .plan import CONV_OPS
+from .plan import CONV_OPS, GEMM_OPS
 from .quantize import activation_scale, shared_thresholds
+from .sensitivity import quantized_copy, weights_for
 
 AUTO = "auto"
 BUILD_METHODS = (AUTO, *METHODS)  # what a build's --calib-method takes
@@ -98,6 +103,7 @@ class AutoChoice:
     fit: int
     tensor_errors: dict = field(default_factory=dict)  # tensor -> {method: the readers' relative error}
     swaps: list = field(default_factory=list)  # the per-tensor swaps tried: {tensor, method, error, kept}
+    exact: dict = field(default_factory=dict)  # start method and per-tensor mix: the engine's arithmetic's error
 
     def to_json(self) -> dict:
         counts: dict[str, int] = {}
@@ -105,7 +111,7 @@ class AutoChoice:
             counts[method] = counts.get(method, 0) + 1
         return {"chosen": self.chosen, "errors": {k: _finite(v) for k, v in self.errors.items()},
                 "held_out_samples": self.held_out, "fit_samples": self.fit, "tensors_by_method": counts,
-                "swaps": self.swaps}
+                "swaps": self.swaps, "exact_errors": {k: _finite(v) for k, v in self.exact.items()}}
 
 
 def _finite(value: float) -> float | None:
@@ -143,8 +149,10 @@ def output_error(reference: list[dict], outputs: list[dict]) -> float:
     return float(np.mean(ratios)) if ratios else 0.0
 
 
-def fake_quantize_weight(w: torch.Tensor, fmt: str = "int8") -> torch.Tensor:
-    """A convolution weight quantized per output channel (axis 0) and back, as `quantize_weight`."""
+def fake_quantize_weight(w: torch.Tensor, fmt: str = "int8", axis: int = 0) -> torch.Tensor:
+    """A weight quantized per output channel (`axis`) and back, as `quantize_weight` does."""
+    if axis != 0:
+        return fake_quantize_weight(w.transpose(0, axis), fmt).transpose(0, axis).contiguous()
     qmax = FP8_MAX if fmt == "fp8" else INT8_QMAX
     flat = w.detach().double().reshape(w.shape[0], -1)
     scale = (flat.abs().amax(dim=1) / qmax).float().double()
@@ -166,6 +174,19 @@ def _run(executor: Executor, batches: list[dict], device: torch.device, before=N
     return results
 
 
+def _output_axis(node, weight: torch.Tensor | None) -> int | None:
+    """The axis of a layer's constant weight that holds its output channels (None: no such weight)."""
+    if weight is None or weight.dim() < 2:
+        return None
+    if node.op_type in CONV_OPS:
+        return 0
+    if node.op_type == "MatMul" and weight.dim() == 2:
+        return 1
+    if node.op_type in GEMM_OPS and node.op_type != "MatMul":
+        return 0 if node.attrs.get("transB", 0) else 1
+    return None
+
+
 class Simulation:
     """Runs the float graph with the layers of `layers` ({name: "int8"/"fp8"}) reading quantized
     inputs and weights (module docstring): one float executor, thresholds given per run."""
@@ -178,11 +199,12 @@ class Simulation:
         self.weights = {}
         for step in self.executor.steps:
             node = step.node
-            if node.name in self.targets and node.op_type in CONV_OPS and 1 in step.constants:
-                self.weights[node.name] = fake_quantize_weight(step.constants[1], layers[node.name])
+            axis = _output_axis(node, step.constants.get(1))
+            if node.name in self.targets and axis is not None:
+                self.weights[node.name] = fake_quantize_weight(step.constants[1], layers[node.name], axis)
 
     def run(self, batches: list[dict], amax: dict) -> list[dict]:
-        shared = shared_thresholds(self.graph, self.layers, amax)
+        shared, stored = shared_thresholds(self.graph, self.layers, amax)
 
         def before(index, step, args):
             positions = self.targets.get(step.node.name)
@@ -191,6 +213,8 @@ class Simulation:
             fmt = self.layers[step.node.name]
             for position in positions:
                 tensor = step.node.inputs[position] if position < len(step.node.inputs) else None
+                if position > 0 and tensor not in stored:
+                    continue  # a residual the engine reads in float (its producer does not write codes)
                 if tensor and tensor in shared and isinstance(args[position], torch.Tensor):
                     args[position] = fake_quantize(args[position], shared[tensor], fmt).to(args[position].dtype)
             if step.node.name in self.weights:
@@ -243,7 +267,7 @@ def choose_methods(graph: Graph, weights: dict, observers: dict[str, HistogramOb
     planned quantized to their format ("int8"/"fp8"); `held_out` holds the held-out batches."""
     device = torch.device(device)
     candidates = {method: amax_from_histograms(observers, method, percentile) for method in METHODS}
-    steps = 1 + len(METHODS) + MAX_SWAPS
+    steps = 2 + len(METHODS) + MAX_SWAPS
 
     def step(k: int, what: str) -> None:
         if on_step is not None:
@@ -272,7 +296,7 @@ def choose_methods(graph: Graph, weights: dict, observers: dict[str, HistogramOb
     for k, (gain, tensor, method) in enumerate(gains[:MAX_SWAPS]):
         step(1 + len(METHODS) + k, f"held-out run, {tensor} at {method}")
         trial = dict(amax, **{tensor: candidates[method][tensor]})
-        if shared_thresholds(graph, layers, trial) == shared_thresholds(graph, layers, amax):
+        if shared_thresholds(graph, layers, trial)[0] == shared_thresholds(graph, layers, amax)[0]:
             continue  # its scale group keeps a larger threshold: the plan does not change
         error = output_error(reference, simulation.run(held_out, trial))
         kept = error < best
@@ -280,6 +304,17 @@ def choose_methods(graph: Graph, weights: dict, observers: dict[str, HistogramOb
         if kept:
             amax, best, methods[tensor] = trial, error, method
     scores[PER_TENSOR] = best
-    chosen = PER_TENSOR if any(s["kept"] for s in swaps) else start
+    chosen, exact = start, {}
+    if any(s["kept"] for s in swaps):
+        # The simulation rounds sums in float: the mix must also beat the start in the engine's
+        # own arithmetic, or the start stays.
+        step(steps - 1, "exact held-out runs")
+        for name, table in ((start, candidates[start]), (PER_TENSOR, amax)):
+            quantized = quantized_copy(graph, layers, table)
+            exact[name] = output_error(reference, _run(Executor(quantized, weights_for(quantized, weights), device),
+                                                       held_out, device))
+        chosen = PER_TENSOR if exact[PER_TENSOR] < exact[start] else start
+    if chosen != PER_TENSOR:
+        amax, methods = dict(candidates[start]), dict.fromkeys(candidates[start], start)
     held = sum(len(next(iter(b.values()))) for b in held_out)
-    return AutoChoice(amax, methods, chosen, scores, held, fit_samples, tensor_errors, swaps)
+    return AutoChoice(amax, methods, chosen, scores, held, fit_samples, tensor_errors, swaps, exact)

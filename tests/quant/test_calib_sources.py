@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import skimage
 import torch
-from conftest import IMAGE, assert_cli_error, classifier_model, gaussian_images, save, shape_flag
+from conftest import (
+    IMAGE,
+    assert_cli_error,
+    classifier_model,
+    gaussian_images,
+    save,
+    shape_flag,
+)
 from PIL import Image
 
 import sartor
