@@ -164,7 +164,8 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
         counts = ", ".join(f"{m} {n}" for m, n in sorted(auto["tensors_by_method"].items()))
         errors = ", ".join(f"{name} {'inf' if e is None else f'{e:.3g}'}" for name, e in auto["errors"].items())
         log.append(f"calibration: auto chose {auto['chosen']} ({counts}) by output error on {auto['held_out_samples']} "
-                   f"held-out samples, thresholds from the other {auto['fit_samples']}: {errors}")
+                   f"held-out samples, thresholds from the other {auto['fit_samples']}, in {auto['seconds']:.1f} s: "
+                   f"{errors}")
     nonfinite = sorted(name for name, o in observers.items() if o.nonfinite)
     if nonfinite:
         log.append(f"calibration: non-finite values left out of the statistics of {', '.join(nonfinite[:5])}")

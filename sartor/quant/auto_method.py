@@ -27,6 +27,7 @@ Too few samples to hold out MIN_HELD_OUT leaves auto as FALLBACK_METHOD over eve
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -104,6 +105,7 @@ class AutoChoice:
     tensor_errors: dict = field(default_factory=dict)  # tensor -> {method: the readers' relative error}
     swaps: list = field(default_factory=list)  # the per-tensor swaps tried: {tensor, method, error, kept}
     exact: dict = field(default_factory=dict)  # start method and per-tensor mix: the engine's arithmetic's error
+    seconds: float = 0.0  # the choice's time, after the histograms
 
     def to_json(self) -> dict:
         counts: dict[str, int] = {}
@@ -111,7 +113,8 @@ class AutoChoice:
             counts[method] = counts.get(method, 0) + 1
         return {"chosen": self.chosen, "errors": {k: _finite(v) for k, v in self.errors.items()},
                 "held_out_samples": self.held_out, "fit_samples": self.fit, "tensors_by_method": counts,
-                "swaps": self.swaps, "exact_errors": {k: _finite(v) for k, v in self.exact.items()}}
+                "swaps": self.swaps, "exact_errors": {k: _finite(v) for k, v in self.exact.items()},
+                "seconds": round(self.seconds, 3)}
 
 
 def _finite(value: float) -> float | None:
@@ -265,6 +268,7 @@ def choose_methods(graph: Graph, weights: dict, observers: dict[str, HistogramOb
                    fit_samples: int = 0, on_step: Callable[[int, int, str], None] | None = None) -> AutoChoice:
     """The methods alone, then the per-tensor swaps (module docstring). `layers` maps the layers
     planned quantized to their format ("int8"/"fp8"); `held_out` holds the held-out batches."""
+    started = time.perf_counter()
     device = torch.device(device)
     candidates = {method: amax_from_histograms(observers, method, percentile) for method in METHODS}
     steps = 2 + len(METHODS) + MAX_SWAPS
@@ -317,4 +321,5 @@ def choose_methods(graph: Graph, weights: dict, observers: dict[str, HistogramOb
     if chosen != PER_TENSOR:
         amax, methods = dict(candidates[start]), dict.fromkeys(candidates[start], start)
     held = sum(len(next(iter(b.values()))) for b in held_out)
-    return AutoChoice(amax, methods, chosen, scores, held, fit_samples, tensor_errors, swaps, exact)
+    return AutoChoice(amax, methods, chosen, scores, held, fit_samples, tensor_errors, swaps, exact,
+                      time.perf_counter() - started)
