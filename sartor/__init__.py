@@ -1,6 +1,8 @@
 """sartor: compile an ONNX vision model into an engine tailored to one device."""
 from __future__ import annotations
 
+import os
+
 from .errors import SartorError
 from .runtime import Engine, ExecutionContext, load
 from .version import __version__
@@ -9,7 +11,7 @@ from .version import __version__
 def build(model: str, output: str, *, device: str | None = None, precision: str | None = None,
           min_shapes: dict | None = None, opt_shapes: dict | None = None, max_shapes: dict | None = None,
           profiles: list | None = None, layer_precision: dict | None = None, op_precision: dict | None = None,
-          overflow_guard: bool | None = None, preprocess=None, calib: str | None = None,
+          overflow_guard: bool | None = None, preprocess=None, calib=None,
           calib_size: int | None = None, calib_method: str | None = None, percentile: float | None = None,
           calib_cache: str | None = None, builder_effort: int | None = None, timing_cache: str | None = None,
           calib_balance_by: str | None = None, data: str | None = None, split_by: str | None = None,
@@ -28,8 +30,11 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       for several profiles (then leave min/opt/max_shapes out).
     - `preprocess`: a spec such as "letterbox=640,mean=0,std=255,rgb,nchw" (or a PreprocessSpec),
       stored in the engine.
-    - INT8 (`precision="int8"`) takes `calib` (a .npy/.npz of input samples or a dataset) and/or
-      `calib_cache`. `builder_effort` (0..5) and `timing_cache` (a JSON file) are
+    - INT8 (`precision="int8"`) takes `calib` and/or `calib_cache`. `calib` is a path (a .npy/.npz
+      of input samples, an image folder, a COCO/ImageFolder dataset or a manifest) or the samples
+      themselves: a numpy array or torch tensor [N, ...] like the input, a dict of them by input
+      name, or a list/iterable of arrays, PIL images or image paths (images read with
+      `preprocess`); see `sartor/quant/python_data.py`. `calib_method` defaults to "auto". `builder_effort` (0..5) and `timing_cache` (a JSON file) are
       `--builder-effort` and `--timing-cache`.
     - `calib_balance_by`, `data`, `split_by`, `accuracy_budget`; `classes` is `--classes` (the
       class names of `data`). Warnings (a split of `data` that calibration missed) are in the
@@ -66,6 +71,11 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         preprocess = preprocess.describe()
     def as_text(value):
         return None if value is None else str(value)
+    calib_data = None
+    if calib is not None and not isinstance(calib, (str, os.PathLike)):
+        from .quant.python_data import PythonSamples
+        calib_data = PythonSamples(calib)
+        calib = calib_data.label
     options = {
         "device": device, "precision": precision, "profiles": profiles,
         "layer_precision": None if layer_precision is None else dict(layer_precision),
@@ -83,7 +93,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "exclude_tactics": None if exclude_tactics is None else list(exclude_tactics),
         "sign_key": as_text(sign_key),
     }
-    config = BuildConfig(model_path=str(model), output_path=str(output),
+    config = BuildConfig(model_path=str(model), output_path=str(output), calib_data=calib_data,
                          **{key: value for key, value in options.items() if value is not None})
     if bundle is not None:
         from .deploy import build_bundle

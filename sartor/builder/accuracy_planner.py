@@ -311,7 +311,9 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
         spread_evenly,
     )
     limit, batch = config.cosine_samples, calibration_batch_size(graph, profiles)
-    calib_is_array = bool(config.calib) and Path(config.calib).suffix in ARRAY_SUFFIXES and Path(config.calib).is_file()
+    from_python = config.calib_data is not None
+    calib_is_array = from_python or (bool(config.calib) and Path(config.calib).suffix in ARRAY_SUFFIXES
+                                     and Path(config.calib).is_file())
     drawn = open_build_calibration(graph, config, profiles) if config.calib else None  # lazy: reads no image yet
     if drawn is None:
         disjoint = "assumed: no --calib to compare with (thresholds from the cache alone)"
@@ -324,7 +326,18 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
                     f"unverified: thresholds from cache {calibration['cache']}, whose calibration samples (sha256 "
                     f"{calibration['calib_sha256'][:12]}…) are not the draw of --calib {config.calib} with "
                     f"--calib-size {config.calib_size}")
-    if calib_is_array and not config.data:
+    if from_python and not config.data:  # the samples after the first --calib-size, in order
+        from ..quant.python_data import open_python_calibration, sample_count
+        available = sample_count(config.calib_data, graph.inputs, config.preprocess_spec())
+        start = min(available, config.calib_size)
+        if available <= start:
+            raise ConfigError(f"{flag} measures on samples calibration does not use, but calib {config.calib} holds "
+                              f"{available} and calibration uses {start} (calib_size {config.calib_size}): give more "
+                              f"samples than calib_size, or data= with other images")
+        samples = open_python_calibration(config.calib_data, graph.inputs, limit, batch, config.preprocess_spec(),
+                                          start)
+        source = f"calib {config.calib}, samples {start}..{start + samples.available - 1}"
+    elif calib_is_array and not config.data:
         arrays = load_input_arrays(Path(config.calib), graph.inputs)
         available = min(len(a) for a in arrays.values())
         start = min(available, config.calib_size)

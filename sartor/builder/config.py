@@ -1,13 +1,14 @@
 """BuildConfig: every option of one build, in one place, with its defaults."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..ir.dtypes import FP16_MAX, PRECISIONS, QUANTIZED_PRECISIONS
+from ..quant.auto_method import BUILD_METHODS
 from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
-from ..quant.calibrators import DEFAULT_PERCENTILE, METHODS
+from ..quant.calibrators import DEFAULT_PERCENTILE
 
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
@@ -49,8 +50,12 @@ class BuildConfig:
     # recorded in the engine's header: it says who vouches for the file, not how it was built.
     sign_key: str | None = None
     # INT8 (sartor/quant): calibration data (.npy/.npz of input samples, or a dataset), how many
-    # samples, the threshold method (None: entropy) and the calibration cache file.
+    # samples, the threshold method (None: auto, docs/decisions/0029-auto-calibration-method.md)
+    # and the calibration cache file.
     calib: str | None = None
+    # Calibration data given from Python (`sartor.build(calib=array)`): a quant.python_data.PythonSamples.
+    # `calib` then holds its label; the data itself is never written into the engine's header.
+    calib_data: object = field(default=None, repr=False, compare=False)
     calib_size: int = 500
     calib_method: str | None = None
     percentile: float = DEFAULT_PERCENTILE
@@ -151,8 +156,8 @@ class BuildConfig:
                 raise ConfigError(f"--int8-fallback-precision sets the precision of the layers an INT8 (FP8) build "
                                   f"keeps out of INT8 (FP8): it needs --precision int8, not {self.precision} "
                                   f"(or --precision fp8)")
-        if self.calib_method is not None and self.calib_method not in METHODS:
-            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(METHODS)}")
+        if self.calib_method is not None and self.calib_method not in BUILD_METHODS:
+            raise ConfigError(f"--calib-method {self.calib_method!r} is not one of {', '.join(BUILD_METHODS)}")
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError(f"--percentile {self.percentile:g} must be in (0, 100]")
         if self.calib_size < 1:
@@ -168,7 +173,7 @@ class BuildConfig:
                               f"dataset)"
                               + (f"; --calib-cache {self.calib_cache} does not exist yet" if self.calib_cache else
                                  " or an existing --calib-cache FILE"))
-        if self.calib and not cached and not Path(self.calib).exists():
+        if self.calib and self.calib_data is None and not cached and not Path(self.calib).exists():
             raise ConfigError(f"--calib {self.calib}: not found")
         if self.calib_balance_by and not self.calib:
             raise ConfigError(f"--calib-balance-by {self.calib_balance_by} needs --calib DATA (an image dataset)")
@@ -247,7 +252,9 @@ class BuildConfig:
         return frames
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(replace(self, calib_data=None))  # the data from Python stays out (its label is in calib)
+        data.pop("calib_data")
+        return data
 
 
 def _has_qdq(model_path) -> bool:

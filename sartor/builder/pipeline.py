@@ -296,7 +296,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         from .quantization_stages import quantize_for_build, thresholds_for_build
         stage("calibrate")
         amax, calibration = thresholds_for_build(graph, weights, config, imported.sha256, device, profiles, log,
-                                                 warn_and_keep, advance)
+                                                 warn_and_keep, advance, plan.layers)
         done("calibrate")
         if config.planner_flag() is not None:
             stage("planner")

@@ -23,9 +23,20 @@ from ..quant.bias_correction import (
 )
 from ..quant.cache import CalibrationCache, CalibrationCacheError, read_cache, write_cache
 from ..quant.calibrate import amax_from_histograms, collect_histograms
-from ..quant.calibrators import DEFAULT_METHOD
+from ..ir.dtypes import QUANTIZED_PRECISIONS
+from ..quant.auto_method import (
+    AUTO,
+    DEFAULT_BUILD_METHOD,
+    FALLBACK_METHOD,
+    HELD_OUT_EVERY,
+    MIN_HELD_OUT,
+    HeldOutSplit,
+    can_hold_out,
+    choose_methods,
+)
 from ..quant.data import CALIB_BATCH, CalibrationSet, open_calibration, split_coverage
 from ..quant.plan import calibration_targets
+from ..quant.python_data import open_python_calibration
 from ..quant.qdq import is_qdq_model
 from ..quant.quantize import quantize_graph
 
@@ -51,6 +62,9 @@ def split_attributes(config) -> list[str]:
 def open_build_calibration(graph: Graph, config, profiles: list, limit: int | None = None,
                            source: str | None = None) -> CalibrationSet:
     """The build's calibration batches (`source` instead of --calib when given)."""
+    if source is None and config.calib_data is not None:  # samples given from Python
+        return open_python_calibration(config.calib_data, graph.inputs, limit or config.calib_size,
+                                       calibration_batch_size(graph, profiles), config.preprocess_spec())
     return open_calibration(source or config.calib, graph.inputs, limit or config.calib_size,
                             calibration_batch_size(graph, profiles), config.preprocess_spec(),
                             config.calib_balance_by, config.seed)
@@ -83,15 +97,17 @@ def check_coverage(splits: dict, config, log: list, warn: Callable[[str], None] 
 
 def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, device: torch.device,
                          profiles: list, log: list, warn: Callable[[str], None] | None = None,
-                         advance: Callable[[int, int, str], None] | None = None) -> tuple[dict, dict]:
+                         advance: Callable[[int, int, str], None] | None = None,
+                         layers: dict | None = None) -> tuple[dict, dict]:
     """({tensor: amax}, provenance record); warns through `warn` when calibration misses a split of
-    --data. `advance(done, total, detail)` hears of the calibration samples run so far."""
+    --data. `advance(done, total, detail)` hears of the calibration samples run so far; `layers`
+    (the precision plan) says which layers auto's held-out runs quantize."""
     if is_qdq_model(graph):  # explicit quantization: the INT8 layers carry the model's scales
         log.append("calibration: none needed: the model is quantized with Q/DQ nodes and its INT8 layers use its "
                    "scales" + (f" (--calib {config.calib} not used)" if config.calib else ""))
         return {}, None
-    method = config.calib_method or DEFAULT_METHOD
-    percentile = config.percentile if method == "percentile" else None
+    method = config.calib_method or DEFAULT_BUILD_METHOD
+    percentile = config.percentile if method in ("percentile", AUTO) else None
     cache_path = config.calib_cache
     preprocess = config.preprocess_spec() if hasattr(config, "preprocess_spec") else None
     preprocess_text = preprocess.describe() if preprocess is not None else None  # normalised spelling
@@ -108,7 +124,7 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
         return cache.amax, {"method": cache.method, "percentile": cache.percentile, "calib_sha256": cache.calib_sha256,
                             "calib_size": cache.calib_size, "source": None, "cache": str(cache_path),
                             "from_cache": True, "tensors": len(cache.amax), "balance_by": None,
-                            "splits": cache.splits}
+                            "splits": cache.splits, "methods": cache.tensor_methods(), "auto": cache.auto or None}
     if not config.calib:
         raise ConfigError(f"INT8 needs calibration data: --calib-cache {cache_path} does not exist; give --calib DATA "
                           f"to create it")
@@ -131,21 +147,46 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
         if advance is not None:
             advance(samples_done, min(calibration.available, config.calib_size), f"batch {batches}")
 
+    quantized = {name: p for name, p in (layers or {}).items() if p in QUANTIZED_PRECISIONS}
+    auto = None
     with matmul_precision(False):
-        observers = collect_histograms(graph, weights, calibration, calibration_targets(graph), device, on_batch)
-    amax = amax_from_histograms(observers, method, config.percentile)
+        if method == AUTO and quantized and can_hold_out(calibration.available):
+            split = HeldOutSplit(calibration, calibration_batch_size(graph, profiles))
+            targets = calibration_targets(graph)
+            observers = collect_histograms(graph, weights, split, targets, device, on_batch)
+            choice = choose_methods(graph, weights, observers, split.held_out_batches(), quantized, targets, device,
+                                    config.percentile, split.fit)
+            amax, methods, auto = choice.amax, choice.methods, choice.to_json()
+        else:
+            if method == AUTO:
+                auto = {"chosen": FALLBACK_METHOD, "reason": (
+                    f"{calibration.available} calibration samples: auto holds one in {HELD_OUT_EVERY} out and needs "
+                    f"{MIN_HELD_OUT} held out" if quantized else "no layer is planned quantized")}
+                log.append(f"calibration: auto: {FALLBACK_METHOD} for every tensor ({auto['reason']})")
+            observers = collect_histograms(graph, weights, calibration, calibration_targets(graph), device, on_batch)
+            single = FALLBACK_METHOD if method == AUTO else method
+            amax = amax_from_histograms(observers, single, config.percentile)
+            methods = dict.fromkeys(amax, single)
     log.append(f"calibration: {calibration.size} samples from {config.calib} (sha256 {calibration.sha256[:12]}…), "
-               f"{len(amax)} tensors, {method}" + (f" {config.percentile}" if percentile is not None else "")
+               f"{len(amax)} tensors, {method}" + (f" {config.percentile}" if method == "percentile" else "")
                + " thresholds" + (f", drawn equally by {config.calib_balance_by}" if config.calib_balance_by else ""))
+    if auto is not None and "errors" in auto:
+        counts = ", ".join(f"{m} {n}" for m, n in sorted(auto["tensors_by_method"].items()))
+        errors = ", ".join(f"{name} {'inf' if e is None else f'{e:.3g}'}" for name, e in auto["errors"].items())
+        log.append(f"calibration: auto chose {auto['chosen']} ({counts}) by output error on {auto['held_out_samples']} "
+                   f"held-out samples, thresholds from the other {auto['fit_samples']}, in {auto['seconds']:.1f} s: "
+                   f"{errors}")
     nonfinite = sorted(name for name, o in observers.items() if o.nonfinite)
     if nonfinite:
         log.append(f"calibration: non-finite values left out of the statistics of {', '.join(nonfinite[:5])}")
     record = {"method": method, "percentile": percentile, "calib_sha256": calibration.sha256,
               "calib_size": calibration.size, "source": str(config.calib), "cache": None, "from_cache": False,
-              "tensors": len(amax), "balance_by": config.calib_balance_by, "splits": splits}
+              "tensors": len(amax), "balance_by": config.calib_balance_by, "splits": splits,
+              "methods": methods, "auto": auto}
     if cache_path:
         write_cache(cache_path, CalibrationCache(onnx_sha256, method, calibration.sha256, calibration.size, amax,
-                                                 preprocess_text, percentile, splits))
+                                                 preprocess_text, percentile, splits, methods=methods,
+                                                 auto=auto or {}))
         log.append(f"calibration: wrote cache {cache_path}")
         record["cache"] = str(cache_path)
     return amax, record

@@ -15,6 +15,7 @@ from ..builder.config import (
 )
 from ..errors import ConfigError
 from ..progress import ProgressReport
+from ..quant.auto_method import BUILD_METHODS, DEFAULT_BUILD_METHOD
 from ..runtime.fingerprint import describe
 from ..runtime.kernel_store import describe_record
 from ..runtime.profiles import Profile, parse_shape_spec
@@ -29,6 +30,7 @@ from .common import (
     text,
 )
 from .build_summary import summary_json
+from .inspect import calibration_line
 from .validate import read_class_names
 
 SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
@@ -180,7 +182,8 @@ def add_parser(subparsers, parents) -> None:
                         "num_detections, detection_boxes, detection_scores, detection_classes (fixed size), e.g. "
                         "conf=0.25,iou=0.45,max_det=300,topk=1000[,agnostic] (see 'detections' below)")
     add_calibration_args(p, BuildConfig.calib_size, required=False,
-                         cache_help="calibration cache: read when it exists (calibration skipped), written otherwise")
+                         cache_help="calibration cache: read when it exists (calibration skipped), written otherwise",
+                         methods=BUILD_METHODS, default_method=DEFAULT_BUILD_METHOD)
     p.add_argument("--bias-correction", action=argparse.BooleanOptionalAction, default=BuildConfig.bias_correction,
                    help="INT8/FP8: subtract each quantized layer's per-channel mean output shift, measured on --calib "
                         "(or read from --calib-cache), from its bias (default: "
@@ -366,9 +369,7 @@ def print_summary(out, result) -> None:
         rows.append(("input", f"raw frames {header['input_format']['text']} (N×H×W×3), preprocessed in the engine"))
     calibration = header["provenance"].get("calibration")
     if calibration:
-        rows.append(("calibration", f"{calibration['method']}, {calibration['calib_size']} samples, sha256 "
-                                    f"{calibration['calib_sha256'][:12]}…"
-                                    + (f" (from cache {calibration['cache']})" if calibration["from_cache"] else "")))
+        rows.append(("calibration", calibration_line(calibration)))
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")

@@ -88,19 +88,24 @@ def key_values(title: str | None, rows: list[tuple[str, object]]) -> Table:
     return t
 
 
-def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, required: bool, cache_help: str) -> None:
+def add_calibration_args(parser: argparse.ArgumentParser, calib_size: int, required: bool, cache_help: str,
+                         methods: tuple | None = None, default_method: str | None = None) -> None:
     """The INT8 calibration flags `sartor build` and `sartor sensitivity` share (--calib, --calib-size,
-    --calib-method, --percentile, --calib-balance-by, --calib-cache)."""
+    --calib-method, --percentile, --calib-balance-by, --calib-cache); `methods` and `default_method`
+    (the single methods and mse unless given) are what --calib-method offers."""
     from ..builder.config import BuildConfig
-    from ..quant.calibrators import METHODS
-    from ..quant.calibrators import DEFAULT_METHOD
+    from ..quant.calibrators import DEFAULT_METHOD, METHODS
+    methods, default_method = methods or METHODS, default_method or DEFAULT_METHOD
     parser.add_argument("--calib", required=required, metavar="DATA",
-                        help="INT8 calibration data: .npy/.npz of preprocessed input samples, or an image dataset "
-                             "read with --preprocess")
+                        help="INT8 calibration data: .npy/.npz of preprocessed input samples, or images read with "
+                             "--preprocess: a plain folder of images, an ImageFolder, a COCO .json (or a folder "
+                             "holding one), a .jsonl/.csv manifest")
     parser.add_argument("--calib-size", type=int, default=calib_size, metavar="N",
                         help=f"calibration samples to use (default {calib_size})")
-    parser.add_argument("--calib-method", type=str.lower, choices=METHODS, default=None,
-                        help=f"INT8 threshold method (default {DEFAULT_METHOD})")
+    parser.add_argument("--calib-method", type=str.lower, choices=methods, default=None,
+                        help=f"INT8 threshold method (default {default_method}"
+                             + ("; auto: per tensor, by output error on held-out calibration samples)"
+                                if default_method == "auto" else ")"))
     parser.add_argument("--percentile", type=float, default=BuildConfig.percentile, metavar="P",
                         help=f"percentile of |x| for --calib-method percentile (default {BuildConfig.percentile})")
     parser.add_argument("--calib-balance-by", metavar="ATTRIBUTE",

@@ -152,6 +152,34 @@ def print_planner(out, planner: dict) -> None:
     out.print(text(f"  kept out of {word} ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
 
 
+def calibration_line(calibration: dict) -> str:
+    """One line for an engine's calibration: method, samples, where from, and auto's choice."""
+    line = (f"{calibration.get('method')}, {calibration.get('calib_size')} samples, sha256 "
+            f"{str(calibration.get('calib_sha256'))[:12]}…"
+            + (f" (from cache {calibration.get('cache')})" if calibration.get("from_cache") else ""))
+    auto = calibration.get("auto") or {}
+    if auto.get("errors"):
+        errors = ", ".join(f"{k} {'inf' if v is None else f'{v:.3g}'}" for k, v in auto["errors"].items())
+        line += (f"; auto chose {auto['chosen']} by output error on {auto['held_out_samples']} held-out samples "
+                 f"({errors})")
+    elif auto.get("reason"):
+        line += f"; auto fell back to {auto['chosen']}: {auto['reason']}"
+    return line
+
+
+def print_calibration(out, calibration: dict) -> None:
+    """The calibration record, and each calibrated tensor's threshold method."""
+    out.print(key_values("Calibration", [("thresholds", calibration_line(calibration))]
+                         + [(f"by {a}", ", ".join(f"{v} {n}" for v, n in counts.items()))
+                            for a, counts in (calibration.get("splits") or {}).items()]))
+    methods = calibration.get("methods") or {}
+    if methods:
+        t = table("Threshold methods", "tensor", "method")
+        for tensor, method in methods.items():
+            t.add_row(text(tensor), method)
+        out.print(t)
+
+
 def _fingerprint_here(header: dict) -> dict:
     built_for = header.get("fingerprint") or {}
     try:
@@ -309,7 +337,10 @@ def run(args) -> int:
     if info["fallback_where_faster"]:
         print_fallback_where_faster(out, info["fallback_where_faster"])
     prov = info["provenance"]
-    out.print(key_values("Provenance", [(k, v) for k, v in prov.items()]))
+    if prov.get("calibration"):
+        print_calibration(out, prov["calibration"])
+    out.print(key_values("Provenance", [(k, v) for k, v in prov.items() if k != "calibration"]
+                         + ([("calibration", "see Calibration above")] if prov.get("calibration") else [])))
     if info["build_log"]:
         out.print("[bold]Build log[/]")
         for line in info["build_log"]:

@@ -9,6 +9,7 @@ from .datasets import (
                        load_coco,
                        load_image_folder,
                        load_manifest,
+                       load_plain_folder,
                        open_dataset,
 )
 from .preprocess import (
@@ -21,5 +22,5 @@ from .preprocess import (
 )
 
 __all__ = ["Dataset", "ImageMeta", "PreprocessSpec", "Sample", "balanced_sample", "iterate_batches", "load_coco",
-           "load_image", "load_image_folder", "load_manifest", "open_dataset", "parse_preprocess",
+           "load_image", "load_image_folder", "load_manifest", "load_plain_folder", "open_dataset", "parse_preprocess",
            "preprocess_batch", "preprocess_image"]

@@ -56,7 +56,7 @@ class Dataset:
     class_names: list[str]
     task: str  # classify | detect
     source: str  # the path it was read from
-    format: str = ""  # coco | imagefolder | manifest
+    format: str = ""  # coco | imagefolder | images (a plain folder, no labels) | manifest
     category_ids: list[int] | None = None  # COCO: class index → original category id
 
     def __len__(self) -> int:
@@ -250,14 +250,25 @@ def _is_image(path: Path) -> bool:
 
 
 def load_image_folder(root: str | os.PathLike, class_names: list[str] | None = None) -> Dataset:
-    """root/<class>/**/<image>: one folder per class, classes in sorted order (or `class_names`' order)."""
+    """root/<class>/**/<image>: one folder per class, classes in sorted order (or `class_names`' order).
+    A folder without sub-folders is a plain folder of unlabelled images (`load_plain_folder`)."""
     root = Path(root)
     _check_exists(root)
     if not root.is_dir():
         raise DataError(f"dataset {root} is not a directory")
     folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    loose = sorted(p.name for p in root.iterdir() if _is_image(p))
     if not folders:
-        raise DataError(f"dataset {root} is empty: an image folder needs one sub-folder per class")
+        if loose:
+            return load_plain_folder(root)
+        raise DataError(f"dataset {root} is empty: it holds no image with an extension of "
+                        f"{', '.join(IMAGE_EXTENSIONS)} (and no sub-folder per class)")
+    if loose:
+        # Sub-folders name classes; images beside them would be silently left out (or unlabelled).
+        raise DataError(f"dataset {root} mixes {len(loose)} image(s) at its top level ({', '.join(loose[:3])}"
+                        f"{', ...' if len(loose) > 3 else ''}) with class sub-folders ({', '.join(folders[:3])}"
+                        f"{', ...' if len(folders) > 3 else ''}): move the images into a class folder, or the "
+                        f"sub-folders out")
     if class_names is not None:
         unknown = [f for f in folders if f not in class_names]
         if unknown:
@@ -274,6 +285,17 @@ def load_image_folder(root: str | os.PathLike, class_names: list[str] | None = N
                 samples.append(Sample(path=str(path), label=label, image_id=len(samples)))
     _check_not_empty(samples, str(root), f" with an extension of {', '.join(IMAGE_EXTENSIONS)}")
     return Dataset(samples, names, "classify", str(root), "imagefolder")
+
+
+def load_plain_folder(root: str | os.PathLike) -> Dataset:
+    """root/<image>: a plain folder of unlabelled images (what users have for calibration), in
+    sorted order, not recursive: a folder with sub-folders is an ImageFolder, whose sub-folders are
+    its classes."""
+    root = Path(root)
+    samples = [Sample(path=str(path), image_id=k) for k, path in enumerate(p for p in sorted(root.iterdir())
+                                                                          if _is_image(p))]
+    _check_not_empty(samples, str(root), f" with an extension of {', '.join(IMAGE_EXTENSIONS)}")
+    return Dataset(samples, [], "classify", str(root), "images")
 
 
 # ---- manifests ---------------------------------------------------------------------------------------
@@ -393,7 +415,7 @@ def _coco_in_folder(folder: Path) -> Path | None:
 
 def open_dataset(path: str | os.PathLike, task: str | None = None,
                  class_names: list[str] | None = None) -> Dataset:
-    """A folder → ImageFolder, unless it holds a COCO file (annotations.json or another *.json, also
+    """A folder → ImageFolder (a plain folder of images when it has no sub-folders), unless it holds a COCO file (annotations.json or another *.json, also
     under annotations/), then COCO with images relative to the folder; .json → COCO; .jsonl/.csv →
     manifest. `task` ("classify"/"detect"), when given, must match what the files hold."""
     if task not in (None, "classify", "detect"):

@@ -216,7 +216,8 @@ def _build_bundle(config: BuildConfig, bundle: Path, staging: Path, progress, wa
         as_given = config.to_json()
         built_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         shutil.copyfile(config.model_path, staging / MODEL)
-        samples = keep_data(config.calib, staging, SAMPLES_DIR) if config.calib else None
+        # Samples given from Python have no files to keep: the bundle's calibration cache stands for them.
+        samples = keep_data(config.calib, staging, SAMPLES_DIR) if config.calib and config.calib_data is None else None
         # First build: as asked, its caches (the user's, else the bundle's) filled by calibration and timing.
         first = dataclasses.replace(config, output_path=str(staging / ".first.plan"),
                                     calib_cache=config.calib_cache or str(staging / CALIB_CACHE),

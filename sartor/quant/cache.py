@@ -5,6 +5,8 @@ device, other precision overrides) skips calibration and gets the same INT8 scal
      "percentile": ..., "calib_sha256": ..., "calib_size": N,
      "amax": {tensor: float}, "amax_hex": {tensor: float.hex()},
      "splits": {attribute: {value: images}},   # optional: the sample's per-split counts
+     "methods": {tensor: method},   # the method each threshold came from (auto mixes them)
+     "auto": {"chosen": ..., "errors": {plan: output error}, ...},   # --calib-method auto's record
      "bias_correction": {format: {layer: {"input_scale_hex": ..., "correction_hex": [...], ...}}}}
 
 `amax` is for people; `amax_hex` is what is read (exact whatever the JSON reader), and the two
@@ -12,7 +14,8 @@ must agree. `bias_correction` (optional, written by builds with bias correction:
 `bias_correction.py`) holds each corrected layer's per-channel correction, keyed by format, layer
 and input scale, so that a build from the cache alone gets the same biases. `splits` (image
 datasets only) lets a build from the cache still record and check which conditions calibration
-saw. A cache made for another ONNX model (by SHA-256) or another --preprocess is refused.
+saw. `methods` (absent in older caches: every tensor then took `method`) and `auto` say how
+`--calib-method auto` chose. A cache made for another ONNX model (by SHA-256) or another --preprocess is refused.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from ..errors import SartorError
 from ..runtime.engine_file import write_atomic
+from .calibrators import METHODS
 
 FORMAT = "sartor-calib-1"
 
@@ -46,6 +50,12 @@ class CalibrationCache:
     percentile: float | None = None
     splits: dict = field(default_factory=dict)  # attribute -> {value: images in the calibration sample}
     bias_correction: dict = field(default_factory=dict)  # format -> {layer: entry} (bias_correction.corrections_to_json)
+    methods: dict = field(default_factory=dict)  # tensor -> the method its threshold came from
+    auto: dict = field(default_factory=dict)  # --calib-method auto: what it compared and chose
+
+    def tensor_methods(self) -> dict:
+        """tensor -> method: as recorded, else (older caches, single methods) `method` for each."""
+        return dict(self.methods) if self.methods else dict.fromkeys(sorted(self.amax), self.method)
 
     def to_json(self) -> dict:
         amax = {name: float(value) for name, value in sorted(self.amax.items())}
@@ -57,6 +67,10 @@ class CalibrationCache:
             data["splits"] = {str(a): {str(v): int(n) for v, n in counts.items()} for a, counts in self.splits.items()}
         if self.bias_correction:
             data["bias_correction"] = self.bias_correction
+        if self.methods:
+            data["methods"] = {str(name): str(m) for name, m in sorted(self.methods.items())}
+        if self.auto:
+            data["auto"] = self.auto
         return data
 
     @classmethod
@@ -89,8 +103,20 @@ class CalibrationCache:
         corrections = data.get("bias_correction") or {}
         if not isinstance(corrections, dict) or not all(isinstance(v, dict) for v in corrections.values()):
             raise CalibrationCacheError(f"{where}: \"bias_correction\" must map format → {{layer: entry}}")
+        methods = data.get("methods") or {}
+        if not isinstance(methods, dict) or any(m not in METHODS for m in methods.values()):
+            bad = next((m for m in methods.values() if m not in METHODS), methods) if isinstance(methods, dict) else methods
+            raise CalibrationCacheError(f"{where}: \"methods\" must map tensor → one of {', '.join(METHODS)} "
+                                        f"(found {bad!r})")
+        unknown = sorted(set(methods) - set(amax))
+        if unknown:
+            raise CalibrationCacheError(f"{where}: \"methods\" names {unknown[0]!r}, which has no amax")
+        auto = data.get("auto") or {}
+        if not isinstance(auto, dict):
+            raise CalibrationCacheError(f"{where}: \"auto\" must be an object")
         return cls(onnx_sha, method, calib_sha, size, amax, data.get("preprocess"),
-                   None if percentile is None else float(percentile), splits, corrections)
+                   None if percentile is None else float(percentile), splits, corrections,
+                   {str(k): str(v) for k, v in methods.items()}, auto)
 
 
 def write_cache(path: str | Path, cache: CalibrationCache) -> None:

@@ -91,18 +91,21 @@ def _one_input(inputs: list[ValueInfo], path: Path) -> ValueInfo:
     return inputs[0]
 
 
-def checked_input_array(name: str, array: np.ndarray, info: ValueInfo, path: Path) -> np.ndarray:
+def checked_input_array(name: str, array: np.ndarray, info: ValueInfo, path: Path | str) -> np.ndarray:
+    """`array` ([samples, ...]) if it fits input `info`; `path` names the data in the error (a
+    file, or `calib <python: ...>` for data given from Python)."""
+    where = path if isinstance(path, str) and path.startswith("calib <") else f"--calib {path}"
     if info.shape is not None and array.ndim != len(info.shape):
-        raise ConfigError(f"--calib {path}: array for input {name!r} has shape {'x'.join(map(str, array.shape))}, "
+        raise ConfigError(f"{where}: array for input {name!r} has shape {'x'.join(map(str, array.shape))}, "
                           f"not [samples, ...] of rank {len(info.shape)} like the input "
                           f"({'x'.join(map(str, info.shape))})")
     if info.shape is not None:
         for axis, (have, want) in enumerate(zip(array.shape[1:], info.shape[1:]), start=1):
             if isinstance(want, int) and have != want:
-                raise ConfigError(f"--calib {path}: input {name!r} has size {want} on axis {axis}, the samples "
+                raise ConfigError(f"{where}: input {name!r} has size {want} on axis {axis}, the samples "
                                   f"{have} (shape {'x'.join(map(str, array.shape))})")
     if str(array.dtype) != info.dtype:
-        raise ConfigError(f"--calib {path}: array for input {name!r} is {array.dtype}, the input takes {info.dtype}")
+        raise ConfigError(f"{where}: array for input {name!r} is {array.dtype}, the input takes {info.dtype}")
     return array
 
 

@@ -195,6 +195,18 @@ def _group_thresholds(graph: Graph, passing: dict[str, str], amax: dict) -> dict
     return shared
 
 
+def shared_thresholds(graph: Graph, layer_precision: dict[str, str], amax: dict[str, float]) -> tuple[dict, set]:
+    """(`amax` as `quantize_graph` would apply it for this plan: each scale group's tensors at the
+    group's threshold; the tensors it would store quantized): what a simulation of the plan must
+    use to match the engine."""
+    formats = {n.name: layer_precision[n.name] for n in graph.nodes
+               if layer_precision.get(n.name) in QUANTIZED_PRECISIONS and n.op_type not in QUANTIZED_LAYERS}
+    quantized = {n.name: n for n in graph.nodes if n.name in formats}
+    passing = _pass_through_layers(graph, quantized, formats)
+    shared = _group_thresholds(graph, passing, amax)
+    return shared, _stored_quantized(graph, quantized, formats, shared, passing)
+
+
 def _stored_quantized(graph: Graph, quantized: dict[str, Node], formats: dict[str, str], amax: dict,
                       passing: dict[str, str]) -> set[str]:
     """The tensors written quantized: produced and read only by layers of one format (`formats`:

@@ -111,7 +111,7 @@ def _snr_cosine(reference: list[np.ndarray], candidate: list[np.ndarray]) -> tup
     return snr, cos
 
 
-def _quantized_copy(graph: Graph, layers: dict, amax: dict) -> Graph:
+def quantized_copy(graph: Graph, layers: dict, amax: dict) -> Graph:
     copy = Graph([dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs), attrs=dict(n.attrs))
                   for n in graph.nodes], list(graph.inputs), list(graph.outputs), dict(graph.initializers),
                  dict(graph.value_info), graph.opset, graph.name)
@@ -119,7 +119,7 @@ def _quantized_copy(graph: Graph, layers: dict, amax: dict) -> Graph:
     return copy
 
 
-def _weights_for(graph: Graph, base: dict) -> dict:
+def weights_for(graph: Graph, base: dict) -> dict:
     return {name: base[name] if name in base else tensor_from_numpy(a) for name, a in graph.initializers.items()}
 
 
@@ -151,8 +151,8 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
     for k, node in enumerate(candidates):
         if on_layer is not None:
             on_layer(k, len(candidates), node.name)
-        quantized = _quantized_copy(graph, {node.name: precision}, amax)
-        outputs = _outputs(Executor(quantized, _weights_for(quantized, weights), device), batches, device, groups)
+        quantized = quantized_copy(graph, {node.name: precision}, amax)
+        outputs = _outputs(Executor(quantized, weights_for(quantized, weights), device), batches, device, groups)
         snr, cos, per_group = _compare(reference, outputs)
         default, reason = decisions.get(node.name, (precision, ""))
         rows.append(LayerSensitivity(node.name, node.op_type, list(node.origin), snr, cos,
@@ -160,9 +160,9 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
                                      per_group if grouped else {}))
     plan = {name: p for name, (p, _) in decisions.items() if p == precision}
     if plan:
-        quantized = _quantized_copy(graph, plan, amax)
+        quantized = quantized_copy(graph, plan, amax)
         total_snr, total_cos, total_groups = _compare(reference, _outputs(
-            Executor(quantized, _weights_for(quantized, weights), device), batches, device, groups))
+            Executor(quantized, weights_for(quantized, weights), device), batches, device, groups))
     else:
         total_snr, total_cos = math.inf, 1.0
         total_groups = {group: {"snr_db": math.inf, "cosine": 1.0} for group in reference[0]}

@@ -144,7 +144,7 @@ def rebuild_command(header: dict) -> str:
     if config.get("nms"):
         args += ["--nms", config["nms"]]
     for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
-        if config.get(key):
+        if config.get(key) and not str(config[key]).startswith("<python:"):  # data from Python has no path
             args += [flag, str(config[key])]
     if config.get("overflow_guard") is False:
         args.append("--no-overflow-guard")

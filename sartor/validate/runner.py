@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..data.datasets import Dataset, iterate_batches, open_dataset
+from ..data.datasets import Dataset, Sample, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
 from ..pipeline.pipeline import Pipeline, choose_batch
@@ -203,6 +204,22 @@ def _has_labels(dataset: Dataset) -> bool:
     return bool(labelled)
 
 
+def python_images(paths: list | tuple) -> Dataset:
+    """Unlabelled images given from Python as a list of paths (reference mode), checked as a folder is."""
+    bad = next((p for p in paths if not isinstance(p, (str, os.PathLike))), None)
+    if bad is not None:
+        raise ConfigError(f"validation data from Python is a list of image paths; one item is a {type(bad).__name__} "
+                          f"(arrays and PIL images carry no original size for the boxes: save them as files)")
+    if not paths:
+        raise DataError("validation data: the list of image paths is empty")
+    missing = [str(p) for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise DataError(f"validation data: {len(missing)} of {len(paths)} image file(s) missing: "
+                        f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
+    return Dataset([Sample(path=str(p), image_id=k) for k, p in enumerate(paths)], [], "classify",
+                   f"<python: {len(paths)} path(s)>", "images")
+
+
 def _split_indices(dataset: Dataset, split_by: str | None) -> dict[str, list[int]]:
     if not split_by:
         return {}
@@ -266,11 +283,11 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
              fast_decode: bool = False) -> ValidationReport:
     """Run the engine and the FP32 ONNX reference on the dataset `data` and compare their task metric.
 
-    `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (or a
-    Dataset). `reference` defaults to the model the engine was built from. Returns a
-    ValidationReport; `report.passed` is False when a split's drop exceeds `max_drop`. The engine
-    runs through `sartor.Pipeline` (`fast_decode` as it takes it), the reference on
-    `sartor.data.preprocess`'s batches.
+    `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (a
+    Dataset, or a list of image paths: unlabelled, measured in reference mode). `reference`
+    defaults to the model the engine was built from. Returns a ValidationReport; `report.passed` is
+    False when a split's drop exceeds `max_drop`. The engine runs through `sartor.Pipeline`
+    (`fast_decode` as it takes it), the reference on `sartor.data.preprocess`'s batches.
     """
     from ..runtime import load
     started = time.perf_counter()
@@ -331,7 +348,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     if built_sha and _sha256(reference) != built_sha:
         notes.append(f"the reference {reference} is not the file the engine was built from (SHA-256 differs)")
 
-    dataset = data if isinstance(data, Dataset) else open_dataset(data, class_names=class_names)
+    dataset = data if isinstance(data, Dataset) else python_images(data) if isinstance(data, (list, tuple)) else \
+        open_dataset(data, class_names=class_names)
     labelled = _has_labels(dataset)
     if task is not None and labelled and task != dataset.task:
         kinds = {"classify": "classification", "detect": "detection"}

@@ -25,7 +25,6 @@ from conftest import (
 from onnx import TensorProto, helper, numpy_helper
 
 import sartor
-from sartor.quant.calibrators import DEFAULT_METHOD
 from sartor.errors import ConfigError, SartorError
 from sartor.ops.quantized import int8_conv_accumulate, int8_matmul_accumulate, quantize
 from sartor.quant import (
@@ -266,7 +265,8 @@ def test_int8_build_tracks_fp32(work, calib_npy, test_images, method):
 def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_images):
     model = save(classifier_model(), work / "tiny.onnx")
     _build(model, work / "tiny_fp32.plan")
-    result = _build(model, work / "tiny_int8.plan", precision="int8", calib=calib_npy, calib_size=40)
+    result = _build(model, work / "tiny_int8.plan", precision="int8", calib=calib_npy, calib_size=40,
+                    calib_method="auto")
     assert cosine(first_output_on_cpu(work / "tiny_fp32.plan", test_images), first_output_on_cpu(work / "tiny_int8.plan", test_images)) >= 0.99
     header, tensors = read_engine_file(work / "tiny_int8.plan")
     assert tensors["w/conv1.w_int8"].dtype == torch.int8 and tensors["w/conv2.b_int32"].dtype == torch.int32
@@ -274,7 +274,8 @@ def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_i
                    if k != "w/conv1.w_int8")
     calibration = header["provenance"]["calibration"]
     samples = np.load(calib_npy)[:40]
-    assert calibration["calib_size"] == 40 and calibration["method"] == DEFAULT_METHOD == "mse" and not calibration["from_cache"]
+    assert calibration["calib_size"] == 40 and calibration["method"] == "auto" and not calibration["from_cache"]
+    assert set(calibration["methods"].values()) <= set(METHODS) and calibration["auto"]["held_out_samples"] == 8
     assert len(calibration["calib_sha256"]) == 64
     # The fc layer is the output head: FP32 by default, with the reason in the build log.
     layers = {layer["name"]: layer for layer in header["layers"]}

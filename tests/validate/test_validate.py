@@ -18,7 +18,7 @@ from PIL import Image
 
 import sartor
 from sartor.data import ImageMeta
-from sartor.errors import ConfigError, DataError
+from sartor.errors import ConfigError, DataError, SartorError
 from sartor.validate.decoders import (
     DecodeOptions,
     Detections,
@@ -401,6 +401,22 @@ def test_classification_reference_mode(models, tmp_path):
     assert report.overall.engine == pytest.approx(0.7)  # agreement with the reference's top-1
     assert not report.passed and any("no labels" in n for n in report.notes)
     assert sum(report.scores["reference"]) == sum(report.scores["engine"]) == 10
+
+
+def test_reference_mode_on_images_from_python_and_a_plain_folder(models, tmp_path):
+    manifest = colour_manifest(tmp_path, labelled=False)
+    by_manifest = validate(models["colour_off"], manifest, reference=models["dir"] / "colour.onnx")
+    paths = sorted((tmp_path / "images").iterdir())
+    by_list = validate(models["colour_off"], paths, reference=models["dir"] / "colour.onnx")
+    by_folder = validate(models["colour_off"], tmp_path / "images", reference=models["dir"] / "colour.onnx")
+    for report in (by_list, by_folder):
+        assert report.mode == "reference" and report.overall.engine == by_manifest.overall.engine == pytest.approx(0.7)
+    with pytest.raises(SartorError, match="one item is a ndarray"):
+        validate(models["colour_off"], [paths[0], np.zeros((4, 4, 3))], reference=models["dir"] / "colour.onnx")
+    with pytest.raises(SartorError, match="1 of 2 image file\\(s\\) missing: .*nowhere.png"):
+        validate(models["colour_off"], [paths[0], tmp_path / "nowhere.png"], reference=models["dir"] / "colour.onnx")
+    with pytest.raises(SartorError, match="list of image paths is empty"):
+        validate(models["colour_off"], [], reference=models["dir"] / "colour.onnx")
 
 
 def test_detection_labels_gate_and_letterbox(models, tmp_path, cli):
