@@ -8,7 +8,7 @@ and shape before they run.
 
 Routes, as `sartor serve` words them (KServe v2): GET /v2/health/live, /v2/health/ready,
 /v2/models/{name}; POST /v2/models/{name}/infer (v2 tensors: JSON or binary data) and
-/v2/models/{name}/image (JPEG/PNG bytes; the engine's stored preprocessing; detections decoded).
+/v2/models/{name}/infer_image (JPEG/PNG bytes; the engine's stored preprocessing; detections decoded).
 Models are `{name: engine path}` or a Triton-layout repository (`{root}/{name}/{N}/model.plan`, the
 highest N). Bad requests get 400 with {"error": one line}; an unknown model 404; a model that does
 not fit the memory budget 507."""
@@ -177,7 +177,7 @@ class SartorServer:
             return Response(status_code=200)
         if len(parts) < 3 or parts[:2] != ["v2", "models"]:
             return JSONResponse({"error": f"no route {request.method} {path or '/'} (see /v2/models/NAME/infer "
-                                          f"and /image)"}, status_code=404)
+                                          f"and /infer_image)"}, status_code=404)
         name, rest = parts[2], parts[3:]
         version = None
         if rest[:1] == ["versions"] and len(rest) >= 2:
@@ -189,7 +189,7 @@ class SartorServer:
             return JSONResponse(model.metadata())
         if rest == ["infer"] and request.method == "POST":
             return await self._infer_tensors(model, request)
-        if rest == ["image"] and request.method == "POST":
+        if rest == ["infer_image"] and request.method == "POST":
             body = await request.body()
             feeds, meta, options = await asyncio.to_thread(prepare, model, body, dict(request.query_params))
             outputs = await self.infer(model, feeds)

@@ -58,9 +58,11 @@ def served(repository):
     # Room for one model and a half: held one at a time they all load; two at once, the second is refused.
     room = str(int(1.5 * needs(sartor.load(repository / "first" / "1" / "model.plan", device="cpu"),
                                [("cpu", 1)])["cpu"][0]))
-    for held in (1, 2):
+    for held in (1, 2):  # the second through Serve's autoscaling settings (one replica here)
+        scaling = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 32}}
         serve.run(sartor_app(str(repository), num_gpus=0, num_cpus=0.25, max_models_per_replica=held,
-                             memory_budget=room), name=f"held{held}", route_prefix=f"/held{held}")
+                             memory_budget=room, **(scaling if held == 2 else {})),
+                  name=f"held{held}", route_prefix=f"/held{held}")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -105,7 +107,7 @@ def test_concurrent_requests_of_two_models_answer_what_the_engines_answer(served
 def test_the_image_route_answers_what_the_pipeline_gives(served, repository):
     buffer = io.BytesIO()
     Image.fromarray(skimage_data.astronaut()).save(buffer, "JPEG", quality=90)
-    status, body = call(f"{served}/v2/models/first/image", buffer.getvalue(), {"Content-Type": "image/jpeg"})
+    status, body = call(f"{served}/v2/models/first/infer_image", buffer.getvalue(), {"Content-Type": "image/jpeg"})
     assert status == 200, body
     reply = json.loads(body)
     assert reply["image"] == {"width": 512, "height": 512}
@@ -132,9 +134,9 @@ def test_health_and_metadata(served):
     ("/v2/models/first/infer", tensor_request(np.zeros((9, 3, IMAGE, IMAGE), np.float32)), 400, "model 'first'"),
     ("/v2/models/first/versions/2/infer", tensor_request(np.zeros((1, 3, IMAGE, IMAGE), np.float32)), 404,
      "has no version 2"),
-    ("/v2/models/first/image", b"", 400, "the request body is empty"),
-    ("/v2/models/first/image", b"not an image", 400, "the body is not an image"),
-    ("/v2/models/first/image?conf=high", b"x", 400, "query parameter conf='high' must be a float"),
+    ("/v2/models/first/infer_image", b"", 400, "the request body is empty"),
+    ("/v2/models/first/infer_image", b"not an image", 400, "the body is not an image"),
+    ("/v2/models/first/infer_image?conf=high", b"x", 400, "query parameter conf='high' must be a float"),
     ("/v1/models/first:predict", b"{}", 404, "no route POST /v1/models/first:predict"),
 ], ids=["unknown-model", "bad-json", "wrong-input", "wrong-size", "over-max-batch", "wrong-version", "empty-image",
         "not-image", "bad-query", "unknown-route"])
