@@ -17,7 +17,7 @@ from PIL import Image
 import sartor
 from sartor.errors import ConfigError, DataError
 from sartor.integrations.ray_data import SartorPredictor
-from sartor.pipeline import Pipeline
+from sartor.pipeline import Pipeline, YoloNms
 
 ray = pytest.importorskip("ray")
 skimage_data = pytest.importorskip("skimage.data")
@@ -54,24 +54,32 @@ def classifier_plan(tmp_path_factory, tiny_onnx) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def detector_plan(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ray_engines") / "detector.plan"
+def build_detector(folder: Path, nms: str | None) -> Path:
+    out = folder / ("detector_nms.plan" if nms else "detector_raw.plan")
     shapes = {"images": (BATCH, 3, 320, 320)}
     sartor.build(DETECTOR, out, device="cpu", preprocess="letterbox=320,mean=0,std=255,rgb,nchw", builder_effort=0,
-                 nms="conf=0.05,iou=0.45,max_det=50,topk=500", min_shapes={"images": (1, 3, 320, 320)},
-                 opt_shapes=shapes, max_shapes=shapes)
+                 nms=nms, min_shapes={"images": (1, 3, 320, 320)}, opt_shapes=shapes, max_shapes=shapes)
     return out
 
 
-def pipeline_results(plan: Path, items: list) -> list:
+@pytest.fixture(scope="module")
+def detector_plan(tmp_path_factory) -> Path:
+    return build_detector(tmp_path_factory.mktemp("ray_engines"), "conf=0.05,iou=0.45,max_det=50,topk=500")
+
+
+@pytest.fixture(scope="module")
+def raw_detector_plan(tmp_path_factory) -> Path:
+    return build_detector(tmp_path_factory.mktemp("ray_engines"), None)
+
+
+def pipeline_results(plan: Path, items: list, **options) -> list:
     """`Pipeline.run` in this process, on one thread as Ray's actors run torch (OMP_NUM_THREADS=1):
     the CPU's convolutions sum in another order on more threads."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return Pipeline(sartor.load(plan, device="cpu"), batch_size=BATCH).run(items)
+        return Pipeline(sartor.load(plan, device="cpu"), batch_size=BATCH, **options).run(items)
     finally:
         torch.set_num_threads(threads)
 
@@ -112,6 +120,21 @@ def test_detections_equal_the_pipelines_in_engine_nms(local_ray, photo_dir, dete
         np.testing.assert_array_equal(np.asarray(row["scores"]), want.detections.scores)
         np.testing.assert_array_equal(np.asarray(row["classes"]), want.detections.classes)
     assert sum(len(r["scores"]) for r in rows) > 0  # something was detected, so equality says something
+
+
+def test_a_raw_yolo_head_is_decoded_as_the_pipelines_yolonms_decodes(local_ray, photo_dir, raw_detector_plan):
+    files = paths(photo_dir)
+    rows = mapped(local_ray, [{"path": f} for f in files], raw_detector_plan, column="path", decoder="yolo",
+                  conf=0.05, iou=0.5, max_det=20)
+    expected = pipeline_results(raw_detector_plan, files, decoder=YoloNms(conf=0.05, iou=0.5, max_det=20),
+                                host_outputs=False)
+    for row, want in zip(rows, expected):
+        np.testing.assert_array_equal(np.asarray(row["boxes"]).reshape(-1, 4), want.detections.boxes)
+        np.testing.assert_array_equal(np.asarray(row["scores"]), want.detections.scores)
+        np.testing.assert_array_equal(np.asarray(row["classes"]), want.detections.classes)
+    assert 0 < max(len(r["scores"]) for r in rows) <= 20
+    raw = mapped(local_ray, [{"path": files[0]}], raw_detector_plan, column="path", decoder="none")
+    assert "boxes" not in raw[0] and raw[0]["output0"].ndim == 2  # the head's [4+C, N] as it came
 
 
 def test_bad_images_are_refused_or_reported_per_row(local_ray, photo_dir, classifier_plan):
