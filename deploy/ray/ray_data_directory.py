@@ -6,16 +6,19 @@ one actor per GPU, and write the results as Parquet.
     python deploy/ray/ray_data_directory.py model.plan frames/ results/ --num-cpus 2  # local, CPU
 
 On a cluster, start it where `ray.init()` finds the cluster (RAY_ADDRESS); the engine file must be
-readable at the same path on every node (a shared volume), and built for the nodes' GPU."""
+readable at the same path on every node (a shared volume) and here (it is checked before the
+run), and built for the nodes' GPU."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import ray
 
 from sartor.errors import SartorError
 from sartor.integrations.ray_data import SartorPredictor
+from sartor.runtime.engine_file import read_engine
 
 
 def main(argv=None) -> int:
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--actors", type=int, default=None, help="default: one per GPU (or 1 on the CPU)")
     parser.add_argument("--num-cpus", type=int, default=None, help="start a local Ray with this many CPUs")
     args = parser.parse_args(argv)
+    read_engine(args.engine)  # a missing or corrupt engine is refused here, not once per actor
     if args.num_cpus is not None:
         ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -52,4 +56,12 @@ if __name__ == "__main__":
         sys.exit(main())
     except SartorError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except (ray.exceptions.RayError, ray.data.exceptions.UserCodeException) as exc:
+        # Raised inside an actor (a bad image, a batch size the engine refuses): Ray passes it on as
+        # text inside its own error, whose last sartor line is the one to show.
+        found = re.findall(r"sartor\.errors\.\w+: (.+)", str(exc))
+        if not found:
+            raise
+        print(f"error: {found[-1]}", file=sys.stderr)
         sys.exit(2)
