@@ -30,11 +30,8 @@ import json
 import os
 import platform
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -43,7 +40,12 @@ from ..builder import BuildConfig, BuildResult, build
 from ..builder.pipeline import Reproducible
 from ..errors import ConfigError
 from ..runtime.engine import BUNDLE_LABEL, load
-from ..runtime.engine_file import check_writable, read_engine_file, write_atomic
+from ..runtime.engine_file import (
+    check_writable,
+    read_engine_file,
+    termination_cleans_up,
+    write_atomic,
+)
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..version import __version__
 from .accuracy import DATA_DIR, record_validation
@@ -167,25 +169,6 @@ def keep_data(source: str, staging: Path, into: str, copy_files: bool = True) ->
     if root.is_file() and root.suffix not in (".npy", ".npz"):  # a COCO .json or a manifest names images elsewhere
         record["note"] = "an index of images: the images it names are not in this list"
     return record
-
-
-@contextmanager
-def termination_cleans_up():
-    """SIGTERM (systemd, Docker, Kubernetes) while a temporary directory exists raises
-    SystemExit(143) in the main thread, so that the `finally` removing it runs (as
-    runtime/engine_file.py does for one file). A handler the application installed is kept."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _staging_directory(bundle: Path) -> Path:

@@ -23,7 +23,11 @@ from pathlib import Path
 from ..builder import BuildResult, build
 from ..builder.pipeline import Reproducible
 from ..runtime.engine import load
-from ..runtime.engine_file import check_writable, read_engine_file
+from ..runtime.engine_file import (
+    check_writable,
+    read_engine_file,
+    termination_cleans_up,
+)
 from ..runtime.fingerprint import describe, device_fingerprint, parse_device
 from ..tactics.timing_cache import TimingCache, fingerprint_digest
 from .accuracy import DEFAULT_MAX_DROP, AccuracyDrop, accuracy_drop
@@ -38,7 +42,6 @@ from .bundle import (
     TIMING_CACHE,
     config_from_options,
     labels,
-    termination_cleans_up,
 )
 from .golden import (
     DEFAULT_MIN_COSINE,

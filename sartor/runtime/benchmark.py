@@ -62,10 +62,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
-              seed: int = 0) -> BenchmarkResult:
-    """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
-    out run at profile 0's opt shape)."""
+def checked_run_options(engine, shapes: dict | None, iterations: int, warmup: int) -> dict:
+    """The shapes ({name: shape}) of a timed or profiled run, after checking the run's options as
+    `bench` takes them; an unknown input or a bad count is one ConfigError line."""
     if iterations < 1:
         raise ConfigError(f"--iterations must be at least 1, not {iterations}")
     if warmup < 0:
@@ -75,6 +74,14 @@ def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 10
     if unknown:
         raise ConfigError(f"--shapes names unknown input(s) {', '.join(unknown)}; the engine's inputs are "
                           f"{', '.join(v.name for v in engine.inputs)}")
+    return shapes
+
+
+def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
+              seed: int = 0) -> BenchmarkResult:
+    """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
+    out run at profile 0's opt shape)."""
+    shapes = checked_run_options(engine, shapes, iterations, warmup)
     host = random_inputs(engine, seed=seed, shapes=shapes)
     context = engine.context()
     used = context.check_inputs(host)

@@ -212,10 +212,10 @@ def _output_target(path: Path) -> Path:
 
 
 @contextmanager
-def _termination_cleans_up():
-    """SIGTERM (what systemd, Docker and Kubernetes send) during the write raises SystemExit(143) in
-    the main thread, so the temporary file is removed before the process ends, as on Ctrl-C. A
-    handler the application installed itself is left in place."""
+def termination_cleans_up():
+    """SIGTERM (what systemd, Docker and Kubernetes send) while a temporary file or directory exists
+    raises SystemExit(143) in the main thread, so the `finally` removing it runs before the process
+    ends, as on Ctrl-C. A handler the application installed itself is left in place."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -244,7 +244,7 @@ def write_atomic(path: str | os.PathLike, data: bytes, mode: int | None = None) 
     except (FileNotFoundError, NotADirectoryError):
         mode = 0o666 & ~_umask()
     tmp = None
-    with _termination_cleans_up():
+    with termination_cleans_up():
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
             with os.fdopen(fd, "wb") as handle:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from .benchmark import checked_run_options
 from .context import matmul_precision
 from .sample_inputs import random_inputs
 
@@ -102,15 +103,7 @@ def profile_layers(engine, shapes: dict | None = None, iterations: int = 20, war
                    nvtx: bool = False) -> LayerProfile:
     """Each layer's median time over `iterations` eager runs after `warmup` untimed ones, at `shapes`
     ({name: shape}; inputs left out run at profile 0's opt shape), slowest first."""
-    if iterations < 1:
-        raise ConfigError(f"--iterations must be at least 1, not {iterations}")
-    if warmup < 0:
-        raise ConfigError(f"--warmup must be 0 or more, not {warmup}")
-    shapes = dict(shapes or {})
-    unknown = sorted(set(shapes) - {v.name for v in engine.inputs})
-    if unknown:
-        raise ConfigError(f"--shapes names unknown input(s) {', '.join(unknown)}; the engine's inputs are "
-                          f"{', '.join(v.name for v in engine.inputs)}")
+    shapes = checked_run_options(engine, shapes, iterations, warmup)
     ranges = _nvtx() if nvtx else None
     host = random_inputs(engine, seed=seed, shapes=shapes)
     context = engine.context()
