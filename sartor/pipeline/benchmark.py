@@ -93,9 +93,9 @@ def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats
     shape = pipeline.spec.input_shape(len(frames))
     context = engine.context(pipeline.profile)
     buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
-    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, sizes)
+    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, orig_sizes=sizes)
     outputs = context.run({pipeline.input_name: prepared})
-    stages = {"preprocess": median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, sizes), device,
+    stages = {"preprocess": median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, orig_sizes=sizes), device,
                                        repeats),
               "infer": median_ms(lambda: context.run({pipeline.input_name: prepared}), device, repeats)}
     if post is not None:

@@ -30,7 +30,7 @@ def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torc
 
 
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
-                  out: torch.Tensor | None = None, kernel: bool | None = None,
+                  out: torch.Tensor | None = None, *, kernel: bool | None = None,
                   orig_sizes: list[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
     """3×H×W uint8 RGB frames → (the batch as `spec` says, one ImageMeta each). `out` (e.g. the
     engine's bound input buffer, `ExecutionContext.input_buffers`) receives it in place when given;
