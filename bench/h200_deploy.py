@@ -59,8 +59,9 @@ def main() -> None:
     from h200_models import export_classifier, versions
 
     import sartor
-    from sartor.deploy.golden import npz_bytes, read_npz
+    from sartor.deploy.golden import read_npz
     from sartor.deploy.manifest import write_manifest
+    from sartor.runtime.engine_file import npz_bytes
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="deploy_"))

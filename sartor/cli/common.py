@@ -3,11 +3,9 @@ formatting, npz output."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -198,14 +196,6 @@ def parse_inputs(items: list[str] | None, input_names: list[str]) -> dict[str, n
     return feeds
 
 
-def npz_bytes(arrays: dict) -> bytes:
-    """An .npz archive in memory (as numpy.savez writes it), for write_atomic; any array name works."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
-                np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
-    return buffer.getvalue()
 
 
 def add_trust_arg(parser: argparse.ArgumentParser) -> None:

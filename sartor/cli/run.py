@@ -6,14 +6,13 @@ import time
 import numpy as np
 
 from ..runtime import load
-from ..runtime.engine_file import check_writable, write_atomic
+from ..runtime.engine_file import check_writable, npz_bytes, write_atomic
 from ..runtime.sample_inputs import random_inputs
 from .common import (
     add_trust_arg,
     console,
     fmt_float,
     fmt_shape,
-    npz_bytes,
     parse_inputs,
     print_json,
     table,

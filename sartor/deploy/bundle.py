@@ -42,6 +42,7 @@ from ..errors import ConfigError
 from ..runtime.engine import BUNDLE_LABEL, load
 from ..runtime.engine_file import (
     check_writable,
+    npz_bytes,
     read_engine_file,
     termination_cleans_up,
     write_atomic,
@@ -50,7 +51,7 @@ from ..runtime.fingerprint import device_fingerprint, parse_device
 from ..version import __version__
 from .accuracy import DATA_DIR, record_validation
 from .archive import is_archive, write_archive
-from .golden import engine_outputs, golden_inputs, npz_bytes, reference_outputs
+from .golden import engine_outputs, golden_inputs, reference_outputs
 from .manifest import FORMAT, MANIFEST, BundleError, file_sha256, write_manifest
 
 MODEL = "model.onnx"

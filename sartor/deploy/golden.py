@@ -3,7 +3,6 @@ ones at profile 0's opt shape), the engine's outputs on them and the FP32 refere
 Runtime). A rebuilt engine is judged by its agreement with both."""
 from __future__ import annotations
 
-import io
 import math
 import zipfile
 from dataclasses import dataclass
@@ -59,14 +58,6 @@ def reference_outputs(model_path: str | Path, feeds: dict) -> tuple[dict | None,
         return None, f"none: {exc}"
 
 
-def npz_bytes(arrays: dict) -> bytes:
-    """An .npz archive in memory (numpy's layout, no pickle), for write_atomic."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
-                np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
-    return buffer.getvalue()
 
 
 def read_npz(path: Path) -> dict:

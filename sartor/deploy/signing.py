@@ -13,7 +13,11 @@ from pathlib import Path
 
 from ..errors import EngineFileError, KeyFileError, OutputPathError
 from ..runtime.engine_file import open_engine, sign, write_atomic
-from ..runtime.engine_signature import PUBLIC_KEY_SUFFIX, key_fingerprint, require_cryptography
+from ..runtime.engine_signature import (
+    PUBLIC_KEY_SUFFIX,
+    key_fingerprint,
+    require_cryptography,
+)
 
 PRIVATE_KEY_MODE = 0o600
 

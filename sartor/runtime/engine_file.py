@@ -12,6 +12,7 @@ checksum is not a signature: anyone can recompute it; only the signature says wh
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import signal
@@ -19,10 +20,12 @@ import stat
 import struct
 import tempfile
 import threading
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -268,3 +271,14 @@ def check_writable(path: str | os.PathLike) -> None:
     _check_parent(path, parent)
     if not os.access(parent, os.W_OK):
         raise OutputPathError(f"cannot write {path}: directory {parent} is not writable")
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """An .npz archive in memory (as numpy.savez writes it, no pickle), for write_atomic; any array
+    name works."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.asanyarray(array), allow_pickle=False)
+    return buffer.getvalue()

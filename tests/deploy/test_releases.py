@@ -13,7 +13,7 @@ import pytest
 from release_helpers import build_bundle
 
 import sartor
-from sartor.deploy.golden import npz_bytes, read_npz
+from sartor.deploy.golden import read_npz
 from sartor.deploy.manifest import write_manifest
 from sartor.deploy.releases import (
     CURRENT,
@@ -26,6 +26,7 @@ from sartor.deploy.releases import (
     swap_link,
 )
 from sartor.deploy.update import DeployOptions, check_current, deploy
+from sartor.runtime.engine_file import npz_bytes
 from sartor.runtime.fingerprint import device_fingerprint, parse_device
 
 
