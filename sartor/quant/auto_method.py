@@ -47,8 +47,7 @@ from .sensitivity import quantized_copy, weights_for
 
 AUTO = "auto"
 BUILD_METHODS = (AUTO, *METHODS)  # what a build's --calib-method takes
-# mse until auto's search is cheaper: on 2 CPU cores it added minutes to a 200-sample build and to
-# the test suite's INT8 builds (docs/decisions/0029-auto-calibration-method.md).
+# mse until auto's search is cheaper (docs/decisions/0029-auto-calibration-method.md, its status).
 DEFAULT_BUILD_METHOD = DEFAULT_METHOD
 PER_TENSOR = "per-tensor"  # the name of the per-tensor plan among the guard's candidates
 HELD_OUT_EVERY = 5  # one sample in five is held out: an 80/20 split

@@ -6,8 +6,8 @@ A Triton function's cache key hashes its source, the keys of the functions it ca
 caller's *before* it computes the callee's key, so a callee hashed for the first time through its
 caller contributes no globals: the caller's key then depends on which functions this process
 happened to hash first. The build (which compiles hundreds of tactics) and a process that only
-loads the engine hash in different orders, and an INT8 ResNet-50 engine's 23 embedded kernels
-missed 22 times in a fresh process (docs/decisions/0027-settled-triton-cache-keys.md).
+loads the engine hash in different orders, so the kernels an engine carries can miss in a fresh
+process (docs/decisions/0027-settled-triton-cache-keys.md).
 
 `settle_cache_keys(globals())` at the end of each kernel module hashes its Triton functions callees
 first, as Triton 3.8 does by itself: every key is then complete, and the same in every process.
