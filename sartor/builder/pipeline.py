@@ -39,6 +39,7 @@ from ..tactics import TacticSelection, TimingCache, record_tactics, select_tacti
 from ..version import __version__
 from .config import BuildConfig, check_preprocess
 from .pdl import check_pdl_device, mark_programmatic_launch
+from .capture_check import check_capture
 from .kernels import CaptureUnavailable, capture_kernels
 from .precision import (
     base_precision,
@@ -420,10 +421,16 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         stage("kernels")
         kernels = _embed_kernels(config, *engine_header(), device, profiles, graph, generator, log)
         done("kernels")
+        stage("capture")
+        capture = check_capture(*engine_header(), device,
+                                lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
+                                warn_and_keep)
+        done("capture")
 
     stage("serialize")
     header, tensors = engine_header()
     if kernels is not None:
+        header["capture"] = capture
         header["kernels"], kernel_tensors = kernels
         tensors = {**tensors, **kernel_tensors}
     data = pack(header, tensors)

@@ -263,8 +263,27 @@ def engine_summary(path: str, trust=None) -> dict:
         "input_format": header.get("input_format"),
         "nms": header.get("nms"),
         "kernels": _kernels_summary(header, tensors),
+        "capture": _capture_summary(header),
         "signature": _signature_summary(engine, store),
     }
+
+
+def _capture_summary(header: dict) -> dict:
+    """Which layers run outside the CUDA graph (the build's trial capture, runtime/capture.py)."""
+    record = header.get("capture")
+    kind = (header.get("fingerprint") or {}).get("kind", "cuda")
+    eager = (record or {}).get("eager_layers") or []
+    if kind == "cpu":
+        line = "none (CPU engine)"
+    elif record is None:
+        line = "not checked at build (an engine from before the trial capture)"
+    elif not eager:
+        line = "one CUDA graph per input shape" + ("" if record.get("checked") else " (the trial capture did not run)")
+    else:
+        named = "; ".join(f"{e.get('layer')} ({e.get('op')}): {e.get('reason')}" for e in eager[:5])
+        more = f"; and {len(eager) - 5} more" if len(eager) > 5 else ""
+        line = f"captured in pieces: {len(eager)} layer(s) run outside the graph: {named}{more}"
+    return {"eager_layers": eager, "checked": bool((record or {}).get("checked")), "text": line}
 
 
 def _context_memory(row: dict) -> str:
@@ -300,6 +319,7 @@ def run(args) -> int:
          if info["input_format"] else "the model's own input"),
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
+        ("cuda graphs", info["capture"]["text"]),
         ("signature", info["signature"]["text"]),
         *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))

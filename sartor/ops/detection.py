@@ -89,7 +89,8 @@ def _roi_axis(start, bin_size, pooled, grid, size, device):
 
 
 @OPS.op("RoiAlign", attrs={"coordinate_transformation_mode": "half_pixel", "mode": "avg", "output_height": 1,
-                           "output_width": 1, "sampling_ratio": 0, "spatial_scale": 1.0}, check=_roi_align_check)
+                           "output_width": 1, "sampling_ratio": 0, "spatial_scale": 1.0}, check=_roi_align_check,
+        capturable=False)  # reads each box on the host
 def roi_align(inputs, attrs):
     x, rois, batch_indices = inputs
     ph, pw = attrs["output_height"], attrs["output_width"]

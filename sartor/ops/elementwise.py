@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .registry import REQUIRED, OpTable
 from ..ir.dtypes import FLOAT_DTYPES, ONNX_TO_TORCH
-from .util import only_dtypes, same_device
+from .util import device_scalar, only_dtypes, same_device
 
 OPS = OpTable("elementwise")
 _float_only = only_dtypes(set(FLOAT_DTYPES))
@@ -158,7 +158,8 @@ def prelu(inputs, attrs):
     return torch.where(x >= 0, x, x * same_device(slope, x))
 
 
-@OPS.op("Clip", attrs={"min": None, "max": None})
+# min and max are read as Python numbers: kept on the host, so reading them never waits for the device.
+@OPS.op("Clip", attrs={"min": None, "max": None}, host_inputs=(1, 2))
 def clip(inputs, attrs):
     x = inputs[0]
     lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs["min"]
@@ -178,9 +179,9 @@ def _binary(fn):
         a, b = inputs
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device != b.device:
             if a.dim() == 0 and a.device.type == "cpu":
-                a = a.to(b.device)
+                a = device_scalar(a, b.device)
             else:
-                b = same_device(b, a) if b.dim() > 0 else b.to(a.device)
+                b = same_device(b, a) if b.dim() > 0 else device_scalar(b, a.device)
         return fn(a, b)
     return impl
 
@@ -253,7 +254,7 @@ def mean(inputs, attrs):
 def where(inputs, attrs):
     cond, a, b = inputs
     device = next((t.device for t in (a, b, cond) if isinstance(t, torch.Tensor) and t.dim() > 0), a.device)
-    return torch.where(cond.to(device), a.to(device), b.to(device))
+    return torch.where(*(device_scalar(t, device) if t.dim() == 0 else t.to(device) for t in (cond, a, b)))
 
 
 # ---- casts -------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def dynamic_quantize_linear(inputs, attrs):
     maxx = torch.maximum(zero, x.max()) if x.numel() else zero
     minx = torch.minimum(zero, x.min()) if x.numel() else zero
     span = torch.where(maxx == minx, torch.ones_like(maxx), maxx - minx)
-    scale = span / torch.tensor(255.0, dtype=torch.float32, device=x.device)
+    scale = span / 255.0  # a Python scalar: a host tensor moved to the device would be a copy
     zp = torch.round((zero - minx / scale).clamp(0, 255))
     y = (torch.round(x / scale) + zp).clamp_(0, 255)
     return y.to(torch.uint8), scale, zp.to(torch.uint8)

@@ -41,6 +41,9 @@ class OpDef:
     # Output size depends on input values: the device must be read back, so a run holding such an
     # op cannot be captured as a CUDA graph.
     data_dependent_shape: bool = False
+    # False for an op whose implementation reads device values on the host (a sync CUDA graphs
+    # cannot record): its layer runs between captured segments (runtime/capture.py).
+    capturable: bool = True
     domain: str = ""
     # Layers with several implementations (tactics): `tactics(inputs, attrs, effort)` lists the
     # candidates for these arguments, the reference first; `weight_for_tactic(weight, tactic)` is
@@ -87,7 +90,7 @@ class OpTable:
 
     def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
-           domain: str = "", tactics: Callable | None = None,
+           capturable: bool = True, domain: str = "", tactics: Callable | None = None,
            weight_for_tactic: Callable | None = None, write_into: Callable | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
@@ -97,7 +100,8 @@ class OpTable:
                 self.defs[key] = OpDef(name=name, impl=impl, family=self.family,
                                        attrs={} if attrs is None else attrs,
                                        host_inputs=tuple(host_inputs), shape_arith=shape_arith,
-                                       check=check, data_dependent_shape=data_dependent_shape, domain=domain,
+                                       check=check, data_dependent_shape=data_dependent_shape,
+                                       capturable=capturable, domain=domain,
                                        tactics=tactics, weight_for_tactic=weight_for_tactic,
                                        write_into=write_into)
             return impl

@@ -86,7 +86,8 @@ def _filter_taps(t, mode, a, scale, antialias):
     support = 1 if mode == "linear" else 2
     start = math.floor(-support / s) + 1
     offsets = list(range(start, 2 - start))
-    args = (torch.tensor(offsets, dtype=t.dtype, device=t.device) - t.unsqueeze(-1)) * s
+    # arange, not torch.tensor(offsets): made on the device by a kernel, no host copy to capture.
+    args = (torch.arange(start, 2 - start, dtype=t.dtype, device=t.device) - t.unsqueeze(-1)) * s
     x = args.abs()
     if mode == "linear":
         weights = (1 - x).clamp(0, 1)
@@ -121,12 +122,12 @@ def _resize_axis(x, axis, out_size, scale, attrs, roi_start, roi_end):
         gathered = moved[..., taps]  # [..., out, taps]
         out = (gathered * weights.to(gathered.dtype)).sum(-1).to(x.dtype).movedim(-1, axis)
     if attrs["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        # Unconditionally: asking whether any coordinate is outside would wait for the device.
         outside = (coords < 0) | (coords > in_size - 1)
-        if bool(outside.any()):
-            shape = [1] * x.dim()
-            shape[axis] = out_size
-            out = torch.where(outside.view(shape), torch.tensor(attrs["extrapolation_value"], dtype=out.dtype,
-                                                                device=out.device), out)
+        shape = [1] * x.dim()
+        shape[axis] = out_size
+        out = torch.where(outside.view(shape), torch.full((), attrs["extrapolation_value"], dtype=out.dtype,
+                                                          device=out.device), out)
     return out
 
 

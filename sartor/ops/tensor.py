@@ -165,7 +165,9 @@ def gather_nd(inputs, attrs):
     nb = int(np.prod(batch_shape)) if b else 1
     flat_data = data.reshape([nb] + list(data.shape[b:]))
     flat_idx = idx.reshape(nb, -1, k)
-    dims = torch.tensor(data.shape[b:b + k], device=data.device)
+    # The extents as a device tensor made by kernels (a host list copied over would break capture).
+    dims = torch.stack([torch.full((), d, dtype=torch.int64, device=data.device) for d in data.shape[b:b + k]]) \
+        if k else torch.zeros(0, dtype=torch.int64, device=data.device)
     flat_idx = torch.where(flat_idx < 0, flat_idx + dims, flat_idx)
     rows = []
     for i in range(nb):

@@ -56,12 +56,22 @@ def norm_axis(axis: int, rank: int) -> int:
 
 
 def same_device(value, like: torch.Tensor) -> torch.Tensor:
-    """Bring a (possibly host-side) tensor beside `like`, keeping 0-d host tensors as scalars."""
+    """Bring a (possibly host-side) tensor beside `like`, keeping 0-d host tensors as scalars
+    (elementwise kernels read a 0-d host tensor's value at launch, with no copy)."""
     if not isinstance(value, torch.Tensor):
-        return torch.as_tensor(value, device=like.device)
+        return torch.full((), value, device=like.device)
     if value.device != like.device and value.dim() > 0:
         return value.to(like.device)
     return value
+
+
+def device_scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor on `device` holding a 0-d host tensor's value, written by a fill kernel: a
+    copy from pageable host memory would break CUDA-graph capture, a fill is captured as any
+    other kernel (the value depends on input shapes only, fixed per captured shape)."""
+    if value.device == device:
+        return value
+    return torch.full((), value.item(), dtype=value.dtype, device=device)
 
 
 def is_float(t: torch.Tensor) -> bool:

@@ -3,7 +3,7 @@ one captured CUDA graph per input shape, replayed on later runs of that shape.""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,20 +11,16 @@ import torch
 
 from ..errors import InputError, ProfileError
 from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces
 from .concat_plan import ShapeMemo
 
 if TYPE_CHECKING:
     from .engine import Engine
 
+log = logging.getLogger("sartor.capture")
+
 WARMUP_RUNS_BEFORE_CAPTURE = 2
 MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
-
-
-@dataclass
-class _CapturedShape:
-    graph: torch.cuda.CUDAGraph
-    inputs: dict
-    outputs: dict
 
 
 @contextlib.contextmanager
@@ -50,7 +46,7 @@ class ExecutionContext:
         self._declared = {v.name: v for v in engine.inputs}
         self._frames = engine.input_format  # raw frames of one size (--input-format), or None
         self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
-        self._captured: dict[tuple, _CapturedShape] = {}
+        self._captured: dict[tuple, PiecewiseGraph] = {}
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
         if engine.device.type == "cuda":
@@ -158,9 +154,10 @@ class ExecutionContext:
                 bound = captured.inputs[name]
                 if t.data_ptr() != bound.data_ptr():  # not the graph's own buffer (input_buffers)
                     bound.copy_(t, non_blocking=True)
-            captured.graph.replay()
+            with torch.inference_mode():
+                outputs = captured.replay(self.engine.executor, profile)
         current.wait_stream(self.stream)
-        return captured.outputs
+        return outputs
 
     def input_buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
         """The buffers the engine reads its inputs of these shapes from, on its device, as
@@ -189,20 +186,49 @@ class ExecutionContext:
                 captured = self._captured[key] = self._capture(tensors, key, profile)
         return captured
 
-    def _capture(self, tensors: dict, key: tuple, profile: int = 0) -> _CapturedShape:
+    def _capture(self, tensors: dict, key: tuple, profile: int = 0) -> PiecewiseGraph:
+        """Capture this shape's run: one CUDA graph, or pieces around the layers that cannot be
+        captured (runtime/capture.py). A layer whose capture fails is run eagerly from then on, for
+        every context of the engine, with one warning naming it."""
         executor = self.engine.executor
+        device = self.engine.device
         static_in = {name: t.clone() for name, t in tensors.items()}
         memo = self.memo_for(key)
         with torch.inference_mode():
-            self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
+            self.stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(self.stream):
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
                     executor.run(static_in, memo, profile=profile)
             self.stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self.stream):
-                static_out = executor.run(static_in, memo, profile=profile)
-        return _CapturedShape(graph, static_in, static_out)
+            while True:
+                eager = {layer.index for layer in self.engine.eager_layers}
+                before = torch.cuda.current_stream(device)
+                try:
+                    return capture_pieces(executor, static_in, memo, profile, eager, self.stream)
+                except CaptureFailed as failed:
+                    torch.cuda.set_stream(before)  # a failed capture may leave its stream current
+                    self._learn_eager_layer(failed, eager)
+                    # A fresh stream: the allocator may still route the failed capture stream's
+                    # allocations to its pool.
+                    self.stream = torch.cuda.Stream(device)
+                    self.stream.wait_stream(before)
+
+    def _learn_eager_layer(self, failed: CaptureFailed, eager: set) -> None:
+        steps = self.engine.executor.steps
+        index = failed.index
+        if index is None or index in eager or steps[index].on_host:
+            # Not a layer's doing (or the layer already ran eagerly): the whole run goes eager.
+            candidates = [i for i, step in enumerate(steps) if not step.on_host and i not in eager]
+            reason = f"the CUDA graph capture failed outside any one layer: {_first_line(failed.cause)}"
+        else:
+            candidates = [index]
+            reason = f"its CUDA graph capture failed: {_first_line(failed.cause)}"
+        if not candidates:
+            raise failed
+        learned = [EagerLayer(i, steps[i].node.name, steps[i].node.op_type, reason) for i in candidates]
+        self.engine.eager_layers = sorted(self.engine.eager_layers + learned, key=lambda layer: layer.index)
+        first = learned[0]
+        log.warning("layer %s (%s) runs outside the CUDA graph: %s", first.name, first.op_type, reason)
 
     def warmup(self, iterations: int = 1) -> None:
         """Run every profile this context may use at min, opt and max shapes, so that graphs are
@@ -230,3 +256,8 @@ def _random_input(shape: tuple, dtype: str, device: torch.device) -> torch.Tenso
     if torch_dtype.is_floating_point:
         return torch.rand(shape, dtype=torch_dtype, device=device)
     return torch.zeros(shape, dtype=torch_dtype, device=device)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -7,7 +7,7 @@ import shlex
 import torch
 
 from ..errors import EngineFileError
-from ..ops import default_registry
+from .capture import EagerLayer, static_eager_layers
 from .context import ExecutionContext
 from .engine_file import read_engine
 from .engine_signature import trust_store
@@ -34,9 +34,10 @@ class Engine:
                                  channels_last=device.type == "cuda" and header.get("channels_last", False))
         # Weights a profile's tactic reads in another layout than profile 0's, kept a second time.
         self.profile_weight_bytes = self.executor.profile_weight_bytes
-        registry = default_registry()
-        # Data-dependent output sizes need a device read-back mid-run, which a CUDA graph cannot hold.
-        self.graph_capturable = not any(registry[n.op_type].data_dependent_shape for n in self.graph.nodes)
+        # The layers that run between captured CUDA graph pieces (runtime/capture.py): known from
+        # their ops, recorded by the build's trial capture, and learned at run time.
+        self.eager_layers = merge_eager_layers(static_eager_layers(self.executor),
+                                               header.get("capture", {}).get("eager_layers", []), self.executor)
         self._contexts: list[ExecutionContext] = []
         # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
         self.kernels_installed = None
@@ -44,6 +45,12 @@ class Engine:
         self.signed_by: str | None = None
         # How the fingerprint compared with this machine's at load (fingerprint.Compatibility).
         self.fingerprint_check = None
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Whether any of a run can be captured as a CUDA graph."""
+        eager = {layer.index for layer in self.eager_layers}
+        return any(not step.on_host and i not in eager for i, step in enumerate(self.executor.steps))
 
     # ---- what the engine declares ------------------------------------------------------
     @property
@@ -203,3 +210,15 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
     engine.signed_by = engine_file.signature.fingerprint if engine_file.signature else None
     engine.fingerprint_check = fingerprint_check
     return engine
+
+
+def merge_eager_layers(known: list[EagerLayer], recorded: list[dict], executor: Executor) -> list[EagerLayer]:
+    """The layers known to run eagerly, with those the build's trial capture recorded (by index,
+    checked against the layer's name: a record that does not match this graph is ignored)."""
+    merged = {layer.index: layer for layer in known}
+    for record in recorded:
+        index = record.get("index")
+        if isinstance(index, int) and 0 <= index < len(executor.steps) and index not in merged \
+                and executor.steps[index].node.name == record.get("layer"):
+            merged[index] = EagerLayer(index, record["layer"], record.get("op", ""), record.get("reason", ""))
+    return [merged[i] for i in sorted(merged)]

@@ -49,6 +49,19 @@ class Step:
     # Profiles whose builder-chosen tactic is not `attrs["tactic"]` (profile 0's): profile ->
     # ProfileVariant. Other profiles run `attrs` and `constants` as they are.
     profile_variants: dict = field(default_factory=dict)
+    capturable: bool = True  # OpDef.capturable
+    data_dependent_shape: bool = False  # OpDef.data_dependent_shape
+
+
+@dataclass
+class RunState:
+    """One run in progress (Executor.begin / run_steps / finish): the live values by name, the
+    Concat buffers written in place, and the step running now (which layer raised, when one does)."""
+    env: dict
+    memo: ShapeMemo
+    in_place: Any = None
+    recorded: dict | None = None
+    current: int | None = None
 
 
 @dataclass
@@ -79,7 +92,8 @@ class Executor:
                 host_values.update(o for o in node.outputs if o)
             dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
-                        frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into)
+                        frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into,
+                        capturable=opdef.capturable, data_dependent_shape=opdef.data_dependent_shape)
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
@@ -209,8 +223,15 @@ class Executor:
         `observe(step_index, step, outputs)` sees every layer's outputs and `before(step_index, step,
         args)` its arguments (build-time analyses and tactic timing). Each layer runs the tactic the
         builder chose for `profile`, the profile these inputs fall in."""
+        state = self.begin(feeds, memo)
+        self.run_steps(state, 0, len(self.steps), observe, before, profile)
+        return self.finish(state)
+
+    def begin(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None) -> RunState:
+        """A run's start: the feeds in the layout and dtype their readers take. `run` is `begin`,
+        `run_steps` over every layer, `finish`; a piecewise CUDA graph (runtime/capture.py) captures
+        the parts apart."""
         memo = ShapeMemo() if memo is None else memo
-        device_copies = memo.copies
         in_place = ConcatBuffers(self.concat_plan, memo.value_meta, self.device) \
             if memo.value_meta is not None and self.concat_plan.concats else None
         recorded = {} if memo.value_meta is None and self.concat_plan.concats else None
@@ -222,7 +243,16 @@ class Executor:
                 dtype = self.feed_dtypes.get(name)
                 tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
             env[name] = tensor
-        for index, step in enumerate(self.steps):
+        return RunState(env, memo, in_place, recorded)
+
+    def run_steps(self, state: RunState, start: int, stop: int, observe=None, before=None,
+                  profile: int = 0) -> None:
+        """Run layers start..stop-1 on `state` (see `run`)."""
+        env, recorded, in_place = state.env, state.recorded, state.in_place
+        device_copies = state.memo.copies
+        for index in range(start, stop):
+            step = self.steps[index]
+            state.current = index
             variant = step.profile_variants.get(profile)
             constants, attrs = (step.constants, step.attrs) if variant is None else (variant.constants, variant.attrs)
             args = self._arguments(step, env, device_copies, constants)
@@ -239,9 +269,14 @@ class Executor:
                 observe(index, step, results[:len(step.node.outputs)])
             for name in step.release:
                 env.pop(name, None)
-        if recorded is not None:
-            record_meta(memo, recorded)
-        return {v.name: self._finish_output(v.name, env, device_copies) for v in self.graph.outputs}
+        state.current = None
+
+    def finish(self, state: RunState) -> dict[str, torch.Tensor]:
+        """The graph's outputs of a run whose layers have all run."""
+        if state.recorded is not None:
+            record_meta(state.memo, state.recorded)
+            state.recorded = None
+        return {v.name: self._finish_output(v.name, state.env, state.memo.copies) for v in self.graph.outputs}
 
     @staticmethod
     def _run_step(step: Step, args: list, in_place: ConcatBuffers | None, attrs: dict):

@@ -1,0 +1,234 @@
+"""CUDA graphs in pieces (runtime/capture.py): which layers run outside the graph, and on CUDA that
+every op family's layers capture, that pieces around an uncapturable layer give the eager results,
+and that a layer whose capture fails is learned, said once and run eagerly — never a traceback."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from sartor.errors import UnsupportedModelError
+from sartor.frontend.onnx import import_model_proto
+from sartor.ops import default_registry
+from sartor.passes import optimize
+from sartor.runtime.capture import capture_pieces, plan_pieces, static_eager_layers
+from sartor.runtime.concat_plan import ShapeMemo
+from sartor.runtime.context import matmul_precision
+from sartor.runtime.executor import Executor
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _graph(nodes, inputs, outputs, initializers=()):
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(initializers)),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    return import_model_proto(model)
+
+
+def _box_model():
+    """Conv → RoiAlign (reads its boxes on the host: not capturable) → Relu → Mul."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 3])
+    rng = np.random.default_rng(0)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(np.array([[1, 1, 9, 9], [2, 3, 14, 12]], np.float32), "rois"),
+        onnx.numpy_helper.from_array(np.array([0, 0], np.int64), "batch"),
+        onnx.numpy_helper.from_array(np.array(1.5, np.float32), "k"),
+    ]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("RoiAlign", ["c", "rois", "batch"], ["r"], output_height=3, output_width=3, name="roi"),
+             helper.make_node("Relu", ["r"], ["a"], name="relu"),
+             helper.make_node("Mul", ["a", "k"], ["y"], name="scale")]
+    return _graph(nodes, [x], [y], inits)
+
+
+def _weights(graph, device="cpu"):
+    return {name: torch.from_numpy(np.array(a)).to(device) for name, a in graph.initializers.items()}
+
+
+# ---- planning (CPU) ---------------------------------------------------------------------------
+def test_pieces_alternate_captured_and_eager_runs():
+    pieces = plan_pieces(7, {2, 3, 6})
+    assert [(p.start, p.stop, p.captured) for p in pieces] == [(0, 2, True), (2, 4, False), (4, 6, True), (6, 7, False)]
+    assert [(p.start, p.stop, p.captured) for p in plan_pieces(3, set())] == [(0, 3, True)]
+
+
+def test_uncapturable_op_is_eager_and_names_why():
+    graph = _box_model()
+    executor = Executor(graph, _weights(graph), torch.device("cpu"))
+    eager = static_eager_layers(executor)
+    assert [(e.name, e.op_type) for e in eager] == [("roi", "RoiAlign")]
+    assert "host" in eager[0].reason
+
+
+def test_every_layer_after_a_data_dependent_size_is_eager():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("NonZero", ["r"], ["nz"], name="nonzero"),
+             helper.make_node("Cast", ["nz"], ["f"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Neg", ["f"], ["y"], name="neg")]
+    graph = _graph(nodes, [x], [y])
+    executor = Executor(graph, {}, torch.device("cpu"))
+    eager = static_eager_layers(executor)
+    assert [e.name for e in eager] == ["nonzero", "cast", "neg"]
+    assert "relu" not in {e.name for e in eager}
+
+
+def test_no_layer_of_a_plain_network_is_eager():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])
+    w = onnx.numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = _graph(nodes, [x], [y], [w])
+    assert static_eager_layers(Executor(graph, _weights(graph), torch.device("cpu"))) == []
+
+
+# ---- CUDA ------------------------------------------------------------------------------------
+def _eager_and_captured(executor, feeds, eager):
+    """(eager outputs, replayed outputs, the piecewise graph) on the current device."""
+    memo = ShapeMemo()
+    stream = torch.cuda.Stream()
+    with torch.inference_mode(), matmul_precision(False):
+        with torch.cuda.stream(stream):
+            expected = {k: v.clone() for k, v in executor.run(feeds, memo).items()}
+            executor.run(feeds, memo)
+        stream.synchronize()
+        captured = capture_pieces(executor, {k: v.clone() for k, v in feeds.items()}, memo, 0, eager, stream)
+        with torch.cuda.stream(stream):
+            got = captured.replay(executor, 0)
+        stream.synchronize()
+    return expected, got, captured
+
+
+@cuda
+def test_pieces_around_an_uncapturable_layer_match_eager():
+    graph = _box_model()
+    device = torch.device("cuda")
+    executor = Executor(graph, _weights(graph, device), device)
+    eager = {e.index for e in static_eager_layers(executor)}
+    feeds = {"x": torch.randn(1, 4, 16, 16, device=device)}
+    expected, got, captured = _eager_and_captured(executor, feeds, eager)
+    assert not captured.whole and [p.captured for p in captured.pieces] == [True, False, True]
+    torch.testing.assert_close(got["y"], expected["y"])
+    # New values in the same input buffers: the pieces compute them, not the capture's.
+    captured.inputs["x"].copy_(torch.randn(1, 4, 16, 16, device=device))
+    with torch.inference_mode():
+        again = {k: v.clone() for k, v in captured.replay(executor, 0).items()}
+        reference = executor.run({"x": captured.inputs["x"].clone()})
+    torch.testing.assert_close(again["y"], reference["y"])
+
+
+@cuda
+def test_a_layer_that_breaks_capture_is_learned_and_run_eagerly(tmp_path, caplog):
+    """A layer made to read a device value on the host (a sync the capture cannot record): the
+    context warns once naming it, runs it between graph pieces and returns the eager results."""
+    import sartor
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["n"], name="neg"),
+             helper.make_node("Sigmoid", ["n"], ["y"], name="sigmoid")]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]), path)
+    plan = tmp_path / "m.plan"
+    sartor.build(str(path), str(plan), device="cuda", precision="fp32")
+    engine = sartor.load(str(plan))
+    step = next(s for s in engine.executor.steps if s.node.name == "neg")
+    plain = step.impl
+
+    def syncing(inputs, attrs):
+        float(inputs[0].sum())  # a host read of a device value
+        return plain(inputs, attrs)
+    step.impl = syncing
+    ctx = engine.context()
+    feeds = {"x": torch.randn(2, 8, device="cuda")}
+    with caplog.at_level(logging.WARNING, logger="sartor.capture"):
+        out = ctx.run(feeds)["y"].clone()
+        again = ctx.run(feeds)["y"].clone()
+    torch.testing.assert_close(out, torch.sigmoid(-torch.relu(feeds["x"])))
+    torch.testing.assert_close(again, out)
+    assert [e.name for e in engine.eager_layers] == ["neg"]
+    warned = [r.getMessage() for r in caplog.records if "outside the CUDA graph" in r.getMessage()]
+    assert len(warned) == 1 and "neg" in warned[0]
+
+
+def _node_cases():
+    path = Path(__file__).resolve().parents[1] / "ops" / "test_node_cases.py"
+    spec = importlib.util.spec_from_file_location("node_cases_for_capture", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@cuda
+def test_every_op_family_captures():
+    """Every ONNX node case sartor imports, on CUDA: captured (layers outside the graph only where
+    their op says so), replayed, equal to the eager run. Host inputs (shapes, axes, ...) are
+    constants, as exporters write them."""
+    cases_module = _node_cases()
+    registry = default_registry()
+    device = torch.device("cuda")
+    failures, ran = [], 0
+    for name, case in sorted(cases_module.CASES.items()):
+        try:
+            graph = import_model_proto(case.model)
+        except UnsupportedModelError:
+            continue
+        optimize(graph)
+        feeds_all = dict(zip([vi.name for vi in case.model.graph.input
+                              if vi.name not in {t.name for t in case.model.graph.initializer}], case.data_sets[0][0]))
+        host_names = {n for node in graph.nodes for position, n in enumerate(node.inputs)
+                      if n and position in registry[node.op_type].host_inputs}
+        weights = {k: cases_module._to_torch(v).to(device) for k, v in graph.initializers.items()}
+        feeds = {}
+        for input_name, value in feeds_all.items():
+            tensor = cases_module._to_torch(value)
+            if input_name in host_names:
+                weights[input_name] = tensor
+                graph.initializers[input_name] = cases_module._to_numpy(value)
+            else:
+                feeds[input_name] = tensor.to(device)
+        graph.inputs = [v for v in graph.inputs if v.name in feeds]
+        try:
+            executor = Executor(graph, weights, device)
+            with warnings.catch_warnings(), torch.inference_mode():
+                warnings.simplefilter("ignore")
+                executor.run(feeds)
+        except Exception:  # noqa: BLE001 - a case that does not run on CUDA at all says nothing of capture
+            continue
+        eager = {e.index for e in static_eager_layers(executor)}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expected, got, _ = _eager_and_captured(executor, feeds, eager)
+        except Exception as exc:  # noqa: BLE001
+            failures.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        ran += 1
+        for out_name, value in expected.items():
+            if not torch.equal(value.cpu(), got[out_name].cpu()) and not (
+                    value.is_floating_point() and torch.allclose(value, got[out_name], rtol=1e-5, atol=1e-6, equal_nan=True)):
+                failures.append(f"{name}: output {out_name} differs after capture")
+    assert ran > 500, f"only {ran} node cases ran on CUDA"
+    assert not failures, f"{len(failures)} of {ran + len(failures)} cases fail capture:\n" + "\n".join(failures)
+
+
+def test_inspect_says_which_layers_run_outside_the_graph():
+    from sartor.cli.inspect import _capture_summary
+    cuda_print = {"fingerprint": {"kind": "cuda"}}
+    assert _capture_summary({"fingerprint": {"kind": "cpu"}})["text"] == "none (CPU engine)"
+    assert "not checked" in _capture_summary(cuda_print)["text"]
+    assert _capture_summary({**cuda_print, "capture": {"checked": True, "eager_layers": []}})["text"] \
+        == "one CUDA graph per input shape"
+    record = {"checked": True, "eager_layers": [{"index": 3, "layer": "roi", "op": "RoiAlign",
+                                                 "reason": "it reads device values on the host"}]}
+    line = _capture_summary({**cuda_print, "capture": record})["text"]
+    assert line.startswith("captured in pieces: 1 layer(s)") and "roi (RoiAlign): it reads device values" in line
