@@ -63,8 +63,13 @@ def _make_unary(fn):
     return lambda inputs, attrs: fn(inputs[0])
 
 
+# Exporters compute padding and attention scales from shapes with these (Swin's window padding,
+# scaled_dot_product_attention's 1/sqrt(head dim)): on host values they stay on the host.
+_UNARY_SHAPE_ARITH = {"Sqrt", "Abs", "Neg", "Floor", "Ceil", "Reciprocal"}
+
 for _name, _fn in _UNARY.items():
-    OPS.op(_name, check=_float_only if _name in _FLOAT_UNARY else None)(_make_unary(_fn))
+    OPS.op(_name, check=_float_only if _name in _FLOAT_UNARY else None,
+           shape_arith=_name in _UNARY_SHAPE_ARITH)(_make_unary(_fn))
 
 
 @OPS.op("Identity")
@@ -221,7 +226,7 @@ for _name, _fn in _BINARY.items():
     OPS.op(_name, shape_arith=_name in _SHAPE_ARITH)(_binary(_fn))
 
 
-@OPS.op("Mod", attrs={"fmod": 0})
+@OPS.op("Mod", attrs={"fmod": 0}, shape_arith=True)
 def mod(inputs, attrs):
     return _binary(lambda a, b: _mod(a, b, attrs["fmod"]))(inputs, attrs)
 

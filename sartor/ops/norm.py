@@ -52,6 +52,14 @@ def layer_norm(inputs, attrs):
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     axis = norm_axis(attrs["axis"], x.dim())
+    normalized = tuple(x.shape[axis:])
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and tuple(scale.shape) == normalized \
+            and (bias is None or tuple(bias.shape) == normalized):
+        # One kernel (a transformer has two LayerNorms a block), statistics in FP32 whatever x's
+        # dtype, as stash_type=1 asks; the spelled-out form below is for broadcast scales and FP64.
+        y, mean, inv = torch.native_layer_norm(x, normalized, scale.to(x.dtype),
+                                               None if bias is None else bias.to(x.dtype), attrs["epsilon"])
+        return y, mean.float(), inv.float()
     dims = tuple(range(axis, x.dim()))
     # Statistics in FP32 (stash_type=1), as ONNX and TensorRT compute them.
     xf = x.to(torch.float32)
