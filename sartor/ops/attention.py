@@ -94,6 +94,9 @@ def _sdpa(inputs: list, attrs: dict) -> torch.Tensor:
     k4 = _as_rank4(k.expand(batch + (lk, k.shape[-1])), batch, (lk, k.shape[-1]))
     v4 = _as_rank4(v.expand(batch + tuple(v.shape[-2:])), batch, tuple(v.shape[-2:]))
     mask = None if bias is None else _as_rank4(bias.expand(bias.shape[:-2] + (lq, lk)), batch, (lq, lk))
+    # The fused CUDA kernels read rows of contiguous features; given anything else SDPA falls back
+    # to its unfused math, which is slower than one copy (k_t made by a MatMul rather than a view).
+    q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=attrs["scale"])
     return out.reshape(batch + (lq, v.shape[-1]))
 
