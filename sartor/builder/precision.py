@@ -8,6 +8,7 @@ import torch
 
 from ..ir import Graph, Node
 from ..ir.dtypes import QUANTIZED_PRECISIONS
+from ..ops.attention import attention_scores
 from ..runtime.executor import Executor
 from .config import BuildConfig
 
@@ -53,20 +54,29 @@ def unmatched_overrides(graph: Graph, config: BuildConfig) -> list[str]:
 
 def overflowing_layers(graph: Graph, weights: dict, feeds_list: list[dict], threshold: float,
                        device: torch.device) -> dict[str, float]:
-    """Layers whose FP32 outputs exceed `threshold` in magnitude on the sample inputs."""
+    """Layers whose FP32 outputs exceed `threshold` in magnitude on the sample inputs. An Attention
+    layer's scaled scores count as an output: its FP16 tactics may hold them in FP16, as the unfused
+    graph's MatMul and Softmax did."""
     executor = Executor(graph, weights, device)
     peaks: dict[str, float] = {}
 
-    def observe(index, step, outputs):
-        for t in outputs:
+    def record(name, tensors):
+        for t in tensors:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
                 peak = float(t.detach().abs().amax())
-                if peak > peaks.get(step.node.name, 0.0):
-                    peaks[step.node.name] = peak
+                if peak > peaks.get(name, 0.0):
+                    peaks[name] = peak
+
+    def observe(index, step, outputs):
+        record(step.node.name, outputs)
+
+    def before(index, step, args):
+        if step.node.op_type == "Attention":
+            record(step.node.name, [attention_scores(args, step.attrs)])
 
     with torch.inference_mode():
         for feeds in feeds_list:
-            executor.run(feeds, observe=observe)
+            executor.run(feeds, observe=observe, before=before)
     return {name: peak for name, peak in peaks.items() if peak > threshold or peak != peak}
 
 

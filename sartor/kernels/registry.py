@@ -38,6 +38,7 @@ FAMILY_MODULES = (
     "sartor.ops.detection_head",
     "sartor.kernels.preprocess.letterbox",
     "sartor.ops.nms",
+    "sartor.ops.attention",
 )
 SEPARATOR = "."
 

@@ -8,6 +8,7 @@ from .registry import OpRegistry, OpTable
 
 def all_tables() -> list[OpTable]:
     from . import (
+        attention,
         conv,
         detection,
         detection_head,
@@ -24,7 +25,8 @@ def all_tables() -> list[OpTable]:
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS]
+            detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS,
+            attention.OPS]
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,6 @@
-"""Evaluate nodes whose inputs are all known at build time, and Shape of statically shaped values.
+"""Evaluate nodes whose inputs are all known at build time, Shape of statically shaped values, and
+Slice or Gather of a Shape whose picked dims are static while others are not (the head dim that
+torch's exported attention reads for its scale, beside a dynamic batch).
 
 A DequantizeLinear of constant weights is kept when its layer's data input is dequantized too:
 `fold_qdq` reads the integers and scales from it."""
@@ -16,6 +18,19 @@ NEVER_FOLD = {"NonMaxSuppression"}
 QDQ_LAYERS = ("Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul")  # what `fold_qdq` folds
 
 
+def _shape_dims(graph: Graph, shape_node: Node) -> tuple | None:
+    """The dims a Shape node outputs (ints where static, names where not), from shape inference."""
+    shape = graph.shape_of(shape_node.inputs[0])
+    if shape is None:
+        return None
+    rank = len(shape)
+    start = shape_node.attrs.get("start", 0)
+    end = shape_node.attrs.get("end")
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
+    return tuple(shape[start:end])
+
+
 def _static_shape_value(graph: Graph, node: Node) -> np.ndarray | None:
     """Shape (or Size) of a value whose shape inference gave every dim."""
     if node.op_type not in ("Shape", "Size"):
@@ -25,19 +40,39 @@ def _static_shape_value(graph: Graph, node: Node) -> np.ndarray | None:
         return None
     if node.op_type == "Size":
         return np.asarray(int(np.prod(shape)), dtype=np.int64)
-    rank = len(shape)
-    start = node.attrs.get("start", 0)
-    end = node.attrs.get("end")
-    start = max(0, min(rank, start + rank if start < 0 else start))
-    end = rank if end is None else max(0, min(rank, end + rank if end < 0 else end))
-    return np.asarray(shape[start:end], dtype=np.int64)
+    return np.asarray(_shape_dims(graph, node), dtype=np.int64)
 
 
-def _evaluate(node: Node, graph: Graph) -> list[np.ndarray] | None:
+def _static_dims_picked(graph: Graph, node: Node, producers: dict) -> np.ndarray | None:
+    """Slice or Gather (constant indices) of a Shape output when every dim it picks is static: the
+    op evaluated on the dims' positions says which dims it picks."""
+    if node.op_type not in ("Slice", "Gather") or not node.inputs:
+        return None
+    shape_node = producers.get(node.inputs[0])
+    if shape_node is None or shape_node.op_type != "Shape":
+        return None
+    if not all(graph.is_constant(name) for name in node.present_inputs()[1:]):
+        return None
+    dims = _shape_dims(graph, shape_node)
+    if dims is None:
+        return None
+    picked = _evaluate(node, graph, first=np.arange(len(dims), dtype=np.int64))
+    if picked is None:
+        return None
+    values = [dims[p] for p in picked[0].reshape(-1)]
+    if not all(isinstance(d, int) for d in values):
+        return None
+    return np.asarray(values, dtype=np.int64).reshape(picked[0].shape)
+
+
+def _evaluate(node: Node, graph: Graph, first: np.ndarray | None = None) -> list[np.ndarray] | None:
+    """The node's outputs from its constant inputs (`first`, when given, in place of input 0)."""
     opdef = default_registry().get(node.op_type)
     if opdef is None:
         return None
-    args = [tensor_from_numpy(graph.initializers[name]) if name else None for name in node.inputs]
+    args = [tensor_from_numpy(first) if position == 0 and first is not None
+            else tensor_from_numpy(graph.initializers[name]) if name else None
+            for position, name in enumerate(node.inputs)]
     try:
         result = opdef.impl(args, opdef.fill_attrs(node.attrs))
     except Exception:  # a node that cannot be evaluated here is left for run time
@@ -72,6 +107,8 @@ def fold_constants(graph: Graph) -> int:
         if node.op_type in NEVER_FOLD or _quantized_weights(node, producers, consumers):
             continue
         static = _static_shape_value(graph, node)
+        if static is None:
+            static = _static_dims_picked(graph, node, producers)
         if static is not None:
             values = [static]
         elif node.present_inputs() and all(graph.is_constant(i) for i in node.present_inputs()):

@@ -40,3 +40,27 @@ def test_fold_constants_leaves_dynamic_shapes_runtime_values_and_constant_output
     const_out = b.node("Neg", [b.weight("w", [3])], name="neg_const")  # feeds a graph output directly
     model = b.model([y, const_out])
     assert_unchanged(model, fold_constants, b.feeds(shapes={"x": [2, 3, 4]}))
+
+
+def test_fold_constants_folds_the_static_dims_a_slice_or_gather_picks_from_a_dynamic_shape():
+    # torch's exported attention scale: Shape(q) → Slice[-1:] → Cast → Sqrt, with a dynamic batch
+    b = OnnxBuilder()
+    x = b.input("x", ["N", 3, 4])
+    shape = b.node("Shape", [x], name="shape_x")
+    last = b.node("Slice", [shape, b.const("starts", np.array([-1], dtype=np.int64)),
+                            b.const("ends", np.array([2**63 - 1], dtype=np.int64))], name="slice_last")
+    scale = b.node("Sqrt", [b.node("Cast", [last], name="cast", to=onnx.TensorProto.FLOAT)], name="sqrt")
+    middle = b.node("Gather", [shape, b.const("minus_two", np.array(-2, dtype=np.int64))], name="gather_middle")
+    batch = b.node("Gather", [shape, b.const("zero", np.array(0, dtype=np.int64))], name="gather_batch")
+    sized = b.node("Reshape", [x, b.node("Concat", [b.node("Unsqueeze", [batch, b.const("axes", np.array([0]))],
+                                                                   name="unsqueeze_batch"),
+                                                    b.const("rest", np.array([-1], dtype=np.int64))], name="concat",
+                                         axis=0)], name="reshape")
+    y = b.node("Mul", [b.node("Mul", [sized, scale], name="mul_scale"),
+                       b.node("Cast", [middle], name="cast_middle", to=onnx.TensorProto.FLOAT)], name="mul_middle")
+    model = b.model([y])
+    graph, _ = apply_pass(model, fold_constants, expect_fired=True)
+    assert {"Slice", "Sqrt", "Cast"}.isdisjoint(op_counts(graph))  # the head-dim chain is a constant
+    assert [n.name for n in nodes_of(graph, "Gather")] == ["gather_batch"]  # the batch stays a run-time value
+    np.testing.assert_allclose(graph.initializers[nodes_of(graph, "Mul")[0].inputs[1]], [2.0])
+    assert_matches_ort(graph, model, b.feeds(shapes={"x": [2, 3, 4]}))

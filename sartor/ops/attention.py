@@ -1,0 +1,109 @@
+"""Attention: softmax(scale · q @ k_t + bias, last axis) @ v as one layer, made by
+`passes/fuse_attention.py` from the MatMul, Mul, Add, Softmax, MatMul that exporters write.
+
+Inputs (q, k_t, v, bias?): q [..., Lq, D]; k_t [..., D, Lk], the key already transposed as the
+first MatMul read it; v [..., Lk, Dv]; bias (relative-position bias, masks) broadcastable to the
+scores [..., Lq, Lk]. Leading dims broadcast as MatMul's do, at any rank. Attribute `scale`.
+
+Tactics: `torch` (the reference: float32 math, the unfused graph's result), `sdpa`
+(torch's scaled_dot_product_attention: flash or memory-efficient kernels on CUDA, which keep the
+scores in float32 registers and never write them out) and `unfused` (matmul, softmax, matmul in the
+layer's dtype, q scaled first so that FP16 scores hold the scaled values only).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.registry import REFERENCE, fixed_tactic
+from .registry import OpTable
+
+OPS = OpTable("attention")
+
+SDPA = "sdpa"
+UNFUSED = "unfused"
+fixed_tactic(SDPA, "torch scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)")
+fixed_tactic(UNFUSED, "torch matmul, softmax, matmul")
+
+SDPA_RANK = 4  # [batch, heads, tokens, dim]: the rank the fused CUDA kernels take
+
+
+def attention_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    return [REFERENCE, SDPA, UNFUSED]
+
+
+def _operands(inputs: list) -> tuple:
+    q, k_t, v = inputs[0], inputs[1], inputs[2]
+    bias = inputs[3] if len(inputs) > 3 else None
+    return q, k_t, v, bias
+
+
+def attention_scores(inputs: list, attrs: dict) -> torch.Tensor:
+    """scale · q @ k_t + bias in float32 (float64 stays float64): the values the softmax reads, which
+    the precision planner's FP16 overflow guard measures (they are never a layer's output)."""
+    q, k_t, _, bias = _operands(inputs)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q.to(compute), k_t.to(compute)) * attrs["scale"]
+    return scores if bias is None else scores + bias.to(compute)
+
+
+def _reference(inputs: list, attrs: dict) -> torch.Tensor:
+    q, _, v, _ = _operands(inputs)
+    probabilities = torch.softmax(attention_scores(inputs, attrs), -1)
+    return torch.matmul(probabilities, v.to(probabilities.dtype)).to(q.dtype)
+
+
+def _unfused(inputs: list, attrs: dict) -> torch.Tensor:
+    q, k_t, v, bias = _operands(inputs)
+    # Scaling q (Lq·D values) before the product rather than the scores (Lq·Lk) after it: FP16
+    # scores then only ever hold scaled values, which is where the unfused graph's would overflow.
+    scores = torch.matmul(q * attrs["scale"], k_t.to(q.dtype))
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
+    # torch's softmax accumulates half-precision inputs in float32, as the reference does.
+    return torch.matmul(torch.softmax(scores, -1), v.to(scores.dtype))
+
+
+def _as_rank4(t: torch.Tensor, batch: tuple, tail: tuple) -> torch.Tensor:
+    """`t`, broadcast to batch + tail, as the 4-D tensor SDPA's fused kernels take: leading dims of
+    one prepended, or the leading batch dims flattened into one (a view when `t` does not broadcast
+    over them, else one copy)."""
+    rank = len(batch) + len(tail)
+    if rank <= SDPA_RANK:
+        return t.reshape((1,) * (SDPA_RANK - t.dim()) + tuple(t.shape))
+    padded = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
+    flattened = rank - SDPA_RANK + 1  # the leading dims that become one
+    if all(d == 1 for d in padded.shape[:flattened]):
+        return padded.reshape((1,) + tuple(padded.shape[flattened:]))
+    return padded.expand(batch + tail).reshape((-1,) + tuple(batch[flattened:]) + tail)
+
+
+def _sdpa(inputs: list, attrs: dict) -> torch.Tensor:
+    q, k_t, v, bias = _operands(inputs)
+    k, v = k_t.transpose(-1, -2).to(q.dtype), v.to(q.dtype)
+    if bias is not None:  # a bias of rank < 2 broadcasts over the scores' rows and columns as the Add did
+        bias = bias.to(q.dtype).reshape((1,) * max(0, 2 - bias.dim()) + tuple(bias.shape))
+    # The Add broadcasts the scores up to the bias's rows, columns and batch dims where those are
+    # larger; expanding q's rows and k's columns (views) gives SDPA the same scores.
+    rows, cols = (1, 1) if bias is None else tuple(bias.shape[-2:])
+    lq = torch.broadcast_shapes((q.shape[-2],), (rows,))[0]
+    lk = torch.broadcast_shapes((k.shape[-2],), (cols,))[0]
+    shapes = [q.shape[:-2], k.shape[:-2], v.shape[:-2]] + ([bias.shape[:-2]] if bias is not None else [])
+    batch = tuple(torch.broadcast_shapes(*shapes))
+    q4 = _as_rank4(q.expand(batch + (lq, q.shape[-1])), batch, (lq, q.shape[-1]))
+    k4 = _as_rank4(k.expand(batch + (lk, k.shape[-1])), batch, (lk, k.shape[-1]))
+    v4 = _as_rank4(v.expand(batch + tuple(v.shape[-2:])), batch, tuple(v.shape[-2:]))
+    mask = None if bias is None else _as_rank4(bias.expand(bias.shape[:-2] + (lq, lk)), batch, (lq, lk))
+    # The fused CUDA kernels read rows of contiguous features; given anything else SDPA falls back
+    # to its unfused math, which is slower than one copy (k_t made by a MatMul rather than a view).
+    q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=attrs["scale"])
+    return out.reshape(batch + (lq, v.shape[-1]))
+
+
+_TACTICS = {REFERENCE: _reference, SDPA: _sdpa, UNFUSED: _unfused}
+
+
+@OPS.internal("Attention", tactics=attention_tactics)
+def attention(inputs, attrs):
+    return _TACTICS[attrs.get("tactic") or REFERENCE](inputs, attrs)
