@@ -37,10 +37,11 @@ line per model and batch, then a `model` line that marks the model done), zoo.md
 the versions) and, with --per-layer N, per_layer.json (sartor's per-layer profile of the N models
 where it is slowest against eager, keyed by model). Models whose `model` line is already in
 zoo.jsonl are skipped, so a second call carrying the first one's zoo.jsonl (bench/gpu_zoo.sh's
-ZOO_RESUME) goes on where it stopped. No model is started that the calls so far say will not fit
-before --budget-s; an alarm at --budget-s ends one that runs over, which is then redone whole by
-the next call. A peer that fails records its error and the others go on; a GPU fault (the CUDA
-context lost) ends the call.
+ZOO_RESUME) goes on where it stopped; a peer asked for that a finished model lacks (an earlier
+call ran `--peers eager`) is measured alone, without a rebuild, and joins its rows. No model is
+started that this call's models so far say will not fit before --budget-s; an alarm at --budget-s
+ends one that runs over, which the next call measures again. A peer that fails records its error
+and the others go on; a GPU fault (the CUDA context lost) ends the call.
 """
 from __future__ import annotations
 
@@ -171,23 +172,26 @@ class DetrStyle(nn.Module):
         return self.classes(decoded), self.boxes(decoded).sigmoid()
 
 
+# In the order a call measures them: when the budget runs out, what is left is the architectures
+# already measured by other means (ResNet-50, EfficientNet-B0, MobileNetV3 in BENCHMARKS.md) and
+# the twins (DeiT-Ti has ViT-Ti's graph; ViT-S is ViT-Ti wider).
 ARCHITECTURES = [
-    Architecture("resnet50", "cnn", timm_model("resnet50")),
-    Architecture("convnextv2_atto", "cnn", timm_model("convnextv2_atto")),
-    Architecture("efficientnet_b0", "cnn", timm_model("efficientnet_b0")),
-    Architecture("mobilenetv3_large_100", "cnn", timm_model("mobilenetv3_large_100")),
-    Architecture("ghostnet_100", "cnn", timm_model("ghostnet_100")),
-    Architecture("regnety_008", "cnn", timm_model("regnety_008")),
     Architecture("vit_tiny_patch16_224", "vit", timm_model("vit_tiny_patch16_224", sized=True)),
-    Architecture("vit_small_patch16_224", "vit", timm_model("vit_small_patch16_224", sized=True)),
-    Architecture("deit_tiny_patch16_224", "vit", timm_model("deit_tiny_patch16_224", sized=True)),
     Architecture("swin_tiny_patch4_window7_224", "swin", timm_model("swin_tiny_patch4_window7_224", sized=True)),
     Architecture("levit_128s", "levit", timm_model("levit_128s", sized=True)),
     Architecture("mobilevit_xxs", "mobilevit", timm_model("mobilevit_xxs")),
     Architecture("fastvit_t8", "fastvit", timm_model("fastvit_t8")),
     Architecture("efficientvit_b0", "efficientvit", timm_model("efficientvit_b0")),
-    Architecture("deeplabv3_mobilenet_v3_large", "segmentation", deeplabv3_mobilenet, ("out",)),
+    Architecture("convnextv2_atto", "cnn", timm_model("convnextv2_atto")),
     Architecture("detr_resnet50", "detr", DetrStyle, ("logits", "boxes")),
+    Architecture("deeplabv3_mobilenet_v3_large", "segmentation", deeplabv3_mobilenet, ("out",)),
+    Architecture("ghostnet_100", "cnn", timm_model("ghostnet_100")),
+    Architecture("regnety_008", "cnn", timm_model("regnety_008")),
+    Architecture("vit_small_patch16_224", "vit", timm_model("vit_small_patch16_224", sized=True)),
+    Architecture("deit_tiny_patch16_224", "vit", timm_model("deit_tiny_patch16_224", sized=True)),
+    Architecture("resnet50", "cnn", timm_model("resnet50")),
+    Architecture("efficientnet_b0", "cnn", timm_model("efficientnet_b0")),
+    Architecture("mobilenetv3_large_100", "cnn", timm_model("mobilenetv3_large_100")),
 ]
 BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
 
@@ -341,8 +345,12 @@ def gpu_context_lost(exc: BaseException) -> bool:
 class ModelRun:
     """Everything measured for one architecture; each finished batch is written at once."""
 
-    def __init__(self, arch: Architecture, args, work: Path, emit: Callable[[dict], None]) -> None:
+    def __init__(self, arch: Architecture, args, work: Path, emit: Callable[[dict], None],
+                 missing_peers: dict[int, list[str]] | None = None) -> None:
+        """`missing_peers` ({batch: peers}): the model is done and only these peers are measured
+        (a later call asking for more peers than the one that built it: no rebuild)."""
         self.arch, self.args, self.work, self.emit = arch, args, work, emit
+        self.missing_peers = missing_peers
         self.device = torch.device(args.device)
         self.key = {"model": arch.name, "size": args.size, "device": self.device.type, "precision": args.precision}
         self.summary = dict(self.key, record="model", family=arch.family, errors={})
@@ -359,7 +367,10 @@ class ModelRun:
         and the model counts as done: the fault would recur in the next call)."""
         started = time.perf_counter()
         try:
-            self.measure()
+            if self.missing_peers is None:
+                self.measure()
+            else:
+                self.measure_missing_peers()
         except Exception as exc:  # noqa: BLE001
             if not gpu_context_lost(exc):
                 raise
@@ -396,7 +407,7 @@ class ModelRun:
                                   profiles=profiles_for(batches, size))
             self.summary.update(build_s=round(time.perf_counter() - t0, 1), onnx_nodes=result.onnx_nodes,
                                 layers=result.layers,
-                                fp32_layers=sum(1 for layer in result.header["layers"] if layer.get("precision") == "fp32"))
+                                fp32_layers=sum(layer.get("precision") == "fp32" for layer in result.header["layers"]))
             engine = sartor.load(str(plan), device=str(self.device))
             ctx = engine.context()
             if reference is not None:
@@ -409,13 +420,23 @@ class ModelRun:
             self.fail("sartor_build", exc)
         peer_model = self.peer_model(model, reference, x_check)
         for batch in batches:
-            self.rows.append(self.measure_batch(batch, ctx, peer_model))
+            self.rows.append(self.measure_batch(batch, ctx, peer_model, args.peers))
             self.emit(self.rows[-1])
         if args.per_layer and engine is not None:
             self.per_layer(engine)
         del engine, ctx, peer_model, model
 
-    def peer_model(self, model: nn.Module, reference, x_check: np.ndarray) -> nn.Module | None:
+    def measure_missing_peers(self) -> None:
+        try:
+            peer_model = self.peer_model(make_model(self.arch, self.args.size), None, None)
+        except Exception as exc:  # noqa: BLE001 - recorded in each cell below
+            self.fail("torch_model", exc)
+            peer_model = None
+        for batch, peers in sorted(self.missing_peers.items()):
+            self.rows.append(self.measure_batch(batch, None, peer_model, peers, with_sartor=False))
+            self.emit(self.rows[-1])
+
+    def peer_model(self, model: nn.Module, reference, x_check: np.ndarray | None) -> nn.Module | None:
         """The torch module the peers run: FP16 channels-last on CUDA, FP32 on the CPU; its own
         cosine against ONNX Runtime says what FP16 alone costs this architecture."""
         if not set(self.args.peers) & set(PEERS):
@@ -423,8 +444,8 @@ class ModelRun:
         try:
             if self.device.type == "cuda":
                 model = model.half().to(self.device).to(memory_format=torch.channels_last)
-            x = self.peer_input(torch.from_numpy(x_check))
             if reference is not None:
+                x = self.peer_input(torch.from_numpy(x_check))
                 with torch.inference_mode():
                     got = output_arrays(model(x))
                 self.summary["torch_cosine_min"] = round(min(cosine(r, g) for r, g in zip(reference, got)), 7)
@@ -438,7 +459,8 @@ class ModelRun:
             return x
         return x.to(self.device).half().contiguous(memory_format=torch.channels_last)
 
-    def measure_batch(self, batch: int, ctx, peer_model: nn.Module | None) -> dict:
+    def measure_batch(self, batch: int, ctx, peer_model: nn.Module | None, peers: list[str],
+                      with_sartor: bool = True) -> dict:
         args, size, device = self.args, self.args.size, self.device
         row = dict(self.key, record="batch", batch=batch)
         generator = torch.Generator().manual_seed(batch)
@@ -451,20 +473,21 @@ class ModelRun:
             bound[INPUT].copy_(x)
             row["sartor_bound"] = timed(lambda: ctx.run(bound), *timing)
 
-        jobs = [("sartor", sartor_cells if ctx is not None else None)]
-        if peer_model is not None:
-            x_peer = self.peer_input(x)
-            if "eager" in args.peers:
-                jobs.append(("eager", lambda: row.__setitem__("eager", timed(eager_runner(peer_model, x_peer), *timing))))
-            for peer, mode in (("compile", "reduce-overhead"), ("autotune", "max-autotune-no-cudagraphs")):
-                if peer in args.peers:
-                    def compile_cell(peer=peer, mode=mode):
-                        run, compile_s = compiled_runner(peer_model, x_peer, mode)
-                        row[peer] = dict(timed(run, *timing), compile_s=round(compile_s, 1))
-                    jobs.append((peer, compile_cell))
+        jobs = [("sartor", sartor_cells if ctx is not None else None)] if with_sartor else []
+        x_peer = self.peer_input(x) if peer_model is not None else None
+        if "eager" in peers:
+            jobs.append(("eager", None if peer_model is None else lambda: row.__setitem__(
+                "eager", timed(eager_runner(peer_model, x_peer), *timing))))
+        for peer, mode in (("compile", "reduce-overhead"), ("autotune", "max-autotune-no-cudagraphs")):
+            if peer in peers:
+                def compile_cell(peer=peer, mode=mode):
+                    run, compile_s = compiled_runner(peer_model, x_peer, mode)
+                    row[peer] = dict(timed(run, *timing), compile_s=round(compile_s, 1))
+                jobs.append((peer, None if peer_model is None else compile_cell))
         for name, job in jobs:
-            if job is None:
-                row[name] = {"error": "not run: no engine (see the model line's errors)"}
+            if job is None:  # a cell all the same, so that a resumed call does not try it again
+                row[name] = {"error": f"not run: no {'engine' if name == 'sartor' else 'torch model'} "
+                                      "(see the model line's errors)"}
                 continue
             try:
                 job()
@@ -475,10 +498,7 @@ class ModelRun:
                     self.rows.append(row)
                     self.emit(row)
                     raise
-        for peer in PEERS:
-            if "median_ms" in row.get(peer, {}) and "median_ms" in row.get("sartor", {}):
-                row[f"speedup_vs_{peer}"] = round(row[peer]["median_ms"] / row["sartor"]["median_ms"], 3)
-        print(json.dumps(row), flush=True)
+        print(json.dumps(with_speedups(row)), flush=True)
         return row
 
     def per_layer(self, engine) -> None:
@@ -512,6 +532,38 @@ def read_records(path: Path) -> list[dict]:
 
 def done_key(record: dict) -> tuple:
     return record.get("model"), record.get("size"), record.get("device"), record.get("precision")
+
+
+def with_speedups(row: dict) -> dict:
+    """`row` with speedup_vs_<peer> (the peer's median ÷ sartor's) for every peer measured in it."""
+    for peer in PEERS:
+        row.pop(f"speedup_vs_{peer}", None)
+        if "median_ms" in row.get(peer, {}) and "median_ms" in row.get("sartor", {}):
+            row[f"speedup_vs_{peer}"] = round(row[peer]["median_ms"] / row["sartor"]["median_ms"], 3)
+    return row
+
+
+def collect(records: list[dict]) -> tuple[dict, dict]:
+    """({model: its latest model line}, {model: {batch: its batch lines merged}}): a later line's
+    cells replace an earlier one's, so peers measured by a later call join the row they complete,
+    and a model redone whole replaces what an interrupted call left of it."""
+    models = {r["model"]: r for r in records if r.get("record") == "model"}
+    rows: dict[str, dict] = {}
+    for r in records:
+        if r.get("record") == "batch" and r.get("model") in models and done_key(r) == done_key(models[r["model"]]):
+            rows.setdefault(r["model"], {}).setdefault(r["batch"], {}).update(r)
+    for by_batch in rows.values():
+        for row in by_batch.values():
+            with_speedups(row)
+    return models, rows
+
+
+def missing_peers(model: dict, rows: dict, peers: list[str], batches: list[int]) -> dict[int, list[str]]:
+    """{batch: peers asked for but without a cell} of a finished model, at the batches it was built for."""
+    if "export" in model.get("errors", {}):
+        return {}
+    missing = {b: [p for p in peers if p not in rows.get(b, {})] for b in model.get("batches", []) if b in batches}
+    return {b: p for b, p in missing.items() if p}
 
 
 def versions(device: torch.device, size: int, batches: list[int], precision: str) -> dict:
@@ -570,14 +622,10 @@ def slower_where(rows: dict, peers: list[str]) -> str:
 
 
 def write_table(out: Path) -> str:
-    """zoo.md from every record in zoo.jsonl (the latest line of each model and batch wins)."""
+    """zoo.md from every record in zoo.jsonl (see `collect`)."""
     records = read_records(out / RESULTS)
     calls = [r for r in records if r.get("record") == "call"]
-    models = {r["model"]: r for r in records if r.get("record") == "model"}
-    batch_rows: dict[str, dict] = {}
-    for r in records:
-        if r.get("record") == "batch" and r["model"] in models and done_key(r) == done_key(models[r["model"]]):
-            batch_rows.setdefault(r["model"], {})[r["batch"]] = r
+    models, batch_rows = collect(records)
     batches = sorted({b for rows in batch_rows.values() for b in rows})
     peers = [p for p in PEERS if any(p in row for rows in batch_rows.values() for row in rows.values())]
     info = calls[-1]["versions"] if calls else {}
@@ -586,7 +634,8 @@ def write_table(out: Path) -> str:
         lines += ["| | |", "|---|---|"]
         lines += [f"| {key} | {value} |" for key, value in (
             ("GPU", f"{info.get('gpu')} (sm {info.get('sm', '–')})" if info.get("sm") else info.get("gpu")),
-            ("driver / CUDA / cuDNN", f"{info.get('driver', '–')} / {info.get('cuda', '–')} / {info.get('cudnn', '–')}"),
+            ("driver / CUDA / cuDNN",
+             f"{info.get('driver', '–')} / {info.get('cuda', '–')} / {info.get('cudnn', '–')}"),
             ("torch / Triton / timm / ONNX Runtime", f"{info['torch']} / {info.get('triton', '–')} / "
                                                      f"{info.get('timm', '–')} / {info['onnxruntime']}"),
             ("sartor", f"{info['sartor']} ({info['sartor_commit']})"),
@@ -623,7 +672,8 @@ def write_table(out: Path) -> str:
         compile_s = [f"b{b} {row[p]['compile_s']} s" for b, row in sorted(rows.items()) for p in ("compile", "autotune")
                      if "compile_s" in row.get(p, {})]
         if compile_s:
-            notes.append(f"- {name}: torch.compile {', '.join(compile_s)}; sartor build {summary.get('build_s', '–')} s")
+            notes.append(f"- {name}: torch.compile {', '.join(compile_s)}; "
+                         f"sartor build {summary.get('build_s', '–')} s")
         notes += [f"- {name} {step}: {text.splitlines()[0] if text else ''}" for step, text in errors.items()]
     if notes:
         lines += ["", "Compile times and errors:", ""] + notes
@@ -635,12 +685,10 @@ def write_table(out: Path) -> str:
 def write_per_layer(out: Path, count: int) -> list[str]:
     """per_layer.json: the per-layer profiles of the `count` models where sartor does worst against
     eager (its lowest speed-up at any batch), keyed by model."""
-    records = read_records(out / RESULTS)
-    models = {r["model"]: r for r in records if r.get("record") == "model" and "per_layer" in r}
-    worst: dict[str, float] = {}
-    for r in records:
-        if r.get("record") == "batch" and r["model"] in models and "speedup_vs_eager" in r:
-            worst[r["model"]] = min(worst.get(r["model"], math.inf), r["speedup_vs_eager"])
+    models, rows = collect(read_records(out / RESULTS))
+    worst = {name: min(row["speedup_vs_eager"] for row in rows[name].values() if "speedup_vs_eager" in row)
+             for name, model in models.items() if "per_layer" in model
+             and any("speedup_vs_eager" in row for row in rows.get(name, {}).values())}
     chosen = sorted(worst, key=worst.get)[:count]
     (out / PER_LAYER).write_text(json.dumps({name: dict(models[name]["per_layer"], speedup_vs_eager_worst=worst[name])
                                              for name in chosen}, indent=1))
@@ -648,11 +696,25 @@ def write_per_layer(out: Path, count: int) -> list[str]:
 
 
 # ---- the call ------------------------------------------------------------------------------
+def pending_work(results: Path, args, device_type: str) -> dict[str, dict | None]:
+    """The asked-for models this call still has to measure: None for a whole model, else the
+    {batch: peers} a finished model lacks (measured without a rebuild)."""
+    models, rows = collect(read_records(results))
+    work: dict[str, dict | None] = {}
+    for name in args.models:
+        model = models.get(name)
+        if model is None or done_key(model) != (name, args.size, device_type, args.precision):
+            work[name] = None
+        elif missing := missing_peers(model, rows.get(name, {}), args.peers, args.batches):
+            work[name] = missing
+    return work
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--work", type=Path, default=Path("/tmp/sartor_gpu_zoo"),
-                        help="ONNX exports and engines (not results: nothing here is read back)")
+                        help="ONNX exports (reused when present) and engines; never results")
     parser.add_argument("--models", default=",".join(a.name for a in ARCHITECTURES))
     parser.add_argument("--peers", default="eager,compile", help=f"any of {', '.join(PEERS)} (or none)")
     parser.add_argument("--batches", default="1,64")
@@ -703,27 +765,27 @@ def main(argv: list[str] | None = None) -> int:
     emit({"record": "call", "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
           "versions": versions(device, args.size, args.batches, args.precision),
           "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}})
-    done = {done_key(r) for r in read_records(results) if r.get("record") == "model"}
+    work = pending_work(results, args, device.type)
     previous_handler = signal.signal(signal.SIGALRM, out_of_budget)
     longest = 0.0  # the longest model of this call: what the next one is expected to need at most
     stopped, name = None, None
     try:
         signal.setitimer(signal.ITIMER_REAL, max(args.budget_s - (time.monotonic() - started), 1e-3))
         for name in args.models:
-            arch = BY_NAME[name]
-            key = (name, args.size, device.type, args.precision)
-            if key in done:
+            if name not in work:
                 print(f"{name}: already in {results}, skipped", flush=True)
                 continue
             left = args.budget_s - (time.monotonic() - started)
             if left < longest:
                 stopped = f"{name} not started: {left:.0f} s left, the longest model so far took {longest:.0f} s"
                 break
-            print(f"== {name} ({left:.0f} s left)", flush=True)
+            only = f" (done: only the peers missing, {work[name]})" if work[name] else ""
+            print(f"== {name} ({left:.0f} s left){only}", flush=True)
             t0 = time.monotonic()
-            summary = ModelRun(arch, args, args.work, emit).run()
+            summary = ModelRun(BY_NAME[name], args, args.work, emit, work[name]).run()
             longest = max(longest, time.monotonic() - t0)
-            emit(summary)
+            if work[name] is None:
+                emit(summary)
             print(json.dumps({k: v for k, v in summary.items() if k != "per_layer"}), flush=True)
             if summary.get("context_lost"):
                 stopped = f"the GPU faulted during {name}: this process's CUDA context is lost, it measures no more"
@@ -733,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     except OutOfBudget as exc:
-        stopped = f"{exc} during {name}: it is redone whole by the next call"
+        stopped = f"{exc} during {name}: the next call measures it again"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
@@ -743,9 +805,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_layer:
         print("per-layer profiles kept:", write_per_layer(args.out, args.per_layer), flush=True)
     print(write_table(args.out), flush=True)
-    remaining = [n for n in args.models if (n, args.size, device.type, args.precision)
-                 not in {done_key(r) for r in read_records(results) if r.get("record") == "model"}]
-    print(f"models left for another call: {','.join(remaining) or 'none'}", flush=True)
+    print(f"models left for another call: {','.join(pending_work(results, args, device.type)) or 'none'}", flush=True)
     return 0
 
 
