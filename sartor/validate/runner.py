@@ -13,8 +13,8 @@ import hashlib
 import itertools
 import os
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
@@ -22,10 +22,10 @@ import numpy as np
 
 from ..data.datasets import Dataset, Sample, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
-from ..version import __version__
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
 from ..pipeline.pipeline import Pipeline, choose_batch
 from ..pipeline.pipeline import image_input as engine_image_input
+from ..version import __version__
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
 from .metrics import (

@@ -587,6 +587,17 @@ def test_html_report_carries_run_facts_and_worst_examples(models, tmp_path, cli)
     assert "reference: red" in page and "engine: green" in page
 
 
+def test_validate_honours_crop_and_cv2_resampler(tmp_path):
+    """A classifier built with resize=N,crop=C and resampler=cv2: validate runs the engine through
+    the Pipeline and the reference through sartor.data with that spec, so they agree exactly."""
+    pytest.importorskip("cv2")
+    spec = "resize=12,crop=8,mean=0,std=255,rgb,nchw,resampler=cv2"
+    plan = build(colour_classifier(IDENTITY), tmp_path, "colour_crop", 8, spec)
+    assert sartor.load(plan).preprocess.describe() == spec
+    report = validate(plan, colour_manifest(tmp_path), class_names=["red", "green", "blue"])
+    assert report.preprocess == spec and report.overall.reference == report.overall.engine == 1.0
+
+
 def test_detection_examples_draw_both_sides_and_rank_by_disagreement(models, tmp_path):
     from sartor.validate.runner import detection_disagreement
     same = Detections(np.array([[0, 0, 10, 10], [20, 20, 30, 30]]), np.array([0.9, 0.8]), np.array([0, 1]))
