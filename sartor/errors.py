@@ -57,6 +57,10 @@ class ConfigError(SartorError):
     """A build option is malformed or contradicts another."""
 
 
+class MissingDependencyError(ConfigError):
+    """An option asks for an optional package (e.g. OpenCV for resampler=cv2) that does not import."""
+
+
 class DataError(SartorError):
     """A dataset, its annotations or one of its images is missing, malformed or inconsistent."""
 

@@ -5,8 +5,13 @@ pad it (centered, with 114 as Ultralytics does), keep RGB order, compute (x - 0)
 channels first, as float32. Every image comes back with an `ImageMeta` that maps boxes found in the
 network input back to the original image.
 
-Images are resized with Pillow's bilinear filter (antialiased when shrinking) and are not rotated by
-their EXIF orientation: annotation files give boxes in stored-pixel coordinates.
+`resize=256,crop=224` is torchvision's ImageNet evaluation: the shorter side scaled to 256 (aspect
+kept, the longer side truncated as `transforms.Resize(256)` does), then the centre 224×224 cut out.
+
+Images are resized with Pillow's bilinear filter (antialiased when shrinking: torchvision's PIL
+path), or with `resampler=cv2` OpenCV's `INTER_LINEAR` (no antialiasing: Ultralytics' `LetterBox`),
+and are not rotated by their EXIF orientation: annotation files give boxes in stored-pixel
+coordinates. OpenCV is optional: imported only when a spec asks for it.
 """
 from __future__ import annotations
 
@@ -17,27 +22,31 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, MissingDependencyError
 
-RESIZE_MODES = ("letterbox", "resize", "none")
+RESIZE_MODES = ("letterbox", "resize", "crop", "none")  # "crop": the shorter side resized, then a centre crop
+RESAMPLERS = ("pillow", "cv2")
+_RESAMPLER_ALIASES = {"pil": "pillow", "opencv": "cv2"}
 CHANNELS = ("rgb", "bgr")
 LAYOUTS = ("nchw", "nhwc")
 DTYPES = ("float32", "float16", "uint8")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "u8": "uint8"}
-SYNTAX = ("letterbox=H[xW] | resize=HxW | none, mean=M or M1:M2:M3, std=S or S1:S2:S3, rgb | bgr, "
-          "nchw | nhwc, dtype=float32|float16|uint8, pad=0..255")
+SYNTAX = ("letterbox=H[xW] | resize=HxW | resize=N,crop=H[xW] | none, mean=M or M1:M2:M3, std=S or S1:S2:S3, "
+          "rgb | bgr, nchw | nhwc, dtype=float32|float16|uint8, pad=0..255, resampler=pillow|cv2")
 
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    resize: str = "none"  # letterbox | resize | none
-    size: tuple[int, int] = (0, 0)  # (H, W) of the network input; (0, 0) with resize "none"
+    resize: str = "none"  # letterbox | resize | crop | none
+    size: tuple[int, int] = (0, 0)  # (H, W) of the network input (the crop's with "crop"); (0, 0) with "none"
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)  # per channel, in the output channel order
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
     channels: str = "rgb"  # rgb | bgr
     layout: str = "nchw"  # nchw | nhwc
     dtype: str = "float32"  # float32 | float16 | uint8
     pad_value: int = 114  # letterbox padding, in 0..255 pixel units (before mean/std)
+    shorter_side: int = 0  # with resize "crop": the shorter side's length before the centre crop
+    resampler: str = "pillow"  # pillow (bilinear, antialiased) | cv2 (cv2.INTER_LINEAR, no antialiasing)
 
     def __post_init__(self) -> None:
         if self.resize not in RESIZE_MODES:
@@ -56,6 +65,15 @@ class PreprocessSpec:
             raise ConfigError("preprocess std must not be 0")
         if not 0 <= int(self.pad_value) <= 255:
             raise ConfigError(f"preprocess pad {self.pad_value} must be in 0..255")
+        if self.resampler not in RESAMPLERS:
+            raise ConfigError(f"preprocess resampler {self.resampler!r} is not one of {', '.join(RESAMPLERS)}")
+        shorter = int(self.shorter_side)
+        if self.resize == "crop" and shorter < max(size):
+            raise ConfigError(f"preprocess resize={shorter},crop={size[0]}x{size[1]}: the shorter side must be at "
+                              f"least the crop's height and width")
+        if self.resize != "crop" and shorter:
+            raise ConfigError(f"preprocess shorter_side {shorter} goes only with resize 'crop'")
+        object.__setattr__(self, "shorter_side", shorter)
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
@@ -79,14 +97,16 @@ class PreprocessSpec:
     def to_json(self) -> dict:
         return {"resize": self.resize, "size": list(self.size), "mean": list(self.mean), "std": list(self.std),
                 "channels": self.channels, "layout": self.layout, "dtype": self.dtype, "pad_value": self.pad_value,
-                "text": self.describe()}
+                "shorter_side": self.shorter_side, "resampler": self.resampler, "text": self.describe()}
 
     @staticmethod
     def from_json(d: dict) -> PreprocessSpec:
         try:
             return PreprocessSpec(resize=d["resize"], size=tuple(d["size"]), mean=tuple(d["mean"]),
                                   std=tuple(d["std"]), channels=d["channels"], layout=d["layout"],
-                                  dtype=d["dtype"], pad_value=d.get("pad_value", 114))
+                                  dtype=d["dtype"], pad_value=d.get("pad_value", 114),
+                                  # records from before these fields meant no crop and Pillow's resize
+                                  shorter_side=d.get("shorter_side", 0), resampler=d.get("resampler", "pillow"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"preprocess record {d!r} is malformed: {exc}") from None
 
@@ -95,6 +115,10 @@ class PreprocessSpec:
         parts = []
         if self.resize == "none":
             parts.append("none")
+        elif self.resize == "crop":
+            h, w = self.size
+            parts.append(f"resize={self.shorter_side}")
+            parts.append(f"crop={h}" + (f"x{w}" if w != h else ""))
         else:
             h, w = self.size
             parts.append(f"{self.resize}={h}" + (f"x{w}" if (w != h or self.resize == "resize") else ""))
@@ -105,6 +129,8 @@ class PreprocessSpec:
             parts.append(f"dtype={self.dtype}")
         if self.resize == "letterbox" and self.pad_value != 114:
             parts.append(f"pad={self.pad_value}")
+        if self.resampler != "pillow":  # the default is left out: older specs' text stays as it was
+            parts.append(f"resampler={self.resampler}")
         return ",".join(parts)
 
     def __str__(self) -> str:
@@ -173,6 +199,13 @@ def parse_preprocess(text: str) -> PreprocessSpec:
                 continue
             set_field("resize", key, token)
             fields["size"] = _parse_size(token, value, square_ok=True)
+        elif key == "crop" and sep:
+            set_field("crop", _parse_size(token, value, square_ok=True), token)
+        elif key == "resampler" and sep:
+            resampler = _RESAMPLER_ALIASES.get(value.lower(), value.lower())
+            if resampler not in RESAMPLERS:
+                raise ConfigError(f"preprocess token {token!r}: resampler must be one of {', '.join(RESAMPLERS)}")
+            set_field("resampler", resampler, token)
         elif key == "none" and not sep:
             set_field("resize", "none", token)
         elif key in ("mean", "std") and sep:
@@ -205,6 +238,16 @@ def parse_preprocess(text: str) -> PreprocessSpec:
             set_field("pad_value", pad, token)
         else:
             raise ConfigError(f"preprocess token {token!r} is not understood: expected {SYNTAX}")
+    if "crop" in fields:
+        crop = fields.pop("crop")
+        resize_token = seen.get("resize", "")
+        if fields.get("resize") != "resize" or "x" in resize_token.lower():
+            # One number is torchvision's Resize(N), the shorter side; HxW or a letterbox has no centre
+            # crop in the evaluation recipes this follows, so it is refused rather than guessed.
+            raise ConfigError(f"preprocess token {seen['crop']!r} needs resize=N (the shorter side before the "
+                              f"centre crop, as torchvision's Resize(N) + CenterCrop), not "
+                              f"{resize_token or 'no resize'!r}")
+        fields.update(resize="crop", shorter_side=fields["size"][0], size=crop)
     return PreprocessSpec(**fields)
 
 
@@ -280,8 +323,25 @@ class Placement:
                          input_size=self.input_size)
 
 
+def _shorter_side_crop_geometry(h: int, w: int, shorter: int, crop_h: int, crop_w: int) -> tuple[int, int, int, int]:
+    """(new_h, new_w, top, left) as torchvision's Resize(shorter) then CenterCrop((crop_h, crop_w)):
+    the longer side truncated (`int(shorter * long / short)`), the crop's corner rounded half to
+    even (`int(round((new - crop) / 2))`); top and left are the crop's offset inside the resized image.
+    The crop always fits: both resized sides are at least `shorter`, which the spec keeps ≥ the crop."""
+    if h <= w:
+        new_h, new_w = shorter, int(shorter * w / h)
+    else:
+        new_h, new_w = int(shorter * h / w), shorter
+    return new_h, new_w, int(round((new_h - crop_h) / 2.0)), int(round((new_w - crop_w) / 2.0))
+
+
 def placement(h: int, w: int, spec: PreprocessSpec) -> Placement:
-    """The spec's geometry for one h×w image; the CPU and GPU preprocessing both follow it."""
+    """The spec's geometry for one h×w image; the CPU and GPU preprocessing both follow it. A centre
+    crop is a placement with a negative pad: the resized image's corner lies above and left of the
+    input's, and what falls outside the input is dropped."""
+    if spec.resize == "crop":
+        new_h, new_w, top, left = _shorter_side_crop_geometry(h, w, spec.shorter_side, *spec.size)
+        return Placement((new_h, new_w), (-top, -left), spec.size)
     if spec.resize == "letterbox":
         new_h, new_w, top, left = _letterbox_geometry(h, w, *spec.size)
         return Placement((new_h, new_w), (top, left), spec.size)
@@ -290,10 +350,33 @@ def placement(h: int, w: int, spec: PreprocessSpec) -> Placement:
     return Placement((h, w), (0, 0), (h, w))
 
 
-def _resize(image: Image.Image, w: int, h: int) -> Image.Image:
+def import_cv2():
+    """OpenCV, for `resampler=cv2` only: it is not a dependency of sartor."""
+    try:
+        import cv2
+    except ImportError as exc:
+        raise MissingDependencyError(f"preprocess resampler=cv2 needs OpenCV, which does not import here ({exc}): "
+                                     f"pip install opencv-python-headless") from None
+    return cv2
+
+
+def resize_pixels(pixels: np.ndarray, w: int, h: int, resampler: str) -> np.ndarray:
+    """An H×W×3 uint8 array resized to h×w by the spec's resampler: Pillow's bilinear (antialiased
+    when shrinking) or cv2.resize with INTER_LINEAR, the call Ultralytics' LetterBox makes."""
+    if pixels.shape[:2] == (h, w):
+        return pixels
+    if resampler == "cv2":
+        cv2 = import_cv2()
+        return cv2.resize(np.ascontiguousarray(pixels), (w, h), interpolation=cv2.INTER_LINEAR)
+    return np.asarray(Image.fromarray(np.ascontiguousarray(pixels)).resize((w, h), Image.Resampling.BILINEAR))
+
+
+def _resize(image: Image.Image, w: int, h: int, resampler: str = "pillow") -> np.ndarray:
+    if resampler == "cv2":
+        return resize_pixels(np.asarray(image), w, h, resampler)
     if image.size == (w, h):
-        return image
-    return image.resize((w, h), Image.Resampling.BILINEAR)
+        return np.asarray(image)
+    return np.asarray(image.resize((w, h), Image.Resampling.BILINEAR))
 
 
 def preprocess_image(image: Image.Image | np.ndarray | str | os.PathLike,
@@ -315,9 +398,12 @@ def preprocess_image(image: Image.Image | np.ndarray | str | os.PathLike,
     if spec.resize == "letterbox":
         out_h, out_w = spec.size
         pixels = np.full((out_h, out_w, 3), spec.pad_value, dtype=np.uint8)
-        pixels[top:top + new_h, left:left + new_w] = np.asarray(_resize(image, new_w, new_h))
+        pixels[top:top + new_h, left:left + new_w] = _resize(image, new_w, new_h, spec.resampler)
+    elif spec.resize == "crop":
+        out_h, out_w = spec.size
+        pixels = _resize(image, new_w, new_h, spec.resampler)[-top:-top + out_h, -left:-left + out_w]
     else:
-        pixels = np.asarray(_resize(image, new_w, new_h))
+        pixels = _resize(image, new_w, new_h, spec.resampler)
     if spec.channels == "bgr":
         pixels = pixels[..., ::-1]
     array = _normalize(pixels, spec)

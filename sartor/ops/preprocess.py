@@ -13,6 +13,7 @@ from ..ir.dtypes import NUMPY_TO_TORCH
 from ..kernels.preprocess.letterbox import (
     PREPROCESS_TILES,
     PreprocessTile,
+    kernel_supports,
     letterbox_frames,
     preprocess_kernel_available,
 )
@@ -25,8 +26,8 @@ _spec = functools.lru_cache(maxsize=16)(parse_preprocess)  # parsed once, not at
 
 
 def preprocess_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
-    """"torch" (the reference) and, on CUDA with Triton, the fused kernel's tiles."""
-    if inputs[0].is_cuda and preprocess_kernel_available():
+    """"torch" (the reference) and, on CUDA with Triton, the fused kernel's tiles for a spec it computes."""
+    if inputs[0].is_cuda and preprocess_kernel_available() and kernel_supports(_spec(attrs["spec"])):
         return ["torch", *(tile.name for tile in PREPROCESS_TILES)]
     return ["torch"]
 
@@ -44,6 +45,6 @@ def preprocess(inputs, attrs):
         # so the executor makes no copy of the image.
         out = out.contiguous(memory_format=torch.channels_last)
     tile = tactic_for(attrs.get("tactic"))
-    if isinstance(tile, PreprocessTile) and preprocess_kernel_available():
+    if isinstance(tile, PreprocessTile) and preprocess_kernel_available() and kernel_supports(spec):
         return letterbox_frames(frames, "hwc", attrs["frame_order"], spec, place.resized, place.pad, out, tile)
     return letterbox_torch(frames, "hwc", attrs["frame_order"], spec, place.resized, place.pad, out)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from ..data.preprocess import PreprocessSpec, placement
+from ..data.preprocess import PreprocessSpec, placement, resize_pixels
 from ..errors import ConfigError, DataError
 from .sources import FrameSource
 
@@ -105,8 +105,11 @@ def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = Fal
                         exact_size = (new_w, new_h)
                 image.load()
                 rgb = image.convert("RGB") if image.mode != "RGB" else image
-                if exact_size is not None and rgb.size != exact_size:
-                    rgb = rgb.resize(exact_size, Image.Resampling.BILINEAR)  # the reference's own resize
+                if exact_size is not None and rgb.size != exact_size:  # the reference's own resize and filter
+                    if spec.resampler == "cv2":
+                        resized = resize_pixels(np.asarray(rgb), *exact_size, "cv2")  # a new, writable array
+                        return torch.from_numpy(resized).permute(2, 0, 1), (height, width)
+                    rgb = rgb.resize(exact_size, Image.Resampling.BILINEAR)
                 return _host_tensor(rgb), (height, width)
     except (UnidentifiedImageError, ImportError):
         # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.preprocess import ImageMeta, PreprocessSpec
+from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
@@ -128,6 +128,8 @@ class Pipeline:
                               "letterbox=640,mean=0,std=255,rgb,nchw), or pass preprocess=")
         if frame_order not in FRAME_ORDERS:
             raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
+        if spec.resampler == "cv2":
+            import_cv2()  # missing OpenCV is one error here, not a failure per image on the worker thread
         if getattr(engine, "nms", None) is not None and (decoder is None or isinstance(decoder, YoloNms)):
             decoder = EngineNms(engine.nms)  # the engine ran the NMS itself: its kept boxes are the detections
         self.engine, self.spec, self.decoder = engine, spec, decoder

@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 
 from ..data.preprocess import ImageMeta, PreprocessSpec, placement
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..ir.dtypes import NUMPY_TO_TORCH
-from ..kernels.preprocess.letterbox import letterbox_frames, preprocess_kernel_available
+from ..kernels.preprocess.letterbox import kernel_supports, letterbox_frames, preprocess_kernel_available
 from ..kernels.preprocess.torch_path import letterbox_torch
 
 
-def uses_kernel(device: torch.device) -> bool:
-    """Whether prepare_batch runs the Triton kernel on `device` by default: on CUDA with Triton."""
-    return device.type == "cuda" and preprocess_kernel_available()
+def uses_kernel(device: torch.device, spec: PreprocessSpec | None = None) -> bool:
+    """Whether prepare_batch runs the Triton kernel on `device` by default: on CUDA with Triton, for
+    a spec the kernel computes (not resampler=cv2, which the torch ops do on the same device)."""
+    return device.type == "cuda" and preprocess_kernel_available() and (spec is None or kernel_supports(spec))
 
 
 def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torch.Tensor:
@@ -61,7 +62,10 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
     if tuple(target.shape) != tuple(shape) or target.dtype != NUMPY_TO_TORCH[spec.dtype] or target.device != device:
         raise DataError(f"preprocess output buffer is {tuple(target.shape)} {target.dtype} on {target.device}; "
                         f"{spec.describe()!r} makes {tuple(shape)} {NUMPY_TO_TORCH[spec.dtype]} on {device}")
-    prepare = letterbox_frames if (uses_kernel(device) if kernel is None else kernel) else letterbox_torch
+    if kernel and not kernel_supports(spec):
+        raise ConfigError(f"preprocess {spec.describe()!r}: the fused preprocessing kernel resamples with Pillow's "
+                          f"filter only; leave kernel= unset to run resampler=cv2 through torch ops")
+    prepare = letterbox_frames if (uses_kernel(device, spec) if kernel is None else kernel) else letterbox_torch
     groups: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(sizes, originals)):
         groups.setdefault(key, []).append(i)

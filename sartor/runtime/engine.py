@@ -207,6 +207,7 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         raise EngineFileError(f"{path} has a malformed header ({type(exc).__name__}: {exc}); rebuild the engine "
                               f"from its ONNX model") from None
     engine.kernels_installed = installed
+    engine.digest = engine_file.digest  # the file's SHA-256 checksum: which engine a report describes
     engine.signed_by = engine_file.signature.fingerprint if engine_file.signature else None
     engine.fingerprint_check = fingerprint_check
     return engine

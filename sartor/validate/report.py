@@ -1,13 +1,23 @@
-"""`--report report.html`: one self-contained page (inline CSS and SVG; no script, no link to
-anything outside it) with the gate table, per-split bars, per-class bars and the score-distribution
-shift between the reference and the engine."""
+"""`--report report.html`: one self-contained page (inline CSS, SVG and JPEG thumbnails as data
+URIs; no script, no link to anything outside it) with what was validated (date, sartor version,
+engine digest, device fingerprint, build options, the run's latency), the gate table, per-split
+bars, per-class bars, the score-distribution shift between the reference and the engine, and per
+split the images where they differ most, reference and engine side by side."""
 from __future__ import annotations
 
+import base64
 import html
+import io
+import json
 import math
 from pathlib import Path
 
+from PIL import ImageDraw
+
+from ..data.preprocess import load_image
+from ..errors import DataError
 from ..runtime.engine_file import write_atomic
+from .runner import EXAMPLE_CONF
 
 REFERENCE_COLOR = "#4c72b0"
 ENGINE_COLOR = "#dd8452"
@@ -15,6 +25,8 @@ FAIL_COLOR = "#c0392b"
 PASS_COLOR = "#2e8b57"
 FONT = "font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif"
 MAX_CLASSES_SHOWN = 100
+THUMBNAIL_SIDE = 224  # pixels of a thumbnail's longer side: boxes stay visible, ~10 kB a JPEG
+THUMBNAIL_QUALITY = 80
 
 
 def _e(value) -> str:
@@ -157,7 +169,60 @@ th {{ background: #f4f4f4; }} td:first-child, th:first-child {{ text-align: left
 .verdict {{ font-size: 18px; padding: 8px 12px; border-radius: 4px; display: inline-block; margin: 8px 0; }}
 .verdict.pass {{ background: #e8f5ee; }} .verdict.fail {{ background: #fbeaea; }} .verdict.none {{ background: #eee; }}
 .muted {{ color: #666; font-size: 12px; }} code {{ background: #f4f4f4; padding: 1px 4px; }}
+.grid {{ display: flex; flex-wrap: wrap; gap: 12px; }}
+.example {{ border: 1px solid #ddd; padding: 6px; font-size: 12px; }}
+.pair {{ display: flex; gap: 6px; }} .pair figure {{ margin: 0; }} .pair figcaption {{ text-align: center; }}
 """
+
+
+# ---- example thumbnails ----------------------------------------------------------------------------------
+
+def _thumbnail(path: str, boxes: list[dict] | None, color: str) -> tuple[str | None, str]:
+    """(a JPEG data URI of the image scaled to THUMBNAIL_SIDE with `boxes` drawn, or None, and why
+    not): the image is read again here, so the report's JSON stays free of pixels."""
+    try:
+        image = load_image(path)
+    except DataError as exc:
+        return None, str(exc)
+    scale = min(1.0, THUMBNAIL_SIDE / max(image.size))
+    if scale < 1.0:
+        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
+    draw = ImageDraw.Draw(image)
+    for det in boxes or []:
+        x1, y1, x2, y2 = (v * scale for v in det["box"])
+        draw.rectangle((x1, y1, x2, y2), outline=color, width=2)
+        draw.text((x1 + 2, y1 + 1), f"{det['label']} {det['score']:.2f}", fill=color)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=THUMBNAIL_QUALITY)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii"), ""
+
+
+def _figure(path: str, side: dict, who: str, color: str, detect: bool) -> str:
+    uri, why = _thumbnail(path, side.get("boxes") if detect else None, color)
+    if detect:
+        caption = f"{who}: {len(side.get('boxes') or [])} boxes"
+    else:
+        caption = f"{who}: {side.get('top1')} ({_fmt(side.get('probability'), 3)})"
+    body = f'<img src="{uri}" alt="{_e(who)}">' if uri else f'<div class="muted">{_e(why)}</div>'
+    return f'<figure>{body}<figcaption style="color:{color}">{_e(caption)}</figcaption></figure>'
+
+
+def examples_grid(examples: list, task: str) -> str:
+    """Per split, its worst images (largest disagreement first): reference and engine side by side."""
+    detect = task == "detect"
+    parts = []
+    for group in examples:
+        if not group.get("images"):
+            continue
+        parts.append(f"<h3>{_e(group['split'])}</h3><div class='grid'>")
+        for item in group["images"]:
+            label = f" · label {item['label']}" if item.get("label") is not None else ""
+            parts.append(f"<div class='example'><div>{_e(Path(item['path']).name)} · disagreement "
+                         f"{_fmt(item.get('disagreement'), 3)}{_e(label)}</div><div class='pair'>"
+                         + _figure(item["path"], item["reference"], "reference", REFERENCE_COLOR, detect)
+                         + _figure(item["path"], item["engine"], "engine", ENGINE_COLOR, detect) + "</div></div>")
+        parts.append("</div>")
+    return "".join(parts)
 
 
 def render_html(report: dict) -> str:
@@ -188,6 +253,20 @@ def render_html(report: dict) -> str:
              ("preprocess", report.get("preprocess")), ("decoder", report.get("decoder")),
              ("batch", report.get("batch")), ("split by", report.get("split_by"))]
     setup += [(k, v) for k, v in (report.get("options") or {}).items()]
+    info = report.get("engine_info") or {}
+    fingerprint = info.get("fingerprint") or {}
+    setup += [("validated at (UTC)", report.get("created")), ("sartor version", report.get("sartor_version")),
+              ("engine SHA-256", info.get("digest")),
+              ("built for device", ", ".join(f"{k}={v}" for k, v in fingerprint.items()) if fingerprint else None),
+              ("build options", json.dumps(info["build_config"], sort_keys=True, default=str)
+               if info.get("build_config") else None)]
+    latency = report.get("latency") or {}
+    if latency:
+        setup.append(("engine latency (this run)",
+                      f"{_fmt(latency.get('image_ms_mean'), 2)} ms per image, batch p50 "
+                      f"{_fmt(latency.get('batch_ms_p50'), 2)} ms, p95 {_fmt(latency.get('batch_ms_p95'), 2)} ms over "
+                      f"{latency.get('batches')} batches ({_fmt(latency.get('images_per_second'), 1)} images/s; "
+                      f"decode and preprocessing overlapped, as the Pipeline runs)"))
     for key, value in setup:
         if value is not None and value != "":
             parts.append(f"<tr><td>{_e(key)}</td><td style='text-align:left'><code>{_e(value)}</code></td></tr>")
@@ -224,6 +303,14 @@ def render_html(report: dict) -> str:
     if scores:
         parts.append(f"<h2>Score distribution: {_e(scores.get('what', 'score'))}</h2>")
         parts.append(histogram(scores))
+    examples = report.get("examples") or []
+    if any(group.get("images") for group in examples):
+        what = (f"boxes with score ≥ {EXAMPLE_CONF:g}; disagreement = 1 − F1 of the engine's boxes against the reference's"
+                if report.get("task") == "detect" else
+                "top-1 class and probability; disagreement = a different class (1) + the probability's change")
+        parts.append(f"<h2>Examples: where engine and reference differ most, per split</h2>"
+                     f"<div class='muted'>{_e(what)}</div>")
+        parts.append(examples_grid(examples, report.get("task")))
     notes = report.get("notes") or []
     if notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")

@@ -14,6 +14,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +25,7 @@ from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
 from ..pipeline.pipeline import Pipeline, choose_batch
 from ..pipeline.pipeline import image_input as engine_image_input
+from ..version import __version__
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
 from .metrics import (
@@ -42,6 +44,8 @@ from .metrics import (
 TASKS = ("classify", "detect")
 METRIC_NAMES = {"classify": "top-1", "detect": "mAP@[.5:.95]"}
 HIST_BINS = 20
+EXAMPLES_PER_SPLIT = 6  # the report's thumbnails per split: enough to see a pattern, a page that stays small
+EXAMPLE_CONF = 0.25  # detections drawn and compared per image: Ultralytics' predict default
 DROP_EPS = 1e-9  # float noise allowed over max_drop
 
 
@@ -98,6 +102,11 @@ class ValidationReport:
     options: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
+    created: str = ""  # UTC, ISO 8601: when this validation ran
+    sartor_version: str = ""
+    engine_info: dict = field(default_factory=dict)  # digest, fingerprint, build options of the engine
+    latency: dict = field(default_factory=dict)  # the engine's time per batch and image in this run
+    examples: list = field(default_factory=list)  # per split, the images where engine and reference differ most
 
     @property
     def gated(self) -> bool:
@@ -119,7 +128,9 @@ class ValidationReport:
                 "batch": self.batch, "options": self.options, "overall": self.overall.to_json(),
                 "split_by": self.split_by, "splits": [s.to_json() for s in self.splits],
                 "per_class": self.per_class, "scores": self.scores, "class_names": self.class_names,
-                "notes": self.notes, "seconds": self.seconds}
+                "notes": self.notes, "seconds": self.seconds, "created": self.created,
+                "sartor_version": self.sartor_version, "engine_info": self.engine_info, "latency": self.latency,
+                "examples": self.examples}
 
 
 # ---- the ONNX Runtime reference -------------------------------------------------------------------
@@ -370,6 +381,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     chosen: Decoder | None = None
     class_output = None
     engine_seconds = reference_seconds = 0.0
+    batch_seconds: list[tuple[int, float]] = []  # (images, seconds) of each engine batch
     for arrays, metas, samples in iterate_batches(dataset.samples, spec, batch_size, progress=progress):
         count = len(samples)
         t0 = time.perf_counter()
@@ -379,6 +391,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         t2 = time.perf_counter()
         engine_seconds += t1 - t0
         reference_seconds += t2 - t1
+        batch_seconds.append((count, t1 - t0))
         got = {} if nms is not None else {k: np.stack([_to_numpy(r.outputs[k]) for r in results]) for k in output_names}
         engine_metas = [r.meta for r in results]  # the pipeline's: the same geometry, its own decode
         expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
@@ -430,6 +443,10 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
                      f"{', ...' if len(onnx.class_names) > 4 else ''}): check the class order (--classes)")
     for row in per_class:
         row["name"] = names[row["id"]] if 0 <= row["id"] < len(names) else str(row["id"])
+    if task == "classify":
+        examples = classification_examples(dataset.samples, stats, split_items, names)
+    else:
+        examples = detection_examples(dataset.samples, ref_dets, eng_dets, split_items, names)
     return ValidationReport(
         engine_path=engine_label, reference_path=str(reference), data=str(dataset.source), task=task,
         mode="labels" if labelled else "reference", metric=METRIC_NAMES[task], overall=overall,
@@ -439,7 +456,99 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         options=({"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
                   "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {}) | {"fast_decode": fast_decode},
         notes=notes, seconds={"engine": engine_seconds, "reference": reference_seconds,
-                              "total": time.perf_counter() - started})
+                              "total": time.perf_counter() - started},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), sartor_version=__version__,
+        engine_info=_engine_info(engine), latency=_latency(batch_seconds), examples=examples)
+
+
+def _engine_info(engine) -> dict:
+    """What identifies the engine in a report: its file's SHA-256, the device it was built for and
+    the build's options (the header's own records)."""
+    header = getattr(engine, "header", None) or {}
+    digest = getattr(engine, "digest", None)
+    path = getattr(engine, "path", None)
+    if digest is None and path and Path(path).is_file():
+        digest = _sha256(Path(path))
+    return {"digest": digest, "fingerprint": header.get("fingerprint") or {},
+            "build_config": header.get("build_config") or {}}
+
+
+def _latency(batch_seconds: list[tuple[int, float]]) -> dict:
+    """The engine's side of this run, as the Pipeline delivered it (decode, preprocess and inference
+    overlapped): per batch median and 95th percentile, per image mean, images per second."""
+    if not batch_seconds:
+        return {}
+    images = sum(n for n, _ in batch_seconds)
+    seconds = np.asarray([t for _, t in batch_seconds], dtype=np.float64)
+    total = float(seconds.sum())
+    return {"batches": len(seconds), "images": images, "batch_ms_p50": float(np.percentile(seconds, 50) * 1e3),
+            "batch_ms_p95": float(np.percentile(seconds, 95) * 1e3), "image_ms_mean": total / images * 1e3,
+            "images_per_second": images / total if total > 0 else None}
+
+
+def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=1)
+    return inter / np.maximum(area(a)[:, None] + area(b)[None, :] - inter, 1e-9)
+
+
+def detection_disagreement(ref: Detections, eng: Detections, conf: float = EXAMPLE_CONF) -> float:
+    """1 - F1 of the engine's boxes against the reference's (score ≥ conf, same class, IoU ≥ 0.5,
+    greedy by score): 0 when they agree box for box, 1 when no box matches."""
+    r, e = ref.above(conf), eng.above(conf)
+    if not len(r) and not len(e):
+        return 0.0
+    if not len(r) or not len(e):
+        return 1.0
+    iou = _box_iou(r.boxes, e.boxes)
+    iou[r.classes[:, None] != e.classes[None, :]] = 0.0
+    matched, used = 0, np.zeros(len(e), bool)
+    for i in np.argsort(-r.scores, kind="stable"):
+        candidates = np.where(~used & (iou[i] >= 0.5))[0]
+        if len(candidates):
+            used[candidates[np.argmax(iou[i][candidates])]] = True
+            matched += 1
+    return 1.0 - 2.0 * matched / (len(r) + len(e))
+
+
+def _worst(disagreement: np.ndarray, splits: list) -> list[tuple[str, list[int]]]:
+    """Per split ("all" first), the indices of at most EXAMPLES_PER_SPLIT images, worst first."""
+    groups = [("all", list(range(len(disagreement)))), *splits]
+    return [(name, sorted(idx, key=lambda i: -disagreement[i])[:EXAMPLES_PER_SPLIT]) for name, idx in groups]
+
+
+def _label(names: list[str], cls: int) -> str:
+    return names[cls] if 0 <= cls < len(names) else str(cls)
+
+
+def classification_examples(samples: list, stats: dict, splits: list, names: list[str]) -> list[dict]:
+    """Per split, the images whose top-1 differs most: a different class first, then the largest
+    change of the top-1 probability."""
+    differ = (stats["ref_pred"] != stats["eng_pred"]).astype(np.float64)
+    disagreement = differ + np.abs(stats["ref_prob"] - stats["eng_prob"])
+    return [{"split": name, "images": [
+        {"path": str(samples[i].path), "disagreement": float(disagreement[i]),
+         "label": None if samples[i].label is None else _label(names, int(samples[i].label)),
+         "reference": {"top1": _label(names, int(stats["ref_pred"][i])), "probability": float(stats["ref_prob"][i])},
+         "engine": {"top1": _label(names, int(stats["eng_pred"][i])), "probability": float(stats["eng_prob"][i])}}
+        for i in idx]} for name, idx in _worst(disagreement, splits)]
+
+
+def _boxes_json(dets: Detections, names: list[str], conf: float = EXAMPLE_CONF) -> list[dict]:
+    kept = dets.above(conf)
+    return [{"box": [round(float(v), 1) for v in box], "score": round(float(score), 3), "label": _label(names, int(c))}
+            for box, score, c in zip(kept.boxes, kept.scores, kept.classes)]
+
+
+def detection_examples(samples: list, ref: list, eng: list, splits: list, names: list[str]) -> list[dict]:
+    """Per split, the images whose engine boxes (score ≥ EXAMPLE_CONF) match the reference's least."""
+    disagreement = np.asarray([detection_disagreement(r, e) for r, e in zip(ref, eng)], dtype=np.float64)
+    return [{"split": name, "images": [
+        {"path": str(samples[i].path), "disagreement": float(disagreement[i]),
+         "reference": {"boxes": _boxes_json(ref[i], names)}, "engine": {"boxes": _boxes_json(eng[i], names)}}
+        for i in idx]} for name, idx in _worst(disagreement, splits)]
 
 
 def _to_numpy(value) -> np.ndarray:

@@ -524,7 +524,8 @@ def test_html_report_is_self_contained(models, tmp_path, cli):
     assert result.code == 1 and "report written" in result.out
     page = out.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 3  # splits, classes, score histogram
-    assert "http" not in page and "<script" not in page and "<link" not in page and "src=" not in page
+    assert "http" not in page and "<script" not in page and "<link" not in page
+    assert_only_inline_images(page)
     for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
         ET.fromstring(svg)  # well-formed
     assert "FAIL" in page and "day" in page and "red" in page and "top-1 probability" in page
@@ -537,6 +538,80 @@ def test_html_report_is_self_contained(models, tmp_path, cli):
     data = report.to_json()
     data["per_class"][0]["name"] = "<b>&"
     assert "&lt;b&gt;&amp;" in render_html(data)
+
+
+def assert_only_inline_images(page: str) -> list[bytes]:
+    """Every src= of the page is an inline JPEG that decodes; nothing refers outside the file."""
+    import base64
+    import io
+    sources = re.findall(r'src="([^"]*)"', page)
+    assert len(sources) == page.count("src=")
+    images = []
+    for source in sources:
+        assert source.startswith("data:image/jpeg;base64,")
+        data = base64.b64decode(source.split(",", 1)[1])
+        Image.open(io.BytesIO(data)).verify()
+        images.append(data)
+    return images
+
+
+def test_html_report_carries_run_facts_and_worst_examples(models, tmp_path, cli):
+    """The page says what was validated (date, version, engine digest, fingerprint, build options,
+    this run's latency) and shows per split at most 6 examples, worst first, as inline JPEGs: the
+    misclassified red images first, with both top-1 labels; one file, nothing fetched."""
+    import hashlib
+    manifest = colour_manifest(tmp_path)
+    out = tmp_path / "report.html"
+    cli("validate", models["colour_off"], "--data", manifest, "--reference", models["dir"] / "colour.onnx",
+        "--classes", "red,green,blue", "--split-by", "lighting", "--report", out)
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".html"] == ["report.html"]
+    page = out.read_text(encoding="utf-8")
+    digest = hashlib.sha256(models["colour_off"].read_bytes()[:-32]).hexdigest()
+    for field in ("validated at (UTC)", "sartor version", sartor.__version__, "engine SHA-256", digest,
+                  "built for device", "build options", "engine latency (this run)", "ms per image"):
+        assert field in page, field
+    images = assert_only_inline_images(page)
+    assert len(images) == 2 * (6 + 5 + 5)  # pairs: all (6 of 10), day (its 5), night (its 5)
+    report = validate(models["colour_off"], manifest, reference=models["dir"] / "colour.onnx",
+                      class_names=["red", "green", "blue"], split_by="lighting")
+    data = report.to_json()
+    assert data["engine_info"]["digest"] == digest and data["latency"]["images"] == 10
+    assert data["latency"]["batch_ms_p50"] > 0 and re.match(r"\d{4}-\d\d-\d\dT", data["created"])
+    groups = {g["split"]: g["images"] for g in data["examples"]}
+    assert list(groups) == ["all", "day", "night"] and [len(v) for v in groups.values()] == [6, 5, 5]
+    worst = groups["all"][:3]  # the three red images: the reference says red, the engine green
+    assert all(Path(w["path"]).name.endswith("_red.png") for w in worst)
+    assert all(w["reference"]["top1"] == "red" and w["engine"]["top1"] == "green" for w in worst)
+    disagreements = [w["disagreement"] for w in groups["all"]]
+    assert disagreements == sorted(disagreements, reverse=True) and disagreements[0] >= 1.0 > disagreements[3]
+    assert "reference: red" in page and "engine: green" in page
+
+
+def test_validate_honours_crop_and_cv2_resampler(tmp_path):
+    """A classifier built with resize=N,crop=C and resampler=cv2: validate runs the engine through
+    the Pipeline and the reference through sartor.data with that spec, so they agree exactly."""
+    pytest.importorskip("cv2")
+    spec = "resize=12,crop=8,mean=0,std=255,rgb,nchw,resampler=cv2"
+    plan = build(colour_classifier(IDENTITY), tmp_path, "colour_crop", 8, spec)
+    assert sartor.load(plan).preprocess.describe() == spec
+    report = validate(plan, colour_manifest(tmp_path), class_names=["red", "green", "blue"])
+    assert report.preprocess == spec and report.overall.reference == report.overall.engine == 1.0
+
+
+def test_detection_examples_draw_both_sides_and_rank_by_disagreement(models, tmp_path):
+    from sartor.validate.runner import detection_disagreement
+    same = Detections(np.array([[0, 0, 10, 10], [20, 20, 30, 30]]), np.array([0.9, 0.8]), np.array([0, 1]))
+    moved = Detections(np.array([[0, 0, 10, 10], [40, 40, 50, 50]]), np.array([0.9, 0.8]), np.array([0, 1]))
+    assert detection_disagreement(same, same) == 0.0 and detection_disagreement(same, moved) == 0.5
+    assert detection_disagreement(same, Detections(np.zeros((0, 4)), [], [])) == 1.0
+    coco = coco_dataset(tmp_path / "coco")
+    report = validate(models["head_off"], coco, reference=models["dir"] / "head.onnx", split_by="lighting")
+    data = report.to_json()
+    (first, *_) = data["examples"][0]["images"]
+    assert first["reference"]["boxes"] and first["engine"]["boxes"]
+    assert first["reference"]["boxes"][0]["box"] != first["engine"]["boxes"][0]["box"]  # shifted by 3 px
+    page = render_html(data)
+    assert len(assert_only_inline_images(page)) == 2 * (4 + 2 + 2) and "engine: 2 boxes" in page
 
 
 # ---- real models ---------------------------------------------------------------------------------------

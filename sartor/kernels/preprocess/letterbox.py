@@ -135,13 +135,24 @@ def preprocess_kernel_available() -> bool:
     return triton is not None
 
 
+def kernel_supports(spec: PreprocessSpec) -> bool:
+    """Whether this kernel computes `spec`: its taps are Pillow's, so resampler=cv2 is left to the
+    torch path (cv2's 2-tap fixed-point INTER_LINEAR would be another tap table and rounding)."""
+    return spec.resampler == "pillow"
+
+
 def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, spec: PreprocessSpec,
                      resized: tuple[int, int], pad: tuple[int, int], out: torch.Tensor,
                      tile: PreprocessTile | None = None) -> torch.Tensor:
     """N frames of one size (N×3×H×W for `frame_layout` "chw", N×H×W×3 for "hwc", uint8, any
     strides, channels in `frame_order`) → `out` (N images as `spec` lays them out), each frame
     resized to `resized` (h, w) with its top-left corner at `pad` (top, left) and the rest of the
-    canvas the spec's pad value."""
+    canvas the spec's pad value. A negative `pad` is a centre crop: the output pixel (y, x) reads
+    the resized image's (y - top, x - left), all inside it. Pillow's filter only: `resampler=cv2`
+    runs the torch path (`kernel_supports`)."""
+    if not kernel_supports(spec):
+        raise ValueError(f"letterbox_frames: preprocess {spec.describe()!r} resamples with OpenCV's filter, which "
+                         f"this kernel does not compute: use the torch path")
     if frame_layout not in FRAME_LAYOUTS:
         raise ValueError(f"letterbox_frames: frame layout {frame_layout!r} is not one of {FRAME_LAYOUTS}")
     if frames.dtype != torch.uint8 or frames.dim() != 4:

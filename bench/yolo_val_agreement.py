@@ -1,0 +1,121 @@
+"""Does `sartor validate` give the mAP that `yolo val` gives (issue 37, within 0.002)?
+
+    python bench/yolo_val_agreement.py --weights yolov8n.pt --data coco128.yaml --imgsz 640 [--device cpu]
+
+Exports the weights to ONNX, builds an FP32 sartor engine with Ultralytics' own preprocessing
+(`letterbox=IMGSZ,mean=0,std=255,rgb,nchw,resampler=cv2`), writes the YAML's validation split (YOLO
+txt labels) as a COCO file, and prints both mAP@[.5:.95] and mAP@.5 with their difference.
+Ultralytics validates with rectangular batches by default (each batch letterboxed to its own shape);
+the comparison runs it with `rect=False`, square IMGSZ inputs as the engine takes, and the same
+conf/iou/max_det. The two mAPs use different AP code (Ultralytics' 101-point interpolation over its
+own matching; pycocotools here), which is what the figure measures.
+
+It needs a trained model to mean anything: untrained weights (`yolov8n.yaml`) score ~0 on both
+sides, which agrees trivially. Needs ultralytics and PyYAML; downloads nothing itself (give local
+weights and a local dataset; YOLO_OFFLINE=1 keeps Ultralytics from fetching).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from PIL import Image
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+
+
+def validation_images(data_yaml: Path) -> tuple[list[Path], list[str]]:
+    """The YAML's `val` images and class names, as Ultralytics resolves them (path + val)."""
+    import yaml
+    config = yaml.safe_load(data_yaml.read_text())
+    root = Path(config.get("path") or data_yaml.parent)
+    root = root if root.is_absolute() else (data_yaml.parent / root)
+    val = config["val"]
+    sources = [root / v for v in (val if isinstance(val, list) else [val])]
+    images = []
+    for source in sources:
+        if source.is_dir():
+            images += sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        else:  # a .txt list of image paths
+            images += [root / line.strip() for line in source.read_text().splitlines() if line.strip()]
+    names = config["names"]
+    names = [names[k] for k in sorted(names)] if isinstance(names, dict) else list(names)
+    return images, names
+
+
+def label_path(image: Path) -> Path:
+    """Ultralytics' rule: the last /images/ in the path becomes /labels/, the suffix .txt."""
+    parts = list(image.parts)
+    k = len(parts) - 1 - parts[::-1].index("images")
+    parts[k] = "labels"
+    return Path(*parts).with_suffix(".txt")
+
+
+def yolo_labels_as_coco(images: list[Path], names: list[str], out: Path) -> Path:
+    """YOLO txt labels (class cx cy w h, normalised) → one COCO file with absolute image paths."""
+    records, annotations = [], []
+    for i, image in enumerate(images, start=1):
+        with Image.open(image) as im:
+            w, h = im.size
+        records.append({"id": i, "file_name": str(image.resolve()), "width": w, "height": h})
+        labels = label_path(image)
+        for line in (labels.read_text().splitlines() if labels.is_file() else []):
+            cls, cx, cy, bw, bh = (float(v) for v in line.split()[:5])
+            x1, y1 = (cx - bw / 2) * w, (cy - bh / 2) * h
+            annotations.append({"id": len(annotations) + 1, "image_id": i, "category_id": int(cls) + 1,
+                                "bbox": [x1, y1, bw * w, bh * h], "area": bw * w * bh * h, "iscrowd": 0})
+    categories = [{"id": k + 1, "name": n} for k, n in enumerate(names)]
+    out.write_text(json.dumps({"images": records, "annotations": annotations, "categories": categories}))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weights", required=True, help="a trained Ultralytics .pt (or .yaml: random weights)")
+    parser.add_argument("--data", required=True, type=Path, help="a YOLO dataset YAML with a val split")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the engine's and Ultralytics' device)")
+    parser.add_argument("--conf", type=float, default=0.001)
+    parser.add_argument("--iou", type=float, default=0.7)
+    parser.add_argument("--max-det", type=int, default=300)
+    parser.add_argument("--tolerance", type=float, default=0.002, help="the issue's bound on |mAP difference|")
+    args = parser.parse_args(argv)
+
+    import sartor
+    from sartor.validate.runner import validate
+    from ultralytics import YOLO
+
+    work = Path(tempfile.mkdtemp(prefix="yolo_val_agreement_"))
+    model = YOLO(args.weights)
+    t0 = time.perf_counter()
+    ultra = model.val(data=str(args.data), imgsz=args.imgsz, batch=1, rect=False, conf=args.conf, iou=args.iou,
+                      max_det=args.max_det, device=args.device, plots=False, verbose=False)
+    ultra_seconds = time.perf_counter() - t0
+    onnx_path = Path(model.export(format="onnx", imgsz=args.imgsz, dynamic=True, simplify=False))
+    plan = work / "model.plan"
+    shapes = {"images": (1, 3, args.imgsz, args.imgsz)}
+    sartor.build(onnx_path, plan, device=args.device, min_shapes=shapes, opt_shapes=shapes,
+                 max_shapes={"images": (8, 3, args.imgsz, args.imgsz)},
+                 preprocess=f"letterbox={args.imgsz},mean=0,std=255,rgb,nchw,resampler=cv2")
+    images, names = validation_images(args.data)
+    coco = yolo_labels_as_coco(images, names, work / "val.json")
+    t0 = time.perf_counter()
+    report = validate(plan, coco, reference=onnx_path, conf=args.conf, iou=args.iou, max_det=args.max_det)
+    sartor_seconds = time.perf_counter() - t0
+    result = {"images": report.overall.images, "ultralytics_map": float(ultra.box.map),
+              "ultralytics_map50": float(ultra.box.map50), "sartor_engine_map": report.overall.engine,
+              "sartor_reference_map": report.overall.reference,
+              "sartor_engine_map50": report.overall.engine_extra.get("map50"),
+              "seconds": {"ultralytics": ultra_seconds, "sartor": sartor_seconds}}
+    result["map_difference"] = result["sartor_engine_map"] - result["ultralytics_map"]
+    result["within_tolerance"] = abs(result["map_difference"]) <= args.tolerance
+    print(json.dumps(result, indent=2))
+    return 0 if result["within_tolerance"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
