@@ -15,7 +15,7 @@ from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, R
 from .elementwise import apply_activation
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
-from .util import only_dtypes
+from .util import device_table, only_dtypes
 
 OPS = OpTable("conv")
 
@@ -369,19 +369,26 @@ def col2im(inputs, attrs):
     pads = list(attrs["pads"] or [0] * (2 * n_dims))
     counts = [(size + pads[i] + pads[i + n_dims] - d * (k - 1) - 1) // s + 1
               for i, (size, k, d, s) in enumerate(zip(image, block, dilations, strides))]
-    # Per dim: image coordinate of (kernel offset, block position), broadcast over all dims.
-    kernel_grid = torch.meshgrid(*[torch.arange(k) for k in block], indexing="ij")
-    block_grid = torch.meshgrid(*[torch.arange(c) for c in counts], indexing="ij")
-    flat = torch.zeros(math.prod(block), math.prod(counts), dtype=torch.int64)
-    valid = torch.ones_like(flat, dtype=torch.bool)
-    for i in range(n_dims):
-        coord = (block_grid[i].reshape(1, -1) * strides[i] - pads[i]
-                 + kernel_grid[i].reshape(-1, 1) * dilations[i])
-        valid &= (coord >= 0) & (coord < image[i])
-        flat = flat * image[i] + coord
     n, c = x.shape[0], x.shape[1] // math.prod(block)
     cols = x.reshape(n, c, math.prod(block) * math.prod(counts))
-    keep = valid.reshape(-1).to(x.device)
+
+    def scatter_table() -> torch.Tensor:
+        """(target pixel, source column) of every kept tap, as one [2, K] table."""
+        # Per dim: image coordinate of (kernel offset, block position), broadcast over all dims.
+        kernel_grid = torch.meshgrid(*[torch.arange(k) for k in block], indexing="ij")
+        block_grid = torch.meshgrid(*[torch.arange(c) for c in counts], indexing="ij")
+        flat = torch.zeros(math.prod(block), math.prod(counts), dtype=torch.int64)
+        valid = torch.ones_like(flat, dtype=torch.bool)
+        for i in range(n_dims):
+            coord = (block_grid[i].reshape(1, -1) * strides[i] - pads[i]
+                     + kernel_grid[i].reshape(-1, 1) * dilations[i])
+            valid &= (coord >= 0) & (coord < image[i])
+            flat = flat * image[i] + coord
+        keep = valid.reshape(-1)
+        return torch.stack([flat.reshape(-1)[keep], torch.nonzero(keep).reshape(-1)])
+
+    table = device_table(("Col2Im", tuple(image), tuple(block), tuple(dilations), tuple(strides), tuple(pads)),
+                         scatter_table, x.device)
     out = torch.zeros(n, c, math.prod(image), dtype=x.dtype, device=x.device)
-    out.index_add_(2, flat.reshape(-1).to(x.device)[keep], cols[:, :, keep])
+    out.index_add_(2, table[0], cols.index_select(2, table[1]))
     return out.reshape([n, c] + image)

@@ -1,6 +1,8 @@
 """Data movement: shapes, reshapes, slicing, gathering, concatenation, padding, tiling."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -188,6 +190,11 @@ def scatter_elements(inputs, attrs):
     return data.scatter_reduce(axis, idx, updates, reduce=reduce, include_self=True)
 
 
+# ScatterND's reductions as index_copy/index_add/scatter_reduce over the rows its indices address:
+# kernels all, where reading each index on the host would wait for the device (and break capture).
+_SCATTER_REDUCE = {"mul": "prod", "max": "amax", "min": "amin"}
+
+
 @OPS.op("ScatterND", attrs={"reduction": "none"})
 def scatter_nd(inputs, attrs):
     data, indices, updates = inputs
@@ -195,20 +202,20 @@ def scatter_nd(inputs, attrs):
     idx = same_device(indices, data).to(torch.int64)
     k = idx.shape[-1]
     flat_idx = idx.reshape(-1, k)
-    flat_upd = updates.reshape([flat_idx.shape[0]] + list(data.shape[k:]))
-    for row, upd in zip(flat_idx, flat_upd):
-        key = tuple(int(v) for v in row)
-        red = attrs["reduction"]
-        if red == "none":
-            out[key] = upd
-        elif red == "add":
-            out[key] = out[key] + upd
-        elif red == "mul":
-            out[key] = out[key] * upd
-        elif red == "max":
-            out[key] = torch.maximum(out[key], upd)
-        elif red == "min":
-            out[key] = torch.minimum(out[key], upd)
+    rows = math.prod(data.shape[:k])
+    row = torch.zeros(flat_idx.shape[0], dtype=torch.int64, device=data.device)
+    for j in range(k):  # negative indices count from the end, as the spec allows
+        column = flat_idx[:, j]
+        row = row * data.shape[j] + torch.where(column < 0, column + data.shape[j], column)
+    table = out.view(rows, -1)
+    upd = updates.reshape(flat_idx.shape[0], -1).to(out.dtype)
+    reduction = attrs["reduction"]
+    if reduction == "none":
+        table.index_copy_(0, row, upd)
+    elif reduction == "add":
+        table.index_add_(0, row, upd)
+    else:
+        table.scatter_reduce_(0, row.unsqueeze(1).expand_as(upd), upd, reduce=_SCATTER_REDUCE[reduction])
     return out
 
 
@@ -266,12 +273,11 @@ def eye_like(inputs, attrs):
     x = inputs[0]
     dtype = ONNX_TO_TORCH[attrs["dtype"]] if attrs["dtype"] else x.dtype
     n, m = x.shape
-    out = torch.zeros(n, m, dtype=dtype, device=x.device)
     k = attrs["k"]
-    for i in range(n):
-        if 0 <= i + k < m:
-            out[i, i + k] = 1
-    return out
+    # The diagonal k as a difference of two triangles: kernels only (assigning each element from
+    # the host would be a host-to-device copy per element, which capture refuses).
+    ones = torch.ones(n, m, dtype=torch.float32, device=x.device)
+    return (ones.triu(k) - ones.triu(k + 1)).to(dtype)
 
 
 @OPS.op("Trilu", attrs={"upper": 1}, host_inputs=(1,))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -63,6 +64,25 @@ def same_device(value, like: torch.Tensor) -> torch.Tensor:
     if value.device != like.device and value.dim() > 0:
         return value.to(like.device)
     return value
+
+
+_DEVICE_TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+DEVICE_TABLES_KEPT = 64
+
+
+def device_table(key: tuple, make, device: torch.device) -> torch.Tensor:
+    """An index table that depends on shapes and attributes only, built on the host by `make()` and
+    copied to `device` once: the runs before a CUDA graph's capture make it, the capture finds it
+    (a copy from pageable host memory cannot be captured). The most recent few are kept."""
+    full_key = (key, str(device))
+    table = _DEVICE_TABLES.get(full_key)
+    if table is None:
+        table = _DEVICE_TABLES[full_key] = make().to(device)
+        while len(_DEVICE_TABLES) > DEVICE_TABLES_KEPT:
+            _DEVICE_TABLES.popitem(last=False)
+    else:
+        _DEVICE_TABLES.move_to_end(full_key)
+    return table
 
 
 def device_scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -49,9 +49,25 @@ def static_eager_layers(executor: Executor) -> list[EagerLayer]:
         elif step.data_dependent_shape:
             after_dynamic = f"{node.name} ({node.op_type})"
             eager.append(EagerLayer(index, node.name, node.op_type, "its output size depends on values"))
+        elif _reads_device_value_on_host(executor, step) is not None:
+            # A shape, axis or pad read from a value the device computes: a host read mid-run, and
+            # what follows may change size with the values.
+            after_dynamic = f"{node.name} ({node.op_type})"
+            eager.append(EagerLayer(index, node.name, node.op_type,
+                                    f"it reads {_reads_device_value_on_host(executor, step)!r}, computed on the "
+                                    f"device, as a host value"))
         elif not step.capturable:
             eager.append(EagerLayer(index, node.name, node.op_type, "it reads device values on the host"))
     return eager
+
+
+def _reads_device_value_on_host(executor: Executor, step) -> str | None:
+    """The input this layer reads on the host (a shape, axes, pads) that the device computes, if any."""
+    for position, name in enumerate(step.node.inputs):
+        if name and position in step.host_positions and position not in step.constants \
+                and name not in executor.host_values:
+            return name
+    return None
 
 
 @dataclass

@@ -83,6 +83,26 @@ def test_every_layer_after_a_data_dependent_size_is_eager():
     assert "relu" not in {e.name for e in eager}
 
 
+def test_a_shape_computed_on_the_device_makes_the_rest_eager():
+    """Range's limit from a device value (x's first element): read on the host, and the output's
+    size follows the value."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+    zero = onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")
+    one = onnx.numpy_helper.from_array(np.array(1, np.int64), "one")
+    index = onnx.numpy_helper.from_array(np.array(0, np.int64), "index")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Gather", ["r", "index"], ["first"], name="first"),
+             helper.make_node("Cast", ["first"], ["limit"], to=TensorProto.INT64, name="limit"),
+             helper.make_node("Range", ["zero", "limit", "one"], ["steps"], name="range"),
+             helper.make_node("Cast", ["steps"], ["y"], to=TensorProto.FLOAT, name="cast")]
+    graph = _graph(nodes, [x], [y], [zero, one, index])
+    executor = Executor(graph, _weights(graph), torch.device("cpu"))
+    eager = static_eager_layers(executor)
+    assert [e.name for e in eager] == ["range", "cast"]
+    assert "'limit', computed on the device" in eager[0].reason
+
+
 def test_no_layer_of_a_plain_network_is_eager():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])
@@ -120,8 +140,8 @@ def test_pieces_around_an_uncapturable_layer_match_eager():
     assert not captured.whole and [p.captured for p in captured.pieces] == [True, False, True]
     torch.testing.assert_close(got["y"], expected["y"])
     # New values in the same input buffers: the pieces compute them, not the capture's.
-    captured.inputs["x"].copy_(torch.randn(1, 4, 16, 16, device=device))
     with torch.inference_mode():
+        captured.inputs["x"].copy_(torch.randn(1, 4, 16, 16, device=device))
         again = {k: v.clone() for k, v in captured.replay(executor, 0).items()}
         reference = executor.run({"x": captured.inputs["x"].clone()})
     torch.testing.assert_close(again["y"], reference["y"])
