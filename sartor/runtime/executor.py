@@ -78,6 +78,10 @@ class Executor:
                  layer_precision: dict[str, str] | None = None, channels_last: bool = False,
                  registry: OpRegistry | None = None) -> None:
         self.graph = graph
+        # "cuda" names the current device; with its index, tensors' devices compare equal to it (a
+        # host value's device copy is keyed on that comparison).
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.channels_last = channels_last
         registry = registry or default_registry()
