@@ -74,6 +74,7 @@ from torch import nn  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from h200_models import graph_runner  # noqa: E402 - eager forward replayed as one CUDA graph, as h200_models times it
 import sartor  # noqa: E402
 from sartor.errors import TacticFaultError  # noqa: E402
 from sartor.tactics.select import gpu_fault, timing_samples_ms  # noqa: E402
@@ -284,18 +285,6 @@ def timed(fn, batch: int, device: torch.device, iterations: int, warmup: int) ->
             "img_s": round(batch / median * 1e3, 1)}
 
 
-def graph_runner(model: nn.Module, x: torch.Tensor):
-    """`model(x)` captured as one CUDA graph after warm-up on a side stream: its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(stream):
-        for _ in range(3):
-            model(x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        model(x)
-    return graph.replay
 
 
 def eager_runner(model: nn.Module, x: torch.Tensor):

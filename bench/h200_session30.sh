@@ -14,18 +14,7 @@ export PYTHONPATH=/tmp/site:.
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 160 python bench/load_cold.py --out $OUT --no-compare --effort 1 --engine yolov8n:int8 --engine resnet50:int8 \
   > $OUT/load_cold.log 2>&1; echo "load_cold exit $?"
-python - <<'PY'
-import json, os
-try:
-    r = json.load(open(os.environ["OUT"] + "/load_cold.json"))
-except OSError as exc:
-    print("no load_cold.json:", exc); raise SystemExit
-for spec, e in r["engines"].items():
-    print(spec, "misses:", [m["name"] for m in e.get("key_misses", [])][:8])
-    for name, row in e["runs"].items():
-        print(" ", name, {k: row.get(k) for k in ("import_s", "load_s", "first_inference_s", "load_plus_first_s",
-                                                  "kernels_compiled", "kernel_cache_hits", "installed", "error")})
-PY
+python bench/load_cold_summary.py $OUT/load_cold.json
 timeout 100 python -m pytest -q -p no:cacheprovider --junitxml=$OUT/gpu_tests.xml \
   tests/kernels/test_cache_keys.py tests/runtime/test_kernel_cache.py tests/runtime/test_kernel_store.py \
   tests/kernels/test_kernels_preprocess.py tests/pipeline/test_raw_frames_engine.py tests/kernels/test_kernels_greedy_nms.py \

@@ -14,15 +14,4 @@ timeout 270 python -m pytest -q -p no:cacheprovider --junitxml=$OUT/gpu_tests.xm
   tests/builder/test_attention_overflow_guard.py 2>&1 | tail -25
 timeout 130 python bench/load_cold.py --out $OUT --no-compare --effort 1 --engine resnet50:int8 \
   > $OUT/load_cold.log 2>&1; echo "load_cold exit $?"
-python - <<'PY'
-import json, os
-try:
-    r = json.load(open(os.environ["OUT"] + "/load_cold.json"))
-except OSError as exc:
-    print("no load_cold.json:", exc); raise SystemExit
-for spec, e in r["engines"].items():
-    print(spec, "misses:", [m["name"] for m in e.get("key_misses", [])][:8])
-    for name, row in e["runs"].items():
-        print(" ", name, {k: row.get(k) for k in ("load_s", "first_inference_s", "load_plus_first_s",
-                                                  "kernels_compiled", "kernel_cache_hits", "error")})
-PY
+python bench/load_cold_summary.py $OUT/load_cold.json
