@@ -7,7 +7,7 @@ from ..ir import Graph, Node
 from .base import single_consumer
 
 
-def _bn_affine(graph: Graph, bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
+def bn_affine(graph: Graph, bn: Node) -> tuple[np.ndarray, np.ndarray] | None:
     arrays = [graph.constant(name) for name in bn.inputs[1:5]]
     if any(a is None for a in arrays) or bn.attrs.get("training_mode", 0):
         return None
@@ -73,7 +73,7 @@ def fold_batchnorm(graph: Graph) -> int:
             continue
         if single_consumer(graph, bn.inputs[0], consumers) is not bn:
             continue
-        affine = _bn_affine(graph, bn)
+        affine = bn_affine(graph, bn)
         if affine is None:
             continue
         fold = _fold_into_conv if producer.op_type == "Conv" else _fold_into_gemm

@@ -9,6 +9,7 @@ from .drop_redundant_qdq import drop_redundant_qdq
 from .eliminate_dead_nodes import eliminate_dead_nodes
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
+from .fold_matmul_batchnorm import fold_matmul_batchnorm
 from .fold_qdq import fold_qdq, qdq_census, qdq_notes
 from .fuse_activation_patterns import fuse_activation_patterns
 from .fuse_attention import fuse_attention
@@ -18,7 +19,7 @@ from .fuse_yolo_head import fuse_yolo_head
 from .remove_identities import remove_identities
 
 SIMPLIFY: list[Pass] = [fold_constants, remove_identities, cleanup_reshapes, eliminate_dead_nodes]
-FUSE: list[Pass] = [fold_batchnorm, drop_redundant_qdq, fuse_activation_patterns, fuse_attention,
+FUSE: list[Pass] = [fold_batchnorm, fold_matmul_batchnorm, drop_redundant_qdq, fuse_activation_patterns, fuse_attention,
                     fuse_conv_activation, fuse_residual_add, fuse_conv_activation, fuse_yolo_head]
 # Q/DQ models: after fusion, so that the folded INT8 layers keep their activation and residual.
 QUANTIZED: list[Pass] = [fold_qdq]
