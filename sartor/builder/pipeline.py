@@ -27,6 +27,7 @@ from ..passes.append_nms import append_nms, yolo_head_output
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
+from ..passes.fuse_linear_bias import fuse_linear_bias
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
 from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
@@ -269,6 +270,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
 
     stage("optimize")
     report = optimize(graph)
+    if not config.wants_calibration():
+        # After the INT8 planner's decision is known to be "none": it quantizes bias-free MatMuls only.
+        report.rewrites["fuse_linear_bias"] = fuse_linear_bias(graph)
     verify_graph(graph)
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")

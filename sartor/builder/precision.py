@@ -13,7 +13,7 @@ from ..runtime.executor import Executor
 from .config import BuildConfig
 
 # A fused layer answers to the op types it was made of, so --op-precision Conv=fp32 reaches FusedConv.
-BASE_OP = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
+BASE_OP = {"FusedConv": "Conv", "FusedGemm": "Gemm", "Linear": "MatMul"}
 
 
 @dataclass

@@ -50,6 +50,20 @@ def matmul(inputs, attrs):
     return torch.matmul(a, b.to(a.dtype))
 
 
+@OPS.internal("Linear")
+def linear(inputs, attrs):
+    """x [..., K] @ w [K, C] + b [C] as one GEMM with the bias in its epilogue (a MatMul and its bias
+    Add, fused by passes/fuse_linear_bias.py)."""
+    x, w, b = inputs
+    w = w.to(x.dtype)
+    b = same_device(b, x).to(x.dtype).reshape(-1)
+    if x.dim() == 1:
+        return x @ w + b
+    if x.dim() == 2:
+        return torch.addmm(b, x, w)
+    return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[1])
+
+
 @OPS.op("MatMulInteger")
 def matmul_integer(inputs, attrs):
     a, b = inputs[0].to(torch.int32), inputs[1].to(torch.int32)
