@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ..runtime.capture import describe_eager_layers, first_line
 from ..runtime.engine import Engine
 
 
@@ -20,18 +21,17 @@ def check_capture(header: dict, tensors: dict, device: torch.device, opt_feeds: 
             engine.context(k).run(opt_feeds(k))
         torch.cuda.synchronize(device)
     except Exception as exc:  # noqa: BLE001 - the engine is still written; the load will capture as it can
-        line = f"capture: not checked ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
+        line = f"capture: not checked ({first_line(exc)})"
         log.append(line)
         warn(line)
         return {"checked": False, "eager_layers": [layer.to_json() for layer in engine.eager_layers]}
-    eager = engine.eager_layers
+    records = [layer.to_json() for layer in engine.eager_layers]
     device_layers = sum(not step.on_host for step in engine.executor.steps)
-    if not eager:
+    if not records:
         log.append(f"capture: every run is one CUDA graph ({device_layers} device layers)")
     else:
-        line = (f"capture: {len(eager)} of {device_layers} device layers run outside the CUDA graph, between "
-                f"captured pieces: " + "; ".join(f"{e.name} ({e.op_type}): {e.reason}" for e in eager[:5])
-                + (f"; and {len(eager) - 5} more" if len(eager) > 5 else ""))
+        line = (f"capture: {len(records)} of {device_layers} device layers run outside the CUDA graph, between "
+                f"captured pieces: {describe_eager_layers(records)}")
         log.append(line)
         warn(line)
-    return {"checked": True, "eager_layers": [layer.to_json() for layer in eager]}
+    return {"checked": True, "eager_layers": records}

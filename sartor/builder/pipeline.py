@@ -272,7 +272,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     report = optimize(graph)
     if not config.wants_calibration():
         # After the INT8 planner's decision is known to be "none": it quantizes bias-free MatMuls only.
-        report.rewrites["fuse_linear_bias"] = fuse_linear_bias(graph)
+        fused = fuse_linear_bias(graph)
+        if fused:
+            report.rewrites["fuse_linear_bias"] = fused
     verify_graph(graph)
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")

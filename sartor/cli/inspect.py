@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import DeviceError
 from ..ops.fused_pool import max_pool_label
+from ..runtime.capture import describe_eager_layers
 from ..runtime.engine_file import FORMAT_VERSION, read_engine
 from ..runtime.engine_signature import trust_store
 from ..runtime.fingerprint import compare_fingerprints, compatibility_level, describe, device_fingerprint, parse_device
@@ -280,9 +281,7 @@ def _capture_summary(header: dict) -> dict:
     elif not eager:
         line = "one CUDA graph per input shape" + ("" if record.get("checked") else " (the trial capture did not run)")
     else:
-        named = "; ".join(f"{e.get('layer')} ({e.get('op')}): {e.get('reason')}" for e in eager[:5])
-        more = f"; and {len(eager) - 5} more" if len(eager) > 5 else ""
-        line = f"captured in pieces: {len(eager)} layer(s) run outside the graph: {named}{more}"
+        line = f"captured in pieces: {len(eager)} layer(s) run outside the graph: {describe_eager_layers(eager)}"
     return {"eager_layers": eager, "checked": bool((record or {}).get("checked")), "text": line}
 
 

@@ -12,16 +12,12 @@ captured reading; the last piece's outputs are returned as it makes them.
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import SartorError
 from .executor import Executor, RunState
-
-log = logging.getLogger("sartor.capture")
-
 
 @dataclass(frozen=True)
 class EagerLayer:
@@ -49,13 +45,12 @@ def static_eager_layers(executor: Executor) -> list[EagerLayer]:
         elif step.data_dependent_shape:
             after_dynamic = f"{node.name} ({node.op_type})"
             eager.append(EagerLayer(index, node.name, node.op_type, "its output size depends on values"))
-        elif _reads_device_value_on_host(executor, step) is not None:
+        elif (read := _reads_device_value_on_host(executor, step)) is not None:
             # A shape, axis or pad read from a value the device computes: a host read mid-run, and
             # what follows may change size with the values.
             after_dynamic = f"{node.name} ({node.op_type})"
             eager.append(EagerLayer(index, node.name, node.op_type,
-                                    f"it reads {_reads_device_value_on_host(executor, step)!r}, computed on the "
-                                    f"device, as a host value"))
+                                    f"it reads {read!r}, computed on the device, as a host value"))
         elif not step.capturable:
             eager.append(EagerLayer(index, node.name, node.op_type, "it reads device values on the host"))
     return eager
@@ -68,6 +63,19 @@ def _reads_device_value_on_host(executor: Executor, step) -> str | None:
                 and name not in executor.host_values:
             return name
     return None
+
+
+def describe_eager_layers(records: list[dict], limit: int = 5) -> str:
+    """The layers outside the graph (EagerLayer.to_json records), in one line for the build log and
+    `sartor inspect`: the first `limit` with their reasons."""
+    named = "; ".join(f"{r.get('layer')} ({r.get('op')}): {r.get('reason')}" for r in records[:limit])
+    return named + (f"; and {len(records) - limit} more" if len(records) > limit else "")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 @dataclass
@@ -116,26 +124,27 @@ class PiecewiseGraph:
         return len(self.pieces) == 1 and self.pieces[0].captured
 
     def replay(self, executor: Executor, profile: int) -> dict:
-        state = None
+        if self.whole:
+            self.pieces[0].graph.replay()
+            return self.outputs
         outputs = self.outputs
         for number, piece in enumerate(self.pieces):
             if piece.captured:
                 piece.graph.replay()
                 continue
-            if number == 0:
-                state = executor.begin(self.inputs, self.memo)
-            else:
-                state = RunState(dict(piece.snapshot), self.memo)
-            state.in_place = self.in_place
-            executor.run_steps(state, piece.start, piece.stop, profile=profile)
-            for name, target in piece.writes.items():
-                value = state.env[name]
-                if value.shape != target.shape:
-                    raise SartorError(f"value {name!r} changed shape between runs of one input shape "
-                                      f"({tuple(target.shape)} captured, {tuple(value.shape)} now)")
-                target.copy_(value)
-            if number == len(self.pieces) - 1:
-                outputs = executor.finish(state)
+            with torch.inference_mode():  # an eager piece makes tensors; a graph's replay makes none
+                state = executor.begin(self.inputs, self.memo) if number == 0 \
+                    else RunState(dict(piece.snapshot), self.memo)
+                state.in_place = self.in_place
+                executor.run_steps(state, piece.start, piece.stop, profile=profile)
+                for name, target in piece.writes.items():
+                    value = state.env[name]
+                    if value.shape != target.shape:
+                        raise SartorError(f"value {name!r} changed shape between runs of one input shape "
+                                          f"({tuple(target.shape)} captured, {tuple(value.shape)} now)")
+                    target.copy_(value)
+                if number == len(self.pieces) - 1:
+                    outputs = executor.finish(state)
         return outputs
 
 

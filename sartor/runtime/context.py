@@ -11,7 +11,7 @@ import torch
 
 from ..errors import InputError, ProfileError
 from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
-from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces
+from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces, first_line
 from .concat_plan import ShapeMemo
 
 if TYPE_CHECKING:
@@ -154,8 +154,7 @@ class ExecutionContext:
                 bound = captured.inputs[name]
                 if t.data_ptr() != bound.data_ptr():  # not the graph's own buffer (input_buffers)
                     bound.copy_(t, non_blocking=True)
-            with torch.inference_mode():
-                outputs = captured.replay(self.engine.executor, profile)
+            outputs = captured.replay(self.engine.executor, profile)
         current.wait_stream(self.stream)
         return outputs
 
@@ -219,10 +218,10 @@ class ExecutionContext:
         if index is None or index in eager or steps[index].on_host:
             # Not a layer's doing (or the layer already ran eagerly): the whole run goes eager.
             candidates = [i for i, step in enumerate(steps) if not step.on_host and i not in eager]
-            reason = f"the CUDA graph capture failed outside any one layer: {_first_line(failed.cause)}"
+            reason = f"the CUDA graph capture failed outside any one layer: {first_line(failed.cause)}"
         else:
             candidates = [index]
-            reason = f"its CUDA graph capture failed: {_first_line(failed.cause)}"
+            reason = f"its CUDA graph capture failed: {first_line(failed.cause)}"
         if not candidates:
             raise failed
         learned = [EagerLayer(i, steps[i].node.name, steps[i].node.op_type, reason) for i in candidates]
@@ -256,8 +255,3 @@ def _random_input(shape: tuple, dtype: str, device: torch.device) -> torch.Tenso
     if torch_dtype.is_floating_point:
         return torch.rand(shape, dtype=torch_dtype, device=device)
     return torch.zeros(shape, dtype=torch_dtype, device=device)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
