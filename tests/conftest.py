@@ -104,6 +104,17 @@ def tiny_plan(tiny_onnx, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def letterbox_plan(tiny_onnx, tmp_path_factory) -> Path:
+    """The tiny classifier with its preprocessing stored (letterbox to IMAGE, 0..1, RGB, NCHW): what
+    the pipeline's image and video paths read frames for. Tests must not modify it."""
+    import sartor
+    out = tmp_path_factory.mktemp("engines") / "tiny_letterbox.plan"
+    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
+                 preprocess=f"letterbox={IMAGE},mean=0,std=255,rgb,nchw")
+    return out
+
+
 @pytest.fixture
 def plan_copy(tiny_plan, tmp_path) -> Path:
     """A private, writable copy of the tiny engine."""

@@ -5,18 +5,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error
+from conftest import assert_cli_error
 from PIL import Image
-
-import sartor
-
-
-@pytest.fixture(scope="module")
-def letterbox_plan(tmp_path_factory, tiny_onnx):
-    out = tmp_path_factory.mktemp("e2e") / "tiny.plan"
-    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
-                 preprocess=f"letterbox={IMAGE},mean=0,std=255,rgb,nchw")
-    return out
 
 
 @pytest.fixture(scope="module")

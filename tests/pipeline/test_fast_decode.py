@@ -9,7 +9,6 @@ import io
 import numpy as np
 import pytest
 import torch
-from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 from PIL import Image
 
 import sartor
@@ -88,14 +87,6 @@ def test_the_exact_path_gives_the_references_values(device, fmt, text):
     batch, (ours_meta,) = prepare_batch([frame.pixels], ["item 0"], spec, orig_sizes=[frame.size])
     assert ours_meta == meta
     np.testing.assert_array_equal(batch[0].cpu().numpy(), reference)
-
-
-@pytest.fixture(scope="module")
-def letterbox_plan(tmp_path_factory, tiny_onnx):
-    out = tmp_path_factory.mktemp("fast_decode") / "tiny_letterbox.plan"
-    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
-                 preprocess="letterbox=16,mean=0,std=255,rgb,nchw")
-    return out
 
 
 def engine_on(engine, data: bytes, fast: bool) -> np.ndarray:

@@ -5,20 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error
+from conftest import assert_cli_error
 from video_helpers import clip_frames, truncated_copy, write_clip
 
-import sartor
-
 FRAMES = 12
-
-
-@pytest.fixture(scope="module")
-def letterbox_plan(tmp_path_factory, tiny_onnx):
-    out = tmp_path_factory.mktemp("video_bench") / "tiny.plan"
-    sartor.build(tiny_onnx, out, device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES,
-                 preprocess="letterbox=16,mean=0,std=255,rgb,nchw")
-    return out
 
 
 @pytest.fixture(scope="module")
