@@ -36,7 +36,8 @@ from ..runtime.graph_codec import encode_graph
 from ..runtime.kernel_store import describe_record, not_embedded, pack_kernels
 from ..runtime.memory_plan import lifetimes, plan_offsets
 from ..runtime.profiles import Profile, make_profile
-from ..tactics import TacticSelection, TimingCache, record_tactics, select_tactics_by_profile, summary_by_profile
+from ..tactics import (TacticSelection, TimingCache, family_seconds, record_tactics, select_tactics_by_profile,
+                       summary_by_profile)
 from ..version import __version__
 from .config import BuildConfig, check_preprocess
 from .pdl import check_pdl_device, mark_programmatic_launch
@@ -64,6 +65,8 @@ class BuildResult:
     layers: int
     seconds: float
     stage_seconds: dict = field(default_factory=dict)
+    # The tactics stage by tactic family: {family: {"seconds", "compile_s", "time_s", "candidates"}}.
+    tactic_seconds: dict = field(default_factory=dict)
     log: list = field(default_factory=list)
     warnings: list = field(default_factory=list)  # lines also in `log`
 
@@ -392,7 +395,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                    "attrs": {k: v for k, v in n.attrs.items() if k.startswith("activation") or k in LAYER_ATTRS}}
                   for n in graph.nodes]
         seconds = round(time.perf_counter() - started, 3)
-        timing = ({"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": seconds}
+        timing = ({"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": seconds,
+                   "tactic_seconds": family_seconds(selections)}
                   if reproducible is None else {"built_at": reproducible.built_at})
         header = {
             "format": "sartor-engine",
@@ -443,4 +447,5 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     write_atomic(config.output_path, data if signing_key is None else sign(data, signing_key))
     done("serialize")
     return BuildResult(str(config.output_path), header, onnx_nodes, len(graph.nodes),
-                       round(time.perf_counter() - started, 3), stage_seconds, log, warnings)
+                       round(time.perf_counter() - started, 3), stage_seconds, family_seconds(selections), log,
+                       warnings)

@@ -398,6 +398,12 @@ def print_summary(out, result) -> None:
     stages = table("Stage seconds", *result.stage_seconds.keys())
     stages.add_row(*(f"{s:.3f}" for s in result.stage_seconds.values()))
     out.print(stages)
+    if result.tactic_seconds:
+        families = table("Tactics stage by family", "family", "seconds", "compiling", "timing", "candidates timed")
+        for family, entry in result.tactic_seconds.items():
+            families.add_row(family, f"{entry['seconds']:.3f}", f"{entry['compile_s']:.3f}", f"{entry['time_s']:.3f}",
+                             str(entry["candidates"]))
+        out.print(families)
     out.print("[bold]Build log[/]")
     if not result.log:
         out.print("  (nothing to report)")

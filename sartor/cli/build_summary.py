@@ -1,6 +1,6 @@
 """`sartor build --json`: the build summary as one JSON document (schema "sartor-build-summary/1"):
 the engine file and its size, device, precision, profiles, each layer with its precision and
-tactic, stage seconds, the build log and its warnings, and a bundle when one was written."""
+tactic, stage seconds and the tactics stage's seconds by tactic family, the build log and its warnings, and a bundle when one was written."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,6 +25,7 @@ def summary_json(result, bundle: dict | None = None) -> dict:
         "activation_arena_bytes": [p.get("arena_bytes", 0) for p in memory],
         "seconds": result.seconds,
         "stage_seconds": dict(result.stage_seconds),
+        "tactic_seconds": dict(result.tactic_seconds),
         "layers": [{"name": layer["name"], "op": layer["op"], "origin": layer.get("origin") or [],
                     "precision": layer["precision"], "reason": layer.get("reason", ""),
                     "tactic": layer.get("tactic"), "tactic_source": layer.get("tactic_source"),

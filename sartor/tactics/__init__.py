@@ -1,6 +1,7 @@
 from .select import (
     EFFORTS,
     TacticSelection,
+    family_seconds,
     record_tactics,
     select_tactics,
     select_tactics_by_profile,
@@ -8,5 +9,5 @@ from .select import (
 )
 from .timing_cache import TimingCache, TimingCacheError
 
-__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "record_tactics", "select_tactics",
+__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "family_seconds", "record_tactics", "select_tactics",
            "select_tactics_by_profile", "summary_by_profile"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -30,25 +31,30 @@ def interpreting() -> bool:
 
 
 def compile_in_parallel(run_once: Callable[[str], object], tactics: Iterable[str], device: torch.device,
-                        workers: int | None = None) -> int:
+                        workers: int | None = None, spent: dict[str, float] | None = None) -> int:
     """Run `run_once(tactic)` for every tactic on its own worker thread (at most `workers`, default
     the CPU count up to MAX_WORKERS), each with `device` current and inference mode on, as the
     builder's thread has; return how many ran without raising. Nothing runs on a CPU device or
-    under Triton's interpreter, or for fewer than two tactics."""
+    under Triton's interpreter, or for fewer than two tactics. `spent` (when given) receives each
+    tactic's seconds on its thread."""
     tactics = list(tactics)
     if device.type != "cuda" or interpreting() or len(tactics) < 2:
         return 0
-    return _run_all(run_once, tactics, device, workers)
+    return _run_all(run_once, tactics, device, workers, spent)
 
 
 def _run_all(run_once: Callable[[str], object], tactics: list[str], device: torch.device,
-             workers: int | None) -> int:
+             workers: int | None, spent: dict[str, float] | None = None) -> int:
     def one(tactic: str) -> bool:
+        started = time.perf_counter()
         with torch.inference_mode(), (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()):
             try:
                 run_once(tactic)
             except Exception:  # noqa: BLE001 - the timing run will say why this candidate cannot run
                 return False
+            finally:
+                if spent is not None:
+                    spent[tactic] = time.perf_counter() - started  # one key per thread: no lock needed
         return True
 
     count = workers or min(MAX_WORKERS, os.cpu_count() or 1)

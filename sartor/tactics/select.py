@@ -29,6 +29,7 @@ from .precompile import compile_in_parallel
 from .timing_cache import TimingCache, layer_signature
 
 REFERENCE_TACTIC = "torch"
+REFERENCE_COST = "reference runs"
 # What CUDA says of a fault that ends the process's context (cudaErrorIllegalAddress,
 # MisalignedAddress, IllegalInstruction, InvalidPc, LaunchFailure, HardwareStackError, Assert,
 # LaunchTimeout): after one, no candidate can run, so the build must stop rather than reject the
@@ -215,6 +216,14 @@ class TacticSelection:
     timed: int = 0
     cached: int = 0
     exclusions_used: set = field(default_factory=set)  # the --exclude-tactic globs that matched a candidate
+    # Where the stage's time went, by tactic family (a tactic name's first word): {family: {"compile_s",
+    # "time_s", "candidates"}}; REFERENCE_COST holds the reference runs every candidate is checked against.
+    family_seconds: dict[str, dict] = field(default_factory=dict)
+
+    def charge(self, family: str, kind: str, seconds: float, candidates: int = 0) -> None:
+        entry = self.family_seconds.setdefault(family, {"compile_s": 0.0, "time_s": 0.0, "candidates": 0})
+        entry[kind] += seconds
+        entry["candidates"] += candidates
 
     def summary(self) -> str:
         return f"tactics: {self.timed} timed, {self.cached} from timing cache"
@@ -250,25 +259,40 @@ def excluding(candidates: list[str], patterns: Iterable[str]) -> list[str]:
     return [tactic for tactic in candidates if not any(fnmatchcase(tactic, pattern) for pattern in patterns)]
 
 
+def tactic_family(tactic: str) -> str:
+    """The family a tactic belongs to: its name's first word ("igemm" of "igemm.128x128x64.w8.s3")."""
+    return tactic.split(".", 1)[0]
+
+
 def _time_candidates(step, args, candidates, reference, device, effort,
-                     into: torch.Tensor | None = None) -> tuple[dict, dict]:
-    """({tactic: median ms}, {tactic: why rejected}) over the candidates that match the reference."""
+                     into: torch.Tensor | None = None, spent: dict | None = None) -> tuple[dict, dict]:
+    """({tactic: median ms}, {tactic: why rejected}) over the candidates that match the reference;
+    each candidate's wall seconds (its checks and timing runs) are added to `spent` when given."""
     warmup, iterations = EFFORT_TIMING[effort]
     timings, rejected = {}, {}
     for tactic in candidates:
+        started = time.perf_counter()
         try:
-            out, call = _run(step, args, tactic, into)
-        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is simply not a candidate
-            if gpu_fault(exc):
-                raise
-            rejected[tactic] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-            continue
-        why = None if tactic == REFERENCE_TACTIC else _mismatch(out, reference, fp8.is_fp8(step.attrs))
-        if why is not None:
-            rejected[tactic] = why
-            continue
-        timings[tactic] = round(time_ms(call, device, iterations, warmup, graph=True), 5)
+            _time_one(step, args, tactic, reference, device, warmup, iterations, into, timings, rejected)
+        finally:
+            if spent is not None:
+                spent[tactic] = spent.get(tactic, 0.0) + time.perf_counter() - started
     return timings, rejected
+
+
+def _time_one(step, args, tactic, reference, device, warmup, iterations, into, timings, rejected) -> None:
+    try:
+        out, call = _run(step, args, tactic, into)
+    except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is simply not a candidate
+        if gpu_fault(exc):
+            raise
+        rejected[tactic] = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        return
+    why = None if tactic == REFERENCE_TACTIC else _mismatch(out, reference, fp8.is_fp8(step.attrs))
+    if why is not None:
+        rejected[tactic] = why
+        return
+    timings[tactic] = round(time_ms(call, device, iterations, warmup, graph=True), 5)
 
 
 def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference,
@@ -286,6 +310,14 @@ def _cached_choice(cache, fingerprint, signature, effort, step, args, candidates
         return None
     return entry if entry["winner"] == REFERENCE_TACTIC or _mismatch(out, reference, fp8.is_fp8(step.attrs)) is None \
         else None
+
+
+def _charge_apportioned(selection: TacticSelection, kind: str, wall_seconds: float, spent: dict[str, float]) -> None:
+    """Charge the wall time of a parallel step to the families that ran in it, in proportion to
+    their own seconds (threads overlap, so their sum exceeds the wall time)."""
+    total = sum(spent.values())
+    for tactic, seconds in spent.items():
+        selection.charge(tactic_family(tactic), kind, wall_seconds * seconds / total if total else 0.0)
 
 
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
@@ -323,16 +355,25 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
                               f"{', '.join(offered)})")
         if len(offered) == 1 and not time_single:  # nothing to choose between (INT8 emulation on the CPU)
             return
+        started = time.perf_counter()
         reference = step.impl(args, dict(step.attrs, tactic=REFERENCE_TACTIC))
+        selection.charge(REFERENCE_COST, "time_s", time.perf_counter() - started)
         into = slices.slice_for(step.node.outputs[0]) if slices is not None and len(step.node.outputs) == 1 else None
         signature = layer_signature(step.node.op_type, args, step.attrs, layer_precision.get(name, "fp32"), tf32,
                                     into)
         try:
             entry = _cached_choice(cache, fingerprint, signature, effort, step, args, candidates, reference, into)
             if entry is None:
+                compiled: dict[str, float] = {}
+                started = time.perf_counter()
                 compile_in_parallel(lambda tactic: _run(step, args, tactic),
-                                    [tactic for tactic in candidates if tactic != REFERENCE_TACTIC], device)
-                timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into)
+                                    [tactic for tactic in candidates if tactic != REFERENCE_TACTIC], device,
+                                    spent=compiled)
+                _charge_apportioned(selection, "compile_s", time.perf_counter() - started, compiled)
+                spent: dict[str, float] = {}
+                timings, rejected = _time_candidates(step, args, candidates, reference, device, effort, into, spent)
+                for tactic, seconds in spent.items():
+                    selection.charge(tactic_family(tactic), "time_s", seconds, candidates=1)
         except Exception as exc:
             if not gpu_fault(exc):
                 raise
@@ -406,6 +447,20 @@ def record_tactics(graph: Graph, selections: list[TacticSelection]) -> None:
             node.attrs["tactic"] = winners[0]
         if len(winners) > 1 and any(w is not None for w in winners):
             node.attrs["tactic_by_profile"] = winners
+
+
+def family_seconds(selections: list[TacticSelection]) -> dict[str, dict]:
+    """The tactics stage's seconds by tactic family over every profile, the costliest first:
+    {family: {"seconds", "compile_s", "time_s", "candidates"}} (candidates: how many were timed)."""
+    merged: dict[str, dict] = {}
+    for selection in selections:
+        for family, entry in selection.family_seconds.items():
+            into = merged.setdefault(family, {"compile_s": 0.0, "time_s": 0.0, "candidates": 0})
+            for key in into:
+                into[key] += entry[key]
+    rows = {family: {"seconds": round(e["compile_s"] + e["time_s"], 3), "compile_s": round(e["compile_s"], 3),
+                     "time_s": round(e["time_s"], 3), "candidates": e["candidates"]} for family, e in merged.items()}
+    return dict(sorted(rows.items(), key=lambda item: -item[1]["seconds"]))
 
 
 def summary_by_profile(selections: list[TacticSelection]) -> str:

@@ -4,6 +4,7 @@ CPU or under Triton's interpreter, and the builder calls it with the candidates 
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
@@ -42,10 +43,17 @@ def test_the_builder_precompiles_the_candidates_it_times(tiny_onnx, tmp_path, mo
     """With the candidates' tactics (all but the reference) before the timing of each timed layer."""
     asked = []
 
-    def record(run_once, tactics, device, workers=None):
+    def record(run_once, tactics, device, workers=None, spent=None):
         asked.append((list(tactics), device.type))
         return 0
     monkeypatch.setattr(select, "compile_in_parallel", record)
     sartor.build(tiny_onnx, tmp_path / "m.plan", device="cpu", min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES,
                  max_shapes=MAX_SHAPES)
     assert asked == [(["channels_last"], "cpu")] * 2  # two convolutions, each timed
+
+
+def test_the_threads_seconds_are_reported_per_tactic():
+    spent = {}
+    precompile._run_all(lambda tactic: time.sleep(0.05 if tactic == "slow" else 0), ["slow", "quick"],
+                        torch.device("cpu"), workers=2, spent=spent)
+    assert set(spent) == {"slow", "quick"} and spent["slow"] >= 0.05 > spent["quick"]

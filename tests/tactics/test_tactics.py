@@ -116,6 +116,37 @@ def test_cpu_build_times_both_candidates_and_runs_the_winner(tiny_onnx, tmp_path
     torch.testing.assert_close(torch.from_numpy(out), torch.from_numpy(ref), rtol=1e-4, atol=1e-5)
 
 
+def test_the_tactics_stage_says_where_its_seconds_went_by_family(tiny_onnx, tmp_path, cli):
+    """Two convolutions, each timing "torch" and "channels_last": two candidates of each family, the
+    reference runs apart; the families' seconds add up to at most the stage's."""
+    result = sartor.build(tiny_onnx, tmp_path / "m.plan", device="cpu", **SHAPES)
+    families = result.tactic_seconds
+    assert set(families) == {"torch", "channels_last", select.REFERENCE_COST}
+    assert families["torch"]["candidates"] == families["channels_last"]["candidates"] == 2
+    assert families[select.REFERENCE_COST]["candidates"] == 0
+    for entry in families.values():
+        assert entry["seconds"] == pytest.approx(entry["compile_s"] + entry["time_s"], abs=2e-3)
+        assert entry["compile_s"] == 0  # nothing is precompiled on the CPU
+    assert sum(e["seconds"] for e in families.values()) <= result.stage_seconds["tactics"] + 1e-3
+    assert list(families) == sorted(families, key=lambda f: -families[f]["seconds"])  # costliest first
+    assert sartor.load(tmp_path / "m.plan").header["provenance"]["tactic_seconds"] == families
+    shown = cli("build", tiny_onnx, "-o", tmp_path / "c.plan", "--device", "cpu", *SHAPE_ARGS)
+    assert shown.code == 0 and "Tactics stage by family" in shown.out and "channels_last" in shown.out
+    as_json = cli("build", tiny_onnx, "-o", tmp_path / "j.plan", "--device", "cpu", *SHAPE_ARGS, "--json")
+    assert set(json.loads(as_json.out)["tactic_seconds"]) == set(families)
+
+
+def test_a_parallel_step_is_charged_to_families_by_their_share():
+    selection = select.TacticSelection()
+    select._charge_apportioned(selection, "compile_s", 2.0, {"igemm.64x64x32.w4.s3": 3.0, "igemm.128x64x32.w4.s3": 3.0,
+                                                             "triton_epilogue": 2.0})
+    assert selection.family_seconds["igemm"]["compile_s"] == pytest.approx(1.5)
+    assert selection.family_seconds["triton_epilogue"]["compile_s"] == pytest.approx(0.5)
+    select._charge_apportioned(selection, "compile_s", 1.0, {})  # nothing ran: nothing charged
+    assert select.family_seconds([selection])["igemm"] == {"seconds": 1.5, "compile_s": 1.5, "time_s": 0.0,
+                                                           "candidates": 0}
+
+
 def test_effort_zero_times_nothing(tiny_onnx, tmp_path, timing_calls, cli):
     header, log = build(tiny_onnx, tmp_path / "m.plan", builder_effort=0)
     assert timing_calls == []
