@@ -67,6 +67,8 @@ CASES = [  # (frame H, W, spec): downscale, upscale, odd sizes, both layouts, or
     (41, 17, "resize=13x29,mean=0,std=1,bgr,nchw,dtype=uint8"),
     (33, 64, "letterbox=31,mean=10,std=3,rgb,nhwc,dtype=uint8,pad=0"),
     (24, 32, "none,mean=0,std=255,rgb,nchw"),
+    (40, 61, "resize=32,crop=24,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw"),  # shorter side, centre crop
+    (70, 45, "resize=37,crop=29,mean=0,std=1,bgr,nhwc,dtype=float16"),
 ]
 
 
@@ -84,13 +86,13 @@ def test_kernel_matches_the_pil_reference_and_the_torch_path(h, w, text):
     # Most pixels equal: a shifted or blurred image fails here. (Exact where Pillow runs its
     # horizontal pass first; Pillow 13 runs the vertical one first for some shapes.)
     assert (apart > slack).mean() < 0.25
-    # The pad bands hold the pad value exactly: geometry exact.
+    # The pad bands hold the pad value exactly: geometry exact. A crop has none.
     (top, left), (new_h, new_w) = meta.pad, placement(h, w, spec).resized
     image = levels(ours[0], spec)
     if spec.layout == "nchw":
         image = image.transpose(1, 2, 0)
     inside = np.zeros(image.shape[:2], bool)
-    inside[top:top + new_h, left:left + new_w] = True
+    inside[max(top, 0):top + new_h, max(left, 0):left + new_w] = True  # a crop's pad is negative: no bands
     assert np.abs(image[~inside] - spec.pad_value).max(initial=0) <= slack
     place = placement(h, w, spec)
     canvas = torch.empty_like(ours)
