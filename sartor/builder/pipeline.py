@@ -28,6 +28,7 @@ from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
 from ..passes.fuse_linear_bias import fuse_linear_bias
+from ..passes.fuse_add_layernorm import fuse_add_layernorm
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
 from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
@@ -275,9 +276,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     report = optimize(graph)
     if not config.wants_calibration():
         # After the INT8 planner's decision is known to be "none": it quantizes bias-free MatMuls only.
-        fused = fuse_linear_bias(graph)
-        if fused:
-            report.rewrites["fuse_linear_bias"] = fused
+        for float_only in (fuse_linear_bias, fuse_add_layernorm):
+            fused = float_only(graph)
+            if fused:
+                report.rewrites[float_only.__name__] = fused
     verify_graph(graph)
     for name, count in report.rewrites.items():
         log.append(f"pass {name}: {count} rewrite(s)")

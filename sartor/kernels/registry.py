@@ -39,6 +39,7 @@ FAMILY_MODULES = (
     "sartor.kernels.preprocess.letterbox",
     "sartor.ops.nms",
     "sartor.ops.attention",
+    "sartor.kernels.norm.add_layernorm",
 )
 SEPARATOR = "."
 

@@ -1,4 +1,5 @@
-"""Normalisation: BatchNormalization (inference form), LayerNormalization, Instance/GroupNormalization."""
+"""Normalisation: BatchNormalization (inference form), LayerNormalization, Instance/GroupNormalization,
+and AddLayerNorm (a residual add and the LayerNorm reading it, made by passes/fuse_add_layernorm.py)."""
 from __future__ import annotations
 
 import torch
@@ -6,6 +7,8 @@ import torch.nn.functional as F
 
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
+from ..kernels.norm.add_layernorm import ADD_LAYERNORM_TILES, add_layernorm, add_layernorm_supported
+from ..kernels.registry import REFERENCE, parse_tactic
 from .util import norm_axis, only_dtypes
 
 OPS = OpTable("norm")
@@ -70,6 +73,28 @@ def layer_norm(inputs, attrs):
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(x.dtype), mean, inv
+
+
+def add_layernorm_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    """The reference (the Add, then torch's LayerNorm), and on CUDA the one-pass kernel's row tiles."""
+    a, b, weight = inputs[:3]
+    bias = inputs[3] if len(inputs) > 3 else None
+    if a.is_cuda and add_layernorm_supported(a, b, weight, bias):
+        return [REFERENCE] + [tile.name for tile in ADD_LAYERNORM_TILES]
+    return [REFERENCE]
+
+
+@OPS.internal("AddLayerNorm", tactics=add_layernorm_tactics)
+def add_layer_norm(inputs, attrs):
+    """(a + b, LayerNormalization(a + b) over the last axis): the sum is the residual stream the
+    next block reads, the normalised value what this block's branch reads. Attribute `epsilon`."""
+    a, b, weight = inputs[:3]
+    bias = inputs[3] if len(inputs) > 3 else None
+    tactic = attrs.get("tactic") or REFERENCE
+    if tactic != REFERENCE and a.is_cuda and add_layernorm_supported(a, b, weight, bias):
+        return add_layernorm(a, b, weight, bias, attrs["epsilon"], parse_tactic(tactic).rows)
+    total = a + b
+    return total, layer_norm([total, weight, bias], {"axis": -1, "epsilon": attrs["epsilon"], "stash_type": 1})[0]
 
 
 @OPS.op("InstanceNormalization", attrs={"epsilon": 1e-5}, check=_float_only)
