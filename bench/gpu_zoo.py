@@ -9,7 +9,8 @@ FP16, checked against ONNX Runtime FP32 and timed against PyTorch FP16 peers, in
 Models (random seeded weights, nothing downloaded: `pretrained=False`, HF_HUB_OFFLINE=1): timm's
 CNNs, ViT/DeiT, Swin, LeViT, MobileViT, FastViT and EfficientViT, torchvision's DeepLabV3 head on
 MobileNetV3 (`out` only), and a small DETR-style detector written here (`DetrStyle`). Each is
-exported at opset 17 with a dynamic batch (`dynamo=False`). BatchNorm's affine parameters are
+exported at opset 17 with a dynamic batch (`dynamo=False`). Parameters initialised to zeros (biases,
+LayerNorm shifts) get small random values, as a trained net has them. BatchNorm's affine parameters are
 randomised and its running statistics re-estimated on random images (a trained net's activation
 scale, so FP16 says something and folding is not a no-op); reparameterisable blocks (FastViT) are
 fused as for deployment, and the PyTorch peers run that same module.
@@ -218,11 +219,28 @@ def randomise_and_settle_batchnorm(model: nn.Module, size: int, seed: int = 0, b
     model.eval()
 
 
+def randomise_zero_parameters(model: nn.Module, seed: int = 0) -> int:
+    """Every parameter initialised to all zeros (linear and LayerNorm biases, layer-scale-free
+    residual gates), given small random values as training leaves them: a zero bias is an identity
+    the importer removes, so a zoo of untrained models would time graphs without the bias adds and
+    affine shifts that trained ones carry. Returns how many were set."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    count = 0
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.numel() and not parameter.any():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+                count += 1
+    return count
+
+
 def make_model(arch: Architecture, size: int, seed: int = 0) -> nn.Module:
-    """The architecture with seeded random weights, BatchNorm settled, reparameterised blocks
-    fused (timm's deployment form), in eval mode on the CPU."""
+    """The architecture with seeded random weights (zero-initialised parameters made small and
+    random, as training leaves them), BatchNorm settled, reparameterised blocks fused (timm's
+    deployment form), in eval mode on the CPU."""
     torch.manual_seed(seed)
     model = arch.make(size).eval()
+    randomise_zero_parameters(model, seed)
     randomise_and_settle_batchnorm(model, size, seed)
     if arch.name.startswith("fastvit"):
         from timm.utils.model import reparameterize_model
@@ -396,6 +414,7 @@ class ModelRun:
                                   profiles=profiles_for(batches, size))
             self.summary.update(build_s=round(time.perf_counter() - t0, 1), onnx_nodes=result.onnx_nodes,
                                 layers=result.layers, stage_s=dict(result.stage_seconds),
+                                eager_check=result.header.get("eager_check"),
                                 tactic_s={family: entry["seconds"] for family, entry in result.tactic_seconds.items()},
                                 fp32_layers=sum(layer.get("precision") == "fp32" for layer in result.header["layers"]))
             engine = sartor.load(str(plan), device=str(self.device))
@@ -667,6 +686,11 @@ def write_table(out: Path) -> str:
         notes += [f"- {name} {step}: {text.splitlines()[0] if text else ''}" for step, text in errors.items()]
     build_lines = [f"- {name}: {build_breakdown(models[name])}" for name in [n for n in order if n in models]
                    if models[name].get("stage_s")]
+    for name in [n for n in order if n in models]:
+        for p in (models[name].get("eager_check") or {}).get("profiles", []):
+            notes.append(f"- {name}: the build's eager check, profile {p['profile']}: {p['tuned_ms']:.4g} ms tuned, "
+                         f"{p['eager_ms']:.4g} ms on eager kernels" + (", kept the eager kernels" if p["kept"] == "eager"
+                                                                       else ""))
     if build_lines:
         lines += ["", "Where each build's seconds went (stages over 1 s; the tactics stage by tactic family, "
                   "compiling and timing its candidates):", ""] + build_lines

@@ -74,6 +74,9 @@ class BuildConfig:
     # Time the layers that have one candidate kernel too (the INT8 emulation on the CPU), so that
     # every layer's time is in the engine; --fallback-where-faster sets it for its builds.
     time_every_layer: bool = False
+    # Float builds that timed tactics: the engine timed end to end against its layers on their eager
+    # kernels, a profile keeping those where they are faster (sartor/builder/eager_check.py).
+    eager_check: bool = True
     # INT8 (FP8) builds on Hopper and newer: the quantized layers' Triton kernels are launched with
     # programmatic dependent launch (sartor/builder/pdl.py), so that each may start while the one
     # before it ends. Off by default: no gain measured (docs/decisions/0009-pdl-off-by-default.md).

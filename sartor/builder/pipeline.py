@@ -43,6 +43,7 @@ from ..version import __version__
 from .config import BuildConfig, check_preprocess
 from .pdl import check_pdl_device, mark_programmatic_launch
 from .capture_check import check_capture
+from .eager_check import check_against_eager
 from .kernels import CaptureUnavailable, capture_kernels
 from .precision import (
     base_precision,
@@ -54,6 +55,8 @@ from .precision import (
 Progress = Callable[[str], None]
 # Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales,
 # the FP8 format, a projection's and a carried max pool's (`ops/fused_pool.py`).
+# Where the eager check runs (tests add "cpu"): a CPU build's reference kernels are its eager ones.
+EAGER_CHECK_DEVICES = ("cuda",)
 LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat",
                "projection_strides", "projection_input_scale", *MAX_POOL_ATTRS)
 
@@ -428,6 +431,15 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             header = _label_paths(header, reproducible.path_labels)
         return header, tensors
 
+    eager = None
+    if config.eager_check and config.builder_effort > 0 and device.type in EAGER_CHECK_DEVICES \
+            and not any(p in QUANTIZED_PRECISIONS for p in plan.layers.values()):
+        stage("eager check")
+        eager = check_against_eager(graph, selections, engine_header, device,
+                                    lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
+                                    warn_and_keep)
+        done("eager check")
+
     kernels = None
     if device.type == "cuda":
         stage("kernels")
@@ -441,6 +453,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
 
     stage("serialize")
     header, tensors = engine_header()
+    if eager is not None:
+        header["eager_check"] = eager
     if kernels is not None:
         header["capture"] = capture
         header["kernels"], kernel_tensors = kernels

@@ -226,6 +226,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--decoder", metavar="yolo|boxes",
                    help="with --min-snr or --min-cosine: compare a detector's boxes and scores apart (yolo: the raw "
                         "[B, 4+C, N] head; boxes: boxes [B,N,4] with scores); default: each output as a whole")
+    p.add_argument("--no-eager-check", action="store_true",
+                   help="do not time the engine against its layers on their eager (cuDNN/cuBLAS/torch) kernels at the "
+                        "end of the build (a profile where those are faster keeps them)")
     p.add_argument("--no-overflow-guard", action="store_true",
                    help="in fp16 builds, do not keep layers whose outputs overflow FP16 in FP32")
     p.add_argument("--no-embed-kernels", action="store_true",
@@ -281,7 +284,8 @@ def config_from_args(args) -> BuildConfig:
         profiles=profiles_from_events(args.shape_events),
         layer_precision=parse_precision_overrides(args.layer_precision, "--layer-precision"),
         op_precision=parse_precision_overrides(args.op_precision, "--op-precision"),
-        overflow_guard=not args.no_overflow_guard, preprocess=args.preprocess, input_format=args.input_format,
+        overflow_guard=not args.no_overflow_guard, eager_check=not args.no_eager_check, preprocess=args.preprocess,
+        input_format=args.input_format,
         nms=args.nms,
         calib=args.calib, calib_size=args.calib_size, calib_method=args.calib_method, percentile=args.percentile,
         calib_cache=args.calib_cache, builder_effort=args.builder_effort, timing_cache=args.timing_cache,

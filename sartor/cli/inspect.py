@@ -265,6 +265,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "nms": header.get("nms"),
         "kernels": _kernels_summary(header, tensors),
         "capture": _capture_summary(header),
+        "eager_check": _eager_check_summary(header),
         "signature": _signature_summary(engine, store),
     }
 
@@ -297,6 +298,17 @@ def _nms_line(record: dict) -> str:
             f"({record['classes']} classes)")
 
 
+def _eager_check_summary(header: dict) -> dict:
+    """The build's end-to-end check against the layers on their eager kernels (builder/eager_check.py)."""
+    record = header.get("eager_check")
+    if record is None:
+        return {"profiles": [], "text": "not run (CPU, INT8/FP8, builder effort 0, --no-eager-check, or an older "
+                                        "engine)"}
+    parts = [f"profile {p['profile']} {p['tuned_ms']:.4g} ms against {p['eager_ms']:.4g} ms eager"
+             + (": keeps the eager kernels" if p["kept"] == "eager" else "") for p in record["profiles"]]
+    return {"profiles": record["profiles"], "text": "; ".join(parts)}
+
+
 def run(args) -> int:
     info = engine_summary(args.plan, args.trust)
     if args.json:
@@ -319,6 +331,7 @@ def run(args) -> int:
         ("tactics", _tactics_line(info["tactics"])),
         ("kernels", info["kernels"]["text"]),
         ("cuda graphs", info["capture"]["text"]),
+        ("eager check", info["eager_check"]["text"]),
         ("signature", info["signature"]["text"]),
         *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))

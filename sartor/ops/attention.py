@@ -104,6 +104,6 @@ def _sdpa(inputs: list, attrs: dict) -> torch.Tensor:
 _TACTICS = {REFERENCE: _reference, SDPA: _sdpa, UNFUSED: _unfused}
 
 
-@OPS.internal("Attention", tactics=attention_tactics)
+@OPS.internal("Attention", tactics=attention_tactics, eager_tactic=SDPA)
 def attention(inputs, attrs):
     return _TACTICS[attrs.get("tactic") or REFERENCE](inputs, attrs)

@@ -54,6 +54,9 @@ class OpDef:
     # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
     # tactic cannot: the op then runs as usual and the Concat copies its result.
     write_into: Optional[Callable[[list, dict, Any], Any]] = None
+    # The tactic that runs what PyTorch eager runs for this op, where that is not the reference
+    # (attention: SDPA); the build's eager check times the engine against these (builder/eager_check.py).
+    eager_tactic: Optional[str] = None
 
     def fill_attrs(self, given: dict) -> dict:
         if self.attrs is ANY_ATTRS:
@@ -91,7 +94,8 @@ class OpTable:
     def op(self, *names: str, attrs: dict | None = None, host_inputs: Iterable[int] = (),
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            capturable: bool = True, domain: str = "", tactics: Callable | None = None,
-           weight_for_tactic: Callable | None = None, write_into: Callable | None = None) -> Callable[[Impl], Impl]:
+           weight_for_tactic: Callable | None = None, write_into: Callable | None = None,
+           eager_tactic: str | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -103,7 +107,7 @@ class OpTable:
                                        check=check, data_dependent_shape=data_dependent_shape,
                                        capturable=capturable, domain=domain,
                                        tactics=tactics, weight_for_tactic=weight_for_tactic,
-                                       write_into=write_into)
+                                       write_into=write_into, eager_tactic=eager_tactic)
             return impl
         return register
 

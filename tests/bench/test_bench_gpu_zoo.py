@@ -29,6 +29,17 @@ def test_profiles_cover_every_batch_each_timed_at_its_own_shape():
     assert profiles[1]["opt"]["input"] == (64, 3, 224, 224)
 
 
+def test_zero_initialised_parameters_get_small_random_values_and_others_stay():
+    import torch
+    layer = torch.nn.Linear(4, 3)
+    norm = torch.nn.LayerNorm(3)
+    torch.nn.init.zeros_(layer.bias)
+    weight = layer.weight.detach().clone()
+    assert gpu_zoo.randomise_zero_parameters(torch.nn.Sequential(layer, norm)) == 2  # the Linear's and LN's biases
+    assert layer.bias.abs().min() > 0 and norm.bias.abs().min() > 0 and layer.bias.abs().max() < 0.2
+    assert torch.equal(layer.weight, weight) and torch.equal(norm.weight, torch.ones(3))
+
+
 def test_cpu_run_writes_lines_table_and_per_layer_then_resumes(tmp_path: Path, capsys):
     out, work = tmp_path / "out", tmp_path / "work"
     common = CPU_RUN + ["--out", str(out), "--work", str(work), "--per-layer", "1"]
