@@ -4,6 +4,9 @@
 Inputs (q, k_t, v, bias?): q [..., Lq, D]; k_t [..., D, Lk], the key already transposed as the
 first MatMul read it; v [..., Lk, Dv]; bias (relative-position bias, masks) broadcastable to the
 scores [..., Lq, Lk]. Leading dims broadcast as MatMul's do, at any rank. Attribute `scale`.
+With attribute `windows` W (Swin's shifted windows, passes/fuse_window_attention.py), q, k_t and v
+have their images × W windows in the first dim, and the bias [1, W, heads, Lq, Lk] is per window:
+the layer views them as [images, W, ...] (a view), the bias broadcasting over the images.
 
 Tactics: `torch` (the reference: float32 math, the unfused graph's result), `sdpa`
 (torch's scaled_dot_product_attention: flash or memory-efficient kernels on CUDA, which keep the
@@ -38,10 +41,18 @@ def _operands(inputs: list) -> tuple:
     return q, k_t, v, bias
 
 
+def _by_window(inputs: list, attrs: dict) -> list:
+    """q, k_t and v with the windows split out of their first dim, when the layer has `windows`."""
+    windows = attrs.get("windows")
+    if not windows:
+        return inputs
+    return [t.reshape(-1, windows, *t.shape[1:]) for t in inputs[:3]] + list(inputs[3:])
+
+
 def attention_scores(inputs: list, attrs: dict) -> torch.Tensor:
     """scale · q @ k_t + bias in float32 (float64 stays float64): the values the softmax reads, which
     the precision planner's FP16 overflow guard measures (they are never a layer's output)."""
-    q, k_t, _, bias = _operands(inputs)
+    q, k_t, _, bias = _operands(_by_window(inputs, attrs))
     compute = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(compute), k_t.to(compute)) * attrs["scale"]
     return scores if bias is None else scores + bias.to(compute)
@@ -106,4 +117,8 @@ _TACTICS = {REFERENCE: _reference, SDPA: _sdpa, UNFUSED: _unfused}
 
 @OPS.internal("Attention", tactics=attention_tactics, eager_tactic=SDPA)
 def attention(inputs, attrs):
-    return _TACTICS[attrs.get("tactic") or REFERENCE](inputs, attrs)
+    tactic = _TACTICS[attrs.get("tactic") or REFERENCE]
+    if not attrs.get("windows"):
+        return tactic(inputs, attrs)
+    out = tactic(_by_window(inputs, attrs), dict(attrs, windows=None))
+    return out.reshape(-1, *out.shape[2:])

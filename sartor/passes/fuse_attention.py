@@ -11,10 +11,8 @@ the bias too, so the Add must be the Softmax's input. Each intermediate has one 
 is no graph output; the ranks of q, k_t and v must be known and at least 2 (MatMul treats 1-D
 operands otherwise), and their dtype floating.
 
-Not fused: Swin's shifted windows, which add their mask to the scores viewed as
-[batch, windows, heads, N, N] through Reshape → Add → Reshape. Fusing them soundly needs the
-bias's batch layout (windows inside the batch) rebuilt by new nodes from run-time shapes; their
-softmax and matmuls stay as they are (the unshifted blocks of the same model fuse).
+Swin's shifted windows, which add their mask to the scores viewed as [batch, windows, heads, N, N]
+through Reshape → Add → Reshape, are fuse_window_attention's (it runs first).
 """
 from __future__ import annotations
 
@@ -51,7 +49,7 @@ def _scalar_factor(graph: Graph, node: Node) -> tuple[str, float] | None:
     return None
 
 
-def _unscaled(graph: Graph, value: str, reader: Node, producers: dict, consumers: dict,
+def unscaled(graph: Graph, value: str, reader: Node, producers: dict, consumers: dict,
               matched: list) -> tuple[str, float]:
     """`value` with the scalar Mul/Div nodes read only by `reader` (chained) peeled off: (the source,
     the product of their factors); the peeled nodes are appended to `matched`."""
@@ -84,19 +82,19 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     add = producers.get(value)
     if add is not None and add.op_type == "Add" and single_consumer(graph, value, consumers) is softmax:
         for scores_side in (0, 1):
-            found = _scores_product(graph, add.inputs[scores_side], add, producers, consumers)
+            found = scores_product(graph, add.inputs[scores_side], add, producers, consumers)
             if found is not None:
                 bias = add.inputs[1 - scores_side]
                 matched.append(add)
                 value, reader = add.inputs[scores_side], add
                 break
-    found = _scores_product(graph, value, reader, producers, consumers)
+    found = scores_product(graph, value, reader, producers, consumers)
     if found is None:
         return None
     first, scale_nodes, scale = found
     matched += scale_nodes + [first]
-    q, q_scale = _unscaled(graph, first.inputs[0], first, producers, consumers, matched)
-    k_t, k_scale = _unscaled(graph, first.inputs[1], first, producers, consumers, matched)
+    q, q_scale = unscaled(graph, first.inputs[0], first, producers, consumers, matched)
+    k_t, k_scale = unscaled(graph, first.inputs[1], first, producers, consumers, matched)
     v = second.inputs[1]
     if any((_rank(graph, name) or 0) < 2 for name in (q, k_t, v)):
         return None
@@ -110,7 +108,7 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     return fused, matched
 
 
-def _scores_product(graph: Graph, value: str, reader: Node, producers: dict,
+def scores_product(graph: Graph, value: str, reader: Node, producers: dict,
                     consumers: dict) -> tuple[Node, list[Node], float] | None:
     """(the MatMul q @ k_t, the scalar Mul/Div nodes between it and `reader`, their factor) when
     `value` is that product, each step read only by the next."""

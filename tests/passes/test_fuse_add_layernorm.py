@@ -81,3 +81,26 @@ def test_builder_fuses_float_builds_only(tmp_path):
     int8_build = sartor.build(str(tmp_path / "m.onnx"), str(tmp_path / "q.plan"), device="cpu", precision="int8",
                               calib=calib, **shapes)
     assert "AddLayerNorm" not in [layer["op"] for layer in int8_build.header["layers"]]
+
+
+def _viewed(b: OnnxBuilder, target: list[int]) -> list[str]:
+    """Swin's form: a [N, 4, 6, 8] sum viewed as `target` before its LayerNorm, the view read again."""
+    x = b.input("x", ["N", 4, 6, 8])
+    total = b.node("Add", [x, b.node("Tanh", [x], name="branch")], name="residual")
+    viewed = b.node("Reshape", [total, b.const("shape", np.array(target, np.int64))], name="view")
+    normed = b.node("LayerNormalization", [viewed, b.weight("scale", [target[-1]], low=0.5),
+                                           b.weight("bias", [target[-1]])], name="norm")
+    return [b.node("Add", [normed, viewed], name="residual2")]
+
+
+def test_fuses_through_a_reshape_that_keeps_the_last_axis():
+    b = OnnxBuilder()
+    model = b.model(_viewed(b, [-1, 24, 8]))
+    graph, count = apply_pass(model, fuse_add_layernorm, expect_fired=True)
+    assert count == 1 and [n.op_type for n in graph.nodes] == ["Tanh", "AddLayerNorm", "Reshape", "Reshape", "Add"]
+    assert_matches_ort(graph, model, b.feeds(shapes={"x": [2, 4, 6, 8]}))
+
+
+def test_must_not_fire_through_a_reshape_that_moves_the_last_axis():
+    b = OnnxBuilder()
+    assert_unchanged(b.model(_viewed(b, [-1, 12, 16])), fuse_add_layernorm, b.feeds(shapes={"x": [2, 4, 6, 8]}))
