@@ -63,8 +63,8 @@ def bucket_profiles(buckets: Buckets, inputs: list, given: list[dict], log: list
     elif any(len(named) > 1 for named in per_profile):
         k = next(k for k, named in enumerate(per_profile) if len(named) > 1)
         raise ConfigError(f"profile {k} ranges over {', '.join(_fmt(s) for s in sorted(per_profile[k]))} for input "
-                          f"{image.name!r}: with --preprocess {text} each profile has one bucket's size; give the batch "
-                          f"range at one size (each bucket then gets its own profile), or one profile per size")
+                          f"{image.name!r}: with --preprocess {text} each profile has one bucket's size; give the "
+                          f"batch range at one size (each bucket then gets its own profile), or one profile per size")
     else:  # the batch range once: each given profile made at every bucket's size
         specs = [_at_size(profile, image.name, declared[image.name], axes, size) for size in sizes for profile in given]
         how = f"{len(given)} profile(s) given, made at each size"

@@ -132,6 +132,8 @@ def choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None 
 
 def _admits(engine, name: str, spec: PreprocessSpec, profile: int) -> bool:
     """Whether profile `profile` admits the input size `spec` makes (any size with 'none')."""
+    if not 0 <= profile < len(engine.profiles):
+        return False  # choose_batch then says what the engine's profiles admit
     probe, r = spec.input_shape(1), engine.profiles[profile].shapes.get(name)
     return r is not None and (probe is None or all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])))
 

@@ -410,8 +410,10 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         results = list(itertools.islice(engine_results, count))
         t1 = time.perf_counter()
         # One reference run per bucket the batch's images went to (one for an engine of one size).
-        groups = [(rows, onnx.run({image_input.name: np.stack([arrays[i] for i in rows]).astype(spec.dtype, copy=False)},
-                                  output_names)) for rows in _by_shape(arrays)]
+        groups = []
+        for rows in _by_shape(arrays):
+            stacked = np.stack([arrays[i] for i in rows]).astype(spec.dtype, copy=False)
+            groups.append((rows, onnx.run({image_input.name: stacked}, output_names)))
         t2 = time.perf_counter()
         engine_seconds += t1 - t0
         reference_seconds += t2 - t1
@@ -422,7 +424,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         for rows, expected in groups:
             n = len(rows)
             part = [results[i] for i in rows]
-            got = {} if nms is not None else {k: np.stack([_to_numpy(r.outputs[k]) for r in part]) for k in output_names}
+            got = {} if nms is not None else \
+                {k: np.stack([_to_numpy(r.outputs[k]) for r in part]) for k in output_names}
             engine_metas = [r.meta for r in part]  # the pipeline's: the same geometry, its own decode
             expected = {k: np.asarray(v)[:n] for k, v in expected.items()}
             if task is None:
