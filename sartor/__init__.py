@@ -29,7 +29,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     - Shapes are {input name: tuple}; `profiles` is a list of {"min": ..., "opt": ..., "max": ...}
       for several profiles (then leave min/opt/max_shapes out).
     - `preprocess`: a spec such as "letterbox=640,mean=0,std=255,rgb,nchw" (or a PreprocessSpec),
-      stored in the engine.
+      stored in the engine; "letterbox=320|480|640,..." (or a `sartor.data.buckets.Buckets`) builds
+      one profile per size, the resolution buckets `sartor.Pipeline` routes frames to.
     - INT8 (`precision="int8"`) takes `calib` and/or `calib_cache`. `calib` is a path (a .npy/.npz
       of input samples, an image folder, a COCO/ImageFolder dataset or a manifest) or the samples
       themselves: a numpy array or torch tensor [N, ...] like the input, a dict of them by input

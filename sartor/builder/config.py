@@ -236,11 +236,18 @@ class BuildConfig:
         return parse_nms(self.nms)
 
     def preprocess_spec(self):
-        """The parsed --preprocess spec, or None."""
+        """The parsed --preprocess spec, or None; with several sizes (resolution buckets) the
+        largest's: what calibration and the other single-spec readers take."""
+        buckets = self.preprocess_buckets()
+        return buckets.largest if buckets is not None else None
+
+    def preprocess_buckets(self):
+        """The --preprocess spec as resolution buckets (`letterbox=320|480|640` is three; one size is
+        one), or None (sartor/data/buckets.py)."""
         if self.preprocess is None:
             return None
-        from ..data.preprocess import parse_preprocess
-        return parse_preprocess(self.preprocess)
+        from ..data.buckets import parse_buckets
+        return parse_buckets(self.preprocess)
 
     def frame_format(self):
         """The parsed --input-format (a FrameFormat), or None: the model's own input."""
@@ -252,6 +259,16 @@ class BuildConfig:
         if spec is None or spec.resize == "none":
             raise ConfigError(f"--input-format {frames.describe()} needs --preprocess with letterbox= or resize= "
                               f"(what the engine's first layer does to the frames)")
+        buckets = self.preprocess_buckets()
+        if len(buckets) > 1:
+            raise ConfigError(f"--input-format {frames.describe()} takes frames of one size, which one bucket of "
+                              f"--preprocess {buckets.describe()} would always take: give that one size (build one "
+                              f"engine per frame size)")
+        from ..data.buckets import BucketRefused
+        try:
+            buckets.route(*frames.size)  # a frame size the policy refuses is refused now, not at every frame
+        except BucketRefused as exc:
+            raise ConfigError(f"--input-format {frames.describe()}: {exc}") from None
         return frames
 
     def to_json(self) -> dict:

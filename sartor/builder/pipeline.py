@@ -40,6 +40,7 @@ from ..runtime.profiles import Profile, make_profile
 from ..tactics import (TacticSelection, TimingCache, family_seconds, record_tactics, select_tactics_by_profile,
                        summary_by_profile)
 from ..version import __version__
+from .buckets import bucket_profiles
 from .config import BuildConfig, check_preprocess
 from .pdl import check_pdl_device, mark_programmatic_launch
 from .capture_check import check_capture
@@ -270,9 +271,12 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     stage("profiles")
     declared = {v.name: v.shape for v in graph.inputs}
     specs = config.profiles or [{"min": {}, "opt": {}, "max": {}}]
-    profiles = [make_profile(declared, p.get("min", {}), p.get("opt", {}), p.get("max", {})) for p in specs]
-    preprocess = config.preprocess_spec()
-    check_preprocess(preprocess, graph.inputs, profiles)
+    preprocess, buckets = config.preprocess_spec(), config.preprocess_buckets()
+    if buckets is not None and len(buckets) > 1:  # a profile per size (docs/decisions/0037-resolution-buckets.md)
+        profiles = bucket_profiles(buckets, graph.inputs, specs, log)
+    else:
+        profiles = [make_profile(declared, p.get("min", {}), p.get("opt", {}), p.get("max", {})) for p in specs]
+        check_preprocess(preprocess, graph.inputs, profiles)
     done("profiles")
 
     stage("optimize")
@@ -419,7 +423,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             "int8_fallback_precision": base_precision(config, device) if config.precision in QUANTIZED_PRECISIONS
             else None,
             "build_log": log,
-            "preprocess": preprocess.to_json() if preprocess is not None else None,
+            "preprocess": preprocess.to_json() if preprocess is not None else None,  # the largest bucket's
+            **({"preprocess_buckets": [b.to_json() for b in buckets.specs]} if buckets is not None and len(buckets) > 1
+               else {}),
             "input_format": frames.to_json() if frames is not None else None,
             "nms": nms,
             "planner": planner,

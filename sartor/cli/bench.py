@@ -46,6 +46,9 @@ def add_parser(subparsers, parents) -> None:
                    help="with --end-to-end: passes over the images; the first is reported apart (default 3)")
     p.add_argument("--decoder", default="auto", choices=("auto", "yolo", "none"),
                    help="with --end-to-end: post-processing (auto: yolo for one [B, 4+C, N] output)")
+    p.add_argument("--max-downscale", metavar="X|any",
+                   help="with --end-to-end: the most a frame may be shrunk to fit the engine's largest resolution "
+                        "bucket, instead of the engine's policy (a factor ≥ 1, or any)")
     p.set_defaults(func=run)
 
 
@@ -59,6 +62,8 @@ def run(args) -> int:
         return run_video_end_to_end(args)
     if args.end_to_end or args.images:
         return run_end_to_end(args)
+    if args.max_downscale is not None:
+        raise ConfigError("--max-downscale goes with --end-to-end (frames routed to the engine's resolution buckets)")
     shapes = parse_shape_spec(args.shapes) if args.shapes else None
     engine = load(args.plan, device=args.device, trust=args.trust)
     result = benchmark(engine, shapes, iterations=args.iterations, warmup=args.warmup, seed=args.seed)
@@ -86,7 +91,8 @@ def run_end_to_end(args) -> int:
         raise ConfigError("--end-to-end and --images DIR go together")
     files = image_files(args.images)
     engine = load(args.plan, device=args.device, trust=args.trust)
-    result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder)
+    result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder,
+                        max_downscale=args.max_downscale)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
         return 0
@@ -94,6 +100,8 @@ def run_end_to_end(args) -> int:
     out.print(key_values("End to end", [
         ("engine", args.plan), ("device", result.device), ("images", f"{result.images} from {args.images}"),
         ("batch", result.batch), ("post-processing", result.decoder),
+        *([("buckets", ", ".join(f"{size}: {n} images" for size, n in result.buckets.items())
+            + f"; stages timed at {result.stage_bucket}")] if len(result.buckets) > 1 else []),
         ("first pass", f"{result.first_pass_s:.2f} s (warm-up: graph capture and kernel loads on a GPU; "
                        f"reported apart)"),
         ("steady state", f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} "
@@ -115,7 +123,8 @@ def run_video_end_to_end(args) -> int:
         raise ConfigError("--images and --video: time one or the other")
     engine = load(args.plan, device=args.device, trust=args.trust)
     result = video_end_to_end(engine, args.video, streams=args.streams, batch=args.batch, passes=args.passes,
-                              decoder=args.decoder, video_decoder=args.video_decoder)
+                              decoder=args.decoder, video_decoder=args.video_decoder,
+                              max_downscale=args.max_downscale)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
         return 0

@@ -13,6 +13,7 @@ from ..builder.config import (
     PRECISIONS,
     parse_precision_overrides,
 )
+from ..data.buckets import preprocess_line
 from ..errors import ConfigError
 from ..progress import ProgressReport
 from ..quant.auto_method import BUILD_METHODS, DEFAULT_BUILD_METHOD
@@ -65,7 +66,19 @@ preprocessing:
     std=S or S1:S2:S3    then divide (default 1)
     rgb | bgr            channel order (default rgb);  nchw | nhwc  layout (default nchw)
     dtype=float32|float16|uint8
+    max_downscale=X|any  the most a frame may be shrunk to fit (default: any with one size)
   The size must match the image input's H and W in every profile.
+
+resolution buckets:
+  --preprocess letterbox=320|480|640,... builds one profile per size (the shape flags give the
+  batch range once, at one of the sizes, and each size gets it; or give one --profile per size).
+  sartor.Pipeline, validate, bench --end-to-end and serve's image route run each frame in the
+  smallest bucket that holds it whole; a frame larger than every bucket goes to the one that
+  shrinks it least if that shrinks it at most max_downscale (default 1 with several sizes: never),
+  else it is refused in one line, not shrunk. max_downscale=2 lets a 1280x720 camera frame into
+  the 640 bucket; Pipeline(max_downscale=...) and --max-downscale override it at run time.
+  Example: --preprocess letterbox=320|480|640,mean=0,std=255,max_downscale=3 --min-shapes
+  images:1x3x640x640 --opt-shapes images:8x3x640x640 --max-shapes images:32x3x640x640
 
 detections:
   --nms conf=0.25,iou=0.45,max_det=300,topk=1000 appends to a YOLOv8/YOLO11 detector (the raw
@@ -172,7 +185,8 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--preprocess", metavar="SPEC",
                    help="how images become the input, stored in the engine for `sartor validate`, e.g. "
                         "letterbox=640,mean=0,std=255,rgb,nchw or resize=224x224,mean=123.675:116.28:103.53,"
-                        "std=58.395:57.12:57.375 (see 'preprocessing' below)")
+                        "std=58.395:57.12:57.375; letterbox=320|480|640,... builds resolution buckets (see "
+                        "'preprocessing' and 'resolution buckets' below)")
     p.add_argument("--input-format", metavar="uint8:HxW[:bgr]",
                    help="the engine takes raw uint8 frames N×H×W×3 of this size (RGB unless :bgr) and applies "
                         "--preprocess as its first layer, inside its CUDA graph (e.g. uint8:720x1280); the "
@@ -368,7 +382,7 @@ def print_summary(out, result) -> None:
     ]
     rows += [(f"profile {k}", p.describe()) for k, p in enumerate(profiles)]
     if header.get("preprocess"):
-        rows.append(("preprocess", header["preprocess"].get("text", "")))
+        rows.append(("preprocess", preprocess_line(header)))
     if header.get("input_format"):
         rows.append(("input", f"raw frames {header['input_format']['text']} (N×H×W×3), preprocessed in the engine"))
     calibration = header["provenance"].get("calibration")

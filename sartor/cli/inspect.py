@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.buckets import preprocess_line
 from ..errors import DeviceError
 from ..ops.fused_pool import max_pool_label
 from ..runtime.capture import describe_eager_layers
@@ -261,6 +262,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "planner": header.get("planner"),
         "fallback_where_faster": header.get("fallback_where_faster"),
         "preprocess": header.get("preprocess"),
+        "preprocess_buckets": header.get("preprocess_buckets"),
         "input_format": header.get("input_format"),
         "nms": header.get("nms"),
         "kernels": _kernels_summary(header, tensors),
@@ -325,7 +327,8 @@ def run(args) -> int:
         ("built for", describe(info["fingerprint"] or {})),
         ("matches this machine", match),
         ("precision", describe_precision(info)),
-        ("preprocess", (info["preprocess"] or {}).get("text") or "not recorded (build with --preprocess)"),
+        ("preprocess", preprocess_line({k: info[k] for k in ("preprocess", "preprocess_buckets")})
+         or "not recorded (build with --preprocess)"),
         ("input", f"raw frames {info['input_format']['text']} (N×H×W×3), preprocessed by the first layer"
          if info["input_format"] else "the model's own input"),
         ("tactics", _tactics_line(info["tactics"])),

@@ -55,6 +55,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--decoder", metavar="yolo|boxes|module:function", help="how detections are decoded")
     p.add_argument("--preprocess", metavar="SPEC",
                    help="override the engine's preprocessing, e.g. letterbox=640,mean=0,std=255,rgb,nchw")
+    p.add_argument("--max-downscale", metavar="X|any",
+                   help="the most an image may be shrunk to fit the engine's largest resolution bucket, instead of "
+                        "the engine's policy (a factor ≥ 1, or any); an image shrunk more is refused")
     p.add_argument("--classes", metavar="FILE|a,b,c",
                    help="class names in the model's output order (a file with one per line, or a comma list)")
     p.add_argument("--conf", type=float, default=DEFAULT_CONF,
@@ -108,7 +111,7 @@ def run(args) -> int:
                       max_drop=args.max_drop, batch=args.batch, decoder=args.decoder, preprocess=args.preprocess,
                       device=args.device, conf=args.conf, iou=args.iou, max_det=args.max_det,
                       pseudo_conf=args.pseudo_conf, class_names=read_class_names(args.classes),
-                      progress=True, fast_decode=args.fast_decode)
+                      progress=True, fast_decode=args.fast_decode, max_downscale=args.max_downscale)
     if args.report:
         write_html_report(report, args.report)
     code = 0 if report.passed else 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..progress import ProgressReport
+from .buckets import BucketRefused, Buckets
 from .preprocess import ImageMeta, PreprocessSpec, load_image, preprocess_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm")
@@ -454,11 +455,14 @@ def _samples_of(data: Dataset | Iterable[Sample]) -> list[Sample]:
     return list(data.samples if isinstance(data, Dataset) else data)
 
 
-def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec, batch_size: int,
+def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec | Buckets, batch_size: int,
                     progress: bool = False, workers: int | None = None,
-                    ) -> Iterator[tuple[np.ndarray, list[ImageMeta], list[Sample]]]:
+                    ) -> Iterator[tuple[np.ndarray | list[np.ndarray], list[ImageMeta], list[Sample]]]:
     """(batch array, one ImageMeta per image, the samples) in dataset order; the last batch may be
-    smaller. Images are decoded by a few threads (Pillow releases the GIL while decoding)."""
+    smaller. Images are decoded by a few threads (Pillow releases the GIL while decoding). With
+    resolution Buckets, each image is preprocessed by the spec of the bucket it routes to (an image
+    no bucket takes is a DataError naming it), and the first item is a list of arrays, one per image
+    (their sizes may differ: the caller groups them by bucket)."""
     if batch_size < 1:
         raise DataError(f"batch size {batch_size} must be at least 1")
     samples = _samples_of(data)
@@ -470,7 +474,13 @@ def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec, batc
         if sample.size is not None and (image.height, image.width) != tuple(sample.size):
             raise DataError(f"image {sample.path} is {image.width}x{image.height} (WxH) but its annotations say "
                             f"{sample.size[1]}x{sample.size[0]}: boxes would not line up")
-        return preprocess_image(image, spec, path=sample.path)
+        if not isinstance(spec, Buckets):
+            return preprocess_image(image, spec, path=sample.path)
+        try:
+            chosen = spec.spec_for(image.height, image.width)
+        except BucketRefused as exc:
+            raise BucketRefused(f"image {sample.path}: {exc}") from None
+        return preprocess_image(image, chosen, path=sample.path)
 
     # A live bar on a terminal, a line every few seconds in a log (sartor/progress.py).
     bar = ProgressReport("validate") if progress else None
@@ -484,6 +494,12 @@ def iterate_batches(data: Dataset | Sequence[Sample], spec: PreprocessSpec, batc
             results = list(pool.map(one, chunk)) if pool is not None else [one(s) for s in chunk]
             arrays = [a for a, _ in results]
             metas = [m for _, m in results]
+            if isinstance(spec, Buckets):
+                done += len(chunk)
+                if bar is not None:
+                    bar.advance(done, len(samples), Path(metas[-1].path).name if metas[-1].path else "")
+                yield arrays, metas, chunk
+                continue
             if len({a.shape for a in arrays}) > 1:
                 sizes = ", ".join(f"{Path(m.path).name} {m.orig_size[0]}x{m.orig_size[1]}" for m in metas[:5])
                 raise DataError(f"images of different sizes cannot share a batch with preprocess "

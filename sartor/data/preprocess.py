@@ -32,7 +32,9 @@ LAYOUTS = ("nchw", "nhwc")
 DTYPES = ("float32", "float16", "uint8")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "u8": "uint8"}
 SYNTAX = ("letterbox=H[xW] | resize=HxW | resize=N,crop=H[xW] | none, mean=M or M1:M2:M3, std=S or S1:S2:S3, "
-          "rgb | bgr, nchw | nhwc, dtype=float32|float16|uint8, pad=0..255, resampler=pillow|cv2")
+          "rgb | bgr, nchw | nhwc, dtype=float32|float16|uint8, pad=0..255, resampler=pillow|cv2, "
+          "max_downscale=X|any")
+BUCKET_SEPARATOR = "|"  # letterbox=320|480|640: one resolution bucket per size (sartor/data/buckets.py)
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class PreprocessSpec:
     pad_value: int = 114  # letterbox padding, in 0..255 pixel units (before mean/std)
     shorter_side: int = 0  # with resize "crop": the shorter side's length before the centre crop
     resampler: str = "pillow"  # pillow (bilinear, antialiased) | cv2 (cv2.INTER_LINEAR, no antialiasing)
+    # The most a frame may be shrunk to fit (its longer side over the input's, as the resize mode
+    # measures it: sartor/data/buckets.py); None: any. A pipeline refuses a frame it would shrink
+    # more (docs/decisions/0037-resolution-buckets.md); the preprocessing itself never reads it.
+    max_downscale: float | None = None
 
     def __post_init__(self) -> None:
         if self.resize not in RESIZE_MODES:
@@ -73,6 +79,7 @@ class PreprocessSpec:
                               f"least the crop's height and width")
         if self.resize != "crop" and shorter:
             raise ConfigError(f"preprocess shorter_side {shorter} goes only with resize 'crop'")
+        object.__setattr__(self, "max_downscale", _check_max_downscale(self.max_downscale))
         object.__setattr__(self, "shorter_side", shorter)
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "mean", mean)
@@ -97,7 +104,8 @@ class PreprocessSpec:
     def to_json(self) -> dict:
         return {"resize": self.resize, "size": list(self.size), "mean": list(self.mean), "std": list(self.std),
                 "channels": self.channels, "layout": self.layout, "dtype": self.dtype, "pad_value": self.pad_value,
-                "shorter_side": self.shorter_side, "resampler": self.resampler, "text": self.describe()}
+                "shorter_side": self.shorter_side, "resampler": self.resampler, "max_downscale": self.max_downscale,
+                "text": self.describe()}
 
     @staticmethod
     def from_json(d: dict) -> PreprocessSpec:
@@ -106,12 +114,20 @@ class PreprocessSpec:
                                   std=tuple(d["std"]), channels=d["channels"], layout=d["layout"],
                                   dtype=d["dtype"], pad_value=d.get("pad_value", 114),
                                   # records from before these fields meant no crop and Pillow's resize
-                                  shorter_side=d.get("shorter_side", 0), resampler=d.get("resampler", "pillow"))
+                                  shorter_side=d.get("shorter_side", 0), resampler=d.get("resampler", "pillow"),
+                                  # records from before resolution buckets shrink any frame, as they did
+                                  max_downscale=d.get("max_downscale"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"preprocess record {d!r} is malformed: {exc}") from None
 
-    def describe(self) -> str:
-        """The canonical text form; parse_preprocess(spec.describe()) == spec."""
+    def size_text(self) -> str:
+        """The size as the resize token writes it: 640 (a square letterbox), 384x640, 256x256 (resize)."""
+        h, w = self.size
+        return f"{h}" + (f"x{w}" if (w != h or self.resize == "resize") else "")
+
+    def describe(self, sizes: str | None = None, policy: bool = True) -> str:
+        """The canonical text form; parse_preprocess(spec.describe()) == spec. `sizes` replaces the
+        resize token's size (a bucket list, "320|640"); `policy=False` leaves max_downscale out."""
         parts = []
         if self.resize == "none":
             parts.append("none")
@@ -120,8 +136,7 @@ class PreprocessSpec:
             parts.append(f"resize={self.shorter_side}")
             parts.append(f"crop={h}" + (f"x{w}" if w != h else ""))
         else:
-            h, w = self.size
-            parts.append(f"{self.resize}={h}" + (f"x{w}" if (w != h or self.resize == "resize") else ""))
+            parts.append(f"{self.resize}={sizes or self.size_text()}")
         parts.append(f"mean={_fmt_triple(self.mean)}")
         parts.append(f"std={_fmt_triple(self.std)}")
         parts += [self.channels, self.layout]
@@ -131,6 +146,8 @@ class PreprocessSpec:
             parts.append(f"pad={self.pad_value}")
         if self.resampler != "pillow":  # the default is left out: older specs' text stays as it was
             parts.append(f"resampler={self.resampler}")
+        if policy and self.max_downscale is not None:  # likewise: no policy is any shrink, as before
+            parts.append(f"max_downscale={_fmt_num(self.max_downscale)}")
         return ",".join(parts)
 
     def __str__(self) -> str:
@@ -146,6 +163,30 @@ def _triple(value, name: str) -> tuple[float, float, float]:
     if len(values) != 3:
         raise ConfigError(f"preprocess {name} needs 1 or 3 values, got {len(values)}")
     return values  # type: ignore[return-value]
+
+
+def _check_max_downscale(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        factor = float(value)
+    except (TypeError, ValueError):
+        factor = float("nan")
+    if not 1.0 <= factor < float("inf"):  # also refuses NaN
+        raise ConfigError(f"preprocess max_downscale {value!r} must be a number ≥ 1 (1: never shrink a frame) or "
+                          f"'any'")
+    return factor
+
+
+def parse_max_downscale(value: str, what: str = "max_downscale") -> float | None:
+    """'2', '1.5' → the factor; 'any' (or 'inf') → None, no limit. `what` names the option."""
+    text = str(value).strip().lower()
+    if text in ("any", "inf"):
+        return None
+    try:
+        return _check_max_downscale(float(text))
+    except (ValueError, ConfigError):
+        raise ConfigError(f"{what} {value!r} must be a number ≥ 1 (1: never shrink a frame) or 'any'") from None
 
 
 def _fmt_num(v: float) -> str:
@@ -173,7 +214,11 @@ def _parse_size(token: str, value: str, square_ok: bool) -> tuple[int, int]:
 
 
 def parse_preprocess(text: str) -> PreprocessSpec:
-    """`letterbox=320,mean=0,std=255,rgb,nchw` → PreprocessSpec (see SYNTAX)."""
+    """`letterbox=320,mean=0,std=255,rgb,nchw` → PreprocessSpec (see SYNTAX). One size: a spec naming
+    several (`letterbox=320|640`, resolution buckets) is read by `sartor.data.buckets.parse_buckets`."""
+    if isinstance(text, str) and BUCKET_SEPARATOR in text:
+        raise ConfigError(f"preprocess spec {text!r} names several sizes (resolution buckets): only `sartor build "
+                          f"--preprocess` takes them; give one size here")
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(f"preprocess spec is empty: expected {SYNTAX}")
     fields: dict = {}
@@ -236,6 +281,8 @@ def parse_preprocess(text: str) -> PreprocessSpec:
             if not 0 <= pad <= 255:
                 raise ConfigError(f"preprocess token {token!r}: pad must be an integer in 0..255")
             set_field("pad_value", pad, token)
+        elif key == "max_downscale" and sep:
+            set_field("max_downscale", parse_max_downscale(value, f"preprocess token {token!r}: max_downscale"), token)
         else:
             raise ConfigError(f"preprocess token {token!r} is not understood: expected {SYNTAX}")
     if "crop" in fields:

@@ -46,7 +46,7 @@ class ServedEngine:
 
     def __init__(self, name: str, version: str, engine, on_unload) -> None:
         self.name, self.version, self.engine, self.on_unload = name, version, engine, on_unload
-        self.preprocess = engine.preprocess
+        self.preprocess, self.buckets = engine.preprocess, engine.buckets
         self.context = engine.context()
         self.max_batch = max(int(p.shapes[v.name].max[0]) for p in engine.profiles for v in engine.inputs[:1])
 

@@ -8,6 +8,10 @@ them, beside each stage alone and the engine alone.
   bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
   (the decoder, and the copy of what it keeps to the host).
 - engine: the engine alone on its own input buffer, at the same batch.
+
+With resolution buckets the passes route every image as the pipeline does (`buckets`: how many
+images each bucket ran); the stages and the engine alone are timed in the bucket most images went
+to (`stage_bucket`), on a batch of that bucket's images.
 """
 from __future__ import annotations
 
@@ -66,12 +70,15 @@ class EndToEndResult:
     batch_ms_p99: float
     engine_frames_per_s: float  # the engine alone, its input already in place
     stages_ms: dict = field(default_factory=dict)  # one batch through each stage alone
+    buckets: dict = field(default_factory=dict)  # "HxW" input size -> images a pass ran at it
+    stage_bucket: str = ""  # the input size the stages and the engine alone were timed at
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def bench_pipeline(engine, batch: int | None, decoder: str) -> tuple[Pipeline, object, str]:
+def bench_pipeline(engine, batch: int | None, decoder: str,
+                   max_downscale: float | str | None = None) -> tuple[Pipeline, object, str]:
     """(the pipeline, its post-processing or None, the post-processing's name) for `--decoder`."""
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
@@ -82,20 +89,22 @@ def bench_pipeline(engine, batch: int | None, decoder: str) -> tuple[Pipeline, o
     if decoder == "auto":
         decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
     post = nms if decoder != "none" else None
-    return Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None), post, decoder
+    return (Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None, max_downscale=max_downscale),
+            post, decoder)
 
 
 def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats: int) -> tuple[dict, float]:
     """({preprocess, infer, post: ms of one batch alone}, the engine alone in frames/s) on `decoded`,
-    one batch of decoded frames."""
+    one batch of decoded frames, all of one bucket (the pipeline routes them)."""
     device = pipeline.device
     frames, names, sizes = [d.pixels for d in decoded], [d.name for d in decoded], [d.size for d in decoded]
-    shape = pipeline.spec.input_shape(len(frames))
-    context = engine.context(pipeline.profile)
+    spec, profile, _ = pipeline.bucket_profile(pipeline.bucket_of(*sizes[0]))
+    shape = spec.input_shape(len(frames))
+    context = engine.context(profile)
     buffer = context.input_buffers({pipeline.input_name: shape})[pipeline.input_name] if shape else None
-    prepared, metas = prepare_batch(frames, names, pipeline.spec, buffer, orig_sizes=sizes)
+    prepared, metas = prepare_batch(frames, names, spec, buffer, orig_sizes=sizes)
     outputs = context.run({pipeline.input_name: prepared})
-    stages = {"preprocess": median_ms(lambda: prepare_batch(frames, names, pipeline.spec, buffer, orig_sizes=sizes), device,
+    stages = {"preprocess": median_ms(lambda: prepare_batch(frames, names, spec, buffer, orig_sizes=sizes), device,
                                        repeats),
               "infer": median_ms(lambda: context.run({pipeline.input_name: prepared}), device, repeats)}
     if post is not None:
@@ -112,18 +121,18 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
-               decoder: str = "auto") -> EndToEndResult:
+               decoder: str = "auto", max_downscale: float | str | None = None) -> EndToEndResult:
     if passes < 2:
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
-    pipeline, post, decoder = bench_pipeline(engine, batch, decoder)
+    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale)
     device = pipeline.device
     batch = pipeline.batch_size
 
     # whole passes: the first apart, then the steady state, each batch's time between results
     start = time.perf_counter()
-    for _ in pipeline.stream(files):
-        pass
+    ran_at = ["x".join(map(str, result.meta.input_size)) for result in pipeline.stream(files)]  # each file's bucket
     first_pass_s = time.perf_counter() - start
+    routed = {size: ran_at.count(size) for size in sorted(set(ran_at))}
     batch_times, total = [], 0.0
     for _ in range(passes - 1):
         start = last = time.perf_counter()
@@ -135,17 +144,23 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         total += time.perf_counter() - start
     frames_per_s = len(files) * (passes - 1) / total
 
-    # each stage alone on the first batch
-    chunk = (list(files) * (batch // len(files) + 1))[:max(batch, pipeline.min_batch)]
+    # each stage alone on a batch of the images of the bucket most of them ran in
+    stage_bucket = max(routed, key=lambda size: routed[size])
+    of_bucket = [f for f, size in zip(files, ran_at) if size == stage_bucket]
+    bucket = next(k for k, s in enumerate(pipeline.buckets.specs) if f"{s.height}x{s.width}" == stage_bucket) \
+        if len(pipeline.buckets) > 1 else 0
+    rows = max(batch, pipeline.bucket_profile(bucket)[2])
+    chunk = (of_bucket * (rows // len(of_bucket) + 1))[:rows]
     sources = read_sources(chunk)
-    decoded = decode_frames(sources, device, pipeline.spec, pipeline.fast_decode)
+    decoded = decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode)
     bad = [d.error for d in decoded if d.error is not None]
     if bad:
         raise ConfigError(f"--images: {bad[0]}")
     stages = {"read": median_ms(lambda: read_sources(chunk), device, stage_repeats),
-              "decode": median_ms(lambda: decode_frames(sources, device, pipeline.spec, pipeline.fast_decode),
+              "decode": median_ms(lambda: decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode),
                                    device, stage_repeats)}
     after, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
-                          round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after)
+                          round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
+                          routed, stage_bucket)

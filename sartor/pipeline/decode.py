@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import PreprocessSpec, placement, resize_pixels
 from ..errors import ConfigError, DataError
 from .sources import FrameSource
@@ -81,12 +82,15 @@ def _host_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
 
 
-def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = False,
+def decode_on_host(encoded, spec: PreprocessSpec | Buckets | None = None, fast: bool = False,
                    max_pixels: int | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
     """Image file bytes → (3×H×W uint8 RGB on the CPU, (H, W) as stored) through Pillow. With a spec
     that resizes, the frame comes out resized exactly as the reference resizes it, or with `fast`
-    (JPEGs) at the smallest DCT scale still at least that size. A file that is not an image, corrupt or truncated, or over `max_pixels`,
-    is a DataError whose one line is the reason alone (the caller names the image)."""
+    (JPEGs) at the smallest DCT scale still at least that size; with Buckets, as the spec of the
+    bucket its size routes to (`Buckets.route`, which the caller repeats on the size), and one no
+    bucket takes is refused (BucketRefused) before it is decoded. A file that is not an image,
+    corrupt or truncated, or over `max_pixels`, is a DataError whose one line is the reason alone
+    (the caller names the image)."""
     data = encoded.numpy().tobytes() if isinstance(encoded, torch.Tensor) else bytes(encoded)
     try:
         with warnings.catch_warnings():
@@ -97,6 +101,8 @@ def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = Fal
                 if max_pixels is not None and width * height > max_pixels:
                     raise ImageTooLarge(f"image of {width}x{height} pixels exceeds {max_pixels} pixels")
                 exact_size = None
+                if isinstance(spec, Buckets):
+                    spec = spec.spec_for(height, width)
                 if spec is not None and spec.resize != "none":
                     new_h, new_w = placement(height, width, spec).resized
                     if fast and image.format == "JPEG":
@@ -115,6 +121,8 @@ def decode_on_host(encoded, spec: PreprocessSpec | None = None, fast: bool = Fal
         # ImportError: format plugins that other libraries patch into Image.open (ultralytics adds
         # a HEIF fallback) fail that way on bytes no reader recognises.
         raise DataError("Pillow cannot identify it") from None
+    except BucketRefused:
+        raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise DataError(" ".join(str(exc).split()) or type(exc).__name__) from None
 
@@ -124,12 +132,15 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
     return DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an image: {reason}")
 
 
-def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | None = None,
+def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
                   fast: bool = True) -> list[DecodedFrame]:
     """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
     JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
     everything through Pillow on the host, resized as the reference resizes it when `spec` is
-    given (see the module's docstring). Without `spec`, host frames keep their own size."""
+    given (see the module's docstring). Without `spec`, host frames keep their own size. With
+    Buckets, a host-decoded image goes by the spec of its bucket, and one that no bucket takes
+    fails (its reason the refusal's line) without being decoded; frames decoded elsewhere are
+    routed by the caller."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
@@ -147,6 +158,9 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
         else:
             try:
                 pixels, size = decode_on_host(source.encoded, spec, fast)
+            except BucketRefused as exc:
+                decoded[i] = DecodedFrame(source.name, None, f"{source.name}: {exc}")
+                continue
             except DataError as exc:
                 decoded[i] = _failure(source, exc)
                 continue

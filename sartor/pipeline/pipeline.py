@@ -13,7 +13,14 @@ A last batch smaller than the profile's minimum batch is filled up to it with co
 frame, whose outputs are dropped.
 
 A video file (`run("clip.mp4")`) or a `VideoSource` is decoded on a thread of its own while the
-batches before run; its frames are named by file, index and time (`video.py`)."""
+batches before run; its frames are named by file, index and time (`video.py`).
+
+An engine with resolution buckets (`--preprocess letterbox=320|480|640,...`) runs each frame in the
+bucket `Buckets.route` picks by its size: the smallest that holds it whole, else the one shrinking
+it least within `max_downscale`; a frame no bucket takes fails as a corrupt one does, its reason
+the refusal's one line. A batch of mixed sizes is split into one sub-batch per bucket (each
+prepared into that bucket's staging buffer and run by the context bound to its profile); results
+come back in input order (docs/decisions/0037-resolution-buckets.md)."""
 from __future__ import annotations
 
 import os
@@ -25,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2
+from ..data.buckets import BucketRefused, Buckets
+from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_downscale
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
@@ -50,12 +58,31 @@ class PipelineResult:
 
 
 @dataclass
+class _Bucket:
+    """One resolution bucket as the pipeline runs it: its spec, the profile and the context bound to
+    it, its minimum batch, and a staging buffer per batch in flight, with the event that frees it."""
+    spec: PreprocessSpec
+    profile: int
+    min_batch: int
+    context: object
+    staging: list = field(default_factory=lambda: [None, None])
+    staging_free: list = field(default_factory=lambda: [None, None])
+
+
+@dataclass
+class _Group:
+    """A chunk's frames of one bucket: their positions in the chunk, in order, and their batch."""
+    bucket: int
+    positions: list[int]
+    batch: torch.Tensor
+    metas: list[ImageMeta]
+
+
+@dataclass
 class _Prepared:
     names: list[str]
     failures: dict[int, str]  # position in the chunk → reason
-    good: list[int]  # positions that were decoded, in order
-    batch: torch.Tensor | None
-    metas: list[ImageMeta]
+    groups: list[_Group]  # one per bucket the chunk's good frames went to, smallest bucket first
     ready: torch.cuda.Event | None
 
 
@@ -103,6 +130,14 @@ def choose_batch(engine, name: str, spec: PreprocessSpec, requested: int | None 
                       f"{spec.describe()!r} inputs)")
 
 
+def _admits(engine, name: str, spec: PreprocessSpec, profile: int) -> bool:
+    """Whether profile `profile` admits the input size `spec` makes (any size with 'none')."""
+    if not 0 <= profile < len(engine.profiles):
+        return False  # choose_batch then says what the engine's profiles admit
+    probe, r = spec.input_shape(1), engine.profiles[profile].shapes.get(name)
+    return r is not None and (probe is None or all(lo <= d <= hi for d, lo, hi in zip(probe[1:], r.min[1:], r.max[1:])))
+
+
 class Pipeline:
     """Run an engine over images with its stored preprocessing (`sartor build --preprocess ...`).
 
@@ -116,23 +151,32 @@ class Pipeline:
     `fast_decode` (the default) decodes JPEGs by nvJPEG on CUDA and, on the host, at 1/2, 1/4 or 1/8
     scale when the preprocessing shrinks them that much (half the CPU time per 720p frame, mAP
     within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
-    encoded images on any device (Pillow's decode and resize on the host)."""
+    encoded images on any device (Pillow's decode and resize on the host).
+
+    Resolution buckets: frames go to the engine's buckets (`engine.buckets`) by size, under the
+    engine's `max_downscale` policy unless `max_downscale` is given (a factor ≥ 1, or "any");
+    `preprocess=` (one spec) or `profile=` narrows them to one size. `batch_size` is the frames read
+    a step, which every bucket's profile must admit; a step's frames of one bucket run together."""
 
     def __init__(self, engine, *, batch_size: int | None = None, profile: int | None = None,
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
                  preprocess: PreprocessSpec | None = None, overlap: bool = True,
-                 host_outputs: bool = True, fast_decode: bool = True) -> None:
-        spec = preprocess or engine.preprocess
-        if spec is None:
+                 host_outputs: bool = True, fast_decode: bool = True,
+                 max_downscale: float | str | None = None) -> None:
+        buckets = Buckets((preprocess,)) if preprocess is not None else engine.buckets
+        if buckets is None:
             raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
                               "letterbox=640,mean=0,std=255,rgb,nchw), or pass preprocess=")
+        if max_downscale is not None:
+            buckets = buckets.with_max_downscale(parse_max_downscale(str(max_downscale), "max_downscale"))
+        spec = buckets.largest
         if frame_order not in FRAME_ORDERS:
             raise ConfigError(f"frame order {frame_order!r} is not one of {', '.join(FRAME_ORDERS)}")
         if spec.resampler == "cv2":
             import_cv2()  # missing OpenCV is one error here, not a failure per image on the worker thread
         if getattr(engine, "nms", None) is not None and (decoder is None or isinstance(decoder, YoloNms)):
             decoder = EngineNms(engine.nms)  # the engine ran the NMS itself: its kept boxes are the detections
-        self.engine, self.spec, self.decoder = engine, spec, decoder
+        self.engine, self.decoder = engine, decoder
         if not host_outputs and decoder is None:
             raise ConfigError("host_outputs=False needs a decoder: the outputs would not leave the device")
         self.frame_order, self.skip_bad, self.overlap, self.host_outputs = frame_order, skip_bad, overlap, host_outputs
@@ -147,33 +191,57 @@ class Pipeline:
                               f"is {image.dtype}")
         self.input_name = image.name
         if self.frames is None:
-            self.batch_size, self.profile, self.min_batch = choose_batch(engine, image.name, spec, batch_size, profile)
+            if profile is not None:  # one profile: the buckets of the size it admits
+                buckets = Buckets(tuple(s for s in buckets.specs if _admits(engine, image.name, s, profile)) or
+                                  (buckets.largest,))  # none: choose_batch names the profile's ranges
+            if batch_size is None:  # the largest every bucket admits
+                batch_size = min(choose_batch(engine, image.name, s, None, profile)[0] for s in buckets.specs)
+            chosen = [choose_batch(engine, image.name, s, batch_size, profile) for s in buckets.specs]
+            self.batch_size = chosen[0][0]
         else:
-            self.profile, self.min_batch, max_batch = frames_batch_range(engine, image.name, self.frames, profile)
+            try:  # the frames' one size under the policy: refused here, not at every frame
+                buckets.route(*self.frames.size)
+            except BucketRefused as exc:
+                raise ConfigError(f"frames of the engine's input format {self.frames.describe()}: {exc}") from None
+            k, lo, max_batch = frames_batch_range(engine, image.name, self.frames, profile)
             if batch_size is not None and not 1 <= batch_size <= max_batch:
                 raise ConfigError(f"batch size {batch_size} is outside 1..{max_batch}, what the engine's profile "
-                                  f"{self.profile} admits for {self.frames.describe()} frames")
-            self.batch_size = batch_size or min(max_batch, max(self.min_batch, DEFAULT_MAX_BATCH))
+                                  f"{k} admits for {self.frames.describe()} frames")
+            self.batch_size = batch_size or min(max_batch, max(lo, DEFAULT_MAX_BATCH))
+            chosen = [(self.batch_size, k, lo)]
+        self.buckets, self.spec = buckets, buckets.largest
+        self._buckets = [_Bucket(s, k, lo, engine.context(k)) for s, (_, k, lo) in zip(buckets.specs, chosen)]
+        # The largest bucket's, as a pipeline of one size has them.
+        self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
         self.device = torch.device(engine.device)
         self.fast_decode = fast_decode
-        self.context = engine.context(self.profile)
-        self._staging: list[torch.Tensor | None] = [None, None]
-        self._staging_free: list[torch.cuda.Event | None] = [None, None]
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's
         # runs by events; without, on the current stream, in the calling thread.
         self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
         self._lock = threading.Lock()
 
+    # ---- routing ---------------------------------------------------------------------------
+    def bucket_of(self, h: int, w: int) -> int:
+        """The index (in `buckets.specs`) of the bucket an h×w frame runs in; BucketRefused (a
+        DataError) when none takes it."""
+        return 0 if self.frames is not None else self.buckets.route(h, w)
+
+    def bucket_profile(self, bucket: int) -> tuple[PreprocessSpec, int, int]:
+        """(spec, profile, min batch) of bucket `bucket`."""
+        b = self._buckets[bucket]
+        return b.spec, b.profile, b.min_batch
+
     # ---- preparing a batch (worker thread) -------------------------------------------------
-    def _buffer(self, slot: int, rows: int) -> torch.Tensor | None:
-        shape = self.spec.input_shape(rows)
+    def _buffer(self, bucket: _Bucket, slot: int, rows: int) -> torch.Tensor | None:
+        shape = bucket.spec.input_shape(rows)
         if shape is None:
             return None
-        buffer = self._staging[slot]
+        buffer = bucket.staging[slot]
         if buffer is None or buffer.shape[0] < rows:
-            buffer = self._staging[slot] = (
-                input_tensor(self.spec, self.batch_size_rows, self.device) if self.frames is None
-                else frames_tensor(self.frames, self.batch_size_rows, self.device))
+            capacity = max(self.batch_size, bucket.min_batch)
+            buffer = bucket.staging[slot] = (
+                input_tensor(bucket.spec, capacity, self.device) if self.frames is None
+                else frames_tensor(self.frames, capacity, self.device))
         return buffer[:rows]
 
     @property
@@ -185,35 +253,54 @@ class Pipeline:
         names = [s.name for s in sources]
         stream = self._side_stream
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            if stream is not None and self._staging_free[slot] is not None:
-                stream.wait_event(self._staging_free[slot])  # the engine has copied this buffer out
+            for bucket in self._buckets if stream is not None else ():
+                if bucket.staging_free[slot] is not None:
+                    stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
             # A raw-frames engine takes frames of its declared size: never decoded at a reduced scale.
-            decoded = decode_frames(sources, self.device, self.spec, self.fast_decode and self.frames is None)
+            decoded = decode_frames(sources, self.device, self.buckets, self.fast_decode and self.frames is None)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
-            good = [i for i in range(len(decoded)) if i not in failures]
-            if not good:
-                return _Prepared(names, failures, good, None, [], None)
-            frames = [decoded[i].pixels for i in good]
-            frame_names = [names[i] for i in good]
-            sizes = [decoded[i].size for i in good]
-            rows = max(len(frames), self.min_batch)
-            frames += [frames[0]] * (rows - len(frames))  # filled to the profile's minimum batch
-            frame_names += [frame_names[0]] * (rows - len(frame_names))
-            sizes += [sizes[0]] * (rows - len(sizes))
-            try:
-                batch, metas = (
-                    prepare_batch(frames, frame_names, self.spec, self._buffer(slot, rows), orig_sizes=sizes)
-                    if self.frames is None
-                    else lay_out_frames(frames, frame_names, self.spec, self.frames, self._buffer(slot, rows)))
-            except DataError as exc:
-                return _Prepared(names, {i: str(exc) for i in good} | failures, [], None, [], None)
+            by_bucket: dict[int, list[int]] = {}
+            for i, d in enumerate(decoded):
+                if i in failures:
+                    continue
+                try:
+                    by_bucket.setdefault(self.bucket_of(*d.size), []).append(i)
+                except BucketRefused as exc:  # decoded elsewhere than on the host (nvJPEG, raw frames)
+                    failures[i] = f"{names[i]}: {exc}"
+            groups = []
+            for k in sorted(by_bucket):
+                group = self._prepare_group(k, by_bucket[k], decoded, names, slot)
+                if isinstance(group, DataError):
+                    failures |= {i: str(group) for i in by_bucket[k]}
+                else:
+                    groups.append(group)
             ready = None
-            if stream is not None:
+            if stream is not None and groups:
                 ready = torch.cuda.Event()
                 ready.record(stream)
-        return _Prepared(names, failures, good, batch, metas[:len(good)], ready)
+        return _Prepared(names, failures, groups, ready)
+
+    def _prepare_group(self, k: int, members: list[int], decoded: list, names: list[str],
+                       slot: int) -> _Group | DataError:
+        """The frames at `members` prepared into bucket k's staging buffer, or why they could not be."""
+        bucket = self._buckets[k]
+        frames = [decoded[i].pixels for i in members]
+        frame_names = [names[i] for i in members]
+        sizes = [decoded[i].size for i in members]
+        rows = max(len(frames), bucket.min_batch)
+        frames += [frames[0]] * (rows - len(frames))  # filled to the profile's minimum batch
+        frame_names += [frame_names[0]] * (rows - len(frame_names))
+        sizes += [sizes[0]] * (rows - len(sizes))
+        try:
+            batch, metas = (
+                prepare_batch(frames, frame_names, bucket.spec, self._buffer(bucket, slot, rows), orig_sizes=sizes)
+                if self.frames is None
+                else lay_out_frames(frames, frame_names, bucket.spec, self.frames, self._buffer(bucket, slot, rows)))
+        except DataError as exc:
+            return exc
+        return _Group(k, members, batch, metas[:len(members)])
 
     # ---- running ---------------------------------------------------------------------------
     def _run(self, prepared: _Prepared, slot: int) -> list[PipelineResult]:
@@ -224,26 +311,26 @@ class Pipeline:
         results = [PipelineResult(name) for name in prepared.names]
         for i, reason in prepared.failures.items():
             results[i].error = reason
-        if prepared.batch is None:
-            return results
         if prepared.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.ready)
-        outputs = self.context.run({self.input_name: prepared.batch})
-        if self.device.type == "cuda":
-            freed = self._staging_free[slot] = torch.cuda.Event()
-            freed.record(torch.cuda.current_stream(self.device))
-        rows = len(prepared.good)
-        if self.host_outputs:
-            host = {name: t.detach().cpu().numpy()[:rows] for name, t in outputs.items()}
-            detections = self.decoder(host, prepared.metas) if self.decoder is not None else None
-        else:
-            host = {}
-            detections = self.decoder({name: t[:rows] for name, t in outputs.items()}, prepared.metas)
-        for k, i in enumerate(prepared.good):
-            results[i].meta = prepared.metas[k]
-            results[i].outputs = {name: value[k] for name, value in host.items()}
-            if detections is not None:
-                results[i].detections = detections[k]
+        for group in prepared.groups:  # one run per bucket, results placed back in input order
+            bucket = self._buckets[group.bucket]
+            outputs = bucket.context.run({self.input_name: group.batch})
+            if self.device.type == "cuda":
+                freed = bucket.staging_free[slot] = torch.cuda.Event()
+                freed.record(torch.cuda.current_stream(self.device))
+            rows = len(group.positions)
+            if self.host_outputs:
+                host = {name: t.detach().cpu().numpy()[:rows] for name, t in outputs.items()}
+                detections = self.decoder(host, group.metas) if self.decoder is not None else None
+            else:
+                host = {}
+                detections = self.decoder({name: t[:rows] for name, t in outputs.items()}, group.metas)
+            for k, i in enumerate(group.positions):
+                results[i].meta = group.metas[k]
+                results[i].outputs = {name: value[k] for name, value in host.items()}
+                if detections is not None:
+                    results[i].detections = detections[k]
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:

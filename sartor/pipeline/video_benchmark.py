@@ -82,11 +82,11 @@ def _one_pass(pipeline, paths: list[str], video_decoder: str) -> tuple[int, floa
 
 def video_end_to_end(engine, videos: list, streams: int | None = None, batch: int | None = None, passes: int = 3,
                      stage_repeats: int = 5, decoder: str = "auto",
-                     video_decoder: str = "auto") -> VideoEndToEndResult:
+                     video_decoder: str = "auto", max_downscale: float | str | None = None) -> VideoEndToEndResult:
     if passes < 2:
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
     paths = stream_files(videos, streams)
-    pipeline, post, decoder = bench_pipeline(engine, batch, decoder)
+    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale)
     device = pipeline.device
     video_decoder = choose_video_decoder(video_decoder, device)
 
@@ -107,7 +107,7 @@ def video_end_to_end(engine, videos: list, streams: int | None = None, batch: in
     decode_ms = median_ms(lambda: sum(1 for _ in itertools.islice(first, len(clip))), device, stage_repeats)
     decode_ms_per_frame = decode_ms / len(clip)
     chunk = (clip * (rows // len(clip) + 1))[:rows]
-    decoded = decode_frames(chunk, device, pipeline.spec, pipeline.fast_decode)
+    decoded = decode_frames(chunk, device, pipeline.buckets, pipeline.fast_decode)
     stages, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     stages = {"decode": round(decode_ms_per_frame * rows, 4)} | stages
     return VideoEndToEndResult(str(device), video_decoder, len(paths), sorted(set(paths)), frames,

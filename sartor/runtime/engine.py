@@ -75,10 +75,19 @@ class Engine:
 
     @property
     def preprocess(self):
-        """The PreprocessSpec given at build time (`--preprocess`), or None."""
+        """The PreprocessSpec given at build time (`--preprocess`), or None; with several sizes
+        (resolution buckets, `buckets`) the largest one's."""
         from ..data.preprocess import PreprocessSpec
         record = self.header.get("preprocess")
         return PreprocessSpec.from_json(record) if record else None
+
+    @property
+    def buckets(self):
+        """The resolution buckets (`sartor.data.buckets.Buckets`, smallest first): one per size of an
+        engine built with `--preprocess letterbox=320|480|640,...`, else the one `preprocess` spec;
+        None when the engine records no preprocessing."""
+        from ..data.buckets import buckets_from_header
+        return buckets_from_header(self.header)
 
     @property
     def input_format(self):

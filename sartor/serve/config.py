@@ -5,7 +5,9 @@ Read: max_batch_size, dynamic_batching { preferred_batch_size, max_queue_delay_m
 default_queue_policy { default_timeout_microseconds, max_queue_size } }, instance_group [{ count,
 kind, gpus }], input/output names and data types (checked against the engine), default_model_filename,
 and parameters { key: "preprocess" value: { string_value: "letterbox=640,..." } } (used by the image
-route when the engine stores no preprocessing) and { key: "memory_budget" value: { string_value: "2G" } }
+route when the engine stores no preprocessing), { key: "max_downscale" value: { string_value: "2" } } (the
+image route's resolution-bucket policy instead of the engine's: a factor ≥ 1, or "any";
+docs/decisions/0037-resolution-buckets.md) and { key: "memory_budget" value: { string_value: "2G" } }
 (the most device memory the version may take: memory_budget.py), and version_policy (repository.py:
 latest { num_versions: 1 } or specific { versions: [N] }; one version is served per model). Any other
 field (sequence_batching, optimization, model_warmup, ...) is refused with a line naming it rather
@@ -24,6 +26,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..data.preprocess import parse_max_downscale
 from ..errors import ConfigError
 from ..runtime.fingerprint import parse_device
 from .memory_budget import parse_size
@@ -47,6 +50,7 @@ class ModelSettings:
     allow_timeout_override: bool = True
     instances: list[tuple[str, int]] = field(default_factory=list)  # (device, count)
     preprocess: str | None = None  # config.pbtxt parameter "preprocess"
+    max_downscale: str | None = None  # config.pbtxt parameter "max_downscale" (checked when read)
     memory_budget: int | None = None  # config.pbtxt parameter "memory_budget", in bytes
 
 
@@ -77,7 +81,7 @@ ACTED_ON = {
     "ModelInput": {"name", "data_type", "dims"},
     "ModelOutput": {"name", "data_type", "dims"},
 }
-PARAMETERS = ("preprocess", "memory_budget")
+PARAMETERS = ("preprocess", "max_downscale", "memory_budget")
 
 
 def _unused_fields(message, path: str) -> list[str]:
@@ -293,6 +297,10 @@ def complete_config(config: mc.ModelConfig, has_max_batch: bool, name: str, engi
             group.gpus.append(int(device.partition(":")[2] or 0))
     if "preprocess" in config.parameters:
         settings.preprocess = config.parameters["preprocess"].string_value or None
+    if "max_downscale" in config.parameters:
+        settings.max_downscale = config.parameters["max_downscale"].string_value or None
+        if settings.max_downscale is not None:
+            parse_max_downscale(settings.max_downscale, f"{where}: parameter max_downscale")
     if "memory_budget" in config.parameters:
         settings.memory_budget = parse_size(config.parameters["memory_budget"].string_value,
                                             f"{where}: parameter memory_budget")

@@ -3,6 +3,10 @@ models the detections decoded (boxes in original-image pixels, scores, classes) 
 
 The preprocessing comes from the engine (`sartor build --preprocess ...`, `engine.preprocess`), else
 from the model's config.pbtxt (`parameters { key: "preprocess" value { string_value: "..." } }`).
+An engine with resolution buckets runs the image at the bucket its size routes to, under the
+engine's max_downscale or config.pbtxt's `max_downscale` parameter (never the request's); an image
+no bucket takes is refused with 400 and the one line saying why
+(docs/decisions/0037-resolution-buckets.md).
 Detections are decoded by sartor.validate.decoders when the outputs look like a YOLO head
 (`[B, 4+C, N]`) or like boxes+scores; otherwise the raw outputs are returned.
 """
@@ -32,10 +36,13 @@ def prepare(model, body: bytes, query: dict) -> tuple[dict, object, dict]:
     """(inputs, ImageMeta, decode options) for one image; runs off the event loop. The image is
     decoded and preprocessed by the pipeline's own functions (`sartor.pipeline.decode`, `prepare`)
     on the host: the batcher gathers requests' inputs on the host and copies a batch at once."""
+    from ..data.buckets import BucketRefused, Buckets
     from ..pipeline.decode import ImageTooLarge, decode_on_host
     from ..pipeline.prepare import prepare_batch
-    spec = model.preprocess
-    if spec is None:
+    buckets = getattr(model, "buckets", None)
+    if buckets is None and model.preprocess is not None:
+        buckets = Buckets((model.preprocess,))
+    if buckets is None:
         raise InvalidRequest(f"model '{model.name}' has no stored preprocessing: build it with --preprocess or add "
                              f"parameters {{ key: \"preprocess\" value {{ string_value: \"...\" }} }} "
                              f"to its config.pbtxt")
@@ -49,16 +56,18 @@ def prepare(model, body: bytes, query: dict) -> tuple[dict, object, dict]:
     if not body:
         raise InvalidRequest("the request body is empty: send the JPEG or PNG bytes")
     try:
-        pixels, size = decode_on_host(body, spec, max_pixels=MAX_IMAGE_PIXELS)  # exact: the reference's pixels
-    except ImageTooLarge as exc:
+        pixels, size = decode_on_host(body, buckets, max_pixels=MAX_IMAGE_PIXELS)  # exact: the reference's pixels
+    except (ImageTooLarge, BucketRefused) as exc:
         raise InvalidRequest(str(exc)) from None
     except SartorError as exc:
         raise InvalidRequest(f"the body is not an image, or is corrupt or truncated: {exc} (send JPEG or PNG "
                              f"bytes)") from None
+    spec = buckets.spec_for(*size)  # the bucket decode_on_host resized it for
     try:
         batch, (meta,) = prepare_batch([pixels], ["<request>"], spec, orig_sizes=[size])
     except SartorError as exc:
         raise InvalidRequest(f"preprocessing failed: {exc}") from None
+    options["preprocess"] = spec.describe()
     return {images[0].name: batch.numpy()}, meta, options
 
 
@@ -67,7 +76,7 @@ def respond(model, outputs: dict, meta, options: dict) -> dict:
     from ..validate.decoders import DecodeOptions, detect_decoder, make_decoder
     result = {"model_name": model.name, "model_version": model.version,
               "image": {"width": int(meta.orig_size[1]), "height": int(meta.orig_size[0])},
-              "preprocess": model.preprocess.describe()}
+              "preprocess": options.get("preprocess") or model.preprocess.describe()}
     shapes = {name: tuple(np.shape(v)) for name, v in outputs.items()}
     dtypes = {name: str(np.asarray(v).dtype) for name, v in outputs.items()}
     choice = options["decoder"]

@@ -90,7 +90,8 @@ class ServedModel:
     batcher: Batcher
     stamp: tuple
     checker: object = None  # an ExecutionContext used only for its (stateless) input checks
-    preprocess: object = None  # PreprocessSpec or None
+    preprocess: object = None  # PreprocessSpec or None (with resolution buckets, the largest's)
+    buckets: object = None  # sartor.data.buckets.Buckets the image route routes by, or None
     last_inference_ms: int = 0
     # What loading it took: the engine files read (s), and each instance's warm-up (shapes run, s), which
     # the ready log line reports (a warm-up over many batch sizes can take most of a minute).
@@ -361,7 +362,7 @@ class Repository:
                 with device_gate(device).exclusive():
                     loaded[device] = load_engine(plan, device=device, trust=self.trust)
             engines[device] = loaded[device]
-        preprocess = first.preprocess
+        buckets = first.buckets
         del loaded, first
         load_s = time.perf_counter() - load_started
         instances, warmups = [], []
@@ -374,9 +375,14 @@ class Repository:
                 self._warm(instance, engines[device], settings)
                 warmups.append((len(instance.seen), time.perf_counter() - warm_started))
                 instances.append(instance)
-        if preprocess is None and settings.preprocess:
+        if buckets is None and settings.preprocess:
+            from ..data.buckets import Buckets
             from ..data.preprocess import parse_preprocess
-            preprocess = parse_preprocess(settings.preprocess)
+            buckets = Buckets((parse_preprocess(settings.preprocess),))
+        if buckets is not None and settings.max_downscale:
+            from ..data.preprocess import parse_max_downscale
+            buckets = buckets.with_max_downscale(parse_max_downscale(settings.max_downscale))
+        preprocess = buckets.largest if buckets is not None else None
         policy = BatchPolicy(max_batch_size=settings.max_batch_size, dynamic=settings.dynamic_batching,
                              preferred=settings.preferred_batch_sizes, max_delay_s=settings.max_queue_delay_s,
                              max_queue_size=settings.max_queue_size or self.max_queue_size)
@@ -385,7 +391,7 @@ class Repository:
             checker = engines[checker_device].context()  # used only for its input checks
         batcher = Batcher(name, version, instances, policy, checker.engine.profiles, self.metrics)  # starts the workers
         return ServedModel(name, version, plan, config, settings, engines, batcher, stamp, checker, preprocess,
-                           load_s=load_s, warmups=warmups)
+                           buckets, load_s=load_s, warmups=warmups)
 
     @staticmethod
     def _warm(instance: Instance, engine, settings: ModelSettings) -> None:

@@ -20,10 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..data.buckets import Buckets, buckets_from_header
 from ..data.datasets import Dataset, Sample, iterate_batches, open_dataset
 from ..data.preprocess import PreprocessSpec, parse_preprocess
 from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorError
-from ..pipeline.pipeline import Pipeline, choose_batch
+from ..pipeline.pipeline import Pipeline
 from ..pipeline.pipeline import image_input as engine_image_input
 from ..version import __version__
 from .compare import first_error_line
@@ -196,12 +197,27 @@ def _sha256(path: Path) -> str:
 
 # ---- set-up helpers ---------------------------------------------------------------------------------
 
-def _engine_preprocess(engine) -> PreprocessSpec | None:
-    spec = getattr(engine, "preprocess", None)
-    if spec is not None:
-        return spec
-    record = (engine.header or {}).get("preprocess")
-    return PreprocessSpec.from_json(record) if record else None
+def _engine_buckets(engine) -> Buckets | None:
+    """The engine's resolution buckets (one for an engine of one size), or None."""
+    buckets = getattr(engine, "buckets", None)
+    return buckets if buckets is not None else buckets_from_header(getattr(engine, "header", None) or {})
+
+
+def _by_shape(arrays: list[np.ndarray]) -> list[list[int]]:
+    """Positions of arrays of one shape (one bucket), each list in order, by first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.shape, []).append(i)
+    return list(groups.values())
+
+
+def _bucket_note(buckets: Buckets, metas: list) -> str:
+    counts: dict[tuple, int] = {}
+    for meta in metas:
+        counts[tuple(meta.input_size)] = counts.get(tuple(meta.input_size), 0) + 1
+    routed = ", ".join(f"{s.height}x{s.width} {counts.get(s.size, 0)}" for s in buckets.specs)
+    return (f"resolution buckets {buckets.describe()}: each image ran (engine and reference alike) at the smallest "
+            f"bucket that holds it, above the largest {buckets.policy_text()}; images per bucket: {routed}")
 
 
 def _has_labels(dataset: Dataset) -> bool:
@@ -291,14 +307,17 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
              conf: float = DecodeOptions.conf, iou: float = DecodeOptions.iou,
              max_det: int = DecodeOptions.max_det, pseudo_conf: float = DEFAULT_PSEUDO_CONF,
              class_names: list[str] | None = None, progress: bool = False,
-             fast_decode: bool = False) -> ValidationReport:
+             fast_decode: bool = False, max_downscale: float | str | None = None) -> ValidationReport:
     """Run the engine and the FP32 ONNX reference on the dataset `data` and compare their task metric.
 
     `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (a
     Dataset, or a list of image paths: unlabelled, measured in reference mode). `reference`
     defaults to the model the engine was built from. Returns a ValidationReport; `report.passed` is
     False when a split's drop exceeds `max_drop`. The engine runs through `sartor.Pipeline`
-    (`fast_decode` as it takes it), the reference on `sartor.data.preprocess`'s batches.
+    (`fast_decode` as it takes it), the reference on `sartor.data.preprocess`'s batches. An engine
+    with resolution buckets runs each image at the bucket `sartor.Pipeline` routes it to (under the
+    engine's max_downscale, or `max_downscale`), and the reference sees that bucket's preprocessing;
+    `preprocess` (one spec) validates one size.
     """
     from ..runtime import load
     started = time.perf_counter()
@@ -314,12 +333,12 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     engine = engine_path if hasattr(engine_path, "context") else load(engine_path, device=device)
     engine_label = str(getattr(engine, "path", None) or engine_path)
     if isinstance(preprocess, str):
-        spec = parse_preprocess(preprocess)
-    else:
-        spec = preprocess or _engine_preprocess(engine)
-    if spec is None:
+        preprocess = parse_preprocess(preprocess)
+    buckets = Buckets((preprocess,)) if preprocess is not None else _engine_buckets(engine)
+    if buckets is None:
         raise ConfigError(f"engine {engine_label} records no preprocessing: rebuild it with --preprocess, or give "
                           f"--preprocess (e.g. letterbox=640,mean=0,std=255,rgb,nchw)")
+    spec = buckets.largest
     image_input = engine_image_input(engine, needed_by="validate")
     frames = getattr(engine, "input_format", None)
     if frames is not None:
@@ -366,12 +385,14 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         kinds = {"classify": "classification", "detect": "detection"}
         raise DataError(f"dataset {dataset.source} holds {kinds[dataset.task]} labels, but --task {task} was given")
     splits = _split_indices(dataset, split_by)
-    batch_size, profile, _ = choose_batch(engine, image_input.name, spec, batch)
     # The engine sees its images through the Pipeline (normalised on its device, into its input),
     # the reference sartor.data.preprocess's batches. Exact decoding gives both the same values, so
     # the drop is the engine's; fast_decode measures the deployed decoders (nvJPEG, DCT scaling).
-    pipeline = Pipeline(engine, batch_size=batch_size, profile=profile, preprocess=spec, fast_decode=fast_decode)
+    pipeline = Pipeline(engine, batch_size=batch, preprocess=spec if len(buckets) == 1 else None,
+                        fast_decode=fast_decode, max_downscale=max_downscale)
+    batch_size, buckets = pipeline.batch_size, pipeline.buckets  # the reference routes as the pipeline does
     engine_results = pipeline.stream(s.path for s in dataset.samples)
+    all_metas: list = []
 
     # ---- run both models over the same batches --------------------------------------------------
     class_stats: list[dict] = []  # classification, per batch: ranks, predictions, top-1 probabilities
@@ -382,40 +403,63 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     class_output = None
     engine_seconds = reference_seconds = 0.0
     batch_seconds: list[tuple[int, float]] = []  # (images, seconds) of each engine batch
-    for arrays, metas, samples in iterate_batches(dataset.samples, spec, batch_size, progress=progress):
+    for arrays, metas, samples in iterate_batches(dataset.samples, buckets, batch_size, progress=progress):
         count = len(samples)
+        all_metas += metas
         t0 = time.perf_counter()
         results = list(itertools.islice(engine_results, count))
         t1 = time.perf_counter()
-        expected = onnx.run({image_input.name: arrays.astype(spec.dtype, copy=False)}, output_names)
+        # One reference run per bucket the batch's images went to (one for an engine of one size).
+        groups = []
+        for rows in _by_shape(arrays):
+            stacked = np.stack([arrays[i] for i in rows]).astype(spec.dtype, copy=False)
+            groups.append((rows, onnx.run({image_input.name: stacked}, output_names)))
         t2 = time.perf_counter()
         engine_seconds += t1 - t0
         reference_seconds += t2 - t1
         batch_seconds.append((count, t1 - t0))
-        got = {} if nms is not None else {k: np.stack([_to_numpy(r.outputs[k]) for r in results]) for k in output_names}
-        engine_metas = [r.meta for r in results]  # the pipeline's: the same geometry, its own decode
-        expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
-        if task is None:
-            task = dataset.task if labelled else _auto_task({k: v.shape for k, v in expected.items()})
-        if task == "classify":
-            if class_output is None:
-                class_output = _pick_classifier_output({k: v.shape for k, v in expected.items()})
-                num_classes = int(np.prod(expected[class_output].shape[1:]))
-                _check_classes(dataset, num_classes, labelled, task)
-            labels = np.asarray([s.label for s in samples], dtype=np.int64) if labelled else None
-            class_stats.append(_class_stats(expected[class_output].reshape(count, -1),
-                                            got[class_output].reshape(count, -1), labels))
-        else:
+        ref_batch: list = [None] * count
+        eng_batch: list = [None] * count
+        class_rows = None
+        for rows, expected in groups:
+            n = len(rows)
+            part = [results[i] for i in rows]
+            got = {} if nms is not None else \
+                {k: np.stack([_to_numpy(r.outputs[k]) for r in part]) for k in output_names}
+            engine_metas = [r.meta for r in part]  # the pipeline's: the same geometry, its own decode
+            expected = {k: np.asarray(v)[:n] for k, v in expected.items()}
+            if task is None:
+                task = dataset.task if labelled else _auto_task({k: v.shape for k, v in expected.items()})
+            if task == "classify":
+                if class_output is None:
+                    class_output = _pick_classifier_output({k: v.shape for k, v in expected.items()})
+                    num_classes = int(np.prod(expected[class_output].shape[1:]))
+                    _check_classes(dataset, num_classes, labelled, task)
+                if class_rows is None:
+                    class_rows = (np.empty((count, num_classes), expected[class_output].dtype),
+                                  np.empty((count, num_classes), got[class_output].dtype))
+                class_rows[0][rows] = expected[class_output].reshape(n, -1)
+                class_rows[1][rows] = got[class_output].reshape(n, -1)
+                continue
             if chosen is None:
                 chosen = make_decoder(decoder, {k: v.shape for k, v in expected.items()},
                                       {k: v.dtype for k, v in expected.items()}, options)
                 _check_classes(dataset, chosen.num_classes, labelled, task)
-            ref_dets.extend(chosen(expected, metas))
             # An --nms engine's kept boxes come through the Pipeline's EngineNms, in image pixels.
-            eng_dets.extend([r.detections for r in results] if nms is not None else chosen(got, engine_metas))
+            for i, ref, eng in zip(rows, chosen(expected, [metas[i] for i in rows]),
+                                   [r.detections for r in part] if nms is not None else chosen(got, engine_metas)):
+                ref_batch[i], eng_batch[i] = ref, eng
+        if task == "classify":
+            labels = np.asarray([s.label for s in samples], dtype=np.int64) if labelled else None
+            class_stats.append(_class_stats(class_rows[0], class_rows[1], labels))
+        else:
+            ref_dets.extend(ref_batch)
+            eng_dets.extend(eng_batch)
     if task is None:
         raise DataError(f"dataset {dataset.source} has no images")
 
+    if len(buckets) > 1:
+        notes.append(_bucket_note(buckets, all_metas))
     split_items = list(splits.items())
     if task == "classify":
         stats = {k: np.concatenate([b[k] for b in class_stats]) for k in class_stats[0]}
@@ -451,7 +495,7 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         engine_path=engine_label, reference_path=str(reference), data=str(dataset.source), task=task,
         mode="labels" if labelled else "reference", metric=METRIC_NAMES[task], overall=overall,
         splits=split_results, split_by=split_by, max_drop=max_drop, per_class=per_class, scores=scores,
-        class_names=names, preprocess=spec.describe(), decoder=chosen.name if chosen is not None else None,
+        class_names=names, preprocess=buckets.describe(), decoder=chosen.name if chosen is not None else None,
         batch=batch_size, device=str(engine.device), precision=str(getattr(engine, "precision", "")),
         options=({"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
                   "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {}) | {"fast_decode": fast_decode},
