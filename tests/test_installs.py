@@ -132,9 +132,11 @@ def test_the_runtime_install_lacks_what_compiling_and_serving_need():
     for module in ("onnx", "onnxruntime", "pycocotools", "aiohttp", "grpc", "tritonclient", "pytest", "torchvision"):
         if importlib.util.find_spec(module) is not None:
             assert module in uninstalled, module
-    for module in ("torch", "numpy", "safetensors", "rich", "PIL", "cryptography", "ml_dtypes"):
+    for module in ("onnx", "ml_dtypes"):  # onnx brings ml_dtypes; the runtime must do without
+        assert module in uninstalled, module
+    for module in ("torch", "numpy", "safetensors", "rich", "PIL", "cryptography"):
         assert module not in uninstalled, module
-    assert installed_with(("build",)) >= {"onnx", "onnxruntime", "pycocotools"}
+    assert installed_with(("build",)) >= {"onnx", "onnxruntime", "pycocotools", "ml-dtypes"}
     assert "grpcio" in installed_with(("ray",)) or importlib.util.find_spec("ray") is None
 
 
@@ -142,30 +144,62 @@ _RUN = r"""
 import sys
 import numpy as np
 import sartor
-plan, inputs, out = sys.argv[1:4]
-engine = sartor.load(plan, device="cpu")
-outputs = engine.context().run(dict(np.load(inputs)))
-np.savez(out, **outputs)
-heavy = sorted(m for m in ("onnx", "onnxruntime", "aiohttp", "grpc", "tritonclient", "torchvision", "pycocotools")
-               if sys.modules.get(m) is not None)
+inputs, jpeg, letterbox_plan, *plans = sys.argv[1:]
+for plan in plans:
+    engine = sartor.load(plan, device="cpu")
+    np.savez(plan + ".out.npz", **engine.context().run(dict(np.load(inputs))))
+# JPEG to class scores through the engine's stored preprocessing: Pillow's decode on the host.
+result, = sartor.Pipeline(sartor.load(letterbox_plan, device="cpu")).run([jpeg])
+assert result.error is None, result.error
+np.save(letterbox_plan + ".out.npy", result.outputs["logits"])
+heavy = sorted(m for m in ("onnx", "onnxruntime", "ml_dtypes", "aiohttp", "grpc", "tritonclient", "torchvision",
+                           "pycocotools") if sys.modules.get(m) is not None)
 print("imported:", heavy)
 """
 
 
-def test_the_runtime_install_loads_and_runs_engines(site_dir, tiny_plan, tmp_path):
-    env = install_env(site_dir, ())
+@pytest.fixture(scope="module")
+def quantized_plans(tiny_onnx, tmp_path_factory) -> list[Path]:
+    """The tiny classifier built INT8 and FP8 for the CPU (each with its scales and packed weights)."""
+    import sartor
+    from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
+    calib = np.random.default_rng(1).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    plans = []
+    for precision in ("int8", "fp8"):
+        plan = tmp_path_factory.mktemp("engines") / f"tiny_{precision}.plan"
+        sartor.build(tiny_onnx, plan, device="cpu", precision=precision, calib=calib, min_shapes=MIN_SHAPES,
+                     opt_shapes=OPT_SHAPES, max_shapes=MAX_SHAPES, builder_effort=0)
+        plans.append(plan)
+    return plans
+
+
+def test_the_runtime_install_loads_and_runs_engines(site_dir, tiny_plan, quantized_plans, letterbox_plan, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    import sartor
+    plans = [shutil.copy(p, tmp_path / p.name) for p in (tiny_plan, *quantized_plans)]
+    letterbox = shutil.copy(letterbox_plan, tmp_path / "letterbox.plan")
     feeds = {"images": np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)}
     np.savez(tmp_path / "inputs.npz", **feeds)
-    result = python(env, _RUN, tiny_plan, tmp_path / "inputs.npz", tmp_path / "out.npz")
+    jpeg = tmp_path / "frame.jpg"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (24, 40, 3), dtype=np.uint8)).save(jpeg)
+    result = python(install_env(site_dir, ()), _RUN, tmp_path / "inputs.npz", jpeg, letterbox, *plans)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("imported: []")
-    import sartor
-    expected = sartor.load(tiny_plan, device="cpu").context().run(feeds)
-    got = np.load(tmp_path / "out.npz")
-    assert set(got.files) == set(expected) and all(np.array_equal(got[k], expected[k]) for k in expected)
+    for plan in plans:  # what this process, with every package, computes
+        expected = sartor.load(plan, device="cpu").context().run(feeds)
+        got = np.load(f"{plan}.out.npz")
+        assert set(got.files) == set(expected) and all(np.array_equal(got[k], expected[k]) for k in expected), plan
+    expected, = sartor.Pipeline(sartor.load(letterbox, device="cpu")).run([jpeg])
+    assert np.array_equal(np.load(f"{letterbox}.out.npy"), expected.outputs["logits"])
 
 
 def test_the_runtime_install_runs_the_device_side_commands(site_dir, tiny_plan, tmp_path):
+    from release_helpers import build_bundle
+    _, bundle = build_bundle(tmp_path / "built", "tiny", seed=0)  # on the build machine
+    (tmp_path / "root").mkdir()
     env = install_env(site_dir, ())
     np.save(tmp_path / "x.npy", np.ones((2, 3, 16, 16), np.float32))
     for argv in (("run", tiny_plan, "--input", f"images={tmp_path / 'x.npy'}", "--output", tmp_path / "out.npz"),
@@ -174,7 +208,9 @@ def test_the_runtime_install_runs_the_device_side_commands(site_dir, tiny_plan, 
                  ("keygen", "-o", tmp_path / "key"),
                  ("sign", tiny_plan, "--key", tmp_path / "key", "--output", tmp_path / "signed.plan"),
                  ("run", tmp_path / "signed.plan", "--trust", tmp_path / "key.pub"),
-                 ("deploy", "--help")):
+                 # a release from the bundle: preflight (golden outputs, takt), swap; then the check
+                 ("deploy", bundle, "--root", tmp_path / "root", "--name", "tiny", "--takt-runs", 2),
+                 ("deploy", "--check", "--root", tmp_path / "root", "--name", "tiny")):
         result = sartor_cli(env, *argv)
         assert result.returncode == 0, (argv, result.stderr[-3000:])
     assert json.loads(sartor_cli(env, "inspect", tiny_plan, "--json").stdout)["fingerprint_here"]["loads"]
