@@ -10,6 +10,7 @@ test here, when $SARTOR_CPU_TORCH names the torch to install)."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
