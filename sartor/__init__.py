@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import SartorError
+from .errors import MissingExtraError, SartorError
 from .runtime import Engine, ExecutionContext, load
 from .version import __version__
 
@@ -64,8 +64,11 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       class-aware NMS inside the engine, whose outputs become num_detections, detection_boxes,
       detection_scores and detection_classes.
     """
-    from .builder import BuildConfig
-    from .builder import build as run_build
+    try:
+        from .builder import BuildConfig
+        from .builder import build as run_build
+    except MissingExtraError as exc:  # a runtime install: one line naming the build extra
+        raise exc.for_feature("sartor.build") from None
     if profiles is None and (min_shapes or opt_shapes or max_shapes):
         profiles = [{"min": min_shapes or {}, "opt": opt_shapes or {}, "max": max_shapes or {}}]
     if preprocess is not None and not isinstance(preprocess, str):

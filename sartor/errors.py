@@ -61,6 +61,24 @@ class MissingDependencyError(ConfigError):
     """An option asks for an optional package (e.g. OpenCV for resampler=cv2) that does not import."""
 
 
+class MissingExtraError(MissingDependencyError, ImportError):
+    """A feature needs one of sartor's extras (`sartor[build]`, `sartor[serve]`, ...) that is not
+    installed (`sartor/extras.py`). An ImportError too, so that `except ImportError` around an
+    optional import keeps working."""
+
+    def __init__(self, feature: str, extra: str, missing: str, detail: str = "") -> None:
+        self.feature, self.extra, self.missing = feature, extra, missing
+        self.detail = " ".join(str(detail).split()) or f"No module named {missing!r}"
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'sartor[{extra}]' ({self.detail})")
+
+    def __reduce__(self):  # across processes (serve's engine processes) by its fields, not its message
+        return type(self), (self.feature, self.extra, self.missing, self.detail)
+
+    def for_feature(self, feature: str) -> "MissingExtraError":
+        """The same missing extra, said of another feature (a CLI command rather than a module)."""
+        return MissingExtraError(feature, self.extra, self.missing, self.detail)
+
+
 class DataError(SartorError):
     """A dataset, its annotations or one of its images is missing, malformed or inconsistent."""
 

@@ -16,7 +16,7 @@ ROOT = "package root"  # sartor/__init__.py and sartor/__main__.py
 
 # Bottom first. A package imports only packages of its own layer or lower ones.
 LAYERS = (
-    ("foundations", ("errors", "version", "progress", "ir", "ops", "kernels", "data")),
+    ("foundations", ("errors", "extras", "version", "progress", "ir", "ops", "kernels", "data")),
     ("graph and runtime", ("frontend", "passes", "runtime", "pipeline")),
     ("tactic selection", ("tactics",)),
     # Calibration and quantization math: no builder, cli, serve, validate or package root.

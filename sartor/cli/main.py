@@ -8,31 +8,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import traceback
 
-from ..errors import SartorError
+from ..errors import MissingExtraError, SartorError
 from ..runtime.fingerprint import ENVIRONMENT as FINGERPRINT_ENVIRONMENT
 from ..runtime.fingerprint import LEVELS as COMPATIBILITY_LEVELS
 from ..version import __version__
-from . import (
-    bench,
-    build,
-    compare,
-    deploy,
-    inspect,
-    keygen,
-    rebuild,
-    run,
-    sensitivity,
-    serve,
-    sign,
-    validate,
-)
 
-COMMANDS = (build, rebuild, deploy, run, inspect, compare, validate, bench, serve, sensitivity, keygen, sign)
+# One module per subcommand, of the same name, in the order `sartor --help` lists them.
+COMMANDS = ("build", "rebuild", "deploy", "run", "inspect", "compare", "validate", "bench", "serve", "sensitivity",
+            "keygen", "sign")
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def _command_modules() -> list:
+    """Each subcommand's module, or the MissingExtraError its import raised: on a runtime install
+    `sartor build` and `sartor serve` still parse, and say which extra to install."""
+    modules = []
+    for name in COMMANDS:
+        try:
+            modules.append(importlib.import_module(f".{name}", __package__))
+        except MissingExtraError as exc:
+            modules.append(exc.for_feature(f"sartor {name}"))
+    return modules
+
+
+def _add_missing(subparsers, name: str, missing: MissingExtraError) -> None:
+    """A subcommand whose extra is not installed: any arguments, and its one-line error when run."""
+    p = subparsers.add_parser(name, add_help=False, help=f"(needs the {missing.extra} extra: "
+                              f"pip install 'sartor[{missing.extra}]')")
+    p.add_argument("arguments", nargs=argparse.REMAINDER)
+
+    def refuse(args):
+        raise missing
+    p.set_defaults(func=refuse, missing_extra=missing)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -51,8 +63,11 @@ def make_parser() -> argparse.ArgumentParser:
                             "versions only warn), loose (only device kind, architecture, compute capability); "
                             f"sets ${FINGERPRINT_ENVIRONMENT}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
-        command.add_parser(subparsers, [common])
+    for name, command in zip(COMMANDS, _command_modules()):
+        if isinstance(command, MissingExtraError):
+            _add_missing(subparsers, name, command)
+        else:
+            command.add_parser(subparsers, [common])
     return parser
 
 
@@ -80,7 +95,10 @@ def _compatibility(level: str | None):
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     try:
-        args = parser.parse_args(argv)
+        # parse_args, except that a subcommand whose extra is missing takes any arguments (--help too)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and getattr(args, "missing_extra", None) is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as exc:  # usage errors (2), --help and --version (0)
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (serve --systemd-unit repeats it)

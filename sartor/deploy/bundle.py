@@ -52,17 +52,22 @@ from ..version import __version__
 from .accuracy import DATA_DIR, record_validation
 from .archive import is_archive, write_archive
 from .golden import engine_outputs, golden_inputs, reference_outputs
-from .manifest import FORMAT, MANIFEST, BundleError, file_sha256, write_manifest
-
-MODEL = "model.onnx"
-OPTIONS = "build_options.json"
-CALIB_CACHE = "calibration_cache.json"
-TIMING_CACHE = "timing_cache.json"
-ENGINE = "engine.json"
-ENGINE_HEADER = "engine_header.json"
-SAMPLES = "calibration/samples.json"
-SAMPLES_DIR = "calibration/samples"
-GOLDEN = "golden"
+from .manifest import (  # noqa: F401 (the file names, bundle.ENGINE etc., as before they moved)
+    CALIB_CACHE,
+    ENGINE,
+    ENGINE_HEADER,
+    FORMAT,
+    GOLDEN,
+    MANIFEST,
+    MODEL,
+    OPTIONS,
+    SAMPLES,
+    SAMPLES_DIR,
+    TIMING_CACHE,
+    BundleError,
+    file_sha256,
+    write_manifest,
+)
 # --calib files up to this many bytes in all are copied into the bundle; larger sets keep only
 # their SHA-256 list (a rebuild reads the calibration cache, never the samples).
 CALIB_COPY_LIMIT = 64 << 20

@@ -18,6 +18,17 @@ from ..runtime.engine_file import write_atomic
 
 FORMAT = "sartor-bundle-1"
 MANIFEST = "manifest.json"
+# The files of a bundle (bundle.py's docstring), named here so that the device side (preflight,
+# update) reads a bundle without importing bundle.py, which builds and so needs the build extra.
+MODEL = "model.onnx"
+OPTIONS = "build_options.json"
+CALIB_CACHE = "calibration_cache.json"
+TIMING_CACHE = "timing_cache.json"
+ENGINE = "engine.json"
+ENGINE_HEADER = "engine_header.json"
+SAMPLES = "calibration/samples.json"
+SAMPLES_DIR = "calibration/samples"
+GOLDEN = "golden"
 _CHUNK = 1 << 20
 
 

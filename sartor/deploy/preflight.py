@@ -41,9 +41,8 @@ from ..runtime.fingerprint import (
     parse_device,
 )
 from ..runtime.sample_inputs import random_inputs
-from .bundle import ENGINE, GOLDEN
 from .golden import DEFAULT_MIN_COSINE, agreement, engine_outputs, read_npz
-from .manifest import verify_bundle
+from .manifest import ENGINE, GOLDEN, verify_bundle
 from .releases import read_json
 
 DEFAULT_TAKT_RUNS = 20

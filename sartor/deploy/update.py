@@ -25,10 +25,9 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..runtime.fingerprint import device_fingerprint, parse_device
 from .archive import extracted, is_archive
-from .bundle import ENGINE
 from .golden import DEFAULT_MIN_COSINE
 from .health import WatchResult, server_url, watch
-from .manifest import MANIFEST, BundleError
+from .manifest import ENGINE, MANIFEST, BundleError
 from .preflight import DEFAULT_TAKT_RUNS, PreflightReport, preflight
 from .releases import (
     BUNDLE_DIR,

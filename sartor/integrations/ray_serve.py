@@ -19,6 +19,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from ..extras import EXTRAS, require_extra
+
+# The ray extra installs the serve extra too: this module serves through sartor.serve's repository.
+require_extra("ray", "sartor.integrations.ray_serve", EXTRAS["ray"] + EXTRAS["serve"])
+
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

@@ -28,8 +28,8 @@ FP8_EXACT_K = 2 ** 35 // int(FP8_MAX) ** 2  # 171196
 
 def numpy_dtype():
     """ml_dtypes' float8_e4m3fn (imported late: only FP8 builds need it)."""
-    import ml_dtypes
-    return np.dtype(ml_dtypes.float8_e4m3fn)
+    from .util import ml_dtypes_module
+    return np.dtype(ml_dtypes_module().float8_e4m3fn)
 
 
 def is_fp8(attrs: dict) -> bool:

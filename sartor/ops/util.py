@@ -23,12 +23,22 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """The inverse of `tensor_from_numpy`: bfloat16 and float8_e4m3fn come back as ml_dtypes types."""
     tensor = tensor.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
-        import ml_dtypes
-        return tensor.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+        return tensor.view(torch.int16).numpy().copy().view(ml_dtypes_module().bfloat16)
     if tensor.dtype == torch.float8_e4m3fn:
-        import ml_dtypes
-        return tensor.view(torch.uint8).numpy().copy().view(ml_dtypes.float8_e4m3fn)
+        return tensor.view(torch.uint8).numpy().copy().view(ml_dtypes_module().float8_e4m3fn)
     return tensor.numpy().copy()
+
+
+def ml_dtypes_module():
+    """ml_dtypes (onnx brings it: the build extra). Engines keep their weights as torch tensors and
+    their attributes in float32, so loading and running one never needs it; a graph constant in
+    bfloat16 or FP8 read back into numpy does."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        from ..errors import MissingExtraError
+        raise MissingExtraError("bfloat16 and FP8 arrays in numpy", "build", "ml_dtypes") from None
+    return ml_dtypes
 
 
 def ints(t) -> list[int]:

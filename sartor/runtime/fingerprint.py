@@ -9,6 +9,11 @@ compatibility levels that say which differences refuse a load and which only war
     loose    refused: another device kind, CPU architecture or compute capability (code that cannot
              run); warned: everything else
 
+A CPU engine compares torch without its local build suffix at every level: torch 2.14.1+cpu and
+2.14.1+cu130 are one source and one set of CPU kernels, so an engine built for the CPU in either
+loads in the other, as it would on the machine that built it
+([0035](../../docs/decisions/0035-installs-that-fit.md)). A CUDA engine still needs a CUDA build.
+
 The level is `load(..., compatibility=)`, else $SARTOR_FINGERPRINT, else "default".
 """
 from __future__ import annotations
@@ -46,6 +51,9 @@ def parse_device(spec: str | None) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise DeviceError(f"device {spec!r} is not supported: use cpu or cuda[:N]")
     if device.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise DeviceError(f"device {spec!r} requested but this torch ({torch.__version__}) is a CPU-only build: "
+                              f"CUDA engines need a CUDA build of torch (pip install torch from a CUDA index)")
         if not torch.cuda.is_available():
             raise DeviceError(f"device {spec!r} requested but no CUDA GPU is available here")
         index = device.index or 0
@@ -152,8 +160,23 @@ class Compatibility:
         return ", ".join(f"{k} {self.built_for.get(k)} (here {self.here.get(k)})" for k in fields)
 
 
+def _public_version(version) -> str:
+    """A version without its local build suffix: 2.14.1+cu130 -> 2.14.1."""
+    return str(version).split("+", 1)[0]
+
+
+def _same(field: str, built_for: dict, here: dict) -> bool:
+    """Whether `field` counts as equal on both sides. torch's local build suffix (+cpu, +cu130) says
+    which GPU toolkit the build carries, which a CPU engine does not use: it is ignored there."""
+    built, this = built_for.get(field), here.get(field)
+    if built == this:
+        return True
+    return (field == "torch" and built_for.get("kind") == here.get("kind") == "cpu"
+            and built is not None and this is not None and _public_version(built) == _public_version(this))
+
+
 def compare_fingerprints(built_for: dict, here: dict, level: str = "default") -> Compatibility:
-    differing = sorted(k for k in set(built_for) | set(here) if built_for.get(k) != here.get(k))
+    differing = sorted(k for k in set(built_for) | set(here) if not _same(k, built_for, here))
     refused = tuple(k for k in differing if _refuses(k, built_for.get(k), here.get(k), level))
     return Compatibility(level, refused, tuple(k for k in differing if k not in refused), built_for, here)
 

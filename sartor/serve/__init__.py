@@ -23,7 +23,14 @@ validate layer (detection decoders); nothing below imports it. One concern per m
 | `ipc.py` | the frontend channel: framed JSON headers plus raw tensors, replies and errors |
 | `shards.py` | `--engine-processes K`: K whole servers on the same ports, started, restarted, metrics summed |
 | `peers.py` | what keeps those K in step: registrations, loads and unloads everywhere, statistics summed |
+
+It needs the serve extra (`pip install 'sartor[serve]'`), checked here so that a missing package is
+one line naming it rather than a traceback from whichever module imports it first.
 """
+from ..extras import require_extra
+
+require_extra("serve", "sartor serve")
+
 from .server import Server, ServeOptions
 
 __all__ = ["ServeOptions", "Server"]

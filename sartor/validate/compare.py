@@ -122,6 +122,8 @@ def compare_outputs(reference: dict, candidate: dict, rtol: float = 1e-4, atol: 
 
 def onnxruntime_outputs(model_path: str | Path, feeds: dict) -> dict:
     """Run the ONNX model with ONNX Runtime's FP32 CPU provider."""
+    from ..extras import require_extra
+    require_extra("build", "the ONNX Runtime FP32 reference", ("onnxruntime",))
     import onnxruntime as ort
     model_path = Path(model_path)
     if not model_path.is_file():

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, MissingExtraError
 from .decoders import Detections
 
 COCO_MAX_DETS = 100  # COCO's AP is computed over each image's 100 best detections
@@ -122,8 +122,8 @@ def _coco_api():
         from faster_coco_eval import COCOeval_faster as COCOeval
         return COCO, COCOeval
     except ImportError:
-        raise ConfigError("detection metrics need a COCO evaluator: pip install pycocotools "
-                          "(or faster-coco-eval)") from None
+        raise MissingExtraError("detection metrics (COCO mAP)", "build", "pycocotools",
+                                "No module named 'pycocotools', nor 'faster_coco_eval'") from None
 
 
 def _xywh(boxes: np.ndarray) -> np.ndarray:

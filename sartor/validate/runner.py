@@ -140,6 +140,8 @@ class OnnxReference:
     """One ONNX Runtime FP32 CPU session, kept for every batch."""
 
     def __init__(self, path: str | Path) -> None:
+        from ..extras import require_extra
+        require_extra("build", "the ONNX Runtime FP32 reference", ("onnxruntime",))
         import onnxruntime as ort
         self.path = Path(path)
         if not self.path.is_file():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 
 import sartor
@@ -33,7 +34,11 @@ CASES = [
     (GPU, "sartor", "0.2.0", "refuse", "refuse", "warn"),
     (CPU, "arch", "aarch64", "refuse", "refuse", "refuse"),
     (CPU, "cpu", "Intel(R) Xeon(R) Platinum 8480+", "refuse", "warn", "warn"),
-    (CPU, "torch", "2.7.1", "refuse", "warn", "warn"),
+    # A CPU engine's torch compared without the local build suffix (+cpu, +cu128): see below.
+    (CPU, "torch", "2.7.0+cpu", "refuse", "warn", "warn"),  # patch
+    (CPU, "torch", "2.7.0+cu128", "refuse", "warn", "warn"),  # patch, in the other build
+    (CPU, "torch", "2.8.1+cpu", "refuse", "refuse", "warn"),  # minor
+    (CPU, "torch", "2.8.1+cu128", "refuse", "refuse", "warn"),  # minor, in the other build
 ]
 
 
@@ -51,6 +56,18 @@ def test_an_equal_fingerprint_neither_refuses_nor_warns():
     for level in ("strict", "default", "loose"):
         result = compare_fingerprints(dict(GPU), GPU, level)
         assert result.loads and not result.warned
+
+
+@pytest.mark.parametrize("built, here", [("2.7.1+cu128", "2.7.1+cpu"), ("2.7.1+cpu", "2.7.1+cu128"),
+                                         ("2.7.1", "2.7.1+cpu"), ("2.7.1+cu130", "2.7.1")])
+def test_a_cpu_engine_is_the_same_across_cpu_and_cuda_builds_of_one_torch(built, here):
+    # One torch source, one set of CPU kernels: no difference at any level, not even a warning.
+    for level in ("strict", "default", "loose"):
+        result = compare_fingerprints(dict(CPU, torch=built), dict(CPU, torch=here), level)
+        assert result.loads and not result.warned and not result.refused, level
+    # A CUDA engine's build suffix names the toolkit its kernels were chosen with: still a difference.
+    result = compare_fingerprints(dict(GPU, torch=built), dict(GPU, torch=here), "strict")
+    assert result.refused == ("torch",)
 
 
 def test_the_level_comes_from_the_argument_then_the_environment(monkeypatch):
@@ -125,3 +142,45 @@ def test_the_cli_flag_sets_the_level_for_one_command(tiny_plan, tmp_path, cli, m
     assert result.code == 2 and "invalid choice: 'lenient'" in result.err
     import os
     assert "SARTOR_FINGERPRINT" not in os.environ  # the flag held for that command only
+
+
+def _this_torch_as(monkeypatch, version: str) -> None:
+    """This process's torch reported as `version` (what device_fingerprint reads at each load)."""
+    import torch
+    monkeypatch.setattr(torch, "__version__", version)
+
+
+def test_a_cpu_engine_loads_across_cpu_and_cuda_builds_and_not_across_versions(tiny_plan, tmp_path, caplog,
+                                                                               monkeypatch):
+    monkeypatch.delenv("SARTOR_FINGERPRINT", raising=False)
+    cuda_build = _elsewhere(tiny_plan, tmp_path / "from_cu130.plan", torch="2.14.1+cu130")
+    cpu_build = _elsewhere(tiny_plan, tmp_path / "from_cpu.plan", torch="2.14.1+cpu")
+    reference = sartor.load(tiny_plan, device="cpu").context().run({"images": np.ones((2, 3, 16, 16), np.float32)})
+    for plan, here in ((cuda_build, "2.14.1+cpu"), (cpu_build, "2.14.1+cu130"), (cuda_build, "2.14.1")):
+        _this_torch_as(monkeypatch, here)
+        with caplog.at_level(logging.WARNING, logger="sartor.runtime"):
+            caplog.clear()
+            engine = sartor.load(plan, device="cpu", compatibility="strict")
+        assert not engine.fingerprint_check.warned and not engine.fingerprint_check.refused
+        assert not [r for r in caplog.records if r.name == "sartor.runtime"], here
+        outputs = engine.context().run({"images": np.ones((2, 3, 16, 16), np.float32)})
+        assert np.array_equal(outputs["logits"], reference["logits"])
+    # Another torch release is still another torch, in either build, at the default level.
+    for here in ("2.13.0+cpu", "2.15.0+cu130"):
+        _this_torch_as(monkeypatch, here)
+        with pytest.raises(FingerprintMismatchError, match="differs in torch, which must match at compatibility "
+                                                           "'default'"):
+            sartor.load(cuda_build, device="cpu")
+    _this_torch_as(monkeypatch, "2.14.2+cpu")  # a patch release: loads, with the warning
+    assert sartor.load(cuda_build, device="cpu").fingerprint_check.warned == ("torch",)
+
+
+def test_a_cuda_engine_on_a_cpu_build_of_torch_says_so(monkeypatch):
+    import torch
+
+    from sartor.errors import DeviceError
+    from sartor.runtime.fingerprint import parse_device
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(DeviceError, match=r"^device 'cuda' requested but this torch \(.*\) is a CPU-only build: "
+                                          r"CUDA engines need a CUDA build of torch"):
+        parse_device("cuda")
