@@ -8,7 +8,10 @@ txt labels) as a COCO file, and prints both mAP@[.5:.95] and mAP@.5 with their d
 Ultralytics validates with rectangular batches by default (each batch letterboxed to its own shape);
 the comparison runs it with `rect=False`, square IMGSZ inputs as the engine takes, and the same
 conf/iou/max_det. The two mAPs use different AP code (Ultralytics' 101-point interpolation over its
-own matching; pycocotools here), which is what the figure measures.
+own matching; pycocotools here), which is what the figure measures. To tell the AP code from the
+detections, Ultralytics' own detections (`save_json=True`) are also scored with pycocotools on the
+same COCO file: `ultralytics_predictions_pycocotools_map` equals sartor's mAP when the detections
+agree and only the AP code differs.
 
 It needs a trained model to mean anything: untrained weights (`yolov8n.yaml`) score ~0 on both
 sides, which agrees trivially. Needs ultralytics and PyYAML; downloads nothing itself (give local
@@ -73,6 +76,34 @@ def yolo_labels_as_coco(images: list[Path], names: list[str], out: Path) -> Path
     return out
 
 
+def pycocotools_map_of_ultralytics(save_dir: Path, coco: Path) -> dict | None:
+    """Ultralytics' predictions.json (image ids are file stems) scored by pycocotools on `coco`."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    predictions = Path(save_dir) / "predictions.json"
+    if not predictions.is_file():
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        truth = COCO(str(coco))
+    ids = {Path(im["file_name"]).stem: im["id"] for im in truth.dataset["images"]}
+    if len(ids) != len(truth.dataset["images"]):
+        return None  # two images share a stem: Ultralytics' ids are ambiguous
+    detections = json.loads(predictions.read_text())
+    for d in detections:
+        d["image_id"] = ids[str(d["image_id"])]
+    if not detections:
+        return {"map": 0.0, "map50": 0.0}
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluator = COCOeval(truth, truth.loadRes(detections), "bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return {"map": float(evaluator.stats[0]), "map50": float(evaluator.stats[1])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", required=True, help="a trained Ultralytics .pt (or .yaml: random weights)")
@@ -93,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     model = YOLO(args.weights)
     t0 = time.perf_counter()
     ultra = model.val(data=str(args.data), imgsz=args.imgsz, batch=1, rect=False, conf=args.conf, iou=args.iou,
-                      max_det=args.max_det, device=args.device, plots=False, verbose=False)
+                      max_det=args.max_det, device=args.device, plots=False, verbose=False, save_json=True)
     ultra_seconds = time.perf_counter() - t0
     onnx_path = Path(model.export(format="onnx", imgsz=args.imgsz, dynamic=True, simplify=False))
     plan = work / "model.plan"
@@ -111,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
               "sartor_reference_map": report.overall.reference,
               "sartor_engine_map50": report.overall.engine_extra.get("map50"),
               "seconds": {"ultralytics": ultra_seconds, "sartor": sartor_seconds}}
+    scored = pycocotools_map_of_ultralytics(ultra.save_dir, coco)
+    if scored is not None:
+        result["ultralytics_predictions_pycocotools_map"] = scored["map"]
+        result["ultralytics_predictions_pycocotools_map50"] = scored["map50"]
     result["map_difference"] = result["sartor_engine_map"] - result["ultralytics_map"]
     result["within_tolerance"] = abs(result["map_difference"]) <= args.tolerance
     print(json.dumps(result, indent=2))
