@@ -88,17 +88,13 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
                 matched.append(add)
                 value, reader = add.inputs[scores_side], add
                 break
-    found = scores_product(graph, value, reader, producers, consumers)
+    found = scaled_operands(graph, value, reader, producers, consumers, matched)
     if found is None:
         return None
-    first, scale_nodes, scale = found
-    matched += scale_nodes + [first]
-    q, q_scale = unscaled(graph, first.inputs[0], first, producers, consumers, matched)
-    k_t, k_scale = unscaled(graph, first.inputs[1], first, producers, consumers, matched)
+    q, k_t, scale = found
     v = second.inputs[1]
     if any((_rank(graph, name) or 0) < 2 for name in (q, k_t, v)):
         return None
-    scale *= q_scale * k_scale
     if not math.isfinite(scale):
         return None
     matched.append(second)
@@ -106,6 +102,20 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict) -> tup
     fused = Node("Attention", graph.fresh_name(softmax.name + "_attention"), inputs, [second.outputs[0]],
                  {"scale": float(scale)}, origin=[o for n in matched for o in n.origin])
     return fused, matched
+
+
+def scaled_operands(graph: Graph, value: str, reader: Node, producers: dict, consumers: dict,
+                    matched: list) -> tuple[str, str, float] | None:
+    """(q, k_t, scale) when `value` is their product q' @ k_t' with every scalar factor on either side
+    and after it peeled into `scale`; the product and the peeled nodes are appended to `matched`."""
+    found = scores_product(graph, value, reader, producers, consumers)
+    if found is None:
+        return None
+    first, scale_nodes, scale = found
+    matched += scale_nodes + [first]
+    q, q_scale = unscaled(graph, first.inputs[0], first, producers, consumers, matched)
+    k_t, k_scale = unscaled(graph, first.inputs[1], first, producers, consumers, matched)
+    return q, k_t, scale * q_scale * k_scale
 
 
 def scores_product(graph: Graph, value: str, reader: Node, producers: dict,

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from .base import single_consumer
-from .fuse_attention import FLOAT_TYPES, scores_product, unscaled
+from .fuse_attention import FLOAT_TYPES, scaled_operands
 
 
 def _reshape_to(graph: Graph, node: Node | None, rank: int) -> list[int] | None:
@@ -77,17 +77,13 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict):
         bias = relative
         matched.append(bias_add)
         value, reader = next(i for i in bias_add.inputs if not graph.is_constant(i)), bias_add
-    found = scores_product(graph, value, reader, producers, consumers)
+    found = scaled_operands(graph, value, reader, producers, consumers, matched)
     if found is None:
         return None
-    first, scale_nodes, scale = found
-    matched += scale_nodes + [first]
-    q, q_scale = unscaled(graph, first.inputs[0], first, producers, consumers, matched)
-    k_t, k_scale = unscaled(graph, first.inputs[1], first, producers, consumers, matched)
+    q, k_t, scale = found
     v = second.inputs[1]
     if any(graph.shape_of(name) is None or len(graph.shape_of(name)) != 4 for name in (q, k_t, v)):
         return None
-    scale *= q_scale * k_scale
     # The bias must not vary over the images (its leading dims of one), nor the mask over heads.
     if bias.ndim > 4 or (bias.ndim == 4 and bias.shape[0] != 1) or mask.ndim > 5 \
             or (mask.ndim == 5 and mask.shape[0] != 1) or not math.isfinite(scale):
