@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError, DataError
-from .preprocess import BUCKET_SEPARATOR, PreprocessSpec, _fmt_num, parse_preprocess
+from .preprocess import BUCKET_SEPARATOR, PreprocessSpec, format_number, parse_preprocess
 
 BUCKETS_DEFAULT_MAX_DOWNSCALE = 1.0  # several sizes: a frame is never shrunk unless the policy says so
 _SLACK = 1e-9  # a frame of exactly the bucket's size (or the policy's factor) fits
@@ -81,13 +81,13 @@ class Buckets:
         factor = self.max_downscale
         if factor is None:
             return f"{text},max_downscale=any"
-        return text if factor == BUCKETS_DEFAULT_MAX_DOWNSCALE else f"{text},max_downscale={_fmt_num(factor)}"
+        return text if factor == BUCKETS_DEFAULT_MAX_DOWNSCALE else f"{text},max_downscale={format_number(factor)}"
 
     def policy_text(self) -> str:
         factor = self.max_downscale
         if factor is None:
             return "any shrink"
-        return "never shrink" if factor == 1 else f"shrink at most {_fmt_num(factor)}x"
+        return "never shrink" if factor == 1 else f"shrink at most {format_number(factor)}x"
 
     # ---- routing -----------------------------------------------------------------------------------
     def route(self, h: int, w: int) -> int:
@@ -107,9 +107,9 @@ class Buckets:
 
     def _refusal(self, h: int, w: int, best: int, factor: float) -> str:
         spec = self.specs[best]
-        allow = _fmt_num(math.ceil(factor * 100 - 1e-6) / 100)
+        allow = format_number(math.ceil(factor * 100 - 1e-6) / 100)
         return (f"a {h}x{w} frame fits no bucket ({spec.resize} {self.sizes()}): {spec.height}x{spec.width} would "
-                f"shrink it {factor:.3g}x, over max_downscale {_fmt_num(self.max_downscale)}; refused, not shrunk "
+                f"shrink it {factor:.3g}x, over max_downscale {format_number(self.max_downscale)}; refused, not shrunk "
                 f"(allow it with max_downscale={allow} or --max-downscale {allow}, or build a bucket that holds it)")
 
 

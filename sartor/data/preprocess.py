@@ -147,7 +147,7 @@ class PreprocessSpec:
         if self.resampler != "pillow":  # the default is left out: older specs' text stays as it was
             parts.append(f"resampler={self.resampler}")
         if policy and self.max_downscale is not None:  # likewise: no policy is any shrink, as before
-            parts.append(f"max_downscale={_fmt_num(self.max_downscale)}")
+            parts.append(f"max_downscale={format_number(self.max_downscale)}")
         return ",".join(parts)
 
     def __str__(self) -> str:
@@ -189,14 +189,14 @@ def parse_max_downscale(value: str, what: str = "max_downscale") -> float | None
         raise ConfigError(f"{what} {value!r} must be a number ≥ 1 (1: never shrink a frame) or 'any'") from None
 
 
-def _fmt_num(v: float) -> str:
+def format_number(v: float) -> str:
     return f"{v:g}" if float(f"{v:g}") == v else repr(float(v))
 
 
 def _fmt_triple(values: tuple[float, float, float]) -> str:
     if values[0] == values[1] == values[2]:
-        return _fmt_num(values[0])
-    return ":".join(_fmt_num(v) for v in values)
+        return format_number(values[0])
+    return ":".join(format_number(v) for v in values)
 
 
 def _parse_size(token: str, value: str, square_ok: bool) -> tuple[int, int]:
