@@ -61,16 +61,20 @@ def tactics_applied(graph: Graph, selections: list[TacticSelection]) -> Iterator
         apply_tactics(graph, selections)
         yield
     finally:
+        _clear_tactics(graph)
         for node in graph.nodes:
-            node.attrs.pop("tactic", None)
-            node.attrs.pop("tactic_by_profile", None)
             node.attrs.update(saved.get(node.name, {}))
 
 
-def apply_tactics(graph: Graph, selections: list[TacticSelection]) -> None:
+def _clear_tactics(graph: Graph) -> None:
     for node in graph.nodes:
         node.attrs.pop("tactic", None)
         node.attrs.pop("tactic_by_profile", None)
+
+
+def apply_tactics(graph: Graph, selections: list[TacticSelection]) -> None:
+    """The layers carry exactly `selections`' tactics (record_tactics only adds)."""
+    _clear_tactics(graph)
     record_tactics(graph, selections)
 
 
@@ -112,5 +116,4 @@ def check_against_eager(graph: Graph, selections: list[TacticSelection], make_he
                        f"on its eager kernel ({eager_ms / tuned_ms:.2f}x)")
     if any(p["kept"] == "eager" for p in record["profiles"]):
         apply_tactics(graph, selections)
-    del tuned_engine, eager_engine
     return record

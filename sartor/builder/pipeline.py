@@ -54,10 +54,10 @@ from .precision import (
 )
 
 Progress = Callable[[str], None]
-# Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales,
-# the FP8 format, a projection's and a carried max pool's (`ops/fused_pool.py`).
 # Where the eager check runs (tests add "cpu"): a CPU build's reference kernels are its eager ones.
 EAGER_CHECK_DEVICES = ("cuda",)
+# Layer attributes shown by `inspect` besides the activation: the epilogue order, INT8/FP8 scales,
+# the FP8 format, a projection's and a carried max pool's (`ops/fused_pool.py`).
 LAYER_ATTRS = ("residual_after_activation", "input_scale", "residual_scale", "output_scale", "qformat",
                "projection_strides", "projection_input_scale", *MAX_POOL_ATTRS)
 

@@ -140,12 +140,15 @@ def scores_product(graph: Graph, value: str, reader: Node, producers: dict,
         reader = node
 
 
-def fuse_attention(graph: Graph) -> int:
+def replace_softmax_blocks(graph: Graph, match) -> int:
+    """For each Softmax, `match(graph, softmax, producers, consumers)` → (the fused node, the nodes it
+    replaces, the last of them the block's final MatMul) or None; the fused node takes that MatMul's
+    place. Returns how many blocks were replaced."""
     rewrites = 0
     for softmax in [n for n in graph.nodes if n.op_type == "Softmax"]:
         if softmax not in graph.nodes:
             continue
-        found = _match(graph, softmax, graph.producers(), graph.consumers())
+        found = match(graph, softmax, graph.producers(), graph.consumers())
         if found is None:
             continue
         fused, matched = found
@@ -154,3 +157,7 @@ def fuse_attention(graph: Graph) -> int:
             graph.nodes.remove(node)
         rewrites += 1
     return rewrites
+
+
+def fuse_attention(graph: Graph) -> int:
+    return replace_softmax_blocks(graph, _match)

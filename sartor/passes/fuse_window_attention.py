@@ -24,7 +24,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from .base import single_consumer
-from .fuse_attention import FLOAT_TYPES, scaled_operands
+from .fuse_attention import FLOAT_TYPES, replace_softmax_blocks, scaled_operands
 
 
 def _reshape_to(graph: Graph, node: Node | None, rank: int) -> list[int] | None:
@@ -98,26 +98,13 @@ def _match(graph: Graph, softmax: Node, producers: dict, consumers: dict):
             or combined.shape[3:] not in ((1, 1), (1, cols), (rows, 1), (rows, cols)):
         return None
     matched.append(second)
-    dtype = np.result_type(bias.dtype, mask.dtype)
-    return second, matched, [q, k_t, v], float(scale), np.ascontiguousarray(combined, dtype=dtype), windows
+    bias_name = graph.fresh_name(softmax.name + "_window_attention_bias")
+    graph.initializers[bias_name] = np.ascontiguousarray(combined, dtype=np.result_type(bias.dtype, mask.dtype))
+    fused = Node("Attention", graph.fresh_name(softmax.name + "_window_attention"), [q, k_t, v, bias_name],
+                 [second.outputs[0]], {"scale": float(scale), "windows": windows},
+                 origin=[o for n in matched for o in n.origin])
+    return fused, matched
 
 
 def fuse_window_attention(graph: Graph) -> int:
-    rewrites = 0
-    for softmax in [n for n in graph.nodes if n.op_type == "Softmax"]:
-        if softmax not in graph.nodes:
-            continue
-        found = _match(graph, softmax, graph.producers(), graph.consumers())
-        if found is None:
-            continue
-        second, matched, operands, scale, combined, windows = found
-        base = softmax.name + "_window_attention"
-        bias_name = graph.fresh_name(f"{base}_bias")
-        graph.initializers[bias_name] = combined
-        fused = Node("Attention", graph.fresh_name(base), [*operands, bias_name], [second.outputs[0]],
-                     {"scale": scale, "windows": windows}, origin=[o for n in matched for o in n.origin])
-        graph.nodes.insert(graph.nodes.index(second), fused)
-        for node in matched:
-            graph.nodes.remove(node)
-        rewrites += 1
-    return rewrites
+    return replace_softmax_blocks(graph, _match)

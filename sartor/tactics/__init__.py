@@ -9,5 +9,5 @@ from .select import (
 )
 from .timing_cache import TimingCache, TimingCacheError
 
-__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "family_seconds", "record_tactics", "select_tactics",
-           "select_tactics_by_profile", "summary_by_profile"]
+__all__ = ["EFFORTS", "TacticSelection", "TimingCache", "TimingCacheError", "family_seconds", "record_tactics",
+           "select_tactics", "select_tactics_by_profile", "summary_by_profile"]

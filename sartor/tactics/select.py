@@ -20,6 +20,7 @@ import torch
 
 from ..errors import ConfigError, TacticFaultError
 from ..ir import Graph
+from ..kernels.registry import SEPARATOR
 from ..ops import default_registry, fp8
 from ..runtime.concat_plan import ConcatBuffers, ShapeMemo
 from ..runtime.context import matmul_precision
@@ -261,7 +262,7 @@ def excluding(candidates: list[str], patterns: Iterable[str]) -> list[str]:
 
 def tactic_family(tactic: str) -> str:
     """The family a tactic belongs to: its name's first word ("igemm" of "igemm.128x128x64.w8.s3")."""
-    return tactic.split(".", 1)[0]
+    return tactic.split(SEPARATOR, 1)[0]
 
 
 def _time_candidates(step, args, candidates, reference, device, effort,
