@@ -256,8 +256,10 @@ class Pipeline:
             for bucket in self._buckets if stream is not None else ():
                 if bucket.staging_free[slot] is not None:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
-            # A raw-frames engine takes frames of its declared size: never decoded at a reduced scale.
-            decoded = decode_frames(sources, self.device, self.buckets, self.fast_decode and self.frames is None)
+            # A raw-frames engine takes frames of its declared size and resizes them itself: files are
+            # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
+            decoded = (decode_frames(sources, self.device, self.buckets, self.fast_decode) if self.frames is None
+                       else decode_frames(sources, self.device, None, self.fast_decode))
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)

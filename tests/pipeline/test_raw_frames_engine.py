@@ -83,6 +83,29 @@ def test_the_pipeline_feeds_decoded_frames_and_maps_boxes_back(engines):
     assert ours[0].meta.pad != (0, 0)  # letterboxed: the metadata maps boxes back through the bands
 
 
+@pytest.mark.parametrize("file_format", ["PNG", "JPEG"])
+def test_image_files_are_decoded_at_their_own_size_for_the_engine_to_resize(engines, file_format):
+    """Files go to a raw-frames engine as decoded, full size: the engine letterboxes them itself
+    (decoding them resized for the letterbox, as a float engine's files are, would make frames
+    of another size, and every one would fail)."""
+    import io
+
+    from PIL import Image
+    _, frames_engine = engines
+    frames = camera_frames(2, seed=5)
+    files = []
+    for frame in frames:
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, format=file_format)
+        files.append(buffer.getvalue())
+    decoded = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in files]
+    ours = Pipeline(frames_engine, batch_size=2).run(files)
+    expected = Pipeline(frames_engine, batch_size=2).run(decoded)
+    for a, b in zip(ours, expected):
+        assert a.error is None, a.error
+        np.testing.assert_allclose(a.outputs["logits"], b.outputs["logits"], rtol=0, atol=1e-6)
+
+
 def test_a_frame_of_another_size_fails_alone(engines):
     _, frames_engine = engines
     items = [camera_frames(1)[0], camera_frames(1, size=(40, 40))[0], camera_frames(1, seed=3)[0]]
