@@ -86,6 +86,15 @@ class _Prepared:
     ready: torch.cuda.Event | None
 
 
+@dataclass
+class _Launched:
+    """A batch whose runs are queued: its outputs per group, copied where the next run cannot
+    overwrite them, and the event after which they are there."""
+    prepared: _Prepared
+    outputs: list[dict]
+    done: torch.cuda.Event | None
+
+
 def image_input(engine, needed_by: str = "a pipeline"):
     """The engine's one 4-D image input; anything else is refused, naming what `needed_by` it."""
     images = [v for v in engine.inputs if v.shape is not None and len(v.shape) == 4]
@@ -218,6 +227,9 @@ class Pipeline:
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's
         # runs by events; without, on the current stream, in the calling thread.
         self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
+        # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
+        # host run has finished when it returns, so there is nothing to overlap it with.
+        self.launch_ahead = overlap and self.device.type == "cuda"
         self._lock = threading.Lock()
 
     # ---- routing ---------------------------------------------------------------------------
@@ -305,16 +317,20 @@ class Pipeline:
         return _Group(k, members, batch, metas[:len(members)])
 
     # ---- running ---------------------------------------------------------------------------
-    def _run(self, prepared: _Prepared, slot: int) -> list[PipelineResult]:
+    def _refuse_failures(self, prepared: _Prepared) -> None:
         if prepared.failures and not self.skip_bad:
             listed = "; ".join(prepared.failures[i] for i in sorted(prepared.failures))
             raise DataError(f"{len(prepared.failures)} of {len(prepared.names)} images failed: {listed} "
                             f"(skip_bad=True runs the others)")
-        results = [PipelineResult(name) for name in prepared.names]
-        for i, reason in prepared.failures.items():
-            results[i].error = reason
+
+    def _launch(self, prepared: _Prepared, slot: int) -> _Launched:
+        """Run the engine on each group of the batch and start its outputs' way out, without waiting
+        for the device: host copies (or, for a decoder of device tensors, device copies) that the
+        next batch's run cannot overwrite, so the caller can launch it before finishing this one."""
+        self._refuse_failures(prepared)
         if prepared.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.ready)
+        staged = []
         for group in prepared.groups:  # one run per bucket, results placed back in input order
             bucket = self._buckets[group.bucket]
             outputs = bucket.context.run({self.input_name: group.batch})
@@ -322,12 +338,34 @@ class Pipeline:
                 freed = bucket.staging_free[slot] = torch.cuda.Event()
                 freed.record(torch.cuda.current_stream(self.device))
             rows = len(group.positions)
+            staged.append({name: self._stage(t.detach()[:rows]) for name, t in outputs.items()})
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+        return _Launched(prepared, staged, done)
+
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":  # a run's outputs may be its context's buffers, which the next run reuses
+            return tensor.clone() if self.launch_ahead else tensor
+        if self.host_outputs or isinstance(self.decoder, EngineNms):
+            return tensor.to("cpu", non_blocking=True)  # pinned by torch: the copy waits for nothing on the host
+        return tensor.clone()
+
+    def _finish(self, launched: _Launched) -> list[PipelineResult]:
+        prepared = launched.prepared
+        results = [PipelineResult(name) for name in prepared.names]
+        for i, reason in prepared.failures.items():
+            results[i].error = reason
+        if launched.done is not None and (self.host_outputs or isinstance(self.decoder, EngineNms)):
+            launched.done.synchronize()  # the host copies have landed
+        for group, outputs in zip(prepared.groups, launched.outputs):
             if self.host_outputs:
-                host = {name: t.detach().cpu().numpy()[:rows] for name, t in outputs.items()}
+                host = {name: t.numpy() for name, t in outputs.items()}
                 detections = self.decoder(host, group.metas) if self.decoder is not None else None
             else:
                 host = {}
-                detections = self.decoder({name: t[:rows] for name, t in outputs.items()}, group.metas)
+                detections = self.decoder(outputs, group.metas)
             for k, i in enumerate(group.positions):
                 results[i].meta = group.metas[k]
                 results[i].outputs = {name: value[k] for name, value in host.items()}
@@ -352,18 +390,31 @@ class Pipeline:
         with self._lock:
             if not self.overlap:
                 for chunk, first in chunks:
-                    yield from self._run(self._prepare(chunk, first, 0), 0)
+                    yield from self._finish(self._launch(self._prepare(chunk, first, 0), 0))
                 return
+            # Batch n+1 is prepared on the worker while n runs, and launched before n's results are
+            # finished, so the device never waits for the host between two batches.
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
                 slot = 0
                 chunk = next(chunks, None)
                 pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
+                running: _Launched | None = None
                 while pending is not None:
                     prepared = pending.result()
                     chunk = next(chunks, None)
                     following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None else None
-                    yield from self._run(prepared, slot)
-                    pending, slot = following, 1 - slot
+                    if running is not None and prepared.failures and not self.skip_bad:
+                        yield from self._finish(running)  # the batch before is returned, then this one refused
+                        running = None
+                    launched = self._launch(prepared, slot)
+                    if running is not None:
+                        yield from self._finish(running)
+                    running, pending, slot = launched, following, 1 - slot
+                    if not self.launch_ahead:
+                        yield from self._finish(running)
+                        running = None
+                if running is not None:
+                    yield from self._finish(running)
 
     def _frames_of(self, items) -> Iterable:
         if isinstance(items, (str, os.PathLike)):

@@ -161,6 +161,26 @@ def test_pipeline_runs_every_item_in_order_with_partial_and_filled_batches(prepr
     assert results[0].meta.orig_size == (h, w) and results[0].meta.input_size == (IMAGE, IMAGE)
 
 
+def test_launching_ahead_returns_every_batch_in_order_and_refuses_a_bad_one_after_the_one_before(
+        preprocessed_plan):
+    """On CUDA batch n+1 is launched before batch n's results are finished. Forced on the CPU (the
+    outputs then copied apart, as on CUDA), the results equal the plain run's, and a batch with a
+    bad item is refused only after the batch before it came back."""
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    items = photos(7)
+    ahead = Pipeline(engine, batch_size=3)
+    ahead.launch_ahead = True
+    results = ahead.run(items)
+    assert [r.name for r in results] == [f"item {i}" for i in range(7)]
+    np.testing.assert_allclose(np.stack([r.outputs["logits"] for r in results]), expected_logits(engine, items),
+                               rtol=1e-5, atol=1e-5)
+    seen = []
+    with pytest.raises(DataError, match="1 of 3 images failed: image item 4"):
+        for result in ahead.stream(items[:4] + [b"junk"] + items[4:]):
+            seen.append(result.name)
+    assert seen == ["item 0", "item 1", "item 2"]
+
+
 def test_a_last_batch_under_the_profiles_minimum_is_filled_and_trimmed(tmp_path, tiny_onnx):
     plan = tmp_path / "min2.plan"
     sartor.build(tiny_onnx, plan, device="cpu", min_shapes={"images": (2, 3, IMAGE, IMAGE)},
