@@ -108,22 +108,36 @@ def settings_of(attrs: dict) -> NmsSettings:
 def nms_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     """(boxes [B, K, 4] x1y1x2y2, scores [B, K], classes [B, K] int64, valid [B, K] bool) of each
     image's K = min(topk, C·A) best (anchor, class) pairs, sorted by score, ties by class then
-    anchor; the valid ones (score > conf) come first."""
-    pred = pred.float()
+    anchor; the valid ones (score > conf) come first. The scores are ranked in the head's own
+    dtype (an FP16 engine's head is float16: no float32 copy of it), against the threshold that
+    makes the test there the float32 one."""
     batch, channels, anchors = pred.shape
     scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)  # index: class · A + anchor
-    masked = torch.where(scores > settings.conf, scores, torch.full_like(scores, NO_SCORE))
+    masked = torch.where(scores > threshold_in(settings.conf, scores.dtype), scores, NO_SCORE)
     k = min(settings.topk, scores.shape[1])
     top, index = masked.topk(k, dim=1, sorted=False)
     # topk orders equal scores as it likes: order the K by index, then stably by score.
     index, by_index = index.sort(dim=1)
-    top, by_score = top.gather(1, by_index).sort(dim=1, descending=True, stable=True)
+    top, by_score = top.gather(1, by_index).float().sort(dim=1, descending=True, stable=True)
     index = index.gather(1, by_score)
     classes, anchor = index // anchors, index % anchors
-    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k))
+    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k)).float()
     cx, cy, w, h = xywh.unbind(1)
     boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
     return boxes, top, classes, top > settings.conf
+
+
+def threshold_in(conf: float, dtype: torch.dtype) -> float:
+    """The largest `dtype` value not above float32(conf): for x of that dtype, x > it exactly when
+    float32(x) > float32(conf), as the float32 decode tests it."""
+    limit = torch.tensor(conf, dtype=torch.float32)
+    if dtype == torch.float32:
+        return float(limit)
+    value = limit.to(dtype)
+    if value.float() > limit:  # rounded up: one step down, through the bits (sign-magnitude)
+        bits = value.reshape(1).view(torch.int16)
+        value = (bits - 1 if float(value) > 0 else bits + 1).view(dtype)[0]
+    return float(value)
 
 
 # ---- the torch tactic ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from sartor.ops.nms import (
     batched_nms_tactics,
     nms_candidates,
     parse_nms,
+    threshold_in,
 )
 
 # torchvision's batched_nms offsets each class's boxes (float32) up to this many candidates on the
@@ -123,6 +124,30 @@ def test_fp16_heads_are_suppressed_in_float32():
     half = batched_nms_reference(pred.half(), settings)
     assert half[1].dtype == torch.float32
     assert_equal_to_torchvision(pred.half().float(), settings, half)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_threshold_in_a_narrow_dtype_tests_every_value_as_float32_does(dtype):
+    """Candidates are ranked in the head's dtype: for every finite value of it, `x > threshold_in`
+    there equals float32(x) > float32(conf), including confs that round up into the dtype (0.3)."""
+    values = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    values = values[torch.isfinite(values)]
+    for conf in (0.25, 0.3, 0.001, 1 / 3, 0.999, 0.0, 1e-8):
+        expected = values.float() > torch.tensor(conf, dtype=torch.float32)
+        assert torch.equal(values > threshold_in(conf, dtype), expected), conf
+    assert threshold_in(0.3, torch.float16) < 0.3 < float(torch.tensor(0.3).half())
+
+
+def test_fp16_heads_near_the_threshold_keep_what_float32_keeps():
+    pred = grid_head(4, batch=2, classes=5, anchors=300)
+    pred[:, 4:] *= 0.29  # under conf but for the two below
+    rounded_up = float(torch.tensor(0.3).half())  # float16's 0.3 is above float32's: these count
+    pred[:, 4, ::3] = rounded_up
+    pred[:, 5, 1::3] = threshold_in(0.3, torch.float16)  # and these do not
+    settings = NmsSettings(conf=0.3, iou=0.45, max_det=300, topk=1000)
+    half = batched_nms_reference(pred.half(), settings)
+    assert_equal_to_torchvision(pred.half().float(), settings, half)
+    assert rounded_up in half[2][0].tolist()
 
 
 # ---- the settings -----------------------------------------------------------------------------
