@@ -14,6 +14,9 @@ JPEG frames (bench/make_frames.py; held in memory as bytes, so disk reads are no
   min(engine, decode ceiling) it reaches;
 - raw_e2e: the same with decoded H×W×3 uint8 frames already on the GPU (a camera SDK's case);
 - latency: batch 1 end to end, frame after frame, median and p99, against the engine's batch 1;
+- with --variants nms,frames: engines with the YOLO decode and NMS inside (`--nms`), and also
+  taking raw 720p uint8 frames (`--input-format uint8:720x1280`, preprocessing inside the CUDA
+  graph): the engine alone, JPEG bytes and raw GPU frames → boxes, batch-1 latency;
 - cpu: one core, per 720p frame: today's `sartor.data.preprocess.preprocess_image` (PIL + numpy)
   against the pipeline's CPU path, exact (Pillow decode, uint8 resize, normalisation into the input)
   and fast (JPEGs decoded at the DCT scale the letterbox needs, the CPU Pipeline's default; per
@@ -70,20 +73,66 @@ def summary(times_ms: list[float], items_per_call: int) -> dict:
             "per_s": round(items_per_call * 1e3 / median, 1), "calls": len(times_ms)}
 
 
-def build(onnx: Path, size: int, batch: int, work: Path) -> Path:
-    plan = work / f"{onnx.stem}_fp16_b{batch}.plan"
+DEVICE = os.environ.get("E2E_DEVICE", "cuda")  # cpu: a quick check of the script itself
+NMS = "conf=0.25,iou=0.45,max_det=300"
+# What each variant builds beside the FP16 engine with its letterbox stored: `nms` appends the
+# YOLO decode and NMS (only the kept boxes leave the engine); `frames` also takes raw 720p uint8
+# frames, so preprocessing, inference and NMS all run inside the engine's CUDA graph.
+VARIANTS = {"plain": {}, "nms": {"nms": NMS}, "frames": {"nms": NMS, "input_format": "uint8:720x1280"}}
+
+
+def build(onnx: Path, size: int, batch: int, work: Path, variant: str = "plain") -> Path:
+    from sartor.builder.config import BuildConfig
+    from sartor.builder.pipeline import build as run_build
+    plan = work / f"{onnx.stem}_fp16_b{batch}_{variant}.plan"
     shape = lambda b: {"images": (b, 3, size, size)}  # noqa: E731
     start = time.perf_counter()
-    sartor.build(onnx, plan, device="cuda", precision="fp16", min_shapes=shape(1), opt_shapes=shape(batch),
-                 max_shapes=shape(batch), preprocess=f"letterbox={size},mean=0,std=255,rgb,nchw", builder_effort=1)
+    run_build(BuildConfig(str(onnx), str(plan), device=DEVICE, precision="fp16",
+                          profiles=[{"min": shape(1), "opt": shape(batch), "max": shape(batch)}],
+                          preprocess=f"letterbox={size},mean=0,std=255,rgb,nchw", builder_effort=1,
+                          **VARIANTS[variant]))
     print(f"built {plan.name} in {time.perf_counter() - start:.0f} s", flush=True)
     return plan
+
+
+def measure_variant(onnx: Path, size: int, batch: int, frames: list[bytes], count: int, work: Path,
+                    variant: str, engine_only_per_s: float | None) -> dict:
+    """An engine with the NMS (and the preprocessing) inside: the engine alone on its bound input,
+    JPEG bytes → boxes and raw GPU frames → boxes through the Pipeline, and batch-1 latency."""
+    engine = sartor.load(build(onnx, size, batch, work, variant), device=DEVICE)
+    result = {"model": onnx.stem, "variant": variant, "input": engine.inputs[0].name}
+    ctx = engine.context()
+    device = torch.device(DEVICE)
+    raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
+    for b in (batch, 1):
+        if engine.input_format is not None:
+            feed = {engine.inputs[0].name: torch.stack((raw * (b // len(raw) + 1))[:b])}
+        else:
+            feed = ctx.input_buffers({"images": (b, 3, size, size)})
+            feed["images"].uniform_(0, 1)
+        result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(feed), 200), b)
+    items = (frames * (count // len(frames) + 1))[:count]
+    pipeline = Pipeline(engine, batch_size=batch, host_outputs=False)
+    pipeline.run(items[:2 * batch])
+    result["jpeg_e2e"] = summary(per_call_ms(lambda: pipeline.run(items), 3, warmup=0), count)
+    raw_items = (raw * (count // len(raw) + 1))[:count]
+    pipeline.run(raw_items[:2 * batch])
+    result["raw_e2e"] = summary(per_call_ms(lambda: pipeline.run(raw_items), 3, warmup=0), count)
+    result["boxes_per_frame"] = round(float(np.mean([len(r.detections) for r in pipeline.run(raw_items[:batch])])), 1)
+    if engine_only_per_s:
+        result["jpeg_e2e"]["share_of_plain_engine"] = round(result["jpeg_e2e"]["per_s"] / engine_only_per_s, 3)
+        result["raw_e2e"]["share_of_plain_engine"] = round(result["raw_e2e"]["per_s"] / engine_only_per_s, 3)
+    single = Pipeline(engine, batch_size=1, host_outputs=False, overlap=False)
+    result["latency_b1"] = summary(per_call_ms(lambda: single.run(items[:1]), 200, warmup=10), 1)
+    result["latency_b1_raw"] = summary(per_call_ms(lambda: single.run(raw_items[:1]), 200, warmup=10), 1)
+    return result
 
 
 def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count: int, work: Path) -> dict:
     engine = sartor.load(build(onnx, size, batch, work), device="cuda")
     spec = engine.preprocess
-    result = {"model": onnx.stem, "input": f"{batch}x3x{size}x{size}", "frames": f"{count} 1280x720 JPEG"}
+    result = {"model": onnx.stem, "variant": "plain", "input": f"{batch}x3x{size}x{size}",
+              "frames": f"{count} 1280x720 JPEG"}
     ctx = engine.context()
     for b in (batch, 1):
         buffers = ctx.input_buffers({"images": (b, 3, size, size)})
@@ -176,6 +225,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=512)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--variants", default="plain", help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/pipeline_e2e")
@@ -193,15 +243,27 @@ def main() -> None:
     models = [(ROOT / "samples/detector/sample_detector.onnx", 320)]
     if args.onnx is not None:
         models.insert(0, (args.onnx, 640))
+    variants = args.variants.split(",")
     for onnx, size in models:
-        try:
-            results["models"].append(measure_model(onnx, size, args.batch, frames, args.count, work))
-        except Exception as exc:  # noqa: BLE001 - the other model is still worth measuring
-            import traceback
-            traceback.print_exc()
-            results["models"].append({"model": onnx.stem, "error": f"{type(exc).__name__}: {exc}"[:500]})
-        print(json.dumps(results["models"][-1]), flush=True)
-        save()
+        plain = None
+        for variant in variants:
+            if variant != "plain" and "yolo" not in onnx.stem:
+                continue  # --nms decodes YOLOv8/YOLO11 heads only
+            try:
+                if variant == "plain":
+                    plain = measure_model(onnx, size, args.batch, frames, args.count, work)
+                    results["models"].append(plain)
+                else:
+                    engine_only = plain[f"engine_b{args.batch}"]["per_s"] if plain else None
+                    results["models"].append(measure_variant(onnx, size, args.batch, frames, args.count, work,
+                                                             variant, engine_only))
+            except Exception as exc:  # noqa: BLE001 - the other models and variants are still worth measuring
+                import traceback
+                traceback.print_exc()
+                results["models"].append({"model": onnx.stem, "variant": variant,
+                                          "error": f"{type(exc).__name__}: {exc}"[:500]})
+            print(json.dumps(results["models"][-1]), flush=True)
+            save()
 
 
 if __name__ == "__main__":
