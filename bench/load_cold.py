@@ -5,6 +5,7 @@ One device call:
 
     PYTHONPATH=. python bench/load_cold.py --out $OUT [--batch 1] [--onnx-dir .carry]
         [--engine resnet50:fp16 --engine resnet50:int8 --engine yolov8n:int8 ...] [--no-compare]
+        [--lazy-launchers] [--repeat N]
 
 Builds each engine twice (with embedded kernels, then, unless --no-compare, with --no-embed-kernels
 from the same timing cache, so both run the same tactics), then loads each in fresh processes, each with
@@ -15,6 +16,12 @@ Triton compiled (its compilation listener: cache misses) and what it wrote in th
   cold_host_warm   a cache holding only Triton's host modules (the cuda_utils/launcher .so that
                    Triton compiles with the C compiler once per machine), copied from the cold run:
                    isolates the kernel JIT from that one-time host build
+  cold_lazy        (--lazy-launchers) an empty cache, with load leaving the host modules to Triton's
+                   first launches, one at a time (SARTOR_NO_LAUNCHER_BUILD=1); in `cold`, load builds
+                   them in parallel (runtime/launchers.py)
+
+--repeat N runs cold (and cold_lazy) N times, each in a new process with new, empty caches: `runs`
+keeps the first, `repeats` all of them.
 
 Writes load_cold.json (and prints it). The engines' outputs are compared with each other.
 """
@@ -32,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 2.0
+# Set in a run's environment: load leaves Triton's host modules to its first launches (runtime/launchers.py).
+LAZY_LAUNCHERS_ENV = "SARTOR_NO_LAUNCHER_BUILD"
 # model: (input name, H×W, ImageNet-normalised calibration images)
 MODELS = {"resnet50": ("input", 224, True), "resnet18": ("input", 224, True), "yolov8n": ("images", 640, False)}
 
@@ -79,6 +88,11 @@ def key_listener(events: list):
     return listener
 
 
+def host_module_files() -> int:
+    """Triton's host modules (.so) in this process's Triton cache: a first run that adds some built them."""
+    return len(list(Path(os.environ["TRITON_CACHE_DIR"]).glob("*/*.so")))
+
+
 def child(plan: str, out_npy: str, batch: int, model: str) -> None:
     """One cold load in this (fresh) process: prints one JSON line."""
     t0 = time.perf_counter()
@@ -106,6 +120,7 @@ def child(plan: str, out_npy: str, batch: int, model: str) -> None:
     t0 = time.perf_counter()
     engine = sartor.load(plan)
     load_s = time.perf_counter() - t0
+    host_modules_after_load = host_module_files()
     ctx = engine.context()
     t0 = time.perf_counter()
     out = ctx.run({name: x})
@@ -116,7 +131,7 @@ def child(plan: str, out_npy: str, batch: int, model: str) -> None:
     torch.cuda.synchronize()
     second_s = time.perf_counter() - t0
     np.save(out_npy, next(iter(out.values())).float().cpu().numpy())
-    report = engine.kernels_installed
+    report, host = engine.kernels_installed, engine.host_modules
     print(json.dumps({"import_s": round(import_s, 3), "load_s": round(load_s, 3), "first_inference_s": round(first_s, 3),
                       "second_inference_s": round(second_s, 4), "load_plus_first_s": round(load_s + first_s, 3),
                       "kernels_compiled": len(events["compiled"]), "compiled_names": sorted(set(events["compiled"])),
@@ -124,7 +139,13 @@ def child(plan: str, out_npy: str, batch: int, model: str) -> None:
                       "jit_keys": jit_keys(),
                       "installed": None if report is None else len(report.installed),
                       "already_cached": None if report is None else len(report.present),
-                      "install_note": None if report is None else report.describe()}))
+                      "install_note": None if report is None else report.describe(),
+                      "host_modules_at_load_s": None if host is None else round(host.seconds, 3),
+                      "host_modules": None if host is None else {
+                          "launchers": host.launchers, "kernels": host.kernels, "ready": host.ready,
+                          "failed": host.failed, "pending": host.pending, "note": host.describe()},
+                      "host_modules_in_cache": {"after_load": host_modules_after_load,
+                                                "after_first": host_module_files()}}))
 
 
 def cache_contents(cache: Path) -> dict:
@@ -142,13 +163,23 @@ def seed_host_modules(source: Path, target: Path) -> None:
         shutil.copy2(so, target / so.parent.name / so.name)
 
 
-def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int, model: str) -> dict:
+def fresh_cache(directory: Path, host_modules_from: Path | None = None) -> Path:
+    """A new Triton cache, empty or holding only the host modules of the cache `host_modules_from`."""
+    directory.mkdir()
+    if host_modules_from is not None:
+        seed_host_modules(host_modules_from, directory)
+    return directory
+
+
+def cold_load(plan: Path, cache: Path, out_npy: Path, batch: int, model: str, extra_env: dict | None = None) -> dict:
     # The engine's kernels install into sartor's private cache (runtime/kernel_cache.py): a fresh one
     # per run beside Triton's, so that every run starts as cold as its Triton cache.
     private = cache.parent / f"{cache.name}.sartor"
     shutil.rmtree(private, ignore_errors=True)
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), SARTOR_CACHE_DIR=str(private), PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
+    env.pop(LAZY_LAUNCHERS_ENV, None)
+    env.update(extra_env or {})
     t0 = time.perf_counter()
     run = subprocess.run([sys.executable, __file__, "--child", str(plan), str(out_npy), "--batch", str(batch),
                           "--child-model", model],
@@ -199,6 +230,8 @@ def build_engines(work: Path, onnx: Path, batch: int, model: str, precision: str
                        "file_bytes": plan.stat().st_size, "kernels_stage_s": result.stage_seconds.get("kernels"),
                        "kernel_entries": len(record.get("entries") or []), "kernel_bytes": record.get("bytes", 0),
                        "kernel_names": sorted({e["name"] for e in record.get("entries") or []}),
+                       "launcher_signatures": len({json.dumps(e.get("signature")) for e in record.get("entries") or []
+                                                   if e.get("signature") is not None}),
                        "log": [line for line in result.log if line.startswith("kernels:")],
                        "tactics": sorted({layer["tactic"] for layer in result.header["layers"]}),
                        "build_keys": build_keys, "jit_keys": jit_keys()}
@@ -232,6 +265,10 @@ def main() -> None:
                         help=f"models: {', '.join(MODELS)}; precisions fp16, int8 (default resnet50:fp16)")
     parser.add_argument("--no-compare", action="store_true", help="skip the engine without embedded kernels")
     parser.add_argument("--effort", type=int, default=None, help="--builder-effort of the builds (default: the builder's)")
+    parser.add_argument("--lazy-launchers", action="store_true",
+                        help=f"also run each engine cold with {LAZY_LAUNCHERS_ENV}=1 (host modules built at "
+                             f"first launch)")
+    parser.add_argument("--repeat", type=int, default=1, help="cold runs of each kind (each with new, empty caches)")
     parser.add_argument("--child", nargs=2, metavar=("PLAN", "OUT_NPY"), help=argparse.SUPPRESS)
     parser.add_argument("--child-model", default="resnet50", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -256,15 +293,25 @@ def main() -> None:
         runs = {}
         outs = work / "outputs"
         outs.mkdir(exist_ok=True)
+        repeats: dict = {}
+
+        def record(run: str, row: dict) -> None:
+            repeats.setdefault(run, []).append(row)
+            runs.setdefault(run, row)
         for name, info in built.items():
-            cold_cache = work / f"cache_{spec}_{name}_cold".replace(":", "_")
-            cold_cache.mkdir()
-            runs[f"{name}/cold"] = cold_load(info["plan"], cold_cache, outs / f"{name}_cold.npy", args.batch, model)
-            host_warm = work / f"cache_{spec}_{name}_host_warm".replace(":", "_")
-            host_warm.mkdir()
-            seed_host_modules(cold_cache, host_warm)
-            runs[f"{name}/cold_host_warm"] = cold_load(info["plan"], host_warm, outs / f"{name}_host.npy",
-                                                       args.batch, model)
+            for attempt in range(args.repeat):
+                label = f"{spec}_{name}_{attempt}".replace(":", "_")
+                cold_cache = fresh_cache(work / f"cache_{label}_cold")
+                record(f"{name}/cold", cold_load(info["plan"], cold_cache, outs / f"{label}_cold.npy", args.batch,
+                                                 model))
+                if args.lazy_launchers:
+                    record(f"{name}/cold_lazy", cold_load(info["plan"], fresh_cache(work / f"cache_{label}_lazy"),
+                                                          outs / f"{label}_lazy.npy", args.batch, model,
+                                                          {LAZY_LAUNCHERS_ENV: "1"}))
+                if attempt == 0:  # the reference: Triton's host modules built before the process starts
+                    host_warm = fresh_cache(work / f"cache_{label}_host", cold_cache)
+                    record(f"{name}/cold_host_warm", cold_load(info["plan"], host_warm, outs / f"{label}_host.npy",
+                                                               args.batch, model))
             info["plan"] = str(info["plan"])
         outputs = [np.load(p) for p in sorted(outs.glob("*.npy"))]
         shutil.rmtree(outs)
@@ -279,6 +326,8 @@ def main() -> None:
                                                 for o in outputs[1:]), default=0.0),
             "embedded_cold_compiled_nothing": embedded.get("kernels_compiled") == 0,
             "embedded_cold_meets_target": embedded.get("load_plus_first_s", float("inf")) <= TARGET_SECONDS,
+            "load_plus_first_s": {run: [row.get("load_plus_first_s") for row in rows] for run, rows in repeats.items()},
+            "repeats": repeats,
         }
         (out / "load_cold.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

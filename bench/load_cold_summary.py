@@ -9,7 +9,7 @@ import json
 import sys
 
 FIELDS = ("import_s", "load_s", "first_inference_s", "load_plus_first_s", "kernels_compiled", "kernel_cache_hits",
-          "installed", "error")
+          "installed", "host_modules_at_load_s", "host_modules_in_cache", "error")
 
 
 def main(path: str) -> int:
@@ -21,8 +21,14 @@ def main(path: str) -> int:
         return 1
     for spec, engine in report["engines"].items():
         print(spec, "misses:", [m["name"] for m in engine.get("key_misses", [])][:8])
+        built = engine.get("built", {}).get("embedded", {})
+        print("  kernels", built.get("kernel_entries"), "launcher signatures", built.get("launcher_signatures"))
         for name, row in engine["runs"].items():
             print(" ", name, {k: row.get(k) for k in FIELDS})
+            if (row.get("host_modules") or {}).get("note"):
+                print("   ", row["host_modules"]["note"])
+        for name, values in (engine.get("load_plus_first_s") or {}).items():
+            print("  load + first inference,", name, values)
     return 0
 
 

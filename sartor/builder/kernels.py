@@ -19,7 +19,7 @@ import torch
 
 from ..runtime.context import ExecutionContext
 from ..runtime.engine import Engine
-from ..runtime.kernel_store import KernelEntry, KernelRecorder, collect_entries
+from ..runtime.kernel_store import KernelEntry, KernelRecorder
 
 # Modules whose Triton functions an engine may launch.
 _KERNEL_MODULE_PREFIX = "sartor."
@@ -103,4 +103,4 @@ def capture_kernels(header: dict, tensors: dict[str, torch.Tensor], device: torc
     finally:
         torch.backends.cudnn.benchmark = benchmark
     import triton
-    return collect_entries(recorder.groups.values(), triton.__version__), runs
+    return recorder.entries(triton.__version__), runs

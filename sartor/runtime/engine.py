@@ -16,6 +16,7 @@ from .fingerprint import check_fingerprint, device_fingerprint, parse_device
 from .graph_codec import decode_graph
 from .memory_plan import memory_by_profile
 from .kernel_store import cuda_arch, install_engine_kernels, install_refusal, split_kernel_tensors
+from .launchers import start_host_builds
 from .profiles import Profile
 
 
@@ -41,6 +42,8 @@ class Engine:
         self._contexts: list[ExecutionContext] = []
         # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
         self.kernels_installed = None
+        # Triton's host modules for those kernels, built at load (launchers.HostModuleReport), or None.
+        self.host_modules = None
         # The signer's key fingerprint when the file is signed (verified), else None.
         self.signed_by: str | None = None
         # How the fingerprint compared with this machine's at load (fingerprint.Compatibility).
@@ -188,6 +191,9 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
     verified against the trust store, or, with no trust store, from any engine (the caller vouches
     for the files it loads, as for their weights). `install_kernels=False` (or
     SARTOR_NO_KERNEL_INSTALL=1) trusts the weights but not the binaries: they are compiled here.
+    For the kernels installed, Triton's host modules (its C launchers) are built during the load,
+    in parallel, where its first launches would build them one at a time (launchers.py;
+    SARTOR_NO_LAUNCHER_BUILD=1 leaves them to those launches).
 
     `compatibility` ("strict", "default", "loose"; else $SARTOR_FINGERPRINT, else "default") says
     which fingerprint differences refuse the load and which are warned about in the log
@@ -209,6 +215,9 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         # Before the first run: the JIT then finds every kernel the engine runs in its cache.
         installed = (install_engine_kernels(header, kernel_tensors, cuda_arch(target), install_refusal(install_kernels),
                                             digest=engine_file.digest) if target.type == "cuda" else None)
+        # Triton's host code for those kernels compiles meanwhile, in parallel (launchers.py), so that
+        # the first run does not build it one launcher at a time.
+        host_builds = start_host_builds(installed.entries) if installed is not None else None
         engine = Engine(header, tensors, target, str(path))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         # The checksum proves the file is whole, not that its header was written by sartor: a field
@@ -216,6 +225,7 @@ def load(path: str | os.PathLike, device: str | None = None, install_kernels: bo
         raise EngineFileError(f"{path} has a malformed header ({type(exc).__name__}: {exc}); rebuild the engine "
                               f"from its ONNX model") from None
     engine.kernels_installed = installed
+    engine.host_modules = host_builds.wait() if host_builds is not None else None
     engine.digest = engine_file.digest  # the file's SHA-256 checksum: which engine a report describes
     engine.signed_by = engine_file.signature.fingerprint if engine_file.signature else None
     engine.fingerprint_check = fingerprint_check

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from . import kernel_cache
+from .launchers import parse_signature, record_signature
 
 log = logging.getLogger("sartor.runtime")
 
@@ -70,6 +71,9 @@ class KernelEntry:
     triton: str
     arch: str
     files: dict  # file name -> bytes
+    # The kernel's argument types, from which Triton generates its host launcher (launchers.py);
+    # None where the engine does not record them (built before they were).
+    signature: tuple | None = None
 
     @property
     def metadata_file(self) -> str:
@@ -128,21 +132,33 @@ def sartor_kernel_names() -> frozenset[str]:
 
 class KernelRecorder:
     """A Triton compilation listener (`triton.knobs.compilation.listener`): Triton calls it after
-    every compile, cache hits included, with the entry's files ({file name: path})."""
+    every compile, cache hits included, with the entry's files ({file name: path}) and its source,
+    whose argument types (the launcher's signature) the metadata does not keep."""
 
     def __init__(self) -> None:
         self.groups: dict[str, dict[str, str]] = {}
+        self.signatures: dict[str, list] = {}  # metadata path -> the kernel's argument types
 
     def __call__(self, **event) -> None:
         group = dict(event.get("metadata_group") or {})
         metadata = next((p for f, p in group.items() if f.endswith(METADATA_SUFFIX)), None)
         if metadata is not None:
             self.groups[metadata] = group
+            types = getattr(getattr(event.get("src"), "signature", None), "values", None)
+            signature = record_signature(types()) if callable(types) else None
+            if signature is not None:
+                self.signatures[metadata] = signature
+
+    def entries(self, triton_version: str = "") -> list[KernelEntry]:
+        """The entries of the recorded compiles, one per key, in key order."""
+        return collect_entries(self.groups.values(), triton_version, self.signatures)
 
 
-def entry_from_group(group: dict[str, str], triton_version: str = "") -> KernelEntry | None:
+def entry_from_group(group: dict[str, str], triton_version: str = "",
+                     signature: list | None = None) -> KernelEntry | None:
     """The entry a compile produced, from its files; None when it has no GPU binary to load.
-    `triton_version`: the compiling Triton's, where the metadata does not say."""
+    `triton_version`: the compiling Triton's, where the metadata does not say; `signature`: the
+    kernel's argument types, as the recorder took them from its source."""
     metadata_name = next((f for f in group if f.endswith(METADATA_SUFFIX) and not f.startswith(GROUP_PREFIX)), None)
     binaries = [f for f in group if f.endswith(BINARY_SUFFIXES)]
     if metadata_name is None or not binaries:
@@ -152,14 +168,18 @@ def entry_from_group(group: dict[str, str], triton_version: str = "") -> KernelE
     target = metadata.get("target") or {}
     files = {metadata_name: raw, **{f: Path(group[f]).read_bytes() for f in binaries}}
     return KernelEntry(entry_key(metadata["hash"]), str(metadata.get("name", metadata_name[:-5])),
-                       str(metadata.get("triton_version") or triton_version), str(target.get("arch", "")), files)
+                       str(metadata.get("triton_version") or triton_version), str(target.get("arch", "")), files,
+                       parse_signature(signature))
 
 
-def collect_entries(groups, triton_version: str = "") -> list[KernelEntry]:
-    """The entries of the recorded compiles, one per key, in key order."""
+def collect_entries(groups, triton_version: str = "", signatures: dict | None = None) -> list[KernelEntry]:
+    """The entries of the recorded compiles, one per key, in key order. `signatures`: argument
+    types by metadata path (KernelRecorder.signatures)."""
     entries = {}
     for group in groups:
-        entry = entry_from_group(group, triton_version)
+        metadata = next((p for f, p in group.items() if f.endswith(METADATA_SUFFIX) and not f.startswith(GROUP_PREFIX)),
+                        None)
+        entry = entry_from_group(group, triton_version, (signatures or {}).get(metadata))
         if entry is not None:
             entries[entry.key] = entry
     return [entries[k] for k in sorted(entries)]
@@ -172,10 +192,17 @@ def pack_kernels(entries: list[KernelEntry], triton_version: str) -> tuple[dict,
     tensors = {f"{TENSOR_PREFIX}{e.key}/{name}": torch.frombuffer(bytearray(data), dtype=torch.uint8)
                for e in entries for name, data in e.files.items()}
     record = {"embedded": True, "scheme": SCHEME, "triton": triton_version,
-              "entries": [{"key": e.key, "name": e.name, "triton": e.triton, "arch": e.arch,
-                           "files": {name: len(data) for name, data in e.files.items()}} for e in entries],
+              "entries": [_entry_item(e) for e in entries],
               "bytes": sum(e.nbytes for e in entries)}
     return record, tensors
+
+
+def _entry_item(entry: KernelEntry) -> dict:
+    item = {"key": entry.key, "name": entry.name, "triton": entry.triton, "arch": entry.arch,
+            "files": {name: len(data) for name, data in entry.files.items()}}
+    if entry.signature is not None:
+        item["signature"] = record_signature(entry.signature)
+    return item
 
 
 def not_embedded(reason: str) -> dict:
@@ -235,8 +262,10 @@ def _entry_from_item(item, tensors: dict[str, torch.Tensor]) -> KernelEntry | No
         if not (isinstance(tensor, torch.Tensor) and tensor.dtype == torch.uint8 and tensor.dim() == 1
                 and tensor.numel() == size):
             return None
+    # A signature that is absent or not one Triton names only costs the launcher's build at load.
     return KernelEntry(key, name, str(item.get("triton", "")), str(item.get("arch", "")),
-                       {file: t.contiguous().numpy().tobytes() for file, t in data.items()})
+                       {file: t.contiguous().numpy().tobytes() for file, t in data.items()},
+                       parse_signature(item.get("signature")))
 
 
 def unpack_kernels(record, tensors: dict[str, torch.Tensor]) -> tuple[list[KernelEntry], list[str]]:
@@ -269,6 +298,8 @@ class InstallReport:
     present: list = field(default_factory=list)  # keys installed before with the same files (left as they are)
     busy: list = field(default_factory=list)  # keys whose directory holds files but no group (left alone)
     ignored: list = field(default_factory=list)  # one line per entry or reason not installed
+    # The entries of `installed` and `present`: the kernels whose host modules load builds (launchers.py).
+    entries: list = field(default_factory=list, repr=False)
 
     def describe(self) -> str:
         line = (f"{len(self.installed)} Triton kernel(s) installed, {len(self.present)} already cached"
@@ -368,6 +399,8 @@ def install_kernels(entries: list[KernelEntry], cache_dir: str | os.PathLike, tr
             shutil.rmtree(staging, ignore_errors=True)
             if stale is not None:
                 shutil.rmtree(stale, ignore_errors=True)
+    served = set(report.installed) | set(report.present)
+    report.entries = [entry for entry in entries if entry.key in served]
     return report
 
 

@@ -144,7 +144,7 @@ def built_cache(tmp_path_factory):
             raise  # the kernel or the language is broken: a failure, not a missing toolchain
         except Exception as exc:  # noqa: BLE001 - no CUDA backend or ptxas on this machine
             pytest.skip(f"Triton cannot compile for sm_{ARCH} here ({type(exc).__name__}: {exc})")
-    return cache, ks.collect_entries(recorder.groups.values())
+    return cache, recorder.entries()
 
 
 def _engine_file_bytes(entries, header=None) -> bytes:
@@ -665,7 +665,7 @@ def test_capture_sees_kernels_already_compiled_in_this_process(built_cache, monk
             compile_add_one()
         assert ADD_ONE.device_caches is original and triton.knobs.compilation.listener is outer
     del original[0]
-    assert ks.collect_entries(recorder.groups.values()) == entries
+    assert recorder.entries() == entries
     assert outer.hits == 1, "a listener set before the capture still hears the compiles"
 
 
@@ -768,12 +768,17 @@ import triton
 events = {"hits": 0, "misses": 0}
 triton.knobs.compilation.listener = lambda **e: events.__setitem__("hits" if e["cache_hit"] else "misses",
                                                                    events["hits" if e["cache_hit"] else "misses"] + 1)
+import glob, os
 import sartor
 engine = sartor.load(sys.argv[1])
+# Triton's host modules (.so) in its cache: those load built, then any the first run built.
+modules = lambda: len(glob.glob(os.path.join(os.environ["TRITON_CACHE_DIR"], "*", "*.so")))
+at_load = modules()
 out = engine.context().run({"images": np.load(sys.argv[2])})
 np.save(sys.argv[3], out["logits"])
-report = engine.kernels_installed
-print(json.dumps(dict(events, installed=report.installed, present=report.present)))
+report, host = engine.kernels_installed, engine.host_modules
+print(json.dumps(dict(events, installed=report.installed, present=report.present, host_modules_at_load=at_load,
+                      host_modules_after_run=modules(), host_failed=None if host is None else host.failed)))
 """
 
 
@@ -816,6 +821,8 @@ def test_cuda_engine_loads_in_a_fresh_process_without_compiling(tiny_onnx, tmp_p
     events = json.loads(run.stdout.strip().splitlines()[-1])
     assert events["misses"] == 0 and events["hits"] >= 1, events
     assert sorted(events["installed"]) == sorted(e["key"] for e in record["entries"])
+    assert events["host_failed"] == [] and events["host_modules_after_run"] == events["host_modules_at_load"] >= 1, \
+        "load built every host module the first run needed (runtime/launchers.py)"
     assert list(cache.glob("*/__grp__*.json")) == [], "no kernel entry in Triton's user-wide cache"
     kernel_dirs = {p.parent.name for p in private.glob("kernels/*/*/__grp__*.json")}
     assert kernel_dirs == set(events["installed"]), "the engine's entries are in its private directory"
