@@ -160,14 +160,15 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
     names = [d.name for d in decoded]
     buffer = ctx.input_buffers({"images": (batch, 3, size, size)})["images"]
     nms = YoloNms()
-    outputs = ctx.run({"images": buffer})
     metas = prepare_batch(pixels, names, spec, buffer)[1]
+    outputs = ctx.run({"images": buffer})  # the real frames' head outputs
     stages = {"read": per_call_ms(lambda: read_sources(chunk), 20),
               "decode": per_call_ms(lambda: decode_frames(sources, device), 20),
               "preprocess": per_call_ms(lambda: prepare_batch(pixels, names, spec, buffer), 20),
               "engine": per_call_ms(lambda: ctx.run({"images": buffer}), 50),
               "nms_to_host": per_call_ms(lambda: nms(outputs, metas), 20)}
     result["stages_b%d_ms" % batch] = {k: round(statistics.median(v), 4) for k, v in stages.items()}
+    result["engine_nms_parts_b%d_ms" % batch] = engine_nms_parts(outputs)
     detections = nms(outputs, metas)
     result["boxes_per_frame"] = round(float(np.mean([len(d) for d in detections])), 1)
     items = (frames * (count // len(frames) + 1))[:count]
@@ -187,6 +188,27 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
     result["latency_b1"] = summary(latencies, 1)
     result["latency_b1"]["over_engine_ms"] = round(result["latency_b1"]["median_ms"] - result["engine_b1"]["median_ms"], 4)
     return result
+
+
+def engine_nms_parts(outputs: dict) -> dict:
+    """The in-engine NMS (`--nms`, ops/nms.py) on this batch's real head outputs, each part alone,
+    synchronised: candidates (threshold, top-k, sort), the greedy kernel, and the whole op per tactic."""
+    from sartor.ops.nms import NmsSettings, batched_nms_op, nms_candidates
+    from sartor.pipeline.detections import yolo_output
+    from sartor.kernels.detection.greedy_nms import greedy_nms
+    head = outputs[yolo_output(outputs)]
+    settings = NmsSettings(conf=0.25, iou=0.45, max_det=300)
+    attrs = settings.to_json()
+    boxes, scores, classes, valid = nms_candidates(head, settings)
+    count = valid.sum(1)
+    parts = {"candidates": per_call_ms(lambda: nms_candidates(head, settings), 50),
+             "greedy_kernel": per_call_ms(lambda: greedy_nms(boxes, scores, classes, classes, count, 0.45, 300), 50)}
+    for tactic in ("torch", "triton_greedy_nms"):
+        parts[f"op_{tactic}"] = per_call_ms(lambda: batched_nms_op([head], dict(attrs, tactic=tactic)), 30)
+    summary_ms = {k: round(statistics.median(v), 4) for k, v in parts.items()}
+    summary_ms["valid_candidates_per_image"] = round(float(count.float().mean()), 1)
+    summary_ms["head_dtype"] = str(head.dtype)
+    return summary_ms
 
 
 def measure_cpu(frames: list[bytes], work: Path) -> dict:

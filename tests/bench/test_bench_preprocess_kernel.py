@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,8 +24,8 @@ def test_the_benchmark_writes_its_json(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["frames"] == 2 and report["frame_size"] == [12, 20]
-    assert set(report["timings"]) == {"kernel_prepare_batch", "kernel_alone.chw.preprocess.pixels256.w4",
-                                      "kernel_alone.hwc.preprocess.pixels256.w4", "torch_prepare_batch",
+    assert set(report["timings"]) == {"kernel_prepare_batch", f"kernel_alone.chw.{PREPROCESS_TILES[0].name}",
+                                      f"kernel_alone.hwc.{PREPROCESS_TILES[0].name}", "torch_prepare_batch",
                                       "cpu_reference_preprocess_batch"}
     assert all(t["median_ms"] > 0 for t in report["timings"].values())
     assert report["agreement"]["kernel_vs_cpu_reference"]["max_levels"] <= 1.01

@@ -153,7 +153,7 @@ def test_prepare_batch_kernel_and_torch_paths_agree_on_interleaved_sizes():
 def test_tactic_names_parse_back_and_bad_ones_are_refused():
     for tile in PREPROCESS_TILES:
         assert parse_tactic(tile.name) == tile
-    assert PREPROCESS_TILES[0].name == "preprocess.pixels256.w4"
+    assert PREPROCESS_TILES[0].name == "preprocess.pixels128.w4"
     with pytest.raises(TacticNameError):
         parse_tactic("preprocess.pixels100.w4")  # not a power of two
     with pytest.raises(TacticNameError):

@@ -2,10 +2,12 @@
 (its fixed-point taps and its rounding to uint8 after each pass, `taps.py`), the letterbox's pad
 bands, channel order, (x - mean) / std, NCHW or NHWC, float32, float16 or uint8 levels.
 
-Each program owns a block of output pixels of one frame and all three channels. An output pixel
-inside the image sums its vertical taps of horizontally filtered rows, each row sum rounded to
-uint8 as Pillow's first pass stores it, then rounds the vertical sum as its second pass; a pixel
-in a pad band stores the normalised pad value. The frames are read through their strides, so
+Each program owns a run of output pixels along one row of one frame, all three channels: the
+row's vertical taps are scalars (a tap of weight 0 is skipped), the tap counts compile-time
+constants (unrolled loops), and a row of a pad band reads nothing. An output pixel inside the
+image sums its vertical taps of horizontally filtered rows, each row sum rounded to uint8 as
+Pillow's first pass stores it, then rounds the vertical sum as its second pass; a pixel in a pad
+band stores the normalised pad value. The frames are read through their strides, so
 3×H×W (decoders) and H×W×3 (cameras, OpenCV) frames are both read in place; the output too, so it
 may be the engine's bound input buffer or a slice of it. The taps live on the device, made once
 per (input size, output size): a batch touches no host data.
@@ -52,57 +54,63 @@ if triton is not None:
 
     @triton.jit
     def _letterbox_kernel(x_ptr, y_ptr, row_start_ptr, row_weight_ptr, col_start_ptr, col_weight_ptr,
-                          H, W, new_h, new_w, top, left, OH, OW, KY, KX,
+                          H, W, new_h, new_w, top, left, OW,
                           sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                           mean0, mean1, mean2, std0, std1, std2, pad,
-                          SWAP: tl.constexpr, IDENTITY: tl.constexpr, LEVELS: tl.constexpr, BLOCK: tl.constexpr):
-        n = tl.program_id(1).to(tl.int64)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < OH * OW
-        oy = offs // OW
-        ox = offs % OW
-        iy = oy - top
-        ix = ox - left
-        inside = valid & (iy >= 0) & (iy < new_h) & (ix >= 0) & (ix < new_w)
-        iy = tl.minimum(tl.maximum(iy, 0), new_h - 1)
-        ix = tl.minimum(tl.maximum(ix, 0), new_w - 1)
-        y0 = tl.load(row_start_ptr + iy)
-        x0 = tl.load(col_start_ptr + ix)
-        frame = x_ptr + n * sxn
-        half = 1 << 21  # Pillow's rounding: half of taps.PRECISION_BITS (22), as _clip8 shifts by it
-        v0 = tl.full((BLOCK,), half, tl.int32)
-        v1 = tl.full((BLOCK,), half, tl.int32)
-        v2 = tl.full((BLOCK,), half, tl.int32)
-        for i in range(KY):
-            wy = tl.load(row_weight_ptr + iy * KY + i)
-            row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh  # past the taps: weight 0
-            h0 = tl.full((BLOCK,), half, tl.int32)
-            h1 = tl.full((BLOCK,), half, tl.int32)
-            h2 = tl.full((BLOCK,), half, tl.int32)
-            for j in range(KX):
-                wx = tl.load(col_weight_ptr + ix * KX + j)
-                pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
-                h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
-                h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
-                h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
-            v0 += _clip8(h0) * wy
-            v1 += _clip8(h1) * wy
-            v2 += _clip8(h2) * wy
-        r1 = _clip8(v1)
-        if SWAP:  # the frames' channel order is the reverse of the engine's
-            r0 = _clip8(v2)
-            r2 = _clip8(v0)
-        else:
-            r0 = _clip8(v0)
-            r2 = _clip8(v2)
+                          KY: tl.constexpr, KX: tl.constexpr, SWAP: tl.constexpr, IDENTITY: tl.constexpr,
+                          LEVELS: tl.constexpr, BLOCK: tl.constexpr):
+        n = tl.program_id(2).to(tl.int64)
+        oy = tl.program_id(1)
+        ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = ox < OW
         out = y_ptr + n * syn + oy.to(tl.int64) * syh + ox.to(tl.int64) * syw
         dtype: tl.constexpr = y_ptr.dtype.element_ty
         padded = tl.zeros((BLOCK,), tl.int32) + pad
-        tl.store(out, _normalised(tl.where(inside, r0, padded), mean0, std0, IDENTITY, LEVELS).to(dtype), mask=valid)
-        tl.store(out + syc, _normalised(tl.where(inside, r1, padded), mean1, std1, IDENTITY, LEVELS).to(dtype),
-                 mask=valid)
-        tl.store(out + 2 * syc, _normalised(tl.where(inside, r2, padded), mean2, std2, IDENTITY, LEVELS).to(dtype),
-                 mask=valid)
+        iy = oy - top
+        if (iy >= 0) & (iy < new_h):
+            ix = ox - left
+            inside = valid & (ix >= 0) & (ix < new_w)
+            ix = tl.minimum(tl.maximum(ix, 0), new_w - 1)
+            x0 = tl.load(col_start_ptr + ix)
+            y0 = tl.load(row_start_ptr + iy)  # the program's one output row: its vertical taps are scalars
+            frame = x_ptr + n * sxn
+            half = 1 << 21  # Pillow's rounding: half of taps.PRECISION_BITS (22), as _clip8 shifts by it
+            v0 = tl.full((BLOCK,), half, tl.int32)
+            v1 = tl.full((BLOCK,), half, tl.int32)
+            v2 = tl.full((BLOCK,), half, tl.int32)
+            for i in tl.static_range(KY):
+                wy = tl.load(row_weight_ptr + iy * KY + i)
+                if wy != 0:  # past the row's own taps the weights are 0: nothing to read
+                    row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh
+                    h0 = tl.full((BLOCK,), half, tl.int32)
+                    h1 = tl.full((BLOCK,), half, tl.int32)
+                    h2 = tl.full((BLOCK,), half, tl.int32)
+                    for j in tl.static_range(KX):
+                        wx = tl.load(col_weight_ptr + ix * KX + j)
+                        pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
+                        h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
+                        h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
+                        h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
+                    v0 += _clip8(h0) * wy
+                    v1 += _clip8(h1) * wy
+                    v2 += _clip8(h2) * wy
+            r1 = _clip8(v1)
+            if SWAP:  # the frames' channel order is the reverse of the engine's
+                r0 = _clip8(v2)
+                r2 = _clip8(v0)
+            else:
+                r0 = _clip8(v0)
+                r2 = _clip8(v2)
+            tl.store(out, _normalised(tl.where(inside, r0, padded), mean0, std0, IDENTITY, LEVELS).to(dtype),
+                     mask=valid)
+            tl.store(out + syc, _normalised(tl.where(inside, r1, padded), mean1, std1, IDENTITY, LEVELS).to(dtype),
+                     mask=valid)
+            tl.store(out + 2 * syc, _normalised(tl.where(inside, r2, padded), mean2, std2, IDENTITY, LEVELS).to(dtype),
+                     mask=valid)
+        else:  # a row of the pad band: no frame pixel to read
+            tl.store(out, _normalised(padded, mean0, std0, IDENTITY, LEVELS).to(dtype), mask=valid)
+            tl.store(out + syc, _normalised(padded, mean1, std1, IDENTITY, LEVELS).to(dtype), mask=valid)
+            tl.store(out + 2 * syc, _normalised(padded, mean2, std2, IDENTITY, LEVELS).to(dtype), mask=valid)
 
 
 @register
@@ -122,11 +130,12 @@ class PreprocessTile(Tactic):
 
     def describe(self, layer: LayerFacts) -> str:
         return (f"triton fused preprocessing (Pillow bilinear taps, letterbox, normalise, layout), "
-                f"{self.pixels} pixels per program, {self.warps} warps")
+                f"{self.pixels} pixels of a row per program, {self.warps} warps")
 
 
 # The first runs where nothing was timed (the pipeline's prepare step); the builder times them all.
-PREPROCESS_TILES = (PreprocessTile(256, 4), PreprocessTile(128, 4), PreprocessTile(512, 4), PreprocessTile(1024, 8))
+# A tile is a run of output pixels along one row.
+PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTile(64, 2), PreprocessTile(512, 4))
 
 FRAME_LAYOUTS = ("chw", "hwc")
 
@@ -175,15 +184,15 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
     col_start, col_weight, kx = device_taps(int(w), int(new_w), frames.device)
     identity = spec.mean == (0.0, 0.0, 0.0) and spec.std == (1.0, 1.0, 1.0)
     tile = tile or PREPROCESS_TILES[0]
-    grid = (triton.cdiv(oh * ow, tile.pixels), n)
+    grid = (triton.cdiv(ow, tile.pixels), oh, n)
     if n == 0:
         return out
     _letterbox_kernel[grid](frames, out, row_start, row_weight, col_start, col_weight,
-                            h, w, new_h, new_w, top, left, oh, ow, ky, kx,
+                            h, w, new_h, new_w, top, left, ow,
                             sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                             *spec.mean, *spec.std, spec.pad_value,
-                            SWAP=frame_order != spec.channels, IDENTITY=identity, LEVELS=spec.dtype == "uint8",
-                            BLOCK=tile.pixels, num_warps=tile.warps)
+                            KY=ky, KX=kx, SWAP=frame_order != spec.channels, IDENTITY=identity,
+                            LEVELS=spec.dtype == "uint8", BLOCK=tile.pixels, num_warps=tile.warps)
     return out
 
 
