@@ -247,6 +247,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=512)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--skip-sample", action="store_true", help="only the --onnx model")
     parser.add_argument("--variants", default="plain", help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -262,7 +263,7 @@ def main() -> None:
         results["cpu"] = measure_cpu(frames, work)
         print(json.dumps(results["cpu"]), flush=True)
         save()
-    models = [(ROOT / "samples/detector/sample_detector.onnx", 320)]
+    models = [] if args.skip_sample else [(ROOT / "samples/detector/sample_detector.onnx", 320)]
     if args.onnx is not None:
         models.insert(0, (args.onnx, 640))
     variants = args.variants.split(",")
