@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
-from ..kernels.norm.add_layernorm import ADD_LAYERNORM_TILES, add_layernorm, add_layernorm_supported
+from ..kernels.norm.add_layernorm import (ADD_LAYERNORM_TILES, LAYERNORM_TILES, add_layernorm, add_layernorm_supported,
+                                          layernorm, layernorm_supported)
 from ..kernels.registry import REFERENCE, parse_tactic
 from .util import norm_axis, only_dtypes
 
@@ -50,10 +51,36 @@ def batch_norm(inputs, attrs):
     return x * mult + shift
 
 
-@OPS.op("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, check=_float_only)
+def _kernel_takes(x, scale, bias, attrs: dict) -> bool:
+    """Whether the Triton LayerNorm computes this layer: over the last axis alone, on CUDA."""
+    return x.is_cuda and x.dim() >= 1 and norm_axis(attrs["axis"], x.dim()) == x.dim() - 1 \
+        and layernorm_supported(x, scale, bias)
+
+
+def layer_norm_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    """The reference (torch's native_layer_norm) and, on CUDA over the last axis with one scale and
+    bias per channel, the Triton kernel's row tiles: torch's kernel is slow on rows of a few hundred
+    channels, and which is faster depends on the rows and channels, so both are timed."""
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if _kernel_takes(x, scale, bias, attrs):
+        return [REFERENCE] + [tile.name for tile in LAYERNORM_TILES]
+    return [REFERENCE]
+
+
+def _layer_norm_kernel(x, scale, bias, attrs: dict):
+    y, mean, inv = layernorm(x, scale, bias, attrs["epsilon"], parse_tactic(attrs["tactic"]).rows)
+    stats_shape = (*x.shape[:-1], 1)
+    return y.view(x.shape), mean.view(stats_shape), inv.view(stats_shape)
+
+
+@OPS.op("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, check=_float_only,
+        tactics=layer_norm_tactics)
 def layer_norm(inputs, attrs):
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    if (attrs.get("tactic") or REFERENCE) != REFERENCE and _kernel_takes(x, scale, bias, attrs):
+        return _layer_norm_kernel(x, scale, bias, attrs)
     axis = norm_axis(attrs["axis"], x.dim())
     normalized = tuple(x.shape[axis:])
     if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and tuple(scale.shape) == normalized \
