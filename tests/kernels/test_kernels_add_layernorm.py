@@ -1,8 +1,9 @@
 """The one-pass residual add + LayerNorm kernel against torch's Add and layer_norm, through Triton's
 interpreter on the CPU (natively on a GPU): every row tile, channel counts that are not powers of
 two, row counts that do not fill the last program, with and without a bias; and the op's tactics.
-The same kernel without the add (LayerNormalization's tactic, with its statistics), and with rows
-read or written through per-image row tables."""
+The same kernel without the add (LayerNormalization's tactic, with its statistics), with rows read
+or written through per-image row tables, and the ops that carry those tables (GatherLayerNorm,
+AddLayerNorm's), every tactic against the reference."""
 from __future__ import annotations
 
 import pytest
@@ -13,10 +14,11 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.norm.add_layernorm import (  # noqa: E402
-    ADD_LAYERNORM_TILES, LAYERNORM_TILES, AddLayerNormTile, RowTable, add_layernorm, add_layernorm_supported,
-    layernorm, layernorm_supported)
+    ADD_LAYERNORM_APART, ADD_LAYERNORM_TILES, LAYERNORM_APART, LAYERNORM_TILES, AddLayerNormTile, LayerNormTile,
+    RowTable, add_layernorm, add_layernorm_supported, layernorm, layernorm_supported)
 from sartor.kernels.registry import TacticNameError, parse_tactic  # noqa: E402
-from sartor.ops.norm import add_layer_norm, add_layernorm_tactics, layer_norm, layer_norm_tactics  # noqa: E402
+from sartor.ops.norm import (  # noqa: E402
+    add_layer_norm, add_layernorm_tactics, gather_layer_norm, gather_layer_norm_tactics, layer_norm, layer_norm_tactics)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -169,3 +171,55 @@ def test_add_layernorm_refuses_an_output_table_that_is_not_a_permutation():
     crop = RowTable(torch.arange(4), 6)  # rows 4 and 5 of the sum would never be written
     assert not add_layernorm_supported(a, a, torch.ones(8), None, rows=crop)
     assert not add_layernorm_supported(a, a, torch.ones(8), None, b_rows=RowTable(torch.arange(4), 5))
+
+
+# ---- the ops with row tables (passes/fuse_layernorm_rows.py) -------------------------------------
+def _window_table(generator) -> torch.Tensor:
+    return torch.randperm(16, generator=generator).to(DEVICE)
+
+
+def test_apart_tiles_parse_back():
+    assert [t.name for t in ADD_LAYERNORM_APART] == ["add_layernorm.r1.apart", "add_layernorm.r4.apart",
+                                                     "add_layernorm.r16.apart"]
+    assert parse_tactic("layernorm.r4.apart") == LayerNormTile(4, apart=True)
+
+
+def test_every_gather_layer_norm_tactic_computes_the_reference():
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 4, 4, 8, generator=generator).to(DEVICE)  # 3 images of 16 rows
+    weight, bias = _affine(8, torch.float32, generator)
+    table = torch.randint(0, 16, (12,), generator=generator).to(DEVICE)
+    attrs = {"epsilon": 1e-5, "rows_in": 16, "shape": [3, 4, 8], "batch_axis": 0}
+    reference = gather_layer_norm([x, weight, bias, table], dict(attrs, tactic="torch"))
+    assert reference.shape == (9, 4, 8)
+    expected = F.layer_norm(x.reshape(3, 16, 8)[:, table.long()], (8,), weight, bias, 1e-5).reshape(9, 4, 8)
+    torch.testing.assert_close(reference, expected, rtol=1e-5, atol=1e-5)
+    tactics = gather_layer_norm_tactics([x, weight, bias, table], attrs)
+    if DEVICE == "cuda":
+        assert tactics[1:] == [t.name for t in LAYERNORM_TILES + LAYERNORM_APART]
+    for tactic in [t.name for t in LAYERNORM_TILES + LAYERNORM_APART]:
+        got = gather_layer_norm([x, weight, bias, table], dict(attrs, tactic=tactic))
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_every_add_layernorm_tactic_with_row_tables_computes_the_reference():
+    generator = torch.Generator().manual_seed(7)
+    a = torch.randn(2, 4, 4, 8, generator=generator).to(DEVICE)  # 2 images of 16 rows
+    windows = torch.randn(8, 4, 8, generator=generator).to(DEVICE)  # their 4 windows of 4 rows each
+    weight, bias = _affine(8, torch.float32, generator)
+    rows, b_rows = _window_table(generator), _window_table(generator)
+    attrs = {"epsilon": 1e-5, "rows_in": 16, "shape": [4, 4, 8], "batch_axis": 0,
+             "b_rows_in": 16, "b_shape": [1, 4, 4, 8], "b_batch_axis": 0}
+    inputs = [a, windows, weight, bias, rows, b_rows]
+    total, normed = add_layer_norm(inputs, dict(attrs, tactic="torch"))
+    residual = windows.reshape(2, 16, 8)[:, b_rows.long()].reshape(a.shape)
+    torch.testing.assert_close(total, a + residual)
+    expected = F.layer_norm(a + residual, (8,), weight, bias, 1e-5).reshape(2, 16, 8)[:, rows.long()]
+    torch.testing.assert_close(normed, expected.reshape(8, 4, 8), rtol=1e-5, atol=1e-5)
+    tactics = add_layernorm_tactics(inputs, attrs)
+    if DEVICE == "cuda":
+        assert tactics[1:] == [t.name for t in ADD_LAYERNORM_TILES + ADD_LAYERNORM_APART]
+    for tactic in [t.name for t in ADD_LAYERNORM_TILES + ADD_LAYERNORM_APART]:
+        got_total, got_normed = add_layer_norm(inputs, dict(attrs, tactic=tactic))
+        torch.testing.assert_close(got_total, total)
+        torch.testing.assert_close(got_normed, normed, rtol=1e-5, atol=1e-5)

@@ -19,13 +19,14 @@ builder times the row counts as tactics (`add_layernorm.r<ROWS>`, `layernorm.r<R
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..registry import LayerFacts, Number, Tactic, register
+from ..registry import Flag, LayerFacts, Number, Tactic, register
 
 try:
     import triton
@@ -41,42 +42,56 @@ def _valid_rows(rows: int) -> str | None:
     return None if 0 < rows <= 64 and rows & (rows - 1) == 0 else "rows: a power of 2 up to 64"
 
 
+def _rows_text(tile) -> str:
+    apart = ", the row gather apart (torch index_select)" if tile.apart else ""
+    return f"{tile.rows} row(s) per program{apart}"
+
+
 @register
 @dataclass(frozen=True)
 class AddLayerNormTile(Tactic):
-    """AddLayerNorm's Triton tactic: rows per program. Named e.g. "add_layernorm.r4"."""
+    """AddLayerNorm's Triton tactic: rows per program, and for a layer with row tables whether the
+    rows are gathered apart first rather than by the kernel. Named e.g. "add_layernorm.r4",
+    "add_layernorm.r4.apart"."""
     rows: int
+    apart: bool = False
 
     FAMILY: ClassVar[str] = "add_layernorm"
-    SCHEME: ClassVar[tuple] = (Number("rows", "r"),)
+    SCHEME: ClassVar[tuple] = (Number("rows", "r"), Flag("apart", "apart"))
 
     def invalid(self) -> str | None:
         return _valid_rows(self.rows)
 
     def describe(self, layer: LayerFacts) -> str:
-        return f"triton residual add + LayerNorm in one pass, {self.rows} row(s) per program"
+        return f"triton residual add + LayerNorm in one pass, {_rows_text(self)}"
 
 
 @register
 @dataclass(frozen=True)
 class LayerNormTile(Tactic):
-    """LayerNormalization's Triton tactic (and GatherLayerNorm's): rows per program. Named e.g. "layernorm.r4"."""
+    """LayerNormalization's and GatherLayerNorm's Triton tactic (see AddLayerNormTile). Named e.g.
+    "layernorm.r4", "layernorm.r4.apart"."""
     rows: int
+    apart: bool = False
 
     FAMILY: ClassVar[str] = "layernorm"
-    SCHEME: ClassVar[tuple] = (Number("rows", "r"),)
+    SCHEME: ClassVar[tuple] = (Number("rows", "r"), Flag("apart", "apart"))
 
     def invalid(self) -> str | None:
         return _valid_rows(self.rows)
 
     def describe(self, layer: LayerFacts) -> str:
-        return f"triton LayerNorm over the last axis, {self.rows} row(s) per program"
+        return f"triton LayerNorm over the last axis, {_rows_text(self)}"
 
 
 # Few rows per program spread a batch-1 token grid over more of the GPU; more amortise the affine
 # parameters' loads over a large batch.
 ADD_LAYERNORM_TILES = (AddLayerNormTile(1), AddLayerNormTile(4), AddLayerNormTile(16))
 LAYERNORM_TILES = (LayerNormTile(1), LayerNormTile(4), LayerNormTile(16))
+# A layer with row tables also times the gather apart: the fused form reads (or writes) rows out
+# of order, which may cost more than one more copy does.
+ADD_LAYERNORM_APART = tuple(AddLayerNormTile(tile.rows, apart=True) for tile in ADD_LAYERNORM_TILES)
+LAYERNORM_APART = tuple(LayerNormTile(tile.rows, apart=True) for tile in LAYERNORM_TILES)
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,12 @@ if triton is not None:
         if STATS:
             tl.store(mean_ptr + row, mean, mask=live)
             tl.store(rstd_ptr + row, inv, mask=live)
+
+
+def kernel_runs_on(tensor: torch.Tensor) -> bool:
+    """Where a layer that chose this kernel runs it: CUDA tensors, and any under Triton's interpreter
+    (the op tests on the CPU). The tactic lists offer it on CUDA alone."""
+    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _affine_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
