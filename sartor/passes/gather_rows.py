@@ -265,8 +265,19 @@ def _removable(graph: Graph, chain: Chain, runs: BatchRuns) -> bool:
     return not removed & graph.output_names() and shape_reads_follow_batch(graph, runs, removed)
 
 
+def _may_hold_chains(graph: Graph) -> bool:
+    """Whether some op that copies in torch may move a tensor of rows (rank 2 or more, or unknown):
+    the graph is run only then (shape arithmetic moves vectors)."""
+    for node in graph.nodes:
+        if node.op_type in MOVES - VIEWS and node.inputs and not graph.is_constant(node.inputs[0]):
+            shape = graph.shape_of(node.inputs[0])
+            if shape is None or len(shape) >= 2:
+                return True
+    return False
+
+
 def gather_rows(graph: Graph) -> int:
-    if not any(node.op_type in MOVES for node in graph.nodes):
+    if not _may_hold_chains(graph):
         return 0
     runs = run_batches(graph)
     if runs is None:
