@@ -29,6 +29,8 @@ from ..passes.fuse_projected_residual import fuse_projected_residual
 from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
 from ..passes.fuse_linear_bias import fuse_linear_bias
 from ..passes.fuse_add_layernorm import fuse_add_layernorm
+from ..passes.fuse_layernorm_rows import fuse_layernorm_rows
+from ..passes.gather_rows import gather_rows
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
 from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
@@ -283,7 +285,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     report = optimize(graph)
     if not config.wants_calibration():
         # After the INT8 planner's decision is known to be "none": it quantizes bias-free MatMuls only.
-        for float_only in (fuse_linear_bias, fuse_add_layernorm):
+        # gather_rows after fuse_add_layernorm, whose LayerNorms its chains start from; then the row
+        # gathers fold into those LayerNorms.
+        for float_only in (fuse_linear_bias, fuse_add_layernorm, gather_rows, fuse_layernorm_rows):
             fused = float_only(graph)
             if fused:
                 report.rewrites[float_only.__name__] = fused

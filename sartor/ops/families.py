@@ -22,11 +22,12 @@ def all_tables() -> list[OpTable]:
         quantized,
         reduce,
         resize,
+        rows,
         tensor,
     )
     return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
             detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS,
-            attention.OPS]
+            attention.OPS, rows.OPS]
 
 
 @lru_cache(maxsize=1)

@@ -1,5 +1,7 @@
 """Normalisation: BatchNormalization (inference form), LayerNormalization, Instance/GroupNormalization,
-and AddLayerNorm (a residual add and the LayerNorm reading it, made by passes/fuse_add_layernorm.py)."""
+AddLayerNorm (a residual add and the LayerNorm reading it, made by passes/fuse_add_layernorm.py) and
+GatherLayerNorm (a LayerNorm whose rows a RowGather then picks, made by passes/fuse_layernorm_rows.py,
+which also gives AddLayerNorm its row tables)."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +9,11 @@ import torch.nn.functional as F
 
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
-from ..kernels.norm.add_layernorm import ADD_LAYERNORM_TILES, add_layernorm, add_layernorm_supported
+from ..kernels.norm.add_layernorm import (ADD_LAYERNORM_APART, ADD_LAYERNORM_TILES, LAYERNORM_APART, LAYERNORM_TILES,
+                                          RowTable, add_layernorm, add_layernorm_supported, kernel_runs_on,
+                                          layernorm, layernorm_supported)
 from ..kernels.registry import REFERENCE, parse_tactic
+from .rows import gather_rows, images_of, output_shape, rows_through
 from .util import norm_axis, only_dtypes
 
 OPS = OpTable("norm")
@@ -50,10 +55,35 @@ def batch_norm(inputs, attrs):
     return x * mult + shift
 
 
-@OPS.op("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, check=_float_only)
+def _kernel_takes(x, scale, bias, attrs: dict) -> bool:
+    """Whether the Triton LayerNorm computes this layer: over the last axis alone."""
+    return x.dim() >= 1 and norm_axis(attrs["axis"], x.dim()) == x.dim() - 1 and layernorm_supported(x, scale, bias)
+
+
+def layer_norm_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    """The reference (torch's native_layer_norm) and, on CUDA over the last axis with one scale and
+    bias per channel, the Triton kernel's row tiles: torch's kernel is slow on rows of a few hundred
+    channels, and which is faster depends on the rows and channels, so both are timed."""
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if x.is_cuda and _kernel_takes(x, scale, bias, attrs):
+        return [REFERENCE] + [tile.name for tile in LAYERNORM_TILES]
+    return [REFERENCE]
+
+
+def _layer_norm_kernel(x, scale, bias, attrs: dict):
+    y, mean, inv = layernorm(x, scale, bias, attrs["epsilon"], parse_tactic(attrs["tactic"]).rows)
+    stats_shape = (*x.shape[:-1], 1)
+    return y.view(x.shape), mean.view(stats_shape), inv.view(stats_shape)
+
+
+@OPS.op("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1}, check=_float_only,
+        tactics=layer_norm_tactics)
 def layer_norm(inputs, attrs):
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
+    if (attrs.get("tactic") or REFERENCE) != REFERENCE and kernel_runs_on(x) and _kernel_takes(x, scale, bias, attrs):
+        return _layer_norm_kernel(x, scale, bias, attrs)
     axis = norm_axis(attrs["axis"], x.dim())
     normalized = tuple(x.shape[axis:])
     if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and tuple(scale.shape) == normalized \
@@ -75,26 +105,117 @@ def layer_norm(inputs, attrs):
     return y.to(x.dtype), mean, inv
 
 
+def _tables(inputs: list, attrs: dict) -> tuple[RowTable | None, RowTable | None]:
+    """AddLayerNorm's row tables: input 4 picks the rows of its normalised output (attributes
+    rows_in, shape, batch_axis, as RowGather's), input 5 the rows of b (b_rows_in, b_shape, b_batch_axis)."""
+    rows = inputs[4] if len(inputs) > 4 else None
+    b_rows = inputs[5] if len(inputs) > 5 else None
+    return (None if rows is None else RowTable(rows, attrs["rows_in"]),
+            None if b_rows is None else RowTable(b_rows, attrs["b_rows_in"]))
+
+
+def _gathered_b(b: torch.Tensor, attrs: dict, b_rows: RowTable | None) -> torch.Tensor:
+    return b if b_rows is None else gather_rows(b, b_rows.table, b_rows.rows_in, attrs["b_shape"], attrs["b_batch_axis"])
+
+
+def _gathered_y(y: torch.Tensor, attrs: dict, rows: RowTable | None) -> torch.Tensor:
+    return y if rows is None else gather_rows(y, rows.table, rows.rows_in, attrs["shape"], attrs["batch_axis"])
+
+
+def _b_apart_fits(a: torch.Tensor, b: torch.Tensor, attrs: dict, b_rows: RowTable | None) -> bool:
+    """Whether b gathered apart has a's shape (the one-pass kernel's operands are equal shapes)."""
+    if b_rows is None:
+        return True
+    try:
+        return output_shape(attrs["b_shape"], attrs["b_batch_axis"], images_of(b, b_rows.rows_in)) == list(a.shape)
+    except Exception:  # noqa: BLE001 - rows that are not whole images: the reference says so
+        return False
+
+
 def add_layernorm_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
-    """The reference (the Add, then torch's LayerNorm), and on CUDA the one-pass kernel's row tiles."""
+    """The reference (the Add, then torch's LayerNorm), and on CUDA the one-pass kernel's row tiles;
+    with row tables, also each tile with the rows gathered apart."""
     a, b, weight = inputs[:3]
     bias = inputs[3] if len(inputs) > 3 else None
-    if a.is_cuda and add_layernorm_supported(a, b, weight, bias):
-        return [REFERENCE] + [tile.name for tile in ADD_LAYERNORM_TILES]
-    return [REFERENCE]
+    rows, b_rows = _tables(inputs, attrs)
+    if not a.is_cuda:
+        return [REFERENCE]
+    tiles = list(ADD_LAYERNORM_TILES) if add_layernorm_supported(a, b, weight, bias, rows, b_rows) else []
+    if (rows is not None or b_rows is not None) and _b_apart_fits(a, b, attrs, b_rows) \
+            and add_layernorm_supported(a, a, weight, bias) and b.dtype == a.dtype:
+        tiles += ADD_LAYERNORM_APART
+    return [REFERENCE] + [tile.name for tile in tiles]
+
+
+def _add_layer_norm_kernel(a, b, weight, bias, attrs: dict, rows: RowTable | None, b_rows: RowTable | None):
+    """The one-pass kernel reading b's rows and writing the output's through their tables, or
+    (a tactic ending in "apart") with the rows gathered by torch before and after it; None where it
+    does not take these operands."""
+    tile = parse_tactic(attrs["tactic"])
+    if tile.apart:
+        b = _gathered_b(b, attrs, b_rows).contiguous()
+        if not add_layernorm_supported(a, b, weight, bias):
+            return None
+        total, normed = add_layernorm(a, b, weight, bias, attrs["epsilon"], tile.rows)
+        return total, _gathered_y(normed, attrs, rows)
+    if not add_layernorm_supported(a, b, weight, bias, rows, b_rows):
+        return None
+    total, normed = add_layernorm(a, b, weight, bias, attrs["epsilon"], tile.rows, rows=rows, b_rows=b_rows)
+    if rows is not None:
+        normed = normed.reshape(output_shape(attrs["shape"], attrs["batch_axis"], images_of(a, rows.rows_in)))
+    return total, normed
 
 
 @OPS.internal("AddLayerNorm", tactics=add_layernorm_tactics)
 def add_layer_norm(inputs, attrs):
     """(a + b, LayerNormalization(a + b) over the last axis): the sum is the residual stream the
-    next block reads, the normalised value what this block's branch reads. Attribute `epsilon`."""
+    next block reads, the normalised value what this block's branch reads. Attribute `epsilon`;
+    optional row tables (inputs 4 and 5, see _tables): b read through one, the normalised output
+    written through the other (a permutation of each image's rows)."""
     a, b, weight = inputs[:3]
     bias = inputs[3] if len(inputs) > 3 else None
-    tactic = attrs.get("tactic") or REFERENCE
-    if tactic != REFERENCE and a.is_cuda and add_layernorm_supported(a, b, weight, bias):
-        return add_layernorm(a, b, weight, bias, attrs["epsilon"], parse_tactic(tactic).rows)
-    total = a + b
-    return total, layer_norm([total, weight, bias], {"axis": -1, "epsilon": attrs["epsilon"], "stash_type": 1})[0]
+    rows, b_rows = _tables(inputs, attrs)
+    if (attrs.get("tactic") or REFERENCE) != REFERENCE and kernel_runs_on(a):
+        result = _add_layer_norm_kernel(a, b, weight, bias, attrs, rows, b_rows)
+        if result is not None:
+            return result
+    total = a + _gathered_b(b, attrs, b_rows)
+    normed = layer_norm([total, weight, bias], {"axis": -1, "epsilon": attrs["epsilon"], "stash_type": 1})[0]
+    return total, _gathered_y(normed, attrs, rows)
+
+
+def _gather_layer_norm_inputs(inputs: list) -> tuple:
+    x, weight, bias, table = (list(inputs) + [None] * 4)[:4]
+    return x, weight, bias, table
+
+
+def gather_layer_norm_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
+    """The reference (gather, then torch's LayerNorm), and on CUDA the kernel reading its rows through
+    the table, and with the rows gathered apart."""
+    x, weight, bias, table = _gather_layer_norm_inputs(inputs)
+    if not x.is_cuda:
+        return [REFERENCE]
+    tiles = list(LAYERNORM_TILES) if layernorm_supported(x, weight, bias, RowTable(table, attrs["rows_in"])) else []
+    tiles += LAYERNORM_APART if layernorm_supported(x, weight, bias) else []
+    return [REFERENCE] + [tile.name for tile in tiles]
+
+
+@OPS.internal("GatherLayerNorm", tactics=gather_layer_norm_tactics)
+def gather_layer_norm(inputs, attrs):
+    """LayerNormalization over the last axis of x's rows through a per-image table: a LayerNorm and the
+    RowGather reading it (passes/fuse_layernorm_rows.py). Inputs x, scale, bias ("" for none), table;
+    attributes epsilon and RowGather's rows_in, shape, batch_axis."""
+    x, weight, bias, table = _gather_layer_norm_inputs(inputs)
+    rows = RowTable(table, attrs["rows_in"])
+    shape = output_shape(attrs["shape"], attrs["batch_axis"], images_of(x, rows.rows_in))
+    if (attrs.get("tactic") or REFERENCE) != REFERENCE and kernel_runs_on(x):
+        tile = parse_tactic(attrs["tactic"])
+        source, through = (rows_through(x, table, rows.rows_in), None) if tile.apart else (x, rows)
+        if layernorm_supported(source, weight, bias, through):
+            return layernorm(source, weight, bias, attrs["epsilon"], tile.rows, rows=through,
+                             stats=False)[0].reshape(shape)
+    gathered = gather_rows(x, table, rows.rows_in, attrs["shape"], attrs["batch_axis"])
+    return layer_norm([gathered, weight, bias], {"axis": -1, "epsilon": attrs["epsilon"], "stash_type": 1})[0]
 
 
 @OPS.op("InstanceNormalization", attrs={"epsilon": 1e-5}, check=_float_only)

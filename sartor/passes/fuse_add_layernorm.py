@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..ir import Graph, Node
 
 
-def _last_axis_only(graph: Graph, layer_norm: Node) -> bool:
+def last_axis_only(graph: Graph, layer_norm: Node) -> bool:
     axis = layer_norm.attrs.get("axis", -1)
     if axis == -1:
         return True
@@ -35,7 +35,7 @@ def _keeps_last_axis(graph: Graph, reshape: Node) -> bool:
     return bool(before and after and isinstance(before[-1], int) and before[-1] == after[-1])
 
 
-def _per_channel_constant(graph: Graph, name: str) -> bool:
+def per_channel_constant(graph: Graph, name: str) -> bool:
     value = graph.constant(name) if name else None
     return value is not None and value.ndim == 1
 
@@ -46,7 +46,7 @@ def fuse_add_layernorm(graph: Graph) -> int:
     consumers = graph.consumers()
     graph_outputs = set(graph.output_names())
     for layer_norm in list(graph.nodes):
-        if layer_norm.op_type != "LayerNormalization" or not _last_axis_only(graph, layer_norm):
+        if layer_norm.op_type != "LayerNormalization" or not last_axis_only(graph, layer_norm):
             continue
         if any(out and (out in graph_outputs or consumers.get(out)) for out in layer_norm.outputs[1:]):
             continue
@@ -60,7 +60,7 @@ def fuse_add_layernorm(graph: Graph) -> int:
             continue
         scale = layer_norm.inputs[1]
         bias = layer_norm.inputs[2] if len(layer_norm.inputs) > 2 and layer_norm.inputs[2] else None
-        if not _per_channel_constant(graph, scale) or (bias is not None and not _per_channel_constant(graph, bias)):
+        if not per_channel_constant(graph, scale) or (bias is not None and not per_channel_constant(graph, bias)):
             continue
         normed = layer_norm.outputs[0] if view is None else graph.fresh_name(layer_norm.outputs[0] + "_rows")
         node = Node("AddLayerNorm", layer_norm.name, [*add.inputs, scale, *([bias] if bias else [])],
