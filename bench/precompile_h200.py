@@ -169,6 +169,7 @@ def family_table(report: dict) -> str:
 
 
 def print_summary(results: dict) -> None:
+    print(f"versions: {results['versions']}; {results['cpus']} CPUs; {results['seconds']} s in all")
     for arch, entry in results["models"].items():
         print(f"== {arch}")
         for mode in ("precompile", "threads"):
@@ -192,6 +193,13 @@ def print_summary(results: dict) -> None:
                 print(f"  {name}: precompile {row['precompile']}, threads {row['threads']}")
 
 
+def versions(device: str) -> dict:
+    import torch
+    import triton
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "triton": triton.__version__, "gpu": gpu, "python": sys.version.split()[0]}
+
+
 def main() -> None:
     args = parse_args()
     if args.child:
@@ -202,7 +210,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sartor_precompile_"))
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    results = {"argv": sys.argv[1:], "cpus": len(os.sched_getaffinity(0)), "models": {m: {} for m in models}}
+    results = {"argv": sys.argv[1:], "cpus": len(os.sched_getaffinity(0)), "versions": versions(args.device),
+               "models": {m: {} for m in models}}
 
     def save() -> None:
         results["seconds"] = round(time.perf_counter() - started, 1)
