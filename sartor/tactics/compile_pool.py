@@ -52,6 +52,7 @@ class Precompiled:
     first-asking tactic's share of the work (`spent`: worker seconds, for charging the families)."""
     requests: int = 0
     unrecorded: int = 0  # compiles the recorder could not write down (they compile when timed)
+    failed_runs: int = 0  # candidate runs that raised while recorded (the timing run says why)
     cached: int = 0
     compiled: int = 0
     failed: int = 0
@@ -66,8 +67,8 @@ class Precompiled:
         return dict(self.spent) if sum(self.spent.values()) > 0 else {tactic: 1.0 for tactic in self.spent}
 
     def summary(self) -> str:
-        return (f"precompile: {self.requests} kernel(s) recorded ({self.unrecorded} could not be), {self.cached} "
-                f"cached, {self.compiled} compiled in "
+        return (f"precompile: {self.requests} kernel(s) recorded ({self.unrecorded} could not be; "
+                f"{self.failed_runs} candidate run(s) raised), {self.cached} cached, {self.compiled} compiled in "
                 f"{self.workers} process(es), {self.failed} failed, {self.mismatched} under another key, "
                 f"{self.seconds:.1f} s")
 
@@ -108,7 +109,8 @@ def precompile(collect: Callable[[Recorder], None], device: torch.device) -> Pre
 
 
 def _compile_recorded(recorder: Recorder, workers: int) -> Precompiled:
-    done = Precompiled(requests=len(recorder.requests), unrecorded=recorder.unrecorded)
+    done = Precompiled(requests=len(recorder.requests), unrecorded=recorder.unrecorded,
+                       failed_runs=recorder.failed_runs)
     expected, missing = {}, []
     for ident, request in recorder.requests.items():
         expected[ident], cached = _cache_state(request)

@@ -99,6 +99,7 @@ def test_recorded_candidates_compile_for_sm90_in_workers_under_the_keys_the_jit_
     assert result["failed_runs"] == result["unrecorded"] == result["entries_after_recording"] == 0
     done = result["done"]
     assert (done["requests"], done["compiled"], done["cached"], done["failed"], done["mismatched"]) == (3, 3, 0, 0, 0)
+    assert done["unrecorded"] == done["failed_runs"] == 0
     assert done["workers"] == 2 and set(done["spent"]) == set(result["recorded"])
     # The JIT's own lookups (one per kernel) all hit what the workers wrote.
     assert len(result["looked_up"]) == 3 and all(hit for hit, _ in result["looked_up"])
