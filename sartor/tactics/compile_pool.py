@@ -198,7 +198,7 @@ class _Pool:
                 try:
                     write_frame(process.stdin, request)
                     reply = read_frame(process.stdout)
-                except (EOFError, OSError, ValueError):
+                except Exception:  # noqa: BLE001 - EOF when it died, OSError or ValueError when its pipe closed
                     self.answers[request.ident] = {"error": f"the worker ended (exit status {process.poll()})"}
                     return
                 self.answers[reply["ident"]] = reply

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib
 import json
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -62,8 +63,8 @@ class Recorder:
     def run(self, tactic: str, fn: Callable[[], object]) -> None:
         """Run `fn` (one candidate) once with every compile it needs recorded under `tactic`. Its
         Triton kernels do not launch: what they would write stays unwritten, which arithmetic after
-        them tolerates (the caller runs only such candidates). The candidate's exceptions are counted,
-not raised; RecordingUnavailable is raised."""
+        them tolerates (the caller runs only such candidates). The candidate's exceptions are
+        counted, not raised; RecordingUnavailable is raised."""
         def hook(*, fn: object, compile: dict, **_: object) -> bool:
             self._add(tactic, fn, compile)
             return True
@@ -76,6 +77,7 @@ not raised; RecordingUnavailable is raised."""
     def _add(self, tactic: str, info: object, compile: dict) -> None:
         try:
             request = request_from_hook(info, compile)
+            pickle.dumps(request)  # it must reach a worker (compile_worker.py's frames)
         except Exception:  # noqa: BLE001 - left to compile in the builder's process when timed
             self.unrecorded += 1
             return
