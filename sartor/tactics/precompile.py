@@ -5,7 +5,9 @@ compiled on its first run. Triton's compiler works mostly outside Python's GIL (
 ptxas as a subprocess): on this project's 2-core CPU machine, eight sm_90 compiles of sartor's
 implicit-GEMM kernel took 5.2 s one after another and 2.8 s on two threads. So each candidate runs
 once on a worker thread, all at the same time; the timing that follows, one candidate at a time
-as timing must be, finds them compiled.
+as timing must be, finds them compiled. On CUDA, compile_pool.py has usually compiled every layer's
+kernels in worker processes before the first layer is timed; these threads then load them from
+Triton's cache, and compile only what that step left out.
 
 Only on CUDA, and never under Triton's interpreter (it patches `triton.language` while a kernel
 runs, so interpreted kernels must not overlap). A candidate that fails here is left to the timing

@@ -26,6 +26,8 @@ from ..runtime.concat_plan import ConcatBuffers, ShapeMemo
 from ..runtime.context import matmul_precision
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint
+from .compile_pool import Precompiled, precompile
+from .kernel_requests import Recorder
 from .precompile import compile_in_parallel
 from .timing_cache import TimingCache, layer_signature
 
@@ -220,6 +222,7 @@ class TacticSelection:
     # Where the stage's time went, by tactic family (a tactic name's first word): {family: {"compile_s",
     # "time_s", "candidates"}}; REFERENCE_COST holds the reference runs every candidate is checked against.
     family_seconds: dict[str, dict] = field(default_factory=dict)
+    precompiled: Precompiled | None = None  # what compile_pool.precompile did before the layers were timed
 
     def charge(self, family: str, kind: str, seconds: float, candidates: int = 0) -> None:
         entry = self.family_seconds.setdefault(family, {"compile_s": 0.0, "time_s": 0.0, "candidates": 0})
@@ -321,6 +324,66 @@ def _charge_apportioned(selection: TacticSelection, kind: str, wall_seconds: flo
         selection.charge(tactic_family(tactic), kind, wall_seconds * seconds / total if total else 0.0)
 
 
+# Ops whose candidates only compute on what their Triton kernels write: recorded with those kernels
+# skipped (kernel_requests.Recorder), they read unwritten memory harmlessly. Others (BatchedNms turns
+# device values into indices) compile when their layer is timed.
+PRECOMPILED_OPS = frozenset({"FusedConv", "QConv", "QGemm", "MaxPool", "AddLayerNorm"})
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What decides a layer's candidates and its timing-cache entry, as select_tactics was given it."""
+    effort: int
+    exclude: tuple
+    time_single: bool
+    layer_precision: dict
+    tf32: bool
+    cache: TimingCache | None
+    fingerprint: dict
+
+
+def _record_layer(recorder: Recorder, step, args: list, search: _Search, into: torch.Tensor | None) -> None:
+    """Record the Triton compiles the tactics stage will ask for at this layer: each candidate's
+    (the cached winner's alone where the timing cache has the layer), stored in the Concat slice as
+    it is timed and on its own as precompile.py's threads run it."""
+    if step.node.op_type not in PRECOMPILED_OPS:
+        return
+    offered = default_registry()[step.node.op_type].tactics(args, step.attrs, search.effort)
+    candidates = excluding(offered, search.exclude)
+    if not candidates or (len(offered) == 1 and not search.time_single):
+        return
+    if search.cache is not None:
+        signature = layer_signature(step.node.op_type, args, step.attrs,
+                                    search.layer_precision.get(step.node.name, "fp32"), search.tf32, into)
+        entry = search.cache.lookup(search.fingerprint, signature, search.effort)
+        if entry is not None and entry["winner"] in candidates:
+            candidates = [entry["winner"]]
+    for tactic in candidates:
+        if tactic == REFERENCE_TACTIC:
+            continue
+        recorder.run(tactic, lambda tactic=tactic: _run(step, args, tactic, into))
+        if into is not None:
+            recorder.run(tactic, lambda tactic=tactic: _run(step, args, tactic))
+
+
+def _precompile_layers(selection: TacticSelection, executor: Executor, feeds: dict, memo: ShapeMemo,
+                       slices: ConcatBuffers | None, search: _Search, device: torch.device) -> None:
+    """Compile every layer's candidate kernels at once in worker processes (compile_pool.py), before
+    the layers are timed; its wall time charged to the families that asked for the kernels."""
+    def collect(recorder: Recorder) -> None:
+        def before(index, step, args):
+            into = slices.slice_for(step.node.outputs[0]) if slices is not None and len(step.node.outputs) == 1 \
+                else None
+            _record_layer(recorder, step, args, search, into)
+        executor.run(feeds, memo, before=before)
+
+    started = time.perf_counter()
+    done = precompile(collect, device)
+    if done is not None:
+        _charge_apportioned(selection, "compile_s", time.perf_counter() - started, done.shares())
+        selection.precompiled = done
+
+
 def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.device, layer_precision: dict,
                    channels_last: bool, tf32: bool, effort: int = 2, cache: TimingCache | None = None,
                    fingerprint: dict | None = None, time_single: bool = False,
@@ -408,6 +471,8 @@ def select_tactics(graph: Graph, weights: dict, feeds: dict, device: torch.devic
         executor.run(feeds, memo)
         if memo.value_meta is not None and executor.concat_plan.concats:
             slices = ConcatBuffers(executor.concat_plan, memo.value_meta, device)
+        search = _Search(effort, exclude, time_single, layer_precision, tf32, cache, fingerprint)
+        _precompile_layers(selection, executor, feeds, memo, slices, search, device)
         executor.run(feeds, memo, before=before)
     return selection
 
