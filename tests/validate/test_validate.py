@@ -442,6 +442,15 @@ def test_detection_labels_gate_and_letterbox(models, tmp_path, cli):
     assert json.loads(result.out)["overall"]["engine"] == pytest.approx(0.995)
     result = cli("validate", models["head"], "--data", coco, "--ap-method", "ultralytics")
     assert result.code == 0 and "mAP@[.5:.95] (ultralytics AP)" in result.out
+    assert "mAP@[.5:.95] (ultralytics AP)" in render_html(report.to_json())
+    # Ultralytics has no crowd regions: the report says what that means for a dataset that has some
+    crowded = json.loads(coco.read_text())
+    crowded["annotations"].append({"id": 99, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10],
+                                   "area": 100, "iscrowd": 1})
+    (coco.parent / "crowded.json").write_text(json.dumps(crowded))
+    notes = validate(models["head"], coco.parent / "crowded.json", ap_method="ultralytics").notes
+    assert any("no crowd regions" in n for n in notes)
+    assert not any("crowd" in n for n in validate(models["head"], coco.parent / "crowded.json").notes)
     # the engine's boxes are 3 px (input) = 6 px (original) off: IoU 0.45 and 0.33, no match at .5
     report = validate(models["head_off"], coco, reference=models["dir"] / "head.onnx", max_drop=0.01)
     assert report.overall.engine == pytest.approx(0.0) and not report.passed
