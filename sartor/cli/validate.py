@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..runtime import load
 from ..runtime.engine_file import check_writable
+from ..validate.ap import AP_METHODS, DEFAULT_AP_METHOD
 from ..validate.decoders import DEFAULT_CONF, DEFAULT_IOU, DEFAULT_MAX_DET
 from ..validate.metrics import DEFAULT_PSEUDO_CONF
 from .common import add_trust_arg, console, print_json, table, text
@@ -29,6 +30,9 @@ splits:
   --split-by lighting scores each value of an image attribute (a COCO image field or a manifest
   column) on its own; the gate applies to every split and to the whole set.
 
+AP methods (detection, --ap-method):
+{ap_methods}
+
 decoders (detection):
   yolo     raw YOLOv8/YOLO11 head [B, 4+C, N]
   boxes    boxes [B,N,4] xyxy + scores [B,N,C] (or [B,N] + classes [B,N]), or one [B,N,6]
@@ -37,9 +41,13 @@ decoders (detection):
 """
 
 
+def ap_methods_help() -> str:
+    return "\n".join(f"  {m.name:<12} {m.summary}" for m in AP_METHODS.values())
+
+
 def add_parser(subparsers, parents) -> None:
     p = subparsers.add_parser("validate", parents=parents, help="Task metric of an engine vs its FP32 reference",
-                              description=DESCRIPTION, epilog=EPILOG,
+                              description=DESCRIPTION, epilog=EPILOG.format(ap_methods=ap_methods_help()),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", metavar="PLAN", help="the engine file")
     p.add_argument("--data", required=True, metavar="D", help="dataset: image folder, COCO .json or manifest")
@@ -65,6 +73,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--iou", type=float, default=DEFAULT_IOU, help=f"NMS IoU threshold (default {DEFAULT_IOU})")
     p.add_argument("--max-det", type=int, default=DEFAULT_MAX_DET,
                    help=f"detections kept per image (default {DEFAULT_MAX_DET})")
+    # Not argparse choices: an unknown name is refused by validate() in one line, from Python too.
+    p.add_argument("--ap-method", default=DEFAULT_AP_METHOD, metavar="|".join(AP_METHODS),
+                   help=f"how a detector's mAP is computed (default {DEFAULT_AP_METHOD}; see AP methods below)")
     p.add_argument("--pseudo-conf", type=float, default=DEFAULT_PSEUDO_CONF,
                    help=f"without labels: reference detections at or above this score are the ground truth "
                         f"(default {DEFAULT_PSEUDO_CONF})")
@@ -111,7 +122,8 @@ def run(args) -> int:
                       max_drop=args.max_drop, batch=args.batch, decoder=args.decoder, preprocess=args.preprocess,
                       device=args.device, conf=args.conf, iou=args.iou, max_det=args.max_det,
                       pseudo_conf=args.pseudo_conf, class_names=read_class_names(args.classes),
-                      progress=True, fast_decode=args.fast_decode, max_downscale=args.max_downscale)
+                      progress=True, fast_decode=args.fast_decode, max_downscale=args.max_downscale,
+                      ap_method=args.ap_method)
     if args.report:
         write_html_report(report, args.report)
     code = 0 if report.passed else 1
@@ -125,7 +137,8 @@ def run(args) -> int:
                    + f"; batch {report.batch}; {report.device} {report.precision}"
                    + ("; fast decode" if report.options.get("fast_decode") else "")))
     gate = f" (gate: drop ≤ {report.max_drop:g})" if report.gated else ""
-    out.print(text(f"{report.metric}, engine vs ONNX Runtime FP32 reference{gate}"))
+    ap = f" ({report.ap_method} AP)" if report.ap_method else ""
+    out.print(text(f"{report.metric}{ap}, engine vs ONNX Runtime FP32 reference{gate}"))
     rows = table(None, "split", "images", "reference", "engine", "drop", "result")
     for split in [report.overall, *report.splits]:
         if not report.gated:

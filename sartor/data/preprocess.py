@@ -308,14 +308,18 @@ class ImageMeta:
     pad: tuple[int, int]  # (top, left) padding added, in input pixels
     input_size: tuple[int, int] | None = None  # (H, W) of the network input
 
-    def to_original(self, boxes_xyxy: np.ndarray) -> np.ndarray:
-        """Boxes (N×4 x1 y1 x2 y2) in network-input pixels → original-image pixels, clipped to the image."""
+    def to_original(self, boxes_xyxy: np.ndarray, clip: bool = True) -> np.ndarray:
+        """Boxes (N×4 x1 y1 x2 y2) in network-input pixels → original-image pixels, clipped to the
+        image unless `clip` is False."""
         boxes = np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4).copy()
         top, left = self.pad
         sy, sx = self.scale
         h, w = self.orig_size
-        boxes[:, [0, 2]] = np.clip((boxes[:, [0, 2]] - left) / sx, 0, w)
-        boxes[:, [1, 3]] = np.clip((boxes[:, [1, 3]] - top) / sy, 0, h)
+        boxes[:, [0, 2]] = (boxes[:, [0, 2]] - left) / sx
+        boxes[:, [1, 3]] = (boxes[:, [1, 3]] - top) / sy
+        if clip:
+            boxes[:, [0, 2]] = np.clip(boxes[:, [0, 2]], 0, w)
+            boxes[:, [1, 3]] = np.clip(boxes[:, [1, 3]], 0, h)
         return boxes
 
     def to_input(self, boxes_xyxy: np.ndarray) -> np.ndarray:

@@ -15,7 +15,8 @@ Three decoders, chosen with `--decoder` or recognised from the output shapes:
   -> list[Detections]` (boxes in original-image pixels), imported from the current directory or
   `sys.path`.
 
-Boxes are mapped back through each image's `ImageMeta` (undoing the letterbox scale and padding).
+Boxes are mapped back through each image's `ImageMeta` (undoing the letterbox scale and padding)
+and clipped to the image, unless `DecodeOptions.clip` is False.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class DecodeOptions:
     iou: float = DEFAULT_IOU
     max_det: int = DEFAULT_MAX_DET
     agnostic: bool = False  # class-agnostic NMS
+    clip: bool = True  # boxes clipped to the image (False: as NMS left them, which Ultralytics' AP scores)
     notes: list = field(default_factory=list)
 
     def check(self) -> None:
@@ -115,10 +117,10 @@ def _nms_detections(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, 
     return boxes[keep], scores[keep], classes[keep]
 
 
-def _finish(boxes, scores, classes, meta) -> Detections:
+def _finish(boxes, scores, classes, meta, clip: bool = True) -> Detections:
     """Input-pixel boxes → original pixels through the image's letterbox geometry."""
     if meta is not None and len(boxes):
-        boxes = meta.to_original(boxes)
+        boxes = meta.to_original(boxes, clip=clip)
     return Detections(boxes, scores, classes)
 
 
@@ -156,7 +158,7 @@ def decode_yolo(outputs: dict, metas: Sequence, options: DecodeOptions | None = 
         scores = scores_all[classes, anchors]
         boxes = xywh_to_xyxy(image[:4, anchors].T)
         boxes, scores, classes = _nms_detections(boxes, scores, classes, options)
-        results.append(_finish(boxes, scores, classes, meta))
+        results.append(_finish(boxes, scores, classes, meta, options.clip))
     return results
 
 
@@ -247,7 +249,7 @@ def decode_boxes(outputs: dict, metas: Sequence, options: DecodeOptions | None =
             keep = np.nonzero(scores > options.conf)[0]
             keep = keep[np.argsort(-scores[keep], kind="stable")][:options.max_det]
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
-        results.append(_finish(boxes, scores, classes, meta))
+        results.append(_finish(boxes, scores, classes, meta, options.clip))
     return results
 
 

@@ -228,6 +228,8 @@ def examples_grid(examples: list, task: str) -> str:
 def render_html(report: dict) -> str:
     """The report (ValidationReport.to_json()) as one HTML page."""
     metric = report.get("metric", "metric")
+    if report.get("ap_method"):
+        metric = f"{metric} ({report['ap_method']} AP)"
     rows = [report["overall"], *report.get("splits", [])]
     gated = report.get("gated")
     if not gated:

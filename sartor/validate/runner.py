@@ -27,12 +27,11 @@ from ..errors import ConfigError, DataError, InputError, ModelLoadError, SartorE
 from ..pipeline.pipeline import Pipeline
 from ..pipeline.pipeline import image_input as engine_image_input
 from ..version import __version__
+from .ap import DEFAULT_AP_METHOD, ApMethod, get_ap_method
 from .compare import first_error_line
 from .decoders import DecodeOptions, Decoder, Detections, make_decoder
 from .metrics import (
-    COCO_MAX_DETS,
     DEFAULT_PSEUDO_CONF,
-    coco_map,
     histogram_top,
     label_ranks,
     metrics_from_ranks,
@@ -108,6 +107,7 @@ class ValidationReport:
     engine_info: dict = field(default_factory=dict)  # digest, fingerprint, build options of the engine
     latency: dict = field(default_factory=dict)  # the engine's time per batch and image in this run
     examples: list = field(default_factory=list)  # per split, the images where engine and reference differ most
+    ap_method: str | None = None  # detection: which AP code computed the mAP (validate --ap-method)
 
     @property
     def gated(self) -> bool:
@@ -123,7 +123,7 @@ class ValidationReport:
 
     def to_json(self) -> dict:
         return {"passed": self.passed, "gated": self.gated, "max_drop": self.max_drop, "task": self.task,
-                "mode": self.mode, "metric": self.metric, "engine": self.engine_path,
+                "mode": self.mode, "metric": self.metric, "ap_method": self.ap_method, "engine": self.engine_path,
                 "reference_model": self.reference_path, "data": self.data, "device": self.device,
                 "precision": self.precision, "preprocess": self.preprocess, "decoder": self.decoder,
                 "batch": self.batch, "options": self.options, "overall": self.overall.to_json(),
@@ -249,6 +249,10 @@ def python_images(paths: list | tuple) -> Dataset:
                    f"<python: {len(paths)} path(s)>", "images")
 
 
+def _has_crowd_regions(dataset: Dataset) -> bool:
+    return any(len(getattr(s, "crowd_boxes", ())) for s in dataset.samples)
+
+
 def _split_indices(dataset: Dataset, split_by: str | None) -> dict[str, list[int]]:
     if not split_by:
         return {}
@@ -309,7 +313,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
              conf: float = DecodeOptions.conf, iou: float = DecodeOptions.iou,
              max_det: int = DecodeOptions.max_det, pseudo_conf: float = DEFAULT_PSEUDO_CONF,
              class_names: list[str] | None = None, progress: bool = False,
-             fast_decode: bool = False, max_downscale: float | str | None = None) -> ValidationReport:
+             fast_decode: bool = False, max_downscale: float | str | None = None,
+             ap_method: str = DEFAULT_AP_METHOD) -> ValidationReport:
     """Run the engine and the FP32 ONNX reference on the dataset `data` and compare their task metric.
 
     `engine_path` is an engine file (or a loaded Engine); `data` a path `open_dataset` reads (a
@@ -319,7 +324,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
     (`fast_decode` as it takes it), the reference on `sartor.data.preprocess`'s batches. An engine
     with resolution buckets runs each image at the bucket `sartor.Pipeline` routes it to (under the
     engine's max_downscale, or `max_downscale`), and the reference sees that bucket's preprocessing;
-    `preprocess` (one spec) validates one size.
+    `preprocess` (one spec) validates one size. `ap_method` says how a detector's mAP is computed
+    (`sartor.validate.ap.AP_METHODS`: "coco", pycocotools' COCOeval; "ultralytics", as `yolo val`).
     """
     from ..runtime import load
     started = time.perf_counter()
@@ -327,7 +333,8 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         raise ConfigError(f"--task {task!r} must be classify or detect")
     if max_drop is not None and max_drop < 0:
         raise ConfigError(f"--max-drop {max_drop} must not be negative")
-    options = DecodeOptions(conf=conf, iou=iou, max_det=max_det)
+    ap = get_ap_method(ap_method)
+    options = DecodeOptions(conf=conf, iou=iou, max_det=max_det, clip=ap.clips_boxes)
     options.check()
     if not 0.0 <= pseudo_conf <= 1.0:
         raise ConfigError(f"--pseudo-conf {pseudo_conf} must be in [0, 1]")
@@ -372,6 +379,9 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         notes.append(f"the engine runs NMS itself (--nms conf={options.conf:g},iou={options.iou:g},"
                      f"max_det={options.max_det}{',agnostic' if options.agnostic else ''}, at most {nms['topk']} "
                      f"candidates an image): the reference's head is decoded with those settings")
+        if not ap.clips_boxes:
+            notes.append(f"the engine's NMS clips its boxes to the image: the {ap.name} AP scores clipped boxes "
+                         f"on both sides here, where it would score them as NMS left them")
     missing = [n for n in output_names if n not in onnx.outputs]
     if missing:
         raise InputError(f"engine output(s) {', '.join(missing)} are not outputs of {reference}: "
@@ -478,7 +488,10 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
             best = "none over --conf" if top is None else f"the highest is {top:.3g}"
             raise DataError(f"no pseudo-labels: no reference detection reached --pseudo-conf {pseudo_conf:g} "
                             f"({best}); lower --pseudo-conf (and --conf) to compare an untrained or weak model")
-        result = _score_detection(dataset, labelled, ref_dets, eng_dets, split_items, max_drop, pseudo_conf)
+        if not ap.crowd_regions and labelled and _has_crowd_regions(dataset):
+            notes.append(f"the {ap.name} AP has no crowd regions: a detection on one of the dataset's iscrowd "
+                         f"regions counts as a false positive")
+        result = _score_detection(dataset, labelled, ref_dets, eng_dets, split_items, max_drop, pseudo_conf, ap)
     overall, split_results, per_class, scores = result
     names = list(dataset.class_names)
     if not names and onnx.class_names:
@@ -500,11 +513,12 @@ def validate(engine_path, data, reference: str | Path | None = None, task: str |
         class_names=names, preprocess=buckets.describe(), decoder=chosen.name if chosen is not None else None,
         batch=batch_size, device=str(engine.device), precision=str(getattr(engine, "precision", "")),
         options=({"conf": options.conf, "iou": options.iou, "max_det": options.max_det, "pseudo_conf": pseudo_conf,
-                  "coco_max_dets": COCO_MAX_DETS} if task == "detect" else {}) | {"fast_decode": fast_decode},
+                  "ap_method": ap.name, **ap.options} if task == "detect" else {}) | {"fast_decode": fast_decode},
         notes=notes, seconds={"engine": engine_seconds, "reference": reference_seconds,
                               "total": time.perf_counter() - started},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), sartor_version=__version__,
-        engine_info=_engine_info(engine), latency=_latency(batch_seconds), examples=examples)
+        engine_info=_engine_info(engine), latency=_latency(batch_seconds), examples=examples,
+        ap_method=ap.name if task == "detect" else None)
 
 
 def _engine_info(engine) -> dict:
@@ -650,15 +664,15 @@ def _score_classification(stats: dict, num_classes: int, splits: list, max_drop:
 
 
 def _score_detection(dataset: Dataset, labelled: bool, ref: list, eng: list, splits: list,
-                     max_drop: float | None, pseudo_conf: float) -> tuple:
+                     max_drop: float | None, pseudo_conf: float, ap: ApMethod) -> tuple:
     truth = list(dataset.samples) if labelled else pseudo_labels(ref, pseudo_conf)
     sizes = [s.size or (0, 0) for s in dataset.samples]
     class_ids = list(range(len(dataset.class_names))) if labelled and dataset.class_names else None
 
     def result(name: str, idx: Sequence[int]) -> tuple:
         gt = [truth[i] for i in idx]
-        r = coco_map(gt, [ref[i] for i in idx], class_ids, [sizes[i] for i in idx])
-        e = coco_map(gt, [eng[i] for i in idx], class_ids, [sizes[i] for i in idx])
+        r = ap.score(gt, [ref[i] for i in idx], class_ids, [sizes[i] for i in idx])
+        e = ap.score(gt, [eng[i] for i in idx], class_ids, [sizes[i] for i in idx])
         split = SplitResult(name, len(idx), r.map, e.map, instances=r.instances,
                             reference_extra={"map50": r.map50, "detections": r.detections},
                             engine_extra={"map50": e.map50, "detections": e.detections}, max_drop=max_drop)

@@ -60,7 +60,7 @@ def _engine_map_on_reference_batches(plan: Path, annotations: Path) -> dict:
     import sartor
     from sartor.data.datasets import iterate_batches, open_dataset
     from sartor.validate.decoders import DecodeOptions, make_decoder
-    from sartor.validate.metrics import coco_map
+    from sartor.validate.ap import coco_map
 
     engine = sartor.load(plan, device="cpu")
     dataset = open_dataset(annotations)

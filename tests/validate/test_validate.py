@@ -29,9 +29,9 @@ from sartor.validate.decoders import (
     make_decoder,
     numpy_nms,
 )
+from sartor.validate.ap import coco_map
 from sartor.validate.metrics import (
     classification_metrics,
-    coco_map,
     histogram_top,
     label_ranks,
     predictions,
@@ -199,6 +199,12 @@ def test_yolo_decoder_maps_letterbox_back_and_suppresses_per_class():
     np.testing.assert_allclose(d.scores, [0.9, 0.8], rtol=1e-6)
     d = decode_yolo({"output0": head[None]}, [None], DecodeOptions(max_det=1))[0]
     assert len(d) == 1 and d.scores[0] == pytest.approx(0.9)
+    # a box over the image's edge: clipped to it, or left as NMS gave it (what Ultralytics' AP scores)
+    head = make_head([(2, 16, 8, 8, 0, 0.9)])  # x from -2 to 6 in the input
+    clipped, kept = (decode_yolo({"output0": head[None]}, [meta], DecodeOptions(clip=clip))[0]
+                     for clip in (True, False))
+    np.testing.assert_allclose(clipped.boxes[0], [0, 16, 12, 32], atol=1e-4)
+    np.testing.assert_allclose(kept.boxes[0], [-4, 16, 12, 32], atol=1e-4)
 
 
 def test_numpy_nms_matches_torchvision():
@@ -426,6 +432,25 @@ def test_detection_labels_gate_and_letterbox(models, tmp_path, cli):
     assert report.overall.reference == pytest.approx(1.0) and report.overall.engine == pytest.approx(1.0)
     assert report.passed and [s.name for s in report.splits] == ["day", "night"]
     assert {row["name"] for row in report.per_class} == {"car", "person"}
+    assert report.ap_method == "coco" and report.options["coco_max_dets"] == 100
+    # Ultralytics' AP of the same perfect detections: 0.995, its end points' figure for a perfect class
+    report = validate(models["head"], coco, split_by="lighting", max_drop=0.0, ap_method="ultralytics")
+    assert report.ap_method == "ultralytics" and "coco_max_dets" not in report.options and report.passed
+    assert report.overall.reference == pytest.approx(0.995) and report.overall.engine == pytest.approx(0.995)
+    result = cli("validate", models["head"], "--data", coco, "--ap-method", "ultralytics", "--json")
+    assert result.code == 0 and json.loads(result.out)["ap_method"] == "ultralytics"
+    assert json.loads(result.out)["overall"]["engine"] == pytest.approx(0.995)
+    result = cli("validate", models["head"], "--data", coco, "--ap-method", "ultralytics")
+    assert result.code == 0 and "mAP@[.5:.95] (ultralytics AP)" in result.out
+    assert "mAP@[.5:.95] (ultralytics AP)" in render_html(report.to_json())
+    # Ultralytics has no crowd regions: the report says what that means for a dataset that has some
+    crowded = json.loads(coco.read_text())
+    crowded["annotations"].append({"id": 99, "image_id": 1, "category_id": 1, "bbox": [0, 0, 10, 10],
+                                   "area": 100, "iscrowd": 1})
+    (coco.parent / "crowded.json").write_text(json.dumps(crowded))
+    notes = validate(models["head"], coco.parent / "crowded.json", ap_method="ultralytics").notes
+    assert any("no crowd regions" in n for n in notes)
+    assert not any("crowd" in n for n in validate(models["head"], coco.parent / "crowded.json").notes)
     # the engine's boxes are 3 px (input) = 6 px (original) off: IoU 0.45 and 0.33, no match at .5
     report = validate(models["head_off"], coco, reference=models["dir"] / "head.onnx", max_drop=0.01)
     assert report.overall.engine == pytest.approx(0.0) and not report.passed
@@ -494,6 +519,10 @@ def test_bad_data_and_usage_errors(models, tmp_path, cli):
     assert_cli_error(cli("validate", plan, "--data", good, *cls, "--split-by", "weather"), "weather", "lighting")
     assert_cli_error(cli("validate", plan, "--data", good, *cls, "--task", "detect"), "classification")
     assert_cli_error(cli("validate", plan, "--data", good, *cls, "--max-drop", "-1"), "--max-drop")
+    assert_cli_error(cli("validate", models["head"], "--data", good, "--ap-method", "voc"),
+                     "--ap-method 'voc' is not an AP method", "coco or ultralytics")
+    with pytest.raises(ConfigError, match="coco or ultralytics"):
+        validate(models["head"], good, ap_method="COCO")
     assert_cli_error(cli("validate", plan, "--data", tmp_path / "nowhere"), "does not exist")
     # a reference that is not the engine's model
     other = save(head_model(make_head()), tmp_path / "other.onnx")
