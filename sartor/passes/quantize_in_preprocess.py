@@ -39,7 +39,7 @@ def _reader_quantization(reader: Node, value: str) -> tuple | None:
     if value in reader.inputs[1:]:  # a residual or a projection's input is read in its own way
         return None
     scale, inv_scale = reader.attrs.get("input_scale"), reader.attrs.get("input_inv_scale")
-    if not (isinstance(scale, Real) and isinstance(inv_scale, Real)):  # per-channel scales: not a layer's input
+    if not (isinstance(scale, Real) and isinstance(inv_scale, Real)):  # the kernel writes per-tensor codes only
         return None
     return float(scale), float(inv_scale), int(reader.attrs.get("qmin", -INT8_QMAX))
 
