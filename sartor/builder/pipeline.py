@@ -32,6 +32,7 @@ from ..passes.fuse_add_layernorm import fuse_add_layernorm
 from ..passes.fuse_layernorm_rows import fuse_layernorm_rows
 from ..passes.gather_rows import gather_rows
 from ..passes.fuse_stem_max_pool import fuse_stem_max_pool
+from ..passes.quantize_in_preprocess import quantize_in_preprocess
 from ..runtime.engine_file import check_writable, pack, sign, write_atomic
 from ..runtime.executor import Executor
 from ..runtime.fingerprint import device_fingerprint, parse_device
@@ -361,6 +362,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         plan.layers[PREPROCESS_LAYER] = "fp32"
         plan.reasons[PREPROCESS_LAYER] = f"raw frames in (--input-format {frames.describe()}): --preprocess applied"
         log.append(f"input: raw frames {frames.describe()}, {preprocess.describe()} applied by the first layer")
+        if quantize_in_preprocess(graph):
+            plan.reasons[PREPROCESS_LAYER] += "; writes the INT8 codes its readers take"
+            log.append("quantize: the preprocessing layer writes the INT8 codes of the layers that read the image, "
+                       "which no longer quantize it (passes/quantize_in_preprocess.py)")
     stage("tactics")
     selections = [TacticSelection()]
     if config.builder_effort > 0:

@@ -1,7 +1,8 @@
 """The fused preprocessing kernel (kernels/preprocess/letterbox.py) against the CPU reference
 (`sartor.data.preprocess`, Pillow) and today's torch path, through Triton's interpreter on small
-frames (natively on a GPU): letterbox geometry exact, pixels within one level; its taps against
-Pillow's one-axis resizes; its tactics by name."""
+frames (natively on a GPU): letterbox geometry exact, pixels within one level; its INT8 codes the
+quantization of its values bit for bit; its taps against Pillow's one-axis resizes; its tactics by
+name."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,12 +17,14 @@ from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
 from sartor.errors import TacticNameError
 from sartor.kernels.preprocess.letterbox import (
     PREPROCESS_TILES,
+    InputCodes,
     PreprocessTile,
     letterbox_frames,
 )
 from sartor.kernels.preprocess.taps import pillow_taps
 from sartor.kernels.preprocess.torch_path import letterbox_torch
 from sartor.kernels.registry import parse_tactic
+from sartor.ops.quantized import quantize
 from sartor.pipeline import prepare_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,8 +50,9 @@ def levels(values: torch.Tensor | np.ndarray, spec) -> np.ndarray:
 
 
 def run_kernel(pixels: np.ndarray, spec, frame_layout: str = "chw", frame_order: str = "rgb", batch: int = 2,
-               tile=None) -> torch.Tensor:
-    """The kernel over `batch` copies of an H×W×3 RGB frame, given as `frame_layout`/`frame_order`."""
+               tile=None, codes: InputCodes | None = None) -> torch.Tensor:
+    """The kernel over `batch` copies of an H×W×3 RGB frame, given as `frame_layout`/`frame_order`
+    (with `codes`: their INT8 codes)."""
     h, w, _ = pixels.shape
     given = pixels[..., ::-1] if frame_order == "bgr" else pixels
     t = torch.from_numpy(np.ascontiguousarray(given)).to(DEVICE)
@@ -56,8 +60,8 @@ def run_kernel(pixels: np.ndarray, spec, frame_layout: str = "chw", frame_order:
     frames = torch.stack([t] * batch)
     place = placement(h, w, spec)
     shape = spec.input_shape(batch) or ((batch, 3, h, w) if spec.layout == "nchw" else (batch, h, w, 3))
-    out = torch.full(shape, 7, dtype=getattr(torch, spec.dtype), device=DEVICE)
-    return letterbox_frames(frames, frame_layout, frame_order, spec, place.resized, place.pad, out, tile)
+    out = torch.full(shape, 7, dtype=torch.int8 if codes else getattr(torch, spec.dtype), device=DEVICE)
+    return letterbox_frames(frames, frame_layout, frame_order, spec, place.resized, place.pad, out, tile, codes)
 
 
 CASES = [  # (frame H, W, spec): downscale, upscale, odd sizes, both layouts, orders and dtypes
@@ -100,6 +104,56 @@ def test_kernel_matches_the_pil_reference_and_the_torch_path(h, w, text):
     torch_path = letterbox_torch(torch.stack([t, t]), "chw", "rgb", spec, place.resized, place.pad, canvas)
     between = np.abs(levels(ours, spec) - levels(torch_path, spec))
     assert between.max() <= TORCH_LEVELS[DEVICE] + slack
+
+
+# (inv_scale, qmin): a stem's usual scale (values of a few units), half steps (the integer values of
+# mean=0,std=1 specs fall on ties), and one that saturates most values, to [-128, 127] as Q/DQ layers.
+CODE_SCALES = [(37.25, -127), (0.5, -127), (300.0, -128)]
+
+
+@pytest.mark.parametrize("h,w,text", CASES)
+@pytest.mark.parametrize("frame_layout,frame_order", [("chw", "rgb"), ("hwc", "bgr")])
+def test_int8_codes_are_the_quantized_values_bit_for_bit(h, w, text, frame_layout, frame_order):
+    """The codes are what the INT8 layer reading the values would make of them (ops.quantized's
+    quantize, its emulation's): an engine's numbers do not change when the kernel writes them."""
+    spec = parse_preprocess(text)
+    pixels = frame(h, w, seed=7)
+    values = run_kernel(pixels, spec, frame_layout, frame_order, batch=1)
+    reference = torch.from_numpy(preprocess_image(pixels, spec)[0]).to(DEVICE)
+    same = values[0] == reference  # where the kernel's pixels are Pillow's (most: see the test above)
+    for inv_scale, qmin in CODE_SCALES:
+        codes = run_kernel(pixels, spec, frame_layout, frame_order, batch=1, codes=InputCodes(inv_scale, qmin))
+        assert codes.dtype == torch.int8 and codes.shape == values.shape
+        assert torch.equal(codes, quantize(values, inv_scale, qmin)), (inv_scale, qmin)
+        assert torch.equal(codes[0][same], quantize(reference, inv_scale, qmin)[same])
+    assert same.float().mean() > 0.75
+
+
+def test_int8_codes_round_ties_to_even_and_saturate():
+    """Levels 0..255 unresized: level · 0.5 has a tie at every odd level; 255 saturates at 127 and
+    -200 at qmin."""
+    pixels = np.repeat(np.arange(256, dtype=np.uint8).reshape(16, 16, 1), 3, axis=-1)
+    levels_ = torch.arange(256, dtype=torch.float64).reshape(16, 16)
+    for text, inv_scale, qmin, values in [
+            ("none,mean=0,std=1,rgb,nchw", 0.5, -127, levels_ * 0.5),
+            ("none,mean=0,std=1,rgb,nchw", 1.0, -127, levels_),
+            ("none,mean=200,std=1,rgb,nchw", 1.0, -128, levels_ - 200),
+            ("none,mean=200,std=1,rgb,nchw", 1.0, -127, levels_ - 200)]:
+        codes = run_kernel(pixels, parse_preprocess(text), batch=1, codes=InputCodes(inv_scale, qmin))
+        expected = torch.from_numpy(np.clip(np.rint(values.numpy()), qmin, 127).astype(np.int8))  # rint: ties to even
+        assert all(torch.equal(codes[0, c].cpu(), expected) for c in range(3)), text
+
+
+def test_int8_codes_need_an_int8_output_and_it_needs_them():
+    spec = parse_preprocess("letterbox=32,mean=0,std=255,rgb,nchw")
+    place = placement(37, 53, spec)
+    frames = torch.from_numpy(frame(37, 53)).permute(2, 0, 1)[None].contiguous().to(DEVICE)
+    with pytest.raises(ValueError, match="int8 output"):
+        letterbox_frames(frames, "chw", "rgb", spec, place.resized, place.pad, torch.empty(1, 3, 32, 32,
+                         device=DEVICE), codes=InputCodes(2.0))
+    with pytest.raises(ValueError, match="int8 output"):
+        letterbox_frames(frames, "chw", "rgb", spec, place.resized, place.pad,
+                         torch.empty(1, 3, 32, 32, dtype=torch.int8, device=DEVICE))
 
 
 @pytest.mark.parametrize("frame_layout,frame_order", [("hwc", "rgb"), ("hwc", "bgr"), ("chw", "bgr")])

@@ -11,6 +11,7 @@ from sartor.data.preprocess import parse_preprocess, preprocess_image
 from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES
 from sartor.ops import default_registry
 from sartor.ops.preprocess import preprocess, preprocess_tactics
+from sartor.ops.quantized import quantize
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPEC = "letterbox=32,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw,dtype=float16"
@@ -48,3 +49,19 @@ def test_tactics_are_the_kernel_tiles_on_cuda_only():
     if torch.cuda.is_available():
         offered = preprocess_tactics([frames().cuda()], {})
         assert offered == ["torch", *(tile.name for tile in PREPROCESS_TILES)]
+
+
+@pytest.mark.parametrize("spec_text", [SPEC, "letterbox=32,mean=0,std=255,bgr,nchw"])
+def test_int8_codes_are_the_quantized_image_by_every_tactic(spec_text):
+    """With an INT8 reader's input scale (passes/quantize_in_preprocess.py) each tactic writes the
+    codes that reader would make of the image the same tactic writes as floats."""
+    attrs = {"spec": spec_text, "frame_order": "bgr"}
+    codes_attrs = dict(attrs, output_scale=1 / 40.0, output_inv_scale=40.0, qmin=-127)
+    given = frames(seed=4).to(DEVICE)
+    # Every tactic on CUDA; on the CPU the reference and a tile through Triton's interpreter.
+    tactics = preprocess_tactics([given], attrs) if DEVICE == "cuda" else ["torch", PREPROCESS_TILES[0].name]
+    for tactic in tactics:
+        values = preprocess([given], dict(attrs, tactic=tactic))
+        codes = preprocess([given], dict(codes_attrs, tactic=tactic))
+        assert codes.dtype == torch.int8 and codes.stride() == values.stride(), tactic  # channels-last on CUDA
+        assert torch.equal(codes, quantize(values, 40.0, -127)), tactic

@@ -1,6 +1,8 @@
 """Engines that take raw uint8 frames (`--input-format uint8:HxW`): the engine preprocesses inside
 itself and equals the float-input engine fed `prepare_batch`'s output; the pipeline feeds it decoded
-frames (a frame of another size fails alone); the gate refuses other frame sizes in one line."""
+frames (a frame of another size fails alone); the gate refuses other frame sizes in one line. An
+INT8 one's preprocessing writes its stem's codes and computes what it computed writing floats
+(passes/quantize_in_preprocess.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +11,7 @@ import torch
 from conftest import IMAGE
 
 import sartor
+from sartor.builder import pipeline as builder_pipeline
 from sartor.builder.config import BuildConfig
 from sartor.builder.pipeline import build
 from sartor.data.frame_format import FrameFormat
@@ -161,3 +164,71 @@ def test_on_cuda_the_engine_preprocesses_inside_its_graph_as_prepare_batch_does(
         # The layer's tactic is the kernel (Pillow's pixels, as prepare_batch's) or the float torch
         # path (within a level of them): the logits agree to a level's effect.
         assert torch.nn.functional.cosine_similarity(ours, expected, dim=1).min() > 0.9999
+
+
+def calibration_images(folder, frame_size=FRAME, spec: str = SPEC) -> str:
+    """Calibration samples as the model takes them: camera frames through `spec`."""
+    frames = torch.from_numpy(camera_frames(24, size=frame_size, seed=21)).permute(0, 3, 1, 2)
+    images, _ = prepare_batch(list(frames), [str(i) for i in range(len(frames))], parse_preprocess(spec))
+    path = folder / "calib.npy"
+    np.save(path, images.numpy())
+    return str(path)
+
+
+def int8_frame_engines(onnx, folder, device: str, frame_size=FRAME, spec: str = SPEC, **options) -> tuple:
+    """(the build result and engine of INT8 raw frames whose preprocessing writes the stem's codes,
+    the engine built the same without passes/quantize_in_preprocess.py: its preprocessing writes
+    floats the stem quantizes). One calibration (cached) for both."""
+    def config(name: str) -> BuildConfig:
+        return BuildConfig(str(onnx), str(folder / name), device=device, profiles=PROFILE, preprocess=spec,
+                           input_format=f"uint8:{frame_size[0]}x{frame_size[1]}", precision="int8",
+                           calib=calibration_images(folder, frame_size, spec), calib_cache=str(folder / "calib.cache"),
+                           **options)
+    result = build(config("codes.plan"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(builder_pipeline, "quantize_in_preprocess", lambda graph: 0)
+        build(config("floats.plan"))
+    return result, sartor.load(folder / "codes.plan", device=device), sartor.load(folder / "floats.plan", device=device)
+
+
+def assert_the_preprocessing_writes_the_stems_codes(result, codes_engine, floats_engine) -> None:
+    preprocess, stem = codes_engine.layers[:2]
+    assert preprocess["op"] == "Preprocess" and stem["op"] == "QConv" and stem["precision"] == "int8"
+    assert preprocess["attrs"]["output_scale"] == stem["attrs"]["input_scale"]
+    assert "writes the INT8 codes its readers take" in preprocess["reason"]
+    assert any("quantize_in_preprocess" in line for line in result.log)
+    assert "output_scale" not in floats_engine.layers[0]["attrs"]
+
+
+@pytest.fixture(scope="module")
+def int8_engines(tiny_onnx, tmp_path_factory):
+    return int8_frame_engines(tiny_onnx, tmp_path_factory.mktemp("frames_int8"), "cpu")
+
+
+def test_an_int8_engines_preprocessing_writes_its_stems_codes(int8_engines):
+    assert_the_preprocessing_writes_the_stems_codes(*int8_engines)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_int8_frames_engines_compute_the_same_with_codes_or_floats_between_their_first_layers(int8_engines, batch):
+    _, codes_engine, floats_engine = int8_engines
+    frames = torch.from_numpy(camera_frames(batch, seed=30 + batch))
+    ours = codes_engine.context().run({"frames": frames})["logits"]
+    expected = floats_engine.context().run({"frames": frames})["logits"]
+    assert torch.equal(ours, expected), (ours - expected).abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_cuda_int8_frames_engines_compute_the_same_with_codes_or_floats(tiny_onnx, tmp_path):
+    """Frames of the input's size: every preprocessing tactic makes the same pixels (no resampling),
+    and the two builds share a timing cache, so each layer they share runs one tactic in both."""
+    size, spec = (IMAGE, IMAGE), f"letterbox={IMAGE},mean=0:1:2,std=255:128:64,bgr,nchw"
+    built = int8_frame_engines(tiny_onnx, tmp_path, "cuda", size, spec, timing_cache=str(tmp_path / "timing.json"))
+    assert_the_preprocessing_writes_the_stems_codes(*built)
+    _, codes_engine, floats_engine = built
+    frames = torch.from_numpy(camera_frames(4, size=size, seed=12)).cuda()
+    expected = floats_engine.context().run({"frames": frames})["logits"]
+    context = codes_engine.context()
+    for _ in range(4):  # two eager runs, the capture, then a replay of the CUDA graph
+        ours = context.run({"frames": frames})["logits"]
+        assert torch.equal(ours, expected), (ours.float() - expected.float()).abs().max()

@@ -1,6 +1,7 @@
 """uint8 frames to an engine's input in one Triton launch: Pillow's antialiased bilinear resize
 (its fixed-point taps and its rounding to uint8 after each pass, `taps.py`), the letterbox's pad
-bands, channel order, (x - mean) / std, NCHW or NHWC, float32, float16 or uint8 levels.
+bands, channel order, (x - mean) / std, NCHW or NHWC, float32, float16 or uint8 levels, or the
+INT8 codes of those values that the INT8 layer reading them would make (its input scale).
 
 Each program owns a run of output pixels along one row of one frame, all three channels: the
 row's vertical taps are scalars (a tap of weight 0 is skipped), the tap counts compile-time
@@ -24,6 +25,7 @@ from typing import ClassVar
 import torch
 
 from ...data.preprocess import PreprocessSpec
+from ...ir.dtypes import INT8_QMAX
 from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import triton
 from ..registry import LayerFacts, Number, Tactic, register
@@ -31,6 +33,8 @@ from .taps import device_taps
 
 if triton is not None:
     import triton.language as tl
+
+    from ..common.tile_steps import quantize_int8
 
     @triton.jit
     def _clip8(acc):
@@ -53,12 +57,25 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _output(level, mean, std, inv_scale, qmin, IDENTITY: tl.constexpr, LEVELS: tl.constexpr,
+                CODES: tl.constexpr, HALF: tl.constexpr):
+        """One channel's output: the normalised value (float32), or with CODES its INT8 code as the
+        layer reading it quantizes its float input (quantize_int8: round(x · inv_scale) half to
+        even, saturated to [qmin, 127]); with HALF first rounded to the float16 that input held."""
+        x = _normalised(level, mean, std, IDENTITY, LEVELS)
+        if CODES:
+            if HALF:
+                x = x.to(tl.float16).to(tl.float32)
+            return quantize_int8(x, inv_scale, qmin)
+        return x
+
+    @triton.jit
     def _letterbox_kernel(x_ptr, y_ptr, row_start_ptr, row_weight_ptr, col_start_ptr, col_weight_ptr,
                           H, W, new_h, new_w, top, left, OW,
                           sxn, sxc, sxh, sxw, syn, syc, syh, syw,
-                          mean0, mean1, mean2, std0, std1, std2, pad,
+                          mean0, mean1, mean2, std0, std1, std2, pad, inv_scale, qmin,
                           KY: tl.constexpr, KX: tl.constexpr, SWAP: tl.constexpr, IDENTITY: tl.constexpr,
-                          LEVELS: tl.constexpr, BLOCK: tl.constexpr):
+                          LEVELS: tl.constexpr, CODES: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
         n = tl.program_id(2).to(tl.int64)
         oy = tl.program_id(1)
         ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -101,16 +118,19 @@ if triton is not None:
             else:
                 r0 = _clip8(v0)
                 r2 = _clip8(v2)
-            tl.store(out, _normalised(tl.where(inside, r0, padded), mean0, std0, IDENTITY, LEVELS).to(dtype),
-                     mask=valid)
-            tl.store(out + syc, _normalised(tl.where(inside, r1, padded), mean1, std1, IDENTITY, LEVELS).to(dtype),
-                     mask=valid)
-            tl.store(out + 2 * syc, _normalised(tl.where(inside, r2, padded), mean2, std2, IDENTITY, LEVELS).to(dtype),
-                     mask=valid)
+            r0 = tl.where(inside, r0, padded)
+            r1 = tl.where(inside, r1, padded)
+            r2 = tl.where(inside, r2, padded)
         else:  # a row of the pad band: no frame pixel to read
-            tl.store(out, _normalised(padded, mean0, std0, IDENTITY, LEVELS).to(dtype), mask=valid)
-            tl.store(out + syc, _normalised(padded, mean1, std1, IDENTITY, LEVELS).to(dtype), mask=valid)
-            tl.store(out + 2 * syc, _normalised(padded, mean2, std2, IDENTITY, LEVELS).to(dtype), mask=valid)
+            r0 = padded
+            r1 = padded
+            r2 = padded
+        tl.store(out, _output(r0, mean0, std0, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
+                 mask=valid)
+        tl.store(out + syc, _output(r1, mean1, std1, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
+                 mask=valid)
+        tl.store(out + 2 * syc, _output(r2, mean2, std2, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
+                 mask=valid)
 
 
 @register
@@ -140,6 +160,14 @@ PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTi
 FRAME_LAYOUTS = ("chw", "hwc")
 
 
+@dataclass(frozen=True)
+class InputCodes:
+    """The input quantization of the INT8 layer that reads the output: the kernel then writes its
+    codes (`letterbox_frames`), and the layer skips its own quantization."""
+    inv_scale: float  # float32-exact, as the layer stores it
+    qmin: int = -INT8_QMAX  # -128 for layers folded from Q/DQ models
+
+
 def preprocess_kernel_available() -> bool:
     return triton is not None
 
@@ -152,13 +180,15 @@ def kernel_supports(spec: PreprocessSpec) -> bool:
 
 def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, spec: PreprocessSpec,
                      resized: tuple[int, int], pad: tuple[int, int], out: torch.Tensor,
-                     tile: PreprocessTile | None = None) -> torch.Tensor:
+                     tile: PreprocessTile | None = None, codes: InputCodes | None = None) -> torch.Tensor:
     """N frames of one size (N×3×H×W for `frame_layout` "chw", N×H×W×3 for "hwc", uint8, any
     strides, channels in `frame_order`) → `out` (N images as `spec` lays them out), each frame
     resized to `resized` (h, w) with its top-left corner at `pad` (top, left) and the rest of the
     canvas the spec's pad value. A negative `pad` is a centre crop: the output pixel (y, x) reads
     the resized image's (y - top, x - left), all inside it. Pillow's filter only: `resampler=cv2`
-    runs the torch path (`kernel_supports`)."""
+    runs the torch path (`kernel_supports`). With `codes`, `out` is int8 and holds the INT8 codes
+    of the values the spec makes (of their float16 values for dtype=float16): bit for bit what the
+    layer reading a float input would quantize it to, so that layer reads them as they are."""
     if not kernel_supports(spec):
         raise ValueError(f"letterbox_frames: preprocess {spec.describe()!r} resamples with OpenCV's filter, which "
                          f"this kernel does not compute: use the torch path")
@@ -166,6 +196,9 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
         raise ValueError(f"letterbox_frames: frame layout {frame_layout!r} is not one of {FRAME_LAYOUTS}")
     if frames.dtype != torch.uint8 or frames.dim() != 4:
         raise ValueError(f"letterbox_frames: frames must be 4-D uint8, not {tuple(frames.shape)} {frames.dtype}")
+    if (codes is not None) != (out.dtype == torch.int8):
+        raise ValueError(f"letterbox_frames: INT8 codes go to an int8 output and only there, not {out.dtype} "
+                         f"({'with' if codes is not None else 'without'} an input scale)")
     n = frames.shape[0]
     if frame_layout == "chw":
         _, _, h, w = frames.shape
@@ -187,12 +220,17 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
     grid = (triton.cdiv(ow, tile.pixels), oh, n)
     if n == 0:
         return out
+    inv_scale, qmin = (codes.inv_scale, codes.qmin) if codes is not None else (1.0, -INT8_QMAX)
     _letterbox_kernel[grid](frames, out, row_start, row_weight, col_start, col_weight,
                             h, w, new_h, new_w, top, left, ow,
                             sxn, sxc, sxh, sxw, syn, syc, syh, syw,
-                            *spec.mean, *spec.std, spec.pad_value,
+                            *spec.mean, *spec.std, spec.pad_value, float(inv_scale), float(qmin),
                             KY=ky, KX=kx, SWAP=frame_order != spec.channels, IDENTITY=identity,
-                            LEVELS=spec.dtype == "uint8", BLOCK=tile.pixels, num_warps=tile.warps)
+                            LEVELS=spec.dtype == "uint8", CODES=codes is not None, HALF=spec.dtype == "float16",
+                            BLOCK=tile.pixels, num_warps=tile.warps,
+                            # quantize_int8 rounds x · inv_scale to float32 before its rounding add, as
+                            # the layer's own quantization does: no fused multiply-add
+                            enable_fp_fusion=False)
     return out
 
 
