@@ -47,8 +47,10 @@ def test_tactics_are_the_kernel_tiles_on_cuda_only():
     assert default_registry()["Preprocess"].tactics is preprocess_tactics
     assert preprocess_tactics([frames()], {}) == ["torch"]  # a CPU tensor
     if torch.cuda.is_available():
-        offered = preprocess_tactics([frames().cuda()], {})
+        offered = preprocess_tactics([frames().cuda()], {"spec": SPEC})
         assert offered == ["torch", *(tile.name for tile in PREPROCESS_TILES)]
+        # OpenCV's filter is not the kernel's: the torch path alone
+        assert preprocess_tactics([frames().cuda()], {"spec": SPEC + ",resampler=cv2"}) == ["torch"]
 
 
 @pytest.mark.parametrize("spec_text", [SPEC, "letterbox=32,mean=0,std=255,bgr,nchw"])

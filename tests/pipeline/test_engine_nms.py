@@ -4,6 +4,7 @@ exactly what the pipeline's host-side NMS keeps from the same model without it, 
 `--nms` misused is refused in one line with exit 2."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -77,6 +78,8 @@ def test_pipeline_keeps_what_host_side_nms_keeps(plans, scenes):
         np.testing.assert_array_equal(got.detections.boxes, expected.detections.boxes)
 
 
+@pytest.mark.skipif(not any(importlib.util.find_spec(name) for name in ("pycocotools", "faster_coco_eval")),
+                    reason="COCO mAP needs the build extra (pycocotools), which the H200 machine lacks")
 def test_validate_gives_the_host_side_map_on_every_split(plans, scenes):
     from sartor.validate import validate
     raw = validate(plans["raw"], scenes, reference=MODEL, split_by="lighting", conf=0.25, iou=0.45, max_det=50)
