@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -259,3 +260,16 @@ def spelled_hardswish(b: OnnxBuilder, x: str, divide: bool = True, bounds=(0.0, 
     if divide:
         return b.node("Div", [prod, b.scalar(6.0)], name="hs_scale")
     return b.node("Mul", [prod, b.scalar(1 / 6)], name="hs_scale")
+
+
+def small_timm_swin(tmp_path) -> onnx.ModelProto:
+    """timm's Swin at 112 pixels, two stages of two blocks, 7×7 windows (one shifted block a stage),
+    seeded, exported as sartor's users do (opset 17, dynamic batch); skips without timm."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=112,
+                              embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=7).eval()
+    path = tmp_path / "swin.onnx"
+    torch.onnx.export(model, torch.randn(1, 3, 112, 112), str(path), opset_version=17, dynamo=False,
+                      input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "b"}})
+    return onnx.load(str(path))

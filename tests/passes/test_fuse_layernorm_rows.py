@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from passes_helpers import OnnxBuilder, assert_matches_ort, import_graph, op_counts
+from passes_helpers import OnnxBuilder, assert_matches_ort, import_graph, op_counts, small_timm_swin
 from sartor.ir import verify_graph
 from sartor.passes import optimize
 from sartor.passes.fuse_add_layernorm import fuse_add_layernorm
@@ -121,15 +121,7 @@ def test_a_layer_norm_read_besides_its_gather_keeps_it():
 
 
 def test_timm_swin_keeps_no_row_gather(tmp_path):
-    timm = pytest.importorskip("timm")
-    import onnx
-    torch.manual_seed(0)
-    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=112,
-                              embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=7).eval()
-    path = tmp_path / "swin.onnx"
-    torch.onnx.export(model, torch.randn(1, 3, 112, 112), str(path), opset_version=17, dynamo=False,
-                      input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "b"}})
-    onnx_model = onnx.load(str(path))
+    onnx_model = small_timm_swin(tmp_path)
     graph = import_graph(onnx_model)
     optimize(graph, verify=True)
     fuse_add_layernorm(graph)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from passes_helpers import OnnxBuilder, apply_pass, assert_matches_ort, assert_unchanged, import_graph, op_counts
+from passes_helpers import (OnnxBuilder, apply_pass, assert_matches_ort, assert_unchanged, import_graph, op_counts,
+                            small_timm_swin)
 from sartor.ops.attention import attention
 from sartor.passes import optimize
 from sartor.passes.fuse_window_attention import fuse_window_attention
@@ -75,15 +76,7 @@ def test_every_tactic_views_the_windows_out_of_the_batch(tactic):
 
 
 def test_fires_on_every_shifted_block_of_timm_swin(tmp_path):
-    timm = pytest.importorskip("timm")
-    import onnx
-    torch.manual_seed(0)
-    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=112,
-                              embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=7).eval()
-    path = tmp_path / "swin.onnx"
-    torch.onnx.export(model, torch.randn(1, 3, 112, 112), str(path), opset_version=17, dynamo=False,
-                      input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "b"}})
-    onnx_model = onnx.load(str(path))
+    onnx_model = small_timm_swin(tmp_path)
     graph = import_graph(onnx_model)
     report = optimize(graph, verify=True)
     assert report.rewrites.get("fuse_window_attention") == 2  # one shifted block a stage
