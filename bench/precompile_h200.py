@@ -2,7 +2,7 @@
 (sartor/tactics/compile_pool.py) does to default-effort FP16 build time, in one device call.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/precompile_h200.py --out $OUT
-        [--models resnet50,deeplabv3_mobilenet] [--batch 8] [--budget-s 480]
+        [--models resnet50,deeplabv3_mobilenet_v3_large] [--batch 8] [--budget-s 480] [--modes precompile]
     PYTHONPATH=. python bench/precompile_h200.py --out out/pc --device cpu --size 32 --models resnet50
         # a dry run of the script itself (on the CPU the step never runs: both builds are the same)
 
@@ -41,7 +41,7 @@ RESULTS = "precompile_h200.json"
 WORKERS_ENV = "SARTOR_COMPILE_WORKERS"
 # Seconds a build is expected to take before one has run (H200, Triton 3.6, the per-layer threads:
 # the profiles plus the stages around tactics); a measured build of the model replaces them.
-FIRST_ESTIMATE_S = {"resnet50": 80.0, "deeplabv3_mobilenet": 200.0, "convnextv2_atto": 100.0}
+FIRST_ESTIMATE_S = {"resnet50": 80.0, "deeplabv3_mobilenet_v3_large": 200.0, "convnextv2_atto": 100.0}
 DEFAULT_ESTIMATE_S = 150.0
 MARGIN_S = 10.0
 
@@ -49,11 +49,13 @@ MARGIN_S = 10.0
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", default="resnet50,deeplabv3_mobilenet")
+    parser.add_argument("--models", default="resnet50,deeplabv3_mobilenet_v3_large")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--modes", default="precompile,threads",
+                        help="precompile (the step on), threads (SARTOR_COMPILE_WORKERS=0), or both")
     parser.add_argument("--child", nargs=4, metavar=("ONNX", "MODE", "RESULT", "WORK"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -225,7 +227,7 @@ def main() -> None:
     save()
     estimate = {arch: FIRST_ESTIMATE_S.get(arch, DEFAULT_ESTIMATE_S) for arch in models}
     order = sorted(models, key=estimate.get)
-    for mode in ("precompile", "threads"):
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         for arch in order:
             left = args.budget_s - (time.perf_counter() - started)
             guess = estimate[arch] if mode == "threads" or args.device != "cuda" else estimate[arch] / 2
