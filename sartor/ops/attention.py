@@ -7,6 +7,9 @@ scores [..., Lq, Lk]. Leading dims broadcast as MatMul's do, at any rank. Attrib
 With attribute `windows` W (Swin's shifted windows, passes/fuse_window_attention.py), q, k_t and v
 have their images × W windows in the first dim, and the bias [1, W, heads, Lq, Lk] is per window:
 the layer views them as [images, W, ...] (a view), the bias broadcasting over the images.
+With attribute `rows_before_heads` (passes/fold_attention_transpose.py) the output is [..., Lq,
+heads, Dv], the dim before the rows moved after them, as the Transpose that merges the heads into
+the channels reads it: the one-kernel tactic writes it so, the others transpose their result.
 
 Tactics: `torch` (the reference: float32 math, the unfused graph's result), `sdpa`
 (torch's scaled_dot_product_attention: flash or memory-efficient kernels on CUDA, which keep the
@@ -126,9 +129,11 @@ def _short(inputs: list, attrs: dict) -> torch.Tensor:
     """The one-kernel tile the layer chose; the reference where the kernel cannot run (a CPU tensor
     outside Triton's interpreter) or does not fit (shapes other than those it was chosen at)."""
     q, k_t, v, bias = _operands(inputs)
+    rows_first = bool(attrs.get("rows_before_heads"))
     if not (kernel_runs_on(q) and short_attention_fits(q, k_t, v, bias)):
-        return _reference(inputs, attrs)
-    return short_attention(q, k_t, v, bias, attrs["scale"], parse_tactic(attrs["tactic"]))
+        out = _reference(inputs, attrs)
+        return out.transpose(-3, -2) if rows_first else out
+    return short_attention(q, k_t, v, bias, attrs["scale"], parse_tactic(attrs["tactic"]), rows_before_heads=rows_first)
 
 
 _TACTICS = {REFERENCE: _reference, SDPA: _sdpa, UNFUSED: _unfused}
@@ -145,7 +150,7 @@ def _tactic(name: str):
 @OPS.internal("Attention", tactics=attention_tactics, eager_tactic=SDPA)
 def attention(inputs, attrs):
     tactic = _tactic(attrs.get("tactic") or REFERENCE)
-    if not attrs.get("windows"):
-        return tactic(inputs, attrs)
     out = tactic(_by_window(inputs, attrs), dict(attrs, windows=None))
-    return out.reshape(-1, *out.shape[2:])
+    if attrs.get("rows_before_heads") and tactic is not _short:  # the kernel writes that layout itself
+        out = out.transpose(-3, -2)
+    return out.reshape(-1, *out.shape[2:]) if attrs.get("windows") else out

@@ -105,7 +105,8 @@ def test_op_runs_the_kernel_for_swin_windows_with_a_bias_per_window(dtype, monke
     mask[:, 1:, :, :, tokens // 2:] = -100.0  # as Swin masks the shifted windows' foreign tokens
     bias = (random(generator, 1, 1, heads, tokens, tokens, spread=3.0) + mask.to(DEVICE)).to(dtype)
     calls = []
-    monkeypatch.setattr(attention_op, "short_attention", lambda *args: calls.append(1) or short_attention(*args))
+    monkeypatch.setattr(attention_op, "short_attention",
+                        lambda *args, **kwargs: calls.append(1) or short_attention(*args, **kwargs))
     out = ATTENTION.impl([q, k_t, v, bias], {"scale": 0.25, "windows": windows, "tactic": "attention.short.b16.w1"})
     assert calls == [1]
     by_window = [t.reshape(images, windows, *t.shape[1:]) for t in (q, k_t, v)]

@@ -195,28 +195,38 @@ def short_attention_fits(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, bi
 
 
 def short_attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float,
-                    tile: ShortAttentionTile) -> torch.Tensor:
-    """softmax(scale · q @ k_t + bias) @ v in q's dtype, [batch..., Lq, Dv] (contiguous); see
-    short_attention_fits. Operands may be strided views."""
+                    tile: ShortAttentionTile, rows_before_heads: bool = False) -> torch.Tensor:
+    """softmax(scale · q @ k_t + bias) @ v in q's dtype, [batch..., heads, Lq, Dv] (contiguous), or
+    with `rows_before_heads` [batch..., Lq, heads, Dv] (heads: the last batch dim), the layout a
+    Transpose merging the heads into the channels wants; see short_attention_fits. Operands may be
+    strided views."""
     lq, dim = q.shape[-2:]
     lk, dim_v = v.shape[-2:]
     shapes = [q.shape[:-2], k_t.shape[:-2], v.shape[:-2]] + ([bias.shape[:-2]] if bias is not None else [])
-    batch = tuple(torch.broadcast_shapes(*shapes)) or (1,)
+    full_batch = tuple(torch.broadcast_shapes(*shapes))
+    if rows_before_heads and not full_batch:
+        raise ValueError("rows_before_heads needs a heads dim before the rows")
+    batch = full_batch or (1,)
     operands = [as_operand(q, batch, (lq, dim)), as_operand(k_t, batch, (dim, lk)), as_operand(v, batch, (lk, dim_v))]
     bias_operand = as_operand(bias if bias.dim() >= 2 else bias.reshape((1,) * (2 - bias.dim()) + tuple(bias.shape)),
                               batch, (lq, lk)) if bias is not None else operands[0]  # unread without a bias
     heads, outer = batch[-1], math.prod(batch[:-1])
-    out = torch.empty(batch + (lq, dim_v), dtype=q.dtype, device=q.device)
+    if rows_before_heads:
+        out = torch.empty(batch[:-1] + (lq, heads, dim_v), dtype=q.dtype, device=q.device)
+        out_strides = (lq * heads * dim_v, dim_v, heads * dim_v, 1)  # outer, head, row, column
+    else:
+        out = torch.empty(batch + (lq, dim_v), dtype=q.dtype, device=q.device)
+        out_strides = (heads * lq * dim_v, lq * dim_v, dim_v, 1)
     rows = min(tile.rows, padded(lq))
     row_blocks = triton.cdiv(lq, rows)
     _short_attention_kernel[(outer * heads * row_blocks,)](
         operands[0].tensor, operands[1].tensor, operands[2].tensor, bias_operand.tensor, out,
         heads, row_blocks, lq, lk, dim, dim_v, float(scale),
         *operands[0].args(), *operands[1].args(), *operands[2].args(), *bias_operand.args(),
-        heads * lq * dim_v, lq * dim_v, dim_v, 1,
+        *out_strides,
         HAS_BIAS=bias is not None, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROWS=rows,
         BLOCK_N=padded(lk), BLOCK_D=padded(dim), BLOCK_DV=padded(dim_v), num_warps=tile.warps)
-    return out.reshape(tuple(torch.broadcast_shapes(*shapes)) + (lq, dim_v))
+    return out if rows_before_heads else out.reshape(full_batch + (lq, dim_v))
 
 
 settle_cache_keys(globals())
