@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 34 part 2 on the H200: the one-kernel attention's CUDA tests, Swin-T's attention layers alone
-# by tactic (bench/attention_short.py), then Swin-T FP16 at batch 64 against torch.compile (bench/swin_profile.py), with the attention layers' tactics and times and
-# the heaviest kernels of both summarised from its JSON.
+# by tactic (bench/attention_short.py), then Swin-T FP16 at batch 64 against torch.compile
+# (bench/swin_profile.py), with the attention layers' tactics and times and the heaviest kernels of
+# both summarised from its JSON.
 set -uo pipefail
 export PYTHONPATH=. HF_HUB_OFFLINE=1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_attention_short.py \
   tests/ops/test_attention_op.py tests/passes/test_fuse_attention.py tests/passes/test_fuse_window_attention.py \
+  tests/passes/test_fold_attention_transpose.py \
   > "$OUT/tests.log" 2>&1
 echo "tests exit $?"; grep -E "passed|failed|^FAILED|^E " "$OUT/tests.log" | head -20 | cut -c1-300
 timeout 60 python bench/attention_short.py --out "$OUT" 2>&1 | tail -30
