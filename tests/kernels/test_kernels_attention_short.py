@@ -6,7 +6,7 @@ makes them); every tile; names; and where the tactic is offered and where not.
 
 Tolerances: float32 1e-5 (both products in IEEE float32, as torch's matmul); float16 5e-3 absolute
 and relative on outputs of a few units (the output and the unnormalised weights rounded to FP16,
-2^-11 relative each, summed over up to 64 keys)."""
+2^-11 relative each, summed over up to 64 keys); bfloat16 (CUDA only) 3e-2, for its 2^-8."""
 from __future__ import annotations
 
 import pytest
@@ -23,7 +23,10 @@ from sartor.ops import default_registry  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATTENTION = default_registry()["Attention"]
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+# Triton's interpreter computes tl.dot of bfloat16 operands wrongly (by 1e10 on a 16 × 16 product).
+BFLOAT16 = pytest.param(torch.bfloat16, id="torch.bfloat16", marks=pytest.mark.skipif(
+    DEVICE != "cuda", reason="Triton's interpreter multiplies bfloat16 tiles wrongly"))
 
 
 def unfused_graph(q, k_t, v, bias, scale):
@@ -56,7 +59,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BFLOAT16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_matches_the_unfused_graph(case, dtype):
     q_shape, lk, dv, bias_shape = CASES[case]
