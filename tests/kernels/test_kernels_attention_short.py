@@ -73,6 +73,16 @@ def test_kernel_matches_the_unfused_graph(case, dtype):
     assert_matches(out, q, k_t, v, bias, 0.3)
 
 
+def test_kernel_broadcasts_leading_dims_by_period_or_by_a_copy():
+    # Batch [2, 3, heads]: k_t and v repeat over the first dim (a period of 3), q over the second,
+    # which no (period, stride) describes: q is copied out first.
+    generator = torch.Generator().manual_seed(4)
+    q, k_t = random(generator, 2, 1, 2, 5, 16, spread=2.0), random(generator, 1, 3, 2, 16, 7)
+    v, bias = random(generator, 3, 2, 7, 8), random(generator, 2, 1, 1, 5, 7, spread=3.0)
+    assert short_attention_fits(q, k_t, v, bias)
+    assert_matches(short_attention(q, k_t, v, bias, 0.5, ShortAttentionTile(16, 1)), q, k_t, v, bias, 0.5)
+
+
 @pytest.mark.parametrize("tile", SHORT_TILES[:3], ids=lambda t: t.name)
 def test_every_tile_computes_49_tokens(tile):
     # Swin's 7×7 windows: 49 queries and keys padded to 64, the last row block partly empty.
