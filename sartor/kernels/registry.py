@@ -40,6 +40,7 @@ FAMILY_MODULES = (
     "sartor.ops.nms",
     "sartor.ops.attention",
     "sartor.kernels.norm.add_layernorm",
+    "sartor.kernels.attention.short",
 )
 SEPARATOR = "."
 

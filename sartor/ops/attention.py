@@ -7,18 +7,25 @@ scores [..., Lq, Lk]. Leading dims broadcast as MatMul's do, at any rank. Attrib
 With attribute `windows` W (Swin's shifted windows, passes/fuse_window_attention.py), q, k_t and v
 have their images × W windows in the first dim, and the bias [1, W, heads, Lq, Lk] is per window:
 the layer views them as [images, W, ...] (a view), the bias broadcasting over the images.
+With attribute `rows_before_heads` (passes/fold_attention_transpose.py) the output is [..., Lq,
+heads, Dv], the dim before the rows moved after them, as the Transpose that merges the heads into
+the channels reads it: the one-kernel tactic writes it so, the others transpose their result.
 
 Tactics: `torch` (the reference: float32 math, the unfused graph's result), `sdpa`
 (torch's scaled_dot_product_attention: flash or memory-efficient kernels on CUDA, which keep the
-scores in float32 registers and never write them out) and `unfused` (matmul, softmax, matmul in the
-layer's dtype, q scaled first so that FP16 scores hold the scaled values only).
+scores in float32 registers and never write them out), `unfused` (matmul, softmax, matmul in the
+layer's dtype, q scaled first so that FP16 scores hold the scaled values only) and, on CUDA for
+sequences of up to 128 tokens, `attention.short.*` (kernels/attention/short.py: the whole layer in
+one Triton kernel, which adds a per-window bias where SDPA takes only a mask it must expand).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels.registry import REFERENCE, fixed_tactic
+from ..kernels.attention.short import ShortAttentionTile, short_attention, short_attention_fits, short_tiles_for
+from ..kernels.common.interpreter import kernel_runs_on
+from ..kernels.registry import REFERENCE, TacticNameError, fixed_tactic, parse_tactic
 from .registry import OpTable
 
 OPS = OpTable("attention")
@@ -32,7 +39,13 @@ SDPA_RANK = 4  # [batch, heads, tokens, dim]: the rank the fused CUDA kernels ta
 
 
 def attention_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
-    return [REFERENCE, SDPA, UNFUSED]
+    """The reference, SDPA and the unfused kernels everywhere; on CUDA, where the sequences are short
+    enough, the one-kernel tiles too."""
+    tactics = [REFERENCE, SDPA, UNFUSED]
+    q, k_t, v, bias = _operands(_by_window(inputs, attrs))
+    if q.is_cuda and short_attention_fits(q, k_t, v, bias):
+        tactics += [tile.name for tile in short_tiles_for(q.shape[-2])]
+    return tactics
 
 
 def _operands(inputs: list) -> tuple:
@@ -112,13 +125,32 @@ def _sdpa(inputs: list, attrs: dict) -> torch.Tensor:
     return out.reshape(batch + (lq, v.shape[-1]))
 
 
+def _short(inputs: list, attrs: dict) -> torch.Tensor:
+    """The one-kernel tile the layer chose; the reference where the kernel cannot run (a CPU tensor
+    outside Triton's interpreter) or does not fit (shapes other than those it was chosen at)."""
+    q, k_t, v, bias = _operands(inputs)
+    rows_first = bool(attrs.get("rows_before_heads"))
+    if not (kernel_runs_on(q) and short_attention_fits(q, k_t, v, bias)):
+        out = _reference(inputs, attrs)
+        return out.transpose(-3, -2) if rows_first else out
+    return short_attention(q, k_t, v, bias, attrs["scale"], parse_tactic(attrs["tactic"]), rows_before_heads=rows_first)
+
+
 _TACTICS = {REFERENCE: _reference, SDPA: _sdpa, UNFUSED: _unfused}
+
+
+def _tactic(name: str):
+    if name in _TACTICS:
+        return _TACTICS[name]
+    if isinstance(parse_tactic(name), ShortAttentionTile):
+        return _short
+    raise TacticNameError(f"tactic {name!r} is not one of the Attention layer's")
 
 
 @OPS.internal("Attention", tactics=attention_tactics, eager_tactic=SDPA)
 def attention(inputs, attrs):
-    tactic = _TACTICS[attrs.get("tactic") or REFERENCE]
-    if not attrs.get("windows"):
-        return tactic(inputs, attrs)
+    tactic = _tactic(attrs.get("tactic") or REFERENCE)
     out = tactic(_by_window(inputs, attrs), dict(attrs, windows=None))
-    return out.reshape(-1, *out.shape[2:])
+    if attrs.get("rows_before_heads") and tactic is not _short:  # the kernel writes that layout itself
+        out = out.transpose(-3, -2)
+    return out.reshape(-1, *out.shape[2:]) if attrs.get("windows") else out

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
 from ..kernels.norm.add_layernorm import (ADD_LAYERNORM_APART, ADD_LAYERNORM_TILES, LAYERNORM_APART, LAYERNORM_TILES,
-                                          RowTable, add_layernorm, add_layernorm_supported, kernel_runs_on,
-                                          layernorm, layernorm_supported)
+                                          RowTable, add_layernorm, add_layernorm_supported, layernorm,
+                                          layernorm_supported)
+from ..kernels.common.interpreter import kernel_runs_on
 from ..kernels.registry import REFERENCE, parse_tactic
 from .rows import gather_rows, images_of, output_shape, rows_through
 from .util import norm_axis, only_dtypes

@@ -14,6 +14,7 @@ from .fold_qdq import fold_qdq, qdq_census, qdq_notes
 from .fuse_activation_patterns import fuse_activation_patterns
 from .fuse_attention import fuse_attention
 from .fuse_window_attention import fuse_window_attention
+from .fold_attention_transpose import fold_attention_transpose
 from .fuse_conv_activation import fuse_conv_activation
 from .fuse_residual_add import fuse_residual_add
 from .fuse_yolo_head import fuse_yolo_head
@@ -21,7 +22,8 @@ from .remove_identities import remove_identities
 
 SIMPLIFY: list[Pass] = [fold_constants, remove_identities, cleanup_reshapes, eliminate_dead_nodes]
 FUSE: list[Pass] = [fold_batchnorm, fold_matmul_batchnorm, drop_redundant_qdq, fuse_activation_patterns,
-                    fuse_window_attention, fuse_attention, fuse_conv_activation, fuse_residual_add, fuse_conv_activation, fuse_yolo_head]
+                    fuse_window_attention, fuse_attention, fold_attention_transpose, fuse_conv_activation,
+                    fuse_residual_add, fuse_conv_activation, fuse_yolo_head]
 # Q/DQ models: after fusion, so that the folded INT8 layers keep their activation and residual.
 QUANTIZED: list[Pass] = [fold_qdq]
 # Last: every pass that looks for a plain Conv has run.

@@ -275,3 +275,40 @@ def test_a_candidate_that_fails_to_compile_is_reported_by_its_first_cause(monkey
         assert kernel_asm.first_cause(outer) is root
     plain = ValueError("no cause")
     assert kernel_asm.first_cause(plain) is plain
+
+
+SHORT_ATTENTION_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.attention.short import _short_attention_kernel, padded, short_tiles_for
+heads, dim, windows = 3, 32, 64  # Swin-T's first stage
+qkv = (3 * heads * dim, dim)  # q, k and v: views of the qkv projection [BW, N, 3, heads, d], rows 3·C apart
+for tokens in (49, 128):
+    for tile in short_tiles_for(tokens):
+        values = dict(q_ptr="*fp16", k_ptr="*fp16", v_ptr="*fp16", bias_ptr="*fp16", out_ptr="*fp16", heads=heads,
+                      row_blocks=2, lq=tokens, lk=tokens, dim=dim, dim_v=dim, scale=0.17,
+                      q_period=4096, q_so=tokens * qkv[0], q_sh=dim, q_sm=qkv[0], q_sd=1,
+                      k_period=4096, k_so=tokens * qkv[0], k_sh=dim, k_sd=1, k_sn=qkv[0],
+                      v_period=4096, v_so=tokens * qkv[0], v_sh=dim, v_sn=qkv[0], v_sd=1,
+                      b_period=windows, b_so=heads * tokens * tokens, b_sh=tokens * tokens, b_sm=tokens, b_sn=1,
+                      o_so=tokens * heads * dim, o_sh=dim, o_sm=heads * dim, o_sd=1)
+        constexprs = dict(HAS_BIAS=True, PRECISION="tf32", ROWS=tile.rows, BLOCK_N=padded(tokens), BLOCK_D=dim,
+                          BLOCK_DV=dim)
+        ptx = kernel_asm.compile_for(_short_attention_kernel, values, constexprs, tile.warps, 1,
+                                     GPUTarget("cuda", 90, 32)).asm["ptx"]
+        print(tokens, tile.name, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"],
+              len(re.findall(r"mma\.sync|wgmma\.mma_async", ptx)))
+"""
+
+
+def test_short_attention_tiles_compile_for_sm90_on_tensor_cores_without_spills():
+    """The one-kernel attention's FP16 tiles for Swin's 49 tokens and for 128, its operands strided
+    as the qkv projection's views and its bias per window: both products on tensor cores, the
+    scores held in registers without spilling."""
+    lines = [line.split() for line in _compile_in_child(SHORT_ATTENTION_CHILD).splitlines()]
+    assert [(tokens, name) for tokens, name, _, _ in lines] == [
+        ("49", "attention.short.b16.w1"), ("49", "attention.short.b32.w2"), ("49", "attention.short.b64.w4"),
+        ("128", "attention.short.b32.w2"), ("128", "attention.short.b64.w4"), ("128", "attention.short.b128.w8")]
+    assert all(spills == "0" and int(products) > 0 for _, _, spills, products in lines)

@@ -1,6 +1,7 @@
 """ops/attention.py: every tactic of the Attention layer equals the unfused matmul/softmax/matmul it
 replaces, with and without a bias, at ranks 3 to 5, with broadcasting batch dims and biases; on
-CUDA in FP16, eagerly and inside a CUDA graph capture."""
+CUDA in FP16, eagerly and inside a CUDA graph capture. The one-kernel tile runs through Triton's
+interpreter on the CPU (tests/kernels/test_kernels_attention_short.py has its own cases)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ from sartor.ops import default_registry
 from sartor.ops.attention import SDPA, UNFUSED, attention_scores, attention_tactics
 
 ATTENTION = default_registry()["Attention"]
-TACTICS = (SDPA, UNFUSED)
+SHORT_TILE = "attention.short.b16.w1"
+TACTICS = (SDPA, UNFUSED, SHORT_TILE)
 
 
 def unfused_graph(q, k_t, v, bias, scale):
@@ -83,7 +85,7 @@ def test_attention_fp16_reference_keeps_large_scores_finite():
     q = torch.full((1, 1, 4, 64), 40.0, dtype=torch.float16)
     k_t = torch.full((1, 1, 64, 4), 40.0, dtype=torch.float16)
     v = torch.randn(1, 1, 4, 8).to(torch.float16)
-    for tactic in ("torch", SDPA, UNFUSED):
+    for tactic in ("torch",) + TACTICS:
         out = ATTENTION.impl([q, k_t, v], {"scale": 0.125, "tactic": tactic})
         assert out.dtype == torch.float16 and torch.isfinite(out).all(), tactic
         torch.testing.assert_close(out.float(), v.float().mean(-2, keepdim=True).expand(1, 1, 4, 8), rtol=1e-2, atol=1e-2)

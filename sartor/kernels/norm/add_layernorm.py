@@ -19,7 +19,6 @@ builder times the row counts as tactics (`add_layernorm.r<ROWS>`, `layernorm.r<R
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -149,12 +148,6 @@ if triton is not None:
         if STATS:
             tl.store(mean_ptr + row, mean, mask=live)
             tl.store(rstd_ptr + row, inv, mask=live)
-
-
-def kernel_runs_on(tensor: torch.Tensor) -> bool:
-    """Where a layer that chose this kernel runs it: CUDA tensors, and any under Triton's interpreter
-    (the op tests on the CPU). The tactic lists offer it on CUDA alone."""
-    return tensor.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _affine_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
