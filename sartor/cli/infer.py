@@ -150,6 +150,8 @@ def _records(batch: dict) -> list[dict]:
     count = len(batch[INDEX])
     rows = [{name: batch[name][i] for name in names if name in batch} for i in range(count)]
     for row in rows:
+        if "error" in row and not isinstance(row["error"], str):
+            row["error"] = None  # Ray brings a column of None back as NaN
         if row.get("error") is not None:
             row.update({name: None for name in row if name not in ("path", "error", INDEX)})
     return rows
