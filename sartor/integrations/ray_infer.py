@@ -67,26 +67,31 @@ def actors_for(ray, device_kind: str, concurrency: int | None) -> tuple[int, int
     return concurrency or have, 1 if device_kind == "cuda" else 0
 
 
-def infer_on_ray(ray, engine_path: str, paths: list[str], *, rows_per_batch: int, actors: int, gpus_per_actor: int,
-                 predictor_options: dict) -> list[dict]:
-    """Each Ray batch's result columns (SartorPredictor's, and INDEX: each row's place in `paths`), in
-    the order they finished; `paths` must be readable at the same names on every node (absolute
-    paths on a shared volume)."""
+def predictions(ray, engine_path: str, paths: list[str], *, rows_per_batch: int, actors: int, gpus_per_actor: int,
+                predictor_options: dict):
+    """The Ray Dataset of SartorPredictor's result columns (and INDEX: each row's place in `paths`),
+    not run yet; `paths` must be readable at the same names on every node (absolute paths on a
+    shared volume)."""
     import pyarrow as pa
     blocks = [pa.table({"path": paths[i:i + rows_per_batch],
                         INDEX: np.arange(i, min(i + rows_per_batch, len(paths)), dtype=np.int64)})
               for i in range(0, len(paths), rows_per_batch)]
-    ds = ray.data.from_arrow(blocks)
-    ds = ds.map_batches(SartorPredictor, fn_constructor_args=(engine_path,),
-                        fn_constructor_kwargs=predictor_options, batch_size=rows_per_batch,
-                        concurrency=actors, num_gpus=gpus_per_actor, batch_format="numpy")
+    return ray.data.from_arrow(blocks).map_batches(
+        SartorPredictor, fn_constructor_args=(engine_path,), fn_constructor_kwargs=predictor_options,
+        batch_size=rows_per_batch, concurrency=actors, num_gpus=gpus_per_actor, batch_format="numpy")
+
+
+def infer_on_ray(ray, engine_path: str, paths: list[str], **options) -> list[dict]:
+    """`predictions` run: each batch's columns, in the order they finished; an error an actor
+    raised comes back as the SartorError it was."""
     try:
-        return list(ds.iter_batches(batch_size=None, batch_format="numpy"))
+        return list(predictions(ray, engine_path, paths, **options).iter_batches(batch_size=None,
+                                                                                 batch_format="numpy"))
     except (ray.exceptions.RayError, ray.data.exceptions.UserCodeException) as exc:
-        raise _sartor_error(exc) from exc
+        raise sartor_error(exc) from exc
 
 
-def _sartor_error(exc: Exception) -> SartorError:
+def sartor_error(exc: Exception) -> SartorError:
     """The sartor error an actor raised (Ray passes it on as text inside its own), or the Ray error's
     first line when an actor failed some other way."""
     found = re.findall(r"sartor\.errors\.(\w+): (.+)", str(exc))
