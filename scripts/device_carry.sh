@@ -60,7 +60,7 @@ make_ray_archive() {
   # 31 MiB of the 75 MiB wheel is the Java worker's jar; the dashboard's web UI is off (include_dashboard=False)
   rm -rf "$work"/site/ray/jars "$work"/site/ray/dashboard/client/build "$work"/site/ray/rllib "$work"/site/ray/llm
   find "$work/site" -name __pycache__ -type d -prune -exec rm -rf {} +
-  # symbol tables only: 114 MB of Ray's three binaries become 84 MB
+  # symbol tables only: 120 MB of Ray's three binaries become 84 MB
   find "$work/site" -type f \( -name "*.so*" -o -path "*/core/src/ray/*" \) -exec sh -c \
     'file "$1" | grep -q "ELF.*not stripped" && strip --strip-unneeded "$1"' _ {} \;
   mkdir -p .whl/ray
