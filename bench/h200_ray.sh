@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 # A dry run where there is no GPU: DEVICE=cpu PRECISION=fp32 EFFORT=0 BATCH=4 COUNT=64 DURATION=3
 # CONCURRENCY=4 PY=.venv/bin/python RAYPKGS=<Ray installed for that Python>.
 device=${DEVICE:-cuda} PY=${PY:-python3} pkgs=${RAYPKGS:-/tmp/raypkgs}
-export PYTHONPATH=".:$pkgs" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1
+export PYTHONPATH="$PWD:$pkgs" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1
 SECONDS=0
 if [ ! -d "$pkgs/ray" ]; then
   mkdir -p "$pkgs" && tar -xJf .whl/ray/ray-cp312.tar.xz -C "$pkgs" || { echo "no .whl/ray/ray-cp312.tar.xz: carry .whl/ray"; exit 2; }

@@ -210,8 +210,10 @@ def main() -> int:
         report["single"] = single_process(args, files)
         log(f"single process: {report['single']}")
         out_path.write_text(json.dumps(report, indent=1))
+    # One machine: the loopback address, not one found by routing towards a public address the
+    # device machine has no route to
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
-             object_store_memory=int(args.object_store_gb * 1e9))
+             object_store_memory=int(args.object_store_gb * 1e9), _node_ip_address="127.0.0.1")
     ray.data.DataContext.get_current().enable_progress_bars = False
     if "ray_data" not in skip:
         report["ray_data"] = ray_data(args, files)

@@ -103,6 +103,8 @@ def run(args) -> int:
     check_writable(args.output)
     if args.batch_size is not None and args.batch_size < 1 or args.ray_batches < 1:
         raise ConfigError("--batch-size and --ray-batches count from 1")
+    if not args.ray and (args.ray_address or args.concurrency):
+        raise ConfigError("--ray-address and --concurrency choose a Ray cluster's actors: add --ray")
     paths = image_paths(args.inputs)
     header = read_engine(args.plan, None).header  # a missing or corrupt engine is refused here, once
     batch = args.batch_size or default_batch(header)

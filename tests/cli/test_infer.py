@@ -117,7 +117,8 @@ def test_a_bad_image_stops_the_run_or_becomes_a_row_with_its_error(cli, photo_di
     assert "1 image(s) failed" in result.err
 
 
-@pytest.mark.parametrize("problem", ["empty-folder", "empty-listing", "missing-input", "format", "engine", "batch"])
+@pytest.mark.parametrize("problem", ["empty-folder", "empty-listing", "missing-input", "format", "engine", "batch",
+                                     "ray-options"])
 def test_what_a_user_can_get_wrong_is_refused_in_one_line(cli, classifier_plan, photo_dir, tmp_path, problem):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -131,6 +132,7 @@ def test_what_a_user_can_get_wrong_is_refused_in_one_line(cli, classifier_plan, 
         "engine": ([tmp_path / "absent.plan", photo_dir, "-o", tmp_path / "r.jsonl"], "engine file not found"),
         "batch": ([classifier_plan, photo_dir, "-o", tmp_path / "r.jsonl", "--batch-size", "32"],
                   "batch size 32 is outside 1..4"),
+        "ray-options": ([classifier_plan, photo_dir, "-o", tmp_path / "r.jsonl", "--concurrency", "2"], "add --ray"),
     }[problem]
     assert_cli_error(cli("infer", *argv), expected)
     assert not (tmp_path / "r.jsonl").exists()
