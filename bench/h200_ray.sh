@@ -18,9 +18,12 @@ device=${DEVICE:-cuda} PY=${PY:-python3} pkgs=${RAYPKGS:-/tmp/raypkgs}
 export PYTHONPATH="$PWD:$pkgs" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1
 SECONDS=0
 if [ ! -d "$pkgs/ray" ]; then
-  mkdir -p "$pkgs" && tar -xJf .whl/ray/ray-cp312.tar.xz -C "$pkgs" || { echo "no .whl/ray/ray-cp312.tar.xz: carry .whl/ray"; exit 2; }
+  mkdir -p "$pkgs" && tar -xJf .whl/ray/ray-cp312.tar.xz -C "$pkgs" \
+    || { echo "no .whl/ray/ray-cp312.tar.xz: carry .whl/ray"; exit 2; }
 fi
-$PY -c "import ray, ray.data, ray.serve, tritonclient.grpc, torch; print('ray', ray.__version__, 'torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tail -1 | tee "$OUT/versions.txt"
+$PY -c "import ray, ray.data, ray.serve, tritonclient.grpc, torch
+print('ray', ray.__version__, 'torch', torch.__version__,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1 | tail -1 | tee "$OUT/versions.txt"
 echo "unpacked in ${SECONDS}s"
 [ -d /tmp/frames ] || $PY bench/make_frames.py /tmp/frames --count 48 | tee "$OUT/frames.txt"
 plan=/tmp/yolov8n_nms_$device.plan
@@ -32,7 +35,8 @@ if [ ! -f $plan ]; then
   echo "build exit $? at ${SECONDS}s: $(tail -1 "$OUT/build.txt" | cut -c1-300)"
 fi
 timeout "${MEASURE_S:-290}" $PY bench/ray_scaling.py --engine $plan --frames /tmp/frames --count "${COUNT:-20000}" \
-  --batch "${BATCH:-32}" --ray-batches 8 --concurrency "${CONCURRENCY:-64}" --duration "${DURATION:-15}" --out "$OUT" > "$OUT/ray_scaling.log" 2>&1
+  --batch "${BATCH:-32}" --ray-batches 8 --concurrency "${CONCURRENCY:-64}" --duration "${DURATION:-15}" \
+  --out "$OUT" > "$OUT/ray_scaling.log" 2>&1
 echo "measure exit $? at ${SECONDS}s"
 grep -E "^\[ *[0-9.]+ s\]" "$OUT/ray_scaling.log" | cut -c1-700
 grep -E "Error|error:" "$OUT/ray_scaling.log" | tail -5 | cut -c1-400

@@ -184,7 +184,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--ray-batches", type=int, default=8, help="engine batches per Ray batch (default 8)")
     parser.add_argument("--object-store-gb", type=float, default=8,
-                        help="Ray's object store (default 8 GB; Ray's own default, 30%% of memory, can exceed /dev/shm)")
+                        help="Ray's object store (default 8 GB; Ray's own default, 30%% of memory, can exceed "
+                             "/dev/shm)")
     parser.add_argument("--decoder", choices=("auto", "none", "yolo"), default="auto")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=20)

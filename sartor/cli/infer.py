@@ -23,7 +23,8 @@ from ..runtime.profiles import Profile
 from .common import add_trust_arg, console, text
 
 DESCRIPTION = ("Run an engine over image files (folders, files, .txt listings) in this process, or with --ray "
-               "over every GPU of a Ray cluster, and write each image's detections or outputs to Parquet or JSON Lines.")
+               "over every GPU of a Ray cluster, and write each image's detections or outputs to Parquet or JSON "
+               "Lines.")
 FORMATS = (".parquet", ".jsonl")
 DEFAULT_BATCH = 32  # the Pipeline's own default (choose_batch), so that both paths cut the same batches
 

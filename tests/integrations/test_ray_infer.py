@@ -91,7 +91,8 @@ def test_the_command_on_its_own_local_cluster_writes_the_single_process_detectio
     done = subprocess.run([sys.executable, "-m", "sartor", "infer", str(detector_plan), str(photo_dir), "-o", str(out),
                            "--ray", "--ray-address", "local", "--batch-size", str(BATCH), "--ray-batches", "2"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "7 images over 2 CPU actor(s)" in done.stderr, done.stderr[-3000:]
     rows = pq.read_table(out).to_pylist()
