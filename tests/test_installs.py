@@ -9,6 +9,7 @@ in one line. The CPU build of torch, installed from scratch, is scripts/cpu_inst
 test here, when $SARTOR_CPU_TORCH names the torch to install)."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -197,24 +198,28 @@ def test_the_runtime_install_loads_and_runs_engines(site_dir, tiny_plan, quantiz
     assert np.array_equal(np.load(f"{letterbox}.out.npy"), expected.outputs["logits"])
 
 
-def test_the_runtime_install_runs_the_device_side_commands(site_dir, tiny_plan, tmp_path):
+def test_the_runtime_install_runs_the_device_side_commands(site_dir, tiny_plan, letterbox_plan, tmp_path):
+    from PIL import Image
     from release_helpers import build_bundle
     _, bundle = build_bundle(tmp_path / "built", "tiny", seed=0)  # on the build machine
     (tmp_path / "root").mkdir()
     env = install_env(site_dir, ())
     np.save(tmp_path / "x.npy", np.ones((2, 3, 16, 16), np.float32))
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (24, 40, 3), dtype=np.uint8)).save(tmp_path / "f.jpg")
     for argv in (("run", tiny_plan, "--input", f"images={tmp_path / 'x.npy'}", "--output", tmp_path / "out.npz"),
                  ("inspect", tiny_plan, "--json"),
                  ("bench", tiny_plan, "--iterations", 3, "--warmup", 1),
                  ("keygen", "-o", tmp_path / "key"),
                  ("sign", tiny_plan, "--key", tmp_path / "key", "--output", tmp_path / "signed.plan"),
                  ("run", tmp_path / "signed.plan", "--trust", tmp_path / "key.pub"),
+                 ("infer", letterbox_plan, tmp_path / "f.jpg", "-o", tmp_path / "results.jsonl"),
                  # a release from the bundle: preflight (golden outputs, takt), swap; then the check
                  ("deploy", bundle, "--root", tmp_path / "root", "--name", "tiny", "--takt-runs", 2),
                  ("deploy", "--check", "--root", tmp_path / "root", "--name", "tiny")):
         result = sartor_cli(env, *argv)
         assert result.returncode == 0, (argv, result.stderr[-3000:])
     assert json.loads(sartor_cli(env, "inspect", tiny_plan, "--json").stdout)["fingerprint_here"]["loads"]
+    assert len(json.loads((tmp_path / "results.jsonl").read_text())["logits"]) > 0
 
 
 # (argv, the feature the error line names, the extra it names); `{onnx}`, `{plan}` filled in.
@@ -225,6 +230,8 @@ MISSING = [
     (("sensitivity", "{onnx}"), "sartor sensitivity", "build"),
     (("compare", "{onnx}", "{plan}"), "the ONNX Runtime FP32 reference", "build"),
     (("serve", "--model-repository", "{out}"), "sartor serve", "serve"),
+    (("infer", "{plan}", "{plan}", "-o", "{out}.jsonl", "--ray"), "sartor infer --ray", "ray"),
+    (("infer", "{plan}", "{plan}", "-o", "{out}.parquet"), "writing .parquet", "ray"),
 ]
 
 
@@ -232,10 +239,10 @@ MISSING = [
 def test_a_command_whose_extra_is_missing_names_it_in_one_line(site_dir, tiny_onnx, tiny_plan, tmp_path, argv,
                                                                 feature, extra):
     env = install_env(site_dir, ())
-    fill = {"{onnx}": tiny_onnx, "{plan}": tiny_plan, "{out}": tmp_path / "out"}
-    result = sartor_cli(env, *(fill.get(a, a) for a in argv))
+    fill = {"{onnx}": str(tiny_onnx), "{plan}": str(tiny_plan), "{out}": str(tmp_path / "out")}
+    result = sartor_cli(env, *(functools.reduce(lambda text, k: text.replace(k, fill[k]), fill, a) for a in argv))
     assert result.returncode == 2, result
-    module = {"build": "onnx(runtime)?", "serve": "aiohttp"}[extra]
+    module = {"build": "onnx(runtime)?", "serve": "aiohttp", "ray": "(ray|pyarrow)"}[extra]
     assert re.fullmatch(rf"error: {re.escape(feature)} needs the {extra} extra: pip install 'sartor\[{extra}\]' "
                         rf"\(No module named '{module}'\)\n", result.stderr), result.stderr
     assert result.stdout == ""
