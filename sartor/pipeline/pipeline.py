@@ -424,8 +424,9 @@ class Pipeline:
         """Results in item order, batch by batch; with `overlap`, the next batches (up to
         PREFETCH_BATCHES) are prepared on a worker thread while this one runs, else each batch is
         prepared and run in the calling thread (the lowest latency for one frame at a time).
-        Stopping early (closing the iterator, or an error) stops the worker before returning. `items` may also be one video's path
-        or a `VideoSource`: its frames, decoded on a thread of their own."""
+        Stopping early (closing the iterator, or an error) stops the worker before returning.
+        `items` may also be one video's path or a `VideoSource`: its frames, decoded on a thread of
+        their own."""
         source = self._frames_of(items)
         frames = iter(source)
         try:
