@@ -44,7 +44,7 @@ from .detections import EngineNms, YoloNms
 from .prefetch import Prefetcher
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
-from .sources import FRAME_ORDERS, read_sources
+from .sources import FRAME_ORDERS, FrameSource, read_sources
 from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
@@ -416,8 +416,11 @@ class Pipeline:
                 results[i].outputs = {name: value[k] for name, value in host.items()}
                 if detections is not None:
                     results[i].detections = detections[k]
-        if post is not None:  # device values a decoder returns are ready on the caller's stream
-            torch.cuda.current_stream(self.device).wait_stream(post)
+        if post is not None:
+            # Device values a decoder returns are complete when the caller gets them. A host wait,
+            # not a wait queued on the caller's (usually the legacy default) stream, which would
+            # order every blocking stream of the process behind this post-processing.
+            post.synchronize()
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
@@ -468,7 +471,7 @@ class Pipeline:
                 chunk = next(chunks, None)
                 if chunk is None:
                     return
-                prefetch.submit(*chunk, self._handed_over())
+                prefetch.submit(*chunk, self._handed_over(chunk[0]))
 
         feed()
         running: _Launched | None = None
@@ -498,10 +501,11 @@ class Pipeline:
         times.finish_s += time.perf_counter() - start
         return results
 
-    def _handed_over(self) -> torch.cuda.Event | None:
-        """An event on the caller's current stream as it hands items over: frames it made on the
-        device are read after it (the worker's stream waits for the event)."""
-        if self._side_stream is None:
+    def _handed_over(self, items: list) -> torch.cuda.Event | None:
+        """An event on the caller's current stream as it hands over items with frames on the device:
+        the worker's stream waits for it, so they are read after the caller's work that wrote them.
+        None for items on the host (paths, bytes), which the device work of the caller cannot touch."""
+        if self._side_stream is None or not any(_on_device(x) for x in items):
             return None
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
@@ -518,6 +522,12 @@ class Pipeline:
 
     def run(self, items: Iterable) -> list[PipelineResult]:
         return list(self.stream(items))
+
+
+def _on_device(item) -> bool:
+    """Whether an item is a frame in device memory (a tensor, or a video decoder's FrameSource)."""
+    frame = item.frame if isinstance(item, FrameSource) else item
+    return isinstance(frame, torch.Tensor) and frame.is_cuda
 
 
 def _on(stream: torch.cuda.Stream | None):
