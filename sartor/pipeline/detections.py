@@ -131,8 +131,9 @@ class YoloNms:
         scores_all = pred[:, 4:]  # B × C × N
         image, cls, anchor = torch.nonzero(scores_all > self.conf, as_tuple=True)
         scores = scores_all[image, cls, anchor]
-        per_image = torch.bincount(image, minlength=batch)
-        if len(scores) > MAX_CANDIDATES and int(per_image.max()) > MAX_CANDIDATES:
+        # bincount on CUDA reads its input's largest value on the host: only where it is needed
+        per_image = torch.bincount(image, minlength=batch) if len(scores) > MAX_CANDIDATES else None
+        if per_image is not None and int(per_image.max()) > MAX_CANDIDATES:
             keep = torch.cat([torch.nonzero(image == b).flatten()[
                 torch.topk(scores[image == b], min(MAX_CANDIDATES, int(per_image[b]))).indices]
                 for b in range(batch)])
@@ -147,7 +148,8 @@ class YoloNms:
         keep = nms(shifted, scores.double(), self.iou)  # by decreasing score
         keep = keep[torch.argsort(image[keep], stable=True)]  # by image, by score within each
         kept_image = image[keep]
-        counts = torch.bincount(kept_image, minlength=batch)
+        counts = torch.zeros(batch, dtype=torch.long, device=keep.device).index_add_(  # bincount, without a host wait
+            0, kept_image, torch.ones_like(kept_image))
         rank = torch.arange(len(keep), device=keep.device) - (torch.cumsum(counts, 0) - counts)[kept_image]
         keep = keep[rank < self.max_det]
         kept_image, kept = image[keep], boxes[keep]
