@@ -287,16 +287,16 @@ class Pipeline:
         return max(self.batch_size, self.min_batch)
 
     def _prepare(self, chunk: list, first_index: int, handed_over: torch.cuda.Event | None, slot: int) -> _Prepared:
-        sources = read_sources(chunk, self.frame_order, first_index)
-        names = [s.name for s in sources]
         stream = self._side_stream
-        with _on(stream):
+        with _on(stream):  # reading a device frame may run a kernel (a BGR frame's flip): on this stream too
             if stream is not None:
                 if handed_over is not None:  # what the caller queued before handing the items over
                     stream.wait_event(handed_over)
-                for source in sources:
-                    if source.frame is not None and source.frame.is_cuda:  # not reused before this stream read it
-                        source.frame.record_stream(stream)
+                for item in chunk:
+                    if _on_device(item):  # not reused by the allocator before this stream has read it
+                        (item.frame if isinstance(item, FrameSource) else item).record_stream(stream)
+            sources = read_sources(chunk, self.frame_order, first_index)
+            names = [s.name for s in sources]
             for bucket in self._buckets if stream is not None else ():
                 if bucket.staging_free.get(slot) is not None:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
