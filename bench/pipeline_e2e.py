@@ -96,10 +96,7 @@ def e2e(result: dict, key: str, make_pipeline, items: list, batch: int) -> None:
         pipeline = make_pipeline(overlap)
         pipeline.run(items[:2 * batch])  # warm-up: graphs captured, kernels loaded, buffers allocated
         result[key + suffix] = summary(per_call_ms(lambda: pipeline.run(items), 3, warmup=0), len(items))
-        times = pipeline.times
-        result[key + suffix]["stage_ms_per_batch"] = {
-            name.removesuffix("_s"): round(value * 1e3 / max(1, times.batches), 4)
-            for name, value in times.to_json().items() if name != "batches"}
+        result[key + suffix]["stage_ms_per_batch"] = pipeline.times.per_batch_ms()
 NMS = "conf=0.25,iou=0.45,max_det=300"
 # What each variant builds beside the FP16 engine with its letterbox stored: `nms` appends the
 # YOLO decode and NMS (only the kept boxes leave the engine); `frames` also takes raw 720p uint8

@@ -90,6 +90,11 @@ class StageTimes:
     def to_json(self) -> dict:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()}
 
+    def per_batch_ms(self) -> dict:
+        """{prepare, waited, launch, finish}: milliseconds per batch."""
+        return {k.removesuffix("_s"): round(v * 1e3 / max(1, self.batches), 4)
+                for k, v in vars(self).items() if k != "batches"}
+
 
 @dataclass
 class _Group:

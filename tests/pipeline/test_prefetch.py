@@ -117,6 +117,7 @@ def test_overlapped_runs_count_their_batches_and_time_their_stages(engine):
     times = pipeline.times
     assert times.batches == 4 and times.prepare_s > 0 and times.finish_s > 0
     assert set(times.to_json()) == {"batches", "prepare_s", "waited_s", "launch_s", "finish_s"}
+    assert times.per_batch_ms()["prepare"] == pytest.approx(times.prepare_s * 1e3 / 4, abs=1e-3)
     alone = Pipeline(engine, batch_size=2, overlap=False)
     alone.run(frames(3))
     assert alone.times.batches == 2 and alone.times.prepare_s > 0
