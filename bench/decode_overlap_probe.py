@@ -5,7 +5,11 @@ end to end looked like decode and inference in series; this separates the causes
 - both at once, decode on a thread: each one's rate, so "in series" shows as rates that halve;
 - the GIL during decode: how far a pure-Python counter thread gets while decode runs, against idle;
 - the CUDA runtime calls one decode makes (torch.profiler), e.g. cudaFree, which waits for the
-  whole device and would put any other stream's work in front of the decode.
+  whole device and would put any other stream's work in front of the decode;
+- the host's capacity beside it: Pillow decoding the same frames at the DCT scale a 640 letterbox
+  needs (the CPU pipeline's fast decode, decision 0025) on 1 and on every core, frames/s. Should
+  decode prove to share the SMs with inference, a share of each batch decoded there is what could
+  lift the JPEG figure above 1/(1/decode + 1/engine).
 
     PYTHONPATH=. python bench/decode_overlap_probe.py --frames .carry/frames --out $OUT
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -31,6 +36,20 @@ def rate(fn, seconds: float, stop: threading.Event | None = None) -> float:
         count += 1
     torch.cuda.synchronize()
     return count / (time.perf_counter() - start)
+
+
+def host_decode_rate(frames: list[bytes], threads: int) -> float:
+    """Frames/s of Pillow decoding JPEG bytes at the DCT scale a 640 letterbox needs, on `threads`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sartor.data.preprocess import parse_preprocess
+    from sartor.pipeline.decode import decode_on_host
+    spec = parse_preprocess("letterbox=640,mean=0,std=255,rgb,nchw")
+    many = frames * (threads * 8 // len(frames) + 1)
+    with ThreadPoolExecutor(threads) as workers:
+        start = time.perf_counter()
+        list(workers.map(lambda data: decode_on_host(data, spec, fast=True), many))
+        return round(len(many) / (time.perf_counter() - start), 1)
 
 
 def main() -> None:
@@ -97,6 +116,9 @@ def main() -> None:
         if event.name.startswith("cuda") or event.name.startswith("cu"):
             calls[event.name] = calls.get(event.name, 0) + 1
     result["runtime_calls_one_decode"] = dict(sorted(calls.items()))
+    frames = [p.read_bytes() for p in files]
+    for threads in sorted({1, os.cpu_count() or 1}):
+        result[f"host_fast_decode_{threads}_threads_frames_per_s"] = host_decode_rate(frames, threads)
     pool = [torch.cuda.Stream(device).cuda_stream for _ in range(40)]
     result["low_priority_pool_repeats_after"] = next((k for k in range(1, 40) if pool[k] == pool[0]), None)
     args.out.mkdir(parents=True, exist_ok=True)
