@@ -471,18 +471,17 @@ class Pipeline:
                     times: StageTimes) -> Iterator[PipelineResult]:
         """Batches decoded up to PREFETCH_BATCHES ahead on the worker, and batch n+1 launched before
         n's results are finished, so the device never waits for the host between two batches."""
-        def feed() -> None:
-            while prefetch.pending < prefetch.depth:
+        def feed(up_to: int) -> None:
+            while prefetch.pending < up_to:
                 chunk = next(chunks, None)
                 if chunk is None:
                     return
                 prefetch.submit(*chunk, self._handed_over(chunk[0]))
 
-        feed()
+        feed(1)  # a live source's first batch runs once its own frames are read, not the next's too
         running: _Launched | None = None
         while prefetch.pending:
             prepared, slot = prefetch.take()
-            feed()
             if running is not None and prepared.failures and not self.skip_bad:
                 yield from self._timed_finish(running, times)  # the batch before is returned, then this one refused
                 running = None
@@ -491,6 +490,9 @@ class Pipeline:
             prefetch.release(slot)  # its buffer's free event is recorded: the worker may reuse it
             times.launch_s += time.perf_counter() - start
             times.batches += 1
+            # Read the next items after the launch: a live source waiting for frames never holds
+            # back a batch already prepared (the worker has the other pending batch meanwhile).
+            feed(prefetch.depth)
             if running is not None:
                 yield from self._timed_finish(running, times)
             running = launched

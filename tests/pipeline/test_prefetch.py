@@ -193,6 +193,29 @@ def test_the_worker_prepares_at_most_the_prefetch_depth_ahead(engine):
     stream.close()
 
 
+def test_a_prepared_batch_is_launched_before_the_source_is_asked_for_more(engine, monkeypatch):
+    """A live source (a camera) blocks until its next frames exist: the batch in hand must not wait
+    for them. The first batch is launched once its own items are read."""
+    log = []
+    pipeline = Pipeline(engine, batch_size=2)
+    launch = pipeline._launch
+
+    def logged_launch(prepared, slot):
+        log.append(f"launch {prepared.names[0]}")
+        return launch(prepared, slot)
+
+    monkeypatch.setattr(pipeline, "_launch", logged_launch)
+
+    def camera():
+        for i, frame in enumerate(frames(8)):
+            log.append(f"read {i}")
+            yield frame
+
+    pipeline.run(camera())
+    assert log.index("launch item 0") < log.index("read 2")
+    assert log.index("launch item 2") < log.index("read 6")
+
+
 # ---- detections, and CUDA ------------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
