@@ -13,8 +13,8 @@ from passes_helpers import OnnxBuilder, import_graph, quantized_graph
 from sartor.data.frame_format import parse_frame_format
 from sartor.data.preprocess import parse_preprocess
 from sartor.ir import verify_graph
+from sartor.kernels.common.interpreter import kernel_runs_on
 from sartor.kernels.conv.igemm import TileConfig
-from sartor.kernels.norm.add_layernorm import kernel_runs_on
 from sartor.kernels.preprocess.letterbox import PREPROCESS_TILES
 from sartor.ops.preprocess import preprocess
 from sartor.ops.quantized import qconv, qlayer_weight_for_tactic
