@@ -10,13 +10,9 @@ JPEG frames (bench/make_frames.py; held in memory as bytes, so disk reads are no
 - stages: decode, preprocess (prepare_batch into the engine's buffer), engine, YoloNms, each alone
   at batch B, synchronised;
 - jpeg_e2e: `Pipeline(engine, decoder=YoloNms(), host_outputs=False)` over N frames at batch B
-  (decode of the next batches on the pipeline's worker, overlapping batch n), after one warm-up
-  pass: frames/s, and the share of min(engine, decode ceiling) it reaches; `jpeg_e2e_no_overlap` the
-  same with `overlap=False` (each batch read, decoded, run and post-processed in turn), so the gain
-  of the overlap is measured in one process; each with `stage_ms_per_batch`, the pipeline's own
-  `StageTimes` per batch (the worker's prepare, the caller's wait for it, launch, finish);
-- raw_e2e (and raw_e2e_no_overlap): the same with decoded H×W×3 uint8 frames already on the GPU
-  (a camera SDK's case);
+  (decode of batch n+1 overlapping batch n), after one warm-up pass: frames/s, and the share of
+  min(engine, decode ceiling) it reaches;
+- raw_e2e: the same with decoded H×W×3 uint8 frames already on the GPU (a camera SDK's case);
 - latency: batch 1 end to end, frame after frame, median and p99, against the engine's batch 1;
 - with --variants nms,frames: engines with the YOLO decode and NMS inside (`--nms`), and also
   taking raw 720p uint8 frames (`--input-format uint8:720x1280`, preprocessing inside the CUDA
@@ -28,10 +24,6 @@ JPEG frames (bench/make_frames.py; held in memory as bytes, so disk reads are no
   and frames/s of the PIL path on every core (a thread per core, as `iterate_batches` runs it).
 
     PYTHONPATH=. python bench/pipeline_e2e.py --frames .carry/frames --onnx .carry/yolov8n.onnx --out $OUT
-
-On the CPU (a check of the script, not a measurement; the sample detector alone, few repeats):
-
-    E2E_DEVICE=cpu PYTHONPATH=. python bench/pipeline_e2e.py --frames DIR --skip-cpu --batch 4 --count 16
 """
 from __future__ import annotations
 
@@ -82,21 +74,6 @@ def summary(times_ms: list[float], items_per_call: int) -> dict:
 
 
 DEVICE = os.environ.get("E2E_DEVICE", "cuda")  # cpu: a quick check of the script itself
-
-
-def repeats(n: int) -> int:
-    """n timed calls on the GPU; a few on the CPU, where the run only checks the script."""
-    return n if DEVICE == "cuda" else max(2, n // 50)
-
-
-def e2e(result: dict, key: str, make_pipeline, items: list, batch: int) -> None:
-    """`key` and `key`_no_overlap: the items through the pipeline with overlap on and off, after a
-    warm-up, in frames/s, each with the pipeline's own stage times per batch (last timed pass)."""
-    for suffix, overlap in (("", True), ("_no_overlap", False)):
-        pipeline = make_pipeline(overlap)
-        pipeline.run(items[:2 * batch])  # warm-up: graphs captured, kernels loaded, buffers allocated
-        result[key + suffix] = summary(per_call_ms(lambda: pipeline.run(items), 3, warmup=0), len(items))
-        result[key + suffix]["stage_ms_per_batch"] = pipeline.times.per_batch_ms()
 NMS = "conf=0.25,iou=0.45,max_det=300"
 # What each variant builds beside the FP16 engine with its letterbox stored: `nms` appends the
 # YOLO decode and NMS (only the kept boxes leave the engine); `frames` also takes raw 720p uint8
@@ -133,25 +110,26 @@ def measure_variant(onnx: Path, size: int, batch: int, frames: list[bytes], coun
         else:
             feed = ctx.input_buffers({"images": (b, 3, size, size)})
             feed["images"].uniform_(0, 1)
-        result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(feed), repeats(200)), b)
+        result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(feed), 200), b)
     items = (frames * (count // len(frames) + 1))[:count]
-    make = lambda overlap: Pipeline(engine, batch_size=batch, host_outputs=False, overlap=overlap)  # noqa: E731
-    e2e(result, "jpeg_e2e", make, items, batch)
+    pipeline = Pipeline(engine, batch_size=batch, host_outputs=False)
+    pipeline.run(items[:2 * batch])
+    result["jpeg_e2e"] = summary(per_call_ms(lambda: pipeline.run(items), 3, warmup=0), count)
     raw_items = (raw * (count // len(raw) + 1))[:count]
-    e2e(result, "raw_e2e", make, raw_items, batch)
-    pipeline = make(True)
+    pipeline.run(raw_items[:2 * batch])
+    result["raw_e2e"] = summary(per_call_ms(lambda: pipeline.run(raw_items), 3, warmup=0), count)
     result["boxes_per_frame"] = round(float(np.mean([len(r.detections) for r in pipeline.run(raw_items[:batch])])), 1)
     if engine_only_per_s:
         result["jpeg_e2e"]["share_of_plain_engine"] = round(result["jpeg_e2e"]["per_s"] / engine_only_per_s, 3)
         result["raw_e2e"]["share_of_plain_engine"] = round(result["raw_e2e"]["per_s"] / engine_only_per_s, 3)
     single = Pipeline(engine, batch_size=1, host_outputs=False, overlap=False)
-    result["latency_b1"] = summary(per_call_ms(lambda: single.run(items[:1]), repeats(200), warmup=10), 1)
-    result["latency_b1_raw"] = summary(per_call_ms(lambda: single.run(raw_items[:1]), repeats(200), warmup=10), 1)
+    result["latency_b1"] = summary(per_call_ms(lambda: single.run(items[:1]), 200, warmup=10), 1)
+    result["latency_b1_raw"] = summary(per_call_ms(lambda: single.run(raw_items[:1]), 200, warmup=10), 1)
     return result
 
 
 def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count: int, work: Path) -> dict:
-    engine = sartor.load(build(onnx, size, batch, work), device=DEVICE)
+    engine = sartor.load(build(onnx, size, batch, work), device="cuda")
     spec = engine.preprocess
     result = {"model": onnx.stem, "variant": "plain", "input": f"{batch}x3x{size}x{size}",
               "frames": f"{count} 1280x720 JPEG"}
@@ -159,62 +137,54 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
     for b in (batch, 1):
         buffers = ctx.input_buffers({"images": (b, 3, size, size)})
         buffers["images"].uniform_(0, 1)
-        result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(buffers), repeats(200)), b)
-    device = torch.device(DEVICE)
+        result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(buffers), 200), b)
+    device = torch.device("cuda")
     chunk = (frames * (batch // len(frames) + 1))[:batch]
     sources = read_sources(chunk)
-    if DEVICE == "cuda":  # the decode ceiling: nvJPEG alone
-        from torchvision.io import ImageReadMode, decode_jpeg
-        encoded = [s.encoded for s in sources]
-        big = (frames * (128 // len(frames) + 1))[:128]
-        big_encoded = [s.encoded for s in read_sources(big)]
-        result["decode_b%d" % batch] = summary(per_call_ms(
-            lambda: decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), 30), batch)
-        result["decode_b128"] = summary(per_call_ms(
-            lambda: decode_jpeg(big_encoded, mode=ImageReadMode.RGB, device=device), 20), 128)
-        ceiling = max(result["decode_b%d" % batch]["per_s"], result["decode_b128"]["per_s"])
-        on_gpu = decode_frames(read_sources(frames), device)
-        on_cpu = decode_frames(read_sources(frames), torch.device("cpu"))
-        apart = torch.cat([(g.pixels.cpu().int() - c.pixels.int()).abs().flatten()
-                           for g, c in zip(on_gpu, on_cpu)]).float()
-        result["nvjpeg_vs_libjpeg_levels"] = {"mean": round(float(apart.mean()), 4), "max": int(apart.max()),
-                                              "p99": float(torch.quantile(apart[::97], 0.99)),
-                                              "p999": float(torch.quantile(apart[::97], 0.999))}
-    else:  # the host decode the CPU pipeline runs (at the DCT scale the letterbox needs), one thread
-        result["decode_b%d" % batch] = summary(per_call_ms(lambda: decode_frames(sources, device, spec), 2), batch)
-        ceiling = result["decode_b%d" % batch]["per_s"]
+    from torchvision.io import ImageReadMode, decode_jpeg
+    encoded = [s.encoded for s in sources]
+    big = (frames * (128 // len(frames) + 1))[:128]
+    big_encoded = [s.encoded for s in read_sources(big)]
+    result["decode_b%d" % batch] = summary(per_call_ms(lambda: decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), 30), batch)
+    result["decode_b128"] = summary(per_call_ms(lambda: decode_jpeg(big_encoded, mode=ImageReadMode.RGB, device=device), 20), 128)
+    ceiling = max(result["decode_b%d" % batch]["per_s"], result["decode_b128"]["per_s"])
+    on_gpu = decode_frames(read_sources(frames), device)
+    on_cpu = decode_frames(read_sources(frames), torch.device("cpu"))
+    apart = torch.cat([(g.pixels.cpu().int() - c.pixels.int()).abs().flatten() for g, c in zip(on_gpu, on_cpu)]).float()
+    result["nvjpeg_vs_libjpeg_levels"] = {"mean": round(float(apart.mean()), 4), "max": int(apart.max()),
+                                          "p99": float(torch.quantile(apart[::97], 0.99)),
+                                          "p999": float(torch.quantile(apart[::97], 0.999))}
     # each stage alone, synchronised
-    decoded = decode_frames(sources, device, spec)
-    pixels, names, sizes = [d.pixels for d in decoded], [d.name for d in decoded], [d.size for d in decoded]
+    decoded = decode_frames(sources, device)
+    pixels = [d.pixels for d in decoded]
+    names = [d.name for d in decoded]
     buffer = ctx.input_buffers({"images": (batch, 3, size, size)})["images"]
     nms = YoloNms()
-    metas = prepare_batch(pixels, names, spec, buffer, orig_sizes=sizes)[1]
+    metas = prepare_batch(pixels, names, spec, buffer)[1]
     outputs = ctx.run({"images": buffer})  # the real frames' head outputs
-    stages = {"read": per_call_ms(lambda: read_sources(chunk), repeats(20)),
-              "decode": per_call_ms(lambda: decode_frames(sources, device, spec), repeats(20)),
-              "preprocess": per_call_ms(lambda: prepare_batch(pixels, names, spec, buffer, orig_sizes=sizes),
-                                        repeats(20)),
-              "engine": per_call_ms(lambda: ctx.run({"images": buffer}), repeats(50)),
-              "nms_to_host": per_call_ms(lambda: nms(outputs, metas), repeats(20))}
+    stages = {"read": per_call_ms(lambda: read_sources(chunk), 20),
+              "decode": per_call_ms(lambda: decode_frames(sources, device), 20),
+              "preprocess": per_call_ms(lambda: prepare_batch(pixels, names, spec, buffer), 20),
+              "engine": per_call_ms(lambda: ctx.run({"images": buffer}), 50),
+              "nms_to_host": per_call_ms(lambda: nms(outputs, metas), 20)}
     result["stages_b%d_ms" % batch] = {k: round(statistics.median(v), 4) for k, v in stages.items()}
-    if DEVICE == "cuda":
-        result["engine_nms_parts_b%d_ms" % batch] = engine_nms_parts(outputs)
+    result["engine_nms_parts_b%d_ms" % batch] = engine_nms_parts(outputs)
     detections = nms(outputs, metas)
     result["boxes_per_frame"] = round(float(np.mean([len(d) for d in detections])), 1)
     items = (frames * (count // len(frames) + 1))[:count]
-    make = lambda overlap: Pipeline(engine, batch_size=batch, decoder=YoloNms(), host_outputs=False,  # noqa: E731
-                                    overlap=overlap)
-    e2e(result, "jpeg_e2e", make, items, batch)
+    pipeline = Pipeline(engine, batch_size=batch, decoder=YoloNms(), host_outputs=False)
+    pipeline.run(items[:2 * batch])  # warm-up: graphs captured, kernels loaded, buffers allocated
+    e2e = per_call_ms(lambda: pipeline.run(items), 3, warmup=0)
+    result["jpeg_e2e"] = summary(e2e, count)
     floor = min(result[f"engine_b{batch}"]["per_s"], ceiling)
-    for key in ("jpeg_e2e", "jpeg_e2e_no_overlap"):
-        result[key]["share_of_min_engine_decode"] = round(result[key]["per_s"] / floor, 3)
+    result["jpeg_e2e"]["share_of_min_engine_decode"] = round(result["jpeg_e2e"]["per_s"] / floor, 3)
     raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
     raw_items = (raw * (count // len(raw) + 1))[:count]
-    e2e(result, "raw_e2e", make, raw_items, batch)
-    for key in ("raw_e2e", "raw_e2e_no_overlap"):
-        result[key]["share_of_engine"] = round(result[key]["per_s"] / result[f"engine_b{batch}"]["per_s"], 3)
+    pipeline.run(raw_items[:2 * batch])
+    result["raw_e2e"] = summary(per_call_ms(lambda: pipeline.run(raw_items), 3, warmup=0), count)
+    result["raw_e2e"]["share_of_engine"] = round(result["raw_e2e"]["per_s"] / result[f"engine_b{batch}"]["per_s"], 3)
     single = Pipeline(engine, batch_size=1, decoder=YoloNms(), host_outputs=False, overlap=False)
-    latencies = per_call_ms(lambda: single.run(items[:1]), repeats(200), warmup=10)
+    latencies = per_call_ms(lambda: single.run(items[:1]), 200, warmup=10)
     result["latency_b1"] = summary(latencies, 1)
     result["latency_b1"]["over_engine_ms"] = round(result["latency_b1"]["median_ms"] - result["engine_b1"]["median_ms"], 4)
     return result

@@ -108,8 +108,6 @@ def run_end_to_end(args) -> int:
                          f"pass{'es' if result.passes > 2 else ''}; a batch every {result.batch_ms_p50:.2f} ms "
                          f"(p99 {result.batch_ms_p99:.2f})"),
         ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
-        *([("in the stream", "per batch: " + ", ".join(f"{k} {v:.2f} ms" for k, v in result.in_stream_ms.items())
-            + " (waited: decode the engine did not hide)")] if result.in_stream_ms else []),
     ]))
     rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
     rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("read", "decode", "preprocess", "infer", "post")))

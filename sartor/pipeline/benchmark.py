@@ -8,9 +8,6 @@ them, beside each stage alone and the engine alone.
   bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
   (the decoder, and the copy of what it keeps to the host).
 - engine: the engine alone on its own input buffer, at the same batch.
-- in_stream_ms: the pipeline's own account of the last pass (`Pipeline.times`), per batch: the
-  worker's read, decode and preprocess, the caller's wait for them (decode the engine did not
-  hide), launching the engine, and finishing (post-processing, waiting for outputs).
 
 With resolution buckets the passes route every image as the pipeline does (`buckets`: how many
 images each bucket ran); the stages and the engine alone are timed in the bucket most images went
@@ -75,7 +72,6 @@ class EndToEndResult:
     stages_ms: dict = field(default_factory=dict)  # one batch through each stage alone
     buckets: dict = field(default_factory=dict)  # "HxW" input size -> images a pass ran at it
     stage_bucket: str = ""  # the input size the stages and the engine alone were timed at
-    in_stream_ms: dict = field(default_factory=dict)  # Pipeline.times of the last pass, per batch
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -146,7 +142,6 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
                 batch_times.append((now - last) * 1e3)
                 last = now
         total += time.perf_counter() - start
-    in_stream_ms = pipeline.times.per_batch_ms()
     frames_per_s = len(files) * (passes - 1) / total
 
     # each stage alone on a batch of the images of the bucket most of them ran in
@@ -168,4 +163,4 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
-                          routed, stage_bucket, in_stream_ms)
+                          routed, stage_bucket)

@@ -132,17 +132,6 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
     return DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an image: {reason}")
 
 
-def _to_device(frame: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A frame on `device`. A host frame bound for CUDA goes through pinned memory, so the copy is
-    asynchronous (a copy from pageable memory holds the thread until it lands); torch's pinned
-    allocator keeps the buffer from reuse until the copy is done."""
-    if device.type != "cuda" or frame.device.type != "cpu":
-        return frame.to(device, non_blocking=True)
-    pinned = torch.empty_like(frame, pin_memory=True)  # the frame's own strides: a plain memcpy
-    pinned.copy_(frame)
-    return pinned.to(device, non_blocking=True)
-
-
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
                   fast: bool = True) -> list[DecodedFrame]:
     """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
@@ -159,7 +148,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
         if source.error is not None:
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
-            decoded[i] = DecodedFrame(source.name, _to_device(source.frame, device).permute(2, 0, 1))
+            decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
         elif device.type == "cuda" and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):
                 gpu_jpegs.append(i)
@@ -175,7 +164,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             except DataError as exc:
                 decoded[i] = _failure(source, exc)
                 continue
-            decoded[i] = DecodedFrame(source.name, _to_device(pixels, device), orig_size=size)
+            decoded[i] = DecodedFrame(source.name, pixels.to(device, non_blocking=True), orig_size=size)
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
     return decoded

@@ -131,9 +131,8 @@ class YoloNms:
         scores_all = pred[:, 4:]  # B × C × N
         image, cls, anchor = torch.nonzero(scores_all > self.conf, as_tuple=True)
         scores = scores_all[image, cls, anchor]
-        # bincount on CUDA reads its input's largest value on the host: only where it is needed
-        per_image = torch.bincount(image, minlength=batch) if len(scores) > MAX_CANDIDATES else None
-        if per_image is not None and int(per_image.max()) > MAX_CANDIDATES:
+        per_image = torch.bincount(image, minlength=batch)
+        if len(scores) > MAX_CANDIDATES and int(per_image.max()) > MAX_CANDIDATES:
             keep = torch.cat([torch.nonzero(image == b).flatten()[
                 torch.topk(scores[image == b], min(MAX_CANDIDATES, int(per_image[b]))).indices]
                 for b in range(batch)])
@@ -143,23 +142,18 @@ class YoloNms:
         # One NMS over every image and class: each group's boxes are moved apart by more than any
         # box spans, in float64 so that the shifted coordinates keep float32's precision.
         group = image if self.agnostic else image * classes + cls
-        span = boxes.abs().max().double() * 2 + 1 if len(boxes) else 1.0  # on the device: no host wait
+        span = float(boxes.abs().max()) * 2 + 1 if len(boxes) else 1.0
         shifted = boxes.double() + (group.double() * span)[:, None]
         keep = nms(shifted, scores.double(), self.iou)  # by decreasing score
         keep = keep[torch.argsort(image[keep], stable=True)]  # by image, by score within each
         kept_image = image[keep]
-        counts = torch.zeros(batch, dtype=torch.long, device=keep.device).index_add_(  # bincount, without a host wait
-            0, kept_image, torch.ones_like(kept_image))
+        counts = torch.bincount(kept_image, minlength=batch)
         rank = torch.arange(len(keep), device=keep.device) - (torch.cumsum(counts, 0) - counts)[kept_image]
         keep = keep[rank < self.max_det]
         kept_image, kept = image[keep], boxes[keep]
         kept = to_original(kept, kept_image, metas)
-        # One copy to the host (one wait) for boxes, scores, classes and images; class and image
-        # numbers are exact in float32 below 2^24.
-        packed = torch.cat([kept.float(), scores[keep, None].float(), cls[keep, None].float(),
-                            kept_image[:, None].float()], dim=1).cpu().numpy()
-        host_boxes, host_scores, host_classes = packed[:, :4], packed[:, 4], packed[:, 5].astype(np.int64)
-        counts = np.bincount(packed[:, 6].astype(np.int64), minlength=batch).tolist()
+        counts = torch.bincount(kept_image, minlength=batch).tolist()
+        host_boxes, host_scores, host_classes = (t.cpu().numpy() for t in (kept, scores[keep], cls[keep]))
         results, start = [], 0
         for n in counts:
             results.append(Detections(host_boxes[start:start + n], host_scores[start:start + n],

@@ -1,13 +1,9 @@
 """`Pipeline(engine)`: paths, image bytes or raw frames in; per item its outputs (and detections,
 given a decoder) in original-image coordinates out.
 
-Each batch is read, decoded and preprocessed by a worker thread (on CUDA, on a stream of its own),
-up to `PREFETCH_BATCHES` ahead of the engine, each into a staging buffer of its own; the engine then
-copies the staging buffer into its bound input, ordered after the preprocessing by an event. The
-engine's runs and the post-processing each have a stream of their own too, so that no host wait of
-one batch's post-processing waits for the next batch's run, and nothing the pipeline queues is on
-the legacy default stream, which orders itself against other libraries' blocking streams
-(docs/decisions/0044-pipeline-streams-and-prefetch.md). Failed items (unreadable,
+Each batch is read, decoded and preprocessed by a worker thread (on CUDA, on a stream of its own)
+into one of two staging buffers while the engine runs the batch before it; the engine then copies
+the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
 corrupt, truncated, wrong shape) never stop the items beside them from being decoded; what happens
 to them is `skip_bad`: False (the default) raises one `DataError` naming every failed item of the
 batch before that batch runs; True returns them as results with `error` set, in their place, and
@@ -29,8 +25,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -41,15 +37,13 @@ from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_d
 from ..errors import ConfigError, DataError
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
-from .prefetch import Prefetcher
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
-from .sources import FRAME_ORDERS, FrameSource, read_sources
+from .sources import FRAME_ORDERS, read_sources
 from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
-PREFETCH_BATCHES = 2  # batches decoded ahead of the engine: enough to ride out one slow decode
 
 
 @dataclass
@@ -66,34 +60,13 @@ class PipelineResult:
 @dataclass
 class _Bucket:
     """One resolution bucket as the pipeline runs it: its spec, the profile and the context bound to
-    it, its minimum batch, and a staging buffer per slot (batch in flight), with the event that frees it."""
+    it, its minimum batch, and a staging buffer per batch in flight, with the event that frees it."""
     spec: PreprocessSpec
     profile: int
     min_batch: int
     context: object
-    staging: dict = field(default_factory=dict)
-    staging_free: dict = field(default_factory=dict)
-
-
-@dataclass
-class StageTimes:
-    """Where a `stream()`'s time went, in seconds (reset by each call): `prepare_s` the worker's
-    read, decode and preprocess (or the calling thread's, without overlap), `waited_s` the calling
-    thread waiting for prepared batches (decode not hidden behind the engine), `launch_s` queueing
-    the engine's runs, `finish_s` the post-processing and the wait for outputs."""
-    batches: int = 0
-    prepare_s: float = 0.0
-    waited_s: float = 0.0
-    launch_s: float = 0.0
-    finish_s: float = 0.0
-
-    def to_json(self) -> dict:
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()}
-
-    def per_batch_ms(self) -> dict:
-        """{prepare, waited, launch, finish}: milliseconds per batch."""
-        return {k.removesuffix("_s"): round(v * 1e3 / max(1, self.batches), 4)
-                for k, v in vars(self).items() if k != "batches"}
+    staging: list = field(default_factory=lambda: [None, None])
+    staging_free: list = field(default_factory=lambda: [None, None])
 
 
 @dataclass
@@ -251,17 +224,13 @@ class Pipeline:
         self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
         self.device = torch.device(engine.device)
         self.fast_decode = fast_decode
-        # With overlap on CUDA: batches prepared on one stream, run on another, post-processed on a
-        # third, ordered by events; without, all on the current stream, in the calling thread.
-        streams = self.device.type == "cuda" and overlap
-        self._side_stream = torch.cuda.Stream(self.device) if streams else None
-        self._run_stream = torch.cuda.Stream(self.device) if streams else None
-        self._post_stream = torch.cuda.Stream(self.device) if streams else None
+        # With overlap, batches are prepared on a stream of their own, ordered against the engine's
+        # runs by events; without, on the current stream, in the calling thread.
+        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
         # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
         # host run has finished when it returns, so there is nothing to overlap it with.
         self.launch_ahead = overlap and self.device.type == "cuda"
         self._lock = threading.Lock()
-        self.times = StageTimes()
 
     # ---- routing ---------------------------------------------------------------------------
     def bucket_of(self, h: int, w: int) -> int:
@@ -279,7 +248,7 @@ class Pipeline:
         shape = bucket.spec.input_shape(rows)
         if shape is None:
             return None
-        buffer = bucket.staging.get(slot)
+        buffer = bucket.staging[slot]
         if buffer is None or buffer.shape[0] < rows:
             capacity = max(self.batch_size, bucket.min_batch)
             buffer = bucket.staging[slot] = (
@@ -291,19 +260,13 @@ class Pipeline:
     def batch_size_rows(self) -> int:
         return max(self.batch_size, self.min_batch)
 
-    def _prepare(self, chunk: list, first_index: int, handed_over: torch.cuda.Event | None, slot: int) -> _Prepared:
+    def _prepare(self, chunk: list, first_index: int, slot: int) -> _Prepared:
+        sources = read_sources(chunk, self.frame_order, first_index)
+        names = [s.name for s in sources]
         stream = self._side_stream
-        with _on(stream):  # reading a device frame may run a kernel (a BGR frame's flip): on this stream too
-            if stream is not None:
-                if handed_over is not None:  # what the caller queued before handing the items over
-                    stream.wait_event(handed_over)
-                for item in chunk:
-                    if _on_device(item):  # not reused by the allocator before this stream has read it
-                        (item.frame if isinstance(item, FrameSource) else item).record_stream(stream)
-            sources = read_sources(chunk, self.frame_order, first_index)
-            names = [s.name for s in sources]
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
             for bucket in self._buckets if stream is not None else ():
-                if bucket.staging_free.get(slot) is not None:
+                if bucket.staging_free[slot] is not None:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
             # A raw-frames engine takes frames of its declared size and resizes them itself: files are
             # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
@@ -365,10 +328,6 @@ class Pipeline:
         for the device: host copies (or, for a decoder of device tensors, device copies) that the
         next batch's run cannot overwrite, so the caller can launch it before finishing this one."""
         self._refuse_failures(prepared)
-        with _on(self._run_stream):
-            return self._queue_runs(prepared, slot)
-
-    def _queue_runs(self, prepared: _Prepared, slot: int) -> _Launched:
         if prepared.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(prepared.ready)
         staged = []
@@ -400,41 +359,25 @@ class Pipeline:
             results[i].error = reason
         if launched.done is not None and (self.host_outputs or isinstance(self.decoder, EngineNms)):
             launched.done.synchronize()  # the host copies have landed
-        post = self._post_stream if not (self.host_outputs or isinstance(self.decoder, EngineNms)) else None
-        if post is not None:
-            # On a stream that waits for this batch alone: the decoder's host waits (nonzero, NMS,
-            # copies) then never wait for the next batch's run, queued on the run stream meanwhile.
-            post.wait_event(launched.done)
-            for outputs in launched.outputs:
-                for t in outputs.values():
-                    t.record_stream(post)
         for group, outputs in zip(prepared.groups, launched.outputs):
             if self.host_outputs:
                 host = {name: t.numpy() for name, t in outputs.items()}
                 detections = self.decoder(host, group.metas) if self.decoder is not None else None
             else:
                 host = {}
-                with _on(post):
-                    detections = self.decoder(outputs, group.metas)
+                detections = self.decoder(outputs, group.metas)
             for k, i in enumerate(group.positions):
                 results[i].meta = group.metas[k]
                 results[i].outputs = {name: value[k] for name, value in host.items()}
                 if detections is not None:
                     results[i].detections = detections[k]
-        if post is not None:
-            # Device values a decoder returns are complete when the caller gets them. A host wait,
-            # not a wait queued on the caller's (usually the legacy default) stream, which would
-            # order every blocking stream of the process behind this post-processing.
-            post.synchronize()
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
-        """Results in item order, batch by batch; with `overlap`, the next batches (up to
-        PREFETCH_BATCHES) are prepared on a worker thread while this one runs, else each batch is
-        prepared and run in the calling thread (the lowest latency for one frame at a time).
-        Stopping early (closing the iterator, or an error) stops the worker before returning.
-        `items` may also be one video's path or a `VideoSource`: its frames, decoded on a thread of
-        their own."""
+        """Results in item order, batch by batch; with `overlap`, the next batch is prepared on a
+        worker thread while this one runs, else each batch is prepared and run in the calling
+        thread (the lowest latency for one frame at a time). `items` may also be one video's path
+        or a `VideoSource`: its frames, decoded on a thread of their own."""
         source = self._frames_of(items)
         frames = iter(source)
         try:
@@ -445,78 +388,33 @@ class Pipeline:
 
     def _batches(self, chunks: Iterator[tuple[list, int]]) -> Iterator[PipelineResult]:
         with self._lock:
-            self.times = times = StageTimes()
             if not self.overlap:
                 for chunk, first in chunks:
-                    start = time.perf_counter()
-                    prepared = self._prepare(chunk, first, None, 0)
-                    launched_at = time.perf_counter()
-                    launched = self._launch(prepared, 0)
-                    finished_at = time.perf_counter()
-                    results = self._finish(launched)
-                    times.prepare_s += launched_at - start
-                    times.launch_s += finished_at - launched_at
-                    times.finish_s += time.perf_counter() - finished_at
-                    times.batches += 1
-                    yield from results
+                    yield from self._finish(self._launch(self._prepare(chunk, first, 0), 0))
                 return
-            prefetch = Prefetcher(self._prepare, PREFETCH_BATCHES)
-            try:
-                yield from self._overlapped(chunks, prefetch, times)
-            finally:
-                prefetch.close()  # also when the caller stops early or a batch raised
-                times.prepare_s, times.waited_s = prefetch.busy_s, prefetch.waited_s
-
-    def _overlapped(self, chunks: Iterator[tuple[list, int]], prefetch: Prefetcher,
-                    times: StageTimes) -> Iterator[PipelineResult]:
-        """Batches decoded up to PREFETCH_BATCHES ahead on the worker, and batch n+1 launched before
-        n's results are finished, so the device never waits for the host between two batches."""
-        def feed(up_to: int) -> None:
-            while prefetch.pending < up_to:
+            # Batch n+1 is prepared on the worker while n runs, and launched before n's results are
+            # finished, so the device never waits for the host between two batches.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
+                slot = 0
                 chunk = next(chunks, None)
-                if chunk is None:
-                    return
-                prefetch.submit(*chunk, self._handed_over(chunk[0]))
-
-        feed(1)  # a live source's first batch runs once its own frames are read, not the next's too
-        running: _Launched | None = None
-        while prefetch.pending:
-            prepared, slot = prefetch.take()
-            if running is not None and prepared.failures and not self.skip_bad:
-                yield from self._timed_finish(running, times)  # the batch before is returned, then this one refused
-                running = None
-            start = time.perf_counter()
-            launched = self._launch(prepared, slot)
-            prefetch.release(slot)  # its buffer's free event is recorded: the worker may reuse it
-            times.launch_s += time.perf_counter() - start
-            times.batches += 1
-            # Read the next items after the launch: a live source waiting for frames never holds
-            # back a batch already prepared (the worker has the other pending batch meanwhile).
-            feed(prefetch.depth)
-            if running is not None:
-                yield from self._timed_finish(running, times)
-            running = launched
-            if not self.launch_ahead:
-                yield from self._timed_finish(running, times)
-                running = None
-        if running is not None:
-            yield from self._timed_finish(running, times)
-
-    def _timed_finish(self, launched: _Launched, times: StageTimes) -> list[PipelineResult]:
-        start = time.perf_counter()
-        results = self._finish(launched)
-        times.finish_s += time.perf_counter() - start
-        return results
-
-    def _handed_over(self, items: list) -> torch.cuda.Event | None:
-        """An event on the caller's current stream as it hands over items with frames on the device:
-        the worker's stream waits for it, so they are read after the caller's work that wrote them.
-        None for items on the host (paths, bytes), which the device work of the caller cannot touch."""
-        if self._side_stream is None or not any(_on_device(x) for x in items):
-            return None
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
+                pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
+                running: _Launched | None = None
+                while pending is not None:
+                    prepared = pending.result()
+                    chunk = next(chunks, None)
+                    following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None else None
+                    if running is not None and prepared.failures and not self.skip_bad:
+                        yield from self._finish(running)  # the batch before is returned, then this one refused
+                        running = None
+                    launched = self._launch(prepared, slot)
+                    if running is not None:
+                        yield from self._finish(running)
+                    running, pending, slot = launched, following, 1 - slot
+                    if not self.launch_ahead:
+                        yield from self._finish(running)
+                        running = None
+                if running is not None:
+                    yield from self._finish(running)
 
     def _frames_of(self, items) -> Iterable:
         if isinstance(items, (str, os.PathLike)):
@@ -529,17 +427,6 @@ class Pipeline:
 
     def run(self, items: Iterable) -> list[PipelineResult]:
         return list(self.stream(items))
-
-
-def _on_device(item) -> bool:
-    """Whether an item is a frame in device memory (a tensor, or a video decoder's FrameSource)."""
-    frame = item.frame if isinstance(item, FrameSource) else item
-    return isinstance(frame, torch.Tensor) and frame.is_cuda
-
-
-def _on(stream: torch.cuda.Stream | None):
-    """`stream` as the current stream for a block, or nothing to do without one."""
-    return torch.cuda.stream(stream) if stream is not None else nullcontext()
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[tuple[list, int]]:

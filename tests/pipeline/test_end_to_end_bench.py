@@ -32,12 +32,9 @@ def test_end_to_end_times_every_stage_and_the_engine(cli, letterbox_plan, image_
     assert all(v > 0 for v in data["stages_ms"].values())
     assert data["frames_per_s"] > 0 and data["engine_frames_per_s"] > 0 and data["first_pass_s"] > 0
     assert 0 < data["batch_ms_p50"] <= data["batch_ms_p99"]
-    assert set(data["in_stream_ms"]) == {"prepare", "waited", "launch", "finish"}
-    assert data["in_stream_ms"]["prepare"] > 0 and data["in_stream_ms"]["launch"] > 0
     table = cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder)
     assert table.code == 0, table
     assert "steady state" in table.out and "One batch through each stage alone" in table.out
-    assert "in the stream" in table.out and "waited" in table.out
 
 
 def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_folder, tmp_path):
