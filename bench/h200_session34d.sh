@@ -2,7 +2,8 @@
 # Session 34's last device call, ordered by what the session most needs within its last minutes of
 # device time: Swin-T FP16 b64 against torch.compile with the one-kernel attention and the heads'
 # Transpose fold (issue 34), then YOLOv8n JPEG/raw frames to boxes with the pipeline's prefetch on and
-# off (issue 30, plain engine only), then the new CUDA tests of both.
+# off (issue 30, plain engine only), then the new CUDA tests of both. (The prefetch, branch jpeg-overlap,
+# was reverted after this run: its test file is on that branch.)
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 timeout 160 python bench/swin_profile.py --out "$OUT/swin" > "$OUT/swin.log" 2>&1; echo "swin exit $?"
