@@ -242,3 +242,26 @@ def assert_cli_error(result: CliResult, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in line, (fragment, line)
     return line
+
+
+def save_photos(folder: Path, names: list[str]) -> Path:
+    """scikit-image's photos `names` as RGB JPEGs (quality 90) in `folder`: real images, shipped in
+    a package, for the tests that run folders of files (sartor infer, Ray Data)."""
+    from PIL import Image
+    from skimage import data as skimage_data
+    for name in names:
+        pixels = getattr(skimage_data, name)()
+        if pixels.ndim == 2:
+            pixels = np.stack([pixels] * 3, axis=-1)
+        Image.fromarray(pixels[..., :3]).save(folder / f"{name}.jpg", quality=90)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A Ray of this process on 2 CPUs, quiet, for a test module; skips without Ray."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error
-from PIL import Image
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error, save_photos
 
 import sartor
 from sartor.pipeline import Pipeline
 
-skimage_data = pytest.importorskip("skimage.data")
+pytest.importorskip("skimage.data")  # the photos save_photos writes
 ROOT = Path(__file__).resolve().parents[2]
 DETECTOR = ROOT / "samples" / "detector" / "sample_detector.onnx"
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera"]
@@ -26,13 +25,7 @@ BATCH = 2
 
 @pytest.fixture(scope="module")
 def photo_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        pixels = getattr(skimage_data, name)()
-        if pixels.ndim == 2:
-            pixels = np.stack([pixels] * 3, axis=-1)
-        Image.fromarray(pixels[..., :3]).save(folder / f"{name}.jpg", quality=90)
-    return folder
+    return save_photos(tmp_path_factory.mktemp("photos"), PHOTOS)
 
 
 @pytest.fixture(scope="module")

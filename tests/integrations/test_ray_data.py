@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, save_photos
 from PIL import Image
 
 import sartor
@@ -20,7 +20,7 @@ from sartor.integrations.ray_data import SartorPredictor
 from sartor.pipeline import Pipeline, YoloNms
 
 ray = pytest.importorskip("ray")
-skimage_data = pytest.importorskip("skimage.data")
+pytest.importorskip("skimage.data")  # the photos save_photos writes
 ROOT = Path(__file__).resolve().parents[2]
 DETECTOR = ROOT / "samples" / "detector" / "sample_detector.onnx"
 PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "camera", "immunohistochemistry", "hubble_deep_field"]
@@ -28,22 +28,8 @@ BATCH = 3  # the Pipeline's and map_batches' batch: the same chunks, so the same
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def photo_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        pixels = getattr(skimage_data, name)()
-        if pixels.ndim == 2:
-            pixels = np.stack([pixels] * 3, axis=-1)
-        Image.fromarray(pixels[..., :3]).save(folder / f"{name}.jpg", quality=90)
-    return folder
+    return save_photos(tmp_path_factory.mktemp("photos"), PHOTOS)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error
-from PIL import Image
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES, assert_cli_error, save_photos
 
 import sartor
 from sartor.errors import ConfigError
@@ -22,7 +21,7 @@ from sartor.pipeline import Pipeline
 
 ray = pytest.importorskip("ray")
 pq = pytest.importorskip("pyarrow.parquet")
-skimage_data = pytest.importorskip("skimage.data")
+pytest.importorskip("skimage.data")  # the photos save_photos writes
 from sartor.integrations.ray_infer import actors_for  # noqa: E402 - after the skip: it is Ray's
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,22 +31,8 @@ BATCH = 3
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def photo_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        pixels = getattr(skimage_data, name)()
-        if pixels.ndim == 2:
-            pixels = np.stack([pixels] * 3, axis=-1)
-        Image.fromarray(pixels[..., :3]).save(folder / f"{name}.jpg", quality=90)
-    return folder
+    return save_photos(tmp_path_factory.mktemp("photos"), PHOTOS)
 
 
 @pytest.fixture(scope="module")

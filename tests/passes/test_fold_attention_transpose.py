@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from passes_helpers import OnnxBuilder, assert_matches_ort, import_graph, nodes_of, op_counts
+from passes_helpers import OnnxBuilder, assert_matches_ort, import_graph, nodes_of, op_counts, small_timm_swin
 import sartor.ops.attention as attention_op
 from sartor.ir.verify import verify_graph
 from sartor.kernels.attention.short import short_attention
@@ -106,15 +106,7 @@ def test_must_not_fire(case):
 def test_fires_on_every_attention_layer_of_timm_swin_and_the_kernel_reads_the_exports_views(tmp_path, monkeypatch):
     # Then every layer on the one-kernel tactic (Triton's interpreter on the CPU): q, k_t and v are
     # the views the export makes of the qkv projection, the output written rows before heads.
-    timm = pytest.importorskip("timm")
-    import onnx
-    torch.manual_seed(0)
-    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=112,
-                              embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=7).eval()
-    path = tmp_path / "swin.onnx"
-    torch.onnx.export(model, torch.randn(1, 3, 112, 112), str(path), opset_version=17, dynamo=False,
-                      input_names=["input"], output_names=["output"], dynamic_axes={"input": {0: "b"}})
-    onnx_model = onnx.load(str(path))
+    onnx_model = small_timm_swin(tmp_path)
     graph = import_graph(onnx_model)
     report = optimize(graph, verify=True)
     assert report.rewrites.get("fold_attention_transpose") == 4
