@@ -159,6 +159,35 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
     return heads
 
 
+def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str]) -> dict[str, str]:
+    """candidate name → the output head whose private branch it feeds: walking back from each head,
+    a candidate joins while it produces the data input of a branch member and every value reader of
+    its outputs is in the branch (a Shape/Size reader carries no values). The walk stops at a fork,
+    a layer whose output also feeds anything else, and at any layer that is not a candidate (docs/
+    decisions/0045-int8-placement-rules.md)."""
+    by_name = {n.name: n for n in candidates}
+    producers = graph.producers()
+    consumers = graph.consumers()
+    branches: dict[str, str] = {}
+    for head in heads:
+        members = {head}
+        frontier = [by_name[head]]
+        while frontier:
+            node = frontier.pop()
+            producer = producers.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+            if producer is None or producer.name not in by_name or producer.name in members:
+                continue
+            readers = [r for out in producer.outputs if out for r in consumers.get(out, [])
+                       if r.op_type not in SHAPE_ONLY_OPS]
+            if producer.name in heads or any(out in graph.output_names() for out in producer.outputs) or \
+                    not readers or any(r.name not in members for r in readers):
+                continue
+            members.add(producer.name)
+            branches[producer.name] = head
+            frontier.append(producer)
+    return branches
+
+
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
     """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
     Candidates run `precision` (reason ""); output heads and the layers without a kernel at that
@@ -169,6 +198,7 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
     word = precision.upper()
     candidates = [node for node in graph.nodes if quantized_unsupported(graph, node, precision) is None]
     heads = output_heads(graph, candidates)
+    branches = output_branches(graph, candidates, heads)
     decisions = {}
     for node in graph.nodes:
         if node.op_type not in INT8_OPS:
@@ -179,6 +209,10 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
         elif node.name in heads:
             reason = (f"output head, kept out of {word}: reaches output {heads[node.name]!r} through no other "
                       f"conv/gemm (--layer-precision {node.name}={precision} to quantize it)")
+            decisions[node.name] = (base, reason)
+        elif node.name in branches:
+            reason = (f"output branch, kept out of {word}: feeds only output head {branches[node.name]!r} "
+                      f"(--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         else:
             decisions[node.name] = (precision, "")
