@@ -7,7 +7,10 @@ through no other conv/gemm (only Reshape/Concat/Sigmoid/Softmax/Mul/Add/… deco
 post-processing layers, or nothing at all; a Shape/Size reader carries no values and does not
 count) keeps the higher precision. Those layers produce the
 logits, box offsets and scores that decoding reads directly, where INT8's coarse steps cost the
-most accuracy. `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
+most accuracy. So do the layers of each head's *output branch*: the conv/gemm layers that feed
+only that head, directly or through one another, back to the last fork (a YOLO head's box and
+class convs after the neck; docs/decisions/0045-int8-placement-rules.md). `--layer-precision
+NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
 (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
 and FP32 on the CPU.
 
