@@ -7,9 +7,10 @@ through no other conv/gemm (only Reshape/Concat/Sigmoid/Softmax/Mul/Add/… deco
 post-processing layers, or nothing at all; a Shape/Size reader carries no values and does not
 count) keeps the higher precision. Those layers produce the
 logits, box offsets and scores that decoding reads directly, where INT8's coarse steps cost the
-most accuracy. So do the layers of each head's *output branch*: the conv/gemm layers that feed
-only that head, directly or through one another, back to the last fork (a YOLO head's box and
-class convs after the neck; docs/decisions/0045-int8-placement-rules.md). `--layer-precision
+most accuracy. So do the layers inside each head's *output branch*: the conv/gemm layers that
+feed only that head, directly or through one another, back to the last fork, except the branch's
+entry, which reads the shared features (in a YOLO head, the box and class convs after the first
+of each; docs/decisions/0045-int8-placement-rules.md). `--layer-precision
 NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
 (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
 and FP32 on the CPU.
@@ -163,11 +164,12 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
 
 
 def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str]) -> dict[str, str]:
-    """candidate name → the output head whose private branch it feeds: walking back from each head,
-    a candidate joins while it produces the data input of a branch member and every value reader of
-    its outputs is in the branch (a Shape/Size reader carries no values). The walk stops at a fork,
-    a layer whose output also feeds anything else, and at any layer that is not a candidate (docs/
-    decisions/0045-int8-placement-rules.md)."""
+    """candidate name → the output head whose private branch it lies inside. Walking back from each
+    head, a candidate joins the branch while it produces the data input of a member and every value
+    reader of its outputs is a member (a Shape/Size reader carries no values); the walk stops at a
+    fork, a graph output and any layer that is not a candidate. The branch's entry, the member
+    whose own input comes from outside it, is not returned: it reads the shared features as the
+    fork's other readers do (docs/decisions/0045-int8-placement-rules.md)."""
     by_name = {n.name: n for n in candidates}
     producers = graph.producers()
     consumers = graph.consumers()
@@ -188,7 +190,13 @@ def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str])
             members.add(producer.name)
             branches[producer.name] = head
             frontier.append(producer)
-    return branches
+    inside = {}
+    for name, head in branches.items():
+        node = by_name[name]
+        producer = producers.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        if producer is not None and branches.get(producer.name) == head:
+            inside[name] = head
+    return inside
 
 
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
@@ -214,7 +222,8 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
                       f"conv/gemm (--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         elif node.name in branches:
-            reason = (f"output branch, kept out of {word}: feeds only output head {branches[node.name]!r} "
+            reason = (f"output branch, kept out of {word}: inside the layers that feed only output head "
+                      f"{branches[node.name]!r} "
                       f"(--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         else:

@@ -1,6 +1,7 @@
 """The output-branch rule of the INT8 plan (`sartor.quant.plan.output_branches`, decision 0045): the
-conv/gemm layers that feed only one output head stay at the higher precision with it; a fork, a
-graph output or a non-quantizable layer on the way keeps the layers before it INT8."""
+conv/gemm layers inside a branch that feeds only one output head stay at the higher precision with
+it; the branch's entry (it reads the shared features) runs INT8; a fork, a graph output or a
+layer of another kind on the way ends the branch."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,14 +57,15 @@ def _decisions(model: onnx.ModelProto, tmp_path: Path) -> dict:
     return int8_decisions(graph, "fp32")
 
 
-def test_a_private_branch_stays_float_with_its_head(tmp_path):
+def test_inside_a_private_branch_stays_float_with_its_head(tmp_path):
+    """a_out's branch is a1 → a2 (neck forks to b_out too): a2 is inside and stays float; a1, the
+    entry, reads neck's codes as b_out's branch would, and runs INT8."""
     decisions = _decisions(two_branch_detector(), tmp_path)
     assert {name: precision for name, (precision, _) in decisions.items()} == {
-        "trunk": "int8", "neck": "int8", "a1": "fp32", "a2": "fp32", "a_out": "fp32", "b_out": "fp32"}
-    for name in ("a1", "a2"):
-        assert decisions[name][1].startswith("output branch") and "'a_out'" in decisions[name][1]
-        assert f"--layer-precision {name}=int8" in decisions[name][1]
-    assert decisions["a_out"][1].startswith("output head")
+        "trunk": "int8", "neck": "int8", "a1": "int8", "a2": "fp32", "a_out": "fp32", "b_out": "fp32"}
+    assert decisions["a2"][1].startswith("output branch") and "'a_out'" in decisions["a2"][1]
+    assert "--layer-precision a2=int8" in decisions["a2"][1]
+    assert decisions["a_out"][1].startswith("output head") and decisions["a1"][1] == ""
 
 
 def test_a_layer_on_the_way_ends_the_branch(tmp_path):
@@ -75,14 +77,14 @@ def test_a_layer_on_the_way_ends_the_branch(tmp_path):
 
 
 def test_a_fork_or_a_graph_output_is_not_private(tmp_path):
-    """neck feeds both heads' branches: a fork, so INT8. With a1's output also a graph output, a1
-    is an output head itself and a2 does not join a_out's branch through it."""
+    """With a1's output also a graph output, a1 is an output head itself: a_out's branch is a2
+    alone, its entry, so INT8. neck, the fork, stays INT8 as before."""
     model = two_branch_detector()
     model.graph.output.append(helper.make_tensor_value_info("x1", TensorProto.FLOAT, ["batch", 8, IMAGE, IMAGE]))
     decisions = _decisions(model, tmp_path)
     assert decisions["neck"][0] == "int8" and decisions["trunk"][0] == "int8"
     assert decisions["a1"][1].startswith("output head")
-    assert decisions["a2"][1].startswith("output branch")
+    assert decisions["a2"] == ("int8", "")
 
 
 @pytest.mark.parametrize("pool_before_head", [False, True])
@@ -97,10 +99,10 @@ def test_the_engine_keeps_the_float_numbers(tmp_path, pool_before_head):
     result = sartor.build(model, tmp_path / "int8.plan", device="cpu", profiles=[SHAPES], precision="int8",
                           calib=calib)
     layers = {layer["name"]: layer for layer in result.header["layers"]}
-    assert layers["neck"]["precision"] == "int8"
+    assert layers["neck"]["precision"] == "int8" and layers["a1"]["precision"] == "int8"
     assert layers["a2"]["precision"] == ("int8" if pool_before_head else "fp32")
     if not pool_before_head:
-        assert layers["a1"]["reason"].startswith("output branch")
+        assert layers["a2"]["reason"].startswith("output branch")
     fp32 = sartor.load(tmp_path / "fp32.plan", device="cpu").context().run({"images": images})
     int8 = sartor.load(tmp_path / "int8.plan", device="cpu").context().run({"images": images})
     for name in ("a", "b"):

@@ -248,7 +248,7 @@ def test_int8_build_tracks_fp32(work, calib_npy, test_images, method):
     model = save(deeper_model(), work / f"deeper_{method}.onnx")
     _build(model, work / "deeper_fp32.plan")
     result = _build(model, work / f"deeper_{method}.plan", precision="int8", calib=calib_npy, calib_method=method,
-                    layer_precision={"mm": "int8", "fc": "int8"})  # the output head and its branch (0045)
+                    layer_precision={"mm": "int8"})
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert {name: (layer["op"], layer["precision"]) for name, layer in layers.items() if layer["precision"] == "int8"} \
         == {"conv1": ("QConv", "int8"), "conv2": ("QConv", "int8"), "dw": ("QConv", "int8"),
@@ -290,8 +290,7 @@ def test_int8_tiny_classifier_and_what_the_engine_stores(work, calib_npy, test_i
 def test_a_shape_reader_does_not_make_an_output_head(work, calib_npy, test_images):
     """Ultralytics' dynamic export sizes the anchor grid from Shape of the neck's feature maps: the
     convs that write them reach the output through Shape alone, which carries no values, so they
-    are not output heads and run INT8. (Here the neck feeds only the head's values, which makes it
-    the head's output branch, decision 0045: pinned INT8 to test the head rule alone.)"""
+    are not output heads and run INT8."""
     rng = np.random.default_rng(3)
     inits = [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), n)
              for n, s in (("c1.w", (8, 3, 3, 3)), ("c2.w", (4, 8, 3, 3)))]
@@ -311,11 +310,7 @@ def test_a_shape_reader_does_not_make_an_output_head(work, calib_npy, test_image
     onnx.checker.check_model(model)
     path = save(model, work / "shape_reader.onnx")
     _build(path, work / "shape_reader_fp32.plan")
-    plain = _build(path, work / "shape_reader_branch.plan", precision="int8", calib=calib_npy)
-    neck = next(layer for layer in plain.header["layers"] if layer["name"] == "neck")
-    assert neck["precision"] == "fp32" and neck["reason"].startswith("output branch"), neck["reason"]
-    result = _build(path, work / "shape_reader_int8.plan", precision="int8", calib=calib_npy,
-                    layer_precision={"neck": "int8"})
+    result = _build(path, work / "shape_reader_int8.plan", precision="int8", calib=calib_npy)
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     assert layers["neck"]["precision"] == "int8", layers["neck"]["reason"]
     assert layers["head"]["precision"] == "fp32" and "output head" in layers["head"]["reason"]
