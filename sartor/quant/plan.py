@@ -164,38 +164,42 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
 
 
 def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str]) -> dict[str, str]:
-    """candidate name → the output head whose private branch it lies inside. Walking back from each
-    head, a candidate joins the branch while it produces the data input of a member and every value
-    reader of its outputs is a member (a Shape/Size reader carries no values); the walk stops at a
-    fork, a graph output and any layer that is not a candidate. The branch's entry, the member
-    whose own input comes from outside it, is not returned: it reads the shared features as the
-    fork's other readers do (docs/decisions/0045-int8-placement-rules.md)."""
+    """candidate name → the output head whose private branch it lies inside (docs/decisions/
+    0045-int8-placement-rules.md). From each head the walk goes back through the conv/gemm layers
+    that produce its data input, each the only value reader of its producer's output (a Shape/Size
+    reader carries no values), until it reaches a *fork*: a layer whose output has other readers
+    or is a graph output. The layers passed form the branch; its entry, the one that reads the
+    fork, runs quantized like the fork's other readers, the others are returned. No fork (a chain
+    from the graph input), a layer of another kind on the way, or a join (a layer with a second
+    activation input, such as a residual) means no branch: those are a network's trunk, not a
+    head's private layers."""
     by_name = {n.name: n for n in candidates}
     producers = graph.producers()
     consumers = graph.consumers()
-    branches: dict[str, str] = {}
+    graph_outputs = graph.output_names()
+
+    def value_readers(node: Node) -> list[Node]:
+        return [r for out in node.outputs if out for r in consumers.get(out, []) if r.op_type not in SHAPE_ONLY_OPS]
+
+    def joins(node: Node) -> bool:
+        return any(v and not graph.is_constant(v) for v in node.inputs[1:])
+
+    inside: dict[str, str] = {}
     for head in heads:
-        members = {head}
-        frontier = [by_name[head]]
-        while frontier:
-            node = frontier.pop()
+        chain, node = [], by_name[head]
+        while True:
             producer = producers.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
-            if producer is None or producer.name not in by_name or producer.name in members:
-                continue
-            readers = [r for out in producer.outputs if out for r in consumers.get(out, [])
-                       if r.op_type not in SHAPE_ONLY_OPS]
-            if producer.name in heads or any(out in graph.output_names() for out in producer.outputs) or \
-                    not readers or any(r.name not in members for r in readers):
-                continue
-            members.add(producer.name)
-            branches[producer.name] = head
-            frontier.append(producer)
-    inside = {}
-    for name, head in branches.items():
-        node = by_name[name]
-        producer = producers.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
-        if producer is not None and branches.get(producer.name) == head:
-            inside[name] = head
+            if producer is None or producer.name not in by_name:
+                chain = []  # the graph input or another kind of layer: no fork found
+                break
+            if len(value_readers(producer)) > 1 or any(out in graph_outputs for out in producer.outputs):
+                break  # the fork: `chain` is the branch, its last layer the entry
+            if producer.name in heads or joins(producer):
+                chain = []
+                break
+            chain.append(producer)
+            node = producer
+        inside.update({member.name: head for member in chain[:-1]})
     return inside
 
 

@@ -29,22 +29,32 @@ def _conv(name, x, out, relu=True):
     return nodes
 
 
-def two_branch_detector(seed: int = 0, pool_before_head: bool = False) -> onnx.ModelProto:
+def two_branch_detector(seed: int = 0, pool_before_head: bool = False, second_head: bool = True,
+                        residual: bool = False) -> onnx.ModelProto:
     """trunk → neck, which forks into a three-conv branch to output "a" and a one-conv head to output
     "b" (a YOLO head's box and class branches in small). With `pool_before_head` a MaxPool sits
-    between the branch's second conv and its head."""
+    between the branch's second conv and its head; without `second_head` there is no "b" and no
+    fork; with `residual` a2 adds neck's output to its own (a ResNet block's join)."""
     w, b = initializer_makers(np.random.default_rng(seed))
     shapes = {"trunk": (8, 3), "neck": (8, 8), "a1": (8, 8), "a2": (8, 8), "a_out": (4, 8), "b_out": (2, 8)}
     inits = [x for name, (o, i) in shapes.items() for x in (w(f"{name}.w", o, i, 3, 3), b(f"{name}.b", o))]
-    nodes = _conv("trunk", "images", "t") + _conv("neck", "t", "n") + _conv("a1", "n", "x1") + _conv("a2", "x1", "x2")
+    nodes = _conv("trunk", "images", "t") + _conv("neck", "t", "n") + _conv("a1", "n", "x1")
+    if residual:
+        nodes += _conv("a2", "x1", "x2s", relu=False) + [helper.make_node("Add", ["x2s", "n"], ["x2"], name="join")]
+    else:
+        nodes += _conv("a2", "x1", "x2")
     head_input = "x2"
     if pool_before_head:
         nodes.append(helper.make_node("MaxPool", ["x2"], ["x2p"], name="pool", kernel_shape=[3, 3],
                                       pads=[1, 1, 1, 1]))
         head_input = "x2p"
-    nodes += _conv("a_out", head_input, "a", relu=False) + _conv("b_out", "n", "b", relu=False)
+    nodes += _conv("a_out", head_input, "a", relu=False)
+    if second_head:
+        nodes += _conv("b_out", "n", "b", relu=False)
+    else:
+        inits = [i for i in inits if not i.name.startswith("b_out.")]
     outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", c, IMAGE, IMAGE])
-               for name, c in (("a", 4), ("b", 2))]
+               for name, c in (("a", 4), ("b", 2)) if second_head or name == "a"]
     model = make_model(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, IMAGE, IMAGE])],
                        outputs, inits, name="two_branch_detector")
     onnx.checker.check_model(model)
@@ -72,6 +82,22 @@ def test_a_layer_on_the_way_ends_the_branch(tmp_path):
     """Only conv/gemm layers feeding the head directly join: a MaxPool between a2 and the head keeps
     a2 and a1 INT8 (the head's input then comes from a layer the plan does not decide)."""
     decisions = _decisions(two_branch_detector(pool_before_head=True), tmp_path)
+    assert {name: precision for name, (precision, _) in decisions.items()} == {
+        "trunk": "int8", "neck": "int8", "a1": "int8", "a2": "int8", "a_out": "fp32", "b_out": "fp32"}
+
+
+def test_a_chain_without_a_fork_is_the_trunk(tmp_path):
+    """Without "b" nothing forks: trunk → neck → a1 → a2 → a_out is a plain network, not a head's
+    branch, and only the head stays float."""
+    decisions = _decisions(two_branch_detector(second_head=False), tmp_path)
+    assert {name: precision for name, (precision, _) in decisions.items()} == {
+        "trunk": "int8", "neck": "int8", "a1": "int8", "a2": "int8", "a_out": "fp32"}
+
+
+def test_a_join_is_not_a_private_branch(tmp_path):
+    """a2 adds neck's output (fused as its residual): two paths from the fork meet there, so the
+    layers before the head are a block of the trunk, not a private branch."""
+    decisions = _decisions(two_branch_detector(residual=True), tmp_path)
     assert {name: precision for name, (precision, _) in decisions.items()} == {
         "trunk": "int8", "neck": "int8", "a1": "int8", "a2": "int8", "a_out": "fp32", "b_out": "fp32"}
 
