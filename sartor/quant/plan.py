@@ -10,8 +10,8 @@ logits, box offsets and scores that decoding reads directly, where INT8's coarse
 most accuracy. So do the layers inside each head's *output branch*: the conv/gemm layers that
 feed only that head, directly or through one another, back to the last fork, except the branch's
 entry, which reads the shared features (in a YOLO head, the box and class convs after the first
-of each; docs/decisions/0045-int8-placement-rules.md). `--layer-precision
-NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
+of each); a plain chain or a residual block before a head is no branch
+(docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
 (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
 and FP32 on the CPU.
 
@@ -205,8 +205,8 @@ def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str])
 
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
     """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
-    Candidates run `precision` (reason ""); output heads and the layers without a kernel at that
-    precision get `base`. A Q/DQ model with asymmetric activation zero points is refused
+    Candidates run `precision` (reason ""); output heads, the layers inside their output branches
+    (`output_branches`) and the layers without a kernel at that precision get `base`. A Q/DQ model with asymmetric activation zero points is refused
     (`sartor.quant.qdq`)."""
     if precision == "int8":
         refuse_asymmetric(graph)
@@ -227,8 +227,7 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
             decisions[node.name] = (base, reason)
         elif node.name in branches:
             reason = (f"output branch, kept out of {word}: inside the layers that feed only output head "
-                      f"{branches[node.name]!r} "
-                      f"(--layer-precision {node.name}={precision} to quantize it)")
+                      f"{branches[node.name]!r} (--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         else:
             decisions[node.name] = (precision, "")
