@@ -11,8 +11,8 @@ most accuracy. So do the layers inside each head's *output branch*: the conv/gem
 feed only that head, directly or through one another, back to the last fork, except the branch's
 entry, which reads the shared features (in a YOLO head, the box and class convs after the first
 of each); a plain chain or a residual block before a head is no branch
-(docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
-(or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
+(docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one
+anyway; `--layer-precision NAME=fp16` (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
 and FP32 on the CPU.
 
 FP8 (`--precision fp8`, `--layer-precision NAME=fp8`) follows the same rules with the same layers:

@@ -118,7 +118,8 @@ def test_yolo_dataset_labels_match_its_coco_file(tmp_path):
 def test_shipped_yolo_int8_plan_keeps_the_head_branches_float(name, heads, branches):
     """Decision 0045 on the real graphs: per output head (3 scales × box and class) the convs inside
     its private branch stay float; each branch's first conv, the neck convs they fork from and the
-    rest (YOLO11n's C2PSA convs among them) run INT8. (The mAP figures behind the rule take minutes: samples/yolo/evaluate.py.)"""
+    rest (YOLO11n's C2PSA convs among them) run INT8. (The mAP figures behind the rule take
+    minutes, over this suite's budget: samples/yolo/evaluate.py.)"""
     from sartor.frontend import import_onnx
     from sartor.passes import optimize
     from sartor.quant.plan import int8_decisions
