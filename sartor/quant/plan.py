@@ -12,8 +12,8 @@ feed only that head, directly or through one another, back to the last fork, exc
 entry, which reads the shared features (in a YOLO head, the box and class convs after the first
 of each); a plain chain or a residual block before a head is no branch
 (docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one
-anyway; `--layer-precision NAME=fp16` (or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
-and FP32 on the CPU.
+anyway; `--layer-precision NAME=fp16` (or `--op-precision Conv=fp32`) keeps any layer out of INT8.
+Every other layer runs FP16 on CUDA and FP32 on the CPU.
 
 FP8 (`--precision fp8`, `--layer-precision NAME=fp8`) follows the same rules with the same layers:
 FP8 QConv/QGemm exist for exactly the layers INT8 ones do. A model quantized with Q/DQ nodes runs
@@ -206,8 +206,8 @@ def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str])
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
     """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
     Candidates run `precision` (reason ""); output heads, the layers inside their output branches
-    (`output_branches`) and the layers without a kernel at that precision get `base`. A Q/DQ model with asymmetric activation zero points is refused
-    (`sartor.quant.qdq`)."""
+    (`output_branches`) and the layers without a kernel at that precision get `base`. A Q/DQ model
+    with asymmetric activation zero points is refused (`sartor.quant.qdq`)."""
     if precision == "int8":
         refuse_asymmetric(graph)
     word = precision.upper()
