@@ -7,9 +7,13 @@ through no other conv/gemm (only Reshape/Concat/Sigmoid/Softmax/Mul/Add/… deco
 post-processing layers, or nothing at all; a Shape/Size reader carries no values and does not
 count) keeps the higher precision. Those layers produce the
 logits, box offsets and scores that decoding reads directly, where INT8's coarse steps cost the
-most accuracy. `--layer-precision NAME=int8` quantizes one anyway; `--layer-precision NAME=fp16`
-(or `--op-precision Conv=fp32`) keeps any layer out of INT8. Every other layer runs FP16 on CUDA
-and FP32 on the CPU.
+most accuracy. So do the layers inside each head's *output branch*: the conv/gemm layers that
+feed only that head, directly or through one another, back to the last fork, except the branch's
+entry, which reads the shared features (in a YOLO head, the box and class convs after the first
+of each); a plain chain or a residual block before a head is no branch
+(docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one
+anyway; `--layer-precision NAME=fp16` (or `--op-precision Conv=fp32`) keeps any layer out of INT8.
+Every other layer runs FP16 on CUDA and FP32 on the CPU.
 
 FP8 (`--precision fp8`, `--layer-precision NAME=fp8`) follows the same rules with the same layers:
 FP8 QConv/QGemm exist for exactly the layers INT8 ones do. A model quantized with Q/DQ nodes runs
@@ -159,16 +163,57 @@ def output_heads(graph: Graph, candidates: list[Node]) -> dict[str, str]:
     return heads
 
 
+def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str]) -> dict[str, str]:
+    """candidate name → the output head whose private branch it lies inside (docs/decisions/
+    0045-int8-placement-rules.md). From each head the walk goes back through the conv/gemm layers
+    that produce its data input, each the only value reader of its producer's output (a Shape/Size
+    reader carries no values), until it reaches a *fork*: a layer whose output has other readers
+    or is a graph output. The layers passed form the branch; its entry, the one that reads the
+    fork, runs quantized like the fork's other readers, the others are returned. No fork (a chain
+    from the graph input), a layer of another kind on the way, or a join (a layer with a second
+    activation input, such as a residual) means no branch: those are a network's trunk, not a
+    head's private layers."""
+    by_name = {n.name: n for n in candidates}
+    producers = graph.producers()
+    consumers = graph.consumers()
+    graph_outputs = graph.output_names()
+
+    def value_readers(node: Node) -> list[Node]:
+        return [r for out in node.outputs if out for r in consumers.get(out, []) if r.op_type not in SHAPE_ONLY_OPS]
+
+    def joins(node: Node) -> bool:
+        return any(v and not graph.is_constant(v) for v in node.inputs[1:])
+
+    inside: dict[str, str] = {}
+    for head in heads:
+        chain, node = [], by_name[head]
+        while True:
+            producer = producers.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+            if producer is None or producer.name not in by_name:
+                chain = []  # the graph input or another kind of layer: no fork found
+                break
+            if len(value_readers(producer)) > 1 or any(out in graph_outputs for out in producer.outputs):
+                break  # the fork: `chain` is the branch, its last layer the entry
+            if producer.name in heads or joins(producer):
+                chain = []
+                break
+            chain.append(producer)
+            node = producer
+        inside.update({member.name: head for member in chain[:-1]})
+    return inside
+
+
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
     """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
-    Candidates run `precision` (reason ""); output heads and the layers without a kernel at that
-    precision get `base`. A Q/DQ model with asymmetric activation zero points is refused
-    (`sartor.quant.qdq`)."""
+    Candidates run `precision` (reason ""); output heads, the layers inside their output branches
+    (`output_branches`) and the layers without a kernel at that precision get `base`. A Q/DQ model
+    with asymmetric activation zero points is refused (`sartor.quant.qdq`)."""
     if precision == "int8":
         refuse_asymmetric(graph)
     word = precision.upper()
     candidates = [node for node in graph.nodes if quantized_unsupported(graph, node, precision) is None]
     heads = output_heads(graph, candidates)
+    branches = output_branches(graph, candidates, heads)
     decisions = {}
     for node in graph.nodes:
         if node.op_type not in INT8_OPS:
@@ -179,6 +224,10 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
         elif node.name in heads:
             reason = (f"output head, kept out of {word}: reaches output {heads[node.name]!r} through no other "
                       f"conv/gemm (--layer-precision {node.name}={precision} to quantize it)")
+            decisions[node.name] = (base, reason)
+        elif node.name in branches:
+            reason = (f"output branch, kept out of {word}: inside the layers that feed only output head "
+                      f"{branches[node.name]!r} (--layer-precision {node.name}={precision} to quantize it)")
             decisions[node.name] = (base, reason)
         else:
             decisions[node.name] = (precision, "")

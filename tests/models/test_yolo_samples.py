@@ -112,3 +112,36 @@ def test_yolo_dataset_labels_match_its_coco_file(tmp_path):
         assert a[:2] == b[:2] and np.allclose(a[2:], b[2:], atol=0.01), (a, b)
     train = json.loads((out / "train" / "annotations.json").read_text())
     assert len(train["images"]) == 4 and (out / "labels" / "train").is_dir()
+
+
+@pytest.mark.parametrize("name,heads,branches", [("yolov8n", 6, 6), ("yolo11n", 6, 12)])
+def test_shipped_yolo_int8_plan_keeps_the_head_branches_float(name, heads, branches):
+    """Decision 0045 on the real graphs: per output head (3 scales × box and class) the convs inside
+    its private branch stay float; each branch's first conv, the neck convs they fork from and the
+    rest (YOLO11n's C2PSA convs among them) run INT8. (The mAP figures behind the rule take
+    minutes, over this suite's budget: samples/yolo/evaluate.py.)"""
+    from sartor.frontend import import_onnx
+    from sartor.passes import optimize
+    from sartor.quant.plan import int8_decisions
+
+    graph = import_onnx(SAMPLES / f"{name}_scenes.onnx").graph
+    optimize(graph)
+    decisions = int8_decisions(graph, "fp32")
+    kept = {why.split(",")[0].split(":")[0] for _, why in decisions.values() if why}
+    # YOLO11n's attention MatMuls multiply two activations: no INT8 kernel.
+    assert kept == {"output head", "output branch"} | ({"not INT8"} if name == "yolo11n" else set()), kept
+    no_kernel = [layer for layer, (_, why) in decisions.items() if why.startswith("not INT8")]
+    assert all(layer.startswith("/model.10/m/m.0/attn/MatMul") for layer in no_kernel), no_kernel
+    assert sum(why.startswith("output head") for _, why in decisions.values()) == heads
+    branch = [layer for layer, (_, why) in decisions.items() if why.startswith("output branch")]
+    assert len(branch) == branches
+    head_module = "/model.22/" if name == "yolov8n" else "/model.23/"
+    assert all(layer.startswith(head_module + "cv2.") or layer.startswith(head_module + "cv3.") for layer in branch)
+    producers = graph.producers()
+    for layer in branch:  # what they fork from (the neck) runs INT8
+        node = next(n for n in graph.nodes if n.name == layer)
+        source = producers[node.inputs[0]].name
+        assert source in branch or decisions[source][0] == "int8", (layer, source)
+    if name == "yolo11n":
+        attention = [layer for layer in decisions if layer.startswith("/model.10/m/m.0/") and layer not in no_kernel]
+        assert attention and all(decisions[layer][0] == "int8" for layer in attention)
