@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtraError
+from ..errors import ConfigError
+from ..extras import require_extra
 from ..integrations.ray_data import DECODERS, SartorPredictor
-from ..integrations.ray_infer import INDEX
+from ..integrations.ray_infer import INDEX, path_blocks
 from ..pipeline.benchmark import IMAGE_SUFFIXES
 from ..runtime.engine_file import check_writable, read_engine, write_atomic
 from ..runtime.fingerprint import ENVIRONMENT as FINGERPRINT_ENVIRONMENT
@@ -100,7 +101,7 @@ def run(args) -> int:
     if suffix not in FORMATS:
         raise ConfigError(f"--output {args.output}: write .parquet or .jsonl")
     if suffix == ".parquet":
-        _require_pyarrow()
+        require_extra("ray", "writing .parquet", ("pyarrow",))
     check_writable(args.output)
     if args.batch_size is not None and args.batch_size < 1 or args.ray_batches < 1:
         raise ConfigError("--batch-size and --ray-batches count from 1")
@@ -126,9 +127,8 @@ def run(args) -> int:
                                predictor_options=options)
     else:
         predictor = SartorPredictor(args.plan, device=args.device, **options)
-        batches = [predictor({"path": np.array(paths[i:i + rows_per_batch], dtype=object),
-                              INDEX: np.arange(i, min(i + rows_per_batch, len(paths)))})
-                   for i in range(0, len(paths), rows_per_batch)]
+        batches = [predictor({"path": np.array(block, dtype=object), INDEX: index})
+                   for block, index in path_blocks(paths, rows_per_batch)]
     seconds = time.perf_counter() - started
     rows = sorted((row for b in batches for row in _records(b)), key=lambda r: r[INDEX])
     for row in rows:
@@ -138,13 +138,6 @@ def run(args) -> int:
     out.print(text(f"wrote {len(rows)} row(s) to {args.output}" + (f", {failed} image(s) failed" if failed else "")
                    + f": {len(rows) / seconds:.1f} images/s over {seconds:.1f} s"))
     return 0
-
-
-def _require_pyarrow() -> None:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError as exc:
-        raise MissingExtraError("writing .parquet", "ray", "pyarrow", str(exc)) from exc
 
 
 def _records(batch: dict) -> list[dict]:

@@ -19,8 +19,8 @@ from ..runtime.fingerprint import LEVELS as COMPATIBILITY_LEVELS
 from ..version import __version__
 
 # One module per subcommand, of the same name, in the order `sartor --help` lists them.
-COMMANDS = ("build", "rebuild", "deploy", "run", "infer", "inspect", "compare", "validate", "bench", "serve", "sensitivity",
-            "keygen", "sign")
+COMMANDS = ("build", "rebuild", "deploy", "run", "infer", "inspect", "compare", "validate", "bench", "serve",
+            "sensitivity", "keygen", "sign")
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 

@@ -67,15 +67,20 @@ def actors_for(ray, device_kind: str, concurrency: int | None) -> tuple[int, int
     return concurrency or have, 1 if device_kind == "cuda" else 0
 
 
+def path_blocks(paths: list[str], rows_per_batch: int) -> list[tuple[list[str], np.ndarray]]:
+    """`paths` cut into blocks of `rows_per_batch` (the last shorter), each with its rows' INDEX
+    column: the batches both `sartor infer` paths hand to SartorPredictor."""
+    return [(paths[i:i + rows_per_batch], np.arange(i, min(i + rows_per_batch, len(paths)), dtype=np.int64))
+            for i in range(0, len(paths), rows_per_batch)]
+
+
 def predictions(ray, engine_path: str, paths: list[str], *, rows_per_batch: int, actors: int, gpus_per_actor: int,
                 predictor_options: dict):
     """The Ray Dataset of SartorPredictor's result columns (and INDEX: each row's place in `paths`),
     not run yet; `paths` must be readable at the same names on every node (absolute paths on a
     shared volume)."""
     import pyarrow as pa
-    blocks = [pa.table({"path": paths[i:i + rows_per_batch],
-                        INDEX: np.arange(i, min(i + rows_per_batch, len(paths)), dtype=np.int64)})
-              for i in range(0, len(paths), rows_per_batch)]
+    blocks = [pa.table({"path": block, INDEX: index}) for block, index in path_blocks(paths, rows_per_batch)]
     return ray.data.from_arrow(blocks).map_batches(
         SartorPredictor, fn_constructor_args=(engine_path,), fn_constructor_kwargs=predictor_options,
         batch_size=rows_per_batch, concurrency=actors, num_gpus=gpus_per_actor, batch_format="numpy")

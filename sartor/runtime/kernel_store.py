@@ -141,7 +141,8 @@ class KernelRecorder:
 
     def __call__(self, **event) -> None:
         group = dict(event.get("metadata_group") or {})
-        metadata = next((p for f, p in group.items() if f.endswith(METADATA_SUFFIX)), None)
+        name = metadata_file(group)
+        metadata = group[name] if name is not None else None
         if metadata is not None:
             self.groups[metadata] = group
             types = getattr(getattr(event.get("src"), "signature", None), "values", None)
@@ -154,12 +155,17 @@ class KernelRecorder:
         return collect_entries(self.groups.values(), triton_version, self.signatures)
 
 
+def metadata_file(group: dict[str, str]) -> str | None:
+    """The name of a compile's metadata file among its group's files (not the group file itself)."""
+    return next((f for f in group if f.endswith(METADATA_SUFFIX) and not f.startswith(GROUP_PREFIX)), None)
+
+
 def entry_from_group(group: dict[str, str], triton_version: str = "",
                      signature: list | None = None) -> KernelEntry | None:
     """The entry a compile produced, from its files; None when it has no GPU binary to load.
     `triton_version`: the compiling Triton's, where the metadata does not say; `signature`: the
     kernel's argument types, as the recorder took them from its source."""
-    metadata_name = next((f for f in group if f.endswith(METADATA_SUFFIX) and not f.startswith(GROUP_PREFIX)), None)
+    metadata_name = metadata_file(group)
     binaries = [f for f in group if f.endswith(BINARY_SUFFIXES)]
     if metadata_name is None or not binaries:
         return None
@@ -177,9 +183,8 @@ def collect_entries(groups, triton_version: str = "", signatures: dict | None = 
     types by metadata path (KernelRecorder.signatures)."""
     entries = {}
     for group in groups:
-        metadata = next((p for f, p in group.items() if f.endswith(METADATA_SUFFIX) and not f.startswith(GROUP_PREFIX)),
-                        None)
-        entry = entry_from_group(group, triton_version, (signatures or {}).get(metadata))
+        name = metadata_file(group)
+        entry = entry_from_group(group, triton_version, (signatures or {}).get(group[name]) if name else None)
         if entry is not None:
             entries[entry.key] = entry
     return [entries[k] for k in sorted(entries)]

@@ -209,9 +209,10 @@ def _build_launcher(kernel) -> None:
     """Triton 3.6 compiles a host launcher module per kernel signature with the C compiler on the
     kernel's first launch, cached beside the kernels: built here, it is a cache hit there too.
     Later Triton launches natively (no `make_launcher`); nothing to do then."""
+    from ..runtime.launchers import nvidia_driver, per_signature_launchers
     try:
-        from triton.backends.nvidia import driver as nvidia
-        if hasattr(nvidia, "make_launcher") and kernel.metadata.target.backend == "cuda":
-            nvidia.CudaLauncher(kernel.src, kernel.metadata)
+        driver = nvidia_driver()
+        if driver is not None and per_signature_launchers(driver) and kernel.metadata.target.backend == "cuda":
+            driver.CudaLauncher(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 - only a head start: the first launch builds it otherwise
         pass
