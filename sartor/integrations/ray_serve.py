@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import ConfigError, SartorError
 from ..runtime.engine import load
+from ..serve.batcher import next_warm_size, warm_batch_sizes
 from ..serve.errors import InvalidRequest, ServeError
 from ..serve.http_codec import encode_infer_response, parse_infer_request
 from ..serve.image import prepare, respond
@@ -50,11 +51,25 @@ class ServedEngine:
     """One loaded model on this replica: its engine, one context, and its hold on the budget.
     Ray Serve calls `__del__` when it unloads the model (least recently used first)."""
 
-    def __init__(self, name: str, version: str, engine, on_unload) -> None:
+    def __init__(self, name: str, version: str, engine, on_unload, max_batch_size: int = 1) -> None:
         self.name, self.version, self.engine, self.on_unload = name, version, engine, on_unload
         self.preprocess, self.buckets = engine.preprocess, engine.buckets
         self.context = engine.context()
         self.max_batch = max(int(p.shapes[v.name].max[0]) for p in engine.profiles for v in engine.inputs[:1])
+        self.warm_sizes = warm_batch_sizes(min(max_batch_size, self.max_batch))
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Each profile at min, opt and max, then every batch size `@serve.batch` forms (padded up to
+        as `sartor serve`'s batcher does): a shape's first run captures a CUDA graph, which a request
+        must not wait for."""
+        self.context.warmup()
+        dtypes = {v.name: v.dtype for v in self.engine.inputs}
+        for profile in self.engine.profiles:
+            for b in self.warm_sizes:
+                shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
+                if profile.admits(shapes):
+                    self.context.run({n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()})
 
     def metadata(self) -> dict:
         def tensors(values):
@@ -69,6 +84,18 @@ class ServedEngine:
 
     def __del__(self) -> None:
         self.on_unload(self)
+
+
+def stacked(parts: list[dict], rows: int) -> dict:
+    """Each input's rows from `parts` one after the other, then zero rows up to `rows`."""
+    out = {}
+    for name, first in parts[0].items():
+        arrays = [p[name] for p in parts]
+        filled = sum(len(a) for a in arrays)
+        if rows > filled:
+            arrays.append(np.zeros((rows - filled, *first.shape[1:]), first.dtype))
+        out[name] = np.concatenate(arrays)
+    return out
 
 
 class SartorServer:
@@ -92,6 +119,7 @@ class SartorServer:
             return await asyncio.to_thread(self._load, name)
         # Decorated here so that the replica's model count is an option, not a constant.
         self.model = serve.multiplexed(max_num_models_per_replica=max_models_per_replica)(load_model)
+        self.max_batch_size = max_batch_size
         self.run_batch.set_max_batch_size(max_batch_size)
         self.run_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -111,7 +139,7 @@ class SartorServer:
         version, path = self._engine_path(name)
         engine = load(path, device=self.device, trust=self.trust)
         self.budget.reserve(name, version, needs(engine, [(self.device, 1)]))
-        served = self.holders[name] = ServedEngine(name, version, engine, self._unloaded)
+        served = self.holders[name] = ServedEngine(name, version, engine, self._unloaded, self.max_batch_size)
         return served
 
     def _unloaded(self, model: ServedEngine) -> None:
@@ -147,7 +175,9 @@ class SartorServer:
             rows += n
         chunks.append(current)
         for chunk in chunks:
-            batch = {name: np.concatenate([f[name] for _, f, _ in chunk]) for name in chunk[0][1]}
+            rows = sum(n for _, _, n in chunk)
+            # Padded up to a warmed batch size: a new size would capture a CUDA graph first.
+            batch = stacked([f for _, f, _ in chunk], next_warm_size(model.warm_sizes, rows))
             try:
                 outputs = model.run(batch)
             except SartorError as exc:

@@ -17,7 +17,7 @@ from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.pointwise.epilogue import pixel_stride
-from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta
+from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta, value_meta
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
 
@@ -268,7 +268,7 @@ class Executor:
                 if name:
                     env[name] = value
                     if recorded is not None and name in self.concat_plan.values:
-                        recorded[name] = value
+                        recorded[name] = value_meta(value)
             if observe is not None:
                 observe(index, step, results[:len(step.node.outputs)])
             for name in step.release:

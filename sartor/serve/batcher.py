@@ -184,6 +184,26 @@ def dtype_key(value) -> str:
     return value.dtype.str
 
 
+WARM_EVERY_BATCH_UP_TO = 64  # beyond this, powers of two, multiples of max/8 and the preferred sizes
+
+
+def warm_batch_sizes(top: int, preferred=()) -> list[int]:
+    """The batch sizes a dynamic batcher of `top` warms up (each a CUDA graph) and pads batches up
+    to: every size up to WARM_EVERY_BATCH_UP_TO, else powers of two, steps of top/8 (which bound
+    the padding) and the preferred sizes."""
+    if top <= WARM_EVERY_BATCH_UP_TO:
+        return list(range(1, top + 1))
+    step = -(-top // 8)
+    sizes = {1 << k for k in range(top.bit_length())} | set(range(step, top, step)) | {top} | set(preferred)
+    return sorted(b for b in sizes if 1 <= b <= top)
+
+
+def next_warm_size(sizes: list[int], total: int) -> int:
+    """The smallest of the sorted `sizes` at or above `total`, else `total`."""
+    at = bisect.bisect_left(sizes, total)
+    return sizes[at] if at < len(sizes) else total
+
+
 def shape_key(feeds: dict) -> tuple:
     return tuple(sorted((name, tuple(int(d) for d in value.shape)) for name, value in feeds.items()))
 
@@ -230,9 +250,7 @@ class Instance:
         total. A shape's first run on CUDA captures a graph after cuDNN has timed its algorithms for it,
         about a second for ResNet-50, with every GPU of the process held (DeviceGate): padding a batch
         up to a warmed size costs a few rows of compute instead of stalling every queued request."""
-        sizes = self._warm_batches.get(tuple(sorted(rest.items())), [])
-        at = bisect.bisect_left(sizes, total)
-        return sizes[at] if at < len(sizes) else total
+        return next_warm_size(self._warm_batches.get(tuple(sorted(rest.items())), []), total)
 
     def staging(self, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """A host buffer of `shape`, the leading rows of one kept per input and row shape and reused from

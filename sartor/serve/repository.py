@@ -47,6 +47,7 @@ from .batcher import (
     on_device,
     shape_key,
     wants_tf32,
+    warm_batch_sizes,
 )
 from .config import (
     CONFIG_FILE,
@@ -65,7 +66,6 @@ from .tensors import kserve_datatype
 log = logging.getLogger("sartor.serve")
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
-WARM_EVERY_BATCH_UP_TO = 64  # beyond this, powers of two, multiples of max/8 and the preferred sizes
 RETIRE_TIMEOUT_S = 120.0
 CHECKED_SIGNATURES = 256  # input signatures a model version remembers as valid (see ServedModel.check_inputs)
 
@@ -405,17 +405,10 @@ class Repository:
                     instance.mark_run(shape_key(shapes))
             if not settings.dynamic_batching:
                 return
-            top = settings.max_batch_size
-            if top <= WARM_EVERY_BATCH_UP_TO:
-                sizes = set(range(1, top + 1))
-            else:
-                # The batcher pads a batch up to the next warmed size: steps of top/8 bound the padding.
-                step = -(-top // 8)
-                sizes = ({1 << k for k in range(top.bit_length())} | set(range(step, top, step)) | {top}
-                         | set(settings.preferred_batch_sizes))
+            sizes = warm_batch_sizes(settings.max_batch_size, settings.preferred_batch_sizes)
             dtypes = {v.name: v.dtype for v in engine.inputs}
             for profile in engine.profiles:
-                for b in sorted(sizes):
+                for b in sizes:
                     shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
                     if not profile.admits(shapes):
                         continue

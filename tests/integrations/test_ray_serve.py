@@ -164,3 +164,27 @@ def test_the_budget_is_given_back_when_serve_unloads_a_model(served):
     assert call(f"{served}/held2/v2/models/first/infer", request)[0] == 200
     status, reply = call(f"{served}/held2/v2/models/second/infer", request)
     assert status == 507 and "has" in json.loads(reply)["error"] and "held: first" in json.loads(reply)["error"]
+
+
+def test_a_replica_warms_every_batch_size_it_forms_and_pads_up_to_them(repository):
+    """A shape's first run captures a CUDA graph (about a second on a GPU): a replica runs each batch
+    size `@serve.batch` can form before it answers, and pads a batch up to a warmed size."""
+    from sartor.integrations.ray_serve import SartorServer, ServedEngine, stacked
+    engine = sartor.load(repository / "first" / "1" / "model.plan", device="cpu")
+    model = ServedEngine("first", "1", engine, on_unload=lambda m: None, max_batch_size=3)
+    assert model.warm_sizes == [1, 2, 3]
+    ran = {dict(key)["images"][0] for key in model.context._memos}
+    assert {1, 2, 3} <= ran and MAX_SHAPES["images"][0] in ran  # and the profile's min, opt and max
+
+    rng = np.random.default_rng(5)
+    parts = [{"images": rng.random((1, 3, IMAGE, IMAGE), dtype=np.float32)} for _ in range(2)]
+    padded = stacked(parts, 4)["images"]
+    assert padded.shape[0] == 4 and not padded[2:].any()
+    np.testing.assert_array_equal(padded[:2], np.concatenate([p["images"] for p in parts]))
+
+    model.warm_sizes = [4]  # two rows run as a batch of four; each request gets its own row back
+    results = [None, None]
+    SartorServer._run_group(model, parts, [0, 1], results)
+    for part, result in zip(parts, results):
+        assert result["logits"].shape[0] == 1
+        np.testing.assert_allclose(result["logits"], engine.context().run(part)["logits"], rtol=1e-5, atol=1e-6)
