@@ -100,10 +100,11 @@ def infer(url: str, model: str, name: str, shape: tuple) -> dict:
 def served(repo: Path, budget: int, feeds: dict, device: str) -> dict:
     from sartor.serve import ServeOptions, Server
     allocated = torch.cuda.memory_allocated if device == "cuda" else (lambda: 0)
+    reserved = torch.cuda.memory_reserved if device == "cuda" else (lambda: 0)
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-    before = allocated()
+    before, before_reserved = allocated(), reserved()
     started = time.perf_counter()
     server = Server(ServeOptions(str(repo), http_port=0, grpc_port=None, metrics_port=None, poll_interval=None,
                                  memory_budget=budget)).start()
@@ -112,12 +113,13 @@ def served(repo: Path, budget: int, feeds: dict, device: str) -> dict:
         index = {row["name"]: {k: row.get(k) for k in ("state", "reason")} for row in server.index()}
         answers = {model: infer(server.http_url, model, name, shape) for model, (name, shape) in feeds.items()
                    if index.get(model, {}).get("state") == "READY"}
-        held = allocated() - before
+        held, held_reserved = allocated() - before, reserved() - before_reserved
         held_by = {model: mib(sum(server.repository.memory.held(model).values())) for model in feeds}
     finally:
         server.stop(grace=2.0)
     return {"budget_mib": mib(budget), "start_to_ready_s": ready_s, "index": index, "answers": answers,
-            "reserved_by_model_mib": held_by, "measured_allocated_mib": mib(held)}
+            "reserved_by_model_mib": held_by, "measured_allocated_mib": mib(held),
+            "measured_reserved_mib": mib(held_reserved)}
 
 
 def main() -> None:

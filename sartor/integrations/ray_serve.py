@@ -264,11 +264,15 @@ SartorDeployment = serve.deployment(name="sartor", ray_actor_options={"num_gpus"
 
 
 def sartor_app(models, *, num_gpus: float = 1, num_cpus: float = 1, num_replicas: int | str | None = None,
-               autoscaling_config: dict | None = None, **options):
+               autoscaling_config: dict | None = None, max_ongoing_requests: int | None = None, **options):
     """The application to `serve.run`: `num_gpus` per replica (1: one replica per GPU; 0 on CPU
     nodes), a fixed `num_replicas` or an `autoscaling_config` (e.g. {"min_replicas": 1,
-    "max_replicas": 8, "target_ongoing_requests": 32}), and SartorServer's options."""
-    deployment_options = {"ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus}}
+    "max_replicas": 8, "target_ongoing_requests": 32}), and SartorServer's options.
+    `max_ongoing_requests` (requests a replica holds at once) defaults to four batches' worth:
+    Serve's own default (5) caps every batch at 5 requests, whatever `max_batch_size` says."""
+    batch = options.get("max_batch_size", 8)
+    deployment_options = {"ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus},
+                          "max_ongoing_requests": max_ongoing_requests or 4 * batch}
     if autoscaling_config is not None:
         deployment_options["autoscaling_config"] = autoscaling_config
     elif num_replicas is not None:

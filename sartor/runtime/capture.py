@@ -118,6 +118,7 @@ class PiecewiseGraph:
     outputs: dict | None
     in_place: object
     memo: object
+    pool: object = None  # the memory pool its graphs allocated from
 
     @property
     def whole(self) -> bool:
@@ -149,12 +150,13 @@ class PiecewiseGraph:
 
 
 def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eager: set[int],
-                   stream: torch.cuda.Stream) -> PiecewiseGraph:
+                   stream: torch.cuda.Stream, pool=None, outputs_into=None) -> PiecewiseGraph:
     """Capture a run of `static_in` with the layers in `eager` outside the graphs. Raises
-    CaptureFailed naming the layer whose capture failed."""
+    CaptureFailed naming the layer whose capture failed. `pool`: the memory pool of graphs this one
+    may share (never replayed at the same time); `outputs_into(outputs)`, called inside the last
+    graph, returns the tensors the outputs are copied to (kept outside the pool), or None."""
     pieces = plan_pieces(len(executor.steps), eager)
     needed_from = _values_needed_from(executor, {b for piece in pieces for b in (piece.start, piece.stop)})
-    pool = None
     state: RunState | None = None
     with torch.cuda.stream(stream):
         for number, piece in enumerate(pieces):
@@ -168,6 +170,7 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
                         executor.run_steps(state, piece.start, piece.stop, profile=profile)
                         if last:
                             outputs = executor.finish(state)
+                            outputs = outputs_into(outputs) if outputs_into is not None else outputs
                 except Exception as exc:  # noqa: BLE001 - any failure names its layer; the caller retries without it
                     raise CaptureFailed(state.current if state is not None else None, exc) from exc
                 piece.graph = graph
@@ -189,7 +192,7 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
                 later = needed_from[piece.stop]
                 piece.writes = {name: t for name, t in state.env.items()
                                 if name in later and before.get(name) is not t}
-    return PiecewiseGraph(static_in, pieces, outputs, state.in_place if state else None, memo)
+    return PiecewiseGraph(static_in, pieces, outputs, state.in_place if state else None, memo, pool)
 
 
 def _values_needed_from(executor: Executor, boundaries: set[int]) -> dict[int, set]:

@@ -3,6 +3,7 @@ one captured CUDA graph per input shape, replayed on later runs of that shape.""
 from __future__ import annotations
 
 import contextlib
+import math
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,14 @@ class ExecutionContext:
         self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
         self._captured: dict[tuple, PiecewiseGraph] = {}
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
+        # What every captured shape of this context shares, as a TensorRT context's one device
+        # memory region: the graphs' memory pool, one buffer per input at the profiles' largest
+        # shape, and one per output for the shapes captured after the first (which copy their
+        # outputs there). Without them each warmed batch size kept its own activations, inputs and
+        # outputs: a server warming 32 batch sizes of YOLOv8n held ten times its declared memory.
+        self._graph_pool = None
+        self._input_store: dict[str, torch.Tensor] = {}
+        self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
         if engine.device.type == "cuda":
             # cuDNN times its algorithms per shape on first use (captured before the CUDA graph):
@@ -175,7 +184,7 @@ class ExecutionContext:
             return feeds
         return dict(self._captured_for(feeds, tuple(sorted(checked.items())), profile).inputs)
 
-    def _captured_for(self, tensors: dict, key: tuple, profile: int) -> _CapturedShape:
+    def _captured_for(self, tensors: dict, key: tuple, profile: int) -> PiecewiseGraph:
         """The graph of this input shape, captured from `tensors` on first use. The library
         kernels' precision is fixed when they are captured, so replays need not set it (host time
         that a batch-1 latency would include)."""
@@ -191,8 +200,11 @@ class ExecutionContext:
         every context of the engine, with one warning naming it."""
         executor = self.engine.executor
         device = self.engine.device
-        static_in = {name: t.clone() for name, t in tensors.items()}
+        static_in = {name: self._shared_input(name, t) for name, t in tensors.items()}
         memo = self.memo_for(key)
+        # The first shape's outputs stay where its graph wrote them (no copy); the others' go to the
+        # shared output buffers, so that outputs, like activations, are held once.
+        outputs_into = self._shared_outputs if self._captured else None
         with torch.inference_mode():
             self.stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(self.stream):
@@ -203,7 +215,8 @@ class ExecutionContext:
                 eager = {layer.index for layer in self.engine.eager_layers}
                 before = torch.cuda.current_stream(device)
                 try:
-                    return capture_pieces(executor, static_in, memo, profile, eager, self.stream)
+                    captured = capture_pieces(executor, static_in, memo, profile, eager, self.stream,
+                                              self._graph_pool, outputs_into)
                 except CaptureFailed as failed:
                     torch.cuda.set_stream(before)  # a failed capture may leave its stream current
                     self._learn_eager_layer(failed, eager)
@@ -211,6 +224,48 @@ class ExecutionContext:
                     # allocations to its pool.
                     self.stream = torch.cuda.Stream(device)
                     self.stream.wait_stream(before)
+                    self._graph_pool = None  # nor share the failed capture's pool
+                    continue
+                self._graph_pool = captured.pool
+                if not self._captured and captured.outputs:
+                    self._size_output_store(captured.outputs)
+                return captured
+
+    def _largest_batch(self) -> int:
+        return max(int(r.max[0]) for p in self.engine.profiles for r in p.shapes.values() if len(r.max))
+
+    def _shared_input(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """`t` copied into this context's buffer for input `name`, as a view of `t`'s shape."""
+        store = self._input_store.get(name)
+        if store is None:
+            count = max(math.prod(p.shapes[name].max) for p in self.engine.profiles if name in p.shapes)
+            store = self._input_store[name] = torch.empty(count, dtype=t.dtype, device=t.device)
+        if store.dtype != t.dtype or store.numel() < t.numel():
+            return t.clone()
+        view = store[:t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    def _size_output_store(self, outputs: dict) -> None:
+        """One buffer per output, for the largest batch (outputs scale with the batch, their first
+        dimension); an output of another shape later keeps its own memory (`_shared_outputs`)."""
+        largest = self._largest_batch()
+        for name, value in outputs.items():
+            if value.dim() and value.shape[0]:
+                count = value.numel() // value.shape[0] * largest
+                self._output_store[name] = torch.empty(count, dtype=value.dtype, device=value.device)
+
+    def _shared_outputs(self, outputs: dict) -> dict:
+        """Inside a graph's capture: each output copied into its shared buffer where it fits."""
+        shared = {}
+        for name, value in outputs.items():
+            store = self._output_store.get(name)
+            if store is None or store.dtype != value.dtype or store.numel() < value.numel():
+                shared[name] = value
+                continue
+            shared[name] = store[:value.numel()].view(value.shape)
+            shared[name].copy_(value)
+        return shared
 
     def _learn_eager_layer(self, failed: CaptureFailed, eager: set) -> None:
         steps = self.engine.executor.steps
@@ -230,13 +285,15 @@ class ExecutionContext:
         log.warning("layer %s (%s) runs outside the CUDA graph: %s", first.name, first.op_type, reason)
 
     def warmup(self, iterations: int = 1) -> None:
-        """Run every profile this context may use at min, opt and max shapes, so that graphs are
-        captured and kernels loaded before the first real request."""
+        """Run every profile this context may use at max, opt and min shapes, so that graphs are
+        captured and kernels loaded before the first real request. The largest shape first: the
+        first captured keeps its outputs where its graph wrote them, the others copy theirs to the
+        context's shared output buffers, and full batches are the ones throughput rides on."""
         chosen = [self.profile] if self.profile is not None else range(len(self.engine.profiles))
         for k in chosen:
             profile = self.engine.profiles[k]
             declared = {v.name: v.dtype for v in self.engine.inputs}
-            for pick in ("min", "opt", "max"):
+            for pick in ("max", "opt", "min"):
                 feeds = {name: _random_input(getattr(r, pick), declared[name], self.engine.device)
                          for name, r in profile.shapes.items()}
                 for _ in range(iterations):

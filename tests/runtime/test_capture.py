@@ -252,3 +252,46 @@ def test_inspect_says_which_layers_run_outside_the_graph():
                                                  "reason": "it reads device values on the host"}]}
     line = _capture_summary({**cuda_print, "capture": record})["text"]
     assert line.startswith("captured in pieces: 1 layer(s)") and "roi (RoiAlign): it reads device values" in line
+
+
+@cuda
+def test_every_shape_of_a_context_shares_its_memory_and_keeps_its_results(tmp_path):
+    """A context captures each batch size it runs; the graphs share one memory pool, one buffer per
+    input and (after the first shape) one per output, as a TensorRT context's one memory region:
+    capturing seven more batch sizes adds less than the first capture did, and runs alternating
+    between shapes still give each its own results."""
+    import sartor
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16, 32, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16, 32, 32])
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) / 12, f"w{k}")
+             for k in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1], name="conv0"),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                                opset_imports=[helper.make_opsetid("", 17)]), path)
+    plan = tmp_path / "m.plan"
+    sartor.build(str(path), str(plan), device="cuda", precision="fp32", min_shapes={"x": (1, 16, 32, 32)},
+                 opt_shapes={"x": (8, 16, 32, 32)}, max_shapes={"x": (8, 16, 32, 32)})
+    engine = sartor.load(str(plan))
+    ctx, eager = engine.context(), engine.context()
+    eager.use_cuda_graphs = False
+    feeds = {b: torch.randn(b, 16, 32, 32, device="cuda") for b in range(1, 9)}
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    ctx.run(feeds[8])
+    torch.cuda.synchronize()
+    first = torch.cuda.memory_allocated() - start
+    for b in range(1, 8):
+        ctx.run(feeds[b])
+    torch.cuda.synchronize()
+    more = torch.cuda.memory_allocated() - start - first
+    assert more < first, (first, more)
+    for b in (3, 8, 1, 8, 5):
+        torch.testing.assert_close(ctx.run(feeds[b])["y"], eager.run(feeds[b])["y"], rtol=1e-4, atol=1e-4)
+    buffers = ctx.input_buffers({"x": (2, 16, 32, 32)})
+    assert buffers["x"].data_ptr() == ctx.input_buffers({"x": (6, 16, 32, 32)})["x"].data_ptr()
