@@ -105,26 +105,59 @@ def settings_of(attrs: dict) -> NmsSettings:
 
 
 # ---- the candidates (both tactics) -------------------------------------------------------------
+INDEX_BITS = 32  # a candidate's key: its score's float32 bits, then 2³² − 1 − its index (class · A + anchor)
+INDEX_MASK = (1 << INDEX_BITS) - 1
+
+
 def nms_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     """(boxes [B, K, 4] x1y1x2y2, scores [B, K], classes [B, K] int64, valid [B, K] bool) of each
-    image's K = min(topk, C·A) best (anchor, class) pairs, sorted by score, ties by class then
-    anchor; the valid ones (score > conf) come first. The scores are ranked in the head's own
-    dtype (an FP16 engine's head is float16: no float32 copy of it), against the threshold that
-    makes the test there the float32 one."""
+    image's K = min(topk, C·A) first (anchor, class) pairs in the order score, then class, then
+    anchor; the valid ones (score > conf) come first, and a tie at the K-th place keeps the pairs
+    of lower (class, anchor). Two levels of top-k: the K best anchors by their best pair, then
+    the K best of those anchors' C·K pairs (exact: see `candidate_anchors`). The scores are
+    ranked in the head's own dtype, against the threshold that makes the test there the
+    float32 one."""
     batch, channels, anchors = pred.shape
-    scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)  # index: class · A + anchor
-    masked = torch.where(scores > threshold_in(settings.conf, scores.dtype), scores, NO_SCORE)
-    k = min(settings.topk, scores.shape[1])
-    top, index = masked.topk(k, dim=1, sorted=False)
-    # topk orders equal scores as it likes: order the K by index, then stably by score.
-    index, by_index = index.sort(dim=1)
-    top, by_score = top.gather(1, by_index).float().sort(dim=1, descending=True, stable=True)
-    index = index.gather(1, by_score)
+    scores = pred[:, 4:, :]  # [B, C, A]
+    threshold = threshold_in(settings.conf, scores.dtype)
+    k = min(settings.topk, (channels - 4) * anchors)
+    keys = candidate_pair_keys(scores, candidate_anchors(scores, threshold, min(k, anchors)), threshold)
+    top = keys.topk(k, dim=1).values  # distinct keys: sorted, and the same K whatever topk's algorithm
+    index = INDEX_MASK - (top & INDEX_MASK)
+    bits = (top >> INDEX_BITS).int()
+    valid = bits > 0  # only a pair over the threshold has a nonzero score in its key
+    top = torch.where(valid, bits.view(torch.float32), NO_SCORE)
     classes, anchor = index // anchors, index % anchors
     xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k)).float()
     cx, cy, w, h = xywh.unbind(1)
     boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
-    return boxes, top, classes, top > settings.conf
+    return boxes, top, classes, valid
+
+
+def ranking_keys(scores: torch.Tensor, index: torch.Tensor, threshold: float) -> torch.Tensor:
+    """int64 keys ordered as the candidates are: score (0 under the threshold; scores over it are
+    positive, and positive floats order as their bits), then lower index first. All distinct."""
+    bits = torch.where(scores > threshold, scores.float(), 0.0).view(torch.int32).long()
+    return (bits << INDEX_BITS) | (INDEX_MASK - index)
+
+
+def candidate_anchors(scores: torch.Tensor, threshold: float, count: int) -> torch.Tensor:
+    """[B, count] the anchors of the `count` largest anchor keys, an anchor's key being its best
+    pair's key (best score, its first class). An anchor holding one of the K largest pair keys
+    has a key at least the K-th pair key, and at most K anchors do (each holds its own pair at
+    least as large), so the K anchors taken hold all K pairs."""
+    best, first_class = scores.max(dim=1)  # the first class among equal best scores
+    anchors = scores.shape[2]
+    index = first_class * anchors + torch.arange(anchors, device=scores.device)
+    return ranking_keys(best, index, threshold).topk(count, dim=1, sorted=False).indices
+
+
+def candidate_pair_keys(scores: torch.Tensor, anchor: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B, C · count] the keys of every (class, anchor) pair of the anchors taken."""
+    batch, classes, _ = scores.shape
+    gathered = scores.gather(2, anchor[:, None, :].expand(batch, classes, anchor.shape[1]))
+    index = torch.arange(classes, device=scores.device)[None, :, None] * scores.shape[2] + anchor[:, None, :]
+    return ranking_keys(gathered, index, threshold).reshape(batch, -1)
 
 
 def threshold_in(conf: float, dtype: torch.dtype) -> float:
