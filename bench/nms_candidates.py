@@ -1,9 +1,10 @@
-"""The in-engine NMS's candidate stage (`ops.nms.nms_candidates`, issue 30): the two-level top-k
-against the single top-k over all C·A scores it replaced (`tests/nms_helpers.flat_candidates`),
+"""The in-engine NMS's candidate stages (`ops.nms.nms_candidates`, issue 30): the two-level top-k
+against the single top-k over all C·A scores (`flat_candidates`), both tactics of the op,
 at YOLOv8n's head [32, 84, 8400] at 640, on whatever device is there (CUDA events on the GPU,
-the wall clock on the CPU); median ms per call after warm-up, and each level alone. Heads: a
+the wall clock on the CPU); median ms per call after warm-up (on CUDA also per replay of a
+CUDA graph, as inside the engine), and each level of the new stage alone. Heads: a
 real-like one (sigmoid scores, a few hundred pairs over conf an image) and a dense one (uniform
-scores: most of the 672,000 pairs over conf), each in float32 and float16. Before timing, the two
+scores: most of the 672,000 pairs over conf), each in float32 and float16. Before timing, the
 new stage's valid candidates are checked on the device against a full stable sort, and the old
 one's against the new one's (equal unless a tie at the K-th place let topk choose).
 
@@ -23,13 +24,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from nms_helpers import flat_candidates, sorted_candidates  # noqa: E402
+from nms_helpers import sorted_candidates  # noqa: E402
 
 from sartor.ops.nms import (  # noqa: E402
     NmsSettings,
     candidate_anchors,
     candidate_pair_keys,
-    nms_candidates,
+    flat_candidates,
+    two_level_candidates,
     threshold_in,
 )
 
@@ -51,6 +53,20 @@ def per_call_ms(fn, repeats: int, device: torch.device, warmup: int = 5) -> floa
             fn()
             times.append((time.perf_counter() - begin) * 1e3)
     return round(statistics.median(times), 4)
+
+
+def graph_ms(fn, repeats: int) -> float | None:
+    """Per replay of `fn` captured in a CUDA graph, as the engine runs the layer (no launch cost)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return per_call_ms(graph.replay, repeats, torch.device("cuda"))
 
 
 def head(kind: str, batch: int, classes: int, anchors: int, device: torch.device) -> torch.Tensor:
@@ -75,7 +91,7 @@ def agreement(pred: torch.Tensor, settings: NmsSettings) -> dict:
     one's against both where no image has a tie at the K-th place (topk's choice there is its own)."""
     exact = sorted_candidates(pred, settings)
     exact = (exact[3], exact[0][exact[3]], exact[1][exact[3]])
-    new, old = valid_part(nms_candidates(pred, settings)), valid_part(flat_candidates(pred, settings))
+    new, old = valid_part(two_level_candidates(pred, settings)), valid_part(flat_candidates(pred, settings))
     masked = torch.where(pred[:, 4:].flatten(1) > threshold_in(settings.conf, pred.dtype), pred[:, 4:].flatten(1), -1)
     k = exact[0].shape[1]
     kth = masked.float().topk(min(k + 1, masked.shape[1]), dim=1).values
@@ -118,9 +134,12 @@ def main() -> None:
             run = {"head": kind, "dtype": str(dtype).removeprefix("torch."),
                    "pairs_over_conf_per_image": round(float(over.mean()), 1),
                    **agreement(pred, settings),
-                   "old_ms": per_call_ms(lambda: flat_candidates(pred, settings), repeats, device),
-                   "new_ms": per_call_ms(lambda: nms_candidates(pred, settings), repeats, device)}
-            run["speedup"] = round(run["old_ms"] / run["new_ms"], 2)
+                   "flat_ms": per_call_ms(lambda: flat_candidates(pred, settings), repeats, device),
+                   "two_level_ms": per_call_ms(lambda: two_level_candidates(pred, settings), repeats, device)}
+            run["speedup"] = round(run["flat_ms"] / run["two_level_ms"], 2)
+            if device.type == "cuda":
+                run["flat_graph_ms"] = graph_ms(lambda: flat_candidates(pred, settings), repeats)
+                run["two_level_graph_ms"] = graph_ms(lambda: two_level_candidates(pred, settings), repeats)
             run.update(parts_ms(pred, settings, repeats))
             print(json.dumps(run), flush=True)
             result["runs"].append(run)

@@ -49,24 +49,6 @@ def assert_equal_to_torchvision(pred: torch.Tensor, settings: NmsSettings, outpu
     return total
 
 
-def flat_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
-    """The candidate stage before the two-level top-k (`ops.nms.nms_candidates`' contract): one
-    top-k over all C·A scores, whose choice among scores tied at the K-th place is topk's own."""
-    batch, channels, anchors = pred.shape
-    scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)  # index: class · A + anchor
-    masked = torch.where(scores > threshold_in(settings.conf, scores.dtype), scores, NO_SCORE)
-    k = min(settings.topk, scores.shape[1])
-    top, index = masked.topk(k, dim=1, sorted=False)
-    index, by_index = index.sort(dim=1)
-    top, by_score = top.gather(1, by_index).float().sort(dim=1, descending=True, stable=True)
-    index = index.gather(1, by_score)
-    classes, anchor = index // anchors, index % anchors
-    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k)).float()
-    cx, cy, w, h = xywh.unbind(1)
-    boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
-    return boxes, top, classes, top > settings.conf
-
-
 def sorted_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     """(scores, classes, anchors, valid) [B, K] the first K pairs of a full stable sort of every
     masked score: the two-level stage's exact answer, ties at the K-th place included."""
