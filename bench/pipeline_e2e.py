@@ -202,8 +202,9 @@ def engine_nms_parts(outputs: dict) -> dict:
     boxes, scores, classes, valid = nms_candidates(head, settings)
     count = valid.sum(1)
     parts = {"candidates": per_call_ms(lambda: nms_candidates(head, settings), 50),
+             "candidates_two_level": per_call_ms(lambda: nms_candidates(head, settings, two_level=True), 50),
              "greedy_kernel": per_call_ms(lambda: greedy_nms(boxes, scores, classes, classes, count, 0.45, 300), 50)}
-    for tactic in ("torch", "triton_greedy_nms"):
+    for tactic in ("torch", "triton_greedy_nms", "two_level_torch", "two_level_triton_greedy_nms"):
         parts[f"op_{tactic}"] = per_call_ms(lambda: batched_nms_op([head], dict(attrs, tactic=tactic)), 30)
     summary_ms = {k: round(statistics.median(v), 4) for k, v in parts.items()}
     summary_ms["valid_candidates_per_image"] = round(float(count.float().mean()), 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torchvision.ops import batched_nms
 
-from sartor.ops.nms import NmsSettings
+from sartor.ops.nms import NO_SCORE, NmsSettings, threshold_in
 
 
 def grid_head(seed: int, batch: int, classes: int, anchors: int, levels: int = 20, size: int = 64) -> torch.Tensor:
@@ -47,3 +47,15 @@ def assert_equal_to_torchvision(pred: torch.Tensor, settings: NmsSettings, outpu
         assert not boxes[b, n:].any() and not scores[b, n:].any() and not classes[b, n:].any()
         total += n
     return total
+
+
+def sorted_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+    """(scores, classes, anchors, valid) [B, K] the first K pairs of a full stable sort of every
+    masked score: the two-level stage's exact answer, ties at the K-th place included."""
+    batch, channels, anchors = pred.shape
+    scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)
+    masked = torch.where(scores > threshold_in(settings.conf, scores.dtype), scores, NO_SCORE).float()
+    k = min(settings.topk, scores.shape[1])
+    top, index = masked.sort(dim=1, descending=True, stable=True)
+    top, index = top[:, :k], index[:, :k]
+    return top, index // anchors, index % anchors, top > settings.conf

@@ -13,9 +13,11 @@ pixels), detection_scores [B, max_det] float32, detection_classes [B, max_det] i
 an image's count are zero. Every shape is fixed and nothing is read back to the host, so the layer
 runs inside the engine's CUDA graph.
 
-Tactics: `torch` (the IoU matrix of the K candidates and the greedy walk in tensor ops; on the CPU
-only as far as the last valid candidate) and, on CUDA, `triton_greedy_nms`
-(`kernels/detection/greedy_nms.py`: one program per image). Both share the candidate stage.
+Tactics: two candidate stages (one top-k over all C·A scores, or two levels: anchors, then their
+pairs; `nms_candidates`) times two greedy passes: `torch` (the IoU matrix of the K candidates and
+the greedy walk in tensor ops; on the CPU only as far as the last valid candidate) and, on CUDA,
+`triton_greedy_nms` (`kernels/detection/greedy_nms.py`: one program per image); the `two_level_`
+tactics are the second stage's.
 """
 from __future__ import annotations
 
@@ -37,7 +39,12 @@ OPS = OpTable("nms")
 
 REFERENCE = "torch"
 TRITON = "triton_greedy_nms"
+TWO_LEVEL = "two_level_torch"
+TWO_LEVEL_TRITON = "two_level_triton_greedy_nms"
 fixed_tactic(TRITON, "triton greedy NMS (one program per image over its sorted candidates)")
+fixed_tactic(TWO_LEVEL, "two-level top-k candidates, torch greedy NMS")
+fixed_tactic(TWO_LEVEL_TRITON, "two-level top-k candidates, triton greedy NMS")
+TWO_LEVEL_TACTICS = (TWO_LEVEL, TWO_LEVEL_TRITON)
 
 OUTPUT_NAMES = ("num_detections", "detection_boxes", "detection_scores", "detection_classes")
 NO_SCORE = -1.0  # what a candidate under the threshold scores in the top-k (class scores are sigmoids ≥ 0)
@@ -105,12 +112,23 @@ def settings_of(attrs: dict) -> NmsSettings:
 
 
 # ---- the candidates (both tactics) -------------------------------------------------------------
-def nms_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+INDEX_BITS = 32  # a candidate's key: its score's float32 bits, then 2³² − 1 − its index (class · A + anchor)
+INDEX_MASK = (1 << INDEX_BITS) - 1
+
+
+def nms_candidates(pred: torch.Tensor, settings: NmsSettings, two_level: bool = False) -> tuple:
     """(boxes [B, K, 4] x1y1x2y2, scores [B, K], classes [B, K] int64, valid [B, K] bool) of each
     image's K = min(topk, C·A) best (anchor, class) pairs, sorted by score, ties by class then
     anchor; the valid ones (score > conf) come first. The scores are ranked in the head's own
     dtype (an FP16 engine's head is float16: no float32 copy of it), against the threshold that
-    makes the test there the float32 one."""
+    makes the test there the float32 one. Two stages give the same valid candidates but where
+    scores tie at the K-th place: `flat_candidates` keeps those topk leaves, `two_level_candidates`
+    the lower (class, anchor); which is faster depends on the device and the head's dtype."""
+    return (two_level_candidates if two_level else flat_candidates)(pred, settings)
+
+
+def flat_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+    """One top-k over all C·A masked scores, then re-sorted."""
     batch, channels, anchors = pred.shape
     scores = pred[:, 4:, :].reshape(batch, (channels - 4) * anchors)  # index: class · A + anchor
     masked = torch.where(scores > threshold_in(settings.conf, scores.dtype), scores, NO_SCORE)
@@ -120,11 +138,60 @@ def nms_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     index, by_index = index.sort(dim=1)
     top, by_score = top.gather(1, by_index).float().sort(dim=1, descending=True, stable=True)
     index = index.gather(1, by_score)
-    classes, anchor = index // anchors, index % anchors
-    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, k)).float()
+    return corner_boxes(pred, index), top, index // anchors, top > settings.conf
+
+
+def corner_boxes(pred: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B, K, 4] x1y1x2y2 float32 of the pairs at `index` (class · A + anchor)."""
+    batch, _, anchors = pred.shape
+    anchor = index % anchors
+    xywh = pred[:, :4, :].gather(2, anchor[:, None, :].expand(batch, 4, index.shape[1])).float()
     cx, cy, w, h = xywh.unbind(1)
-    boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
-    return boxes, top, classes, top > settings.conf
+    return torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), dim=2)
+
+
+def two_level_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
+    """`nms_candidates` by two levels of top-k: the K best anchors by their best pair, then the K
+    best of those anchors' C·K pairs (exact: see `candidate_anchors`), ranked by int64 keys, so a
+    tie at the K-th place keeps the pairs of lower (class, anchor). A class score of NaN hides
+    its anchor's other classes (the anchor's best is NaN, not over conf)."""
+    batch, channels, anchors = pred.shape
+    scores = pred[:, 4:, :]  # [B, C, A]
+    threshold = threshold_in(settings.conf, scores.dtype)
+    k = min(settings.topk, (channels - 4) * anchors)
+    keys = candidate_pair_keys(scores, candidate_anchors(scores, threshold, min(k, anchors)), threshold)
+    top = keys.topk(k, dim=1).values  # distinct keys: sorted, and the same K whatever topk's algorithm
+    index = INDEX_MASK - (top & INDEX_MASK)
+    bits = (top >> INDEX_BITS).int()
+    valid = bits > 0  # only a pair over the threshold has a nonzero score in its key
+    top = torch.where(valid, bits.view(torch.float32), NO_SCORE)
+    return corner_boxes(pred, index), top, index // anchors, valid
+
+
+def ranking_keys(scores: torch.Tensor, index: torch.Tensor, threshold: float) -> torch.Tensor:
+    """int64 keys ordered as the candidates are: score (0 under the threshold; scores over it are
+    positive, and positive floats order as their bits), then lower index first. All distinct."""
+    bits = torch.where(scores > threshold, scores.float(), 0.0).view(torch.int32).long()
+    return (bits << INDEX_BITS) | (INDEX_MASK - index)
+
+
+def candidate_anchors(scores: torch.Tensor, threshold: float, count: int) -> torch.Tensor:
+    """[B, count] the anchors of the `count` largest anchor keys, an anchor's key being its best
+    pair's key (best score, its first class). An anchor holding one of the K largest pair keys
+    has a key at least the K-th pair key, and at most K anchors do (each holds its own pair at
+    least as large), so the K anchors taken hold all K pairs."""
+    best, first_class = scores.max(dim=1)  # the first class among equal best scores
+    anchors = scores.shape[2]
+    index = first_class * anchors + torch.arange(anchors, device=scores.device)
+    return ranking_keys(best, index, threshold).topk(count, dim=1, sorted=False).indices
+
+
+def candidate_pair_keys(scores: torch.Tensor, anchor: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[B, C · count] the keys of every (class, anchor) pair of the anchors taken."""
+    batch, classes, _ = scores.shape
+    gathered = scores.gather(2, anchor[:, None, :].expand(batch, classes, anchor.shape[1]))
+    index = torch.arange(classes, device=scores.device)[None, :, None] * scores.shape[2] + anchor[:, None, :]
+    return ranking_keys(gathered, index, threshold).reshape(batch, -1)
 
 
 def threshold_in(conf: float, dtype: torch.dtype) -> float:
@@ -182,8 +249,8 @@ def compact(keep: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor, class
     return count, out_boxes[:, :max_det], out_scores[:, :max_det], out_classes[:, :max_det].int()
 
 
-def batched_nms_reference(pred: torch.Tensor, settings: NmsSettings) -> tuple:
-    boxes, scores, classes, valid = nms_candidates(pred, settings)
+def batched_nms_reference(pred: torch.Tensor, settings: NmsSettings, two_level: bool = False) -> tuple:
+    boxes, scores, classes, valid = nms_candidates(pred, settings, two_level)
     groups = torch.zeros_like(classes) if settings.agnostic else classes
     keep = greedy_keep(boxes, groups, valid, settings.iou)
     return compact(keep, boxes, scores, classes, settings.max_det)
@@ -193,16 +260,18 @@ def batched_nms_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     pred = inputs[0]
     k = min(attrs.get("topk", NmsSettings.topk), max(1, (pred.shape[1] - 4) * pred.shape[2]))
     if pred.is_cuda and greedy_nms_supported(torch.empty((1, k, 4), device="meta")):
-        return [REFERENCE, TRITON]
-    return [REFERENCE]
+        return [REFERENCE, TRITON, TWO_LEVEL, TWO_LEVEL_TRITON]
+    return [REFERENCE, TWO_LEVEL]
 
 
 @OPS.internal("BatchedNms", tactics=batched_nms_tactics)
 def batched_nms_op(inputs, attrs):
     settings = settings_of(attrs)
-    if attrs.get("tactic") == TRITON:
-        boxes, scores, classes, valid = nms_candidates(inputs[0], settings)
+    tactic = attrs.get("tactic")
+    two_level = tactic in TWO_LEVEL_TACTICS
+    if tactic in (TRITON, TWO_LEVEL_TRITON):
+        boxes, scores, classes, valid = nms_candidates(inputs[0], settings, two_level)
         if greedy_nms_supported(boxes):
             groups = torch.zeros_like(classes) if settings.agnostic else classes
             return greedy_nms(boxes, scores, groups, classes, valid.sum(1), settings.iou, settings.max_det)
-    return batched_nms_reference(inputs[0], settings)
+    return batched_nms_reference(inputs[0], settings, two_level)

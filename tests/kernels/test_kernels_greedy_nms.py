@@ -15,6 +15,7 @@ from nms_helpers import assert_equal_to_torchvision, grid_head
 from sartor.kernels.detection.greedy_nms import float32_threshold, greedy_nms
 from sartor.ops.nms import (
     TRITON,
+    TWO_LEVEL_TRITON,
     NmsSettings,
     batched_nms_op,
     batched_nms_reference,
@@ -49,10 +50,12 @@ def test_kernel_equals_the_torch_tactic_and_torchvision(settings):
         assert_equal_to_torchvision(pred, settings, got)
 
 
-def test_kernel_runs_as_the_ops_triton_tactic():
+@pytest.mark.parametrize("tactic", [TRITON, TWO_LEVEL_TRITON])
+def test_kernel_runs_as_the_ops_triton_tactics(tactic):
     pred = grid_head(12, batch=2, classes=3, anchors=10, levels=8, size=16).to(DEVICE)
-    attrs = dict(NmsSettings(conf=0.4, iou=0.5, max_det=8, topk=30).to_json(), tactic=TRITON)
-    for g, e in zip(batched_nms_op([pred], attrs), batched_nms_reference(pred, NmsSettings.from_json(attrs))):
+    attrs = dict(NmsSettings(conf=0.4, iou=0.5, max_det=8, topk=30).to_json(), tactic=tactic)
+    expected = batched_nms_reference(pred, NmsSettings.from_json(attrs), two_level=tactic == TWO_LEVEL_TRITON)
+    for g, e in zip(batched_nms_op([pred], attrs), expected):
         assert torch.equal(g, e)
 
 

@@ -8,19 +8,23 @@ import math
 import numpy as np
 import pytest
 import torch
-from nms_helpers import assert_equal_to_torchvision, grid_head, torchvision_kept
+from nms_helpers import assert_equal_to_torchvision, grid_head, sorted_candidates, torchvision_kept
 from torchvision.ops import batched_nms
 
 from sartor.errors import ConfigError
 from sartor.ops import default_registry
 from sartor.ops.nms import (
     OUTPUT_NAMES,
+    TWO_LEVEL,
     NmsSettings,
     batched_nms_reference,
     batched_nms_tactics,
+    corner_boxes,
+    flat_candidates,
     nms_candidates,
     parse_nms,
     threshold_in,
+    two_level_candidates,
 )
 
 # torchvision's batched_nms offsets each class's boxes (float32) up to this many candidates on the
@@ -28,16 +32,17 @@ from sartor.ops.nms import (
 COORDINATE_TRICK_MAX = 1000
 
 
+@pytest.mark.parametrize("two_level", [False, True])
 @pytest.mark.parametrize("agnostic", [False, True])
 @pytest.mark.parametrize("seed,classes,iou", [(0, 80, 0.45), (1, 20, 0.7), (2, 3, 0.3)])
-def test_kept_boxes_equal_torchvision_on_random_heads_with_ties(seed, classes, iou, agnostic):
+def test_kept_boxes_equal_torchvision_on_random_heads_with_ties(seed, classes, iou, agnostic, two_level):
     pred = grid_head(seed, batch=3, classes=classes, anchors=400, levels=100)
     # some 600 candidates an image: under the coordinate-trick limit, where torchvision has one order
     conf = math.floor((1 - 600 / (classes * 400)) * 100) / 100
     settings = NmsSettings(conf=conf, iou=iou, max_det=300, topk=1000, agnostic=agnostic)
     candidates = (pred[:, 4:] > conf).sum((1, 2))
     assert 50 < int(candidates.min()) and int(candidates.max()) <= COORDINATE_TRICK_MAX
-    kept = assert_equal_to_torchvision(pred, settings, batched_nms_reference(pred, settings))
+    kept = assert_equal_to_torchvision(pred, settings, batched_nms_reference(pred, settings, two_level))
     assert kept > 30
 
 
@@ -112,10 +117,11 @@ def test_the_op_is_registered_with_its_tactics():
     assert opdef.tactics is batched_nms_tactics and not opdef.data_dependent_shape
     pred = grid_head(8, batch=2, classes=3, anchors=40)
     attrs = NmsSettings(conf=0.5, max_det=4, topk=50).to_json()
-    assert batched_nms_tactics([pred], attrs) == ["torch"]  # the Triton tactic is offered on CUDA only
-    outputs = opdef.impl([pred], dict(attrs, tactic="torch"))
-    assert len(outputs) == len(OUTPUT_NAMES)
-    assert_equal_to_torchvision(pred, NmsSettings(conf=0.5, max_det=4, topk=50), outputs)
+    assert batched_nms_tactics([pred], attrs) == ["torch", TWO_LEVEL]  # the Triton ones are offered on CUDA only
+    for tactic in ("torch", TWO_LEVEL):
+        outputs = opdef.impl([pred], dict(attrs, tactic=tactic))
+        assert len(outputs) == len(OUTPUT_NAMES)
+        assert_equal_to_torchvision(pred, NmsSettings(conf=0.5, max_det=4, topk=50), outputs)
 
 
 def test_fp16_heads_are_suppressed_in_float32():
@@ -150,6 +156,88 @@ def test_fp16_heads_near_the_threshold_keep_what_float32_keeps():
     assert rounded_up in half[2][0].tolist()
 
 
+
+# ---- the two-level candidates ----------------------------------------------------------------
+
+def valid_candidates(candidates: tuple) -> tuple:
+    boxes, scores, classes, valid = candidates
+    return valid, boxes[valid], scores[valid], classes[valid]
+
+
+def assert_candidates_exact(pred: torch.Tensor, settings: NmsSettings) -> int:
+    """The two-level stage's valid candidates are a full stable sort's first K (ties at the K-th
+    place to the lower (class, anchor)), and the flat stage's where no image ties there."""
+    two = two_level_candidates(pred, settings)
+    valid, _, scores, classes = valid_candidates(two)
+    e_scores, e_classes, e_anchors, e_valid = sorted_candidates(pred, settings)
+    assert torch.equal(valid, e_valid)
+    assert torch.equal(scores, e_scores[e_valid]) and torch.equal(classes, e_classes[e_valid])
+    boxes = corner_boxes(pred, e_classes * pred.shape[2] + e_anchors)[e_valid]
+    assert torch.equal(two[0][valid], boxes)
+    assert torch.all(two[1][valid] > settings.conf)
+    assert torch.all(two[1][~valid] == -1.0)
+    k = e_scores.shape[1]
+    all_scores = torch.where(pred[:, 4:].flatten(1) > threshold_in(settings.conf, pred.dtype),
+                             pred[:, 4:].flatten(1).float(), -1.0).sort(dim=1, descending=True).values
+    tied = k < all_scores.shape[1] and bool(((all_scores[:, k - 1] == all_scores[:, k]) & (all_scores[:, k] > -1)).any())
+    if not tied:
+        for got, expected in zip(valid_candidates(flat_candidates(pred, settings)), valid_candidates(two)):
+            assert torch.equal(got, expected)
+    return int(valid.sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("classes,anchors,levels,conf,topk", [
+    (80, 400, 20, 0.5, 1000),    # heavy ties, far more pairs over conf than K (a tie at the K-th place)
+    (80, 400, 100, 0.9, 1000),   # ~3000 over conf, ties
+    (20, 300, 1000, 0.99, 300),  # fewer over conf than K: invalid slots
+    (3, 50, 5, 0.1, 1000),       # K ≥ C·A (K > A)
+    (2, 5, 3, 0.0, 4096),        # tiny C·A, conf 0
+    (1, 3000, 1000, 0.2, 1000),  # one class: the anchor level alone decides
+    (80, 2000, 10, 0.95, 50),    # nothing over conf
+])
+def test_two_level_candidates_are_the_first_k_of_a_full_stable_sort(classes, anchors, levels, conf, topk, dtype):
+    for seed in range(3):
+        pred = grid_head(seed, batch=2, classes=classes, anchors=anchors, levels=levels).to(dtype)
+        assert_candidates_exact(pred, NmsSettings(conf=conf, topk=topk, max_det=min(300, topk)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_two_level_candidates_equal_the_flat_ones_on_distinct_scores(dtype):
+    g = torch.Generator().manual_seed(11)
+    pred = grid_head(11, batch=3, classes=80, anchors=2000)
+    pred[:, 4:] = torch.sigmoid(torch.randn((3, 80, 2000), generator=g) * 2 - 3)  # ~5000 over conf an image
+    pred = pred.to(dtype)
+    settings = NmsSettings(conf=0.25, topk=1000)
+    assert int((pred[:, 4:] > 0.25).sum((1, 2)).min()) > 1000
+    assert assert_candidates_exact(pred, settings) == 3 * 1000
+    assert_candidates_exact(pred[:, :, :300], NmsSettings(conf=0.25, topk=4096))  # all valid: K-th place irrelevant
+
+
+def test_a_tie_at_the_kth_place_keeps_the_lower_class_then_anchor():
+    # Four pairs score 0.5 for K = 3 places: (class 1, anchor 0), (class 0, anchor 2), (class 1, anchor 1),
+    # (class 2, anchor 0); one scores 0.75 at (class 2, anchor 2). The two kept at 0.5: class 0 anchor 2,
+    # then class 1 anchor 0.
+    pred = torch.zeros(1, 7, 3)
+    pred[0, :4] = torch.tensor([[1.0, 2.0, 3.0], [10.0] * 3, [8.0] * 3, [8.0] * 3])  # cx tells the anchor
+    pred[0, 5, 0] = pred[0, 4, 2] = pred[0, 5, 1] = pred[0, 6, 0] = 0.5
+    pred[0, 6, 2] = 0.75
+    boxes, scores, classes, valid = two_level_candidates(pred, NmsSettings(conf=0.1, topk=3, max_det=3))
+    assert valid.all() and scores[0].tolist() == [0.75, 0.5, 0.5] and classes[0].tolist() == [2, 0, 1]
+    assert (boxes[0, :, 0] + 4).tolist() == [3.0, 3.0, 1.0]  # anchors 2, 2, 0
+
+
+def test_two_level_candidates_keep_the_float32_threshold_for_fp16_heads():
+    pred = grid_head(4, batch=2, classes=5, anchors=300)
+    pred[:, 4:] *= 0.29
+    pred[:, 4, ::3] = float(torch.tensor(0.3).half())  # float16's 0.3 is above float32's: over conf
+    pred[:, 5, 1::3] = threshold_in(0.3, torch.float16)  # under
+    settings = NmsSettings(conf=0.3, topk=1000)
+    _, _, _, valid = two_level_candidates(pred.half(), settings)
+    assert int(valid.sum()) == int((pred.half().float()[:, 4:] > torch.tensor(0.3)).sum()) > 0
+    assert_equal_to_torchvision(pred.half().float(), settings, batched_nms_reference(pred.half(), settings, True))
+
+
 # ---- the settings -----------------------------------------------------------------------------
 
 def test_parse_nms_reads_every_field_in_any_order():
@@ -178,12 +266,16 @@ def test_bad_settings_are_refused_in_one_line(spec, fragment):
     assert fragment in message and "\n" not in message and message.startswith("--nms")
 
 
-def test_sample_detector_outputs_are_suppressed_as_torchvision_does(sample_head):
+@pytest.mark.parametrize("two_level", [False, True])
+def test_sample_detector_outputs_are_suppressed_as_torchvision_does(sample_head, two_level):
     settings = NmsSettings(conf=0.25, iou=0.45, max_det=300, topk=1000)
-    assert assert_equal_to_torchvision(sample_head, settings, batched_nms_reference(sample_head, settings)) > 10
+    got = batched_nms_reference(sample_head, settings, two_level)
+    assert assert_equal_to_torchvision(sample_head, settings, got) > 10
     low = NmsSettings(conf=0.05, iou=0.6, max_det=100, topk=4096)
     assert int((sample_head[:, 4:] > 0.05).sum((1, 2)).max()) < 4096
-    assert_equal_to_torchvision(sample_head, low, batched_nms_reference(sample_head, low))
+    assert_equal_to_torchvision(sample_head, low, batched_nms_reference(sample_head, low, two_level))
+    for head in (sample_head, sample_head.half()):  # the candidates themselves, the K-th place included
+        assert_candidates_exact(head, NmsSettings(conf=0.01, topk=300))
 
 
 @pytest.fixture(scope="module")
