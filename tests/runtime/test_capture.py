@@ -280,7 +280,7 @@ def test_every_shape_of_a_context_shares_its_memory_and_keeps_its_results(tmp_pa
     engine = sartor.load(str(plan))
     ctx, eager = engine.context(), engine.context()
     eager.use_cuda_graphs = False
-    feeds = {b: torch.randn(b, 16, 32, 32, device="cuda") for b in range(1, 9)}
+    feeds = {b: {"x": torch.randn(b, 16, 32, 32, device="cuda")} for b in range(1, 9)}
     torch.cuda.synchronize()
     start = torch.cuda.memory_allocated()
     ctx.run(feeds[8])
