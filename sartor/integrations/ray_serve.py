@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import ConfigError, SartorError
 from ..runtime.engine import load
-from ..serve.batcher import next_warm_size, warm_batch_sizes
+from ..serve.batcher import next_warm_size, release_cached_memory, warm_batch_sizes
 from ..serve.errors import InvalidRequest, ServeError
 from ..serve.http_codec import encode_infer_response, parse_infer_request
 from ..serve.image import prepare, respond
@@ -70,6 +70,7 @@ class ServedEngine:
                 shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
                 if profile.admits(shapes):
                     self.context.run({n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()})
+        release_cached_memory(str(self.engine.device))
 
     def metadata(self) -> dict:
         def tensors(values):

@@ -184,6 +184,15 @@ def dtype_key(value) -> str:
     return value.dtype.str
 
 
+def release_cached_memory(device: str | None) -> None:
+    """Give the CUDA caching allocator's free blocks back to the device after a warm-up: the runs
+    before each capture leave blocks the graphs never use, which a memory budget shared with other
+    models (or processes) must not keep."""
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+
+
 WARM_EVERY_BATCH_UP_TO = 64  # beyond this, powers of two, multiples of max/8 and the preferred sizes
 
 

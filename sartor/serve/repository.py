@@ -45,6 +45,7 @@ from .batcher import (
     Instance,
     device_gate,
     on_device,
+    release_cached_memory,
     shape_key,
     wants_tf32,
     warm_batch_sizes,
@@ -404,6 +405,7 @@ class Repository:
                     shapes = {n: np.empty(getattr(r, pick), np.uint8) for n, r in profile.shapes.items()}
                     instance.mark_run(shape_key(shapes))
             if not settings.dynamic_batching:
+                release_cached_memory(instance.device)
                 return
             sizes = warm_batch_sizes(settings.max_batch_size, settings.preferred_batch_sizes)
             dtypes = {v.name: v.dtype for v in engine.inputs}
@@ -417,6 +419,7 @@ class Repository:
                     if key not in instance.seen:
                         instance.context.run(feeds)
                         instance.mark_run(key)
+            release_cached_memory(instance.device)
 
     def _retire(self, old: ServedModel) -> None:
         """Stop taking requests for `old`; its workers run what is queued, then exit."""
