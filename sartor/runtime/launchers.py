@@ -287,12 +287,16 @@ class HostBuilds:
         return report
 
 
-def _workers(jobs: int) -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; else the machine's count)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(jobs, cores, MAX_WORKERS))
+        return os.cpu_count() or 1
+
+
+def _workers(jobs: int) -> int:
+    return max(1, min(jobs, usable_cpus(), MAX_WORKERS))
 
 
 def start_host_builds(entries) -> HostBuilds | None:

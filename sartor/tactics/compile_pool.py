@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from ..runtime.launchers import usable_cpus
 from .kernel_requests import CompileRequest, Recorder, cache_state, check_recording_available
 from .precompile import MAX_WORKERS, interpreting
 
@@ -79,8 +80,7 @@ def worker_count() -> int:
     given = os.environ.get(WORKERS_ENV, "").strip()
     if given.lstrip("-").isdigit():
         return max(0, min(int(given), MAX_WORKERS))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(cpus, MAX_WORKERS)
+    return min(usable_cpus(), MAX_WORKERS)
 
 
 def applies(device: torch.device) -> bool:
