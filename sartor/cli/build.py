@@ -31,7 +31,7 @@ from .common import (
     text,
 )
 from .build_summary import summary_json
-from .inspect import calibration_line
+from .inspect import calibration_line, reduced_precision
 from .validate import read_class_names
 
 SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
@@ -131,6 +131,16 @@ FP8:
   --min-snr plan FP8 builds as they plan INT8 ones: the layers FP8 hurts most (ranked as `sartor
   sensitivity --precision fp8` ranks them) move to the fallback precision.
 
+FP16/BF16 accuracy targets:
+  --precision fp16 (or bf16) with --min-cosine C, --min-snr DB or --accuracy-budget X keeps the
+  layers FP16 hurts most at FP32 until the target holds: each layer is ranked by the output SNR
+  with it alone at FP16 (every other layer FP32), then the same search as for INT8 builds. The
+  held-out samples are every sample of --calib DATA (up to --cosine-samples; nothing is
+  calibrated), or of --data VAL; one of them is required: seeded random inputs are never used.
+  FP16 typically reaches a cosine of 0.9995..0.99999 against FP32; --min-cosine 0.9999 asks for
+  more than that on the models it misses. --timing-cache FILE lets the trial builds and the final
+  one share tactic timings (each trial then times only the layers it moved).
+
 tactics:
   Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
   torch, triton_epilogue, cudnn_fused; CPU: torch, channels_last); those whose output differs from
@@ -219,19 +229,22 @@ def add_parser(subparsers, parents) -> None:
                         "'window_resident.*.row-pairs*' after a build stopped on a kernel that faulted the GPU; repeatable")
     p.add_argument("--data", metavar="VAL",
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
-                        "--accuracy-budget")
+                        "--accuracy-budget; any planner target (INT8, FP8, FP16, BF16): the held-out samples")
     p.add_argument("--split-by", metavar="ATTRIBUTE", help="with --data: the image attribute that splits it")
     p.add_argument("--classes", metavar="FILE|a,b,c",
                    help="with --data: its class names in the model's output order (as `sartor validate --classes`)")
     p.add_argument("--accuracy-budget", type=float, metavar="X",
-                   help="INT8: keep the most sensitive layers out of INT8 until the metric drop against the FP32 ONNX "
-                        "model on --data is at most X overall and in every split (e.g. 0.008)")
+                   help="INT8/FP8 (FP16/BF16: to FP32): keep the most sensitive layers out of the build's precision "
+                        "until the metric drop against the FP32 ONNX model on --data is at most X overall and in "
+                        "every split (e.g. 0.008)")
     p.add_argument("--min-cosine", type=float, metavar="C",
-                   help="INT8, no labels needed: keep the most sensitive layers out of INT8 until, for every output, "
-                        "the mean per-sample cosine against FP32 on held-out samples (--data, else --calib samples "
-                        "that calibration does not use) is at least C (e.g. 0.99)")
+                   help="INT8/FP8 (FP16/BF16: to FP32), no labels needed: keep the most sensitive layers out of the "
+                        "build's precision until, for every output, the mean per-sample cosine against FP32 on "
+                        "held-out samples (--data, else --calib samples that calibration does not use: all of them "
+                        "in an FP16/BF16 build) is at least C (e.g. 0.99 for INT8, 0.9999 for FP16)")
     p.add_argument("--min-snr", type=float, metavar="DB",
-                   help="INT8/FP8, no labels needed: keep the most sensitive layers out of the quantized precision "
+                   help="INT8/FP8 (FP16/BF16: to FP32), no labels needed: keep the most sensitive layers out of the "
+                        "build's precision "
                         "until every output's SNR against FP32 on the held-out samples of --min-cosine is at least "
                         "DB decibels (e.g. 30)")
     p.add_argument("--cosine-samples", type=int, default=BuildConfig.cosine_samples, metavar="N",
@@ -391,7 +404,7 @@ def print_summary(out, result) -> None:
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")
-    word = planner.get("quantized", "int8").upper() if planner else ""
+    word = reduced_precision(planner).upper() if planner else ""
     if planner and planner.get("target") == "min_snr":
         rows.append(("min SNR", f"{planner['min_snr']:g} dB on {planner['held_out']['samples']} held-out samples: "
                                 f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "

@@ -109,10 +109,16 @@ def _snr(value) -> str:
     return "nan" if value is None else f"{value:.2f}"
 
 
+def reduced_precision(record: dict) -> str:
+    """The precision a planner record moved layers out of ("int8", "fp8", "fp16", "bf16"); records
+    written before float builds were planned name only their quantized format."""
+    return record.get("reduced") or record.get("quantized", "int8")
+
+
 def print_label_free_planner(out, planner: dict) -> None:
     """The planner's --min-cosine (--min-snr) target: where it measured, each measured plan with the
     mean and minimum cosine (the SNR) per output, and the layers kept."""
-    word = planner.get("quantized", "int8").upper()
+    word = reduced_precision(planner).upper()
     held = planner["held_out"]
     names = list(planner["iterations"][0]["outputs"]) if planner["iterations"] else []
     if planner["target"] == "min_snr":
@@ -139,7 +145,7 @@ def print_planner(out, planner: dict) -> None:
     if planner.get("target") in ("min_cosine", "min_snr"):
         print_label_free_planner(out, planner)
         return
-    word = planner.get("quantized", "int8").upper()
+    word = reduced_precision(planner).upper()
     splits = list(planner["iterations"][0]["drops"]) if planner["iterations"] else []
     title = (f"{word} planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
              f"({planner['images']} images" + (f", split by {planner['split_by']}" if planner.get("split_by") else "")
