@@ -1,5 +1,6 @@
 """The accuracy planner of quantized builds (--precision int8, or fp8: FP8 E4M3; "INT8" below
-stands for the build's quantized format). Three targets, one at a time:
+stands for the build's quantized format) and of FP16 and BF16 builds (the end of this docstring).
+Three targets, one at a time:
 
 - `sartor build --precision int8 --accuracy-budget B --data VAL [--split-by ATTR]`: the task
   metric's drop against the FP32 ONNX model, measured with `sartor.validate` on labelled (or
@@ -48,6 +49,14 @@ layer moved out, the build fails with one line (PlannerError).
 The search assumes that keeping more layers out of INT8 does not make the result worse. Where that
 is not so, it still ends on a set that was measured to meet the target. Layers pinned with
 --layer-precision are never moved.
+
+FP16 and BF16 builds (`--precision fp16|bf16` with any of the three targets) are planned the same
+way, their layers moving to FP32 (docs/decisions/0050-fp16-accuracy-targets.md). Nothing is
+calibrated: the held-out samples are the first N of --data, else of --calib, and the ranking
+(`float_sensitivity.float_layer_sensitivity`: each layer alone at FP16, the rest FP32) runs on the
+first SENSITIVITY_SAMPLES of them (of --data for the budget). The record names the precision left
+in "reduced" ("quantized" too for INT8/FP8). All trial builds share a timing cache (the user's
+--timing-cache, else a temporary one) and embed no kernels.
 """
 from __future__ import annotations
 
