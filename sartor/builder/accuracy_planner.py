@@ -185,18 +185,19 @@ class SnrTrial(OutputTrial):
 
 
 def search(ranking: list[str], measure: Callable[[list[str]], Trial | OutputTrial],
-           target: float) -> tuple[Trial | OutputTrial | None, list]:
+           target: float, first: Trial | OutputTrial | None = None) -> tuple[Trial | OutputTrial | None, list]:
     """(the first plan found that holds, or None; every trial in order). `measure(names)` measures
     the plan with the layers `names` kept out of INT8, and `trial.holds(target)` judges it; only
-    prefixes of `ranking` are tried."""
-    trials: list = []
+    prefixes of `ranking` are tried. `first`: the default plan (no layer kept out), when the caller
+    has measured it already."""
+    trials: list = [] if first is None else [first]
 
     def run(count: int):
         trial = measure(list(ranking[:count]))
         trials.append(trial)
         return trial
 
-    best = run(0)
+    best = run(0) if first is None else first
     if best.holds(target):
         return best, trials
     failing, count, best, held = 0, 1, None, None
@@ -582,6 +583,15 @@ def first_samples(batches: list[dict], limit: int) -> list[dict]:
     return taken
 
 
+def joined(graph: Graph, batches: list[dict]) -> list[dict]:
+    """`batches` as one batch where every input's batch axis is free: the ranking runs the reference
+    executor, which takes any batch, while the engine's samples come in batches its first profile
+    admits (batch 1 for a latency profile: a pass per sample per layer)."""
+    if len(batches) < 2 or any(not info.shape or isinstance(info.shape[0], int) for info in graph.inputs):
+        return batches
+    return [{k: np.concatenate([b[k] for b in batches]) for k in batches[0]}]
+
+
 def _float_ranking(graph: Graph, weights: dict, candidates: list[str], target, config, device: torch.device,
                    profiles: list, precision: str) -> tuple[list, dict]:
     """A float build's candidates, least robust first when run alone at `precision` (FP16, BF16), and
@@ -596,7 +606,7 @@ def _float_ranking(graph: Graph, weights: dict, candidates: list[str], target, c
                                         config.split_by, config.seed))
         source = f"validation set --data {config.data}"
     else:
-        batches = first_samples(target.batches, SENSITIVITY_SAMPLES)
+        batches = joined(graph, first_samples(target.batches, SENSITIVITY_SAMPLES))
         source = f"held-out samples ({target.held_out['source']})"
     layers = float_layer_sensitivity(graph, weights, batches, device, set(candidates), precision)
     where = {"samples": sum(batch_sizes(batches)), "source": source,
@@ -632,16 +642,17 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
     else:
         kind, value = (_CosineTarget, config.min_cosine) if config.min_cosine is not None else (_SnrTarget, config.min_snr)
         target = kind(value, graph, weights, config, profiles, calibration, device, log, word)
-    if not candidates:
-        ranking, where = [], {}
-    elif quantized:
-        ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles, reduced)
-    else:
-        ranking, where = _float_ranking(graph, weights, candidates, target, config, device, profiles, reduced)
-    if ranking:
+
+    def rank() -> tuple[list, dict]:
+        if quantized:
+            ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles, reduced)
+        else:
+            ranking, where = _float_ranking(graph, weights, candidates, target, config, device, profiles, reduced)
         log.append(f"planner: ranked {len(ranking)} {word} layer(s) on {where['samples']} samples of the "
                    f"{where['source']} in {where['seconds']:.1f} s; least robust: "
                    + ", ".join(f"{r.name} ({r.snr_db:.1f} dB)" for r in ranking[:3]))
+        return ranking, where
+
     with tempfile.TemporaryDirectory(prefix="sartor-planner-") as tmp:
         trial_config = _trial_config(config, Path(tmp), amax, calibration, onnx_sha256)
         count = [0]
@@ -659,7 +670,11 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
             count[0] += 1
             return trial
 
-        best, trials = search([r.name for r in ranking], measure, target.value)
+        # The default plan first: where it meets the target, the ranking (one pass per layer) is not needed.
+        default = measure([])
+        ranking, where = (rank() if candidates and not default.holds(target.value) else
+                          ([], {"skipped": "the default plan meets the target" if candidates else "no candidate"}))
+        best, trials = search([r.name for r in ranking], measure, target.value, first=default)
     first = trials[0]
     if best is None:
         stuck = (f"; {len(pinned)} {word} layer(s) pinned by --layer-precision stay {word} ({', '.join(pinned[:3])}"
@@ -674,9 +689,10 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
         updated.reasons[name] = f"planner: sensitivity rank {k}, SNR {snr:.1f} dB; {target.reason(first, best)}"
         log.append(f"layer {name} runs {higher}: {updated.reasons[name]}")
     goal, result = target.summary(best)
-    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} {word} layer(s) kept at {higher} {goal} after "
+    log.append(f"planner: {len(best.kept_out)} of {len(candidates)} {word} layer(s) kept at {higher} {goal} after "
                f"{len(trials)} measurement(s): {result}")
     record = dict(target.record(first, best), reduced=reduced, precision=higher, sensitivity=where,
+                  candidates=len(candidates),
                   ranking=[{"name": r.name, "snr_db": _finite(r.snr_db)} for r in ranking],
                   iterations=[t.to_json(target.value) for t in trials], kept_out=list(best.kept_out))
     if quantized:  # the key older readers know

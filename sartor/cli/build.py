@@ -31,7 +31,7 @@ from .common import (
     text,
 )
 from .build_summary import summary_json
-from .inspect import calibration_line, reduced_precision
+from .inspect import calibration_line, planner_candidates, reduced_precision
 from .validate import read_class_names
 
 SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
@@ -407,19 +407,19 @@ def print_summary(out, result) -> None:
     word = reduced_precision(planner).upper() if planner else ""
     if planner and planner.get("target") == "min_snr":
         rows.append(("min SNR", f"{planner['min_snr']:g} dB on {planner['held_out']['samples']} held-out samples: "
-                                f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
+                                f"{len(planner['kept_out'])} of {planner_candidates(planner)} {word} layer(s) kept at "
                                 f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
                                 + ", ".join(f"{k} {_db(v['snr_db'])}" for k, v in planner["outputs"].items())))
     elif planner and planner.get("target") == "min_cosine":
         rows.append(("min cosine", f"{planner['min_cosine']:g} on {planner['held_out']['samples']} held-out samples: "
-                                   f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
-                                   f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
+                                   f"{len(planner['kept_out'])} of {planner_candidates(planner)} {word} layer(s) "
+                                   f"kept at {planner['precision']} after {len(planner['iterations'])} measurement(s); "
                                    + ", ".join(f"{k} mean {_cosine(v['mean'])} (min {_cosine(v['min'])})"
                                                for k, v in planner["outputs"].items())))
     elif planner:
         rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "
-                                        f"{len(planner['ranking'])} {word} layer(s) kept at {planner['precision']} after "
-                                        f"{len(planner['iterations'])} measurement(s); drop "
+                                        f"{planner_candidates(planner)} {word} layer(s) kept at {planner['precision']} "
+                                        f"after {len(planner['iterations'])} measurement(s); drop "
                                         + ", ".join(f"{k} {_drop(v)}" for k, v in planner["drops"].items())))
     if "kernels" in header:
         rows.append(("kernels", describe_record(header["kernels"], header["fingerprint"].get("kind", "cuda"))))
