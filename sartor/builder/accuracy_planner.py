@@ -32,9 +32,9 @@ For each candidate plan the planner builds a temporary engine (the same threshol
 calibration cache in a temporary directory) and measures the target. While the target fails,
 the most sensitive INT8 layers move to the higher precision (FP16 on CUDA, FP32 on the CPU):
 
-1. rank the plan's INT8 layers with `quant.sensitivity.layer_sensitivity` on (up to
-   SENSITIVITY_SAMPLES of) the calibration samples: each layer quantized alone, lowest output SNR
-   first;
+1. when the default plan (measured first) misses the target, rank the plan's INT8 layers with
+   `quant.sensitivity.layer_sensitivity` on (up to SENSITIVITY_SAMPLES of) the calibration samples:
+   each layer quantized alone, lowest output SNR first;
 2. grow: keep the first 1, 2, 4, 8 … layers of the ranking out of INT8 until the target holds;
 3. bisect back between the last count that failed and the first that held, for the smallest
    prefix of the ranking that holds.
