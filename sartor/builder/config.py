@@ -218,6 +218,10 @@ class BuildConfig:
             if (self.precision in PLANNED_FLOAT_PRECISIONS and self.calib and self.calib_data is None
                     and not Path(self.calib).exists()):  # quantized builds check it beside their cache
                 raise ConfigError(f"--calib {self.calib}: not found")
+            if self.precision in PLANNED_FLOAT_PRECISIONS and self._calib_is_image_dataset() and not self.preprocess:
+                # Quantized builds are told this by calibration; a float build reads --calib only here.
+                raise ConfigError(f"--calib {self.calib} is an image dataset: give --preprocess to say how images "
+                                  f"become the input (or a .npy/.npz of preprocessed samples)")
             if self.data and not self.preprocess:
                 raise ConfigError(f"{flag} with --data needs --preprocess (how the --data images become the input)")
         elif self.decoder is not None:
@@ -242,6 +246,10 @@ class BuildConfig:
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")
+
+    def _calib_is_image_dataset(self) -> bool:
+        from ..quant.data import ARRAY_SUFFIXES
+        return bool(self.calib) and self.calib_data is None and Path(self.calib).suffix not in ARRAY_SUFFIXES
 
     def nms_settings(self):
         """The parsed --nms settings, or None."""

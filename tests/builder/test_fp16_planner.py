@@ -178,6 +178,18 @@ def test_fp16_target_already_met_keeps_every_layer_fp16(tmp_path):
     assert _cosines(model, Path(result.path), np.load(calib)).mean() >= 0.9999
 
 
+def test_fp16_held_out_images_are_every_image_of_calib_or_data(tmp_path):
+    model = save(offset_classifier(), tmp_path / "offset.onnx")
+    val = _manifest(tmp_path / "val", count=6)
+    by_calib = _build(model, tmp_path / "a.plan", calib=val, preprocess=SPEC, min_cosine=0.5)
+    held = by_calib.header["planner"]["held_out"]
+    assert held["samples"] == 6 and held["source"] == f"--calib {val}: 6 of 6 images"
+    by_data = _build(model, tmp_path / "b.plan", data=val, preprocess=SPEC, min_cosine=0.5, cosine_samples=4)
+    held = by_data.header["planner"]["held_out"]
+    assert held["samples"] == 4 and held["source"] == f"--data {val}: 4 of 6 images"
+    assert held["disjoint"] == "not applicable: FP16 builds calibrate nothing"
+
+
 def test_bf16_min_snr_keeps_layers_fp32_until_the_snr_holds(tmp_path):
     model = save(offset_classifier(), tmp_path / "offset.onnx")
     calib = _samples(tmp_path / "held.npy")
@@ -221,6 +233,8 @@ def test_fp16_planner_refusals(tmp_path, cli):
                      "missing.npy: not found")
     assert_cli_error(cli(*fp16, "--data", val, "--min-cosine", "0.9999"), "--min-cosine with --data needs --preprocess")
     assert_cli_error(cli(*fp16, "--data", val, "--preprocess", SPEC), "--data is for INT8 builds")
+    assert_cli_error(cli(*fp16, "--calib", val.parent, "--min-cosine", "0.9999"), "is an image dataset: give "
+                                                                                 "--preprocess")
     # FP32 is the reference: nothing to move. TF32 neither.
     for precision in ("fp32", "tf32"):
         assert_cli_error(cli(*base, "--precision", precision, "--calib", calib, "--min-cosine", "0.9999"),
