@@ -166,10 +166,11 @@ class CosineTrial(OutputTrial):
 
     @staticmethod
     def format(value: float | None) -> str:
-        return _cos(value)
+        return cosine_text(value)
 
     def describe(self) -> str:
-        return ", ".join(f"{k} mean {_cos(o['mean'])} (min {_cos(o['min'])})" for k, o in self.outputs.items())
+        return ", ".join(f"{k} mean {cosine_text(o['mean'])} (min {cosine_text(o['min'])})"
+                         for k, o in self.outputs.items())
 
 
 class SnrTrial(OutputTrial):
@@ -268,8 +269,15 @@ def _fmt(drop: float | None) -> str:
     return "-" if drop is None else f"{drop:.4f}"
 
 
-def _cos(value: float | None) -> str:
-    return "nan" if value is None else f"{value:.4f}"
+def cosine_text(value: float | None) -> str:
+    """A cosine with 4 decimals, more near 1 (two digits past the first one that differs from 1,
+    up to 8): FP16 targets such as 0.99995 would otherwise read 1.0000 on both sides."""
+    if value is None:
+        return "nan"
+    gap = 1.0 - value
+    digits = 4 if gap <= 0 else min(8, max(4, math.ceil(-math.log10(gap)) + 2))
+    return f"{value:.{digits}f}"
+
 
 
 def _db(value: float | None) -> str:

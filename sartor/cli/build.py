@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..builder import BuildConfig
 from ..builder import build as run_build
+from ..builder.accuracy_planner import cosine_text
 from ..builder.config import (
     DEFAULT_BUILDER_EFFORT,
     INT8_FALLBACK_PRECISIONS,
@@ -372,10 +373,6 @@ def _drop(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _cosine(value) -> str:
-    return "nan" if value is None else f"{value:.4f}"
-
-
 def _db(value) -> str:
     return "nan" if value is None else f"{value:.2f} dB"
 
@@ -414,7 +411,7 @@ def print_summary(out, result) -> None:
         rows.append(("min cosine", f"{planner['min_cosine']:g} on {planner['held_out']['samples']} held-out samples: "
                                    f"{len(planner['kept_out'])} of {planner_candidates(planner)} {word} layer(s) "
                                    f"kept at {planner['precision']} after {len(planner['iterations'])} measurement(s); "
-                                   + ", ".join(f"{k} mean {_cosine(v['mean'])} (min {_cosine(v['min'])})"
+                                   + ", ".join(f"{k} mean {cosine_text(v['mean'])} (min {cosine_text(v['min'])})"
                                                for k, v in planner["outputs"].items())))
     elif planner:
         rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "

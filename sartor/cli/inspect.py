@@ -102,7 +102,8 @@ def _drop(value) -> str:
 
 
 def _cosine(value) -> str:
-    return "nan" if value is None else f"{value:.4f}"
+    from ..builder.accuracy_planner import cosine_text  # only engines with a planner record get here
+    return cosine_text(value)
 
 
 def _snr(value) -> str:
