@@ -5,6 +5,7 @@ FP16, checked against ONNX Runtime FP32 and timed against PyTorch FP16 peers, in
         [--peers eager,compile[,autotune]] [--batches 1,64] [--budget-s 540] [--per-layer 3]
     PYTHONPATH=. python bench/gpu_zoo.py --device cpu --size 64 --batches 1,2 --peers eager \\
         --models deit_tiny_patch16_224 --out out/zoo      # the CPU smoke run a test makes
+    ... [--min-cosine 0.9999]                             # FP16 builds planned to that cosine
 
 Models (random seeded weights, nothing downloaded: `pretrained=False`, HF_HUB_OFFLINE=1): timm's
 CNNs, ViT/DeiT, Swin, LeViT, MobileViT, FastViT and EfficientViT, torchvision's DeepLabV3 head on
@@ -26,6 +27,14 @@ as bench/h200_table.py times) of:
   replayed (on the CPU: FP32 eager, no graph), input already FP16 channels-last on the device;
 - compile: `torch.compile(mode="reduce-overhead", dynamic=False)` of the same FP16 module, one
   compile per batch (its seconds recorded apart); `autotune` adds `max-autotune-no-cudagraphs`.
+
+With --min-cosine C, each build asks sartor's accuracy planner for that target (decision 0050:
+the layers FP16 hurts most kept FP32 until the worst output's mean per-sample cosine against FP32
+reaches C): its held-out samples are HELD_OUT_SAMPLES seeded inputs of the zoo's own distribution
+(uniform 0..1, another seed than the ONNX Runtime check's batch, so that check stays independent),
+saved as a .npy under --work and given as the build's calib; its trials and final build share a
+timing cache there. The rows are the model's name suffixed, e.g. `resnet50 (min-cosine 0.9999)`,
+done and resumed apart from the plain ones; the model line records the planner's outcome.
 
 Profiles: one per timed batch, each covering the batches above the previous one (for 1,64:
 1..1 opt 1 and 2..64 opt 64), so that every batch is timed on kernels chosen at its own shape, as a
@@ -94,6 +103,8 @@ INCLUDED = {
 TIMING = {"cuda": "median of timed runs after warm-up, CUDA events around each call; one model at a time",
           "cpu": "median of timed runs after warm-up, host clock around each call; one model at a time"}
 PER_LAYER_KEPT = 40  # slowest layers kept per model: what a reader needs, in a small file
+HELD_OUT_SAMPLES = 32  # --min-cosine: the planner's held-out inputs (and the first 32 rank its layers)
+HELD_OUT_SEED = 1  # not the ONNX Runtime check's seed (0): the planner tunes on these, the check must not
 
 
 # ---- the architectures ---------------------------------------------------------------------
@@ -196,6 +207,20 @@ ARCHITECTURES = [
     Architecture("mobilenetv3_large_100", "cnn", timm_model("mobilenetv3_large_100")),
 ]
 BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
+
+
+def row_name(name: str, min_cosine: float | None) -> str:
+    """The model column of a row: the architecture, suffixed with the planner target when built with one."""
+    return name if min_cosine is None else f"{name} (min-cosine {min_cosine:g})"
+
+
+def held_out_inputs(work: Path, size: int) -> Path:
+    """HELD_OUT_SAMPLES seeded inputs of the zoo's distribution as a .npy (--min-cosine's samples)."""
+    path = work / f"held_out_{size}_seed{HELD_OUT_SEED}.npy"
+    if not path.is_file():
+        x = np.random.default_rng(HELD_OUT_SEED).random((HELD_OUT_SAMPLES, 3, size, size), dtype=np.float32)
+        np.save(path, x)
+    return path
 
 
 def randomise_and_settle_batchnorm(model: nn.Module, size: int, seed: int = 0, batches: int = 2) -> None:
@@ -348,6 +373,21 @@ def gpu_context_lost(exc: BaseException) -> bool:
     return isinstance(exc, TacticFaultError) or gpu_fault(exc)
 
 
+def planner_outcome(planner: dict) -> dict:
+    """What the model line keeps of the engine's planner record: the layers kept FP32 of those it
+    could move (and how many it ranked: none where FP16 met the target), the measurements, and the
+    worst output's held-out mean cosine before and after."""
+    first = planner["iterations"][0]["outputs"]
+    return {"min_cosine": planner.get("min_cosine"), "kept_fp32": len(planner["kept_out"]),
+            "candidates": planner.get("candidates", len(planner["ranking"])), "ranked": len(planner["ranking"]),
+            "measurements": len(planner["iterations"]),
+            "held_out_samples": planner["held_out"]["samples"],
+            "mean_cosine_before": min((o["mean"] for o in first.values() if o["mean"] is not None), default=None),
+            "mean_cosine_after": min((o["mean"] for o in planner["outputs"].values() if o["mean"] is not None),
+                                     default=None),
+            "kept_out": planner["kept_out"][:PER_LAYER_KEPT]}
+
+
 # ---- one model -----------------------------------------------------------------------------
 class ModelRun:
     """Everything measured for one architecture; each finished batch is written at once."""
@@ -359,7 +399,8 @@ class ModelRun:
         self.arch, self.args, self.work, self.emit = arch, args, work, emit
         self.missing_peers = missing_peers
         self.device = torch.device(args.device)
-        self.key = {"model": arch.name, "size": args.size, "device": self.device.type, "precision": args.precision}
+        self.key = {"model": row_name(arch.name, args.min_cosine), "size": args.size, "device": self.device.type,
+                    "precision": args.precision}
         self.summary = dict(self.key, record="model", family=arch.family, errors={})
         self.rows: list[dict] = []  # the batch lines written so far
 
@@ -411,12 +452,14 @@ class ModelRun:
             plan = self.work / f"{arch.name}_{size}_{args.precision}.plan"
             t0 = time.perf_counter()
             result = sartor.build(str(onnx), str(plan), device=self.device.type, precision=args.precision,
-                                  profiles=profiles_for(batches, size))
+                                  profiles=profiles_for(batches, size), **self.planner_options())
             self.summary.update(build_s=round(time.perf_counter() - t0, 1), onnx_nodes=result.onnx_nodes,
                                 layers=result.layers, stage_s=dict(result.stage_seconds),
                                 eager_check=result.header.get("eager_check"),
                                 tactic_s={family: entry["seconds"] for family, entry in result.tactic_seconds.items()},
                                 fp32_layers=sum(layer.get("precision") == "fp32" for layer in result.header["layers"]))
+            if result.header.get("planner"):
+                self.summary["planner"] = planner_outcome(result.header["planner"])
             engine = sartor.load(str(plan), device=str(self.device))
             ctx = engine.context()
             if reference is not None:
@@ -434,6 +477,15 @@ class ModelRun:
         if args.per_layer and engine is not None:
             self.per_layer(engine)
         del engine, ctx, peer_model, model
+
+    def planner_options(self) -> dict:
+        """sartor.build's planner settings for --min-cosine (none without it)."""
+        args, name = self.args, self.arch.name
+        if args.min_cosine is None:
+            return {}
+        return {"min_cosine": args.min_cosine, "calib": str(held_out_inputs(self.work, args.size)),
+                "cosine_samples": HELD_OUT_SAMPLES,
+                "timing_cache": str(self.work / f"{name}_{args.size}_{args.precision}_timings.json")}
 
     def measure_missing_peers(self) -> None:
         try:
@@ -659,7 +711,9 @@ def write_table(out: Path) -> str:
         head += [f"sartor b{batch} ms"] + [f"{peer} b{batch} ms" for peer in peers]
     head += [f"× {peer} (b{', b'.join(map(str, batches))})" for peer in peers] + ["sartor slower"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    order = [a.name for a in ARCHITECTURES] + sorted(set(models) - set(BY_NAME))
+    # Each architecture's planned rows ("resnet50 (min-cosine 0.9999)") right after its plain one.
+    order = [n for a in ARCHITECTURES for n in [a.name] + sorted(m for m in models if m.startswith(f"{a.name} ("))]
+    order += sorted(set(models) - set(order))
     for name in [n for n in order if n in models]:
         summary, rows = models[name], batch_rows.get(name, {})
         cos = summary.get("cosine_min")
@@ -694,11 +748,26 @@ def write_table(out: Path) -> str:
     if build_lines:
         lines += ["", "Where each build's seconds went (stages over 1 s; the tactics stage by tactic family, "
                   "compiling and timing its candidates):", ""] + build_lines
+    planned = [f"- {name}: {planner_note(models[name]['planner'], models[name].get('stage_s', {}))}"
+               for name in order if name in models and models[name].get("planner")]
+    if planned:
+        lines += ["", "Builds with an accuracy target (--min-cosine; the cosine column is the independent check "
+                  "on the seed-0 batch, the planner measured its own held-out inputs):", ""] + planned
     if notes:
         lines += ["", "Compile times and errors:", ""] + notes
     text = "\n".join(lines) + "\n"
     (out / TABLE).write_text(text)
     return text
+
+
+def planner_note(outcome: dict, stage_s: dict) -> str:
+    """One line on a --min-cosine build: what the planner kept FP32 and what it measured."""
+    def cos(value):
+        return "–" if value is None else f"{value:.6f}"
+    return (f"planner kept {outcome['kept_fp32']} of {outcome['candidates']} FP16 layers FP32 after "
+            f"{outcome['measurements']} measurement(s), held-out mean cosine {cos(outcome['mean_cosine_before'])} → "
+            f"{cos(outcome['mean_cosine_after'])} on {outcome['held_out_samples']} samples; planner stage "
+            f"{stage_s.get('planner', 0):.1f} s of the build")
 
 
 def build_breakdown(summary: dict) -> str:
@@ -733,10 +802,11 @@ def pending_work(results: Path, args, device_type: str) -> dict[str, dict | None
     models, rows = collect(read_records(results))
     work: dict[str, dict | None] = {}
     for name in args.models:
-        model = models.get(name)
-        if model is None or done_key(model) != (name, args.size, device_type, args.precision):
+        row = row_name(name, args.min_cosine)
+        model = models.get(row)
+        if model is None or done_key(model) != (row, args.size, device_type, args.precision):
             work[name] = None
-        elif missing := missing_peers(model, rows.get(name, {}), args.peers, args.batches):
+        elif missing := missing_peers(model, rows.get(row, {}), args.peers, args.batches):
             work[name] = missing
     return work
 
@@ -752,6 +822,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="fp16")
+    parser.add_argument("--min-cosine", type=float, metavar="C",
+                        help="build with sartor's accuracy planner target --min-cosine C on seeded held-out inputs "
+                             "(rows named 'model (min-cosine C)')")
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=540.0,

@@ -3,6 +3,8 @@
 # graph and torch.compile reduce-overhead, batch 1 and 64 at 224), results under $OUT as it goes.
 #   OUT=$OUT [SARTOR_COMMIT=abc1234] bash bench/gpu_zoo.sh [bench/gpu_zoo.py flags: --models a,b --peers eager]
 # (SARTOR_COMMIT names the code in the table: the device copy of the tree has no .git.)
+# `--min-cosine 0.9999` builds with the accuracy planner's target (rows "model (min-cosine 0.9999)",
+# done and resumed apart from the plain rows; decision 0050).
 # Resuming: a call skips the models already in $OUT/zoo.jsonl. $OUT starts empty, so the earlier
 # call's zoo.jsonl is put there first: ZOO_RESUME=path/to/zoo.jsonl (a file carried in the working
 # tree), else the copy this script leaves in /tmp/sartor_gpu_zoo while the same machine stays warm.

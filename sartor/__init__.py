@@ -45,7 +45,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     - `min_cosine` and `cosine_samples`: the planner's label-free target (the engine's outputs
       against FP32 on held-out samples), instead of `accuracy_budget`. `min_snr`: the other
       label-free target (the worst output's SNR in dB against FP32 on the same samples).
-      `decoder`: compare a detector's boxes and scores apart for those targets.
+      `decoder`: compare a detector's boxes and scores apart for those targets. All three targets
+      also plan `precision="fp16"` and `"bf16"` builds (layers kept FP32; `calib` or `data` then
+      gives the samples, all of them, as nothing is calibrated).
     - `embed_kernels=False` is `--no-embed-kernels`: a CUDA engine then does not carry its compiled
       Triton kernels (a smaller file; the first run on a fresh machine compiles them).
     - `bias_correction=True`: each INT8/FP8 layer's per-channel mean output error against FP32,

@@ -1,5 +1,6 @@
 """The accuracy planner of quantized builds (--precision int8, or fp8: FP8 E4M3; "INT8" below
-stands for the build's quantized format). Three targets, one at a time:
+stands for the build's quantized format) and of FP16 and BF16 builds (the end of this docstring).
+Three targets, one at a time:
 
 - `sartor build --precision int8 --accuracy-budget B --data VAL [--split-by ATTR]`: the task
   metric's drop against the FP32 ONNX model, measured with `sartor.validate` on labelled (or
@@ -31,9 +32,9 @@ For each candidate plan the planner builds a temporary engine (the same threshol
 calibration cache in a temporary directory) and measures the target. While the target fails,
 the most sensitive INT8 layers move to the higher precision (FP16 on CUDA, FP32 on the CPU):
 
-1. rank the plan's INT8 layers with `quant.sensitivity.layer_sensitivity` on (up to
-   SENSITIVITY_SAMPLES of) the calibration samples: each layer quantized alone, lowest output SNR
-   first;
+1. when the default plan (measured first) misses the target, rank the plan's INT8 layers with
+   `quant.sensitivity.layer_sensitivity` on (up to SENSITIVITY_SAMPLES of) the calibration samples:
+   each layer quantized alone, lowest output SNR first;
 2. grow: keep the first 1, 2, 4, 8 … layers of the ranking out of INT8 until the target holds;
 3. bisect back between the last count that failed and the first that held, for the smallest
    prefix of the ranking that holds.
@@ -48,6 +49,14 @@ layer moved out, the build fails with one line (PlannerError).
 The search assumes that keeping more layers out of INT8 does not make the result worse. Where that
 is not so, it still ends on a set that was measured to meet the target. Layers pinned with
 --layer-precision are never moved.
+
+FP16 and BF16 builds (`--precision fp16|bf16` with any of the three targets) are planned the same
+way, their layers moving to FP32 (docs/decisions/0050-fp16-accuracy-targets.md). Nothing is
+calibrated: the held-out samples are the first N of --data, else of --calib, and the ranking
+(`float_sensitivity.float_layer_sensitivity`: each layer alone at FP16, the rest FP32) runs on the
+first SENSITIVITY_SAMPLES of them (of --data for the budget). The record names the precision left
+in "reduced" ("quantized" too for INT8/FP8). All trial builds share a timing cache (the user's
+--timing-cache, else a temporary one) and embed no kernels.
 """
 from __future__ import annotations
 
@@ -65,7 +74,7 @@ import torch
 from ..errors import ConfigError, SartorError
 from ..ir import Graph
 from ..ir.dtypes import QUANTIZED_PRECISIONS
-from .config import BuildConfig
+from .config import PLANNED_PRECISIONS, BuildConfig
 from .precision import PrecisionPlan, base_precision, exact_layer_pattern
 from .quantization_stages import calibration_batch_size, open_build_calibration
 
@@ -157,10 +166,11 @@ class CosineTrial(OutputTrial):
 
     @staticmethod
     def format(value: float | None) -> str:
-        return _cos(value)
+        return cosine_text(value)
 
     def describe(self) -> str:
-        return ", ".join(f"{k} mean {_cos(o['mean'])} (min {_cos(o['min'])})" for k, o in self.outputs.items())
+        return ", ".join(f"{k} mean {cosine_text(o['mean'])} (min {cosine_text(o['min'])})"
+                         for k, o in self.outputs.items())
 
 
 class SnrTrial(OutputTrial):
@@ -176,18 +186,19 @@ class SnrTrial(OutputTrial):
 
 
 def search(ranking: list[str], measure: Callable[[list[str]], Trial | OutputTrial],
-           target: float) -> tuple[Trial | OutputTrial | None, list]:
+           target: float, first: Trial | OutputTrial | None = None) -> tuple[Trial | OutputTrial | None, list]:
     """(the first plan found that holds, or None; every trial in order). `measure(names)` measures
     the plan with the layers `names` kept out of INT8, and `trial.holds(target)` judges it; only
-    prefixes of `ranking` are tried."""
-    trials: list = []
+    prefixes of `ranking` are tried. `first`: the default plan (no layer kept out), when the caller
+    has measured it already."""
+    trials: list = [] if first is None else [first]
 
     def run(count: int):
         trial = measure(list(ranking[:count]))
         trials.append(trial)
         return trial
 
-    best = run(0)
+    best = run(0) if first is None else first
     if best.holds(target):
         return best, trials
     failing, count, best, held = 0, 1, None, None
@@ -258,8 +269,15 @@ def _fmt(drop: float | None) -> str:
     return "-" if drop is None else f"{drop:.4f}"
 
 
-def _cos(value: float | None) -> str:
-    return "nan" if value is None else f"{value:.4f}"
+def cosine_text(value: float | None) -> str:
+    """A cosine with 4 decimals, more near 1 (two digits past the first one that differs from 1,
+    up to 8): FP16 targets such as 0.99995 would otherwise read 1.0000 on both sides."""
+    if value is None:
+        return "nan"
+    gap = 1.0 - value
+    digits = 4 if gap <= 0 else min(8, max(4, math.ceil(-math.log10(gap)) + 2))
+    return f"{value:.{digits}f}"
+
 
 
 def _db(value: float | None) -> str:
@@ -314,8 +332,11 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
     from_python = config.calib_data is not None
     calib_is_array = from_python or (bool(config.calib) and Path(config.calib).suffix in ARRAY_SUFFIXES
                                      and Path(config.calib).is_file())
-    drawn = open_build_calibration(graph, config, profiles) if config.calib else None  # lazy: reads no image yet
-    if drawn is None:
+    calibrated = calibration is not None  # None: a float build, which draws no calibration samples
+    drawn = open_build_calibration(graph, config, profiles) if config.calib and calibrated else None  # lazy
+    if not calibrated:
+        disjoint = f"not applicable: {config.precision.upper()} builds calibrate nothing"
+    elif drawn is None:
         disjoint = "assumed: no --calib to compare with (thresholds from the cache alone)"
     elif not calibration["from_cache"]:
         disjoint = f"yes: the {calibration['calib_size']} calibration samples are left out"
@@ -329,7 +350,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
     if from_python and not config.data:  # the samples after the first --calib-size, in order
         from ..quant.python_data import open_python_calibration, sample_count
         available = sample_count(config.calib_data, graph.inputs, config.preprocess_spec())
-        start = min(available, config.calib_size)
+        start = min(available, config.calib_size) if calibrated else 0
         if available <= start:
             raise ConfigError(f"{flag} measures on samples calibration does not use, but calib {config.calib} holds "
                               f"{available} and calibration uses {start} (calib_size {config.calib_size}): give more "
@@ -340,7 +361,7 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
     elif calib_is_array and not config.data:
         arrays = load_input_arrays(Path(config.calib), graph.inputs)
         available = min(len(a) for a in arrays.values())
-        start = min(available, config.calib_size)
+        start = min(available, config.calib_size) if calibrated else 0
         stop = min(available, start + limit)
         if stop <= start:
             raise ConfigError(f"{flag} measures on samples calibration does not use, but --calib {config.calib} "
@@ -348,7 +369,8 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
                               f"give more samples than --calib-size, or --data with other images")
         samples = CalibrationSet(str(config.calib), array_batches({k: a[start:stop] for k, a in arrays.items()},
                                                                    stop - start, batch), stop - start)
-        source = f"--calib {config.calib}, samples {start}..{stop - 1} (calibration uses 0..{start - 1})"
+        source = f"--calib {config.calib}, samples {start}..{stop - 1}" + (
+            f" (calibration uses 0..{start - 1})" if calibrated else "")
     else:
         path = config.data or config.calib
         if len(graph.inputs) != 1:
@@ -373,7 +395,8 @@ def held_out_samples(graph: Graph, config, profiles: list, calibration: dict,
             for array, _, _ in iterate_batches(chosen, spec, batch):
                 yield {info.name: checked_input_array(info.name, array, info, Path(path))}
         samples = CalibrationSet(str(path), batches, len(chosen), chosen)
-        source = f"{source_flag} {path}: {len(chosen)} of {len(pool)} images outside the calibration draw" + (
+        source = f"{source_flag} {path}: {len(chosen)} of {len(pool)} images" + (
+            " outside the calibration draw" if calibrated else "") + (
             f", drawn equally by {by}" if by else "")
     loaded = list(samples)
     return loaded, {"source": source, "samples": samples.size, "sha256": samples.sha256, "disjoint": disjoint}
@@ -530,61 +553,123 @@ def _stored_bias_corrections(config) -> dict:
     return read_cache(config.calib_cache).bias_correction
 
 
+def _trial_config(config: BuildConfig, tmp: Path, amax: dict, calibration: dict | None,
+                  onnx_sha256: str) -> BuildConfig:
+    """The settings every trial build shares: the build's own without the planner's; kernels not
+    embedded (the trial engine is loaded once, here); tactic timings shared through a timing cache
+    (the user's --timing-cache, else one in `tmp`), so that a trial after the first times only the
+    layers whose precision it changed. A quantized build's trials take its thresholds through a
+    calibration cache in `tmp`; a float build's (`calibration` None) take no calibration at all."""
+    common = dict(data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
+                  nms=None, embed_kernels=False, timing_cache=config.timing_cache or str(tmp / "timings.json"))
+    if calibration is None:
+        return replace(config, calib=None, calib_data=None, calib_cache=None, calib_balance_by=None, **common)
+    from ..quant.cache import CalibrationCache, write_cache
+    cache = tmp / "calibration.json"
+    preprocess = config.preprocess_spec()
+    write_cache(cache, CalibrationCache(onnx_sha256, calibration["method"], calibration["calib_sha256"],
+                                        calibration["calib_size"], amax,
+                                        preprocess.describe() if preprocess is not None else None,
+                                        calibration.get("percentile"),
+                                        bias_correction=_stored_bias_corrections(config)))
+    # Trials are corrected as the final engine will be: from the corrections the user's cache
+    # holds, the others measured on --calib (once: the trial cache keeps them for the next trials).
+    calib = config.calib if config.bias_correction else None
+    return replace(config, calib=calib, calib_cache=str(cache),
+                   calib_balance_by=config.calib_balance_by if calib else None, **common)
+
+
+def first_samples(batches: list[dict], limit: int) -> list[dict]:
+    """The first `limit` samples of `batches` (the last batch taken cut short)."""
+    taken, count = [], 0
+    for batch, size in zip(batches, batch_sizes(batches)):
+        if count >= limit:
+            break
+        keep = min(size, limit - count)
+        taken.append({k: v[:keep] for k, v in batch.items()})
+        count += keep
+    return taken
+
+
+def joined(graph: Graph, batches: list[dict]) -> list[dict]:
+    """`batches` as one batch where every input's batch axis is free: the ranking runs the reference
+    executor, which takes any batch, while the engine's samples come in batches its first profile
+    admits (batch 1 for a latency profile: a pass per sample per layer)."""
+    if len(batches) < 2 or any(not info.shape or isinstance(info.shape[0], int) for info in graph.inputs):
+        return batches
+    return [{k: np.concatenate([b[k] for b in batches]) for k in batches[0]}]
+
+
+def _float_ranking(graph: Graph, weights: dict, candidates: list[str], target, config, device: torch.device,
+                   profiles: list, precision: str) -> tuple[list, dict]:
+    """A float build's candidates, least robust first when run alone at `precision` (FP16, BF16), and
+    where that was measured: the first SENSITIVITY_SAMPLES samples the target measures on (a float
+    build has no calibration set; the label-free targets tune on those samples anyway)."""
+    from .float_sensitivity import float_layer_sensitivity
+    started = time.perf_counter()
+    if isinstance(target, _BudgetTarget):
+        from ..quant.data import open_calibration
+        batches = list(open_calibration(config.data, graph.inputs, SENSITIVITY_SAMPLES,
+                                        calibration_batch_size(graph, profiles), config.preprocess_spec(),
+                                        config.split_by, config.seed))
+        source = f"validation set --data {config.data}"
+    else:
+        batches = joined(graph, first_samples(target.batches, SENSITIVITY_SAMPLES))
+        source = f"held-out samples ({target.held_out['source']})"
+    layers = float_layer_sensitivity(graph, weights, batches, device, set(candidates), precision)
+    where = {"samples": sum(batch_sizes(batches)), "source": source,
+             "seconds": round(time.perf_counter() - started, 3)}
+    return layers, where
+
+
 def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict, calibration: dict | None,
                     config: BuildConfig, onnx_sha256: str, device: torch.device, profiles: list, log: list,
                     run_build: Callable[[BuildConfig], object]):
     """The builder's planner stage: (the precision plan that meets config.accuracy_budget,
     config.min_cosine or config.min_snr, the header's "planner" record). `plan` is the default plan
-    of the build's quantized precision (INT8 or FP8); `calibration` the calibration stage's
-    provenance record (None for a Q/DQ model). `run_build` builds one trial engine (the pipeline's
-    build, passed in so that this stage does not import the pipeline that runs it)."""
-    from ..quant.cache import CalibrationCache, write_cache
-
+    of the build's reduced precision: quantized (INT8 or FP8; `calibration` the calibration stage's
+    provenance record, None for a Q/DQ model) or float (FP16 or BF16; `calibration` None, `amax`
+    empty), whose layers move to FP32. `run_build` builds one trial engine (the pipeline's build,
+    passed in so that this stage does not import the pipeline that runs it)."""
     flag = config.planner_flag()
-    quantized = config.precision
-    if quantized not in QUANTIZED_PRECISIONS:
-        raise ConfigError(f"{flag} moves layers out of the quantized precision: it needs --precision "
-                          f"{' or '.join(QUANTIZED_PRECISIONS)}, not {quantized}")
-    word = quantized.upper()
-    if calibration is None:
+    reduced = config.precision
+    quantized = reduced in QUANTIZED_PRECISIONS
+    if reduced not in PLANNED_PRECISIONS:
+        raise ConfigError(f"{flag} moves layers out of the build's reduced precision: it needs --precision "
+                          f"{', '.join(PLANNED_PRECISIONS)}, not {reduced}")
+    word = reduced.upper()
+    if calibration is None and (quantized or any(p in QUANTIZED_PRECISIONS for p in plan.layers.values())):
         raise ConfigError(f"{flag}: the model is quantized with Q/DQ nodes, whose INT8 layers the planner does not "
                           f"move; keep layers out of INT8 with --layer-precision NODE=fp16")
-    higher = base_precision(config, device)
-    candidates = [name for name, p in plan.layers.items() if p == quantized and name not in plan.reasons]
-    pinned = [name for name, p in plan.layers.items() if p == quantized and name in plan.reasons]
+    higher = base_precision(config, device) if quantized else "fp32"
+    candidates = [name for name, p in plan.layers.items() if p == reduced and name not in plan.reasons]
+    pinned = [name for name, p in plan.layers.items() if p == reduced and name in plan.reasons]
     # Built before the ranking, so that bad data fails now and not after it.
     if config.accuracy_budget is not None:
         target = _BudgetTarget(config, word)
     else:
         kind, value = (_CosineTarget, config.min_cosine) if config.min_cosine is not None else (_SnrTarget, config.min_snr)
         target = kind(value, graph, weights, config, profiles, calibration, device, log, word)
-    ranking, where = (_ranking(graph, weights, amax, candidates, config, device, profiles, quantized) if candidates
-                      else ([], {}))
-    if ranking:
+
+    def rank() -> tuple[list, dict]:
+        if quantized:
+            ranking, where = _ranking(graph, weights, amax, candidates, config, device, profiles, reduced)
+        else:
+            ranking, where = _float_ranking(graph, weights, candidates, target, config, device, profiles, reduced)
         log.append(f"planner: ranked {len(ranking)} {word} layer(s) on {where['samples']} samples of the "
                    f"{where['source']} in {where['seconds']:.1f} s; least robust: "
                    + ", ".join(f"{r.name} ({r.snr_db:.1f} dB)" for r in ranking[:3]))
-    preprocess = config.preprocess_spec()
+        return ranking, where
+
     with tempfile.TemporaryDirectory(prefix="sartor-planner-") as tmp:
-        cache = Path(tmp) / "calibration.json"
-        write_cache(cache, CalibrationCache(onnx_sha256, calibration["method"], calibration["calib_sha256"],
-                                            calibration["calib_size"], amax,
-                                            preprocess.describe() if preprocess is not None else None,
-                                            calibration.get("percentile"),
-                                            bias_correction=_stored_bias_corrections(config)))
-        # Trials are corrected as the final engine will be: from the corrections the user's cache
-        # holds, the others measured on --calib (once: the trial cache keeps them for the next trials).
-        calib = config.calib if config.bias_correction else None
+        trial_config = _trial_config(config, Path(tmp), amax, calibration, onnx_sha256)
         count = [0]
 
         def measure(kept_out: list[str]):
             started = time.perf_counter()
             path = Path(tmp) / f"trial{count[0]}.plan"
             pins = {exact_layer_pattern(name): higher for name in kept_out}
-            run_build(replace(config, output_path=str(path), calib=calib, calib_cache=str(cache),
-                          calib_balance_by=config.calib_balance_by if calib else None,
-                          data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None, nms=None,
-                          layer_precision={**pins, **config.layer_precision}))
+            run_build(replace(trial_config, output_path=str(path), layer_precision={**pins, **config.layer_precision}))
             trial = target.measure(path)
             path.unlink(missing_ok=True)
             trial.kept_out, trial.seconds = list(kept_out), time.perf_counter() - started
@@ -593,7 +678,11 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
             count[0] += 1
             return trial
 
-        best, trials = search([r.name for r in ranking], measure, target.value)
+        # The default plan first: where it meets the target, the ranking (one pass per layer) is not needed.
+        default = measure([])
+        ranking, where = (rank() if candidates and not default.holds(target.value) else
+                          ([], {"skipped": "the default plan meets the target" if candidates else "no candidate"}))
+        best, trials = search([r.name for r in ranking], measure, target.value, first=default)
     first = trials[0]
     if best is None:
         stuck = (f"; {len(pinned)} {word} layer(s) pinned by --layer-precision stay {word} ({', '.join(pinned[:3])}"
@@ -608,9 +697,12 @@ def plan_for_target(graph: Graph, weights: dict, plan: PrecisionPlan, amax: dict
         updated.reasons[name] = f"planner: sensitivity rank {k}, SNR {snr:.1f} dB; {target.reason(first, best)}"
         log.append(f"layer {name} runs {higher}: {updated.reasons[name]}")
     goal, result = target.summary(best)
-    log.append(f"planner: {len(best.kept_out)} of {len(ranking)} {word} layer(s) kept at {higher} {goal} after "
+    log.append(f"planner: {len(best.kept_out)} of {len(candidates)} {word} layer(s) kept at {higher} {goal} after "
                f"{len(trials)} measurement(s): {result}")
-    record = dict(target.record(first, best), quantized=quantized, precision=higher, sensitivity=where,
+    record = dict(target.record(first, best), reduced=reduced, precision=higher, sensitivity=where,
+                  candidates=len(candidates),
                   ranking=[{"name": r.name, "snr_db": _finite(r.snr_db)} for r in ranking],
                   iterations=[t.to_json(target.value) for t in trials], kept_out=list(best.kept_out))
+    if quantized:  # the key older readers know
+        record["quantized"] = reduced
     return updated, record

@@ -13,6 +13,10 @@ from ..quant.calibrators import DEFAULT_PERCENTILE
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
 INT8_FALLBACK_PRECISIONS = ("fp32", "fp16", "bf16")
+# The float precisions whose builds the accuracy planner serves too, keeping layers FP32
+# (docs/decisions/0050-fp16-accuracy-targets.md).
+PLANNED_FLOAT_PRECISIONS = ("fp16", "bf16")
+PLANNED_PRECISIONS = (*QUANTIZED_PRECISIONS, *PLANNED_FLOAT_PRECISIONS)
 # How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
 DEFAULT_BUILDER_EFFORT = 2
 
@@ -195,14 +199,29 @@ class BuildConfig:
             raise ConfigError(f"--min-cosine {self.min_cosine:g} must be in (0, 1]")
         if self.min_snr is not None and not abs(self.min_snr) < float("inf"):
             raise ConfigError(f"--min-snr {self.min_snr:g} must be a finite number of dB")
-        if targets and self.precision not in QUANTIZED_PRECISIONS:
-            raise ConfigError(f"{targets[0]} moves layers out of the quantized precision: it needs --precision int8 "
-                              f"or fp8, not {self.precision}")
+        if targets and self.precision not in PLANNED_PRECISIONS:
+            raise ConfigError(f"{targets[0]} moves layers out of the build's reduced precision: it needs --precision "
+                              f"int8, fp8, fp16 or bf16, not {self.precision} (FP32 is the reference it measures "
+                              f"against)")
+        if targets and self.precision in PLANNED_FLOAT_PRECISIONS and self.wants_calibration():
+            # The float planner runs no calibration: its trial builds could not quantize those layers.
+            raise ConfigError(f"{targets[0]} with --precision {self.precision} moves {self.precision.upper()} layers "
+                              f"to FP32, and this build also pins layers to a quantized precision: build with "
+                              f"--precision int8 (or fp8) and --int8-fallback-precision {self.precision} instead")
         if self.min_cosine is not None or self.min_snr is not None:
             flag = targets[0]
             if not self.calib and not self.data:
+                # Never seeded random inputs: FP16's error depends on the activations' range, which
+                # random inputs do not share with the user's (decision 0050).
                 raise ConfigError(f"{flag} needs samples to measure on: --calib DATA (the samples calibration "
-                                  f"does not use) or --data VAL")
+                                  f"does not use; every sample in an FP16/BF16 build) or --data VAL")
+            if (self.precision in PLANNED_FLOAT_PRECISIONS and self.calib and self.calib_data is None
+                    and not Path(self.calib).exists()):  # quantized builds check it beside their cache
+                raise ConfigError(f"--calib {self.calib}: not found")
+            if self.precision in PLANNED_FLOAT_PRECISIONS and self._calib_is_image_dataset() and not self.preprocess:
+                # Quantized builds are told this by calibration; a float build reads --calib only here.
+                raise ConfigError(f"--calib {self.calib} is an image dataset: give --preprocess to say how images "
+                                  f"become the input (or a .npy/.npz of preprocessed samples)")
             if self.data and not self.preprocess:
                 raise ConfigError(f"{flag} with --data needs --preprocess (how the --data images become the input)")
         elif self.decoder is not None:
@@ -221,12 +240,16 @@ class BuildConfig:
         if self.split_by and not self.data:
             raise ConfigError(f"--split-by {self.split_by} needs --data VAL")
         if self.data:
-            if not self.wants_calibration():
+            if not self.wants_calibration() and not (targets and self.precision in PLANNED_FLOAT_PRECISIONS):
                 raise ConfigError("--data is for INT8 builds and FP8 ones (calibration coverage, --accuracy-budget, "
-                                  "--min-cosine, --min-snr): "
+                                  "--min-cosine, --min-snr) and for FP16/BF16 builds with one of those targets: "
                                   "use `sartor validate` to measure other engines")
             if not Path(self.data).exists():
                 raise ConfigError(f"--data {self.data}: not found")
+
+    def _calib_is_image_dataset(self) -> bool:
+        from ..quant.data import ARRAY_SUFFIXES
+        return bool(self.calib) and self.calib_data is None and Path(self.calib).suffix not in ARRAY_SUFFIXES
 
     def nms_settings(self):
         """The parsed --nms settings, or None."""

@@ -1,6 +1,7 @@
 """The builder: the one place that calls import → passes → profiles → precision → (INT8/FP8:
-calibrate → planner → quantize) → tactics → memory plan → (CUDA: kernels) → engine file. Each stage
-is a plain function; this file only sequences them and records what they did."""
+calibrate → planner → quantize; FP16/BF16 with an accuracy target: planner) → tactics → memory
+plan → (CUDA: kernels) → engine file. Each stage is a plain function; this file only sequences
+them and records what they did."""
 from __future__ import annotations
 
 import time
@@ -349,6 +350,12 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                        f"kernel where that tactic wins (passes/fuse_stem_max_pool.py)")
         weights = {name: tensor_from_numpy(a) for name, a in graph.initializers.items()}
         done("bias")
+    elif config.planner_flag() is not None:  # an FP16 (BF16) build: the planner keeps layers FP32, nothing calibrated
+        stage("planner")
+        from .accuracy_planner import plan_for_target
+        plan, planner = plan_for_target(graph, weights, plan, {}, None, config, imported.sha256, device, profiles, log,
+                                        run_build=build)
+        done("planner")
 
     nms = _append_nms(config, graph, plan, log) if config.nms is not None else None
     bounded = bound_accumulators(graph)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..builder import BuildConfig
 from ..builder import build as run_build
+from ..builder.accuracy_planner import cosine_text
 from ..builder.config import (
     DEFAULT_BUILDER_EFFORT,
     INT8_FALLBACK_PRECISIONS,
@@ -31,7 +32,7 @@ from .common import (
     text,
 )
 from .build_summary import summary_json
-from .inspect import calibration_line
+from .inspect import calibration_line, planner_candidates, reduced_precision
 from .validate import read_class_names
 
 SHAPE_KINDS = {"--min-shapes": "min", "--opt-shapes": "opt", "--max-shapes": "max", "--profile": "profile"}
@@ -131,6 +132,16 @@ FP8:
   --min-snr plan FP8 builds as they plan INT8 ones: the layers FP8 hurts most (ranked as `sartor
   sensitivity --precision fp8` ranks them) move to the fallback precision.
 
+FP16/BF16 accuracy targets:
+  --precision fp16 (or bf16) with --min-cosine C, --min-snr DB or --accuracy-budget X keeps the
+  layers FP16 hurts most at FP32 until the target holds: each layer is ranked by the output SNR
+  with it alone at FP16 (every other layer FP32), then the same search as for INT8 builds. The
+  held-out samples are every sample of --calib DATA (up to --cosine-samples; nothing is
+  calibrated), or of --data VAL; one of them is required: seeded random inputs are never used.
+  FP16 typically reaches a cosine of 0.9995..0.99999 against FP32; --min-cosine 0.9999 asks for
+  more than that on the models it misses. --timing-cache FILE lets the trial builds and the final
+  one share tactic timings (each trial then times only the layers it moved).
+
 tactics:
   Each fused convolution is timed at the opt shape with every implementation that applies (CUDA:
   torch, triton_epilogue, cudnn_fused; CPU: torch, channels_last); those whose output differs from
@@ -219,19 +230,22 @@ def add_parser(subparsers, parents) -> None:
                         "'window_resident.*.row-pairs*' after a build stopped on a kernel that faulted the GPU; repeatable")
     p.add_argument("--data", metavar="VAL",
                    help="INT8: the validation set (COCO, ImageFolder or manifest) for the split coverage check and "
-                        "--accuracy-budget")
+                        "--accuracy-budget; any planner target (INT8, FP8, FP16, BF16): the held-out samples")
     p.add_argument("--split-by", metavar="ATTRIBUTE", help="with --data: the image attribute that splits it")
     p.add_argument("--classes", metavar="FILE|a,b,c",
                    help="with --data: its class names in the model's output order (as `sartor validate --classes`)")
     p.add_argument("--accuracy-budget", type=float, metavar="X",
-                   help="INT8: keep the most sensitive layers out of INT8 until the metric drop against the FP32 ONNX "
-                        "model on --data is at most X overall and in every split (e.g. 0.008)")
+                   help="INT8/FP8 (FP16/BF16: to FP32): keep the most sensitive layers out of the build's precision "
+                        "until the metric drop against the FP32 ONNX model on --data is at most X overall and in "
+                        "every split (e.g. 0.008)")
     p.add_argument("--min-cosine", type=float, metavar="C",
-                   help="INT8, no labels needed: keep the most sensitive layers out of INT8 until, for every output, "
-                        "the mean per-sample cosine against FP32 on held-out samples (--data, else --calib samples "
-                        "that calibration does not use) is at least C (e.g. 0.99)")
+                   help="INT8/FP8 (FP16/BF16: to FP32), no labels needed: keep the most sensitive layers out of the "
+                        "build's precision until, for every output, the mean per-sample cosine against FP32 on "
+                        "held-out samples (--data, else --calib samples that calibration does not use: all of them "
+                        "in an FP16/BF16 build) is at least C (e.g. 0.99 for INT8, 0.9999 for FP16)")
     p.add_argument("--min-snr", type=float, metavar="DB",
-                   help="INT8/FP8, no labels needed: keep the most sensitive layers out of the quantized precision "
+                   help="INT8/FP8 (FP16/BF16: to FP32), no labels needed: keep the most sensitive layers out of the "
+                        "build's precision "
                         "until every output's SNR against FP32 on the held-out samples of --min-cosine is at least "
                         "DB decibels (e.g. 30)")
     p.add_argument("--cosine-samples", type=int, default=BuildConfig.cosine_samples, metavar="N",
@@ -359,10 +373,6 @@ def _drop(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _cosine(value) -> str:
-    return "nan" if value is None else f"{value:.4f}"
-
-
 def _db(value) -> str:
     return "nan" if value is None else f"{value:.2f} dB"
 
@@ -391,22 +401,22 @@ def print_summary(out, result) -> None:
         for attribute, counts in (calibration.get("splits") or {}).items():
             rows.append((f"calibration by {attribute}", ", ".join(f"{v} {n}" for v, n in counts.items())))
     planner = header.get("planner")
-    word = planner.get("quantized", "int8").upper() if planner else ""
+    word = reduced_precision(planner).upper() if planner else ""
     if planner and planner.get("target") == "min_snr":
         rows.append(("min SNR", f"{planner['min_snr']:g} dB on {planner['held_out']['samples']} held-out samples: "
-                                f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
+                                f"{len(planner['kept_out'])} of {planner_candidates(planner)} {word} layer(s) kept at "
                                 f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
                                 + ", ".join(f"{k} {_db(v['snr_db'])}" for k, v in planner["outputs"].items())))
     elif planner and planner.get("target") == "min_cosine":
         rows.append(("min cosine", f"{planner['min_cosine']:g} on {planner['held_out']['samples']} held-out samples: "
-                                   f"{len(planner['kept_out'])} of {len(planner['ranking'])} {word} layer(s) kept at "
-                                   f"{planner['precision']} after {len(planner['iterations'])} measurement(s); "
-                                   + ", ".join(f"{k} mean {_cosine(v['mean'])} (min {_cosine(v['min'])})"
+                                   f"{len(planner['kept_out'])} of {planner_candidates(planner)} {word} layer(s) "
+                                   f"kept at {planner['precision']} after {len(planner['iterations'])} measurement(s); "
+                                   + ", ".join(f"{k} mean {cosine_text(v['mean'])} (min {cosine_text(v['min'])})"
                                                for k, v in planner["outputs"].items())))
     elif planner:
         rows.append(("accuracy budget", f"{planner['budget']:g} {planner['metric']}: {len(planner['kept_out'])} of "
-                                        f"{len(planner['ranking'])} {word} layer(s) kept at {planner['precision']} after "
-                                        f"{len(planner['iterations'])} measurement(s); drop "
+                                        f"{planner_candidates(planner)} {word} layer(s) kept at {planner['precision']} "
+                                        f"after {len(planner['iterations'])} measurement(s); drop "
                                         + ", ".join(f"{k} {_drop(v)}" for k, v in planner["drops"].items())))
     if "kernels" in header:
         rows.append(("kernels", describe_record(header["kernels"], header["fingerprint"].get("kind", "cuda"))))

@@ -102,17 +102,37 @@ def _drop(value) -> str:
 
 
 def _cosine(value) -> str:
-    return "nan" if value is None else f"{value:.4f}"
+    from ..builder.accuracy_planner import cosine_text  # only engines with a planner record get here
+    return cosine_text(value)
 
 
 def _snr(value) -> str:
     return "nan" if value is None else f"{value:.2f}"
 
 
+def reduced_precision(record: dict) -> str:
+    """The precision a planner record moved layers out of ("int8", "fp8", "fp16", "bf16"); records
+    written before float builds were planned name only their quantized format."""
+    return record.get("reduced") or record.get("quantized", "int8")
+
+
+def planner_candidates(record: dict) -> int:
+    """The layers the planner could move; older records ranked every one of them."""
+    return record.get("candidates", len(record["ranking"]))
+
+
+def ranked_on(record: dict, word: str) -> str:
+    """Where the planner's ranking ran, or why it did not (the default plan met the target)."""
+    where = record["sensitivity"]
+    if "skipped" in where:
+        return f"{word} layers not ranked: {where['skipped']}"
+    return f"{word} layers ranked on {where.get('samples', 0)} samples"
+
+
 def print_label_free_planner(out, planner: dict) -> None:
     """The planner's --min-cosine (--min-snr) target: where it measured, each measured plan with the
     mean and minimum cosine (the SNR) per output, and the layers kept."""
-    word = planner.get("quantized", "int8").upper()
+    word = reduced_precision(planner).upper()
     held = planner["held_out"]
     names = list(planner["iterations"][0]["outputs"]) if planner["iterations"] else []
     if planner["target"] == "min_snr":
@@ -122,7 +142,7 @@ def print_label_free_planner(out, planner: dict) -> None:
     title = (f"{word} planner: {goal} ({planner['statistic']}) on {held['samples']} "
              f"held-out samples of {held['source']}" + (f", outputs grouped by --decoder {planner['decoder']}"
                                                         if planner.get("decoder") else "")
-             + f"; {word} layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
+             + f"; {ranked_on(planner, word)}")
     t = table(title, "iteration", f"layers at {planner['precision']}",
               *(f"{n} {stat.replace('snr_db', 'SNR dB')}" for n in names for stat in stats), "target", "seconds")
     for k, it in enumerate(planner["iterations"]):
@@ -131,7 +151,7 @@ def print_label_free_planner(out, planner: dict) -> None:
     out.print(t)
     out.print(text(f"  held-out samples disjoint from calibration: {held['disjoint']}"))
     kept = planner["kept_out"]
-    out.print(text(f"  kept out of {word} ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+    out.print(text(f"  kept out of {word} ({len(kept)} of {planner_candidates(planner)}): {', '.join(kept) or 'none'}"))
 
 
 def print_planner(out, planner: dict) -> None:
@@ -139,11 +159,11 @@ def print_planner(out, planner: dict) -> None:
     if planner.get("target") in ("min_cosine", "min_snr"):
         print_label_free_planner(out, planner)
         return
-    word = planner.get("quantized", "int8").upper()
+    word = reduced_precision(planner).upper()
     splits = list(planner["iterations"][0]["drops"]) if planner["iterations"] else []
     title = (f"{word} planner: budget {planner['budget']:g} {planner['metric']} drop on {planner['data']} "
              f"({planner['images']} images" + (f", split by {planner['split_by']}" if planner.get("split_by") else "")
-             + f"); {word} layers ranked on {planner['sensitivity'].get('samples', 0)} samples")
+             + f"); {ranked_on(planner, word)}")
     t = table(title, "iteration", f"layers at {planner['precision']}", *(f"{s} drop" for s in splits), "budget",
               "seconds")
     for k, it in enumerate(planner["iterations"]):
@@ -151,7 +171,7 @@ def print_planner(out, planner: dict) -> None:
                   "holds" if it["holds"] else "over", f"{it['seconds']:.1f}")
     out.print(t)
     kept = planner["kept_out"]
-    out.print(text(f"  kept out of {word} ({len(kept)} of {len(planner['ranking'])}): {', '.join(kept) or 'none'}"))
+    out.print(text(f"  kept out of {word} ({len(kept)} of {planner_candidates(planner)}): {', '.join(kept) or 'none'}"))
 
 
 def calibration_line(calibration: dict) -> str:

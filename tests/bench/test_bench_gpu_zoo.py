@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("timm")
@@ -90,3 +91,26 @@ def test_cpu_run_writes_lines_table_and_per_layer_then_resumes(tmp_path: Path, c
     [stopped] = records(out, "stopped")
     assert "--budget-s 3 reached during mobilenetv3_large_100" in stopped["reason"]
     assert f"| {MODEL} |" in (out / gpu_zoo.TABLE).read_text()
+
+
+def test_min_cosine_builds_with_the_planner_on_seeded_held_out_inputs_in_rows_of_their_own(tmp_path: Path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    common = CPU_RUN + ["--out", str(out), "--work", str(work), "--peers", "none", "--models", MODEL]
+    assert gpu_zoo.main(common + ["--min-cosine", "0.9999"]) == 0
+    row = gpu_zoo.row_name(MODEL, 0.9999)
+    assert row == f"{MODEL} (min-cosine 0.9999)" and gpu_zoo.row_name(MODEL, None) == MODEL
+    [model] = records(out, "model")
+    assert model["model"] == row and model["errors"] == {}, model
+    planner = model["planner"]
+    # FP16 already meets 0.9999 on this ViT at 64 pixels: measured once, nothing kept FP32.
+    assert planner["min_cosine"] == 0.9999 and planner["held_out_samples"] == gpu_zoo.HELD_OUT_SAMPLES
+    assert planner["kept_fp32"] == 0 and planner["measurements"] == 1 and planner["mean_cosine_after"] >= 0.9999
+    held_out = np.load(work / f"held_out_64_seed{gpu_zoo.HELD_OUT_SEED}.npy")
+    assert held_out.shape == (gpu_zoo.HELD_OUT_SAMPLES, 3, 64, 64) and 0 <= held_out.min() and held_out.max() < 1
+    assert (work / f"{MODEL}_64_fp16_timings.json").is_file()  # the trials' and the final build's timings
+    table = (out / gpu_zoo.TABLE).read_text()
+    assert f"| {row} |" in table and f"- {row}: planner kept 0 of " in table
+    # The plain row is another model: not skipped because the planned one is done.
+    assert gpu_zoo.pending_work(out / gpu_zoo.RESULTS, gpu_zoo.parse_args(common), "cpu") == {MODEL: None}
+    assert gpu_zoo.pending_work(out / gpu_zoo.RESULTS, gpu_zoo.parse_args(common + ["--min-cosine", "0.9999"]),
+                                "cpu") == {}

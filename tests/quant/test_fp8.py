@@ -308,8 +308,8 @@ def test_fp8_refusals(model, calib_npy, tmp_path, cli):
         _build(model, tmp_path / "a.plan", precision="fp8")
     with pytest.raises(ConfigError, match="FP8 needs calibration"):
         _build(model, tmp_path / "a.plan", layer_precision={"conv1": "fp8"})
-    with pytest.raises(ConfigError, match="needs --precision int8 or fp8, not fp16"):  # the planner plans FP8 too
-        _build(model, tmp_path / "a.plan", precision="fp16", calib=calib_npy, min_cosine=0.99)
+    with pytest.raises(ConfigError, match="needs --precision int8, fp8, fp16 or bf16, not fp32"):  # FP8 and FP16 too
+        _build(model, tmp_path / "a.plan", precision="fp32", calib=calib_npy, min_cosine=0.99)
     assert_error = cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", "--precision", "fp16",
                        "--int8-fallback-precision", "fp32")
     assert assert_error.code == 2 and "(or --precision fp8)" in assert_error.err

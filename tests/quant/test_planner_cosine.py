@@ -183,7 +183,8 @@ def test_min_cosine_refusals(tmp_path, cli):
     assert_cli_error(cli(*int8, "--min-cosine", "0.99", "--cosine-samples", "0"), "--cosine-samples 0 must be at least 1")
     assert_cli_error(cli(*int8, "--preprocess", SPEC, "--data", val, "--min-cosine", "0.99", "--accuracy-budget",
                          "0.01"), "--min-cosine and --accuracy-budget are two planner targets: give one")
-    assert_cli_error(cli(*base, "--precision", "fp16", "--min-cosine", "0.99"), "--min-cosine", "needs --precision int8")
+    assert_cli_error(cli(*base, "--precision", "fp32", "--calib", calib, "--min-cosine", "0.99"), "--min-cosine",
+                     "needs --precision int8, fp8, fp16 or bf16")
     assert_cli_error(cli(*int8, "--data", val, "--min-cosine", "0.99"), "--min-cosine with --data needs --preprocess")
     # Only a calibration cache: nothing to measure on.
     cache = tmp_path / "cache.json"

@@ -195,8 +195,8 @@ def test_min_snr_refusals(work, loud, calib, cli):
                      "three planner targets")
     for bad in ("nan", "inf"):
         assert_cli_error(cli(*fp8, "--min-snr", bad), f"--min-snr {bad} must be a finite number of dB")
-    assert_cli_error(cli(*base, "--precision", "fp16", "--min-snr", "30"), "--min-snr moves layers",
-                     "needs --precision int8 or fp8, not fp16")
+    assert_cli_error(cli(*base, "--precision", "fp32", "--min-snr", "30"), "--min-snr moves layers",
+                     "needs --precision int8, fp8, fp16 or bf16, not fp32")
     assert_cli_error(cli(*fp8, "--decoder", "yolo"), "--decoder yolo groups the outputs --min-snr and --min-cosine")
     assert_cli_error(cli(*fp8, "--min-snr", "30", "--decoder", "mine:decode"), "--decoder 'mine:decode'")
     assert_cli_error(cli(*fp8, "--calib-size", "24", "--min-snr", "30"),

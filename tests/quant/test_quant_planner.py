@@ -180,8 +180,8 @@ def test_balance_and_budget_refusals(tmp_path, cli):
                      "attributes: lighting")
     assert_cli_error(cli(*int8, "--calib", data, "--accuracy-budget", "0.01"), "--accuracy-budget needs --data")
     assert_cli_error(cli(*int8, "--calib", data, "--data", data, "--accuracy-budget", "-1"), "must be a finite value")
-    assert_cli_error(cli(*base, "--precision", "fp16", "--data", data, "--accuracy-budget", "0.01"),
-                     "needs --precision int8")
+    assert_cli_error(cli(*base, "--precision", "fp32", "--data", data, "--accuracy-budget", "0.01"),
+                     "needs --precision int8, fp8, fp16 or bf16, not fp32")
     assert_cli_error(cli(*int8, "--calib", data, "--split-by", "lighting"), "--split-by lighting needs --data")
     assert_cli_error(cli(*int8, "--calib", data, "--data", data, "--split-by", "weather"),
                      "--split-by weather: no image of --data")
