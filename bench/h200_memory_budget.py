@@ -13,7 +13,7 @@ Builds ResNet-50 FP16 (224, random settled weights) and the trained YOLOv8n of s
 
     PYTHONPATH=. python bench/h200_memory_budget.py --out $OUT [--batch 32]
 
-Writes memory_budget.json under --out (and prints it).
+Writes memory_budget.json under --out and prints a summary of it.
 """
 from __future__ import annotations
 
@@ -151,7 +151,22 @@ def main() -> None:
     results["fits_both"] = served(repo, int(1.05 * sum(need.values())), feeds, args.device)
     results["fits_one"] = served(repo, need["resnet50"] + need["yolov8n"] // 2, feeds, args.device)
     (out / "memory_budget.json").write_text(json.dumps(results, indent=1))
-    print(json.dumps(results, indent=1))
+    print(summary(results))
+
+
+def summary(results: dict) -> str:
+    """A few lines of memory_budget.json: each engine's declared and measured memory, each server."""
+    lines = [f"{model}: declared {row['declared_mib']} MiB; measured loaded {row['measured_loaded_mib']}, after the "
+             f"first run {row['measured_after_first_run_mib']}, peak {row['measured_peak_mib']} MiB"
+             for model, row in results["alone"].items()]
+    for case in ("fits_both", "fits_one"):
+        served = results[case]
+        states = ", ".join(f"{m} {v['state']}" + (f" ({v['reason'][:120]})" if v["reason"] else "")
+                           for m, v in served["index"].items())
+        lines.append(f"{case}: budget {served['budget_mib']} MiB, ready in {served['start_to_ready_s']} s: {states}; "
+                     f"answered {sorted(served['answers'])}; allocated {served['measured_allocated_mib']} MiB, "
+                     f"reserved {served['measured_reserved_mib']} MiB")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

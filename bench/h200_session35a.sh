@@ -13,20 +13,7 @@ pkgs=/tmp/raypkgs
 [ -d $pkgs/ray ] || { mkdir -p $pkgs && tar -xJf .whl/ray/ray-cp312.tar.xz -C $pkgs; } || { echo "carry .whl/ray"; exit 2; }
 PYTHONPATH="$PWD:$pkgs" timeout 200 python bench/h200_memory_budget.py --out "$OUT" > "$OUT/memory.log" 2>&1
 echo "memory exit $?"
-PYTHONPATH="$PWD:$pkgs" python - "$OUT/memory_budget.json" <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except OSError:
-    sys.exit("no memory_budget.json")
-for m, row in r["alone"].items():
-    print(m, {k: row[k] for k in ("declared_mib", "measured_loaded_mib", "measured_after_first_run_mib", "measured_peak_mib")})
-for case in ("fits_both", "fits_one"):
-    c = r[case]
-    print(case, c["budget_mib"], {m: (v["state"], v["reason"][:160]) for m, v in c["index"].items()},
-          {m: a.get("status") for m, a in c["answers"].items()}, "allocated", c["measured_allocated_mib"])
-PY
-tail -3 "$OUT/memory.log" | cut -c1-400
+tail -4 "$OUT/memory.log" | cut -c1-400
 mkdir -p "$OUT/ray"; OUT="$OUT/ray" MEASURE_S=330 bash bench/h200_ray.sh 2>&1 | tail -12 | cut -c1-600
 PYTHONPATH="$PWD:$pkgs" timeout 90 python -m pytest -q -p no:cacheprovider tests/pipeline/test_raw_frames_engine.py \
   -k cuda > "$OUT/tests.log" 2>&1; echo "tests exit $?"; tail -3 "$OUT/tests.log" | cut -c1-400

@@ -17,21 +17,7 @@ PYTHONPATH="$PWD" timeout 150 python -m pytest -q -p no:cacheprovider tests/runt
 echo "tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests.log" | cut -c1-400
 PYTHONPATH="$PWD:$pkgs" timeout 170 python bench/h200_memory_budget.py --out "$OUT" > "$OUT/memory.log" 2>&1
 echo "memory exit $? at ${SECONDS}s"
-python - "$OUT/memory_budget.json" <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except OSError:
-    sys.exit("no memory_budget.json")
-for m, row in r["alone"].items():
-    print(m, {k: row[k] for k in ("declared_mib", "measured_loaded_mib", "measured_after_first_run_mib", "measured_peak_mib")})
-for case in ("fits_both", "fits_one"):
-    c = r[case]
-    print(case, c["budget_mib"], c["start_to_ready_s"], {m: (v["state"], v["reason"][:100]) for m, v in c["index"].items()},
-          {m: a.get("status") for m, a in c["answers"].items()}, "allocated", c["measured_allocated_mib"],
-          "reserved", c.get("measured_reserved_mib"))
-PY
-tail -2 "$OUT/memory.log" | cut -c1-300
+tail -4 "$OUT/memory.log" | cut -c1-400
 mkdir -p "$OUT/ray"; OUT="$OUT/ray" MEASURE_S=250 bash bench/h200_ray.sh 2>&1 | grep -v graceful_shutdown | tail -8 | cut -c1-500
 echo "ray done at ${SECONDS}s"
 PYTHONPATH="$PWD" timeout 60 python bench/nms_candidates.py --out "$OUT/nms_candidates.json" > "$OUT/nms.log" 2>&1

@@ -15,18 +15,7 @@ PYTHONPATH="$PWD" timeout 60 python -m pytest -q -p no:cacheprovider tests/runti
   > "$OUT/tests.log" 2>&1
 echo "tests exit $? at ${SECONDS}s"; tail -3 "$OUT/tests.log" | cut -c1-400
 PYTHONPATH="$PWD:$pkgs" timeout 120 python bench/h200_memory_budget.py --out "$OUT" > "$OUT/memory.log" 2>&1
-echo "memory exit $? at ${SECONDS}s"
-python - "$OUT/memory_budget.json" <<'PY'
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except OSError:
-    sys.exit("no memory_budget.json")
-for case in ("fits_both", "fits_one"):
-    c = r[case]
-    print(case, c["budget_mib"], {m: v["state"] for m, v in c["index"].items()},
-          "allocated", c["measured_allocated_mib"], "reserved", c.get("measured_reserved_mib"))
-PY
+echo "memory exit $? at ${SECONDS}s"; tail -4 "$OUT/memory.log" | cut -c1-400
 left=$(( ${BUDGET_S:-280} - SECONDS ))
 echo "builds get ${left}s"
 [ "$left" -gt 60 ] && PYTHONPATH="$PWD" timeout "$left" python bench/precompile_h200.py --out "$OUT" --modes precompile \
