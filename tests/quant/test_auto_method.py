@@ -24,6 +24,7 @@ from test_quant import SHAPE_ARGS, SHAPES
 import sartor
 from sartor.cli.inspect import calibration_line
 from sartor.frontend import import_onnx
+from sartor.ops.quantized import quantize
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.quant.auto_method import (
@@ -34,12 +35,16 @@ from sartor.quant.auto_method import (
     HeldOutSplit,
     Simulation,
     choose_methods,
+    fake_quantize,
     output_error,
+    reader_errors,
 )
 from sartor.quant.cache import CalibrationCache, CalibrationCacheError, read_cache
 from sartor.quant.calibrate import amax_from_histograms, collect_histograms
 from sartor.quant.calibrators import METHODS
 from sartor.quant.plan import calibration_targets, int8_decisions
+from sartor.quant.quantize import activation_scale
+from sartor.runtime.executor import Executor
 from sartor.runtime.engine_file import read_engine_file
 
 CLIP = 0.1  # the saturating branch's ceiling
@@ -127,6 +132,58 @@ def test_auto_chooses_per_tensor_and_is_never_worse_than_one_method(tmp_path):
     mixed = output_error(reference, simulation.run(held_out, choice.amax))
     assert mixed < min(errors.values()), (mixed, errors)
     assert choice.errors[PER_TENSOR] == pytest.approx(mixed) and choice.held_out == len(samples) // HELD_OUT_EVERY
+
+
+def test_fake_quantize_is_the_engines_codes_times_the_scale_and_leaves_its_input():
+    x = torch.from_numpy(np.random.default_rng(4).standard_t(2, 10_000).astype(np.float32))
+    before = x.clone()
+    for amax in (0.5, 3.0, float(x.abs().max())):
+        scale, inverse = activation_scale(amax)
+        expected = quantize(x, inverse).float() * scale
+        assert torch.equal(fake_quantize(x, amax), expected)
+        assert torch.equal(x, before)  # quantized in a copy, never in the caller's tensor
+    assert (fake_quantize(x, 0.5).abs() <= 0.5 + 1e-6).all() and not torch.equal(fake_quantize(x, 0.5), x)
+
+
+def _reader_errors_by_rerun(graph, weights, batches, candidates, targets, formats) -> dict:
+    """reader_errors as it was: each reader run again on its float arguments for the reference."""
+    sums = {}
+
+    def before(index, step, args):
+        for position in targets.get(step.node.name, ()):
+            tensor = step.node.inputs[position]
+            reference = step.impl(args, step.attrs).double()
+            entry = sums.setdefault((tensor, step.node.name), [0.0, {}])
+            entry[0] += float((reference ** 2).sum())
+            for amax in {table[tensor] for table in candidates.values() if tensor in table}:
+                trial = list(args)
+                trial[position] = fake_quantize(args[position], amax, formats.get(step.node.name, "int8"))
+                noise = float(((step.impl(trial, step.attrs).double() - reference) ** 2).sum())
+                entry[1][amax] = entry[1].get(amax, 0.0) + noise
+    executor = Executor(graph, weights, torch.device("cpu"))
+    with torch.inference_mode():
+        for batch in batches:
+            executor.run({k: torch.from_numpy(v) for k, v in batch.items()}, before=before)
+    errors = {}
+    for (tensor, _), (signal, noise) in sums.items():
+        for method, table in candidates.items():
+            errors.setdefault(tensor, {})
+            errors[tensor][method] = errors[tensor].get(method, 0.0) + noise[table[tensor]] / signal
+    return errors
+
+
+def test_reader_errors_keep_the_numbers_of_rerunning_each_reader(tmp_path):
+    """The readers' reference is the executor's own float output: the same numbers, bit for bit,
+    as running each reader again on its float arguments."""
+    _, graph, weights, layers, samples = _prepared(tmp_path)
+    targets = {name: positions for name, positions in calibration_targets(graph).items() if name in layers}
+    observers = collect_histograms(graph, weights, _batches(samples[:40]), targets, "cpu")
+    candidates = {m: amax_from_histograms(observers, m, 99.99) for m in METHODS}
+    held_out = _batches(samples[40:])
+    errors, reference = reader_errors(graph, weights, held_out, candidates, targets, layers, torch.device("cpu"))
+    assert errors == _reader_errors_by_rerun(graph, weights, held_out, candidates, targets, layers)
+    assert len(errors) >= 2 and all(len(set(e.values())) >= 2 and min(e.values()) > 0 for e in errors.values())
+    assert len(reference) == len(held_out) and set(reference[0]) == {"out_a", "out_b"}
 
 
 def _engine_error(plan: Path, batches: list[dict], reference: list[dict]) -> float:
