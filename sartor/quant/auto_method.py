@@ -47,8 +47,7 @@ from .sensitivity import quantized_copy, weights_for
 
 AUTO = "auto"
 BUILD_METHODS = (AUTO, *METHODS)  # what a build's --calib-method takes
-# mse until auto's search is cheaper (docs/decisions/0029-auto-calibration-method.md, its status).
-DEFAULT_BUILD_METHOD = DEFAULT_METHOD
+DEFAULT_BUILD_METHOD = AUTO  # docs/decisions/0029-auto-calibration-method.md (and 0048: what it costs)
 PER_TENSOR = "per-tensor"  # the name of the per-tensor plan among the guard's candidates
 HELD_OUT_EVERY = 5  # one sample in five is held out: an 80/20 split
 MAX_HELD_OUT = 32  # the held-out samples are kept in memory and run once per candidate plan
