@@ -281,3 +281,16 @@ def test_calib_method_flag_choices(tmp_path, cli):
     result = cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", *SHAPE_ARGS, "--precision", "int8",
                  "--calib", tmp_path / "calib.npy", "--calib-method", "median")
     assert result.code == 2 and "invalid choice: 'median'" in result.err and "'auto'" in result.err
+
+
+def test_auto_is_the_default_and_says_so(tmp_path, cli):
+    """A build that names no method chooses per tensor on held-out samples (0029, 0048); the help
+    names the default."""
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    result = sartor.build(model, tmp_path / "a.plan", device="cpu", profiles=[SHAPES], precision="int8",
+                          calib=gaussian_images(5, 2 * HELD_OUT_EVERY))
+    record = result.header["provenance"]["calibration"]
+    assert record["method"] == "auto" and record["auto"]["held_out_samples"] == 2, record
+    assert set(record["auto"]["errors"]) >= set(METHODS)
+    shown = cli("build", "--help")
+    assert "(default auto;" in " ".join(shown.out.split()), shown
