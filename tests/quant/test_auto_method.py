@@ -294,3 +294,16 @@ def test_auto_is_the_default_and_says_so(tmp_path, cli):
     assert set(record["auto"]["errors"]) >= set(METHODS)
     shown = cli("build", "--help")
     assert "(default auto;" in " ".join(shown.out.split()), shown
+
+
+def test_the_rebuild_command_names_the_method_an_engine_used():
+    """An engine calibrated under the old default (mse) is rebuilt with mse, not today's auto."""
+    from sartor.runtime.engine import rebuild_command
+    header = {"build_config": {"precision": "int8", "calib": "calib.npy"},
+              "provenance": {"calibration": {"method": "mse"}}}
+    assert "--calib calib.npy --calib-method mse" in rebuild_command(header)
+    header["build_config"]["calib_method"] = "entropy"  # asked for: named once, as asked
+    assert rebuild_command(header).count("--calib-method") == 1 and "--calib-method entropy" in rebuild_command(header)
+    cached = {"build_config": {"precision": "int8", "calib_cache": "c.json"},
+              "provenance": {"calibration": {"method": "mse"}}}
+    assert "--calib-method" not in rebuild_command(cached)  # the cache holds its method
