@@ -69,9 +69,10 @@ class HeldOutSplit:
         self.batch_size = max(1, batch_size)
         self.held: list[dict] = []
         self.fit = 0
+        self.drawn = 0  # samples read so far, held-out ones included (a caller's progress)
 
     def __iter__(self) -> Iterator[dict]:
-        self.held, self.fit, index = [], 0, 0
+        self.held, self.fit, self.drawn, index = [], 0, 0, 0
         for batch in self._batches:
             names = sorted(batch)
             count = len(batch[names[0]])
@@ -83,6 +84,7 @@ class HeldOutSplit:
                     keep.append(k)
                 index += 1
             self.fit += len(keep)
+            self.drawn = index
             if keep:
                 yield {name: np.asarray(batch[name])[keep] for name in names}
 

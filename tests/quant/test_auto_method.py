@@ -95,10 +95,12 @@ def test_every_fifth_sample_is_held_out_up_to_the_cap():
     split = HeldOutSplit(_batches(samples), batch_size=4)
     fitted = np.concatenate([b["images"] for b in split])
     assert fitted.ravel().tolist() == [0, 1, 2, 3, 5, 6, 7, 8, 10, 11] and split.fit == 10
+    assert split.drawn == 12  # the progress a build shows counts the held-out samples too
     held = split.held_out_batches()
     assert [b["images"].ravel().tolist() for b in held] == [[4, 9]]
     many = HeldOutSplit(_batches(np.arange(400, dtype=np.float32).reshape(400, 1), 7), batch_size=8)
     assert sum(len(b["images"]) for b in many) == 400 - MAX_HELD_OUT
+    assert many.drawn == 400
     held = np.concatenate([b["images"] for b in many.held_out_batches()]).ravel()
     assert held.tolist() == [HELD_OUT_EVERY * k + HELD_OUT_EVERY - 1 for k in range(MAX_HELD_OUT)]
 
