@@ -153,7 +153,10 @@ def thresholds_for_build(graph: Graph, weights: dict, config, onnx_sha256: str, 
         if method == AUTO and quantized and can_hold_out(calibration.available):
             split = HeldOutSplit(calibration, calibration_batch_size(graph, profiles))
             targets = calibration_targets(graph)
-            observers = collect_histograms(graph, weights, split, targets, device, on_batch)
+
+            def on_fit_batch(batches: int, size: int) -> None:  # the held-out samples count as drawn
+                on_batch(batches, split.drawn - samples_done)
+            observers = collect_histograms(graph, weights, split, targets, device, on_fit_batch)
             choice = choose_methods(graph, weights, observers, split.held_out_batches(), quantized, targets, device,
                                     config.percentile, split.fit)
             amax, methods, auto = choice.amax, choice.methods, choice.to_json()

@@ -47,8 +47,7 @@ from .sensitivity import quantized_copy, weights_for
 
 AUTO = "auto"
 BUILD_METHODS = (AUTO, *METHODS)  # what a build's --calib-method takes
-# mse until auto's search is cheaper (docs/decisions/0029-auto-calibration-method.md, its status).
-DEFAULT_BUILD_METHOD = DEFAULT_METHOD
+DEFAULT_BUILD_METHOD = AUTO  # docs/decisions/0029-auto-calibration-method.md (and 0048: what it costs)
 PER_TENSOR = "per-tensor"  # the name of the per-tensor plan among the guard's candidates
 HELD_OUT_EVERY = 5  # one sample in five is held out: an 80/20 split
 MAX_HELD_OUT = 32  # the held-out samples are kept in memory and run once per candidate plan
@@ -70,9 +69,10 @@ class HeldOutSplit:
         self.batch_size = max(1, batch_size)
         self.held: list[dict] = []
         self.fit = 0
+        self.drawn = 0  # samples read so far, held-out ones included (a caller's progress)
 
     def __iter__(self) -> Iterator[dict]:
-        self.held, self.fit, index = [], 0, 0
+        self.held, self.fit, self.drawn, index = [], 0, 0, 0
         for batch in self._batches:
             names = sorted(batch)
             count = len(batch[names[0]])
@@ -84,6 +84,7 @@ class HeldOutSplit:
                     keep.append(k)
                 index += 1
             self.fit += len(keep)
+            self.drawn = index
             if keep:
                 yield {name: np.asarray(batch[name])[keep] for name in names}
 
@@ -128,7 +129,8 @@ def fake_quantize(x: torch.Tensor, amax: float, fmt: str = "int8") -> torch.Tens
     scale, inverse = activation_scale(amax, qmax)
     if fmt == "fp8":
         return quantize_fp8(x, inverse).float() * scale
-    return torch.clamp(torch.round(x.float() * inverse), -INT8_QMAX, INT8_QMAX) * scale
+    codes = x.float() * inverse  # a new tensor: rounded, clamped and scaled in place (no more copies)
+    return codes.round_().clamp_(-INT8_QMAX, INT8_QMAX).mul_(scale)
 
 
 def output_error(reference: list[dict], outputs: list[dict]) -> float:
@@ -168,12 +170,12 @@ def fake_quantize_weight(w: torch.Tensor, fmt: str = "int8", axis: int = 0) -> t
     return (codes * scale[:, None]).reshape(w.shape).to(w.dtype)
 
 
-def _run(executor: Executor, batches: list[dict], device: torch.device, before=None) -> list[dict]:
+def _run(executor: Executor, batches: list[dict], device: torch.device, before=None, observe=None) -> list[dict]:
     results = []
     with torch.inference_mode():
         for batch in batches:
             feeds = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
-            outputs = executor.run(feeds, before=before)
+            outputs = executor.run(feeds, before=before, observe=observe)
             results.append({k: t.detach().double().cpu().numpy() for k, t in outputs.items()})
     return results
 
@@ -232,28 +234,34 @@ def reader_errors(graph: Graph, weights: dict, batches: list[dict], candidates: 
     `targets` read quantized, each method's threshold (`candidates[method][tensor]`) applied to
     that input alone, the reader's output against its float output (Σ over readers of Σ(y−ŷ)²/Σy²)."""
     sums: dict[tuple, list] = {}  # (tensor, reader) -> [signal, {amax: noise}]
+    pending: dict[int, list] = {}  # a reader's arguments, until its float output is there
 
     def before(index, step, args):
-        positions = targets.get(step.node.name)
-        if not positions:
+        if targets.get(step.node.name):
+            pending[index] = list(args)
+
+    def observe(index, step, outputs):
+        # The executor's own output of the float arguments is the reference: not run twice.
+        args = pending.pop(index, None)
+        if args is None:
             return
         reference = None
-        for position in positions:
+        for position in targets[step.node.name]:
             tensor = step.node.inputs[position] if position < len(step.node.inputs) else None
             if not tensor or not isinstance(args[position], torch.Tensor):
                 continue
             if reference is None:
-                reference = step.impl(args, step.attrs).double()
+                reference = outputs[0].double()
             entry = sums.setdefault((tensor, step.node.name), [0.0, {}])
             entry[0] += float((reference ** 2).sum())
             for amax in {table[tensor] for table in candidates.values() if tensor in table}:
                 trial = list(args)
                 trial[position] = fake_quantize(args[position], amax, formats.get(step.node.name, "int8")).to(
                     args[position].dtype)
-                noise = float(((step.impl(trial, step.attrs).double() - reference) ** 2).sum())
-                entry[1][amax] = entry[1].get(amax, 0.0) + noise
+                error = step.impl(trial, step.attrs).double().sub_(reference).square_()  # a new tensor: in place
+                entry[1][amax] = entry[1].get(amax, 0.0) + float(error.sum())
 
-    reference = _run(Executor(graph, weights, device), batches, device, before)
+    reference = _run(Executor(graph, weights, device), batches, device, before, observe)
     errors: dict[str, dict] = {}
     for (tensor, _), (signal, noise) in sums.items():
         floor = max(signal, np.finfo(np.float64).tiny)

@@ -12,11 +12,16 @@
   and drag the threshold down; and the threshold is the bin edge i · width (the talk's
   (i + 0.5) · width differs by half a bin), capped at the max seen. Sparse histograms (fewer
   than 16 values per bin in use) are coarsened first, or not clipped at all when too small.
+  Every candidate is searched at once (`_kl_divergences`): Q is constant per level, so the
+  divergence is per-level running sums and one sum over P's own bins, not a loop of 2048-bin
+  arrays per candidate (tests/quant/test_entropy_search.py holds that loop as the reference).
 - `mse`: the threshold minimising the expected squared quantization error over the histogram.
   Values are taken uniform within each bin, so a bin's expected rounding error is an exact
   integral (not a bin-centre sample), and values beyond the threshold cost their clipping error.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -30,6 +35,8 @@ DEFAULT_METHOD = "mse"
 DEFAULT_PERCENTILE = 99.99
 QUANTIZED_BINS = 128  # 2^7 levels of |x|: INT8 is sign + 7 bits
 MIN_PER_BIN = 16  # entropy: average values per histogram bin in use below which bins are merged
+ENTROPY_CHUNK = 256  # entropy: candidate thresholds summed at once (rows × up to 2048 bins of float64)
+SMOOTHING = 1e-4  # entropy: the mass moved onto empty bins (MXNet's and ONNX Runtime's eps)
 
 
 def _last_nonzero(counts: np.ndarray) -> int:
@@ -57,24 +64,80 @@ def percentile_amax(observer: HistogramObserver, percentile: float = DEFAULT_PER
     return float(min(value, observer.amax))
 
 
-def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
-    """MXNet/ONNX Runtime's smoothing: move eps of mass onto the empty bins (None if all empty)."""
-    zeros = p == 0
-    n_zeros = int(zeros.sum())
-    n_nonzeros = p.size - n_zeros
-    if n_nonzeros == 0:
-        return None
-    eps1 = eps * n_zeros / n_nonzeros
-    out = p.astype(np.float64) + np.where(zeros, eps, -eps1)
-    if (out <= 0).any():
-        return None
+def _kl_divergences(counts: np.ndarray, candidates: np.ndarray, quantized_bins: int = QUANTIZED_BINS,
+                    eps: float = SMOOTHING) -> np.ndarray:
+    """KL(P || Q) of the entropy search (module docstring) for each candidate i (in bins, each
+    ≥ quantized_bins); NaN where smoothing cannot keep every bin positive (no divergence).
+
+    P and Q are constant per merged level but for P's own bins, so the divergence splits into
+    per-level sums read off running sums, O(levels) per candidate, and one O(bins) sum,
+    Σ (p − e) log(p − e) over P's non-empty bins (e: P's smoothing shift), that is itself a
+    running sum when no bin is empty (e = 0). Equal to the per-candidate loop within rounding."""
+    i = np.asarray(candidates, np.int64)
+    nonempty = counts != 0
+    cumulative = np.concatenate([[0.0], np.cumsum(counts)])  # Σ counts[:t]
+    filled = np.concatenate([[0], np.cumsum(nonempty)])  # non-empty bins in counts[:t]
+    suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # Σ counts[t:]
+    # P: the first i − 1 bins as counted, the outliers folded into bin i − 1; zeros get eps, the
+    # others give up e each so that the mass stays.
+    last = counts[i - 1] + suffix[i]
+    last_filled = (last != 0).astype(np.int64)
+    inner = filled[i - 1]  # P's non-empty bins before its last
+    p_nonzero = inner + last_filled
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = eps * (i - p_nonzero) / p_nonzero
+    smallest = np.minimum.accumulate(np.where(nonempty, counts, np.inf))[i - 2]
+    p_ok = (p_nonzero > 0) & (smallest - e > 0) & ((last_filled == 0) | (last - e > 0))
+    last_p = np.where(last_filled == 1, last - e, eps)
+    p_mass = (cumulative[i - 1] - e * inner) + eps * (i - 1 - inner) + last_p
+    # Q: each level's count (without the outliers) spread evenly over its bins that P fills.
+    levels = np.arange(quantized_bins)
+    merged = i // quantized_bins
+    starts = levels[None, :] * merged[:, None]
+    stops = starts + merged[:, None]
+    stops[:, -1] = i
+    level_sums = cumulative[stops] - cumulative[starts]
+    level_filled = filled[stops] - filled[starts]
+    level_filled[:, -1] += last_filled - (filled[i] - filled[i - 1])  # bin i − 1 as P has it
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_bin = np.where(level_filled > 0, level_sums / np.maximum(level_filled, 1), 0.0)
+    q_filled = np.where(per_bin != 0, level_filled, 0)
+    q_nonzero = q_filled.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = eps * (i - q_nonzero) / q_nonzero
+    q_level = per_bin - f[:, None]
+    q_ok = (q_nonzero > 0) & np.all((q_filled == 0) | (q_level > 0), axis=1)
+    # Σ_j p_j log q_j: P's smoothed mass per level times the log of that level's Q (eps where Q
+    # is empty; P's empty bins cancel in the divergence, eps against eps).
+    level_p = level_sums - e[:, None] * (filled[stops] - filled[starts])
+    top = starts[:, -1]  # the last level without bin i − 1, then that bin as P has it
+    level_p[:, -1] = (cumulative[i - 1] - cumulative[top]) - e * (inner - filled[top]) \
+        + np.where(last_filled == 1, last - e, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q_mass = np.sum(np.where(q_filled > 0, q_filled * q_level, 0.0), axis=1) + eps * (i - q_nonzero)
+        log_q = np.where(q_filled > 0, np.log(np.where(q_level > 0, q_level, 1.0)), math.log(eps))
+        cross = np.sum(np.where(level_filled > 0, level_p * log_q, 0.0), axis=1)
+        own = _filled_entropy(counts, nonempty, inner, e) + np.where(last_filled == 1, last_p * np.log(last_p), 0.0)
+        divergence = (own - cross) / p_mass + np.log(q_mass) - np.log(p_mass)
+    return np.where(p_ok & q_ok, divergence, np.nan)
+
+
+def _filled_entropy(counts: np.ndarray, nonempty: np.ndarray, inner: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Σ (c − e) log(c − e) over the first `inner` non-empty counts c, per candidate: a running
+    sum where e = 0, else summed row by row in chunks."""
+    filled_counts = counts[nonempty]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        running = np.concatenate([[0.0], np.cumsum(filled_counts * np.log(filled_counts))])
+    out = running[inner]
+    shifted = np.flatnonzero(e != 0)
+    for start in range(0, len(shifted), ENTROPY_CHUNK):
+        rows = shifted[start:start + ENTROPY_CHUNK]
+        width = int(inner[rows].max())
+        x = filled_counts[None, :width] - e[rows, None]
+        x = np.where(np.arange(width)[None, :] < inner[rows, None], x, 1.0)  # log 1 = 0 beyond each row's bins
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[rows] = np.sum(x * np.log(x), axis=1)
     return out
-
-
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    p = p / p.sum()
-    q = q / q.sum()
-    return float(np.sum(p * np.log(p / q)))
 
 
 def entropy_amax(observer: HistogramObserver, quantized_bins: int = QUANTIZED_BINS) -> float:
@@ -97,33 +160,13 @@ def entropy_amax(observer: HistogramObserver, quantized_bins: int = QUANTIZED_BI
     if last + 1 <= quantized_bins:
         # All values fit in fewer bins than there are levels: no clipping can help.
         return float(observer.amax)
-    suffix = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # suffix[i] = sum(counts[i:])
-    best_i, best_kl = None, np.inf
-    for i in range(quantized_bins, min(len(counts), last + 1) + 1):
-        sliced = counts[:i]
-        p = sliced.copy()
-        p[i - 1] += suffix[i]
-        nonzero = p != 0
-        merged = i // quantized_bins
-        starts = np.arange(quantized_bins) * merged
-        stops = starts + merged
-        stops[-1] = i
-        cumulative = np.concatenate([[0.0], np.cumsum(sliced)])
-        level_sums = cumulative[stops] - cumulative[starts]
-        cumulative_nz = np.concatenate([[0], np.cumsum(nonzero)])
-        level_nonzero = cumulative_nz[stops] - cumulative_nz[starts]
-        level_of = np.minimum(np.arange(i) // merged, quantized_bins - 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            per_bin = np.where(level_nonzero > 0, level_sums / np.maximum(level_nonzero, 1), 0.0)
-        q = np.where(nonzero, per_bin[level_of], 0.0)
-        ps, qs = _smooth(p), _smooth(q)
-        if ps is None or qs is None:
-            continue
-        divergence = _kl(ps, qs)
-        if divergence <= best_kl:
-            best_i, best_kl = i, divergence
-    if best_i is None:
+    candidates = np.arange(quantized_bins, min(len(counts), last + 1) + 1)
+    divergences = _kl_divergences(counts, candidates, quantized_bins)
+    usable = ~np.isnan(divergences)
+    if not usable.any():
         return float(observer.amax)
+    # The largest i among the smallest divergences, as a loop keeping i when KL <= the best did.
+    best_i = int(candidates[usable & (divergences == divergences[usable].min())][-1])
     return float(min(best_i * width, observer.amax))
 
 

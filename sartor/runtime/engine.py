@@ -165,6 +165,9 @@ def rebuild_command(header: dict) -> str:
     for flag, key in (("--calib", "calib"), ("--calib-cache", "calib_cache"), ("--calib-method", "calib_method")):
         if config.get(key) and not str(config[key]).startswith("<python:"):  # data from Python has no path
             args += [flag, str(config[key])]
+    method = ((header.get("provenance") or {}).get("calibration") or {}).get("method")
+    if method and config.get("calib") and not config.get("calib_method"):
+        args += ["--calib-method", method]  # the method it used, not today's default (mse before 0048)
     if config.get("overflow_guard") is False:
         args.append("--no-overflow-guard")
     if config.get("embed_kernels") is False:

@@ -24,6 +24,7 @@ from test_quant import SHAPE_ARGS, SHAPES
 import sartor
 from sartor.cli.inspect import calibration_line
 from sartor.frontend import import_onnx
+from sartor.ops.quantized import quantize
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes import optimize
 from sartor.quant.auto_method import (
@@ -34,12 +35,16 @@ from sartor.quant.auto_method import (
     HeldOutSplit,
     Simulation,
     choose_methods,
+    fake_quantize,
     output_error,
+    reader_errors,
 )
 from sartor.quant.cache import CalibrationCache, CalibrationCacheError, read_cache
 from sartor.quant.calibrate import amax_from_histograms, collect_histograms
 from sartor.quant.calibrators import METHODS
 from sartor.quant.plan import calibration_targets, int8_decisions
+from sartor.quant.quantize import activation_scale
+from sartor.runtime.executor import Executor
 from sartor.runtime.engine_file import read_engine_file
 
 CLIP = 0.1  # the saturating branch's ceiling
@@ -90,10 +95,12 @@ def test_every_fifth_sample_is_held_out_up_to_the_cap():
     split = HeldOutSplit(_batches(samples), batch_size=4)
     fitted = np.concatenate([b["images"] for b in split])
     assert fitted.ravel().tolist() == [0, 1, 2, 3, 5, 6, 7, 8, 10, 11] and split.fit == 10
+    assert split.drawn == 12  # the progress a build shows counts the held-out samples too
     held = split.held_out_batches()
     assert [b["images"].ravel().tolist() for b in held] == [[4, 9]]
     many = HeldOutSplit(_batches(np.arange(400, dtype=np.float32).reshape(400, 1), 7), batch_size=8)
     assert sum(len(b["images"]) for b in many) == 400 - MAX_HELD_OUT
+    assert many.drawn == 400
     held = np.concatenate([b["images"] for b in many.held_out_batches()]).ravel()
     assert held.tolist() == [HELD_OUT_EVERY * k + HELD_OUT_EVERY - 1 for k in range(MAX_HELD_OUT)]
 
@@ -127,6 +134,58 @@ def test_auto_chooses_per_tensor_and_is_never_worse_than_one_method(tmp_path):
     mixed = output_error(reference, simulation.run(held_out, choice.amax))
     assert mixed < min(errors.values()), (mixed, errors)
     assert choice.errors[PER_TENSOR] == pytest.approx(mixed) and choice.held_out == len(samples) // HELD_OUT_EVERY
+
+
+def test_fake_quantize_is_the_engines_codes_times_the_scale_and_leaves_its_input():
+    x = torch.from_numpy(np.random.default_rng(4).standard_t(2, 10_000).astype(np.float32))
+    before = x.clone()
+    for amax in (0.5, 3.0, float(x.abs().max())):
+        scale, inverse = activation_scale(amax)
+        expected = quantize(x, inverse).float() * scale
+        assert torch.equal(fake_quantize(x, amax), expected)
+        assert torch.equal(x, before)  # quantized in a copy, never in the caller's tensor
+    assert (fake_quantize(x, 0.5).abs() <= 0.5 + 1e-6).all() and not torch.equal(fake_quantize(x, 0.5), x)
+
+
+def _reader_errors_by_rerun(graph, weights, batches, candidates, targets, formats) -> dict:
+    """reader_errors as it was: each reader run again on its float arguments for the reference."""
+    sums = {}
+
+    def before(index, step, args):
+        for position in targets.get(step.node.name, ()):
+            tensor = step.node.inputs[position]
+            reference = step.impl(args, step.attrs).double()
+            entry = sums.setdefault((tensor, step.node.name), [0.0, {}])
+            entry[0] += float((reference ** 2).sum())
+            for amax in {table[tensor] for table in candidates.values() if tensor in table}:
+                trial = list(args)
+                trial[position] = fake_quantize(args[position], amax, formats.get(step.node.name, "int8"))
+                noise = float(((step.impl(trial, step.attrs).double() - reference) ** 2).sum())
+                entry[1][amax] = entry[1].get(amax, 0.0) + noise
+    executor = Executor(graph, weights, torch.device("cpu"))
+    with torch.inference_mode():
+        for batch in batches:
+            executor.run({k: torch.from_numpy(v) for k, v in batch.items()}, before=before)
+    errors = {}
+    for (tensor, _), (signal, noise) in sums.items():
+        for method, table in candidates.items():
+            errors.setdefault(tensor, {})
+            errors[tensor][method] = errors[tensor].get(method, 0.0) + noise[table[tensor]] / signal
+    return errors
+
+
+def test_reader_errors_keep_the_numbers_of_rerunning_each_reader(tmp_path):
+    """The readers' reference is the executor's own float output: the same numbers, bit for bit,
+    as running each reader again on its float arguments."""
+    _, graph, weights, layers, samples = _prepared(tmp_path)
+    targets = {name: positions for name, positions in calibration_targets(graph).items() if name in layers}
+    observers = collect_histograms(graph, weights, _batches(samples[:40]), targets, "cpu")
+    candidates = {m: amax_from_histograms(observers, m, 99.99) for m in METHODS}
+    held_out = _batches(samples[40:])
+    errors, reference = reader_errors(graph, weights, held_out, candidates, targets, layers, torch.device("cpu"))
+    assert errors == _reader_errors_by_rerun(graph, weights, held_out, candidates, targets, layers)
+    assert len(errors) >= 2 and all(len(set(e.values())) >= 2 and min(e.values()) > 0 for e in errors.values())
+    assert len(reference) == len(held_out) and set(reference[0]) == {"out_a", "out_b"}
 
 
 def _engine_error(plan: Path, batches: list[dict], reference: list[dict]) -> float:
@@ -224,3 +283,29 @@ def test_calib_method_flag_choices(tmp_path, cli):
     result = cli("build", model, "-o", tmp_path / "a.plan", "--device", "cpu", *SHAPE_ARGS, "--precision", "int8",
                  "--calib", tmp_path / "calib.npy", "--calib-method", "median")
     assert result.code == 2 and "invalid choice: 'median'" in result.err and "'auto'" in result.err
+
+
+def test_auto_is_the_default_and_says_so(tmp_path, cli):
+    """A build that names no method chooses per tensor on held-out samples (0029, 0048); the help
+    names the default."""
+    model = save(classifier_model(), tmp_path / "m.onnx")
+    result = sartor.build(model, tmp_path / "a.plan", device="cpu", profiles=[SHAPES], precision="int8",
+                          calib=gaussian_images(5, 2 * HELD_OUT_EVERY))
+    record = result.header["provenance"]["calibration"]
+    assert record["method"] == "auto" and record["auto"]["held_out_samples"] == 2, record
+    assert set(record["auto"]["errors"]) >= set(METHODS)
+    shown = cli("build", "--help")
+    assert "(default auto;" in " ".join(shown.out.split()), shown
+
+
+def test_the_rebuild_command_names_the_method_an_engine_used():
+    """An engine calibrated under the old default (mse) is rebuilt with mse, not today's auto."""
+    from sartor.runtime.engine import rebuild_command
+    header = {"build_config": {"precision": "int8", "calib": "calib.npy"},
+              "provenance": {"calibration": {"method": "mse"}}}
+    assert "--calib calib.npy --calib-method mse" in rebuild_command(header)
+    header["build_config"]["calib_method"] = "entropy"  # asked for: named once, as asked
+    assert rebuild_command(header).count("--calib-method") == 1 and "--calib-method entropy" in rebuild_command(header)
+    cached = {"build_config": {"precision": "int8", "calib_cache": "c.json"},
+              "provenance": {"calibration": {"method": "mse"}}}
+    assert "--calib-method" not in rebuild_command(cached)  # the cache holds its method
