@@ -9,7 +9,7 @@ from collections.abc import Collection
 import torch
 
 from ..ir import Graph
-from ..quant.sensitivity import LayerSensitivity, _compare, _outputs, all_outputs_as_one
+from ..quant.sensitivity import LayerSensitivity, all_outputs_as_one, compare_outputs, grouped_outputs
 from ..runtime.executor import Executor
 from .config import PLANNED_FLOAT_PRECISIONS
 
@@ -21,14 +21,14 @@ def float_layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], de
     output back, which is what an engine's FP16 layer between FP32 ones does to the values."""
     if precision not in PLANNED_FLOAT_PRECISIONS:
         raise ValueError(f"float sensitivity ranks {' or '.join(PLANNED_FLOAT_PRECISIONS)} layers, not {precision}")
-    reference = _outputs(Executor(graph, weights, device), batches, device, all_outputs_as_one)
+    reference = grouped_outputs(Executor(graph, weights, device), batches, device, all_outputs_as_one)
     rows = []
     for node in graph.nodes:
         if node.name not in layers:
             continue
-        reduced = _outputs(Executor(graph, weights, device, {node.name: precision}), batches, device,
+        reduced = grouped_outputs(Executor(graph, weights, device, {node.name: precision}), batches, device,
                            all_outputs_as_one)
-        snr, cos, _ = _compare(reference, reduced)
+        snr, cos, _ = compare_outputs(reference, reduced)
         rows.append(LayerSensitivity(node.name, node.op_type, list(node.origin), snr, cos, precision, 0.0))
     rows.sort(key=lambda r: (r.snr_db, r.name))
     return rows

@@ -79,8 +79,9 @@ def all_outputs_as_one(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"outputs": np.concatenate([a.ravel() for a in outputs.values()])}
 
 
-def _outputs(executor: Executor, batches: list[dict], device: torch.device, groups: Groups,
-             observe=None) -> list[dict[str, np.ndarray]]:
+def grouped_outputs(executor: Executor, batches: list[dict], device: torch.device, groups: Groups,
+                    observe=None) -> list[dict[str, np.ndarray]]:
+    """Each batch's outputs in float64 on the host, as `groups` gathers them."""
     results = []
     with torch.inference_mode(), matmul_precision(False):
         for batch in batches:
@@ -90,7 +91,7 @@ def _outputs(executor: Executor, batches: list[dict], device: torch.device, grou
     return results
 
 
-def _compare(reference: list[dict], candidate: list[dict]) -> tuple[float, float, dict]:
+def compare_outputs(reference: list[dict], candidate: list[dict]) -> tuple[float, float, dict]:
     """(SNR, cosine, per group {"snr_db", "cosine"}): one group's figures, or the worst group's."""
     per_group = {}
     for group in reference[0]:
@@ -143,7 +144,7 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
                 if not math.isnan(previous) and not peak <= previous:  # a NaN peak sticks
                     peaks[step.node.name] = peak
 
-    reference = _outputs(Executor(graph, weights, device), batches, device, groups, observe)
+    reference = grouped_outputs(Executor(graph, weights, device), batches, device, groups, observe)
     decisions = int8_decisions(graph, "fp32", precision)
     candidates = [n for n in graph.nodes if quantized_unsupported(graph, n, precision) is None
                   and (layers is None or n.name in layers)]
@@ -152,8 +153,8 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
         if on_layer is not None:
             on_layer(k, len(candidates), node.name)
         quantized = quantized_copy(graph, {node.name: precision}, amax)
-        outputs = _outputs(Executor(quantized, weights_for(quantized, weights), device), batches, device, groups)
-        snr, cos, per_group = _compare(reference, outputs)
+        outputs = grouped_outputs(Executor(quantized, weights_for(quantized, weights), device), batches, device, groups)
+        snr, cos, per_group = compare_outputs(reference, outputs)
         default, reason = decisions.get(node.name, (precision, ""))
         rows.append(LayerSensitivity(node.name, node.op_type, list(node.origin), snr, cos,
                                      precision if default == precision else reason, peaks.get(node.name, 0.0),
@@ -161,7 +162,7 @@ def layer_sensitivity(graph: Graph, weights: dict, batches: list[dict], amax: di
     plan = {name: p for name, (p, _) in decisions.items() if p == precision}
     if plan:
         quantized = quantized_copy(graph, plan, amax)
-        total_snr, total_cos, total_groups = _compare(reference, _outputs(
+        total_snr, total_cos, total_groups = compare_outputs(reference, grouped_outputs(
             Executor(quantized, weights_for(quantized, weights), device), batches, device, groups))
     else:
         total_snr, total_cos = math.inf, 1.0
