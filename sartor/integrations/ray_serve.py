@@ -15,6 +15,7 @@ not fit the memory budget 507."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import ConfigError, SartorError
 from ..runtime.engine import load
-from ..serve.batcher import next_warm_size, release_cached_memory, warm_batch_sizes
+from ..serve.batcher import next_warm_size, release_cached_memory, warm_batch_sizes, warm_feeds
 from ..serve.errors import InvalidRequest, ServeError
 from ..serve.http_codec import encode_infer_response, parse_infer_request
 from ..serve.image import prepare, respond
@@ -64,12 +65,8 @@ class ServedEngine:
         as `sartor serve`'s batcher does): a shape's first run captures a CUDA graph, which a request
         must not wait for."""
         self.context.warmup()
-        dtypes = {v.name: v.dtype for v in self.engine.inputs}
-        for profile in self.engine.profiles:
-            for b in self.warm_sizes:
-                shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
-                if profile.admits(shapes):
-                    self.context.run({n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()})
+        for feeds in warm_feeds(self.engine, self.warm_sizes):
+            self.context.run(feeds)
         release_cached_memory(str(self.engine.device))
 
     def metadata(self) -> dict:
@@ -271,7 +268,7 @@ def sartor_app(models, *, num_gpus: float = 1, num_cpus: float = 1, num_replicas
     "max_replicas": 8, "target_ongoing_requests": 32}), and SartorServer's options.
     `max_ongoing_requests` (requests a replica holds at once) defaults to four batches' worth:
     Serve's own default (5) caps every batch at 5 requests, whatever `max_batch_size` says."""
-    batch = options.get("max_batch_size", 8)
+    batch = options.get("max_batch_size", inspect.signature(SartorServer).parameters["max_batch_size"].default)
     deployment_options = {"ray_actor_options": {"num_gpus": num_gpus, "num_cpus": num_cpus},
                           "max_ongoing_requests": max_ongoing_requests or 4 * batch}
     if autoscaling_config is not None:

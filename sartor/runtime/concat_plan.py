@@ -98,9 +98,6 @@ def value_meta(t: torch.Tensor) -> tuple:
         memory_format=torch.channels_last)
 
 
-def record_meta(memo: ShapeMemo, metas: dict) -> None:
-    memo.value_meta = dict(metas)
-
 
 class ConcatBuffers:
     """One run's Concat buffers, allocated when their first producer runs."""

@@ -17,7 +17,7 @@ from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.pointwise.epilogue import pixel_stride
-from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, record_meta, value_meta
+from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, value_meta
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
 
@@ -278,7 +278,7 @@ class Executor:
     def finish(self, state: RunState) -> dict[str, torch.Tensor]:
         """The graph's outputs of a run whose layers have all run."""
         if state.recorded is not None:
-            record_meta(state.memo, state.recorded)
+            state.memo.value_meta = state.recorded  # each value's value_meta, taken as it was made
             state.recorded = None
         return {v.name: self._finish_output(v.name, state.env, state.memo.copies) for v in self.graph.outputs}
 

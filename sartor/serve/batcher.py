@@ -207,6 +207,19 @@ def warm_batch_sizes(top: int, preferred=()) -> list[int]:
     return sorted(b for b in sizes if 1 <= b <= top)
 
 
+def warm_feeds(engine, sizes) -> list[dict]:
+    """Zero inputs at each of `sizes` (the batch dimension; the rest at each profile's opt shape)
+    that a profile admits: the runs that warm a batcher's batch sizes."""
+    dtypes = {v.name: v.dtype for v in engine.inputs}
+    feeds = []
+    for profile in engine.profiles:
+        for b in sizes:
+            shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
+            if profile.admits(shapes):
+                feeds.append({n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()})
+    return feeds
+
+
 def next_warm_size(sizes: list[int], total: int) -> int:
     """The smallest of the sorted `sizes` at or above `total`, else `total`."""
     at = bisect.bisect_left(sizes, total)

@@ -49,6 +49,7 @@ from .batcher import (
     shape_key,
     wants_tf32,
     warm_batch_sizes,
+    warm_feeds,
 )
 from .config import (
     CONFIG_FILE,
@@ -407,18 +408,11 @@ class Repository:
             if not settings.dynamic_batching:
                 release_cached_memory(instance.device)
                 return
-            sizes = warm_batch_sizes(settings.max_batch_size, settings.preferred_batch_sizes)
-            dtypes = {v.name: v.dtype for v in engine.inputs}
-            for profile in engine.profiles:
-                for b in sizes:
-                    shapes = {n: (b, *r.opt[1:]) for n, r in profile.shapes.items()}
-                    if not profile.admits(shapes):
-                        continue
-                    feeds = {n: np.zeros(s, dtype=dtypes[n]) for n, s in shapes.items()}
-                    key = shape_key(feeds)
-                    if key not in instance.seen:
-                        instance.context.run(feeds)
-                        instance.mark_run(key)
+            for feeds in warm_feeds(engine, warm_batch_sizes(settings.max_batch_size, settings.preferred_batch_sizes)):
+                key = shape_key(feeds)
+                if key not in instance.seen:
+                    instance.context.run(feeds)
+                    instance.mark_run(key)
             release_cached_memory(instance.device)
 
     def _retire(self, old: ServedModel) -> None:
