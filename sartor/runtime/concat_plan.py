@@ -92,8 +92,8 @@ def plan_concats(steps: list, graph_inputs: set, graph_outputs: set, host_values
 
 def value_meta(t: torch.Tensor) -> tuple:
     """(shape, dtype, channels-last) of a value: what the Concat plan needs of it. Recorded as each
-    value is made, so that the first run keeps no value past its last reader (holding every Concat
-    input to the end of the run took YOLOv8n's first run at batch 32 over three times its arena)."""
+    value is made, so that the first run keeps no value past its last reader (held to the end of
+    the run, every Concat input made its peak far exceed the arena: BENCHMARKS.md, issue 31)."""
     return tuple(t.shape), t.dtype, t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(
         memory_format=torch.channels_last)
 

@@ -53,7 +53,7 @@ class ExecutionContext:
         # memory region: the graphs' memory pool, one buffer per input at the profiles' largest
         # shape, and one per output for the shapes captured after the first (which copy their
         # outputs there). Without them each warmed batch size kept its own activations, inputs and
-        # outputs: a server warming 32 batch sizes of YOLOv8n held ten times its declared memory.
+        # outputs, many times what the engine declares (BENCHMARKS.md, "sharing a GPU").
         self._graph_pool = None
         self._input_store: dict[str, torch.Tensor] = {}
         self._output_store: dict[str, torch.Tensor] = {}
