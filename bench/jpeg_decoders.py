@@ -49,13 +49,24 @@ def torchvision_decoder(device):
     return decode
 
 
-def nvimgcodec_decoder(kind: str | None):
+def nvimgcodec_decoder(kind: str | None, reuse: int = 0):
+    """With `reuse`, a ring of that many sets of output images is decoded into again (no device
+    allocation or free per batch); the caller must be done with a set `reuse` batches later."""
     from nvidia import nvimgcodec
     backends = None if kind is None else [nvimgcodec.Backend(getattr(nvimgcodec.BackendKind, kind))]
     decoder = nvimgcodec.Decoder(backends=backends)
+    rings: dict[int, list] = {}  # batch size → its sets of images
+    turn = [0]
 
     def decode(encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:
-        images = decoder.decode(encoded, cuda_stream=stream.cuda_stream)
+        ring = rings.setdefault(len(encoded), [])
+        if reuse and len(ring) == reuse:
+            images = decoder.decode(encoded, images=ring[turn[0] % reuse], cuda_stream=stream.cuda_stream)
+        else:
+            images = decoder.decode(encoded, cuda_stream=stream.cuda_stream)
+            if reuse:
+                ring.append(images)
+        turn[0] += 1
         if any(i is None for i in images):
             raise RuntimeError(f"nvImageCodec ({kind or 'default'}) failed on {sum(i is None for i in images)} images")
         with torch.cuda.stream(stream):  # HWC frames, the decoder's own buffers
@@ -72,9 +83,9 @@ def decoders(device) -> dict:
         return found
     print(f"nvImageCodec {nvimgcodec.__version__}", flush=True)
     for label, kind in (("nvimgcodec_default", None), ("nvimgcodec_hw", "HW_GPU_ONLY"),
-                        ("nvimgcodec_cuda", "GPU_ONLY"), ("nvimgcodec_hybrid", "HYBRID_CPU_GPU")):
+                        ("nvimgcodec_hw_reuse", "HW_GPU_ONLY")):
         try:
-            found[label] = (nvimgcodec_decoder(kind), "codestreams")
+            found[label] = (nvimgcodec_decoder(kind, reuse=4 if "reuse" in label else 0), "codestreams")
         except Exception as exc:  # noqa: BLE001 - a backend this GPU lacks is a result, not a stop
             print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
     return found
@@ -103,6 +114,27 @@ def rate_alone(decode, encoded, stream, seconds: float = 2.0) -> dict:
     return {"median_ms": round(median * 1e3, 3), "per_s": round(len(encoded) / median, 1), "batches": len(times)}
 
 
+def waits_for_other_streams(decode, encoded, sleep_ms: float = 20.0) -> dict:
+    """A decode's wall time alone, and right after a `sleep_ms` kernel (one thread block spinning)
+    is queued on another stream: about `sleep_ms` more means the decoder waits for the whole
+    device (a device-wide synchronisation, or a free or pinned allocation that implies one)."""
+    stream, other = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    decode(encoded, stream)
+    stream.synchronize()
+    alone = time.perf_counter() - start
+    cycles = int(sleep_ms * 1e-3 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(cycles)
+    start = time.perf_counter()
+    decode(encoded, stream)
+    stream.synchronize()
+    beside = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return {"alone_ms": round(alone * 1e3, 3), "beside_sleep_ms": round(beside * 1e3, 3), "sleep_ms": sleep_ms}
+
+
 def loop_for(seconds: float, step, counter: list, stop: threading.Event) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end and not stop.is_set():
@@ -125,9 +157,11 @@ def side_by_side(engine_step, decode_step, seconds: float = 3.0) -> dict:
     return {k: round(v[0] / wall, 2) for k, v in counts.items()}
 
 
-def pipeline_rate(decode, encoded, ctx, feed_name: str, batch: int, batches: int = 60) -> dict:
-    """A decode thread (its own stream) two batches ahead of the engine thread; frames/s."""
-    decode_stream, engine_stream = torch.cuda.Stream(), torch.cuda.Stream()
+def pipeline_rate(decode, encoded, ctx, feed_name: str, batch: int, batches: int = 60,
+                  decode_priority: int = 0) -> dict:
+    """A decode thread (its own stream, of `decode_priority`: negative is higher) two batches ahead
+    of the engine thread; frames/s."""
+    decode_stream, engine_stream = torch.cuda.Stream(priority=decode_priority), torch.cuda.Stream()
     ready: queue.Queue = queue.Queue(maxsize=2)
 
     def producer():
@@ -167,7 +201,7 @@ def main() -> None:
     frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
     device = torch.device("cuda")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "alone": {}, "beside_engine": {},
-               "pipeline": {}}
+               "sync": {}, "pipeline": {}}
     save = lambda: (args.out / "jpeg_decoders.json").write_text(json.dumps(results, indent=1))  # noqa: E731
     found = decoders(device)
     stream = torch.cuda.Stream()
@@ -213,12 +247,16 @@ def main() -> None:
             both["decode_share_of_alone"] = round(both["decode"] / alone_decode, 3)
             results["beside_engine"][label] = both
             print(label, "beside", json.dumps(both), flush=True)
-            results["pipeline"][label] = pipeline_rate(decode, encoded, ctx, name, args.batch)
+            results["sync"][label] = waits_for_other_streams(decode, encoded)
+            print(label, "sync", json.dumps(results["sync"][label]), flush=True)
             floor = min(results["engine_alone"]["per_s"], max(
                 v[f"b{b}"]["per_s"] for v in results["alone"].values() if "error" not in v for b in (args.batch, 128)))
-            results["pipeline"][label]["share_of_min_engine_best_decoder"] = round(
-                results["pipeline"][label]["per_s"] / floor, 3)
-            print(label, "pipeline", json.dumps(results["pipeline"][label]), flush=True)
+            high = torch.cuda.Stream.priority_range()[1] if hasattr(torch.cuda.Stream, "priority_range") else -1
+            for priority in (0, high):
+                rate = pipeline_rate(decode, encoded, ctx, name, args.batch, decode_priority=priority)
+                rate["share_of_min_engine_best_decoder"] = round(rate["per_s"] / floor, 3)
+                results["pipeline"][f"{label} priority {priority}"] = rate
+                print(label, "pipeline priority", priority, json.dumps(rate), flush=True)
         except Exception as exc:  # noqa: BLE001
             import traceback
             traceback.print_exc()

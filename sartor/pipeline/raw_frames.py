@@ -39,7 +39,10 @@ def lay_out_frames(decoded: list[torch.Tensor], names: list[str], spec: Preproce
     each frame's ImageMeta for the engine's own preprocessing."""
     if len(decoded) != out.shape[0]:
         raise DataError(f"{len(decoded)} frames for a buffer of {out.shape[0]}")
-    rgb = torch.stack(decoded).permute(0, 2, 3, 1)
-    out.copy_(rgb.flip(-1) if frames.order == "bgr" else rgb)
+    # One copy into `out`: the frames as H×W×3 views (contiguous for raw frames, whose 3×H×W form
+    # is itself a view) stacked straight into it.
+    torch.stack([f.permute(1, 2, 0) for f in decoded], out=out)
+    if frames.order == "bgr":
+        out.copy_(out.flip(-1))
     place = placement(*frames.size, spec)
     return out, [place.meta(name, frames.size) for name in names]
