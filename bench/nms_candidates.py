@@ -1,12 +1,16 @@
 """The in-engine NMS's candidate stages (`ops.nms.nms_candidates`, issue 30): the two-level top-k
-against the single top-k over all C·A scores (`flat_candidates`), both tactics of the op,
+against the single top-k over all C·A scores (`flat_candidates`), both tactics of the op, and on
+CUDA the Triton stage of `fused_triton_greedy_nms` (`fused_candidates`: anchor floor, the pairs
+at or over it collected, one sort; with the pairs it sorted an image and the images that took its
+exact slow path because they overflowed the buffer),
 at YOLOv8n's head [32, 84, 8400] at 640, on whatever device is there (CUDA events on the GPU,
 the wall clock on the CPU); median ms per call after warm-up (on CUDA also per replay of a
 CUDA graph, as inside the engine), and each level of the new stage alone. Heads: a
 real-like one (sigmoid scores, a few hundred pairs over conf an image) and a dense one (uniform
 scores: most of the 672,000 pairs over conf), each in float32 and float16. Before timing, the
-new stage's valid candidates are checked on the device against a full stable sort, and the old
-one's against the new one's (equal unless a tie at the K-th place let topk choose).
+two-level stage's valid candidates are checked on the device against a full stable sort, the flat
+one's against them (equal unless a tie at the K-th place let topk choose), and the Triton one's
+against them (always equal).
 
     PYTHONPATH=. python bench/nms_candidates.py --out $OUT/nms_candidates.json
 """
@@ -26,13 +30,17 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from nms_helpers import sorted_candidates  # noqa: E402
 
+from sartor.kernels.detection.nms_candidates import buffer_capacity, collect_pairs  # noqa: E402
 from sartor.ops.nms import (  # noqa: E402
+    INDEX_MASK,
     NmsSettings,
     candidate_anchors,
+    candidate_count,
     candidate_pair_keys,
     flat_candidates,
-    two_level_candidates,
+    fused_candidates,
     threshold_in,
+    two_level_candidates,
 )
 
 
@@ -96,19 +104,34 @@ def agreement(pred: torch.Tensor, settings: NmsSettings) -> dict:
     k = exact[0].shape[1]
     kth = masked.float().topk(min(k + 1, masked.shape[1]), dim=1).values
     tie = bool((kth[:, k - 1] > settings.conf).logical_and(kth[:, k - 1] == kth[:, -1]).any()) if kth.shape[1] > k else False
-    return {"new_equals_sorted": all(torch.equal(a, b) for a, b in zip(new, exact)),
-            "tie_at_kth": tie, "old_equals_new": all(torch.equal(a, b) for a, b in zip(old, new))}
+    result = {"new_equals_sorted": all(torch.equal(a, b) for a, b in zip(new, exact)),
+              "tie_at_kth": tie, "old_equals_new": all(torch.equal(a, b) for a, b in zip(old, new))}
+    if pred.is_cuda:
+        fused = valid_part(fused_candidates(pred, settings))
+        result["fused_equals_new"] = all(torch.equal(a, b) for a, b in zip(fused, new))
+    return result
+
+
+def fused_pairs(pred: torch.Tensor, settings: NmsSettings) -> dict:
+    """How many pairs the Triton stage sorted an image, and how many images overflowed its buffer."""
+    k = candidate_count(pred, settings)
+    found = collect_pairs(pred.contiguous(), threshold_in(settings.conf, pred.dtype), k, buffer_capacity(k))[3]
+    return {"fused_pairs_sorted_per_image": round(float(found.float().mean()), 1),
+            "fused_pairs_sorted_max": int(found.max()), "fused_buffer": buffer_capacity(k),
+            "fused_exact_path_images": int((found > buffer_capacity(k)).sum())}
 
 
 def parts_ms(pred: torch.Tensor, settings: NmsSettings, repeats: int) -> dict:
     scores = pred[:, 4:, :]
     threshold = threshold_in(settings.conf, scores.dtype)
     k = min(settings.topk, scores.shape[1] * scores.shape[2])
-    anchors = candidate_anchors(scores, threshold, min(k, scores.shape[2]))
-    keys = candidate_pair_keys(scores, anchors, threshold)
+    anchor_keys, anchors = candidate_anchors(scores, threshold, min(k, scores.shape[2]))
+    over = anchor_keys > INDEX_MASK
+    keys = candidate_pair_keys(scores, anchors, threshold, over)
     return {"anchors_ms": per_call_ms(lambda: candidate_anchors(scores, threshold, min(k, scores.shape[2])),
                                       repeats, pred.device),
-            "pair_keys_ms": per_call_ms(lambda: candidate_pair_keys(scores, anchors, threshold), repeats, pred.device),
+            "pair_keys_ms": per_call_ms(lambda: candidate_pair_keys(scores, anchors, threshold, over), repeats,
+                                        pred.device),
             "pair_topk_ms": per_call_ms(lambda: keys.topk(k, dim=1), repeats, pred.device)}
 
 
@@ -138,8 +161,13 @@ def main() -> None:
                    "two_level_ms": per_call_ms(lambda: two_level_candidates(pred, settings), repeats, device)}
             run["speedup"] = round(run["flat_ms"] / run["two_level_ms"], 2)
             if device.type == "cuda":
+                run["fused_ms"] = per_call_ms(lambda: fused_candidates(pred, settings), repeats, device)
+                run["fused_speedup"] = round(run["two_level_ms"] / run["fused_ms"], 2)
                 run["flat_graph_ms"] = graph_ms(lambda: flat_candidates(pred, settings), repeats)
                 run["two_level_graph_ms"] = graph_ms(lambda: two_level_candidates(pred, settings), repeats)
+                run["fused_graph_ms"] = graph_ms(lambda: fused_candidates(pred, settings), repeats)
+                run["fused_graph_speedup"] = round(run["two_level_graph_ms"] / run["fused_graph_ms"], 2)
+                run.update(fused_pairs(pred, settings))
             run.update(parts_ms(pred, settings, repeats))
             print(json.dumps(run), flush=True)
             result["runs"].append(run)

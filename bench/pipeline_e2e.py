@@ -193,7 +193,7 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
 def engine_nms_parts(outputs: dict) -> dict:
     """The in-engine NMS (`--nms`, ops/nms.py) on this batch's real head outputs, each part alone,
     synchronised: candidates (threshold, top-k, sort), the greedy kernel, and the whole op per tactic."""
-    from sartor.ops.nms import NmsSettings, batched_nms_op, nms_candidates
+    from sartor.ops.nms import NmsSettings, batched_nms_op, fused_candidates, nms_candidates
     from sartor.pipeline.detections import yolo_output
     from sartor.kernels.detection.greedy_nms import greedy_nms
     head = outputs[yolo_output(outputs)]
@@ -203,8 +203,10 @@ def engine_nms_parts(outputs: dict) -> dict:
     count = valid.sum(1)
     parts = {"candidates": per_call_ms(lambda: nms_candidates(head, settings), 50),
              "candidates_two_level": per_call_ms(lambda: nms_candidates(head, settings, two_level=True), 50),
+             "candidates_fused": per_call_ms(lambda: fused_candidates(head, settings), 50),
              "greedy_kernel": per_call_ms(lambda: greedy_nms(boxes, scores, classes, classes, count, 0.45, 300), 50)}
-    for tactic in ("torch", "triton_greedy_nms", "two_level_torch", "two_level_triton_greedy_nms"):
+    for tactic in ("torch", "triton_greedy_nms", "two_level_torch", "two_level_triton_greedy_nms",
+                   "fused_triton_greedy_nms"):
         parts[f"op_{tactic}"] = per_call_ms(lambda: batched_nms_op([head], dict(attrs, tactic=tactic)), 30)
     summary_ms = {k: round(statistics.median(v), 4) for k, v in parts.items()}
     summary_ms["valid_candidates_per_image"] = round(float(count.float().mean()), 1)

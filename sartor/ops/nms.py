@@ -17,7 +17,8 @@ Tactics: two candidate stages (one top-k over all C·A scores, or two levels: an
 pairs; `nms_candidates`) times two greedy passes: `torch` (the IoU matrix of the K candidates and
 the greedy walk in tensor ops; on the CPU only as far as the last valid candidate) and, on CUDA,
 `triton_greedy_nms` (`kernels/detection/greedy_nms.py`: one program per image); the `two_level_`
-tactics are the second stage's.
+tactics are the second stage's. On CUDA a third, `fused_triton_greedy_nms`, takes the two-level
+stage's candidates from Triton kernels (`fused_candidates`) and feeds them to the Triton greedy pass.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from ..kernels.detection.greedy_nms import (
     greedy_nms,
     greedy_nms_supported,
 )
+from ..kernels.detection.nms_candidates import select_candidates, select_candidates_supported
 from ..kernels.registry import fixed_tactic
 from .registry import OpTable
 
@@ -44,6 +46,8 @@ TWO_LEVEL_TRITON = "two_level_triton_greedy_nms"
 fixed_tactic(TRITON, "triton greedy NMS (one program per image over its sorted candidates)")
 fixed_tactic(TWO_LEVEL, "two-level top-k candidates, torch greedy NMS")
 fixed_tactic(TWO_LEVEL_TRITON, "two-level top-k candidates, triton greedy NMS")
+FUSED_TRITON = "fused_triton_greedy_nms"
+fixed_tactic(FUSED_TRITON, "triton candidates (anchor floor, pairs over it, one sort), triton greedy NMS")
 TWO_LEVEL_TACTICS = (TWO_LEVEL, TWO_LEVEL_TRITON)
 
 OUTPUT_NAMES = ("num_detections", "detection_boxes", "detection_scores", "detection_classes")
@@ -154,12 +158,14 @@ def two_level_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     """`nms_candidates` by two levels of top-k: the K best anchors by their best pair, then the K
     best of those anchors' C·K pairs (exact: see `candidate_anchors`), ranked by int64 keys, so a
     tie at the K-th place keeps the pairs of lower (class, anchor). A class score of NaN hides
-    its anchor's other classes (the anchor's best is NaN, not over conf)."""
+    its anchor's other classes (the anchor's best is NaN, not over conf, and the second level
+    takes pairs of anchors over conf only, also where such an anchor fills a place at the first)."""
     batch, channels, anchors = pred.shape
     scores = pred[:, 4:, :]  # [B, C, A]
     threshold = threshold_in(settings.conf, scores.dtype)
-    k = min(settings.topk, (channels - 4) * anchors)
-    keys = candidate_pair_keys(scores, candidate_anchors(scores, threshold, min(k, anchors)), threshold)
+    k = candidate_count(pred, settings)
+    anchor_keys, anchor = candidate_anchors(scores, threshold, min(k, anchors))
+    keys = candidate_pair_keys(scores, anchor, threshold, anchor_keys > INDEX_MASK)
     top = keys.topk(k, dim=1).values  # distinct keys: sorted, and the same K whatever topk's algorithm
     index = INDEX_MASK - (top & INDEX_MASK)
     bits = (top >> INDEX_BITS).int()
@@ -168,30 +174,51 @@ def two_level_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
     return corner_boxes(pred, index), top, index // anchors, valid
 
 
-def ranking_keys(scores: torch.Tensor, index: torch.Tensor, threshold: float) -> torch.Tensor:
-    """int64 keys ordered as the candidates are: score (0 under the threshold; scores over it are
-    positive, and positive floats order as their bits), then lower index first. All distinct."""
-    bits = torch.where(scores > threshold, scores.float(), 0.0).view(torch.int32).long()
+def fused_candidates(pred: torch.Tensor, settings: NmsSettings, capacity: int | None = None) -> tuple:
+    """`two_level_candidates`'s, the valid ones equal bit for bit, from Triton kernels
+    (`kernels/detection/nms_candidates.py`: the K-th best anchor's score is a floor no top-K pair is
+    under, so only pairs at or over it are sorted, `capacity` of them an image without the slow exact
+path). Invalid slots: score −1, class 0, anchor 0."""
+    boxes, scores, classes, count = select_candidates(pred, threshold_in(settings.conf, pred.dtype),
+                                                      candidate_count(pred, settings), capacity)
+    valid = torch.arange(scores.shape[1], device=pred.device) < count[:, None]
+    return boxes, scores, classes.long(), valid
+
+
+def candidate_count(pred: torch.Tensor, settings: NmsSettings) -> int:
+    """K = min(topk, C·A)."""
+    return min(settings.topk, (pred.shape[1] - 4) * pred.shape[2])
+
+
+def ranking_keys(scores: torch.Tensor, index: torch.Tensor, threshold: float,
+                 eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 keys ordered as the candidates are: score (0 under the threshold or where not
+    `eligible`; scores over it are positive, and positive floats order as their bits), then lower
+    index first. All distinct."""
+    over = scores > threshold if eligible is None else (scores > threshold) & eligible
+    bits = torch.where(over, scores.float(), 0.0).view(torch.int32).long()
     return (bits << INDEX_BITS) | (INDEX_MASK - index)
 
 
-def candidate_anchors(scores: torch.Tensor, threshold: float, count: int) -> torch.Tensor:
-    """[B, count] the anchors of the `count` largest anchor keys, an anchor's key being its best
+def candidate_anchors(scores: torch.Tensor, threshold: float, count: int) -> tuple:
+    """(keys, anchors) [B, count] of the `count` largest anchor keys, an anchor's key being its best
     pair's key (best score, its first class). An anchor holding one of the K largest pair keys
     has a key at least the K-th pair key, and at most K anchors do (each holds its own pair at
     least as large), so the K anchors taken hold all K pairs."""
     best, first_class = scores.max(dim=1)  # the first class among equal best scores
     anchors = scores.shape[2]
     index = first_class * anchors + torch.arange(anchors, device=scores.device)
-    return ranking_keys(best, index, threshold).topk(count, dim=1, sorted=False).indices
+    return tuple(ranking_keys(best, index, threshold).topk(count, dim=1, sorted=False))
 
 
-def candidate_pair_keys(scores: torch.Tensor, anchor: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[B, C · count] the keys of every (class, anchor) pair of the anchors taken."""
+def candidate_pair_keys(scores: torch.Tensor, anchor: torch.Tensor, threshold: float,
+                        anchor_over: torch.Tensor) -> torch.Tensor:
+    """[B, C · count] the keys of every (class, anchor) pair of the anchors taken; the pairs of an
+    anchor not over the threshold (`anchor_over` false: none of its pairs is, or one is NaN) score 0."""
     batch, classes, _ = scores.shape
     gathered = scores.gather(2, anchor[:, None, :].expand(batch, classes, anchor.shape[1]))
     index = torch.arange(classes, device=scores.device)[None, :, None] * scores.shape[2] + anchor[:, None, :]
-    return ranking_keys(gathered, index, threshold).reshape(batch, -1)
+    return ranking_keys(gathered, index, threshold, anchor_over[:, None, :]).reshape(batch, -1)
 
 
 def threshold_in(conf: float, dtype: torch.dtype) -> float:
@@ -260,7 +287,8 @@ def batched_nms_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     pred = inputs[0]
     k = min(attrs.get("topk", NmsSettings.topk), max(1, (pred.shape[1] - 4) * pred.shape[2]))
     if pred.is_cuda and greedy_nms_supported(torch.empty((1, k, 4), device="meta")):
-        return [REFERENCE, TRITON, TWO_LEVEL, TWO_LEVEL_TRITON]
+        fused = [FUSED_TRITON] if select_candidates_supported(pred, k) else []
+        return [REFERENCE, TRITON, TWO_LEVEL, TWO_LEVEL_TRITON, *fused]
     return [REFERENCE, TWO_LEVEL]
 
 
@@ -269,6 +297,14 @@ def batched_nms_op(inputs, attrs):
     settings = settings_of(attrs)
     tactic = attrs.get("tactic")
     two_level = tactic in TWO_LEVEL_TACTICS
+    pred = inputs[0]
+    if tactic == FUSED_TRITON:
+        k = candidate_count(pred, settings)
+        if select_candidates_supported(pred, k):
+            boxes, scores, classes, count = select_candidates(pred, threshold_in(settings.conf, pred.dtype), k)
+            groups = torch.zeros_like(classes) if settings.agnostic else classes
+            return greedy_nms(boxes, scores, groups, classes, count, settings.iou, settings.max_det)
+        two_level = True  # the same candidates by torch where the kernels cannot take the head
     if tactic in (TRITON, TWO_LEVEL_TRITON):
         boxes, scores, classes, valid = nms_candidates(inputs[0], settings, two_level)
         if greedy_nms_supported(boxes):

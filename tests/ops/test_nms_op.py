@@ -227,6 +227,19 @@ def test_a_tie_at_the_kth_place_keeps_the_lower_class_then_anchor():
     assert (boxes[0, :, 0] + 4).tolist() == [3.0, 3.0, 1.0]  # anchors 2, 2, 0
 
 
+def test_a_nan_hides_its_anchors_other_classes_also_where_the_anchor_fills_a_place():
+    # Fewer anchors over conf than K: the first level fills its places with anchors under conf,
+    # anchor 0 (a NaN at class 0) among them; its class 1 at 0.9 stays hidden all the same.
+    pred = torch.zeros(1, 7, 10)
+    pred[0, :4] = 5.0
+    pred[0, 4, 0] = float("nan")
+    pred[0, 5, 0] = 0.9
+    pred[0, 6, 5] = 0.8
+    _, scores, classes, valid = two_level_candidates(pred, NmsSettings(conf=0.5, topk=4, max_det=4))
+    assert valid[0].tolist() == [True, False, False, False]
+    assert scores[0, 0] == pred[0, 6, 5] and int(classes[0, 0]) == 2
+
+
 def test_two_level_candidates_keep_the_float32_threshold_for_fp16_heads():
     pred = grid_head(4, batch=2, classes=5, anchors=300)
     pred[:, 4:] *= 0.29
