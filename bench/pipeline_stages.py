@@ -4,7 +4,8 @@ The trained YOLOv8n at 640 built FP16 with the NMS and the preprocessing inside 
 --input-format uint8:720x1280`, bench/pipeline_e2e.py's `frames` variant), batch 1..32, on
 1280×720 JPEG frames (bench/make_frames.py) as bytes and as uint8 frames already on the GPU:
 
-- engine: its CUDA graph alone on a bound input, batch 32;
+- engine: its CUDA graph alone on a bound input, batch 32, and the plain engine's (the letterbox
+  outside, no NMS: issue 30's "engine-only figure") on its bound input;
 - per path (raw frames, JPEG bytes): frames/s through `Pipeline(engine)` over --count frames after
   a warm-up pass, and the host time per batch of each of its steps (the worker's prepare; on the
   calling thread, launch, finish, and the wait for the worker: what the engine was not hidden
@@ -114,6 +115,12 @@ def main() -> None:
     results = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
                "engine_b%d" % args.batch: summary(per_call_ms(lambda: ctx.run(feed), 200), args.batch)}
     print("engine", json.dumps(results["engine_b%d" % args.batch]), flush=True)
+    plain = sartor.load(build(args.onnx, 640, args.batch, work, "plain"), device=DEVICE)
+    plain_ctx = plain.context()
+    plain_feed = plain_ctx.input_buffers({"images": (args.batch, 3, 640, 640)})
+    plain_feed["images"].uniform_(0, 1)
+    results["plain_engine_b%d" % args.batch] = summary(per_call_ms(lambda: plain_ctx.run(plain_feed), 200), args.batch)
+    print("plain engine", json.dumps(results["plain_engine_b%d" % args.batch]), flush=True)
     timers = StepTimers()
     for name in ("_prepare", "_launch", "_finish"):
         timers.wrap(name)
@@ -122,7 +129,8 @@ def main() -> None:
              "jpeg": (frames * (args.count // len(frames) + 1))[:args.count]}
     for label, items in paths.items():
         results[label] = run_path(pipeline, items, args.batch, timers)
-        results[label]["share_of_engine"] = round(results[label]["per_s"] / results["engine_b%d" % args.batch]["per_s"], 3)
+        for engine_key in ("engine_b%d" % args.batch, "plain_engine_b%d" % args.batch):
+            results[label][f"share_of_{engine_key}"] = round(results[label]["per_s"] / results[engine_key]["per_s"], 3)
         print(label, json.dumps(results[label]), flush=True)
         results[label]["kernels_4_batches"] = kernel_time(pipeline, items[:4 * args.batch])
         print(label, json.dumps(results[label]["kernels_4_batches"]), flush=True)
