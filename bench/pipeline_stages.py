@@ -10,6 +10,8 @@ The trained YOLOv8n at 640 built FP16 with the NMS and the preprocessing inside 
   a warm-up pass, and the host time per batch of each of its steps (the worker's prepare; on the
   calling thread, launch, finish, and the wait for the worker: what the engine was not hidden
   behind), from timers around the Pipeline's own methods;
+- batch 1, frame after frame: a raw frame's latency through `Pipeline(batch_size=1, overlap=False)`
+  against the engine's own at batch 1 (issue 30's bar: within 0.5 ms);
 - the GPU work of four batches of each path by torch.profiler: its total against the wall time
   (under 1: the device idled, unless streams overlapped), and the heaviest kernels and copies.
 
@@ -127,6 +129,13 @@ def main() -> None:
     pipeline = Pipeline(engine, batch_size=args.batch)
     paths = {"raw": (raw * (args.count // len(raw) + 1))[:args.count],
              "jpeg": (frames * (args.count // len(frames) + 1))[:args.count]}
+    single = Pipeline(engine, batch_size=1, overlap=False)
+    feed1 = {engine.inputs[0].name: raw[0][None].contiguous()}
+    results["engine_b1"] = summary(per_call_ms(lambda: ctx.run(feed1), 200, warmup=10), 1)
+    results["latency_b1_raw"] = summary(per_call_ms(lambda: single.run(raw[:1]), 200, warmup=10), 1)
+    results["latency_b1_raw"]["over_engine_ms"] = round(
+        results["latency_b1_raw"]["median_ms"] - results["engine_b1"]["median_ms"], 4)
+    print("batch 1", json.dumps({k: results[k] for k in ("engine_b1", "latency_b1_raw")}), flush=True)
     for label, items in paths.items():
         results[label] = run_path(pipeline, items, args.batch, timers)
         for engine_key in ("engine_b%d" % args.batch, "plain_engine_b%d" % args.batch):
