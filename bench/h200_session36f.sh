@@ -16,7 +16,7 @@ echo "prep exit $? at ${SECONDS}s"; tail -4 "$OUT/prep.log" | cut -c1-1500
 timeout 150 python bench/pipeline_stages.py --frames .carry/frames --onnx .carry/yolov8n.onnx --out "$OUT" \
   > "$OUT/stages.log" 2>&1
 echo "stages exit $? at ${SECONDS}s"; grep -v "^ *File\|^    " "$OUT/stages.log" | grep -v '"top"' | tail -7 | cut -c1-900
-grep -h "preprocess\." "$OUT/stages.log" | head -3 | cut -c1-300
+grep -h "^tactics" "$OUT/stages.log" | cut -c1-600
 left=$(( ${BUDGET_S:-370} - SECONDS ))
 echo "int8 gets ${left}s"
 [ "$left" -gt 60 ] && timeout "$left" python bench/h200_table.py --models yolov8n --detector-batches 32 --int8 \

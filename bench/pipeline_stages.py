@@ -111,10 +111,14 @@ def main() -> None:
     frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
     engine = sartor.load(build(args.onnx, 640, args.batch, work, "frames"), device=DEVICE)
     ctx = engine.context()
+    chosen = {layer["op"]: [layer.get("tactic"), layer.get("tactic_timings_ms")] for layer in engine.layers
+              if layer["op"] in ("Preprocess", "BatchedNms")}
+    print("tactics", json.dumps(chosen), flush=True)
     device = torch.device(DEVICE)
     raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
     feed = {engine.inputs[0].name: torch.stack((raw * (args.batch // len(raw) + 1))[:args.batch])}
     results = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
+               "tactics": chosen,
                "engine_b%d" % args.batch: summary(per_call_ms(lambda: ctx.run(feed), 200), args.batch)}
     print("engine", json.dumps(results["engine_b%d" % args.batch]), flush=True)
     plain = sartor.load(build(args.onnx, 640, args.batch, work, "plain"), device=DEVICE)
