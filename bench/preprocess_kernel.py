@@ -6,7 +6,9 @@ dtype=float16`), into one preallocated input buffer, steady state after warm-up,
 
 - kernel: `prepare_batch(..., kernel=True)` from a list of 3×H×W frames (as decoders give them:
   includes stacking them), and the kernel alone on an N×3×H×W and an N×H×W×3 (camera) batch, each
-  tile of PREPROCESS_TILES;
+  tile of PREPROCESS_TILES: the one-row tiles and beside them those of several output rows per
+  program (".rows4": the rows share their filtered input rows), each checked bit for bit against
+  the first tile's output (`tiles_equal_default`);
 - torch: `prepare_batch(..., kernel=False)`, today's path (interpolate with antialias in float32,
   normalise, pad, layout: several launches);
 - cpu_reference: `sartor.data.preprocess.preprocess_batch` (Pillow + numpy, one core) on the same
@@ -123,9 +125,19 @@ def main(argv=None) -> int:
                                               args.repeats, args.warmup)
     timings["cpu_reference_preprocess_batch"] = timed_ms(lambda: preprocess_batch(list(host), spec), torch.device("cpu"),
                                                          args.cpu_repeats, 1)
-    best = min((k for k in timings if k.startswith("kernel_alone.chw")), key=lambda k: timings[k]["median_ms"])
     report["timings"] = timings
-    report["best_tile_chw"] = best.split(".", 2)[2]
+    for layout in ("chw", "hwc"):
+        alone = [k for k in timings if k.startswith(f"kernel_alone.{layout}.")]
+        best = min(alone, key=lambda k: timings[k]["median_ms"])
+        report[f"best_tile_{layout}"] = best.split(".", 2)[2]
+    equal = {}
+    for layout, batch in (("chw", chw), ("hwc", hwc)):
+        first = letterbox_frames(batch, layout, "rgb", spec, place.resized, place.pad, torch.empty_like(out),
+                                 PREPROCESS_TILES[0])
+        for tile in PREPROCESS_TILES[1:args.tiles]:
+            again = letterbox_frames(batch, layout, "rgb", spec, place.resized, place.pad, torch.empty_like(out), tile)
+            equal[f"{layout}.{tile.name}"] = bool(torch.equal(again, first))
+    report["tiles_equal_default"] = equal
     report["speedup_prepare_batch_kernel_over_torch"] = round(
         timings["torch_prepare_batch"]["median_ms"] / timings["kernel_prepare_batch"]["median_ms"], 3)
 
@@ -136,8 +148,9 @@ def main(argv=None) -> int:
                            "torch_vs_cpu_reference": levels_apart(ops, reference, spec)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("device", "best_tile_chw", "speedup_prepare_batch_kernel_over_torch",
-                                             "agreement")}, indent=2))
+    print(json.dumps({k: report[k] for k in ("device", "best_tile_chw", "best_tile_hwc",
+                                             "speedup_prepare_batch_kernel_over_torch", "agreement",
+                                             "tiles_equal_default")}, indent=2))
     print(f"kernel {timings['kernel_prepare_batch']['median_ms']} ms, torch {timings['torch_prepare_batch']['median_ms']}"
           f" ms, cpu reference {timings['cpu_reference_preprocess_batch']['median_ms']} ms per {args.frames} frames")
     return 0

@@ -1,8 +1,8 @@
 """The fused preprocessing kernel (kernels/preprocess/letterbox.py) against the CPU reference
 (`sartor.data.preprocess`, Pillow) and today's torch path, through Triton's interpreter on small
 frames (natively on a GPU): letterbox geometry exact, pixels within one level; its INT8 codes the
-quantization of its values bit for bit; its taps against Pillow's one-axis resizes; its tactics by
-name."""
+quantization of its values bit for bit; its taps against Pillow's one-axis resizes; the tiles of
+several rows per program equal to the one-row tile bit for bit; its tactics by name."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +21,7 @@ from sartor.kernels.preprocess.letterbox import (
     PreprocessTile,
     letterbox_frames,
 )
-from sartor.kernels.preprocess.taps import pillow_taps
+from sartor.kernels.preprocess.taps import MAX_SPAN, pillow_taps, row_groups, used_taps
 from sartor.kernels.preprocess.torch_path import letterbox_torch
 from sartor.kernels.registry import parse_tactic
 from sartor.ops.quantized import quantize
@@ -208,7 +208,72 @@ def test_tactic_names_parse_back_and_bad_ones_are_refused():
     for tile in PREPROCESS_TILES:
         assert parse_tactic(tile.name) == tile
     assert PREPROCESS_TILES[0].name == "preprocess.pixels128.w4"
+    assert parse_tactic("preprocess.pixels128.w4.rows4") == PreprocessTile(128, 4, 4)
+    assert {tile.rows for tile in PREPROCESS_TILES} == {1, 2, 4}
     with pytest.raises(TacticNameError):
         parse_tactic("preprocess.pixels100.w4")  # not a power of two
     with pytest.raises(TacticNameError):
         PreprocessTile.parse("preprocess.pixels64.w4")  # fewer pixels than threads
+    with pytest.raises(TacticNameError):
+        parse_tactic("preprocess.pixels128.w4.rows3")  # the kernel holds 2 or 4 rows
+    with pytest.raises(TacticNameError):
+        parse_tactic("preprocess.pixels128.w4.rows1")  # one row is spelled without the field
+
+
+# Several output rows per program (`_letterbox_rows_kernel`) against the one-row tile, bit for bit:
+# (frame H, W, spec, frame layout, frame order, rows, INT8 codes, batch).
+ROW_CASES = [
+    (24, 40, "letterbox=20,mean=0,std=255,rgb,nchw,dtype=float16", "chw", "rgb", 4, None, 2),  # 720p → 640, small
+    (24, 40, "letterbox=20,mean=0,std=255,bgr,nhwc,dtype=float16", "hwc", "rgb", 4, InputCodes(37.25, -127), 1),
+    (25, 39, "letterbox=16x12,mean=0,std=255,bgr,nhwc", "hwc", "bgr", 2, None, 3),  # odd sizes
+    (36, 60, "letterbox=20,mean=10,std=3,rgb,nchw,dtype=uint8", "chw", "bgr", 4, None, 1),  # 3×, levels
+    (30, 21, "letterbox=20,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw", "hwc", "rgb", 4,
+     InputCodes(0.5, -128), 1),  # 1.5×
+    (11, 17, "letterbox=32,mean=0,std=255,rgb,nhwc,dtype=float16", "chw", "rgb", 4, None, 1),  # upscale
+    (40, 61, "resize=32,crop=24,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw", "chw", "rgb", 4,
+     None, 2),  # crop: no pad rows, rows start inside the resized image
+    (70, 45, "resize=37,crop=29,mean=0,std=1,bgr,nhwc,dtype=float16", "hwc", "bgr", 2, None, 1),
+]
+
+
+@pytest.mark.parametrize("h,w,text,frame_layout,frame_order,rows,codes,batch", ROW_CASES)
+def test_row_tiles_equal_the_one_row_tile_bit_for_bit(h, w, text, frame_layout, frame_order, rows, codes, batch):
+    """Each input row is filtered once and shared by the group's output rows, the same integer
+    products summed: every output value the one-row tile's, pad bands and crops included; the
+    output is filled with 7 first, so a pixel left unwritten shows."""
+    spec = parse_preprocess(text)
+    pixels = frame(h, w, seed=h + w)
+    one_row = run_kernel(pixels, spec, frame_layout, frame_order, batch, codes=codes)
+    ours = run_kernel(pixels, spec, frame_layout, frame_order, batch, tile=PreprocessTile(64, 2, rows), codes=codes)
+    assert torch.equal(ours, one_row)
+
+
+def test_row_groups_hold_each_rows_own_taps():
+    """A group's table is each member row's Pillow taps, moved to where its first input row lies
+    from the group's; at 720p → 640 (2× down) four rows filter 10 input rows, not 16, and the
+    columns use 4 taps of the table's 5."""
+    starts, weights = pillow_taps(720, 360)
+    firsts, used, flat, span = row_groups(720, 360, 0, 360, 4)
+    assert span == 10 and used_taps(1280, 640) == 4 and len(firsts) == 90
+    for g, y0 in enumerate(firsts):
+        for r in range(4):
+            iy = 4 * g + r
+            column = [flat[g][k * 4 + r] for k in range(span)]
+            moved = [0] * span
+            for i, weight in enumerate(weights[iy]):
+                if weight:
+                    moved[starts[iy] - y0 + i] = weight
+            assert column == moved
+    # a crop's rows start inside the image; a last group of fewer rows has zero weights past them
+    firsts, used, flat, span = row_groups(53, 32, 5, 7, 4)
+    assert firsts[0] == pillow_taps(53, 32)[0][5] and all(w == 0 for w in flat[1][3::4])
+    assert row_groups(120, 20, 0, 20, 4) is None  # 6× down: more than MAX_SPAN rows, the one-row kernel runs
+    assert row_groups(120, 20, 0, 20, 2)[3] <= MAX_SPAN
+
+
+def test_row_tiles_fall_back_to_one_row_where_groups_read_too_many_rows():
+    spec = parse_preprocess("letterbox=8,mean=0,std=255,rgb,nchw")
+    pixels = frame(50, 4, seed=2)  # 50 → 8 rows: over MAX_SPAN rows for a group of 4
+    assert row_groups(50, 8, 0, 8, 4) is None
+    four_rows = run_kernel(pixels, spec, batch=1, tile=PreprocessTile(64, 2, 4))
+    assert torch.equal(four_rows, run_kernel(pixels, spec, batch=1))

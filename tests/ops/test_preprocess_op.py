@@ -3,6 +3,8 @@ reference against the CPU reference (Pillow), its Triton tactic against the refe
 interpreter on CPU), and which tactics it offers where."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,16 @@ def test_reference_and_kernel_tactic_match_the_pil_reference(frame_order):
     assert torch_levels.max() <= (2 if DEVICE == "cpu" else 1) + slack
 
 
+def test_the_builder_times_the_row_tiles_beside_the_one_row_tiles():
+    """On CUDA the Preprocess layer offers every tile, those of several output rows per program
+    among them; the one-row tile stays first (the tile that runs untimed)."""
+    on_cuda = SimpleNamespace(is_cuda=True)  # preprocess_tactics reads nothing else of the frames
+    offered = preprocess_tactics([on_cuda], {"spec": SPEC})
+    assert offered[:2] == ["torch", "preprocess.pixels128.w4"]
+    assert {"preprocess.pixels128.w4.rows4", "preprocess.pixels128.w4.rows2"} <= set(offered)
+    assert offered == ["torch", *(tile.name for tile in PREPROCESS_TILES)]
+
+
 def test_tactics_are_the_kernel_tiles_on_cuda_only():
     assert default_registry()["Preprocess"].tactics is preprocess_tactics
     assert preprocess_tactics([frames()], {}) == ["torch"]  # a CPU tensor
@@ -60,8 +72,9 @@ def test_int8_codes_are_the_quantized_image_by_every_tactic(spec_text):
     attrs = {"spec": spec_text, "frame_order": "bgr"}
     codes_attrs = dict(attrs, output_scale=1 / 40.0, output_inv_scale=40.0, qmin=-127)
     given = frames(seed=4).to(DEVICE)
-    # Every tactic on CUDA; on the CPU the reference and a tile through Triton's interpreter.
-    tactics = preprocess_tactics([given], attrs) if DEVICE == "cuda" else ["torch", PREPROCESS_TILES[0].name]
+    # Every tactic on CUDA; on the CPU the reference, a one-row and a four-row tile through Triton's interpreter.
+    tactics = (preprocess_tactics([given], attrs) if DEVICE == "cuda"
+               else ["torch", PREPROCESS_TILES[0].name, "preprocess.pixels128.w4.rows4"])
     for tactic in tactics:
         values = preprocess([given], dict(attrs, tactic=tactic))
         codes = preprocess([given], dict(codes_attrs, tactic=tactic))

@@ -29,7 +29,7 @@ from ...ir.dtypes import INT8_QMAX
 from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import triton
 from ..registry import LayerFacts, Number, Tactic, register
-from .taps import device_taps
+from .taps import device_row_groups, device_taps, used_taps
 
 if triton is not None:
     import triton.language as tl
@@ -133,29 +133,158 @@ if triton is not None:
                  mask=valid)
 
 
+    @triton.jit
+    def _add_row(v0, v1, v2, c0, c1, c2, w):
+        """One output row's vertical sums plus one filtered input row (its three channels) at weight w."""
+        return v0 + c0 * w, v1 + c1 * w, v2 + c2 * w
+
+    @triton.jit
+    def _store_pixels(out, v0, v1, v2, inside, padded, mask, syc, mean0, mean1, mean2, std0, std1, std2,
+                      inv_scale, qmin, SWAP: tl.constexpr, IDENTITY: tl.constexpr, LEVELS: tl.constexpr,
+                      CODES: tl.constexpr, HALF: tl.constexpr):
+        """An output row's pixels from its vertical sums, as _letterbox_kernel rounds and stores them."""
+        dtype: tl.constexpr = out.dtype.element_ty
+        r1 = _clip8(v1)
+        if SWAP:
+            r0 = _clip8(v2)
+            r2 = _clip8(v0)
+        else:
+            r0 = _clip8(v0)
+            r2 = _clip8(v2)
+        r0 = tl.where(inside, r0, padded)
+        r1 = tl.where(inside, r1, padded)
+        r2 = tl.where(inside, r2, padded)
+        tl.store(out, _output(r0, mean0, std0, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype), mask=mask)
+        tl.store(out + syc, _output(r1, mean1, std1, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
+                 mask=mask)
+        tl.store(out + 2 * syc, _output(r2, mean2, std2, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
+                 mask=mask)
+
+    @triton.jit
+    def _letterbox_rows_kernel(x_ptr, y_ptr, group_row_ptr, group_used_ptr, group_weight_ptr, col_start_ptr,
+                               col_weight_ptr, H, W, new_w, left, OW, OH, body_top, body_rows, groups,
+                               sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+                               mean0, mean1, mean2, std0, std1, std2, pad, inv_scale, qmin,
+                               KX: tl.constexpr, KX_STRIDE: tl.constexpr, SPAN: tl.constexpr, ROWS: tl.constexpr,
+                               SWAP: tl.constexpr, IDENTITY: tl.constexpr, LEVELS: tl.constexpr, CODES: tl.constexpr,
+                               HALF: tl.constexpr, BLOCK: tl.constexpr):
+        """ROWS consecutive output rows per program sharing their horizontally filtered input rows:
+        each of the group's SPAN input rows from Y0 is filtered once (three channels, rounded to
+        uint8) and added to every output row of the group at that row's own weight for it (0 where
+        the row does not read it). Programs 0..groups-1 own the rows inside the image (output rows
+        body_top..body_top+body_rows-1); the rest own the pad bands' rows, ROWS each: the band
+        above (body_top rows) then the band below."""
+        n = tl.program_id(2).to(tl.int64)
+        g = tl.program_id(1)
+        ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        valid = ox < OW
+        base = y_ptr + n * syn + ox.to(tl.int64) * syw
+        padded = tl.zeros((BLOCK,), tl.int32) + pad
+        if g < groups:
+            ix = ox - left
+            inside = valid & (ix >= 0) & (ix < new_w)
+            ix = tl.minimum(tl.maximum(ix, 0), new_w - 1)
+            x0 = tl.load(col_start_ptr + ix)
+            y0 = tl.load(group_row_ptr + g)
+            used = tl.load(group_used_ptr + g)
+            taps = group_weight_ptr + g * (SPAN * ROWS)
+            frame = x_ptr + n * sxn
+            half = 1 << 21  # Pillow's rounding, as in _letterbox_kernel
+            v00 = tl.full((BLOCK,), half, tl.int32)
+            v01 = tl.full((BLOCK,), half, tl.int32)
+            v02 = tl.full((BLOCK,), half, tl.int32)
+            v10 = tl.full((BLOCK,), half, tl.int32)
+            v11 = tl.full((BLOCK,), half, tl.int32)
+            v12 = tl.full((BLOCK,), half, tl.int32)
+            if ROWS > 2:
+                v20 = tl.full((BLOCK,), half, tl.int32)
+                v21 = tl.full((BLOCK,), half, tl.int32)
+                v22 = tl.full((BLOCK,), half, tl.int32)
+                v30 = tl.full((BLOCK,), half, tl.int32)
+                v31 = tl.full((BLOCK,), half, tl.int32)
+                v32 = tl.full((BLOCK,), half, tl.int32)
+            for k in tl.static_range(SPAN):
+                if k < used:  # the group's last rows may read fewer input rows than SPAN
+                    row = frame + tl.minimum(y0 + k, H - 1).to(tl.int64) * sxh
+                    h0 = tl.full((BLOCK,), half, tl.int32)
+                    h1 = tl.full((BLOCK,), half, tl.int32)
+                    h2 = tl.full((BLOCK,), half, tl.int32)
+                    for j in tl.static_range(KX):
+                        wx = tl.load(col_weight_ptr + ix * KX_STRIDE + j)  # the same for every k: loaded once (CSE)
+                        pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
+                        h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
+                        h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
+                        h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
+                    c0 = _clip8(h0)  # Pillow's first pass stores its rows as uint8
+                    c1 = _clip8(h1)
+                    c2 = _clip8(h2)
+                    v00, v01, v02 = _add_row(v00, v01, v02, c0, c1, c2, tl.load(taps + k * ROWS))
+                    v10, v11, v12 = _add_row(v10, v11, v12, c0, c1, c2, tl.load(taps + k * ROWS + 1))
+                    if ROWS > 2:
+                        v20, v21, v22 = _add_row(v20, v21, v22, c0, c1, c2, tl.load(taps + k * ROWS + 2))
+                        v30, v31, v32 = _add_row(v30, v31, v32, c0, c1, c2, tl.load(taps + k * ROWS + 3))
+            first = g * ROWS
+            out = base + (body_top + first).to(tl.int64) * syh
+            _store_pixels(out, v00, v01, v02, inside, padded, valid & (first < body_rows), syc,
+                          mean0, mean1, mean2, std0, std1, std2, inv_scale, qmin, SWAP, IDENTITY, LEVELS, CODES, HALF)
+            _store_pixels(out + syh, v10, v11, v12, inside, padded, valid & (first + 1 < body_rows), syc,
+                          mean0, mean1, mean2, std0, std1, std2, inv_scale, qmin, SWAP, IDENTITY, LEVELS, CODES, HALF)
+            if ROWS > 2:
+                _store_pixels(out + 2 * syh, v20, v21, v22, inside, padded, valid & (first + 2 < body_rows), syc,
+                              mean0, mean1, mean2, std0, std1, std2, inv_scale, qmin, SWAP, IDENTITY, LEVELS, CODES,
+                              HALF)
+                _store_pixels(out + 3 * syh, v30, v31, v32, inside, padded, valid & (first + 3 < body_rows), syc,
+                              mean0, mean1, mean2, std0, std1, std2, inv_scale, qmin, SWAP, IDENTITY, LEVELS, CODES,
+                              HALF)
+        else:  # rows of the pad bands: no frame pixel to read
+            dtype: tl.constexpr = y_ptr.dtype.element_ty
+            p0 = _output(padded, mean0, std0, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype)
+            p1 = _output(padded, mean1, std1, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype)
+            p2 = _output(padded, mean2, std2, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype)
+            for r in tl.static_range(ROWS):
+                q = (g - groups) * ROWS + r  # the q-th pad row: above the image, then below it
+                oy = q + body_rows * (q >= body_top).to(tl.int32)
+                out = base + oy.to(tl.int64) * syh
+                mask = valid & (oy < OH)
+                tl.store(out, p0, mask=mask)
+                tl.store(out + syc, p1, mask=mask)
+                tl.store(out + 2 * syc, p2, mask=mask)
+
+
 @register
 @dataclass(frozen=True)
 class PreprocessTile(Tactic):
-    """The preprocessing kernel's tactic: output pixels per program and warps, named e.g.
-    "preprocess.pixels256.w4"."""
+    """The preprocessing kernel's tactic: output pixels per program, warps, and output rows per
+    program, named e.g. "preprocess.pixels256.w4" (one row) or "preprocess.pixels128.w4.rows4"
+    (`_letterbox_rows_kernel`: the rows share their filtered input rows)."""
     pixels: int
     warps: int
+    rows: int = 1
 
     FAMILY: ClassVar[str] = "preprocess"
-    SCHEME: ClassVar[tuple] = (Number("pixels", "pixels"), Number("warps", "w"))
+    SCHEME: ClassVar[tuple] = (Number("pixels", "pixels"), Number("warps", "w"), Number("rows", "rows", omit=1))
 
     def invalid(self) -> str | None:
         powers = all(v > 0 and v & (v - 1) == 0 for v in (self.pixels, self.warps))
-        return None if powers and self.pixels >= 32 * self.warps else "powers of 2, pixels ≥ 32 · warps"
+        if not (powers and self.pixels >= 32 * self.warps):
+            return "powers of 2, pixels ≥ 32 · warps"
+        return None if self.rows in ROW_GROUPS else f"rows one of {ROW_GROUPS}"
 
     def describe(self, layer: LayerFacts) -> str:
+        rows = "one row" if self.rows == 1 else f"{self.rows} rows sharing their filtered input rows"
         return (f"triton fused preprocessing (Pillow bilinear taps, letterbox, normalise, layout), "
-                f"{self.pixels} pixels of a row per program, {self.warps} warps")
+                f"{self.pixels} pixels of {rows} per program, {self.warps} warps")
 
+
+ROW_GROUPS = (1, 2, 4)  # output rows per program the kernels are written for
 
 # The first runs where nothing was timed (the pipeline's prepare step); the builder times them all.
-# A tile is a run of output pixels along one row.
-PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTile(64, 2), PreprocessTile(512, 4))
+# A tile is a run of output pixels along one row, or along 2 or 4 rows that read their filtered
+# input rows once (the one-row kernel runs for them where a group would filter too many input
+# rows: taps.MAX_SPAN).
+PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTile(64, 2), PreprocessTile(512, 4),
+                    PreprocessTile(128, 4, 4), PreprocessTile(64, 2, 4), PreprocessTile(256, 8, 4),
+                    PreprocessTile(128, 4, 2))
 
 FRAME_LAYOUTS = ("chw", "hwc")
 
@@ -221,16 +350,33 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
     if n == 0:
         return out
     inv_scale, qmin = (codes.inv_scale, codes.qmin) if codes is not None else (1.0, -INT8_QMAX)
+    flags = dict(SWAP=frame_order != spec.channels, IDENTITY=identity, LEVELS=spec.dtype == "uint8",
+                 CODES=codes is not None, HALF=spec.dtype == "float16", BLOCK=tile.pixels, num_warps=tile.warps,
+                 # quantize_int8 rounds x · inv_scale to float32 before its rounding add, as the
+                 # layer's own quantization does: no fused multiply-add
+                 enable_fp_fusion=False)
+    # Output rows inside the image: body_top.. (a crop starts inside it, at resized row -top).
+    body_top = max(top, 0)
+    body_rows = max(min(top + new_h, oh) - body_top, 0)
+    columns = used_taps(int(w), int(new_w))
+    groups = (device_row_groups(int(h), int(new_h), body_top - top, body_rows, tile.rows, frames.device)
+              if tile.rows > 1 and body_rows > 0 else None)
+    if groups is not None:
+        group_row, group_used, group_weight, span = groups
+        count = group_row.shape[0]
+        grid = (triton.cdiv(ow, tile.pixels), count + triton.cdiv(oh - body_rows, tile.rows), n)
+        _letterbox_rows_kernel[grid](frames, out, group_row, group_used, group_weight, col_start, col_weight,
+                                     h, w, new_w, left, ow, oh, body_top, body_rows, count,
+                                     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+                                     *spec.mean, *spec.std, spec.pad_value, float(inv_scale), float(qmin),
+                                     KX=columns, KX_STRIDE=kx, SPAN=span, ROWS=tile.rows,
+                                     **flags)
+        return out
     _letterbox_kernel[grid](frames, out, row_start, row_weight, col_start, col_weight,
                             h, w, new_h, new_w, top, left, ow,
                             sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                             *spec.mean, *spec.std, spec.pad_value, float(inv_scale), float(qmin),
-                            KY=ky, KX=kx, SWAP=frame_order != spec.channels, IDENTITY=identity,
-                            LEVELS=spec.dtype == "uint8", CODES=codes is not None, HALF=spec.dtype == "float16",
-                            BLOCK=tile.pixels, num_warps=tile.warps,
-                            # quantize_int8 rounds x · inv_scale to float32 before its rounding add, as
-                            # the layer's own quantization does: no fused multiply-add
-                            enable_fp_fusion=False)
+                            KY=ky, KX=kx, **flags)
     return out
 
 

@@ -60,3 +60,60 @@ def device_taps(in_size: int, out_size: int, device: torch.device) -> tuple[torc
     starts, weights = pillow_taps(in_size, out_size)
     return (torch.tensor(starts, dtype=torch.int32, device=device),
             torch.tensor(weights, dtype=torch.int32, device=device), len(weights[0]))
+
+
+@functools.lru_cache(maxsize=64)
+def used_taps(in_size: int, out_size: int) -> int:
+    """How many leading taps of `pillow_taps` carry a weight somewhere: past it every output
+    pixel's weight is 0 (a 2× shrink has 4 taps in a table of 5), so a kernel may stop there and
+    sum the same nonzero products."""
+    _, weights = pillow_taps(in_size, out_size)
+    return 1 + max((j for row in weights for j, w in enumerate(row) if w != 0), default=0)
+
+
+# The most input rows a program of several output rows filters (its SPAN): the kernel unrolls them,
+# so past this (shrinks beyond about 4× at 4 rows) the one-row kernel runs instead.
+MAX_SPAN = 24
+
+
+@functools.lru_cache(maxsize=64)
+def row_groups(in_size: int, out_size: int, first: int, count: int, rows: int) -> tuple[list, list, list, int] | None:
+    """The vertical taps of output rows first..first+count-1 (indices into the resized image) in
+    groups of `rows` consecutive rows, one group per program: (each group's first input row Y0,
+    how many input rows from Y0 it reads, its weights [SPAN][rows] flattened: the weight of input
+    row Y0 + k in output row r, 0 where r does not read it or lies past `count`, and SPAN, the
+    most rows any group reads); None when SPAN exceeds MAX_SPAN. A row's weights are its own
+    Pillow taps moved to where its first input row lies from Y0, so each output row sums the same
+    products as alone."""
+    starts, weights = pillow_taps(in_size, out_size)
+    firsts, used, tables = [], [], []
+    for g in range(-(-count // rows)):
+        members = [first + g * rows + r for r in range(rows) if g * rows + r < count]
+        y0 = min(starts[iy] for iy in members)
+        table: dict[tuple[int, int], int] = {}
+        for r, iy in enumerate(members):
+            for i, w in enumerate(weights[iy]):
+                if w != 0:
+                    table[starts[iy] - y0 + i, r] = w
+        firsts.append(y0)
+        used.append(1 + max((k for k, _ in table), default=0))
+        tables.append(table)
+    span = max(used)
+    if span > MAX_SPAN:
+        return None
+    flat = [[table.get((k, r), 0) for k in range(span) for r in range(rows)] for table in tables]
+    return firsts, used, flat, span
+
+
+@functools.lru_cache(maxsize=64)
+def device_row_groups(in_size: int, out_size: int, first: int, count: int, rows: int,
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """`row_groups` as int32 tensors on `device` (first rows, rows read, weights [groups, SPAN·rows]) and
+    SPAN, made once per geometry and device; None where the one-row kernel runs."""
+    groups = row_groups(in_size, out_size, first, count, rows)
+    if groups is None:
+        return None
+    firsts, used, flat, span = groups
+    return (torch.tensor(firsts, dtype=torch.int32, device=device),
+            torch.tensor(used, dtype=torch.int32, device=device),
+            torch.tensor(flat, dtype=torch.int32, device=device), span)
