@@ -63,11 +63,18 @@ def yolo_output(outputs: dict) -> str | None:
 
 def to_original(boxes: torch.Tensor, image: torch.Tensor, metas: Sequence[ImageMeta]) -> torch.Tensor:
     """Input-pixel boxes [N, 4] of images `image` [N] → original-image pixels (the letterbox undone,
-    clamped to the image), on the boxes' device; as they are when any meta is None."""
+    clamped to the image), on the boxes' device (float32 numpy arrays in, numpy out); as they are
+    when any meta is None."""
     if not len(boxes) or any(m is None for m in metas):
         return boxes
-    geometry = torch.tensor([[m.pad[1], m.pad[0], m.scale[1], m.scale[0], m.orig_size[1], m.orig_size[0]]
-                             for m in metas], dtype=torch.float32, device=boxes.device)[image]
+    rows = [[m.pad[1], m.pad[0], m.scale[1], m.scale[0], m.orig_size[1], m.orig_size[0]] for m in metas]
+    if isinstance(boxes, np.ndarray):  # host outputs: the same float32 steps in numpy, without torch's per-op cost
+        left, top, sx, sy, w, h = np.asarray(rows, dtype=np.float32)[image].T
+        return np.stack([np.minimum(np.maximum((boxes[:, 0] - left) / sx, 0), w),
+                         np.minimum(np.maximum((boxes[:, 1] - top) / sy, 0), h),
+                         np.minimum(np.maximum((boxes[:, 2] - left) / sx, 0), w),
+                         np.minimum(np.maximum((boxes[:, 3] - top) / sy, 0), h)], axis=1)
+    geometry = torch.tensor(rows, dtype=torch.float32, device=boxes.device)[image]
     left, top, sx, sy, w, h = geometry.unbind(1)
     return torch.stack([((boxes[:, 0] - left) / sx).clamp(min=0).minimum(w),
                         ((boxes[:, 1] - top) / sy).clamp(min=0).minimum(h),
@@ -93,8 +100,17 @@ class EngineNms:
         counts = torch.as_tensor(outputs[self.count]).reshape(-1)
         if len(counts) != len(metas):
             raise DataError(f"the engine's NMS output has batch {len(counts)} but {len(metas)} images were given")
+        on_device = counts.device.type != "cpu"
         counts = counts.cpu().tolist()
         top = max(counts, default=0)
+        if not on_device:  # already in host memory (the pipeline copies them there): numpy from here on
+            boxes = np.asarray(outputs[self.boxes])[:, :top].astype(np.float32, copy=False)
+            image = np.repeat(np.arange(len(counts)), top)
+            host_boxes = to_original(boxes.reshape(-1, 4), image, metas).reshape(len(counts), top, 4)
+            host_scores = np.asarray(outputs[self.scores])[:, :top]
+            host_classes = np.asarray(outputs[self.classes])[:, :top]
+            return [Detections(host_boxes[b, :n], host_scores[b, :n], host_classes[b, :n])
+                    for b, n in enumerate(counts)]
         boxes = torch.as_tensor(outputs[self.boxes])[:, :top]
         image = torch.arange(len(counts), device=boxes.device).repeat_interleave(top)
         mapped = to_original(boxes.reshape(-1, 4).float(), image, metas).reshape(len(counts), top, 4)

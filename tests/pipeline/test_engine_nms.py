@@ -135,3 +135,21 @@ def test_the_json_report_of_validate_names_the_engines_nms(plans, scenes, cli):
                 "--json")
     assert ultra.code == 0 and any("clips its boxes" in n for n in json.loads(ultra.out)["notes"])
     assert report["options"]["conf"] == 0.25 and report["decoder"] == "yolo"
+
+
+def test_boxes_in_host_memory_map_back_as_the_device_path_maps_them():
+    """EngineNms maps host outputs with numpy: the same float32 steps as the torch path, bit for bit,
+    boxes past every edge clamped alike."""
+    import torch
+
+    from sartor.data.preprocess import parse_preprocess, placement
+    from sartor.pipeline.detections import to_original
+    spec = parse_preprocess("letterbox=64,mean=0,std=255,rgb,nchw")
+    metas = [placement(h, w, spec).meta(f"f{i}", (h, w)) for i, (h, w) in enumerate([(48, 80), (37, 53), (64, 64)])]
+    rng = np.random.default_rng(0)
+    boxes = rng.uniform(-20, 90, (60, 4)).astype(np.float32)
+    image = rng.integers(0, 3, 60)
+    on_host = to_original(boxes, image, metas)
+    with_torch = to_original(torch.from_numpy(boxes), torch.from_numpy(image), metas).numpy()
+    assert on_host.dtype == np.float32 and np.array_equal(on_host, with_torch)
+    assert (on_host >= 0).all() and not np.array_equal(on_host, boxes)  # clamped and mapped, not passed through
