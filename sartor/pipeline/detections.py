@@ -37,6 +37,24 @@ class Detections:
         return len(self.scores)
 
     @classmethod
+    def per_image(cls, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, counts: Sequence[int]) -> list:
+        """One Detections per image from batch arrays (boxes [B, K, 4], scores and classes [B, K]),
+        image b's first counts[b]: converted once for the batch, each image a view of it."""
+        boxes = np.asarray(boxes, dtype=np.float32)
+        scores = np.asarray(scores, dtype=np.float32)
+        classes = np.asarray(classes).astype(np.int64)
+        if boxes.shape[:2] != scores.shape or scores.shape != classes.shape or boxes.shape[2:] != (4,) \
+                or len(scores) != len(counts) or max(counts, default=0) > scores.shape[1]:
+            raise DataError(f"batch detections of boxes {boxes.shape}, scores {scores.shape}, classes "
+                            f"{classes.shape} do not hold counts {list(counts)}")
+        made = []
+        for b, n in enumerate(counts):
+            one = object.__new__(cls)  # the arrays are already what __post_init__ would make of them
+            one.boxes, one.scores, one.classes = boxes[b, :n], scores[b, :n], classes[b, :n]
+            made.append(one)
+        return made
+
+    @classmethod
     def empty(cls) -> "Detections":
         return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
 
@@ -109,15 +127,14 @@ class EngineNms:
             host_boxes = to_original(boxes.reshape(-1, 4), image, metas).reshape(len(counts), top, 4)
             host_scores = np.asarray(outputs[self.scores])[:, :top]
             host_classes = np.asarray(outputs[self.classes])[:, :top]
-            return [Detections(host_boxes[b, :n], host_scores[b, :n], host_classes[b, :n])
-                    for b, n in enumerate(counts)]
+            return Detections.per_image(host_boxes, host_scores, host_classes, counts)
         boxes = torch.as_tensor(outputs[self.boxes])[:, :top]
         image = torch.arange(len(counts), device=boxes.device).repeat_interleave(top)
         mapped = to_original(boxes.reshape(-1, 4).float(), image, metas).reshape(len(counts), top, 4)
         host_boxes = mapped.cpu().numpy()
         host_scores = torch.as_tensor(outputs[self.scores])[:, :top].cpu().numpy()
         host_classes = torch.as_tensor(outputs[self.classes])[:, :top].cpu().numpy()
-        return [Detections(host_boxes[b, :n], host_scores[b, :n], host_classes[b, :n]) for b, n in enumerate(counts)]
+        return Detections.per_image(host_boxes, host_scores, host_classes, counts)
 
 
 class YoloNms:

@@ -153,3 +153,19 @@ def test_boxes_in_host_memory_map_back_as_the_device_path_maps_them():
     with_torch = to_original(torch.from_numpy(boxes), torch.from_numpy(image), metas).numpy()
     assert on_host.dtype == np.float32 and np.array_equal(on_host, with_torch)
     assert (on_host >= 0).all() and not np.array_equal(on_host, boxes)  # clamped and mapped, not passed through
+
+
+def test_batch_detections_equal_those_made_one_image_at_a_time_and_refuse_counts_they_do_not_hold():
+    from sartor.errors import DataError
+    from sartor.pipeline.detections import Detections
+    rng = np.random.default_rng(1)
+    boxes, scores = rng.uniform(0, 50, (3, 5, 4)).astype(np.float32), rng.uniform(0, 1, (3, 5)).astype(np.float32)
+    classes = rng.integers(0, 80, (3, 5)).astype(np.int32)
+    counts = [5, 0, 2]
+    batch = Detections.per_image(boxes, scores, classes, counts)
+    alone = [Detections(boxes[b, :n], scores[b, :n], classes[b, :n]) for b, n in enumerate(counts)]
+    for made, reference in zip(batch, alone):
+        assert len(made) == len(reference) and made.classes.dtype == reference.classes.dtype == np.int64
+        assert all(np.array_equal(getattr(made, k), getattr(reference, k)) for k in ("boxes", "scores", "classes"))
+    with pytest.raises(DataError, match="do not hold counts"):
+        Detections.per_image(boxes, scores, classes, [6, 0, 0])
