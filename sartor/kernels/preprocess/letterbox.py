@@ -81,7 +81,6 @@ if triton is not None:
         ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         valid = ox < OW
         out = y_ptr + n * syn + oy.to(tl.int64) * syh + ox.to(tl.int64) * syw
-        dtype: tl.constexpr = y_ptr.dtype.element_ty
         padded = tl.zeros((BLOCK,), tl.int32) + pad
         iy = oy - top
         if (iy >= 0) & (iy < new_h):
@@ -111,26 +110,13 @@ if triton is not None:
                     v0 += _clip8(h0) * wy
                     v1 += _clip8(h1) * wy
                     v2 += _clip8(h2) * wy
-            r1 = _clip8(v1)
-            if SWAP:  # the frames' channel order is the reverse of the engine's
-                r0 = _clip8(v2)
-                r2 = _clip8(v0)
-            else:
-                r0 = _clip8(v0)
-                r2 = _clip8(v2)
-            r0 = tl.where(inside, r0, padded)
-            r1 = tl.where(inside, r1, padded)
-            r2 = tl.where(inside, r2, padded)
-        else:  # a row of the pad band: no frame pixel to read
-            r0 = padded
-            r1 = padded
-            r2 = padded
-        tl.store(out, _output(r0, mean0, std0, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
-                 mask=valid)
-        tl.store(out + syc, _output(r1, mean1, std1, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
-                 mask=valid)
-        tl.store(out + 2 * syc, _output(r2, mean2, std2, inv_scale, qmin, IDENTITY, LEVELS, CODES, HALF).to(dtype),
-                 mask=valid)
+        else:  # a row of the pad band: no frame pixel to read, every pixel the pad value
+            inside = valid & (ox < 0)
+            v0 = tl.zeros((BLOCK,), tl.int32)
+            v1 = tl.zeros((BLOCK,), tl.int32)
+            v2 = tl.zeros((BLOCK,), tl.int32)
+        _store_pixels(out, v0, v1, v2, inside, padded, valid, syc, mean0, mean1, mean2, std0, std1, std2,
+                      inv_scale, qmin, SWAP, IDENTITY, LEVELS, CODES, HALF)
 
 
     @triton.jit
@@ -142,7 +128,9 @@ if triton is not None:
     def _store_pixels(out, v0, v1, v2, inside, padded, mask, syc, mean0, mean1, mean2, std0, std1, std2,
                       inv_scale, qmin, SWAP: tl.constexpr, IDENTITY: tl.constexpr, LEVELS: tl.constexpr,
                       CODES: tl.constexpr, HALF: tl.constexpr):
-        """An output row's pixels from its vertical sums, as _letterbox_kernel rounds and stores them."""
+        """An output row's pixels from its vertical sums: each rounded as Pillow's second pass rounds,
+        the frames' channels in the engine's order, the pad value outside the image (`inside`),
+        normalised and stored where `mask` holds. Both kernels end here."""
         dtype: tl.constexpr = out.dtype.element_ty
         r1 = _clip8(v1)
         if SWAP:
