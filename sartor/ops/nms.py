@@ -33,7 +33,12 @@ from ..kernels.detection.greedy_nms import (
     greedy_nms,
     greedy_nms_supported,
 )
-from ..kernels.detection.nms_candidates import select_candidates, select_candidates_supported
+from ..kernels.detection.nms_candidates import (
+    INDEX_BITS,
+    INDEX_MASK,
+    select_candidates,
+    select_candidates_supported,
+)
 from ..kernels.registry import fixed_tactic
 from .registry import OpTable
 
@@ -116,8 +121,8 @@ def settings_of(attrs: dict) -> NmsSettings:
 
 
 # ---- the candidates (both tactics) -------------------------------------------------------------
-INDEX_BITS = 32  # a candidate's key: its score's float32 bits, then 2³² − 1 − its index (class · A + anchor)
-INDEX_MASK = (1 << INDEX_BITS) - 1
+# A candidate's key: its score's float32 bits, then 2³² − 1 − its index (class · A + anchor); the
+# Triton stage (kernels/detection/nms_candidates.py) ranks by the same keys.
 
 
 def nms_candidates(pred: torch.Tensor, settings: NmsSettings, two_level: bool = False) -> tuple:
@@ -177,8 +182,8 @@ def two_level_candidates(pred: torch.Tensor, settings: NmsSettings) -> tuple:
 def fused_candidates(pred: torch.Tensor, settings: NmsSettings, capacity: int | None = None) -> tuple:
     """`two_level_candidates`'s, the valid ones equal bit for bit, from Triton kernels
     (`kernels/detection/nms_candidates.py`: the K-th best anchor's score is a floor no top-K pair is
-    under, so only pairs at or over it are sorted, `capacity` of them an image without the slow exact
-path). Invalid slots: score −1, class 0, anchor 0."""
+    under, so only pairs at or over it are sorted, `capacity` of them an image without the slow
+    exact path). Invalid slots: score −1, class 0, anchor 0."""
     boxes, scores, classes, count = select_candidates(pred, threshold_in(settings.conf, pred.dtype),
                                                       candidate_count(pred, settings), capacity)
     valid = torch.arange(scores.shape[1], device=pred.device) < count[:, None]

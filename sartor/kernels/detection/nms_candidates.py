@@ -27,7 +27,7 @@ import torch
 from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import triton
 
-INDEX_BITS = 32
+INDEX_BITS = 32  # a key: score's float32 bits << INDEX_BITS | INDEX_MASK − index (ops/nms.py ranks by these too)
 INDEX_MASK = (1 << INDEX_BITS) - 1  # a key of score 0 and index 0 fills the buffer: never valid
 ANCHOR_BLOCK = 128
 CLASS_BLOCK = 16  # a [16, 128] tile of scores a step
