@@ -39,7 +39,7 @@ from .decode import decode_frames
 from .detections import EngineNms, YoloNms
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
-from .sources import FRAME_ORDERS, read_sources
+from .sources import FRAME_ORDERS, FrameSource, read_sources
 from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
@@ -393,20 +393,27 @@ class Pipeline:
                     yield from self._finish(self._launch(self._prepare(chunk, first, 0), 0))
                 return
             # Batch n+1 is prepared on the worker while n runs, and launched before n's results are
-            # finished, so the device never waits for the host between two batches.
+            # finished, so the device never waits for the host between two batches. A chunk of frames
+            # already on the engine's device has nothing to decode or copy in: it is prepared in the
+            # calling thread once the batch before is launched, as a worker would only contend with
+            # this thread for the interpreter lock (docs/decisions/0051-inline-prepare-of-device-frames.md).
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
                 slot = 0
                 chunk = next(chunks, None)
-                pending: Future | None = pool.submit(self._prepare, *chunk, slot) if chunk is not None else None
+                pending: Future | None = self._start_prepare(pool, chunk, slot) if chunk is not None else None
                 running: _Launched | None = None
                 while pending is not None:
                     prepared = pending.result()
                     chunk = next(chunks, None)
-                    following = pool.submit(self._prepare, *chunk, 1 - slot) if chunk is not None else None
+                    inline = chunk is not None and self._on_device(chunk[0])
+                    following = (self._start_prepare(pool, chunk, 1 - slot)
+                                 if chunk is not None and not inline else None)
                     if running is not None and prepared.failures and not self.skip_bad:
                         yield from self._finish(running)  # the batch before is returned, then this one refused
                         running = None
                     launched = self._launch(prepared, slot)
+                    if inline:
+                        following = _prepared_now(self._prepare, *chunk, 1 - slot)
                     if running is not None:
                         yield from self._finish(running)
                     running, pending, slot = launched, following, 1 - slot
@@ -415,6 +422,19 @@ class Pipeline:
                         running = None
                 if running is not None:
                     yield from self._finish(running)
+
+    def _on_device(self, chunk: list) -> bool:
+        """Whether every item of the chunk is a frame already in the engine's CUDA memory (a camera
+        SDK's or NVDEC's frames): preparing it only launches a copy."""
+        if self.device.type != "cuda":
+            return False
+        frames = [item.frame if isinstance(item, FrameSource) else item for item in chunk]
+        return all(isinstance(f, torch.Tensor) and f.device == self.device and f.dim() == 3 for f in frames)
+
+    def _start_prepare(self, pool: ThreadPoolExecutor, chunk: tuple[list, int], slot: int) -> Future:
+        if self._on_device(chunk[0]):
+            return _prepared_now(self._prepare, *chunk, slot)
+        return pool.submit(self._prepare, *chunk, slot)
 
     def _frames_of(self, items) -> Iterable:
         if isinstance(items, (str, os.PathLike)):
@@ -427,6 +447,17 @@ class Pipeline:
 
     def run(self, items: Iterable) -> list[PipelineResult]:
         return list(self.stream(items))
+
+
+def _prepared_now(prepare: Callable, *args) -> Future:
+    """`prepare(*args)` run in this thread, as a Future (its exception too, raised at `result()`,
+    where a worker's would be)."""
+    future: Future = Future()
+    try:
+        future.set_result(prepare(*args))
+    except Exception as exc:  # noqa: BLE001 - re-raised by result(), in the order a worker's would be
+        future.set_exception(exc)
+    return future
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[tuple[list, int]]:

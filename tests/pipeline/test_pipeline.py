@@ -283,3 +283,12 @@ def test_yolo_nms_keeps_the_best_candidates_of_a_crowded_image():
 def test_host_outputs_off_needs_a_decoder(preprocessed_plan):
     with pytest.raises(ConfigError, match="host_outputs=False needs a decoder"):
         Pipeline(sartor.load(preprocessed_plan, device="cpu"), host_outputs=False)
+
+
+def test_a_batch_prepared_in_the_calling_thread_returns_its_result_or_raises_at_result():
+    from sartor.pipeline.pipeline import _prepared_now
+
+    assert _prepared_now(lambda a, b: a + b, 2, 3).result() == 5
+    failed = _prepared_now(lambda: (_ for _ in ()).throw(DataError("bad frame")))
+    with pytest.raises(DataError, match="bad frame"):
+        failed.result()
