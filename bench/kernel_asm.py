@@ -56,6 +56,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer3.conv3": (256, 256, 1024, 14, 1, True),
     "layer4.conv3": (256, 512, 2048, 7, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
+    "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
 }
 # Block 0 of a stage, its downsample fused into the last 1×1 layer (passes/fuse_projected_residual.py):
@@ -274,12 +275,14 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
     tiles = (tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)
-             + conv_igemm.padded_tap_tiles(tiles, cin, cout, eight_bit=True))
+             + conv_igemm.padded_tap_tiles(tiles, cin, cout, eight_bit=True)
+             + conv_igemm.row_tap_tiles(tiles, cin, (k, k), cout, eight_bit=True))
     tiles = tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True)  # every variant, to compare
     tiles = tiles + conv_igemm.weight_tma_tiles(tiles, cin, (cout, cin, k, k), 1)
     for tile in tiles:
         tail = cin if tile.padded_taps and cin % tile.block_k else 0
-        constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, K_GATHER=cin % tile.block_k != 0 and not tail,
+        constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, ROW_TAPS=cin if tile.row_taps else 0,
+                          K_GATHER=cin % tile.block_k != 0 and not tail and not tile.row_taps,
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
                           RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
                           BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)

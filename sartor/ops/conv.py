@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
-                                  padded_tap_tiles, single_pass_tiles, split_k_tiles)
+                                  padded_tap_tiles, row_tap_tiles, single_pass_tiles, split_k_tiles)
 from ..kernels.conv.depthwise import TRITON_DEPTHWISE, depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
 from ..kernels.pointwise.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, REFERENCE, fixed_tactic,
@@ -231,12 +231,14 @@ def igemm_variant_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tenso
                         geometry: ConvGeometry) -> list[TileConfig]:
     """The variants of `tiles` worth timing for this convolution (or GEMM, a 2-D `x`) on its GPU:
     split-K where the tile grid leaves SMs idle, one pipeline stage where K is one block, a tap by
-    tap walk where the channel count is no multiple of the K block."""
+    tap walk where the channel count is no multiple of the K block, a filter row a step where the
+    channels are few."""
     rows = x.shape[0] * geometry.out_hw[0] * geometry.out_hw[1]
     k_total = w.shape[1] * geometry.kernel[0] * geometry.kernel[1]
     return (split_k_tiles(tiles, rows, w.shape[0], k_total, multiprocessors(x.device))
             + single_pass_tiles(tiles, k_total)
-            + padded_tap_tiles(tiles, w.shape[1], w.shape[0], eight_bit=w.element_size() == 1))
+            + padded_tap_tiles(tiles, w.shape[1], w.shape[0], eight_bit=w.element_size() == 1)
+            + row_tap_tiles(tiles, w.shape[1], geometry.kernel, w.shape[0], eight_bit=w.element_size() == 1))
 
 
 def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:

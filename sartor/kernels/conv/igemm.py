@@ -69,7 +69,7 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0):
         await_previous_kernel(PDL)
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -96,7 +96,25 @@ if triton is not None:
         # Split-K: program (tile, pid_k) walks its share of the K blocks and leaves its partial sum
         # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue.
         pid_k = tl.program_id(1)
-        if K_GATHER:
+        if ROW_TAPS > 0:
+            # One K step per filter row: its KW taps' ROW_TAPS (= C, a power of two) channels side by
+            # side in one K block, so a row of few channels takes 1 step where the tap walk took KW.
+            # Which tap and channel a K column holds is fixed for the whole loop; each run of C
+            # columns is one pixel's contiguous channels, loaded as vectors.
+            tap_w = offs_k // ROW_TAPS
+            k_ok = offs_k < KW * ROW_TAPS
+            iw = iw0[:, None] + (tap_w * dil_w)[None, :]
+            row_cols_ok = m_ok[:, None] & k_ok[None, :] & (iw >= 0) & (iw < W)
+            row_cols = x_row[:, None] + iw * sxw + ((offs_k - tap_w * ROW_TAPS) * sxc)[None, :]
+            w_row = w_col[None, :] + offs_k[:, None]
+            w_ok = n_ok[None, :] & k_ok[:, None]
+            for tap_h in range(KH):
+                ih = ih0 + tap_h * dil_h
+                a = tl.load(x_ptr + row_cols + (ih * sxh)[:, None], mask=row_cols_ok & ((ih >= 0) & (ih < H))[:, None],
+                            other=0.0)
+                b = tl.load(w_ptr + w_row + tap_h * (KW * ROW_TAPS), mask=w_ok, other=0.0)
+                acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
+        elif K_GATHER:
             k_share = tl.cdiv(tl.cdiv(k_total, BLOCK_K), SPLIT_K) * BLOCK_K
             k_begin = pid_k * k_share
             k_end = tl.minimum(k_begin + k_share, k_total)
@@ -219,7 +237,9 @@ class TileConfig(Tactic):
     the products rather than stalling the epilogue ("residual early"), and whether the weight's
     tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
     no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
-    blocked K walks only). Named e.g. "igemm.128x128x64.w8.s3.split4" or
+    blocked K walks only), and whether each K step is one filter row with its taps' channels side
+    by side ("row taps": for few channels, a power of two, where the tap walk's steps are mostly
+    padding). Named e.g. "igemm.128x128x64.w8.s3.split4" or
     "igemm.64x64x64.w4.s4.halves.residual-early"."""
     block_m: int
     block_n: int
@@ -231,12 +251,13 @@ class TileConfig(Tactic):
     padded_taps: bool = False
     residual_early: bool = False
     weight_tma: bool = False
+    row_taps: bool = False
 
     FAMILY: ClassVar[str] = "igemm"
     SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
                                Number("split_k", "split", omit=1), Flag("epilogue_halves", "halves"),
                                Flag("residual_early", "residual-early"), Flag("padded_taps", "padded-taps"),
-                               Flag("weight_tma", "weight-tma"))
+                               Flag("weight_tma", "weight-tma"), Flag("row_taps", "row-taps"))
     WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
     PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
@@ -245,6 +266,8 @@ class TileConfig(Tactic):
             return "split-K shares its epilogue whole; halves need an even block_n"
         if self.residual_early and not self.epilogue_halves:
             return "residual-early comes with halves"
+        if self.row_taps and (self.padded_taps or self.weight_tma or self.split_k > 1):
+            return "row-taps is its own K walk, in one pass: no padded taps, weight TMA or split-K"
         return "weight-tma walks blocked K, not padded taps" if self.weight_tma and self.padded_taps else None
 
     def describe(self, layer: LayerFacts) -> str:
@@ -337,6 +360,41 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
             if channels % block_k and variant not in variants:
                 variants.append(variant)
     return variants
+
+
+ROW_TAPS_MIN_CHANNELS = 8  # a pixel's channels load as one vector from 8 bytes (16 halves) on
+ROW_TAPS_MAX_BLOCK_K = 128
+
+
+def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int], cout: int,
+                  eight_bit: bool) -> list[TileConfig]:
+    """Variants of `tiles` whose K steps are whole filter rows (`row_taps`), for a convolution of
+    several taps a row over few channels: YOLO's 16- and 32-channel 3×3 layers walk 3 steps of
+    48 or 96 columns instead of 9 taps each padded to the tensor-core step. The K block is the
+    row's KW·C columns rounded up to a power of two, at least the tensor-core step; the N block no
+    wider than the outputs need. Only candidates, timed against the tap walks."""
+    kh, kw = kernel
+    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels & (channels - 1):
+        return []
+    block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
+    if block_k > ROW_TAPS_MAX_BLOCK_K:
+        return []
+    narrow_n = max(32, 1 << (cout - 1).bit_length())
+    variants = []
+    for tile in tiles:
+        if tile.split_k == 1 and not (tile.padded_taps or tile.weight_tma or tile.row_taps):
+            variant = replace(tile, block_k=block_k, block_n=min(tile.block_n, narrow_n), row_taps=True,
+                              epilogue_halves=False, residual_early=False)
+            if variant not in variants:
+                variants.append(variant)
+    return variants
+
+
+def row_taps_apply(channels: int, kernel: tuple[int, int], tile: TileConfig) -> bool:
+    """Whether `tile`'s row-taps walk can run this convolution: a power-of-two channel count whose
+    filter rows fit one K block."""
+    return (tile.row_taps and channels >= 1 and not channels & (channels - 1) and kernel[1] * channels <= tile.block_k
+            and tile.split_k == 1)
 
 
 def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, element_size: int) -> list[TileConfig]:
@@ -505,8 +563,12 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
     m = n * oh * ow
     many_taps = geometry.kernel[0] * geometry.kernel[1] > MAX_BLOCKED_TAPS
+    row_taps = c if tile.row_taps else 0
+    if row_taps and not row_taps_apply(c, geometry.kernel, tile):
+        raise ValueError(f"conv_igemm: tile {tile.name} walks K a filter row at a time, which needs a power-of-two "
+                         f"channel count whose row fits its K block; {c} channels, {geometry.kernel[1]} taps a row")
     channel_tail = c if tile.padded_taps and c % tile.block_k and not many_taps else 0
-    k_gather = many_taps or (c % tile.block_k != 0 and not channel_tail)
+    k_gather = not row_taps and (many_taps or (c % tile.block_k != 0 and not channel_tail))
     split_k = max(1, tile.split_k)
     # The shares' partial sums: int32 for INT8 (their sum is exact), float32 otherwise.
     workspace = (torch.empty((split_k, m, cout), dtype=torch.int32 if int8 else torch.float32, device=x.device)
@@ -534,7 +596,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
