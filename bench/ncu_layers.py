@@ -33,12 +33,17 @@ from sartor.tactics.select import time_ms  # noqa: E402
 EPILOGUE = dict(activation="Relu", output_inv_scale=20.0)
 
 
-def resident_case(batch: int, cin: int, cout: int, hw: int, tactic: str, residual: bool = True):
+# YOLO's layers end in SiLU: its exponential is part of what their epilogues cost.
+SILU_EPILOGUE = dict(activation="SiLU", output_inv_scale=20.0)
+
+
+def resident_case(batch: int, cin: int, cout: int, hw: int, tactic: str, residual: bool = True,
+                  epilogue: dict = EPILOGUE):
     case = conv_case(batch, cin, cout, hw, 1, 1)
     tile = ResidentTile.parse(tactic)
     extra = dict(residual=case["residual"], residual_scale=0.01) if residual else {}
     return lambda: resident_gemm(case["x"], case["w"], case["bias"], tile, dequant_scale=case["scale"], **extra,
-                                 **EPILOGUE)
+                                 **epilogue)
 
 
 def projected_case(batch: int, cin: int, cout: int, hw: int, pcin: int, stride: int, tactic: str):
@@ -50,30 +55,33 @@ def projected_case(batch: int, cin: int, cout: int, hw: int, pcin: int, stride: 
                                  projection=projection, **EPILOGUE)
 
 
-def igemm_case(batch: int, cin: int, cout: int, hw: int, k: int, stride: int, tactic: str, residual: bool = False):
+def igemm_case(batch: int, cin: int, cout: int, hw: int, k: int, stride: int, tactic: str, residual: bool = False,
+               epilogue: dict = EPILOGUE):
     case = conv_case(batch, cin, cout, hw, k, stride)
     tile = TileConfig.parse(tactic)
     extra = dict(residual=case["residual"], residual_scale=0.01) if residual else {}
     return lambda: conv_igemm(case["x"], case["w"], case["bias"], case["geometry"], tile,
-                              dequant_scale=case["scale"], **extra, **EPILOGUE)
+                              dequant_scale=case["scale"], **extra, **epilogue)
 
 
-def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str):
+def tma_case(batch: int, cin: int, cout: int, hw: int, tactic: str, epilogue: dict = EPILOGUE):
     case = conv_case(batch, cin, cout, hw, 3, 1)
     tile = TmaTile.parse(tactic)
     return lambda: conv_tma(case["x"], case["w"], case["bias"], case["geometry"], tile, dequant_scale=case["scale"],
-                            **EPILOGUE)
+                            **epilogue)
 
 
-def stem_case(batch: int, tactic: str):
-    x = torch.rand(batch, 3, 224, 224, device="cuda")
-    geometry = ConvGeometry((7, 7), (2, 2), (3, 3), (1, 1), (112, 112))
+def stem_case(batch: int, tactic: str, cout: int = 64, kernel: int = 7, size: int = 224, activation: str = "Relu"):
+    """ResNet's stem (7×7 / 2, 3 → 64 at 224) or, with cout 16, kernel 3, size 640, YOLO's."""
+    x = torch.rand(batch, 3, size, size, device="cuda")
+    out = (size + 2 * (kernel // 2) - kernel) // 2 + 1
+    geometry = ConvGeometry((kernel, kernel), (2, 2), (kernel // 2, kernel // 2), (1, 1), (out, out))
     window = tactic_for(tactic)
     space_to_depth = window.space_to_depth
-    w_window = window_weight(int8_codes(64, 3, 7, 7), space_to_depth)
-    bias = torch.zeros(64, dtype=torch.int32, device="cuda")
-    scale = torch.full((64,), 1e-3, device="cuda")
-    epilogue = dict(activation="Relu", input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
+    w_window = window_weight(int8_codes(cout, 3, kernel, kernel), space_to_depth)
+    bias = torch.zeros(cout, dtype=torch.int32, device="cuda")
+    scale = torch.full((cout,), 1e-3, device="cuda")
+    epilogue = dict(activation=activation, input_inv_scale=50.0, output_inv_scale=20.0, qmin=-127, fp8=False)
     return lambda: window_conv(x, w_window, bias, None, scale, geometry, window.tile, torch.int8, epilogue,
                                space_to_depth=space_to_depth)
 
@@ -89,8 +97,8 @@ def traffic_case(batch: int, tactic: str):
     return lambda: stream_like_resident(case["x"], case["residual"], ResidentTile.parse(tactic))
 
 
-def copy_case(batch: int):
-    source = int8_codes(batch, 256, 56, 56)
+def copy_case(batch: int, channels: int = 256, hw: int = 56):
+    source = int8_codes(batch, channels, hw, hw)
     target = torch.empty_like(source)
     return lambda: target.copy_(source)
 
@@ -128,6 +136,16 @@ def cases(batch: int) -> dict:
         "stem.pool.fp16_e8192": lambda: pool_case(batch, "max_pool.elements8192.channels64.w4", torch.float16),
         "traffic.layer1.conv3": lambda: traffic_case(batch, "resident.64x64.t8.w4.s3.grouped"),
         "copy.205MB": lambda: copy_case(batch),
+        # YOLOv8n at 640, batch 32 (fixed, whatever --batch says), with the tactics session 37's
+        # builder chose: the 16- to 64-channel layers at 80-320 pixels a side where INT8 gained least.
+        "yolo.stem": lambda: stem_case(32, "window_resident.64x64.t8.w4.s2.cols-loaded.kh-steps.row-pairs.space-to-depth",
+                                       cout=16, kernel=3, size=640, activation="SiLU"),
+        "yolo.model2.cv2_1x1": lambda: resident_case(32, 48, 32, 160, "resident.64x64.t8.w4.s3.cols-loaded.grouped",
+                                                     residual=False, epilogue=SILU_EPILOGUE),
+        "yolo.model2.m0_3x3": lambda: igemm_case(32, 16, 16, 160, 3, 1, "igemm.128x32x64.w8.s3.row-taps",
+                                                 epilogue=SILU_EPILOGUE),
+        "yolo.head_3x3_64": lambda: tma_case(32, 64, 64, 80, "tma.8x16x64x64.w4.s4", epilogue=SILU_EPILOGUE),
+        "copy.yolo.26MB": lambda: copy_case(32, 32, 160),
     }
 
 
