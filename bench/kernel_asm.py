@@ -18,7 +18,8 @@ layer1.conv3 (1×1, 64 → 256, 56×56), layer1.conv2 (3×3, 64 → 64, 56×56),
 256 → 256, 14×14), layer3.conv3 (1×1, 256 → 1024, 14×14), layer4.conv3 (1×1, 512 → 2048, 7×7; at
 K = 512 the resident tiles would need 133–270 KB of shared memory, so MAX_RESIDENT_K stays 256), stem
 (7×7 stride 2, 3 → 64, 224×224: the window tactic's GEMMs over packed pixels,
-`ops/quantized_window.py`, in both forms).
+`ops/quantized_window.py`, in both forms); yolo-stem (YOLOv8n's at batch 32: 3×3 stride 2, 3 → 16,
+640×640, the same GEMMs and the narrow resident-window tiles of few output channels).
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
+    "yolo-stem": (32, 3, 16, 640, 3, False),  # YOLOv8n's: stride 2, 16 channels (the narrow window tiles)
 }
 # Block 0 of a stage, its downsample fused into the last 1×1 layer (passes/fuse_projected_residual.py):
 # name: (batch, cin, cout, hw, projection's cin, projection's stride).
@@ -197,7 +199,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
             cases.append((quantized_window.window_tactic(tile, space_to_depth).name, conv_igemm._conv_igemm_kernel,
                           igemm_args, constexprs, tile.warps, tile.stages))
         resident_args = dict(resident_common, image_bytes=image_bytes, row_bytes=row_bytes)
-        for tile in window_resident.window_resident_tiles(5, max_pool=True):
+        for tile in window_resident.window_resident_tiles(5, max_pool=True, out_channels=cout):
             constexprs = dict(resident_epilogue, KH=rows, WINDOW=window, STRIDE_H=stride_h,
                               PIXEL_STEP=step * PIXEL_BYTES, DIL_H=1, KH_STEPS=tile.kh_steps, TILES=tile.resident.tiles,
                               N_ADJACENT=tile.resident.n_adjacent, COLUMNS_LOADED=tile.resident.columns_loaded,

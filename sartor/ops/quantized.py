@@ -258,7 +258,7 @@ def _qlayer_tactics(gemm: bool):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
                 names += window_tactics(effort, space_to_depth=space_to_depth_applies(inputs[0], inputs[1], attrs),
-                                        max_pool=pooled)
+                                        max_pool=pooled, out_channels=inputs[1].shape[0])
         return names
     return tactics
 

@@ -136,12 +136,14 @@ def window_tactic(tile: TileConfig | WindowResidentTile, space_to_depth: bool = 
     return (WindowResident if isinstance(tile, WindowResidentTile) else WindowIgemm)(tile, space_to_depth)
 
 
-def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = False) -> list[str]:
+def window_tactics(effort: int, space_to_depth: bool = False, max_pool: bool = False,
+                   out_channels: int | None = None) -> list[str]:
     """The implicit-GEMM window tiles, then the resident-window ones, as many as the effort allows;
     with `space_to_depth` each in that form too; with `max_pool` (a layer carrying the 3 × 3 / 2 max
-    pool the pooled tiles compute) the pooled resident-window tiles too."""
+    pool the pooled tiles compute) the pooled resident-window tiles too; for a layer of few
+    `out_channels`, the resident-window tiles' narrow variants too (`window_resident_tiles`)."""
     tiles = [*WINDOW_TILES[:TILES_PER_EFFORT.get(effort, len(WINDOW_TILES))],
-             *window_resident_tiles(effort, max_pool=max_pool)]
+             *window_resident_tiles(effort, max_pool=max_pool, out_channels=out_channels)]
     forms = (False, True) if space_to_depth else (False,)
     return [window_tactic(tile, form).name for form in forms for tile in tiles]
 

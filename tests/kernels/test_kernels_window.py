@@ -19,7 +19,8 @@ from sartor.kernels.window.pixel_pack import pack_pixels  # noqa: E402
 from sartor.kernels.gemm.resident import ResidentTile  # noqa: E402
 from sartor.kernels.common.tile_steps import DECODABLE_SUM  # noqa: E402
 from sartor.kernels.window.resident import (WINDOW_RESIDENT_TILES, WindowResidentTile,  # noqa: E402
-                                            window_alignment, window_resident_conv)
+                                            narrow_tiles, window_alignment, window_resident_conv,
+                                            window_resident_tiles)
 from sartor.ops import default_registry, quantized  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
@@ -316,8 +317,8 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
     monkeypatch.setattr(quantized, "_igemm_geometry",
                         lambda x, w, attrs, gemm: igemm_geometry(x, w, attrs, require_cuda=False))
     registry = default_registry()["QConv"]
-    stem = registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(8, 3, 7, 7, dtype=torch.int8)],
-                            {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)
+    stem = registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(64, 3, 7, 7, dtype=torch.int8)],
+                            {"pads": [3, 3, 3, 3], "strides": [2, 2]}, 1)  # ResNet's 64 channels: no narrow tiles
     offered = [name for name in stem if name.startswith("window_resident.") and not name.endswith(".space-to-depth")]
     first_two = [window_tactic(tile).name for tile in WINDOW_RESIDENT_TILES[:2]]
     loaded = [name.replace(".s2", ".s2.cols-loaded") for name in first_two]  # the columns' bias and scale once
@@ -338,3 +339,75 @@ def test_window_alignment_is_what_every_window_start_is_a_multiple_of():
     blocks = (460 * 4, 115 * 460 * 4)  # its space-to-depth form: windows 16 bytes apart
     assert window_alignment(16, *blocks) == 16
     assert window_alignment(16, 6 * 4, 5 * 6 * 4) == 8  # rows of 24 bytes
+
+
+def _yolo_stem(cout: int, generator):
+    """YOLOv8n's stem, 3 → `cout` channels 3 × 3 / 2 padded by 1, on batch 2 of 18 × 20 images (9 × 10
+    output pixels each), INT8 codes out."""
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1],
+             "input_inv_scale": 40.0, "activation": "Relu", "qmin": -127, "output_inv_scale": 3.0}
+    x = torch.randn(2, 3, 18, 20, generator=generator)
+    wq = quantize(torch.randn(cout, 3, 3, 3, generator=generator), 60.0)
+    bias = torch.randint(-3000, 3000, (cout,), dtype=torch.int32, generator=generator)
+    return x, wq, bias, torch.rand(cout, generator=generator) * 1e-3, attrs
+
+
+def _tactic_output(x, wq, bias, scale, attrs, tile, space_to_depth):
+    tactic = window_tactic(tile, space_to_depth).name
+    inputs = [t.to(DEVICE) for t in (x, qlayer_weight_for_tactic(wq, tactic), bias)] + [None, scale.to(DEVICE)]
+    return qconv(inputs, dict(attrs, tactic=tactic)).cpu()
+
+
+@pytest.mark.parametrize("space_to_depth", [False, True], ids=["window", "space_to_depth"])
+@pytest.mark.parametrize("cout", [16, 24])
+def test_narrow_resident_window_tiles_equal_the_wide_ones_and_the_emulation(cout, space_to_depth):
+    """The builder's narrow tiles (effort 1: 256 × 16 for 16 channels, 128 × 32 for 24, whose last 8
+    columns are masked) and a small one (8 × 64 narrowed to 32 × 16 or 16 × 32), whose 100 row pairs
+    take several row tiles over several programs, give the codes of the 64-wide tile each was
+    narrowed from, and the emulation's."""
+    x, wq, bias, scale, attrs = _yolo_stem(cout, torch.Generator().manual_seed(21))
+    expected = qconv([x, wq, bias, None, scale], attrs)
+    assert expected.dtype == torch.int8 and expected.shape == (2, cout, 9, 10)
+    wide = window_resident_tiles(1) + [WindowResidentTile(ResidentTile(8, 64, 2, 1, 1), kh_steps=True,
+                                                          row_pairs=True)]
+    narrow = narrow_tiles(wide, cout)
+    assert len(narrow) == len(wide) and all(tile.resident.block_n == (16 if cout == 16 else 32) for tile in narrow)
+    for wide_tile, tile in zip(wide, narrow):
+        out = _tactic_output(x, wq, bias, scale, attrs, tile, space_to_depth)
+        assert torch.equal(out, expected), tile.name
+        assert torch.equal(out, _tactic_output(x, wq, bias, scale, attrs, wide_tile, space_to_depth)), tile.name
+
+
+def test_narrow_tiles_are_offered_for_few_output_channels_only(monkeypatch):
+    """Up to 32 output channels (YOLOv8n's stem: 16) each resident-window candidate is also offered
+    narrowed, its other fields and flags kept; ResNet's 64-channel stem is offered what it was."""
+    monkeypatch.setattr(quantized, "_igemm_geometry",
+                        lambda x, w, attrs, gemm: igemm_geometry(x, w, attrs, require_cuda=False))
+    registry = default_registry()["QConv"]
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+
+    def offered(cout: int, effort: int = 1) -> list[str]:
+        return registry.tactics([torch.zeros(1, 3, 16, 16), torch.zeros(cout, 3, 3, 3, dtype=torch.int8)], attrs,
+                                effort)
+
+    plain = window_tactics(1, space_to_depth=True)
+    assert [name for name in offered(64) if name.startswith("window_")] == plain
+    for effort in range(6):
+        assert window_tactics(effort, True, True, out_channels=64) == window_tactics(effort, True, True)
+    for cout, block_n in ((16, 16), (3, 16), (17, 32), (32, 32)):
+        names = [name for name in offered(cout) if name.startswith("window_")]
+        narrow = [name for name in names if name not in plain]
+        assert [name for name in names if name in plain] == plain and len(narrow) == 12
+        assert all(tactic_for(name).tile.resident.block_n == block_n for name in narrow)
+    sixteen = [name for name in offered(16) if name.startswith("window_resident.256x16.")]
+    assert sixteen[:6] == ["window_resident.256x16.t8.w4.s2.kh-steps", "window_resident.256x16.t8.w4.s2",
+                           "window_resident.256x16.t8.w4.s2.cols-loaded.kh-steps",
+                           "window_resident.256x16.t8.w4.s2.cols-loaded",
+                           "window_resident.256x16.t8.w4.s2.kh-steps.row-pairs",
+                           "window_resident.256x16.t8.w4.s2.cols-loaded.kh-steps.row-pairs"]
+    assert "window_resident.128x32.t8.w4.s2.cols-loaded.kh-steps.row-pairs" in offered(32)
+    assert "window_resident.512x16.t8.w8.s2" in window_tactics(5, out_channels=16)
+    pooled = window_tactics(1, max_pool=True, out_channels=16)
+    assert pooled[-1] == "window_resident.256x16.t4.w4.s2.kh-steps.row-pairs.max-pool"
+    for name in pooled:
+        assert tactic_for(name).name == name

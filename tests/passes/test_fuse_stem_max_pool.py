@@ -18,8 +18,8 @@ from sartor.ir import verify_graph
 from sartor.ir.graph import Node
 from sartor.kernels.registry import TacticNameError, tactic_for
 from sartor.kernels.gemm.resident import ResidentTile
-from sartor.kernels.window.resident import (POOLED_TILES, WindowResidentTile, pooled_row_groups, pooled_steps,
-                                            window_resident_conv, window_resident_tiles)
+from sartor.kernels.window.resident import (POOLED_TILES, WindowResidentTile, narrow_tiles, pooled_row_groups,
+                                            pooled_steps, window_resident_conv, window_resident_tiles)
 from sartor.ops import default_registry, quantized
 from sartor.ops.conv import igemm_geometry
 from sartor.ops.fused_pool import fused_max_pool, max_pool_label, pool_in_kernel
@@ -153,6 +153,20 @@ def test_pooled_kernel_equals_the_emulation(activation):
         assert torch.equal(got.cpu(), reference), tactic
 
 
+def test_narrow_pooled_tiles_equal_the_emulation():
+    """The builder's pooled tiles narrowed for the stem's 8 channels (256 × 16: strips of 127 pooled
+    columns, banded and balanced) pool as the 64-wide ones do."""
+    pytest.importorskip("triton")
+    inputs, attrs = _pooled_layer_inputs()
+    reference = qconv(inputs, dict(attrs, tactic="torch"))
+    for tile in narrow_tiles(list(POOLED_TILES[:2]), 8):
+        for form in (False, True):
+            tactic = window_tactic(tile, space_to_depth=form).name
+            args = [t.to(DEVICE) if t is not None else None for t in inputs]
+            args[1] = qlayer_weight_for_tactic(inputs[1], tactic).to(DEVICE)
+            assert torch.equal(qconv(args, dict(attrs, tactic=tactic)).cpu(), reference), tactic
+
+
 def test_other_tactics_run_the_layer_then_the_pool():
     """An unpooled window tile: the layer's codes, then the pool (Triton's on CUDA)."""
     pytest.importorskip("triton")
@@ -172,10 +186,14 @@ def test_pooled_tactics_are_offered_for_pooled_stems_only(monkeypatch):
     inputs, attrs = _pooled_layer_inputs()
     registry = default_registry()["QConv"]
     pooled = registry.tactics(inputs, attrs, 1)
-    expected = [window_tactic(tile, form).name for form in (False, True) for tile in POOLED_TILES[:3]]
-    assert sum(".balanced" in name for name in expected) == 2  # the balanced walk from effort 1
+    # The stem's 8 channels: each pooled tile also narrowed to 16 columns (`narrow_tiles`).
+    tiles = [*POOLED_TILES[:3], *narrow_tiles(list(POOLED_TILES[:3]), 8)]
+    expected = [window_tactic(tile, form).name for form in (False, True) for tile in tiles]
+    assert sum(".balanced" in name for name in expected) == 4  # the balanced walk from effort 1
+    assert sum(".256x16." in name for name in expected) == 6
     assert [name for name in pooled if tactic_for(name).fuses_max_pool] == expected
-    assert window_tactics(1, space_to_depth=True, max_pool=True) == [n for n in pooled if n.startswith("window_")]
+    assert window_tactics(1, space_to_depth=True, max_pool=True, out_channels=8) == [
+        n for n in pooled if n.startswith("window_")]
     plain = {key: value for key, value in attrs.items() if not key.startswith("max_pool_")}
     assert not any(tactic_for(name).fuses_max_pool for name in registry.tactics(inputs, plain, 1))
     other_pool = dict(attrs, max_pool_kernel_shape=[2, 2], max_pool_pads=[0, 0, 0, 0])

@@ -439,20 +439,55 @@ POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, Tr
                 WindowResidentTile(ResidentTile(64, 64, 2, 4, 2), True, True, True),
                 WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), True, True, True))
 POOLED_PER_EFFORT = {1: 3, 2: 4}
+# Stems of few output channels (YOLOv8n's 16): a 64-column tile would mask 3/4 of its columns (products,
+# accumulator, epilogue), so up to NARROW_MAX_CHANNELS each candidate is also offered as narrow as the
+# channels allow, its rows raised to keep the accumulator's size (`narrow_tiles`). bench/kernel_asm.py
+# --layer yolo-stem (sm_90, Triton 3.6): 47–128 registers, 35–134 KiB of shared memory (the rows' windows
+# staged grow with block_m), pooled 144–198 registers; no spills.
+NARROW_MAX_CHANNELS = 32
+# Their fewest columns. Not tl.dot's limit (Triton 3.6 pads 8-bit products of fewer rows or columns;
+# only K must be 32 or more): at 16, each epilogue half still stores 8 bytes a pixel.
+NARROW_MIN_BLOCK_N = 16
 # The multiprocessors the balanced walk spreads over on the CPU (Triton's interpreter runs programs
 # one after another): a few, so that runs cross strips and images in tests.
 INTERPRETED_SMS = 2
 
 
-def window_resident_tiles(effort: int, max_pool: bool = False) -> list[WindowResidentTile]:
+def window_resident_tiles(effort: int, max_pool: bool = False,
+                          out_channels: int | None = None) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
     loaded once per program (ResidentTile's cols-loaded), then those walking by filter rows also over
     row pairs; with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
-    after them, the others then storing the output for the pool to run after."""
+    after them, the others then storing the output for the pool to run after. For a layer of
+    `out_channels` up to NARROW_MAX_CHANNELS, each of those narrowed (`narrow_tiles`) after them all."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
     tiles += [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
-    return tiles + (list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else [])
+    tiles += list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else []
+    return tiles + (narrow_tiles(tiles, out_channels) if out_channels is not None else [])
+
+
+def narrow_block_n(out_channels: int) -> int:
+    """The narrow tiles' columns: the power of two holding `out_channels`, NARROW_MIN_BLOCK_N at least."""
+    return max(NARROW_MIN_BLOCK_N, 1 << (out_channels - 1).bit_length())
+
+
+def narrow_tiles(tiles: list[WindowResidentTile], out_channels: int) -> list[WindowResidentTile]:
+    """For a layer of up to NARROW_MAX_CHANNELS output channels, each of `tiles` wider than
+    `narrow_block_n` with that many columns and as many more rows (block_m · block_n the same: as
+    many accumulator registers a thread), its other fields and flags kept; none for wider layers."""
+    if out_channels > NARROW_MAX_CHANNELS:
+        return []
+    block_n = narrow_block_n(out_channels)
+    narrow = []
+    for tile in tiles:
+        resident = tile.resident
+        if resident.block_n > block_n:
+            candidate = replace(tile, resident=replace(resident, block_m=resident.block_m * resident.block_n // block_n,
+                                                       block_n=block_n))
+            if candidate not in narrow and candidate not in tiles:
+                narrow.append(candidate)
+    return narrow
 
 
 def pooled_size(out_hw: tuple[int, int]) -> tuple[int, int]:
