@@ -143,11 +143,13 @@ def igemm_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: 
     return _geometry_2d(x, w, attrs)
 
 
-def depthwise_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: bool = True) -> ConvGeometry | None:
+def depthwise_geometry(x: torch.Tensor, w: torch.Tensor, attrs: dict, require_cuda: bool = True,
+                       supported=depthwise_supported) -> ConvGeometry | None:
     """The geometry the depthwise kernel needs, or None when it does not apply: 2-D convolutions
     with group = C = Cout (channel multiplier 1) of float channels-last CUDA tensors (any tensors
-    under Triton's interpreter, with `require_cuda=False`) and an epilogue the kernel knows."""
-    if (require_cuda and not x.is_cuda) or not depthwise_supported(x, w) or attrs.get("group", 1) != x.shape[1]:
+    under Triton's interpreter, with `require_cuda=False`; INT8 layers pass their own `supported`)
+    and an epilogue the kernel knows."""
+    if (require_cuda and not x.is_cuda) or not supported(x, w) or attrs.get("group", 1) != x.shape[1]:
         return None
     if attrs.get("activation") not in ACTIVATION_CODES:
         return None

@@ -69,6 +69,8 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
+from ..kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, depthwise_codes_supported, depthwise_qconv_nhwc,
+                                      pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import pixel_stride, triton
 from ..kernels.pool.max_pool import POOL_TILES
 from ..kernels.conv.tma import TmaTile, conv_tma, tma_applies, tma_tactics
@@ -76,9 +78,9 @@ from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma
 from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window.resident import WindowResidentTile
-from ..kernels.registry import (AS_GIVEN, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline, LayerFacts,
+from ..kernels.registry import (AS_GIVEN, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline, LayerFacts,
                                 Tactic, register, tactic_for)
-from .conv import conv_nd, igemm_epilogue, igemm_geometry, igemm_variant_tiles
+from .conv import conv_nd, depthwise_geometry, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
 from .fp8 import is_fp8, quantize_fp8
@@ -226,13 +228,15 @@ def _qlayer_tactics(gemm: bool):
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
         TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
-        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions). A
-        projected layer: `projected_tactics`."""
+        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions); an INT8
+        depthwise layer, the depthwise kernel. A projected layer: `projected_tactics`."""
         names = [REFERENCE]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
         if projection_inputs(inputs) is not None:
             return names + projected_tactics(inputs, attrs, effort)
+        if not gemm and depthwise_int8_geometry(inputs[0], inputs[1], attrs) is not None:
+            return names + [TRITON_DEPTHWISE_INT8]
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
@@ -274,6 +278,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         return window_weight(wq, space_to_depth=chosen.space_to_depth)
     if layout == IM2COL_ROWS:
         return im2col_weight(wq, chosen.tile)
+    if layout == DEPTHWISE_TAPS:
+        return pack_depthwise_weight(wq)
     return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 
@@ -390,13 +396,36 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
                       pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
+def depthwise_int8_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict,
+                            require_cuda: bool = True) -> ConvGeometry | None:
+    """The geometry of an INT8 depthwise QConv (group = C = Cout) the depthwise kernel runs, else
+    None: CUDA tensors (any under Triton's interpreter, with `require_cuda=False`), not FP8, an
+    epilogue the kernel knows."""
+    if is_fp8(attrs):
+        return None
+    return depthwise_geometry(x, wq, attrs, require_cuda, supported=depthwise_codes_supported)
+
+
+def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None):
+    geometry = depthwise_int8_geometry(x, wq, attrs, require_cuda=False)
+    if geometry is None or (residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1],
+                                                                               *geometry.out_hw)):
+        return None
+    epilogue = _int8_epilogue(attrs)
+    epilogue.pop("fp8")
+    return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
+                                **epilogue)
+
+
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
-    convolution or a dense GEMM) or an implicit-GEMM tile; None for any other tactic, or where this
-    one does not apply to these inputs (the caller then runs the emulation)."""
+    convolution or a dense GEMM), an implicit-GEMM tile or the depthwise kernel; None for any other
+    tactic, or where this one does not apply to these inputs (the caller then runs the emulation)."""
     name = attrs.get("tactic") or REFERENCE
     if name in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
+    if name == TRITON_DEPTHWISE_INT8 and not gemm:
+        return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out)
     tactic = tactic_for(name)
     run = _KERNEL_RUNNERS.get(type(tactic))
     return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)

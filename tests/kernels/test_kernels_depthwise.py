@@ -219,3 +219,100 @@ def test_wrong_outputs_and_inputs_are_refused():
         depthwise_conv_nhwc(x, w, None, geometry, residual=torch.zeros(1, 8, 4, 4, device=DEVICE))
     with pytest.raises(ValueError, match="not a channels-last depthwise"):
         depthwise_conv_nhwc(x.contiguous(), w, None, geometry)
+
+
+# ---- INT8 depthwise (a QConv of group = C): the emulation's numbers from the kernel ----------------
+
+def _int8_layer(channels, kernel, strides, pads, dilations, generator, *, residual=False, int8_output=True,
+                activation="Relu"):
+    """A depthwise QConv's inputs (codes, int8 weight, int32 bias, residual codes, scales) and attrs."""
+    from sartor.ops.quantized import qconv
+    attrs = _attrs(kernel, strides, pads, dilations, channels, activation=activation, input_inv_scale=11.0,
+                   qmin=-127, residual_scale=0.05)
+    if int8_output:
+        attrs["output_inv_scale"] = 7.0
+    x = torch.randint(-127, 128, (2, channels, 9, 8), dtype=torch.int8, generator=generator)
+    wq = torch.randint(-127, 128, (channels, 1, *kernel), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-3000, 3000, (channels,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(channels, generator=generator) * 1e-3
+    out_hw = [(s + lo + hi - d * (k - 1) - 1) // st + 1 for s, lo, hi, d, k, st in
+              zip((9, 8), pads[:2], pads[2:], dilations, kernel, strides)]
+    res = (torch.randint(-127, 128, (2, channels, *out_hw), dtype=torch.int8, generator=generator)
+           if residual else None)
+    return qconv, [x, wq, bias, res, scale], attrs
+
+
+@pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
+@pytest.mark.parametrize("residual,int8_output", [(False, True), (True, True), (False, False)])
+def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, residual, int8_output):
+    """int32 sums of int8 taps, then the INT8 epilogue: bit for bit the emulation's output, INT8
+    codes or float32, with a residual of codes, over every geometry, with 80 channels (two channel
+    blocks, the second ragged); float inputs are quantized on load as the emulation quantizes them."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    generator = torch.Generator().manual_seed(21)
+    qconv, inputs, attrs = _int8_layer(80, kernel, strides, pads, dilations, generator, residual=residual,
+                                       int8_output=int8_output)
+    for x in (inputs[0], torch.randn(2, 80, 9, 8, generator=generator) * 4):
+        layer = [x.contiguous(memory_format=torch.channels_last)] + inputs[1:]
+        expected = qconv(layer, attrs)
+        on_device = [t.to(DEVICE) if t is not None else None for t in layer]
+        on_device[1] = pack_depthwise_weight(on_device[1])
+        out = qconv(on_device, dict(attrs, tactic=TRITON_DEPTHWISE_INT8))
+        assert out.dtype == (torch.int8 if int8_output else torch.float32)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(out.cpu(), expected), (kernel, strides, x.dtype)
+
+
+def test_int8_depthwise_silu_is_within_one_code_of_the_emulation():
+    """YOLO11's depthwise layers end in SiLU, whose exponential may differ from torch's in its last
+    ulp and so move a value across a rounding boundary: held to one code step, as the implicit
+    GEMM's SiLU is."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    generator = torch.Generator().manual_seed(23)
+    qconv, inputs, attrs = _int8_layer(48, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator, activation="SiLU")
+    layer = [inputs[0].contiguous(memory_format=torch.channels_last)] + inputs[1:]
+    expected = qconv(layer, attrs)
+    on_device = [t.to(DEVICE) if t is not None else None for t in layer]
+    on_device[1] = pack_depthwise_weight(on_device[1])
+    out = qconv(on_device, dict(attrs, tactic=TRITON_DEPTHWISE_INT8)).cpu()
+    assert int((out.int() - expected.int()).abs().max()) <= 1
+    assert (out == expected).float().mean() > 0.99
+
+
+def test_int8_depthwise_reads_and_writes_channel_slices():
+    """A Split half in, a Concat's slice out (`write_into`): the same codes as the emulation."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    from sartor.ops.quantized import qconv_into
+    generator = torch.Generator().manual_seed(22)
+    qconv, inputs, attrs = _int8_layer(16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator)
+    wide = torch.randint(-127, 128, (2, 32, 9, 8), dtype=torch.int8, generator=generator)
+    half = wide.contiguous(memory_format=torch.channels_last)[:, 16:]
+    expected = qconv([half.contiguous()] + inputs[1:], attrs)
+    buffer = torch.zeros(2, 48, 9, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    layer = [half.to(DEVICE), pack_depthwise_weight(inputs[1].to(DEVICE)), inputs[2].to(DEVICE), None,
+             inputs[4].to(DEVICE)]
+    written = qconv_into(layer, dict(attrs, tactic=TRITON_DEPTHWISE_INT8), buffer[:, 8:24])
+    assert written is not None and torch.equal(buffer[:, 8:24].cpu(), expected)
+    assert not buffer[:, :8].any() and not buffer[:, 24:].any()
+
+
+def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
+    """Offered (alone beside the emulation: the implicit GEMM runs no grouped layer) for a depthwise
+    QConv on CUDA; never on the CPU, for a dense or a grouped-but-not-depthwise layer, or FP8."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    from sartor.ops.quantized import depthwise_int8_geometry
+    qconv_tactics = default_registry()["QConv"].tactics
+    x = torch.zeros(1, 16, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    wq = torch.zeros(16, 1, 3, 3, dtype=torch.int8)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16, input_inv_scale=1.0, output_inv_scale=1.0)
+    scale, bias = torch.ones(16), torch.zeros(16, dtype=torch.int32)
+    assert qconv_tactics([x, wq, bias, None, scale], attrs, 2) == ["torch"]
+    assert depthwise_int8_geometry(x, wq, attrs, require_cuda=False) is not None
+    assert depthwise_int8_geometry(x, wq, dict(attrs, qformat="fp8e4m3"), require_cuda=False) is None
+    assert depthwise_int8_geometry(x, torch.zeros(16, 16, 3, 3, dtype=torch.int8), dict(attrs, group=1),
+                                   require_cuda=False) is None
+    assert depthwise_int8_geometry(x, torch.zeros(16, 2, 3, 3, dtype=torch.int8), dict(attrs, group=8),
+                                   require_cuda=False) is None
+    if DEVICE == "cuda":
+        on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
+        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8]

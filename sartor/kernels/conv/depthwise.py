@@ -14,6 +14,11 @@ coalesced load of BLOCK_C per tap. Padding (asymmetric too) is done by masks, ne
 copy. Accumulation is float32; bias, residual (before or after the activation) and the
 activation are applied before the single store, in the input's dtype, into a new channels-last
 tensor or a channel slice of a wider one.
+
+INT8 (a QConv's codes, `depthwise_qconv_nhwc`): int8 × int8 taps summed in int32, which is exact
+(81 taps of 127 · 127 stay far below 2^31), then the implicit GEMM's INT8 epilogue (bias,
+per-channel dequantization, residual, activation, requantization), so the output equals the
+emulation's bit for bit; float inputs are quantized as they are loaded.
 """
 from __future__ import annotations
 
@@ -21,20 +26,23 @@ import torch
 
 from ..common.cache_keys import settle_cache_keys
 from .igemm import ConvGeometry
-from ..pointwise.epilogue import ACTIVATION_CODES, channels_last_output, pixel_stride, triton
+from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..common.tile_steps import epilogue_arguments
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
 
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import store_epilogue, pixel_coords
+    from ..common.tile_steps import _quantize_operand, pixel_coords, store_epilogue
 
     @triton.jit
-    def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
-                               sxn, sxh, sxw, swc, swh, sww, srn, src, srh, srw, pad_h, pad_w, alpha, beta,
+    def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
+                               sxn, sxh, sxw, swc, swh, sww, srn, src, srh, srw, pad_h, pad_w,
+                               in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
                                KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                               DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               HAS_RES: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr,
+                               DH: tl.constexpr, DW: tl.constexpr, INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
+                               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
+                               RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
                                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -45,7 +53,10 @@ if triton is not None:
         ih0 = oh * SH - pad_h
         iw0 = ow * SW - pad_w
         w_col = offs_c * swc
-        acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+        if INT8:
+            acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
+        else:
+            acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
         for kh in tl.static_range(KH):
             ih = ih0 + kh * DH
             row_ok = p_ok & (ih >= 0) & (ih < H)
@@ -55,11 +66,17 @@ if triton is not None:
                 v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
                             mask=ok[:, None] & c_ok[None, :], other=0.0)
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
-                acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
-        # The implicit-GEMM kernel's float epilogue: bias, residual, activation, one store.
-        store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, bias_ptr, res_ptr, y_ptr,
-                        y_row, srn, src, srh, srw, 1.0, 1.0, -127.0, alpha, beta,
-                        False, False, HAS_BIAS, HAS_RES, False, RES_AFTER, ACT, False)  # float: no INT8/FP8
+                if INT8:
+                    if QUANTIZE_INPUT:  # padding loads 0.0, whose code is 0
+                        v = _quantize_operand(v.to(tl.float32), in_inv_scale, qmin)
+                    acc += v.to(tl.int32) * tap.to(tl.int32)[None, :]
+                else:
+                    acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
+        # The implicit-GEMM kernel's epilogue: bias, (dequantization,) residual, activation,
+        # (requantization,) one store.
+        store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        INT8, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
 
 DEPTHWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -121,6 +138,55 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     y = channels_last_output(shape, x.dtype, x.device, out, "depthwise_conv_nhwc")
     if residual is not None and tuple(residual.shape) != shape:
         raise ValueError(f"depthwise_conv_nhwc: residual {tuple(residual.shape)} is not the output's shape {shape}")
+    scalars, flags = epilogue_arguments(quantized=False, fp8=False, bias=bias, residual=residual, activation=activation,
+                                        alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
+                                        residual_scale=None, output_inv_scale=None, qmin=-127.0)
+    _launch(x, w, bias, None, residual, y, geometry, 1.0, scalars, dict(flags, QUANTIZE_INPUT=False), fusion=True)
+    return y
+
+
+def depthwise_codes_supported(x: torch.Tensor, wq: torch.Tensor) -> bool:
+    """An INT8 depthwise layer the kernel runs: int8 codes (or a float input, quantized on load)
+    channels-last, and a [C, 1, KH, KW] int8 weight."""
+    return (triton is not None and x.dim() == 4 and wq.dim() == 4 and wq.dtype == torch.int8
+            and (x.dtype == torch.int8 or x.dtype in DEPTHWISE_DTYPES) and wq.shape[0] == x.shape[1]
+            and wq.shape[1] == 1 and wq.shape[2] * wq.shape[3] <= MAX_TAPS and pixel_stride(x) is not None)
+
+
+def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
+                         dequant_scale: torch.Tensor, input_inv_scale: float, residual: torch.Tensor | None = None,
+                         activation: str | None = None, alpha: float | None = None, beta: float | None = None,
+                         residual_after_activation: bool = False, residual_scale: float | None = None,
+                         output_inv_scale: float | None = None, qmin: int = -127,
+                         accumulator_bound: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
+    wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
+    per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else float32,
+    channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation."""
+    if not depthwise_codes_supported(x, wq):
+        raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
+                         f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
+    n, c, _, _ = x.shape
+    shape = (n, c, *geometry.out_hw)
+    y = channels_last_output(shape, torch.int8 if output_inv_scale is not None else torch.float32, x.device, out,
+                             "depthwise_qconv_nhwc")
+    if residual is not None and tuple(residual.shape) != shape:
+        raise ValueError(f"depthwise_qconv_nhwc: residual {tuple(residual.shape)} is not the output's shape {shape}")
+    scalars, flags = epilogue_arguments(quantized=True, fp8=False, bias=bias, residual=residual, activation=activation,
+                                        alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
+                                        residual_scale=residual_scale, output_inv_scale=output_inv_scale, qmin=qmin,
+                                        accumulator_bound=accumulator_bound)
+    # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
+    _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
+            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False)
+    return y
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
+            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool) -> None:
+    flags = {k: v for k, v in flags.items() if k != "FP8"}  # no FP8 depthwise: its layers keep the emulation
+    n, c, h, w_in = x.shape
+    oh, ow = geometry.out_hw
     sxn, _, sxh, sxw = x.stride()
     swc, _, swh, sww = w.stride()
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
@@ -128,21 +194,23 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     block_p, block_c = _block_sizes(pixels, c, _min_programs(x.device))
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _depthwise_nhwc_kernel[grid](
-        x, w, bias if bias is not None else w, residual if residual is not None else y, y,
+        x, w, bias if bias is not None else w, scale if scale is not None else w,
+        residual if residual is not None else y, y,
         pixels, c, h, w_in, oh, ow, pixel_stride(y), sxn, sxh, sxw, swc, swh, sww, *rs,
-        geometry.pads[0], geometry.pads[1],
-        float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
+        geometry.pads[0], geometry.pads[1], in_inv_scale, *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], SH=geometry.strides[0], SW=geometry.strides[1],
-        DH=geometry.dilations[0], DW=geometry.dilations[1], HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
-    return y
+        DH=geometry.dilations[0], DW=geometry.dilations[1], **flags,
+        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4, enable_fp_fusion=fusion)
 
 
 TRITON_DEPTHWISE = "triton_depthwise"
 fixed_tactic(TRITON_DEPTHWISE,
              "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
              weight_layout=DEPTHWISE_TAPS)
+TRITON_DEPTHWISE_INT8 = "triton_depthwise_int8"
+fixed_tactic(TRITON_DEPTHWISE_INT8,
+             "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
+             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

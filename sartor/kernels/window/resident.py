@@ -448,6 +448,11 @@ NARROW_MAX_CHANNELS = 32
 # Their fewest columns. Not tl.dot's limit (Triton 3.6 pads 8-bit products of fewer rows or columns;
 # only K must be 32 or more): at 16, each epilogue half still stores 8 bytes a pixel.
 NARROW_MIN_BLOCK_N = 16
+# Up to this many output channels, below effort NARROW_ONLY_BELOW_EFFORT, the narrow tiles replace the
+# 64-column ones they come from (the pooled tiles excepted): on YOLOv8n's 16-channel stem every narrow
+# tile beat every wide one (docs/decisions/kernel-window-resident-tiles.md), which only cost build time.
+NARROW_ONLY_MAX_CHANNELS = 16
+NARROW_ONLY_BELOW_EFFORT = 3
 # The multiprocessors the balanced walk spreads over on the CPU (Triton's interpreter runs programs
 # one after another): a few, so that runs cross strips and images in tests.
 INTERPRETED_SMS = 2
@@ -459,12 +464,18 @@ def window_resident_tiles(effort: int, max_pool: bool = False,
     loaded once per program (ResidentTile's cols-loaded), then those walking by filter rows also over
     row pairs; with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
     after them, the others then storing the output for the pool to run after. For a layer of
-    `out_channels` up to NARROW_MAX_CHANNELS, each of those narrowed (`narrow_tiles`) after them all."""
+    `out_channels` up to NARROW_MAX_CHANNELS, each of those narrowed (`narrow_tiles`) after them all;
+    up to NARROW_ONLY_MAX_CHANNELS below effort NARROW_ONLY_BELOW_EFFORT, the unpooled ones narrowed
+    only."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
     tiles += [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
-    tiles += list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else []
-    return tiles + (narrow_tiles(tiles, out_channels) if out_channels is not None else [])
+    pooled = list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else []
+    if out_channels is None or out_channels > NARROW_MAX_CHANNELS:
+        return tiles + pooled
+    if out_channels <= NARROW_ONLY_MAX_CHANNELS and effort < NARROW_ONLY_BELOW_EFFORT:
+        return narrow_tiles(tiles, out_channels) + pooled + narrow_tiles(pooled, out_channels)
+    return tiles + pooled + narrow_tiles(tiles + pooled, out_channels)
 
 
 def narrow_block_n(out_channels: int) -> int:
