@@ -10,6 +10,11 @@
 #               CPython 3.12 and trimmed (no Java jar, dashboard UI, RLlib or Ray LLM; native code
 #               stripped) so that it and the tracked tree (36 MiB) travel in one call; unpacked by
 #               bench/h200_ray.sh (docs/decisions/0046-infer-on-ray.md)
+#   .whl/nvdec  pynvvideocodec-cp312.tar.xz (about 4 MiB): PyNvVideoCodec installed for CPython 3.12,
+#               trimmed of its FFmpeg source tarball and samples, duplicate library copies as links,
+#               and clip.mp4, a 720p H.264 clip of the real-photo frames (bench/make_video.py, made
+#               here with PyAV): NVDEC video for bench/video_h200.sh, where PyAV's 35 MB wheel and the
+#               tracked tree do not fit one call
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
 #               activations do not fade into float16 subnormals)
@@ -72,6 +77,31 @@ make_ray_archive() {
   archive=$(stat -c %s .whl/ray/ray-cp312.tar.xz)
   awk -v a="$archive" -v t="$tree" 'BEGIN { printf "ray: %.2f MiB; with the tracked tree (%.2f MiB) %.2f MiB of the 64 a call carries\n", a / 2^20, t / 2^20, (a + t) / 2^20 }'
 }
+# PyNvVideoCodec is no dependency of sartor (pyproject.toml): the version video_nvdec.py was read against.
+NVDEC_VERSION=2.2.4
+make_nvdec_archive() {
+  local work
+  work=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+      -d "$work/wheels" "PyNvVideoCodec==$NVDEC_VERSION" 2>&1 \
+    | grep -v "is ignored" || true
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" --python-version 3.12 \
+      --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64 "$work"/wheels/*.whl 2>&1 \
+    | grep -v "is ignored" || true
+  rm -rf "$work"/site/external "$work"/site/samples "$work"/site/data
+  find "$work/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  # The wheel stores libavformat.so, .so.63 and .so.63.1.101 as three copies: links to the last.
+  for lib in "$work"/site/PyNvVideoCodec/lib*.so.*.*.*; do
+    for short in "${lib%.*.*}" "${lib%.*.*.*}"; do
+      [ -f "$short" ] && [ ! -L "$short" ] && ln -sf "$(basename "$lib")" "$short"
+    done
+  done
+  mkdir -p .whl/nvdec
+  tar -cf - -C "$work/site" . | xz -9 -T0 > .whl/nvdec/pynvvideocodec-cp312.tar.xz
+  rm -rf "$work"
+  "$PY" bench/make_frames.py /tmp/device_carry_frames --count 24 >/dev/null
+  "$PY" bench/make_video.py /tmp/device_carry_frames .whl/nvdec/clip.mp4 --seconds 10 >/dev/null
+}
 for part in "${@:-serve base carry}"; do
   for name in $part; do
     case $name in
@@ -92,6 +122,8 @@ for part in "${@:-serve base carry}"; do
         fi ;;
       ray)
         [ -f .whl/ray/ray-cp312.tar.xz ] || make_ray_archive ;;
+      nvdec)
+        [ -f .whl/nvdec/pynvvideocodec-cp312.tar.xz ] || make_nvdec_archive ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do
@@ -107,7 +139,7 @@ with tempfile.TemporaryDirectory() as work:
             mv ".carry/$model.onnx.partial" ".carry/$model.onnx"
           fi
         done ;;
-      *) echo "device_carry: unknown part '$name' (serve, base, video, ray, carry)" >&2; exit 2 ;;
+      *) echo "device_carry: unknown part '$name' (serve, base, video, ray, nvdec, carry)" >&2; exit 2 ;;
     esac
   done
 done
