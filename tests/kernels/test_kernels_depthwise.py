@@ -313,6 +313,11 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
                                    require_cuda=False) is None
     assert depthwise_int8_geometry(x, torch.zeros(16, 2, 3, 3, dtype=torch.int8), dict(attrs, group=8),
                                    require_cuda=False) is None
+    # The executor stores the weight in the tactic's layout once, at load: [KH, KW, C] in memory.
+    from sartor.ops.quantized import qlayer_weight_for_tactic
+    codes = torch.randint(-127, 128, (16, 1, 3, 3), dtype=torch.int8)
+    stored = qlayer_weight_for_tactic(codes, TRITON_DEPTHWISE_INT8)
+    assert torch.equal(stored, codes) and stored.stride() == pack_depthwise_weight(codes).stride() != codes.stride()
     if DEVICE == "cuda":
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
         assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8]
