@@ -48,6 +48,7 @@ from sartor.kernels.window import resident as window_resident  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.window.pixel_pack import PIXEL_BYTES  # noqa: E402
 from sartor.kernels.common.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
+from sartor.kernels.pointwise.epilogue import ACTIVATION_CODES  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
@@ -58,6 +59,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer4.conv3": (256, 512, 2048, 7, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
+    "yolo.1x1": (32, 48, 32, 160, 1, False),  # YOLOv8n at 640: model.2's cv2 (1×1, 48 → 32), resident GEMM
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
     "yolo-stem": (32, 3, 16, 640, 3, False),  # YOLOv8n's: stride 2, 16 channels (the narrow window tiles)
 }
@@ -68,6 +70,7 @@ PROJECTED = {
     "layer2.projected": (256, 128, 512, 28, 256, 2),
 }
 STEM_STRIDE = 2
+ACTIVATION = 1  # the epilogue's activation code (pointwise/epilogue.py ACTIVATION_CODES); --activation sets it
 # What each pattern counts in the PTX.
 PATTERNS = {
     "tma": r"cp\.async\.bulk\.tensor",
@@ -168,6 +171,7 @@ def ptxas_report(ptx: str, arch: int) -> dict:
     return {"registers": int(re.search(r"Used (\d+) registers", out).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1)),
             "conversions": {name: len(re.findall(pattern, sass)) for name, pattern in SASS_CONVERSIONS.items()},
+            "instructions": len(sass_instructions(sass)),
             "main_loop": main_loop_mix(sass)}
 
 
@@ -269,7 +273,7 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                   srn=hw * hw * cout, src=1, srh=hw * cout, srw=cout, in_inv_scale=1.0, res_scale=0.01,
                   out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=residual, RES_QUANT=residual,
-                    RES_AFTER=False, ACT=1, OUT_QUANT=True)
+                    RES_AFTER=False, ACT=ACTIVATION, OUT_QUANT=True)
     if cin <= PIXEL_BYTES:
         return window_cases(batch, cin, cout, hw, k, common, epilogue)
     igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
@@ -366,10 +370,14 @@ def main() -> None:
                         help="comma-separated resident tactics (e.g. resident.64x64.t8.w4.s2.cols-loaded.grouped) "
                              "instead of every "
                              "one the builder knows: a tile not yet among them")
+    parser.add_argument("--activation", default="Relu", choices=[a for a in ACTIVATION_CODES if a],
+                        help="the epilogue's activation (YOLO's layers: SiLU)")
     parser.add_argument("--sums-decoded", action="store_true",
                         help="compile the INT8 epilogues that decode their int32 sums from bits (tile_steps "
                              "SUMS_DECODED, a layer whose weights bound its sums below 2^22) instead of converting")
     args = parser.parse_args()
+    global ACTIVATION
+    ACTIVATION = ACTIVATION_CODES[args.activation]
     for name in args.resident_tiles or []:
         try:
             resident_gemm.ResidentTile.parse(name)
@@ -377,7 +385,7 @@ def main() -> None:
             parser.error(f"--resident-tiles: {error}")
     target = GPUTarget("cuda", args.arch, 32)
     print(f"{args.layer} on sm_{args.arch}: per program")
-    print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'layout cvts':>11} "
+    print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'sass':>5} {'layout cvts':>11} "
           + " ".join(f"{name:>9}" for name in PATTERNS) + " " + " ".join(f"{name:>4}" for name in SASS_CONVERSIONS))
     for label, fn, values, constexprs, warps, stages in layer_cases(args.layer, args.resident_tiles):
         if args.sums_decoded and constexprs.get("INT8"):
@@ -392,6 +400,7 @@ def main() -> None:
         ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
         counts = " ".join(f"{len(re.findall(pattern, ptx)):>9}" for pattern in PATTERNS.values())
         print(f"{label:32s} {report['registers']:>4} {report['spill_bytes']:>5} {kernel.metadata.shared:>6} "
+              f"{report['instructions']:>5} "
               f"{ttgir.count('ttg.convert_layout'):>11} {counts} "
               + " ".join(f"{count:>4}" for count in report["conversions"].values()), flush=True)
         if args.loop_mix:
