@@ -58,6 +58,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer3.conv3": (256, 256, 1024, 14, 1, True),
     "layer4.conv3": (256, 512, 2048, 7, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
+    "detector.c40": (32, 40, 40, 40, 3, False),  # its stage2 3×3 layers (C = 40)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
     "yolo.1x1": (32, 48, 32, 160, 1, False),  # YOLOv8n at 640: model.2's cv2 (1×1, 48 → 32), resident GEMM
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)

@@ -540,14 +540,19 @@ def test_weight_tma_variants_are_named_offered_and_refused_where_they_cannot_loa
                    dequant_scale=torch.ones(16, device=DEVICE), input_inv_scale=1.0)
 
 
-# Few channels, a power of two, with several taps a row: a filter row a K step. 16 and 8 channels
-# (YOLO's 3×3 layers and their strided downsamples), asymmetric pads, dilation, a 3×5 filter, and
-# 32 channels whose 96-column rows take the 128-wide K block.
+# Few channels, a multiple of 8, with several taps a row: a filter row a K step. 16 and 8 channels
+# (YOLO's 3×3 layers and their strided downsamples), asymmetric pads, dilation, a 3×5 filter; 24
+# and 40 (the sample detector's, not powers of two: a tap's channels start mid-vector of 16), whose
+# 72- and 120-column rows take the 128-wide K block, with a stride and dilation.
 ROW_TAP_GEOMETRIES = [
     (16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
     (8, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
     (16, (3, 5), (1, 2), (0, 2, 2, 1), (2, 1)),
     (16, (3, 3), (1, 1), (1, 2, 1, 2), (1, 2)),
+    (24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (24, (3, 3), (2, 1), (1, 2, 1, 2), (1, 2)),
+    (40, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    (40, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
 ]
 
 
@@ -567,57 +572,64 @@ def test_row_taps_int8_equals_the_emulation(channels, kernel, strides, pads, dil
         _assert_int8_conv_is_the_emulation(x, kernel, attrs, 24, tile, generator, with_residual=residual)
 
 
-def test_row_taps_read_a_channel_slice_of_a_wider_buffer():
-    """A Split's half (16 of 32 channels of one channels-last buffer): pixels 32 codes apart, each
-    pixel's 16 read as a run; equal to the emulation on the slice made contiguous."""
+@pytest.mark.parametrize("channels", [16, 24])
+def test_row_taps_read_a_channel_slice_of_a_wider_buffer(channels):
+    """A Split's half (16 of 32 channels of one channels-last buffer, or 24 of 48): pixels 32 (48)
+    codes apart, each pixel's channels read as a run; equal to the emulation on the slice made
+    contiguous."""
     generator = torch.Generator().manual_seed(14)
     attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=9.0, residual_scale=0.04,
                  activation="SiLU", qmin=-127, output_inv_scale=5.0)
-    wide = torch.randint(-127, 128, (2, 32, 7, 9), dtype=torch.int8, generator=generator)
-    half = wide.contiguous(memory_format=torch.channels_last)[:, 16:]
-    assert half.stride()[3] == 32
-    tile = TileConfig(16, 32, 64, 1, 1, row_taps=True)
+    wide = torch.randint(-127, 128, (2, 2 * channels, 7, 9), dtype=torch.int8, generator=generator)
+    half = wide.contiguous(memory_format=torch.channels_last)[:, channels:]
+    assert half.stride()[3] == 2 * channels
+    tile = TileConfig(16, 32, max(32, 1 << (3 * channels - 1).bit_length()), 1, 1, row_taps=True)
     _assert_int8_conv_is_the_emulation(half, (3, 3), attrs, 16, tile, generator, with_residual=False)
 
 
-def test_row_taps_float_matches_torch():
+@pytest.mark.parametrize("channels", [16, 24])
+def test_row_taps_float_matches_torch(channels):
     generator = torch.Generator().manual_seed(15)
     attrs = _attrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1))
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
-    x = torch.randn(2, 16, 9, 8, generator=generator)
-    w = torch.randn(24, 16, 3, 3, generator=generator) / 12
+    x = torch.randn(2, channels, 9, 8, generator=generator)
+    w = torch.randn(24, channels, 3, 3, generator=generator) / 12
     b = torch.randn(24, generator=generator)
     expected = torch.relu(_reference_conv(x, w, b, attrs))
     x, w, b = (t.to(DEVICE, dtype) for t in (x, w, b))
     x = x.contiguous(memory_format=torch.channels_last)
-    out = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), TileConfig(16, 32, 64, 1, 1, row_taps=True),
-                     activation="Relu")
+    tile = TileConfig(16, 32, max(16, 1 << (3 * channels - 1).bit_length()), 1, 1, row_taps=True)
+    out = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), tile, activation="Relu")
     tolerance = 2e-2 if dtype == torch.float16 else 1e-4
     torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)
 
 
 def test_row_tap_variants_are_offered_for_few_channels_only():
     """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 32, named and
-    parsed; 32 channels: 128; 8-bit or not: 16 channels at FP16 take 64 too. None for 64 channels
-    (192 columns a row), 24 (not a power of two), 1×1 or one tap a row; a tile that cannot run the
-    layer is refused with its reason."""
+    parsed; 32 channels: 128, and 24 and 40 (72 and 120 columns a row) too; 8-bit or not: 16
+    channels at FP16 take 64 too. None for 64 or 48 channels (192 or 144 columns a row), 12 (not a
+    multiple of 8), 1×1 or one tap a row; a tile that cannot run the layer is refused with its
+    reason."""
     from sartor.kernels.conv.igemm import row_tap_tiles
     tiles = candidate_tiles(int8=True, effort=2)
     variants = row_tap_tiles(tiles, 16, (3, 3), 16, eight_bit=True)
     assert variants and all(v.row_taps and v.block_k == 64 and v.block_n == 32 for v in variants)
     assert all(TileConfig.parse(v.name) == v and v.name.endswith(".row-taps") for v in variants)
     assert len(set(variants)) == len(variants)
-    assert {v.block_k for v in row_tap_tiles(tiles, 32, (3, 3), 64, eight_bit=True)} == {128}
+    for channels in (32, 24, 40):
+        assert {v.block_k for v in row_tap_tiles(tiles, channels, (3, 3), 64, eight_bit=True)} == {128}, channels
     assert {v.block_k for v in row_tap_tiles(candidate_tiles(int8=False, effort=2), 16, (3, 3), 32,
                                              eight_bit=False)} == {64}
-    for channels, kernel in ((64, (3, 3)), (24, (3, 3)), (16, (1, 1)), (16, (3, 1))):
+    for channels, kernel in ((64, (3, 3)), (48, (3, 3)), (12, (3, 3)), (16, (1, 1)), (16, (3, 1))):
         assert row_tap_tiles(tiles, channels, kernel, 64, eight_bit=True) == [], (channels, kernel)
     for bad in ("igemm.16x32x64.w1.s1.split2.row-taps", "igemm.16x32x64.w1.s1.padded-taps.row-taps"):
         with pytest.raises(TacticNameError):
             TileConfig.parse(bad)
-    x = torch.randint(-127, 128, (1, 24, 5, 5), dtype=torch.int8).to(DEVICE)
-    w = torch.randint(-127, 128, (16, 24, 3, 3), dtype=torch.int8).to(DEVICE)
     attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
-    with pytest.raises(ValueError, match="walks K a filter row at a time.*24 channels, 3 taps a row"):
-        conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs), TileConfig(16, 32, 128, 1, 1, row_taps=True),
-                   dequant_scale=torch.ones(16, device=DEVICE), input_inv_scale=1.0)
+    for channels in (12, 48):  # not a multiple of 8; a row of 144 columns in a K block of 128
+        x = torch.randint(-127, 128, (1, channels, 5, 5), dtype=torch.int8).to(DEVICE)
+        w = torch.randint(-127, 128, (16, channels, 3, 3), dtype=torch.int8).to(DEVICE)
+        with pytest.raises(ValueError, match=f"walks K a filter row at a time.*{channels} channels, 3 taps a row"):
+            conv_igemm(x, pack_weight(w), None, _geometry(x, w, attrs),
+                       TileConfig(16, 32, 128, 1, 1, row_taps=True), dequant_scale=torch.ones(16, device=DEVICE),
+                       input_inv_scale=1.0)

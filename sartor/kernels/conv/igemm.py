@@ -97,7 +97,7 @@ if triton is not None:
         # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue.
         pid_k = tl.program_id(1)
         if ROW_TAPS > 0:
-            # One K step per filter row: its KW taps' ROW_TAPS (= C, a power of two) channels side by
+            # One K step per filter row: its KW taps' ROW_TAPS (= C, a multiple of 8) channels side by
             # side in one K block, so a row of few channels takes 1 step where the tap walk took KW.
             # Which tap and channel a K column holds is fixed for the whole loop; each run of C
             # columns is one pixel's contiguous channels, loaded as vectors.
@@ -106,12 +106,28 @@ if triton is not None:
             iw = iw0[:, None] + (tap_w * dil_w)[None, :]
             row_cols_ok = m_ok[:, None] & k_ok[None, :] & (iw >= 0) & (iw < W)
             row_cols = x_row[:, None] + iw * sxw + ((offs_k - tap_w * ROW_TAPS) * sxc)[None, :]
-            w_row = w_col[None, :] + offs_k[:, None]
+            # Triton proves the runs of C columns aligned by itself only for C a power of two from 16
+            # whose pixels are 16 elements apart (it sees a stride as a multiple of 16 or of nothing).
+            # Otherwise (24 or 40 channels, or pixels 8 apart) it is told: every run of ROW_VECTOR
+            # columns, the largest power of two dividing both C and every pixel's offset (ROW_ALIGN),
+            # is contiguous from a multiple of ROW_VECTOR; and the weight's rows are KH·KW·C apart
+            # as a constant, whose factor 8 it sees, not as the argument C, of unknown alignment.
+            ROW_VECTOR: tl.constexpr = ROW_ALIGN if ROW_ALIGN < (ROW_TAPS & -ROW_TAPS) else (ROW_TAPS & -ROW_TAPS)
+            ROW_TOLD: tl.constexpr = ROW_TAPS % 16 != 0 or ROW_TAPS & (ROW_TAPS - 1) != 0 or ROW_ALIGN < 16
+            if ROW_TOLD:
+                w_row = (offs_n.to(tl.int64) * (KH * KW * ROW_TAPS))[None, :] + offs_k[:, None]
+            else:
+                w_row = w_col[None, :] + offs_k[:, None]
             w_ok = n_ok[None, :] & k_ok[:, None]
             for tap_h in range(KH):
                 ih = ih0 + tap_h * dil_h
-                a = tl.load(x_ptr + row_cols + (ih * sxh)[:, None], mask=row_cols_ok & ((ih >= 0) & (ih < H))[:, None],
-                            other=0.0)
+                if ROW_TOLD and ROW_VECTOR > 1:
+                    a_cols = tl.multiple_of(row_cols + (ih * sxh)[:, None], [1, ROW_VECTOR])
+                    a = tl.load(x_ptr + tl.max_contiguous(a_cols, [1, ROW_VECTOR]),
+                                mask=row_cols_ok & ((ih >= 0) & (ih < H))[:, None], other=0.0)
+                else:
+                    a = tl.load(x_ptr + row_cols + (ih * sxh)[:, None],
+                                mask=row_cols_ok & ((ih >= 0) & (ih < H))[:, None], other=0.0)
                 b = tl.load(w_ptr + w_row + tap_h * (KW * ROW_TAPS), mask=w_ok, other=0.0)
                 acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, FP8, QUANTIZE_INPUT, BLOCK_K)
         elif K_GATHER:
@@ -238,7 +254,7 @@ class TileConfig(Tactic):
     tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
     no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
     blocked K walks only), and whether each K step is one filter row with its taps' channels side
-    by side ("row taps": for few channels, a power of two, where the tap walk's steps are mostly
+    by side ("row taps": for few channels, a multiple of 8, where the tap walk's steps are mostly
     padding). Named e.g. "igemm.128x128x64.w8.s3.split4" or
     "igemm.64x64x64.w4.s4.halves.residual-early"."""
     block_m: int
@@ -362,19 +378,21 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
     return variants
 
 
-ROW_TAPS_MIN_CHANNELS = 8  # a pixel's channels load as one vector from 8 bytes (16 halves) on
+ROW_TAPS_MIN_CHANNELS = 8  # C a multiple of this: each 8 of a pixel's channels load as one vector (8 bytes)
 ROW_TAPS_MAX_BLOCK_K = 128
 
 
 def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int], cout: int,
                   eight_bit: bool) -> list[TileConfig]:
     """Variants of `tiles` whose K steps are whole filter rows (`row_taps`), for a convolution of
-    several taps a row over few channels: YOLO's 16- and 32-channel 3×3 layers walk 3 steps of
-    48 or 96 columns instead of 9 taps each padded to the tensor-core step. The K block is the
-    row's KW·C columns rounded up to a power of two, at least the tensor-core step; the N block no
-    wider than the outputs need. Only candidates, timed against the tap walks."""
+    several taps a row over few channels, a multiple of 8: YOLO's 16- and 32-channel 3×3 layers
+    walk 3 steps of 48 or 96 columns instead of 9 taps each padded to the tensor-core step, the
+    sample detector's 24- and 40-channel ones 3 steps of 72 or 120. The K block is the row's KW·C
+    columns rounded up to a power of two, at least the tensor-core step, at most
+    ROW_TAPS_MAX_BLOCK_K (so not 48 channels a 3-tap row: 144 columns); the N block no wider than
+    the outputs need. Only candidates, timed against the tap walks."""
     kh, kw = kernel
-    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels & (channels - 1):
+    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
         return []
     block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
     if block_k > ROW_TAPS_MAX_BLOCK_K:
@@ -391,10 +409,10 @@ def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int
 
 
 def row_taps_apply(channels: int, kernel: tuple[int, int], tile: TileConfig) -> bool:
-    """Whether `tile`'s row-taps walk can run this convolution: a power-of-two channel count whose
-    filter rows fit one K block."""
-    return (tile.row_taps and channels >= 1 and not channels & (channels - 1) and kernel[1] * channels <= tile.block_k
-            and tile.split_k == 1)
+    """Whether `tile`'s row-taps walk can run this convolution: a channel count that is a multiple
+    of 8 or a power of two, whose filter rows fit one K block."""
+    shaped = channels >= 1 and (channels % ROW_TAPS_MIN_CHANNELS == 0 or not channels & (channels - 1))
+    return tile.row_taps and shaped and kernel[1] * channels <= tile.block_k and tile.split_k == 1
 
 
 def weight_tma_tiles(tiles: list[TileConfig], channels: int, w_shape: tuple, element_size: int) -> list[TileConfig]:
@@ -565,8 +583,9 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     many_taps = geometry.kernel[0] * geometry.kernel[1] > MAX_BLOCKED_TAPS
     row_taps = c if tile.row_taps else 0
     if row_taps and not row_taps_apply(c, geometry.kernel, tile):
-        raise ValueError(f"conv_igemm: tile {tile.name} walks K a filter row at a time, which needs a power-of-two "
-                         f"channel count whose row fits its K block; {c} channels, {geometry.kernel[1]} taps a row")
+        raise ValueError(f"conv_igemm: tile {tile.name} walks K a filter row at a time, which needs a channel "
+                         f"count that is a multiple of 8 or a power of two whose row fits its K block; {c} "
+                         f"channels, {geometry.kernel[1]} taps a row")
     channel_tail = c if tile.padded_taps and c % tile.block_k and not many_taps else 0
     k_gather = not row_taps and (many_taps or (c % tile.block_k != 0 and not channel_tail))
     split_k = max(1, tile.split_k)
