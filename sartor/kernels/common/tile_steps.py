@@ -155,7 +155,7 @@ if triton is not None:
         return _fma_round_to_odd(residual, res_scale, y)
 
     @triton.jit
-    def _quantize_operand(v, inv_scale, qmin):
+    def quantize_operand(v, inv_scale, qmin):
         """quantize_int8 for the A tile of a float-input layer, which goes on into tl.dot: there
         the code is converted from the float value. On the GPU (Triton 3.6) a product over
         quantize_int8's low bytes read wrong codes (every code came out -1; the builder's output
@@ -237,7 +237,7 @@ if triton is not None:
             if FP8:
                 a = round_to_fp8_grid(a.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
             else:
-                a = _quantize_operand(a.to(tl.float32), in_inv_scale, qmin)
+                a = quantize_operand(a.to(tl.float32), in_inv_scale, qmin)
         if INT8:
             acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         elif FP8:

@@ -33,7 +33,7 @@ from ..registry import DEPTHWISE_TAPS, fixed_tactic
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import _quantize_operand, pixel_coords, store_epilogue
+    from ..common.tile_steps import quantize_operand, pixel_coords, store_epilogue
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
@@ -68,7 +68,7 @@ if triton is not None:
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
                 if INT8:
                     if QUANTIZE_INPUT:  # padding loads 0.0, whose code is 0
-                        v = _quantize_operand(v.to(tl.float32), in_inv_scale, qmin)
+                        v = quantize_operand(v.to(tl.float32), in_inv_scale, qmin)
                     acc += v.to(tl.int32) * tap.to(tl.int32)[None, :]
                 else:
                     acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
