@@ -185,11 +185,14 @@ if triton is not None:
                 if CHANNEL_TAIL > 0:
                     # C is not a multiple of BLOCK_K: each tap's last block is cut at C (the
                     # constant, so the cut's alignment is known and the rows still load as vectors).
+                    # The weight's rows too are addressed through the constant (KH·KW·C apart), whose
+                    # factors of 2 Triton sees, where the argument C would load them byte by byte.
                     c_ok = cc < CHANNEL_TAIL
                     a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None] & c_ok[None, :],
                                 other=0.0)
-                    b = tl.load(w_ptr + w_col[None, :] + (tap * C + cc)[:, None], mask=n_ok[None, :] & c_ok[:, None],
-                                other=0.0)
+                    w_tail_col = offs_n.to(tl.int64) * (KH * KW * CHANNEL_TAIL)
+                    b = tl.load(w_ptr + w_tail_col[None, :] + (tap * CHANNEL_TAIL + cc)[:, None],
+                                mask=n_ok[None, :] & c_ok[:, None], other=0.0)
                 else:
                     a = tl.load(x_ptr + row[:, None] + cc[None, :] * sxc, mask=row_ok[:, None], other=0.0)
                     if WEIGHT_TMA:  # one bulk copy of the [BLOCK_N, BLOCK_K] weight box (see TileConfig)
