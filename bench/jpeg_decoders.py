@@ -197,8 +197,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from pipeline_e2e import build
-    frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
+    from pipeline_e2e import build, read_frames
+    frames = read_frames(args.frames)
     device = torch.device("cuda")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "alone": {}, "beside_engine": {},
                "sync": {}, "pipeline": {}}

@@ -112,16 +112,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from pipeline_e2e import build
+    from pipeline_e2e import build, cycled, device_frames, read_frames
     work = Path("/tmp/jpeg_pipeline_variants")
     work.mkdir(exist_ok=True)
-    frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
-    items = (frames * (args.count // len(frames) + 1))[:args.count]
+    frames = read_frames(args.frames)
+    items = cycled(frames, args.count)
     engine = sartor.load(build(args.onnx, 640, args.batch, work, "frames"), device="cuda")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "frames_per_s": {}}
     pipeline = Pipeline(engine, batch_size=args.batch)
-    raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), torch.device("cuda"))]
-    raw_items = (raw * (args.count // len(raw) + 1))[:args.count]
+    raw_items = cycled(device_frames(frames, torch.device("cuda")), args.count)
     default_switch = sys.getswitchinterval()
     for variant in VARIANTS:
         sys.setswitchinterval(0.0002 if "switch" in variant else default_switch)

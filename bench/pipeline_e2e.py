@@ -73,6 +73,21 @@ def summary(times_ms: list[float], items_per_call: int) -> dict:
             "per_s": round(items_per_call * 1e3 / median, 1), "calls": len(times_ms)}
 
 
+def read_frames(folder: Path) -> list[bytes]:
+    """The JPEG frames of `folder` (bench/make_frames.py), as bytes, in name order."""
+    return [p.read_bytes() for p in sorted(folder.glob("*.jpg"))]
+
+
+def cycled(items: list, count: int) -> list:
+    """`items` repeated in order until there are `count`."""
+    return (items * (count // len(items) + 1))[:count]
+
+
+def device_frames(frames: list[bytes], device: torch.device) -> list[torch.Tensor]:
+    """The frames decoded on `device` as H×W×3 uint8 tensors: a camera SDK's raw frames."""
+    return [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
+
+
 DEVICE = os.environ.get("E2E_DEVICE", "cuda")  # cpu: a quick check of the script itself
 NMS = "conf=0.25,iou=0.45,max_det=300"
 # What each variant builds beside the FP16 engine with its letterbox stored: `nms` appends the
@@ -106,19 +121,19 @@ def measure_variant(onnx: Path, size: int, batch: int, frames: list[bytes], coun
     result = {"model": onnx.stem, "variant": variant, "input": engine.inputs[0].name}
     ctx = engine.context()
     device = torch.device(DEVICE)
-    raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
+    raw = device_frames(frames, device)
     for b in (batch, 1):
         if engine.input_format is not None:
-            feed = {engine.inputs[0].name: torch.stack((raw * (b // len(raw) + 1))[:b])}
+            feed = {engine.inputs[0].name: torch.stack(cycled(raw, b))}
         else:
             feed = ctx.input_buffers({"images": (b, 3, size, size)})
             feed["images"].uniform_(0, 1)
         result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(feed), 200), b)
-    items = (frames * (count // len(frames) + 1))[:count]
+    items = cycled(frames, count)
     pipeline = Pipeline(engine, batch_size=batch, host_outputs=False)
     pipeline.run(items[:2 * batch])
     result["jpeg_e2e"] = summary(per_call_ms(lambda: pipeline.run(items), 3, warmup=0), count)
-    raw_items = (raw * (count // len(raw) + 1))[:count]
+    raw_items = cycled(raw, count)
     pipeline.run(raw_items[:2 * batch])
     result["raw_e2e"] = summary(per_call_ms(lambda: pipeline.run(raw_items), 3, warmup=0), count)
     result["boxes_per_frame"] = round(float(np.mean([len(r.detections) for r in pipeline.run(raw_items[:batch])])), 1)
@@ -142,11 +157,11 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
         buffers["images"].uniform_(0, 1)
         result[f"engine_b{b}"] = summary(per_call_ms(lambda: ctx.run(buffers), 200), b)
     device = torch.device("cuda")
-    chunk = (frames * (batch // len(frames) + 1))[:batch]
+    chunk = cycled(frames, batch)
     sources = read_sources(chunk)
     from torchvision.io import ImageReadMode, decode_jpeg
     encoded = [s.encoded for s in sources]
-    big = (frames * (128 // len(frames) + 1))[:128]
+    big = cycled(frames, 128)
     big_encoded = [s.encoded for s in read_sources(big)]
     result["decode_b%d" % batch] = summary(per_call_ms(lambda: decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device), 30), batch)
     result["decode_b128"] = summary(per_call_ms(lambda: decode_jpeg(big_encoded, mode=ImageReadMode.RGB, device=device), 20), 128)
@@ -174,15 +189,15 @@ def measure_model(onnx: Path, size: int, batch: int, frames: list[bytes], count:
     result["engine_nms_parts_b%d_ms" % batch] = engine_nms_parts(outputs)
     detections = nms(outputs, metas)
     result["boxes_per_frame"] = round(float(np.mean([len(d) for d in detections])), 1)
-    items = (frames * (count // len(frames) + 1))[:count]
+    items = cycled(frames, count)
     pipeline = Pipeline(engine, batch_size=batch, decoder=YoloNms(), host_outputs=False)
     pipeline.run(items[:2 * batch])  # warm-up: graphs captured, kernels loaded, buffers allocated
     e2e = per_call_ms(lambda: pipeline.run(items), 3, warmup=0)
     result["jpeg_e2e"] = summary(e2e, count)
     floor = min(result[f"engine_b{batch}"]["per_s"], ceiling)
     result["jpeg_e2e"]["share_of_min_engine_decode"] = round(result["jpeg_e2e"]["per_s"] / floor, 3)
-    raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
-    raw_items = (raw * (count // len(raw) + 1))[:count]
+    raw = device_frames(frames, device)
+    raw_items = cycled(raw, count)
     pipeline.run(raw_items[:2 * batch])
     result["raw_e2e"] = summary(per_call_ms(lambda: pipeline.run(raw_items), 3, warmup=0), count)
     result["raw_e2e"]["share_of_engine"] = round(result["raw_e2e"]["per_s"] / result[f"engine_b{batch}"]["per_s"], 3)
@@ -259,7 +274,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/pipeline_e2e")
     work.mkdir(exist_ok=True)
-    frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
+    frames = read_frames(args.frames)
     import torchvision
     results = {"versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import sartor  # noqa: E402
-from sartor.pipeline import Pipeline, decode_frames, read_sources  # noqa: E402
+from sartor.pipeline import Pipeline  # noqa: E402
 from sartor.pipeline.pipeline import Pipeline as PipelineClass  # noqa: E402
 
 
@@ -105,18 +105,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from pipeline_e2e import DEVICE, build, per_call_ms, summary
+    from pipeline_e2e import DEVICE, build, cycled, device_frames, per_call_ms, read_frames, summary
     work = Path("/tmp/pipeline_stages")
     work.mkdir(exist_ok=True)
-    frames = [p.read_bytes() for p in sorted(args.frames.glob("*.jpg"))]
+    frames = read_frames(args.frames)
     engine = sartor.load(build(args.onnx, 640, args.batch, work, "frames"), device=DEVICE)
     ctx = engine.context()
     chosen = {layer["op"]: [layer.get("tactic"), layer.get("tactic_timings_ms")] for layer in engine.layers
               if layer["op"] in ("Preprocess", "BatchedNms")}
     print("tactics", json.dumps(chosen), flush=True)
     device = torch.device(DEVICE)
-    raw = [d.pixels.permute(1, 2, 0).contiguous() for d in decode_frames(read_sources(frames), device)]
-    feed = {engine.inputs[0].name: torch.stack((raw * (args.batch // len(raw) + 1))[:args.batch])}
+    raw = device_frames(frames, device)
+    feed = {engine.inputs[0].name: torch.stack(cycled(raw, args.batch))}
     results = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
                "tactics": chosen,
                "engine_b%d" % args.batch: summary(per_call_ms(lambda: ctx.run(feed), 200), args.batch)}
@@ -131,8 +131,7 @@ def main() -> None:
     for name in ("_prepare", "_launch", "_finish"):
         timers.wrap(name)
     pipeline = Pipeline(engine, batch_size=args.batch)
-    paths = {"raw": (raw * (args.count // len(raw) + 1))[:args.count],
-             "jpeg": (frames * (args.count // len(frames) + 1))[:args.count]}
+    paths = {"raw": cycled(raw, args.count), "jpeg": cycled(frames, args.count)}
     single = Pipeline(engine, batch_size=1, overlap=False)
     feed1 = {engine.inputs[0].name: raw[0][None].contiguous()}
     results["engine_b1"] = summary(per_call_ms(lambda: ctx.run(feed1), 200, warmup=10), 1)
