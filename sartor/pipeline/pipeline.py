@@ -406,7 +406,7 @@ class Pipeline:
                     prepared = pending.result()
                     chunk = next(chunks, None)
                     inline = chunk is not None and self._on_device(chunk[0])
-                    following = (self._start_prepare(pool, chunk, 1 - slot)
+                    following = (pool.submit(self._prepare, *chunk, 1 - slot)
                                  if chunk is not None and not inline else None)
                     if running is not None and prepared.failures and not self.skip_bad:
                         yield from self._finish(running)  # the batch before is returned, then this one refused
