@@ -42,6 +42,13 @@ if triton is not None:
         return tl.minimum(tl.maximum(acc >> 22, 0), 255)
 
     @triton.jit
+    def _rounded_sums(BLOCK: tl.constexpr):
+        """A row of BLOCK pixels' three channel sums, started at Pillow's rounding: half of
+        taps.PRECISION_BITS (22), as _clip8 shifts by it."""
+        half = 1 << 21
+        return tl.full((BLOCK,), half, tl.int32), tl.full((BLOCK,), half, tl.int32), tl.full((BLOCK,), half, tl.int32)
+
+    @triton.jit
     def _normalised(level, mean, std, IDENTITY: tl.constexpr, LEVELS: tl.constexpr):
         """(level - mean) / std in float32 (IEEE division, as numpy's); with LEVELS rounded half to
         even and clamped to 0..255, as the CPU reference's np.rint and clip."""
@@ -90,17 +97,12 @@ if triton is not None:
             x0 = tl.load(col_start_ptr + ix)
             y0 = tl.load(row_start_ptr + iy)  # the program's one output row: its vertical taps are scalars
             frame = x_ptr + n * sxn
-            half = 1 << 21  # Pillow's rounding: half of taps.PRECISION_BITS (22), as _clip8 shifts by it
-            v0 = tl.full((BLOCK,), half, tl.int32)
-            v1 = tl.full((BLOCK,), half, tl.int32)
-            v2 = tl.full((BLOCK,), half, tl.int32)
+            v0, v1, v2 = _rounded_sums(BLOCK)
             for i in tl.static_range(KY):
                 wy = tl.load(row_weight_ptr + iy * KY + i)
                 if wy != 0:  # past the row's own taps the weights are 0: nothing to read
                     row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh
-                    h0 = tl.full((BLOCK,), half, tl.int32)
-                    h1 = tl.full((BLOCK,), half, tl.int32)
-                    h2 = tl.full((BLOCK,), half, tl.int32)
+                    h0, h1, h2 = _rounded_sums(BLOCK)
                     for j in tl.static_range(KX):
                         wx = tl.load(col_weight_ptr + ix * KX + j)
                         pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
@@ -177,26 +179,15 @@ if triton is not None:
             used = tl.load(group_used_ptr + g)
             taps = group_weight_ptr + g * (SPAN * ROWS)
             frame = x_ptr + n * sxn
-            half = 1 << 21  # Pillow's rounding, as in _letterbox_kernel
-            v00 = tl.full((BLOCK,), half, tl.int32)
-            v01 = tl.full((BLOCK,), half, tl.int32)
-            v02 = tl.full((BLOCK,), half, tl.int32)
-            v10 = tl.full((BLOCK,), half, tl.int32)
-            v11 = tl.full((BLOCK,), half, tl.int32)
-            v12 = tl.full((BLOCK,), half, tl.int32)
+            v00, v01, v02 = _rounded_sums(BLOCK)
+            v10, v11, v12 = _rounded_sums(BLOCK)
             if ROWS > 2:
-                v20 = tl.full((BLOCK,), half, tl.int32)
-                v21 = tl.full((BLOCK,), half, tl.int32)
-                v22 = tl.full((BLOCK,), half, tl.int32)
-                v30 = tl.full((BLOCK,), half, tl.int32)
-                v31 = tl.full((BLOCK,), half, tl.int32)
-                v32 = tl.full((BLOCK,), half, tl.int32)
+                v20, v21, v22 = _rounded_sums(BLOCK)
+                v30, v31, v32 = _rounded_sums(BLOCK)
             for k in tl.static_range(SPAN):
                 if k < used:  # the group's last rows may read fewer input rows than SPAN
                     row = frame + tl.minimum(y0 + k, H - 1).to(tl.int64) * sxh
-                    h0 = tl.full((BLOCK,), half, tl.int32)
-                    h1 = tl.full((BLOCK,), half, tl.int32)
-                    h2 = tl.full((BLOCK,), half, tl.int32)
+                    h0, h1, h2 = _rounded_sums(BLOCK)
                     for j in tl.static_range(KX):
                         wx = tl.load(col_weight_ptr + ix * KX_STRIDE + j)  # the same for every k: loaded once (CSE)
                         pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
