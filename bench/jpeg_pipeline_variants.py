@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import sys
 import threading
@@ -103,16 +102,11 @@ def threaded(engine, items: list, batch: int, variant: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--frames", type=Path, required=True)
-    parser.add_argument("--onnx", type=Path, required=True)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--count", type=int, default=1024)
+    from pipeline_e2e import build, cycled, device_frames, frames_engine_arguments, read_frames
+    parser = frames_engine_arguments(argparse.ArgumentParser())
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from pipeline_e2e import build, cycled, device_frames, read_frames
     work = Path("/tmp/jpeg_pipeline_variants")
     work.mkdir(exist_ok=True)
     frames = read_frames(args.frames)

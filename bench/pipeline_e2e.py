@@ -73,6 +73,17 @@ def summary(times_ms: list[float], items_per_call: int) -> dict:
             "per_s": round(items_per_call * 1e3 / median, 1), "calls": len(times_ms)}
 
 
+def frames_engine_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of the benches that run the `frames` engine over a folder of frames: --frames,
+    --onnx, --batch (32), --count (1,024 frames a pass) and --out ($OUT)."""
+    parser.add_argument("--frames", type=Path, required=True)
+    parser.add_argument("--onnx", type=Path, required=True)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--count", type=int, default=1024)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    return parser
+
+
 def read_frames(folder: Path) -> list[bytes]:
     """The JPEG frames of `folder` (bench/make_frames.py), as bytes, in name order."""
     return [p.read_bytes() for p in sorted(folder.glob("*.jpg"))]

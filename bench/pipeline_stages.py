@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import sys
 import threading
 import time
@@ -97,15 +96,10 @@ def kernel_time(pipeline, items: list) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--frames", type=Path, required=True)
-    parser.add_argument("--onnx", type=Path, required=True)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--count", type=int, default=1024)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
-    args = parser.parse_args()
+    from pipeline_e2e import (DEVICE, build, cycled, device_frames, frames_engine_arguments, per_call_ms, read_frames,
+                              summary)
+    args = frames_engine_arguments(argparse.ArgumentParser()).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    from pipeline_e2e import DEVICE, build, cycled, device_frames, per_call_ms, read_frames, summary
     work = Path("/tmp/pipeline_stages")
     work.mkdir(exist_ok=True)
     frames = read_frames(args.frames)
