@@ -321,3 +321,25 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
     if DEVICE == "cuda":
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
         assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8]
+
+
+def test_int8_depthwise_refuses_what_it_cannot_run():
+    """One line each: float weights or a dense weight, an NCHW input, a residual of another shape,
+    an output slice that cannot hold the result."""
+    from sartor.kernels.conv.depthwise import depthwise_qconv_nhwc
+    x = torch.zeros(1, 8, 5, 5, dtype=torch.int8).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    wq = torch.zeros(8, 1, 3, 3, dtype=torch.int8, device=DEVICE)
+    geometry = depthwise_geometry(x.float(), wq.float(), _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 8),
+                                  require_cuda=False)
+    scale = torch.ones(8, device=DEVICE)
+    run = lambda x, wq, **kw: depthwise_qconv_nhwc(x, wq, None, geometry, dequant_scale=scale,  # noqa: E731
+                                                    input_inv_scale=1.0, output_inv_scale=1.0, **kw)
+    for bad_x, bad_w in ((x, wq.float()), (x, torch.zeros(8, 8, 3, 3, dtype=torch.int8, device=DEVICE)),
+                         (x.contiguous(), wq)):
+        with pytest.raises(ValueError, match="not a channels-last INT8 depthwise convolution"):
+            run(bad_x, bad_w)
+    with pytest.raises(ValueError, match="residual .* is not the output's shape"):
+        run(x, wq, residual=torch.zeros(1, 8, 4, 4, dtype=torch.int8, device=DEVICE))
+    wide = torch.empty(1, 16, 5, 5, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="cannot hold"):
+        run(x, wq, out=wide.narrow(1, 0, 7))
