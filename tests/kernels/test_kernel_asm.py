@@ -312,3 +312,26 @@ def test_short_attention_tiles_compile_for_sm90_on_tensor_cores_without_spills()
         ("49", "attention.short.b16.w1"), ("49", "attention.short.b32.w2"), ("49", "attention.short.b64.w4"),
         ("128", "attention.short.b32.w2"), ("128", "attention.short.b64.w4"), ("128", "attention.short.b128.w8")]
     assert all(spills == "0" and int(products) > 0 for _, _, spills, products in lines)
+
+
+SIGMOID_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+kernel_asm.ACTIVATION = kernel_asm.ACTIVATION_CODES["SiLU"]
+label, fn, values, constexprs, warps, stages = next(case for case in kernel_asm.layer_cases("yolo.c16")
+                                                    if case[0].endswith(".row-taps"))
+ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(len(re.findall(r"ex2\.approx\.ftz\.f32", ptx)), len(re.findall(r"rcp\.approx\.ftz\.f32", ptx)),
+      len(re.findall(r"ex2\.approx\.f32|div\.(?:full|rn|approx)\.f32", ptx)), "wgmma.mma_async" in ptx)
+"""
+
+
+def test_silu_epilogue_compiles_to_flushed_exponential_and_reciprocal():
+    """A SiLU epilogue (YOLO's 16-channel 3×3 layer) compiles to one ex2.approx.ftz and one
+    rcp.approx.ftz a value (pointwise/epilogue.py `_flushed_sigmoid`), not tl.exp's ex2.approx.f32
+    and the division's div.full.f32, whose range checks cost about ten instructions a value."""
+    exponentials, reciprocals, checked, hopper = _compile_in_child(SIGMOID_CHILD).split()
+    assert int(exponentials) > 0 and reciprocals == exponentials
+    assert checked == "0" and hopper == "True"

@@ -21,14 +21,43 @@ ACTIVATION_CODES = {None: 0, "Relu": 1, "Sigmoid": 2, "SiLU": 3, "Clip": 4, "Har
                     "LeakyRelu": 7, "Gelu": 8, "Tanh": 9}
 
 if triton is not None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    @triton.jit
+    def _flushed_sigmoid(y):
+        """1 / (1 + e^-y) by the hardware's 2^x and reciprocal with subnormals flushed
+        (ex2.approx.ftz, rcp.approx.ftz): four instructions. tl.exp and "/" compile to the same
+        approximations with range checks for subnormal and huge operands added, about ten more
+        instructions a value, and the epilogues of small-channel layers are bound by instruction
+        issue (docs/decisions/kernel-flushed-sigmoid.md). Compiled kernels only: the interpreter
+        cannot run inline PTX."""
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .f32 e;
+            mul.ftz.f32 e, $1, 0fBFB8AA3B;
+            ex2.approx.ftz.f32 e, e;
+            add.ftz.f32 e, e, 0f3F800000;
+            rcp.approx.ftz.f32 $0, e;
+            }""",
+            "=f,f", [y], dtype=tl.float32, is_pure=True, pack=1)
+
+    # Interpreted kernels keep tl.exp and the division: decided once, as @triton.jit made the function.
+    _FLUSHED = tl.constexpr(not isinstance(_flushed_sigmoid, InterpretedFunction))
+
     @triton.jit
     def activate(y, ACT: tl.constexpr, alpha, beta):
         if ACT == 1:
             y = tl.maximum(y, 0.0)
         elif ACT == 2:
-            y = 1.0 / (1.0 + tl.exp(-y))
+            if _FLUSHED:
+                y = _flushed_sigmoid(y)
+            else:
+                y = 1.0 / (1.0 + tl.exp(-y))
         elif ACT == 3:
-            y = y / (1.0 + tl.exp(-y))
+            if _FLUSHED:
+                y = y * _flushed_sigmoid(y)
+            else:
+                y = y / (1.0 + tl.exp(-y))
         elif ACT == 4:
             y = tl.minimum(tl.maximum(y, alpha), beta)
         elif ACT == 5:
@@ -40,7 +69,10 @@ if triton is not None:
         elif ACT == 8:
             y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
         elif ACT == 9:
-            y = 2.0 / (1.0 + tl.exp(-2.0 * y)) - 1.0
+            if _FLUSHED:
+                y = 2.0 * _flushed_sigmoid(2.0 * y) - 1.0
+            else:
+                y = 2.0 / (1.0 + tl.exp(-2.0 * y)) - 1.0
         return y
 
     @triton.jit
