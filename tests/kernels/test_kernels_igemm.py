@@ -572,6 +572,22 @@ def test_row_taps_int8_equals_the_emulation(channels, kernel, strides, pads, dil
         _assert_int8_conv_is_the_emulation(x, kernel, attrs, 24, tile, generator, with_residual=residual)
 
 
+@pytest.mark.parametrize("cout", [16, 24])
+@pytest.mark.parametrize("walk", ["row_taps", "padded_taps"])
+def test_tiles_sixteen_columns_wide_equal_the_emulation(walk, cout):
+    """The N block of 16 that layers of 16 outputs or fewer take (YOLOv8n's model.2 3×3 layers):
+    one column tile, or a whole one and a half-empty one, bit for bit the emulation with a
+    residual."""
+    generator = torch.Generator().manual_seed(16)
+    attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=13.0, residual_scale=0.04,
+                 activation="Relu", qmin=-127, output_inv_scale=6.0)
+    channels = 16 if walk == "row_taps" else 24
+    tile = TileConfig(16, 16, 64 if walk == "row_taps" else 32, 1, 1, **{walk: True})
+    x = torch.randint(-127, 128, (2, channels, 9, 8), dtype=torch.int8, generator=generator)
+    _assert_int8_conv_is_the_emulation(x.contiguous(memory_format=torch.channels_last), (3, 3), attrs, cout, tile,
+                                       generator, with_residual=True)
+
+
 @pytest.mark.parametrize("channels", [16, 24])
 def test_row_taps_read_a_channel_slice_of_a_wider_buffer(channels):
     """A Split's half (16 of 32 channels of one channels-last buffer, or 24 of 48): pixels 32 (48)
@@ -605,7 +621,7 @@ def test_row_taps_float_matches_torch(channels):
 
 
 def test_row_tap_variants_are_offered_for_few_channels_only():
-    """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 32, named and
+    """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 16, named and
     parsed; 32 channels: 128, and 24 and 40 (72 and 120 columns a row) too; 8-bit or not: 16
     channels at FP16 take 64 too. None for 64 or 48 channels (192 or 144 columns a row), 12 (not a
     multiple of 8), 1×1 or one tap a row; a tile that cannot run the layer is refused with its
@@ -613,7 +629,8 @@ def test_row_tap_variants_are_offered_for_few_channels_only():
     from sartor.kernels.conv.igemm import row_tap_tiles
     tiles = candidate_tiles(int8=True, effort=2)
     variants = row_tap_tiles(tiles, 16, (3, 3), 16, eight_bit=True)
-    assert variants and all(v.row_taps and v.block_k == 64 and v.block_n == 32 for v in variants)
+    assert variants and all(v.row_taps and v.block_k == 64 and v.block_n == 16 for v in variants)
+    assert {v.block_n for v in row_tap_tiles(tiles, 16, (3, 3), 24, eight_bit=True)} == {32}
     assert all(TileConfig.parse(v.name) == v and v.name.endswith(".row-taps") for v in variants)
     assert len(set(variants)) == len(variants)
     for channels in (32, 24, 40):

@@ -356,6 +356,10 @@ def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]
             if tile.stages > 1 and tile.split_k == 1 and k_total <= tile.block_k]
 
 
+# The narrowest N block of the tap and row walks: a layer of 16 outputs (YOLO's model.2 3×3 layers)
+# in 32 columns spent half its products and half its epilogue, the part its time is bound by, on
+# columns it masks off (docs/decisions/kernel-igemm-row-taps.md).
+NARROW_MIN_BLOCK_N = 16
 PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; others stay gathered
 
 
@@ -365,12 +369,13 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
     channels: otherwise each K element is gathered alone, with a division per element;
     docs/decisions/kernel-igemm-padded-taps.md). The K block is
     the tensor-core step (32 bytes of 8-bit codes, 16 halves) or twice it, whichever pads less, and
-    the N block no wider than the layer's outputs need. Only candidates: timed against the gather."""
+    the N block no wider than the layer's outputs need (NARROW_MIN_BLOCK_N at least). Only
+    candidates: timed against the gather."""
     if channels % PADDED_TAPS_CHANNEL_MULTIPLE:
         return []
     step = 32 if eight_bit else 16
     block_k = min((2 * step, step), key=lambda k: -(-channels // k) * k)
-    narrow_n = max(32, 1 << (cout - 1).bit_length())
+    narrow_n = max(NARROW_MIN_BLOCK_N, 1 << (cout - 1).bit_length())
     variants = []
     for tile in tiles:
         if tile.split_k == 1 and not tile.padded_taps and channels % tile.block_k:
@@ -400,7 +405,7 @@ def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int
     block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
     if block_k > ROW_TAPS_MAX_BLOCK_K:
         return []
-    narrow_n = max(32, 1 << (cout - 1).bit_length())
+    narrow_n = max(NARROW_MIN_BLOCK_N, 1 << (cout - 1).bit_length())
     variants = []
     for tile in tiles:
         if tile.split_k == 1 and not (tile.padded_taps or tile.weight_tma or tile.row_taps):
