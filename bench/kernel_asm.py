@@ -339,7 +339,7 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                              sxn=hw * hw * cin, sxh=hw * cin, sxw=cin)
         # Effort 5 times every resident tile and its variants (residual prefetch where there is a residual).
         names = (resident_tiles if resident_tiles is not None
-                 else resident_gemm.resident_tactics(5, residual, residual_codes=residual))
+                 else resident_gemm.resident_tactics(5, residual, residual_codes=residual, out_channels=cout))
         for tile in map(resident_gemm.ResidentTile.parse, names):
             constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),

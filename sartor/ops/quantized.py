@@ -250,7 +250,8 @@ def _qlayer_tactics(gemm: bool):
                     kernels + [t for t in halved if not t.residual_early], inputs[0].shape[1],
                     tuple(inputs[1].shape), inputs[1].element_size())]
             if resident_applies(inputs[0], inputs[1].shape[1], geometry):
-                names += resident_tactics(effort, residual, inputs[1].shape[1], residual_codes)
+                names += resident_tactics(effort, residual, inputs[1].shape[1], residual_codes,
+                                          out_channels=inputs[1].shape[0])
             if not gemm:
                 names += tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort)
             names += gemm_tma_tactics(inputs[0], tuple(inputs[1].shape), geometry, effort, residual, residual_codes)

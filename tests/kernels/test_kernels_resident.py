@@ -16,8 +16,9 @@ from sartor.kernels.conv.igemm import ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.common.tile_steps import residual_pixels  # noqa: E402
 from sartor.kernels.gemm.resident import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
-                                          RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection, ResidentTile,
-                                          resident_applies, resident_gemm, resident_tactics)
+                                          NARROW_MAX_BLOCK_M, NARROW_MAX_CHANNELS, RESIDENT_TILES, WIDE_K,
+                                          WIDE_K_TILE, Projection, ResidentTile, narrowed, resident_applies,
+                                          resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -56,6 +57,39 @@ def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_outpu
                             scale.to(DEVICE)], dict(attrs, tactic=tile.name))
     assert torch.equal(through_the_op.cpu(), expected)
     assert torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("cout", [16, 24])
+def test_narrowed_tile_equals_the_emulation(cout):
+    """A tile narrowed to 16 columns (`narrowed`, a layer of 16 outputs): one column tile, or a whole
+    one and a part, bit for bit the emulation with a residual of codes."""
+    tile = narrowed(ResidentTile(8, 64, 3, 1, 1), 16)
+    assert (tile.block_m, tile.block_n) == (32, 16)
+    x, wq, bias, res, scale, attrs = random_int8_conv(torch.Generator().manual_seed(cout), 48, cout, hw=(7, 5),
+                                                      residual=True, int8_output=True)
+    expected = qconv([x, wq, bias, res, scale], attrs)
+    out = _qlayer_resident(on_device(x, DEVICE), qlayer_weight_for_tactic(wq, tile.name).to(DEVICE), bias.to(DEVICE),
+                           on_device(res, DEVICE), scale.to(DEVICE), attrs, tile, gemm=False)
+    assert out is not None and torch.equal(out.cpu(), expected)
+
+
+def test_layers_of_few_outputs_are_offered_narrowed_tiles():
+    """Up to NARROW_MAX_CHANNELS outputs, each tile also as narrow as the outputs allow, rows raised
+    to keep its size, with the same variants; at most
+    NARROW_MAX_BLOCK_M rows; none for wider layers, or without the layer's outputs."""
+    tiles = lambda names: [ResidentTile.parse(name) for name in names]  # noqa: E731
+    assert resident_tactics(1, out_channels=64) == resident_tactics(1)
+    for cout, shape in ((32, (128, 32)), (20, (128, 32)), (16, (256, 16)), (3, (256, 16))):
+        names = resident_tactics(1, out_channels=cout)
+        narrow = [tile for tile in tiles(names) if tile.name not in resident_tactics(1)]
+        assert names[0] == resident_tactics(1)[0] and set(resident_tactics(1)) < set(names)
+        assert {(t.block_m, t.block_n) for t in narrow} == {shape}, cout
+        # plain, grouped, cols-loaded, both
+        assert {(t.n_adjacent, t.columns_loaded) for t in narrow} == {(a, c) for a in (0, 1) for c in (0, 1)}
+    wide = tiles(resident_tactics(5, out_channels=16))
+    assert max(t.block_m for t in wide) == NARROW_MAX_BLOCK_M and min(t.block_n for t in wide) == 16
+    assert narrowed(ResidentTile(64, 64, 8, 4, 3), NARROW_MAX_CHANNELS + 1) is None
+    assert narrowed(ResidentTile(64, 32, 8, 4, 3), 32) is None  # as narrow already
 
 
 @pytest.mark.parametrize("hw,strides", [((9, 7), (2, 2)), ((8, 11), (2, 3))])

@@ -359,7 +359,18 @@ def single_pass_tiles(tiles: list[TileConfig], k_total: int) -> list[TileConfig]
 # The narrowest N block of the tap and row walks: a layer of 16 outputs (YOLO's model.2 3×3 layers)
 # in 32 columns spent half its products and half its epilogue, the part its time is bound by, on
 # columns it masks off (docs/decisions/kernel-igemm-row-taps.md).
+# Not tl.dot's limit (Triton 3.6 pads 8-bit products of fewer rows or columns; only K must be 32 or
+# more): at 16, each half of an epilogue still stores 8 bytes a pixel. The resident GEMMs and the
+# window stem narrow to the same (gemm/resident.py `narrowed`).
 NARROW_MIN_BLOCK_N = 16
+
+
+def narrow_block_n(out_channels: int) -> int:
+    """The columns of a tile narrowed to a layer's outputs: the power of two holding `out_channels`,
+    NARROW_MIN_BLOCK_N at least."""
+    return max(NARROW_MIN_BLOCK_N, 1 << (out_channels - 1).bit_length())
+
+
 PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; others stay gathered
 
 
@@ -375,7 +386,7 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
         return []
     step = 32 if eight_bit else 16
     block_k = min((2 * step, step), key=lambda k: -(-channels // k) * k)
-    narrow_n = max(NARROW_MIN_BLOCK_N, 1 << (cout - 1).bit_length())
+    narrow_n = narrow_block_n(cout)
     variants = []
     for tile in tiles:
         if tile.split_k == 1 and not tile.padded_taps and channels % tile.block_k:
@@ -405,7 +416,7 @@ def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int
     block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
     if block_k > ROW_TAPS_MAX_BLOCK_K:
         return []
-    narrow_n = max(NARROW_MIN_BLOCK_N, 1 << (cout - 1).bit_length())
+    narrow_n = narrow_block_n(cout)
     variants = []
     for tile in tiles:
         if tile.split_k == 1 and not (tile.padded_taps or tile.weight_tma or tile.row_taps):

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry
+from ..conv.igemm import ConvGeometry, narrow_block_n
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -287,9 +287,30 @@ WIDE_K_TILE = ResidentTile(64, 128, 8, 4, 2)
 WIDE_K = 128
 
 
-def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, residual_codes: bool = False) -> list[str]:
+# Layers of few outputs (YOLOv8n's model.2 1×1 layers: 32): a 64-column tile masks half its columns
+# (products, accumulator and epilogue, which bound the small-channel layers: instruction issue, session
+# 37), so up to NARROW_MAX_CHANNELS each tile is also offered as narrow as the outputs allow, its rows
+# raised to keep block_m · block_n (`narrowed`), up to NARROW_MAX_BLOCK_M rows (the A tile's stages
+# grow with them). The window stem's resident tiles narrow the same way (window/resident.py).
+NARROW_MAX_CHANNELS = 32
+NARROW_MAX_BLOCK_M = 256
+
+
+def narrowed(tile: ResidentTile, out_channels: int) -> ResidentTile | None:
+    """`tile` with `narrow_block_n(out_channels)` columns and as many more rows (as many accumulator
+    registers a thread), its other fields kept; None for a layer of more than NARROW_MAX_CHANNELS
+    outputs or a tile no wider than that already."""
+    block_n = narrow_block_n(out_channels)
+    if out_channels > NARROW_MAX_CHANNELS or tile.block_n <= block_n:
+        return None
+    return replace(tile, block_m=tile.block_m * tile.block_n // block_n, block_n=block_n)
+
+
+def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, residual_codes: bool = False,
+                     out_channels: int | None = None) -> list[str]:
     """The candidates the builder times at this effort for a layer of `k_total` input channels:
-    each tile (WIDE_K_TILE as well above WIDE_K), with its column tiles adjacent ("grouped"), and each
+    each tile (WIDE_K_TILE as well above WIDE_K), for a layer of up to NARROW_MAX_CHANNELS
+    `out_channels` each also narrowed (`narrowed`), with its column tiles adjacent ("grouped"), and each
     of those with its columns' bias and scale loaded once ("cols-loaded": fewer loads, more registers,
     so timed); for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
     MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores ("residual-mma" at
@@ -298,6 +319,10 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
+    if out_channels is not None:
+        narrow = [narrowed(tile, out_channels) for tile in tiles]
+        tiles += [tile for tile in dict.fromkeys(narrow)
+                  if tile is not None and tile.block_m <= NARROW_MAX_BLOCK_M and tile not in tiles]
     tiles = [variant for tile in tiles for variant in (tile, replace(tile, n_adjacent=True))]
     tiles += [replace(tile, columns_loaded=True) for tile in tiles]
     modes = []

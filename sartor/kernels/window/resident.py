@@ -33,7 +33,7 @@ from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
 from ..registry import Flag, Inline, Tactic
-from ..gemm.resident import ResidentTile
+from ..gemm.resident import NARROW_MAX_CHANNELS, ResidentTile, narrowed
 
 if triton is not None:
     import triton.language as tl
@@ -440,14 +440,10 @@ POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, Tr
                 WindowResidentTile(ResidentTile(64, 64, 8, 4, 3), True, True, True))
 POOLED_PER_EFFORT = {1: 3, 2: 4}
 # Stems of few output channels (YOLOv8n's 16): a 64-column tile would mask 3/4 of its columns (products,
-# accumulator, epilogue), so up to NARROW_MAX_CHANNELS each candidate is also offered as narrow as the
-# channels allow, its rows raised to keep the accumulator's size (`narrow_tiles`). bench/kernel_asm.py
-# --layer yolo-stem (sm_90, Triton 3.6): 47–128 registers, 35–134 KiB of shared memory (the rows' windows
-# staged grow with block_m), pooled 144–198 registers; no spills.
-NARROW_MAX_CHANNELS = 32
-# Their fewest columns. Not tl.dot's limit (Triton 3.6 pads 8-bit products of fewer rows or columns;
-# only K must be 32 or more): at 16, each epilogue half still stores 8 bytes a pixel.
-NARROW_MIN_BLOCK_N = 16
+# accumulator, epilogue), so up to NARROW_MAX_CHANNELS (gemm/resident.py) each candidate is also offered
+# as narrow as the channels allow, its rows raised to keep the accumulator's size (`narrow_tiles`).
+# bench/kernel_asm.py --layer yolo-stem (sm_90, Triton 3.6): 47–128 registers, 35–134 KiB of shared memory
+# (the rows' windows staged grow with block_m), pooled 144–198 registers; no spills.
 # Up to this many output channels, below effort NARROW_ONLY_BELOW_EFFORT, the narrow tiles replace the
 # 64-column ones they come from (the pooled tiles excepted): on YOLOv8n's 16-channel stem every narrow
 # tile beat every wide one (docs/decisions/kernel-window-resident-tiles.md), which only cost build time.
@@ -478,24 +474,15 @@ def window_resident_tiles(effort: int, max_pool: bool = False,
     return tiles + pooled + narrow_tiles(tiles + pooled, out_channels)
 
 
-def narrow_block_n(out_channels: int) -> int:
-    """The narrow tiles' columns: the power of two holding `out_channels`, NARROW_MIN_BLOCK_N at least."""
-    return max(NARROW_MIN_BLOCK_N, 1 << (out_channels - 1).bit_length())
-
-
 def narrow_tiles(tiles: list[WindowResidentTile], out_channels: int) -> list[WindowResidentTile]:
     """For a layer of up to NARROW_MAX_CHANNELS output channels, each of `tiles` wider than
-    `narrow_block_n` with that many columns and as many more rows (block_m · block_n the same: as
-    many accumulator registers a thread), its other fields and flags kept; none for wider layers."""
-    if out_channels > NARROW_MAX_CHANNELS:
-        return []
-    block_n = narrow_block_n(out_channels)
+    `conv.igemm.narrow_block_n` with that many columns and as many more rows (gemm/resident.py `narrowed`), its
+    other fields and flags kept; none for wider layers."""
     narrow = []
     for tile in tiles:
-        resident = tile.resident
-        if resident.block_n > block_n:
-            candidate = replace(tile, resident=replace(resident, block_m=resident.block_m * resident.block_n // block_n,
-                                                       block_n=block_n))
+        resident = narrowed(tile.resident, out_channels)
+        if resident is not None:
+            candidate = replace(tile, resident=resident)
             if candidate not in narrow and candidate not in tiles:
                 narrow.append(candidate)
     return narrow
