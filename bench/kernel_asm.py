@@ -59,6 +59,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "layer4.conv3": (256, 512, 2048, 7, 1, True),
     "detector.c24": (32, 24, 24, 80, 3, False),  # the sample detector's stage1 3×3 layers (C = 24)
     "detector.c40": (32, 40, 40, 40, 3, False),  # its stage2 3×3 layers (C = 40)
+    "detector.1x1": (32, 72, 48, 80, 1, False),  # its 72 → 48 1×1 layer (K a multiple of 8, not 16)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
     "yolo.1x1": (32, 48, 32, 160, 1, False),  # YOLOv8n at 640: model.2's cv2 (1×1, 48 → 32), resident GEMM
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
@@ -292,7 +293,8 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                           K_GATHER=cin % tile.block_k != 0 and not tail and not tile.row_taps,
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
                           RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
-                          BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8)
+                          BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
+                          OUT_ALIGN=conv_igemm.told_alignment(cout, cout))
         args = igemm_args
         if tile.weight_tma:
             import torch
@@ -341,7 +343,8 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
         names = (resident_tiles if resident_tiles is not None
                  else resident_gemm.resident_tactics(5, residual, residual_codes=residual, out_channels=cout))
         for tile in map(resident_gemm.ResidentTile.parse, names):
-            constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, TILES=tile.tiles, BLOCK_M=tile.block_m,
+            constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, IN_ALIGN=conv_igemm.told_alignment(cin, cin),
+                              OUT_ALIGN=conv_igemm.told_alignment(cout, cout), TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),
                               RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent,
                               COLUMNS_LOADED=tile.columns_loaded, STRIDED=False)

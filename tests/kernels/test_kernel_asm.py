@@ -335,3 +335,44 @@ def test_silu_epilogue_compiles_to_flushed_exponential_and_reciprocal():
     exponentials, reciprocals, checked, hopper = _compile_in_child(SIGMOID_CHILD).split()
     assert int(exponentials) > 0 and reciprocals == exponentials
     assert checked == "0" and hopper == "True"
+
+
+NARROW_OUTPUT_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("detector.c24"):
+    if label.endswith((".row-taps", ".padded-taps")) and ".halves" not in label:
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+        print(label, len(re.findall(r"st\.global(?:\.\w+)*\.b8\s", ptx)), len(re.findall(r"st\.global(?:\.\w+)*\.v[24]", ptx)))
+"""
+
+
+def test_epilogue_of_24_outputs_stores_vectors():
+    """The sample detector's 24-channel 3×3 layer, told its outputs and pixel stride are multiples of
+    8 (`told_alignment`): every walk stores its codes 8 bytes at a time, not byte by byte."""
+    lines = [line.split() for line in _compile_in_child(NARROW_OUTPUT_CHILD).splitlines()]
+    assert {label.rsplit(".", 1)[-1] for label, _, _ in lines} == {"row-taps", "padded-taps"}
+    assert all(bytes_ == "0" and int(vectors) > 0 for _, bytes_, vectors in lines)
+
+
+EIGHT_CHANNELS_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+label, fn, values, constexprs, warps, stages = next(case for case in kernel_asm.layer_cases("detector.1x1")
+                                                    if case[0].startswith("resident."))
+ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(len(re.findall(r"ld\.global(?:\.\w+)*\.b8\s", ptx)), len(re.findall(r"cp\.async\.c[ag]", ptx)))
+"""
+
+
+def test_resident_gemm_over_72_channels_copies_vectors():
+    """The sample detector's 72 → 48 1×1 layer in the resident GEMM, told its K and input pixel
+    stride are multiples of 8 (IN_ALIGN): its input and weight rows arrive by asynchronous vector
+    copies, where they were 128 byte loads a row tile."""
+    byte_loads, copies = _compile_in_child(EIGHT_CHANNELS_CHILD).split()
+    assert byte_loads == "0" and int(copies) > 0
+

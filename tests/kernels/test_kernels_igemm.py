@@ -620,6 +620,15 @@ def test_row_taps_float_matches_torch(channels):
     torch.testing.assert_close(out.float().cpu(), expected, rtol=tolerance, atol=tolerance)
 
 
+def test_told_alignment_tells_only_what_triton_cannot_see():
+    """A multiple of 8 (or 4, 2) shared by the outputs and their pixel stride; 1 where both are
+    multiples of 16 (Triton proves those itself) or either is odd."""
+    from sartor.kernels.conv.igemm import told_alignment
+    assert [told_alignment(cout, row) for cout, row in ((24, 24), (40, 40), (24, 48), (40, 120), (20, 20),
+                                                          (24, 36), (16, 16), (32, 48), (64, 64), (3, 3),
+                                                          (24, 27), (16, 24))] == [8, 8, 8, 8, 4, 4, 1, 1, 1, 1, 1, 8]
+
+
 def test_row_tap_variants_are_offered_for_few_channels_only():
     """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 16, named and
     parsed; 32 channels: 128, and 24 and 40 (72 and 120 columns a row) too; 8-bit or not: 16

@@ -69,8 +69,15 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, K_GATHER: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ALIGN: tl.constexpr,
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0):
+            GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
+            OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
+        if OUT_ALIGN > 1:
+            # Outputs and pixel stride multiples of OUT_ALIGN that Triton cannot see (24 or 40
+            # channels: it proves multiples of 16 only): told, the epilogue's bias and scale loads
+            # and its stores go as vectors, not a word or a byte at a time (see told_alignment).
+            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
+            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -515,6 +522,15 @@ def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
     return common & -common
 
 
+def told_alignment(*sizes: int) -> int:
+    """The largest power of two below 16 dividing every one of `sizes` (element counts and strides:
+    a layer's channels and its pixel stride), which a kernel is told (OUT_ALIGN, IN_ALIGN); 1 where
+    they are all multiples of 16 (Triton sees those itself) or one is odd."""
+    common = math.gcd(*sizes, 16)
+    common &= -common
+    return common if common < 16 else 1
+
+
 def as_nchw_view(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 4 else x.reshape(x.shape[0], x.shape[1], 1, 1)
 
@@ -635,7 +651,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
-        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=fusion, **launch_options(pdl))
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=tile.warps, num_stages=tile.stages,
+        enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
                                 epilogue, *SPLIT_K_EPILOGUE_TILE, fusion)

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry, narrow_block_n
+from ..conv.igemm import ConvGeometry, narrow_block_n, told_alignment
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -88,8 +88,20 @@ if triton is not None:
             HAS_PROJ: tl.constexpr = False, PROJ_STRIDED: tl.constexpr = False,
             PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
             BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
-            PROJ_COLUMNS_LOADED: tl.constexpr = False):
+            PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
+        # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (24, 40, 72
+        # channels: it proves multiples of 16 only; conv/igemm.py told_alignment): told, the input
+        # rows, the weight's rows and the epilogue's columns load and store as vectors.
+        if IN_ALIGN > 1:
+            K = (K // IN_ALIGN) * IN_ALIGN
+            x_row = (x_row // IN_ALIGN) * IN_ALIGN
+            sxn = (sxn // IN_ALIGN) * IN_ALIGN
+            sxh = (sxh // IN_ALIGN) * IN_ALIGN
+            sxw = (sxw // IN_ALIGN) * IN_ALIGN
+        if OUT_ALIGN > 1:
+            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
+            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -449,7 +461,9 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=resident_block_k(k_total), PDL=pdl, **p_flags,
         COLUMNS_LOADED=tile.columns_loaded,
         PROJ_COLUMNS_LOADED=tile.projection_columns_loaded and projection is not None, **launch_options(pdl),
-        num_warps=tile.warps, num_stages=tile.stages,
+        IN_ALIGN=told_alignment(k_total, pixel_stride(x), *((xs[0], xs[2] * strides[0], xs[3] * strides[1])
+                                                             if strided else ())),
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=tile.warps, num_stages=tile.stages,
         enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
 

@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry
+from ..conv.igemm import ConvGeometry, told_alignment
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
@@ -55,8 +55,11 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, KH_STEPS: tl.constexpr, TILES: tl.constexpr, N_ADJACENT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
             COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
-            MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False):
+            MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
+        if OUT_ALIGN > 1:  # 24 or 40 outputs: stored as vectors once told (conv/igemm.py told_alignment)
+            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
+            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
         offs_n = first_column + tl.arange(0, BLOCK_N)
@@ -568,7 +571,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
         K_PAD=triton.next_power_of_2(kh * window), PDL=pdl, COLUMNS_LOADED=resident.columns_loaded,
         OUTPUT_ROWS=tile.output_rows, MAX_POOL=tile.max_pool, BALANCED=tile.balanced,
         WINDOW_ALIGN=window_alignment(geometry.strides[1] * PIXEL_BYTES, padded_w * PIXEL_BYTES, packed.stride(0)),
-        **launch_options(pdl), num_warps=resident.warps,
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), **launch_options(pdl), num_warps=resident.warps,
         num_stages=resident.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
 
