@@ -61,6 +61,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "detector.c40": (32, 40, 40, 40, 3, False),  # its stage2 3×3 layers (C = 40)
     "detector.1x1": (32, 72, 48, 80, 1, False),  # its 72 → 48 1×1 layer (K a multiple of 8, not 16)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
+    "yolo.c32": (32, 32, 32, 80, 3, False),  # model.4's bottleneck 3×3 layers (C = 32)
     "yolo.1x1": (32, 48, 32, 160, 1, False),  # YOLOv8n at 640: model.2's cv2 (1×1, 48 → 32), resident GEMM
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
     "yolo-stem": (32, 3, 16, 640, 3, False),  # YOLOv8n's: stride 2, 16 channels (the narrow window tiles)

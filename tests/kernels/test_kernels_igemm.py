@@ -13,7 +13,7 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 from sartor.kernels.conv import igemm  # noqa: E402
 from sartor.kernels.conv.igemm import (  # noqa: E402
-    ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
+    NARROW_MAX_BLOCK_M, ConvGeometry, TileConfig, candidate_tiles, conv_igemm, is_packed, pack_weight)
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
@@ -630,7 +630,8 @@ def test_told_alignment_tells_only_what_triton_cannot_see():
 
 
 def test_row_tap_variants_are_offered_for_few_channels_only():
-    """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 16, named and
+    """16 channels, 3×3: a 64-wide K block (the row's 48), N narrowed to the outputs' 16 (each also
+    with taller rows), named and
     parsed; 32 channels: 128, and 24 and 40 (72 and 120 columns a row) too; 8-bit or not: 16
     channels at FP16 take 64 too. None for 64 or 48 channels (192 or 144 columns a row), 12 (not a
     multiple of 8), 1×1 or one tap a row; a tile that cannot run the layer is refused with its
@@ -640,6 +641,12 @@ def test_row_tap_variants_are_offered_for_few_channels_only():
     variants = row_tap_tiles(tiles, 16, (3, 3), 16, eight_bit=True)
     assert variants and all(v.row_taps and v.block_k == 64 and v.block_n == 16 for v in variants)
     assert {v.block_n for v in row_tap_tiles(tiles, 16, (3, 3), 24, eight_bit=True)} == {32}
+    # each narrowed tile also with the rows it lost in columns, up to NARROW_MAX_BLOCK_M: 64×64 → 64×16
+    # and 256×16; 128×128 → 128×16 and 256×16
+    shapes = {(v.block_m, v.block_n, v.warps) for v in variants}
+    assert {(64, 16, 4), (256, 16, 4), (128, 16, 8), (256, 16, 8)} <= shapes
+    assert max(v.block_m for v in variants) == NARROW_MAX_BLOCK_M
+    assert all(v.block_m <= 128 for v in row_tap_tiles(tiles, 32, (3, 3), 256, eight_bit=True))  # not narrowed
     assert all(TileConfig.parse(v.name) == v and v.name.endswith(".row-taps") for v in variants)
     assert len(set(variants)) == len(variants)
     for channels in (32, 24, 40):

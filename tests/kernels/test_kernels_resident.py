@@ -12,13 +12,12 @@ from int8_layers import on_device, random_int8_conv, random_int8_gemm, residual_
 # conftest.py switches Triton to its interpreter when there is no GPU.
 pytest.importorskip("triton")
 
-from sartor.kernels.conv.igemm import ConvGeometry, pack_weight  # noqa: E402
+from sartor.kernels.conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.common.tile_steps import residual_pixels  # noqa: E402
 from sartor.kernels.gemm.resident import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
-                                          NARROW_MAX_BLOCK_M, NARROW_MAX_CHANNELS, RESIDENT_TILES, WIDE_K,
-                                          WIDE_K_TILE, Projection, ResidentTile, narrowed, resident_applies,
-                                          resident_gemm, resident_tactics)
+                                          NARROW_MAX_CHANNELS, RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection,
+                                          ResidentTile, narrowed, resident_applies, resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402

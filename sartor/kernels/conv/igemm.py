@@ -378,6 +378,23 @@ def narrow_block_n(out_channels: int) -> int:
     return max(NARROW_MIN_BLOCK_N, 1 << (out_channels - 1).bit_length())
 
 
+# A tile narrowed to few outputs is offered as well with its rows raised to keep block_m · block_n,
+# up to this many: a thread's address work before the K walk and its epilogue are spread over more
+# outputs (sm_90, Triton 3.6, yolo.c16 row taps: 64×16 w4 issues 72 thread-instructions an output,
+# 256×16 w4 39; bench/kernel_asm.py). The narrowed tile stays too: at batch 1 the taller ones leave
+# multiprocessors idle.
+NARROW_MAX_BLOCK_M = 256
+
+
+def narrowed_variants(tile: TileConfig, cout: int, **changes) -> list[TileConfig]:
+    """`tile` with `changes` and its N block narrowed to `narrow_block_n(cout)` (no wider than it
+    was), then the same with as many more rows as columns it lost, up to NARROW_MAX_BLOCK_M."""
+    block_n = min(tile.block_n, narrow_block_n(cout))
+    narrow = replace(tile, block_n=block_n, **changes)
+    taller = replace(narrow, block_m=min(NARROW_MAX_BLOCK_M, tile.block_m * tile.block_n // block_n))
+    return [narrow] + ([taller] if taller.block_m > narrow.block_m else [])
+
+
 PADDED_TAPS_CHANNEL_MULTIPLE = 8  # rows of 8 elements or more load as vectors; others stay gathered
 
 
@@ -387,20 +404,18 @@ def padded_tap_tiles(tiles: list[TileConfig], channels: int, cout: int, eight_bi
     channels: otherwise each K element is gathered alone, with a division per element;
     docs/decisions/kernel-igemm-padded-taps.md). The K block is
     the tensor-core step (32 bytes of 8-bit codes, 16 halves) or twice it, whichever pads less, and
-    the N block no wider than the layer's outputs need (NARROW_MIN_BLOCK_N at least). Only
-    candidates: timed against the gather."""
+    the N block no wider than the layer's outputs need (`narrowed_variants`: also with taller rows).
+    Only candidates: timed against the gather."""
     if channels % PADDED_TAPS_CHANNEL_MULTIPLE:
         return []
     step = 32 if eight_bit else 16
     block_k = min((2 * step, step), key=lambda k: -(-channels // k) * k)
-    narrow_n = narrow_block_n(cout)
     variants = []
     for tile in tiles:
-        if tile.split_k == 1 and not tile.padded_taps and channels % tile.block_k:
-            variant = replace(tile, block_k=block_k, block_n=min(tile.block_n, narrow_n), padded_taps=True,
-                              epilogue_halves=False)
-            if channels % block_k and variant not in variants:
-                variants.append(variant)
+        if tile.split_k == 1 and not tile.padded_taps and channels % tile.block_k and channels % block_k:
+            for variant in narrowed_variants(tile, cout, block_k=block_k, padded_taps=True, epilogue_halves=False):
+                if variant not in variants:
+                    variants.append(variant)
     return variants
 
 
@@ -416,21 +431,21 @@ def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int
     sample detector's 24- and 40-channel ones 3 steps of 72 or 120. The K block is the row's KW·C
     columns rounded up to a power of two, at least the tensor-core step, at most
     ROW_TAPS_MAX_BLOCK_K (so not 48 channels a 3-tap row: 144 columns); the N block no wider than
-    the outputs need. Only candidates, timed against the tap walks."""
+    the outputs need (`narrowed_variants`: also with taller rows). Only candidates, timed against
+    the tap walks."""
     kh, kw = kernel
     if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
         return []
     block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
     if block_k > ROW_TAPS_MAX_BLOCK_K:
         return []
-    narrow_n = narrow_block_n(cout)
     variants = []
     for tile in tiles:
         if tile.split_k == 1 and not (tile.padded_taps or tile.weight_tma or tile.row_taps):
-            variant = replace(tile, block_k=block_k, block_n=min(tile.block_n, narrow_n), row_taps=True,
-                              epilogue_halves=False, residual_early=False)
-            if variant not in variants:
-                variants.append(variant)
+            for variant in narrowed_variants(tile, cout, block_k=block_k, row_taps=True, epilogue_halves=False,
+                                             residual_early=False):
+                if variant not in variants:
+                    variants.append(variant)
     return variants
 
 

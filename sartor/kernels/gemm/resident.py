@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry, narrow_block_n, told_alignment
+from ..conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, narrow_block_n, told_alignment
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -305,7 +305,6 @@ WIDE_K = 128
 # raised to keep block_m · block_n (`narrowed`), up to NARROW_MAX_BLOCK_M rows (the A tile's stages
 # grow with them). The window stem's resident tiles narrow the same way (window/resident.py).
 NARROW_MAX_CHANNELS = 32
-NARROW_MAX_BLOCK_M = 256
 
 
 def narrowed(tile: ResidentTile, out_channels: int) -> ResidentTile | None:
