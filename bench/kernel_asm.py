@@ -104,7 +104,11 @@ def compile_for(fn, args: dict, constexprs: dict, warps: int, stages: int, targe
     if "PDL" in fn.arg_names:
         constexprs = dict(constexprs, PDL=pdl)
     signature, attrs, constants = {}, {}, dict(constexprs)
+    defaults = {param.name: param.default for param in fn.params if param.has_default}
     for index, name in enumerate(fn.arg_names):
+        if name not in constexprs and name not in args and name in defaults:  # launched without it
+            constexprs = dict(constexprs, **{name: defaults[name]})
+            constants[name] = defaults[name]
         if name in constexprs:
             signature[name] = "constexpr"
             continue
@@ -202,7 +206,7 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
             constexprs = dict(epilogue, KH=rows, KW=1, STRIDE_H=stride_h, STRIDE_W=step, K_GATHER=False, SPLIT_K=1,
                               ROW_ALIGN=step * PIXEL_BYTES, EPILOGUE_HALVES=False, RES_EARLY=False, CHANNEL_TAIL=0,
                               WEIGHT_TMA=False, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                              GROUP_M=8)
+                              GROUP_M=8, ONE_COLUMN=cout <= tile.block_n)
             cases.append((quantized_window.window_tactic(tile, space_to_depth).name, conv_igemm._conv_igemm_kernel,
                           igemm_args, constexprs, tile.warps, tile.stages))
         resident_args = dict(resident_common, image_bytes=image_bytes, row_bytes=row_bytes)
@@ -295,7 +299,7 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
                           RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
                           BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
-                          OUT_ALIGN=conv_igemm.told_alignment(cout, cout))
+                          OUT_ALIGN=conv_igemm.told_alignment(cout, cout), ONE_COLUMN=cout <= tile.block_n)
         args = igemm_args
         if tile.weight_tma:
             import torch

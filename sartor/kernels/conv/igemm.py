@@ -70,7 +70,7 @@ if triton is not None:
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
-            OUT_ALIGN: tl.constexpr = 1):
+            OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False):
         await_previous_kernel(PDL)
         if OUT_ALIGN > 1:
             # Outputs and pixel stride multiples of OUT_ALIGN that Triton cannot see (24 or 40
@@ -78,7 +78,7 @@ if triton is not None:
             # and its stores go as vectors, not a word or a byte at a time (see told_alignment).
             COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
             y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
-        pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M, ONE_COLUMN)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -666,7 +666,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
-        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=tile.warps, num_stages=tile.stages,
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), ONE_COLUMN=cout <= tile.block_n, num_warps=tile.warps,
+        num_stages=tile.stages,
         enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
