@@ -47,7 +47,8 @@ from sartor.kernels.gemm import resident as resident_gemm, tma as gemm_tma  # no
 from sartor.kernels.window import resident as window_resident  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.window.pixel_pack import PIXEL_BYTES  # noqa: E402
-from sartor.kernels.common.tile_steps import SUMS_DECODED, residual_pixels  # noqa: E402
+from sartor.kernels.common.tile_steps import (CODES_ABOVE_FLOOR, SUMS_DECODED, output_codes,  # noqa: E402
+                                              residual_pixels)
 from sartor.kernels.pointwise.epilogue import ACTIVATION_CODES  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
@@ -73,6 +74,8 @@ PROJECTED = {
     "layer2.projected": (256, 128, 512, 28, 256, 2),
 }
 STEM_STRIDE = 2
+ACTIVATION_NAMES = {code: name for name, code in ACTIVATION_CODES.items()}
+OUTPUT_INV_SCALE = 20.0  # the layers' output scale: codes of SiLU's least value (-5.6) need no lower clamp
 ACTIVATION = 1  # the epilogue's activation code (pointwise/epilogue.py ACTIVATION_CODES); --activation sets it
 # What each pattern counts in the PTX.
 PATTERNS = {
@@ -250,11 +253,11 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
                   y_ptr="*i8", M=batch * hw * hw, COUT=cout, K=cin, x_row=cin, y_row=cout, OH=hw, OW=hw,
                   sxn=hw * hw * cin, sxh=hw * cin, sxw=cin, srn=0, src=0, srh=0, srw=0, PK=pcin, p_row=pcin,
                   spn=phw * phw * pcin, sph=phw * pcin * stride, spw=pcin * stride, in_inv_scale=1.0, res_scale=1.0,
-                  out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+                  out_inv_scale=OUTPUT_INV_SCALE, qmin=-127.0, alpha=0.0, beta=0.0)
     if stride == 1:  # the wrapper addresses rows alone then (tile_steps.residual_pixels)
         values.update(OH=1, OW=1)
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=True, RES_QUANT=False,
-                    RES_AFTER=False, ACT=1, OUT_QUANT=True, HAS_PROJ=True, PROJ_STRIDED=stride != 1,
+                    RES_AFTER=False, ACT=1, OUT_QUANT=CODES_ABOVE_FLOOR, HAS_PROJ=True, PROJ_STRIDED=stride != 1,
                     PROJ_QUANTIZE_INPUT=False, PROJ_HAS_BIAS=True,
                     BLOCK_PK=resident_gemm.resident_block_k(pcin))
     cases = []
@@ -278,9 +281,10 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
     rows = batch * hw * hw
     common = dict(res_ptr="*i8", y_ptr="*i8", bias_ptr="*i32", scale_ptr="*fp32", x_ptr="*i8", w_ptr="*i8",
                   srn=hw * hw * cout, src=1, srh=hw * cout, srw=cout, in_inv_scale=1.0, res_scale=0.01,
-                  out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+                  out_inv_scale=OUTPUT_INV_SCALE, qmin=-127.0, alpha=0.0, beta=0.0)
     epilogue = dict(INT8=True, FP8=False, QUANTIZE_INPUT=False, HAS_BIAS=True, HAS_RES=residual, RES_QUANT=residual,
-                    RES_AFTER=False, ACT=ACTIVATION, OUT_QUANT=True)
+                    RES_AFTER=False, ACT=ACTIVATION,
+                    OUT_QUANT=output_codes(ACTIVATION_NAMES[ACTIVATION], 0.0, False, OUTPUT_INV_SCALE, -127.0))
     if cin <= PIXEL_BYTES:
         return window_cases(batch, cin, cout, hw, k, common, epilogue)
     igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,

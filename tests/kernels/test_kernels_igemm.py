@@ -136,11 +136,50 @@ def test_int8_epilogue_variants(activation, after):
     assert int((out.int() - expected.int()).abs().max()) <= limit
 
 
+def test_output_codes_drop_the_lower_clamp_only_where_it_cannot_bind():
+    """CODES_ABOVE_FLOOR where the last step is an activation whose least value rounds to qmin or
+    above at the output's scale; CODES for no activation, LeakyReLU, a residual after the
+    activation, or a scale so fine that SiLU's -0.2785 lies below -127.5 codes."""
+    from sartor.kernels.common.tile_steps import CODES, CODES_ABOVE_FLOOR, output_codes
+    assert output_codes("Relu", None, False, 1e6, -127) == CODES_ABOVE_FLOOR
+    assert output_codes("SiLU", None, False, 30.0, -128) == CODES_ABOVE_FLOOR
+    assert output_codes("SiLU", None, False, 457.0, -127) == CODES_ABOVE_FLOOR  # -127.26 rounds to -127
+    assert output_codes("SiLU", None, False, 458.0, -127) == CODES  # -127.54: the clamp binds
+    assert output_codes("Clip", 0.0, False, 50.0, -127) == CODES_ABOVE_FLOOR
+    assert output_codes("Clip", -6.0, False, 50.0, -127) == CODES
+    assert output_codes("Tanh", None, False, 127.0, -127) == CODES_ABOVE_FLOOR
+    assert output_codes("Tanh", None, False, 128.0, -127) == CODES
+    for activation in (None, "LeakyRelu"):
+        assert output_codes(activation, 0.1, False, 1.0, -127) == CODES
+    assert output_codes("Relu", None, True, 1.0, -127) == CODES  # the residual comes after
+
+
+@pytest.mark.parametrize("output_inv_scale", [30.0, 2000.0])
+def test_silu_codes_at_a_fine_scale_keep_their_lower_clamp(output_inv_scale):
+    """At 2,000 codes a unit SiLU's values down to -0.2785 would be codes down to -557: the lower
+    clamp stays (`output_codes`) and saturates them at qmin, as the emulation does; at 30 it is
+    dropped and never needed. Within one code of the emulation (SiLU's last ulp) either way."""
+    generator = torch.Generator().manual_seed(31)
+    attrs = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 1.0,
+             "output_inv_scale": output_inv_scale, "activation": "SiLU", "qmin": -127}
+    x = torch.randint(-127, 128, (1, 32, 8, 8), dtype=torch.int8, generator=generator)
+    wq = torch.randint(-127, 128, (16, 32, 1, 1), dtype=torch.int8, generator=generator)
+    scale = torch.full((16,), 2e-4)  # sums of ±10,000 become values of ±2: SiLU's minimum is among them
+    expected = qconv([x, wq, None, None, scale], attrs)
+    out = conv_igemm(x.to(DEVICE), pack_weight(wq).to(DEVICE), None, _geometry(x, wq, attrs), SMALL_TILE,
+                     dequant_scale=scale.to(DEVICE), activation="SiLU", input_inv_scale=1.0,
+                     output_inv_scale=output_inv_scale, qmin=-127).cpu()
+    if output_inv_scale > 1000:
+        assert int(expected.int().min()) == -127 and int((expected == -127).sum()) > 10  # saturated below
+    assert int(out.int().min()) >= -127
+    assert int((out.int() - expected.int()).abs().max()) <= 1
+
+
 @pytest.mark.parametrize("activation", [None, "Relu"])
 def test_int8_residual_codes_and_saturation_over_the_whole_range(activation):
     """Every INT8 residual code, -128 included (`_codes_to_float` reads it by bit pattern), scaled by
     1.5 so that half of them tie and the ends saturate at -128 and 127 (`quantize_int8`; after
-    ReLU, `_quantize_code_nonnegative` without the lower clamp): codes equal the emulation's."""
+    ReLU, `_requantize_code_above_floor` without the lower clamp): codes equal the emulation's."""
     codes = torch.arange(-128, 128, dtype=torch.int8).reshape(1, 1, 16, 16)
     attrs = {"kernel_shape": [1, 1], "pads": [0, 0, 0, 0], "input_inv_scale": 1.0, "output_inv_scale": 3.0,
              "residual_scale": 0.5, "activation": activation, "qmin": -128}

@@ -22,6 +22,10 @@ from .cache_keys import settle_cache_keys
 # only where its weights bound every sum below that (`passes/bound_accumulators.py`).
 SUMS_CONVERTED, SUMS_DECODED = 1, 2
 DECODABLE_SUM = 2 ** 22
+# OUT_QUANT of an epilogue: float output (0), INT8 (FP8) codes clamped to [qmin, 127] (CODES), or
+# codes whose lower clamp cannot bind (CODES_ABOVE_FLOOR: `output_codes`), which the epilogue drops.
+CODES = 1
+CODES_ABOVE_FLOOR = 2
 
 if triton is not None:
     import triton.language as tl
@@ -100,13 +104,6 @@ if triton is not None:
         return t.to(tl.int32, bitcast=True).to(tl.int8)
 
     @triton.jit
-    def _quantize_code_nonnegative(v, inv_scale):
-        """quantize_int8 of a v ≥ 0 (ReLU's output; the GPU's maximum turns NaN into 0): the sum is
-        at least 1.5·2^23, so the lower clamp, one instruction per output element, has nothing to do."""
-        t = tl.minimum(v * inv_scale + 12582912.0, 12583039.0)
-        return t.to(tl.int32, bitcast=True).to(tl.int8)
-
-    @triton.jit
     def _scalar_float64(scale):
         """A float32 kernel argument widened to float64: the interpreter passes such an argument as
         a Python float, which it would otherwise use unrounded."""
@@ -144,8 +141,10 @@ if triton is not None:
         return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
 
     @triton.jit
-    def _requantize_code_nonnegative(v, inv_scale):
-        """requantize_int8 of a v ≥ 0 (ReLU's output): no lower clamp (see _quantize_code_nonnegative)."""
+    def _requantize_code_above_floor(v, inv_scale):
+        """requantize_int8 of a v whose code cannot fall below qmin (ReLU's output; SiLU's at a
+        coarse enough scale: `output_codes`): the rounded sum is at least 1.5·2^23 + qmin, so the lower
+        clamp, one instruction an output value, has nothing to do."""
         if COMPILED:
             t = tl.minimum(tl.fma(v, inv_scale, 12582912.0), 12583039.0)
             return t.to(tl.int32, bitcast=True).to(tl.int8)
@@ -233,6 +232,7 @@ if triton is not None:
     # its inline PTX (_packed_codes_to_float), which the interpreter cannot run.
     COMPILED = FP8_HARDWARE_ROUNDING
     _SUMS_DECODED = tl.constexpr(SUMS_DECODED)
+    _CODES_ABOVE_FLOOR = tl.constexpr(CODES_ABOVE_FLOOR)
 
     @triton.jit
     def accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8: tl.constexpr, FP8: tl.constexpr,
@@ -374,8 +374,8 @@ if triton is not None:
                     y = (y * out_inv_scale).to(tl.float8e4nv)
                 else:
                     y = round_to_fp8_grid(y, out_inv_scale)
-            elif ACT == 1 and not RES_AFTER:  # ReLU last: y ≥ 0
-                y = _requantize_code_nonnegative(y, out_inv_scale)
+            elif OUT_QUANT == _CODES_ABOVE_FLOOR:  # the activation's least value rounds to qmin or above
+                y = _requantize_code_above_floor(y, out_inv_scale)
             else:
                 y = requantize_int8(y, out_inv_scale, qmin)
         return y
@@ -512,6 +512,29 @@ def sums_decoded(accumulator_bound: int | None) -> bool:
     return accumulator_bound is not None and accumulator_bound < DECODABLE_SUM
 
 
+# The least value of each activation bounded below, by ACTIVATION_CODES (Clip's is its alpha):
+# ReLU, Sigmoid and HardSigmoid 0; SiLU x·σ(x) at x = -1.2785; HardSwish at x = -1.5; GELU at
+# x = -0.7518; Tanh -1.
+ACTIVATION_FLOORS = {"Relu": 0.0, "Sigmoid": 0.0, "HardSigmoid": 0.0, "SiLU": -0.2784645427610738,
+                     "HardSwish": -0.375, "Gelu": -0.16997120747990094, "Tanh": -1.0}
+# Kept from the floor: the GPU's approximate exponential and reciprocal (SiLU, Sigmoid, Tanh) and
+# erf (GELU) may land a few units of the last place beyond the exact least value.
+FLOOR_MARGIN = 1e-3
+
+
+def output_codes(activation: str | None, alpha: float | None, residual_after_activation: bool,
+                 output_inv_scale: float, qmin: float) -> int:
+    """OUT_QUANT of an INT8 epilogue: CODES_ABOVE_FLOOR where the activation is the last step (no
+    residual after it) and its least value, less FLOOR_MARGIN of it, times the output's inverse
+    scale rounds to qmin or above, so that the lower clamp, one instruction an output value, never
+    binds; else CODES. The codes are the same either way."""
+    floor = alpha if activation == "Clip" and alpha is not None else ACTIVATION_FLOORS.get(activation)
+    if floor is None or residual_after_activation:
+        return CODES
+    lowest = (floor - abs(floor) * FLOOR_MARGIN) * output_inv_scale
+    return CODES_ABOVE_FLOOR if lowest > qmin - 0.5 else CODES
+
+
 def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None, residual: torch.Tensor | None,
                        activation: str | None, alpha: float | None, beta: float | None,
                        residual_after_activation: bool, residual_scale: float | None,
@@ -529,7 +552,8 @@ def epilogue_arguments(*, quantized: bool, fp8: bool, bias: torch.Tensor | None,
                  HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                  RES_QUANT=residual is not None and residual.dtype == code_dtype,
                  RES_AFTER=bool(residual_after_activation), ACT=ACTIVATION_CODES[activation],
-                 OUT_QUANT=quantized and output_inv_scale is not None)
+                 OUT_QUANT=0 if not quantized or output_inv_scale is None else
+                 CODES if fp8 else output_codes(activation, alpha, residual_after_activation, output_inv_scale, qmin))
     return scalars, flags
 
 
