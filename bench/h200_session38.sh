@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 38's kernels on the H200 (issue 33; written without a device, to run first next time), in
+# two device calls:
+#   a: the CUDA tests of what changed (flushed sigmoid, 16-column and taller narrow tiles, told
+#      alignment, one column tile, the dropped lower clamp, the INT8 depthwise kernel never run on a
+#      GPU); YOLOv8n FP16 against INT8 at batch 32 and 1 (bench/h200_table.py); then its INT8 engine
+#      layer by layer (bench/profile_engine.py --layers-out: what the float head-branch layers of
+#      decision 0045 cost beside the INT8 ones), as far as the time allows.
+#   b: FP16 against INT8 at batch 32 and 1 for the sample detector (its 24- and 40-channel layers
+#      told their alignment, its 72- and 120-channel 1×1 layers read by vector copies) and the
+#      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640.
+# Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a or b}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
+SECONDS=0
+ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+table() {  # model, seconds
+  timeout "$2" python bench/h200_table.py --models "$1" --detector-batches 32,1 --int8 \
+    --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
+  echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
+}
+if [ "$part" = a ]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -x tests/kernels/test_kernels_depthwise.py \
+    tests/kernels/test_kernels_igemm.py tests/kernels/test_kernels_resident.py tests/kernels/test_kernels_window.py \
+    -k "row_tap or padded or sixteen or fine_scale or epilogue_variants or narrow or int8 or told or output" \
+    > "$OUT/tests.log" 2>&1
+  echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests.log" | cut -c1-300
+  table yolov8n 170
+  left=$(( ${BUDGET_S:-560} - SECONDS ))
+  if [ "$left" -gt 60 ]; then
+    timeout "$left" python bench/profile_engine.py --model yolov8n --batch 32 --onnx-dir "$ONNX_DIR" --effort 1 \
+      --precision int8 --rows 16 --layers-out "$OUT/yolov8n_layers_int8.json" > "$OUT/yolov8n_int8.log" 2>&1
+    echo "profile exit $? at ${SECONDS}s"
+    grep -A16 "== sartor kernels" "$OUT/yolov8n_int8.log" | cut -c1-160
+  fi
+else
+  for model in detector yolo11n; do
+    left=$(( ${BUDGET_S:-560} - SECONDS ))
+    [ "$left" -gt 60 ] || break
+    table $model "$left"
+  done
+fi
