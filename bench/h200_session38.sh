@@ -8,7 +8,8 @@
 #      decision 0045 cost beside the INT8 ones), as far as the time allows.
 #   b: FP16 against INT8 at batch 32 and 1 for the sample detector (its 24- and 40-channel layers
 #      told their alignment, its 72- and 120-channel 1×1 layers read by vector copies) and the
-#      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640.
+#      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
+#      batch 1 with programmatic dependent launch.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -46,4 +47,12 @@ else
     [ "$left" -gt 60 ] || break
     table $model "$left"
   done
+  # Batch 1 is more launches than arithmetic: YOLOv8n with programmatic dependent launch
+  # (decision 0009: off by default), as far as the time allows.
+  left=$(( ${BUDGET_S:-560} - SECONDS ))
+  if [ "$left" -gt 90 ]; then
+    timeout "$left" python bench/h200_table.py --models yolov8n --detector-batches 1 --int8 --pdl \
+      --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_pdl" > "$OUT/table_pdl.log" 2>&1
+    echo "yolov8n pdl table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_pdl.log" | cut -c1-300
+  fi
 fi
