@@ -39,7 +39,7 @@ if triton is not None:
             add.ftz.f32 e, e, 0f3F800000;
             rcp.approx.ftz.f32 $0, e;
             }""",
-            "=f,f", [y], dtype=tl.float32, is_pure=True, pack=1)
+            "=f,f", [y.to(tl.float32)], dtype=tl.float32, is_pure=True, pack=1)
 
     # Interpreted kernels keep tl.exp and the division: decided once, as @triton.jit made the function.
     _FLUSHED = tl.constexpr(not isinstance(_flushed_sigmoid, InterpretedFunction))
