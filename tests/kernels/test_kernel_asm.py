@@ -376,3 +376,35 @@ def test_resident_gemm_over_72_channels_copies_vectors():
     byte_loads, copies = _compile_in_child(EIGHT_CHANNELS_CHILD).split()
     assert byte_loads == "0" and int(copies) > 0
 
+
+
+DEPTHWISE_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.conv.depthwise import _depthwise_nhwc_kernel
+from sartor.kernels.conv.igemm import told_alignment
+C, HW = 24, 80  # MobileNet's 24-channel depthwise 3x3, as the wrapper launches it (blocks of 128 x 32)
+for int8 in (True, False):
+    codes = "*i8" if int8 else "*fp16"
+    values = dict(x_ptr=codes, w_ptr=codes, bias_ptr="*i32" if int8 else "*fp16", scale_ptr="*fp32", res_ptr=codes,
+                  y_ptr=codes, P=32 * HW * HW, C=C, H=HW, W=HW, OH=HW, OW=HW, y_row=C, sxn=HW * HW * C, sxh=HW * C,
+                  sxw=C, swc=1, swh=3 * C, sww=C, srn=0, src=0, srh=0, srw=0, pad_h=1, pad_w=1, in_inv_scale=1.0,
+                  res_scale=1.0, out_inv_scale=20.0, qmin=-127.0, alpha=0.0, beta=0.0)
+    constexprs = dict(KH=3, KW=3, SH=1, SW=1, DH=1, DW=1, INT8=int8, QUANTIZE_INPUT=False, HAS_BIAS=True,
+                      HAS_RES=False, RES_QUANT=False, RES_AFTER=False, ACT=3, OUT_QUANT=int8, BLOCK_P=128,
+                      BLOCK_C=32, CH_ALIGN=told_alignment(C, HW * HW * C, HW * C, C, C, 3 * C, C, 0, 0, 0))
+    ptx = kernel_asm.compile_for(_depthwise_nhwc_kernel, values, constexprs, 4, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print(int8, kernel_asm.ptxas_report(ptx, 90)["spill_bytes"],
+          len(re.findall(kernel_asm.PATTERNS["ld.scalar"], ptx)))
+"""
+
+
+def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
+    """The depthwise kernel on 24 channels (MobileNet's), told the channels and strides are
+    multiples of 8 (CH_ALIGN): vector loads and no spills, INT8 and FP16. Untold, each element
+    was its own load and the unrolled taps spilled (255 registers, 364–1,140 bytes)."""
+    lines = [line.split() for line in _compile_in_child(DEPTHWISE_CHILD).splitlines()]
+    assert [int8 for int8, _, _ in lines] == ["True", "False"]
+    assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)

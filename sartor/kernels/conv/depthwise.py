@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from .igemm import ConvGeometry
+from .igemm import ConvGeometry, told_alignment
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..common.tile_steps import epilogue_arguments
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
@@ -43,7 +43,21 @@ if triton is not None:
                                DH: tl.constexpr, DW: tl.constexpr, INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
                                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                                RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
-                               BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                               BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
+        if CH_ALIGN > 1:
+            # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (MobileNet's
+            # 24, 40, 112 channels: conv/igemm.py told_alignment): told, each pixel's channels, the
+            # taps' channel vectors and the stores go as vectors.
+            C = (C // CH_ALIGN) * CH_ALIGN
+            y_row = (y_row // CH_ALIGN) * CH_ALIGN
+            sxn = (sxn // CH_ALIGN) * CH_ALIGN
+            sxh = (sxh // CH_ALIGN) * CH_ALIGN
+            sxw = (sxw // CH_ALIGN) * CH_ALIGN
+            swh = (swh // CH_ALIGN) * CH_ALIGN
+            sww = (sww // CH_ALIGN) * CH_ALIGN
+            srn = (srn // CH_ALIGN) * CH_ALIGN
+            srh = (srh // CH_ALIGN) * CH_ALIGN
+            srw = (srw // CH_ALIGN) * CH_ALIGN
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
@@ -200,7 +214,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
         geometry.pads[0], geometry.pads[1], in_inv_scale, *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], SH=geometry.strides[0], SW=geometry.strides[1],
         DH=geometry.dilations[0], DW=geometry.dilations[1], **flags,
-        BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4, enable_fp_fusion=fusion)
+        BLOCK_P=block_p, BLOCK_C=block_c,
+        CH_ALIGN=told_alignment(c, sxn, sxh, sxw, pixel_stride(y), swh, sww, rs[0], rs[2], rs[3]), num_warps=4,
+        enable_fp_fusion=fusion)
 
 
 TRITON_DEPTHWISE = "triton_depthwise"
