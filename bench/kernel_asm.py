@@ -49,7 +49,7 @@ from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.window.pixel_pack import PIXEL_BYTES  # noqa: E402
 from sartor.kernels.common.tile_steps import (CODES_ABOVE_FLOOR, SUMS_DECODED, output_codes,  # noqa: E402
                                               residual_pixels)
-from sartor.kernels.pointwise.epilogue import ACTIVATION_CODES  # noqa: E402
+from sartor.kernels.pointwise.epilogue import ACTIVATION_CODES, told_alignment  # noqa: E402
 from sartor.ops import quantized, quantized_window  # noqa: E402
 
 LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
@@ -303,7 +303,7 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                           SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
                           RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
                           BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
-                          OUT_ALIGN=conv_igemm.told_alignment(cout, cout), ONE_COLUMN=cout <= tile.block_n)
+                          OUT_ALIGN=told_alignment(cout, cout), ONE_COLUMN=cout <= tile.block_n)
         args = igemm_args
         if tile.weight_tma:
             import torch
@@ -352,8 +352,8 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
         names = (resident_tiles if resident_tiles is not None
                  else resident_gemm.resident_tactics(5, residual, residual_codes=residual, out_channels=cout))
         for tile in map(resident_gemm.ResidentTile.parse, names):
-            constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, IN_ALIGN=conv_igemm.told_alignment(cin, cin),
-                              OUT_ALIGN=conv_igemm.told_alignment(cout, cout), TILES=tile.tiles, BLOCK_M=tile.block_m,
+            constexprs = dict(epilogue, **NO_PROJECTION_CONSTEXPRS, IN_ALIGN=told_alignment(cin, cin),
+                              OUT_ALIGN=told_alignment(cout, cout), TILES=tile.tiles, BLOCK_M=tile.block_m,
                               BLOCK_N=tile.block_n, BLOCK_K=resident_gemm.resident_block_k(cin),
                               RES_PREFETCH=tile.residual_prefetch, N_ADJACENT=tile.n_adjacent,
                               COLUMNS_LOADED=tile.columns_loaded, STRIDED=False)

@@ -384,7 +384,7 @@ sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
 from sartor.kernels.conv.depthwise import _depthwise_nhwc_kernel
-from sartor.kernels.conv.igemm import told_alignment
+from sartor.kernels.pointwise.epilogue import told_alignment
 C, HW = 24, 80  # MobileNet's 24-channel depthwise 3x3, as the wrapper launches it (blocks of 128 x 32)
 for int8 in (True, False):
     codes = "*i8" if int8 else "*fp16"
@@ -408,3 +408,28 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     lines = [line.split() for line in _compile_in_child(DEPTHWISE_CHILD).splitlines()]
     assert [int8 for int8, _, _ in lines] == ["True", "False"]
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
+
+
+ELEMENTWISE_EPILOGUE_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.pointwise.epilogue import _epilogue_kernel, told_alignment
+for channels in (64, 24):
+    block_c = 64 if channels == 64 else 32
+    values = dict(y_ptr="*fp16", bias_ptr="*fp16", res_ptr="*fp16", out_ptr="*fp16", pixels=32 * 80 * 80,
+                  channels=channels, res_row=channels, out_row=channels, alpha=0.0, beta=0.0)
+    constexprs = dict(HAS_BIAS=True, HAS_RES=True, RES_AFTER=False, ACT=3, BLOCK_P=1024 // block_c,
+                      BLOCK_C=block_c, CH_ALIGN=told_alignment(channels, channels, channels))
+    ptx = kernel_asm.compile_for(_epilogue_kernel, values, constexprs, 4, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
+    print(channels, len(re.findall(r"\b(?:div|rem)\.[su](?:32|64)", ptx)), len(re.findall(kernel_asm.PATTERNS["ld.scalar"], ptx)))
+"""
+
+
+def test_elementwise_epilogue_divides_nothing_per_element():
+    """The epilogue after a library convolution (FP16 engines' cuDNN layers), tiled by pixels and
+    channels: no integer division or remainder (a flat index divided by the channel count took two
+    64-bit divisions a value), and at 24 channels, told their alignment, no scalar loads."""
+    lines = [line.split() for line in _compile_in_child(ELEMENTWISE_EPILOGUE_CHILD).splitlines()]
+    assert lines == [["64", "0", "0"], ["24", "0", "0"]]

@@ -662,7 +662,7 @@ def test_row_taps_float_matches_torch(channels):
 def test_told_alignment_tells_only_what_triton_cannot_see():
     """A multiple of 8 (or 4, 2) shared by the outputs and their pixel stride; 1 where both are
     multiples of 16 (Triton proves those itself) or either is odd."""
-    from sartor.kernels.conv.igemm import told_alignment
+    from sartor.kernels.pointwise.epilogue import told_alignment
     assert [told_alignment(cout, row) for cout, row in ((24, 24), (40, 40), (24, 48), (40, 120), (20, 20),
                                                           (24, 36), (16, 16), (32, 48), (64, 64), (3, 3),
                                                           (24, 27), (16, 24))] == [8, 8, 8, 8, 4, 4, 1, 1, 1, 1, 1, 8]

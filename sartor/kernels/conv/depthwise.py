@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from .igemm import ConvGeometry, told_alignment
-from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from .igemm import ConvGeometry
+from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.tile_steps import epilogue_arguments
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
 
@@ -46,7 +46,7 @@ if triton is not None:
                                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
         if CH_ALIGN > 1:
             # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (MobileNet's
-            # 24, 40, 112 channels: conv/igemm.py told_alignment): told, each pixel's channels, the
+            # 24, 40, 112 channels: pointwise/epilogue.py told_alignment): told, each pixel's channels, the
             # taps' channel vectors and the stores go as vectors.
             C = (C // CH_ALIGN) * CH_ALIGN
             y_row = (y_row // CH_ALIGN) * CH_ALIGN

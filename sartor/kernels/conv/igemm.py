@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
 from ..common.tile_steps import epilogue_arguments
@@ -75,7 +75,7 @@ if triton is not None:
         if OUT_ALIGN > 1:
             # Outputs and pixel stride multiples of OUT_ALIGN that Triton cannot see (24 or 40
             # channels: it proves multiples of 16 only): told, the epilogue's bias and scale loads
-            # and its stores go as vectors, not a word or a byte at a time (see told_alignment).
+            # and its stores go as vectors, not a word or a byte at a time (see pointwise/epilogue.py told_alignment).
             COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
             y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M, ONE_COLUMN)
@@ -535,15 +535,6 @@ def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
     width_step = math.gcd(sw if ow > 1 else 0, pw, dw if kw > 1 else 0)
     common = math.gcd(sxn, sxh * height_step, sxw * width_step, 16)
     return common & -common
-
-
-def told_alignment(*sizes: int) -> int:
-    """The largest power of two below 16 dividing every one of `sizes` (element counts and strides:
-    a layer's channels and its pixel stride), which a kernel is told (OUT_ALIGN, IN_ALIGN); 1 where
-    they are all multiples of 16 (Triton sees those itself) or one is odd."""
-    common = math.gcd(*sizes, 16)
-    common &= -common
-    return common if common < 16 else 1
 
 
 def as_nchw_view(x: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,8 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, narrow_block_n, told_alignment
-from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, narrow_block_n
+from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
 from ..common.tile_steps import epilogue_arguments, residual_pixels
@@ -91,7 +91,7 @@ if triton is not None:
             PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
         # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (24, 40, 72
-        # channels: it proves multiples of 16 only; conv/igemm.py told_alignment): told, the input
+        # channels: it proves multiples of 16 only; pointwise/epilogue.py told_alignment): told, the input
         # rows, the weight's rows and the epilogue's columns load and store as vectors.
         if IN_ALIGN > 1:
             K = (K // IN_ALIGN) * IN_ALIGN

@@ -7,6 +7,8 @@ once. Channel = flat index % C, so it serves channels-last 4-D tensors and row-m
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..common.cache_keys import settle_cache_keys
@@ -76,34 +78,50 @@ if triton is not None:
         return y
 
     @triton.jit
-    def _epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, n, channels, res_row, out_row, alpha, beta,
+    def _epilogue_kernel(y_ptr, bias_ptr, res_ptr, out_ptr, pixels, channels, res_row, out_row, alpha, beta,
                          HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_AFTER: tl.constexpr,
-                         ACT: tl.constexpr, RES_DENSE: tl.constexpr, OUT_DENSE: tl.constexpr,
-                         BLOCK: tl.constexpr):
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < n
-        # A pixel's channels are contiguous; pixels of the residual and the output may lie further
-        # apart (channel slices of a wider buffer, as a Concat's inputs are when written in place).
-        pixel = offsets // channels
-        channel = offsets % channels
-        y = tl.load(y_ptr + offsets, mask=mask).to(tl.float32)
+                         ACT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+                         CH_ALIGN: tl.constexpr = 1):
+        # A tile of BLOCK_P pixels × BLOCK_C channels: a pixel's channels are contiguous; pixels of
+        # the residual and the output may lie further apart (channel slices of a wider buffer, as a
+        # Concat's inputs are when written in place). Tiled so, no element divides its flat index by
+        # the channel count (two runtime divisions an element, about 20 instructions a value).
+        if CH_ALIGN > 1:  # multiples of 8 (24, 40 channels) Triton cannot see: vectors once told
+            channels = (channels // CH_ALIGN) * CH_ALIGN
+            res_row = (res_row // CH_ALIGN) * CH_ALIGN
+            out_row = (out_row // CH_ALIGN) * CH_ALIGN
+        offs_p = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        c_ok = offs_c < channels
+        mask = (offs_p < pixels)[:, None] & c_ok[None, :]
+        y = tl.load(y_ptr + offs_p[:, None] * channels + offs_c[None, :], mask=mask).to(tl.float32)
         if HAS_BIAS:
-            y += tl.load(bias_ptr + channel, mask=mask).to(tl.float32)
+            y += tl.load(bias_ptr + offs_c, mask=c_ok).to(tl.float32)[None, :]
         if HAS_RES:
-            if RES_DENSE:
-                residual = tl.load(res_ptr + offsets, mask=mask).to(tl.float32)
-            else:
-                residual = tl.load(res_ptr + pixel * res_row + channel, mask=mask).to(tl.float32)
+            residual = tl.load(res_ptr + offs_p[:, None] * res_row + offs_c[None, :], mask=mask).to(tl.float32)
             if not RES_AFTER:
                 y += residual
         y = activate(y, ACT, alpha, beta)
         if HAS_RES:
             if RES_AFTER:
                 y += residual
-        if OUT_DENSE:
-            tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(out_ptr + pixel * out_row + channel, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offs_p[:, None] * out_row + offs_c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# The elementwise epilogue's tile: 1,024 values (8 a thread at 4 warps), as many channels of a
+# pixel as fit up to 128 (a pixel's 128 FP16 values are two 128-byte lines).
+EPILOGUE_BLOCK_ELEMENTS = 1024
+EPILOGUE_MAX_BLOCK_C = 128
+
+
+def told_alignment(*sizes: int) -> int:
+    """The largest power of two below 16 dividing every one of `sizes` (element counts and strides:
+    a layer's channels and its pixel stride), which a kernel is told (OUT_ALIGN, IN_ALIGN,
+    CH_ALIGN); 1 where they are all multiples of 16 (Triton sees those itself) or one is odd
+    (docs/decisions/kernel-told-alignment.md)."""
+    common = math.gcd(*sizes, 16)
+    common &= -common
+    return common if common < 16 else 1
 
 
 def pixel_stride(t: torch.Tensor) -> int | None:
@@ -168,15 +186,16 @@ def fused_epilogue(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.T
                          f"cannot hold y {tuple(y.shape)} {y.dtype}")
     res_row = pixel_stride(residual) if residual is not None else channels
     out_row = pixel_stride(out)
-    n = y.numel()
-    block = 1024
-    grid = (triton.cdiv(n, block),)
+    pixels = y.numel() // channels if channels else 0
+    block_c = min(EPILOGUE_MAX_BLOCK_C, triton.next_power_of_2(max(channels, 1)))
+    block_p = EPILOGUE_BLOCK_ELEMENTS // block_c
+    grid = (triton.cdiv(pixels, block_p), triton.cdiv(channels, block_c))
     _epilogue_kernel[grid](
-        y, bias if bias is not None else y, residual if residual is not None else y, out, n, channels,
+        y, bias if bias is not None else y, residual if residual is not None else y, out, pixels, channels,
         res_row, out_row, float(alpha) if alpha is not None else 0.0, float(beta) if beta is not None else 0.0,
         HAS_BIAS=bias is not None, HAS_RES=residual is not None, RES_AFTER=bool(residual_after_activation),
-        ACT=ACTIVATION_CODES[activation], RES_DENSE=res_row == channels, OUT_DENSE=out_row == channels,
-        BLOCK=block, num_warps=4)
+        ACT=ACTIVATION_CODES[activation], BLOCK_P=block_p, BLOCK_C=block_c,
+        CH_ALIGN=told_alignment(channels, res_row, out_row), num_warps=4)
     return out
 
 

@@ -27,8 +27,8 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry, told_alignment
-from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..conv.igemm import ConvGeometry
+from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
@@ -57,7 +57,7 @@ if triton is not None:
             COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
             MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
-        if OUT_ALIGN > 1:  # 24 or 40 outputs: stored as vectors once told (conv/igemm.py told_alignment)
+        if OUT_ALIGN > 1:  # 24 or 40 outputs: stored as vectors once told (pointwise/epilogue.py told_alignment)
             COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
             y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
