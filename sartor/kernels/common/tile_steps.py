@@ -58,9 +58,17 @@ if triton is not None:
     def pixel_coords(offsets, OH, OW):
         """Flat output-pixel indices of an NHWC tensor → (n, oh, ow)."""
         pixels = OH * OW
-        n = offsets // pixels
-        rem = offsets - n * pixels
-        oh = rem // OW
+        if offsets.dtype == tl.int32:
+            # Unsigned: the indices are never negative, and an unsigned division is shorter (no
+            # signs to take off and put back).
+            # (tl.cast: OH or OW may be a Python int, a launch argument of 1 specialized away.)
+            n = (offsets.to(tl.uint32) // tl.cast(pixels, tl.uint32)).to(tl.int32)
+            rem = offsets - n * pixels
+            oh = (rem.to(tl.uint32) // tl.cast(OW, tl.uint32)).to(tl.int32)
+        else:
+            n = offsets // pixels
+            rem = offsets - n * pixels
+            oh = rem // OW
         return n, oh, rem - oh * OW
 
     @triton.jit
