@@ -26,9 +26,13 @@ table() {  # model, seconds
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
 if [ "$part" = a ]; then
-  timeout 150 python -m pytest -q -p no:cacheprovider -x tests/kernels/test_kernels_depthwise.py \
-    tests/kernels/test_kernels_igemm.py tests/kernels/test_kernels_resident.py tests/kernels/test_kernels_window.py \
-    -k "row_tap or padded or sixteen or fine_scale or epilogue_variants or narrow or int8 or told or output" \
+  # Each file's cases of what changed; on the GPU every case compiles its kernels, so few of them.
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_epilogue.py \
+    "tests/kernels/test_kernels_depthwise.py::test_channel_slice_input_and_output" \
+    "tests/kernels/test_kernels_depthwise.py::test_int8_depthwise_silu_is_within_one_code_of_the_emulation" \
+    "tests/kernels/test_kernels_depthwise.py::test_int8_depthwise_reads_and_writes_channel_slices" \
+    tests/kernels/test_kernels_igemm.py tests/kernels/test_kernels_resident.py \
+    -k "epilogue or slice or silu or sixteen or fine_scale or narrowed or row_taps_int8 or padded_taps_int8" \
     > "$OUT/tests.log" 2>&1
   echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests.log" | cut -c1-300
   table yolov8n 170
