@@ -76,8 +76,8 @@ if triton is not None:
                      ONE_COLUMN: tl.constexpr = False):
         """(row tile, column tile) of program `pid` in grouped order: GROUP_M row tiles walk the
         column tiles together, so that neighbouring programs share weight columns in L2. ONE_COLUMN:
-        the layer's outputs fit one column tile, so (pid, 0), without the order's four divisions
-        (about 80 instructions a program, a seventh of a narrow row-tap tile's)."""
+        the layer's outputs fit one column tile, so (pid, 0), without the order's four runtime
+        divisions."""
         if ONE_COLUMN:
             return pid, 0
         num_pid_m = tl.cdiv(M, BLOCK_M)

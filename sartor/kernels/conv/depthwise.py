@@ -34,6 +34,7 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import quantize_operand, pixel_coords, store_epilogue
+    from ..pointwise.epilogue import told_multiple
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
@@ -44,20 +45,19 @@ if triton is not None:
                                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                                RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
                                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
-        if CH_ALIGN > 1:
-            # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (MobileNet's
-            # 24, 40, 112 channels: pointwise/epilogue.py told_alignment): told, each pixel's channels, the
-            # taps' channel vectors and the stores go as vectors.
-            C = (C // CH_ALIGN) * CH_ALIGN
-            y_row = (y_row // CH_ALIGN) * CH_ALIGN
-            sxn = (sxn // CH_ALIGN) * CH_ALIGN
-            sxh = (sxh // CH_ALIGN) * CH_ALIGN
-            sxw = (sxw // CH_ALIGN) * CH_ALIGN
-            swh = (swh // CH_ALIGN) * CH_ALIGN
-            sww = (sww // CH_ALIGN) * CH_ALIGN
-            srn = (srn // CH_ALIGN) * CH_ALIGN
-            srh = (srh // CH_ALIGN) * CH_ALIGN
-            srw = (srw // CH_ALIGN) * CH_ALIGN
+        # Channel counts and strides multiples of 8 that Triton cannot see (MobileNet's 24, 40, 72,
+        # 120 channels): told, each pixel's channels, the taps' channel vectors and the stores go as
+        # vectors.
+        C = told_multiple(C, CH_ALIGN)
+        y_row = told_multiple(y_row, CH_ALIGN)
+        sxn = told_multiple(sxn, CH_ALIGN)
+        sxh = told_multiple(sxh, CH_ALIGN)
+        sxw = told_multiple(sxw, CH_ALIGN)
+        swh = told_multiple(swh, CH_ALIGN)
+        sww = told_multiple(sww, CH_ALIGN)
+        srn = told_multiple(srn, CH_ALIGN)
+        srh = told_multiple(srh, CH_ALIGN)
+        srw = told_multiple(srw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
@@ -104,12 +104,17 @@ _BLOCK_ELEMENTS = 4096
 _MIN_BLOCK_P = 16
 
 
+def _depthwise_layout(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A channels-last 4-D input (or a channel slice of one) and a [C, 1, KH, KW] weight of at most
+    MAX_TAPS taps: one filter per input channel, channel multiplier 1."""
+    return (triton is not None and x.dim() == 4 and w.dim() == 4 and w.shape[0] == x.shape[1] and w.shape[1] == 1
+            and w.shape[2] * w.shape[3] <= MAX_TAPS and pixel_stride(x) is not None)
+
+
 def depthwise_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """A float channels-last input (or a channel slice of one) and a [C, 1, KH, KW] weight: one
     filter per input channel, channel multiplier 1. The caller checks group == C."""
-    return (triton is not None and x.dim() == 4 and w.dim() == 4 and x.dtype in DEPTHWISE_DTYPES
-            and w.dtype in DEPTHWISE_DTYPES and w.shape[0] == x.shape[1] and w.shape[1] == 1
-            and w.shape[2] * w.shape[3] <= MAX_TAPS and pixel_stride(x) is not None)
+    return x.dtype in DEPTHWISE_DTYPES and w.dtype in DEPTHWISE_DTYPES and _depthwise_layout(x, w)
 
 
 def pack_depthwise_weight(w: torch.Tensor) -> torch.Tensor:
@@ -162,9 +167,8 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
 def depthwise_codes_supported(x: torch.Tensor, wq: torch.Tensor) -> bool:
     """An INT8 depthwise layer the kernel runs: int8 codes (or a float input, quantized on load)
     channels-last, and a [C, 1, KH, KW] int8 weight."""
-    return (triton is not None and x.dim() == 4 and wq.dim() == 4 and wq.dtype == torch.int8
-            and (x.dtype == torch.int8 or x.dtype in DEPTHWISE_DTYPES) and wq.shape[0] == x.shape[1]
-            and wq.shape[1] == 1 and wq.shape[2] * wq.shape[3] <= MAX_TAPS and pixel_stride(x) is not None)
+    return (wq.dtype == torch.int8 and (x.dtype == torch.int8 or x.dtype in DEPTHWISE_DTYPES)
+            and _depthwise_layout(x, wq))
 
 
 def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,

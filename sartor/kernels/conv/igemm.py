@@ -52,6 +52,7 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.pdl import await_previous_kernel
+    from ..pointwise.epilogue import told_multiple
     BLOCKED_TAPS_BOUND = tl.constexpr(MAX_BLOCKED_TAPS)  # the kernel's view of the host's bound
     from ..common.tile_steps import (accumulate_dot, store_epilogue, store_epilogue_halves, store_epilogue_halves_given,
                              load_residual_halves, grouped_tile, next_k_step, pixel_coords)
@@ -72,12 +73,10 @@ if triton is not None:
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
             OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False):
         await_previous_kernel(PDL)
-        if OUT_ALIGN > 1:
-            # Outputs and pixel stride multiples of OUT_ALIGN that Triton cannot see (24 or 40
-            # channels: it proves multiples of 16 only): told, the epilogue's bias and scale loads
-            # and its stores go as vectors, not a word or a byte at a time (see pointwise/epilogue.py told_alignment).
-            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
-            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
+        # Outputs and pixel stride multiples of 8 that Triton cannot see (24 or 40 channels): told,
+        # the epilogue's bias and scale loads and its stores go as vectors, not a word or a byte at a time.
+        COUT = told_multiple(COUT, OUT_ALIGN)
+        y_row = told_multiple(y_row, OUT_ALIGN)
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M, ONE_COLUMN)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -380,9 +379,8 @@ def narrow_block_n(out_channels: int) -> int:
 
 # A tile narrowed to few outputs is offered as well with its rows raised to keep block_m · block_n,
 # up to this many: a thread's address work before the K walk and its epilogue are spread over more
-# outputs (sm_90, Triton 3.6, yolo.c16 row taps: 64×16 w4 issues 72 thread-instructions an output,
-# 256×16 w4 39; bench/kernel_asm.py). The narrowed tile stays too: at batch 1 the taller ones leave
-# multiprocessors idle.
+# outputs (docs/decisions/kernel-igemm-row-taps.md). The narrowed tile stays too: at batch 1 the
+# taller ones leave multiprocessors idle.
 NARROW_MAX_BLOCK_M = 256
 
 

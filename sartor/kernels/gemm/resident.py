@@ -32,6 +32,7 @@ if triton is not None:
                              store_epilogue_halves_given, store_epilogue_halves_loaded, load_residual_halves,
                              decode_codes_through_mma, int8_identity, load_residual_tile, pixel_coords)
     from ..common.pdl import await_previous_kernel
+    from ..pointwise.epilogue import told_multiple
 
     @triton.jit
     def program_tiles(COUT, BLOCK_N: tl.constexpr, N_ADJACENT: tl.constexpr):
@@ -90,18 +91,15 @@ if triton is not None:
             BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
             PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
-        # Channel counts and strides multiples of 8 (or 4, 2) that Triton cannot see (24, 40, 72
-        # channels: it proves multiples of 16 only; pointwise/epilogue.py told_alignment): told, the input
-        # rows, the weight's rows and the epilogue's columns load and store as vectors.
-        if IN_ALIGN > 1:
-            K = (K // IN_ALIGN) * IN_ALIGN
-            x_row = (x_row // IN_ALIGN) * IN_ALIGN
-            sxn = (sxn // IN_ALIGN) * IN_ALIGN
-            sxh = (sxh // IN_ALIGN) * IN_ALIGN
-            sxw = (sxw // IN_ALIGN) * IN_ALIGN
-        if OUT_ALIGN > 1:
-            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
-            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
+        # Channel counts and strides multiples of 8 that Triton cannot see (24, 40, 72 channels): told,
+        # the input rows, the weight's rows and the epilogue's columns load and store as vectors.
+        K = told_multiple(K, IN_ALIGN)
+        x_row = told_multiple(x_row, IN_ALIGN)
+        sxn = told_multiple(sxn, IN_ALIGN)
+        sxh = told_multiple(sxh, IN_ALIGN)
+        sxw = told_multiple(sxw, IN_ALIGN)
+        COUT = told_multiple(COUT, OUT_ALIGN)
+        y_row = told_multiple(y_row, OUT_ALIGN)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -300,8 +298,8 @@ WIDE_K = 128
 
 
 # Layers of few outputs (YOLOv8n's model.2 1×1 layers: 32): a 64-column tile masks half its columns
-# (products, accumulator and epilogue, which bound the small-channel layers: instruction issue, session
-# 37), so up to NARROW_MAX_CHANNELS each tile is also offered as narrow as the outputs allow, its rows
+# (products, accumulator and epilogue, whose instruction issue bounds the small-channel layers:
+# docs/decisions/kernel-resident-gemm.md), so up to NARROW_MAX_CHANNELS each tile is also offered as narrow as the outputs allow, its rows
 # raised to keep block_m · block_n (`narrowed`), up to NARROW_MAX_BLOCK_M rows (the A tile's stages
 # grow with them). The window stem's resident tiles narrow the same way (window/resident.py).
 NARROW_MAX_CHANNELS = 32

@@ -3,7 +3,8 @@ into a channel slice of a wider buffer.
 
 PyTorch adds a broadcast bias with a non-vectorised kernel and then runs the residual add and the
 activation as further passes over memory; this kernel reads y (and the residual) once and writes
-once. Channel = flat index % C, so it serves channels-last 4-D tensors and row-major 2-D ones.
+once. It walks tiles of pixels × channels, so it serves channels-last 4-D tensors and row-major
+2-D ones.
 """
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ if triton is not None:
     _FLUSHED = tl.constexpr(not isinstance(_flushed_sigmoid, InterpretedFunction))
 
     @triton.jit
+    def told_multiple(value, ALIGN: tl.constexpr):
+        """`value`, a channel count or stride the wrapper knows to be a multiple of ALIGN
+        (`told_alignment`), rewritten as (value // ALIGN) · ALIGN: the same number, from which
+        Triton's alignment analysis learns a factor it cannot see in an argument (it proves
+        multiples of 16 only), so that loads and stores along it go as vectors
+        (docs/decisions/kernel-told-alignment.md). ALIGN 1: the value as it is."""
+        if ALIGN > 1:
+            value = (value // ALIGN) * ALIGN
+        return value
+
+    @triton.jit
     def activate(y, ACT: tl.constexpr, alpha, beta):
         if ACT == 1:
             y = tl.maximum(y, 0.0)
@@ -85,11 +97,10 @@ if triton is not None:
         # A tile of BLOCK_P pixels × BLOCK_C channels: a pixel's channels are contiguous; pixels of
         # the residual and the output may lie further apart (channel slices of a wider buffer, as a
         # Concat's inputs are when written in place). Tiled so, no element divides its flat index by
-        # the channel count (two runtime divisions an element, about 20 instructions a value).
-        if CH_ALIGN > 1:  # multiples of 8 (24, 40 channels) Triton cannot see: vectors once told
-            channels = (channels // CH_ALIGN) * CH_ALIGN
-            res_row = (res_row // CH_ALIGN) * CH_ALIGN
-            out_row = (out_row // CH_ALIGN) * CH_ALIGN
+        # the channel count (two runtime divisions a value).
+        channels = told_multiple(channels, CH_ALIGN)
+        res_row = told_multiple(res_row, CH_ALIGN)
+        out_row = told_multiple(out_row, CH_ALIGN)
         offs_p = (tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)).to(tl.int64)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         c_ok = offs_c < channels

@@ -42,6 +42,7 @@ if triton is not None:
                              store_epilogue_halves_loaded, requantize_int8, load_residual_halves, odometer_step,
                              pixel_coords)
     from ..common.pdl import await_previous_kernel
+    from ..pointwise.epilogue import told_multiple
     from ..gemm.resident import program_tiles
 
     @triton.jit
@@ -57,9 +58,8 @@ if triton is not None:
             COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
             MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False, OUT_ALIGN: tl.constexpr = 1):
         await_previous_kernel(PDL)
-        if OUT_ALIGN > 1:  # 24 or 40 outputs: stored as vectors once told (pointwise/epilogue.py told_alignment)
-            COUT = (COUT // OUT_ALIGN) * OUT_ALIGN
-            y_row = (y_row // OUT_ALIGN) * OUT_ALIGN
+        COUT = told_multiple(COUT, OUT_ALIGN)  # 24 or 40 outputs: stored as vectors once told
+        y_row = told_multiple(y_row, OUT_ALIGN)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         first_column = column_tile * BLOCK_N
         offs_n = first_column + tl.arange(0, BLOCK_N)
@@ -444,9 +444,8 @@ POOLED_TILES = (WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), True, True, Tr
 POOLED_PER_EFFORT = {1: 3, 2: 4}
 # Stems of few output channels (YOLOv8n's 16): a 64-column tile would mask 3/4 of its columns (products,
 # accumulator, epilogue), so up to NARROW_MAX_CHANNELS (gemm/resident.py) each candidate is also offered
-# as narrow as the channels allow, its rows raised to keep the accumulator's size (`narrow_tiles`).
-# bench/kernel_asm.py --layer yolo-stem (sm_90, Triton 3.6): 47–128 registers, 35–134 KiB of shared memory
-# (the rows' windows staged grow with block_m), pooled 144–198 registers; no spills.
+# as narrow as the channels allow, its rows raised to keep the accumulator's size (`narrow_tiles`;
+# what they compile to: docs/decisions/kernel-window-resident-tiles.md).
 # Up to this many output channels, below effort NARROW_ONLY_BELOW_EFFORT, the narrow tiles replace the
 # 64-column ones they come from (the pooled tiles excepted): on YOLOv8n's 16-channel stem every narrow
 # tile beat every wide one (docs/decisions/kernel-window-resident-tiles.md), which only cost build time.
@@ -479,8 +478,8 @@ def window_resident_tiles(effort: int, max_pool: bool = False,
 
 def narrow_tiles(tiles: list[WindowResidentTile], out_channels: int) -> list[WindowResidentTile]:
     """For a layer of up to NARROW_MAX_CHANNELS output channels, each of `tiles` wider than
-    `conv.igemm.narrow_block_n` with that many columns and as many more rows (gemm/resident.py `narrowed`), its
-    other fields and flags kept; none for wider layers."""
+    `conv.igemm.narrow_block_n` with that many columns and as many more rows (gemm/resident.py
+    `narrowed`), its other fields and flags kept; none for wider layers."""
     narrow = []
     for tile in tiles:
         resident = narrowed(tile.resident, out_channels)
