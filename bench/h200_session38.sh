@@ -10,6 +10,8 @@
 #      told their alignment, its 72- and 120-channel 1×1 layers read by vector copies) and the
 #      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
 #      batch 1 with programmatic dependent launch.
+#   c: YOLOv8n at batch 1, INT8 then FP16, every step's kernel launches (profile_engine.py --by-step):
+#      which steps launch more than their one kernel, where batch 1 is launches more than arithmetic.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -25,7 +27,16 @@ table() {  # model, seconds
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
-if [ "$part" = a ]; then
+if [ "$part" = c ]; then
+  for precision in int8 fp16; do
+    left=$(( ${BUDGET_S:-560} - SECONDS ))
+    [ "$left" -gt 60 ] || break
+    timeout "$left" python bench/profile_engine.py --model yolov8n --batch 1 --onnx-dir "$ONNX_DIR" --effort 1 \
+      --precision $precision --rows 40 --by-step > "$OUT/yolov8n_b1_$precision.log" 2>&1
+    echo "profile $precision exit $? at ${SECONDS}s"
+    sed -n '/== kernels by step/,/== sartor kernels/p' "$OUT/yolov8n_b1_$precision.log" | cut -c1-400
+  done
+elif [ "$part" = a ]; then
   # Each file's cases of what changed; on the GPU every case compiles its kernels, so few of them.
   timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_epilogue.py \
     "tests/kernels/test_kernels_depthwise.py::test_channel_slice_input_and_output" \

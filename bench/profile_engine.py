@@ -79,6 +79,68 @@ def step_times(ctx: ExecutionContext, feeds: dict, repeats: int = 5) -> list[tup
     return rows
 
 
+def kernels_by_step(ctx: ExecutionContext, feeds: dict, rows: int, kernel_device=None) -> None:
+    """Each step's kernel launches and their device time, from one profiled run without a graph.
+    The run synchronizes after every step inside a profiler range named for it, so a kernel belongs
+    to the range its start falls in (Triton's launches go through the driver API, which the
+    profiler does not tie to the op that made them). Launches outside every step are the run's own
+    (the feeds' layout change, outputs)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+    kernel_device = DeviceType.CUDA if kernel_device is None else kernel_device  # CPU: to check this on a CPU engine
+    executor = ctx.engine.executor
+    memo = ctx.memo_for(("by-step",))
+    open_ranges: dict[int, object] = {}
+
+    synchronize = torch.cuda.synchronize if ctx.engine.device.type == "cuda" else (lambda: None)
+
+    def before(index, step, args):
+        synchronize()
+        open_ranges[index] = record_function(f"sartor_step_{index}")
+        open_ranges[index].__enter__()
+
+    def observe(index, step, outputs):
+        synchronize()
+        open_ranges.pop(index).__exit__(None, None, None)
+
+    with torch.inference_mode():
+        for _ in range(2):  # the first run with a memo records where Concats are written in place
+            executor.run(feeds, memo, observe=observe, before=before)
+        synchronize()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.engine.device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            executor.run(feeds, memo, observe=observe, before=before)
+            synchronize()
+    events = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end, int(e.name.rsplit("_", 1)[1]))
+                   for e in events if e.name.startswith("sartor_step_"))
+    kernels = [e for e in events if e.device_type == kernel_device]
+    per_step: dict[int | None, list] = collections.defaultdict(list)
+    for kernel in kernels:
+        owner = next((index for start, end, index in spans if start <= kernel.time_range.start <= end), None)
+        per_step[owner].append(kernel)
+    print(f"== kernels by step: {len(kernels)} launches, {sum(k.time_range.elapsed_us() for k in kernels) / 1e3:.3f} ms, "
+          f"over {len(spans)} steps")
+    by_op: dict[str, list] = collections.defaultdict(lambda: [0, 0, 0.0])
+    for _, _, index in spans:
+        step = executor.steps[index]
+        by_op[step.node.op_type][0] += 1
+        by_op[step.node.op_type][1] += len(per_step[index])
+        by_op[step.node.op_type][2] += sum(k.time_range.elapsed_us() for k in per_step[index])
+    for op, (steps, launches, us) in sorted(by_op.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {op:14s} steps {steps:4d}  launches {launches:4d}  {us / 1e3:8.3f} ms")
+    outside = per_step.get(None, [])
+    print(f"  outside steps: {len(outside)} launches: " + ", ".join(sorted({k.name[:60] for k in outside})))
+    print("== steps with most launches (launches, kernel ms, op, name, tactic: kernels)")
+    ranked = sorted(spans, key=lambda span: -len(per_step[span[2]]))
+    for _, _, index in ranked[:rows]:
+        step = executor.steps[index]
+        names = collections.Counter(k.name[:48] for k in per_step[index])
+        print(f"  {len(per_step[index]):3d} {sum(k.time_range.elapsed_us() for k in per_step[index]) / 1e3:7.3f} "
+              f"{step.node.op_type:10s} {step.node.name[:40]:40s} {str(step.attrs.get('tactic', ''))[:50]}: "
+              + "; ".join(f"{n} x{c}" for n, c in names.most_common()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="resnet50")
@@ -88,6 +150,8 @@ def main() -> None:
     parser.add_argument("--effort", type=int, default=None)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--compiled-peer", action="store_true", help="also list torch.compile's kernels")
+    parser.add_argument("--by-step", action="store_true",
+                        help="also each step's kernel launches (one profiled run, synchronized step by step)")
     parser.add_argument("--layers-out", type=Path, default=None,
                         help="write every layer's op, tactic and the builder's time for it (ms) here, as JSON")
     args = parser.parse_args()
@@ -138,6 +202,8 @@ def main() -> None:
             print("      timed: " + ", ".join(f"{t} {v:.3f}" for t, v in timings[:4]))
         for rejected, why in list((layer.get("tactic_rejected") or {}).items())[:3]:
             print(f"      rejected {rejected}: {why}")
+    if args.by_step:
+        kernels_by_step(ctx, {input_name: x}, args.rows)
     with torch.inference_mode():
         top_kernels(lambda: ctx.run({input_name: x}), "sartor kernels", args.rows)
         model = torch_model(args.model)
