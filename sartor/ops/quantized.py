@@ -67,6 +67,7 @@ from typing import ClassVar
 import torch
 
 from ..ir.dtypes import INT8_QMAX as QMAX
+from ..ir.dtypes import NUMPY_TO_TORCH
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, depthwise_codes_supported, depthwise_qconv_nhwc,
@@ -99,6 +100,11 @@ OPS = OpTable("quantized")
 # Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
 QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
                "weight_scale", "qmin", "qformat")
+
+# Set by the executor (runtime/float_outputs.py) on a layer whose output is not quantized and whose
+# readers all compute in one narrower float: that dtype's name ("float16", "bfloat16"). The layer
+# stores its float32 results rounded to it, as each reader would have converted them on reading.
+FLOAT_OUTPUT = "float_output"
 
 
 def quantize(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
@@ -300,7 +306,7 @@ def _int8_epilogue(attrs: dict) -> dict:
     return dict(igemm_epilogue(attrs), input_inv_scale=attrs["input_inv_scale"],
                 residual_scale=attrs.get("residual_scale"), output_inv_scale=attrs.get("output_inv_scale"),
                 qmin=attrs.get("qmin", -QMAX), fp8=is_fp8(attrs),
-                accumulator_bound=attrs.get(ACCUMULATOR_BOUND))
+                accumulator_bound=attrs.get(ACCUMULATOR_BOUND), float_dtype=float_output_dtype(attrs))
 
 
 def _programmatic_launch(x: torch.Tensor, attrs: dict) -> bool:
@@ -442,9 +448,16 @@ def code_dtype(attrs: dict) -> torch.dtype:
     return FP8_DTYPE if is_fp8(attrs) else torch.int8
 
 
+def float_output_dtype(attrs: dict) -> torch.dtype:
+    """What an INT8 (FP8) layer's output is stored as when it is not quantized: float32, or the
+    float its readers compute in (FLOAT_OUTPUT)."""
+    return NUMPY_TO_TORCH[attrs.get(FLOAT_OUTPUT, "float32")]
+
+
 def qlayer_output_dtype(attrs: dict) -> torch.dtype:
-    """What an INT8 (FP8) layer writes: its codes when its output is stored quantized, else float32."""
-    return torch.float32 if attrs.get("output_inv_scale") is None else code_dtype(attrs)
+    """What an INT8 (FP8) layer writes: its codes when its output is stored quantized, else
+    `float_output_dtype`."""
+    return float_output_dtype(attrs) if attrs.get("output_inv_scale") is None else code_dtype(attrs)
 
 
 # A QConv may carry a projection (`passes/fuse_projected_residual.py`): inputs 5–8 are the projection
@@ -632,8 +645,8 @@ def qconv(inputs, attrs):
     # was given, as the kernels do, so that a Concat it feeds stays one channels-last buffer (the
     # CPU's convolution keeps the layout by itself).
     if x.is_cuda and x.dim() == 4 and pixel_stride(x) is not None:
-        return y.contiguous(memory_format=torch.channels_last)
-    return y
+        return y.to(qlayer_output_dtype(attrs), memory_format=torch.channels_last)
+    return y.to(qlayer_output_dtype(attrs))
 
 
 @OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic)
@@ -647,4 +660,4 @@ def qgemm(inputs, attrs):
     if y is not None:
         return y
     acc = int8_matmul_accumulate(as_quantized(x, attrs), wq)
-    return _epilogue(_dequantize(acc, bias, inputs[4], -1, is_fp8(attrs)), None, attrs)
+    return _epilogue(_dequantize(acc, bias, inputs[4], -1, is_fp8(attrs)), None, attrs).to(qlayer_output_dtype(attrs))

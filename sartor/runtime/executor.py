@@ -18,6 +18,7 @@ from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.pointwise.epilogue import pixel_stride
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, value_meta
+from .float_outputs import plan_float_outputs
 
 HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape arithmetic
 
@@ -111,6 +112,7 @@ class Executor:
         self.layout_free_feeds = self._layout_free_feeds(feed_readers)
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
+        self.float_outputs = plan_float_outputs(self.steps, {v.name for v in graph.outputs})
         self.concat_plan = plan_concats(self.steps, {v.name for v in graph.inputs}, set(self.output_dtypes),
                                         host_values)
 

@@ -176,17 +176,18 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                          activation: str | None = None, alpha: float | None = None, beta: float | None = None,
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
-                         accumulator_bound: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                         accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
     """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
     wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
-    per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else float32,
+    per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation."""
     if not depthwise_codes_supported(x, wq):
         raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
     n, c, _, _ = x.shape
     shape = (n, c, *geometry.out_hw)
-    y = channels_last_output(shape, torch.int8 if output_inv_scale is not None else torch.float32, x.device, out,
+    y = channels_last_output(shape, torch.int8 if output_inv_scale is not None else float_dtype, x.device, out,
                              "depthwise_qconv_nhwc")
     if residual is not None and tuple(residual.shape) != shape:
         raise ValueError(f"depthwise_qconv_nhwc: residual {tuple(residual.shape)} is not the output's shape {shape}")

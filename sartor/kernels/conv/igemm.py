@@ -591,13 +591,14 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
                residual_after_activation: bool = False, input_inv_scale: float | None = None,
                residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
                accumulator_bound: int | None = None,
-               fp8: bool = False, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+               fp8: bool = False, float_dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None,
                pdl: bool = False) -> torch.Tensor:
     """Run one convolution (x: [N, C, H, W] any strides, or a GEMM's [N, C]) with its epilogue.
     `pdl`: launch it with programmatic dependent launch (`kernels/common/pdl.py`; CUDA tensors only).
 
     INT8 when `dequant_scale` is given: x int8 (or float, quantized with `input_inv_scale` on load),
-    w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else float32.
+    w_packed int8, bias int32; the output is int8 when `output_inv_scale` is given, else
+    `float_dtype` (float32, or the float16 its readers compute in: the store rounds).
     FP8 when `dequant_scale` is given with `fp8`: the same with float8_e4m3fn for int8 and a
     float32 bias. Otherwise x and w_packed share a float dtype and the output has it too. 4-D outputs are
     channels-last, 2-D ones row-major; `out`, when given, receives the result: the output's shape
@@ -612,8 +613,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     n, c, h, w_in = x4.shape
     oh, ow = geometry.out_hw
     cout = w_packed.shape[0]
-    if out_dtype is None:
-        out_dtype = (code_dtype if output_inv_scale is not None else torch.float32) if quantized else x.dtype
+    out_dtype = (code_dtype if output_inv_scale is not None else float_dtype) if quantized else x.dtype
     shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
     y = channels_last_output(shape, out_dtype, x.device, out, "conv_igemm")
     res4 = as_nchw_view(residual) if residual is not None else None
@@ -670,7 +670,7 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, fp8: bool = False,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
+                         float_dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """An INT8 (FP8) layer's epilogue over accumulators a library GEMM computed: `acc` [M, Cout]
     row-major, int32 (FP8: float32), for the M = N·OH·OW output pixels of `out_shape` [N, Cout,
     OH, OW] (or [M, Cout]). The arithmetic is conv_igemm's epilogue (the split-K epilogue kernel
@@ -680,7 +680,7 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
         raise ValueError(f"accumulator_epilogue: acc {tuple(acc.shape)} {acc.dtype} is not row-major "
                          f"{'float32' if fp8 else 'int32'} [pixels, channels]")
     m, cout = acc.shape
-    y = channels_last_output(out_shape, code_dtype if output_inv_scale is not None else torch.float32, acc.device,
+    y = channels_last_output(out_shape, code_dtype if output_inv_scale is not None else float_dtype, acc.device,
                              out, "accumulator_epilogue")
     res4 = as_nchw_view(residual) if residual is not None else None
     scalars, flags = epilogue_arguments(

@@ -223,12 +223,12 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None = None, alpha: float | None = None, beta: float | None = None,
              residual_after_activation: bool = False, input_inv_scale: float | None = None,
              residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-             accumulator_bound: int | None = None,
-             fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+             accumulator_bound: int | None = None, fp8: bool = False, float_dtype: torch.dtype = torch.float32,
+             out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) convolution y = epilogue(conv(x, w)) for x [N, C, H, W] 8-bit codes,
     channels-last (or a channel slice of it), w_packed [Cout, C, kh, kw] packed K-major by
-    `pack_weight`; the epilogue's arguments are conv_igemm's (`pdl` too). Output channels-last (or
-    into `out`)."""
+    `pack_weight`; the epilogue's arguments are conv_igemm's (`pdl` and `float_dtype` too). Output
+    channels-last (or into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
     if x.dtype != code or not tma_applies(x, tuple(w_packed.shape), geometry, tile.block_k):
         raise ValueError(f"conv_tma: input {tuple(x.shape)} {x.dtype} strides {x.stride()} with geometry {geometry} "
@@ -239,7 +239,7 @@ def conv_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
     n, c, h, w = x.shape
     cout, kh, kw = w_packed.shape[0], geometry.kernel[0], geometry.kernel[1]
     oh, ow = geometry.out_hw
-    y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else torch.float32, x.device,
+    y = channels_last_output((n, cout, oh, ow), code if output_inv_scale is not None else float_dtype, x.device,
                              out, "conv_tma")
     sxn, sxc, sxh, sxw = x.stride()
     # The input as [N, H, W, C] (its channels-last storage), boxes of one tap's rectangle.

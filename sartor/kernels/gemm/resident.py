@@ -409,12 +409,13 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
                   alpha: float | None = None, beta: float | None = None, residual_after_activation: bool = False,
                   input_inv_scale: float | None = None, residual_scale: float | None = None,
                   output_inv_scale: float | None = None, qmin: int = -127,
-                  accumulator_bound: int | None = None, fp8: bool = False,
+                  accumulator_bound: int | None = None, fp8: bool = False, float_dtype: torch.dtype = torch.float32,
                   out: torch.Tensor | None = None, pdl: bool = False, strides: tuple = (1, 1),
                   projection: Projection | None = None) -> torch.Tensor:
     """The INT8 (FP8: `fp8`) layer y = epilogue(x · wᵀ) over x [N, K, H, W] channels-last (or a
     channel slice of one) or [N, K] row-major, w_packed [Cout, K(, 1, 1)] K-major, at `strides` (a
-    1×1 convolution without padding); the epilogue's arguments are conv_igemm's (`pdl` too). With
+    1×1 convolution without padding); the epilogue's arguments are conv_igemm's (`pdl` and
+    `float_dtype` too). With
     `projection` (no `residual` then) the residual is that second product's (`Projection`). Output
     channels-last (or into `out`)."""
     code = torch.float8_e4m3fn if fp8 else torch.int8
@@ -431,7 +432,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
     strided = x.dim() == 4 and tuple(strides) != (1, 1)
     oh, ow = strided_out_hw(x.shape[2:], strides) if x.dim() == 4 else (1, 1)
     shape = (x.shape[0], cout, oh, ow) if x.dim() == 4 else (x.shape[0], cout)
-    out_dtype = code if output_inv_scale is not None else torch.float32
+    out_dtype = code if output_inv_scale is not None else float_dtype
     y = channels_last_output(shape, out_dtype, x.device, out, "resident_gemm")
     p_pointers, p_layout, p_inv_scale, p_flags = _projection_arguments(projection, x.shape[0], (oh, ow), cout, code,
                                                                        w_packed)

@@ -252,8 +252,8 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
              activation: str | None = None, alpha: float | None = None, beta: float | None = None,
              residual_after_activation: bool = False, input_inv_scale: float | None = None,
              residual_scale: float | None = None, output_inv_scale: float | None = None, qmin: int = -127,
-             accumulator_bound: int | None = None,
-             fp8: bool = False, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+             accumulator_bound: int | None = None, fp8: bool = False, float_dtype: torch.dtype = torch.float32,
+             out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """y = epilogue(x · wᵀ) for x 8-bit codes, [N, C, H, W] channels-last (or a channel slice of
     it) or [M, C] row-major, and w_packed [Cout, C, 1, 1] packed K-major by `pack_weight` (or [Cout,
     C]); the epilogue's arguments are conv_igemm's. Output channels-last [N, Cout, H, W] (or [M,
@@ -275,7 +275,7 @@ def gemm_tma(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | None,
         oh = ow = 1
         m = x.shape[0]
         shape = (m, cout)
-    y = channels_last_output(shape, code if output_inv_scale is not None else torch.float32, x.device, out,
+    y = channels_last_output(shape, code if output_inv_scale is not None else float_dtype, x.device, out,
                              "gemm_tma")
     x_desc = TensorDescriptor(x, [m, k], [_matrix_rows(x), 1], [tile.block_m, tile.block_k])
     w_desc = packed_weight_descriptor(w_packed, tile.block_n, tile.block_k)

@@ -527,11 +527,12 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, fp8: bool = False,
-                         out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+                         float_dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None,
+                         pdl: bool = False) -> torch.Tensor:
     """The convolution of the packed pixels `packed` [N, HP, WP, 4] (`window_pack`'s codes) with
     `w_window` [Cout, window, kh, 1] (`window_weight`'s: [Cout, kh, window] in memory) at
     `geometry` (the layer's, whose pads the packing applied), with the epilogue of resident_gemm's
-    arguments. Output channels-last [N, Cout, OH, OW] (or into `out`)."""
+    arguments (`float_dtype` too). Output channels-last [N, Cout, OH, OW] (or into `out`)."""
     if tile.max_pool and (fp8 or residual is not None or output_inv_scale is None):
         raise ValueError(f"window_resident_conv: {tile.name} pools INT8 output codes of a layer without residual")
     code = torch.float8_e4m3fn if fp8 else torch.int8
@@ -544,7 +545,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     n, _, padded_w, _ = packed.shape
     oh, ow = geometry.out_hw
     out_hw = pooled_size((oh, ow)) if tile.max_pool else (oh, ow)
-    y = channels_last_output((n, cout, *out_hw), code if output_inv_scale is not None else torch.float32,
+    y = channels_last_output((n, cout, *out_hw), code if output_inv_scale is not None else float_dtype,
                              packed.device, out, "window_resident_conv")
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once

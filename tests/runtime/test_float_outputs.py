@@ -1,0 +1,84 @@
+"""INT8 layers storing their float output in their readers' float16 (runtime/float_outputs.py): which
+layers the plan marks, that it does not fire where it must not, and that the engine's numbers do not
+move (the layer rounds to float16 what each reader converted on reading)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sartor
+from sartor.ops.quantized import FLOAT_OUTPUT
+from sartor.runtime import float_outputs
+from tests.conftest import save
+from tests.passes_helpers import OnnxBuilder
+
+SHAPE = (2, 3, 8, 8)
+
+
+def chain(second_reader: str | None = None):
+    """stem conv (ReLU) → entry conv (ReLU) → head conv → output: the head stays float (decision 0045),
+    so the INT8 entry writes floats for it. `second_reader`: "fp32 conv" adds a second conv
+    reading the entry's output, "output" makes that output a graph output too (an output head then,
+    which stays INT8 only when asked)."""
+    b = OnnxBuilder(seed=7)
+    x = b.input("images", list(SHAPE))
+    stem = b.node("Relu", [b.conv(x, 3, 8, "stem")], name="stem_act")
+    entry = b.node("Relu", [b.conv(stem, 8, 8, "entry")], name="entry_act")
+    outputs = [b.conv(entry, 8, 4, "head", k=1)]
+    if second_reader == "fp32 conv":
+        outputs.append(b.conv(entry, 8, 4, "other", k=1))
+    elif second_reader == "output":
+        outputs.append(entry)
+    return b.model(outputs)
+
+
+def _engine(tmp_path, model, layer_precision: dict):
+    path = save(model, tmp_path / "chain.onnx")
+    np.save(tmp_path / "calib.npy", np.random.default_rng(3).random((8, *SHAPE[1:]), dtype=np.float32))
+    sartor.build(str(path), str(tmp_path / "chain.plan"), device="cpu", profiles=[{"min": {"images": SHAPE},
+                 "opt": {"images": SHAPE}, "max": {"images": SHAPE}}], precision="int8",
+                 calib=str(tmp_path / "calib.npy"), layer_precision=layer_precision)
+    return sartor.load(str(tmp_path / "chain.plan"))
+
+
+def _run(engine, x):
+    """The engine's outputs and the dtype each layer's first output had."""
+    dtypes = {}
+    outputs = engine.executor.run({"images": torch.from_numpy(x)},
+                                  observe=lambda index, step, values: dtypes.setdefault(step.node.name,
+                                                                                        values[0].dtype))
+    return outputs, dtypes
+
+
+def _entry_layer(engine) -> str:
+    return next(s.node.name for s in engine.executor.steps if s.node.op_type == "QConv" and "entry" in s.node.name)
+
+
+def test_int8_layer_writes_float16_for_its_float16_reader_and_numbers_stay(tmp_path, monkeypatch):
+    engine = _engine(tmp_path, chain(), {"head*": "fp16"})
+    entry = _entry_layer(engine)
+    assert engine.executor.float_outputs == {entry: "float16"}
+    x = np.random.default_rng(0).random(SHAPE, dtype=np.float32)
+    planned, dtypes = _run(engine, x)
+    assert dtypes[entry] == torch.float16
+
+    monkeypatch.setattr(float_outputs, "plan_float_outputs", lambda steps, outputs: {})
+    step = next(s for s in engine.executor.steps if s.node.name == entry)
+    del step.attrs[FLOAT_OUTPUT]
+    unplanned, dtypes = _run(engine, x)
+    assert dtypes[entry] == torch.float32
+    for name, value in planned.items():
+        assert torch.equal(value, unplanned[name]), name
+
+
+@pytest.mark.parametrize("case", ["float32 reader", "a float32 reader besides", "graph output"])
+def test_plan_does_not_fire_where_it_must_not(case, tmp_path):
+    model = chain({"float32 reader": None, "a float32 reader besides": "fp32 conv", "graph output": "output"}[case])
+    layer_precision = {"float32 reader": {}, "a float32 reader besides": {"head*": "fp16"},
+                       "graph output": {"head*": "fp16", "entry*": "int8"}}[case]
+    engine = _engine(tmp_path, model, layer_precision)
+    assert engine.executor.float_outputs == {}
+    x = np.random.default_rng(1).random(SHAPE, dtype=np.float32)
+    _, dtypes = _run(engine, x)
+    assert dtypes[_entry_layer(engine)] == torch.float32
