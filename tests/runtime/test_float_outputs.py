@@ -82,3 +82,37 @@ def test_plan_does_not_fire_where_it_must_not(case, tmp_path):
     x = np.random.default_rng(1).random(SHAPE, dtype=np.float32)
     _, dtypes = _run(engine, x)
     assert dtypes[_entry_layer(engine)] == torch.float32
+
+
+@pytest.mark.parametrize("model,size", [("samples/yolo/yolo11n_scenes.onnx", 64),
+                                        ("samples/detector/sample_detector.onnx", 320)])  # its size is fixed
+def test_int8_detectors_with_float16_fallbacks_convert_no_value_between_floats(model, size, tmp_path):
+    """The shipped detectors' INT8 engines, run as on CUDA (their float layers at FP16): no layer
+    reads a float value in another float dtype than it computes in, so no conversion runs between
+    layers (YOLO11n's head-branch entries and its attention block's INT8 layers made nine)."""
+    from sartor.runtime.engine_file import read_engine_file
+    from sartor.runtime.executor import Executor
+    from sartor.runtime.graph_codec import decode_graph
+    shape = {"images": (1, 3, size, size)}
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).random((4, 3, size, size), dtype=np.float32))
+    sartor.build(model, str(tmp_path / "m.plan"), device="cpu", precision="int8", calib=str(tmp_path / "calib.npy"),
+                 min_shapes=shape, opt_shapes=shape, max_shapes=shape, builder_effort=0)
+    header, tensors = read_engine_file(str(tmp_path / "m.plan"))
+    graph, weights = decode_graph(header["graph"], tensors)
+    as_on_cuda = {layer["name"]: "fp16" if layer["precision"] == "fp32" else layer["precision"]
+                  for layer in header["layers"]}
+    executor = Executor(graph, weights, torch.device("cpu"), as_on_cuda)
+    assert executor.float_outputs and set(executor.float_outputs.values()) == {"float16"}
+    made: dict[str, torch.dtype] = {}
+    converted = []
+
+    def before(index, step, args):
+        converted.extend((name, made[name], step.compute_dtype) for name in step.node.inputs
+                         if step.compute_dtype is not None and name in made and made[name].is_floating_point
+                         and made[name] != step.compute_dtype)
+
+    def observe(index, step, outputs):
+        made.update((name, value.dtype) for name, value in zip(step.node.outputs, outputs)
+                    if name and isinstance(value, torch.Tensor))
+    executor.run({"images": torch.rand(*shape["images"])}, observe=observe, before=before)
+    assert converted == []
