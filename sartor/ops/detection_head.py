@@ -3,15 +3,19 @@
 YoloDecode's inputs are the head's per-scale box logits [B, 4·reg_max, H_i, W_i] for every scale,
 then the class logits [B, NC, H_i, W_i] in the same scale order; its attributes `reg_max` (DFL bins)
 and `strides` (one per scale). Its output is Ultralytics' `output0`: [B, 4 + NC, Σ H_i W_i], per
-anchor the box (cx, cy, w, h) in input pixels and the class scores after the sigmoid.
+anchor the box (cx, cy, w, h) in input pixels and the class scores after the sigmoid, computed in
+FP32 and stored in the inputs' float dtype or the one its FLOAT_OUTPUT names (the engine's float32
+output, where the layer computes in FP16: boxes near 640 px would otherwise be rounded to half a
+pixel).
 """
 from __future__ import annotations
 
 import torch
 
+from ..ir.dtypes import NUMPY_TO_TORCH
 from ..kernels.registry import fixed_tactic
 from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_supported
-from .registry import OpTable
+from .registry import FLOAT_OUTPUT, OpTable
 
 OPS = OpTable("detection_head")
 
@@ -40,8 +44,10 @@ def _anchor_grid(height: int, width: int, device: torch.device) -> torch.Tensor:
     return torch.stack((grid_x.reshape(-1), grid_y.reshape(-1)))
 
 
-def yolo_decode_reference(boxes: list, classes: list, reg_max: int, strides: list) -> torch.Tensor:
-    """The decode in PyTorch, in FP32 whatever the inputs' dtype, returned in that dtype."""
+def yolo_decode_reference(boxes: list, classes: list, reg_max: int, strides: list,
+                          out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The decode in PyTorch, in FP32 whatever the inputs' dtype, returned in `out_dtype` (by
+    default the inputs')."""
     bins = torch.arange(reg_max, dtype=torch.float32, device=boxes[0].device).reshape(1, 1, reg_max, 1)
     scales = []
     for box, cls, stride in zip(boxes, classes, strides):
@@ -53,7 +59,7 @@ def yolo_decode_reference(boxes: list, classes: list, reg_max: int, strides: lis
         bottom_right = anchors + distance[:, 2:]
         xywh = torch.cat(((top_left + bottom_right) / 2, bottom_right - top_left), 1) * float(stride)
         scales.append(torch.cat((xywh, cls.float().reshape(batch, cls.shape[1], height * width).sigmoid()), 1))
-    return torch.cat(scales, 2).to(boxes[0].dtype)
+    return torch.cat(scales, 2).to(out_dtype or boxes[0].dtype)
 
 
 def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -64,9 +70,10 @@ def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return [REFERENCE]
 
 
-@OPS.internal("YoloDecode", tactics=yolo_decode_tactics)
+@OPS.internal("YoloDecode", tactics=yolo_decode_tactics, stores_any_float=True)
 def yolo_decode_op(inputs, attrs):
     boxes, classes = _split_inputs(inputs, attrs)
+    out_dtype = NUMPY_TO_TORCH[attrs[FLOAT_OUTPUT]] if FLOAT_OUTPUT in attrs else None
     if attrs.get("tactic") == TRITON and yolo_decode_supported(boxes, classes, attrs["reg_max"]):
-        return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"])
-    return yolo_decode_reference(boxes, classes, attrs["reg_max"], attrs["strides"])
+        return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)
+    return yolo_decode_reference(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)

@@ -92,7 +92,7 @@ from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer,
 from .quantized_window import (WINDOW_TACTICS, WindowResident, space_to_depth_applies, window_applies, window_conv,
                                window_tactics, window_weight)
 from .pool import max_pool
-from .registry import OpTable
+from .registry import FLOAT_OUTPUT, OpTable
 from .util import exact_integer_math
 
 OPS = OpTable("quantized")
@@ -100,11 +100,6 @@ OPS = OpTable("quantized")
 # Attributes of an INT8 layer besides its conv/gemm and epilogue attributes.
 QUANT_ATTRS = ("input_scale", "input_inv_scale", "residual_scale", "output_scale", "output_inv_scale",
                "weight_scale", "qmin", "qformat")
-
-# Set by the executor (runtime/float_outputs.py) on a layer whose output is not quantized and whose
-# readers all compute in one narrower float: that dtype's name ("float16", "bfloat16"). The layer
-# stores its float32 results rounded to it, as each reader would have converted them on reading.
-FLOAT_OUTPUT = "float_output"
 
 
 def quantize(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
@@ -450,7 +445,8 @@ def code_dtype(attrs: dict) -> torch.dtype:
 
 def float_output_dtype(attrs: dict) -> torch.dtype:
     """What an INT8 (FP8) layer's output is stored as when it is not quantized: float32, or the
-    float its readers compute in (FLOAT_OUTPUT)."""
+    float its readers compute in (FLOAT_OUTPUT: the layer's float32 values rounded to it, as each
+    reader would have converted them on reading)."""
     return NUMPY_TO_TORCH[attrs.get(FLOAT_OUTPUT, "float32")]
 
 
@@ -620,7 +616,7 @@ def _pooled_qconv(inputs, attrs: dict, pool: dict) -> torch.Tensor:
 
 
 @OPS.internal("QConv", tactics=_qlayer_tactics(gemm=False), weight_for_tactic=qlayer_weight_for_tactic,
-              write_into=qconv_into)
+              write_into=qconv_into, stores_any_float=True)
 def qconv(inputs, attrs):
     """inputs: x, weight (int8 or float8_e4m3fn, [M, C/group, *k]), bias (int32 [M], FP8: float32
     [M], or omitted), residual (or omitted), dequant scale (float32 [M]), and for a projected layer
@@ -649,7 +645,8 @@ def qconv(inputs, attrs):
     return y.to(qlayer_output_dtype(attrs))
 
 
-@OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic)
+@OPS.internal("QGemm", tactics=_qlayer_tactics(gemm=True), weight_for_tactic=qlayer_weight_for_tactic,
+              stores_any_float=True)
 def qgemm(inputs, attrs):
     """inputs: x [..., K], weight (int8 or float8_e4m3fn [M, K]), bias (int32 [M], FP8: float32
     [M], or omitted), unused, dequant scale (float32 [M]). Gemm's alpha/beta and MatMul's weight

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
 REQUIRED = object()  # marks an attribute without a default
+# The attribute an op declared with `stores_any_float` reads: the name of the float dtype ("float16",
+# "float32", ...) to store its float output in, set by the executor (runtime/float_outputs.py).
+FLOAT_OUTPUT = "float_output"
 ANY_ATTRS = object()  # an op that accepts any attribute set (internal ops only)
 
 Impl = Callable[[list, dict], Any]
@@ -57,6 +60,10 @@ class OpDef:
     # The tactic that runs what PyTorch eager runs for this op, where that is not the reference
     # (attention: SDPA); the build's eager check times the engine against these (builder/eager_check.py).
     eager_tactic: Optional[str] = None
+    # The op stores its one float output in the dtype its FLOAT_OUTPUT attribute names (by default
+    # the dtype it computes in), so that the executor can store it as its readers or the graph's
+    # output want it, sparing them a conversion (runtime/float_outputs.py).
+    stores_any_float: bool = False
 
     def fill_attrs(self, given: dict) -> dict:
         if self.attrs is ANY_ATTRS:
@@ -95,7 +102,7 @@ class OpTable:
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            capturable: bool = True, domain: str = "", tactics: Callable | None = None,
            weight_for_tactic: Callable | None = None, write_into: Callable | None = None,
-           eager_tactic: str | None = None) -> Callable[[Impl], Impl]:
+           eager_tactic: str | None = None, stores_any_float: bool = False) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -107,7 +114,8 @@ class OpTable:
                                        check=check, data_dependent_shape=data_dependent_shape,
                                        capturable=capturable, domain=domain,
                                        tactics=tactics, weight_for_tactic=weight_for_tactic,
-                                       write_into=write_into, eager_tactic=eager_tactic)
+                                       write_into=write_into, eager_tactic=eager_tactic,
+                                       stores_any_float=stores_any_float)
             return impl
         return register
 

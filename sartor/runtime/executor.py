@@ -52,6 +52,7 @@ class Step:
     profile_variants: dict = field(default_factory=dict)
     capturable: bool = True  # OpDef.capturable
     data_dependent_shape: bool = False  # OpDef.data_dependent_shape
+    stores_any_float: bool = False  # OpDef.stores_any_float
 
 
 @dataclass
@@ -98,7 +99,8 @@ class Executor:
             dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
                         frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into,
-                        capturable=opdef.capturable, data_dependent_shape=opdef.data_dependent_shape)
+                        capturable=opdef.capturable, data_dependent_shape=opdef.data_dependent_shape,
+                        stores_any_float=opdef.stores_any_float)
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
@@ -112,7 +114,7 @@ class Executor:
         self.layout_free_feeds = self._layout_free_feeds(feed_readers)
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
-        self.float_outputs = plan_float_outputs(self.steps, {v.name for v in graph.outputs})
+        self.float_outputs = plan_float_outputs(self.steps, self.output_dtypes)
         self.concat_plan = plan_concats(self.steps, {v.name for v in graph.inputs}, set(self.output_dtypes),
                                         host_values)
 

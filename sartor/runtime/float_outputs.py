@@ -1,12 +1,17 @@
-"""Which INT8 (FP8) layers store their float output in their readers' narrower float.
+"""Which layers store their float output in the dtype its readers, or the graph's output, want.
 
-An INT8 layer whose output is not quantized (its readers are float layers: decision 0045 keeps a
-detector head's private branch float after its INT8 entry) computes float32 values. Each FP16
-reader converted them on reading: on CUDA one conversion kernel per reader and the float32 tensor
-written and read once more. Where every reader computes in the same narrower float (FP16, BF16),
-the layer stores its values rounded to it (`ops.quantized.FLOAT_OUTPUT`), which is the conversion
-the readers made, so no number changes. The plan is the executor's, made from the layer
-precisions the engine records, as the Concat plan is; a graph output keeps the dtype it declares.
+A layer that can store any float dtype (`OpDef.stores_any_float`: the INT8 layers, YoloDecode)
+is given, in its FLOAT_OUTPUT attribute, the one float dtype everything that consumes its output
+needs, where that differs from what it would store:
+- an INT8 (FP8) layer whose output is not quantized computes float32; when its readers are float
+  layers that all compute in FP16 (decision 0045 keeps a detector head's private branch float after
+  its INT8 entry), each reader converted on reading, on CUDA a conversion kernel and the float32
+  tensor written and read once more. Stored in FP16 it is the same numbers;
+- a layer computing in FP16 whose output is a float32 graph output was converted when the run
+  finished; YoloDecode computes its boxes in FP32, so stored as float32 they skip that conversion
+  and the half-pixel rounding of FP16 at 640 pixels.
+The plan is the executor's, made from the layer precisions the engine records, as the Concat plan
+is (decision 0052).
 """
 from __future__ import annotations
 
@@ -14,34 +19,41 @@ from collections import defaultdict
 
 import torch
 
-from ..ir.dtypes import QUANTIZED_LAYERS, TORCH_TO_NUMPY
-from ..ops.quantized import FLOAT_OUTPUT
+from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from ..ops.registry import FLOAT_OUTPUT
 
-# Float dtypes a layer's readers may compute in for it to store its output in theirs.
-NARROW_FLOATS = (torch.float16, torch.bfloat16)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def plan_float_outputs(steps: list, graph_outputs: set[str]) -> dict[str, str]:
-    """Mark each INT8 (FP8) step (`runtime.executor.Step`) whose output is not quantized, is not a
-    graph output, and is read only by device steps that all compute in one of NARROW_FLOATS: its
-    attributes (every profile's) get FLOAT_OUTPUT, that dtype's name. Returns {layer name: dtype
-    name} of the steps marked."""
+def plan_float_outputs(steps: list, graph_outputs: dict[str, str | None]) -> dict[str, str]:
+    """Mark each device step (`runtime.executor.Step`) that stores any float, has one output (not
+    quantized), and whose consumers all want one float dtype other than the one it stores: every
+    reader a device step computing in it, and where the output is a graph output (`graph_outputs`:
+    name → declared dtype name) that dtype declared. Its attributes (every profile's) get
+    FLOAT_OUTPUT, that dtype's name. Returns {layer name: dtype name} of the steps marked."""
     readers: dict[str, list] = defaultdict(list)
     for step in steps:
         for name in step.node.present_inputs():
             readers[name].append(step)
     planned = {}
     for step in steps:
-        if step.on_host or step.node.op_type not in QUANTIZED_LAYERS or step.attrs.get("output_inv_scale") is not None:
+        outputs = [name for name in step.node.outputs if name]
+        if step.on_host or not step.stores_any_float or len(outputs) != 1 \
+                or step.attrs.get("output_inv_scale") is not None:
             continue
-        output = step.node.outputs[0]
+        output = outputs[0]
         reading = readers.get(output, [])
-        if output in graph_outputs or not reading or any(_reads_on_host(reader, output) for reader in reading):
+        if any(_reads_on_host(reader, output) for reader in reading):
             continue
-        dtypes = {reader.compute_dtype for reader in reading}
-        if len(dtypes) != 1 or next(iter(dtypes)) not in NARROW_FLOATS:
+        wanted = {reader.compute_dtype for reader in reading}
+        if output in graph_outputs:
+            wanted.add(NUMPY_TO_TORCH.get(graph_outputs[output]))
+        if len(wanted) != 1:
             continue
-        name = TORCH_TO_NUMPY[dtypes.pop()]
+        dtype = wanted.pop()
+        if dtype not in FLOATS or dtype == (step.compute_dtype or torch.float32):
+            continue
+        name = TORCH_TO_NUMPY[dtype]
         step.attrs[FLOAT_OUTPUT] = name
         for variant in step.profile_variants.values():
             variant.attrs[FLOAT_OUTPUT] = name

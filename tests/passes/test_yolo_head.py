@@ -27,6 +27,7 @@ import sartor
 from sartor.frontend import import_onnx
 from sartor.ops import default_registry
 from sartor.ops.detection_head import TRITON, yolo_decode_reference
+from sartor.ops.registry import FLOAT_OUTPUT
 from sartor.passes import optimize
 from sartor.passes.fuse_yolo_head import fuse_yolo_head
 
@@ -209,6 +210,25 @@ def test_triton_decode_matches_the_reference(layout, dtype):
     assert got.dtype == dtype and got.shape == (BATCH, 4 + CLASSES, sum(h * w for h, w, _ in SCALES))
     tolerance = 1e-5 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("tactic", ["torch", TRITON])
+def test_float16_logits_decode_into_float32_when_asked(tactic):
+    """FLOAT_OUTPUT "float32" (the executor's, where the decode's output is the engine's float32
+    output): the FP32 decode stored as it is, not rounded to float16 first."""
+    if tactic == TRITON:
+        pytest.importorskip("triton")
+    boxes, classes = _logits("channels_last", torch.float16, DEVICE)
+    strides = [s for _, _, s in SCALES]
+    expected = yolo_decode_reference([t.cpu() for t in boxes], [t.cpu() for t in classes], BINS, strides,
+                                     torch.float32)
+    opdef = default_registry()["YoloDecode"]
+    attrs = {"reg_max": BINS, "strides": strides, "tactic": tactic}
+    got = opdef.impl(boxes + classes, dict(attrs, **{FLOAT_OUTPUT: "float32"})).cpu()
+    half = opdef.impl(boxes + classes, attrs).cpu()
+    assert got.dtype == torch.float32 and half.dtype == torch.float16
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, half.float())  # what the float16 store rounded away
 
 
 def test_reference_decodes_a_known_box():

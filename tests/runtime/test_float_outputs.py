@@ -89,7 +89,8 @@ def test_plan_does_not_fire_where_it_must_not(case, tmp_path):
 def test_int8_detectors_with_float16_fallbacks_convert_no_value_between_floats(model, size, tmp_path):
     """The shipped detectors' INT8 engines, run as on CUDA (their float layers at FP16): no layer
     reads a float value in another float dtype than it computes in, so no conversion runs between
-    layers (YOLO11n's head-branch entries and its attention block's INT8 layers made nine)."""
+    layers (YOLO11n's head-branch entries and its attention block's INT8 layers made nine), nor
+    when the run finishes (the decode writes the engine's float32 output)."""
     from sartor.runtime.engine_file import read_engine_file
     from sartor.runtime.executor import Executor
     from sartor.runtime.graph_codec import decode_graph
@@ -102,6 +103,8 @@ def test_int8_detectors_with_float16_fallbacks_convert_no_value_between_floats(m
     as_on_cuda = {layer["name"]: "fp16" if layer["precision"] == "fp32" else layer["precision"]
                   for layer in header["layers"]}
     executor = Executor(graph, weights, torch.device("cpu"), as_on_cuda)
+    decode = next(step.node.name for step in executor.steps if step.node.op_type == "YoloDecode")
+    assert executor.float_outputs.pop(decode) == "float32"  # the engine's output, from an FP32 decode
     assert executor.float_outputs and set(executor.float_outputs.values()) == {"float16"}
     made: dict[str, torch.dtype] = {}
     converted = []
@@ -114,5 +117,6 @@ def test_int8_detectors_with_float16_fallbacks_convert_no_value_between_floats(m
     def observe(index, step, outputs):
         made.update((name, value.dtype) for name, value in zip(step.node.outputs, outputs)
                     if name and isinstance(value, torch.Tensor))
-    executor.run({"images": torch.rand(*shape["images"])}, observe=observe, before=before)
+    outputs = executor.run({"images": torch.rand(*shape["images"])}, observe=observe, before=before)
     assert converted == []
+    assert [made[name] for name in outputs] == [torch.float32] * len(outputs)

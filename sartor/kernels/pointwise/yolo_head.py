@@ -72,13 +72,14 @@ def yolo_decode_supported(boxes: list[torch.Tensor], classes: list[torch.Tensor]
 
 
 def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max: int,
-                strides: list[float]) -> torch.Tensor:
-    """[B, 4 + NC, Σ H_i W_i] in the inputs' dtype: boxes[i] is [B, 4·reg_max, H_i, W_i] and
-    classes[i] [B, NC, H_i, W_i] of scale i, any strides; one launch per scale."""
+                strides: list[float], out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[B, 4 + NC, Σ H_i W_i] in `out_dtype` (by default the inputs' dtype), computed in FP32:
+    boxes[i] is [B, 4·reg_max, H_i, W_i] and classes[i] [B, NC, H_i, W_i] of scale i, any strides;
+    one launch per scale."""
     batch = boxes[0].shape[0]
     num_classes = classes[0].shape[1]
     anchors = sum(b.shape[2] * b.shape[3] for b in boxes)
-    out = torch.empty((batch, 4 + num_classes, anchors), dtype=boxes[0].dtype, device=boxes[0].device)
+    out = torch.empty((batch, 4 + num_classes, anchors), dtype=out_dtype or boxes[0].dtype, device=boxes[0].device)
     block_a = 64
     block_c = min(32, triton.next_power_of_2(max(num_classes, 1)))
     start = 0
