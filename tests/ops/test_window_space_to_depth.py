@@ -38,10 +38,19 @@ GEOMETRIES = [
 ]
 
 
-def test_block_pixels_are_the_4_byte_pixels_in_2x2_blocks():
+@pytest.mark.parametrize("source", ["float", "channels-last float", "codes"])
+@pytest.mark.parametrize("block_w", [256, 8])  # 8: a row of blocks over two programs, the second ragged
+def test_block_pixels_are_the_4_byte_pixels_in_2x2_blocks(source, block_w):
+    """Each program writes whole 16-byte blocks of one block row (`_pack_blocks_kernel`): the
+    4-byte pixels' bytes, block by block, padding and the fourth byte zero."""
     x = torch.randn(2, 3, 9, 11, generator=torch.Generator().manual_seed(1)) * 3
+    if source == "channels-last float":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif source == "codes":
+        x = quantize(x, 20.0)
     plain = pack_pixels(x.to(DEVICE), (3, 2), (16, 18), torch.int8, 20.0).cpu()
-    blocks = pack_pixels(x.to(DEVICE), (3, 2), (16, 18), torch.int8, 20.0, space_to_depth=True).cpu()
+    blocks = pack_pixels(x.to(DEVICE), (3, 2), (16, 18), torch.int8, 20.0, space_to_depth=True,
+                         block_w=block_w).cpu()
     assert blocks.shape == (2, 8, 36, 4)
     assert torch.equal(blocks, plain.view(2, 8, 2, 9, 2, 4).permute(0, 1, 3, 2, 4, 5).reshape(2, 8, 36, 4))
     with pytest.raises(ValueError, match="even padded size"):

@@ -27,8 +27,7 @@ if triton is not None:
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
-                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr,
-                            SPACE_TO_DEPTH: tl.constexpr = False):
+                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr):
         row = tl.program_id(0)  # n · HP + padded row
         n = row // HP
         padded_row = row - n * HP
@@ -45,12 +44,32 @@ if triton is not None:
             else:
                 v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
         stored = (pw < WP)[:, None] & (c < 4)[None, :]
-        if SPACE_TO_DEPTH:  # byte (dy·2 + dx)·4 + c of 16-byte pixel (row // 2, pw // 2)
-            at = (n.to(tl.int64) * HP * WP * 4 + (padded_row // 2) * (WP * 8) + (padded_row % 2) * 8
-                  + (pw // 2)[:, None] * 16 + (pw % 2)[:, None] * 4 + c[None, :])
-        else:
-            at = row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :]
-        tl.store(p_ptr + at, v, mask=stored)
+        tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
+
+    @triton.jit
+    def _pack_blocks_kernel(x_ptr, p_ptr, C, H, W, HB, WB, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
+                            QUANTIZE: tl.constexpr, FP8: tl.constexpr, BLOCK_W: tl.constexpr):
+        """The space-to-depth form: each program writes BLOCK_W whole 16-byte block pixels of one
+        block row (byte (dy·2 + dx)·4 + c holds channel c of pixel (2·row + dy, 2·column + dx)), so
+        every block is one 16-byte store rather than two 8-byte halves from two programs."""
+        block_row = tl.program_id(0)  # n · HB + block row
+        n = block_row // HB
+        hb = block_row - n * HB
+        wb = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        byte = tl.arange(0, 16)
+        dy, dx, c = byte // 8, (byte // 4) % 2, byte % 4
+        ih = (2 * hb + dy - pad_h)[None, :]
+        iw = 2 * wb[:, None] + dx[None, :] - pad_w
+        inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (c < C)[None, :]
+        v = tl.load(x_ptr + (n.to(tl.int64) * sxn + ih * sxh + iw * sxw + c[None, :] * sxc), mask=inside, other=0)
+        if QUANTIZE:
+            if FP8:
+                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+            else:
+                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
+        # Whole blocks of 16 bytes from a 16-byte aligned row start (HB·WB blocks an image).
+        first = tl.multiple_of(block_row.to(tl.int64) * (WB * 16), 16)
+        tl.store(p_ptr + first + wb[:, None] * 16 + byte[None, :], v, mask=(wb < WB)[:, None])
 
 
 # Padded pixels of one row per program: the fastest width of both forms on ResNet-50's stem, whose
@@ -83,11 +102,16 @@ def pack_pixels(x: torch.Tensor, pads: tuple[int, int], padded_hw: tuple[int, in
         raise ValueError(f"pack_pixels: 2 × 2 blocks need an even padded size, not {hp} × {wp}")
     shape = (n, hp // 2, wp * 2, PIXEL_BYTES) if space_to_depth else (n, hp, wp, PIXEL_BYTES)
     packed = torch.empty(shape, dtype=code if quantize else torch.uint8, device=x.device)
-    grid = (n * hp, triton.cdiv(wp, block_w))
-    _pack_pixels_kernel[grid](
-        x, packed, c, h, w, hp, wp, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
-        QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=block_w, SPACE_TO_DEPTH=space_to_depth, num_warps=warps,
-        enable_fp_fusion=False)  # quantize as the emulation does, one rounding per operation
+    # Quantize as the emulation does, one rounding per operation (no fused multiply-add).
+    if space_to_depth:
+        blocks_w = max(block_w // 2, 1)  # as many bytes a program as the 4-byte form's
+        _pack_blocks_kernel[(n * (hp // 2), triton.cdiv(wp // 2, blocks_w))](
+            x, packed, c, h, w, hp // 2, wp // 2, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
+            QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=blocks_w, num_warps=warps, enable_fp_fusion=False)
+    else:
+        _pack_pixels_kernel[(n * hp, triton.cdiv(wp, block_w))](
+            x, packed, c, h, w, hp, wp, *x.stride(), pads[0], pads[1], float(inv_scale), float(qmin),
+            QUANTIZE=quantize, FP8=CODE_DTYPES[code], BLOCK_W=block_w, num_warps=warps, enable_fp_fusion=False)
     return packed if quantize else packed.view(code)
 
 
