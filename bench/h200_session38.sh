@@ -10,12 +10,16 @@
 #      told their alignment, its 72- and 120-channel 1×1 layers read by vector copies) and the
 #      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
 #      batch 1 with programmatic dependent launch.
-#   c: YOLOv8n at batch 1, INT8 then FP16, every step's kernel launches (profile_engine.py --by-step):
-#      which steps launch more than their one kernel, where batch 1 is launches more than arithmetic.
+#   c: session 39's CUDA tests (INT8 layers storing FP16 for FP16 readers and the decode's float32
+#      output, decision 0052; the stem packing's whole 16-byte blocks), then YOLOv8n at batch 1, INT8
+#      then FP16, every step's kernel launches (profile_engine.py --by-step): which steps launch more
+#      than their one kernel, where batch 1 is launches more than arithmetic.
+#   d: YOLOv8n FP16, INT8, and INT8 with its head branches' inner layers pinned INT8 (decision
+#      0045 keeps them float; their CPU accuracy is in 0045), at batch 32 and 1: what the rule costs.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a or b}
+part=${1:?say a, b, c or d}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
@@ -27,7 +31,16 @@ table() {  # model, seconds
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
-if [ "$part" = c ]; then
+if [ "$part" = d ]; then
+  timeout "${BUDGET_S:-560}" python bench/h200_table.py --models yolov8n --detector-batches 32,1 --int8 \
+    --int8-pinned '/model.22/cv?.?/cv?.?.1/conv/Conv=int8' --effort 1 --no-compile --onnx-dir "$ONNX_DIR" \
+    --out "$OUT/table_pinned" > "$OUT/table_pinned.log" 2>&1
+  echo "pinned table exit $? at ${SECONDS}s"; grep "^|\|^INT8 with" "$OUT/table_pinned.log" | cut -c1-300
+elif [ "$part" = c ]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_float_output.py \
+    "tests/passes/test_yolo_head.py::test_float16_logits_decode_into_float32_when_asked" \
+    tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output" > "$OUT/tests_c.log" 2>&1
+  echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests_c.log" | cut -c1-300
   for precision in int8 fp16; do
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ "$left" -gt 60 ] || break

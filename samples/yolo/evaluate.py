@@ -13,7 +13,9 @@ For each model and precision it runs the commands a user would, with default fla
 
 and prints, per split, mAP@[.5:.95] of ONNX Runtime FP32 (the reference) and of the engine, with the
 drop. The last line is `RESULT {json}`. `--calib-subset day` calibrates on the day images only (a
-manifest of them), to report what a calibration set that misses the night costs.
+manifest of them), to report what a calibration set that misses the night costs. `--build-flag`
+(repeatable) adds a flag to every build, to score a variant beside the defaults, e.g.
+`--build-flag=--layer-precision='/model.22/cv2.*/cv2.*.1/*=int8' --tag branches-int8`.
 """
 from __future__ import annotations
 
@@ -56,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=8, help="the profile's opt and max batch")
     ap.add_argument("--calib-subset", choices=["all", "day", "night"], default="all")
     ap.add_argument("--work", type=Path, default=Path("/tmp/sartor_yolo_engines"))
+    ap.add_argument("--build-flag", action="append", default=[], metavar="FLAG",
+                    help="a flag added to every build (FLAG=VALUE as one argument; repeatable)")
+    ap.add_argument("--tag", default="", help="a name for the variant the build flags make (engine file names, rows)")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     s = args.imgsz
@@ -65,12 +70,14 @@ def main(argv: list[str] | None = None) -> None:
         name = model.stem
         for precision in args.precisions:
             suffix = "" if precision != "int8" or args.calib_subset == "all" else f"_calib_{args.calib_subset}"
+            suffix += f"_{args.tag}" if args.tag else ""
             plan = args.work / f"{name}_{precision}{suffix}.plan"
             flags = ["--device", args.device, "--precision", precision, "--preprocess", preprocess,
                      "--min-shapes", f"images:1x3x{s}x{s}", "--opt-shapes", f"images:{args.batch}x3x{s}x{s}",
                      "--max-shapes", f"images:{args.batch}x3x{s}x{s}"]
             if precision == "int8":
                 flags += ["--calib", calib_source(args.data, args.calib_subset, args.work)]
+            flags += args.build_flag
             t0 = time.time()
             sartor("build", str(model), "-o", str(plan), *flags)
             build_s = time.time() - t0
@@ -79,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                              "--reference", str(model), "--split-by", "lighting", "--json")
             report = json.loads(checked.stdout)
             row = {"model": name, "precision": precision, "device": args.device, "calib": args.calib_subset
-                   if precision == "int8" else None, "build_s": round(build_s, 1),
+                   if precision == "int8" else None, "variant": args.tag or None, "build_flags": args.build_flag,
+                   "build_s": round(build_s, 1),
                    "validate_s": round(time.time() - t0, 1), "splits": {}}
             for split in [report["overall"], *report["splits"]]:
                 row["splits"][split["name"]] = {
