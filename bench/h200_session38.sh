@@ -11,7 +11,8 @@
 #      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
 #      batch 1 with programmatic dependent launch.
 #   c: session 39's CUDA tests (INT8 layers storing FP16 for FP16 readers and the decode's float32
-#      output, decision 0052; the stem packing's whole 16-byte blocks), then YOLOv8n at batch 1, INT8
+#      output, decision 0052; the stem packing's whole 16-byte blocks; `--calib DIR` of photos on the
+#      GPU against the CPU engine, issue 33's third done-when), then YOLOv8n at batch 1, INT8
 #      then FP16, every step's kernel launches (profile_engine.py --by-step): which steps launch more
 #      than their one kernel, where batch 1 is launches more than arithmetic.
 #   d: YOLOv8n FP16, INT8, and INT8 with its head branches' inner layers pinned INT8 (decision
@@ -39,7 +40,8 @@ if [ "$part" = d ]; then
 elif [ "$part" = c ]; then
   timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_float_output.py \
     "tests/passes/test_yolo_head.py::test_float16_logits_decode_into_float32_when_asked" \
-    tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output" > "$OUT/tests_c.log" 2>&1
+    "tests/quant/test_calib_sources.py::test_a_plain_folder_calibrates_a_cuda_engine_as_it_does_the_cpu_one" \
+    tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output or cuda_engine" > "$OUT/tests_c.log" 2>&1
   echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests_c.log" | cut -c1-300
   for precision in int8 fp16; do
     left=$(( ${BUDGET_S:-560} - SECONDS ))

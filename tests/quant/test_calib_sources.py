@@ -14,6 +14,8 @@ from conftest import (
     IMAGE,
     assert_cli_error,
     classifier_model,
+    cosine,
+    first_output_on_cpu,
     gaussian_images,
     save,
     shape_flag,
@@ -66,6 +68,25 @@ def test_a_plain_folder_of_photos_calibrates(model, photos, tmp_path, cli):
     assert result.code == 0, result
     calibration = read_engine_file(tmp_path / "a.plan")[0]["provenance"]["calibration"]
     assert calibration["calib_size"] == len(PHOTOS) and calibration["source"] == str(photos)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA engine")
+def test_a_plain_folder_calibrates_a_cuda_engine_as_it_does_the_cpu_one(model, photos, tmp_path):
+    """`--calib DIR` on the GPU: the same samples (one digest) calibrated there, and the CUDA
+    engine's INT8 kernels agree with the CPU engine's emulation (the float layers at FP32 on both)."""
+    options = dict(profiles=[SHAPES], precision="int8", calib=photos, preprocess=PREPROCESS,
+                   int8_fallback_precision="fp32")
+    cpu = sartor.build(model, tmp_path / "cpu.plan", device="cpu", **options)
+    cuda = sartor.build(model, tmp_path / "cuda.plan", device="cuda", builder_effort=1, **options)
+    assert _calibration(cuda)["calib_sha256"] == _calibration(cpu)["calib_sha256"]
+    assert any(layer["precision"] == "int8" for layer in cuda.header["layers"])
+    images = gaussian_images(7, 4)  # seed 7, a batch of 4
+    expected = first_output_on_cpu(tmp_path / "cpu.plan", images)
+    got = next(iter(sartor.load(tmp_path / "cuda.plan", device="cuda").context().run({"images": images}).values()))
+    got = got.cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+    # Thresholds calibrated from the GPU's float32 activations may differ from the CPU's in their
+    # last bits, moving a few codes by one: close, not equal.
+    assert cosine(expected, got) >= 0.999
 
 
 def test_photos_from_python_match_the_folder(model, photos, tmp_path):
