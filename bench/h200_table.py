@@ -100,14 +100,24 @@ def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
             "img_s": round(batch / median * 1e3, 1)}
 
 
+def pinned_variants(specs: list[str]) -> dict[str, dict[str, str]]:
+    """--int8-pinned's "NAME:NODE=PRECISION[,NODE=PRECISION]" entries as {NAME: {NODE: PRECISION}}."""
+    variants = {}
+    for spec in specs:
+        name, _, pins = spec.partition(":")
+        variants[name] = dict(pin.rsplit("=", 1) for pin in pins.split(","))
+    return variants
+
+
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
                calib: Path | None, effort: int | None = None, warm_build: bool = True,
-               imagenet: bool = True, pdl: bool = False, layer_precision: dict | None = None) -> dict:
+               imagenet: bool = True, pdl: bool = False, layer_precision: dict | None = None,
+               pinned_name: str = "") -> dict:
     """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
     state, device memory. `pdl`: built with --pdl (quantized precisions). `layer_precision`: built
-    with these --layer-precision pins (the "pinned" variant)."""
+    with these --layer-precision pins (`pinned_name`: the variant's name in file names)."""
     shapes = {input_name: shape}
-    variant = precision + ("_pdl" if pdl else "") + ("_pinned" if layer_precision else "")
+    variant = precision + ("_pdl" if pdl else "") + (f"_pinned_{pinned_name}" if layer_precision else "")
     cache = work / f"timing_{onnx.stem}_{variant}_b{shape[0]}.json"  # one per engine: kept for reading
     cache.unlink(missing_ok=True)
     kwargs = {"calib": str(calib), "calib_size": 64} if precision in ("int8", "fp8") else {}
@@ -245,9 +255,9 @@ def main() -> None:
     parser.add_argument("--pdl", action="store_true",
                         help="also each quantized engine built with --pdl (programmatic dependent launch), "
                              "side by side")
-    parser.add_argument("--int8-pinned", action="append", default=[], metavar="NODE=PRECISION",
-                        help="with --int8, also the INT8 engine built with these --layer-precision pins "
-                             "(repeatable), side by side: column sartor_int8_pinned")
+    parser.add_argument("--int8-pinned", action="append", default=[], metavar="NAME:NODE=PRECISION[,NODE=PRECISION]",
+                        help="with --int8, also an INT8 engine built with these --layer-precision pins, side by "
+                             "side (repeatable, one engine each): column sartor_int8_pinned_NAME")
     parser.add_argument("--max-autotune", action="store_true",
                         help="also torch.compile mode max-autotune (minutes of compile per shape)")
     parser.add_argument("--inductor-cache", type=Path, default=None,
@@ -315,11 +325,11 @@ def main() -> None:
                                      onnx_path(name, work, args.onnx_dir), input_name, shape, quantized, work,
                                      args.iterations, calibration(size, imagenet), imagenet=imagenet, pdl=pdl,
                                      **build)))
-            if args.int8 and args.int8_pinned:
-                pins = dict(pin.rsplit("=", 1) for pin in args.int8_pinned)
-                jobs.append(("sartor_int8_pinned", lambda: sartor_row(
+            for variant, pins in (pinned_variants(args.int8_pinned) if args.int8 else {}).items():
+                jobs.append((f"sartor_int8_pinned_{variant}", lambda variant=variant, pins=pins: sartor_row(
                     onnx_path(name, work, args.onnx_dir), input_name, shape, "int8", work, args.iterations,
-                    calibration(size, imagenet), imagenet=imagenet, layer_precision=pins, **build)))
+                    calibration(size, imagenet), imagenet=imagenet, layer_precision=pins, pinned_name=variant,
+                    **build)))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
@@ -373,12 +383,14 @@ def main() -> None:
                   "|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_int8')} | {cell(r, 'sartor_int8_pdl')} | "
                   f"{cell(r, 'sartor_fp8')} | {cell(r, 'sartor_fp8_pdl')} |" for r in pdl_rows]
-    pinned_rows = [r for r in results["rows"] if "sartor_int8_pinned" in r]
-    if pinned_rows:
-        lines += ["", f"INT8 with --layer-precision {' '.join(args.int8_pinned)}:", "",
-                  "| model | batch | FP16 ms | INT8 ms | INT8 pinned ms |", "|---|---|---|---|---|"]
+    variants = list(pinned_variants(args.int8_pinned)) if args.int8 else []
+    if variants:
+        lines += ["", "INT8 engines with --layer-precision pins: "
+                  + "; ".join(f"{v}: {pins}" for v, pins in pinned_variants(args.int8_pinned).items()), "",
+                  "| model | batch | FP16 ms | INT8 ms | " + " | ".join(f"INT8 {v} ms" for v in variants) + " |",
+                  "|---|---|---|---|" + "---|" * len(variants)]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
-                  f"{cell(r, 'sartor_int8_pinned')} |" for r in pinned_rows]
+                  + " | ".join(cell(r, f"sartor_int8_pinned_{v}") for v in variants) + " |" for r in results["rows"]]
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
     lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
               "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]
