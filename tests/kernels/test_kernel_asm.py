@@ -104,8 +104,9 @@ def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
     lines = [line.split() for line in _compile_in_child(STEM_CHILD).splitlines()]
     # both walks at effort 1, each also with its columns' bias and scale loaded once (cols-loaded), the
     # one by filter rows also over row pairs (row-pairs), and three tiles of those pooling the output
-    # (max-pool, a stem carrying its max pool; one walking balanced); each in the 4-byte and the
-    # space-to-depth form
+    # (max-pool, a stem carrying its max pool; one walking balanced), and the first by filter rows with
+    # its columns loaded, with and without row pairs, walking balanced at 4 and 6 programs an SM; each
+    # in the 4-byte and the space-to-depth form
     for s2d in (False, True):
         form = ".space-to-depth" if s2d else ""
         assert sorted((".kh-steps" in label, ".cols-loaded" in label, label.endswith(".row-pairs" + form),
@@ -113,7 +114,8 @@ def test_resident_window_kernel_compiles_for_sm90_in_both_forms():
                       for label, *_ in lines if label.endswith(".space-to-depth") == s2d) == [
             (False, False, False, False, False), (False, True, False, False, False), (True, False, False, False, False),
             (True, False, False, True, False), (True, False, False, True, False), (True, False, False, True, True),
-            (True, False, True, False, False), (True, True, False, False, False), (True, True, True, False, False)]
+            (True, False, True, False, False), (True, True, False, False, False), *[(True, True, False, False, True)] * 4,
+            (True, True, True, False, False)]
     assert all(spills == "0" and hopper == "True" for _, spills, hopper, _ in lines)
     # The 4-byte form's windows start every 8 bytes at stride 2, the block pixels' every 16: wider
     # copies are a misaligned address on the GPU (Triton 3.6 made 16-byte ones of the row pairs'

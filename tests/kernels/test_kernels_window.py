@@ -188,6 +188,13 @@ RESIDENT_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=Tr
 RESIDENT_PAIRS = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1), kh_steps=True, row_pairs=True)
 RESIDENT_PAIRS_LOADED = WindowResidentTile(ResidentTile(16, 16, 3, 1, 1, n_adjacent=True, columns_loaded=True),
                                            kh_steps=True, row_pairs=True)
+# The balanced walk ("balanced", 2 programs for each of the interpreter's INTERPRETED_SMS): the row
+# tiles shared in equal runs, the last run passing the end (84 output pixels: 6 row tiles of 16 for
+# 4 programs, 2 each; 42 row pairs: 3 row tiles for 4 programs, the last program without one).
+RESIDENT_BALANCED = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1, columns_loaded=True), kh_steps=True,
+                                       balanced=True)
+RESIDENT_PAIRS_BALANCED = WindowResidentTile(ResidentTile(16, 32, 2, 1, 1, columns_loaded=True), kh_steps=True,
+                                             row_pairs=True, balanced=True)
 
 
 def _resident_window_run(x, wq, bias, residual, scale, attrs, tile):
@@ -219,8 +226,8 @@ def test_resident_window_tactic_decoding_its_sums_equals_the_emulation(with_bias
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("int8_output", [True, False])
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED],
-                         ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED,
+                                  RESIDENT_BALANCED, RESIDENT_PAIRS_BALANCED], ids=lambda tile: tile.name)
 def test_resident_window_tactic_equals_the_emulation(geometry, int8_output, tile):
     """Batch 2 of 13×11 images: the ResNet stem's 7×7 stride 2 padded by 3 gives 84 output pixels,
     6 row tiles of 16 whose last is partial; the 64-byte windows' K of 320 pads to 512."""
@@ -242,8 +249,8 @@ def test_resident_window_without_bias_or_activation_over_column_tiles_equals_the
         assert out.dtype == torch.float32 and torch.equal(out.cpu(), expected)
 
 
-@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED],
-                         ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [RESIDENT, RESIDENT_KH, RESIDENT_LOADED, RESIDENT_PAIRS, RESIDENT_PAIRS_LOADED,
+                                  RESIDENT_BALANCED, RESIDENT_PAIRS_BALANCED], ids=lambda tile: tile.name)
 def test_resident_window_with_codes_in_and_a_residual_equals_the_emulation(tile):
     generator = torch.Generator().manual_seed(17)
     x, wq, bias, scale, attrs = _layer(GEOMETRIES[1].values[0], generator, cout=8)
@@ -323,8 +330,11 @@ def test_resident_window_tiles_are_offered_for_stems_and_not_for_wide_layers(mon
     first_two = [window_tactic(tile).name for tile in WINDOW_RESIDENT_TILES[:2]]
     loaded = [name.replace(".s2", ".s2.cols-loaded") for name in first_two]  # the columns' bias and scale once
     by_rows = [name + ".row-pairs" for name in first_two + loaded if name.endswith(".kh-steps")]  # over row pairs
-    assert offered == first_two + loaded + by_rows and len(by_rows) == 2
-    assert offered == window_tactics(1)[-6:] and len(window_tactics(3)) > len(window_tactics(1))
+    # The first tile with its columns loaded, with and without row pairs, shared by 4 and 6 programs an SM.
+    balanced = [name.replace(".t8.", f".t{per_sm}.") + ".balanced" for name in (loaded[0], by_rows[1])
+                for per_sm in (4, 6)]
+    assert offered == first_two + loaded + by_rows + balanced and len(by_rows) == 2
+    assert offered == window_tactics(1)[-10:] and len(window_tactics(3)) > len(window_tactics(1))
     wide = registry.tactics([torch.zeros(1, 8, 16, 16), torch.zeros(8, 8, 3, 3, dtype=torch.int8)],
                             {"pads": [1, 1, 1, 1]}, 1)
     assert any(name.startswith("igemm.") for name in wide)
@@ -400,7 +410,7 @@ def test_narrow_tiles_are_offered_for_few_output_channels_only(monkeypatch):
         narrow = [name for name in names if name not in plain]
         kept = wide_resident if cout > 16 else []  # up to 16 channels at effort 1, the narrow tiles only
         assert [name for name in names if name in plain] == [n for n in plain if n not in wide_resident or n in kept]
-        assert len(narrow) == 12 and all(tactic_for(name).tile.resident.block_n == block_n for name in narrow)
+        assert len(narrow) == 20 and all(tactic_for(name).tile.resident.block_n == block_n for name in narrow)
     # From effort 3 the wide tiles are timed beside the narrow ones whatever the channels.
     assert set(window_tactics(3, out_channels=64)) < set(window_tactics(3, out_channels=16))
     sixteen = [name for name in offered(16) if name.startswith("window_resident.256x16.")]

@@ -240,15 +240,19 @@ def test_pooled_tile_names_round_trip_and_malformed_ones_are_refused():
                 "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs.max-pool.max-pool",
                 "window_resident.64x64.t8.w4.s2.kh-steps.max-pool.row-pairs",
                 "window_resident.2x16.t2.w1.s1.kh-steps.row-pairs.max-pool",
-                "window_resident.64x64.t3.w4.s2.kh-steps.row-pairs.balanced",
+                "window_resident.64x64.t3.w4.s2.grouped.kh-steps.balanced",
                 "window_resident.64x64.t3.w4.s2.kh-steps.row-pairs.max-pool.balanced.balanced",
                 "window_resident.64x64.t3.w4.s2.grouped.kh-steps.row-pairs.max-pool.balanced"):
         with pytest.raises(TacticNameError):
             tactic_for(bad)
     with pytest.raises(ValueError, match="walks row pairs"):
         WindowResidentTile(ResidentTile(64, 64, 8, 4, 2), kh_steps=True, max_pool=True)
-    with pytest.raises(ValueError, match="balanced walk is the pooled one's"):
-        WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), kh_steps=True, row_pairs=True, balanced=True)
+    with pytest.raises(ValueError, match="balanced walk runs on a 2-D grid"):
+        WindowResidentTile(ResidentTile(64, 64, 3, 4, 2, n_adjacent=True), kh_steps=True, row_pairs=True,
+                           balanced=True)
+    # Unpooled tiles walk balanced too (tests/kernels/test_kernels_window.py runs them).
+    unpooled = WindowResidentTile(ResidentTile(64, 64, 3, 4, 2), kh_steps=True, row_pairs=True, balanced=True)
+    assert tactic_for(window_tactic(unpooled).name).tile == unpooled
     # ResNet-50 at batch 256: 2 strips of 31 pooled columns, 7 bands of 8 pairs; balanced, 3 programs
     # on each of the H200's 132 multiprocessors, or one a step where there are fewer steps.
     banded, balanced = POOLED_TILES[1], POOLED_TILES[0]

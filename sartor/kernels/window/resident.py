@@ -94,10 +94,11 @@ if triton is not None:
                               scale_hi, row_group, first_column, offs_k, M, COUT, OH, OW, image_bytes, row_bytes,
                               y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
                               DIL_H, PIXEL_STEP, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, TILES,
-                              BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED, WINDOW_ALIGN)
+                              BALANCED, BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED, WINDOW_ALIGN)
         else:
-            for t in range(TILES):
-                offs_m = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+            first, steps = _row_tile_run(row_group, M, TILES, BALANCED, BLOCK_M)
+            for t in range(steps):
+                offs_m = (first + t) * BLOCK_M + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < M
                 n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
                 window_start = _window_starts(n_idx, oh, ow, image_bytes, row_bytes, STRIDE_H, PIXEL_STEP,
@@ -155,7 +156,7 @@ if triton is not None:
                           STRIDE_H: tl.constexpr, DIL_H: tl.constexpr, PIXEL_STEP: tl.constexpr,
                           INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                           RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr, TILES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
+                          BALANCED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
                           COLUMNS_LOADED: tl.constexpr, WINDOW_ALIGN: tl.constexpr):
         """The row-pairs walk: each row tile is BLOCK_M pixels of output rows 2p and 2p + 1 at once (M
         counts such pairs). The lower row's filter row i reads the packed row that the upper row's
@@ -163,8 +164,9 @@ if triton is not None:
         for 2 · KH products, where two tiles would load 2 · KH (the stem's space-to-depth form: 5
         for 8)."""
         pair_rows = (OH + 1) // 2
-        for t in range(TILES):
-            offs_p = (row_group * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        first, steps = _row_tile_run(row_group, M, TILES, BALANCED, BLOCK_M)
+        for t in range(steps):
+            offs_p = (first + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             p_ok = offs_p < M
             n_idx, pair, ow = pixel_coords(offs_p, pair_rows, OW)
             oh = pair * 2
@@ -181,6 +183,17 @@ if triton is not None:
                                bias_hi, scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw,
                                res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
                                RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
+
+    @triton.jit
+    def _row_tile_run(row_group, M, TILES: tl.constexpr, BALANCED: tl.constexpr, BLOCK_M: tl.constexpr):
+        """(first row tile, how many) of this row group's run of row tiles: TILES of them, or with
+        BALANCED an equal share of all the layer's row tiles between the grid's row groups (the
+        last runs may pass the end: their rows are masked)."""
+        if BALANCED:
+            steps = tl.cdiv(tl.cdiv(M, BLOCK_M), tl.num_programs(0))
+            return row_group * steps, steps
+        else:
+            return row_group * TILES, TILES
 
     @triton.jit
     def _zero_accumulator(INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -385,8 +398,10 @@ class WindowResidentTile(Tactic):
     output rows ("row-pairs", `_window_row_pairs`): each output pixel reads 4 windows of 64 bytes
     through L2, and a pair of rows shares 3 of its 4. "max-pool" (row pairs only): the layer's
     3 × 3 / 2 max pool in the kernel (`_window_pooled_pairs`), `resident.tiles` row pairs a
-    program; "balanced" (pooled only): `resident.tiles` programs per SM share the walk in equal
-    runs. Spelled inline in the window tactics (`ops/quantized_window.py`), e.g.
+    program; "balanced": `resident.tiles` programs per SM share the walk in equal runs (of pooled
+    row pairs, or of row tiles), however many row tiles the layer has: no last round of programs
+    mostly empty, and at batch 1 as many programs as the GPU holds where a run of 8 row tiles a
+    program left most SMs idle. Spelled inline in the window tactics (`ops/quantized_window.py`), e.g.
     "window_resident.64x64.t8.w4.s2.kh-steps.row-pairs"."""
     resident: ResidentTile
     kh_steps: bool = False
@@ -403,8 +418,8 @@ class WindowResidentTile(Tactic):
             raise ValueError("WindowResidentTile: row pairs walk K by filter rows (kh_steps)")
         if self.max_pool and not self.row_pairs:
             raise ValueError("WindowResidentTile: the max pool walks row pairs")
-        if self.balanced and (not self.max_pool or self.resident.n_adjacent):
-            raise ValueError("WindowResidentTile: the balanced walk is the pooled one's, on a 2-D grid")
+        if self.balanced and self.resident.n_adjacent:
+            raise ValueError("WindowResidentTile: the balanced walk runs on a 2-D grid (row groups, column tiles)")
 
     def invalid(self) -> str | None:
         if self.resident.residual_prefetch:
@@ -451,6 +466,11 @@ POOLED_PER_EFFORT = {1: 3, 2: 4}
 # tile beat every wide one (docs/decisions/kernel-window-resident-tiles.md), which only cost build time.
 NARROW_ONLY_MAX_CHANNELS = 16
 NARROW_ONLY_BELOW_EFFORT = 3
+# The unpooled tiles' balanced walk (programs per SM): the first tile with its columns loaded once
+# (with and without row pairs) also with this many programs an SM sharing all the row tiles. Every program has the same work, so any count that is a multiple of what an SM holds fills
+# whole rounds: 4 and 6 are multiples of 1, 2 and of 4 or 3 and 6 (the space-to-depth stem tiles
+# hold about 6 an SM by their shared memory; docs/decisions/kernel-window-resident-tiles.md).
+BALANCED_PROGRAMS_PER_SM = (4, 6)
 # The multiprocessors the balanced walk spreads over on the CPU (Triton's interpreter runs programs
 # one after another): a few, so that runs cross strips and images in tests.
 INTERPRETED_SMS = 2
@@ -460,14 +480,19 @@ def window_resident_tiles(effort: int, max_pool: bool = False,
                           out_channels: int | None = None) -> list[WindowResidentTile]:
     """The candidates the builder times at this effort, each also with its columns' bias and scale
     loaded once per program (ResidentTile's cols-loaded), then those walking by filter rows also over
-    row pairs; with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the pooled tiles
-    after them, the others then storing the output for the pool to run after. For a layer of
+    row pairs, then the first tile with its columns loaded (and over row pairs) also balanced
+    (BALANCED_PROGRAMS_PER_SM); with `max_pool` (a layer whose 3 × 3 / 2 max pool is fused in) the
+    pooled tiles after them, the others then storing the output for the pool to run after. For a layer of
     `out_channels` up to NARROW_MAX_CHANNELS, each of those narrowed (`narrow_tiles`) after them all;
     up to NARROW_ONLY_MAX_CHANNELS below effort NARROW_ONLY_BELOW_EFFORT, the unpooled ones narrowed
     only."""
     tiles = list(WINDOW_RESIDENT_TILES[:WINDOW_RESIDENT_PER_EFFORT.get(effort, len(WINDOW_RESIDENT_TILES))])
     tiles += [replace(tile, resident=replace(tile.resident, columns_loaded=True)) for tile in tiles]
     tiles += [replace(tile, row_pairs=True) for tile in tiles if tile.kh_steps]
+    first = WINDOW_RESIDENT_TILES[0]
+    tiles += [replace(tile, balanced=True, resident=replace(tile.resident, tiles=per_sm)) for tile in tiles
+              if tile.resident == replace(first.resident, columns_loaded=True) and tile.kh_steps == first.kh_steps
+              for per_sm in BALANCED_PROGRAMS_PER_SM]
     pooled = list(POOLED_TILES[:POOLED_PER_EFFORT.get(effort, len(POOLED_TILES))]) if max_pool else []
     if out_channels is None or out_channels > NARROW_MAX_CHANNELS:
         return tiles + pooled
@@ -511,6 +536,12 @@ def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, i
     return steps // pairs * -(-pairs // tile.resident.tiles)
 
 
+def balanced_row_groups(tile: WindowResidentTile, rows: int, sms: int) -> int:
+    """The row groups of an unpooled balanced tile over `rows` output rows (row pairs counting once):
+    `tiles` programs for each of `sms` multiprocessors, never more than there are row tiles."""
+    return min(triton.cdiv(rows, tile.resident.block_m), sms * tile.resident.tiles)
+
+
 def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
     """The largest power of two, up to 16, dividing every window's first byte: windows start
     `pixel_step` bytes apart in rows of `row_bytes` and images of `image_bytes`. Stated to the kernel
@@ -551,12 +582,14 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once
     resident = tile.resident
     grid = resident.grid(rows, cout)
+    sms = (torch.cuda.get_device_properties(packed.device).multi_processor_count if packed.is_cuda
+           else INTERPRETED_SMS)
     if tile.max_pool:
         rows = pooled_steps(tile, n, (oh, ow))  # the balanced walk's length (M)
-        sms = (torch.cuda.get_device_properties(packed.device).multi_processor_count if packed.is_cuda
-               else INTERPRETED_SMS)
         groups, columns = pooled_row_groups(tile, n, (oh, ow), sms), triton.cdiv(cout, resident.block_n)
         grid = (groups * columns,) if resident.n_adjacent else (groups, columns)
+    elif tile.balanced:
+        grid = (balanced_row_groups(tile, rows, sms), triton.cdiv(cout, resident.block_n))
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
