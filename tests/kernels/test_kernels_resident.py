@@ -15,9 +15,10 @@ pytest.importorskip("triton")
 from sartor.kernels.conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, pack_weight  # noqa: E402
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.common.tile_steps import residual_pixels  # noqa: E402
-from sartor.kernels.gemm.resident import (MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT, MMA_RESIDUAL_MAX_BLOCK_N,  # noqa: E402
-                                          NARROW_MAX_CHANNELS, RESIDENT_TILES, WIDE_K, WIDE_K_TILE, Projection,
-                                          ResidentTile, narrowed, resident_applies, resident_gemm, resident_tactics)
+from sartor.kernels.gemm.resident import (BALANCED_PROGRAMS_PER_SM, MAX_RESIDENT_K, MMA_BITS_MIN_EFFORT,  # noqa: E402
+                                          MMA_RESIDUAL_MAX_BLOCK_N, NARROW_MAX_CHANNELS, RESIDENT_TILES, WIDE_K,
+                                          WIDE_K_TILE, Projection, ResidentTile, narrowed, resident_applies,
+                                          resident_gemm, resident_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.fp8 import QFORMAT, code_distance, quantize_fp8  # noqa: E402
 from sartor.ops.quantized import (_qlayer_resident, qconv, qconv_into, qgemm, qlayer_weight_for_tactic,  # noqa: E402
@@ -30,6 +31,9 @@ SMALL_EARLY, SMALL_AHEAD, SMALL_MMA, SMALL_MMA_BITS = (ResidentTile(16, 32, 3, 1
                                                        for mode in (1, 2, 3, 4))
 SMALL_ADJACENT = ResidentTile(16, 32, 3, 1, 1, n_adjacent=True)  # 40 or 33 channels: 2 column tiles
 SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and scale loaded once per program
+# The balanced walk: 2 programs for each of the interpreter's INTERPRETED_SMS share the row tiles in
+# equal runs (70 pixels: 5 row tiles of 16 for 4 programs, 2 each, the last runs past the end).
+SMALL_BALANCED = ResidentTile(16, 32, 2, 1, 1, columns_loaded=True, balanced=True)
 
 
 @pytest.mark.parametrize("channels,cout", [(64, 40), (48, 16), (128, 33), (200, 24)])  # 200: K block 256
@@ -39,7 +43,8 @@ SMALL_COLUMNS = ResidentTile(16, 32, 3, 1, 1, columns_loaded=True)  # bias and s
                                   replace(SMALL_AHEAD, n_adjacent=True), SMALL_COLUMNS,
                                   replace(SMALL_AHEAD, n_adjacent=True, columns_loaded=True), SMALL_MMA,
                                   replace(SMALL_MMA, n_adjacent=True, columns_loaded=True), SMALL_MMA_BITS,
-                                  replace(SMALL_MMA_BITS, n_adjacent=True, columns_loaded=True)],
+                                  replace(SMALL_MMA_BITS, n_adjacent=True, columns_loaded=True), SMALL_BALANCED,
+                                  replace(SMALL_BALANCED, n_adjacent=True), replace(SMALL_AHEAD, balanced=True)],
                          ids=lambda tile: tile.name)
 def test_resident_conv_equals_the_emulation(channels, cout, residual, int8_output, tile):
     """70 output pixels in row tiles of 16, 3 per program: the second program's last tile (and,
@@ -213,19 +218,29 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     with pytest.raises(ValueError, match="not 64 contiguous channels"):
         resident_gemm(torch.zeros(2, 64, 8, 8, device=DEVICE), torch.zeros(8, 64, dtype=torch.int8, device=DEVICE),
                       None, SMALL, dequant_scale=torch.ones(8, device=DEVICE))
-    assert 4 == len(resident_tactics(1)) < len(resident_tactics(3)) <= len(resident_tactics(5))
-    assert len(resident_tactics(5)) == 4 * len(RESIDENT_TILES)
+    # Last, the first tile with its columns loaded (and narrowed, for few outputs) walking balanced.
+    first_loaded = replace(RESIDENT_TILES[0], columns_loaded=True)
+    assert [name for name in resident_tactics(1) if name.endswith(".balanced")] == [
+        replace(first_loaded, tiles=per_sm, balanced=True).name for per_sm in BALANCED_PROGRAMS_PER_SM]
+    assert [name for name in resident_tactics(2, out_channels=32) if name.endswith(".balanced")][2:] == [
+        replace(narrowed(first_loaded, 32), tiles=per_sm, balanced=True).name for per_sm in BALANCED_PROGRAMS_PER_SM]
+    assert all(name.endswith(".balanced") for name in resident_tactics(3)[-2:])
+
+    def plain_tactics(*args, **kwargs) -> list[str]:
+        return [name for name in resident_tactics(*args, **kwargs) if not name.endswith(".balanced")]
+    assert 4 == len(plain_tactics(1)) < len(plain_tactics(3)) <= len(plain_tactics(5))
+    assert len(plain_tactics(5)) == 4 * len(RESIDENT_TILES)
     first = RESIDENT_TILES[0].name
     g, c, e, r, m, mb = (".grouped", ".cols-loaded", ".residual-early", ".residual-next", ".residual-mma",
                          ".residual-mma-bits")
-    assert resident_tactics(1) == [first, first + g, first + c, first + c + g]
-    assert resident_tactics(1, residual=True) == resident_tactics(1)  # the early residual: from effort 3
+    assert plain_tactics(1) == [first, first + g, first + c, first + c + g]
+    assert plain_tactics(1, residual=True) == plain_tactics(1)  # the early residual: from effort 3
     wide = WIDE_K_TILE.name
-    assert resident_tactics(1, k_total=WIDE_K) == resident_tactics(1)  # layer1/2's K of 64 and 128
-    assert resident_tactics(1, k_total=256) == [first, first + g, wide, wide + g, first + c, first + c + g,
+    assert plain_tactics(1, k_total=WIDE_K) == plain_tactics(1)  # layer1/2's K of 64 and 128
+    assert plain_tactics(1, k_total=256) == [first, first + g, wide, wide + g, first + c, first + c + g,
                                                 wide + c, wide + c + g]  # layer3's conv3
-    assert resident_tactics(5, k_total=256) == resident_tactics(5)  # already among the tiles: not twice
-    with_residual = resident_tactics(3, residual=True)
+    assert plain_tactics(5, k_total=256) == plain_tactics(5)  # already among the tiles: not twice
+    with_residual = plain_tactics(3, residual=True)
     assert with_residual[:2] == [first, first + g] and with_residual[-2:] == [RESIDENT_TILES[3].name + e + c + g,
                                                                            RESIDENT_TILES[3].name + r + c + g]
     with_residual = [name for name in with_residual if name.startswith(first)]
@@ -234,20 +249,20 @@ def test_resident_applies_to_one_block_1x1_layers_only():
     # INT8 residual codes: every tile also through the tensor cores (residual-mma), at every effort,
     # and with the residual's sums decoded (residual-mma-bits) from MMA_BITS_MIN_EFFORT; not without
     # a residual
-    assert resident_tactics(1, residual=True, residual_codes=True) == resident_tactics(1) + [
+    assert plain_tactics(1, residual=True, residual_codes=True) == plain_tactics(1) + [
         first + suffix for suffix in (m, m + g, m + c, m + c + g)]
-    assert resident_tactics(1, residual_codes=True) == resident_tactics(1)
+    assert plain_tactics(1, residual_codes=True) == plain_tactics(1)
     variants = ("", g, c, c + g)
     for effort, modes in ((3, (m, e, r)), (MMA_BITS_MIN_EFFORT, (m, mb, e, r))):
-        with_codes = [name for name in resident_tactics(effort, residual=True, residual_codes=True)
+        with_codes = [name for name in plain_tactics(effort, residual=True, residual_codes=True)
                       if name.startswith(first)]
         assert with_codes == [first + variant for variant in variants] + [
             first + mode + variant for variant in variants for mode in modes], effort
     widest = [tile for tile in RESIDENT_TILES if tile.block_n > MMA_RESIDUAL_MAX_BLOCK_N]  # 64×256: its identity
     assert widest and not any(ResidentTile.parse(name).residual_prefetch in (3, 4) and ResidentTile.parse(name).block_n
-                              > MMA_RESIDUAL_MAX_BLOCK_N for name in resident_tactics(5, True, 256, True))
+                              > MMA_RESIDUAL_MAX_BLOCK_N for name in plain_tactics(5, True, 256, True))
     assert any(ResidentTile.parse(name) == replace(widest[0], residual_prefetch=1)
-               for name in resident_tactics(5, True, 256, True))  # the other modes still offered
+               for name in plain_tactics(5, True, 256, True))  # the other modes still offered
     with pytest.raises(ValueError, match="comes with cols-loaded"):
         ResidentTile(64, 64, 8, 4, 3, projection_columns_loaded=True)
     assert ResidentTile.parse("resident.64x64.t8.w4.s3.cols-loaded.proj-cols-loaded.grouped") == ResidentTile(

@@ -46,6 +46,21 @@ if triton is not None:
         return tl.program_id(0), tl.program_id(1)
 
     @triton.jit
+    def row_tile_run(row_group, M, COUT, TILES: tl.constexpr, BALANCED: tl.constexpr, N_ADJACENT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(first row tile, how many) of this row group's run: TILES row tiles, or with BALANCED an
+        equal share of all the layer's row tiles between the grid's row groups (the last runs may
+        pass the end: their rows are masked)."""
+        if BALANCED:
+            groups = tl.num_programs(0)
+            if N_ADJACENT:
+                groups = groups // tl.cdiv(COUT, BLOCK_N)
+            steps = tl.cdiv(tl.cdiv(M, BLOCK_M), groups)
+            return row_group * steps, steps
+        else:
+            return row_group * TILES, TILES
+
+    @triton.jit
     def _input_rows(offs_m, OH, OW, row, sn, sh, sw, STRIDED: tl.constexpr):
         """Where each output pixel's input row starts: `row` apart, or with STRIDED at pixel (n, oh·sh,
         ow·sw) of a strided 1×1 layer (sh, sw carry the stride)."""
@@ -89,7 +104,8 @@ if triton is not None:
             HAS_PROJ: tl.constexpr = False, PROJ_STRIDED: tl.constexpr = False,
             PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
             BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
-            PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1):
+            PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1,
+            BALANCED: tl.constexpr = False):
         await_previous_kernel(PDL)
         # Channel counts and strides multiples of 8 that Triton cannot see (24, 40, 72 channels): told,
         # the input rows, the weight's rows and the epilogue's columns load and store as vectors.
@@ -111,7 +127,7 @@ if triton is not None:
             offs_pk = tl.arange(0, BLOCK_PK)
             pb = tl.load(pw_ptr + offs_n.to(tl.int64)[None, :] * PK + offs_pk[:, None],
                          mask=n_ok[None, :] & (offs_pk < PK)[:, None], other=0.0)
-        first_tile = row_group * TILES
+        first_tile, steps = row_tile_run(row_group, M, COUT, TILES, BALANCED, N_ADJACENT, BLOCK_M, BLOCK_N)
         first_column = column_tile * BLOCK_N
         if COLUMNS_LOADED:  # each half's bias and scale, once for all the program's row tiles
             bias_lo, scale_lo, bias_hi, scale_hi = load_column_halves(first_column, COUT, bias_ptr, scale_ptr, INT8, FP8,
@@ -127,7 +143,7 @@ if triton is not None:
                                               srw, BLOCK_N)
         if RES_PREFETCH >= 3:
             identity = int8_identity(BLOCK_N)
-        for t in range(TILES):
+        for t in range(steps):
             offs_m = (first_tile + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             m_ok = offs_m < M
             if RES_PREFETCH >= 3:  # this tile's residual codes, through the tensor cores
@@ -141,7 +157,7 @@ if triton is not None:
             if RES_PREFETCH == 2:  # the next tile's, used an iteration later
                 next_m = offs_m + BLOCK_M
                 next_n, next_oh, next_ow = pixel_coords(next_m, OH, OW)
-                next_lo, next_hi = load_residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < TILES),
+                next_lo, next_hi = load_residual_halves(res_ptr, first_column, COUT, (next_m < M) & (t + 1 < steps),
                                                     next_n, next_oh, next_ow, srn, src, srh, srw, BLOCK_N)
             # Output pixel (n, oh, ow) of a strided layer reads input pixel (n, oh·sh, ow·sw).
             x_rows = _input_rows(offs_m, OH, OW, x_row, sxn, sxh, sxw, STRIDED)
@@ -228,7 +244,9 @@ class ResidentTile(Tactic):
     per program, not per row tile (fewer loads, more registers). "proj-cols-loaded"
     (projection_columns_loaded, with cols-loaded): a projected layer's projection's bias and scale
     too, which cols-loaded leaves to each row tile; both are timed (PROJECTION_COLUMNS_MAX_BLOCK_N).
-    Named e.g. "resident.64x64.t8.w4.s3.residual-mma.cols-loaded.grouped"."""
+    "balanced": `tiles` programs per SM share all the layer's row tiles in equal runs (no last round of
+    programs mostly empty; at batch 1 as many programs as the GPU holds where 8 row tiles a program
+    left SMs idle). Named e.g. "resident.64x64.t8.w4.s3.residual-mma.cols-loaded.grouped"."""
     block_m: int
     block_n: int
     tiles: int
@@ -238,12 +256,14 @@ class ResidentTile(Tactic):
     n_adjacent: bool = False
     columns_loaded: bool = False
     projection_columns_loaded: bool = False
+    balanced: bool = False
 
     FAMILY: ClassVar[str] = "resident"
     SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n")), Number("tiles", "t"), Number("warps", "w"),
                                Number("stages", "s"), Choice("residual_prefetch", RESIDUAL_PREFETCH),
                                Flag("columns_loaded", "cols-loaded"),
-                               Flag("projection_columns_loaded", "proj-cols-loaded"), Flag("n_adjacent", "grouped"))
+                               Flag("projection_columns_loaded", "proj-cols-loaded"), Flag("n_adjacent", "grouped"),
+                               Flag("balanced", "balanced"))
     WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
     PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
@@ -261,10 +281,12 @@ class ResidentTile(Tactic):
                     f"{self.fields_text} + fused epilogue")
         return f"{layer.codes} triton GEMM, weight tile resident over row tiles {self.fields_text} + fused epilogue"
 
-    def grid(self, rows: int, cout: int) -> tuple:
+    def grid(self, rows: int, cout: int, sms: int = 0) -> tuple:
         """The launch grid over `rows` output rows and `cout` channels, as `program_tiles` reads it:
-        (row groups, column tiles), or grouped one dimension holding both."""
-        row_groups = triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles)
+        (row groups, column tiles), or grouped one dimension holding both. Balanced, `tiles` row
+        groups for each of `sms` multiprocessors (`balanced_row_groups`)."""
+        row_groups = (balanced_row_groups(rows, self.block_m, self.tiles, sms) if self.balanced
+                      else triton.cdiv(triton.cdiv(rows, self.block_m), self.tiles))
         column_tiles = triton.cdiv(cout, self.block_n)
         return (row_groups * column_tiles,) if self.n_adjacent else (row_groups, column_tiles)
 
@@ -279,6 +301,29 @@ class ResidentTile(Tactic):
 RESIDENT_TILES = (ResidentTile(64, 64, 8, 4, 3), ResidentTile(128, 64, 8, 4, 3), ResidentTile(64, 256, 4, 8, 3),
                   ResidentTile(64, 128, 8, 4, 2), ResidentTile(64, 128, 4, 4, 3), ResidentTile(128, 128, 4, 8, 3),
                   ResidentTile(32, 64, 8, 4, 3), ResidentTile(64, 64, 16, 4, 3))
+
+
+# A balanced tile's programs per SM (its `tiles`): the first tile with its columns loaded once, and its
+# narrowed form, also walking balanced with this many programs an SM. Every program has the same
+# work, so a count that is a multiple of what an SM holds fills whole rounds: 4 and 6 are multiples of
+# 1 and 2, and of 4 or of 3 and 6 (docs/decisions/kernel-resident-gemm.md). The window stem's tiles
+# take the same counts (window/resident.py).
+BALANCED_PROGRAMS_PER_SM = (4, 6)
+# The multiprocessors a balanced walk spreads over on the CPU (Triton's interpreter runs programs one
+# after another): a few, so that runs cross row tiles in tests.
+INTERPRETED_SMS = 2
+
+
+def balanced_row_groups(rows: int, block_m: int, per_sm: int, sms: int) -> int:
+    """A balanced walk's row groups over `rows` rows in tiles of `block_m`: `per_sm` programs for
+    each of `sms` multiprocessors, never more than there are row tiles."""
+    return min(triton.cdiv(rows, block_m), per_sm * sms)
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """The multiprocessors a balanced walk spreads over: the GPU's, or INTERPRETED_SMS on the CPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
+        else INTERPRETED_SMS
 
 
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
@@ -324,7 +369,9 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
     so timed); for a layer with a residual of INT8 codes (`residual_codes`), each of those up to
     MMA_RESIDUAL_MAX_BLOCK_N columns also with the codes through the tensor cores ("residual-mma" at
     every effort, "residual-mma-bits" from MMA_BITS_MIN_EFFORT); from PREFETCH_MIN_EFFORT, for a layer with a residual,
-    each also with its residual loaded early (without one, these would be the same kernel)."""
+    each also with its residual loaded early (without one, these would be the same kernel); last the
+    first tile with its columns loaded, and its narrowed form, walking balanced
+    (BALANCED_PROGRAMS_PER_SM programs an SM)."""
     tiles = list(RESIDENT_TILES[:RESIDENT_PER_EFFORT.get(effort, len(RESIDENT_TILES))])
     if k_total > WIDE_K and WIDE_K_TILE not in tiles:
         tiles.append(WIDE_K_TILE)
@@ -341,6 +388,10 @@ def resident_tactics(effort: int, residual: bool = False, k_total: int = 0, resi
         modes += [mode for mode in RESIDUAL_PREFETCH if mode and mode not in MMA_RESIDUAL]
     tiles += [replace(tile, residual_prefetch=mode) for tile in tiles for mode in modes
               if mode not in MMA_RESIDUAL or tile.block_n <= MMA_RESIDUAL_MAX_BLOCK_N]
+    first = replace(RESIDENT_TILES[0], columns_loaded=True)
+    firsts = [first] + ([narrowed(first, out_channels)] if out_channels is not None else [])
+    tiles += [replace(tile, tiles=per_sm, balanced=True) for tile in firsts if tile is not None
+              for per_sm in BALANCED_PROGRAMS_PER_SM]
     return [tile.name for tile in tiles]
 
 
@@ -450,7 +501,7 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         accumulator_bound=accumulator_bound)
     if projection is not None:  # the epilogue adds the projection's float32 values as its residual
         flags.update(HAS_RES=True, RES_QUANT=False)
-    _resident_gemm_kernel[tile.grid(rows, cout)](
+    _resident_gemm_kernel[tile.grid(rows, cout, multiprocessor_count(x.device) if tile.balanced else 0)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
         *p_pointers, rows, cout, k_total, pixel_stride(x), pixel_stride(y), *out_hw, xs[0], xs[2] * strides[0],
         xs[3] * strides[1], *rs, *p_layout, float(input_inv_scale or 1.0), p_inv_scale, *scalars,
@@ -461,8 +512,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         PROJ_COLUMNS_LOADED=tile.projection_columns_loaded and projection is not None, **launch_options(pdl),
         IN_ALIGN=told_alignment(k_total, pixel_stride(x), *((xs[0], xs[2] * strides[0], xs[3] * strides[1])
                                                              if strided else ())),
-        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=tile.warps, num_stages=tile.stages,
-        enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), BALANCED=tile.balanced, num_warps=tile.warps,
+        num_stages=tile.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
 
 

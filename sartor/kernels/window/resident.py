@@ -33,7 +33,8 @@ from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
 from ..registry import Flag, Inline, Tactic
-from ..gemm.resident import NARROW_MAX_CHANNELS, ResidentTile, narrowed
+from ..gemm.resident import (BALANCED_PROGRAMS_PER_SM, NARROW_MAX_CHANNELS, ResidentTile, balanced_row_groups,
+                             multiprocessor_count, narrowed)
 
 if triton is not None:
     import triton.language as tl
@@ -43,7 +44,7 @@ if triton is not None:
                              pixel_coords)
     from ..common.pdl import await_previous_kernel
     from ..pointwise.epilogue import told_multiple
-    from ..gemm.resident import program_tiles
+    from ..gemm.resident import program_tiles, row_tile_run
 
     @triton.jit
     def _window_resident_kernel(
@@ -96,7 +97,7 @@ if triton is not None:
                               DIL_H, PIXEL_STEP, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT, TILES,
                               BALANCED, BLOCK_M, BLOCK_N, WINDOW, COLUMNS_LOADED, WINDOW_ALIGN)
         else:
-            first, steps = _row_tile_run(row_group, M, TILES, BALANCED, BLOCK_M)
+            first, steps = row_tile_run(row_group, M, COUT, TILES, BALANCED, N_ADJACENT, BLOCK_M, BLOCK_N)
             for t in range(steps):
                 offs_m = (first + t) * BLOCK_M + tl.arange(0, BLOCK_M)
                 m_ok = offs_m < M
@@ -164,7 +165,7 @@ if triton is not None:
         for 2 · KH products, where two tiles would load 2 · KH (the stem's space-to-depth form: 5
         for 8)."""
         pair_rows = (OH + 1) // 2
-        first, steps = _row_tile_run(row_group, M, TILES, BALANCED, BLOCK_M)
+        first, steps = row_tile_run(row_group, M, COUT, TILES, BALANCED, False, BLOCK_M, BLOCK_N)
         for t in range(steps):
             offs_p = (first + t) * BLOCK_M + tl.arange(0, BLOCK_M)
             p_ok = offs_p < M
@@ -183,17 +184,6 @@ if triton is not None:
                                bias_hi, scale_hi, bias_ptr, scale_ptr, res_ptr, y_ptr, y_row, srn, src, srh, srw,
                                res_scale, out_inv_scale, qmin, alpha, beta, INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT,
                                RES_AFTER, ACT, OUT_QUANT, BLOCK_M, BLOCK_N, COLUMNS_LOADED)
-
-    @triton.jit
-    def _row_tile_run(row_group, M, TILES: tl.constexpr, BALANCED: tl.constexpr, BLOCK_M: tl.constexpr):
-        """(first row tile, how many) of this row group's run of row tiles: TILES of them, or with
-        BALANCED an equal share of all the layer's row tiles between the grid's row groups (the
-        last runs may pass the end: their rows are masked)."""
-        if BALANCED:
-            steps = tl.cdiv(tl.cdiv(M, BLOCK_M), tl.num_programs(0))
-            return row_group * steps, steps
-        else:
-            return row_group * TILES, TILES
 
     @triton.jit
     def _zero_accumulator(INT8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -466,14 +456,6 @@ POOLED_PER_EFFORT = {1: 3, 2: 4}
 # tile beat every wide one (docs/decisions/kernel-window-resident-tiles.md), which only cost build time.
 NARROW_ONLY_MAX_CHANNELS = 16
 NARROW_ONLY_BELOW_EFFORT = 3
-# The unpooled tiles' balanced walk (programs per SM): the first tile with its columns loaded once
-# (with and without row pairs) also with this many programs an SM sharing all the row tiles. Every program has the same work, so any count that is a multiple of what an SM holds fills
-# whole rounds: 4 and 6 are multiples of 1, 2 and of 4 or 3 and 6 (the space-to-depth stem tiles
-# hold about 6 an SM by their shared memory; docs/decisions/kernel-window-resident-tiles.md).
-BALANCED_PROGRAMS_PER_SM = (4, 6)
-# The multiprocessors the balanced walk spreads over on the CPU (Triton's interpreter runs programs
-# one after another): a few, so that runs cross strips and images in tests.
-INTERPRETED_SMS = 2
 
 
 def window_resident_tiles(effort: int, max_pool: bool = False,
@@ -536,12 +518,6 @@ def pooled_row_groups(tile: WindowResidentTile, batch: int, out_hw: tuple[int, i
     return steps // pairs * -(-pairs // tile.resident.tiles)
 
 
-def balanced_row_groups(tile: WindowResidentTile, rows: int, sms: int) -> int:
-    """The row groups of an unpooled balanced tile over `rows` output rows (row pairs counting once):
-    `tiles` programs for each of `sms` multiprocessors, never more than there are row tiles."""
-    return min(triton.cdiv(rows, tile.resident.block_m), sms * tile.resident.tiles)
-
-
 def window_alignment(pixel_step: int, row_bytes: int, image_bytes: int) -> int:
     """The largest power of two, up to 16, dividing every window's first byte: windows start
     `pixel_step` bytes apart in rows of `row_bytes` and images of `image_bytes`. Stated to the kernel
@@ -582,14 +558,14 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once
     resident = tile.resident
     grid = resident.grid(rows, cout)
-    sms = (torch.cuda.get_device_properties(packed.device).multi_processor_count if packed.is_cuda
-           else INTERPRETED_SMS)
+    sms = multiprocessor_count(packed.device)
     if tile.max_pool:
         rows = pooled_steps(tile, n, (oh, ow))  # the balanced walk's length (M)
         groups, columns = pooled_row_groups(tile, n, (oh, ow), sms), triton.cdiv(cout, resident.block_n)
         grid = (groups * columns,) if resident.n_adjacent else (groups, columns)
     elif tile.balanced:
-        grid = (balanced_row_groups(tile, rows, sms), triton.cdiv(cout, resident.block_n))
+        grid = (balanced_row_groups(rows, resident.block_m, resident.tiles, sms),
+                triton.cdiv(cout, resident.block_n))
     scalars, flags = epilogue_arguments(
         quantized=True, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
