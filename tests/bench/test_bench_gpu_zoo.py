@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_zero_initialised_parameters_get_small_random_values_and_others_stay():
     assert torch.equal(layer.weight, weight) and torch.equal(norm.weight, torch.ones(3))
 
 
-def test_cpu_run_writes_lines_table_and_per_layer_then_resumes(tmp_path: Path, capsys):
+def test_cpu_run_writes_lines_table_and_per_layer_then_resumes(tmp_path: Path, capsys, monkeypatch):
     out, work = tmp_path / "out", tmp_path / "work"
     common = CPU_RUN + ["--out", str(out), "--work", str(work), "--per-layer", "1"]
     assert gpu_zoo.main(common + ["--models", MODEL, "--peers", "none"]) == 0
@@ -81,7 +82,16 @@ def test_cpu_run_writes_lines_table_and_per_layer_then_resumes(tmp_path: Path, c
     assert list(per_layer) == [MODEL] and per_layer[MODEL]["layers"][0]["median_ms"] > 0
 
     # Nothing left of the first model: skipped; the budget runs out in the second one, which then
-    # has no model line (the next call measures it) while the table keeps the first.
+    # has no model line (the next call measures it) while the table keeps the first. The second
+    # model's run outlasts the budget whatever the machine's speed: it sleeps where it would measure
+    # (a quick machine built and timed MobileNetV3 at 64x64 within 3 s).
+    real_run = gpu_zoo.ModelRun.run
+
+    def outlasting_run(model_run):
+        if model_run.arch.name == "mobilenetv3_large_100":
+            time.sleep(60)  # the budget's alarm interrupts it
+        return real_run(model_run)
+    monkeypatch.setattr(gpu_zoo.ModelRun, "run", outlasting_run)
     assert gpu_zoo.main(common + ["--models", f"{MODEL},mobilenetv3_large_100", "--peers", "eager",
                                   "--budget-s", "3"]) == 0
     printed = capsys.readouterr().out
