@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.dtypes import NUMPY_TO_TORCH
 from ..kernels.registry import fixed_tactic
 from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_supported
-from .registry import FLOAT_OUTPUT, OpTable
+from .registry import OpTable, stored_float_dtype
 
 OPS = OpTable("detection_head")
 
@@ -73,7 +72,7 @@ def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
 @OPS.internal("YoloDecode", tactics=yolo_decode_tactics, stores_any_float=True)
 def yolo_decode_op(inputs, attrs):
     boxes, classes = _split_inputs(inputs, attrs)
-    out_dtype = NUMPY_TO_TORCH[attrs[FLOAT_OUTPUT]] if FLOAT_OUTPUT in attrs else None
+    out_dtype = stored_float_dtype(attrs)
     if attrs.get("tactic") == TRITON and yolo_decode_supported(boxes, classes, attrs["reg_max"]):
         return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)
     return yolo_decode_reference(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)

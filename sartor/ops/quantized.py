@@ -67,7 +67,6 @@ from typing import ClassVar
 import torch
 
 from ..ir.dtypes import INT8_QMAX as QMAX
-from ..ir.dtypes import NUMPY_TO_TORCH
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, depthwise_codes_supported, depthwise_qconv_nhwc,
@@ -92,7 +91,7 @@ from .quantized_library import LIBRARY_TACTICS, library_applies, library_qlayer,
 from .quantized_window import (WINDOW_TACTICS, WindowResident, space_to_depth_applies, window_applies, window_conv,
                                window_tactics, window_weight)
 from .pool import max_pool
-from .registry import FLOAT_OUTPUT, OpTable
+from .registry import OpTable, stored_float_dtype
 from .util import exact_integer_math
 
 OPS = OpTable("quantized")
@@ -447,7 +446,7 @@ def float_output_dtype(attrs: dict) -> torch.dtype:
     """What an INT8 (FP8) layer's output is stored as when it is not quantized: float32, or the
     float its readers compute in (FLOAT_OUTPUT: the layer's float32 values rounded to it, as each
     reader would have converted them on reading)."""
-    return NUMPY_TO_TORCH[attrs.get(FLOAT_OUTPUT, "float32")]
+    return stored_float_dtype(attrs, torch.float32)
 
 
 def qlayer_output_dtype(attrs: dict) -> torch.dtype:

@@ -16,11 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+import torch
+
+from ..ir.dtypes import NUMPY_TO_TORCH
+
 REQUIRED = object()  # marks an attribute without a default
 # The attribute an op declared with `stores_any_float` reads: the name of the float dtype ("float16",
 # "float32", ...) to store its float output in, set by the executor (runtime/float_outputs.py).
 FLOAT_OUTPUT = "float_output"
 ANY_ATTRS = object()  # an op that accepts any attribute set (internal ops only)
+
+
+def stored_float_dtype(attrs: dict, default: torch.dtype | None = None) -> torch.dtype | None:
+    """The float dtype a `stores_any_float` op stores its float output in: the one its FLOAT_OUTPUT
+    attribute names, else `default`."""
+    return NUMPY_TO_TORCH[attrs[FLOAT_OUTPUT]] if FLOAT_OUTPUT in attrs else default
+
 
 Impl = Callable[[list, dict], Any]
 # A check sees the node's attributes (defaults filled) and its input dtypes (numpy names, None if

@@ -1,4 +1,4 @@
-"""An INT8 layer's float output stored in its readers' float16 (`ops.quantized.FLOAT_OUTPUT`, set by
+"""An INT8 layer's float output stored in its readers' float16 (`ops.registry.FLOAT_OUTPUT`, set by
 runtime/float_outputs.py): every kernel family QConv runs stores the emulation's float32 values
 rounded to float16, bit for bit what the reader's conversion made of them; into a float16 Concat
 slice too. Through Triton's interpreter on CPU and natively on a GPU."""
@@ -15,8 +15,8 @@ from sartor.kernels.conv.igemm import TileConfig  # noqa: E402
 from sartor.kernels.conv.tma import TensorDescriptor, TmaTile  # noqa: E402
 from sartor.kernels.gemm.resident import ResidentTile  # noqa: E402
 from sartor.kernels.gemm.tma import GemmTmaTile  # noqa: E402
-from sartor.ops.quantized import (FLOAT_OUTPUT, Im2colIgemm, qconv, qconv_into,  # noqa: E402
-                                  qlayer_weight_for_tactic)
+from sartor.ops.quantized import Im2colIgemm, qconv, qconv_into, qlayer_weight_for_tactic  # noqa: E402
+from sartor.ops.registry import FLOAT_OUTPUT  # noqa: E402
 from sartor.ops import quantized  # noqa: E402
 from sartor.ops.quantized_library import INT_MM  # noqa: E402
 from sartor.ops.quantized_window import WINDOW_TILES, WindowResident, window_tactic  # noqa: E402

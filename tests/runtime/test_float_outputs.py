@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sartor
-from sartor.ops.quantized import FLOAT_OUTPUT
+from sartor.ops.registry import FLOAT_OUTPUT
 from sartor.runtime import float_outputs
 from tests.conftest import save
 from tests.passes_helpers import OnnxBuilder

@@ -229,6 +229,18 @@ if triton is not None:
         inv_step = ((130 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(3-exponent)
         return _round_half_even(v * inv_step) * step
 
+    @triton.jit
+    def stored_codes(v, in_inv_scale, qmin, QUANTIZE: tl.constexpr, FP8: tl.constexpr):
+        """What a kernel that lays out a layer's input codes (im2col's columns, the stem's packed
+        pixels) stores for the loaded `v`: with QUANTIZE a float value quantized to INT8 or to the
+        e4m3 grid as the emulation quantizes it, else codes already made, as they are."""
+        if QUANTIZE:
+            if FP8:
+                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
+            else:
+                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
+        return v
+
     # Compiled kernels round float32 → e4m3 with the hardware's conversion (cvt.rn.satfinite: to
     # nearest, ties to even, subnormals kept, ±448 for whatever lies beyond, NaN kept), which is
     # round_to_fp8_grid's result without its twenty-odd instructions per value, which made FP8 1×1 layers

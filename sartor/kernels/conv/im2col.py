@@ -21,7 +21,7 @@ from ..pointwise.epilogue import triton
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import quantize_int8, round_to_fp8_grid, pixel_coords
+    from ..common.tile_steps import stored_codes, pixel_coords
 
     @triton.jit
     def _im2col_kernel(x_ptr, col_ptr, M, C, H, W, OH, OW, K, KP,
@@ -45,12 +45,8 @@ if triton is not None:
         ih = ih0[:, None] + dh[None, :]
         iw = iw0[:, None] + dw[None, :]
         inside = ((rows < M)[:, None] & (cols < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W))
-        v = tl.load(x_ptr + (row_offsets[:, None] + col_offsets[None, :]), mask=inside, other=0)
-        if QUANTIZE:
-            if FP8:
-                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
-            else:
-                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
+        v = stored_codes(tl.load(x_ptr + (row_offsets[:, None] + col_offsets[None, :]), mask=inside, other=0),
+                         in_inv_scale, qmin, QUANTIZE, FP8)
         stored = (rows < M)[:, None] & (cols < KP)[None, :]
         tl.store(col_ptr + ((rows.to(tl.int64) * KP)[:, None] + cols[None, :]), v, mask=stored)
 

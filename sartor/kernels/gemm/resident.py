@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, narrow_block_n
+from ..conv.igemm import NARROW_MAX_BLOCK_M, ConvGeometry, multiprocessors, narrow_block_n
 from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
 from ..registry import PACKED_K_MAJOR, Choice, Dims, Flag, LayerFacts, Number, Tactic, register
@@ -320,12 +320,6 @@ def balanced_row_groups(rows: int, block_m: int, per_sm: int, sms: int) -> int:
     return min(triton.cdiv(rows, block_m), per_sm * sms)
 
 
-def multiprocessor_count(device: torch.device) -> int:
-    """The multiprocessors a balanced walk spreads over: the GPU's, or INTERPRETED_SMS on the CPU."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
-        else INTERPRETED_SMS
-
-
 # Builder effort -> how many resident tiles are timed: fewer than the igemm tiles, whose variants
 # the same layers already time.
 RESIDENT_PER_EFFORT = {1: 1, 2: 2, 3: 4}
@@ -344,9 +338,10 @@ WIDE_K = 128
 
 # Layers of few outputs (YOLOv8n's model.2 1×1 layers: 32): a 64-column tile masks half its columns
 # (products, accumulator and epilogue, whose instruction issue bounds the small-channel layers:
-# docs/decisions/kernel-resident-gemm.md), so up to NARROW_MAX_CHANNELS each tile is also offered as narrow as the outputs allow, its rows
-# raised to keep block_m · block_n (`narrowed`), up to NARROW_MAX_BLOCK_M rows (the A tile's stages
-# grow with them). The window stem's resident tiles narrow the same way (window/resident.py).
+# docs/decisions/kernel-resident-gemm.md), so up to NARROW_MAX_CHANNELS each tile is also offered as
+# narrow as the outputs allow, its rows raised to keep block_m · block_n (`narrowed`), up to
+# NARROW_MAX_BLOCK_M rows (the A tile's stages grow with them). The window stem's resident tiles
+# narrow the same way (window/resident.py).
 NARROW_MAX_CHANNELS = 32
 
 
@@ -501,7 +496,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         accumulator_bound=accumulator_bound)
     if projection is not None:  # the epilogue adds the projection's float32 values as its residual
         flags.update(HAS_RES=True, RES_QUANT=False)
-    _resident_gemm_kernel[tile.grid(rows, cout, multiprocessor_count(x.device) if tile.balanced else 0)](
+    sms = (multiprocessors(x.device) or INTERPRETED_SMS) if tile.balanced else 0
+    _resident_gemm_kernel[tile.grid(rows, cout, sms)](
         x, w_packed, bias if bias is not None else w_packed, dequant_scale, res4 if res4 is not None else y, y,
         *p_pointers, rows, cout, k_total, pixel_stride(x), pixel_stride(y), *out_hw, xs[0], xs[2] * strides[0],
         xs[3] * strides[1], *rs, *p_layout, float(input_inv_scale or 1.0), p_inv_scale, *scalars,

@@ -23,7 +23,7 @@ PIXEL_BYTES = 4  # up to 4 channels of one pixel in one 32-bit word
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import quantize_int8, round_to_fp8_grid
+    from ..common.tile_steps import stored_codes
 
     @triton.jit
     def _pack_pixels_kernel(x_ptr, p_ptr, C, H, W, HP, WP, sxn, sxc, sxh, sxw, pad_h, pad_w, in_inv_scale, qmin,
@@ -37,12 +37,7 @@ if triton is not None:
         c = tl.arange(0, 4)
         inside = (((iw >= 0) & (iw < W))[:, None] & (c < C)[None, :]) & ((ih >= 0) & (ih < H))
         offsets = n.to(tl.int64) * sxn + ih * sxh + iw[:, None] * sxw + c[None, :] * sxc
-        v = tl.load(x_ptr + offsets, mask=inside, other=0)
-        if QUANTIZE:
-            if FP8:
-                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
-            else:
-                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
+        v = stored_codes(tl.load(x_ptr + offsets, mask=inside, other=0), in_inv_scale, qmin, QUANTIZE, FP8)
         stored = (pw < WP)[:, None] & (c < 4)[None, :]
         tl.store(p_ptr + row.to(tl.int64) * (WP * 4) + pw[:, None] * 4 + c[None, :], v, mask=stored)
 
@@ -61,12 +56,8 @@ if triton is not None:
         ih = (2 * hb + dy - pad_h)[None, :]
         iw = 2 * wb[:, None] + dx[None, :] - pad_w
         inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (c < C)[None, :]
-        v = tl.load(x_ptr + (n.to(tl.int64) * sxn + ih * sxh + iw * sxw + c[None, :] * sxc), mask=inside, other=0)
-        if QUANTIZE:
-            if FP8:
-                v = round_to_fp8_grid(v.to(tl.float32), in_inv_scale).to(tl.float8e4nv)
-            else:
-                v = quantize_int8(v.to(tl.float32), in_inv_scale, qmin)
+        v = stored_codes(tl.load(x_ptr + (n.to(tl.int64) * sxn + ih * sxh + iw * sxw + c[None, :] * sxc), mask=inside,
+                                 other=0), in_inv_scale, qmin, QUANTIZE, FP8)
         # Whole blocks of 16 bytes from a 16-byte aligned row start (HB·WB blocks an image).
         first = tl.multiple_of(block_row.to(tl.int64) * (WB * 16), 16)
         tl.store(p_ptr + first + wb[:, None] * 16 + byte[None, :], v, mask=(wb < WB)[:, None])

@@ -27,14 +27,14 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..conv.igemm import ConvGeometry
+from ..conv.igemm import ConvGeometry, multiprocessors
 from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from .pixel_pack import PIXEL_BYTES
 from ..registry import Flag, Inline, Tactic
-from ..gemm.resident import (BALANCED_PROGRAMS_PER_SM, NARROW_MAX_CHANNELS, ResidentTile, balanced_row_groups,
-                             multiprocessor_count, narrowed)
+from ..gemm.resident import (BALANCED_PROGRAMS_PER_SM, INTERPRETED_SMS, NARROW_MAX_CHANNELS, ResidentTile,
+                             balanced_row_groups, narrowed)
 
 if triton is not None:
     import triton.language as tl
@@ -558,7 +558,7 @@ def window_resident_conv(packed: torch.Tensor, w_window: torch.Tensor, bias: tor
     rows = n * -(-oh // tile.output_rows) * ow  # row pairs count once
     resident = tile.resident
     grid = resident.grid(rows, cout)
-    sms = multiprocessor_count(packed.device)
+    sms = multiprocessors(packed.device) or INTERPRETED_SMS
     if tile.max_pool:
         rows = pooled_steps(tile, n, (oh, ow))  # the balanced walk's length (M)
         groups, columns = pooled_row_groups(tile, n, (oh, ow), sms), triton.cdiv(cout, resident.block_n)
