@@ -459,3 +459,32 @@ def test_elementwise_epilogue_divides_nothing_per_element():
     64-bit divisions a value), and at 24 channels, told their alignment, no scalar loads."""
     lines = [line.split() for line in _compile_in_child(ELEMENTWISE_EPILOGUE_CHILD).splitlines()]
     assert lines == [["64", "0", "0"], ["24", "0", "0"]]
+
+
+YOLO_DECODE_CHILD = r"""
+import sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.pointwise.yolo_head import _yolo_decode_kernel
+values = dict(out_ptr="*fp32", NC=80, anchors=8400, first1=100, first2=125, start0=0, start1=6400, start2=8000)
+for i, (pixels, width, stride) in enumerate([(6400, 80, 8.0), (1600, 40, 16.0), (400, 20, 32.0)]):
+    values.update({f"box{i}": "*fp16", f"cls{i}": "*fp16", f"hw{i}": pixels, f"w{i}": width, f"stride{i}": stride,
+                   f"sb{i}n": 144 * pixels, f"sb{i}c": 1, f"sb{i}h": 144 * width, f"sb{i}w": 144,
+                   f"sc{i}n": 144 * pixels, f"sc{i}c": 1, f"sc{i}h": 144 * width, f"sc{i}w": 144})
+for scales in (1, 3):
+    ptx = kernel_asm.compile_for(_yolo_decode_kernel, values, dict(SCALES=scales, R=16, BLOCK_A=64, BLOCK_C=32), 4, 3,
+                                 GPUTarget("cuda", 90, 32)).asm["ptx"]
+    report = kernel_asm.ptxas_report(ptx, 90)
+    print(scales, report["spill_bytes"], report["instructions"])
+"""
+
+
+def test_yolo_decode_of_three_scales_compiles_for_sm90_as_three_one_scale_bodies():
+    """YOLOv8n's head (80 classes, FP16 logits in one channels-last buffer, float32 out) in one
+    launch: no spills, and the three scales' code about three times one scale's, the branch on the
+    block costing nothing beside it."""
+    (one, one_spills, one_count), (three, three_spills, three_count) = (
+        line.split() for line in _compile_in_child(YOLO_DECODE_CHILD).splitlines())
+    assert (one, three, one_spills, three_spills) == ("1", "3", "0", "0")
+    assert 2.5 * int(one_count) < int(three_count) < 3.2 * int(one_count)

@@ -212,6 +212,34 @@ def test_triton_decode_matches_the_reference(layout, dtype):
     torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("sizes", [[(9, 10)], [(9, 10), (5, 5)], [(9, 10), (5, 5), (3, 3), (1, 2)],
+                                   [(8, 8), (4, 4), (2, 2), (1, 1), (1, 1)]],
+                         ids=["one scale", "two", "four: two launches", "five"])
+def test_triton_decode_of_any_number_of_scales_matches_the_reference(sizes, monkeypatch):
+    """One launch decodes up to three scales; blocks of 64 pixels, so a 9×10 scale is two blocks and
+    the next scale's first block starts after a ragged one."""
+    pytest.importorskip("triton")
+    from sartor.kernels.pointwise import yolo_head
+    grids = []
+
+    class CountedLaunches:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return kernel[grid]
+    kernel = yolo_head._yolo_decode_kernel
+    monkeypatch.setattr(yolo_head, "_yolo_decode_kernel", CountedLaunches())
+    generator = torch.Generator().manual_seed(len(sizes))
+    boxes = [torch.randn(BATCH, 4 * BINS, h, w, generator=generator).to(DEVICE) * 3 for h, w in sizes]
+    classes = [torch.randn(BATCH, CLASSES, h, w, generator=generator).to(DEVICE) * 3 for h, w in sizes]
+    strides = [8.0 * 2 ** i for i in range(len(sizes))]
+    expected = yolo_decode_reference([t.cpu() for t in boxes], [t.cpu() for t in classes], BINS, strides)
+    got = default_registry()["YoloDecode"].impl(boxes + classes, {"reg_max": BINS, "strides": strides,
+                                                                  "tactic": TRITON}).cpu()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)  # boxes to 128 px: float32 ulps of 1e-5
+    blocks = [-(-h * w // 64) for h, w in sizes]
+    assert grids == [(sum(blocks[i:i + 3]), BATCH) for i in range(0, len(sizes), 3)]
+
+
 @pytest.mark.parametrize("tactic", ["torch", TRITON])
 def test_float16_logits_decode_into_float32_when_asked(tactic):
     """FLOAT_OUTPUT "float32" (the executor's, where the decode's output is the engine's float32

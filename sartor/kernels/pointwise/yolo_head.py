@@ -1,12 +1,13 @@
-"""The YOLOv8 / YOLO11 detection head's decode in one pass per scale, in Triton.
+"""The YOLOv8 / YOLO11 detection head's decode in one pass, in Triton: the three scales in one launch.
 
 Exported, the decode is some 20 small layers: reshape copies of the channels-last head outputs,
 Concat along anchors, Softmax over the DFL bins, the DFL's 1x1 conv, Slice/Sub/Add/Div/Concat
 (dist2bbox), Mul by the strides, Sigmoid, and the final Concat. Here each program reads a block of
-pixels of one scale in whatever layout the head convs left them (channels-last, or a channel slice
-of a wider buffer: all through strides), takes the softmax expectation of each side's bins in FP32,
-decodes the box around the pixel's anchor (x + 0.5, y + 0.5), applies the sigmoid to the class
-logits, and writes its anchors' column range of the [B, 4 + NC, A] output.
+pixels of one scale (a launch's blocks run through its scales in order) in whatever layout the head
+convs left them (channels-last, or a channel slice of a wider buffer: all through strides), takes the
+softmax expectation of each side's bins in FP32, decodes the box around the pixel's anchor
+(x + 0.5, y + 0.5), applies the sigmoid to the class logits, and writes its anchors' column range of
+the [B, 4 + NC, A] output.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 
 from ..common.cache_keys import settle_cache_keys
 from .epilogue import triton
+
+LAUNCH_SCALES = 3  # the scales one launch decodes: _yolo_decode_kernel's argument slots
 
 if triton is not None:
     import triton.language as tl
@@ -28,11 +31,11 @@ if triton is not None:
         return tl.sum(weights * bins.to(tl.float32)[None, :], axis=1) / tl.sum(weights, axis=1)
 
     @triton.jit
-    def _yolo_decode_kernel(box_ptr, cls_ptr, out_ptr, HW, W, NC, anchors, anchor_start, stride,
-                            sbn, sbc, sbh, sbw, scn, scc, sch, scw,
-                            R: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_C: tl.constexpr):
-        batch = tl.program_id(1).to(tl.int64)
-        offs = tl.program_id(0) * BLOCK_A + tl.arange(0, BLOCK_A)
+    def _decode_scale(box_ptr, cls_ptr, out_ptr, block, batch, HW, W, NC, anchors, anchor_start, stride,
+                      sbn, sbc, sbh, sbw, scn, scc, sch, scw,
+                      R: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_C: tl.constexpr):
+        """One block of BLOCK_A pixels of one scale: its anchors' columns of the output."""
+        offs = block * BLOCK_A + tl.arange(0, BLOCK_A)
         ok = offs < HW
         h = offs // W
         w = offs % W
@@ -63,6 +66,28 @@ if triton is not None:
             scores = 1.0 / (1.0 + tl.exp(-logits))
             tl.store(out_row[:, None] + (4 + classes)[None, :] * anchors, scores.to(dtype), mask=mask)
 
+    @triton.jit
+    def _yolo_decode_kernel(out_ptr, NC, anchors, first1, first2, start0, start1, start2,
+                            box0, cls0, hw0, w0, stride0, sb0n, sb0c, sb0h, sb0w, sc0n, sc0c, sc0h, sc0w,
+                            box1, cls1, hw1, w1, stride1, sb1n, sb1c, sb1h, sb1w, sc1n, sc1c, sc1h, sc1w,
+                            box2, cls2, hw2, w2, stride2, sb2n, sb2c, sb2h, sb2w, sc2n, sc2c, sc2h, sc2w,
+                            SCALES: tl.constexpr, R: tl.constexpr, BLOCK_A: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
+        """Up to three scales in one launch (a YOLO head's P3–P5): blocks [0, first1) are scale 0's,
+        [first1, first2) scale 1's, the rest scale 2's; scale i's anchors start at column start_i."""
+        block = tl.program_id(0)
+        batch = tl.program_id(1).to(tl.int64)
+        if block < first1:
+            _decode_scale(box0, cls0, out_ptr, block, batch, hw0, w0, NC, anchors, start0, stride0,
+                          sb0n, sb0c, sb0h, sb0w, sc0n, sc0c, sc0h, sc0w, R, BLOCK_A, BLOCK_C)
+        elif SCALES > 1:
+            if block < first2:
+                _decode_scale(box1, cls1, out_ptr, block - first1, batch, hw1, w1, NC, anchors, start1, stride1,
+                              sb1n, sb1c, sb1h, sb1w, sc1n, sc1c, sc1h, sc1w, R, BLOCK_A, BLOCK_C)
+            elif SCALES > 2:
+                _decode_scale(box2, cls2, out_ptr, block - first2, batch, hw2, w2, NC, anchors, start2,
+                              stride2, sb2n, sb2c, sb2h, sb2w, sc2n, sc2c, sc2h, sc2w, R, BLOCK_A, BLOCK_C)
+
 
 def yolo_decode_supported(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max: int) -> bool:
     """4-D float inputs, one device, a power-of-two number of DFL bins (Triton's block sizes)."""
@@ -75,22 +100,28 @@ def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max:
                 strides: list[float], out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """[B, 4 + NC, Σ H_i W_i] in `out_dtype` (by default the inputs' dtype), computed in FP32:
     boxes[i] is [B, 4·reg_max, H_i, W_i] and classes[i] [B, NC, H_i, W_i] of scale i, any strides;
-    one launch per scale."""
+    one launch per three scales (a head's P3–P5 in one: at batch 1 a launch costs more than a scale)."""
     batch = boxes[0].shape[0]
     num_classes = classes[0].shape[1]
     anchors = sum(b.shape[2] * b.shape[3] for b in boxes)
     out = torch.empty((batch, 4 + num_classes, anchors), dtype=out_dtype or boxes[0].dtype, device=boxes[0].device)
     block_a = 64
     block_c = min(32, triton.next_power_of_2(max(num_classes, 1)))
+    scales = list(zip(boxes, classes, strides))
     start = 0
-    for box, cls, stride in zip(boxes, classes, strides):
-        _, _, height, width = box.shape
-        pixels = height * width
-        grid = (triton.cdiv(pixels, block_a), batch)
-        _yolo_decode_kernel[grid](box, cls, out, pixels, width, num_classes, anchors, start, float(stride),
-                                  *box.stride(), *cls.stride(), R=reg_max, BLOCK_A=block_a, BLOCK_C=block_c,
-                                  num_warps=4)
-        start += pixels
+    for group in (scales[i:i + LAUNCH_SCALES] for i in range(0, len(scales), LAUNCH_SCALES)):
+        args, starts, firsts, blocks = [], [], [], 0
+        for box, cls, stride in group + [group[-1]] * (LAUNCH_SCALES - len(group)):  # unused slots repeat
+            pixels = box.shape[2] * box.shape[3]
+            args += [box, cls, pixels, box.shape[3], float(stride), *box.stride(), *cls.stride()]
+            starts.append(start)
+            firsts.append(blocks)
+            if len(starts) <= len(group):
+                start += pixels
+                blocks += triton.cdiv(pixels, block_a)
+        _yolo_decode_kernel[(blocks, batch)](out, num_classes, anchors, firsts[1], firsts[2], *starts, *args,
+                                             SCALES=len(group), R=reg_max, BLOCK_A=block_a, BLOCK_C=block_c,
+                                             num_warps=4)
     return out
 
 
