@@ -10,8 +10,8 @@
 #      told their alignment, its 72- and 120-channel 1×1 layers read by vector copies) and the
 #      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
 #      batch 1 with programmatic dependent launch.
-#   c: session 39's CUDA tests (INT8 layers storing FP16 for FP16 readers and the decode's float32
-#      output, decision 0052; the stem packing's whole 16-byte blocks; `--calib DIR` of photos on the
+#   c: session 39's and 40's CUDA tests (INT8 layers storing FP16 for FP16 readers and the decode's
+#      float32 output, decision 0052; the decode's three scales in one launch; the stem packing's whole 16-byte blocks; `--calib DIR` of photos on the
 #      GPU against the CPU engine, issue 33's third done-when), then YOLOv8n at batch 1, INT8
 #      then FP16, every step's kernel launches (profile_engine.py --by-step): which steps launch more
 #      than their one kernel, where batch 1 is launches more than arithmetic.
@@ -42,8 +42,9 @@ if [ "$part" = d ]; then
 elif [ "$part" = c ]; then
   timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_float_output.py \
     "tests/passes/test_yolo_head.py::test_float16_logits_decode_into_float32_when_asked" \
+    "tests/passes/test_yolo_head.py::test_triton_decode_of_any_number_of_scales_matches_the_reference" \
     "tests/quant/test_calib_sources.py::test_a_plain_folder_calibrates_a_cuda_engine_as_it_does_the_cpu_one" \
-    tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output or cuda_engine" > "$OUT/tests_c.log" 2>&1
+    tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output or cuda_engine or scales" > "$OUT/tests_c.log" 2>&1
   echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests_c.log" | cut -c1-300
   for precision in int8 fp16; do
     left=$(( ${BUDGET_S:-560} - SECONDS ))
