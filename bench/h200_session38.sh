@@ -11,8 +11,9 @@
 #      trained YOLO11n (its depthwise layers on the INT8 depthwise kernel), at 640; then YOLOv8n at
 #      batch 1 with programmatic dependent launch.
 #   c: session 39's and 40's CUDA tests (INT8 layers storing FP16 for FP16 readers and the decode's
-#      float32 output, decision 0052; the decode's three scales in one launch; the stem packing's whole 16-byte blocks; `--calib DIR` of photos on the
-#      GPU against the CPU engine, issue 33's third done-when), then YOLOv8n at batch 1, INT8
+#      float32 output, decision 0052; the decode's three scales in one launch; the stem packing's
+#      whole 16-byte blocks; `--calib DIR` of photos on the GPU against the CPU engine, issue 33's
+#      third done-when), then YOLOv8n at batch 1, INT8
 #      then FP16, every step's kernel launches (profile_engine.py --by-step): which steps launch more
 #      than their one kernel, where batch 1 is launches more than arithmetic.
 #   d: YOLOv8n FP16, INT8, and INT8 with its head branches' inner layers pinned INT8 (decision
