@@ -22,7 +22,7 @@
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, b, c or d}
+part=${1:?say a, b, c, d or e}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
@@ -34,7 +34,17 @@ table() {  # model, seconds
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
-if [ "$part" = d ]; then
+if [ "$part" = e ]; then
+  # Session 40: YOLOv8n at batch 1 (part a's table ran out of time after batch 32), then part b's tables.
+  timeout 150 python bench/h200_table.py --models yolov8n --detector-batches 1 --int8 \
+    --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_b1" > "$OUT/table_b1.log" 2>&1
+  echo "yolov8n b1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_b1.log" | cut -c1-300
+  for model in detector yolo11n; do
+    left=$(( ${BUDGET_S:-560} - SECONDS ))
+    [ "$left" -gt 60 ] || break
+    table $model "$left"
+  done
+elif [ "$part" = d ]; then
   timeout "${BUDGET_S:-560}" python bench/h200_table.py --models yolov8n --detector-batches 32,1 --int8 \
     --int8-pinned 'box:/model.22/cv2.?/cv2.?.1/conv/Conv=int8' \
     --int8-pinned 'branches:/model.22/cv?.?/cv?.?.1/conv/Conv=int8' --effort 1 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
