@@ -112,9 +112,10 @@ def kernels_by_step(ctx: ExecutionContext, feeds: dict, rows: int, kernel_device
             executor.run(feeds, memo, observe=observe, before=before)
             synchronize()
     events = prof.events()
+    # A range appears twice on CUDA: the host's and its device-side copy, counted once, host side.
     spans = sorted((e.time_range.start, e.time_range.end, int(e.name.rsplit("_", 1)[1]))
-                   for e in events if e.name.startswith("sartor_step_"))
-    kernels = [e for e in events if e.device_type == kernel_device]
+                   for e in events if e.name.startswith("sartor_step_") and e.device_type == DeviceType.CPU)
+    kernels = [e for e in events if e.device_type == kernel_device and not e.name.startswith("sartor_step_")]
     per_step: dict[int | None, list] = collections.defaultdict(list)
     for kernel in kernels:
         owner = next((index for start, end, index in spans if start <= kernel.time_range.start <= end), None)
