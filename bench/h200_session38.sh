@@ -19,10 +19,12 @@
 #   d: YOLOv8n FP16, INT8, and INT8 with its head branches' inner layers pinned INT8 (decision
 #      0045 keeps them float; their CPU accuracy is in 0045): the box branches', then all of them, at
 #      batch 32 and 1, as far as the time allows: what the rule costs.
+#   e: YOLOv8n at batch 1, then part b's two tables (session 40).
+#   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, b, c, d or e}
+part=${1:?say a, b, c, d, e or f}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
@@ -34,7 +36,19 @@ table() {  # model, seconds
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
-if [ "$part" = e ]; then
+if [ "$part" = f ]; then
+  # Session 41: where the sample detector's and YOLO11n's INT8 and FP16 engines spend batch 32
+  # (session 40 had only YOLOv8n's INT8 layers): the builder's time for every layer and its
+  # candidates, to set against each other layer by layer.
+  for run in "detector int8" "detector fp16" "yolo11n int8" "yolo11n fp16"; do
+    set -- $run
+    left=$(( ${BUDGET_S:-560} - SECONDS ))
+    [ "$left" -gt 45 ] || break
+    timeout "$left" python bench/profile_engine.py --model "$1" --batch 32 --onnx-dir "$ONNX_DIR" --effort 1 \
+      --precision "$2" --rows 10 --layers-out "$OUT/$1_layers_$2.json" > "$OUT/$1_$2.log" 2>&1
+    echo "profile $1 $2 exit $? at ${SECONDS}s"; grep -A12 "== sartor kernels" "$OUT/$1_$2.log" | cut -c1-160
+  done
+elif [ "$part" = e ]; then
   # Session 40: YOLOv8n at batch 1 (part a's table ran out of time after batch 32), then part b's tables.
   timeout 150 python bench/h200_table.py --models yolov8n --detector-batches 1 --int8 \
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_b1" > "$OUT/table_b1.log" 2>&1
