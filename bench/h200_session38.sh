@@ -65,12 +65,12 @@ elif [ "$part" = d ]; then
     --out "$OUT/table_pinned" > "$OUT/table_pinned.log" 2>&1
   echo "pinned table exit $? at ${SECONDS}s"; grep "^|\|^INT8 engines" "$OUT/table_pinned.log" | cut -c1-300
 elif [ "$part" = c ]; then
-  timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_float_output.py \
+  timeout 150 python -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernels_float_output.py \
     "tests/passes/test_yolo_head.py::test_float16_logits_decode_into_float32_when_asked" \
     "tests/passes/test_yolo_head.py::test_triton_decode_of_any_number_of_scales_matches_the_reference" \
     "tests/quant/test_calib_sources.py::test_a_plain_folder_calibrates_a_cuda_engine_as_it_does_the_cpu_one" \
     tests/ops/test_window_space_to_depth.py -k "float16 or float32 or block_pixels or float_output or cuda_engine or scales" > "$OUT/tests_c.log" 2>&1
-  echo "tests exit $? at ${SECONDS}s"; tail -5 "$OUT/tests_c.log" | cut -c1-300
+  echo "tests exit $? at ${SECONDS}s"; tail -8 "$OUT/tests_c.log" | cut -c1-300
   for precision in int8 fp16; do
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ "$left" -gt 60 ] || break
@@ -81,7 +81,7 @@ elif [ "$part" = c ]; then
   done
 elif [ "$part" = a ]; then
   # Each file's cases of what changed; on the GPU every case compiles its kernels, so few of them.
-  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_epilogue.py \
+  timeout 200 python -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernels_epilogue.py \
     "tests/kernels/test_kernels_depthwise.py::test_channel_slice_input_and_output" \
     "tests/kernels/test_kernels_depthwise.py::test_int8_depthwise_silu_is_within_one_code_of_the_emulation" \
     "tests/kernels/test_kernels_depthwise.py::test_int8_depthwise_reads_and_writes_channel_slices" \
