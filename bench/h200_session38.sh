@@ -21,10 +21,11 @@
 #      batch 32 and 1, as far as the time allows: what the rule costs.
 #   e: YOLOv8n at batch 1, then part b's two tables (session 40).
 #   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32.
+#   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, b, c, d, e or f}
+part=${1:?say a, b, c, d, e, f or g}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
@@ -36,7 +37,13 @@ table() {  # model, seconds
     --effort 1 --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_$1" > "$OUT/table_$1.log" 2>&1
   echo "$1 table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_$1.log" | cut -c1-300
 }
-if [ "$part" = f ]; then
+if [ "$part" = g ]; then
+  # Issue 33's table in one run at the builder's default effort (the bars' figure: what a user's
+  # default build gets), the three detectors at batch 32 and 1, each engine built once.
+  timeout "${BUDGET_S:-560}" python bench/h200_table.py --models yolov8n,yolo11n,detector --detector-batches 32,1 \
+    --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_default" > "$OUT/table_default.log" 2>&1
+  echo "default-effort table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_default.log" | cut -c1-300
+elif [ "$part" = f ]; then
   # Session 41: where the sample detector's and YOLO11n's INT8 and FP16 engines spend batch 32
   # (session 40 had only YOLOv8n's INT8 layers): the builder's time for every layer and its
   # candidates, to set against each other layer by layer.
