@@ -20,7 +20,8 @@
 #      0045 keeps them float; their CPU accuracy is in 0045): the box branches', then all of them, at
 #      batch 32 and 1, as far as the time allows: what the rule costs.
 #   e: YOLOv8n at batch 1, then part b's two tables (session 40).
-#   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32.
+#   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32
+#      (and YOLOv8n's FP16), compared layer by layer (bench/compare_layers.py).
 #   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
@@ -47,13 +48,17 @@ elif [ "$part" = f ]; then
   # Session 41: where the sample detector's and YOLO11n's INT8 and FP16 engines spend batch 32
   # (session 40 had only YOLOv8n's INT8 layers): the builder's time for every layer and its
   # candidates, to set against each other layer by layer.
-  for run in "detector int8" "detector fp16" "yolo11n int8" "yolo11n fp16"; do
+  for run in "detector int8" "detector fp16" "yolo11n int8" "yolo11n fp16" "yolov8n fp16"; do
     set -- $run
     left=$(( ${BUDGET_S:-560} - SECONDS ))
     [ "$left" -gt 45 ] || break
     timeout "$left" python bench/profile_engine.py --model "$1" --batch 32 --onnx-dir "$ONNX_DIR" --effort 1 \
       --precision "$2" --rows 10 --layers-out "$OUT/$1_layers_$2.json" > "$OUT/$1_$2.log" 2>&1
     echo "profile $1 $2 exit $? at ${SECONDS}s"; grep -A12 "== sartor kernels" "$OUT/$1_$2.log" | cut -c1-160
+  done
+  for model in detector yolo11n; do  # YOLOv8n's INT8 layers are session 40's (docs/benchmarks-history)
+    [ -f "$OUT/${model}_layers_int8.json" ] && [ -f "$OUT/${model}_layers_fp16.json" ] && \
+      python bench/compare_layers.py "$OUT/${model}_layers_fp16.json" "$OUT/${model}_layers_int8.json" --rows 25
   done
 elif [ "$part" = e ]; then
   # Session 40: YOLOv8n at batch 1 (part a's table ran out of time after batch 32), then part b's tables.

@@ -1,0 +1,81 @@
+"""Two engines of one model layer by layer: the builder's time for each layer's chosen tactic in
+each (`bench/profile_engine.py --layers-out`), side by side, where one engine gains on the other and
+where it does not.
+
+    python bench/compare_layers.py yolov8n_layers_fp16.json yolov8n_layers_int8.json [--rows 30]
+
+Layers are matched by name (an INT8 engine's QConv is the FP16 engine's FusedConv of the same
+node). Printed: the totals, the time by the second engine's tactic family, and the layers by how
+much time the second engine spends beyond the first's divided by the target ratio (`--target`,
+issue 33's 1.5 by default): the layers that keep the whole from the target, largest first. Builder
+timings are of each layer alone, without launch gaps: a guide to where the time goes, not the
+engine's figure (bench/h200_table.py's replay is).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+
+def load_layers(path: Path) -> dict[str, dict]:
+    """name → {"op", "tactic", "ms"} of the layers with a builder time."""
+    return {layer["name"]: {"op": layer.get("op"), "tactic": layer.get("fastest") or "", "ms": layer["ms"]}
+            for layer in json.loads(Path(path).read_text()) if layer.get("ms") is not None}
+
+
+def family(tactic: str) -> str:
+    """A tactic's family: its name's first word ("igemm" of "igemm.128x16x64.w8.s3.row-taps")."""
+    return tactic.split(".", 1)[0] or "?"
+
+
+def compare(first: dict[str, dict], second: dict[str, dict], target: float) -> dict:
+    """Totals, the second engine's time by tactic family, and each shared layer's excess: the second
+    engine's time less the first's divided by `target` (positive: the layer holds the whole back)."""
+    shared = [name for name in first if name in second]
+    rows = [{"name": name, "first_ms": first[name]["ms"], "second_ms": second[name]["ms"],
+             "first_tactic": first[name]["tactic"], "second_tactic": second[name]["tactic"],
+             "op": second[name]["op"], "excess_ms": second[name]["ms"] - first[name]["ms"] / target}
+            for name in shared]
+    families: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for row in rows:
+        entry = families[family(row["second_tactic"])]
+        entry[0] += 1
+        entry[1] += row["first_ms"]
+        entry[2] += row["second_ms"]
+    first_total = sum(row["first_ms"] for row in rows)
+    second_total = sum(row["second_ms"] for row in rows)
+    return {"first_ms": first_total, "second_ms": second_total,
+            "ratio": first_total / second_total if second_total else float("nan"),
+            "only_first": sorted(set(first) - set(second)), "only_second": sorted(set(second) - set(first)),
+            "families": {name: {"layers": n, "first_ms": a, "second_ms": b} for name, (n, a, b) in families.items()},
+            "rows": sorted(rows, key=lambda row: -row["excess_ms"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", type=Path, help="layers JSON of the engine compared against (e.g. FP16)")
+    parser.add_argument("second", type=Path, help="layers JSON of the engine compared (e.g. INT8)")
+    parser.add_argument("--target", type=float, default=1.5, help="the speed ratio aimed at (first ÷ second)")
+    parser.add_argument("--rows", type=int, default=30)
+    args = parser.parse_args()
+    result = compare(load_layers(args.first), load_layers(args.second), args.target)
+    print(f"shared layers: {len(result['rows'])}; {args.first.name} {result['first_ms']:.3f} ms, "
+          f"{args.second.name} {result['second_ms']:.3f} ms, ratio {result['ratio']:.2f} "
+          f"(target {args.target}: {result['first_ms'] / args.target:.3f} ms)")
+    for side in ("only_first", "only_second"):
+        if result[side]:
+            print(f"{side}: {', '.join(result[side])}")
+    print("== by the second engine's tactic family (layers, first ms, second ms, ratio)")
+    for name, entry in sorted(result["families"].items(), key=lambda kv: -kv[1]["second_ms"]):
+        ratio = entry["first_ms"] / entry["second_ms"] if entry["second_ms"] else float("nan")
+        print(f"  {name:16s} {entry['layers']:4d} {entry['first_ms']:8.4f} {entry['second_ms']:8.4f} {ratio:6.2f}")
+    print(f"== layers by excess over first / {args.target} (ms: first, second, excess; tactics)")
+    for row in result["rows"][:args.rows]:
+        print(f"  {row['first_ms']:7.4f} {row['second_ms']:7.4f} {row['excess_ms']:+8.4f}  {row['name'][:44]:44s} "
+              f"{row['first_tactic'][:36]} | {row['second_tactic'][:48]}")
+
+
+if __name__ == "__main__":
+    main()
