@@ -40,7 +40,8 @@ def top_kernels(fn, label: str, rows: int) -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = prof.key_averages()
+    # Work on the device only: the runtime and driver calls that launched it take no device time.
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
     total = sum(e.device_time_total for e in events)
     print(f"== {label}: {total / 1e3:.3f} ms of kernels, {sum(e.count for e in events)} launches")
     for e in sorted(events, key=lambda e: -e.device_time_total)[:rows]:
