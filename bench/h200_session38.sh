@@ -22,7 +22,8 @@
 #   e: YOLOv8n at batch 1, then part b's two tables (session 40).
 #   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32
 #      (and YOLOv8n's FP16), compared layer by layer (bench/compare_layers.py).
-#   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort.
+#   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort, and
+#      each engine again with its branches on two more streams.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -40,9 +41,14 @@ table() {  # model, seconds
 }
 if [ "$part" = g ]; then
   # Issue 33's table in one run at the builder's default effort (the bars' figure: what a user's
-  # default build gets), the three detectors at batch 32 and 1, each engine built once.
-  timeout "${BUDGET_S:-560}" python bench/h200_table.py --models yolov8n,yolo11n,detector --detector-batches 32,1 \
-    --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" --out "$OUT/table_default" > "$OUT/table_default.log" 2>&1
+  # default build gets), the three detectors at batch 32 and 1, each engine built once; each engine
+  # also timed running its branches on two more streams (session 40's branch_streams.py, first
+  # checked against one stream by its CUDA test).
+  timeout 90 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py > "$OUT/tests_g.log" 2>&1
+  echo "branch-stream tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
+  timeout $(( ${BUDGET_S:-560} - SECONDS )) python bench/h200_table.py --models yolov8n,yolo11n,detector \
+    --detector-batches 32,1 --int8 --aux-streams 2 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+    --out "$OUT/table_default" > "$OUT/table_default.log" 2>&1
   echo "default-effort table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_default.log" | cut -c1-300
 elif [ "$part" = f ]; then
   # Session 41: where the sample detector's and YOLO11n's INT8 and FP16 engines spend batch 32

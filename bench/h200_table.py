@@ -112,10 +112,13 @@ def pinned_variants(specs: list[str]) -> dict[str, dict[str, str]]:
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
                calib: Path | None, effort: int | None = None, warm_build: bool = True,
                imagenet: bool = True, pdl: bool = False, layer_precision: dict | None = None,
-               pinned_name: str = "") -> dict:
+               pinned_name: str = "", aux_streams: int = 0) -> dict:
     """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
     state, device memory. `pdl`: built with --pdl (quantized precisions). `layer_precision`: built
-    with these --layer-precision pins (`pinned_name`: the variant's name in file names)."""
+    with these --layer-precision pins (`pinned_name`: the variant's name in file names).
+    `aux_streams`: the same engine timed again in a second context running its independent
+    branches on that many more streams (runtime/branch_streams.py), its outputs checked against
+    the first context's."""
     shapes = {input_name: shape}
     variant = precision + ("_pdl" if pdl else "") + (f"_pinned_{pinned_name}" if layer_precision else "")
     cache = work / f"timing_{onnx.stem}_{variant}_b{shape[0]}.json"  # one per engine: kept for reading
@@ -151,6 +154,18 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     bound = ctx.input_buffers({input_name: shape})
     bound[input_name].copy_(x)
     row["bound_input"] = timed(lambda: ctx.run(bound), shape[0], iterations)
+    if aux_streams:
+        branched = engine.context(aux_streams=aux_streams)
+        expected = {k: v.clone() for k, v in ctx.run({input_name: x}).items()}
+        got = branched.run({input_name: x})
+        branched_bound = branched.input_buffers({input_name: shape})
+        branched_bound[input_name].copy_(x)
+        row["aux_streams"] = dict(
+            timed(lambda: branched.run({input_name: x}), shape[0], iterations), streams=aux_streams,
+            streams_used=engine.executor.branch_plan(aux_streams).streams_used,
+            bound_input=timed(lambda: branched.run(branched_bound), shape[0], iterations),
+            max_abs_diff_vs_one_stream=max(float((got[k].float() - v.float()).abs().max())
+                                           for k, v in expected.items()))
     if shape[0] == 1:
         if calib is not None:
             # Quantized engines are judged on inputs like their calibration (issue 4): a held-out
@@ -268,6 +283,8 @@ def main() -> None:
     parser.add_argument("--onnx-dir", type=Path, default=None)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--effort", type=int, default=None, help="sartor's --builder-effort (its default unless told)")
+    parser.add_argument("--aux-streams", type=int, default=0,
+                        help="also time each sartor engine running its branches on this many more streams")
     parser.add_argument("--no-warm-build", action="store_true",
                         help="skip the second (warm timing cache) build of each engine: saves device time")
     args = parser.parse_args()
@@ -295,7 +312,7 @@ def main() -> None:
             np.save(calibs[size, imagenet], scene_images(64, 50_000, size, imagenet))
         return calibs[size, imagenet]
 
-    build = {"effort": args.effort, "warm_build": not args.no_warm_build}
+    build = {"effort": args.effort, "warm_build": not args.no_warm_build, "aux_streams": args.aux_streams}
 
     def save():
         (out / "table.json").write_text(json.dumps(results, indent=1))
@@ -391,6 +408,16 @@ def main() -> None:
                   "|---|---|---|---|" + "---|" * len(variants)]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
                   + " | ".join(cell(r, f"sartor_int8_pinned_{v}") for v in variants) + " |" for r in results["rows"]]
+    if args.aux_streams:
+        def streams(r: dict, k: str) -> str:
+            timing = r.get(k, {}).get("aux_streams")
+            return f"{timing['median_ms']:.3f} / {timing['bound_input']['median_ms']:.3f}" if timing else "–"
+        lines += ["", f"The same engines running their branches on {args.aux_streams} more streams (input copied / "
+                  "in the engine's buffer):", "",
+                  "| model | batch | FP16 ms | FP16 + streams ms | INT8 ms | INT8 + streams ms |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {streams(r, 'sartor_fp16')} | "
+                  f"{cell(r, 'sartor_int8')} | {streams(r, 'sartor_int8')} |" for r in results["rows"]]
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
     lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
               "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]

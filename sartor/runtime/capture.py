@@ -119,6 +119,7 @@ class PiecewiseGraph:
     in_place: object
     memo: object
     pool: object = None  # the memory pool its graphs allocated from
+    branches: object = None  # the context's BranchStreams its eager pieces run on, if any
 
     @property
     def whole(self) -> bool:
@@ -137,7 +138,7 @@ class PiecewiseGraph:
                 state = executor.begin(self.inputs, self.memo) if number == 0 \
                     else RunState(dict(piece.snapshot), self.memo)
                 state.in_place = self.in_place
-                executor.run_steps(state, piece.start, piece.stop, profile=profile)
+                executor.run_steps(state, piece.start, piece.stop, profile=profile, branches=self.branches)
                 for name, target in piece.writes.items():
                     value = state.env[name]
                     if value.shape != target.shape:
@@ -150,11 +151,13 @@ class PiecewiseGraph:
 
 
 def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eager: set[int],
-                   stream: torch.cuda.Stream, pool=None, outputs_into=None) -> PiecewiseGraph:
+                   stream: torch.cuda.Stream, pool=None, outputs_into=None, branches=None) -> PiecewiseGraph:
     """Capture a run of `static_in` with the layers in `eager` outside the graphs. Raises
     CaptureFailed naming the layer whose capture failed. `pool`: the memory pool of graphs this one
     may share (never replayed at the same time); `outputs_into(outputs)`, called inside the last
-    graph, returns the tensors the outputs are copied to (kept outside the pool), or None."""
+    graph, returns the tensors the outputs are copied to (kept outside the pool), or None.
+    `branches`: the context's auxiliary streams (branch_streams.py), forked from `stream` and
+    joined back inside each piece, so a captured piece is one graph with parallel branches."""
     pieces = plan_pieces(len(executor.steps), eager)
     needed_from = _values_needed_from(executor, {b for piece in pieces for b in (piece.start, piece.stop)})
     state: RunState | None = None
@@ -167,7 +170,7 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         if state is None:
                             state = executor.begin(static_in, memo)
-                        executor.run_steps(state, piece.start, piece.stop, profile=profile)
+                        executor.run_steps(state, piece.start, piece.stop, profile=profile, branches=branches)
                         if last:
                             outputs = executor.finish(state)
                             outputs = outputs_into(outputs) if outputs_into is not None else outputs
@@ -185,14 +188,14 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
                 needed = needed_from[piece.start]
                 piece.snapshot = {name: t for name, t in state.env.items() if name in needed}
                 before = piece.snapshot
-            executor.run_steps(state, piece.start, piece.stop, profile=profile)
+            executor.run_steps(state, piece.start, piece.stop, profile=profile, branches=branches)
             if last:
                 outputs = None  # made afresh on every replay
             else:
                 later = needed_from[piece.stop]
                 piece.writes = {name: t for name, t in state.env.items()
                                 if name in later and before.get(name) is not t}
-    return PiecewiseGraph(static_in, pieces, outputs, state.in_place if state else None, memo, pool)
+    return PiecewiseGraph(static_in, pieces, outputs, state.in_place if state else None, memo, pool, branches)
 
 
 def _values_needed_from(executor: Executor, boundaries: set[int]) -> dict[int, set]:

@@ -107,6 +107,11 @@ class ConcatBuffers:
         self.meta = meta
         self.device = device
         self.buffers: dict[str, torch.Tensor] = {}
+        # Run on several streams (branch_streams.py): producers on other streams than the one a
+        # buffer was allocated on wait for that stream's work up to the allocation, since the
+        # caching allocator may hand out memory that stream still reads.
+        self.track_streams = False
+        self._allocated: dict[str, tuple] = {}  # concat -> (stream, event at the allocation)
 
     def _usable(self, concat: str) -> bool:
         inputs = self.plan.concats[concat]
@@ -121,7 +126,17 @@ class ConcatBuffers:
             buffer = torch.empty(shape, dtype=dtype, device=self.device,
                                  memory_format=torch.channels_last if channels_last else torch.contiguous_format)
             self.buffers[concat] = buffer
+            if self.track_streams:
+                stream = torch.cuda.current_stream(self.device)
+                self._allocated[concat] = (stream, stream.record_event())
+        else:
+            self._order_after_allocation(concat)
         return buffer
+
+    def _order_after_allocation(self, concat: str) -> None:
+        allocated = self._allocated.get(concat)
+        if allocated is not None and torch.cuda.current_stream(self.device) != allocated[0]:
+            torch.cuda.current_stream(self.device).wait_event(allocated[1])
 
     def _offset(self, concat: str, position: int) -> int:
         return sum(self.meta[name][0][1] for name in self.plan.concats[concat][:position])
@@ -154,6 +169,9 @@ class ConcatBuffers:
         if buffer is None:
             buffer = self._buffer(concat)
             self.buffers.pop(concat)
+        else:
+            self._order_after_allocation(concat)
+        self._allocated.pop(concat, None)
         offset = 0
         for part in parts:
             view = buffer.narrow(1, offset, part.shape[1])

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import InputError, ProfileError
+from ..errors import ConfigError, InputError, ProfileError
 from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from .branch_streams import MAX_AUX_STREAMS, BranchStreams
 from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces, first_line
 from .concat_plan import ShapeMemo
 
@@ -37,10 +38,15 @@ def matmul_precision(tf32: bool):
 
 
 class ExecutionContext:
-    def __init__(self, engine: "Engine", profile: int | None = None, use_cuda_graphs: bool = True) -> None:
+    def __init__(self, engine: "Engine", profile: int | None = None, use_cuda_graphs: bool = True,
+                 aux_streams: int = 0) -> None:
+        """`aux_streams`: run the engine's independent branches on this many more CUDA streams
+        (branch_streams.py; CUDA engines only, ignored on the CPU)."""
         if profile is not None and not 0 <= profile < len(engine.profiles):
             raise ProfileError(f"profile {profile} does not exist; the engine has {len(engine.profiles)} "
                                f"profile(s) (0..{len(engine.profiles) - 1})")
+        if not isinstance(aux_streams, int) or isinstance(aux_streams, bool) or not 0 <= aux_streams <= MAX_AUX_STREAMS:
+            raise ConfigError(f"aux_streams must be a whole number from 0 to {MAX_AUX_STREAMS}; got {aux_streams!r}")
         self.engine = engine
         self.profile = profile
         self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
@@ -58,6 +64,8 @@ class ExecutionContext:
         self._input_store: dict[str, torch.Tensor] = {}
         self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
+        self.branches = (BranchStreams(engine.executor.branch_plan(aux_streams), engine.executor.device, aux_streams)
+                         if aux_streams and self.stream is not None else None)
         if engine.device.type == "cuda":
             # cuDNN times its algorithms per shape on first use (captured before the CUDA graph):
             # the library-level tactic choice until sartor's own tactics replace it.
@@ -150,7 +158,7 @@ class ExecutionContext:
                 return self.engine.executor.run(tensors, self.memo_for(key), profile=profile)
             self.stream.wait_stream(torch.cuda.current_stream(self.engine.device))
             with torch.cuda.stream(self.stream):
-                out = self.engine.executor.run(tensors, self.memo_for(key), profile=profile)
+                out = self.engine.executor.run(tensors, self.memo_for(key), profile=profile, branches=self.branches)
             torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
             return out
 
@@ -209,14 +217,14 @@ class ExecutionContext:
             self.stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(self.stream):
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
-                    executor.run(static_in, memo, profile=profile)
+                    executor.run(static_in, memo, profile=profile, branches=self.branches)
             self.stream.synchronize()
             while True:
                 eager = {layer.index for layer in self.engine.eager_layers}
                 before = torch.cuda.current_stream(device)
                 try:
                     captured = capture_pieces(executor, static_in, memo, profile, eager, self.stream,
-                                              self._graph_pool, outputs_into)
+                                              self._graph_pool, outputs_into, self.branches)
                 except CaptureFailed as failed:
                     torch.cuda.set_stream(before)  # a failed capture may leave its stream current
                     self._learn_eager_layer(failed, eager)
@@ -224,6 +232,8 @@ class ExecutionContext:
                     # allocations to its pool.
                     self.stream = torch.cuda.Stream(device)
                     self.stream.wait_stream(before)
+                    if self.branches is not None:  # so for the auxiliary streams it had forked
+                        self.branches = BranchStreams(self.branches.plan, device, len(self.branches.aux))
                     self._graph_pool = None  # nor share the failed capture's pool
                     continue
                 self._graph_pool = captured.pool

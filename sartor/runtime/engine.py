@@ -128,9 +128,11 @@ class Engine:
         """The weights once and `contexts` contexts at the largest profile."""
         return self.weight_bytes + self.profile_weight_bytes + contexts * self.context_memory_bytes
 
-    def context(self, profile: int | None = None) -> ExecutionContext:
-        """A context bound to profile `profile`, or (None) to the first profile admitting each run."""
-        ctx = ExecutionContext(self, profile)
+    def context(self, profile: int | None = None, aux_streams: int = 0) -> ExecutionContext:
+        """A context bound to profile `profile`, or (None) to the first profile admitting each run;
+        `aux_streams`: CUDA streams beside its own for the engine's independent branches
+        (runtime/branch_streams.py)."""
+        ctx = ExecutionContext(self, profile, aux_streams=aux_streams)
         self._contexts.append(ctx)
         return ctx
 

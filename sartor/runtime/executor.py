@@ -17,6 +17,7 @@ from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.pointwise.epilogue import pixel_stride
+from .branch_streams import BranchPlan, BranchStreams, mark_used_by, plan_branches
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, value_meta
 from .float_outputs import plan_float_outputs
 
@@ -117,6 +118,13 @@ class Executor:
         self.float_outputs = plan_float_outputs(self.steps, self.output_dtypes)
         self.concat_plan = plan_concats(self.steps, {v.name for v in graph.inputs}, set(self.output_dtypes),
                                         host_values)
+        self._branch_plans: dict[int, BranchPlan] = {}
+
+    def branch_plan(self, aux_streams: int) -> BranchPlan:
+        """Which stream each layer runs on with `aux_streams` auxiliary streams (branch_streams.py)."""
+        if aux_streams not in self._branch_plans:
+            self._branch_plans[aux_streams] = plan_branches(self.steps, aux_streams)
+        return self._branch_plans[aux_streams]
 
     # ---- planning ---------------------------------------------------------------------
     @staticmethod
@@ -223,16 +231,18 @@ class Executor:
 
     # ---- execution --------------------------------------------------------------------
     def run(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None,
-            observe=None, before=None, profile: int = 0) -> dict[str, torch.Tensor]:
+            observe=None, before=None, profile: int = 0,
+            branches: BranchStreams | None = None) -> dict[str, torch.Tensor]:
         """Execute once. `memo` is what runs at one input shape keep: device copies of host values
         that device layers read as data (a caller capturing CUDA graphs fills it on a warm-up run so
         the capture copies nothing) and the value shapes that let Concats be written in place
         (concat_plan.py; recorded by the first run with this memo, used by the next ones).
         `observe(step_index, step, outputs)` sees every layer's outputs and `before(step_index, step,
         args)` its arguments (build-time analyses and tactic timing). Each layer runs the tactic the
-        builder chose for `profile`, the profile these inputs fall in."""
+        builder chose for `profile`, the profile these inputs fall in. `branches`: run independent
+        branches on the context's auxiliary streams (branch_streams.py; CUDA only)."""
         state = self.begin(feeds, memo)
-        self.run_steps(state, 0, len(self.steps), observe, before, profile)
+        self.run_steps(state, 0, len(self.steps), observe, before, profile, branches)
         return self.finish(state)
 
     def begin(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None) -> RunState:
@@ -254,30 +264,58 @@ class Executor:
         return RunState(env, memo, in_place, recorded)
 
     def run_steps(self, state: RunState, start: int, stop: int, observe=None, before=None,
-                  profile: int = 0) -> None:
-        """Run layers start..stop-1 on `state` (see `run`)."""
-        env, recorded, in_place = state.env, state.recorded, state.in_place
-        device_copies = state.memo.copies
-        for index in range(start, stop):
-            step = self.steps[index]
-            state.current = index
-            variant = step.profile_variants.get(profile)
-            constants, attrs = (step.constants, step.attrs) if variant is None else (variant.constants, variant.attrs)
-            args = self._arguments(step, env, device_copies, constants)
-            if before is not None:
-                before(index, step, args)
-            result = self._run_step(step, args, in_place, attrs)
-            results = result if isinstance(result, (tuple, list)) else (result,)
-            for name, value in zip(step.node.outputs, results):
-                if name:
-                    env[name] = value
-                    if recorded is not None and name in self.concat_plan.values:
-                        recorded[name] = value_meta(value)
-            if observe is not None:
-                observe(index, step, results[:len(step.node.outputs)])
-            for name in step.release:
-                env.pop(name, None)
+                  profile: int = 0, branches: BranchStreams | None = None) -> None:
+        """Run layers start..stop-1 on `state` (see `run`). With `branches` (and no `observe` or
+        `before`, whose analyses see layers one at a time), each layer runs on its planned stream,
+        and the call returns with the caller's stream waiting for all of them."""
+        streams = branches.begin() if branches is not None and observe is None and before is None else None
+        if streams is not None and state.in_place is not None:
+            state.in_place.track_streams = True
+        try:
+            for index in range(start, stop):
+                state.current = index
+                stream = streams.stream_for(index) if streams is not None else None
+                if stream is None:
+                    self._run_one(index, state, profile, observe, before)
+                    continue
+                with torch.cuda.stream(stream):
+                    self._run_one(index, state, profile, stream=stream)
+                streams.finished(index, stream)
+        finally:
+            if streams is not None:
+                streams.join()
+                # Outputs made on an auxiliary stream are read on the caller's: their memory must
+                # not go back to the auxiliary stream's pool before the caller is done with it.
+                mark_used_by([state.env[v.name] for v in self.graph.outputs if v.name in state.env], streams.main)
         state.current = None
+
+    def _run_one(self, index: int, state: RunState, profile: int, observe=None, before=None,
+                 stream: torch.cuda.Stream | None = None) -> None:
+        """Layer `index` of a run (run_steps). On an auxiliary stream (`stream`), what it reads and
+        writes is marked used by that stream, and values it converts are its own (another stream's
+        reader converts again rather than read a conversion not yet made)."""
+        env, recorded, in_place = state.env, state.recorded, state.in_place
+        step = self.steps[index]
+        variant = step.profile_variants.get(profile)
+        constants, attrs = (step.constants, step.attrs) if variant is None else (variant.constants, variant.attrs)
+        args = self._arguments(step, env, state.memo.copies, constants, on_branch=stream is not None)
+        if stream is not None:
+            mark_used_by(args, stream)
+        if before is not None:
+            before(index, step, args)
+        result = self._run_step(step, args, in_place, attrs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if stream is not None:
+            mark_used_by(results, stream)
+        for name, value in zip(step.node.outputs, results):
+            if name:
+                env[name] = value
+                if recorded is not None and name in self.concat_plan.values:
+                    recorded[name] = value_meta(value)
+        if observe is not None:
+            observe(index, step, results[:len(step.node.outputs)])
+        for name in step.release:
+            env.pop(name, None)
 
     def finish(self, state: RunState) -> dict[str, torch.Tensor]:
         """The graph's outputs of a run whose layers have all run."""
@@ -302,7 +340,8 @@ class Executor:
                         return written
         return step.impl(args, attrs)
 
-    def _arguments(self, step: Step, env: dict, device_copies: dict, constants: dict) -> list:
+    def _arguments(self, step: Step, env: dict, device_copies: dict, constants: dict,
+                   on_branch: bool = False) -> list:
         args = []
         for position, name in enumerate(step.node.inputs):
             if not name:
@@ -314,7 +353,7 @@ class Executor:
             value = env[name]
             if not step.on_host and position not in step.host_positions and name in self.host_values \
                     and value.dim() > 0:
-                value = self._device_copy(name, value, device_copies)
+                value = self._device_copy(name, value, device_copies, on_branch)
             if step.compute_dtype is not None and value.is_floating_point() and value.dtype != step.compute_dtype \
                     and name not in self.host_values:
                 value = value.to(step.compute_dtype)
@@ -325,12 +364,13 @@ class Executor:
                 # layer and, through its output, every layer after it run NCHW: cuDNN with layout
                 # transforms and no Triton tactic. One copy here, kept for the value's other readers.
                 value = value.contiguous(memory_format=torch.channels_last)
-                if env.get(name) is not None and env[name].dtype == value.dtype:
+                if env.get(name) is not None and env[name].dtype == value.dtype and not on_branch:
                     env[name] = value
             args.append(value)
         return args
 
-    def _device_copy(self, name: str, value: torch.Tensor, device_copies: dict) -> torch.Tensor:
+    def _device_copy(self, name: str, value: torch.Tensor, device_copies: dict,
+                     on_branch: bool = False) -> torch.Tensor:
         if value.device == self.device:
             return value
         # Host values depend on input shapes only, and callers keep one cache per input shape.
@@ -338,6 +378,10 @@ class Executor:
         if cached is None:
             cached = value.to(self.device)
             device_copies[name] = cached
+            if on_branch and not torch.cuda.is_current_stream_capturing():
+                # Readers on other streams take it from the cache without an event: it must have
+                # landed. Made on the warm-up runs before a capture, never inside one.
+                torch.cuda.current_stream(self.device).synchronize()
         return cached
 
     def _finish_output(self, name: str, env: dict, device_copies: dict) -> torch.Tensor:
