@@ -148,3 +148,44 @@ def test_the_recording_run_frees_each_value_after_its_last_reader(tmp_path):
     assert {name for name in released if made[name]() is not None} == set()
     executor.finish(state)
     assert memo.value_meta["m_add_out"] == ((2, 4, 8, 8), torch.float32, False)
+
+
+class _FakeStream:
+    """A stream's part in ConcatBuffers' ordering: the events it records and those it waits for."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.waited = name, []
+
+    def record_event(self):
+        return f"{self.name}@allocation"
+
+    def wait_event(self, event) -> None:
+        self.waited.append(event)
+
+
+def test_writers_on_other_streams_wait_for_the_buffers_allocation(monkeypatch):
+    """Run on several streams (branch_streams.py): the buffer is allocated by its first producer's
+    stream, and another stream that writes a slice of it, or assembles it, first waits for that
+    stream's event at the allocation (the allocator may have given it memory that stream still
+    reads). The allocating stream itself does not wait."""
+    plan = ConcatPlan(targets={"p": SliceTarget("cat", 0), "q": SliceTarget("cat", 1)}, concats={"cat": ["p", "q"]})
+    meta = {"cat": ((1, 5, 2, 2), torch.float32, True), "p": ((1, 3, 2, 2), torch.float32, True),
+            "q": ((1, 2, 2, 2), torch.float32, True)}
+    first, second, third = _FakeStream("first"), _FakeStream("second"), _FakeStream("third")
+    current = [first]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    buffers = ConcatBuffers(plan, meta, torch.device("cpu"))
+    buffers.track_streams = True
+    p = buffers.slice_for("p")
+    current[0] = second
+    q = buffers.slice_for("q")
+    current[0] = first
+    buffers.slice_for("p")
+    current[0] = third
+    buffers.assemble("cat", [p, q])
+    assert (first.waited, second.waited, third.waited) == ([], ["first@allocation"], ["first@allocation"])
+    untracked = ConcatBuffers(plan, meta, torch.device("cpu"))
+    untracked.slice_for("p")
+    current[0] = second
+    untracked.slice_for("q")
+    assert second.waited == ["first@allocation"]  # one stream (the default): nothing recorded, nothing waited
