@@ -25,6 +25,9 @@ def add_parser(subparsers, parents) -> None:
     add_trust_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--aux-streams", type=int, default=0, metavar="N",
+                   help="run the engine's independent branches on N more CUDA streams (0 to 8; default 0; "
+                        "CUDA engines, ignored on the CPU; like trtexec --maxAuxStreams)")
     p.add_argument("--per-layer", action="store_true",
                    help="a profiling run apart from the timed one: each layer's median time, share, tactic, "
                         "precision and ONNX nodes, slowest first")
@@ -53,6 +56,9 @@ def add_parser(subparsers, parents) -> None:
 
 
 def run(args) -> int:
+    if args.aux_streams and (args.per_layer or args.end_to_end or args.images or args.video
+                             or args.streams is not None):
+        raise ConfigError("--aux-streams goes with the engine's own benchmark (not --per-layer or --end-to-end)")
     if args.per_layer:
         from .bench_layers import run_per_layer
         return run_per_layer(args)
@@ -66,7 +72,8 @@ def run(args) -> int:
         raise ConfigError("--max-downscale goes with --end-to-end (frames routed to the engine's resolution buckets)")
     shapes = parse_shape_spec(args.shapes) if args.shapes else None
     engine = load(args.plan, device=args.device, trust=args.trust)
-    result = benchmark(engine, shapes, iterations=args.iterations, warmup=args.warmup, seed=args.seed)
+    result = benchmark(engine, shapes, iterations=args.iterations, warmup=args.warmup, seed=args.seed,
+                       aux_streams=args.aux_streams)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
         return 0
@@ -76,6 +83,7 @@ def run(args) -> int:
         ("shapes", ", ".join(f"{k} {fmt_shape(v)}" for k, v in result.shapes.items())),
         ("profile", result.profile), ("batch", result.batch),
         ("iterations", f"{result.iterations} timed after {result.warmup} warm-up, per mode"),
+        *([("streams", f"the context's and {result.aux_streams} auxiliary")] if result.aux_streams else []),
     ]))
     rows = table("Latency (ms) and throughput", "mode", "p50", "p90", "p99", "mean", "min", "inputs/s")
     for mode, stats in (("with host↔device copies", result.with_copies), ("device only", result.device_only)):

@@ -49,6 +49,7 @@ class BenchmarkResult:
     profile: int  # the profile these shapes ran under
     with_copies: LatencyStats
     device_only: LatencyStats
+    aux_streams: int = 0  # auxiliary CUDA streams the context ran independent branches on (0 on the CPU)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -78,12 +79,13 @@ def checked_run_options(engine, shapes: dict | None, iterations: int, warmup: in
 
 
 def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
-              seed: int = 0) -> BenchmarkResult:
+              seed: int = 0, aux_streams: int = 0) -> BenchmarkResult:
     """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
-    out run at profile 0's opt shape)."""
+    out run at profile 0's opt shape), in a context with `aux_streams` auxiliary streams
+    (runtime/branch_streams.py)."""
     shapes = checked_run_options(engine, shapes, iterations, warmup)
     host = random_inputs(engine, seed=seed, shapes=shapes)
-    context = engine.context()
+    context = engine.context(aux_streams=aux_streams)
     used = context.check_inputs(host)
     profile = context.select_profile(used)
     first = next(iter(used.values()), ())
@@ -108,4 +110,5 @@ def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 10
     with_copies = timed(host, to_host=True)
     device_only = timed(on_device, to_host=False)
     return BenchmarkResult(str(device), {k: tuple(v) for k, v in used.items()}, batch, iterations, warmup, profile,
-                           LatencyStats.from_seconds(with_copies, batch), LatencyStats.from_seconds(device_only, batch))
+                           LatencyStats.from_seconds(with_copies, batch), LatencyStats.from_seconds(device_only, batch),
+                           aux_streams if context.branches is not None else 0)

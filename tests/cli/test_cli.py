@@ -141,6 +141,15 @@ def test_bench_refuses_bad_options(tiny_plan, cli):
     assert_cli_error(cli("bench", tiny_plan, "--warmup", "-1"), "--warmup must be 0 or more")
     assert_cli_error(cli("bench", tiny_plan, "--shapes", "img:2x3x16x16"), "unknown input(s) img")
     assert_cli_error(cli("bench", tiny_plan, "--shapes", "images:9x3x16x16"), "images 9x3x16x16", "outside")
+    assert_cli_error(cli("bench", tiny_plan, "--aux-streams", "9"), "aux_streams must be a whole number from 0 to 8")
+    assert_cli_error(cli("bench", tiny_plan, "--aux-streams", "2", "--per-layer"), "--aux-streams goes with")
+
+
+def test_bench_aux_streams_on_the_cpu_runs_on_one(tiny_plan, cli):
+    """--aux-streams is CUDA's: a CPU engine runs as without it and says it used none."""
+    result = cli("bench", tiny_plan, "--iterations", "2", "--warmup", "0", "--aux-streams", "2", "--json")
+    assert result.code == 0, result
+    assert json.loads(result.out)["aux_streams"] == 0
 
 
 def test_python_dash_m_and_the_console_script(tiny_plan, tmp_path):
