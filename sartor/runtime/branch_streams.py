@@ -1,9 +1,8 @@
 """Independent branches of an engine on several CUDA streams (TensorRT's auxiliary streams).
 
-At batch 1 a detector's layers are each a few microseconds of one small kernel, and the GPU runs
-them one after another though most of its multiprocessors idle: YOLOv8n's head is six chains of
-three convolutions that depend on each other only through the neck before them. Here each layer
-is given a stream: a layer continues the stream of the layer that wrote its input when that layer
+At batch 1 a detector's layers are each one small kernel, and the GPU runs them one after another
+though most of its multiprocessors idle: YOLOv8n's head is six chains of three convolutions that
+depend on each other only through the neck before them. Here each layer is given a stream: a layer continues the stream of the layer that wrote its input when that layer
 was the last given to it (a chain stays on one stream), and otherwise takes the stream whose last
 layer came earliest (a new branch starts beside the others). A layer that reads a value made on
 another stream waits for that layer's event first. Inside a CUDA graph capture the streams become
@@ -43,10 +42,8 @@ class BranchPlan:
 
 def plan_branches(steps: list, aux_streams: int) -> BranchPlan:
     """The stream of every step (see the module's docstring) over MAIN and `aux_streams` others."""
-    producer: dict[str, int] = {}
-    tail: dict[int, int] = {MAIN: -1}  # stream -> index of the last step given to it
-    for stream in range(1, aux_streams + 1):
-        tail[stream] = -1
+    producer: dict[str, int] = {}  # value -> the device step that made it (host values wait for nothing)
+    tail = {stream: -1 for stream in range(MAIN, aux_streams + 1)}  # stream -> its last step so far
     stream_of: list = []
     waits: list = []
     signals: set[int] = set()
@@ -54,8 +51,6 @@ def plan_branches(steps: list, aux_streams: int) -> BranchPlan:
         if step.on_host:  # shape arithmetic on the host: no device work to place
             stream_of.append(None)
             waits.append(())
-            for name in step.node.outputs:
-                producer.pop(name, None)
             continue
         producers = [producer[name] for name in step.node.present_inputs() if name in producer]
         chained = [stream_of[p] for p in producers if tail[stream_of[p]] == p]

@@ -40,8 +40,6 @@ def _producers(steps) -> list[list[int]]:
         for name in step.node.outputs:
             if name and not step.on_host:
                 made[name] = index
-            elif name:
-                made.pop(name, None)
     return found
 
 

@@ -110,18 +110,19 @@ def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max:
     scales = list(zip(boxes, classes, strides))
     start = 0
     for group in (scales[i:i + LAUNCH_SCALES] for i in range(0, len(scales), LAUNCH_SCALES)):
-        args, starts, firsts, blocks = [], [], [], 0
-        for box, cls, stride in group + [group[-1]] * (LAUNCH_SCALES - len(group)):  # unused slots repeat
+        slots, starts, firsts, blocks = [], [], [], 0
+        for box, cls, stride in group:
             pixels = box.shape[2] * box.shape[3]
-            args += [box, cls, pixels, box.shape[3], float(stride), *box.stride(), *cls.stride()]
+            slots.append([box, cls, pixels, box.shape[3], float(stride), *box.stride(), *cls.stride()])
             starts.append(start)
             firsts.append(blocks)
-            if len(starts) <= len(group):
-                start += pixels
-                blocks += triton.cdiv(pixels, block_a)
-        _yolo_decode_kernel[(blocks, batch)](out, num_classes, anchors, firsts[1], firsts[2], *starts, *args,
-                                             SCALES=len(group), R=reg_max, BLOCK_A=block_a, BLOCK_C=block_c,
-                                             num_warps=4)
+            start += pixels
+            blocks += triton.cdiv(pixels, block_a)
+        unused = LAUNCH_SCALES - len(group)  # slots the kernel never reads (SCALES): the last one's again
+        slots, starts, firsts = slots + [slots[-1]] * unused, starts + [start] * unused, firsts + [blocks] * unused
+        _yolo_decode_kernel[(blocks, batch)](out, num_classes, anchors, firsts[1], firsts[2], *starts,
+                                             *(value for slot in slots for value in slot), SCALES=len(group),
+                                             R=reg_max, BLOCK_A=block_a, BLOCK_C=block_c, num_warps=4)
     return out
 
 
