@@ -23,7 +23,8 @@
 #   f: every layer's builder time, INT8 and FP16, for the sample detector and YOLO11n at batch 32
 #      (and YOLOv8n's FP16), compared layer by layer (bench/compare_layers.py).
 #   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort, and
-#      each engine again with its branches on two more streams.
+#      each engine again with its branches on two more streams; first the CUDA tests of the branch
+#      streams and of split-K ended by the last share (session 41, decision 0054).
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -44,8 +45,12 @@ if [ "$part" = g ]; then
   # default build gets), the three detectors at batch 32 and 1, each engine built once; each engine
   # also timed running its branches on two more streams (session 40's branch_streams.py, first
   # checked against one stream by its CUDA test).
-  timeout 90 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py > "$OUT/tests_g.log" 2>&1
-  echo "branch-stream tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
+  # Session 41's split-K ended by the last share (decision 0054) first: its shares really race on a GPU.
+  timeout 150 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py \
+    tests/kernels/test_arrival_counters.py tests/runtime/test_arrival_sites.py \
+    tests/kernels/test_kernels_igemm.py -k "split or last_reduces or branch or stream or arrival or site or share" \
+    > "$OUT/tests_g.log" 2>&1
+  echo "branch-stream and last-reduces tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
   # MODELS=yolov8n,detector (then MODELS=yolo11n) where one call cannot build all twelve engines.
   timeout $(( ${BUDGET_S:-560} - SECONDS )) python bench/h200_table.py --models "${MODELS:-yolov8n,yolo11n,detector}" \
     --detector-batches 32,1 --int8 --aux-streams 2 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \

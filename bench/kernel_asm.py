@@ -64,6 +64,7 @@ LAYERS = {  # name: (batch, cin, cout, hw, kernel, residual)
     "yolo.c16": (32, 16, 16, 160, 3, False),  # YOLOv8n at 640: model.2's bottleneck 3×3 layers (C = 16)
     "yolo.c32": (32, 32, 32, 80, 3, False),  # model.4's bottleneck 3×3 layers (C = 32)
     "yolo.1x1": (32, 48, 32, 160, 1, False),  # YOLOv8n at 640: model.2's cv2 (1×1, 48 → 32), resident GEMM
+    "yolo.b1.c128": (1, 128, 128, 40, 3, False),  # batch 1: model.6's 3×3 layers, 50 tiles of 64×64 (split-K's case)
     "stem": (256, 3, 64, 224, 7, False),  # stride 2: the window tactic's GEMMs (window_cases)
     "yolo-stem": (32, 3, 16, 640, 3, False),  # YOLOv8n's: stride 2, 16 channels (the narrow window tiles)
 }
@@ -201,8 +202,9 @@ def window_cases(batch: int, cin: int, cout: int, hw: int, k: int, common: dict,
         """One form's cases: `rows` filter rows of `window`-byte windows, `stride_h` rows and `step`
         4-byte pixels apart, over padded_h × padded_w 4-byte pixels (as the packing lays them out)."""
         image_bytes, row_bytes = padded_h * padded_w * PIXEL_BYTES, padded_w * PIXEL_BYTES
-        igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=batch * out_hw * out_hw, COUT=cout, C=window,
-                          H=padded_h, W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw, OW=out_hw, y_row=cout,
+        igemm_args = dict(common, ws_ptr="*i8", arrivals_ptr="*i32", w_desc=None, M=batch * out_hw * out_hw,
+                          COUT=cout, C=window, H=padded_h, W=padded_w - window // PIXEL_BYTES + 1, OH=out_hw,
+                          OW=out_hw, y_row=cout,
                           sxn=image_bytes, sxc=1, sxh=row_bytes, sxw=PIXEL_BYTES, pad_h=0, pad_w=0, dil_h=1, dil_w=1)
         cases = []
         for tile in quantized_window.WINDOW_TILES:
@@ -272,9 +274,12 @@ def projected_cases(layer: str) -> list[tuple[str, object, dict, dict, int, int]
     return cases
 
 
-def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tuple[str, object, dict, dict, int, int]]:
+def layer_cases(layer: str, resident_tiles: list[str] | None = None,
+                split_k: int = 1) -> list[tuple[str, object, dict, dict, int, int]]:
     """(label, kernel, argument values, constexprs, warps, stages) for each candidate of the layer;
-    `resident_tiles` (tactic names) in place of every resident tile the builder knows."""
+    `resident_tiles` (tactic names) in place of every resident tile the builder knows; with
+    `split_k`, the implicit-GEMM tiles also split that many ways, ended by the epilogue kernel and
+    by the last share (last-reduces)."""
     if layer in PROJECTED:
         return projected_cases(layer)
     batch, cin, cout, hw, k, residual = LAYERS[layer]
@@ -287,7 +292,8 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
                     OUT_QUANT=output_codes(ACTIVATION_NAMES[ACTIVATION], 0.0, False, OUTPUT_INV_SCALE, -127.0))
     if cin <= PIXEL_BYTES:
         return window_cases(batch, cin, cout, hw, k, common, epilogue)
-    igemm_args = dict(common, ws_ptr="*i8", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw, OH=hw, OW=hw, y_row=cout,
+    igemm_args = dict(common, ws_ptr="*i32", arrivals_ptr="*i32", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw,
+                      OH=hw, OW=hw, y_row=cout,
                       sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
@@ -296,11 +302,16 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None) -> list[tup
              + conv_igemm.row_tap_tiles(tiles, cin, (k, k), cout, eight_bit=True))
     tiles = tiles + conv_igemm.halved_epilogue_tiles(tiles, residual=True)  # every variant, to compare
     tiles = tiles + conv_igemm.weight_tma_tiles(tiles, cin, (cout, cin, k, k), 1)
+    if split_k > 1:
+        split = [replace(tile, split_k=split_k, last_reduces=last) for tile in tiles for last in (False, True)]
+        tiles = tiles + [tile for tile in split if tile.invalid() is None]
     for tile in tiles:
         tail = cin if tile.padded_taps and cin % tile.block_k else 0
         constexprs = dict(epilogue, KH=k, KW=k, STRIDE_H=1, STRIDE_W=1, ROW_TAPS=cin if tile.row_taps else 0,
                           K_GATHER=cin % tile.block_k != 0 and not tail and not tile.row_taps,
-                          SPLIT_K=1, ROW_ALIGN=(cin & -cin) if cin % 16 else 16, EPILOGUE_HALVES=tile.epilogue_halves,
+                          SPLIT_K=tile.split_k, LAST_REDUCES=tile.last_reduces,
+                          ROW_ALIGN=(cin & -cin) if cin % 16 else 16,
+                          EPILOGUE_HALVES=tile.epilogue_halves,
                           RES_EARLY=tile.residual_early and residual, CHANNEL_TAIL=tail, WEIGHT_TMA=tile.weight_tma,
                           BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=8,
                           OUT_ALIGN=told_alignment(cout, cout), ONE_COLUMN=cout <= tile.block_n)
@@ -383,6 +394,8 @@ def main() -> None:
                         help="comma-separated resident tactics (e.g. resident.64x64.t8.w4.s2.cols-loaded.grouped) "
                              "instead of every "
                              "one the builder knows: a tile not yet among them")
+    parser.add_argument("--split-k", type=int, default=1,
+                        help="also compile the implicit-GEMM tiles split this many ways, both endings")
     parser.add_argument("--activation", default="Relu", choices=[a for a in ACTIVATION_CODES if a],
                         help="the epilogue's activation (YOLO's layers: SiLU)")
     parser.add_argument("--sums-decoded", action="store_true",
@@ -400,7 +413,7 @@ def main() -> None:
     print(f"{args.layer} on sm_{args.arch}: per program")
     print(f"{'candidate':32s} {'regs':>4} {'spill':>5} {'smem':>6} {'sass':>5} {'layout cvts':>11} "
           + " ".join(f"{name:>9}" for name in PATTERNS) + " " + " ".join(f"{name:>4}" for name in SASS_CONVERSIONS))
-    for label, fn, values, constexprs, warps, stages in layer_cases(args.layer, args.resident_tiles):
+    for label, fn, values, constexprs, warps, stages in layer_cases(args.layer, args.resident_tiles, args.split_k):
         if args.sums_decoded and constexprs.get("INT8"):
             constexprs = dict(constexprs, INT8=SUMS_DECODED)
         try:

@@ -12,6 +12,7 @@ import torch
 
 from ..errors import ConfigError, InputError, ProfileError
 from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from ..kernels.common.arrival_counters import ArrivalCounters, bound
 from .branch_streams import MAX_AUX_STREAMS, BranchStreams
 from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces, first_line
 from .concat_plan import ShapeMemo
@@ -64,6 +65,9 @@ class ExecutionContext:
         self._input_store: dict[str, torch.Tensor] = {}
         self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
+        # The kernels' arrival counters (split-K reduced in the kernel), this context's own: another
+        # context's kernels may run at the same time (kernels/common/arrival_counters.py).
+        self.arrival_counters = ArrivalCounters()
         self.branches = (BranchStreams(engine.executor.branch_plan(aux_streams), engine.executor.device, aux_streams)
                          if aux_streams and self.stream is not None else None)
         if engine.device.type == "cuda":
@@ -136,11 +140,12 @@ class ExecutionContext:
         tensors = {name: (torch.from_numpy(v if v.flags.c_contiguous else np.array(v, order="C")) if isinstance(v, np.ndarray) else v)
                    for name, v in feeds.items()}
         tensors = {name: t.to(device, non_blocking=True) if t.device != device else t for name, t in tensors.items()}
-        if self.use_cuda_graphs:
-            outputs = self._run_graph(tensors, shapes, profile)
-        else:
-            with matmul_precision(self.engine.precision == "tf32"):
-                outputs = self._run_eager(tensors, shapes, profile)
+        with bound(self.arrival_counters):
+            if self.use_cuda_graphs:
+                outputs = self._run_graph(tensors, shapes, profile)
+            else:
+                with matmul_precision(self.engine.precision == "tf32"):
+                    outputs = self._run_eager(tensors, shapes, profile)
         if as_numpy:
             return {name: t.detach().cpu().numpy() for name, t in outputs.items()}
         return outputs
@@ -198,7 +203,7 @@ class ExecutionContext:
         that a batch-1 latency would include)."""
         captured = self._captured.get(key)
         if captured is None:
-            with matmul_precision(self.engine.precision == "tf32"):
+            with matmul_precision(self.engine.precision == "tf32"), bound(self.arrival_counters):
                 captured = self._captured[key] = self._capture(tensors, key, profile)
         return captured
 

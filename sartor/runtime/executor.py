@@ -16,6 +16,7 @@ from ..ir import Graph, Node
 from ..ir.dtypes import NUMPY_TO_TORCH
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
+from ..kernels.common.arrival_counters import reset_launch_site, set_launch_site
 from ..kernels.pointwise.epilogue import pixel_stride
 from .branch_streams import BranchPlan, BranchStreams, mark_used_by, plan_branches
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, value_meta
@@ -303,7 +304,11 @@ class Executor:
             mark_used_by(args, stream)
         if before is not None:
             before(index, step, args)
-        result = self._run_step(step, args, in_place, attrs)
+        site = set_launch_site(index)  # the layer's own arrival counters in a context's (arrival_counters.py)
+        try:
+            result = self._run_step(step, args, in_place, attrs)
+        finally:
+            reset_launch_site(site)
         results = result if isinstance(result, (tuple, list)) else (result,)
         if stream is not None:
             mark_used_by(results, stream)

@@ -234,7 +234,8 @@ def test_tile_names_round_trip_and_effort_widens_the_search():
     assert split.name == "igemm.64x64x64.w4.s4.split4" and TileConfig.parse(split.name) == split
     for bad in ("cudnn_fused", "igemm.bad", "igemm.64x64x64.w4.s4.x4", "igemm.64x64x64.w4.s4.split4.split2",
                 "igemm.64x64x64.w4.s4.split0", "igemm.64x64x64.w4.s4.split1", "igemm.64x64x64.4.s4",
-                "igemm_64x64x64_w4_s4"):
+                "igemm_64x64x64_w4_s4", "igemm.64x64x64.w4.s4.last-reduces",
+                "igemm.128x128x64.w8.s3.split4.last-reduces"):
         with pytest.raises(TacticNameError):
             TileConfig.parse(bad)
 
@@ -246,6 +247,13 @@ def test_split_k_is_offered_where_the_tile_grid_leaves_the_gpu_idle():
     tiles = candidate_tiles(int8=True, effort=2)
     variants = split_k_tiles(tiles, 49, 512, 4608, 132)
     assert variants and all(v.split_k > 1 for v in variants)
+    # Each split both ways, the epilogue kernel after and the tile's last share running it, but
+    # where the last share would hold more slot values a thread than fit its registers.
+    reducing = {replace(v, last_reduces=False) for v in variants if v.last_reduces}
+    ending = {v for v in variants if not v.last_reduces}
+    assert reducing == {v for v in ending
+                        if v.accumulators_per_thread * v.split_k <= igemm.MAX_SLOT_VALUES_AT_ONCE}
+    assert reducing and reducing != ending
     for v in variants:
         grid = -(-49 // v.block_m) * -(-512 // v.block_n)
         assert grid * v.split_k <= 132 and (4608 // v.block_k) // v.split_k >= MIN_K_BLOCKS_PER_SHARE
@@ -285,14 +293,59 @@ SPLIT_GEOMETRIES = [  # the blocked walk (64 channels, 9 taps), the gather walk 
 
 @pytest.mark.parametrize("channels,kernel,strides,pads", SPLIT_GEOMETRIES)
 @pytest.mark.parametrize("split_k", [2, 3])
-def test_split_k_int8_equals_the_emulation(channels, kernel, strides, pads, split_k):
-    """K shared between programs (int32 partial sums, then one epilogue kernel): bit for bit the
-    emulation, residual and INT8 output included, for shares that do not divide K evenly too."""
+@pytest.mark.parametrize("last_reduces", [False, True], ids=["epilogue-kernel", "last-reduces"])
+def test_split_k_int8_equals_the_emulation(channels, kernel, strides, pads, split_k, last_reduces):
+    """K shared between programs (int32 partial sums, then one epilogue kernel, or the epilogue run
+    by each tile's last share): bit for bit the emulation, residual and INT8 output included, for
+    shares that do not divide K evenly too."""
     generator = torch.Generator().manual_seed(6)
     attrs = dict(_attrs(kernel, strides, pads, (1, 1)), input_inv_scale=17.0, residual_scale=0.05,
                  activation="Relu", qmin=-127, output_inv_scale=7.0)
     x = torch.randn(2, channels, 9, 8, generator=generator) * 2
-    _assert_int8_conv_is_the_emulation(x, kernel, attrs, 40, TileConfig(16, 16, 32, 1, 1, split_k=split_k), generator)
+    tile = TileConfig(16, 16, 32, 1, 1, split_k=split_k, last_reduces=last_reduces)
+    _assert_int8_conv_is_the_emulation(x, kernel, attrs, 40, tile, generator)
+
+
+def test_last_reduces_is_the_epilogue_kernels_bits_and_leaves_its_counters_at_zero():
+    """Float split-K ended in the kernel adds the shares in the epilogue kernel's order: the same
+    bits, run after run (the counters it took, the context's for its layer, back at zero each
+    time); a GEMM too. Without its counters at zero no share would be last and nothing written."""
+    from sartor.kernels.common.arrival_counters import ArrivalCounters, bound, reset_launch_site, set_launch_site
+    generator = torch.Generator().manual_seed(8)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+    x = torch.randn(1, 64, 6, 5, generator=generator).to(DEVICE, dtype)
+    w = (torch.randn(24, 64, 3, 3, generator=generator) / 24).to(DEVICE, dtype)
+    b = torch.randn(24, generator=generator).to(DEVICE, dtype)
+    geometry = _geometry(x, w, attrs)
+    two_kernels = conv_igemm(x, pack_weight(w), b, geometry, TileConfig(16, 16, 32, 1, 1, split_k=4),
+                             activation="SiLU")
+    counters = ArrivalCounters()
+    tile = TileConfig(16, 16, 32, 1, 1, split_k=4, last_reduces=True)
+    assert tile.name == "igemm.16x16x32.w1.s1.split4.last-reduces" and TileConfig.parse(tile.name) == tile
+    with bound(counters):
+        site = set_launch_site("conv")
+        try:
+            for _ in range(3):
+                one_kernel = conv_igemm(x, pack_weight(w), b, geometry, tile, activation="SiLU")
+                assert torch.equal(one_kernel.cpu(), two_kernels.cpu())
+                taken = counters.take("conv", 2 * 2, DEVICE)  # 30 rows × 24 channels in 16×16 tiles
+                assert counters.words == taken.numel() and not taken.any()
+                taken.fill_(4)  # counters left off zero: no share of their tiles is last, nothing is written
+                unwritten = torch.full_like(two_kernels, float("nan"))
+                conv_igemm(x, pack_weight(w), b, geometry, tile, activation="SiLU", out=unwritten)
+                assert unwritten.isnan().all() and taken.tolist() == [8] * 4
+                taken.zero_()
+        finally:
+            reset_launch_site(site)
+    xg = torch.randn(3, 160, generator=generator)
+    wg = torch.randint(-127, 128, (20, 160), dtype=torch.int8, generator=generator)
+    sg = torch.rand(20, generator=generator) * 1e-2
+    expected = qgemm([xg, wg, None, None, sg], {"input_inv_scale": 9.0, "activation": None})
+    got = conv_igemm(xg.to(DEVICE), pack_weight(wg).to(DEVICE), None, ConvGeometry.gemm(),
+                     TileConfig(16, 16, 32, 1, 1, split_k=3, last_reduces=True), dequant_scale=sg.to(DEVICE),
+                     input_inv_scale=9.0)
+    assert torch.equal(got.cpu(), expected)
 
 
 def test_split_k_float_and_gemm_match_the_single_pass():

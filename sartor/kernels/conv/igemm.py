@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 
+from ..common.arrival_counters import take_counters
 from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..common.pdl import launch_options
@@ -59,7 +60,7 @@ if triton is not None:
 
     @triton.jit
     def _conv_igemm_kernel(
-            x_ptr, w_ptr, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr,
+            x_ptr, w_ptr, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr, arrivals_ptr,
             M, COUT, C, H, W, OH, OW, y_row,
             sxn, sxc, sxh, sxw, srn, src, srh, srw,
             pad_h, pad_w, dil_h, dil_w,
@@ -71,7 +72,7 @@ if triton is not None:
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
-            OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False):
+            OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False, LAST_REDUCES: tl.constexpr = False):
         await_previous_kernel(PDL)
         # Outputs and pixel stride multiples of 8 that Triton cannot see (24 or 40 channels): told,
         # the epilogue's bias and scale loads and its stores go as vectors, not a word or a byte at a time.
@@ -100,7 +101,8 @@ if triton is not None:
                                               BLOCK_N)
 
         # Split-K: program (tile, pid_k) walks its share of the K blocks and leaves its partial sum
-        # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue.
+        # in the workspace; _splitk_epilogue_kernel adds the shares and runs the epilogue, or, with
+        # LAST_REDUCES, the tile's last share to finish does (reduce_shares_in_place).
         pid_k = tl.program_id(1)
         if ROW_TAPS > 0:
             # One K step per filter row: its KW taps' ROW_TAPS (= C, a multiple of 8) channels side by
@@ -221,9 +223,45 @@ if triton is not None:
             store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                             y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                             INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+        elif LAST_REDUCES:
+            acc, last = reduce_shares_in_place(acc, ws_ptr, arrivals_ptr + tl.program_id(0), pid_k, offs_m, offs_n,
+                                               m_ok, n_ok, M, COUT, SPLIT_K)
+            if last:
+                store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                                y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                                INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
         else:
             ws_offsets = (pid_k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]
             tl.store(ws_ptr + ws_offsets, acc, mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def reduce_shares_in_place(acc, ws_ptr, arrival_ptr, pid_k, offs_m, offs_n, m_ok, n_ok, M, COUT,
+                               SPLIT_K: tl.constexpr):
+        """Split-K without a second kernel: each share stores its partial sum in its workspace slot and
+        counts itself in at the tile's arrival counter; the share that arrives last gets (the sum of
+        every share, True), the others (acc, False). The last adds the slots in share order, as
+        _splitk_epilogue_kernel does, so the sum is the same bits whichever share is last (float too),
+        and sets the counter back to zero for the next launch."""
+        mask = m_ok[:, None] & n_ok[None, :]
+        tl.store(ws_ptr + ((pid_k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]), acc, mask=mask)
+        # Every thread's stores before the count (one thread's atomic, whose release covers them).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLIT_K - 1
+        total = acc
+        if last:
+            # Past the acquire, the other shares' slots are read from L2 (.cg), never a stale L1 line.
+            total = tl.load(ws_ptr + (offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]),
+                            mask=mask & (pid_k != 0), other=0, cache_modifier=".cg")
+            total = tl.where(pid_k == 0, acc, total)
+            # Unrolled: every slot's load in flight at once (see _splitk_epilogue_kernel), which
+            # TileConfig.invalid keeps within a thread's registers.
+            for k in tl.static_range(1, SPLIT_K):
+                share = tl.load(ws_ptr + ((k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]),
+                                mask=mask & (pid_k != k), other=0, cache_modifier=".cg")
+                total += tl.where(pid_k == k, acc, share)
+            tl.atomic_xchg(arrival_ptr, 0, sem="relaxed", scope="gpu")
+        return total, last
 
     @triton.jit
     def _splitk_epilogue_kernel(
@@ -253,18 +291,20 @@ if triton is not None:
 @register
 @dataclass(frozen=True)
 class TileConfig(Tactic):
-    """One kernel configuration: the tile, the warps, the software-pipeline depth, how many
-    programs share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel)
-    whether the epilogue runs in two halves of the tile's columns (fewer registers live), and
-    whether K is walked tap by tap with each tap's channels cut at C ("padded taps": for C not a
-    multiple of BLOCK_K, which otherwise gathers K element by element), and, with halves, whether
-    the residual's tile is asked for before the K loop, so that its memory latency hides behind
-    the products rather than stalling the epilogue ("residual early"), and whether the weight's
-    tile comes by one TMA bulk copy per K step rather than by every thread's loads ("weight TMA":
-    no per-thread addresses, and the copy writes shared memory in the layout the tensor cores read;
-    blocked K walks only), and whether each K step is one filter row with its taps' channels side
-    by side ("row taps": for few channels, a multiple of 8, where the tap walk's steps are mostly
-    padding). Named e.g. "igemm.128x128x64.w8.s3.split4" or
+    """One kernel configuration: the tile, the warps, the software-pipeline depth, how many programs
+    share each tile's K (split-K: partial sums in a workspace, then one epilogue kernel, or the
+    epilogue in the kernel, run by each tile's last share to finish: "last-reduces", one launch
+    where the epilogue kernel made two, its sum the same bits), whether the epilogue runs in two
+    halves of the tile's columns (fewer registers live), and whether K is walked tap by tap with
+    each tap's channels cut at C ("padded taps": for C not a multiple of BLOCK_K, which otherwise
+    gathers K element by element), and, with halves, whether the residual's tile is asked for before
+    the K loop, so that its memory latency hides behind the products rather than stalling the
+    epilogue ("residual early"), and whether the weight's tile comes by one TMA bulk copy per K step
+    rather than by every thread's loads ("weight TMA": no per-thread addresses, and the copy writes
+    shared memory in the layout the tensor cores read; blocked K walks only), and whether each K
+    step is one filter row with its taps' channels side by side ("row taps": for few channels, a
+    multiple of 8, where the tap walk's steps are mostly padding). Named e.g.
+    "igemm.128x128x64.w8.s3.split4", "igemm.64x64x64.w4.s4.split4.last-reduces" or
     "igemm.64x64x64.w4.s4.halves.residual-early"."""
     block_m: int
     block_n: int
@@ -277,28 +317,40 @@ class TileConfig(Tactic):
     residual_early: bool = False
     weight_tma: bool = False
     row_taps: bool = False
+    last_reduces: bool = False
 
     FAMILY: ClassVar[str] = "igemm"
     SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_n", "block_k")), Number("warps", "w"), Number("stages", "s"),
                                Number("split_k", "split", omit=1), Flag("epilogue_halves", "halves"),
                                Flag("residual_early", "residual-early"), Flag("padded_taps", "padded-taps"),
-                               Flag("weight_tma", "weight-tma"), Flag("row_taps", "row-taps"))
+                               Flag("weight_tma", "weight-tma"), Flag("row_taps", "row-taps"),
+                               Flag("last_reduces", "last-reduces"))
     WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
     PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
     def invalid(self) -> str | None:
         if self.split_k < 1 or (self.epilogue_halves and (self.split_k > 1 or self.block_n % 2)):
             return "split-K shares its epilogue whole; halves need an even block_n"
+        if self.last_reduces and self.split_k < 2:
+            return "last-reduces is a way of ending split-K: it needs split2 or more"
+        if self.last_reduces and self.accumulators_per_thread * self.split_k > MAX_SLOT_VALUES_AT_ONCE:
+            return (f"last-reduces holds every share's slot at once: at most {MAX_SLOT_VALUES_AT_ONCE} values a "
+                    f"thread (tile elements × shares ÷ threads), where this tile would spill")
         if self.residual_early and not self.epilogue_halves:
             return "residual-early comes with halves"
         if self.row_taps and (self.padded_taps or self.weight_tma or self.split_k > 1):
             return "row-taps is its own K walk, in one pass: no padded taps, weight TMA or split-K"
         return "weight-tma walks blocked K, not padded taps" if self.weight_tma and self.padded_taps else None
 
+    @property
+    def accumulators_per_thread(self) -> int:
+        return self.block_m * self.block_n // (32 * self.warps)
+
     def describe(self, layer: LayerFacts) -> str:
         kind = "int8 tensor cores, int32 accumulate" if layer.op_type in ("QConv", "QGemm") else "fp32 accumulate"
         kind = "fp8 e4m3 tensor cores, fp32 accumulate" if layer.fp8 else kind
         epilogue = "fused epilogue in two column halves" if self.epilogue_halves else "fused epilogue"
+        epilogue += ", run by each tile's last split-K share" if self.last_reduces else ""
         epilogue += ", residual loaded before the K loop" if self.residual_early else ""
         return f"triton implicit-GEMM {self.fields_text} ({kind}) + {epilogue}"
 
@@ -332,14 +384,20 @@ def candidate_tiles(int8: bool, effort: int) -> list[TileConfig]:
 GROUP_M = 8  # row tiles that walk the column tiles together (tile_steps.grouped_tile)
 MIN_K_BLOCKS_PER_SHARE = 4  # a split-K share shorter than this spends its time on the workspace
 MAX_SPLIT_K = 16
+# A last-reduces tile's last share holds every other share's slot in registers at once (their
+# loads in flight together: one by one, each waits for the last). Under this many values a
+# thread, tile elements × shares ÷ threads, it does not spill on Hopper: the 64×64 tile of 4 warps
+# split 4 ways holds 128, and 128×64 split 4 ways 256 spill (bench/kernel_asm.py --split-k).
+MAX_SLOT_VALUES_AT_ONCE = 128
 
 
 def split_k_tiles(tiles: list[TileConfig], rows: int, cout: int, k_total: int, sms: int) -> list[TileConfig]:
     """Split-K variants of `tiles` for a layer whose tile grid leaves most of the GPU's `sms`
     multiprocessors idle (the 7×7 and 14×14 stages at batch 1: ResNet-50's last 3×3 layers give
     8 tiles of 64×64 for 132 SMs, each walking K = 4,608): the tile's K shared by as many
-    programs as fill the GPU, each share at least MIN_K_BLOCKS_PER_SHARE blocks long. Only
-    candidates: the builder times them against the single-pass tiles."""
+    programs as fill the GPU, each share at least MIN_K_BLOCKS_PER_SHARE blocks long, each
+    split ended both ways (the epilogue kernel, or last-reduces). Only candidates: the builder
+    times them against the single-pass tiles."""
     variants = []
     for tile in tiles:
         grid = -(-rows // tile.block_m) * -(-cout // tile.block_n)
@@ -350,6 +408,9 @@ def split_k_tiles(tiles: list[TileConfig], rows: int, cout: int, k_total: int, s
             split *= 2
         if split > 1:
             variants.append(replace(tile, split_k=split))
+            reduced = replace(tile, split_k=split, last_reduces=True)
+            if reduced.invalid() is None:
+                variants.append(reduced)
     return variants
 
 
@@ -631,6 +692,9 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     # The shares' partial sums: int32 for INT8 (their sum is exact), float32 otherwise.
     workspace = (torch.empty((split_k, m, cout), dtype=torch.int32 if int8 else torch.float32, device=x.device)
                  if split_k > 1 else y)
+    tiles = triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n)
+    last_reduces = split_k > 1 and tile.last_reduces
+    arrivals = take_counters(tiles, x.device) if last_reduces else workspace
     bias_arg = bias if bias is not None else w_packed
     scale_arg = dequant_scale if quantized else w_packed
     res_arg = res4 if res4 is not None else y
@@ -642,10 +706,10 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     # INT8 and FP8 must round as the emulation does: a fused multiply-add (acc·scale + residual in
     # one rounding) can move a value across a quantization boundary.
     fusion = not quantized
-    grid = (triton.cdiv(m, tile.block_m) * triton.cdiv(cout, tile.block_n), split_k)
+    grid = (tiles, split_k)
     _conv_igemm_kernel[grid](
         x4, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_arg, y,
-        workspace,
+        workspace, arrivals,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), *scalars,
@@ -655,10 +719,11 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
-        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), ONE_COLUMN=cout <= tile.block_n, num_warps=tile.warps,
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), ONE_COLUMN=cout <= tile.block_n, LAST_REDUCES=last_reduces,
+        num_warps=tile.warps,
         num_stages=tile.stages,
         enable_fp_fusion=fusion, **launch_options(pdl))
-    if split_k > 1:
+    if split_k > 1 and not last_reduces:
         _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
                                 epilogue, *SPLIT_K_EPILOGUE_TILE, fusion)
     return y
