@@ -24,7 +24,8 @@
 #      (and YOLOv8n's FP16), compared layer by layer (bench/compare_layers.py).
 #   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort, and
 #      each engine again with its branches on two more streams; first the CUDA tests of the branch
-#      streams and of split-K ended by the last share (session 41, decision 0054).
+#      streams and of split-K ended by the last share (session 41, decision 0054), and the floor a
+#      batch-1 engine's kernels stand on (bench/launch_floor.py).
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -51,6 +52,9 @@ if [ "$part" = g ]; then
     tests/kernels/test_kernels_igemm.py -k "split or last_reduces or branch or stream or arrival or site or share" \
     > "$OUT/tests_g.log" 2>&1
   echo "branch-stream and last-reduces tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
+  # What any kernel of a batch-1 engine pays, whatever its work (session 41): chains of minimal kernels.
+  timeout 60 python bench/launch_floor.py --pdl --out "$OUT" > "$OUT/launch_floor.log" 2>&1
+  echo "launch floor exit $? at ${SECONDS}s"; cat "$OUT/launch_floor.log" | cut -c1-200
   # MODELS=yolov8n,detector (then MODELS=yolo11n) where one call cannot build all twelve engines.
   timeout $(( ${BUDGET_S:-560} - SECONDS )) python bench/h200_table.py --models "${MODELS:-yolov8n,yolo11n,detector}" \
     --detector-batches 32,1 --int8 --aux-streams 2 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
