@@ -24,8 +24,9 @@
 #      (and YOLOv8n's FP16), compared layer by layer (bench/compare_layers.py).
 #   g: the three detectors' FP16 and INT8 at batch 32 and 1 in one run, at the default effort, and
 #      each engine again with its branches on two more streams; first the CUDA tests of the branch
-#      streams and of split-K ended by the last share (session 41, decision 0054), and the floor a
-#      batch-1 engine's kernels stand on (bench/launch_floor.py).
+#      streams, of split-K ended by the last share and of PDL timed at the build (session 41,
+#      decisions 0054, 0055), and the floor a batch-1 engine's kernels stand on
+#      (bench/launch_floor.py). The table's JSON has each INT8 build's pdl_check.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -46,10 +47,11 @@ if [ "$part" = g ]; then
   # default build gets), the three detectors at batch 32 and 1, each engine built once; each engine
   # also timed running its branches on two more streams (session 40's branch_streams.py, first
   # checked against one stream by its CUDA test).
-  # Session 41's split-K ended by the last share (decision 0054) first: its shares really race on a GPU.
+  # Session 41's split-K ended by the last share (decision 0054) first: its shares really race on a
+  # GPU; and PDL timed at the build (decision 0055), which every default INT8 build below now runs.
   timeout 150 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py \
-    tests/kernels/test_arrival_counters.py tests/runtime/test_arrival_sites.py \
-    tests/kernels/test_kernels_igemm.py -k "split or last_reduces or branch or stream or arrival or site or share" \
+    tests/kernels/test_arrival_counters.py tests/runtime/test_arrival_sites.py tests/builder/test_pdl.py \
+    tests/kernels/test_kernels_igemm.py -k "split or last_reduces or branch or stream or arrival or site or share or pdl" \
     > "$OUT/tests_g.log" 2>&1
   echo "branch-stream and last-reduces tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
   # What any kernel of a batch-1 engine pays, whatever its work (session 41): chains of minimal kernels.

@@ -175,7 +175,8 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
         row.update(agreement_with_onnxruntime(onnx, input_name, x, ctx.run({input_name: x})))
     row.update(build_cold_s=builds[0], build_warm_s=builds[1] if warm_build else None, load_s=round(load_s, 3),
                first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1),
-               layers_of_note=layers_of_note(result.header["layers"]))
+               layers_of_note=layers_of_note(result.header["layers"]),
+               pdl_check=result.header.get("pdl_check"))  # the build's PDL timing (quantized, default flags)
     return row
 
 

@@ -83,8 +83,9 @@ class BuildConfig:
     eager_check: bool = True
     # INT8 (FP8) builds on Hopper and newer: the quantized layers' Triton kernels are launched with
     # programmatic dependent launch (sartor/builder/pdl.py), so that each may start while the one
-    # before it ends. Off by default: no gain measured (docs/decisions/0009-pdl-off-by-default.md).
-    pdl: bool = False
+    # before it ends. True: always; False: never; None (default): where the engine measures faster
+    # with it, at the build (docs/decisions/0055-pdl-chosen-by-measurement.md).
+    pdl: bool | None = None
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/builder/accuracy_planner.py) keep the most sensitive layers out of INT8 until

@@ -2,8 +2,14 @@
 (`kernels/common/pdl.py`) are marked to be launched with it (for the resident-window tiles, their GEMM
 after the pixel packing). The layers that run another tactic (the emulation, cuBLAS, im2col, the
 pixel windows' implicit-GEMM tiles: kernels that do not wait for their predecessor as PDL
-requires) keep the ordinary launch."""
+requires) keep the ordinary launch.
+
+Without the flag (`BuildConfig.pdl` None) a quantized build on such a device times the engine both
+ways and keeps PDL where it wins (`check_programmatic_launch`; docs/decisions/0055); `--no-pdl`
+never marks a layer."""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -36,3 +42,73 @@ def mark_programmatic_launch(graph: Graph) -> int:
             node.attrs["pdl"] = True
             marked += 1
     return marked
+
+
+def clear_programmatic_launch(graph: Graph) -> None:
+    for node in graph.nodes:
+        node.attrs.pop("pdl", None)
+
+
+# With PDL the engine must replay this much faster to keep it: one engine's end-to-end timings
+# differ by a percent between runs, and without PDL each kernel launches as CUDA orders it.
+PDL_MARGIN = 0.99
+RUNS = (10, 50)  # (warm-up, timed) per measurement
+ROUNDS = 2
+
+
+def pdl_wins(without_ms: list[float], with_ms: list[float], margin: float = PDL_MARGIN) -> bool:
+    """Whether PDL is kept: the profiles' times with it, summed, under `margin` of those without."""
+    return sum(with_ms) < margin * sum(without_ms)
+
+
+def time_engine_run(context, feeds: dict, device: torch.device) -> float:
+    """Median milliseconds of one context's runs (CUDA graph replays on a GPU)."""
+    from ..tactics.select import time_ms
+    return time_ms(lambda: context.run(feeds), device, RUNS[1], RUNS[0])
+
+
+def _precompile(engine, feeds_by_profile: list[dict], device: torch.device) -> None:
+    """The PDL engine's kernels are other compiles than the ones its layers were timed with (PDL is a
+    constexpr and a launch option): compiled in worker processes at once, as the tactics stage's
+    are (tactics/compile_pool.py), rather than one by one at its first run. Where that step does
+    not apply, they compile at the first run."""
+    from ..tactics.compile_pool import precompile
+
+    def collect(recorder) -> None:
+        with torch.inference_mode():
+            for k, feeds in enumerate(feeds_by_profile):
+                recorder.run("pdl", lambda: engine.executor.run(feeds, profile=k))
+    precompile(collect, device)
+
+
+def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], device: torch.device,
+                              opt_feeds: Callable[[int], dict], log: list) -> dict | None:
+    """The default (`BuildConfig.pdl` None): the engine with its quantized layers marked for PDL
+    against the same engine unmarked, end to end at every profile's opt shapes, replayed as the
+    engine runs, alternately, ROUNDS times each, the faster of each kept. Leaves the graph marked
+    where PDL wins (`pdl_wins`); returns the header's `pdl_check` record, or None where no layer's
+    kernel takes part."""
+    from ..runtime.engine import Engine
+    if not mark_programmatic_launch(graph):
+        return None
+    marked = Engine(*make_header(), device)
+    clear_programmatic_launch(graph)
+    plain = Engine(*make_header(), device)
+    feeds_by_profile = [opt_feeds(k) for k in range(len(plain.profiles))]
+    _precompile(marked, feeds_by_profile, device)
+    record = {"margin": PDL_MARGIN, "profiles": []}
+    for k, feeds in enumerate(feeds_by_profile):
+        plain_context, marked_context = plain.context(k), marked.context(k)
+        without_ms = with_ms = float("inf")
+        for _ in range(ROUNDS):
+            without_ms = min(without_ms, time_engine_run(plain_context, feeds, device))
+            with_ms = min(with_ms, time_engine_run(marked_context, feeds, device))
+        record["profiles"].append({"profile": k, "without_ms": round(without_ms, 5), "with_ms": round(with_ms, 5)})
+    kept = pdl_wins([p["without_ms"] for p in record["profiles"]], [p["with_ms"] for p in record["profiles"]])
+    record["kept"] = kept
+    layers = record["layers"] = mark_programmatic_launch(graph) if kept else 0
+    times = "; ".join(f"profile {p['profile']}: {p['without_ms']:.4g} ms without, {p['with_ms']:.4g} ms with"
+                      for p in record["profiles"])
+    log.append(f"pdl: {layers} quantized layer(s) launched with programmatic dependent launch ({times})" if kept else
+               f"pdl: not used, the engine was not {1 - PDL_MARGIN:.0%} faster with it ({times})")
+    return record

@@ -16,6 +16,7 @@ from ..frontend import import_onnx
 from ..ir import Graph, verify_graph
 from ..ir.dtypes import NUMPY_TO_TORCH, QUANTIZED_PRECISIONS
 from ..kernels.registry import LayerFacts, tactic_for
+from ..kernels.common.pdl import pdl_available
 from ..kernels.common.tile_steps import sums_decoded
 from ..kernels.detection.greedy_nms import MAX_CANDIDATES
 from ..ops.fp8 import is_fp8
@@ -46,7 +47,7 @@ from ..tactics import (TacticSelection, TimingCache, family_seconds, record_tact
 from ..version import __version__
 from .buckets import bucket_profiles
 from .config import BuildConfig, check_preprocess
-from .pdl import check_pdl_device, mark_programmatic_launch
+from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
 from .kernels import CaptureUnavailable, capture_kernels
@@ -397,7 +398,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             warn_and_keep(line)
     if config.pdl:
         log.append(f"pdl: {mark_programmatic_launch(graph)} quantized layer(s) launched with programmatic dependent "
-                   f"launch")
+                   f"launch (--pdl)")
     tactics = selections[0].layers
     log.append(summary_by_profile(selections) if config.builder_effort > 0 else
                "tactics: builder effort 0, nothing timed (every layer runs its reference kernel)")
@@ -462,6 +463,15 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                     warn_and_keep)
         done("eager check")
 
+    pdl_check = None
+    if (config.pdl is None and config.builder_effort > 0 and pdl_available(device)
+            and any(p in QUANTIZED_PRECISIONS for p in plan.layers.values())):
+        stage("pdl check")  # before the kernels are embedded: PDL's are other compiled kernels
+        pdl_check = check_programmatic_launch(graph, engine_header, device,
+                                              lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device,
+                                                                      generator), log)
+        done("pdl check")
+
     kernels = None
     if device.type == "cuda":
         stage("kernels")
@@ -477,6 +487,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     header, tensors = engine_header()
     if eager is not None:
         header["eager_check"] = eager
+    if pdl_check is not None:
+        header["pdl_check"] = pdl_check
     if kernels is not None:
         header["capture"] = capture
         header["kernels"], kernel_tensors = kernels

@@ -220,9 +220,10 @@ def add_parser(subparsers, parents) -> None:
                    help="INT8/FP8: run a layer at the fallback precision where its best kernel is faster there and "
                         "the whole engine gets faster, every layer if that is fastest (three builds; the engine "
                         "records the comparison)")
-    p.add_argument("--pdl", action="store_true",
+    p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
                    help="INT8/FP8 on compute capability 9.0+: launch the quantized layers' Triton kernels with "
-                        "programmatic dependent launch, each starting while the one before it ends")
+                        "programmatic dependent launch, each starting while the one before it ends (--no-pdl: "
+                        "never; default: where the whole engine measures faster with it, timed at the build)")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--exclude-tactic", action="append", default=[], metavar="PATTERN",

@@ -288,6 +288,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "kernels": _kernels_summary(header, tensors),
         "capture": _capture_summary(header),
         "eager_check": _eager_check_summary(header),
+        "pdl": _pdl_summary(header),
         "signature": _signature_summary(engine, store),
     }
 
@@ -331,6 +332,23 @@ def _eager_check_summary(header: dict) -> dict:
     return {"profiles": record["profiles"], "text": "; ".join(parts)}
 
 
+def _pdl_summary(header: dict) -> dict:
+    """Programmatic dependent launch: asked for, refused, or timed at the build (builder/pdl.py)."""
+    asked = (header.get("build_config") or {}).get("pdl")
+    record = header.get("pdl_check")
+    if record is not None:
+        times = "; ".join(f"profile {p['profile']} {p['with_ms']:.4g} ms with, {p['without_ms']:.4g} ms without"
+                          for p in record["profiles"])
+        verdict = (f"{record['layers']} quantized layer(s), faster by the build's timing" if record["kept"]
+                   else "off, not faster by the build's timing")
+        return {"check": record, "text": f"{verdict} ({times})"}
+    if asked:
+        return {"check": None, "text": "the quantized layers whose kernels take part (--pdl)"}
+    why = ("--no-pdl" if asked is False
+           else "not timed: no quantized layer, no Hopper, builder effort 0, or an older engine")
+    return {"check": None, "text": f"off ({why})"}
+
+
 def run(args) -> int:
     info = engine_summary(args.plan, args.trust)
     if args.json:
@@ -355,6 +373,7 @@ def run(args) -> int:
         ("kernels", info["kernels"]["text"]),
         ("cuda graphs", info["capture"]["text"]),
         ("eager check", info["eager_check"]["text"]),
+        ("programmatic launch", info["pdl"]["text"]),
         ("signature", info["signature"]["text"]),
         *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))

@@ -176,6 +176,8 @@ def rebuild_command(header: dict) -> str:
         args.append("--no-embed-kernels")
     if config.get("pdl"):
         args.append("--pdl")
+    elif config.get("pdl") is False:  # off, where the default measures it (before 0055: the default)
+        args.append("--no-pdl")
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 

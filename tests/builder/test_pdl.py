@@ -71,15 +71,75 @@ def test_refusals(tmp_path, options, message):
 
 
 def test_the_cli_flag_reaches_the_config_and_the_rebuild_command():
+    """--pdl: always; --no-pdl: never; neither: timed at the build (None). The rebuild command
+    repeats what the build was told, so an engine built before the default was timed (pdl False)
+    rebuilds as it was."""
     from sartor.cli.build import config_from_args
     from sartor.cli.main import make_parser
-    args = make_parser().parse_args(["build", "m.onnx", "-o", "m.plan", "--precision", "int8", "--pdl"])
-    config = config_from_args(args)
-    assert config.pdl
-    assert not config_from_args(make_parser().parse_args(["build", "m.onnx", "-o", "m.plan"])).pdl
-    header = {"build_config": config.to_json()}
-    assert rebuild_command(header).split().count("--pdl") == 1
-    assert "--pdl" not in rebuild_command({"build_config": dict(config.to_json(), pdl=False)})
+
+    def config(*flags):
+        return config_from_args(make_parser().parse_args(["build", "m.onnx", "-o", "m.plan", "--precision", "int8",
+                                                          *flags]))
+    assert config("--pdl").pdl is True and config("--no-pdl").pdl is False and config().pdl is None
+    for pdl, flags in ((True, ["--pdl"]), (False, ["--no-pdl"]), (None, [])):
+        words = rebuild_command({"build_config": config().to_json() | {"pdl": pdl}}).split()
+        assert [w for w in words if w.endswith("-pdl")] == flags
+
+
+def test_pdl_is_kept_only_where_the_engine_is_a_margin_faster():
+    from sartor.builder.pdl import PDL_MARGIN, pdl_wins
+    assert pdl_wins([1.0], [0.95]) and pdl_wins([0.3, 2.0], [0.28, 1.99])
+    assert not pdl_wins([1.0], [1.0]) and not pdl_wins([1.0], [PDL_MARGIN])  # within the margin: the plain launch
+    assert not pdl_wins([0.3, 2.0], [0.2, 2.2])  # the profiles summed
+
+
+def _two_layer_model(tmp_path):
+    """conv (INT8) → relu → head (its output conv, kept float by decision 0045)."""
+    rng = np.random.default_rng(4)
+    weights = [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32), name)
+               for name in ("w", "wh")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wh"], ["y"], name="head", pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, 6, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 6, 6])], weights)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, rng.standard_normal((4, 8, 6, 6)).astype(np.float32))
+    return save(model, tmp_path / "m2.onnx"), calib
+
+
+@pytest.mark.parametrize("faster", [True, False], ids=["kept", "dropped"])
+def test_a_default_build_times_the_engine_both_ways_and_keeps_the_faster(tmp_path, monkeypatch, faster):
+    """The stage's plumbing on the CPU, as on a Hopper GPU: where the device has PDL (here told so)
+    and a quantized layer's kernel takes part (here every QConv), the build times the engine
+    marked and unmarked (here a stand-in clock, faster for the marked one or not), keeps the marks
+    only where they win, and records both times; --no-pdl and effort 0 time nothing."""
+    import sartor.builder.pdl as pdl_module
+    import sartor.builder.pipeline as pipeline
+    model, calib = _two_layer_model(tmp_path)
+    monkeypatch.setattr(pipeline, "pdl_available", lambda device: True)
+    monkeypatch.setattr(pdl_module, "own_kernel_tactic", lambda tactic: True)
+    runs = []
+
+    def clock(context, feeds, device):
+        marked = any(node.attrs.get("pdl") for node in context.engine.graph.nodes)
+        runs.append(marked)
+        return 0.9 if marked and faster else 1.0
+    monkeypatch.setattr(pdl_module, "time_engine_run", clock)
+    kwargs = dict(device="cpu", precision="int8", calib=str(calib), calib_size=4, builder_effort=1, **SHAPES)
+    result = sartor.build(model, tmp_path / "m.plan", **kwargs)
+    record = result.header["pdl_check"]
+    assert sorted(runs) == [False, False, True, True]  # ROUNDS each way
+    assert record["kept"] is faster and record["profiles"] == [
+        {"profile": 0, "without_ms": 1.0, "with_ms": 0.9 if faster else 1.0}] and "pdl check" in result.stage_seconds
+    engine = sartor.load(tmp_path / "m.plan", device="cpu")
+    marked = [node.name for node in engine.graph.nodes if node.attrs.get("pdl")]
+    assert (marked == ["conv"]) is faster and (record["layers"] == 1) is faster
+    assert any(line.startswith("pdl: ") for line in result.header["build_log"])
+    for options in ({"pdl": False}, {"builder_effort": 0}):
+        runs.clear()
+        quiet = sartor.build(model, tmp_path / "n.plan", **dict(kwargs, **options))
+        assert "pdl_check" not in quiet.header and not runs
 
 
 def _hopper() -> bool:
@@ -120,3 +180,26 @@ def test_pdl_kernels_equal_the_others_chained_in_a_cuda_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)
+
+
+@pytest.mark.skipif(not _hopper(), reason="programmatic dependent launch needs a CUDA device of compute capability 9.0+")
+def test_a_default_int8_build_on_hopper_records_both_times_and_runs_as_the_cpu_engine(tmp_path):
+    """Without --pdl, a Hopper INT8 build times its engine with and without PDL (when its INT8
+    layer's kernel takes part), marks the layer only if PDL won, and the engine computes what the
+    CPU engine does."""
+    model, calib = _two_layer_model(tmp_path)
+    kwargs = dict(precision="int8", calib=str(calib), calib_size=4, builder_effort=1, **SHAPES)
+    result = sartor.build(model, tmp_path / "gpu.plan", device="cuda", **kwargs)
+    engine = sartor.load(tmp_path / "gpu.plan", device="cuda")
+    conv = next(node for node in engine.graph.nodes if node.name == "conv")
+    record = result.header.get("pdl_check")
+    if own_kernel_tactic(conv.attrs.get("tactic")):
+        assert record is not None and all(p["with_ms"] > 0 and p["without_ms"] > 0 for p in record["profiles"])
+        assert bool(conv.attrs.get("pdl")) is record["kept"]
+    else:
+        assert record is None and not conv.attrs.get("pdl")
+    sartor.build(model, tmp_path / "cpu.plan", device="cpu", **kwargs)
+    x = np.random.default_rng(5).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    got = engine.context().run({"x": x})["y"]
+    expected = sartor.load(tmp_path / "cpu.plan", device="cpu").context().run({"x": x})["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-2, atol=1e-2)

@@ -488,3 +488,45 @@ def test_yolo_decode_of_three_scales_compiles_for_sm90_as_three_one_scale_bodies
         line.split() for line in _compile_in_child(YOLO_DECODE_CHILD).splitlines())
     assert (one, three, one_spills, three_spills) == ("1", "3", "0", "0")
     assert 2.5 * int(one_count) < int(three_count) < 3.2 * int(one_count)
+
+
+PDL_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.gemm.resident import resident_tactics
+GLOBAL = re.compile(r"\b(ld\.global|st\.global|cp\.async|atom\.global|red\.global|cp\.reduce)")
+wanted = {"yolo.b1.c128": ("igemm.64x64x64.w4.s4", "igemm.64x64x64.w4.s4.split4.last-reduces",
+                           "igemm.128x128x64.w8.s3.halves.residual-early"),
+          "layer1.conv3": tuple(resident_tactics(1)[:1]),
+          "yolo-stem": ("window_resident.64x64.t8.w4.s2.kh-steps", "window_resident.64x64.t8.w4.s2")}
+for layer, labels in wanted.items():
+    for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases(layer, split_k=4):
+        if label not in labels:
+            continue
+        if label.endswith("residual-early"):
+            constexprs = dict(constexprs, HAS_RES=True, RES_QUANT=True, RES_EARLY=True)
+        target = GPUTarget("cuda", 90, 32)
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, target, pdl=True).asm["ptx"]
+        waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", ptx)]
+        before = [m.group(1) for m in GLOBAL.finditer(ptx[:waits[0]])] if waits else []
+        print(layer, label, len(waits), len([b for b in before if b == "ld.global"]), len(before))
+"""
+
+
+def test_pdl_kernels_touch_only_constants_before_they_wait():
+    """Launched with programmatic dependent launch, a kernel may start while the one before it ends:
+    the implicit GEMM (plain, split-K ended by the last share, residual loaded early) touches no
+    global memory before its one `griddepcontrol.wait`; the resident GEMM and the stem's window tiles
+    (both walks) load only their weight tile before it, and store nothing."""
+    lines = [line.split() for line in _compile_in_child(PDL_CHILD).splitlines()]
+    by_label = {(layer, label): (int(waits), int(loads), int(accesses))
+                for layer, label, waits, loads, accesses in lines}
+    assert len(by_label) == 6, lines
+    for (layer, label), (waits, loads, accesses) in by_label.items():
+        assert waits == 1, label
+        if layer == "yolo.b1.c128":
+            assert accesses == 0, label
+        else:  # the constants load early, nothing else is touched
+            assert loads > 0 and accesses == loads, label

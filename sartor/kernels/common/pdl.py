@@ -4,12 +4,16 @@ kernel ends, instead of being launched then. At batch 1 an engine is a chain of 
 and the gap between two of them is a large share of each (ResNet-50 INT8: about 55 kernels;
 docs/decisions/kernel-programmatic-launch.md).
 
-A kernel that takes part calls `await_previous_kernel(PDL)` before any memory access: it waits
-there until the previous kernel has finished and its writes are visible, then lets the next
-kernel launch. Waiting before every load and store keeps the usual stream order for everything
-the kernel reads and writes (also buffers the memory plan reuses), and since every such kernel
-waits before it can finish, a later kernel that reads an output from further back still sees it.
-Only kernels that make this call may be launched with `launch_options(True)`.
+A kernel that takes part calls `await_previous_kernel(PDL)` before any access to memory that a
+kernel writes (activations, outputs, residuals, workspaces, counters): it waits there until the
+previous kernel has finished and its writes are visible, then lets the next kernel launch.
+Waiting before every such load and store keeps the usual stream order for everything the kernel
+reads and writes (also buffers the memory plan reuses), and since every such kernel waits before
+it can finish, a later kernel that reads an output from further back still sees it. What comes
+before the wait runs while the previous kernel ends: index arithmetic, and loads of the engine's
+constants (weights, biases, scales), which no kernel writes (the resident GEMM and window tiles
+load their weight tile there). Only kernels that make this call may be launched with
+`launch_options(True)`.
 """
 from __future__ import annotations
 

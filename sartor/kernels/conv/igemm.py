@@ -73,7 +73,6 @@ if triton is not None:
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
             OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False, LAST_REDUCES: tl.constexpr = False):
-        await_previous_kernel(PDL)
         # Outputs and pixel stride multiples of 8 that Triton cannot see (24 or 40 channels): told,
         # the epilogue's bias and scale loads and its stores go as vectors, not a word or a byte at a time.
         COUT = told_multiple(COUT, OUT_ALIGN)
@@ -96,6 +95,9 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        # With PDL, the wait for the kernel before comes after the tile's index arithmetic (no memory
+        # access above), which runs while that kernel ends.
+        await_previous_kernel(PDL)
         if RES_EARLY:  # (halves, no split-K, a residual: see TileConfig)
             res_lo, res_hi = load_residual_halves(res_ptr, pid_n * BLOCK_N, COUT, m_ok, n_idx, oh, ow, srn, src, srh, srw,
                                               BLOCK_N)

@@ -106,7 +106,6 @@ if triton is not None:
             BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
             PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1,
             BALANCED: tl.constexpr = False):
-        await_previous_kernel(PDL)
         # Channel counts and strides multiples of 8 that Triton cannot see (24, 40, 72 channels): told,
         # the input rows, the weight's rows and the epilogue's columns load and store as vectors.
         K = told_multiple(K, IN_ALIGN)
@@ -136,6 +135,9 @@ if triton is not None:
             pbias, pscale = load_column_values(offs_n, n_ok, pbias_ptr, pscale_ptr, INT8, FP8, PROJ_HAS_BIAS)
         else:
             pbias, pscale = pbias_ptr, pscale_ptr
+        # Only now, with PDL, wait for the kernel before: the weight, bias and scale above are the
+        # engine's constants, which no kernel writes, so they load while that kernel ends.
+        await_previous_kernel(PDL)
         if RES_PREFETCH == 2:
             offs_m = first_tile * BLOCK_M + tl.arange(0, BLOCK_M)
             n_idx, oh, ow = pixel_coords(offs_m, OH, OW)

@@ -58,7 +58,6 @@ if triton is not None:
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False,
             COLUMNS_LOADED: tl.constexpr = False, OUTPUT_ROWS: tl.constexpr = 1, WINDOW_ALIGN: tl.constexpr = None,
             MAX_POOL: tl.constexpr = False, BALANCED: tl.constexpr = False, OUT_ALIGN: tl.constexpr = 1):
-        await_previous_kernel(PDL)
         COUT = told_multiple(COUT, OUT_ALIGN)  # 24 or 40 outputs: stored as vectors once told
         y_row = told_multiple(y_row, OUT_ALIGN)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
@@ -85,6 +84,9 @@ if triton is not None:
                                                                   HAS_BIAS, BLOCK_N)
         else:
             bias_lo, scale_lo, bias_hi, scale_hi = 0.0, 0.0, 0.0, 0.0
+        # Only now, with PDL, wait for the kernel before (the pixel packing): the weight, bias and
+        # scale above are the engine's constants, which no kernel writes.
+        await_previous_kernel(PDL)
         if MAX_POOL:
             _window_pooled_pairs(p_ptr, weights, bias_ptr, scale_ptr, y_ptr, row_group, first_column, offs_k, M, COUT,
                                  OH, OW, image_bytes, row_bytes, y_row, out_inv_scale, qmin, alpha, beta, KH, STRIDE_H,
