@@ -49,9 +49,10 @@ if [ "$part" = g ]; then
   # checked against one stream by its CUDA test).
   # Session 41's split-K ended by the last share (decision 0054) first: its shares really race on a
   # GPU; and PDL timed at the build (decision 0055), which every default INT8 build below now runs.
-  timeout 150 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py \
+  timeout 200 python -m pytest -q -rs -p no:cacheprovider tests/runtime/test_branch_streams.py \
     tests/kernels/test_arrival_counters.py tests/runtime/test_arrival_sites.py tests/builder/test_pdl.py \
-    tests/kernels/test_kernels_igemm.py -k "split or last_reduces or branch or stream or arrival or site or share or pdl" \
+    tests/kernels/test_kernels_igemm.py \
+    -k "split or last_reduces or branch or stream or arrival or site or share or pdl" \
     > "$OUT/tests_g.log" 2>&1
   echo "branch-stream and last-reduces tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
   # What any kernel of a batch-1 engine pays, whatever its work (session 41): chains of minimal kernels.
