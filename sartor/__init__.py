@@ -54,9 +54,10 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       measured on `calib`, is subtracted from its bias.
     - `fallback_where_faster=True`: INT8 (FP8) layers whose best kernel is faster at the fallback
       precision run there, if the whole engine gets faster.
-    - `pdl=True` (INT8/FP8 on compute capability 9.0+): the quantized layers' kernels are launched
-      with programmatic dependent launch; `pdl=False`: never; left out, where the engine measures
-      faster with it at the build (timed end to end, recorded in the header's `pdl_check`).
+    - `pdl=True` (INT8/FP8/FP16/BF16 on compute capability 9.0+): sartor's own kernels (the
+      quantized layers', the float convolutions' implicit GEMM) are launched with programmatic
+      dependent launch; `pdl=False`: never; left out, where the engine measures faster with it at
+      the build (timed end to end, recorded in the header's `pdl_check`).
     - `exclude_tactics` is `--exclude-tactic`, as a list of globs over tactic names the builder
       never runs.
     - `bundle` is `--bundle DIR`: a provenance bundle written beside the engine (the result is then

@@ -19,6 +19,9 @@ PLANNED_FLOAT_PRECISIONS = ("fp16", "bf16")
 PLANNED_PRECISIONS = (*QUANTIZED_PRECISIONS, *PLANNED_FLOAT_PRECISIONS)
 # How hard tactic selection searches (0..5): 0 times nothing, 2 is the default (see tactics.select).
 DEFAULT_BUILDER_EFFORT = 2
+# The builds whose layers may run a kernel that takes part in programmatic dependent launch
+# (builder/pdl.py): INT8 (FP8) layers, and FP16 (BF16) convolutions on the implicit GEMM.
+PDL_PRECISIONS = (*QUANTIZED_PRECISIONS, *PLANNED_FLOAT_PRECISIONS)
 
 
 @dataclass
@@ -81,10 +84,10 @@ class BuildConfig:
     # Float builds that timed tactics: the engine timed end to end against its layers on their eager
     # kernels, a profile keeping those where they are faster (sartor/builder/eager_check.py).
     eager_check: bool = True
-    # INT8 (FP8) builds on Hopper and newer: the quantized layers' Triton kernels are launched with
-    # programmatic dependent launch (sartor/builder/pdl.py), so that each may start while the one
-    # before it ends. True: always; False: never; None (default): where the engine measures faster
-    # with it, at the build (docs/decisions/0055-pdl-chosen-by-measurement.md).
+    # Builds on Hopper and newer: sartor's own Triton kernels of the INT8 (FP8) layers and of the
+    # FP16 (BF16) convolutions are launched with programmatic dependent launch (builder/pdl.py), so
+    # that each may start while the one before it ends. True: always; False: never; None (default):
+    # where the engine measures faster with it, at the build (docs/decisions/0055).
     pdl: bool | None = None
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
@@ -125,9 +128,10 @@ class BuildConfig:
         if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
             raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
                               f"--precision int8 or fp8, not {self.precision}")
-        if self.pdl and self.precision not in QUANTIZED_PRECISIONS:
-            raise ConfigError(f"--pdl launches the INT8 (FP8) layers' kernels with programmatic dependent launch: it "
-                              f"needs --precision int8 or fp8, not {self.precision}")
+        if self.pdl and self.precision not in PDL_PRECISIONS:
+            raise ConfigError(f"--pdl launches sartor's own kernels of the INT8 (FP8) layers and of FP16 (BF16) "
+                              f"convolutions with programmatic dependent launch: it needs --precision "
+                              f"{', '.join(PDL_PRECISIONS)}, not {self.precision}")
         if self.fallback_where_faster and self.builder_effort < 1:
             raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
                               "or more, not 0 (which times nothing)")

@@ -1,8 +1,9 @@
-"""--pdl: the INT8 (FP8) layers whose kernel takes part in programmatic dependent launch
-(`kernels/common/pdl.py`) are marked to be launched with it (for the resident-window tiles, their GEMM
-after the pixel packing). The layers that run another tactic (the emulation, cuBLAS, im2col, the
-pixel windows' implicit-GEMM tiles: kernels that do not wait for their predecessor as PDL
-requires) keep the ordinary launch.
+"""--pdl: the layers whose kernel takes part in programmatic dependent launch
+(`kernels/common/pdl.py`) are marked to be launched with it: INT8 (FP8) layers on sartor's own
+kernels (for the resident-window tiles, their GEMM after the pixel packing) and FP16 (BF16)
+convolutions on the implicit GEMM. The layers that run another tactic (the emulation, cuDNN,
+cuBLAS, im2col, the pixel windows' implicit-GEMM tiles: kernels that do not wait for their
+predecessor as PDL requires) keep the ordinary launch.
 
 Without the flag (`BuildConfig.pdl` None) a quantized build on such a device times the engine both
 ways and keeps PDL where it wins (`check_programmatic_launch`; docs/decisions/0055); `--no-pdl`
@@ -21,6 +22,11 @@ from ..ops.quantized import own_kernel_tactic
 
 
 
+# The ops whose tactics may be kernels that take part (own_kernel_tactic): the quantized layers, and
+# the float convolution, whose implicit-GEMM tiles are the INT8 layers' kernel.
+PDL_LAYERS = frozenset(QUANTIZED_LAYERS) | {"FusedConv"}
+
+
 def check_pdl_device(device: torch.device) -> None:
     """--pdl on a device without it is refused, before the build's long stages."""
     if not pdl_available(device):
@@ -30,12 +36,12 @@ def check_pdl_device(device: torch.device) -> None:
 
 
 def mark_programmatic_launch(graph: Graph) -> int:
-    """Mark (attrs["pdl"]) the quantized layers whose chosen kernel takes part at some profile (at a
+    """Mark (attrs["pdl"]) the layers (PDL_LAYERS) whose chosen kernel takes part at some profile (at a
     profile that runs another tactic the op launches as usual: it applies the mark to these kernels
     only); returns how many."""
     marked = 0
     for node in graph.nodes:
-        if node.op_type not in QUANTIZED_LAYERS:
+        if node.op_type not in PDL_LAYERS:
             continue
         tactics = node.attrs.get("tactic_by_profile") or [node.attrs.get("tactic")]
         if any(own_kernel_tactic(tactic) for tactic in tactics):
@@ -109,6 +115,6 @@ def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], de
     layers = record["layers"] = mark_programmatic_launch(graph) if kept else 0
     times = "; ".join(f"profile {p['profile']}: {p['without_ms']:.4g} ms without, {p['with_ms']:.4g} ms with"
                       for p in record["profiles"])
-    log.append(f"pdl: {layers} quantized layer(s) launched with programmatic dependent launch ({times})" if kept else
+    log.append(f"pdl: {layers} layer(s) launched with programmatic dependent launch ({times})" if kept else
                f"pdl: not used, the engine was not {1 - PDL_MARGIN:.0%} faster with it ({times})")
     return record

@@ -46,7 +46,7 @@ from ..tactics import (TacticSelection, TimingCache, family_seconds, record_tact
                        summary_by_profile)
 from ..version import __version__
 from .buckets import bucket_profiles
-from .config import BuildConfig, check_preprocess
+from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
 from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
@@ -397,8 +397,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             log.append(line)
             warn_and_keep(line)
     if config.pdl:
-        log.append(f"pdl: {mark_programmatic_launch(graph)} quantized layer(s) launched with programmatic dependent "
-                   f"launch (--pdl)")
+        log.append(f"pdl: {mark_programmatic_launch(graph)} layer(s) launched with programmatic dependent launch "
+                   f"(--pdl)")
     tactics = selections[0].layers
     log.append(summary_by_profile(selections) if config.builder_effort > 0 else
                "tactics: builder effort 0, nothing timed (every layer runs its reference kernel)")
@@ -464,8 +464,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         done("eager check")
 
     pdl_check = None
-    if (config.pdl is None and config.builder_effort > 0 and pdl_available(device)
-            and any(p in QUANTIZED_PRECISIONS for p in plan.layers.values())):
+    if config.pdl is None and config.builder_effort > 0 and config.precision in PDL_PRECISIONS \
+            and pdl_available(device):
         stage("pdl check")  # before the kernels are embedded: PDL's are other compiled kernels
         pdl_check = check_programmatic_launch(graph, engine_header, device,
                                               lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device,

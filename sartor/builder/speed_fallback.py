@@ -31,7 +31,7 @@ import torch
 
 from ..ir.dtypes import QUANTIZED_PRECISIONS
 from ..runtime.engine_file import check_writable, pack, read_engine_file, write_atomic
-from .config import BuildConfig
+from .config import PDL_PRECISIONS, BuildConfig
 from .precision import exact_layer_pattern
 
 # A layer moves only when the fallback is faster than this fraction of its INT8 time: the builder's
@@ -76,14 +76,15 @@ def end_to_end_ms(path: str | os.PathLike) -> float:
 
 def _fallback_config(config: BuildConfig, fallback: str, output: Path) -> BuildConfig:
     """The fallback engine's build: every layer at the fallback precision, the user's non-quantized
-    overrides kept, no calibration, accuracy planner or --pdl (no layer is quantized). It may be the
-    engine kept, so it is built as the user asked in every other respect (kernels captured or not)."""
+    overrides kept, no calibration or accuracy planner (no layer is quantized), --pdl as asked where
+    the fallback has kernels that take part (FP16, BF16), else not. It may be the engine kept, so it
+    is built as the user asked in every other respect (kernels captured or not)."""
     keep = lambda table: {k: v for k, v in table.items() if v not in QUANTIZED_PRECISIONS}  # noqa: E731
     return replace(config, output_path=str(output), precision=fallback, int8_fallback_precision=None,
                    layer_precision=keep(config.layer_precision), op_precision=keep(config.op_precision),
                    accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None, data=None, split_by=None,
                    classes=None, calib=None, calib_cache=None, calib_balance_by=None, bias_correction=False,
-                   pdl=False)
+                   pdl=config.pdl if fallback in PDL_PRECISIONS else None)
 
 
 def _record(path: Path, record: dict, moved_reasons: dict[str, str], summary: str) -> dict:

@@ -221,9 +221,10 @@ def add_parser(subparsers, parents) -> None:
                         "the whole engine gets faster, every layer if that is fastest (three builds; the engine "
                         "records the comparison)")
     p.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=None,
-                   help="INT8/FP8 on compute capability 9.0+: launch the quantized layers' Triton kernels with "
-                        "programmatic dependent launch, each starting while the one before it ends (--no-pdl: "
-                        "never; default: where the whole engine measures faster with it, timed at the build)")
+                   help="compute capability 9.0+: launch sartor's own Triton kernels (INT8/FP8 layers, FP16/BF16 "
+                        "convolutions on the implicit GEMM) with programmatic dependent launch, each starting while "
+                        "the one before it ends (--no-pdl: never; default: where the whole engine measures faster "
+                        "with it, timed at the build)")
     p.add_argument("--timing-cache", metavar="FILE",
                    help="tactic timing cache: read before tactic selection, new timings merged in after")
     p.add_argument("--exclude-tactic", action="append", default=[], metavar="PATTERN",

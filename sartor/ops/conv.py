@@ -170,7 +170,9 @@ def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig, out: torch.Tensor | 
     geometry = igemm_geometry(x, w, attrs)
     if geometry is None:
         return None
-    return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, **igemm_epilogue(attrs))
+    # Marked by the builder (builder/pdl.py); CUDA only: the interpreter has no grid dependency control.
+    return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda,
+                      **igemm_epilogue(attrs))
 
 
 def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, require_cuda: bool = True):

@@ -21,7 +21,7 @@ from sartor.runtime.engine import rebuild_command
 SHAPES = {"min_shapes": {"x": (1, 8, 6, 6)}, "opt_shapes": {"x": (1, 8, 6, 6)}, "max_shapes": {"x": (1, 8, 6, 6)}}
 
 
-def test_only_quantized_layers_whose_kernels_wait_are_marked():
+def test_only_layers_whose_kernels_wait_are_marked():
     def node(op, name, **attrs):
         return Node(op, name, ["x"], [name], attrs)
     graph = Graph(nodes=[node("QConv", "igemm", tactic="igemm.64x64x64.w4.s4"),
@@ -35,11 +35,13 @@ def test_only_quantized_layers_whose_kernels_wait_are_marked():
                          node("QConv", "untimed"),
                          node("QConv", "one_profile_kernel", tactic="torch",
                               tactic_by_profile=["torch", "igemm.64x64x64.w4.s4"]),
-                         node("FusedConv", "float", tactic="igemm.64x64x32.w4.s4")],
+                         node("FusedConv", "float", tactic="igemm.64x64x32.w4.s4"),
+                         node("FusedConv", "cudnn", tactic="cudnn_fused"),
+                         node("FusedConv", "depthwise", tactic="triton_depthwise")],
                   inputs=[], outputs=[], initializers={})
-    assert mark_programmatic_launch(graph) == 5
+    assert mark_programmatic_launch(graph) == 6
     assert [n.name for n in graph.nodes if n.attrs.get("pdl")] == ["igemm", "resident", "tma", "fc",
-                                                                   "one_profile_kernel"]
+                                                                   "one_profile_kernel", "float"]
     assert not own_kernel_tactic(None) and not own_kernel_tactic("")
     assert own_kernel_tactic("igemm.64x64x64.w4.s4.padded-taps")
 
@@ -57,7 +59,8 @@ def _model(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"precision": "fp16"}, r"--pdl launches the INT8 \(FP8\) layers' kernels .* needs --precision int8 or fp8, not fp16"),
+    ({"precision": "fp32"},
+     r"--pdl launches sartor's own kernels .* needs --precision int8, fp8, fp16, bf16, not fp32"),
     ({"device": "cpu"}, r"--pdl \(programmatic dependent launch\) needs a CUDA device of compute capability 9.0"),
 ])
 def test_refusals(tmp_path, options, message):
@@ -111,7 +114,7 @@ def _two_layer_model(tmp_path):
 @pytest.mark.parametrize("faster", [True, False], ids=["kept", "dropped"])
 def test_a_default_build_times_the_engine_both_ways_and_keeps_the_faster(tmp_path, monkeypatch, faster):
     """The stage's plumbing on the CPU, as on a Hopper GPU: where the device has PDL (here told so)
-    and a quantized layer's kernel takes part (here every QConv), the build times the engine
+    and a layer's kernel takes part (here every QConv and FusedConv), the build times the engine
     marked and unmarked (here a stand-in clock, faster for the marked one or not), keeps the marks
     only where they win, and records both times; --no-pdl and effort 0 time nothing."""
     import sartor.builder.pdl as pdl_module
@@ -134,7 +137,7 @@ def test_a_default_build_times_the_engine_both_ways_and_keeps_the_faster(tmp_pat
         {"profile": 0, "without_ms": 1.0, "with_ms": 0.9 if faster else 1.0}] and "pdl check" in result.stage_seconds
     engine = sartor.load(tmp_path / "m.plan", device="cpu")
     marked = [node.name for node in engine.graph.nodes if node.attrs.get("pdl")]
-    assert (marked == ["conv"]) is faster and (record["layers"] == 1) is faster
+    assert marked == (["conv", "head"] if faster else []) and record["layers"] == (2 if faster else 0)
     assert any(line.startswith("pdl: ") for line in result.header["build_log"])
     for options in ({"pdl": False}, {"builder_effort": 0}):
         runs.clear()

@@ -165,14 +165,18 @@ def test_the_cli_flag_reaches_the_config():
 
 
 def test_the_fallback_build_drops_what_only_quantized_layers_take(tmp_path):
-    """--pdl, calibration and the planner go with quantized layers: the all-fallback build, which has
-    none, drops them and is a valid configuration (a kept --pdl would be refused there)."""
+    """Calibration and the planner go with quantized layers: the all-fallback build, which has
+    none, drops them and is a valid configuration. --pdl stays where the fallback's convolutions
+    take part (FP16) and goes where none can (FP32, which would refuse it)."""
     from sartor.builder.config import BuildConfig
     # As build_with_fallback_where_faster passes it on (the flag itself cleared).
     config = BuildConfig(model_path="m.onnx", output_path=str(tmp_path / "m.plan"), precision="int8", calib="c.npy",
                          pdl=True, builder_effort=1, time_every_layer=True)
     fallback = speed_fallback._fallback_config(config, "fp16", tmp_path / "f.plan")
-    assert (fallback.precision, fallback.pdl, fallback.calib) == ("fp16", False, None)
+    assert (fallback.precision, fallback.pdl, fallback.calib) == ("fp16", True, None)
     fallback.validate()
+    fp32 = speed_fallback._fallback_config(config, "fp32", tmp_path / "g.plan")
+    assert fp32.pdl is None
+    fp32.validate()
     with pytest.raises(SartorError, match="--pdl launches"):
-        speed_fallback.replace(fallback, pdl=True).validate()
+        speed_fallback.replace(fp32, pdl=True).validate()
