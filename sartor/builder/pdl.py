@@ -88,15 +88,40 @@ def _precompile(engine, feeds_by_profile: list[dict], device: torch.device) -> N
 
 
 def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], device: torch.device,
-                              opt_feeds: Callable[[int], dict], log: list) -> dict | None:
-    """The default (`BuildConfig.pdl` None): the engine with its quantized layers marked for PDL
-    against the same engine unmarked, end to end at every profile's opt shapes, replayed as the
-    engine runs, alternately, ROUNDS times each, the faster of each kept. Leaves the graph marked
-    where PDL wins (`pdl_wins`); returns the header's `pdl_check` record, or None where no layer's
-    kernel takes part."""
-    from ..runtime.engine import Engine
+                              opt_feeds: Callable[[int], dict], log: list,
+                              warn: Callable[[str], None] | None = None) -> dict | None:
+    """The default (`BuildConfig.pdl` None): the engine with its layers marked for PDL against the
+    same engine unmarked, end to end at every profile's opt shapes, replayed as the engine runs,
+    alternately, ROUNDS times each, the faster of each kept. Leaves the graph marked where PDL wins
+    (`pdl_wins`); returns the header's `pdl_check` record, or None where no layer's kernel takes
+    part. Where the PDL engine cannot be timed (a kernel that fails to compile or run with it), the
+    build goes on without PDL, saying why (`warn`)."""
     if not mark_programmatic_launch(graph):
         return None
+    try:
+        record = _time_both_ways(graph, make_header, device, opt_feeds)
+    except Exception as exc:  # noqa: BLE001 - PDL is an option the build can do without
+        clear_programmatic_launch(graph)
+        line = f"warning: pdl: not used, the engine could not be timed with it: {type(exc).__name__}: {exc}"
+        log.append(line.splitlines()[0])
+        if warn is not None:
+            warn(line.splitlines()[0])
+        return {"margin": PDL_MARGIN, "profiles": [], "kept": False, "layers": 0,
+                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    kept = pdl_wins([p["without_ms"] for p in record["profiles"]], [p["with_ms"] for p in record["profiles"]])
+    record["kept"] = kept
+    layers = record["layers"] = mark_programmatic_launch(graph) if kept else 0
+    times = "; ".join(f"profile {p['profile']}: {p['without_ms']:.4g} ms without, {p['with_ms']:.4g} ms with"
+                      for p in record["profiles"])
+    log.append(f"pdl: {layers} layer(s) launched with programmatic dependent launch ({times})" if kept else
+               f"pdl: not used, the engine was not {1 - PDL_MARGIN:.0%} faster with it ({times})")
+    return record
+
+
+def _time_both_ways(graph: Graph, make_header: Callable[[], tuple], device: torch.device,
+                    opt_feeds: Callable[[int], dict]) -> dict:
+    """Both engines' times per profile (the graph comes in marked and leaves unmarked)."""
+    from ..runtime.engine import Engine
     marked = Engine(*make_header(), device)
     clear_programmatic_launch(graph)
     plain = Engine(*make_header(), device)
@@ -110,11 +135,4 @@ def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], de
             without_ms = min(without_ms, time_engine_run(plain_context, feeds, device))
             with_ms = min(with_ms, time_engine_run(marked_context, feeds, device))
         record["profiles"].append({"profile": k, "without_ms": round(without_ms, 5), "with_ms": round(with_ms, 5)})
-    kept = pdl_wins([p["without_ms"] for p in record["profiles"]], [p["with_ms"] for p in record["profiles"]])
-    record["kept"] = kept
-    layers = record["layers"] = mark_programmatic_launch(graph) if kept else 0
-    times = "; ".join(f"profile {p['profile']}: {p['without_ms']:.4g} ms without, {p['with_ms']:.4g} ms with"
-                      for p in record["profiles"])
-    log.append(f"pdl: {layers} layer(s) launched with programmatic dependent launch ({times})" if kept else
-               f"pdl: not used, the engine was not {1 - PDL_MARGIN:.0%} faster with it ({times})")
     return record

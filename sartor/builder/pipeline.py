@@ -469,7 +469,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         stage("pdl check")  # before the kernels are embedded: PDL's are other compiled kernels
         pdl_check = check_programmatic_launch(graph, engine_header, device,
                                               lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device,
-                                                                      generator), log)
+                                                                      generator), log, warn_and_keep)
         done("pdl check")
 
     kernels = None

@@ -336,14 +336,16 @@ def _pdl_summary(header: dict) -> dict:
     """Programmatic dependent launch: asked for, refused, or timed at the build (builder/pdl.py)."""
     asked = (header.get("build_config") or {}).get("pdl")
     record = header.get("pdl_check")
+    if record is not None and record.get("error"):
+        return {"check": record, "text": f"off, the build could not time the engine with it ({record['error']})"}
     if record is not None:
         times = "; ".join(f"profile {p['profile']} {p['with_ms']:.4g} ms with, {p['without_ms']:.4g} ms without"
                           for p in record["profiles"])
-        verdict = (f"{record['layers']} quantized layer(s), faster by the build's timing" if record["kept"]
+        verdict = (f"{record['layers']} layer(s), faster by the build's timing" if record["kept"]
                    else "off, not faster by the build's timing")
         return {"check": record, "text": f"{verdict} ({times})"}
     if asked:
-        return {"check": None, "text": "the quantized layers whose kernels take part (--pdl)"}
+        return {"check": None, "text": "the layers whose kernels take part (--pdl)"}
     why = ("--no-pdl" if asked is False
            else "not timed: no quantized layer, no Hopper, builder effort 0, or an older engine")
     return {"check": None, "text": f"off ({why})"}

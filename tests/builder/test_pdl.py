@@ -145,6 +145,37 @@ def test_a_default_build_times_the_engine_both_ways_and_keeps_the_faster(tmp_pat
         assert "pdl_check" not in quiet.header and not runs
 
 
+def test_an_engine_that_cannot_be_timed_with_pdl_is_built_without_it_and_says_why(tmp_path, monkeypatch):
+    import sartor.builder.pdl as pdl_module
+    import sartor.builder.pipeline as pipeline
+    from sartor.cli.inspect import _pdl_summary
+    model, calib = _two_layer_model(tmp_path)
+    monkeypatch.setattr(pipeline, "pdl_available", lambda device: True)
+    monkeypatch.setattr(pdl_module, "own_kernel_tactic", lambda tactic: True)
+
+    def failing(context, feeds, device):
+        raise RuntimeError("a PDL kernel failed to compile\nsecond line")
+    monkeypatch.setattr(pdl_module, "time_engine_run", failing)
+    result = sartor.build(model, tmp_path / "m.plan", device="cpu", precision="int8", calib=str(calib), calib_size=4,
+                          builder_effort=1, **SHAPES)
+    record = result.header["pdl_check"]
+    assert record["kept"] is False and record["error"] == "RuntimeError: a PDL kernel failed to compile"
+    assert any("pdl: not used, the engine could not be timed with it" in w for w in result.warnings)
+    assert not any(node.attrs.get("pdl") for node in sartor.load(tmp_path / "m.plan", device="cpu").graph.nodes)
+    assert "could not time" in _pdl_summary(result.header)["text"]
+
+
+def test_inspect_says_how_pdl_was_decided():
+    from sartor.cli.inspect import _pdl_summary
+    timed = {"margin": 0.99, "kept": True, "layers": 3, "profiles": [{"profile": 0, "with_ms": 0.29, "without_ms": 0.3}]}
+    assert _pdl_summary({"pdl_check": timed})["text"] == (
+        "3 layer(s), faster by the build's timing (profile 0 0.29 ms with, 0.3 ms without)")
+    assert _pdl_summary({"pdl_check": dict(timed, kept=False, layers=0)})["text"].startswith("off, not faster")
+    assert _pdl_summary({"build_config": {"pdl": True}})["text"].endswith("(--pdl)")
+    assert _pdl_summary({"build_config": {"pdl": False}})["text"] == "off (--no-pdl)"
+    assert _pdl_summary({"build_config": {}})["text"].startswith("off (not timed")
+
+
 def _hopper() -> bool:
     from sartor.kernels.common.pdl import pdl_available
     return torch.cuda.is_available() and pdl_available("cuda")
