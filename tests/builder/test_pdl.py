@@ -167,7 +167,8 @@ def test_an_engine_that_cannot_be_timed_with_pdl_is_built_without_it_and_says_wh
 
 def test_inspect_says_how_pdl_was_decided():
     from sartor.cli.inspect import _pdl_summary
-    timed = {"margin": 0.99, "kept": True, "layers": 3, "profiles": [{"profile": 0, "with_ms": 0.29, "without_ms": 0.3}]}
+    timed = {"margin": 0.99, "kept": True, "layers": 3,
+             "profiles": [{"profile": 0, "with_ms": 0.29, "without_ms": 0.3}]}
     assert _pdl_summary({"pdl_check": timed})["text"] == (
         "3 layer(s), faster by the build's timing (profile 0 0.29 ms with, 0.3 ms without)")
     assert _pdl_summary({"pdl_check": dict(timed, kept=False, layers=0)})["text"].startswith("off, not faster")
