@@ -118,7 +118,8 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     with these --layer-precision pins (`pinned_name`: the variant's name in file names).
     `aux_streams`: the same engine timed again in a second context running its independent
     branches on that many more streams (runtime/branch_streams.py), its outputs checked against
-    the first context's."""
+    the first context's. The first context runs what a user's gets: the count the build chose
+    (`Engine.aux_streams`, recorded in the row's `aux_streams_chosen` with every count's time)."""
     shapes = {input_name: shape}
     variant = precision + ("_pdl" if pdl else "") + (f"_pinned_{pinned_name}" if layer_precision else "")
     cache = work / f"timing_{onnx.stem}_{variant}_b{shape[0]}.json"  # one per engine: kept for reading
@@ -176,7 +177,8 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     row.update(build_cold_s=builds[0], build_warm_s=builds[1] if warm_build else None, load_s=round(load_s, 3),
                first_inference_s=round(first_s, 3), device_memory_mb=round(engine.device_memory_bytes / 2**20, 1),
                layers_of_note=layers_of_note(result.header["layers"]),
-               pdl_check=result.header.get("pdl_check"))  # the build's PDL timing (quantized, default flags)
+               pdl_check=result.header.get("pdl_check"),  # the build's PDL timing (default flags)
+               aux_streams_chosen=result.header.get("aux_streams"))  # and its streams' (the contexts' default)
     return row
 
 

@@ -21,7 +21,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           decoder: str | None = None, bias_correction: bool | None = None,
           fallback_where_faster: bool | None = None, pdl: bool | None = None,
           exclude_tactics: list | None = None, bundle: str | None = None, sign_key: str | None = None,
-          nms: str | None = None, eager_check: bool | None = None):
+          nms: str | None = None, eager_check: bool | None = None, max_aux_streams: int | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
 
     Options left at None take BuildConfig's defaults (the one place they are written). Each option
@@ -58,6 +58,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       quantized layers', the float convolutions' implicit GEMM) are launched with programmatic
       dependent launch; `pdl=False`: never; left out, where the engine measures faster with it at
       the build (timed end to end, recorded in the header's `pdl_check`).
+    - `max_aux_streams` (CUDA): the engine is timed with 0 to this many auxiliary streams for its
+      independent branches and its contexts run the fastest count (`Engine.aux_streams`).
     - `exclude_tactics` is `--exclude-tactic`, as a list of globs over tactic names the builder
       never runs.
     - `bundle` is `--bundle DIR`: a provenance bundle written beside the engine (the result is then
@@ -99,7 +101,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
         "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster, "pdl": pdl,
         "exclude_tactics": None if exclude_tactics is None else list(exclude_tactics),
-        "sign_key": as_text(sign_key), "eager_check": eager_check,
+        "sign_key": as_text(sign_key), "eager_check": eager_check, "max_aux_streams": max_aux_streams,
     }
     config = BuildConfig(model_path=str(model), output_path=str(output), calib_data=calib_data,
                          **{key: value for key, value in options.items() if value is not None})

@@ -9,6 +9,8 @@ from ..ir.dtypes import FP16_MAX, PRECISIONS, QUANTIZED_PRECISIONS
 from ..quant.auto_method import BUILD_METHODS
 from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
 from ..quant.calibrators import DEFAULT_PERCENTILE
+from ..runtime.branch_streams import MAX_AUX_STREAMS
+from .aux_streams import DEFAULT_MAX as DEFAULT_MAX_AUX_STREAMS
 
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
@@ -89,6 +91,9 @@ class BuildConfig:
     # that each may start while the one before it ends. True: always; False: never; None (default):
     # where the engine measures faster with it, at the build (docs/decisions/0055).
     pdl: bool | None = None
+    # CUDA builds: the auxiliary streams its contexts run independent branches on, timed from 0 up to
+    # this many (builder/aux_streams.py; 0: one stream, as before; docs/decisions/0056).
+    max_aux_streams: int = DEFAULT_MAX_AUX_STREAMS
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/builder/accuracy_planner.py) keep the most sensitive layers out of INT8 until
@@ -128,6 +133,9 @@ class BuildConfig:
         if self.fallback_where_faster and self.precision not in QUANTIZED_PRECISIONS:
             raise ConfigError(f"--fallback-where-faster moves INT8 (FP8) layers to the fallback precision: it needs "
                               f"--precision int8 or fp8, not {self.precision}")
+        if (not isinstance(self.max_aux_streams, int) or isinstance(self.max_aux_streams, bool)
+                or not 0 <= self.max_aux_streams <= MAX_AUX_STREAMS):
+            raise ConfigError(f"--max-aux-streams {self.max_aux_streams!r}: a whole number from 0 to {MAX_AUX_STREAMS}")
         if self.pdl and self.precision not in PDL_PRECISIONS:
             raise ConfigError(f"--pdl launches sartor's own kernels of the INT8 (FP8) layers and of FP16 (BF16) "
                               f"convolutions with programmatic dependent launch: it needs --precision "

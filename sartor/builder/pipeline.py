@@ -47,6 +47,7 @@ from ..tactics import (TacticSelection, TimingCache, family_seconds, record_tact
 from ..version import __version__
 from .buckets import bucket_profiles
 from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
+from .aux_streams import choose_aux_streams
 from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
@@ -472,6 +473,14 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                                                       generator), log, warn_and_keep)
         done("pdl check")
 
+    aux = None
+    if config.max_aux_streams > 0 and config.builder_effort > 0 and device.type == "cuda":
+        stage("aux streams")  # after the PDL marks: the engine timed is the one written
+        aux = choose_aux_streams(engine_header, device,
+                                 lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
+                                 config.max_aux_streams, warn_and_keep)
+        done("aux streams")
+
     kernels = None
     if device.type == "cuda":
         stage("kernels")
@@ -489,6 +498,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         header["eager_check"] = eager
     if pdl_check is not None:
         header["pdl_check"] = pdl_check
+    if aux is not None:
+        header["aux_streams"] = aux
     if kernels is not None:
         header["capture"] = capture
         header["kernels"], kernel_tensors = kernels

@@ -25,9 +25,10 @@ def add_parser(subparsers, parents) -> None:
     add_trust_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--aux-streams", type=int, default=0, metavar="N",
-                   help="run the engine's independent branches on N more CUDA streams (0 to 8; default 0; "
-                        "CUDA engines, ignored on the CPU; like trtexec --maxAuxStreams)")
+    p.add_argument("--aux-streams", type=int, default=None, metavar="N",
+                   help="run the engine's independent branches on N more CUDA streams (0 to 8; default: the "
+                        "count its build chose, `sartor inspect` shows it; CUDA engines, ignored on the CPU; "
+                        "like trtexec --maxAuxStreams)")
     p.add_argument("--per-layer", action="store_true",
                    help="a profiling run apart from the timed one: each layer's median time, share, tactic, "
                         "precision and ONNX nodes, slowest first")
@@ -56,7 +57,7 @@ def add_parser(subparsers, parents) -> None:
 
 
 def run(args) -> int:
-    if args.aux_streams and (args.per_layer or args.end_to_end or args.images or args.video
+    if args.aux_streams is not None and (args.per_layer or args.end_to_end or args.images or args.video
                              or args.streams is not None):
         raise ConfigError("--aux-streams goes with the engine's own benchmark (not --per-layer or --end-to-end)")
     if args.per_layer:

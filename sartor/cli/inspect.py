@@ -289,6 +289,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "capture": _capture_summary(header),
         "eager_check": _eager_check_summary(header),
         "pdl": _pdl_summary(header),
+        "aux_streams": _aux_streams_summary(header),
         "signature": _signature_summary(engine, store),
     }
 
@@ -351,6 +352,20 @@ def _pdl_summary(header: dict) -> dict:
     return {"check": None, "text": f"off ({why})"}
 
 
+def _aux_streams_summary(header: dict) -> dict:
+    """The auxiliary streams the build chose for the contexts (builder/aux_streams.py)."""
+    record = header.get("aux_streams")
+    if record is None:
+        return {"streams": 0, "check": None,
+                "text": "0 (not timed: a CPU engine, builder effort 0, --max-aux-streams 0, no branches to run "
+                        "beside each other, or an older engine)"}
+    totals = {count: sum(p["ms"][count] for p in record["profiles"]) for count in record["profiles"][0]["ms"]}
+    times = ", ".join(f"{count}: {total:.4g} ms" for count, total in totals.items())
+    rejected = "".join(f"; {count} not used: {why}" for count, why in record.get("rejected", {}).items())
+    return {"streams": record["streams"], "check": record,
+            "text": f"{record['streams']} (timed by count, summed over the profiles: {times}{rejected})"}
+
+
 def run(args) -> int:
     info = engine_summary(args.plan, args.trust)
     if args.json:
@@ -376,6 +391,7 @@ def run(args) -> int:
         ("cuda graphs", info["capture"]["text"]),
         ("eager check", info["eager_check"]["text"]),
         ("programmatic launch", info["pdl"]["text"]),
+        ("auxiliary streams", info["aux_streams"]["text"]),
         ("signature", info["signature"]["text"]),
         *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))

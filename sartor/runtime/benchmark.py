@@ -79,10 +79,10 @@ def checked_run_options(engine, shapes: dict | None, iterations: int, warmup: in
 
 
 def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 100, warmup: int = 10,
-              seed: int = 0, aux_streams: int = 0) -> BenchmarkResult:
+              seed: int = 0, aux_streams: int | None = None) -> BenchmarkResult:
     """Time `iterations` runs after `warmup` untimed ones, at `shapes` ({name: shape}; inputs left
     out run at profile 0's opt shape), in a context with `aux_streams` auxiliary streams
-    (runtime/branch_streams.py)."""
+    (runtime/branch_streams.py; None: the engine's own count, `Engine.aux_streams`)."""
     shapes = checked_run_options(engine, shapes, iterations, warmup)
     host = random_inputs(engine, seed=seed, shapes=shapes)
     context = engine.context(aux_streams=aux_streams)
@@ -111,4 +111,4 @@ def benchmark(engine: "Engine", shapes: dict | None = None, iterations: int = 10
     device_only = timed(on_device, to_host=False)
     return BenchmarkResult(str(device), {k: tuple(v) for k, v in used.items()}, batch, iterations, warmup, profile,
                            LatencyStats.from_seconds(with_copies, batch), LatencyStats.from_seconds(device_only, batch),
-                           aux_streams if context.branches is not None else 0)
+                           len(context.branches.aux) if context.branches is not None else 0)

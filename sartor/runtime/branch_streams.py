@@ -13,8 +13,9 @@ Memory: a tensor made on one stream and read on another is marked used by the re
 (`record_stream`), so the caching allocator does not hand its memory out again before the reader is
 done (during a capture it defers such frees to the capture's end: more memory, never a race).
 
-Off unless asked (`engine.context(aux_streams=N)`): its gain depends on the model and the batch,
-and is measured by bench/h200_table.py --aux-streams (docs/decisions/0053-branches-on-auxiliary-streams.md).
+Its gain depends on the model, the batch and the card, so the build times the engine with 0 to
+`--max-aux-streams` streams and records the fastest count, which contexts run unless told another
+(`engine.context(aux_streams=N)`; builder/aux_streams.py, docs/decisions/0053 and 0056).
 A Concat buffer written in place from several streams is ordered by concat_plan.ConcatBuffers.
 """
 from __future__ import annotations
@@ -25,6 +26,9 @@ import torch
 
 MAIN = 0  # the stream the run was called on
 MAX_AUX_STREAMS = 8
+# The counts a build times by default, 0 to this (builder/aux_streams.py): the detectors' branches
+# use two (decision 0053).
+DEFAULT_MAX_TIMED = 2
 
 
 @dataclass(frozen=True)

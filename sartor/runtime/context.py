@@ -50,6 +50,7 @@ class ExecutionContext:
             raise ConfigError(f"aux_streams must be a whole number from 0 to {MAX_AUX_STREAMS}; got {aux_streams!r}")
         self.engine = engine
         self.profile = profile
+        self.aux_streams = aux_streams  # as asked; `branches` is None where it does not apply (the CPU)
         self.use_cuda_graphs = use_cuda_graphs and engine.device.type == "cuda" and engine.graph_capturable
         self._declared = {v.name: v for v in engine.inputs}
         self._frames = engine.input_format  # raw frames of one size (--input-format), or None

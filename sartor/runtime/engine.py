@@ -8,6 +8,7 @@ import torch
 
 from ..errors import EngineFileError
 from .capture import EagerLayer, static_eager_layers
+from .branch_streams import DEFAULT_MAX_TIMED
 from .context import ExecutionContext
 from .engine_file import read_engine
 from .engine_signature import trust_store
@@ -128,11 +129,17 @@ class Engine:
         """The weights once and `contexts` contexts at the largest profile."""
         return self.weight_bytes + self.profile_weight_bytes + contexts * self.context_memory_bytes
 
-    def context(self, profile: int | None = None, aux_streams: int = 0) -> ExecutionContext:
+    @property
+    def aux_streams(self) -> int:
+        """The auxiliary streams the build chose for this engine's contexts (its header's
+        `aux_streams`, builder/aux_streams.py); 0 for an engine built without that choice."""
+        return int((self.header.get("aux_streams") or {}).get("streams", 0))
+
+    def context(self, profile: int | None = None, aux_streams: int | None = None) -> ExecutionContext:
         """A context bound to profile `profile`, or (None) to the first profile admitting each run;
         `aux_streams`: CUDA streams beside its own for the engine's independent branches
-        (runtime/branch_streams.py)."""
-        ctx = ExecutionContext(self, profile, aux_streams=aux_streams)
+        (runtime/branch_streams.py), by default the count the build chose (`Engine.aux_streams`)."""
+        ctx = ExecutionContext(self, profile, aux_streams=self.aux_streams if aux_streams is None else aux_streams)
         self._contexts.append(ctx)
         return ctx
 
@@ -178,6 +185,8 @@ def rebuild_command(header: dict) -> str:
         args.append("--pdl")
     elif config.get("pdl") is False:  # off, where the default measures it (before 0055: the default)
         args.append("--no-pdl")
+    if config.get("max_aux_streams") not in (None, DEFAULT_MAX_TIMED):
+        args += ["--max-aux-streams", str(config["max_aux_streams"])]
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"
 
 
