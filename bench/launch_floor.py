@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sartor.kernels.common.pdl import await_previous_kernel, launch_options, pdl_available  # noqa: E402
 from sartor.kernels.pointwise.epilogue import triton  # noqa: E402
+from sartor.tactics.select import timing_samples_ms  # noqa: E402
 
 if triton is not None:
     import triton.language as tl
@@ -46,7 +47,8 @@ def chain(buffer: torch.Tensor, kernels: int, programs: int, pdl: bool = False) 
         _chain_step_kernel[(programs,)](buffer, BLOCK=words, PDL=pdl, **launch_options(pdl))
 
 
-def replay_ms(kernels: int, programs: int, words: int, pdl: bool, replays: int, warmup: int = 20) -> list[float]:
+def replay_ms(kernels: int, programs: int, words: int, pdl: bool, replays: int,
+              warmup: int = 20) -> list[float]:
     """Milliseconds of each of `replays` replays of one CUDA graph holding the chain."""
     buffer = torch.zeros(programs * words, dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
@@ -57,16 +59,7 @@ def replay_ms(kernels: int, programs: int, words: int, pdl: bool, replays: int, 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         chain(buffer, kernels, programs, pdl)
-    for _ in range(warmup):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = timing_samples_ms(graph.replay, buffer.device, replays, warmup)  # CUDA events around each replay
     before = int(buffer[0].item())
     graph.replay()
     torch.cuda.synchronize()
