@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import weakref
 
 import torch
 
@@ -40,7 +41,9 @@ class Engine:
         # their ops, recorded by the build's trial capture, and learned at run time.
         self.eager_layers = merge_eager_layers(static_eager_layers(self.executor),
                                                header.get("capture", {}).get("eager_layers", []), self.executor)
-        self._contexts: list[ExecutionContext] = []
+        # The contexts made from this engine, weakly: a context refers to its engine, and a strong
+        # list back would keep both (weights, graph pools) alive until the cyclic collector runs.
+        self._contexts: weakref.WeakSet[ExecutionContext] = weakref.WeakSet()
         # What `load` did with the compiled kernels the file carries (kernel_store.InstallReport).
         self.kernels_installed = None
         # Triton's host modules for those kernels, built at load (launchers.HostModuleReport), or None.
@@ -140,7 +143,7 @@ class Engine:
         `aux_streams`: CUDA streams beside its own for the engine's independent branches
         (runtime/branch_streams.py), by default the count the build chose (`Engine.aux_streams`)."""
         ctx = ExecutionContext(self, profile, aux_streams=self.aux_streams if aux_streams is None else aux_streams)
-        self._contexts.append(ctx)
+        self._contexts.add(ctx)
         return ctx
 
 
