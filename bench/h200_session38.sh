@@ -56,7 +56,7 @@ if [ "$part" = g ]; then
     > "$OUT/tests_g.log" 2>&1
   echo "branch-stream and last-reduces tests exit $? at ${SECONDS}s"; tail -4 "$OUT/tests_g.log" | cut -c1-300
   # What any kernel of a batch-1 engine pays, whatever its work (session 41): chains of minimal kernels.
-  timeout 60 python bench/launch_floor.py --pdl --out "$OUT" > "$OUT/launch_floor.log" 2>&1
+  timeout 90 python bench/launch_floor.py --pdl --constant-bytes 16384 --out "$OUT" > "$OUT/launch_floor.log" 2>&1
   echo "launch floor exit $? at ${SECONDS}s"; cat "$OUT/launch_floor.log" | cut -c1-200
   # MODELS=yolov8n,detector (then MODELS=yolo11n) where one call cannot build all twelve engines.
   timeout $(( ${BUDGET_S:-560} - SECONDS )) python bench/h200_table.py --models "${MODELS:-yolov8n,yolo11n,detector}" \

@@ -10,7 +10,11 @@ kernels of about 3 µs each. So this floor says how much of those 3 µs any kern
 much a kernel could still gain by its own work.
 
     PYTHONPATH=. python bench/launch_floor.py [--kernels 1,84,97] [--programs 1,132] [--bytes 16,4096]
-        [--pdl] [--replays 200] [--out DIR]
+        [--pdl] [--constant-bytes 16384] [--replays 200] [--out DIR]
+
+`--constant-bytes N` also times chains whose programs read N bytes that no kernel writes, as a
+weight tile, after their wait and (with --pdl) before it: whether loading the constants while the
+previous kernel ends, as sartor's resident kernels now do (decision 0055), shortens a chain.
 """
 from __future__ import annotations
 
@@ -33,32 +37,48 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _chain_step_kernel(x_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        """Adds one to the program's BLOCK int32 words: a kernel that needs its predecessor's result."""
+    def _chain_step_kernel(x_ptr, c_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr, CONSTANT: tl.constexpr,
+                           CONSTANT_EARLY: tl.constexpr):
+        """Adds one to the program's BLOCK int32 words: a kernel that needs its predecessor's result.
+        With CONSTANT, each program also reads CONSTANT int8 bytes of a buffer no kernel writes (a
+        weight tile), before its wait for the predecessor (CONSTANT_EARLY) or after it."""
+        if CONSTANT > 0 and CONSTANT_EARLY:
+            weight = tl.load(c_ptr + tl.program_id(0) * CONSTANT + tl.arange(0, CONSTANT))
         await_previous_kernel(PDL)
+        if CONSTANT > 0 and not CONSTANT_EARLY:
+            weight = tl.load(c_ptr + tl.program_id(0) * CONSTANT + tl.arange(0, CONSTANT))
         offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets) + 1)
+        step = tl.load(x_ptr + offsets) + 1
+        if CONSTANT > 0:  # the weight is zeros: used, so that it is loaded, and adds nothing
+            step += (tl.sum(weight.to(tl.int32)) == 12345).to(tl.int32)
+        tl.store(x_ptr + offsets, step)
 
 
-def chain(buffer: torch.Tensor, kernels: int, programs: int, pdl: bool = False) -> None:
-    """`kernels` launches in a row over `buffer` (programs × words, int32): each word gains `kernels`."""
+def chain(buffer: torch.Tensor, kernels: int, programs: int, pdl: bool = False, constant: torch.Tensor | None = None,
+          early: bool = False) -> None:
+    """`kernels` launches in a row over `buffer` (programs × words, int32): each word gains `kernels`.
+    `constant`: zeros, programs × bytes (int8), each program reading its row before (`early`) or
+    after its wait."""
     words = buffer.numel() // programs
+    size = constant.numel() // programs if constant is not None else 0
     for _ in range(kernels):
-        _chain_step_kernel[(programs,)](buffer, BLOCK=words, PDL=pdl, **launch_options(pdl))
+        _chain_step_kernel[(programs,)](buffer, constant if constant is not None else buffer, BLOCK=words, PDL=pdl,
+                                        CONSTANT=size, CONSTANT_EARLY=early, **launch_options(pdl))
 
 
-def replay_ms(kernels: int, programs: int, words: int, pdl: bool, replays: int,
-              warmup: int = 20) -> list[float]:
+def replay_ms(kernels: int, programs: int, words: int, pdl: bool, replays: int, warmup: int = 20,
+              constant_bytes: int = 0, early: bool = False) -> list[float]:
     """Milliseconds of each of `replays` replays of one CUDA graph holding the chain."""
     buffer = torch.zeros(programs * words, dtype=torch.int32, device="cuda")
+    constant = torch.zeros(programs * constant_bytes, dtype=torch.int8, device="cuda") if constant_bytes else None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        chain(buffer, 1, programs, pdl)  # compiled outside the capture
+        chain(buffer, 1, programs, pdl, constant, early)  # compiled outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        chain(buffer, kernels, programs, pdl)
+        chain(buffer, kernels, programs, pdl, constant, early)
     times = timing_samples_ms(graph.replay, buffer.device, replays, warmup)  # CUDA events around each replay
     before = int(buffer[0].item())
     graph.replay()
@@ -83,9 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=numbers, default=[16, 4096],
                         help="bytes each program reads and writes (multiples of 4, powers of two)")
     parser.add_argument("--pdl", action="store_true", help="also time every chain with programmatic dependent launch")
+    parser.add_argument("--constant-bytes", type=int, default=0, metavar="N",
+                        help="also time each chain whose programs read N bytes of a buffer no kernel writes (a "
+                             "weight tile: a power of two), after their wait and, with --pdl, before it")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None, help="write launch_floor.json here")
     args = parser.parse_args(argv)
+    if args.constant_bytes < 0 or args.constant_bytes & (args.constant_bytes - 1):
+        parser.error(f"--constant-bytes {args.constant_bytes}: a power of two (0: none)")
     for size in args.bytes:
         if size % 4 or (size // 4) & (size // 4 - 1):
             parser.error(f"--bytes {size}: each program's words must be a power of two (a multiple of 4 bytes)")
@@ -97,13 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{args.replays} replays, median")
-    print("| kernels | programs | bytes a program | PDL | ms a replay | µs a kernel |")
-    print("|---|---|---|---|---|---|")
-    for kernels, programs, size, pdl in itertools.product(args.kernels, args.programs, args.bytes, modes):
-        median = statistics.median(replay_ms(kernels, programs, size // 4, pdl, args.replays))
-        rows.append({"kernels": kernels, "programs": programs, "bytes": size, "pdl": pdl, "replay_ms": median,
+    # (constant bytes, read before the wait): none; then, with --constant-bytes, after it, and with
+    # PDL before it (without PDL there is no wait to read before).
+    constants = [(0, False)] + ([(args.constant_bytes, False), (args.constant_bytes, True)]
+                                if args.constant_bytes else [])
+    print("| kernels | programs | bytes a program | constant bytes | PDL | ms a replay | µs a kernel |")
+    print("|---|---|---|---|---|---|---|")
+    for kernels, programs, size, pdl, (constant, early) in itertools.product(args.kernels, args.programs, args.bytes,
+                                                                             modes, constants):
+        if early and not pdl:
+            continue
+        median = statistics.median(replay_ms(kernels, programs, size // 4, pdl, args.replays,
+                                             constant_bytes=constant, early=early))
+        rows.append({"kernels": kernels, "programs": programs, "bytes": size, "constant_bytes": constant,
+                     "constant_before_wait": early, "pdl": pdl, "replay_ms": median,
                      "us_per_kernel": median * 1e3 / kernels})
-        print(f"| {kernels} | {programs} | {size} | {'yes' if pdl else 'no'} | {median:.4f} | "
+        where = f"{constant} ({'before' if early else 'after'} the wait)" if constant else "–"
+        print(f"| {kernels} | {programs} | {size} | {where} | {'yes' if pdl else 'no'} | {median:.4f} | "
               f"{median * 1e3 / kernels:.2f} |", flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

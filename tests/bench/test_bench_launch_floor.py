@@ -20,11 +20,16 @@ def test_each_kernel_of_the_chain_adds_one_to_every_word_of_every_program():
     buffer = torch.zeros(3 * 8, dtype=torch.int32, device=device)
     launch_floor.chain(buffer, 5, programs=3)
     assert buffer.tolist() == [5] * 24
+    weights = torch.zeros(3 * 64, dtype=torch.int8, device=device)  # read before or after the wait, adding nothing
+    for early in (False, True):
+        launch_floor.chain(buffer, 2, programs=3, constant=weights, early=early)
+    assert buffer.tolist() == [9] * 24
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--kernels", "0"], "whole numbers from 1"),
     (["--bytes", "12"], "power of two"),
+    (["--constant-bytes", "100"], "--constant-bytes 100: a power of two"),
 ])
 def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
