@@ -13,7 +13,8 @@ set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
 # A dry run where there is no GPU: DEVICE=cpu PRECISION=fp32 EFFORT=0 BATCH=4 COUNT=64 DURATION=3
-# CONCURRENCY=4 PY=.venv/bin/python RAYPKGS=<Ray installed for that Python>.
+# CONCURRENCY=4 PY=.venv/bin/python RAYPKGS=<Ray installed for that Python>. SKIP=serve (or single,
+# ray_data) leaves parts out (bench/two_gpus.sh runs Ray Data alone on one GPU, then two).
 device=${DEVICE:-cuda} PY=${PY:-python3} pkgs=${RAYPKGS:-/tmp/raypkgs}
 export PYTHONPATH="$PWD:$pkgs" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1
 SECONDS=0
@@ -36,7 +37,7 @@ if [ ! -f $plan ]; then
 fi
 timeout "${MEASURE_S:-290}" $PY bench/ray_scaling.py --engine $plan --frames /tmp/frames --count "${COUNT:-20000}" \
   --batch "${BATCH:-32}" --ray-batches 8 --concurrency "${CONCURRENCY:-64}" --duration "${DURATION:-15}" \
-  --out "$OUT" > "$OUT/ray_scaling.log" 2>&1
+  --skip "${SKIP:-}" --out "$OUT" > "$OUT/ray_scaling.log" 2>&1
 echo "measure exit $? at ${SECONDS}s"
 grep -E "^\[ *[0-9.]+ s\]" "$OUT/ray_scaling.log" | cut -c1-700
 grep -E "Error|error:" "$OUT/ray_scaling.log" | tail -5 | cut -c1-400

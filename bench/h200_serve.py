@@ -48,6 +48,8 @@ from sartor.tactics.select import timing_samples_ms  # noqa: E402
 MODELS = {
     "resnet50": {"input": "input", "hw": 224, "max_batch": 128, "opt_batch": 64, "batches": (1, 8, 32, 64, 128)},
     "detector": {"input": "images", "hw": 320, "max_batch": 32, "opt_batch": 32, "batches": (1, 8, 32)},
+    # The trained YOLOv8n of samples/yolo at 640 (issue 36 serves it on two GPUs).
+    "yolov8n": {"input": "images", "hw": 640, "max_batch": 64, "opt_batch": 32, "batches": (1, 8, 32, 64)},
 }
 MODE_KEYS = {"none": "serve", "system": "serve_system", "cuda": "serve_cuda"}
 KILL_GRACE_S = 20.0  # past the load generator's own budget, before it is killed from here
@@ -245,7 +247,9 @@ def main() -> None:
                              "or KxN (serve --engine-processes K --frontends N)")
     parser.add_argument("--variants", default="batched,single",
                         help="the served entries: batched (dynamic batching), single (none), or both")
-    parser.add_argument("--device", default="cuda:0", help="where the server runs the engine (the build is on cuda)")
+    parser.add_argument("--device", default="cuda:0",
+                        help="where the server runs the engine: cuda:N, or GPUs as cuda:0,cuda:1 (--instances on "
+                             "each); the build and the offline figures are on cuda:0")
     parser.add_argument("--processes", type=int, default=min(16, os.cpu_count() or 4), help="client processes")
     parser.add_argument("--measure-budget-s", type=float, default=45.0,
                         help="wall-clock seconds for one measurement (mode, model, level), set-up and drain included")
@@ -303,7 +307,8 @@ def main() -> None:
     work = Path("/tmp/sartor_serve")
     work.mkdir(exist_ok=True)
     onnx = {"resnet50": lambda: export_classifier("resnet50", work),
-            "detector": lambda: ROOT / "samples/detector/sample_detector.onnx"}
+            "detector": lambda: ROOT / "samples/detector/sample_detector.onnx",
+            "yolov8n": lambda: ROOT / "samples/yolo/yolov8n_scenes.onnx"}
     results: dict = {}
 
     def save() -> None:

@@ -75,8 +75,12 @@ SERVER_COUNTERS = ("nv_inference_exec_count", "nv_inference_count", "nv_inferenc
 
 def make_repository(plan: Path, root: Path, max_batch: int, delay_us: int, instances: int, device: str | None,
                     variants: tuple = VARIANTS) -> list[str]:
+    """A model repository serving `plan` once per variant; `device`: cpu, cuda:N, or several GPUs
+    ("cuda:0,cuda:1": `instances` instances on each, Triton's instance_group gpus)."""
     name = plan.stem.replace(".", "_")
-    gpus = f" gpus: [{device.partition(':')[2] or 0}]" if device and device.startswith("cuda") else ""
+    devices = [d.strip() for d in device.split(",")] if device else []
+    gpus = (f" gpus: [{', '.join(d.partition(':')[2] or '0' for d in devices)}]"
+            if devices and all(d.startswith("cuda") for d in devices) else "")
     group = f"instance_group [{{ count: {instances}{gpus} }}]\n"
     configs = {"batched": f"max_batch_size: {max_batch}\ndynamic_batching {{ max_queue_delay_microseconds: "
                           f"{delay_us} }}\n{group}",
@@ -685,7 +689,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per level")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each level")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 4, help="client processes")
-    parser.add_argument("--device", help="cpu or cuda:N for the served instances")
+    parser.add_argument("--device", help="cpu, cuda:N, or GPUs as cuda:0,cuda:1 for the served instances "
+                                         "(--instances on each)")
     parser.add_argument("--instances", type=int, default=1, help="instance_group count")
     parser.add_argument("--max-batch", type=int, default=0, help="max_batch_size (default: the engine's profile max)")
     parser.add_argument("--max-queue-delay-us", type=int, default=500)
@@ -752,7 +757,7 @@ def main() -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("sartor").setLevel(logging.INFO)
         progress(f"loading {args.plan.name} for its batch range", "server start")
-        engine = sartor.load(args.plan, device=args.device)
+        engine = sartor.load(args.plan, device=args.device.split(",")[0] if args.device else None)
         max_batch = args.max_batch or engine_max_batch(engine)
         if not max_batch:
             parser.error(f"{args.plan} has no dynamic batch dimension: nothing to batch")
@@ -767,7 +772,7 @@ def main() -> int:
                  f"warming up its models", "server start")
         started = time.monotonic()
         server = Server(ServeOptions(str(workdir), http_port=0, grpc_port=0, metrics_port=None, poll_interval=None,
-                                     devices=[args.device] if args.device else None,
+                                     devices=args.device.split(",") if args.device else None,
                                      max_queue_size=max(4096, 4 * max(levels)), frontends=args.frontends,
                                      engine_processes=args.engine_processes)).start()
         results["server_start_s"] = round(time.monotonic() - started, 1)
