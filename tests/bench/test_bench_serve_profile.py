@@ -28,5 +28,5 @@ def test_no_profile_is_the_defaults():
 
 @pytest.mark.parametrize("text", ["detector=128/64", "detector=0/8", "detector=64", "yolo=8/16", "detector=a/b"])
 def test_a_bad_profile_says_what_is_expected(text):
-    with pytest.raises(ValueError, match=r"NAME=OPT/MAX with NAME one of resnet50, detector and 1 <= OPT <= MAX"):
+    with pytest.raises(ValueError, match=r"NAME=OPT/MAX with NAME one of resnet50, detector, yolov8n and 1 <= OPT <= MAX"):
         parse_profiles(text)
