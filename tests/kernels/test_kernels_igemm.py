@@ -306,20 +306,36 @@ def test_split_k_int8_equals_the_emulation(channels, kernel, strides, pads, spli
     _assert_int8_conv_is_the_emulation(x, kernel, attrs, 40, tile, generator)
 
 
-def test_last_reduces_is_the_epilogue_kernels_bits_and_leaves_its_counters_at_zero():
-    """Float split-K ended in the kernel adds the shares in the epilogue kernel's order: the same
-    bits, run after run (the counters it took, the context's for its layer, back at zero each
-    time); a GEMM too. Without its counters at zero no share would be last and nothing written."""
-    from sartor.kernels.common.arrival_counters import ArrivalCounters, bound, reset_launch_site, set_launch_site
-    generator = torch.Generator().manual_seed(8)
+def _float_split_case(seed: int):
+    """A float 3×3 layer (64 → 24 channels over 6×5 pixels, FP16 on a GPU): x, packed w, b, geometry."""
+    generator = torch.Generator().manual_seed(seed)
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
     attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
     x = torch.randn(1, 64, 6, 5, generator=generator).to(DEVICE, dtype)
     w = (torch.randn(24, 64, 3, 3, generator=generator) / 24).to(DEVICE, dtype)
     b = torch.randn(24, generator=generator).to(DEVICE, dtype)
-    geometry = _geometry(x, w, attrs)
-    two_kernels = conv_igemm(x, pack_weight(w), b, geometry, TileConfig(16, 16, 32, 1, 1, split_k=4),
-                             activation="SiLU")
+    return x, pack_weight(w), b, _geometry(x, w, attrs)
+
+
+def _assert_split_gemm_is_the_emulation(tile: TileConfig, seed: int) -> None:
+    """An INT8 GEMM (3 × 160 by 160 → 20) split as `tile` says: bit for bit qgemm's emulation."""
+    generator = torch.Generator().manual_seed(seed)
+    xg = torch.randn(3, 160, generator=generator)
+    wg = torch.randint(-127, 128, (20, 160), dtype=torch.int8, generator=generator)
+    sg = torch.rand(20, generator=generator) * 1e-2
+    expected = qgemm([xg, wg, None, None, sg], {"input_inv_scale": 9.0, "activation": None})
+    got = conv_igemm(xg.to(DEVICE), pack_weight(wg).to(DEVICE), None, ConvGeometry.gemm(), tile,
+                     dequant_scale=sg.to(DEVICE), input_inv_scale=9.0)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_last_reduces_is_the_epilogue_kernels_bits_and_leaves_its_counters_at_zero():
+    """Float split-K ended in the kernel adds the shares in the epilogue kernel's order: the same
+    bits, run after run (the counters it took, the context's for its layer, back at zero each
+    time); a GEMM too. Without its counters at zero no share would be last and nothing written."""
+    from sartor.kernels.common.arrival_counters import ArrivalCounters, bound, reset_launch_site, set_launch_site
+    x, w, b, geometry = _float_split_case(8)
+    two_kernels = conv_igemm(x, w, b, geometry, TileConfig(16, 16, 32, 1, 1, split_k=4), activation="SiLU")
     counters = ArrivalCounters()
     tile = TileConfig(16, 16, 32, 1, 1, split_k=4, last_reduces=True)
     assert tile.name == "igemm.16x16x32.w1.s1.split4.last-reduces" and TileConfig.parse(tile.name) == tile
@@ -327,48 +343,29 @@ def test_last_reduces_is_the_epilogue_kernels_bits_and_leaves_its_counters_at_ze
         site = set_launch_site("conv")
         try:
             for _ in range(3):
-                one_kernel = conv_igemm(x, pack_weight(w), b, geometry, tile, activation="SiLU")
+                one_kernel = conv_igemm(x, w, b, geometry, tile, activation="SiLU")
                 assert torch.equal(one_kernel.cpu(), two_kernels.cpu())
                 taken = counters.take("conv", 2 * 2, DEVICE)  # 30 rows × 24 channels in 16×16 tiles
                 assert counters.words == taken.numel() and not taken.any()
                 taken.fill_(4)  # counters left off zero: no share of their tiles is last, nothing is written
                 unwritten = torch.full_like(two_kernels, float("nan"))
-                conv_igemm(x, pack_weight(w), b, geometry, tile, activation="SiLU", out=unwritten)
+                conv_igemm(x, w, b, geometry, tile, activation="SiLU", out=unwritten)
                 assert unwritten.isnan().all() and taken.tolist() == [8] * 4
                 taken.zero_()
         finally:
             reset_launch_site(site)
-    xg = torch.randn(3, 160, generator=generator)
-    wg = torch.randint(-127, 128, (20, 160), dtype=torch.int8, generator=generator)
-    sg = torch.rand(20, generator=generator) * 1e-2
-    expected = qgemm([xg, wg, None, None, sg], {"input_inv_scale": 9.0, "activation": None})
-    got = conv_igemm(xg.to(DEVICE), pack_weight(wg).to(DEVICE), None, ConvGeometry.gemm(),
-                     TileConfig(16, 16, 32, 1, 1, split_k=3, last_reduces=True), dequant_scale=sg.to(DEVICE),
-                     input_inv_scale=9.0)
-    assert torch.equal(got.cpu(), expected)
+    _assert_split_gemm_is_the_emulation(TileConfig(16, 16, 32, 1, 1, split_k=3, last_reduces=True), 9)
 
 
 def test_split_k_float_and_gemm_match_the_single_pass():
     """Float layers and GEMMs through split-K: the same result as one program per tile, up to the
     order of the float32 sums."""
-    generator = torch.Generator().manual_seed(7)
-    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
-    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
-    x = torch.randn(1, 64, 6, 5, generator=generator).to(DEVICE, dtype)
-    w = (torch.randn(24, 64, 3, 3, generator=generator) / 24).to(DEVICE, dtype)
-    b = torch.randn(24, generator=generator).to(DEVICE, dtype)
-    one = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), SMALL_TILE, activation="Relu")
-    four = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), TileConfig(16, 16, 32, 1, 1, split_k=4),
-                      activation="Relu")
-    tolerance = 2e-3 if dtype == torch.float16 else 1e-5
+    x, w, b, geometry = _float_split_case(7)
+    one = conv_igemm(x, w, b, geometry, SMALL_TILE, activation="Relu")
+    four = conv_igemm(x, w, b, geometry, TileConfig(16, 16, 32, 1, 1, split_k=4), activation="Relu")
+    tolerance = 2e-3 if x.dtype == torch.float16 else 1e-5
     torch.testing.assert_close(four.float().cpu(), one.float().cpu(), rtol=tolerance, atol=tolerance)
-    xg = torch.randn(3, 160, generator=generator)
-    wg = torch.randint(-127, 128, (20, 160), dtype=torch.int8, generator=generator)
-    sg = torch.rand(20, generator=generator) * 1e-2
-    expected = qgemm([xg, wg, None, None, sg], {"input_inv_scale": 9.0, "activation": None})
-    got = conv_igemm(xg.to(DEVICE), pack_weight(wg).to(DEVICE), None, ConvGeometry.gemm(),
-                     TileConfig(16, 16, 32, 1, 1, split_k=3), dequant_scale=sg.to(DEVICE), input_inv_scale=9.0)
-    assert torch.equal(got.cpu(), expected)
+    _assert_split_gemm_is_the_emulation(TileConfig(16, 16, 32, 1, 1, split_k=3), 7)
     assert len(candidate_tiles(int8=True, effort=1)) < len(candidate_tiles(int8=True, effort=3))
     for int8 in (True, False):  # the deep-K 128×128 tile at every effort, once
         for effort in range(1, 6):
