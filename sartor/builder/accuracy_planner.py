@@ -556,13 +556,14 @@ def _stored_bias_corrections(config) -> dict:
 def _trial_config(config: BuildConfig, tmp: Path, amax: dict, calibration: dict | None,
                   onnx_sha256: str) -> BuildConfig:
     """The settings every trial build shares: the build's own without the planner's; kernels not
-    embedded (the trial engine is loaded once, here), nor PDL timed; tactic timings shared through
-    a timing cache (the user's --timing-cache, else one in `tmp`), so that a trial after the first
-    times only the layers whose precision it changed. A quantized build's trials take its thresholds through a
+    embedded (the trial engine is loaded once, here), nor PDL or streams timed; tactic timings
+    shared through a timing cache (the user's --timing-cache, else one in `tmp`), so that a trial
+    after the first times only the layers whose precision it changed. A quantized build's trials take its thresholds through a
     calibration cache in `tmp`; a float build's (`calibration` None) take no calibration at all."""
     common = dict(data=None, split_by=None, accuracy_budget=None, min_cosine=None, min_snr=None, decoder=None,
                   nms=None, embed_kernels=False, timing_cache=config.timing_cache or str(tmp / "timings.json"),
-                  pdl=False)  # a trial is judged on accuracy, which launching does not change: no PDL timing
+                  # A trial is judged on accuracy, which launching does not change: no PDL or streams timed.
+                  pdl=False, max_aux_streams=0)
     if calibration is None:
         return replace(config, calib=None, calib_data=None, calib_cache=None, calib_balance_by=None, **common)
     from ..quant.cache import CalibrationCache, write_cache

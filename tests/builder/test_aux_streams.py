@@ -97,3 +97,15 @@ def test_inspect_shows_the_count_and_the_times():
     assert _aux_streams_summary({"aux_streams": record})["text"] == (
         "2 (timed by count, summed over the profiles: 0: 0.3 ms, 2: 0.27 ms; 1 not used: why)")
     assert _aux_streams_summary({})["text"].startswith("0 (not timed")
+
+
+def test_the_accuracy_planners_trials_time_neither_streams_nor_pdl(tmp_path):
+    """A trial build is judged on accuracy: its streams and launches are not timed (each would cost
+    a capture and hundreds of replays per trial)."""
+    from sartor.builder.accuracy_planner import _trial_config
+    from sartor.builder.config import BuildConfig
+    config = BuildConfig(model_path="m.onnx", output_path=str(tmp_path / "m.plan"), precision="fp16",
+                         min_snr=30.0, calib="c.npy")
+    trial = _trial_config(config, tmp_path, {}, None, "0" * 64)
+    assert (trial.max_aux_streams, trial.pdl) == (0, False) and config.max_aux_streams == 2
+    trial.validate()
