@@ -1,10 +1,10 @@
 """How many auxiliary streams the engine's contexts run its independent branches on, chosen at build
 by timing (TensorRT's builder does the same with `setMaxAuxStreams`: the engine records its streams
 and every context uses them). The engine is timed end to end at every profile's opt shapes in a
-context of each count from 0 to the most allowed (`--max-aux-streams`, default DEFAULT_MAX), each
-replayed as the engine runs, alternately, ROUNDS times, the fastest of each kept. A count is chosen
-over 0 only where the profiles' times, summed, are under MARGIN of those on one stream, and only if
-its outputs are those of one stream. Counts past what the graph's branches can use are not timed.
+context of each count from 0 to the most allowed (`--max-aux-streams`, default DEFAULT_MAX_TIMED), each
+replayed as the engine runs (engine_timing.fastest_alternating). A count is chosen over 0 only
+where the profiles' times, summed, are under MARGIN of those on one stream, and only if its outputs
+are those of one stream. Counts past what the graph's branches can use are not timed.
 
 The header's `aux_streams` records the times and the count; `Engine.context()` takes it as its
 default (docs/decisions/0056-auxiliary-streams-chosen-at-build.md).
@@ -15,10 +15,9 @@ from typing import Callable
 
 import torch
 
-from ..runtime.branch_streams import DEFAULT_MAX_TIMED as DEFAULT_MAX, MAX_AUX_STREAMS
-MARGIN = 0.99  # as PDL's (builder/pdl.py): within a percent, one stream (the simpler run) stays
-RUNS = (10, 50)  # (warm-up, timed) per measurement
-ROUNDS = 2
+from ..runtime.branch_streams import DEFAULT_MAX_TIMED
+from .engine_timing import MARGIN, fastest_alternating
+
 # A branch's outputs may differ from one stream's only by float rounding order, which the same
 # kernels do not change; anything past this is a race, and that count is not used.
 OUTPUT_TOLERANCE = 1e-3
@@ -46,21 +45,13 @@ def _same_outputs(got: dict, expected: dict) -> bool:
                for name, value in expected.items())
 
 
-def time_context(context, feeds: dict, device: torch.device) -> float:
-    """Median milliseconds of one context's runs (CUDA graph replays on a GPU)."""
-    from ..tactics.select import time_ms
-    return time_ms(lambda: context.run(feeds), device, RUNS[1], RUNS[0])
-
-
 def choose_aux_streams(make_header: Callable[[], tuple], device: torch.device, opt_feeds: Callable[[int], dict],
-                       log: list, most: int = DEFAULT_MAX,
+                       log: list, most: int = DEFAULT_MAX_TIMED,
                        warn: Callable[[str], None] | None = None) -> dict | None:
     """Time the engine `make_header` describes with each useful count of auxiliary streams up to
     `most` (module docstring); the header's `aux_streams` record, or None where the graph has no
     branches to run beside each other."""
     from ..runtime.engine import Engine
-    if not 0 <= most <= MAX_AUX_STREAMS:
-        raise ValueError(f"most auxiliary streams {most}: 0..{MAX_AUX_STREAMS}")
     engine = Engine(*make_header(), device)
     counts = useful_counts(engine.executor, most)
     if len(counts) == 1:
@@ -74,16 +65,13 @@ def choose_aux_streams(make_header: Callable[[], tuple], device: torch.device, o
         for count in counts[1:]:
             if str(count) not in rejected and not _same_outputs(contexts[count].run(feeds), expected):
                 rejected[str(count)] = f"profile {k}: outputs differ from one stream's"
-        times = {count: float("inf") for count in counts if str(count) not in rejected}
-        for _ in range(ROUNDS):
-            for count in times:
-                times[count] = min(times[count], time_context(contexts[count], feeds, device))
+        times = fastest_alternating({c: context for c, context in contexts.items() if str(c) not in rejected}, feeds,
+                                    device)
         record["profiles"].append({"profile": k, "ms": {str(c): round(t, 5) for c, t in times.items()}})
-    # A count rejected at a later profile has no time at the earlier ones' records: dropped there too.
-    for p in record["profiles"]:
-        p["ms"] = {c: t for c, t in p["ms"].items() if c not in rejected}
+    # The counts never rejected, timed at every profile (one rejected later keeps its earlier times).
     totals = {count: sum(p["ms"][str(count)] for p in record["profiles"])
               for count in counts if str(count) not in rejected}
+    record["totals_ms"] = {str(count): round(total, 5) for count, total in totals.items()}
     record["streams"] = fastest_count(totals)
     times = "; ".join(f"{count}: {total:.4g} ms" for count, total in totals.items())
     log.append(f"aux streams: {record['streams']} (summed over the profiles, by count: {times})")

@@ -9,8 +9,7 @@ from ..ir.dtypes import FP16_MAX, PRECISIONS, QUANTIZED_PRECISIONS
 from ..quant.auto_method import BUILD_METHODS
 from ..quant.bias_correction import DEFAULT_BIAS_CORRECTION
 from ..quant.calibrators import DEFAULT_PERCENTILE
-from ..runtime.branch_streams import MAX_AUX_STREAMS
-from .aux_streams import DEFAULT_MAX as DEFAULT_MAX_AUX_STREAMS
+from ..runtime.branch_streams import DEFAULT_MAX_TIMED, MAX_AUX_STREAMS
 
 # What the layers that do not run INT8 may run at in an INT8 build (TensorRT: --int8 alone is FP32,
 # --int8 --fp16 lets them run FP16). FP8 builds take the same setting, under the same name.
@@ -93,7 +92,7 @@ class BuildConfig:
     pdl: bool | None = None
     # CUDA builds: the auxiliary streams its contexts run independent branches on, timed from 0 up to
     # this many (builder/aux_streams.py; 0: one stream, as before; docs/decisions/0056).
-    max_aux_streams: int = DEFAULT_MAX_AUX_STREAMS
+    max_aux_streams: int = DEFAULT_MAX_TIMED
     # The validation set (a dataset `sartor validate` reads): INT8 builds warn when calibration
     # misses one of its splits (by `split_by`, else `calib_balance_by`), and `accuracy_budget`
     # has the planner (sartor/builder/accuracy_planner.py) keep the most sensitive layers out of INT8 until

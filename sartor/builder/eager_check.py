@@ -24,13 +24,12 @@ from ..ir import Graph
 from ..ops import default_registry
 from ..runtime.engine import Engine
 from ..tactics import TacticSelection, record_tactics
-from ..tactics.select import REFERENCE_TACTIC, time_ms
+from ..tactics.select import REFERENCE_TACTIC
+from .engine_timing import fastest_alternating
 
 # The eager-tactic engine must be this much faster to be kept: end-to-end timings of one engine
 # differ by a percent or two between runs.
 EAGER_MARGIN = 0.97
-RUNS = {"cuda": (10, 50), "cpu": (1, 5)}  # (warm-up, timed) per measurement
-ROUNDS = 2
 
 
 def eager_tactic(op_type: str, timed: dict) -> str:
@@ -78,11 +77,6 @@ def apply_tactics(graph: Graph, selections: list[TacticSelection]) -> None:
     record_tactics(graph, selections)
 
 
-def _timed(context, feeds: dict, device: torch.device) -> float:
-    warmup, runs = RUNS["cuda" if device.type == "cuda" else "cpu"]
-    return time_ms(lambda: context.run(feeds), device, runs, warmup)
-
-
 def check_against_eager(graph: Graph, selections: list[TacticSelection], make_header: Callable[[], tuple],
                         device: torch.device, opt_feeds: Callable[[int], dict], log: list,
                         warn: Callable[[str], None]) -> dict:
@@ -95,11 +89,9 @@ def check_against_eager(graph: Graph, selections: list[TacticSelection], make_he
     record = {"margin": EAGER_MARGIN, "profiles": []}
     for k in range(len(tuned_engine.profiles)):
         feeds = opt_feeds(k)
-        tuned_context, eager_context = tuned_engine.context(k), eager_engine.context(k)
-        tuned_ms, eager_ms = float("inf"), float("inf")
-        for _ in range(ROUNDS):
-            tuned_ms = min(tuned_ms, _timed(tuned_context, feeds, device))
-            eager_ms = min(eager_ms, _timed(eager_context, feeds, device))
+        times = fastest_alternating({"tuned": tuned_engine.context(k), "eager": eager_engine.context(k)}, feeds,
+                                    device)
+        tuned_ms, eager_ms = times["tuned"], times["eager"]
         kept = "eager" if eager_ms < EAGER_MARGIN * tuned_ms else "tuned"
         record["profiles"].append({"profile": k, "tuned_ms": round(tuned_ms, 5), "eager_ms": round(eager_ms, 5),
                                    "kept": kept})

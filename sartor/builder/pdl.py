@@ -19,6 +19,7 @@ from ..ir import Graph
 from ..ir.dtypes import QUANTIZED_LAYERS
 from ..kernels.common.pdl import MIN_CAPABILITY, pdl_available
 from ..ops.quantized import own_kernel_tactic
+from .engine_timing import MARGIN as PDL_MARGIN, fastest_alternating
 
 
 
@@ -55,22 +56,9 @@ def clear_programmatic_launch(graph: Graph) -> None:
         node.attrs.pop("pdl", None)
 
 
-# With PDL the engine must replay this much faster to keep it: one engine's end-to-end timings
-# differ by a percent between runs, and without PDL each kernel launches as CUDA orders it.
-PDL_MARGIN = 0.99
-RUNS = (10, 50)  # (warm-up, timed) per measurement
-ROUNDS = 2
-
-
 def pdl_wins(without_ms: list[float], with_ms: list[float], margin: float = PDL_MARGIN) -> bool:
     """Whether PDL is kept: the profiles' times with it, summed, under `margin` of those without."""
     return sum(with_ms) < margin * sum(without_ms)
-
-
-def time_engine_run(context, feeds: dict, device: torch.device) -> float:
-    """Median milliseconds of one context's runs (CUDA graph replays on a GPU)."""
-    from ..tactics.select import time_ms
-    return time_ms(lambda: context.run(feeds), device, RUNS[1], RUNS[0])
 
 
 def _precompile(engine, feeds_by_profile: list[dict], device: torch.device) -> None:
@@ -91,8 +79,8 @@ def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], de
                               opt_feeds: Callable[[int], dict], log: list,
                               warn: Callable[[str], None] | None = None) -> dict | None:
     """The default (`BuildConfig.pdl` None): the engine with its layers marked for PDL against the
-    same engine unmarked, end to end at every profile's opt shapes, replayed as the engine runs,
-    alternately, ROUNDS times each, the faster of each kept. Leaves the graph marked where PDL wins
+    same engine unmarked, end to end at every profile's opt shapes, replayed as the engine runs
+    (engine_timing.fastest_alternating). Leaves the graph marked where PDL wins
     (`pdl_wins`); returns the header's `pdl_check` record, or None where no layer's kernel takes
     part. Where the PDL engine cannot be timed (a kernel that fails to compile or run with it), the
     build goes on without PDL, saying why (`warn`)."""
@@ -129,10 +117,7 @@ def _time_both_ways(graph: Graph, make_header: Callable[[], tuple], device: torc
     _precompile(marked, feeds_by_profile, device)
     record = {"margin": PDL_MARGIN, "profiles": []}
     for k, feeds in enumerate(feeds_by_profile):
-        plain_context, marked_context = plain.context(k), marked.context(k)
-        without_ms = with_ms = float("inf")
-        for _ in range(ROUNDS):
-            without_ms = min(without_ms, time_engine_run(plain_context, feeds, device))
-            with_ms = min(with_ms, time_engine_run(marked_context, feeds, device))
-        record["profiles"].append({"profile": k, "without_ms": round(without_ms, 5), "with_ms": round(with_ms, 5)})
+        times = fastest_alternating({"without": plain.context(k), "with": marked.context(k)}, feeds, device)
+        record["profiles"].append({"profile": k, "without_ms": round(times["without"], 5),
+                                   "with_ms": round(times["with"], 5)})
     return record

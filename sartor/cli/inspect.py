@@ -359,8 +359,7 @@ def _aux_streams_summary(header: dict) -> dict:
         return {"streams": 0, "check": None,
                 "text": "0 (not timed: a CPU engine, builder effort 0, --max-aux-streams 0, no branches to run "
                         "beside each other, or an older engine)"}
-    totals = {count: sum(p["ms"][count] for p in record["profiles"]) for count in record["profiles"][0]["ms"]}
-    times = ", ".join(f"{count}: {total:.4g} ms" for count, total in totals.items())
+    times = ", ".join(f"{count}: {total:.4g} ms" for count, total in record["totals_ms"].items())
     rejected = "".join(f"; {count} not used: {why}" for count, why in record.get("rejected", {}).items())
     return {"streams": record["streams"], "check": record,
             "text": f"{record['streams']} (timed by count, summed over the profiles: {times}{rejected})"}

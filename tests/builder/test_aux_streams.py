@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sartor
-from sartor.builder import aux_streams
+from sartor.builder import aux_streams, engine_timing
 from sartor.errors import SartorError
 from sartor.runtime.engine import rebuild_command
 from sartor.runtime.engine_file import read_engine_file
@@ -52,7 +52,7 @@ def test_the_stage_times_each_count_checks_its_outputs_and_records_the_fastest(d
     def stand_in(context, feeds, device):
         runs.append(context.aux_streams)
         return clock[context.aux_streams]
-    monkeypatch.setattr(aux_streams, "time_context", stand_in)
+    monkeypatch.setattr(engine_timing, "time_context", stand_in)
     real_same = aux_streams._same_outputs
     counts = [0, 1, 2]
     checked = iter(counts[1:])  # the stage checks counts 1 and 2 against one stream, in order (one profile)
@@ -65,7 +65,7 @@ def test_the_stage_times_each_count_checks_its_outputs_and_records_the_fastest(d
     record = aux_streams.choose_aux_streams(lambda: read_engine_file(detector_plan), torch.device("cpu"),
                                             lambda k: feeds, log, 2, warnings.append)
     assert record["counts"] == counts and record["streams"] == chosen
-    assert sorted(runs) == sorted([c for c in counts if c not in differs] * aux_streams.ROUNDS)
+    assert sorted(runs) == sorted([c for c in counts if c not in differs] * engine_timing.ROUNDS)
     assert set(record["profiles"][0]["ms"]) == {str(c) for c in counts if c not in differs}
     assert list(record["rejected"]) == [str(c) for c in differs] and len(warnings) == len(differs)
     assert log[0].startswith(f"aux streams: {chosen} ")
@@ -93,7 +93,8 @@ def test_the_flag_is_checked_and_the_rebuild_command_repeats_it():
 
 def test_inspect_shows_the_count_and_the_times():
     from sartor.cli.inspect import _aux_streams_summary
-    record = {"streams": 2, "profiles": [{"profile": 0, "ms": {"0": 0.3, "2": 0.27}}], "rejected": {"1": "why"}}
+    record = {"streams": 2, "profiles": [{"profile": 0, "ms": {"0": 0.3, "2": 0.27}}],
+              "totals_ms": {"0": 0.3, "2": 0.27}, "rejected": {"1": "why"}}
     assert _aux_streams_summary({"aux_streams": record})["text"] == (
         "2 (timed by count, summed over the profiles: 0: 0.3 ms, 2: 0.27 ms; 1 not used: why)")
     assert _aux_streams_summary({})["text"].startswith("0 (not timed")

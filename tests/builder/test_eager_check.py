@@ -11,7 +11,7 @@ import pytest
 from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 
 import sartor
-from sartor.builder import eager_check, pipeline
+from sartor.builder import eager_check, engine_timing, pipeline
 from sartor.ops.attention import SDPA
 from sartor.tactics.select import REFERENCE_TACTIC
 
@@ -33,9 +33,9 @@ def test_a_faster_tuned_engine_is_kept_and_both_times_are_recorded(tiny_onnx, tm
     def made_to_order(context, feeds, device):  # tuned, eager, tuned, eager: the tuned engine twice as fast
         calls.append(context)
         return 1.0 if len(calls) % 2 else 2.0
-    monkeypatch.setattr(eager_check, "_timed", made_to_order)
+    monkeypatch.setattr(engine_timing, "time_context", made_to_order)
     result = sartor.build(tiny_onnx, tmp_path / "m.plan", device="cpu", **SHAPES)
-    assert len(calls) == 2 * eager_check.ROUNDS
+    assert len(calls) == 2 * engine_timing.ROUNDS
     record = result.header["eager_check"]
     assert record == {"margin": eager_check.EAGER_MARGIN,
                       "profiles": [{"profile": 0, "tuned_ms": 1.0, "eager_ms": 2.0, "kept": "tuned"}]}
@@ -59,7 +59,7 @@ def test_a_profile_where_the_eager_kernels_win_keeps_them_and_warns(tiny_onnx, t
         return selections
     monkeypatch.setattr(pipeline, "select_tactics_by_profile", channels_last_wins)
     calls = []
-    monkeypatch.setattr(eager_check, "_timed", lambda context, feeds, device: calls.append(1) or
+    monkeypatch.setattr(engine_timing, "time_context", lambda context, feeds, device: calls.append(1) or
                         (2.0 if len(calls) % 2 else 1.0))  # the eager engine twice as fast
     result = sartor.build(tiny_onnx, tmp_path / "m.plan", device="cpu", **SHAPES)
     assert result.header["eager_check"]["profiles"][0]["kept"] == "eager"

@@ -11,6 +11,7 @@ from conftest import make_model, save
 from onnx import TensorProto, helper, numpy_helper
 
 import sartor
+from sartor.builder import engine_timing
 from sartor.builder.pdl import mark_programmatic_launch
 from sartor.errors import SartorError
 from sartor.ir import Graph
@@ -128,7 +129,7 @@ def test_a_default_build_times_the_engine_both_ways_and_keeps_the_faster(tmp_pat
         marked = any(node.attrs.get("pdl") for node in context.engine.graph.nodes)
         runs.append(marked)
         return 0.9 if marked and faster else 1.0
-    monkeypatch.setattr(pdl_module, "time_engine_run", clock)
+    monkeypatch.setattr(engine_timing, "time_context", clock)
     kwargs = dict(device="cpu", precision="int8", calib=str(calib), calib_size=4, builder_effort=1, **SHAPES)
     result = sartor.build(model, tmp_path / "m.plan", **kwargs)
     record = result.header["pdl_check"]
@@ -155,7 +156,7 @@ def test_an_engine_that_cannot_be_timed_with_pdl_is_built_without_it_and_says_wh
 
     def failing(context, feeds, device):
         raise RuntimeError("a PDL kernel failed to compile\nsecond line")
-    monkeypatch.setattr(pdl_module, "time_engine_run", failing)
+    monkeypatch.setattr(engine_timing, "time_context", failing)
     result = sartor.build(model, tmp_path / "m.plan", device="cpu", precision="int8", calib=str(calib), calib_size=4,
                           builder_effort=1, **SHAPES)
     record = result.header["pdl_check"]

@@ -1,0 +1,30 @@
+"""Whole engines timed against each other at build, as they run: the eager check (eager_check.py),
+programmatic dependent launch (pdl.py) and the auxiliary streams (aux_streams.py) each compare
+contexts of one shape, and keep a variant only where it wins by more than run-to-run noise."""
+from __future__ import annotations
+
+import torch
+
+from ..tactics.select import time_ms
+
+RUNS = {"cuda": (10, 50), "cpu": (1, 5)}  # (warm-up, timed) per measurement
+ROUNDS = 2
+# One engine's end-to-end timings differ by about a percent between runs: a variant must be faster
+# than this fraction of the plain engine's time to be kept, else the simpler run stays.
+MARGIN = 0.99
+
+
+def time_context(context, feeds: dict, device: torch.device) -> float:
+    """Median milliseconds of one context's runs (CUDA graph replays on a GPU)."""
+    warmup, runs = RUNS["cuda" if device.type == "cuda" else "cpu"]
+    return time_ms(lambda: context.run(feeds), device, runs, warmup)
+
+
+def fastest_alternating(contexts: dict, feeds: dict, device: torch.device) -> dict:
+    """Each context's fastest of ROUNDS timings, taken in turn (the first, the second, …, the first
+    again), so that a slow spell of the machine falls on all of them: {key: ms}."""
+    times = {key: float("inf") for key in contexts}
+    for _ in range(ROUNDS):
+        for key, context in contexts.items():
+            times[key] = min(times[key], time_context(context, feeds, device))
+    return times
