@@ -455,30 +455,27 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             header = _label_paths(header, reproducible.path_labels)
         return header, tensors
 
+    def opt_feeds(k: int) -> dict:  # random inputs at profile k's opt shapes, for the end-to-end checks below
+        return _random_feeds(graph, profiles[k].opt_shapes(), device, generator)
+
     eager = None
     if config.eager_check and config.builder_effort > 0 and device.type in EAGER_CHECK_DEVICES \
             and not any(p in QUANTIZED_PRECISIONS for p in plan.layers.values()):
         stage("eager check")
-        eager = check_against_eager(graph, selections, engine_header, device,
-                                    lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
-                                    warn_and_keep)
+        eager = check_against_eager(graph, selections, engine_header, device, opt_feeds, log, warn_and_keep)
         done("eager check")
 
     pdl_check = None
     if config.pdl is None and config.builder_effort > 0 and config.precision in PDL_PRECISIONS \
             and pdl_available(device):
         stage("pdl check")  # before the kernels are embedded: PDL's are other compiled kernels
-        pdl_check = check_programmatic_launch(graph, engine_header, device,
-                                              lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device,
-                                                                      generator), log, warn_and_keep)
+        pdl_check = check_programmatic_launch(graph, engine_header, device, opt_feeds, log, warn_and_keep)
         done("pdl check")
 
     aux = None
     if config.max_aux_streams > 0 and config.builder_effort > 0 and device.type == "cuda":
         stage("aux streams")  # after the PDL marks: the engine timed is the one written
-        aux = choose_aux_streams(engine_header, device,
-                                 lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
-                                 config.max_aux_streams, warn_and_keep)
+        aux = choose_aux_streams(engine_header, device, opt_feeds, log, config.max_aux_streams, warn_and_keep)
         done("aux streams")
 
     kernels = None
@@ -487,9 +484,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         kernels = _embed_kernels(config, *engine_header(), device, profiles, graph, generator, log)
         done("kernels")
         stage("capture")
-        capture = check_capture(*engine_header(), device,
-                                lambda k: _random_feeds(graph, profiles[k].opt_shapes(), device, generator), log,
-                                warn_and_keep)
+        capture = check_capture(*engine_header(), device, opt_feeds, log, warn_and_keep)
         done("capture")
 
     stage("serialize")
