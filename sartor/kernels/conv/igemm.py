@@ -233,8 +233,13 @@ if triton is not None:
                                 y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                                 INT8, FP8, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
         else:
-            ws_offsets = (pid_k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]
-            tl.store(ws_ptr + ws_offsets, acc, mask=m_ok[:, None] & n_ok[None, :])
+            tl.store(ws_ptr + _share_slot(pid_k, M, offs_m, offs_n, COUT), acc, mask=m_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _share_slot(k, M, offs_m, offs_n, COUT):
+        """Where split-K share k's partial sums of these rows and columns lie in the workspace
+        ([shares, M, COUT])."""
+        return (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]
 
     @triton.jit
     def reduce_shares_in_place(acc, ws_ptr, arrival_ptr, pid_k, offs_m, offs_n, m_ok, n_ok, M, COUT,
@@ -245,23 +250,24 @@ if triton is not None:
         _splitk_epilogue_kernel does, so the sum is the same bits whichever share is last (float too),
         and sets the counter back to zero for the next launch."""
         mask = m_ok[:, None] & n_ok[None, :]
-        tl.store(ws_ptr + ((pid_k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]), acc, mask=mask)
+        tl.store(ws_ptr + _share_slot(pid_k, M, offs_m, offs_n, COUT), acc, mask=mask)
         # Every thread's stores before the count (one thread's atomic, whose release covers them).
         tl.debug_barrier()
         arrived = tl.atomic_add(arrival_ptr, 1, sem="acq_rel", scope="gpu")
         last = arrived == SPLIT_K - 1
         total = acc
         if last:
-            # Past the acquire, the other shares' slots are read from L2 (.cg), never a stale L1 line.
-            total = tl.load(ws_ptr + (offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :]),
-                            mask=mask & (pid_k != 0), other=0, cache_modifier=".cg")
-            total = tl.where(pid_k == 0, acc, total)
-            # Unrolled: every slot's load in flight at once (see _splitk_epilogue_kernel), which
-            # TileConfig.invalid keeps within a thread's registers.
-            for k in tl.static_range(1, SPLIT_K):
-                share = tl.load(ws_ptr + ((k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :]),
-                                mask=mask & (pid_k != k), other=0, cache_modifier=".cg")
-                total += tl.where(pid_k == k, acc, share)
+            # Past the acquire, the other shares' slots are read from L2 (.cg), never a stale L1 line;
+            # this share's own sum is its registers. Unrolled: every slot's load in flight at once
+            # (see _splitk_epilogue_kernel), which TileConfig.invalid keeps within a thread's registers.
+            for k in tl.static_range(SPLIT_K):
+                share = tl.load(ws_ptr + _share_slot(k, M, offs_m, offs_n, COUT), mask=mask & (pid_k != k), other=0,
+                                cache_modifier=".cg")
+                share = tl.where(pid_k == k, acc, share)
+                if k == 0:
+                    total = share
+                else:
+                    total += share
             tl.atomic_xchg(arrival_ptr, 0, sem="relaxed", scope="gpu")
         return total, last
 
@@ -278,12 +284,11 @@ if triton is not None:
         m_ok = offs_m < M
         n_ok = offs_n < COUT
         mask = m_ok[:, None] & n_ok[None, :]
-        acc = tl.load(ws_ptr + offs_m.to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask, other=0)
+        acc = tl.load(ws_ptr + _share_slot(0, M, offs_m, offs_n, COUT), mask=mask, other=0)
         # Unrolled, so that every share's load is in flight at once: as a loop, each waited for the
         # last (docs/decisions/kernel-split-k-epilogue-unrolled.md).
         for k in tl.static_range(1, SPLIT_K):
-            acc += tl.load(ws_ptr + (k * M + offs_m).to(tl.int64)[:, None] * COUT + offs_n[None, :], mask=mask,
-                           other=0)
+            acc += tl.load(ws_ptr + _share_slot(k, M, offs_m, offs_n, COUT), mask=mask, other=0)
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
         store_epilogue(acc, offs_m, offs_n, m_ok, n_ok, n_idx, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
