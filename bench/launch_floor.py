@@ -5,9 +5,10 @@ an engine. With `--pdl`, each kernel is also launched with programmatic dependen
 for its predecessor in the kernel (kernels/common/pdl.py), as sartor's INT8 layers do.
 
 An engine of K kernels cannot replay in less than about K times this figure, however fast each
-kernel's own work. Issue 33's batch-1 bar asks INT8 for 1.3× FP16 where both engines run 70–100
-kernels of about 3 µs each. So this floor says how much of those 3 µs any kernel pays, and how
-much a kernel could still gain by its own work.
+kernel's own work. Issue 33's batch-1 bar asks INT8 for 1.3× FP16 where both engines are chains of
+short kernels (their counts and times: BENCHMARKS.md, "INT8 against FP16 on detectors"). So this
+floor says how much of each kernel's time any kernel pays, and how much a kernel could still gain
+by its own work.
 
     PYTHONPATH=. python bench/launch_floor.py [--kernels 1,84,97] [--programs 1,132] [--bytes 16,4096]
         [--pdl] [--constant-bytes 16384] [--replays 200] [--out DIR]
@@ -97,8 +98,8 @@ def numbers(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", type=numbers, default=[1, 84, 97], help="chain lengths (YOLOv8n INT8 and FP16 "
-                        "at batch 1 ran 84 and 97 kernels in session 40)")
+    parser.add_argument("--kernels", type=numbers, default=[1, 84, 97], help="chain lengths (84 and 97: YOLOv8n's "
+                        "INT8 and FP16 engines' kernels at batch 1, BENCHMARKS.md)")
     parser.add_argument("--programs", type=numbers, default=[1, 132], help="programs a kernel (132: an H200's SMs)")
     parser.add_argument("--bytes", type=numbers, default=[16, 4096],
                         help="bytes each program reads and writes (multiples of 4, powers of two)")
