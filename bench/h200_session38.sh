@@ -28,7 +28,8 @@
 #      decisions 0054, 0055), and the floor a batch-1 engine's kernels stand on
 #      (bench/launch_floor.py). The table's JSON has each INT8 build's pdl_check.
 # Carry nothing (the trained YOLOs are tracked: samples/yolo); OUT=$OUT bash bench/h200_session38.sh a
-# Part g split over two calls: MODELS=yolov8n,detector ... g, then TABLE_ONLY=1 MODELS=yolo11n ... g.
+# Part g split over two calls: MODELS=yolov8n,detector ... g, then TABLE_ONLY=1 MODELS=yolo11n ... g
+# (BATCHES=1 for batch 1 alone).
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a, b, c, d, e, f or g}
@@ -64,7 +65,7 @@ if [ "$part" = g ]; then
   fi
   # MODELS=yolov8n,detector, then TABLE_ONLY=1 MODELS=yolo11n, where one call cannot build all twelve engines.
   timeout $(( ${BUDGET_S:-560} - SECONDS )) python bench/h200_table.py --models "${MODELS:-yolov8n,yolo11n,detector}" \
-    --detector-batches 32,1 --int8 --aux-streams 2 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+    --detector-batches "${BATCHES:-32,1}" --int8 --aux-streams 2 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
     --out "$OUT/table_default" > "$OUT/table_default.log" 2>&1
   echo "default-effort table exit $? at ${SECONDS}s"; grep "^|" "$OUT/table_default.log" | cut -c1-300
 elif [ "$part" = f ]; then

@@ -53,6 +53,9 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--max-downscale", metavar="X|any",
                    help="with --end-to-end: the most a frame may be shrunk to fit the engine's largest resolution "
                         "bucket, instead of the engine's policy (a factor ≥ 1, or any)")
+    p.add_argument("--host-decode-share", type=float, default=0.0, metavar="S",
+                   help="with --end-to-end --images on a CUDA engine: decode this share (0 to 1) of each batch's "
+                        "JPEGs on the host's CPUs while nvJPEG decodes the rest (default 0: nvJPEG alone)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +63,9 @@ def run(args) -> int:
     if args.aux_streams is not None and (args.per_layer or args.end_to_end or args.images or args.video
                              or args.streams is not None):
         raise ConfigError("--aux-streams goes with the engine's own benchmark (not --per-layer or --end-to-end)")
+    if args.host_decode_share and (args.video or not args.images):
+        raise ConfigError("--host-decode-share goes with --end-to-end --images (JPEG files; video frames are decoded "
+                          "by their stream's decoder)")
     if args.per_layer:
         from .bench_layers import run_per_layer
         return run_per_layer(args)
@@ -101,7 +107,7 @@ def run_end_to_end(args) -> int:
     files = image_files(args.images)
     engine = load(args.plan, device=args.device, trust=args.trust)
     result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder,
-                        max_downscale=args.max_downscale)
+                        max_downscale=args.max_downscale, host_decode_share=args.host_decode_share)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
         return 0
@@ -109,6 +115,8 @@ def run_end_to_end(args) -> int:
     out.print(key_values("End to end", [
         ("engine", args.plan), ("device", result.device), ("images", f"{result.images} from {args.images}"),
         ("batch", result.batch), ("post-processing", result.decoder),
+        *([("host decode", f"{result.host_decode_share:.0%} of the JPEGs on the host's CPUs, the rest by nvJPEG")]
+          if result.host_decode_share else []),
         *([("buckets", ", ".join(f"{size}: {n} images" for size, n in result.buckets.items())
             + f"; stages timed at {result.stage_bucket}")] if len(result.buckets) > 1 else []),
         ("first pass", f"{result.first_pass_s:.2f} s (warm-up: graph capture and kernel loads on a GPU; "

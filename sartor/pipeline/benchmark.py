@@ -72,13 +72,14 @@ class EndToEndResult:
     stages_ms: dict = field(default_factory=dict)  # one batch through each stage alone
     buckets: dict = field(default_factory=dict)  # "HxW" input size -> images a pass ran at it
     stage_bucket: str = ""  # the input size the stages and the engine alone were timed at
+    host_decode_share: float = 0.0  # of the JPEGs nvJPEG would decode, the share decoded on the host
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def bench_pipeline(engine, batch: int | None, decoder: str,
-                   max_downscale: float | str | None = None) -> tuple[Pipeline, object, str]:
+def bench_pipeline(engine, batch: int | None, decoder: str, max_downscale: float | str | None = None,
+                   host_decode_share: float = 0.0) -> tuple[Pipeline, object, str]:
     """(the pipeline, its post-processing or None, the post-processing's name) for `--decoder`."""
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
@@ -89,8 +90,8 @@ def bench_pipeline(engine, batch: int | None, decoder: str,
     if decoder == "auto":
         decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
     post = nms if decoder != "none" else None
-    return (Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None, max_downscale=max_downscale),
-            post, decoder)
+    return (Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None, max_downscale=max_downscale,
+                     host_decode_share=host_decode_share), post, decoder)
 
 
 def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats: int) -> tuple[dict, float]:
@@ -121,10 +122,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
-               decoder: str = "auto", max_downscale: float | str | None = None) -> EndToEndResult:
+               decoder: str = "auto", max_downscale: float | str | None = None,
+               host_decode_share: float = 0.0) -> EndToEndResult:
     if passes < 2:
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
-    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale)
+    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale, host_decode_share)
     device = pipeline.device
     batch = pipeline.batch_size
 
@@ -152,15 +154,16 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     rows = max(batch, pipeline.bucket_profile(bucket)[2])
     chunk = (of_bucket * (rows // len(of_bucket) + 1))[:rows]
     sources = read_sources(chunk)
-    decoded = decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode)
+    decode = lambda: decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode,  # noqa: E731
+                                   pipeline.host_decode_share, pipeline.host_pool)
+    decoded = decode()
     bad = [d.error for d in decoded if d.error is not None]
     if bad:
         raise ConfigError(f"--images: {bad[0]}")
     stages = {"read": median_ms(lambda: read_sources(chunk), device, stage_repeats),
-              "decode": median_ms(lambda: decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode),
-                                   device, stage_repeats)}
+              "decode": median_ms(decode, device, stage_repeats)}
     after, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
-                          routed, stage_bucket)
+                          routed, stage_bucket, pipeline.host_decode_share)

@@ -11,11 +11,15 @@ Two ways, and `orig_size` keeps the file's own size for the geometry either way:
 - exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
   size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
   engine, not a decoder or a resize filter.
+With `host_share` on CUDA, a share of each call's JPEGs is decoded the fast host way by a pool of
+threads while nvJPEG decodes the rest: nvJPEG shares the GPU with the engine and slows beside it,
+host threads do not (DALI's hw_decoder_load splits a batch the same way).
 EXIF orientation is not applied, as in `sartor.data.preprocess`."""
 from __future__ import annotations
 
 import io
 import warnings
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,14 +137,15 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
 
 
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
-                  fast: bool = True) -> list[DecodedFrame]:
+                  fast: bool = True, host_share: float = 0.0, host_pool: Executor | None = None) -> list[DecodedFrame]:
     """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
     JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
     everything through Pillow on the host, resized as the reference resizes it when `spec` is
     given (see the module's docstring). Without `spec`, host frames keep their own size. With
     Buckets, a host-decoded image goes by the spec of its bucket, and one that no bucket takes
     fails (its reason the refusal's line) without being decoded; frames decoded elsewhere are
-    routed by the caller."""
+    routed by the caller. `host_share` (with `host_pool`): that fraction of the JPEGs nvJPEG
+    would take, the last of them, go to the host pool instead, decoded while nvJPEG runs."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
@@ -149,25 +154,52 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif device.type == "cuda" and fast and _is_jpeg(source.encoded):
+        elif _nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):
                 gpu_jpegs.append(i)
             else:
                 decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
                                                              f"image: no JPEG end-of-image marker (truncated)")
         else:
-            try:
-                pixels, size = decode_on_host(source.encoded, spec, fast)
-            except BucketRefused as exc:
-                decoded[i] = DecodedFrame(source.name, None, f"{source.name}: {exc}")
-                continue
-            except DataError as exc:
-                decoded[i] = _failure(source, exc)
-                continue
-            decoded[i] = DecodedFrame(source.name, pixels.to(device, non_blocking=True), orig_size=size)
+            decoded[i] = _host_frame(sources[i], device, spec, fast)
+    gpu_jpegs, host_jpegs = split_for_host(gpu_jpegs, host_share if host_pool is not None else 0.0)
+    on_host = [(i, host_pool.submit(_decode_on_host_only, sources[i], spec)) for i in host_jpegs]
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
+    for i, future in on_host:  # uploaded here, on the caller's stream, in order
+        decoded[i] = _uploaded(future.result(), device)
     return decoded
+
+
+def _nvjpeg_decodes(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def split_for_host(jpegs: list[int], host_share: float) -> tuple[list[int], list[int]]:
+    """(for nvJPEG, for the host): the last round(share × n) of `jpegs` go to the host."""
+    on_host = round(len(jpegs) * host_share)
+    return jpegs[:len(jpegs) - on_host], jpegs[len(jpegs) - on_host:]
+
+
+def _decode_on_host_only(source: FrameSource, spec) -> DecodedFrame:
+    """A JPEG decoded the fast host way, left on the host (the pool's threads never touch the device)."""
+    return _host_frame(source, torch.device("cpu"), spec, True)
+
+
+def _uploaded(frame: DecodedFrame, device: torch.device) -> DecodedFrame:
+    if frame.pixels is not None:
+        frame.pixels = frame.pixels.to(device, non_blocking=True)
+    return frame
+
+
+def _host_frame(source: FrameSource, device: torch.device, spec, fast: bool) -> DecodedFrame:
+    try:
+        pixels, size = decode_on_host(source.encoded, spec, fast)
+    except BucketRefused as exc:
+        return DecodedFrame(source.name, None, f"{source.name}: {exc}")
+    except DataError as exc:
+        return _failure(source, exc)
+    return DecodedFrame(source.name, pixels.to(device, non_blocking=True), orig_size=size)
 
 
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -160,7 +161,10 @@ class Pipeline:
     `fast_decode` (the default) decodes JPEGs by nvJPEG on CUDA and, on the host, at 1/2, 1/4 or 1/8
     scale when the preprocessing shrinks them that much (half the CPU time per 720p frame, mAP
     within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
-    encoded images on any device (Pillow's decode and resize on the host).
+    encoded images on any device (Pillow's decode and resize on the host). `host_decode_share` (0 to
+    1; CUDA engines with `fast_decode`): that share of each batch's JPEGs is decoded on the host by
+    `host_decode_threads` threads (default: the machine's CPUs) while nvJPEG decodes the rest, which
+    shares the GPU with the engine; a CPU engine decodes every frame on the host anyway.
 
     Resolution buckets: frames go to the engine's buckets (`engine.buckets`) by size, under the
     engine's `max_downscale` policy unless `max_downscale` is given (a factor ≥ 1, or "any");
@@ -171,7 +175,12 @@ class Pipeline:
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
                  preprocess: PreprocessSpec | None = None, overlap: bool = True,
                  host_outputs: bool = True, fast_decode: bool = True,
-                 max_downscale: float | str | None = None) -> None:
+                 max_downscale: float | str | None = None, host_decode_share: float = 0.0,
+                 host_decode_threads: int | None = None) -> None:
+        if not 0.0 <= host_decode_share <= 1.0:
+            raise ConfigError(f"host_decode_share {host_decode_share} must be between 0 and 1")
+        if host_decode_threads is not None and host_decode_threads < 1:
+            raise ConfigError(f"host_decode_threads {host_decode_threads} must be at least 1")
         buckets = Buckets((preprocess,)) if preprocess is not None else engine.buckets
         if buckets is None:
             raise ConfigError("the engine records no preprocessing: rebuild it with --preprocess (e.g. "
@@ -224,6 +233,12 @@ class Pipeline:
         self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
         self.device = torch.device(engine.device)
         self.fast_decode = fast_decode
+        self.host_decode_share = host_decode_share if self.device.type == "cuda" and fast_decode else 0.0
+        self.host_pool = None
+        if self.host_decode_share > 0:
+            self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or os.cpu_count() or 1,
+                                                 thread_name_prefix="sartor-host-decode")
+            weakref.finalize(self, self.host_pool.shutdown, wait=False)
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's
         # runs by events; without, on the current stream, in the calling thread.
         self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
@@ -270,8 +285,8 @@ class Pipeline:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
             # A raw-frames engine takes frames of its declared size and resizes them itself: files are
             # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
-            decoded = (decode_frames(sources, self.device, self.buckets, self.fast_decode) if self.frames is None
-                       else decode_frames(sources, self.device, None, self.fast_decode))
+            decoded = decode_frames(sources, self.device, self.buckets if self.frames is None else None,
+                                    self.fast_decode, self.host_decode_share, self.host_pool)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)

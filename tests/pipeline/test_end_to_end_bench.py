@@ -39,7 +39,8 @@ def test_end_to_end_times_every_stage_and_the_engine(cli, letterbox_plan, image_
 
 def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_folder, tmp_path):
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end"), "--end-to-end and --images DIR go together")
-    assert_cli_error(cli("bench", letterbox_plan, "--images", image_folder), "--end-to-end and --images DIR go together")
+    assert_cli_error(cli("bench", letterbox_plan, "--images", image_folder),
+                     "--end-to-end and --images DIR go together")
     (tmp_path / "empty").mkdir()
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "empty"),
                      "no image files")
@@ -49,6 +50,10 @@ def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_
                      "--passes must be at least 2")
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--batch", "9"),
                      "batch size 9 is outside 1..4")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--host-decode-share",
+                         "1.5"), "host_decode_share 1.5 must be between 0 and 1")
+    assert_cli_error(cli("bench", letterbox_plan, "--host-decode-share", "0.5"),
+                     "--host-decode-share goes with --end-to-end --images")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "bad"),

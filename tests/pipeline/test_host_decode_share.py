@@ -1,0 +1,114 @@
+"""A share of each batch's JPEGs decoded on the host while nvJPEG decodes the rest (`host_decode_share`):
+which frames go where, that host frames come out as the fast host path makes them and in order,
+that one corrupt file fails alone, and the refusals. On the CPU, nvJPEG's place is taken by
+torchvision's host JPEG decoder (the same call, on the host); on a GPU the real one runs."""
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from PIL import Image
+
+import sartor
+from sartor.data.preprocess import parse_preprocess
+from sartor.errors import ConfigError
+from sartor.pipeline import Pipeline, decode_frames, read_sources
+from sartor.pipeline import decode as decode_module
+from sartor.pipeline.decode import decode_on_host, split_for_host
+
+skimage_data = pytest.importorskip("skimage.data")
+torchvision_io = pytest.importorskip("torchvision.io")
+SPEC = parse_preprocess("letterbox=640,mean=0,std=255,rgb,nchw")
+PHOTOS = ("astronaut", "coffee", "rocket", "chelsea")
+
+
+def frame_bytes(name: str) -> bytes:
+    image = Image.fromarray(getattr(skimage_data, name)()).resize((1280, 720), Image.Resampling.BICUBIC)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("jpegs,share,on_host", [
+    ([0, 1, 2, 3], 0.0, []),
+    ([0, 1, 2, 3], 0.25, [3]),
+    ([0, 2, 5, 6, 7, 9], 0.5, [6, 7, 9]),  # slots of the batch's JPEGs, not 0..n-1
+    ([0, 1, 2, 3, 4, 5, 6], 0.3, [5, 6]),  # round(2.1)
+    ([0, 1, 2], 1.0, [0, 1, 2]),
+    ([], 0.5, []),
+])
+def test_the_last_share_of_the_jpegs_goes_to_the_host(jpegs, share, on_host):
+    gpu, host = split_for_host(jpegs, share)
+    assert host == on_host and gpu + host == jpegs
+
+
+@pytest.fixture
+def host_standing_in_for_nvjpeg(monkeypatch):
+    """decode_frames takes the CPU for a device nvJPEG decodes on, and nvJPEG's batched call is run by
+    torchvision's host decoder; the calls it gets are recorded."""
+    calls = []
+
+    def decode_as_nvjpeg_would(sources, device, slots, decoded):
+        calls.append(list(slots))
+        frames = torchvision_io.decode_jpeg([s.encoded for s in sources], mode=torchvision_io.ImageReadMode.RGB)
+        for slot, source, frame in zip(slots, sources, frames):
+            decoded[slot] = decode_module.DecodedFrame(source.name, frame)
+
+    monkeypatch.setattr(decode_module, "_nvjpeg_decodes", lambda device: True)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", decode_as_nvjpeg_would)
+    return calls
+
+
+def test_host_frames_come_out_as_the_fast_host_path_makes_them_and_in_order(host_standing_in_for_nvjpeg):
+    items = [frame_bytes(name) for name in PHOTOS]
+    with ThreadPoolExecutor(2) as pool:
+        decoded = decode_frames(read_sources(items), torch.device("cpu"), SPEC, True, 0.5, pool)
+    assert host_standing_in_for_nvjpeg == [[0, 1]]
+    assert [d.name for d in decoded] == [s.name for s in read_sources(items)]
+    for d in decoded[:2]:  # nvJPEG's: full size
+        assert tuple(d.pixels.shape) == (3, 720, 1280) and d.size == (720, 1280)
+    for d, data in zip(decoded[2:], items[2:]):  # the host's: at the DCT scale the letterbox allows
+        pixels, size = decode_on_host(data, SPEC, fast=True)
+        assert torch.equal(d.pixels, pixels) and d.size == size == (720, 1280)
+
+
+def test_a_corrupt_jpeg_in_the_host_share_fails_alone(host_standing_in_for_nvjpeg):
+    items = [frame_bytes(name) for name in PHOTOS]
+    items[3] = items[3][:600] + b"\xff\xd9"  # its headers, then the end-of-image marker: no scan data
+    with ThreadPoolExecutor(2) as pool:
+        decoded = decode_frames(read_sources(items), torch.device("cpu"), SPEC, True, 0.5, pool)
+    assert [d.error is None for d in decoded] == [True, True, True, False]
+    assert decoded[3].error.startswith(f"image {decoded[3].name} is corrupt, truncated or not an image")
+
+
+def test_without_a_pool_or_a_share_nvjpeg_takes_every_jpeg(host_standing_in_for_nvjpeg):
+    items = [frame_bytes(name) for name in PHOTOS[:2]]
+    decode_frames(read_sources(items), torch.device("cpu"), SPEC, True, 0.5, None)
+    with ThreadPoolExecutor(2) as pool:
+        decode_frames(read_sources(items), torch.device("cpu"), SPEC, True, 0.0, pool)
+    assert host_standing_in_for_nvjpeg == [[0, 1], [0, 1]]
+
+
+def test_pipeline_refuses_a_share_or_thread_count_out_of_range_and_a_cpu_engine_needs_no_pool(letterbox_plan):
+    engine = sartor.load(letterbox_plan, device="cpu")
+    with pytest.raises(ConfigError, match="host_decode_share 1.5 must be between 0 and 1"):
+        Pipeline(engine, host_decode_share=1.5)
+    with pytest.raises(ConfigError, match="host_decode_threads 0 must be at least 1"):
+        Pipeline(engine, host_decode_share=0.5, host_decode_threads=0)
+    pipeline = Pipeline(engine, host_decode_share=0.5)  # the CPU decodes every frame on the host already
+    assert pipeline.host_decode_share == 0.0 and pipeline.host_pool is None
+    assert len(pipeline.run([frame_bytes("astronaut")])) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+def test_on_a_gpu_the_host_share_lands_on_the_device_beside_nvjpegs_frames():
+    items = [frame_bytes(name) for name in PHOTOS]
+    device = torch.device("cuda")
+    with ThreadPoolExecutor(2) as pool:
+        decoded = decode_frames(read_sources(items), device, SPEC, True, 0.5, pool)
+    assert all(d.error is None and d.pixels.device.type == "cuda" for d in decoded)
+    assert [tuple(d.pixels.shape) for d in decoded] == [(3, 720, 1280)] * 2 + [(3, 360, 640)] * 2
+    for d, data in zip(decoded[2:], items[2:]):
+        assert torch.equal(d.pixels.cpu(), decode_on_host(data, SPEC, fast=True)[0])
