@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 30 parts 1 and 6 on the GPU: YOLOv8n FP16 at 640, batch 32, fed by 1, 8 and 32 concurrent
+# Issue 30 parts 1 and 6 on the GPU: YOLOv8n FP16 at 640, batch 32, fed by 720p JPEG files with 0 to 75% of
+# them decoded on the host (decision 0057), then by 1, 8 and 32 concurrent
 # 1280×720 H.264 streams decoded by NVDEC (PyNvVideoCodec, carried as a trimmed archive: the device
 # installs nothing, and PyAV's 35 MB wheel does not fit a call beside the tracked tree), end to end
 # beside the engine alone (`sartor bench --end-to-end --video`).
@@ -18,6 +19,13 @@ shapes="--min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 --max-s
 timeout 200 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8.plan --device cuda --precision fp16 \
   $shapes --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort "${EFFORT:-1}" > "$OUT/build.txt" 2>&1
 echo "build exit $? at ${SECONDS}s"
+# JPEG files to boxes with a share of each batch decoded on the host's CPUs beside nvJPEG (decision
+# 0057), the share 0 first: nvJPEG alone, as the table in BENCHMARKS.md.
+for share in 0 0.25 0.5 0.75; do
+  timeout 100 python -m sartor bench /tmp/y8.plan --end-to-end --images .whl/nvdec/frames --batch 32 --passes 3 \
+    --host-decode-share $share --json > "$OUT/jpeg_host_share_$share.json" 2> "$OUT/jpeg_host_share_$share.err"
+  echo "host share $share exit $? at ${SECONDS}s: $(cat "$OUT/jpeg_host_share_$share.json" "$OUT/jpeg_host_share_$share.err" | tail -c 500)"
+done
 for streams in 1 8 32; do
   timeout 150 python -m sartor bench /tmp/y8.plan --end-to-end --video .whl/nvdec/clip.mp4 --streams $streams \
     --batch 32 --passes 2 --video-decoder nvdec --json > "$OUT/video_nvdec_$streams.json" 2> "$OUT/video_nvdec_$streams.err"

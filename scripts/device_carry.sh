@@ -12,8 +12,8 @@
 #               bench/h200_ray.sh (docs/decisions/0046-infer-on-ray.md)
 #   .whl/nvdec  pynvvideocodec-cp312.tar.xz (about 4 MiB): PyNvVideoCodec installed for CPython 3.12,
 #               trimmed of its FFmpeg source tarball and samples, duplicate library copies as links,
-#               and clip.mp4, a 720p H.264 clip of the real-photo frames (bench/make_video.py, made
-#               here with PyAV): NVDEC video for bench/video_h200.sh, where PyAV's 35 MB wheel and the
+#               frames/, 24 camera-like 720p JPEGs of real photos (bench/make_frames.py), and
+#               clip.mp4, a 720p H.264 clip of them (bench/make_video.py, made here with PyAV): NVDEC video for bench/video_h200.sh, where PyAV's 35 MB wheel and the
 #               tracked tree do not fit one call
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
@@ -99,8 +99,8 @@ make_nvdec_archive() {
   mkdir -p .whl/nvdec
   tar -cf - -C "$work/site" . | xz -9 -T0 > .whl/nvdec/pynvvideocodec-cp312.tar.xz
   rm -rf "$work"
-  "$PY" bench/make_frames.py /tmp/device_carry_frames --count 24 >/dev/null
-  "$PY" bench/make_video.py /tmp/device_carry_frames .whl/nvdec/clip.mp4 --seconds 10 >/dev/null
+  "$PY" bench/make_frames.py .whl/nvdec/frames --count 24 >/dev/null
+  "$PY" bench/make_video.py .whl/nvdec/frames .whl/nvdec/clip.mp4 --seconds 10 >/dev/null
 }
 for part in "${@:-serve base carry}"; do
   for name in $part; do
@@ -123,7 +123,7 @@ for part in "${@:-serve base carry}"; do
       ray)
         [ -f .whl/ray/ray-cp312.tar.xz ] || make_ray_archive ;;
       nvdec)
-        [ -f .whl/nvdec/pynvvideocodec-cp312.tar.xz ] || make_nvdec_archive ;;
+        [ -f .whl/nvdec/pynvvideocodec-cp312.tar.xz ] && [ -d .whl/nvdec/frames ] || make_nvdec_archive ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do
