@@ -161,9 +161,10 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
                 decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
                                                              f"image: no JPEG end-of-image marker (truncated)")
         else:
-            decoded[i] = _host_frame(sources[i], device, spec, fast)
+            decoded[i] = _uploaded(_host_frame(source, spec, fast), device)
     gpu_jpegs, host_jpegs = split_for_host(gpu_jpegs, host_share if host_pool is not None else 0.0)
-    on_host = [(i, host_pool.submit(_decode_on_host_only, sources[i], spec)) for i in host_jpegs]
+    # The pool's threads decode on the host and never touch the device.
+    on_host = [(i, host_pool.submit(_host_frame, sources[i], spec, True)) for i in host_jpegs]
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
     for i, future in on_host:  # uploaded here, on the caller's stream, in order
@@ -172,6 +173,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
 
 
 def _nvjpeg_decodes(device: torch.device) -> bool:
+    """Whether JPEGs for `device` go to nvJPEG (one place, which the CPU tests stand nvJPEG in for)."""
     return device.type == "cuda"
 
 
@@ -181,25 +183,21 @@ def split_for_host(jpegs: list[int], host_share: float) -> tuple[list[int], list
     return jpegs[:len(jpegs) - on_host], jpegs[len(jpegs) - on_host:]
 
 
-def _decode_on_host_only(source: FrameSource, spec) -> DecodedFrame:
-    """A JPEG decoded the fast host way, left on the host (the pool's threads never touch the device)."""
-    return _host_frame(source, torch.device("cpu"), spec, True)
-
-
 def _uploaded(frame: DecodedFrame, device: torch.device) -> DecodedFrame:
     if frame.pixels is not None:
         frame.pixels = frame.pixels.to(device, non_blocking=True)
     return frame
 
 
-def _host_frame(source: FrameSource, device: torch.device, spec, fast: bool) -> DecodedFrame:
+def _host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
+    """The source decoded on the host (`decode_on_host`), its pixels left there; a failure carries its reason."""
     try:
         pixels, size = decode_on_host(source.encoded, spec, fast)
     except BucketRefused as exc:
         return DecodedFrame(source.name, None, f"{source.name}: {exc}")
     except DataError as exc:
         return _failure(source, exc)
-    return DecodedFrame(source.name, pixels.to(device, non_blocking=True), orig_size=size)
+    return DecodedFrame(source.name, pixels, orig_size=size)
 
 
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
