@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30 parts 1 and 6 on the GPU: YOLOv8n FP16 at 640, batch 32, fed by 720p JPEG files with 0 to 75% of
+# Issue 30 parts 1 and 6 on the GPU: YOLOv8n FP16 at 640, batch 32, fed by 720p JPEG files with 0 to 100% of
 # them decoded on the host (decision 0057), then by 1, 8 and 32 concurrent
 # 1280×720 H.264 streams decoded by NVDEC (PyNvVideoCodec, carried as a trimmed archive: the device
 # installs nothing, and PyAV's 35 MB wheel does not fit a call beside the tracked tree), end to end
@@ -15,14 +15,20 @@ site=/tmp/nvdec_site
 export PYTHONPATH=$site:$PWD
 python -c "import PyNvVideoCodec as nvc; print('PyNvVideoCodec', nvc.__version__)" 2>&1 | tail -2
 SECONDS=0
+timeout 60 python -m pytest -q -p no:cacheprovider tests/pipeline/test_host_decode_share.py > "$OUT/tests_host_share.log" 2>&1
+echo "host-share tests exit $? at ${SECONDS}s: $(tail -1 "$OUT/tests_host_share.log")"
 shapes="--min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 --max-shapes images:32x3x640x640"
 timeout 200 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8.plan --device cuda --precision fp16 \
   $shapes --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort "${EFFORT:-1}" > "$OUT/build.txt" 2>&1
 echo "build exit $? at ${SECONDS}s"
 # JPEG files to boxes with a share of each batch decoded on the host's CPUs beside nvJPEG (decision
 # 0057), the share 0 first: nvJPEG alone, as the table in BENCHMARKS.md.
-for share in 0 0.25 0.5 0.75; do
-  timeout 100 python -m sartor bench /tmp/y8.plan --end-to-end --images .whl/nvdec/frames --batch 32 --passes 3 \
+# 512 files cycled from the carried frames: a pass of 16 batches, so decode of one batch overlaps the last.
+jpegs=/tmp/jpeg512; mkdir -p $jpegs
+frames=(.whl/nvdec/frames/*.jpg)
+for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
+for share in 0 0.25 0.5 0.75 1; do
+  timeout 100 python -m sartor bench /tmp/y8.plan --end-to-end --images $jpegs --batch 32 --passes 4 \
     --host-decode-share $share --json > "$OUT/jpeg_host_share_$share.json" 2> "$OUT/jpeg_host_share_$share.err"
   echo "host share $share exit $? at ${SECONDS}s: $(cat "$OUT/jpeg_host_share_$share.json" "$OUT/jpeg_host_share_$share.err" | tail -c 500)"
 done

@@ -163,8 +163,9 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
         else:
             decoded[i] = _uploaded(_host_frame(source, spec, fast), device)
     gpu_jpegs, host_jpegs = split_for_host(gpu_jpegs, host_share if host_pool is not None else 0.0)
-    # The pool's threads decode on the host and never touch the device.
-    on_host = [(i, host_pool.submit(_host_frame, sources[i], spec, True)) for i in host_jpegs]
+    # The pool's threads decode on the host and never touch the device's streams.
+    host_step = _pinned_host_frame if device.type == "cuda" else _host_frame
+    on_host = [(i, host_pool.submit(host_step, sources[i], spec, True)) for i in host_jpegs]
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
     for i, future in on_host:  # uploaded here, on the caller's stream, in order
@@ -198,6 +199,15 @@ def _host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
     except DataError as exc:
         return _failure(source, exc)
     return DecodedFrame(source.name, pixels, orig_size=size)
+
+
+def _pinned_host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
+    """`_host_frame` with its pixels copied to page-locked memory in the pool's thread, so that their
+    upload is an asynchronous copy rather than the calling thread staging pageable bytes."""
+    frame = _host_frame(source, spec, fast)
+    if frame.pixels is not None:
+        frame.pixels = frame.pixels.pin_memory()
+    return frame
 
 
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],

@@ -16,7 +16,7 @@ from sartor.data.preprocess import parse_preprocess
 from sartor.errors import ConfigError
 from sartor.pipeline import Pipeline, decode_frames, read_sources
 from sartor.pipeline import decode as decode_module
-from sartor.pipeline.decode import decode_on_host, split_for_host
+from sartor.pipeline.decode import _pinned_host_frame, decode_on_host, split_for_host
 
 skimage_data = pytest.importorskip("skimage.data")
 torchvision_io = pytest.importorskip("torchvision.io")
@@ -112,3 +112,11 @@ def test_on_a_gpu_the_host_share_lands_on_the_device_beside_nvjpegs_frames():
     assert [tuple(d.pixels.shape) for d in decoded] == [(3, 720, 1280)] * 2 + [(3, 360, 640)] * 2
     for d, data in zip(decoded[2:], items[2:]):
         assert torch.equal(d.pixels.cpu(), decode_on_host(data, SPEC, fast=True)[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+def test_on_a_gpu_the_pool_leaves_its_frames_page_locked_for_an_asynchronous_upload():
+    data = frame_bytes(PHOTOS[0])
+    frame = _pinned_host_frame(read_sources([data])[0], SPEC, True)
+    assert frame.pixels.is_pinned()
+    assert torch.equal(frame.pixels, decode_on_host(data, SPEC, fast=True)[0])
