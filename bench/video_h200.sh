@@ -27,7 +27,7 @@ echo "build exit $? at ${SECONDS}s"
 jpegs=/tmp/jpeg512; mkdir -p $jpegs
 frames=(.whl/nvdec/frames/*.jpg)
 for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
-for share in 0 0.25 0.5 0.75 1; do
+for share in 0 0.25 0.5 0.75 1 auto; do
   timeout 100 python -m sartor bench /tmp/y8.plan --end-to-end --images $jpegs --batch 32 --passes 4 \
     --host-decode-share $share --json > "$OUT/jpeg_host_share_$share.json" 2> "$OUT/jpeg_host_share_$share.err"
   echo "host share $share exit $? at ${SECONDS}s: $(cat "$OUT/jpeg_host_share_$share.json" "$OUT/jpeg_host_share_$share.err" | tail -c 500)"

@@ -53,13 +53,24 @@ def add_parser(subparsers, parents) -> None:
     p.add_argument("--max-downscale", metavar="X|any",
                    help="with --end-to-end: the most a frame may be shrunk to fit the engine's largest resolution "
                         "bucket, instead of the engine's policy (a factor ≥ 1, or any)")
-    p.add_argument("--host-decode-share", type=float, default=0.0, metavar="S",
+    p.add_argument("--host-decode-share", default="0", metavar="S|auto",
                    help="with --end-to-end --images on a CUDA engine: decode this share (0 to 1) of each batch's "
-                        "JPEGs on the host's CPUs while nvJPEG decodes the rest (default 0: nvJPEG alone)")
+                        "JPEGs on the host's CPUs while nvJPEG decodes the rest (default 0: nvJPEG alone); auto: "
+                        "the share whose batches come out fastest, timed over the first batches")
     p.set_defaults(func=run)
 
 
+def parse_host_share(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--host-decode-share {text!r} is neither a share (0 to 1) nor auto") from None
+
+
 def run(args) -> int:
+    args.host_decode_share = parse_host_share(args.host_decode_share)
     if args.aux_streams is not None and (args.per_layer or args.end_to_end or args.images or args.video
                              or args.streams is not None):
         raise ConfigError("--aux-streams goes with the engine's own benchmark (not --per-layer or --end-to-end)")
@@ -115,8 +126,7 @@ def run_end_to_end(args) -> int:
     out.print(key_values("End to end", [
         ("engine", args.plan), ("device", result.device), ("images", f"{result.images} from {args.images}"),
         ("batch", result.batch), ("post-processing", result.decoder),
-        *([("host decode", f"{result.host_decode_share:.0%} of the JPEGs on the host's CPUs, the rest by nvJPEG")]
-          if result.host_decode_share else []),
+        *([("host decode", host_share_line(result))] if result.host_decode_share else []),
         *([("buckets", ", ".join(f"{size}: {n} images" for size, n in result.buckets.items())
             + f"; stages timed at {result.stage_bucket}")] if len(result.buckets) > 1 else []),
         ("first pass", f"{result.first_pass_s:.2f} s (warm-up: graph capture and kernel loads on a GPU; "
@@ -162,3 +172,12 @@ def run_video_end_to_end(args) -> int:
     rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("decode", "preprocess", "infer", "post")))
     out.print(rows)
     return 0
+
+
+def host_share_line(result) -> str:
+    line = f"{result.host_share_chosen:.0%} of the JPEGs on the host's CPUs, the rest by nvJPEG"
+    if result.host_decode_share != "auto":
+        return line
+    timed = ", ".join(f"{float(share):.0%} {ms:.3f}" for share, ms in result.host_share_ms_per_frame.items())
+    return f"{line}; chosen by timing the warm-up's batches (ms a frame: {timed})"
+

@@ -8,6 +8,8 @@ them, beside each stage alone and the engine alone.
   bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
   (the decoder, and the copy of what it keeps to the host).
 - engine: the engine alone on its own input buffer, at the same batch.
+- host_decode_share "auto": the first pass, and more passes until the pipeline has chosen its share
+  (`host_share.py`), are the warm-up; the steady state runs at the share chosen.
 
 With resolution buckets the passes route every image as the pipeline does (`buckets`: how many
 images each bucket ran); the stages and the engine alone are timed in the bucket most images went
@@ -32,6 +34,7 @@ from .sources import read_sources
 
 IN_ENGINE_NMS = "in-engine nms"  # the decoder an engine built with --nms reports
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+MAX_SEARCH_PASSES = 20  # warm-up passes more than the first, for "auto" to time every candidate share
 
 
 def image_files(folder: str | Path) -> list[Path]:
@@ -72,14 +75,16 @@ class EndToEndResult:
     stages_ms: dict = field(default_factory=dict)  # one batch through each stage alone
     buckets: dict = field(default_factory=dict)  # "HxW" input size -> images a pass ran at it
     stage_bucket: str = ""  # the input size the stages and the engine alone were timed at
-    host_decode_share: float = 0.0  # of the JPEGs nvJPEG would decode, the share decoded on the host
+    host_decode_share: float | str = 0.0  # of the JPEGs nvJPEG would decode, the share decoded on the host
+    host_share_chosen: float | None = None  # the share the steady state ran at ("auto" chose it)
+    host_share_ms_per_frame: dict = field(default_factory=dict)  # "auto": each candidate's median, warm-up
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def bench_pipeline(engine, batch: int | None, decoder: str, max_downscale: float | str | None = None,
-                   host_decode_share: float = 0.0) -> tuple[Pipeline, object, str]:
+                   host_decode_share: float | str = 0.0) -> tuple[Pipeline, object, str]:
     """(the pipeline, its post-processing or None, the post-processing's name) for `--decoder`."""
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
@@ -123,7 +128,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
                decoder: str = "auto", max_downscale: float | str | None = None,
-               host_decode_share: float = 0.0) -> EndToEndResult:
+               host_decode_share: float | str = 0.0) -> EndToEndResult:
     if passes < 2:
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
     pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale, host_decode_share)
@@ -133,6 +138,11 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     # whole passes: the first apart, then the steady state, each batch's time between results
     start = time.perf_counter()
     ran_at = ["x".join(map(str, result.meta.input_size)) for result in pipeline.stream(files)]  # each file's bucket
+    for _ in range(MAX_SEARCH_PASSES):
+        if pipeline.host_share_chosen is not None:
+            break
+        for _ in pipeline.stream(files):  # "auto" still timing its candidates: warm-up too
+            pass
     first_pass_s = time.perf_counter() - start
     routed = {size: ran_at.count(size) for size in sorted(set(ran_at))}
     batch_times, total = [], 0.0
@@ -154,8 +164,12 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     rows = max(batch, pipeline.bucket_profile(bucket)[2])
     chunk = (of_bucket * (rows // len(of_bucket) + 1))[:rows]
     sources = read_sources(chunk)
+    share = pipeline.host_share_chosen
+    if share is None:
+        raise ConfigError(f"--host-decode-share auto: no share chosen after {MAX_SEARCH_PASSES + 1} passes over "
+                          f"{len(files)} images; give more images (each share is timed over several batches)")
     decode = lambda: decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode,  # noqa: E731
-                                   pipeline.host_decode_share, pipeline.host_pool)
+                                   share, pipeline.host_pool)
     decoded = decode()
     bad = [d.error for d in decoded if d.error is not None]
     if bad:
@@ -166,4 +180,5 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
-                          routed, stage_bucket, pipeline.host_decode_share)
+                          routed, stage_bucket, pipeline.host_decode_share, share,
+                          pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {})

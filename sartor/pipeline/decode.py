@@ -154,7 +154,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif _nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):
+        elif nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):
                 gpu_jpegs.append(i)
             else:
@@ -173,7 +173,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
     return decoded
 
 
-def _nvjpeg_decodes(device: torch.device) -> bool:
+def nvjpeg_decodes(device: torch.device) -> bool:
     """Whether JPEGs for `device` go to nvJPEG (one place, which the CPU tests stand nvJPEG in for)."""
     return device.type == "cuda"
 

@@ -36,8 +36,10 @@ import torch
 from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_downscale
 from ..errors import ConfigError, DataError
+from . import decode
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
+from .host_share import BatchTimer, HostShareSearch
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .sources import FRAME_ORDERS, FrameSource, read_sources
@@ -85,6 +87,7 @@ class _Prepared:
     failures: dict[int, str]  # position in the chunk → reason
     groups: list[_Group]  # one per bucket the chunk's good frames went to, smallest bucket first
     ready: torch.cuda.Event | None
+    host_share: float = 0.0  # of the chunk's JPEGs for nvJPEG, the share decoded on the host
 
 
 @dataclass
@@ -164,7 +167,9 @@ class Pipeline:
     encoded images on any device (Pillow's decode and resize on the host). `host_decode_share` (0 to
     1; CUDA engines with `fast_decode`): that share of each batch's JPEGs is decoded on the host by
     `host_decode_threads` threads (default: the machine's CPUs) while nvJPEG decodes the rest, which
-    shares the GPU with the engine; a CPU engine decodes every frame on the host anyway.
+    shares the GPU with the engine; a CPU engine decodes every frame on the host anyway. "auto":
+    the share is chosen by timing the first batches (`host_share.py`; `host_share_chosen` once
+    chosen).
 
     Resolution buckets: frames go to the engine's buckets (`engine.buckets`) by size, under the
     engine's `max_downscale` policy unless `max_downscale` is given (a factor ≥ 1, or "any");
@@ -175,10 +180,11 @@ class Pipeline:
                  decoder: Callable | None = None, frame_order: str = "rgb", skip_bad: bool = False,
                  preprocess: PreprocessSpec | None = None, overlap: bool = True,
                  host_outputs: bool = True, fast_decode: bool = True,
-                 max_downscale: float | str | None = None, host_decode_share: float = 0.0,
+                 max_downscale: float | str | None = None, host_decode_share: float | str = 0.0,
                  host_decode_threads: int | None = None) -> None:
-        if not 0.0 <= host_decode_share <= 1.0:
-            raise ConfigError(f"host_decode_share {host_decode_share} must be between 0 and 1")
+        if host_decode_share != "auto" and (isinstance(host_decode_share, str)
+                                            or not 0.0 <= host_decode_share <= 1.0):
+            raise ConfigError(f"host_decode_share {host_decode_share!r} must be between 0 and 1, or 'auto'")
         if host_decode_threads is not None and host_decode_threads < 1:
             raise ConfigError(f"host_decode_threads {host_decode_threads} must be at least 1")
         buckets = Buckets((preprocess,)) if preprocess is not None else engine.buckets
@@ -233,9 +239,11 @@ class Pipeline:
         self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
         self.device = torch.device(engine.device)
         self.fast_decode = fast_decode
-        self.host_decode_share = host_decode_share if self.device.type == "cuda" and fast_decode else 0.0
+        shared = decode.nvjpeg_decodes(self.device) and fast_decode  # else every frame is the host's anyway
+        self.host_decode_share = host_decode_share if shared else 0.0
+        self.host_share_search = HostShareSearch() if self.host_decode_share == "auto" else None
         self.host_pool = None
-        if self.host_decode_share > 0:
+        if self.host_decode_share != 0:
             self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or os.cpu_count() or 1,
                                                  thread_name_prefix="sartor-host-decode")
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
@@ -246,6 +254,13 @@ class Pipeline:
         # host run has finished when it returns, so there is nothing to overlap it with.
         self.launch_ahead = overlap and self.device.type == "cuda"
         self._lock = threading.Lock()
+
+    @property
+    def host_share_chosen(self) -> float | None:
+        """The host share batches are decoded with now; None while "auto" is still timing candidates."""
+        if self.host_share_search is not None:
+            return self.host_share_search.chosen
+        return self.host_decode_share
 
     # ---- routing ---------------------------------------------------------------------------
     def bucket_of(self, h: int, w: int) -> int:
@@ -285,8 +300,9 @@ class Pipeline:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
             # A raw-frames engine takes frames of its declared size and resizes them itself: files are
             # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
+            share = self.host_share_search.next_share() if self.host_share_search else self.host_decode_share
             decoded = decode_frames(sources, self.device, self.buckets if self.frames is None else None,
-                                    self.fast_decode, self.host_decode_share, self.host_pool)
+                                    self.fast_decode, share, self.host_pool)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
@@ -309,7 +325,7 @@ class Pipeline:
             if stream is not None and groups:
                 ready = torch.cuda.Event()
                 ready.record(stream)
-        return _Prepared(names, failures, groups, ready)
+        return _Prepared(names, failures, groups, ready, share)
 
     def _prepare_group(self, k: int, members: list[int], decoded: list, names: list[str],
                        slot: int) -> _Group | DataError:
@@ -403,9 +419,12 @@ class Pipeline:
 
     def _batches(self, chunks: Iterator[tuple[list, int]]) -> Iterator[PipelineResult]:
         with self._lock:
+            timer = BatchTimer(self.host_share_search)  # "auto" host share: each batch's time to its share
             if not self.overlap:
                 for chunk, first in chunks:
-                    yield from self._finish(self._launch(self._prepare(chunk, first, 0), 0))
+                    prepared = self._prepare(chunk, first, 0)
+                    yield from self._finish(self._launch(prepared, 0))
+                    timer.batch_finished(prepared.host_share, len(prepared.names))
                 return
             # Batch n+1 is prepared on the worker while n runs, and launched before n's results are
             # finished, so the device never waits for the host between two batches. A chunk of frames
@@ -431,9 +450,11 @@ class Pipeline:
                         following = _prepared_now(self._prepare, *chunk, 1 - slot)
                     if running is not None:
                         yield from self._finish(running)
+                        timer.batch_finished(prepared.host_share, len(running.prepared.names))
                     running, pending, slot = launched, following, 1 - slot
                     if not self.launch_ahead:
                         yield from self._finish(running)
+                        timer.batch_finished(prepared.host_share, len(prepared.names))
                         running = None
                 if running is not None:
                     yield from self._finish(running)

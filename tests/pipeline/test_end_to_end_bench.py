@@ -52,6 +52,8 @@ def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_
                      "batch size 9 is outside 1..4")
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--host-decode-share",
                          "1.5"), "host_decode_share 1.5 must be between 0 and 1")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--host-decode-share",
+                         "half"), "--host-decode-share 'half' is neither a share (0 to 1) nor auto")
     assert_cli_error(cli("bench", letterbox_plan, "--host-decode-share", "0.5"),
                      "--host-decode-share goes with --end-to-end --images")
     (tmp_path / "bad").mkdir()

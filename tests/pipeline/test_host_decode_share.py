@@ -5,6 +5,7 @@ torchvision's host JPEG decoder (the same call, on the host); on a GPU the real 
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,6 +17,7 @@ from sartor.data.preprocess import parse_preprocess
 from sartor.errors import ConfigError
 from sartor.pipeline import Pipeline, decode_frames, read_sources
 from sartor.pipeline import decode as decode_module
+from sartor.pipeline.benchmark import end_to_end
 from sartor.pipeline.decode import _pinned_host_frame, decode_on_host, split_for_host
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -56,7 +58,7 @@ def host_standing_in_for_nvjpeg(monkeypatch):
         for slot, source, frame in zip(slots, sources, frames):
             decoded[slot] = decode_module.DecodedFrame(source.name, frame)
 
-    monkeypatch.setattr(decode_module, "_nvjpeg_decodes", lambda device: True)
+    monkeypatch.setattr(decode_module, "nvjpeg_decodes", lambda device: True)
     monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", decode_as_nvjpeg_would)
     return calls
 
@@ -100,6 +102,59 @@ def test_pipeline_refuses_a_share_or_thread_count_out_of_range_and_a_cpu_engine_
     pipeline = Pipeline(engine, host_decode_share=0.5)  # the CPU decodes every frame on the host already
     assert pipeline.host_decode_share == 0.0 and pipeline.host_pool is None
     assert len(pipeline.run([frame_bytes("astronaut")])) == 1
+
+
+def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpeg, letterbox_plan, monkeypatch):
+    # nvJPEG's stand-in pays a fixed cost per call, far above the host's decode of small frames:
+    # only the share that sends it nothing (1) avoids it, so auto must keep 1.
+    calls = host_standing_in_for_nvjpeg
+    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+
+    def slow_nvjpeg(*args):
+        time.sleep(0.1)
+        decode_as_nvjpeg_would(*args)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    engine = sartor.load(letterbox_plan, device="cpu")
+    with pytest.raises(ConfigError, match="host_decode_share 'half' must be between 0 and 1, or 'auto'"):
+        Pipeline(engine, host_decode_share="half")
+    pipeline = Pipeline(engine, batch_size=4, host_decode_share="auto", host_decode_threads=2)
+    assert pipeline.host_share_chosen is None
+    items = [small_frame_bytes(k) for k in range(4 * 24)]
+    results = pipeline.run(items)
+    assert [r.name for r in results] == [s.name for s in read_sources(items)]
+    assert all(r.error is None for r in results)
+    assert pipeline.host_share_chosen == 1.0
+    assert set(pipeline.host_share_search.medians_ms()) == {"0", "0.25", "0.5", "0.75", "1"}
+    calls.clear()
+    pipeline.run(items[:8])
+    assert calls == []  # the chosen share sends nvJPEG nothing
+
+
+def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_for_nvjpeg, letterbox_plan,
+                                                               monkeypatch, tmp_path):
+    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+
+    def slow_nvjpeg(*args):
+        time.sleep(0.05)
+        decode_as_nvjpeg_would(*args)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    files = []
+    for k in range(12):  # three batches a pass: the search spans several passes, all of them warm-up
+        files.append(tmp_path / f"frame{k:02d}.jpg")
+        files[-1].write_bytes(small_frame_bytes(k))
+    engine = sartor.load(letterbox_plan, device="cpu")
+    result = end_to_end(engine, files, batch=4, passes=2, host_decode_share="auto")
+    assert result.host_decode_share == "auto" and result.host_share_chosen == 1.0
+    assert set(result.host_share_ms_per_frame) == {"0", "0.25", "0.5", "0.75", "1"}
+    with pytest.raises(ConfigError, match="--host-decode-share auto: no share chosen after 21 passes over 1 images"):
+        end_to_end(engine, files[:1], batch=4, passes=2, host_decode_share="auto")  # one batch a stream: never timed
+
+
+def small_frame_bytes(seed: int) -> bytes:
+    image = Image.fromarray(skimage_data.astronaut()).resize((128, 72 + seed % 3))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")

@@ -1,0 +1,78 @@
+"""`host_decode_share="auto"`: the share of each batch's JPEGs decoded on the host, chosen by timing
+the pipeline itself over its first batches (docs/decisions/0058-host-decode-share-chosen-at-start.md).
+
+Which share pays depends on the machine: the host's cores against the GPU's decoders, and how much
+of the GPU the engine leaves them. So the pipeline runs each candidate share for a few batches, in
+order, and keeps the one whose batches came out fastest (the median time per frame between two
+batches' results), as the builder keeps the fastest kernel. The time between batch n's results and
+batch n+1's is charged to the share batch n+2 was decoded with: with the next batch launched before
+the last one's results are read, that interval is the wait for batch n+2's decode (when decode is
+what limits the stream), and otherwise the engine's time, which no share changes."""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
+BATCHES_EACH = 3  # handed to each candidate in turn
+TIMES_NEEDED = 2  # a candidate's batches timed before the choice: one may be lost to a stream's start
+
+
+class HostShareSearch:
+    """Hands out the share each batch is decoded with and takes back each batch's time per frame;
+    `chosen` is set once every candidate has been timed, and every batch after gets it. Thread-safe:
+    batches are decoded on a worker thread and timed on the caller's."""
+
+    def __init__(self, candidates: tuple[float, ...] = CANDIDATES, batches_each: int = BATCHES_EACH,
+                 times_needed: int = TIMES_NEEDED) -> None:
+        self.candidates, self.batches_each, self.times_needed = candidates, batches_each, times_needed
+        self._handed = {c: 0 for c in candidates}
+        self.seconds_per_frame: dict[float, list[float]] = {c: [] for c in candidates}
+        self.chosen: float | None = None
+        self._lock = threading.Lock()
+
+    def next_share(self) -> float:
+        with self._lock:
+            if self.chosen is not None:
+                return self.chosen
+            for share in self.candidates:
+                if self._handed[share] < self.batches_each:
+                    self._handed[share] += 1
+                    return share
+            # Every candidate handed out; one whose times were lost (a stream's first batches are
+            # not timed) runs again, else the best so far while the last times come back.
+            short = [c for c in self.candidates if len(self.seconds_per_frame[c]) < self.times_needed]
+            return short[0] if short else self._best()
+
+    def observe(self, share: float, seconds_per_frame: float) -> None:
+        with self._lock:
+            if self.chosen is not None or share not in self.seconds_per_frame:
+                return
+            self.seconds_per_frame[share].append(seconds_per_frame)
+            if all(len(times) >= self.times_needed for times in self.seconds_per_frame.values()):
+                self.chosen = self._best()
+
+    def medians_ms(self) -> dict[str, float]:
+        """Each candidate's median time per frame so far, in ms (what the choice was made on)."""
+        with self._lock:
+            return {f"{c:g}": round(statistics.median(t) * 1e3, 4) for c, t in self.seconds_per_frame.items() if t}
+
+    def _best(self) -> float:
+        timed = {c: statistics.median(t) for c, t in self.seconds_per_frame.items() if t}
+        return min(timed, key=timed.get) if timed else self.candidates[0]
+
+
+class BatchTimer:
+    """One stream's clock: the time between two batches' results, per frame, charged to a share."""
+
+    def __init__(self, search: HostShareSearch | None) -> None:
+        self.search, self._last = search, None
+
+    def batch_finished(self, share: float, frames: int) -> None:
+        if self.search is None:
+            return
+        now = time.perf_counter()
+        if self._last is not None and frames:
+            self.search.observe(share, (now - self._last) / frames)
+        self._last = now

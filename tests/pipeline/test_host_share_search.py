@@ -1,0 +1,72 @@
+"""`host_decode_share="auto"`'s search (sartor/pipeline/host_share.py): every candidate share timed
+in turn over its batches, then the fastest kept."""
+from __future__ import annotations
+
+import pytest
+
+from sartor.pipeline import host_share
+from sartor.pipeline.host_share import BatchTimer, HostShareSearch
+
+CANDIDATES = (0.0, 0.5, 1.0)
+
+
+def test_each_candidate_runs_its_batches_in_turn_then_the_fastest_is_kept():
+    search = HostShareSearch(CANDIDATES, batches_each=2, times_needed=2)
+    handed = [search.next_share() for _ in range(6)]
+    assert handed == [0.0, 0.0, 0.5, 0.5, 1.0, 1.0]
+    for share, seconds in zip(handed, [3e-4, 3e-4, 1e-4, 2e-4, 5e-4, 4e-4]):
+        assert search.chosen is None
+        search.observe(share, seconds)
+    assert search.chosen == 0.5
+    assert [search.next_share() for _ in range(3)] == [0.5] * 3
+    search.observe(0.0, 1e-6)  # after the choice, nothing changes it
+    assert search.chosen == 0.5
+    assert search.medians_ms() == {"0": 0.3, "0.5": 0.15, "1": 0.45}
+
+
+def test_the_median_decides_so_one_slow_batch_does_not():
+    search = HostShareSearch((0.0, 1.0), batches_each=3, times_needed=3)
+    for share, seconds in [(0.0, 2e-4), (0.0, 9e-3), (0.0, 2e-4), (1.0, 3e-4), (1.0, 3e-4), (1.0, 3e-4)]:
+        search.next_share()
+        search.observe(share, seconds)
+    assert search.chosen == 0.0
+
+
+def test_while_the_last_times_are_on_their_way_the_best_so_far_is_handed():
+    search = HostShareSearch(CANDIDATES, batches_each=1, times_needed=1)
+    assert [search.next_share() for _ in range(3)] == list(CANDIDATES)
+    search.observe(0.0, 5e-4)
+    search.observe(0.5, 2e-4)
+    assert search.next_share() == 1.0  # no time back for it yet: it runs again
+    search.observe(1.0, 3e-4)
+    assert search.chosen == 0.5 and search.next_share() == 0.5
+
+
+def test_a_candidate_whose_batches_were_not_timed_runs_again_before_the_choice():
+    search = HostShareSearch(CANDIDATES, batches_each=2, times_needed=2)
+    for _ in range(6):
+        search.next_share()
+    for share in (0.0, 0.0, 0.5, 1.0, 1.0):  # one of 0.5's batches was a stream's first: not timed
+        search.observe(share, 1e-4)
+    assert search.chosen is None
+    assert search.next_share() == 0.5
+    search.observe(0.5, 1e-4)
+    assert search.chosen in CANDIDATES
+
+
+def test_a_stream_times_the_gap_between_two_batches_per_frame_and_not_its_first(monkeypatch):
+    clock = iter([10.0, 10.4, 11.0])
+    monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
+    search = HostShareSearch(CANDIDATES, batches_each=1, times_needed=1)
+    timer = BatchTimer(search)
+    timer.batch_finished(0.5, 4)  # the first batch's results: the stream's fill, not timed
+    timer.batch_finished(0.5, 4)
+    timer.batch_finished(1.0, 2)
+    assert search.seconds_per_frame == {0.0: [], 0.5: [pytest.approx(0.1)], 1.0: [pytest.approx(0.3)]}
+
+
+def test_without_a_search_the_clock_is_not_read(monkeypatch):
+    def no_clock():
+        raise AssertionError("a fixed share needs no timing")
+    monkeypatch.setattr(host_share.time, "perf_counter", no_clock)
+    BatchTimer(None).batch_finished(0.5, 4)
