@@ -7,7 +7,9 @@ order, and keeps the one whose batches came out fastest (the median time per fra
 batches' results), as the builder keeps the fastest kernel. The time between batch n's results and
 batch n+1's is charged to the share batch n+2 was decoded with: with the next batch launched before
 the last one's results are read, that interval is the wait for batch n+2's decode (when decode is
-what limits the stream), and otherwise the engine's time, which no share changes."""
+what limits the stream), and otherwise the engine's time, which no share changes. Without overlap
+(`Pipeline(overlap=False)`: each batch decoded, run and finished before the next) a batch is timed
+alone, from its decode to its results, so a stream of one batch is timed too."""
 from __future__ import annotations
 
 import statistics
@@ -64,10 +66,16 @@ class HostShareSearch:
 
 
 class BatchTimer:
-    """One stream's clock: the time between two batches' results, per frame, charged to a share."""
+    """One stream's clock: the time between two batches' results (or from `start`), per frame,
+    charged to a share."""
 
     def __init__(self, search: HostShareSearch | None) -> None:
         self.search, self._last = search, None
+
+    def start(self) -> None:
+        """A batch run alone begins (its decode): `batch_finished` times it from here."""
+        if self.search is not None:
+            self._last = time.perf_counter()
 
     def batch_finished(self, share: float, frames: int) -> None:
         if self.search is None:

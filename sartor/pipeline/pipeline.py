@@ -422,6 +422,7 @@ class Pipeline:
             timer = BatchTimer(self.host_share_search)  # "auto" host share: each batch's time to its share
             if not self.overlap:
                 for chunk, first in chunks:
+                    timer.start()
                     prepared = self._prepare(chunk, first, 0)
                     yield from self._finish(self._launch(prepared, 0))
                     timer.batch_finished(prepared.host_share, len(prepared.names))

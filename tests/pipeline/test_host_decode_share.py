@@ -130,6 +130,22 @@ def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpe
     assert calls == []  # the chosen share sends nvJPEG nothing
 
 
+def test_auto_without_overlap_times_each_batch_alone_so_one_frame_a_call_chooses_too(host_standing_in_for_nvjpeg,
+                                                                                      letterbox_plan, monkeypatch):
+    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+
+    def slow_nvjpeg(*args):
+        time.sleep(0.05)
+        decode_as_nvjpeg_would(*args)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    pipeline = Pipeline(sartor.load(letterbox_plan, device="cpu"), batch_size=1, overlap=False,
+                        host_decode_share="auto", host_decode_threads=1)
+    for k in range(16):  # a camera's frames one call at a time: every stream is one batch
+        assert pipeline.run([small_frame_bytes(k)])[0].error is None
+    # At one frame a batch, shares 0 and 0.25 send it to nvJPEG, 0.75 and 1 to the host (round(0.5) is 0).
+    assert pipeline.host_share_chosen in (0.75, 1.0)
+
+
 def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_for_nvjpeg, letterbox_plan,
                                                                monkeypatch, tmp_path):
     decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu

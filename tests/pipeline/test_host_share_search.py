@@ -65,8 +65,20 @@ def test_a_stream_times_the_gap_between_two_batches_per_frame_and_not_its_first(
     assert search.seconds_per_frame == {0.0: [], 0.5: [pytest.approx(0.1)], 1.0: [pytest.approx(0.3)]}
 
 
+def test_a_batch_run_alone_is_timed_from_its_start_so_a_stream_of_one_batch_counts(monkeypatch):
+    clock = iter([5.0, 5.2])
+    monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
+    search = HostShareSearch(CANDIDATES, batches_each=1, times_needed=1)
+    timer = BatchTimer(search)
+    timer.start()
+    timer.batch_finished(0.0, 2)
+    assert search.seconds_per_frame[0.0] == [pytest.approx(0.1)]
+
+
 def test_without_a_search_the_clock_is_not_read(monkeypatch):
     def no_clock():
         raise AssertionError("a fixed share needs no timing")
     monkeypatch.setattr(host_share.time, "perf_counter", no_clock)
-    BatchTimer(None).batch_finished(0.5, 4)
+    timer = BatchTimer(None)
+    timer.start()
+    timer.batch_finished(0.5, 4)
