@@ -21,6 +21,12 @@ BATCHES_EACH = 3  # handed to each candidate in turn
 TIMES_NEEDED = 2  # a candidate's batches timed before the choice: one may be lost to a stream's start
 
 
+def candidates_for(batch: int, shares: tuple[float, ...] = CANDIDATES) -> tuple[float, ...]:
+    """The candidate shares that split a batch of `batch` JPEGs differently, each as the share it
+    really sends to the host (at batch 1, 0.25 and 0.5 send none: only 0 and 1 remain)."""
+    return tuple(sorted({round(share * batch) / batch for share in shares}))
+
+
 class HostShareSearch:
     """Hands out the share each batch is decoded with and takes back each batch's time per frame;
     `chosen` is set once every candidate has been timed, and every batch after gets it. Thread-safe:

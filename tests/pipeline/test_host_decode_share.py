@@ -142,8 +142,8 @@ def test_auto_without_overlap_times_each_batch_alone_so_one_frame_a_call_chooses
                         host_decode_share="auto", host_decode_threads=1)
     for k in range(16):  # a camera's frames one call at a time: every stream is one batch
         assert pipeline.run([small_frame_bytes(k)])[0].error is None
-    # At one frame a batch, shares 0 and 0.25 send it to nvJPEG, 0.75 and 1 to the host (round(0.5) is 0).
-    assert pipeline.host_share_chosen in (0.75, 1.0)
+    assert pipeline.host_share_search.candidates == (0.0, 1.0)  # the only two ways to split one frame
+    assert pipeline.host_share_chosen == 1.0
 
 
 def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_for_nvjpeg, letterbox_plan,

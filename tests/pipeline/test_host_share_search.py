@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sartor.pipeline import host_share
-from sartor.pipeline.host_share import BatchTimer, HostShareSearch
+from sartor.pipeline.host_share import BatchTimer, HostShareSearch, candidates_for
 
 CANDIDATES = (0.0, 0.5, 1.0)
 
@@ -82,3 +82,13 @@ def test_without_a_search_the_clock_is_not_read(monkeypatch):
     timer = BatchTimer(None)
     timer.start()
     timer.batch_finished(0.5, 4)
+
+
+@pytest.mark.parametrize("batch,candidates", [
+    (32, (0.0, 0.25, 0.5, 0.75, 1.0)),
+    (4, (0.0, 0.25, 0.5, 0.75, 1.0)),
+    (2, (0.0, 0.5, 1.0)),  # 0.25 of 2 rounds to none, 0.75 to both
+    (1, (0.0, 1.0)),
+])
+def test_only_shares_that_split_the_batch_differently_are_candidates(batch, candidates):
+    assert candidates_for(batch) == candidates
