@@ -6,6 +6,7 @@
 # beside the engine alone (`sartor bench --end-to-end --video`).
 #   bash scripts/device_carry.sh nvdec      (here: .whl/nvdec/pynvvideocodec-cp312.tar.xz and clip.mp4)
 #   carry [".whl/nvdec"]; OUT=$OUT bash bench/video_h200.sh
+# SHARES and STREAM_COUNTS narrow the runs (STREAM_COUNTS=" " skips the video streams).
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
@@ -27,12 +28,15 @@ echo "build exit $? at ${SECONDS}s"
 jpegs=/tmp/jpeg512; mkdir -p $jpegs
 frames=(.whl/nvdec/frames/*.jpg)
 for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
-for share in 0 0.25 0.5 0.75 1 auto; do
+for share in ${SHARES:-0 0.25 0.5 0.75 1 auto}; do
   timeout 100 python -m sartor bench /tmp/y8.plan --end-to-end --images $jpegs --batch 32 --passes 4 \
     --host-decode-share $share --json > "$OUT/jpeg_host_share_$share.json" 2> "$OUT/jpeg_host_share_$share.err"
-  echo "host share $share exit $? at ${SECONDS}s: $(cat "$OUT/jpeg_host_share_$share.json" "$OUT/jpeg_host_share_$share.err" | tail -c 500)"
+  echo "host share $share exit $? at ${SECONDS}s: $(python -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print({k: d[k] for k in ("frames_per_s", "engine_frames_per_s", "batch_ms_p50", "batch_ms_p99", "stages_ms",
+                         "host_share_chosen", "host_share_ms_per_frame")})' "$OUT/jpeg_host_share_$share.json" 2>/dev/null \
+    || tail -c 500 "$OUT/jpeg_host_share_$share.err")"
 done
-for streams in 1 8 32; do
+for streams in ${STREAM_COUNTS:-1 8 32}; do
   timeout 150 python -m sartor bench /tmp/y8.plan --end-to-end --video .whl/nvdec/clip.mp4 --streams $streams \
     --batch 32 --passes 2 --video-decoder nvdec --json > "$OUT/video_nvdec_$streams.json" 2> "$OUT/video_nvdec_$streams.err"
   echo "streams $streams exit $? at ${SECONDS}s: $(cat "$OUT/video_nvdec_$streams.json" "$OUT/video_nvdec_$streams.err" | tail -c 700)"
