@@ -29,6 +29,15 @@ def test_a_site_gets_the_same_zeroed_words_every_time_and_sites_never_share():
     assert counters.words == 12 + 12 + 40
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device's two names need CUDA")
+def test_cuda_and_its_numbered_name_are_one_devices_counters():
+    # A kernel asks for its tensor's device ("cuda:0"), a caller may say "cuda": one set of words.
+    counters = ArrivalCounters()
+    plain = counters.take("conv", 4, "cuda")
+    numbered = counters.take("conv", 4, torch.device("cuda", torch.cuda.current_device()))
+    assert numbered.data_ptr() == plain.data_ptr() and counters.words == 4
+
+
 def test_bound_counters_serve_launches_at_a_site_and_the_stream_serves_the_rest():
     context = ArrivalCounters()
     unbound = take_counters(8, "cpu")

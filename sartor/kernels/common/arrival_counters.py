@@ -34,7 +34,10 @@ class ArrivalCounters:
 
     def take(self, site, count: int, device: torch.device) -> torch.Tensor:
         """`count` zeroed counters for `site` on `device`: the same words every time it asks."""
-        key = (site, torch.device(device), int(count))
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" are one device's counters
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (site, device, int(count))
         with self._lock:
             held = self._ranges.get(key)
             if held is None:
