@@ -203,10 +203,15 @@ def _host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
 
 def _pinned_host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
     """`_host_frame` with its pixels copied to page-locked memory in the pool's thread, so that their
-    upload is an asynchronous copy rather than the calling thread staging pageable bytes."""
+    upload is an asynchronous copy rather than the calling thread staging pageable bytes. numpy
+    copies them, on this thread alone: a torch CPU copy would start an intra-op thread team from
+    every pool thread at once, and the teams would oversubscribe the cores the pool decodes on."""
     frame = _host_frame(source, spec, fast)
     if frame.pixels is not None:
-        frame.pixels = frame.pixels.pin_memory()
+        hwc = frame.pixels.permute(1, 2, 0)  # the decoder's own interleaved layout
+        pinned = torch.empty(tuple(hwc.shape), dtype=hwc.dtype, pin_memory=True)
+        np.copyto(pinned.numpy(), hwc.numpy())
+        frame.pixels = pinned.permute(2, 0, 1)
     return frame
 
 
