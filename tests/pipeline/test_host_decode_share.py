@@ -105,15 +105,9 @@ def test_pipeline_refuses_a_share_or_thread_count_out_of_range_and_a_cpu_engine_
 
 
 def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpeg, letterbox_plan, monkeypatch):
-    # nvJPEG's stand-in pays a fixed cost per call, far above the host's decode of small frames:
-    # only the share that sends it nothing (1) avoids it, so auto must keep 1.
+    # Only the share that sends nvJPEG nothing (1) avoids its cost per call, so auto must keep 1.
     calls = host_standing_in_for_nvjpeg
-    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
-
-    def slow_nvjpeg(*args):
-        time.sleep(0.1)
-        decode_as_nvjpeg_would(*args)
-    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    nvjpeg_pays_per_call(monkeypatch, 0.1)
     engine = sartor.load(letterbox_plan, device="cpu")
     with pytest.raises(ConfigError, match="host_decode_share 'half' must be between 0 and 1, or 'auto'"):
         Pipeline(engine, host_decode_share="half")
@@ -132,12 +126,7 @@ def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpe
 
 def test_auto_without_overlap_times_each_batch_alone_so_one_frame_a_call_chooses_too(host_standing_in_for_nvjpeg,
                                                                                       letterbox_plan, monkeypatch):
-    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
-
-    def slow_nvjpeg(*args):
-        time.sleep(0.05)
-        decode_as_nvjpeg_would(*args)
-    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    nvjpeg_pays_per_call(monkeypatch, 0.05)
     pipeline = Pipeline(sartor.load(letterbox_plan, device="cpu"), batch_size=1, overlap=False,
                         host_decode_share="auto", host_decode_threads=1)
     for k in range(16):  # a camera's frames one call at a time: every stream is one batch
@@ -148,12 +137,7 @@ def test_auto_without_overlap_times_each_batch_alone_so_one_frame_a_call_chooses
 
 def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_for_nvjpeg, letterbox_plan,
                                                                monkeypatch, tmp_path):
-    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
-
-    def slow_nvjpeg(*args):
-        time.sleep(0.05)
-        decode_as_nvjpeg_would(*args)
-    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow_nvjpeg)
+    nvjpeg_pays_per_call(monkeypatch, 0.05)
     files = []
     for k in range(12):  # three batches a pass: the search spans several passes, all of them warm-up
         files.append(tmp_path / f"frame{k:02d}.jpg")
@@ -164,6 +148,17 @@ def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_fo
     assert set(result.host_share_ms_per_frame) == {"0", "0.25", "0.5", "0.75", "1"}
     with pytest.raises(ConfigError, match="--host-decode-share auto: no share chosen after 21 passes over 1 images"):
         end_to_end(engine, files[:1], batch=4, passes=2, host_decode_share="auto")  # one batch a stream: never timed
+
+
+def nvjpeg_pays_per_call(monkeypatch, seconds: float) -> None:
+    """The stand-in nvJPEG (already patched in) made to cost `seconds` a call, far above the host's decode
+    of small frames: only a share that sends it nothing avoids that cost."""
+    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+
+    def slow(*args):
+        time.sleep(seconds)
+        decode_as_nvjpeg_would(*args)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow)
 
 
 def small_frame_bytes(seed: int) -> bytes:
