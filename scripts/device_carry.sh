@@ -13,8 +13,9 @@
 #   .whl/nvdec  pynvvideocodec-cp312.tar.xz (about 4 MiB): PyNvVideoCodec installed for CPython 3.12,
 #               trimmed of its FFmpeg source tarball and samples, duplicate library copies as links,
 #               frames/, 24 camera-like 720p JPEGs of real photos (bench/make_frames.py), and
-#               clip.mp4, a 720p H.264 clip of them (bench/make_video.py, made here with PyAV): NVDEC video for bench/video_h200.sh, where PyAV's 35 MB wheel and the
-#               tracked tree do not fit one call
+#               clip.mp4, a 720p H.264 clip of them (bench/make_video.py, made here with PyAV): NVDEC
+#               video for bench/video_h200.sh, where PyAV's 35 MB wheel and the tracked tree do not fit
+#               one call
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
 #               activations do not fade into float16 subnormals)

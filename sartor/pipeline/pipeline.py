@@ -241,7 +241,8 @@ class Pipeline:
         self.fast_decode = fast_decode
         shared = decode.nvjpeg_decodes(self.device) and fast_decode  # else every frame is the host's anyway
         self.host_decode_share = host_decode_share if shared else 0.0
-        self.host_share_search = None
+        self.host_share_search = (HostShareSearch(candidates_for(self.batch_size))
+                                  if self.host_decode_share == "auto" else None)
         self.host_pool = None
         if self.host_decode_share != 0:
             self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or os.cpu_count() or 1,
@@ -249,8 +250,6 @@ class Pipeline:
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's
         # runs by events; without, on the current stream, in the calling thread.
-        if self.host_decode_share == "auto":
-            self.host_share_search = HostShareSearch(candidates_for(self.batch_size))
         self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
         # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
         # host run has finished when it returns, so there is nothing to overlap it with.
