@@ -4,8 +4,9 @@
 #      issue 33's YOLO11n at batch 32 and 1, FP16 / INT8 / INT8 with the head's inner branch layers
 #      pinned INT8 (within the accuracy bar on the CPU: stop 52's note), then the sample detector.
 #      OUT=$OUT bash bench/h200_session44.sh a
-#   b: issue 30's JPEG files to boxes at host shares 0, 0.5, 1 and auto with the pool's numpy copy
-#      to page-locked memory, then 1, 8 and 32 NVDEC streams.
+#   b: the host decode pool alone on 1 to 16 threads, then issue 30's JPEG files to boxes at host
+#      shares 0, 0.5, 1 and auto with the pool's numpy copy to page-locked memory and its threads as
+#      many as the process's CPUs, then 1, 8 and 32 NVDEC streams.
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session44.sh b
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -15,6 +16,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "$part" = b ]; then
+  # The host pool alone first: whether its decode scales with the cores (session 43's ran at one core's rate).
+  timeout 60 python bench/host_decode_pool.py --images .whl/nvdec/frames --threads 1,4,8,16 --frames 1024 2>&1 | tail -12
+  echo "pool alone at ${SECONDS}s"
   SHARES="0 0.5 1 auto" timeout $(( ${BUDGET_S:-570} - SECONDS )) bash bench/video_h200.sh
   echo "done at ${SECONDS}s"
   exit 0

@@ -36,6 +36,7 @@ import torch
 from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_downscale
 from ..errors import ConfigError, DataError
+from ..runtime.launchers import usable_cpus
 from . import decode
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
@@ -166,7 +167,7 @@ class Pipeline:
     within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
     encoded images on any device (Pillow's decode and resize on the host). `host_decode_share` (0 to
     1; CUDA engines with `fast_decode`): that share of each batch's JPEGs is decoded on the host by
-    `host_decode_threads` threads (default: the machine's CPUs) while nvJPEG decodes the rest, which
+    `host_decode_threads` threads (default: the CPUs this process may use) while nvJPEG decodes the rest, which
     shares the GPU with the engine; a CPU engine decodes every frame on the host anyway. "auto":
     the share is chosen by timing the first batches (`host_share.py`; `host_share_chosen` once
     chosen).
@@ -245,7 +246,7 @@ class Pipeline:
                                   if self.host_decode_share == "auto" else None)
         self.host_pool = None
         if self.host_decode_share != 0:
-            self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or os.cpu_count() or 1,
+            self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or usable_cpus(),
                                                  thread_name_prefix="sartor-host-decode")
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's

@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import sysconfig
@@ -287,12 +288,25 @@ class HostBuilds:
         return report
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity; else the machine's count)."""
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cpus(cgroup_cpu_max: str = CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may run on: its affinity (else the machine's count), and no more than a
+    cgroup v2 CPU quota allows. In a container `os.cpu_count()` is the host's count, and a pool
+    sized by it runs many more threads than the container has cores."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        with open(cgroup_cpu_max) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota here: the affinity is the limit
+    return cpus
 
 
 def _workers(jobs: int) -> int:

@@ -25,6 +25,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..runtime.launchers import usable_cpus
+
 MAX_WORKERS = 16
 
 
@@ -59,7 +61,7 @@ def _run_all(run_once: Callable[[str], object], tactics: list[str], device: torc
                     spent[tactic] = time.perf_counter() - started  # one key per thread: no lock needed
         return True
 
-    count = workers or min(MAX_WORKERS, os.cpu_count() or 1)
+    count = workers or min(MAX_WORKERS, usable_cpus())
     with ThreadPoolExecutor(max_workers=max(1, min(count, len(tactics))), thread_name_prefix="sartor-compile") as pool:
         ran = sum(pool.map(one, tactics))
     if device.type == "cuda":

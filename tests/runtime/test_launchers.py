@@ -400,3 +400,17 @@ def test_modules_built_at_load_are_the_ones_the_first_launch_loads(tmp_path):
         assert modules == ["__triton_launcher"] * result["launchers"] + ["cuda_utils"], modules
     else:  # Triton 3.8: every kernel launches through cuda_utils
         assert result["launchers"] == 0 and result["ready"] == 1 and modules == ["cuda_utils"], (result, modules)
+
+
+def test_usable_cpus_is_no_more_than_a_cgroup_quota_allows(tmp_path):
+    usable_cpus = launchers.usable_cpus
+    affinity = usable_cpus(str(tmp_path / "absent"))
+    quota = tmp_path / "cpu.max"
+    quota.write_text("max 100000\n")  # no quota: the affinity is the limit
+    assert usable_cpus(str(quota)) == affinity
+    quota.write_text("150000 100000\n")  # 1.5 CPUs of time: two threads may run
+    assert usable_cpus(str(quota)) == min(affinity, 2)
+    quota.write_text("50000 100000\n")  # half a CPU: still one thread
+    assert usable_cpus(str(quota)) == 1
+    quota.write_text("garbage\n")
+    assert usable_cpus(str(quota)) == affinity
