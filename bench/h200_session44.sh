@@ -16,6 +16,17 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$part" = c ]; then  # the rest of a warm machine: the pool alone, YOLOv8n's four engines, two shares
+  timeout 60 python bench/host_decode_pool.py --images .whl/nvdec/frames --threads 1,4,8,16 --frames 1024 2>&1 | tail -12
+  ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$(mktemp -d)/yolov8n.onnx"
+  d=$(dirname "$(ls /tmp/tmp.*/yolov8n.onnx | head -1)")
+  timeout 240 python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$d" --models yolov8n \
+    --detector-batches 32,1 --out /tmp/t_y8 2>&1 | python bench/table_cells.py | grep -v "^|"
+  echo "yolov8n at ${SECONDS}s"
+  SHARES="0 1" STREAM_COUNTS="8" timeout $(( ${BUDGET_S:-570} - SECONDS )) bash bench/video_h200.sh
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 if [ "$part" = b ]; then
   # The host pool alone first: whether its decode scales with the cores (session 43's ran at one core's rate).
   timeout 60 python bench/host_decode_pool.py --images .whl/nvdec/frames --threads 1,4,8,16 --frames 1024 2>&1 | tail -12
