@@ -5,9 +5,9 @@
 #      INT8 (within the accuracy bar on the CPU: stop 52's note), the sample detector at batch 32,
 #      YOLO11n at batch 1; all at the default effort, each cell printed as it is timed.
 #      OUT=$OUT bash bench/h200_session44.sh a
-#   b: the host decode pool alone on 1 to 16 threads, then issue 30's JPEG files to boxes at host
-#      shares 0, 0.5, 1 and auto with the pool's numpy copy to page-locked memory and its threads as
-#      many as the process's CPUs, then 1, 8 and 32 NVDEC streams.
+#   b: the host decode pool alone on 4 to 16 threads, Pillow against libjpeg-turbo (decision 0059),
+#      then issue 30's JPEG files to boxes at host shares 0, 0.25, 0.5 and auto, the pool decoding
+#      with libjpeg-turbo into its page-locked buffers, then 1 and 32 NVDEC streams.
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session44.sh b
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -28,10 +28,14 @@ if [ "$part" = c ]; then  # the rest of a warm machine: the pool alone, YOLOv8n'
   exit 0
 fi
 if [ "$part" = b ]; then
-  # The host pool alone first: whether its decode scales with the cores (session 43's ran at one core's rate).
-  timeout 60 python bench/host_decode_pool.py --images .whl/nvdec/frames --threads 1,4,8,16 --frames 1024 2>&1 | tail -12
+  # simplejpeg (a dependency the device lacks) where video_h200.sh unzips PyNvVideoCodec too
+  mkdir -p /tmp/nvdec_site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl /tmp/nvdec_site
+  # The host pool alone first: Pillow stopped at the GIL (call 4); libjpeg-turbo into the pool's buffers.
+  PYTHONPATH=/tmp/nvdec_site:$PWD timeout 90 python bench/host_decode_pool.py --images .whl/nvdec/frames \
+    --threads ${POOL_THREADS:-4,8,16} --frames 1024 2>&1 | tail -16
   echo "pool alone at ${SECONDS}s"
-  SHARES="0 0.5 1 auto" timeout $(( ${BUDGET_S:-570} - SECONDS )) bash bench/video_h200.sh
+  SHARES=${SHARES:-0 0.25 0.5 auto} STREAM_COUNTS=${STREAM_COUNTS:-1 32} \
+    timeout $(( ${BUDGET_S:-570} - SECONDS )) bash bench/video_h200.sh
   echo "done at ${SECONDS}s"
   exit 0
 fi

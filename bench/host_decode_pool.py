@@ -1,6 +1,7 @@
-"""The host decode pool alone (decision 0057): JPEG files decoded the fast host way by the pipeline's
-own pool step, on 1..N threads, with and without the copy to page-locked memory that CUDA pipelines
-make. It tells whether the pool scales with the cores, or stops at the GIL or the pinned copy.
+"""The host decode pool alone (decisions 0057, 0059): JPEG files decoded the fast host way by the
+pipeline's own pool step, on 1..N threads, by Pillow and by libjpeg-turbo (simplejpeg), on CUDA
+also into page-locked memory allocated for each frame and into the pool's own reused buffers. It
+tells whether the pool scales with the cores, or stops at the GIL or the page-locked memory.
 
     python bench/host_decode_pool.py --images DIR [--threads 1,4,8,16] [--frames 512]"""
 from __future__ import annotations
@@ -16,9 +17,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sartor.data.preprocess import parse_preprocess  # noqa: E402
-from sartor.pipeline import decode  # noqa: E402
+from sartor.pipeline import decode, turbo_jpeg  # noqa: E402
+from sartor.pipeline.pinned_slots import PinnedSlots  # noqa: E402
 from sartor.pipeline.sources import FrameSource  # noqa: E402
 from sartor.runtime.launchers import usable_cpus  # noqa: E402
+
+
+def release(frame):
+    """The frame's buffer back at once, as if uploaded and copied: the pool alone is timed."""
+    if frame.pinned is not None:
+        frame.pinned.release()
+    return frame
 
 
 def main() -> None:
@@ -33,40 +42,22 @@ def main() -> None:
     sources = [FrameSource(f.name, encoded=torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8))
                for f in files]
     sources = [sources[i % len(sources)] for i in range(args.frames)]
-    steps = {"decode": decode._host_frame}
-    if torch.cuda.is_available():
-        steps["decode+pinned copy"] = decode._pinned_host_frame
-    try:  # libjpeg-turbo through simplejpeg: the GIL released for the whole decode, into any buffer
-        import simplejpeg
-    except ImportError:
-        simplejpeg = None
-    if simplejpeg is not None:
-        def scaled(data: bytes) -> tuple[int, int]:
-            height, width = simplejpeg.decode_jpeg_header(data)[:2]
-            scale = 1
-            while scale < 8 and width / (scale * 2) >= 640 and height / (scale * 2) >= 360:
-                scale *= 2
-            return -(-height // scale), -(-width // scale)
-
-        def simple(source, spec, fast):
-            data = source.encoded.numpy().tobytes()
-            h, w = scaled(data)
-            return decode.DecodedFrame(source.name, torch.from_numpy(simplejpeg.decode_jpeg(
-                data, "RGB", min_height=h, min_width=w)))
-
-        def simple_pinned(source, spec, fast):
-            data = source.encoded.numpy().tobytes()
-            h, w = scaled(data)
-            pinned = torch.empty((h, w, 3), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-            simplejpeg.decode_jpeg(data, "RGB", min_height=h, min_width=w, buffer=pinned.numpy())
-            return decode.DecodedFrame(source.name, pinned)
-        steps["simplejpeg"] = simple
-        steps["simplejpeg into pinned"] = simple_pinned
+    turbo = turbo_jpeg.simplejpeg  # None: not installed, and the libjpeg-turbo rows are left out
+    steps = {}  # name: (the pool's step, whether libjpeg-turbo may decode)
+    for library in ("Pillow", "libjpeg-turbo") if turbo is not None else ("Pillow",):
+        steps[f"{library}"] = (decode._host_frame, library != "Pillow")
+        if torch.cuda.is_available():
+            steps[f"{library}, page-locked memory a frame"] = (decode._pinned_host_frame, library != "Pillow")
+            slots = PinnedSlots()
+            steps[f"{library}, the pool's page-locked buffers"] = (
+                lambda source, spec, fast, slots=slots: release(decode._pinned_host_frame(source, spec, fast, slots)),
+                library != "Pillow")
     print(f"os.cpu_count {os.cpu_count()}, usable_cpus {usable_cpus()}, {len(files)} files cycled to "
           f"{len(sources)}, torch threads {torch.get_num_threads()}")
     print("| step | threads | frames/s | ms a frame a thread |")
     print("|---|---|---|---|")
-    for name, step in steps.items():
+    for name, (step, turbo_decodes) in steps.items():
+        turbo_jpeg.simplejpeg = turbo if turbo_decodes else None
         for threads in (int(t) for t in args.threads.split(",")):
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(lambda s: step(s, spec, True), sources[:threads * 4]))  # warm-up

@@ -13,8 +13,12 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 site=/tmp/nvdec_site
 [ -d $site/PyNvVideoCodec ] || { mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site; }
+for wheel in .whl/nvdec/simplejpeg-*.whl; do  # a sartor dependency the device lacks (decision 0059)
+  [ -d $site/simplejpeg ] || python -m zipfile -e "$wheel" $site
+done
 export PYTHONPATH=$site:$PWD
-python -c "import PyNvVideoCodec as nvc; print('PyNvVideoCodec', nvc.__version__)" 2>&1 | tail -2
+python -c "import PyNvVideoCodec as nvc, simplejpeg; print('PyNvVideoCodec', nvc.__version__, 'simplejpeg',
+  simplejpeg.__version__)" 2>&1 | tail -2
 SECONDS=0
 timeout 60 python -m pytest -q -p no:cacheprovider tests/pipeline/test_host_decode_share.py > "$OUT/tests_host_share.log" 2>&1
 echo "host-share tests exit $? at ${SECONDS}s: $(tail -1 "$OUT/tests_host_share.log")"

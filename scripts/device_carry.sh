@@ -13,7 +13,8 @@
 #   .whl/nvdec  pynvvideocodec-cp312.tar.xz (about 4 MiB): PyNvVideoCodec installed for CPython 3.12,
 #               trimmed of its FFmpeg source tarball and samples, duplicate library copies as links,
 #               frames/, 24 camera-like 720p JPEGs of real photos (bench/make_frames.py), and
-#               clip.mp4, a 720p H.264 clip of them (bench/make_video.py, made here with PyAV): NVDEC
+#               clip.mp4, a 720p H.264 clip of them (bench/make_video.py, made here with PyAV), and
+#               simplejpeg's wheel (unzipped on the device, which lacks this dependency): NVDEC
 #               video for bench/video_h200.sh, where PyAV's 35 MB wheel and the tracked tree do not fit
 #               one call
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
@@ -124,7 +125,10 @@ for part in "${@:-serve base carry}"; do
       ray)
         [ -f .whl/ray/ray-cp312.tar.xz ] || make_ray_archive ;;
       nvdec)
-        [ -f .whl/nvdec/pynvvideocodec-cp312.tar.xz ] && [ -d .whl/nvdec/frames ] || make_nvdec_archive ;;
+        [ -f .whl/nvdec/pynvvideocodec-cp312.tar.xz ] && [ -d .whl/nvdec/frames ] || make_nvdec_archive
+        # simplejpeg, a sartor dependency the device lacks: the pool's host JPEG decode (decision 0059)
+        ls .whl/nvdec/simplejpeg-*.whl >/dev/null 2>&1 \
+          || download .whl/nvdec --no-deps "simplejpeg==$(sed -n 's/^simplejpeg==//p' requirements.lock)" ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do

@@ -169,7 +169,7 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         raise ConfigError(f"--host-decode-share auto: no share chosen after {MAX_SEARCH_PASSES + 1} passes over "
                           f"{len(files)} images; give more images (each share is timed over several batches)")
     decode = lambda: decode_frames(sources, device, pipeline.buckets, pipeline.fast_decode,  # noqa: E731
-                                   share, pipeline.host_pool)
+                                   share, pipeline.host_pool, pipeline.host_slots)
     decoded = decode()
     bad = [d.error for d in decoded if d.error is not None]
     if bad:

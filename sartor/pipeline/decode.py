@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -29,6 +31,8 @@ from PIL import Image, UnidentifiedImageError
 from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import PreprocessSpec, placement, resize_pixels
 from ..errors import ConfigError, DataError
+from . import turbo_jpeg
+from .pinned_slots import PinnedSlot, PinnedSlots
 from .sources import FrameSource
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -46,6 +50,7 @@ class DecodedFrame:
     pixels: torch.Tensor | None
     error: str | None = None
     orig_size: tuple[int, int] | None = None  # (H, W) of the image; None: the pixels' own size
+    pinned: PinnedSlot | None = None  # the pool's page-locked buffer the pixels lie in, until uploaded
 
     @property
     def size(self) -> tuple[int, int]:
@@ -87,15 +92,21 @@ def _host_tensor(image: Image.Image) -> torch.Tensor:
 
 
 def decode_on_host(encoded, spec: PreprocessSpec | Buckets | None = None, fast: bool = False,
-                   max_pixels: int | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+                   max_pixels: int | None = None, allocate: Callable[[tuple], np.ndarray] | None = None
+                   ) -> tuple[torch.Tensor, tuple[int, int]]:
     """Image file bytes → (3×H×W uint8 RGB on the CPU, (H, W) as stored) through Pillow. With a spec
     that resizes, the frame comes out resized exactly as the reference resizes it, or with `fast`
     (JPEGs) at the smallest DCT scale still at least that size; with Buckets, as the spec of the
     bucket its size routes to (`Buckets.route`, which the caller repeats on the size), and one no
     bucket takes is refused (BucketRefused) before it is decoded. A file that is not an image,
     corrupt or truncated, or over `max_pixels`, is a DataError whose one line is the reason alone
-    (the caller names the image)."""
+    (the caller names the image). A JPEG on the fast path goes to libjpeg-turbo without Pillow when
+    it can (`turbo_jpeg`: the same pixels, the GIL released), into `allocate(shape)` when given."""
     data = encoded.numpy().tobytes() if isinstance(encoded, torch.Tensor) else bytes(encoded)
+    if fast and data[:3] == JPEG_MAGIC:
+        decoded = _turbo_jpeg(data, spec, max_pixels, allocate)
+        if decoded is not None:
+            return decoded
     try:
         with warnings.catch_warnings():
             if max_pixels is not None:  # a server refuses what Pillow would only warn about
@@ -131,13 +142,29 @@ def decode_on_host(encoded, spec: PreprocessSpec | Buckets | None = None, fast: 
         raise DataError(" ".join(str(exc).split()) or type(exc).__name__) from None
 
 
+def _turbo_jpeg(data: bytes, spec, max_pixels: int | None, allocate) -> tuple[torch.Tensor, tuple[int, int]] | None:
+    """`decode_on_host`'s fast JPEG path through libjpeg-turbo; None where Pillow takes the file."""
+    size = turbo_jpeg.header(data)
+    if size is None:
+        return None
+    height, width = size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLarge(f"image of {width}x{height} pixels exceeds {max_pixels} pixels")
+    if isinstance(spec, Buckets):
+        spec = spec.spec_for(height, width)
+    target = placement(height, width, spec).resized if spec is not None and spec.resize != "none" else None
+    pixels = turbo_jpeg.decode(data, turbo_jpeg.draft_size(height, width, target), allocate)
+    return None if pixels is None else (torch.from_numpy(pixels).permute(2, 0, 1), (height, width))
+
+
 def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an image: {reason}")
 
 
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
-                  fast: bool = True, host_share: float = 0.0, host_pool: Executor | None = None) -> list[DecodedFrame]:
+                  fast: bool = True, host_share: float = 0.0, host_pool: Executor | None = None,
+                  host_slots: PinnedSlots | None = None) -> list[DecodedFrame]:
     """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
     JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
     everything through Pillow on the host, resized as the reference resizes it when `spec` is
@@ -145,7 +172,8 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
     Buckets, a host-decoded image goes by the spec of its bucket, and one that no bucket takes
     fails (its reason the refusal's line) without being decoded; frames decoded elsewhere are
     routed by the caller. `host_share` (with `host_pool`): that fraction of the JPEGs nvJPEG
-    would take, the last of them, go to the host pool instead, decoded while nvJPEG runs."""
+    would take, the last of them, go to the host pool instead, decoded while nvJPEG runs; on CUDA
+    into `host_slots`' page-locked buffers when given."""
     device = torch.device(device)
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
@@ -164,7 +192,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             decoded[i] = _uploaded(_host_frame(source, spec, fast), device)
     gpu_jpegs, host_jpegs = split_for_host(gpu_jpegs, host_share if host_pool is not None else 0.0)
     # The pool's threads decode on the host and never touch the device's streams.
-    host_step = _pinned_host_frame if device.type == "cuda" else _host_frame
+    host_step = partial(_pinned_host_frame, slots=host_slots) if device.type == "cuda" else _host_frame
     on_host = [(i, host_pool.submit(host_step, sources[i], spec, True)) for i in host_jpegs]
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
@@ -187,13 +215,16 @@ def split_for_host(jpegs: list[int], host_share: float) -> tuple[list[int], list
 def _uploaded(frame: DecodedFrame, device: torch.device) -> DecodedFrame:
     if frame.pixels is not None:
         frame.pixels = frame.pixels.to(device, non_blocking=True)
+    if frame.pinned is not None:
+        frame.pinned.uploaded()  # its buffer is free once the copy just queued has run
+        frame.pinned = None
     return frame
 
 
-def _host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
+def _host_frame(source: FrameSource, spec, fast: bool, allocate=None) -> DecodedFrame:
     """The source decoded on the host (`decode_on_host`), its pixels left there; a failure carries its reason."""
     try:
-        pixels, size = decode_on_host(source.encoded, spec, fast)
+        pixels, size = decode_on_host(source.encoded, spec, fast, allocate=allocate)
     except BucketRefused as exc:
         return DecodedFrame(source.name, None, f"{source.name}: {exc}")
     except DataError as exc:
@@ -201,17 +232,34 @@ def _host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
     return DecodedFrame(source.name, pixels, orig_size=size)
 
 
-def _pinned_host_frame(source: FrameSource, spec, fast: bool) -> DecodedFrame:
-    """`_host_frame` with its pixels copied to page-locked memory in the pool's thread, so that their
-    upload is an asynchronous copy rather than the calling thread staging pageable bytes. numpy
-    copies them, on this thread alone: a torch CPU copy would start an intra-op thread team from
-    every pool thread at once, and the teams would oversubscribe the cores the pool decodes on."""
-    frame = _host_frame(source, spec, fast)
-    if frame.pixels is not None:
+def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots | None = None) -> DecodedFrame:
+    """`_host_frame` with its pixels in page-locked memory (one of `slots`' buffers when given), so
+    that their upload is an asynchronous copy rather than the calling thread staging pageable bytes.
+    libjpeg-turbo decodes straight into that memory; a frame Pillow decodes is copied in by numpy,
+    on this thread alone (a torch CPU copy would start an intra-op thread team from every pool
+    thread at once, and the teams would oversubscribe the cores the pool decodes on)."""
+    def take(shape: tuple) -> tuple[torch.Tensor, PinnedSlot | None]:
+        if slots is not None:
+            return slots.take(shape)
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True), None
+
+    taken: list[tuple[torch.Tensor, PinnedSlot | None]] = []
+
+    def allocate(shape: tuple) -> np.ndarray:
+        taken.append(take(shape))
+        return taken[-1][0].numpy()
+
+    frame = _host_frame(source, spec, fast, allocate)
+    pinned, slot = taken[-1] if taken else (None, None)
+    if frame.pixels is None or pinned is None or frame.pixels.data_ptr() != pinned.data_ptr():
+        if slot is not None:
+            slot.release()  # libjpeg-turbo gave the file up to Pillow, or it failed
+        if frame.pixels is None:
+            return frame
         hwc = frame.pixels.permute(1, 2, 0)  # the decoder's own interleaved layout
-        pinned = torch.empty(tuple(hwc.shape), dtype=hwc.dtype, pin_memory=True)
+        pinned, slot = take(tuple(hwc.shape))
         np.copyto(pinned.numpy(), hwc.numpy())
-        frame.pixels = pinned.permute(2, 0, 1)
+    frame.pixels, frame.pinned = pinned.permute(2, 0, 1), slot
     return frame
 
 

@@ -41,6 +41,7 @@ from . import decode
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
 from .host_share import BatchTimer, HostShareSearch, candidates_for
+from .pinned_slots import PinnedSlots
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .sources import FRAME_ORDERS, FrameSource, read_sources
@@ -244,11 +245,12 @@ class Pipeline:
         self.host_decode_share = host_decode_share if shared else 0.0
         self.host_share_search = (HostShareSearch(candidates_for(self.batch_size))
                                   if self.host_decode_share == "auto" else None)
-        self.host_pool = None
+        self.host_pool, self.host_slots = None, None
         if self.host_decode_share != 0:
             self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or usable_cpus(),
                                                  thread_name_prefix="sartor-host-decode")
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
+            self.host_slots = PinnedSlots()  # the page-locked buffers its frames are decoded into
         # With overlap, batches are prepared on a stream of their own, ordered against the engine's
         # runs by events; without, on the current stream, in the calling thread.
         self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
@@ -304,7 +306,7 @@ class Pipeline:
             # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
             share = self.host_share_search.next_share() if self.host_share_search else self.host_decode_share
             decoded = decode_frames(sources, self.device, self.buckets if self.frames is None else None,
-                                    self.fast_decode, share, self.host_pool)
+                                    self.fast_decode, share, self.host_pool, self.host_slots)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
