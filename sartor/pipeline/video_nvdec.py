@@ -1,8 +1,9 @@
 """NVDEC decoding of video files through PyNvVideoCodec (2.x `SimpleDecoder`): frames come out as
 interleaved RGB in device memory and reach torch through DLPack without a copy to the host.
 
-Not exercised by the CPU test suite (no GPU, no PyNvVideoCodec there); the PyAV path in `video.py`
-is the tested default, and the two are checked against each other on the GPU machine."""
+The CPU test suite runs this loop against a stand-in for PyNvVideoCodec's decoder
+(tests/pipeline/test_video_nvdec.py); the PyAV path in `video.py` is the tested default, and the
+two are checked against each other on the GPU machine."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -25,10 +26,19 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
     except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
         yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
         return
+    try:  # the frame count the decoder checks its indices against
+        total = len(decoder)
+    except Exception:  # noqa: BLE001 - no count: ask until the decoder returns nothing
+        total = None
     index = 0
     while True:
+        # Never past the count: the decoder prints a warning line to stdout for each index past
+        # it, into the output of `sartor bench --json`.
+        wanted = FRAMES_PER_CALL if total is None else min(FRAMES_PER_CALL, total - index)
+        if wanted <= 0:
+            return
         try:
-            batch = decoder.get_batch_frames(FRAMES_PER_CALL)
+            batch = decoder.get_batch_frames(wanted)
         except Exception as exc:  # noqa: BLE001 - as above, for a frame that fails
             yield FrameSource(frame_name(label, index, None),
                               error=f"video {label} is corrupt or truncated at frame {index}: {exc}")

@@ -1,0 +1,79 @@
+"""The NVDEC reading loop (`video_nvdec.py`) against a stand-in for PyNvVideoCodec's SimpleDecoder
+(the real one needs a GPU and runs in bench/video_h200.sh): every frame once, in order, named by
+index and time; never a request past the decoder's frame count (each index past it is a warning
+line on stdout, in `sartor bench --json`'s output); a decoder without a count read until it returns
+nothing; a file it cannot open and a frame it cannot decode each one clear error."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from sartor.pipeline.video_nvdec import FRAMES_PER_CALL, nvdec_frames
+
+GPU = torch.device("cuda:0")  # named only: the stand-in's frames are host tensors
+
+
+class StandInDecoder:
+    frames, rate, counted, fail_at, opened = 20, 10.0, True, None, True
+    asks: list[int]
+
+    def __init__(self, path, gpu_id, use_device_memory, output_color_type):
+        if not self.opened:
+            raise RuntimeError("cannot open the file")
+        self.next, self.asks = 0, []
+        StandInDecoder.last = self
+
+    def get_stream_metadata(self):
+        return types.SimpleNamespace(average_fps=self.rate)
+
+    def __len__(self):
+        if not self.counted:
+            raise TypeError("no count")
+        return self.frames
+
+    def get_batch_frames(self, n):
+        self.asks.append(n)
+        if self.fail_at is not None and self.next + n > self.fail_at:
+            raise RuntimeError("bitstream error")
+        batch = [torch.full((2, 3, 3), i, dtype=torch.uint8) for i in range(self.next, min(self.next + n, self.frames))]
+        self.next += len(batch)
+        return batch
+
+
+@pytest.fixture
+def decoder(monkeypatch):
+    class Decoder(StandInDecoder):
+        pass
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.SimpleNamespace(
+        SimpleDecoder=Decoder, OutputColorType=types.SimpleNamespace(RGB="rgb")))
+    return Decoder
+
+
+@pytest.mark.parametrize("frames", [20, 16, 3, 0])
+def test_every_frame_once_and_never_a_request_past_the_count(decoder, frames):
+    decoder.frames = frames
+    sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
+    assert [int(s.frame[0, 0, 0]) for s in sources] == list(range(frames))
+    assert sum(decoder.last.asks) == frames and all(0 < n <= FRAMES_PER_CALL for n in decoder.last.asks)
+    assert all(s.error is None for s in sources)
+    if frames:
+        assert sources[-1].name == f"clip.mp4 frame {frames - 1} ({(frames - 1) / decoder.rate:.3f} s)"
+
+
+def test_without_a_count_it_reads_until_the_decoder_returns_nothing(decoder):
+    decoder.counted = False
+    sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
+    assert len(sources) == 20 and decoder.last.asks[-1] == FRAMES_PER_CALL and sum(decoder.last.asks) > 20
+
+
+def test_a_file_it_cannot_open_and_a_frame_it_cannot_decode_are_one_error_each(decoder):
+    decoder.opened = False
+    (failed,) = nvdec_frames("clip.mp4", "clip.mp4", GPU)
+    assert failed.error.startswith("video clip.mp4 is corrupt, truncated or not a video: cannot open")
+    decoder.opened, decoder.fail_at = True, 12
+    sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
+    assert [s.error for s in sources[:-1]] == [None] * 8
+    assert sources[-1].error == "video clip.mp4 is corrupt or truncated at frame 8: bitstream error"
