@@ -26,8 +26,8 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
     except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
         yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
         return
-    try:  # the frame count the decoder checks its indices against
-        total = len(decoder)
+    try:  # the frame count the decoder checks its indices against; 0 where the container has none
+        total = len(decoder) or None
     except Exception:  # noqa: BLE001 - no count: ask until the decoder returns nothing
         total = None
     index = 0

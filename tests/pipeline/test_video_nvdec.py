@@ -52,7 +52,7 @@ def decoder(monkeypatch):
     return Decoder
 
 
-@pytest.mark.parametrize("frames", [20, 16, 3, 0])
+@pytest.mark.parametrize("frames", [20, 16, 3, 1])
 def test_every_frame_once_and_never_a_request_past_the_count(decoder, frames):
     decoder.frames = frames
     sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
@@ -63,8 +63,12 @@ def test_every_frame_once_and_never_a_request_past_the_count(decoder, frames):
         assert sources[-1].name == f"clip.mp4 frame {frames - 1} ({(frames - 1) / decoder.rate:.3f} s)"
 
 
-def test_without_a_count_it_reads_until_the_decoder_returns_nothing(decoder):
-    decoder.counted = False
+@pytest.mark.parametrize("count", ["none", "zero"])  # zero: a container that records no count
+def test_without_a_count_it_reads_until_the_decoder_returns_nothing(decoder, count):
+    if count == "none":
+        decoder.counted = False
+    else:
+        decoder.__len__ = lambda self: 0
     sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
     assert len(sources) == 20 and decoder.last.asks[-1] == FRAMES_PER_CALL and sum(decoder.last.asks) > 20
 
