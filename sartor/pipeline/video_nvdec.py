@@ -13,15 +13,24 @@ import torch
 from .sources import FrameSource, frame_name
 
 FRAMES_PER_CALL = 8  # frames asked of the decoder at a time: NVDEC works on several surfaces at once
+# Frames PyNvVideoCodec's ThreadedDecoder decodes ahead on a thread of its own; 0: SimpleDecoder,
+# which decodes in the calling thread. 0 until a GPU run shows read-ahead pays
+# (bench/nvdec_read_ahead.py times both).
+READ_AHEAD_FRAMES = 0
 
 
 def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameSource]:
     import PyNvVideoCodec as nvc
 
     gpu = device.index if device.index is not None else torch.cuda.current_device()
+    read_ahead = READ_AHEAD_FRAMES
     try:
-        decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
-                                    output_color_type=nvc.OutputColorType.RGB)
+        if read_ahead:
+            decoder = nvc.ThreadedDecoder(path, read_ahead, gpu_id=gpu, use_device_memory=True,
+                                          output_color_type=nvc.OutputColorType.RGB)
+        else:
+            decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
+                                        output_color_type=nvc.OutputColorType.RGB)
         rate = float(decoder.get_stream_metadata().average_fps or 0) or None
     except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
         yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
@@ -30,11 +39,19 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
         total = len(decoder) or None
     except Exception:  # noqa: BLE001 - no count: ask until the decoder returns nothing
         total = None
+    try:
+        yield from _frames(decoder, label, rate, total, min(FRAMES_PER_CALL, read_ahead or FRAMES_PER_CALL))
+    finally:
+        if read_ahead:
+            decoder.end()  # stops its thread, also when the caller stops reading early
+
+
+def _frames(decoder, label: str, rate: float | None, total: int | None, per_call: int) -> Iterator[FrameSource]:
     index = 0
     while True:
         # Never past the count: the decoder prints a warning line to stdout for each index past
         # it, into the output of `sartor bench --json`.
-        wanted = FRAMES_PER_CALL if total is None else min(FRAMES_PER_CALL, total - index)
+        wanted = per_call if total is None else min(per_call, total - index)
         if wanted <= 0:
             return
         try:

@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from sartor.pipeline import video_nvdec
 from sartor.pipeline.video_nvdec import FRAMES_PER_CALL, nvdec_frames
 
 GPU = torch.device("cuda:0")  # named only: the stand-in's frames are host tensors
@@ -43,13 +44,45 @@ class StandInDecoder:
         return batch
 
 
+class StandInThreadedDecoder(StandInDecoder):
+    """ThreadedDecoder's calls: a read-ahead buffer no request may exceed, and `end` to stop it."""
+
+    def __init__(self, path, buffer_size, gpu_id, use_device_memory, output_color_type):
+        super().__init__(path, gpu_id, use_device_memory, output_color_type)
+        self.buffer_size, self.ended = buffer_size, False
+
+    def get_batch_frames(self, n):
+        assert n <= self.buffer_size and not self.ended
+        return super().get_batch_frames(n)
+
+    def end(self):
+        self.ended = True
+
+
 @pytest.fixture
 def decoder(monkeypatch):
     class Decoder(StandInDecoder):
         pass
+
+    class Threaded(StandInThreadedDecoder):
+        pass
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.SimpleNamespace(
-        SimpleDecoder=Decoder, OutputColorType=types.SimpleNamespace(RGB="rgb")))
+        SimpleDecoder=Decoder, ThreadedDecoder=Threaded, OutputColorType=types.SimpleNamespace(RGB="rgb")))
+    Decoder.threaded = Threaded
     return Decoder
+
+
+@pytest.mark.parametrize("read_ahead", [4, 32])
+def test_read_ahead_reads_every_frame_within_its_buffer_and_ends_its_thread(decoder, monkeypatch, read_ahead):
+    monkeypatch.setattr(video_nvdec, "READ_AHEAD_FRAMES", read_ahead)
+    sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
+    threaded = decoder.threaded.last
+    assert [int(s.frame[0, 0, 0]) for s in sources] == list(range(20)) and threaded.ended
+    assert max(threaded.asks) == min(read_ahead, FRAMES_PER_CALL)
+    early = nvdec_frames("clip.mp4", "clip.mp4", GPU)
+    next(early)
+    early.close()  # a caller that stops reading: the decoder's thread is ended all the same
+    assert decoder.threaded.last.ended
 
 
 @pytest.mark.parametrize("frames", [20, 16, 3, 1])
