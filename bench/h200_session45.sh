@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# What session 44 left for the GPU, as two calls (starts are rare: each call is whole in itself).
+# Output stays under /tmp and is printed: a call's many files under $OUT do not come back.
+#   a: issue 30. The CUDA tests of the host path's new parts (libjpeg-turbo through simplejpeg, the
+#      pool's page-locked buffers, decision 0059), the host pool alone (Pillow against
+#      libjpeg-turbo, 8 and 16 threads), JPEG files to boxes at host shares 0, 0.25, 0.5 and auto,
+#      then NVDEC streams with SimpleDecoder against ThreadedDecoder (bench/nvdec_read_ahead.py).
+#      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh a
+#   b: issue 33. Where the sample detector's and YOLO11n's INT8 batch 32 fall short of 1.5× FP16,
+#      layer by layer at the default effort (bench/profile_engine.py --layers-out, then
+#      bench/compare_layers.py), then YOLOv8n's batch 1 INT8 and FP16 step by step (its H200 ratio
+#      was 1.14–1.18× where the H100's was 1.37–1.39×).   OUT=$OUT bash bench/h200_session45.sh b
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a or b}
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+if [ "$part" = a ]; then
+  site=/tmp/nvdec_site  # where video_h200.sh unpacks PyNvVideoCodec; simplejpeg beside it
+  mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site
+  PYTHONPATH=$site:$PWD timeout 120 python -m pytest -q -p no:cacheprovider tests/pipeline/test_pinned_slots.py \
+    tests/pipeline/test_turbo_jpeg.py tests/pipeline/test_host_decode_share.py -k "gpu or pillows or cmyk" 2>&1 | tail -3
+  echo "tests at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout 90 python bench/host_decode_pool.py --images .whl/nvdec/frames \
+    --threads "${POOL_THREADS:-8,16}" --frames 1024 2>&1 | tail -16
+  echo "pool alone at ${SECONDS}s"
+  SHARES=${SHARES:-0 0.25 0.5 auto} STREAM_COUNTS=" " timeout $(( ${BUDGET_S:-570} * 2 / 3 - SECONDS )) \
+    bash bench/video_h200.sh
+  echo "shares at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8.plan \
+    .whl/nvdec/clip.mp4 --streams "${STREAM_COUNTS:-8,32}" --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+ONNX_DIR=$(mktemp -d)  # the names the bench scripts look for
+ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+for run in "detector int8" "detector fp16" "yolo11n int8" "yolo11n fp16"; do
+  set -- $run
+  left=$(( ${BUDGET_S:-570} * 3 / 4 - SECONDS ))
+  [ "$left" -gt 45 ] || break
+  timeout "$left" python bench/profile_engine.py --model "$1" --batch 32 --onnx-dir "$ONNX_DIR" --precision "$2" \
+    --rows 10 --layers-out "/tmp/$1_layers_$2.json" > "/tmp/$1_$2.log" 2>&1
+  echo "profile $1 $2 exit $? at ${SECONDS}s"
+done
+for model in detector yolo11n; do
+  [ -f "/tmp/${model}_layers_int8.json" ] && [ -f "/tmp/${model}_layers_fp16.json" ] && \
+    python bench/compare_layers.py "/tmp/${model}_layers_fp16.json" "/tmp/${model}_layers_int8.json" --rows 20
+done
+for precision in int8 fp16; do
+  left=$(( ${BUDGET_S:-570} - SECONDS ))
+  [ "$left" -gt 45 ] || break
+  timeout "$left" python bench/profile_engine.py --model yolov8n --batch 1 --onnx-dir "$ONNX_DIR" \
+    --precision $precision --rows 30 --by-step > "/tmp/yolov8n_b1_$precision.log" 2>&1
+  echo "profile yolov8n b1 $precision exit $? at ${SECONDS}s"
+  sed -n '/== kernels by step/,/== sartor kernels/p' "/tmp/yolov8n_b1_$precision.log" | cut -c1-300 | head -60
+done
+echo "done at ${SECONDS}s"
