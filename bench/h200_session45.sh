@@ -30,7 +30,7 @@ if [ "$part" = a ]; then
   SHARES=${SHARES:-0 0.25 0.5 auto} STREAM_COUNTS=" " timeout $(( ${BUDGET_S:-570} * 2 / 3 - SECONDS )) \
     bash bench/video_h200.sh
   echo "shares at ${SECONDS}s"
-  PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8.plan \
+  PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
     .whl/nvdec/clip.mp4 --streams "${STREAM_COUNTS:-8,32}" --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error"
   echo "done at ${SECONDS}s"
   exit 0
