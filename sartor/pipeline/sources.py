@@ -38,6 +38,24 @@ def _bytes_tensor(data) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def _read_file(path) -> bytearray:
+    """The file's bytes, read straight into the writable buffer a tensor is made over (`f.read()`
+    then `bytearray` would copy every file once more, with the interpreter lock held)."""
+    with open(path, "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        view = memoryview(data)
+        filled = 0
+        while filled < len(data):  # a short read (a pipe, a file shrinking) gives what there is
+            n = f.readinto(view[filled:])
+            if not n:
+                break
+            filled += n
+        view.release()
+        del data[filled:]
+        data += f.read()  # a file that grew since its size was read
+    return data
+
+
 def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
     """One item as a FrameSource; names are the path, else `item N` (N from 0)."""
     if frame_order not in FRAME_ORDERS:
@@ -47,15 +65,14 @@ def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
     if isinstance(item, (str, os.PathLike)):
         name = str(item)
         try:
-            with open(item, "rb") as f:
-                data = f.read()
+            data = _read_file(item)
         except IsADirectoryError:
             return FrameSource(name, error=f"image {name} is a directory, not an image file")
         except OSError as exc:
             return FrameSource(name, error=f"image {name} cannot be read: {exc.strerror or exc}")
         if not data:
             return FrameSource(name, error=f"image {name} is empty")
-        return FrameSource(name, encoded=_bytes_tensor(data))
+        return FrameSource(name, encoded=torch.frombuffer(data, dtype=torch.uint8))
     name = f"item {index}"
     if isinstance(item, (bytes, bytearray, memoryview)):
         if not len(item):

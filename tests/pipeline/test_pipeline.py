@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -292,3 +293,19 @@ def test_a_batch_prepared_in_the_calling_thread_returns_its_result_or_raises_at_
     failed = _prepared_now(lambda: (_ for _ in ()).throw(DataError("bad frame")))
     with pytest.raises(DataError, match="bad frame"):
         failed.result()
+
+
+def test_files_are_read_whole_from_disk_and_from_a_pipe(tmp_path):
+    import threading
+    data = bytes(range(256)) * 1000
+    (tmp_path / "frame.jpg").write_bytes(data)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    fifo = tmp_path / "camera.pipe"  # no size to read ahead of time: read until its end
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(data[:70_000]))
+    writer.start()
+    whole, empty, piped = read_sources([tmp_path / "frame.jpg", tmp_path / "empty.jpg", fifo])
+    writer.join()
+    assert bytes(whole.encoded.numpy()) == data and whole.encoded.dtype == torch.uint8
+    assert empty.error == f"image {tmp_path / 'empty.jpg'} is empty"
+    assert bytes(piped.encoded.numpy()) == data[:70_000]
