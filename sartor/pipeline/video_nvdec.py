@@ -28,22 +28,33 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
         if read_ahead:
             decoder = nvc.ThreadedDecoder(path, read_ahead, gpu_id=gpu, use_device_memory=True,
                                           output_color_type=nvc.OutputColorType.RGB)
-        else:
+            if not _frame_count(decoder):
+                # Read-ahead is read up to the file's frame count, never past it: without one, the
+                # decoder that says when the file ends.
+                decoder.end()
+                read_ahead = 0
+        if not read_ahead:
             decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
                                         output_color_type=nvc.OutputColorType.RGB)
         rate = float(decoder.get_stream_metadata().average_fps or 0) or None
     except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
         yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
         return
-    try:  # the frame count the decoder checks its indices against; 0 where the container has none
-        total = len(decoder) or None
-    except Exception:  # noqa: BLE001 - no count: ask until the decoder returns nothing
-        total = None
+    total = _frame_count(decoder)
     try:
         yield from _frames(decoder, label, rate, total, min(FRAMES_PER_CALL, read_ahead or FRAMES_PER_CALL))
     finally:
         if read_ahead:
             decoder.end()  # stops its thread, also when the caller stops reading early
+
+
+def _frame_count(decoder) -> int | None:
+    """The frame count the decoder checks its indices against; None where the container records
+    none (PyNvVideoCodec says 0)."""
+    try:
+        return len(decoder) or None
+    except Exception:  # noqa: BLE001 - no count: read until the decoder returns nothing
+        return None
 
 
 def _frames(decoder, label: str, rate: float | None, total: int | None, per_call: int) -> Iterator[FrameSource]:

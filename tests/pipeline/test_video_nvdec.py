@@ -19,6 +19,7 @@ GPU = torch.device("cuda:0")  # named only: the stand-in's frames are host tenso
 
 class StandInDecoder:
     frames, rate, counted, fail_at, opened = 20, 10.0, True, None, True
+    created: list = []  # every decoder opened, in order
     asks: list[int]
 
     def __init__(self, path, gpu_id, use_device_memory, output_color_type):
@@ -26,6 +27,7 @@ class StandInDecoder:
             raise RuntimeError("cannot open the file")
         self.next, self.asks = 0, []
         StandInDecoder.last = self
+        StandInDecoder.created.append(self)
 
     def get_stream_metadata(self):
         return types.SimpleNamespace(average_fps=self.rate)
@@ -79,6 +81,12 @@ def test_read_ahead_reads_every_frame_within_its_buffer_and_ends_its_thread(deco
     threaded = decoder.threaded.last
     assert [int(s.frame[0, 0, 0]) for s in sources] == list(range(20)) and threaded.ended
     assert max(threaded.asks) == min(read_ahead, FRAMES_PER_CALL)
+    decoder.threaded.counted = decoder.counted = False  # no count: SimpleDecoder, which says when the file ends
+    assert len(list(nvdec_frames("clip.mp4", "clip.mp4", GPU))) == 20
+    ended, reader = StandInDecoder.created[-2:]
+    assert isinstance(ended, decoder.threaded) and ended.ended and ended.asks == []
+    assert type(reader) is decoder and sum(reader.asks) > 20
+    decoder.threaded.counted = True
     early = nvdec_frames("clip.mp4", "clip.mp4", GPU)
     next(early)
     early.close()  # a caller that stops reading: the decoder's thread is ended all the same
