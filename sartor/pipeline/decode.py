@@ -3,10 +3,11 @@
 Two ways, and `orig_size` keeps the file's own size for the geometry either way:
 - fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(
   ..., device="cuda")`; when that call fails, each JPEG is decoded alone, so one corrupt file fails
-  only itself). On the host, Pillow (libjpeg-turbo, libpng) decodes a JPEG at 1/2, 1/4 or 1/8 scale
-  in the DCT domain (libjpeg's scaled IDCT, `Image.draft`) when the spec shrinks it at least that
+  only itself). On the host, a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain
+  (libjpeg's scaled IDCT, the scale `Image.draft` picks) when the spec shrinks it at least that
   much, at the smallest such scale still at least the letterbox's size, and torch's resize
-  (`prepare`) does what is left. Its pixels are not the reference's (a DCT low-pass, nvJPEG's IDCT,
+  (`prepare`) does what is left: by libjpeg-turbo through simplejpeg, with the GIL released
+  (`turbo_jpeg.py`), else by Pillow (libjpeg-turbo, libpng), to the same pixels. Its pixels are not the reference's (a DCT low-pass, nvJPEG's IDCT,
   other rounding): docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
 - exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
   size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
