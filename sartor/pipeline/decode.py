@@ -7,8 +7,9 @@ Two ways, and `orig_size` keeps the file's own size for the geometry either way:
   (libjpeg's scaled IDCT, the scale `Image.draft` picks) when the spec shrinks it at least that
   much, at the smallest such scale still at least the letterbox's size, and torch's resize
   (`prepare`) does what is left: by libjpeg-turbo through simplejpeg, with the GIL released
-  (`turbo_jpeg.py`), else by Pillow (libjpeg-turbo, libpng), to the same pixels. Its pixels are not the reference's (a DCT low-pass, nvJPEG's IDCT,
-  other rounding): docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
+  (`turbo_jpeg.py`), else by Pillow (libjpeg-turbo, libpng), to the same pixels. Its pixels are
+  not the reference's (a DCT low-pass, nvJPEG's IDCT, other rounding):
+  docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
 - exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
   size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
   engine, not a decoder or a resize filter.
@@ -216,8 +217,8 @@ def split_for_host(jpegs: list[int], host_share: float) -> tuple[list[int], list
 def _uploaded(frame: DecodedFrame, device: torch.device) -> DecodedFrame:
     if frame.pixels is not None:
         frame.pixels = frame.pixels.to(device, non_blocking=True)
-    if frame.pinned is not None:
-        frame.pinned.uploaded()  # its buffer is free once the copy just queued has run
+    if frame.pinned is not None:  # its buffer is free once the copy just queued has run, on the stream it ran on
+        frame.pinned.uploaded(torch.cuda.current_stream(device) if device.type == "cuda" else None)
         frame.pinned = None
     return frame
 

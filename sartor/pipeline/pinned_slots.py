@@ -31,11 +31,11 @@ class PinnedSlot:
     def free(self) -> bool:
         return not self.taken and (self.event is None or self.event.query())
 
-    def uploaded(self) -> None:
-        """The caller has queued the copy that reads this buffer on its current stream."""
+    def uploaded(self, stream: torch.cuda.Stream | None = None) -> None:
+        """The caller has queued the copy that reads this buffer on `stream` (None: the current one)."""
         if self.event is None:
             self.event = self.new_event()
-        self.event.record()
+        self.event.record(stream)
         self.taken = False  # after the record: a thread that sees it free also sees the event
 
     def release(self) -> None:

@@ -23,7 +23,7 @@ class StandInEvent:
     """A CUDA event's two calls, with its completion set by the test."""
     done = False
 
-    def record(self) -> None:
+    def record(self, stream=None) -> None:
         self.recorded = True
 
     def query(self) -> bool:
