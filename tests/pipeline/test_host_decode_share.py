@@ -19,6 +19,7 @@ from sartor.pipeline import Pipeline, decode_frames, read_sources
 from sartor.pipeline import decode as decode_module
 from sartor.pipeline.benchmark import end_to_end
 from sartor.pipeline.decode import _pinned_host_frame, decode_on_host, split_for_host
+from sartor.pipeline.pinned_slots import PinnedSlots
 
 skimage_data = pytest.importorskip("skimage.data")
 torchvision_io = pytest.importorskip("torchvision.io")
@@ -172,12 +173,15 @@ def small_frame_bytes(seed: int) -> bytes:
 def test_on_a_gpu_the_host_share_lands_on_the_device_beside_nvjpegs_frames():
     items = [frame_bytes(name) for name in PHOTOS]
     device = torch.device("cuda")
+    slots = PinnedSlots()
     with ThreadPoolExecutor(2) as pool:
-        decoded = decode_frames(read_sources(items), device, SPEC, True, 0.5, pool)
+        decoded = decode_frames(read_sources(items), device, SPEC, True, 0.5, pool, slots)
     assert all(d.error is None and d.pixels.device.type == "cuda" for d in decoded)
     assert [tuple(d.pixels.shape) for d in decoded] == [(3, 720, 1280)] * 2 + [(3, 360, 640)] * 2
     for d, data in zip(decoded[2:], items[2:]):
         assert torch.equal(d.pixels.cpu(), decode_on_host(data, SPEC, fast=True)[0])
+    torch.cuda.synchronize()
+    assert len(slots) == 2 and all(s.free() for s in slots._slots)  # the host frames' buffers, free again
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
