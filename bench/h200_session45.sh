@@ -3,7 +3,8 @@
 # Output stays under /tmp and is printed: a call's many files under $OUT do not come back.
 #   a: issue 30. The CUDA tests of the host path's new parts (libjpeg-turbo through simplejpeg, the
 #      pool's page-locked buffers, decision 0059), the host pool alone (Pillow against
-#      libjpeg-turbo, 8 and 16 threads), JPEG files to boxes at host shares 0, 0.25, 0.5 and auto,
+#      libjpeg-turbo, 8 and 16 threads), JPEG files to boxes at host shares 0, 0.25, 0.5 and auto
+#      (and 0.5 on 8 threads, leaving cores to the threads that feed the engine),
 #      then NVDEC streams with SimpleDecoder against ThreadedDecoder (bench/nvdec_read_ahead.py).
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh a
 #   b: issue 33. Where the sample detector's and YOLO11n's INT8 batch 32 fall short of 1.5× FP16,
@@ -27,7 +28,7 @@ if [ "$part" = a ]; then
   PYTHONPATH=$site:$PWD timeout 90 python bench/host_decode_pool.py --images .whl/nvdec/frames \
     --threads "${POOL_THREADS:-8,16}" --frames 1024 2>&1 | tail -16
   echo "pool alone at ${SECONDS}s"
-  SHARES=${SHARES:-0 0.25 0.5 auto} STREAM_COUNTS=" " timeout $(( ${BUDGET_S:-570} * 2 / 3 - SECONDS )) \
+  SHARES=${SHARES:-0 0.25 0.5 auto} EXTRA_RUNS=${EXTRA_RUNS:-nms:0.5:8} STREAM_COUNTS=" " timeout $(( ${BUDGET_S:-570} * 2 / 3 - SECONDS )) \
     bash bench/video_h200.sh
   echo "shares at ${SECONDS}s"
   PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \

@@ -40,17 +40,19 @@ echo "build --nms exit $? at ${SECONDS}s"
 jpegs=/tmp/jpeg512; mkdir -p $jpegs
 frames=(.whl/nvdec/frames/*.jpg)
 for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
-runs="plain:0"  # engine:share
+runs="plain:0"  # engine:share[:host threads]
 for share in ${SHARES:-0 0.25 0.5 0.75 1 auto}; do runs="$runs nms:$share"; done
-for run in $runs; do
-  engine=${run%%:*} share=${run#*:}
+for run in $runs ${EXTRA_RUNS:-}; do
+  IFS=: read -r engine share threads <<< "$run"
   plan=/tmp/y8.plan; [ "$engine" = nms ] && plan=/tmp/y8nms.plan
-  out="$OUT/jpeg_${engine}_share_$share"
+  out="$OUT/jpeg_${engine}_share_${share}${threads:+_t$threads}"
   timeout 100 python -m sartor bench $plan --end-to-end --images $jpegs --batch 32 --passes 4 \
-    --host-decode-share $share --json > "$out.json" 2> "$out.err"
-  echo "$engine engine, host share $share exit $? at ${SECONDS}s: $(python -c 'import json, sys; d = json.load(open(sys.argv[1]))
+    --host-decode-share $share ${threads:+--host-decode-threads $threads} --json > "$out.json" 2> "$out.err"
+  echo "$engine engine, host share $share${threads:+, $threads threads} exit $? at ${SECONDS}s: $(python -c '
+import json, sys; d = json.load(open(sys.argv[1]))
 print({k: d[k] for k in ("frames_per_s", "engine_frames_per_s", "batch_ms_p50", "batch_ms_p99", "stages_ms",
-                         "host_share_chosen", "host_share_ms_per_frame")})' "$out.json" 2>/dev/null || tail -c 500 "$out.err")"
+                         "host_share_chosen", "host_share_ms_per_frame", "host_decode_threads")})' "$out.json" 2>/dev/null \
+    || tail -c 500 "$out.err")"
 done
 for streams in ${STREAM_COUNTS:-1 8 32}; do
   timeout 150 python -m sartor bench /tmp/y8nms.plan --end-to-end --video .whl/nvdec/clip.mp4 --streams $streams \

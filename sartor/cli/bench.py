@@ -57,6 +57,9 @@ def add_parser(subparsers, parents) -> None:
                    help="with --end-to-end --images on a CUDA engine: decode this share (0 to 1) of each batch's "
                         "JPEGs on the host's CPUs while nvJPEG decodes the rest (default 0: nvJPEG alone); auto: "
                         "the share whose batches come out fastest, timed over the first batches")
+    p.add_argument("--host-decode-threads", type=int, metavar="N",
+                   help="with --host-decode-share: the host threads that decode (default: the CPUs this process "
+                        "may use)")
     p.set_defaults(func=run)
 
 
@@ -74,6 +77,8 @@ def run(args) -> int:
     if args.aux_streams is not None and (args.per_layer or args.end_to_end or args.images or args.video
                              or args.streams is not None):
         raise ConfigError("--aux-streams goes with the engine's own benchmark (not --per-layer or --end-to-end)")
+    if args.host_decode_threads is not None and not args.host_decode_share:
+        raise ConfigError("--host-decode-threads goes with --host-decode-share (a share above 0, or auto)")
     if args.host_decode_share and (args.video or not args.images):
         raise ConfigError("--host-decode-share goes with --end-to-end --images (JPEG files; video frames are decoded "
                           "by their stream's decoder)")
@@ -118,7 +123,8 @@ def run_end_to_end(args) -> int:
     files = image_files(args.images)
     engine = load(args.plan, device=args.device, trust=args.trust)
     result = end_to_end(engine, files, batch=args.batch, passes=args.passes, decoder=args.decoder,
-                        max_downscale=args.max_downscale, host_decode_share=args.host_decode_share)
+                        max_downscale=args.max_downscale, host_decode_share=args.host_decode_share,
+                        host_decode_threads=args.host_decode_threads)
     if args.json:
         print_json(dict(result.to_json(), engine=str(args.plan)))
         return 0
@@ -175,7 +181,8 @@ def run_video_end_to_end(args) -> int:
 
 
 def host_share_line(result) -> str:
-    line = f"{result.host_share_chosen:.0%} of the JPEGs on the host's CPUs, the rest by nvJPEG"
+    line = (f"{result.host_share_chosen:.0%} of the JPEGs on {result.host_decode_threads} host threads, "
+            f"the rest by nvJPEG")
     if result.host_decode_share != "auto":
         return line
     timed = ", ".join(f"{float(share):.0%} {ms:.3f}" for share, ms in result.host_share_ms_per_frame.items())

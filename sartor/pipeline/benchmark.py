@@ -78,13 +78,15 @@ class EndToEndResult:
     host_decode_share: float | str = 0.0  # of the JPEGs nvJPEG would decode, the share decoded on the host
     host_share_chosen: float | None = None  # the share the steady state ran at ("auto" chose it)
     host_share_ms_per_frame: dict = field(default_factory=dict)  # "auto": each candidate's median, warm-up
+    host_decode_threads: int | None = None  # the host pool's threads (None: no pool)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def bench_pipeline(engine, batch: int | None, decoder: str, max_downscale: float | str | None = None,
-                   host_decode_share: float | str = 0.0) -> tuple[Pipeline, object, str]:
+                   host_decode_share: float | str = 0.0,
+                   host_decode_threads: int | None = None) -> tuple[Pipeline, object, str]:
     """(the pipeline, its post-processing or None, the post-processing's name) for `--decoder`."""
     nms = YoloNms()
     head = next((o for o in engine.outputs if o.shape is not None and len(o.shape) == 3), None)
@@ -96,7 +98,7 @@ def bench_pipeline(engine, batch: int | None, decoder: str, max_downscale: float
         decoder = "yolo" if head is not None and len(engine.outputs) == 1 else "none"
     post = nms if decoder != "none" else None
     return (Pipeline(engine, batch_size=batch, decoder=post, host_outputs=post is None, max_downscale=max_downscale,
-                     host_decode_share=host_decode_share), post, decoder)
+                     host_decode_share=host_decode_share, host_decode_threads=host_decode_threads), post, decoder)
 
 
 def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats: int) -> tuple[dict, float]:
@@ -128,10 +130,11 @@ def percentile(values: list[float], fraction: float) -> float:
 
 def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
                decoder: str = "auto", max_downscale: float | str | None = None,
-               host_decode_share: float | str = 0.0) -> EndToEndResult:
+               host_decode_share: float | str = 0.0, host_decode_threads: int | None = None) -> EndToEndResult:
     if passes < 2:
         raise ConfigError(f"--passes must be at least 2 (the first is reported apart), not {passes}")
-    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale, host_decode_share)
+    pipeline, post, decoder = bench_pipeline(engine, batch, decoder, max_downscale, host_decode_share,
+                                             host_decode_threads)
     device = pipeline.device
     batch = pipeline.batch_size
 
@@ -181,4 +184,5 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
                           routed, stage_bucket, pipeline.host_decode_share, share,
-                          pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {})
+                          pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {},
+                          pipeline.host_decode_threads)

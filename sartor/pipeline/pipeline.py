@@ -245,9 +245,10 @@ class Pipeline:
         self.host_decode_share = host_decode_share if shared else 0.0
         self.host_share_search = (HostShareSearch(candidates_for(self.batch_size))
                                   if self.host_decode_share == "auto" else None)
-        self.host_pool, self.host_slots = None, None
+        self.host_pool, self.host_slots, self.host_decode_threads = None, None, None
         if self.host_decode_share != 0:
-            self.host_pool = ThreadPoolExecutor(max_workers=host_decode_threads or usable_cpus(),
+            self.host_decode_threads = host_decode_threads or usable_cpus()
+            self.host_pool = ThreadPoolExecutor(max_workers=self.host_decode_threads,
                                                  thread_name_prefix="sartor-host-decode")
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
             self.host_slots = PinnedSlots()  # the page-locked buffers its frames are decoded into

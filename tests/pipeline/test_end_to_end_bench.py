@@ -56,6 +56,10 @@ def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_
                          "half"), "--host-decode-share 'half' is neither a share (0 to 1) nor auto")
     assert_cli_error(cli("bench", letterbox_plan, "--host-decode-share", "0.5"),
                      "--host-decode-share goes with --end-to-end --images")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--host-decode-threads",
+                         "4"), "--host-decode-threads goes with --host-decode-share")
+    assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder, "--host-decode-share",
+                         "0.5", "--host-decode-threads", "0"), "host_decode_threads 0 must be at least 1")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "bad"),

@@ -144,8 +144,9 @@ def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_fo
         files.append(tmp_path / f"frame{k:02d}.jpg")
         files[-1].write_bytes(small_frame_bytes(k))
     engine = sartor.load(letterbox_plan, device="cpu")
-    result = end_to_end(engine, files, batch=4, passes=2, host_decode_share="auto")
+    result = end_to_end(engine, files, batch=4, passes=2, host_decode_share="auto", host_decode_threads=3)
     assert result.host_decode_share == "auto" and result.host_share_chosen == 1.0
+    assert result.host_decode_threads == 3
     assert set(result.host_share_ms_per_frame) == {"0", "0.25", "0.5", "0.75", "1"}
     with pytest.raises(ConfigError, match="--host-decode-share auto: no share chosen after 21 passes over 1 images"):
         end_to_end(engine, files[:1], batch=4, passes=2, host_decode_share="auto")  # one batch a stream: never timed
