@@ -234,21 +234,20 @@ def _host_frame(source: FrameSource, spec, fast: bool, allocate=None) -> Decoded
     return DecodedFrame(source.name, pixels, orig_size=size)
 
 
+UNPOOLED = PinnedSlots(max_slots=0)  # no buffers kept: page-locked memory of its own for every frame
+
+
 def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots | None = None) -> DecodedFrame:
     """`_host_frame` with its pixels in page-locked memory (one of `slots`' buffers when given), so
     that their upload is an asynchronous copy rather than the calling thread staging pageable bytes.
     libjpeg-turbo decodes straight into that memory; a frame Pillow decodes is copied in by numpy,
     on this thread alone (a torch CPU copy would start an intra-op thread team from every pool
     thread at once, and the teams would oversubscribe the cores the pool decodes on)."""
-    def take(shape: tuple) -> tuple[torch.Tensor, PinnedSlot | None]:
-        if slots is not None:
-            return slots.take(shape)
-        return torch.empty(shape, dtype=torch.uint8, pin_memory=True), None
-
+    slots = UNPOOLED if slots is None else slots
     taken: list[tuple[torch.Tensor, PinnedSlot | None]] = []
 
     def allocate(shape: tuple) -> np.ndarray:
-        taken.append(take(shape))
+        taken.append(slots.take(shape))
         return taken[-1][0].numpy()
 
     frame = _host_frame(source, spec, fast, allocate)
@@ -259,7 +258,7 @@ def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots
         if frame.pixels is None:
             return frame
         hwc = frame.pixels.permute(1, 2, 0)  # the decoder's own interleaved layout
-        pinned, slot = take(tuple(hwc.shape))
+        pinned, slot = slots.take(tuple(hwc.shape))
         np.copyto(pinned.numpy(), hwc.numpy())
     frame.pixels, frame.pinned = pinned.permute(2, 0, 1), slot
     return frame

@@ -2,8 +2,8 @@
 that read it has finished.
 
 A frame decoded on the host reaches the device by an asynchronous copy only from page-locked memory.
-Allocating that memory for every frame, even through torch's caching host allocator, halved the
-pool's rate at 16 threads on the H200 machine (docs/decisions/0059-host-jpegs-through-simplejpeg.md).
+Allocating that memory for every frame, even through torch's caching host allocator, costs a
+pool of many threads much of its rate (docs/decisions/0059-host-jpegs-through-simplejpeg.md).
 So the pool keeps its own buffers: a thread takes a free one, decodes into it, and the caller
 records an event on its stream after queueing the upload; the buffer is free again once that event
 has completed. A buffer taken and never uploaded (a batch abandoned by an error) stays taken; the

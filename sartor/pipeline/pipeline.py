@@ -168,10 +168,10 @@ class Pipeline:
     within noise: docs/decisions/0025-cpu-fast-decode.md); False gives the reference's values for
     encoded images on any device (Pillow's decode and resize on the host). `host_decode_share` (0 to
     1; CUDA engines with `fast_decode`): that share of each batch's JPEGs is decoded on the host by
-    `host_decode_threads` threads (default: the CPUs this process may use) while nvJPEG decodes the rest, which
-    shares the GPU with the engine; a CPU engine decodes every frame on the host anyway. "auto":
-    the share is chosen by timing the first batches (`host_share.py`; `host_share_chosen` once
-    chosen).
+    `host_decode_threads` threads (default: the CPUs this process may use) while nvJPEG decodes the
+    rest, which shares the GPU with the engine; a CPU engine decodes every frame on the host anyway.
+    "auto": the share is chosen by timing the first batches (`host_share.py`; `host_share_chosen`
+    once chosen).
 
     Resolution buckets: frames go to the engine's buckets (`engine.buckets`) by size, under the
     engine's `max_downscale` policy unless `max_downscale` is given (a factor ≥ 1, or "any");

@@ -3,8 +3,8 @@
 
 Pillow decodes with the same libjpeg-turbo, but handing its pixels out (`np.asarray(image)`, which
 packs Pillow's 4-byte pixels to 3 in `Image.tobytes`) holds the GIL for every frame, so a pool of
-threads decoding with Pillow stops at the GIL (on the H200 machine: under 1,100 frames/s on 4 to 16
-threads). simplejpeg releases the GIL for the whole decode and writes straight into a numpy array,
+threads decoding with Pillow stops at the GIL however many threads it has (figures in the decision).
+simplejpeg releases the GIL for the whole decode and writes straight into a numpy array,
 or into a caller's buffer.
 
 The frames are Pillow's: the same DCT scale that `Image.draft` picks (1/2, 1/4 or 1/8: the largest
@@ -27,10 +27,6 @@ except ImportError:  # an optional speed-up: Pillow decodes everything without i
 
 DRAFT_SCALES = (8, 4, 2, 1)  # the DCT scales Pillow's draft chooses among, largest first
 COLORSPACES = ("RGB", "YCbCr", "Gray")  # converted to RGB by libjpeg-turbo as Pillow converts them
-
-
-def available() -> bool:
-    return simplejpeg is not None
 
 
 def header(data: bytes) -> tuple[int, int] | None:
@@ -57,7 +53,7 @@ def draft_size(height: int, width: int, target: tuple[int, int] | None) -> tuple
 
 
 def decode(data: bytes, size: tuple[int, int],
-           allocate: Callable[[tuple[int, int, 3]], np.ndarray] | None = None) -> np.ndarray | None:
+           allocate: Callable[[tuple[int, int, int]], np.ndarray] | None = None) -> np.ndarray | None:
     """The JPEG as an H×W×3 uint8 RGB array of `size` (a `draft_size`), written into
     `allocate(shape)` when given; None when libjpeg-turbo refuses it (Pillow then says why)."""
     out = allocate((size[0], size[1], 3)) if allocate is not None else None

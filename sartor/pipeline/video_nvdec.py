@@ -28,7 +28,8 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
         if read_ahead:
             decoder = nvc.ThreadedDecoder(path, read_ahead, gpu_id=gpu, use_device_memory=True,
                                           output_color_type=nvc.OutputColorType.RGB)
-            if not _frame_count(decoder):
+            total = _frame_count(decoder)
+            if not total:
                 # Read-ahead is read up to the file's frame count, never past it: without one, the
                 # decoder that says when the file ends.
                 decoder.end()
@@ -36,11 +37,11 @@ def nvdec_frames(path: str, label: str, device: torch.device) -> Iterator[FrameS
         if not read_ahead:
             decoder = nvc.SimpleDecoder(path, gpu_id=gpu, use_device_memory=True,
                                         output_color_type=nvc.OutputColorType.RGB)
+            total = _frame_count(decoder)
         rate = float(decoder.get_stream_metadata().average_fps or 0) or None
     except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions for unreadable files
         yield FrameSource(label, error=f"video {label} is corrupt, truncated or not a video: {exc}")
         return
-    total = _frame_count(decoder)
     try:
         yield from _frames(decoder, label, rate, total, min(FRAMES_PER_CALL, read_ahead or FRAMES_PER_CALL))
     finally:
