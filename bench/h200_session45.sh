@@ -7,6 +7,13 @@
 #      (and 0.5 on 8 threads, leaving cores to the threads that feed the engine),
 #      then NVDEC streams with SimpleDecoder against ThreadedDecoder (bench/nvdec_read_ahead.py).
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh a
+#   c: after a and b (session 45): the CUDA tests of the capture mode (another thread's CUDA calls
+#      during a capture) and of the files read ahead; NVDEC streams 8 and 32 with SimpleDecoder
+#      against ThreadedDecoder (whose read-ahead thread crashed a capture in a); JPEG files → boxes
+#      with the files read ahead against read by the worker (bench/jpeg_read_ahead.py); the host
+#      pool alone at 8 and 16 threads, median of 3 (16 threads into the pool's buffers fell to 1,651
+#      in a); then YOLOv8n batch 1 FP16 step by step (cut off in b).
+#      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh c
 #   b: issue 33. Where the sample detector's and YOLO11n's INT8 batch 32 fall short of 1.5× FP16,
 #      layer by layer at the default effort (bench/profile_engine.py --layers-out, then
 #      bench/compare_layers.py), then YOLOv8n's batch 1 INT8 and FP16 step by step (its H200 ratio
@@ -34,6 +41,32 @@ if [ "$part" = a ]; then
   PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
     .whl/nvdec/clip.mp4 --streams "${STREAM_COUNTS:-8,32}" --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error"
   echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = c ]; then
+  site=/tmp/nvdec_site
+  mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
+  PYTHONPATH=$site:$PWD timeout 150 python -m pytest -q -p no:cacheprovider tests/runtime/test_capture.py \
+    tests/pipeline/test_pipeline.py tests/pipeline/test_video_nvdec.py 2>&1 | tail -4
+  echo "tests at ${SECONDS}s"
+  SHARES=" " STREAM_COUNTS=" " timeout 200 bash bench/video_h200.sh  # the two engines, and the plain one at share 0
+  echo "builds at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout 170 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 \
+    --streams 8,32 --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error\|rror:"
+  echo "nvdec at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout 100 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds 3 \
+    2>&1 | grep "^|\|rror"
+  echo "read-ahead at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout 80 python bench/host_decode_pool.py --images .whl/nvdec/frames --threads 8,16 \
+    --frames 2048 --repeats 3 2>&1 | grep -v Pillow | tail -12
+  echo "pool at ${SECONDS}s"
+  ONNX_DIR=$(mktemp -d)
+  ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+  left=$(( ${BUDGET_S:-570} - SECONDS ))
+  [ "$left" -gt 45 ] && timeout "$left" python bench/profile_engine.py --model yolov8n --batch 1 --onnx-dir "$ONNX_DIR" \
+    --precision fp16 --rows 30 --by-step > /tmp/yolov8n_b1_fp16.log 2>&1
+  echo "profile yolov8n b1 fp16 exit $? at ${SECONDS}s"
+  sed -n '/== kernels by step/,/== sartor kernels/p' /tmp/yolov8n_b1_fp16.log | cut -c1-300 | head -45
   exit 0
 fi
 ONNX_DIR=$(mktemp -d)  # the names the bench scripts look for

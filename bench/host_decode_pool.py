@@ -3,11 +3,15 @@ pipeline's own pool step, on 1..N threads, by Pillow and by libjpeg-turbo (simpl
 also into page-locked memory allocated for each frame and into the pool's own reused buffers. It
 tells whether the pool scales with the cores, or stops at the GIL or the page-locked memory.
 
-    python bench/host_decode_pool.py --images DIR [--threads 1,4,8,16] [--frames 512]"""
+Each cell is the median of --repeats timed runs (the spread beside it): at 16 threads on 16 cores
+one short run moved by half between two calls.
+
+    python bench/host_decode_pool.py --images DIR [--threads 1,4,8,16] [--frames 512] [--repeats 3]"""
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +39,7 @@ def main() -> None:
     parser.add_argument("--images", required=True)
     parser.add_argument("--threads", default="1,2,4,8,16")
     parser.add_argument("--frames", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--preprocess", default="letterbox=640,mean=0,std=255,rgb,nchw")
     args = parser.parse_args()
     spec = parse_preprocess(args.preprocess)
@@ -54,21 +59,24 @@ def main() -> None:
                 library != "Pillow")
     print(f"os.cpu_count {os.cpu_count()}, usable_cpus {usable_cpus()}, {len(files)} files cycled to "
           f"{len(sources)}, torch threads {torch.get_num_threads()}")
-    print("| step | threads | frames/s | ms a frame a thread |")
+    print(f"| step | threads | frames/s, median of {args.repeats} (lowest–highest) | ms a frame a thread |")
     print("|---|---|---|---|")
     for name, (step, turbo_decodes) in steps.items():
         turbo_jpeg.simplejpeg = turbo if turbo_decodes else None
         for threads in (int(t) for t in args.threads.split(",")):
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(lambda s: step(s, spec, True), sources[:threads * 4]))  # warm-up
-                started = time.perf_counter()
-                # Each frame is dropped once decoded, as the pipeline drops it once uploaded: holding
-                # them all would time the page faults of fresh memory, not the decode.
-                errors = [f.error for f in pool.map(lambda s: step(s, spec, True), sources) if f.error]
-                seconds = time.perf_counter() - started
-            assert not errors, errors[:1]
-            per_frame = seconds / len(sources)
-            print(f"| {name} | {threads} | {1 / per_frame:,.0f} | {per_frame * threads * 1e3:.3f} |")
+                rates = []
+                for _ in range(args.repeats):
+                    started = time.perf_counter()
+                    # Each frame is dropped once decoded, as the pipeline drops it once uploaded: holding
+                    # them all would time the page faults of fresh memory, not the decode.
+                    errors = [f.error for f in pool.map(lambda s: step(s, spec, True), sources) if f.error]
+                    rates.append(len(sources) / (time.perf_counter() - started))
+                    assert not errors, errors[:1]
+            rate = statistics.median(rates)
+            print(f"| {name} | {threads} | {rate:,.0f} ({min(rates):,.0f}–{max(rates):,.0f}) | "
+                  f"{threads / rate * 1e3:.3f} |")
 
 
 if __name__ == "__main__":

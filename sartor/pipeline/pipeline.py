@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
+READ_AHEAD_CHUNKS = 2  # batches of files read ahead of the one being decoded
 
 
 @dataclass
@@ -437,7 +439,9 @@ class Pipeline:
             # already on the engine's device has nothing to decode or copy in: it is prepared in the
             # calling thread once the batch before is launched, as a worker would only contend with
             # this thread for the interpreter lock (docs/decisions/0051-inline-prepare-of-device-frames.md).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool, \
+                    ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-read") as reader:
+                chunks = _files_read_ahead(chunks, reader, self.frame_order)
                 slot = 0
                 chunk = next(chunks, None)
                 pending: Future | None = self._start_prepare(pool, chunk, slot) if chunk is not None else None
@@ -500,6 +504,29 @@ def _prepared_now(prepare: Callable, *args) -> Future:
     except Exception as exc:  # noqa: BLE001 - re-raised by result(), in the order a worker's would be
         future.set_exception(exc)
     return future
+
+
+def _files_read_ahead(chunks: Iterator[tuple[list, int]], reader: Executor, frame_order: str,
+                      depth: int = READ_AHEAD_CHUNKS) -> Iterator[tuple[list, int]]:
+    """The chunks in order, those holding paths read into FrameSources up to `depth` chunks ahead on
+    `reader`: a file read leaves the interpreter lock, so it runs beside the decode of the batch
+    before rather than in front of it. A chunk without paths (frames, bytes, a camera's live
+    frames) is passed on at once, and the ones before it first: nothing live is waited for early."""
+    ahead: deque[tuple[Future, int]] = deque()
+    for chunk, first in chunks:
+        if not any(isinstance(item, (str, os.PathLike)) for item in chunk):
+            while ahead:
+                future, before = ahead.popleft()
+                yield future.result(), before
+            yield chunk, first
+            continue
+        ahead.append((reader.submit(read_sources, chunk, frame_order, first), first))
+        if len(ahead) > depth:
+            future, before = ahead.popleft()
+            yield future.result(), before
+    while ahead:
+        future, before = ahead.popleft()
+        yield future.result(), before
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[tuple[list, int]]:

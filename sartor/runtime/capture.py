@@ -167,7 +167,9 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
             if piece.captured:
                 graph = torch.cuda.CUDAGraph()
                 try:
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    # thread_local: another thread's CUDA calls (a video decoder reading ahead, the
+                    # host pool pinning memory) neither break this capture nor fail in that thread.
+                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                         if state is None:
                             state = executor.begin(static_in, memo)
                         executor.run_steps(state, piece.start, piece.stop, profile=profile, branches=branches)

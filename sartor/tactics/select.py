@@ -58,7 +58,7 @@ def _graph_replay(fn, device: torch.device, calls: int = 1):
             fn()  # one warm run on the capture stream: lazy initialisation must not be captured
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):  # see runtime/capture.py
             for _ in range(calls):
                 fn()
     except Exception:  # noqa: BLE001 - not capturable: time it uncaptured

@@ -309,3 +309,53 @@ def test_files_are_read_whole_from_disk_and_from_a_pipe(tmp_path):
     assert bytes(whole.encoded.numpy()) == data and whole.encoded.dtype == torch.uint8
     assert empty.error == f"image {tmp_path / 'empty.jpg'} is empty"
     assert bytes(piped.encoded.numpy()) == data[:70_000]
+
+
+def test_files_are_read_ahead_in_order_and_live_frames_are_not_waited_for(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sartor.pipeline.pipeline import _files_read_ahead
+
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.jpg")
+        paths[-1].write_bytes(bytes([i]) * (i + 1))
+    frame = torch.zeros(4, 4, 3, dtype=torch.uint8)
+    given = [([paths[0], paths[1]], 0), ([paths[2]], 2), ([paths[3]], 3), ([frame], 4), ([paths[4]], 5)]
+    pulled = []
+
+    def chunks():
+        for chunk in given:
+            pulled.append(chunk[1])
+            yield chunk
+
+    with ThreadPoolExecutor(1) as reader:
+        out = _files_read_ahead(chunks(), reader, "rgb", depth=2)
+        first_sources, first = next(out)
+        assert first == 0 and pulled == [0, 2, 3]  # two chunks of files read ahead of the first
+        assert [s.name for s in first_sources] == [str(paths[0]), str(paths[1])]
+        assert [bytes(s.encoded.numpy()) for s in first_sources] == [b"\x00", b"\x01\x01"]
+        rest = [next(out) for _ in range(3)]
+        assert [f for _, f in rest] == [2, 3, 4]
+        assert pulled == [0, 2, 3, 4]  # the live frame is passed on without pulling the chunk after it
+        assert rest[2][0][0] is frame
+        last_sources, last = next(out)
+        assert last == 5 and bytes(last_sources[0].encoded.numpy()) == b"\x04" * 5
+        assert next(out, None) is None
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_files_and_a_missing_one_give_the_same_results_read_ahead_or_not(preprocessed_plan, tmp_path, overlap):
+    engine = sartor.load(preprocessed_plan, device="cpu")
+    paths = []
+    for i, pixels in enumerate(photos(5)):  # JPEG bytes
+        paths.append(tmp_path / f"{i}.jpg")
+        paths[-1].write_bytes(pixels)
+    items = paths[:2] + [tmp_path / "missing.jpg"] + paths[2:]
+    results = Pipeline(engine, batch_size=2, overlap=overlap, skip_bad=True).run(items)
+    assert [r.name for r in results] == [str(p) for p in items]
+    assert results[2].error == f"image {tmp_path / 'missing.jpg'} cannot be read: No such file or directory"
+    good = [r for r in results if r.error is None]
+    inline = Pipeline(engine, batch_size=1, overlap=False).run(paths)
+    np.testing.assert_allclose(np.stack([r.outputs["logits"] for r in good]),
+                               np.stack([r.outputs["logits"] for r in inline]), rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import threading
 import warnings
 from pathlib import Path
 
@@ -145,6 +146,54 @@ def test_pieces_around_an_uncapturable_layer_match_eager():
         again = {k: v.clone() for k, v in captured.replay(executor, 0).items()}
         reference = executor.run({"x": captured.inputs["x"].clone()})
     torch.testing.assert_close(again["y"], reference["y"])
+
+
+@cuda
+def test_another_threads_cuda_calls_during_a_capture_break_neither():
+    """A video decoder reading ahead on its own thread allocates and launches while the engine
+    captures its first run: under the global capture mode both would fail."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])
+    weights = np.random.default_rng(1).standard_normal((4, 4, 3, 3)).astype(np.float32)
+    w = onnx.numpy_helper.from_array(weights, "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    graph = _graph(nodes, [x], [y], [w])
+    device = torch.device("cuda")
+    executor = Executor(graph, _weights(graph, device), device)
+    capturing, other_done, errors = threading.Event(), threading.Event(), []
+
+    def other_thread():
+        capturing.wait(60)
+        try:
+            side = torch.cuda.Stream(device)
+            with torch.cuda.stream(side):  # larger than any cached block: a cudaMalloc of its own
+                torch.empty((1 << 30) + (7 << 20), dtype=torch.uint8, device=device).fill_(1)
+            side.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the test's finding
+            errors.append(exc)
+        finally:
+            other_done.set()
+
+    run_steps = executor.run_steps
+
+    def run_steps_beside_the_other_thread(*args, **kwargs):
+        if torch.cuda.is_current_stream_capturing() and not capturing.is_set():
+            capturing.set()
+            other_done.wait(60)
+        return run_steps(*args, **kwargs)
+
+    executor.run_steps = run_steps_beside_the_other_thread
+    helper_thread = threading.Thread(target=other_thread)
+    helper_thread.start()
+    try:
+        expected, got, captured = _eager_and_captured(executor, {"x": torch.randn(1, 4, 8, 8, device=device)}, set())
+    finally:
+        capturing.set()
+        helper_thread.join(60)
+    assert other_done.is_set() and errors == []
+    assert captured.whole
+    torch.testing.assert_close(got["y"], expected["y"])
 
 
 @cuda
