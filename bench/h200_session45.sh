@@ -14,6 +14,9 @@
 #      pool alone at 8 and 16 threads, median of 3 (16 threads into the pool's buffers fell to 1,651
 #      in a); then YOLOv8n batch 1 FP16 step by step (cut off in b).
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh c
+#   d: after c: the capture's retry (tests/runtime/test_capture.py on the GPU), then 1 and 32 NVDEC
+#      streams with SimpleDecoder (32 streams' first capture failed in c and the engine ran eagerly).
+#      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh d
 #   b: issue 33. Where the sample detector's and YOLO11n's INT8 batch 32 fall short of 1.5× FP16,
 #      layer by layer at the default effort (bench/profile_engine.py --layers-out, then
 #      bench/compare_layers.py), then YOLOv8n's batch 1 INT8 and FP16 step by step (its H200 ratio
@@ -40,6 +43,21 @@ if [ "$part" = a ]; then
   echo "shares at ${SECONDS}s"
   PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
     .whl/nvdec/clip.mp4 --streams "${STREAM_COUNTS:-8,32}" --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = d ]; then
+  site=/tmp/nvdec_site
+  mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
+  timeout 90 python -m pytest -q -p no:cacheprovider tests/runtime/test_capture.py 2>&1 | tail -3
+  echo "tests at ${SECONDS}s"
+  timeout 150 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8nms.plan --device cuda \
+    --precision fp16 --min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 \
+    --max-shapes images:32x3x640x640 --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort 1 \
+    --nms conf=0.25,iou=0.7,max_det=300 > /tmp/build_nms.txt 2>&1
+  echo "build --nms exit $? at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
+    .whl/nvdec/clip.mp4 --streams 32,1 --read-ahead 0 --passes 3 2>&1 | grep "^|\|rror\|CUDA graph"
   echo "done at ${SECONDS}s"
   exit 0
 fi

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("sartor.capture")
 
 WARMUP_RUNS_BEFORE_CAPTURE = 2
+# A capture that fails is tried again before what failed runs eagerly: another thread's call (32
+# NVDEC decoders starting beside the first batch) can invalidate a capture that nothing in the
+# engine broke. A failure outside any one layer, which would make the whole run eager, is tried
+# again a pause later, when those threads have moved on.
+CAPTURE_TRIES = 3
+WHOLE_CAPTURE_PAUSE_S = 0.2
 MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
 
 
@@ -225,6 +232,7 @@ class ExecutionContext:
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
                     executor.run(static_in, memo, profile=profile, branches=self.branches)
             self.stream.synchronize()
+            failures: dict[int | None, int] = {}  # the layer a capture failed at (None: outside any) -> times
             while True:
                 eager = {layer.index for layer in self.engine.eager_layers}
                 before = torch.cuda.current_stream(device)
@@ -233,7 +241,16 @@ class ExecutionContext:
                                               self._graph_pool, outputs_into, self.branches)
                 except CaptureFailed as failed:
                     torch.cuda.set_stream(before)  # a failed capture may leave its stream current
-                    self._learn_eager_layer(failed, eager)
+                    site = None if self._outside_any_layer(failed, eager) else failed.index
+                    failures[site] = failures.get(site, 0) + 1
+                    if failures[site] < CAPTURE_TRIES:
+                        log.info("CUDA graph capture failed %s (%s); trying again",
+                                 "outside any one layer" if site is None else f"at layer {site}",
+                                 first_line(failed.cause))
+                        if site is None:
+                            time.sleep(WHOLE_CAPTURE_PAUSE_S * failures[site])
+                    else:
+                        self._learn_eager_layer(failed, eager)
                     # A fresh stream: the allocator may still route the failed capture stream's
                     # allocations to its pool.
                     self.stream = torch.cuda.Stream(device)
@@ -283,15 +300,19 @@ class ExecutionContext:
             shared[name].copy_(value)
         return shared
 
+    def _outside_any_layer(self, failed: CaptureFailed, eager: set) -> bool:
+        """Whether the failure names no layer that could be run eagerly on its own."""
+        index = failed.index
+        return index is None or index in eager or self.engine.executor.steps[index].on_host
+
     def _learn_eager_layer(self, failed: CaptureFailed, eager: set) -> None:
         steps = self.engine.executor.steps
-        index = failed.index
-        if index is None or index in eager or steps[index].on_host:
+        if self._outside_any_layer(failed, eager):
             # Not a layer's doing (or the layer already ran eagerly): the whole run goes eager.
             candidates = [i for i, step in enumerate(steps) if not step.on_host and i not in eager]
             reason = f"the CUDA graph capture failed outside any one layer: {first_line(failed.cause)}"
         else:
-            candidates = [index]
+            candidates = [failed.index]
             reason = f"its CUDA graph capture failed: {first_line(failed.cause)}"
         if not candidates:
             raise failed

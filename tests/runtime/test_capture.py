@@ -229,6 +229,51 @@ def test_a_layer_that_breaks_capture_is_learned_and_run_eagerly(tmp_path, caplog
     assert len(warned) == 1 and "neg" in warned[0]
 
 
+@cuda
+def test_a_capture_broken_from_another_thread_is_tried_again_not_given_up(tmp_path):
+    """Another thread synchronises the stream the engine is capturing on (an illegal call that
+    invalidates the capture) during its first try: the context tries again and keeps the whole
+    graph, where it used to run every layer eagerly from then on."""
+    import sartor
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["n"], name="neg"),
+             helper.make_node("Sigmoid", ["n"], ["y"], name="sigmoid")]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
+              path)
+    plan = tmp_path / "m.plan"
+    sartor.build(str(path), str(plan), device="cuda", precision="fp32")
+    engine = sartor.load(str(plan))
+    run_steps, tries, errors = engine.executor.run_steps, [], []
+
+    def disturb(stream):
+        try:
+            stream.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the call the capture cannot survive
+            errors.append(exc)
+
+    def run_steps_disturbed_once(*args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            tries.append(1)
+            if len(tries) == 1:
+                other = threading.Thread(target=disturb, args=(torch.cuda.current_stream(),))
+                other.start()
+                other.join(60)
+        return run_steps(*args, **kwargs)
+
+    engine.executor.run_steps = run_steps_disturbed_once
+    ctx = engine.context()
+    feeds = {"x": torch.randn(2, 8, device="cuda")}
+    out = ctx.run(feeds)["y"].clone()
+    again = ctx.run(feeds)["y"].clone()
+    assert errors, "the other thread's call did not reach the capture"
+    assert len(tries) >= 2 and engine.eager_layers == []
+    assert all(captured.whole for captured in ctx._captured.values())
+    torch.testing.assert_close(out, torch.sigmoid(-torch.relu(feeds["x"])))
+    torch.testing.assert_close(again, out)
+
+
 def _node_cases():
     path = Path(__file__).resolve().parents[1] / "ops" / "test_node_cases.py"
     spec = importlib.util.spec_from_file_location("node_cases_for_capture", path)
