@@ -17,6 +17,9 @@
 #   d: after c: the capture's retry (tests/runtime/test_capture.py on the GPU), then 1 and 32 NVDEC
 #      streams with SimpleDecoder (32 streams' first capture failed in c and the engine ran eagerly).
 #      bash scripts/device_carry.sh nvdec; carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh d
+#   e: after d: JPEG files → boxes with each batch's host share started decoding when its files are
+#      read, batches ahead (read_ahead.py), against the way before, at shares 0, 0.25 and 0.5; then the
+#      host-share tests on the GPU.  carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session45.sh e
 #   b: issue 33. Where the sample detector's and YOLO11n's INT8 batch 32 fall short of 1.5× FP16,
 #      layer by layer at the default effort (bench/profile_engine.py --layers-out, then
 #      bench/compare_layers.py), then YOLOv8n's batch 1 INT8 and FP16 step by step (its H200 ratio
@@ -43,6 +46,25 @@ if [ "$part" = a ]; then
   echo "shares at ${SECONDS}s"
   PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
     .whl/nvdec/clip.mp4 --streams "${STREAM_COUNTS:-8,32}" --read-ahead 0,32 --passes 3 2>&1 | grep "^|\|Error"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = e ]; then
+  site=/tmp/nvdec_site
+  mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site
+  timeout 100 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8nms.plan --device cuda \
+    --precision fp16 --min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 \
+    --max-shapes images:32x3x640x640 --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort 1 \
+    --nms conf=0.25,iou=0.7,max_det=300 > /tmp/build_nms.txt 2>&1
+  echo "build --nms exit $? at ${SECONDS}s"
+  jpegs=/tmp/jpeg512; mkdir -p $jpegs
+  frames=(.whl/nvdec/frames/*.jpg)
+  for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
+  PYTHONPATH=$site:$PWD timeout 90 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images $jpegs \
+    --shares 0,0.25,0.5 --rounds 2 2>&1 | grep "^|\|rror\|share 0.25"
+  echo "read-ahead at ${SECONDS}s"
+  PYTHONPATH=$site:$PWD timeout 40 python -m pytest -q -p no:cacheprovider tests/pipeline/test_host_decode_share.py \
+    2>&1 | tail -1
   echo "done at ${SECONDS}s"
   exit 0
 fi

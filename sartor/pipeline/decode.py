@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from functools import partial
 
@@ -164,9 +164,31 @@ def _failure(source: FrameSource, exc: Exception) -> DecodedFrame:
     return DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an image: {reason}")
 
 
+def start_host_share(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None,
+                     host_share: float, host_pool: Executor, host_slots: PinnedSlots | None = None
+                     ) -> dict[int, Future]:
+    """The host pool's decodes of `host_share` of the JPEGs nvJPEG would take (the last of them),
+    started now: {index in `sources`: future DecodedFrame}, for `decode_frames(on_host=)`. Started
+    ahead of their batch, they decode while the batches before it run."""
+    device = torch.device(device)
+    _, host_jpegs = split_for_host(_nvjpeg_indices(sources, device, True), host_share)
+    # The pool's threads decode on the host and never touch the device's streams.
+    host_step = partial(_pinned_host_frame, slots=host_slots) if device.type == "cuda" else _host_frame
+    return {i: host_pool.submit(host_step, sources[i], spec, True) for i in host_jpegs}
+
+
+def _nvjpeg_indices(sources: list[FrameSource], device: torch.device, fast: bool) -> list[int]:
+    """The indices of the sources nvJPEG decodes: whole JPEGs, with `fast`, on CUDA."""
+    if not (nvjpeg_decodes(device) and fast):
+        return []
+    return [i for i, s in enumerate(sources) if s.error is None and s.frame is None and _is_jpeg(s.encoded)
+            and _has_jpeg_end(s.encoded)]
+
+
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
                   fast: bool = True, host_share: float = 0.0, host_pool: Executor | None = None,
-                  host_slots: PinnedSlots | None = None) -> list[DecodedFrame]:
+                  host_slots: PinnedSlots | None = None, on_host: dict[int, Future] | None = None
+                  ) -> list[DecodedFrame]:
     """One DecodedFrame per source, in order; failures carry their reason and never raise. `fast`:
     JPEGs through nvJPEG on CUDA, and on the host at a DCT scale when `spec` allows; not `fast`:
     everything through Pillow on the host, resized as the reference resizes it when `spec` is
@@ -175,11 +197,17 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
     fails (its reason the refusal's line) without being decoded; frames decoded elsewhere are
     routed by the caller. `host_share` (with `host_pool`): that fraction of the JPEGs nvJPEG
     would take, the last of them, go to the host pool instead, decoded while nvJPEG runs; on CUDA
-    into `host_slots`' page-locked buffers when given."""
+    into `host_slots`' page-locked buffers when given. `on_host`: those decodes already started
+    (`start_host_share`), in place of `host_share`."""
     device = torch.device(device)
+    if on_host is None:
+        on_host = (start_host_share(sources, device, spec, host_share, host_pool, host_slots)
+                   if host_pool is not None and host_share and fast else {})
     decoded: list[DecodedFrame | None] = [None] * len(sources)
     gpu_jpegs = []
     for i, source in enumerate(sources):
+        if i in on_host:
+            continue
         if source.error is not None:
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
@@ -192,14 +220,10 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
                                                              f"image: no JPEG end-of-image marker (truncated)")
         else:
             decoded[i] = _uploaded(_host_frame(source, spec, fast), device)
-    gpu_jpegs, host_jpegs = split_for_host(gpu_jpegs, host_share if host_pool is not None else 0.0)
-    # The pool's threads decode on the host and never touch the device's streams.
-    host_step = partial(_pinned_host_frame, slots=host_slots) if device.type == "cuda" else _host_frame
-    on_host = [(i, host_pool.submit(host_step, sources[i], spec, True)) for i in host_jpegs]
     if gpu_jpegs:
         _decode_jpegs_on_gpu([sources[i] for i in gpu_jpegs], device, gpu_jpegs, decoded)
-    for i, future in on_host:  # uploaded here, on the caller's stream, in order
-        decoded[i] = _uploaded(future.result(), device)
+    for i in sorted(on_host):  # uploaded here, on the caller's stream, in order
+        decoded[i] = _uploaded(on_host[i].result(), device)
     return decoded
 
 

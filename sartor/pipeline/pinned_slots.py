@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-MAX_SLOTS = 64  # at most a batch of 32 taken while the last batch's uploads finish
+MAX_SLOTS = 128  # batches of 32 decoded ahead (read_ahead.py) while the last one's uploads finish
 ROUND_BYTES = 1 << 20  # buffers sized in whole MiB, so frames of nearby sizes share them
 
 

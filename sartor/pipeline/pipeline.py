@@ -26,9 +26,8 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -39,18 +38,18 @@ from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_d
 from ..errors import ConfigError, DataError
 from ..runtime.launchers import usable_cpus
 from . import decode
-from .decode import decode_frames
+from .decode import decode_frames, start_host_share
 from .detections import EngineNms, YoloNms
 from .host_share import BatchTimer, HostShareSearch, candidates_for
 from .pinned_slots import PinnedSlots
 from .prepare import input_tensor, prepare_batch
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
+from .read_ahead import Chunk, chunks_of, read_ahead
 from .sources import FRAME_ORDERS, FrameSource, read_sources
 from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
-READ_AHEAD_CHUNKS = 2  # batches of files read ahead of the one being decoded
 
 
 @dataclass
@@ -269,6 +268,18 @@ class Pipeline:
             return self.host_share_search.chosen
         return self.host_decode_share
 
+    def _next_share(self) -> float:
+        """The host share the next batch decodes at ("auto": the search's next)."""
+        return self.host_share_search.next_share() if self.host_share_search else self.host_decode_share
+
+    @property
+    def _host_spec(self) -> Buckets | None:
+        """What a frame decoded on the host is sized for: a raw-frames engine resizes frames itself."""
+        return self.buckets if self.frames is None else None
+
+    def _start_host_share(self, sources: list[FrameSource], share: float) -> dict[int, Future]:
+        return start_host_share(sources, self.device, self._host_spec, share, self.host_pool, self.host_slots)
+
     # ---- routing ---------------------------------------------------------------------------
     def bucket_of(self, h: int, w: int) -> int:
         """The index (in `buckets.specs`) of the bucket an h×w frame runs in; BucketRefused (a
@@ -297,8 +308,8 @@ class Pipeline:
     def batch_size_rows(self) -> int:
         return max(self.batch_size, self.min_batch)
 
-    def _prepare(self, chunk: list, first_index: int, slot: int) -> _Prepared:
-        sources = read_sources(chunk, self.frame_order, first_index)
+    def _prepare(self, chunk: Chunk, slot: int) -> _Prepared:
+        sources = read_sources(chunk.items, self.frame_order, chunk.first)
         names = [s.name for s in sources]
         stream = self._side_stream
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
@@ -307,9 +318,9 @@ class Pipeline:
                     stream.wait_event(bucket.staging_free[slot])  # the engine has copied this buffer out
             # A raw-frames engine takes frames of its declared size and resizes them itself: files are
             # decoded at their own size (nvJPEG still, on CUDA), never resized or at a reduced scale.
-            share = self.host_share_search.next_share() if self.host_share_search else self.host_decode_share
-            decoded = decode_frames(sources, self.device, self.buckets if self.frames is None else None,
-                                    self.fast_decode, share, self.host_pool, self.host_slots)
+            share = self._next_share() if chunk.share is None else chunk.share
+            decoded = decode_frames(sources, self.device, self._host_spec, self.fast_decode, share, self.host_pool,
+                                    self.host_slots, on_host=chunk.on_host)
             failures = {i: d.error for i, d in enumerate(decoded) if d.error is not None}
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
@@ -419,18 +430,18 @@ class Pipeline:
         source = self._frames_of(items)
         frames = iter(source)
         try:
-            yield from self._batches(_chunks(frames, self.batch_size))
+            yield from self._batches(chunks_of(frames, self.batch_size))
         finally:
             if isinstance(source, ConcurrentStreams):
                 frames.close()  # stop the decoder threads now, also when a batch raised
 
-    def _batches(self, chunks: Iterator[tuple[list, int]]) -> Iterator[PipelineResult]:
+    def _batches(self, chunks: Iterator[Chunk]) -> Iterator[PipelineResult]:
         with self._lock:
             timer = BatchTimer(self.host_share_search)  # "auto" host share: each batch's time to its share
             if not self.overlap:
-                for chunk, first in chunks:
+                for chunk in chunks:
                     timer.start()
-                    prepared = self._prepare(chunk, first, 0)
+                    prepared = self._prepare(chunk, 0)
                     yield from self._finish(self._launch(prepared, 0))
                     timer.batch_finished(prepared.host_share, len(prepared.names))
                 return
@@ -441,33 +452,43 @@ class Pipeline:
             # this thread for the interpreter lock (docs/decisions/0051-inline-prepare-of-device-frames.md).
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool, \
                     ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-read") as reader:
-                chunks = _files_read_ahead(chunks, reader, self.frame_order)
-                slot = 0
-                chunk = next(chunks, None)
-                pending: Future | None = self._start_prepare(pool, chunk, slot) if chunk is not None else None
-                running: _Launched | None = None
-                while pending is not None:
-                    prepared = pending.result()
-                    chunk = next(chunks, None)
-                    inline = chunk is not None and self._on_device(chunk[0])
-                    following = (pool.submit(self._prepare, *chunk, 1 - slot)
-                                 if chunk is not None and not inline else None)
-                    if running is not None and prepared.failures and not self.skip_bad:
-                        yield from self._finish(running)  # the batch before is returned, then this one refused
-                        running = None
-                    launched = self._launch(prepared, slot)
-                    if inline:
-                        following = _prepared_now(self._prepare, *chunk, 1 - slot)
-                    if running is not None:
-                        yield from self._finish(running)
-                        timer.batch_finished(prepared.host_share, len(running.prepared.names))
-                    running, pending, slot = launched, following, 1 - slot
-                    if not self.launch_ahead:
-                        yield from self._finish(running)
-                        timer.batch_finished(prepared.host_share, len(prepared.names))
-                        running = None
-                if running is not None:
-                    yield from self._finish(running)
+                # Files are read, and their host share started decoding, batches ahead (read_ahead.py).
+                pooled = self.host_pool is not None
+                chunks = read_ahead(chunks, reader, self.frame_order, self._next_share if pooled else None,
+                                    self._start_host_share if pooled else None)
+                try:
+                    yield from self._overlapped(chunks, pool, timer)
+                finally:
+                    chunks.close()  # a stream stopped early: what was read ahead gives its buffers back
+
+    def _overlapped(self, chunks: Iterator[Chunk], pool: ThreadPoolExecutor,
+                    timer: BatchTimer) -> Iterator[PipelineResult]:
+        slot = 0
+        chunk = next(chunks, None)
+        pending: Future | None = self._start_prepare(pool, chunk, slot) if chunk is not None else None
+        running: _Launched | None = None
+        while pending is not None:
+            prepared = pending.result()
+            chunk = next(chunks, None)
+            inline = chunk is not None and self._on_device(chunk.items)
+            following = (pool.submit(self._prepare, chunk, 1 - slot)
+                         if chunk is not None and not inline else None)
+            if running is not None and prepared.failures and not self.skip_bad:
+                yield from self._finish(running)  # the batch before is returned, then this one refused
+                running = None
+            launched = self._launch(prepared, slot)
+            if inline:
+                following = _prepared_now(self._prepare, chunk, 1 - slot)
+            if running is not None:
+                yield from self._finish(running)
+                timer.batch_finished(prepared.host_share, len(running.prepared.names))
+            running, pending, slot = launched, following, 1 - slot
+            if not self.launch_ahead:
+                yield from self._finish(running)
+                timer.batch_finished(prepared.host_share, len(prepared.names))
+                running = None
+        if running is not None:
+            yield from self._finish(running)
 
     def _on_device(self, chunk: list) -> bool:
         """Whether every item of the chunk is a frame already in the engine's CUDA memory (a camera
@@ -477,10 +498,10 @@ class Pipeline:
         frames = [item.frame if isinstance(item, FrameSource) else item for item in chunk]
         return all(isinstance(f, torch.Tensor) and f.device == self.device and f.dim() == 3 for f in frames)
 
-    def _start_prepare(self, pool: ThreadPoolExecutor, chunk: tuple[list, int], slot: int) -> Future:
-        if self._on_device(chunk[0]):
-            return _prepared_now(self._prepare, *chunk, slot)
-        return pool.submit(self._prepare, *chunk, slot)
+    def _start_prepare(self, pool: ThreadPoolExecutor, chunk: Chunk, slot: int) -> Future:
+        if self._on_device(chunk.items):
+            return _prepared_now(self._prepare, chunk, slot)
+        return pool.submit(self._prepare, chunk, slot)
 
     def _frames_of(self, items) -> Iterable:
         if isinstance(items, (str, os.PathLike)):
@@ -504,38 +525,3 @@ def _prepared_now(prepare: Callable, *args) -> Future:
     except Exception as exc:  # noqa: BLE001 - re-raised by result(), in the order a worker's would be
         future.set_exception(exc)
     return future
-
-
-def _files_read_ahead(chunks: Iterator[tuple[list, int]], reader: Executor, frame_order: str,
-                      depth: int = READ_AHEAD_CHUNKS) -> Iterator[tuple[list, int]]:
-    """The chunks in order, those holding paths read into FrameSources up to `depth` chunks ahead on
-    `reader`: a file read leaves the interpreter lock, so it runs beside the decode of the batch
-    before rather than in front of it. A chunk without paths (frames, bytes, a camera's live
-    frames) is passed on at once, and the ones before it first: nothing live is waited for early."""
-    ahead: deque[tuple[Future, int]] = deque()
-    for chunk, first in chunks:
-        if not any(isinstance(item, (str, os.PathLike)) for item in chunk):
-            while ahead:
-                future, before = ahead.popleft()
-                yield future.result(), before
-            yield chunk, first
-            continue
-        ahead.append((reader.submit(read_sources, chunk, frame_order, first), first))
-        if len(ahead) > depth:
-            future, before = ahead.popleft()
-            yield future.result(), before
-    while ahead:
-        future, before = ahead.popleft()
-        yield future.result(), before
-
-
-def _chunks(items: Iterable, size: int) -> Iterator[tuple[list, int]]:
-    """(up to `size` items, the index of the first) in order."""
-    chunk, first = [], 0
-    for index, item in enumerate(items):
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk, first
-            chunk, first = [], index + 1
-    if chunk:
-        yield chunk, first

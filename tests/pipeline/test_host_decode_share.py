@@ -5,6 +5,7 @@ torchvision's host JPEG decoder (the same call, on the host); on a GPU the real 
 from __future__ import annotations
 
 import io
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +18,7 @@ from sartor.data.preprocess import parse_preprocess
 from sartor.errors import ConfigError
 from sartor.pipeline import Pipeline, decode_frames, read_sources
 from sartor.pipeline import decode as decode_module
+from sartor.pipeline import pipeline as pipeline_module
 from sartor.pipeline.benchmark import end_to_end
 from sartor.pipeline.decode import _pinned_host_frame, decode_on_host, split_for_host
 from sartor.pipeline.pinned_slots import PinnedSlots
@@ -191,3 +193,57 @@ def test_on_a_gpu_the_pool_leaves_its_frames_page_locked_for_an_asynchronous_upl
     frame = _pinned_host_frame(read_sources([data])[0], SPEC, True)
     assert frame.pixels.is_pinned()
     assert torch.equal(frame.pixels, decode_on_host(data, SPEC, fast=True)[0])
+
+
+def test_files_start_their_host_share_when_read_ahead_and_keep_their_order(host_standing_in_for_nvjpeg,
+                                                                         letterbox_plan, tmp_path, monkeypatch):
+    """With a share, a batch of files has its host frames submitted to the pool by the reader, batches
+    before the worker decodes it; results are those of the share decoded in the batch's own turn."""
+    files = []
+    for k in range(12):
+        files.append(tmp_path / f"frame{k:02d}.jpg")
+        files[-1].write_bytes(small_frame_bytes(k))
+    started_on = []
+    start = decode_module.start_host_share
+
+    def recorded(sources, *args, **kwargs):
+        started_on.append((threading.current_thread().name, [s.name for s in sources]))
+        return start(sources, *args, **kwargs)
+    monkeypatch.setattr(pipeline_module, "start_host_share", recorded)
+    engine = sartor.load(letterbox_plan, device="cpu")
+    ahead = Pipeline(engine, batch_size=4, host_decode_share=0.5, host_decode_threads=2).run(files)
+    assert [r.name for r in ahead] == [str(f) for f in files] and all(r.error is None for r in ahead)
+    assert [names for _, names in started_on] == [[str(f) for f in files[k:k + 4]] for k in (0, 4, 8)]
+    assert all(thread.startswith("sartor-read") for thread, _ in started_on)
+    assert host_standing_in_for_nvjpeg == [[0, 1]] * 3  # each batch's first half went to nvJPEG
+    alone = Pipeline(engine, batch_size=4, host_decode_share=0.5, host_decode_threads=2, overlap=False).run(files)
+    for a, b in zip(ahead, alone):
+        assert (a.outputs["logits"] == b.outputs["logits"]).all()
+
+
+def test_a_stream_stopped_early_gives_the_buffers_read_ahead_back(tmp_path):
+    """Chunks read ahead whose host frames sit in the pool's buffers, never handed on: closing the
+    stream gives those buffers back; the chunk handed on keeps its own until uploaded."""
+    from sartor.pipeline.read_ahead import Chunk, read_ahead
+
+    files = []
+    for k in range(16):
+        files.append(tmp_path / f"frame{k:02d}.jpg")
+        files[-1].write_bytes(small_frame_bytes(k))
+    slots = PinnedSlots(pin_memory=False, new_event=lambda: None)
+
+    def into_a_buffer(source):
+        pixels, slot = slots.take((8, 8, 3))
+        return decode_module.DecodedFrame(source.name, pixels.permute(2, 0, 1), pinned=slot)
+
+    with ThreadPoolExecutor(2) as pool, ThreadPoolExecutor(1) as reader:
+        def start(sources, share):  # the last `share` of each chunk into the pool's buffers
+            on_host = range(len(sources) - round(len(sources) * share), len(sources))
+            return {i: pool.submit(into_a_buffer, sources[i]) for i in on_host}
+        stream = read_ahead((Chunk(files[k:k + 4], k) for k in range(0, 16, 4)), reader, "rgb",
+                            lambda: 0.5, start, depth=2)
+        first = next(stream)  # the two chunks after it are being read, their host halves decoded
+        stream.close()  # waits for them
+        held = [first.on_host[i].result().pinned for i in (2, 3)]
+    assert sorted(first.on_host) == [2, 3] and len(slots) >= 4
+    assert [s for s in slots._slots if s.taken] == held

@@ -314,33 +314,34 @@ def test_files_are_read_whole_from_disk_and_from_a_pipe(tmp_path):
 def test_files_are_read_ahead_in_order_and_live_frames_are_not_waited_for(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from sartor.pipeline.pipeline import _files_read_ahead
+    from sartor.pipeline.read_ahead import Chunk, read_ahead
 
     paths = []
     for i in range(5):
         paths.append(tmp_path / f"{i}.jpg")
         paths[-1].write_bytes(bytes([i]) * (i + 1))
     frame = torch.zeros(4, 4, 3, dtype=torch.uint8)
-    given = [([paths[0], paths[1]], 0), ([paths[2]], 2), ([paths[3]], 3), ([frame], 4), ([paths[4]], 5)]
+    given = [Chunk([paths[0], paths[1]], 0), Chunk([paths[2]], 2), Chunk([paths[3]], 3), Chunk([frame], 4),
+             Chunk([paths[4]], 5)]
     pulled = []
 
     def chunks():
         for chunk in given:
-            pulled.append(chunk[1])
+            pulled.append(chunk.first)
             yield chunk
 
     with ThreadPoolExecutor(1) as reader:
-        out = _files_read_ahead(chunks(), reader, "rgb", depth=2)
-        first_sources, first = next(out)
-        assert first == 0 and pulled == [0, 2, 3]  # two chunks of files read ahead of the first
-        assert [s.name for s in first_sources] == [str(paths[0]), str(paths[1])]
-        assert [bytes(s.encoded.numpy()) for s in first_sources] == [b"\x00", b"\x01\x01"]
+        out = read_ahead(chunks(), reader, "rgb", depth=2)
+        first = next(out)
+        assert first.first == 0 and pulled == [0, 2, 3]  # two chunks of files read ahead of the first
+        assert [s.name for s in first.items] == [str(paths[0]), str(paths[1])]
+        assert [bytes(s.encoded.numpy()) for s in first.items] == [b"\x00", b"\x01\x01"]
         rest = [next(out) for _ in range(3)]
-        assert [f for _, f in rest] == [2, 3, 4]
+        assert [c.first for c in rest] == [2, 3, 4]
         assert pulled == [0, 2, 3, 4]  # the live frame is passed on without pulling the chunk after it
-        assert rest[2][0][0] is frame
-        last_sources, last = next(out)
-        assert last == 5 and bytes(last_sources[0].encoded.numpy()) == b"\x04" * 5
+        assert rest[2].items[0] is frame
+        last = next(out)
+        assert last.first == 5 and bytes(last.items[0].encoded.numpy()) == b"\x04" * 5
         assert next(out, None) is None
 
 
