@@ -14,8 +14,9 @@ from .sources import FrameSource, frame_name
 
 FRAMES_PER_CALL = 8  # frames asked of the decoder at a time: NVDEC works on several surfaces at once
 # Frames PyNvVideoCodec's ThreadedDecoder decodes ahead on a thread of its own; 0: SimpleDecoder,
-# which decodes in the calling thread. 0 until a GPU run shows read-ahead pays
-# (bench/nvdec_read_ahead.py times both).
+# which decodes in the calling thread. 0: read-ahead shortened the first pass but not the steady
+# rate over 8 streams, and 32 of them ran out of device memory inside PyNvVideoCodec, which aborts the
+# process (bench/nvdec_read_ahead.py; BENCHMARKS.md).
 READ_AHEAD_FRAMES = 0
 
 
