@@ -6,6 +6,9 @@ did before (issue 30), at each host share asked.
 One process, one engine; the two ways alternate (A B A B ...) so the machine's drift falls on both.
 Each run is `sartor bench --end-to-end`'s `end_to_end` (steady state after a first pass).
 
+`--switch-interval-ms` sets Python's switch interval first (default 5 ms): how long a thread back from
+native code (a host decode) may wait for the GIL while another runs Python (bench/gil_handoff.py).
+
     PYTHONPATH=. python bench/jpeg_read_ahead.py ENGINE.plan --images DIR [--shares 0,0.25] [--rounds 3]"""
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ def main() -> None:
     parser.add_argument("--images", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shares", default="0")
+    parser.add_argument("--switch-interval-ms", type=float, default=None)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--passes", type=int, default=4)
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     engine = sartor.load(args.engine)
     files = image_files(args.images)
     read_ahead = pipeline_module.read_ahead
