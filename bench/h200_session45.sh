@@ -28,6 +28,7 @@ set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a or b}
 cd "$(dirname "$0")/.."
+. bench/y8nms_common.sh
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -52,14 +53,8 @@ fi
 if [ "$part" = e ]; then
   site=/tmp/nvdec_site
   mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site
-  timeout 100 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8nms.plan --device cuda \
-    --precision fp16 --min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 \
-    --max-shapes images:32x3x640x640 --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort 1 \
-    --nms conf=0.25,iou=0.7,max_det=300 > /tmp/build_nms.txt 2>&1
-  echo "build --nms exit $? at ${SECONDS}s"
-  jpegs=/tmp/jpeg512; mkdir -p $jpegs
-  frames=(.whl/nvdec/frames/*.jpg)
-  for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
+  build_y8nms 100
+  make_jpeg512; jpegs=/tmp/jpeg512
   PYTHONPATH=$site:$PWD timeout 90 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images $jpegs \
     --shares 0,0.25,0.5 --rounds 2 2>&1 | grep "^|\|rror\|share 0.25"
   echo "read-ahead at ${SECONDS}s"
@@ -73,11 +68,7 @@ if [ "$part" = d ]; then
   mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
   timeout 90 python -m pytest -q -p no:cacheprovider tests/runtime/test_capture.py 2>&1 | tail -3
   echo "tests at ${SECONDS}s"
-  timeout 150 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8nms.plan --device cuda \
-    --precision fp16 --min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 \
-    --max-shapes images:32x3x640x640 --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort 1 \
-    --nms conf=0.25,iou=0.7,max_det=300 > /tmp/build_nms.txt 2>&1
-  echo "build --nms exit $? at ${SECONDS}s"
+  build_y8nms 150
   PYTHONPATH=$site:$PWD timeout $(( ${BUDGET_S:-570} - SECONDS )) python bench/nvdec_read_ahead.py /tmp/y8nms.plan \
     .whl/nvdec/clip.mp4 --streams 32,1 --read-ahead 0 --passes 3 2>&1 | grep "^|\|rror\|CUDA graph"
   echo "done at ${SECONDS}s"

@@ -9,6 +9,7 @@
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
+. bench/y8nms_common.sh
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -20,14 +21,8 @@ for threads in 8 16; do
   timeout 60 python bench/gil_handoff.py --images .whl/nvdec/frames --threads $threads --frames 1024 2>&1 | grep "^|\|rror"
 done
 echo "hand-offs at ${SECONDS}s"
-timeout 120 python -m sartor build samples/yolo/yolov8n_scenes.onnx -o /tmp/y8nms.plan --device cuda \
-  --precision fp16 --min-shapes images:1x3x640x640 --opt-shapes images:32x3x640x640 \
-  --max-shapes images:32x3x640x640 --preprocess letterbox=640,mean=0,std=255,rgb,nchw --builder-effort 1 \
-  --nms conf=0.25,iou=0.7,max_det=300 > /tmp/build_nms.txt 2>&1
-echo "build --nms exit $? at ${SECONDS}s"
-jpegs=/tmp/jpeg512; mkdir -p $jpegs
-frames=(.whl/nvdec/frames/*.jpg)
-for i in $(seq 0 511); do cp "${frames[$(( i % ${#frames[@]} ))]}" "$(printf '%s/%03d.jpg' $jpegs "$i")"; done
+build_y8nms 120
+make_jpeg512; jpegs=/tmp/jpeg512
 for interval in 5 0.5; do
   timeout 120 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images $jpegs --shares 0,0.25 --rounds 2 \
     --switch-interval-ms $interval 2>&1 | grep "^| read\|rror" | sed "s/^/switch interval $interval ms: /"
