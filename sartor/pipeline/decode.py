@@ -211,6 +211,8 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
         if source.error is not None:
             decoded[i] = DecodedFrame(source.name, None, source.error)
         elif source.frame is not None:
+            if source.ready is not None:  # written on another thread's stream: this one waits for it
+                torch.cuda.current_stream(source.frame.device).wait_event(source.ready)
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
         elif nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):
             if _has_jpeg_end(source.encoded):

@@ -22,11 +22,14 @@ FRAME_ORDERS = ("rgb", "bgr")
 @dataclass
 class FrameSource:
     """One item: `encoded` (a 1-D uint8 CPU tensor of file bytes) or `frame` (an H×W×3 uint8 tensor,
-    RGB after `read_sources`), or `error` when it could not be read."""
+    RGB after `read_sources`), or `error` when it could not be read. `ready`: for a frame written on
+    the device by another thread (a video decoder's), the event after which it is whole; a reader
+    on another stream waits for it."""
     name: str
     encoded: torch.Tensor | None = None
     frame: torch.Tensor | None = None
     error: str | None = None
+    ready: torch.cuda.Event | None = None
 
 
 def frame_name(label: str, index: int, seconds: float | None) -> str:

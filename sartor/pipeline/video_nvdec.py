@@ -75,8 +75,13 @@ def _frames(decoder, label: str, rate: float | None, total: int | None, per_call
             return
         if not batch:
             return
-        for frame in batch:
-            # The decoder reuses its surfaces: keep a copy on the device, not a view of one.
-            pixels = torch.from_dlpack(frame)  # H×W×3 uint8 (interleaved RGB)
-            yield FrameSource(frame_name(label, index, index / rate if rate else None), frame=pixels.clone())
+        # The decoder reuses its surfaces: keep copies on the device, not views of them. They are
+        # made on this thread's stream, which the pipeline's streams do not follow: it waits for `ready`.
+        copies = [torch.from_dlpack(frame).clone() for frame in batch]  # H×W×3 uint8 (interleaved RGB)
+        ready = None
+        if copies[0].is_cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(copies[0].device))
+        for pixels in copies:
+            yield FrameSource(frame_name(label, index, index / rate if rate else None), frame=pixels, ready=ready)
             index += 1

@@ -122,3 +122,27 @@ def test_a_file_it_cannot_open_and_a_frame_it_cannot_decode_are_one_error_each(d
     sources = list(nvdec_frames("clip.mp4", "clip.mp4", GPU))
     assert [s.error for s in sources[:-1]] == [None] * 8
     assert sources[-1].error == "video clip.mp4 is corrupt or truncated at frame 8: bitstream error"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="streams need CUDA")
+def test_a_frame_written_on_another_threads_stream_is_read_once_it_is_whole():
+    """A decoder thread's copy of its surface runs on that thread's stream; the pipeline reads it on
+    its own, which does not follow that one: it waits for the frame's `ready` event."""
+    from sartor.pipeline.decode import decode_frames
+    from sartor.pipeline.sources import FrameSource
+
+    device = torch.device("cuda")
+    frame = torch.zeros(64, 64, 3, dtype=torch.uint8, device=device)
+    writer = torch.cuda.Stream(device)
+    writer.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(writer):
+        torch.cuda._sleep(200_000_000)  # the copy still running when the reader starts
+        frame.fill_(7)
+    ready = torch.cuda.Event()
+    ready.record(writer)
+    reader = torch.cuda.Stream(device)
+    with torch.cuda.stream(reader):
+        (decoded,) = decode_frames([FrameSource("clip.mp4 frame 0", frame=frame, ready=ready)], device)
+        seen = decoded.pixels.clone()
+    reader.synchronize()
+    assert (seen == 7).all()
