@@ -172,9 +172,14 @@ def start_host_share(sources: list[FrameSource], device: torch.device, spec: Pre
     ahead of their batch, they decode while the batches before it run."""
     device = torch.device(device)
     _, host_jpegs = split_for_host(_nvjpeg_indices(sources, device, True), host_share)
+    return _submit_to_host(sources, host_jpegs, device, spec, host_pool, host_slots)
+
+
+def _submit_to_host(sources: list[FrameSource], indices: list[int], device: torch.device, spec,
+                    host_pool: Executor | None, host_slots: PinnedSlots | None) -> dict[int, Future]:
     # The pool's threads decode on the host and never touch the device's streams.
     host_step = partial(_pinned_host_frame, slots=host_slots) if device.type == "cuda" else _host_frame
-    return {i: host_pool.submit(host_step, sources[i], spec, True) for i in host_jpegs}
+    return {i: host_pool.submit(host_step, sources[i], spec, True) for i in indices}
 
 
 def _nvjpeg_indices(sources: list[FrameSource], device: torch.device, fast: bool) -> list[int]:
@@ -200,13 +205,15 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
     into `host_slots`' page-locked buffers when given. `on_host`: those decodes already started
     (`start_host_share`), in place of `host_share`."""
     device = torch.device(device)
+    whole_jpegs = _nvjpeg_indices(sources, device, fast)
     if on_host is None:
-        on_host = (start_host_share(sources, device, spec, host_share, host_pool, host_slots)
-                   if host_pool is not None and host_share and fast else {})
+        _, host_jpegs = split_for_host(whole_jpegs, host_share if host_pool is not None else 0.0)
+        on_host = _submit_to_host(sources, host_jpegs, device, spec, host_pool, host_slots)
+    gpu_jpegs = [i for i in whole_jpegs if i not in on_host]
+    taken = set(whole_jpegs) | on_host.keys()  # decoded by nvJPEG or the host pool, below
     decoded: list[DecodedFrame | None] = [None] * len(sources)
-    gpu_jpegs = []
     for i, source in enumerate(sources):
-        if i in on_host:
+        if i in taken:
             continue
         if source.error is not None:
             decoded[i] = DecodedFrame(source.name, None, source.error)
@@ -214,12 +221,9 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             if source.ready is not None:  # written on another thread's stream: this one waits for it
                 torch.cuda.current_stream(source.frame.device).wait_event(source.ready)
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):
-            if _has_jpeg_end(source.encoded):
-                gpu_jpegs.append(i)
-            else:
-                decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
-                                                             f"image: no JPEG end-of-image marker (truncated)")
+        elif nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):  # not whole: no end marker
+            decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
+                                                         f"image: no JPEG end-of-image marker (truncated)")
         else:
             decoded[i] = _uploaded(_host_frame(source, spec, fast), device)
     if gpu_jpegs:

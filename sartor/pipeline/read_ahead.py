@@ -3,8 +3,8 @@ decoding) batches ahead of the decode that needs them.
 
 A file read leaves the interpreter lock, so on a thread of its own it runs beside the decode of the
 batch before rather than in front of it. The JPEGs a batch gives the host decode pool (decision
-0057) start decoding as soon as their files are read: a frame takes one core several milliseconds,
-which started with the batch's own nvJPEG decode would put that latency in front of every batch.
+0057) start decoding as soon as their files are read: each frame holds one core for its whole
+decode, and started with the batch's own nvJPEG decode that latency would sit in front of every batch.
 A chunk without paths (frames, bytes, a camera's live frames) is passed on at once, after the ones
 read before it: nothing live is waited for early."""
 from __future__ import annotations

@@ -196,20 +196,26 @@ def test_another_threads_cuda_calls_during_a_capture_break_neither():
     torch.testing.assert_close(got["y"], expected["y"])
 
 
-@cuda
-def test_a_layer_that_breaks_capture_is_learned_and_run_eagerly(tmp_path, caplog):
-    """A layer made to read a device value on the host (a sync the capture cannot record): the
-    context warns once naming it, runs it between graph pieces and returns the eager results."""
+def _relu_neg_sigmoid_engine(tmp_path):
+    """y = sigmoid(-relu(x)) for x of 2×8, built FP32 for CUDA and loaded."""
     import sartor
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["n"], name="neg"),
              helper.make_node("Sigmoid", ["n"], ["y"], name="sigmoid")]
     path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
+              path)
     plan = tmp_path / "m.plan"
     sartor.build(str(path), str(plan), device="cuda", precision="fp32")
-    engine = sartor.load(str(plan))
+    return sartor.load(str(plan))
+
+
+@cuda
+def test_a_layer_that_breaks_capture_is_learned_and_run_eagerly(tmp_path, caplog):
+    """A layer made to read a device value on the host (a sync the capture cannot record): the
+    context warns once naming it, runs it between graph pieces and returns the eager results."""
+    engine = _relu_neg_sigmoid_engine(tmp_path)
     step = next(s for s in engine.executor.steps if s.node.name == "neg")
     plain = step.impl
 
@@ -234,17 +240,7 @@ def test_a_capture_broken_from_another_thread_is_tried_again_not_given_up(tmp_pa
     """Another thread synchronises the stream the engine is capturing on (an illegal call that
     invalidates the capture) during its first try: the context tries again and keeps the whole
     graph, where it used to run every layer eagerly from then on."""
-    import sartor
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Neg", ["r"], ["n"], name="neg"),
-             helper.make_node("Sigmoid", ["n"], ["y"], name="sigmoid")]
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]),
-              path)
-    plan = tmp_path / "m.plan"
-    sartor.build(str(path), str(plan), device="cuda", precision="fp32")
-    engine = sartor.load(str(plan))
+    engine = _relu_neg_sigmoid_engine(tmp_path)
     run_steps, tries, errors = engine.executor.run_steps, [], []
 
     def disturb(stream):
