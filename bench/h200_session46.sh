@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Issue 30, left by session 45: why a host share of each batch's JPEGs makes the decode stage slower
-# beside nvJPEG (8-9 ms for 8 + 24 frames against 3.5 for nvJPEG's 32, on an H100) though the pool
-# alone decodes 8 frames in about 3 ms. Hypothesis: GIL hand-offs (a pool thread back from
-# libjpeg-turbo waits for the GIL up to Python's 5 ms switch interval while another thread runs
-# Python). One call: the hand-off cost of the pool alone at 8 and 16 threads (bench/gil_handoff.py),
-# then JPEG files → boxes at shares 0 and 0.25 with the switch interval at 5 and 0.5 ms.
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh
+# Session 46's device calls, run back to back on one machine.
+#   a: issue 30: the NVDEC frames' ready-event test on the GPU; NVDEC decoding alone, no engine, at
+#      1, 8 and 32 streams (bench/nvdec_decode_only.py: video streams to boxes stop near 2,050
+#      frames/s); the GIL hand-off cost of the host pool at 8 and 16 threads (bench/gil_handoff.py).
+#      Issue 33: every candidate the builder times for the sample detector's 40-channel 3×3 layer at
+#      batch 32, FP16 and INT8 (bench/layer_candidates.py).
+#   b: issue 30: JPEG files → boxes at host shares 0 and 0.25 with Python's switch interval at 5
+#      and 0.5 ms (is the host share's slowdown beside nvJPEG GIL hand-offs?). Issue 33: the
+#      24-channel 3×3 layer at 80×80 as in a.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b
 set -uo pipefail
 : "${OUT:?set OUT}"
+part=${1:?say a or b}
 cd "$(dirname "$0")/.."
 . bench/y8nms_common.sh
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -15,16 +19,28 @@ SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
 site=/tmp/nvdec_site
-mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site
+mkdir -p $site && python -m zipfile -e .whl/nvdec/simplejpeg-*.whl $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
 export PYTHONPATH=$site:$PWD
-for threads in 8 16; do
-  timeout 60 python bench/gil_handoff.py --images .whl/nvdec/frames --threads $threads --frames 1024 2>&1 | grep "^|\|rror"
-done
-echo "hand-offs at ${SECONDS}s"
+if [ "$part" = a ]; then
+  python -c "import torch; g = getattr(torch.cuda, 'green_contexts', None); print('green contexts:', g and [n for n in dir(g) if not n.startswith('_')])"
+  timeout 60 python -m pytest -q -p no:cacheprovider tests/pipeline/test_video_nvdec.py 2>&1 | tail -2
+  echo "nvdec tests at ${SECONDS}s"
+  timeout 150 python bench/nvdec_decode_only.py .whl/nvdec/clip.mp4 --streams 1,8,32 2>&1 | grep "^|\|rror"
+  echo "decode only at ${SECONDS}s"
+  for threads in 8 16; do
+    timeout 50 python bench/gil_handoff.py --images .whl/nvdec/frames --threads $threads --frames 1024 2>&1 | grep "^|\|rror"
+  done
+  echo "hand-offs at ${SECONDS}s"
+  timeout $(( 570 - SECONDS )) python bench/layer_candidates.py --shape 32x40x40x40 --rows 14 2>&1 | grep "^==\|^  \|rror"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 build_y8nms 120
 make_jpeg512; jpegs=/tmp/jpeg512
 for interval in 5 0.5; do
-  timeout 120 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images $jpegs --shares 0,0.25 --rounds 2 \
+  timeout 110 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images $jpegs --shares 0,0.25 --rounds 2 \
     --switch-interval-ms $interval 2>&1 | grep "^| read\|rror" | sed "s/^/switch interval $interval ms: /"
   echo "interval $interval at ${SECONDS}s"
 done
+timeout $(( 570 - SECONDS )) python bench/layer_candidates.py --shape 32x24x80x80 --rows 14 2>&1 | grep "^==\|^  \|rror"
+echo "done at ${SECONDS}s"

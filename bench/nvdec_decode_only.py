@@ -1,0 +1,93 @@
+"""NVDEC decoding alone, no engine (issue 30: video streams to boxes stop near 2,000 frames/s from 8
+streams on, while the engine alone runs several times that). Each stream is a thread with its own
+PyNvVideoCodec SimpleDecoder over the same clip, as `ConcurrentStreams` runs them; the decoders are
+made before the clock starts, and the clock stops when every thread has its last frame and the
+device is idle. Ways of taking the frames:
+
+- `native`: the decoder's own NV12 surfaces, no colour conversion, nothing copied;
+- `rgb`: interleaved RGB (what the pipeline asks for), not copied;
+- `rgb+clone`: as the pipeline does (`video_nvdec._frames`): each frame cloned on the thread's
+  current stream (torch's default), one event recorded per call;
+- `rgb+own stream`: the decoder given a stream of the thread's own (PyNvVideoCodec's default is
+  stream 0, the legacy default stream) and the clones made on it.
+
+CPU s per wall s says how many cores the threads kept busy; near 1 with many threads means they
+take turns on the GIL.
+
+    PYTHONPATH=SITE:. python bench/nvdec_decode_only.py clip.mp4 [--streams 1,8,32] [--per-call 8]"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+import time
+
+import torch
+
+MODES = ("native", "rgb", "rgb+clone", "rgb+own stream")
+
+
+def run(path: str, streams: int, mode: str, per_call: int) -> tuple[float, float, int]:
+    import PyNvVideoCodec as nvc
+
+    colour = nvc.OutputColorType.NATIVE if mode == "native" else nvc.OutputColorType.RGB
+    own = [torch.cuda.Stream() if mode == "rgb+own stream" else None for _ in range(streams)]
+    decoders = [nvc.SimpleDecoder(path, gpu_id=0, use_device_memory=True, output_color_type=colour,
+                                  cuda_stream=stream.cuda_stream if stream is not None else 0)
+                for stream in own]
+    counts = [0] * streams
+    start = threading.Barrier(streams + 1)
+    failures: list[BaseException] = []
+
+    def decode(k: int) -> None:
+        decoder, stream = decoders[k], own[k]
+        start.wait()
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                while True:
+                    frames = decoder.get_batch_frames(per_call)
+                    if not frames:
+                        return
+                    if mode in ("rgb+clone", "rgb+own stream"):
+                        copies = [torch.from_dlpack(frame).clone() for frame in frames]
+                        torch.cuda.Event().record(torch.cuda.current_stream(copies[0].device))
+                    counts[k] += len(frames)
+        except BaseException as exc:  # noqa: BLE001 - reported in the row
+            failures.append(exc)
+
+    threads = [threading.Thread(target=decode, args=(k,), daemon=True) for k in range(streams)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for thread in threads:
+        thread.join()
+    torch.cuda.synchronize()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    if failures:
+        raise failures[0]
+    return sum(counts) / wall, cpu / wall, sum(counts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("video")
+    parser.add_argument("--streams", default="1,8,32")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--per-call", type=int, default=8)
+    args = parser.parse_args()
+    torch.zeros(1, device="cuda")
+    print("| streams | frames taken | frames/s | CPU s per wall s | frames |")
+    print("|---|---|---|---|---|")
+    for streams in (int(s) for s in args.streams.split(",")):
+        for mode in args.modes.split(","):
+            try:
+                rate, cores, frames = run(args.video, streams, mode, args.per_call)
+            except Exception as exc:  # noqa: BLE001 - the other rows are still worth timing
+                print(f"| {streams} | {mode} | failed: {type(exc).__name__}: {str(exc)[:160]} |||", flush=True)
+                continue
+            print(f"| {streams} | {mode} | {rate:,.0f} | {cores:.2f} | {frames} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
