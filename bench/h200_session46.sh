@@ -8,7 +8,11 @@
 #   b: issue 30: JPEG files → boxes at host shares 0 and 0.25 with Python's switch interval at 5
 #      and 0.5 ms (is the host share's slowdown beside nvJPEG GIL hand-offs?). Issue 33: the
 #      24-channel 3×3 layer at 80×80 as in a.
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b
+#   c: issue 33: the same two layers inside a C2f block (reading the second half of a Split, as in
+#      the detector), where a showed them alone. Issue 30: JPEG files → boxes at share 0 with the
+#      engine alone and the decode stage alone beside it (the bar's figures, same run); NVDEC 8
+#      streams → boxes at switch intervals of 5 and 0.5 ms.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a or b}
@@ -32,6 +36,22 @@ if [ "$part" = a ]; then
   done
   echo "hand-offs at ${SECONDS}s"
   timeout $(( 570 - SECONDS )) python bench/layer_candidates.py --shape 32x40x40x40 --rows 14 2>&1 | grep "^==\|^  \|rror"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = c ]; then
+  timeout 300 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f --rows 8 2>&1 \
+    | grep "^==\|^  \|rror"
+  echo "layers at ${SECONDS}s"
+  build_y8nms 120
+  make_jpeg512
+  timeout 90 python bench/jpeg_read_ahead.py /tmp/y8nms.plan --images /tmp/jpeg512 --shares 0 --rounds 2 2>&1 \
+    | grep "frames/s\|rror" | grep -v "^|"
+  echo "jpeg at ${SECONDS}s"
+  for interval in 5 0.5; do
+    timeout 100 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 --streams 8 --read-ahead 0 \
+      --passes 3 --switch-interval-ms $interval 2>&1 | grep "^| 8\|rror" | sed "s/^/switch interval $interval ms: /"
+  done
   echo "done at ${SECONDS}s"
   exit 0
 fi

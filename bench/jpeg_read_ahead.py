@@ -47,7 +47,7 @@ def main() -> None:
                 result = end_to_end(engine, files, batch=args.batch, passes=args.passes, host_decode_share=share)
                 rates.setdefault((name, share), []).append(result.frames_per_s)
                 print(f"{name}, share {share:g}: {result.frames_per_s:,.0f} frames/s, p50 {result.batch_ms_p50} ms, "
-                      f"stages {result.stages_ms}", flush=True)
+                      f"engine alone {result.engine_frames_per_s:,.0f} frames/s, stages {result.stages_ms}", flush=True)
     pipeline_module.read_ahead = read_ahead
     print(f"| files and host share | host share | frames/s, median of {args.rounds} | each run |\n|---|---|---|---|")
     for (name, share), values in rates.items():

@@ -1,13 +1,17 @@
 """Every candidate the builder timed for one convolution shape, FP16 and INT8 side by side (issue 33:
 the sample detector's INT8 falls short of 1.4× FP16 in its 3×3 layers of 24 and 40 channels).
 
-A chain of three identical convolutions (3×3 by default, SiLU after each, as in the detector's
-blocks) is written as ONNX and built at each precision, so the middle one reads and writes the
-precision's own activations as it does inside the network. Calibration is random input (a kernel's
-speed does not depend on its scales). Printed: the middle layer's timed candidates, fastest first,
-and each precision's winner, with the INT8 / FP16 ratio of the winners.
+The convolution (3×3 by default, SiLU after it, as in the detector's blocks) is built inside a small
+ONNX graph at each precision, so it reads and writes the precision's own activations as it does in
+the network, in one of two places:
+- `chain`: the middle of three such convolutions (its input a whole tensor of C channels);
+- `c2f`: the first 3×3 of a C2f block's bottleneck: a 1×1 convolution to 2C channels, Split in
+  halves, the second half through two 3×3 convolutions and added back, the three concatenated and
+  a last 1×1 (the detector's worst INT8 layers read such a half: a channel slice, pixels 2C apart).
+Calibration is random input (a kernel's speed does not depend on its scales). Printed: the layer's
+timed candidates, fastest first, each precision's winner and the INT8 / FP16 ratio of the winners.
 
-    PYTHONPATH=. python bench/layer_candidates.py --shape 32x40x40x40 [--shape 32x24x80x80] [--rows 12]"""
+    PYTHONPATH=. python bench/layer_candidates.py --shape 32x40x40x40 [--shape 32x24x80x80] [--context chain,c2f]"""
 from __future__ import annotations
 
 import argparse
@@ -22,31 +26,57 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sartor  # noqa: E402
 
-LAYERS = 3
+TIMED_LAYER = "timed"  # the convolution whose candidates are printed
+
+
+class Graph:
+    def __init__(self) -> None:
+        self.nodes, self.inits = [], []
+        self.rng = np.random.default_rng(0)
+
+    def conv_silu(self, name: str, x: str, cin: int, cout: int, kernel: int) -> str:
+        w = self.rng.standard_normal((cout, cin, kernel, kernel)) / np.sqrt(cin * kernel * kernel)
+        self.inits += [numpy_helper.from_array(w.astype(np.float32), f"{name}.w"),
+                       numpy_helper.from_array(self.rng.standard_normal(cout).astype(np.float32) * 0.1, f"{name}.b")]
+        self.nodes += [helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.c"], name=name,
+                                        kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4),
+                       helper.make_node("Sigmoid", [f"{name}.c"], [f"{name}.s"], name=f"{name}.sigmoid"),
+                       helper.make_node("Mul", [f"{name}.c", f"{name}.s"], [f"{name}.y"], name=f"{name}.silu")]
+        return f"{name}.y"
+
+    def model(self, cin: int, out: str, cout: int) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, "layer_candidates",
+                                  [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", cin, "h", "w"])],
+                                  [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["n", cout, "h", "w"])],
+                                  self.inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def conv_chain(channels: int, kernel: int) -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    nodes, inits, name = [], [], "input"
-    for k in range(LAYERS):
-        w = (rng.standard_normal((channels, channels, kernel, kernel)) / np.sqrt(channels * kernel * kernel))
-        inits += [numpy_helper.from_array(w.astype(np.float32), f"w{k}"),
-                  numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32) * 0.1, f"b{k}")]
-        nodes += [helper.make_node("Conv", [name, f"w{k}", f"b{k}"], [f"c{k}"], name=f"conv{k}",
-                                   kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4),
-                  helper.make_node("Sigmoid", [f"c{k}"], [f"s{k}"], name=f"sigmoid{k}"),
-                  helper.make_node("Mul", [f"c{k}", f"s{k}"], [f"y{k}"], name=f"silu{k}")]
-        name = f"y{k}"
-    graph = helper.make_graph(nodes, "conv_chain",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", channels, "h", "w"])],
-                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n", channels, "h", "w"])],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g = Graph()
+    y = g.conv_silu("first", "input", channels, channels, kernel)
+    y = g.conv_silu(TIMED_LAYER, y, channels, channels, kernel)
+    return g.model(channels, g.conv_silu("last", y, channels, channels, kernel), channels)
 
 
-def middle_layer(result) -> dict:
-    convs = [layer for layer in result.header["layers"] if "conv1" in layer["name"]]
-    return convs[0] if convs else {}
+def c2f_block(channels: int, kernel: int) -> onnx.ModelProto:
+    """The graph's input has 2C channels; the timed layer reads the second half of a Split."""
+    g = Graph()
+    y = g.conv_silu("cv1", "input", 2 * channels, 2 * channels, 1)
+    g.inits.append(numpy_helper.from_array(np.array([channels, channels], dtype=np.int64), "halves"))
+    g.nodes.append(helper.make_node("Split", [y, "halves"], ["a", "b"], name="split", axis=1))
+    m = g.conv_silu(TIMED_LAYER, "b", channels, channels, kernel)
+    m = g.conv_silu("m.cv2", m, channels, channels, kernel)
+    g.nodes += [helper.make_node("Add", ["b", m], ["m.out"], name="m.add"),
+                helper.make_node("Concat", ["a", "b", "m.out"], ["cat"], name="concat", axis=1)]
+    return g.model(2 * channels, g.conv_silu("cv2", "cat", 3 * channels, 2 * channels, 1), 2 * channels)
+
+
+CONTEXTS = {"chain": conv_chain, "c2f": c2f_block}
+
+
+def timed_layer(result) -> dict:
+    return next((layer for layer in result.header["layers"] if layer["name"] == TIMED_LAYER), {})
 
 
 def main() -> None:
@@ -56,24 +86,27 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12)
     parser.add_argument("--effort", type=int, default=None)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layer_candidates_"))
-    for spec in args.shape:
-        shape = tuple(int(v) for v in spec.split("x"))
-        model = work / f"chain_{spec}.onnx"
-        onnx.save(conv_chain(shape[1], args.kernel), model)
+    for spec, context in ((s, c) for s in args.shape for c in args.context.split(",")):
+        half = tuple(int(v) for v in spec.split("x"))
+        shape = half if context == "chain" else (half[0], 2 * half[1]) + half[2:]
+        spec = f"{spec} {context}"
+        model = work / f"{context}_{half[1]}.onnx"
+        onnx.save(CONTEXTS[context](half[1], args.kernel), model)
         np.save(work / "calib.npy", np.random.default_rng(1).standard_normal((16,) + shape[1:]).astype(np.float32))
         best = {}
         for precision in ("fp16", "int8"):
             calib = {"calib": str(work / "calib.npy"), "calib_size": 16} if precision == "int8" else {}
             try:
-                result = sartor.build(str(model), str(work / f"{spec}_{precision}.plan"), device=args.device,
+                result = sartor.build(str(model), str(work / f"{context}_{half[1]}_{precision}.plan"), device=args.device,
                                       precision=precision, min_shapes={"input": shape}, opt_shapes={"input": shape},
                                       max_shapes={"input": shape}, builder_effort=args.effort, **calib)
             except Exception as exc:  # noqa: BLE001 - the other builds are still worth timing
                 print(f"== {spec} {args.kernel}x{args.kernel} {precision}: failed: {type(exc).__name__}: {exc}")
                 continue
-            layer = middle_layer(result)
+            layer = timed_layer(result)
             timings = sorted((layer.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])
             print(f"== {spec} {args.kernel}x{args.kernel} {precision}: {layer.get('name')} chose "
                   f"{layer.get('tactic')}; {len(timings)} timed")

@@ -2,7 +2,7 @@
 thread, the default) against its ThreadedDecoder (decoding ahead on a thread of its own), in one
 process over one engine: `video_end_to_end` at each read-ahead, 0 being SimpleDecoder.
 
-    python bench/nvdec_read_ahead.py ENGINE.plan clip.mp4 [--streams 1,8,32] [--read-ahead 0,32]"""
+    python bench/nvdec_read_ahead.py ENGINE.plan clip.mp4 [--streams 1,8,32] [--read-ahead 0,32] [--switch-interval-ms 5]"""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +23,12 @@ def main() -> None:
     parser.add_argument("--read-ahead", default="0,32")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="Python's switch interval (default 5 ms): how long a decoder thread back from the "
+                             "decoder may wait for the GIL while another runs Python (bench/gil_handoff.py)")
     args = parser.parse_args()
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     engine = sartor.load(args.engine)
     print("| streams | read-ahead | frames/s | first pass s | p50 / p99 ms | decode stage ms a batch | engine alone |")
     print("|---|---|---|---|---|---|---|")
