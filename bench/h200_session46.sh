@@ -12,7 +12,10 @@
 #      the detector), where a showed them alone. Issue 30: JPEG files → boxes at share 0 with the
 #      engine alone and the decode stage alone beside it (the bar's figures, same run); NVDEC 8
 #      streams → boxes at switch intervals of 5 and 0.5 ms.
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c
+#   d: issue 33, after aligned_start (the igemm kernel reads a Split half from the 16-byte boundary
+#      before it): the kernel's slice tests on the GPU, c's two INT8 layers in the C2f block again,
+#      then the sample detector INT8 against FP16 at batch 32, layer by layer (builder effort 1).
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c|d
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a or b}
@@ -52,6 +55,26 @@ if [ "$part" = c ]; then
     timeout 100 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 --streams 8 --read-ahead 0 \
       --passes 3 --switch-interval-ms $interval 2>&1 | grep "^| 8\|rror" | sed "s/^/switch interval $interval ms: /"
   done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = d ]; then
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_igemm.py \
+    -k "split_half or aligned_start or channel_slice or row_taps or padded_taps" 2>&1 | tail -2
+  echo "tests at ${SECONDS}s"
+  timeout 200 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f --precisions int8 \
+    --rows 4 2>&1 | grep "^==\|^  \|rror"
+  echo "layers at ${SECONDS}s"
+  ONNX_DIR=$(mktemp -d)
+  for precision in int8 fp16; do
+    left=$(( 560 - SECONDS ))
+    [ "$left" -gt 40 ] || break
+    timeout "$left" python bench/profile_engine.py --model detector --batch 32 --onnx-dir "$ONNX_DIR" --precision $precision \
+      --effort 1 --rows 5 --layers-out "/tmp/detector_layers_$precision.json" > "/tmp/detector_$precision.log" 2>&1
+    echo "profile detector $precision exit $? at ${SECONDS}s"
+  done
+  [ -f /tmp/detector_layers_int8.json ] && [ -f /tmp/detector_layers_fp16.json ] && \
+    python bench/compare_layers.py /tmp/detector_layers_fp16.json /tmp/detector_layers_int8.json --rows 12
   echo "done at ${SECONDS}s"
   exit 0
 fi

@@ -7,7 +7,8 @@ the network, in one of two places:
 - `chain`: the middle of three such convolutions (its input a whole tensor of C channels);
 - `c2f`: the first 3×3 of a C2f block's bottleneck: a 1×1 convolution to 2C channels, Split in
   halves, the second half through two 3×3 convolutions and added back, the three concatenated and
-  a last 1×1 (the detector's worst INT8 layers read such a half: a channel slice, pixels 2C apart).
+  a 1×1, and one more layer after the block (the detector's worst INT8 layers read such a half: a
+  channel slice of INT8 codes, pixels 2C apart).
 Calibration is random input (a kernel's speed does not depend on its scales). Printed: the layer's
 timed candidates, fastest first, each precision's winner and the INT8 / FP16 ratio of the winners.
 
@@ -69,7 +70,10 @@ def c2f_block(channels: int, kernel: int) -> onnx.ModelProto:
     m = g.conv_silu("m.cv2", m, channels, channels, kernel)
     g.nodes += [helper.make_node("Add", ["b", m], ["m.out"], name="m.add"),
                 helper.make_node("Concat", ["a", "b", "m.out"], ["cat"], name="concat", axis=1)]
-    return g.model(2 * channels, g.conv_silu("cv2", "cat", 3 * channels, 2 * channels, 1), 2 * channels)
+    y = g.conv_silu("cv2", "cat", 3 * channels, 2 * channels, 1)
+    # A last layer after the block, so that cv2 is no output head (kept out of INT8) and the block's
+    # Split and Concat stay INT8, as inside the detector.
+    return g.model(2 * channels, g.conv_silu("next", y, 2 * channels, 2 * channels, 1), 2 * channels)
 
 
 CONTEXTS = {"chain": conv_chain, "c2f": c2f_block}
@@ -87,6 +91,7 @@ def main() -> None:
     parser.add_argument("--effort", type=int, default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
+    parser.add_argument("--precisions", default="fp16,int8")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="layer_candidates_"))
     for spec, context in ((s, c) for s in args.shape for c in args.context.split(",")):
@@ -97,7 +102,7 @@ def main() -> None:
         onnx.save(CONTEXTS[context](half[1], args.kernel), model)
         np.save(work / "calib.npy", np.random.default_rng(1).standard_normal((16,) + shape[1:]).astype(np.float32))
         best = {}
-        for precision in ("fp16", "int8"):
+        for precision in args.precisions.split(","):
             calib = {"calib": str(work / "calib.npy"), "calib_size": 16} if precision == "int8" else {}
             try:
                 result = sartor.build(str(model), str(work / f"{context}_{half[1]}_{precision}.plan"), device=args.device,

@@ -692,6 +692,37 @@ def test_row_taps_read_a_channel_slice_of_a_wider_buffer(channels):
     _assert_int8_conv_is_the_emulation(half, (3, 3), attrs, 16, tile, generator, with_residual=False)
 
 
+@pytest.mark.parametrize("walk", ["padded_taps", "row_taps"])
+def test_a_split_half_off_a_16_byte_boundary_equals_the_emulation(walk):
+    """The second half of 40 channels of codes starts 40 bytes into each pixel, 8 past a 16-byte
+    boundary: the kernel reads it from the boundary before (`aligned_start`), through both walks
+    the builder offers for it, equal to the emulation on the slice."""
+    generator = torch.Generator().manual_seed(16)
+    attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=9.0, residual_scale=0.04,
+                 activation="SiLU", qmin=-127, output_inv_scale=5.0)
+    wide = torch.randint(-127, 128, (2, 80, 7, 9), dtype=torch.int8, generator=generator)
+    half = wide.contiguous(memory_format=torch.channels_last)[:, 40:]
+    assert half.data_ptr() % 16 == 8
+    tile = TileConfig(16, 32, 32, 1, 1, padded_taps=True) if walk == "padded_taps" else \
+        TileConfig(16, 32, 128, 1, 1, row_taps=True)
+    _assert_int8_conv_is_the_emulation(half, (3, 3), attrs, 24, tile, generator, with_residual=False)
+
+
+def test_aligned_start_shifts_only_a_start_off_a_16_byte_boundary():
+    from sartor.kernels.conv.igemm import aligned_start, row_alignment
+    codes = torch.zeros(2, 48, 5, 5, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+    half = codes[:, 24:]
+    base, shift = aligned_start(half)
+    assert (half.data_ptr() % 16, base.data_ptr() % 16, shift) == (8, 0, 8)
+    assert base.data_ptr() + shift == half.data_ptr() and base.stride() == half.stride() and base.shape == half.shape
+    same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (5, 5))
+    assert (row_alignment(half, same), row_alignment(half, same, shift)) == (16, 8)  # pixels 48 apart, 8 in
+    whole = codes[:, 16:]  # 16 bytes in: a boundary
+    assert aligned_start(whole)[0] is whole and aligned_start(whole)[1] == 0
+    halves = torch.zeros(1, 40, 3, 3, dtype=torch.float16).contiguous(memory_format=torch.channels_last)[:, 20:]
+    assert aligned_start(halves)[1] == 4  # 40 bytes in: 4 halves past a boundary
+
+
 @pytest.mark.parametrize("channels", [16, 24])
 def test_row_taps_float_matches_torch(channels):
     generator = torch.Generator().manual_seed(15)

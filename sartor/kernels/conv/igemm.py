@@ -62,7 +62,7 @@ if triton is not None:
     def _conv_igemm_kernel(
             x_ptr, w_ptr, w_desc, bias_ptr, scale_ptr, res_ptr, y_ptr, ws_ptr, arrivals_ptr,
             M, COUT, C, H, W, OH, OW, y_row,
-            sxn, sxc, sxh, sxw, srn, src, srh, srw,
+            sxn, sxc, sxh, sxw, x_shift, srn, src, srh, srw,
             pad_h, pad_w, dil_h, dil_w,
             in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
             KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
@@ -87,7 +87,7 @@ if triton is not None:
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
         ih0 = oh * STRIDE_H - pad_h
         iw0 = ow * STRIDE_W - pad_w
-        x_row = n_idx.to(tl.int64) * sxn
+        x_row = n_idx.to(tl.int64) * sxn + x_shift  # x_ptr is 16-byte aligned; the input starts x_shift after
         k_total = KH * KW * C
         w_col = offs_n.to(tl.int64) * k_total
 
@@ -584,9 +584,10 @@ def is_packed(w: torch.Tensor) -> bool:
     return w.permute(0, 2, 3, 1).is_contiguous() if w.dim() == 4 else w.is_contiguous()
 
 
-def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
+def row_alignment(x4: torch.Tensor, geometry: ConvGeometry, shift: int = 0) -> int:
     """The largest power of two, up to 16, dividing (in elements) every pixel's offset that the
-    kernel's blocked K walk reads channels from, when channels are contiguous; else 1.
+    kernel's blocked K walk reads channels from, when channels are contiguous; else 1. `shift`: the
+    input's start past the aligned pointer the kernel is given (`aligned_start`), part of every offset.
 
     Triton proves a stride a multiple of 16 only when it is one; the window convolution's pixels
     are 4 bytes apart (`kernels/window/pixel_pack.py`), so without this hint its 32-byte rows load byte by
@@ -599,8 +600,20 @@ def row_alignment(x4: torch.Tensor, geometry: ConvGeometry) -> int:
     oh, ow = geometry.out_hw
     height_step = math.gcd(sh if oh > 1 else 0, ph, dh if kh > 1 else 0)
     width_step = math.gcd(sw if ow > 1 else 0, pw, dw if kw > 1 else 0)
-    common = math.gcd(sxn, sxh * height_step, sxw * width_step, 16)
+    common = math.gcd(sxn, sxh * height_step, sxw * width_step, shift, 16)
     return common & -common
+
+
+def aligned_start(x4: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`x4` as a view that starts at the 16-byte boundary at or before its first element, and how many
+    elements before that element the boundary lies. Triton takes a pointer as 16-byte aligned only
+    when it is: a Split's second half of 24 or 40 INT8 channels starts 8 bytes past one, and the
+    kernel's loads of it went byte by byte, however aligned their offsets were told to be. Given the
+    aligned view, it adds the shift to every offset (`row_alignment` counts it)."""
+    shift = x4.data_ptr() % 16 // x4.element_size()
+    if not shift or x4.data_ptr() % x4.element_size() or x4.storage_offset() < shift:
+        return x4, 0
+    return x4.as_strided(x4.shape, x4.stride(), x4.storage_offset() - shift), shift
 
 
 def as_nchw_view(x: torch.Tensor) -> torch.Tensor:
@@ -679,6 +692,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     quantize_input = quantized and x.dtype != code_dtype
     x4 = as_nchw_view(x)
     n, c, h, w_in = x4.shape
+    x_base, x_shift = aligned_start(x4)
     oh, ow = geometry.out_hw
     cout = w_packed.shape[0]
     out_dtype = (code_dtype if output_inv_scale is not None else float_dtype) if quantized else x.dtype
@@ -715,14 +729,14 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     fusion = not quantized
     grid = (tiles, split_k)
     _conv_igemm_kernel[grid](
-        x4, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_arg, y,
+        x_base, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_arg, y,
         workspace, arrivals,
-        m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), *rs,
+        m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), x_shift, *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(input_inv_scale or 1.0), *scalars,
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
         QUANTIZE_INPUT=quantize_input, K_GATHER=k_gather, SPLIT_K=split_k,
-        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry), EPILOGUE_HALVES=tile.epilogue_halves,
+        ROW_ALIGN=1 if k_gather else row_alignment(x4, geometry, x_shift), EPILOGUE_HALVES=tile.epilogue_halves,
         RES_EARLY=tile.residual_early and residual is not None and split_k == 1,
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
