@@ -15,7 +15,10 @@
 #   d: issue 33, after aligned_start (the igemm kernel reads a Split half from the 16-byte boundary
 #      before it): the kernel's slice tests on the GPU, c's two INT8 layers in the C2f block again,
 #      then the sample detector INT8 against FP16 at batch 32, layer by layer (builder effort 1).
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c|d
+#   e: issue 33's bar for the sample detector: INT8 and FP16 at batch 32 built at the default effort
+#      (profile_engine --layers-out, then compare_layers), then each whole engine timed by
+#      `sartor bench` twice, alternating.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c|d|e
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a or b}
@@ -54,6 +57,27 @@ if [ "$part" = c ]; then
   for interval in 5 0.5; do
     timeout 100 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 --streams 8 --read-ahead 0 \
       --passes 3 --switch-interval-ms $interval 2>&1 | grep "^| 8\|rror" | sed "s/^/switch interval $interval ms: /"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = e ]; then
+  ONNX_DIR=$(mktemp -d)
+  for precision in int8 fp16; do
+    left=$(( 500 - SECONDS ))
+    [ "$left" -gt 40 ] || break
+    timeout "$left" python bench/profile_engine.py --model detector --batch 32 --onnx-dir "$ONNX_DIR" --precision $precision \
+      --rows 5 --layers-out "/tmp/detector_layers_$precision.json" > "/tmp/detector_$precision.log" 2>&1
+    echo "profile detector $precision exit $? at ${SECONDS}s"
+  done
+  [ -f /tmp/detector_layers_int8.json ] && [ -f /tmp/detector_layers_fp16.json ] && \
+    python bench/compare_layers.py /tmp/detector_layers_fp16.json /tmp/detector_layers_int8.json --rows 8
+  for round in 1 2; do
+    for precision in fp16 int8; do
+      plan=/tmp/sartor_profile/detector_${precision}_b32.plan
+      [ -f $plan ] && timeout 40 python -m sartor bench $plan --shapes images:32x3x320x320 --iterations 500 2>&1 \
+        | grep "^device only\\|^with host\\|rror" | sed "s/^/$precision round $round: /"
+    done
   done
   echo "done at ${SECONDS}s"
   exit 0
