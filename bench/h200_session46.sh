@@ -18,7 +18,9 @@
 #   e: issue 33's bar for the sample detector: INT8 and FP16 at batch 32 built at the default effort
 #      (profile_engine --layers-out, then compare_layers), then each whole engine timed by
 #      `sartor bench` twice, alternating.
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c|d|e
+#   f: decision 0061's A/B: d's two INT8 layers in the C2f block with the kernel given the Split
+#      half's own pointer (--unaligned, as before) and the aligned one, alternating.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session46.sh a|b|c|d|e|f
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say a or b}
@@ -57,6 +59,16 @@ if [ "$part" = c ]; then
   for interval in 5 0.5; do
     timeout 100 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 --streams 8 --read-ahead 0 \
       --passes 3 --switch-interval-ms $interval 2>&1 | grep "^| 8\|rror" | sed "s/^/switch interval $interval ms: /"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = f ]; then
+  for round in 1 2; do
+    for way in --unaligned ""; do
+      timeout 100 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
+        --precisions int8 --rows 2 $way 2>&1 | grep "^==\|^  \|rror" | sed "s/^/round $round ${way:-aligned}: /"
+    done
   done
   echo "done at ${SECONDS}s"
   exit 0

@@ -92,7 +92,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
     parser.add_argument("--precisions", default="fp16,int8")
+    parser.add_argument("--unaligned", action="store_true",
+                        help="the implicit-GEMM kernel given its input's own pointer, as before aligned_start "
+                             "(decision 0061): that change's A/B")
     args = parser.parse_args()
+    if args.unaligned:
+        from sartor.kernels.conv import igemm
+        igemm.aligned_start = lambda x4: (x4, 0)
     work = Path(tempfile.mkdtemp(prefix="layer_candidates_"))
     for spec, context in ((s, c) for s in args.shape for c in args.context.split(",")):
         half = tuple(int(v) for v in spec.split("x"))
