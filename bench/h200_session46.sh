@@ -66,7 +66,9 @@ fi
 if [ "$part" = f ]; then
   for round in 1 2; do
     for way in --unaligned ""; do
-      timeout 100 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
+      left=$(( 280 - SECONDS ))
+      [ "$left" -gt 30 ] || break 2
+      timeout $left python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
         --precisions int8 --rows 2 $way 2>&1 | grep "^==\|^  \|rror" | sed "s/^/round $round ${way:-aligned}: /"
     done
   done
