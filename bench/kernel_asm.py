@@ -294,7 +294,8 @@ def layer_cases(layer: str, resident_tiles: list[str] | None = None,
         return window_cases(batch, cin, cout, hw, k, common, epilogue)
     igemm_args = dict(common, ws_ptr="*i32", arrivals_ptr="*i32", w_desc=None, M=rows, COUT=cout, C=cin, H=hw, W=hw,
                       OH=hw, OW=hw, y_row=cout,
-                      sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, pad_h=k // 2, pad_w=k // 2, dil_h=1, dil_w=1)
+                      sxn=hw * hw * cin, sxc=1, sxh=hw * cin, sxw=cin, x_shift=0, pad_h=k // 2, pad_w=k // 2, dil_h=1,
+                      dil_w=1)
     cases = []
     tiles = conv_igemm.candidate_tiles(int8=True, effort=3)
     tiles = (tiles + conv_igemm.single_pass_tiles(tiles, cin * k * k)

@@ -383,6 +383,38 @@ def test_epilogue_of_24_outputs_stores_vectors():
     assert all(bytes_ == "0" and int(vectors) > 0 for _, bytes_, vectors in lines)
 
 
+SPLIT_HALF_CHILD = r"""
+import re, sys
+import torch
+sys.path.insert(0, "bench")
+import kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.conv.igemm import ConvGeometry, row_alignment
+C, HW = 24, 80  # the sample detector's stage1 C2f: its 3x3 reads the second half of 48 channels
+wide = torch.empty(32, 2 * C, HW, HW, dtype=torch.int8, device="meta").contiguous(memory_format=torch.channels_last)
+half, shift = wide[:, C:], C % 16  # the wrapper's view from the boundary before it (aligned_start)
+align = row_alignment(half, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (HW, HW)), shift)
+seen = set()
+for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("detector.c24"):
+    walk = label.rsplit(".", 1)[-1]
+    if walk in ("row-taps", "padded-taps") and ".halves" not in label and walk not in seen:
+        seen.add(walk)
+        values = dict(values, sxn=half.stride(0), sxh=half.stride(2), sxw=half.stride(3), x_shift=shift)
+        ptx = kernel_asm.compile_for(fn, values, dict(constexprs, ROW_ALIGN=align), warps, stages,
+                                     GPUTarget("cuda", 90, 32)).asm["ptx"]
+        print(walk, align, len(re.findall(r"ld\.global(?:\.\w+)*\.b8\s", ptx)))
+"""
+
+
+def test_a_split_half_off_a_16_byte_boundary_loads_vectors():
+    """A Split's second half of 24 INT8 channels starts 8 bytes past a 16-byte boundary. Given the
+    boundary as its pointer and the 8 as a shift its row alignment counts (decision 0061), each walk
+    loads the input 8 bytes at a time: no byte loads (with ROW_ALIGN 1 there are 16 a tile)."""
+    lines = [line.split() for line in _compile_in_child(SPLIT_HALF_CHILD).splitlines()]
+    assert {walk for walk, _, _ in lines} == {"row-taps", "padded-taps"}
+    assert all(align == "8" and byte_loads == "0" for _, align, byte_loads in lines)
+
+
 EIGHT_CHANNELS_CHILD = r"""
 import re, sys
 sys.path.insert(0, "bench")
