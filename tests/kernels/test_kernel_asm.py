@@ -399,9 +399,11 @@ for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("dete
     walk = label.rsplit(".", 1)[-1]
     if walk in ("row-taps", "padded-taps") and ".halves" not in label and walk not in seen:
         seen.add(walk)
-        values = dict(values, sxn=half.stride(0), sxh=half.stride(2), sxw=half.stride(3), x_shift=shift)
-        ptx = kernel_asm.compile_for(fn, values, dict(constexprs, ROW_ALIGN=align), warps, stages,
-                                     GPUTarget("cuda", 90, 32)).asm["ptx"]
+        # ... and the second 3x3's residual, the same half (RES_SHIFT)
+        values = dict(values, sxn=half.stride(0), sxh=half.stride(2), sxw=half.stride(3), x_shift=shift,
+                      srn=half.stride(0), srh=half.stride(2), srw=half.stride(3))
+        constexprs = dict(constexprs, ROW_ALIGN=align, HAS_RES=True, RES_QUANT=True, RES_SHIFT=shift)
+        ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
         print(walk, align, len(re.findall(r"ld\.global(?:\.\w+)*\.b8\s", ptx)))
 """
 
@@ -409,7 +411,8 @@ for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("dete
 def test_a_split_half_off_a_16_byte_boundary_loads_vectors():
     """A Split's second half of 24 INT8 channels starts 8 bytes past a 16-byte boundary. Given the
     boundary as its pointer and the 8 as a shift its row alignment counts (decision 0061), each walk
-    loads the input 8 bytes at a time: no byte loads (with ROW_ALIGN 1 there are 16 a tile)."""
+    loads the input 8 bytes at a time, and the residual (the same half, RES_SHIFT) too: no byte loads
+    (with ROW_ALIGN 1 there are 16 a tile)."""
     lines = [line.split() for line in _compile_in_child(SPLIT_HALF_CHILD).splitlines()]
     assert {walk for walk, _, _ in lines} == {"row-taps", "padded-taps"}
     assert all(align == "8" and byte_loads == "0" for _, align, byte_loads in lines)

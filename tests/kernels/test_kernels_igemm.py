@@ -708,6 +708,36 @@ def test_a_split_half_off_a_16_byte_boundary_equals_the_emulation(walk):
     _assert_int8_conv_is_the_emulation(half, (3, 3), attrs, 24, tile, generator, with_residual=False)
 
 
+@pytest.mark.parametrize("tile", [TileConfig(16, 32, 32, 1, 1, padded_taps=True),
+                                  TileConfig(16, 32, 32, 1, 1, padded_taps=True, epilogue_halves=True,
+                                             residual_early=True),
+                                  TileConfig(16, 32, 32, 1, 1, split_k=2)],
+                         ids=["padded-taps", "halves-residual-early", "split-k"])
+def test_a_residual_that_is_a_split_half_off_a_boundary_equals_the_emulation(tile):
+    """The bottleneck's shortcut: its second 3×3 adds the Split half its first one read (40 of 80
+    channels of codes, 8 bytes past a 16-byte boundary). The kernel reads the residual from the
+    boundary before it (RES_SHIFT); the split-K epilogue kernel from its own start. Bit for bit the
+    emulation."""
+    assert tile.invalid() is None
+    generator = torch.Generator().manual_seed(17)
+    attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=9.0, residual_scale=0.04,
+                 activation="SiLU", qmin=-127, output_inv_scale=5.0, residual_after_activation=True)
+    x = torch.randint(-127, 128, (2, 40, 7, 9), dtype=torch.int8, generator=generator)
+    x = x.contiguous(memory_format=torch.channels_last)
+    wide = torch.randint(-127, 128, (2, 80, 7, 9), dtype=torch.int8, generator=generator)
+    residual = wide.contiguous(memory_format=torch.channels_last)[:, 40:]
+    assert residual.data_ptr() % 16 == 8
+    wq = torch.randint(-127, 128, (40, 40, 3, 3), dtype=torch.int8, generator=generator)
+    bias = torch.randint(-4000, 4000, (40,), dtype=torch.int32, generator=generator)
+    scale = torch.rand(40, generator=generator) * 1e-3
+    expected = qconv([x, wq, bias, residual.contiguous(), scale], attrs)
+    x, wq, bias, scale, residual = (t.to(DEVICE) for t in (x, wq, bias, scale, residual))
+    out = conv_igemm(x, pack_weight(wq), bias, _geometry(x, wq, attrs), tile, dequant_scale=scale, residual=residual,
+                     activation="SiLU", input_inv_scale=9.0, residual_scale=0.04, output_inv_scale=5.0,
+                     residual_after_activation=True)
+    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+
+
 def test_aligned_start_shifts_only_a_start_off_a_16_byte_boundary():
     from sartor.kernels.conv.igemm import aligned_start, row_alignment
     codes = torch.zeros(2, 48, 5, 5, dtype=torch.int8).contiguous(memory_format=torch.channels_last)

@@ -72,11 +72,15 @@ if triton is not None:
             EPILOGUE_HALVES: tl.constexpr, RES_EARLY: tl.constexpr, CHANNEL_TAIL: tl.constexpr,
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
-            OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False, LAST_REDUCES: tl.constexpr = False):
+            OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False, LAST_REDUCES: tl.constexpr = False,
+            RES_SHIFT: tl.constexpr = 0):
         # Outputs and pixel stride multiples of 8 that Triton cannot see (24 or 40 channels): told,
         # the epilogue's bias and scale loads and its stores go as vectors, not a word or a byte at a time.
         COUT = told_multiple(COUT, OUT_ALIGN)
         y_row = told_multiple(y_row, OUT_ALIGN)
+        # The residual starts RES_SHIFT elements past the aligned pointer given (`aligned_start`): a
+        # constant, so its loads keep the alignment the two share.
+        res_ptr = res_ptr + RES_SHIFT
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M, ONE_COLUMN)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -609,7 +613,8 @@ def aligned_start(x4: torch.Tensor) -> tuple[torch.Tensor, int]:
     elements before that element the boundary lies. Triton takes a pointer as 16-byte aligned only
     when it is: a Split's second half of 24 or 40 INT8 channels starts 8 bytes past one, and the
     kernel's loads of it went byte by byte, however aligned their offsets were told to be. Given the
-    aligned view, it adds the shift to every offset (`row_alignment` counts it)."""
+    aligned view, it adds the shift to every offset (`row_alignment` counts it); a residual's shift is
+    a constant added to its pointer (RES_SHIFT), whose alignment Triton then derives."""
     shift = x4.data_ptr() % 16 // x4.element_size()
     if not shift or x4.data_ptr() % x4.element_size() or x4.storage_offset() < shift:
         return x4, 0
@@ -719,6 +724,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     bias_arg = bias if bias is not None else w_packed
     scale_arg = dequant_scale if quantized else w_packed
     res_arg = res4 if res4 is not None else y
+    res_base, res_shift = aligned_start(res4) if res4 is not None else (y, 0)
     scalars, epilogue = epilogue_arguments(
         quantized=quantized, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
@@ -729,7 +735,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     fusion = not quantized
     grid = (tiles, split_k)
     _conv_igemm_kernel[grid](
-        x_base, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_arg, y,
+        x_base, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_base, y,
         workspace, arrivals,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), x_shift, *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
@@ -741,6 +747,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
         OUT_ALIGN=told_alignment(cout, pixel_stride(y)), ONE_COLUMN=cout <= tile.block_n, LAST_REDUCES=last_reduces,
+        RES_SHIFT=res_shift,
         num_warps=tile.warps,
         num_stages=tile.stages,
         enable_fp_fusion=fusion, **launch_options(pdl))
