@@ -111,7 +111,8 @@ def main() -> None:
         for precision in args.precisions.split(","):
             calib = {"calib": str(work / "calib.npy"), "calib_size": 16} if precision == "int8" else {}
             try:
-                result = sartor.build(str(model), str(work / f"{context}_{half[1]}_{precision}.plan"), device=args.device,
+                plan = work / f"{context}_{half[1]}_{precision}.plan"
+                result = sartor.build(str(model), str(plan), device=args.device,
                                       precision=precision, min_shapes={"input": shape}, opt_shapes={"input": shape},
                                       max_shapes={"input": shape}, builder_effort=args.effort, **calib)
             except Exception as exc:  # noqa: BLE001 - the other builds are still worth timing

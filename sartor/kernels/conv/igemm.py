@@ -735,7 +735,8 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     fusion = not quantized
     grid = (tiles, split_k)
     _conv_igemm_kernel[grid](
-        x_base, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg, res_base, y,
+        x_base, w_packed, _weight_descriptor(w_packed, tile, k_gather or channel_tail), bias_arg, scale_arg,
+        res_base, y,
         workspace, arrivals,
         m, cout, c, h, w_in, oh, ow, pixel_stride(y), *x4.stride(), x_shift, *rs,
         geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
