@@ -12,9 +12,12 @@ device is idle. Ways of taking the frames:
   stream 0, the legacy default stream) and the clones made on it.
 
 CPU s per wall s says how many cores the threads kept busy; near 1 with many threads means they
-take turns on the GIL.
+take turns on the GIL. `--gil-probe` adds a thread that counts in a loop of pure Python beside the
+decoders: its count per second against its count alone is the share of the interpreter the decoder
+threads leave to Python (the pipeline's own threads need it to batch and launch); the decode rate
+beside it says how much a busy Python thread slows the decoders.
 
-    PYTHONPATH=SITE:. python bench/nvdec_decode_only.py clip.mp4 [--streams 1,8,32] [--per-call 8]"""
+    PYTHONPATH=SITE:. python bench/nvdec_decode_only.py clip.mp4 [--streams 1,8,32] [--per-call 8] [--gil-probe]"""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +30,15 @@ import torch
 MODES = ("native", "rgb", "rgb+clone", "rgb+own stream")
 
 
-def run(path: str, streams: int, mode: str, per_call: int) -> tuple[float, float, int]:
+def python_rate(seconds: float, stop: threading.Event | None = None) -> float:
+    """Iterations a second of a loop of pure Python, for `seconds` or until `stop`."""
+    count, start = 0, time.perf_counter()
+    while not (stop.is_set() if stop is not None else time.perf_counter() - start > seconds):
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def run(path: str, streams: int, mode: str, per_call: int, probe: bool = False) -> tuple[float, float, int, float]:
     import PyNvVideoCodec as nvc
 
     colour = nvc.OutputColorType.NATIVE if mode == "native" else nvc.OutputColorType.RGB
@@ -58,15 +69,23 @@ def run(path: str, streams: int, mode: str, per_call: int) -> tuple[float, float
     threads = [threading.Thread(target=decode, args=(k,), daemon=True) for k in range(streams)]
     for thread in threads:
         thread.start()
+    done, probed = threading.Event(), []
+    if probe:
+        prober = threading.Thread(target=lambda: probed.append(python_rate(0, done)), daemon=True)
     start.wait()
     wall0, cpu0 = time.perf_counter(), time.process_time()
+    if probe:
+        prober.start()
     for thread in threads:
         thread.join()
+    done.set()
+    if probe:
+        prober.join()
     torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     if failures:
         raise failures[0]
-    return sum(counts) / wall, cpu / wall, sum(counts)
+    return sum(counts) / wall, cpu / wall, sum(counts), probed[0] if probed else float("nan")
 
 
 def main() -> None:
@@ -75,18 +94,20 @@ def main() -> None:
     parser.add_argument("--streams", default="1,8,32")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--per-call", type=int, default=8)
+    parser.add_argument("--gil-probe", action="store_true")
     args = parser.parse_args()
     torch.zeros(1, device="cuda")
-    print("| streams | frames taken | frames/s | CPU s per wall s | frames |")
-    print("|---|---|---|---|---|")
+    alone = python_rate(0.5) if args.gil_probe else float("nan")
+    print("| streams | frames taken | frames/s | CPU s per wall s | frames | Python thread's rate ÷ alone |")
+    print("|---|---|---|---|---|---|")
     for streams in (int(s) for s in args.streams.split(",")):
         for mode in args.modes.split(","):
             try:
-                rate, cores, frames = run(args.video, streams, mode, args.per_call)
+                rate, cores, frames, python = run(args.video, streams, mode, args.per_call, args.gil_probe)
             except Exception as exc:  # noqa: BLE001 - the other rows are still worth timing
-                print(f"| {streams} | {mode} | failed: {type(exc).__name__}: {str(exc)[:160]} |||", flush=True)
+                print(f"| {streams} | {mode} | failed: {type(exc).__name__}: {str(exc)[:160]} ||||", flush=True)
                 continue
-            print(f"| {streams} | {mode} | {rate:,.0f} | {cores:.2f} | {frames} |", flush=True)
+            print(f"| {streams} | {mode} | {rate:,.0f} | {cores:.2f} | {frames} | {python / alone:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
