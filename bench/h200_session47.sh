@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Left by session 46 for the next device session.
+#   a: issue 33 on the bar's card (an H200; say which card came): the sample detector INT8 against
+#      FP16 at batch 32, default effort, whole engines alternating (as h200_session46.sh e), then the
+#      C2f layers' A/B with the kernel given the Split half's own pointer (--unaligned, for the input
+#      and the residual alike) against the aligned one.
+#   b: issue 30: how much of the interpreter NVDEC decoder threads leave to Python
+#      (nvdec_decode_only.py --gil-probe at 1 and 8 streams), then 8 streams to boxes as in 46 c.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session47.sh a|b
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a or b}
+cd "$(dirname "$0")/.."
+if [ "$part" = a ]; then
+  bash bench/h200_session46.sh e
+  for way in --unaligned ""; do
+    timeout 150 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
+      --precisions int8 --rows 2 $way 2>&1 | grep "^==\|^  \|rror" | sed "s/^/${way:-aligned}: /"
+  done
+  exit 0
+fi
+. bench/y8nms_common.sh
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+site=/tmp/nvdec_site
+mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
+export PYTHONPATH=$site:$PWD
+timeout 120 python bench/nvdec_decode_only.py .whl/nvdec/clip.mp4 --streams 1,8 --modes rgb+clone 2>&1 | grep "^|\|rror"
+timeout 120 python bench/nvdec_decode_only.py .whl/nvdec/clip.mp4 --streams 1,8 --modes rgb+clone --gil-probe 2>&1 \
+  | grep "^|\|rror"
+build_y8nms 120
+timeout 100 python bench/nvdec_read_ahead.py /tmp/y8nms.plan .whl/nvdec/clip.mp4 --streams 8 --read-ahead 0 \
+  --passes 3 2>&1 | grep "^|\|rror"
+echo "done at ${SECONDS}s"
