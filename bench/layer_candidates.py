@@ -93,8 +93,8 @@ def main() -> None:
     parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
     parser.add_argument("--precisions", default="fp16,int8")
     parser.add_argument("--unaligned", action="store_true",
-                        help="the implicit-GEMM kernel given its input's own pointer, as before aligned_start "
-                             "(decision 0061): that change's A/B")
+                        help="the implicit-GEMM kernel given its input's and residual's own pointers, as "
+                             "before aligned_start (decision 0061): that change's A/B")
     args = parser.parse_args()
     if args.unaligned:
         from sartor.kernels.conv import igemm
