@@ -286,10 +286,12 @@ def test_int8_depthwise_reads_and_writes_channel_slices():
     generator = torch.Generator().manual_seed(22)
     qconv, inputs, attrs = _int8_layer(16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator)
     wide = torch.randint(-127, 128, (2, 32, 9, 8), dtype=torch.int8, generator=generator)
-    half = wide.contiguous(memory_format=torch.channels_last)[:, 16:]
-    expected = qconv([half.contiguous()] + inputs[1:], attrs)
+    wide = wide.contiguous(memory_format=torch.channels_last)
+    expected = qconv([wide[:, 16:].contiguous()] + inputs[1:], attrs)
     buffer = torch.zeros(2, 48, 9, 8, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
-    layer = [half.to(DEVICE), pack_depthwise_weight(inputs[1].to(DEVICE)), inputs[2].to(DEVICE), None,
+    half = wide.to(DEVICE)[:, 16:]  # sliced on the device: a slice moved alone would arrive dense
+    assert half.stride()[3] == 32
+    layer = [half, pack_depthwise_weight(inputs[1].to(DEVICE)), inputs[2].to(DEVICE), None,
              inputs[4].to(DEVICE)]
     written = qconv_into(layer, dict(attrs, tactic=TRITON_DEPTHWISE_INT8), buffer[:, 8:24])
     assert written is not None and torch.equal(buffer[:, 8:24].cpu(), expected)

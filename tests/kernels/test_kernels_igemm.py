@@ -92,23 +92,34 @@ def test_int8_conv_equals_emulation(channels, kernel, strides, pads, dilations, 
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
 
 
+def _to_device(t: torch.Tensor) -> torch.Tensor:
+    """`t` on DEVICE with its strides and storage offset kept: a channel slice stays a slice of a wider
+    buffer, as far from a 16-byte boundary as it was (`.to()` would make it a dense tensor of its own)."""
+    if t.device.type == DEVICE:
+        return t
+    whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).to(DEVICE)
+    return whole.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def _assert_int8_conv_is_the_emulation(x, kernel, attrs: dict, cout: int, tile: TileConfig, generator,
-                                       with_residual: bool = True):
+                                       with_residual: bool = True, residual: torch.Tensor | None = None):
     """INT8 weights, int32 bias, per-channel scales and (with_residual) an INT8 residual drawn from
-    `generator`: the kernel's output with `tile` equals the emulation's bit for bit. Returns the
-    output."""
+    `generator`, or the `residual` given: the kernel's output with `tile` equals the emulation's bit
+    for bit. Returns the output."""
     wq = torch.randint(-127, 128, (cout, x.shape[1], *kernel), dtype=torch.int8, generator=generator)
     bias = torch.randint(-4000, 4000, (cout,), dtype=torch.int32, generator=generator)
     scale = torch.rand(cout, generator=generator) * 1e-3
     geometry = _geometry(x, wq, attrs)
-    residual = (torch.randint(-127, 128, (x.shape[0], cout, *geometry.out_hw), dtype=torch.int8, generator=generator)
-                if with_residual else None)
-    expected = qconv([x, wq, bias, residual, scale], attrs)
-    x, wq, bias, scale = (t.to(DEVICE) for t in (x, wq, bias, scale))
-    residual = residual.to(DEVICE) if with_residual else None
+    if residual is None and with_residual:
+        residual = torch.randint(-127, 128, (x.shape[0], cout, *geometry.out_hw), dtype=torch.int8,
+                                 generator=generator)
+    expected = qconv([x, wq, bias, None if residual is None else residual.contiguous(), scale], attrs)
+    x, residual = _to_device(x), None if residual is None else _to_device(residual)
+    wq, bias, scale = (t.to(DEVICE) for t in (wq, bias, scale))
     out = conv_igemm(x, pack_weight(wq), bias, geometry, tile, dequant_scale=scale, residual=residual,
                      activation=attrs["activation"], input_inv_scale=attrs["input_inv_scale"],
-                     residual_scale=attrs["residual_scale"], output_inv_scale=attrs.get("output_inv_scale"))
+                     residual_scale=attrs["residual_scale"], output_inv_scale=attrs.get("output_inv_scale"),
+                     residual_after_activation=attrs.get("residual_after_activation", False))
     assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
     return out
 
@@ -434,7 +445,10 @@ def test_output_into_a_channel_slice_with_a_sliced_input_and_residual():
     residual = source[:, 16:40]
     expected = torch.relu(_reference_conv(x.contiguous(), w, b, attrs) + residual)
     buffer = torch.full((2, 56, 9, 8), 7.0).contiguous(memory_format=torch.channels_last).to(DEVICE, dtype)
-    x, residual, w, b = (t.to(DEVICE, dtype) for t in (x, residual, w, b))
+    on_device = source.to(DEVICE, dtype)  # whole, then sliced: slices moved alone would arrive dense
+    x, residual = on_device[:, 8:40], on_device[:, 16:40]
+    w, b = (t.to(DEVICE, dtype) for t in (w, b))
+    assert x.stride()[3] == 40 and residual.stride()[3] == 40
     out = buffer.narrow(1, 20, 24)
     written = conv_igemm(x, pack_weight(w), b, _geometry(x, w, attrs), SMALL_TILE, residual=residual,
                          activation="Relu", out=out)
@@ -723,19 +737,11 @@ def test_a_residual_that_is_a_split_half_off_a_boundary_equals_the_emulation(til
     attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=9.0, residual_scale=0.04,
                  activation="SiLU", qmin=-127, output_inv_scale=5.0, residual_after_activation=True)
     x = torch.randint(-127, 128, (2, 40, 7, 9), dtype=torch.int8, generator=generator)
-    x = x.contiguous(memory_format=torch.channels_last)
     wide = torch.randint(-127, 128, (2, 80, 7, 9), dtype=torch.int8, generator=generator)
     residual = wide.contiguous(memory_format=torch.channels_last)[:, 40:]
     assert residual.data_ptr() % 16 == 8
-    wq = torch.randint(-127, 128, (40, 40, 3, 3), dtype=torch.int8, generator=generator)
-    bias = torch.randint(-4000, 4000, (40,), dtype=torch.int32, generator=generator)
-    scale = torch.rand(40, generator=generator) * 1e-3
-    expected = qconv([x, wq, bias, residual.contiguous(), scale], attrs)
-    x, wq, bias, scale, residual = (t.to(DEVICE) for t in (x, wq, bias, scale, residual))
-    out = conv_igemm(x, pack_weight(wq), bias, _geometry(x, wq, attrs), tile, dequant_scale=scale, residual=residual,
-                     activation="SiLU", input_inv_scale=9.0, residual_scale=0.04, output_inv_scale=5.0,
-                     residual_after_activation=True)
-    assert torch.equal(out.cpu(), expected.contiguous(memory_format=torch.channels_last))
+    _assert_int8_conv_is_the_emulation(x.contiguous(memory_format=torch.channels_last), (3, 3), attrs, 40, tile,
+                                       generator, residual=residual)
 
 
 def test_aligned_start_shifts_only_a_start_off_a_16_byte_boundary():
