@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Left by session 46 for the next device session.
-#   a: issue 33 on the bar's card (an H200; say which card came): the sample detector INT8 against
+#   a: the igemm and depthwise slice tests on the GPU; issue 33 on the bar's card (an H200; say which card came): the sample detector INT8 against
 #      FP16 at batch 32, default effort, whole engines alternating (as h200_session46.sh e), then the
 #      C2f layers' A/B with the kernel given the Split half's own pointer (--unaligned, for the input
 #      and the residual alike) against the aligned one.
@@ -12,6 +12,9 @@ set -uo pipefail
 part=${1:?say a or b}
 cd "$(dirname "$0")/.."
 if [ "$part" = a ]; then
+  # the slice tests now slice on the device (review mend of session 46): first run on a GPU
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_igemm.py \
+    tests/kernels/test_kernels_depthwise.py -k "slice or split_half or residual_that or aligned_start" 2>&1 | tail -2
   bash bench/h200_session46.sh e
   for way in --unaligned ""; do
     timeout 150 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
