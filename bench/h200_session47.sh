@@ -6,8 +6,9 @@
 #      and the residual alike) against the aligned one.
 #   b: issue 30: how much of the interpreter NVDEC decoder threads leave to Python
 #      (nvdec_decode_only.py --gil-probe at 1 and 8 streams), then 8 streams to boxes as in 46 c.
-#   c: issue 30: JPEG files → boxes with the engine fenced into part of the SMs by a CUDA green
-#      context, nvJPEG decoding on the rest (bench/green_context_jpeg.py; "all" is today's way).
+#   c: issue 30: JPEG files and 8 NVDEC streams → boxes with the engine fenced into part of the SMs
+#      by a CUDA green context, the decoders on the rest (bench/green_context_decode.py; "all" is
+#      today's way).
 #   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session47.sh a|b|c
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -28,18 +29,17 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-if [ "$part" = c ]; then
-  export PYTHONPATH=$PWD
-  build_y8nms 150
-  make_jpeg512
-  timeout 420 python bench/green_context_jpeg.py /tmp/y8nms.plan --images /tmp/jpeg512 --sms all,120,112,96,64 \
-    --rounds 2 2>&1 | grep -v "^ *warn"
-  echo "done at ${SECONDS}s"
-  exit 0
-fi
 site=/tmp/nvdec_site
 mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
 export PYTHONPATH=$site:$PWD
+if [ "$part" = c ]; then
+  build_y8nms 150
+  make_jpeg512
+  timeout 420 python bench/green_context_decode.py /tmp/y8nms.plan --images /tmp/jpeg512 --sms all,120,112,96,64 \
+    --rounds 2 --video .whl/nvdec/clip.mp4 --video-streams 8 2>&1 | grep -v "^ *warn"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 timeout 120 python bench/nvdec_decode_only.py .whl/nvdec/clip.mp4 --streams 1,8 --modes rgb+clone 2>&1 | grep "^|\|rror"
 timeout 120 python bench/nvdec_decode_only.py .whl/nvdec/clip.mp4 --streams 1,8 --modes rgb+clone --gil-probe 2>&1 \
   | grep "^|\|rror"

@@ -1,4 +1,4 @@
-"""Does fencing the engine into part of the GPU let nvJPEG decode beside it (issue 30)? One device call.
+"""Does fencing the engine into part of the GPU let the decoders run beside it (issue 30)? One device call.
 
 JPEG files → boxes reach 58–62% of nvJPEG's rate alone (BENCHMARKS.md, "Frames to boxes"): with
 the engine replayed in a loop, every decoder fell to half its rate, the hardware JPEG engines' too,
@@ -17,9 +17,12 @@ ordinary stream, the baseline), alternating over rounds:
   with torchvision's nvJPEG on an ordinary stream (bench/jpeg_decoders.py's `side_by_side`), each
   one's rate against its own alone;
 - end to end: `sartor bench --end-to-end`'s `end_to_end` (files → boxes, host share 0) called on
-  the stream, so the engine runs fenced and the pipeline's worker decodes on its own stream.
+  the stream, so the engine runs fenced and the pipeline's worker decodes on its own stream;
+- with `--video`: `video_end_to_end` over that many NVDEC streams on the same stream (the video
+  pipeline reached about half the decoders' own rate, the same question).
 
-    PYTHONPATH=. python bench/green_context_jpeg.py ENGINE.plan --images DIR [--sms all,120,112,96]
+    PYTHONPATH=. python bench/green_context_decode.py ENGINE.plan --images DIR [--sms all,120,112,96]
+        [--video clip.mp4 --video-streams 8]
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import sartor  # noqa: E402
 from sartor.pipeline.benchmark import end_to_end, image_files  # noqa: E402
+from sartor.pipeline.video_benchmark import video_end_to_end  # noqa: E402
 
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_GREEN_CTX_DEFAULT_STREAM = 1
@@ -135,9 +139,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--passes", type=int, default=4)
+    parser.add_argument("--video", default=None, help="an H.264/H.265 file: NVDEC streams to boxes too")
+    parser.add_argument("--video-streams", type=int, default=8)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("green_context_jpeg.py needs a CUDA device")
+        raise SystemExit("green_context_decode.py needs a CUDA device")
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, CUDA {torch.version.cuda}",
           flush=True)
@@ -175,13 +181,19 @@ def main() -> None:
                     result = end_to_end(engine, files, batch=args.batch, passes=args.passes, host_decode_share=0.0)
                 row |= {"files_to_boxes_fps": round(result.frames_per_s), "e2e_engine_alone_fps":
                         round(result.engine_frames_per_s), "decode_stage_ms": result.stages_ms.get("decode")}
+                if args.video:
+                    with torch.cuda.stream(stream):
+                        video = video_end_to_end(engine, [args.video], streams=args.video_streams,
+                                                 batch=args.batch, passes=3, video_decoder="nvdec")
+                    row |= {"video_to_boxes_fps": round(video.frames_per_s),
+                            "video_p99_ms": round(video.latency_ms_p99, 1)}
             except Exception as exc:  # noqa: BLE001 - a stream the engine cannot run on is a result
                 row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             rows.setdefault(token, []).append(row)
             print(f"round {round_index + 1}, engine on {token} ({sms} SMs): {row}", flush=True)
             time.sleep(0.5)
     keys = ("engine_alone_fps", "decode_alone_fps", "engine_share", "decode_share", "files_to_boxes_fps",
-            "e2e_engine_alone_fps", "decode_stage_ms")
+            "e2e_engine_alone_fps", "decode_stage_ms") + (("video_to_boxes_fps", "video_p99_ms") if args.video else ())
     print("| engine's SMs | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1))
     for token, values in rows.items():
         good = [v for v in values if "error" not in v]
