@@ -471,6 +471,42 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
 
 
+SPPF_POOL_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import torch, kernel_asm
+from triton.backends.compiler import GPUTarget
+from sartor.kernels.pool import max_pool
+launched = {}
+class Recorder:  # stands in for the kernel: what the wrapper launches it with
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launched.update(args=args, kwargs=kwargs)
+kernel, max_pool._max_pool_nhwc_kernel = max_pool._max_pool_nhwc_kernel, Recorder()
+# The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
+# each pool reading one slice and writing the next
+buffer = torch.zeros(32, 384, 10, 10, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+max_pool.max_pool_nhwc(buffer[:, 96:192], (5, 5), (1, 1), (2, 2), (1, 1), (10, 10), out=buffer[:, 192:288],
+                       tile=max_pool.SMALL_POOL_TILE)
+pointer = {torch.int32: "*i32", torch.int8: "*i8"}
+values = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v for name, v in zip(kernel.arg_names, launched["args"])}
+constexprs = dict(launched["kwargs"], PACKED_MAX=True)  # as on sm_90
+warps = constexprs.pop("num_warps")
+ptx = kernel_asm.compile_for(kernel, values, constexprs, warps, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(constexprs["CODE_WORDS"], constexprs["CH_ALIGN"], len(re.findall(kernel_asm.PATTERNS["ld.scalar"], ptx)),
+      len(re.findall(kernel_asm.PATTERNS["ld.v2"], ptx)) + len(re.findall(kernel_asm.PATTERNS["ld.v4"], ptx)))
+"""
+
+
+def test_int8_sppf_pool_over_24_words_loads_vectors():
+    """The sample detector's SPPF pools 96 INT8 channels as 24 words of four codes. Triton sees no
+    factor in 24, so the channel mask split every load into single words (50 a thread, against 25
+    16-byte loads for FP16's 96 halves); told 8 (CH_ALIGN, from the wrapper's own launch), each tap
+    is one vector load."""
+    words, align, scalar_loads, vector_loads = _compile_in_child(SPPF_POOL_CHILD).split()
+    assert words == "True" and align == "8"
+    assert scalar_loads == "0" and int(vector_loads) == 25  # one per tap of the 5 × 5 window
+
+
 ELEMENTWISE_EPILOGUE_CHILD = r"""
 import re, sys
 sys.path.insert(0, "bench")

@@ -72,6 +72,32 @@ def test_int8_pool_takes_codes_in_words_where_the_layout_allows(channels, offset
     assert torch.equal(out.cpu(), max_pool([x], dict(attrs)))
 
 
+@pytest.mark.parametrize("dtype, channels, width, offset", [
+    (torch.int8, 96, 384, 96),  # the sample detector's SPPF: 24 words of a 96-word pixel
+    (torch.int8, 40, 120, 40),  # 10 words of a 30-word pixel
+    (torch.float16, 40, 120, 40),
+    (torch.float16, 24, 72, 24),
+])
+def test_pool_of_a_concat_slice_told_its_alignment_keeps_the_numbers(dtype, channels, width, offset):
+    """A pool reading one channel slice of a Concat's buffer and writing the next, at channel
+    counts of 8 or 2 but not 16 (in the kernel's units): told that factor (CH_ALIGN), the kernel
+    rewrites the count and strides as multiples of it, which a wrong factor would shrink. Every
+    value equals the reference's."""
+    generator = torch.Generator().manual_seed(11)
+    if dtype == torch.int8:
+        x = torch.randint(-128, 128, (2, channels, 10, 10), generator=generator, dtype=dtype)
+    else:
+        x = torch.randn(2, channels, 10, 10, generator=generator).to(dtype)
+    buffer = torch.zeros(2, width, 10, 10, dtype=dtype).contiguous(memory_format=torch.channels_last).to(DEVICE)
+    buffer[:, offset:offset + channels] = x.to(DEVICE)
+    attrs = CASES[3]  # YOLO's SPPF pool
+    source, target = buffer[:, offset:offset + channels], buffer[:, offset + channels:offset + 2 * channels]
+    kernel, strides, dilations, begin, _, outs = _pool_geometry(source, attrs)
+    max_pool_nhwc(source, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=target)
+    assert torch.equal(target.cpu(), max_pool([x], dict(attrs)))
+    assert torch.equal(source.cpu(), x) and not buffer[:, :offset].cpu().any()
+
+
 @pytest.mark.parametrize("tile", POOL_TILES[1:], ids=lambda tile: tile.name)
 def test_every_pool_tile_matches_reference(tile):
     """The tiles the builder times besides the first: the stem pool over INT8 codes and a float

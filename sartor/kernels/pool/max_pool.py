@@ -18,22 +18,30 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
+from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
 from ..registry import LayerFacts, Number, Tactic, register
 
 if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import pixel_coords
+    from ..pointwise.epilogue import told_multiple
 
     @triton.jit
     def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, y_row, sxn, sxh, sxw, pad_h, pad_w,
                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                               DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                              CODE_WORDS: tl.constexpr = False, PACKED_MAX: tl.constexpr = False):
+                              CODE_WORDS: tl.constexpr = False, PACKED_MAX: tl.constexpr = False,
+                              CH_ALIGN: tl.constexpr = 1):
         """With CODE_WORDS, x and y are INT8 codes seen as int32 words of four channels each, and
         C, BLOCK_C and the strides count words (`_word_max`); PACKED_MAX: the device has the
-        packed 16-bit maximum (sm_90 on)."""
+        packed 16-bit maximum (sm_90 on). CH_ALIGN: a power of two dividing C and the strides
+        (`told_alignment`), so that a channel mask of 24 words still loads vectors."""
+        C = told_multiple(C, CH_ALIGN)
+        y_row = told_multiple(y_row, CH_ALIGN)
+        sxn = told_multiple(sxn, CH_ALIGN)
+        sxh = told_multiple(sxh, CH_ALIGN)
+        sxw = told_multiple(sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
@@ -196,7 +204,8 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
     _max_pool_nhwc_kernel[grid](x_arg, y_arg, pixels, c, h, w, oh, ow, y_row, sxn, sxh, sxw, pads[0], pads[1],
                                 KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
                                 DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, CODE_WORDS=words,
-                                PACKED_MAX=words and _has_packed_max(x.device), num_warps=tile.warps)
+                                PACKED_MAX=words and _has_packed_max(x.device),
+                                CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=tile.warps)
     return y
 
 
