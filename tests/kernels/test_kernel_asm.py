@@ -488,7 +488,8 @@ buffer = torch.zeros(32, 384, 10, 10, dtype=torch.int8).contiguous(memory_format
 max_pool.max_pool_nhwc(buffer[:, 96:192], (5, 5), (1, 1), (2, 2), (1, 1), (10, 10), out=buffer[:, 192:288],
                        tile=max_pool.SMALL_POOL_TILE)
 pointer = {torch.int32: "*i32", torch.int8: "*i8"}
-values = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v for name, v in zip(kernel.arg_names, launched["args"])}
+values = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v
+          for name, v in zip(kernel.arg_names, launched["args"])}
 constexprs = dict(launched["kwargs"], PACKED_MAX=True)  # as on sm_90
 warps = constexprs.pop("num_warps")
 ptx = kernel_asm.compile_for(kernel, values, constexprs, warps, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
