@@ -471,31 +471,42 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
 
 
-SPPF_POOL_CHILD = r"""
+def recorded_launch_child(module: str, kernel: str, call: str, sm90: dict | None = None) -> str:
+    """A child that runs `call` (a wrapper of `module`) with `kernel` replaced by a recorder, then
+    compiles the real kernel for sm_90 with the arguments the wrapper launched it with (tensors as
+    16-byte aligned pointers of their dtype; `sm90`: constexprs as a Hopper launch would set them)
+    and prints its scalar and vector global loads and stores."""
+    return f"""
 import re, sys
 sys.path.insert(0, "bench")
 import torch, kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels.pool import max_pool
-launched = {}
-class Recorder:  # stands in for the kernel: what the wrapper launches it with
+from {module} import *
+import {module} as module
+launched = {{}}
+class Recorder:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: launched.update(args=args, kwargs=kwargs)
-kernel, max_pool._max_pool_nhwc_kernel = max_pool._max_pool_nhwc_kernel, Recorder()
-# The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
-# each pool reading one slice and writing the next
-buffer = torch.zeros(32, 384, 10, 10, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-max_pool.max_pool_nhwc(buffer[:, 96:192], (5, 5), (1, 1), (2, 2), (1, 1), (10, 10), out=buffer[:, 192:288],
-                       tile=max_pool.SMALL_POOL_TILE)
-pointer = {torch.int32: "*i32", torch.int8: "*i8"}
-values = {name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v
-          for name, v in zip(kernel.arg_names, launched["args"])}
-constexprs = dict(launched["kwargs"], PACKED_MAX=True)  # as on sm_90
+kernel, module.{kernel} = module.{kernel}, Recorder()
+{call}
+pointer = {{torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.float16: "*fp16"}}
+values = {{name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v
+          for name, v in zip(kernel.arg_names, launched["args"])}}
+constexprs = dict(launched["kwargs"], **{sm90 or {}!r})
 warps = constexprs.pop("num_warps")
 ptx = kernel_asm.compile_for(kernel, values, constexprs, warps, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
-print(constexprs["CODE_WORDS"], constexprs["CH_ALIGN"], len(re.findall(kernel_asm.PATTERNS["ld.scalar"], ptx)),
-      len(re.findall(kernel_asm.PATTERNS["ld.v2"], ptx)) + len(re.findall(kernel_asm.PATTERNS["ld.v4"], ptx)))
+print(constexprs.get("CH_ALIGN"), *(len(re.findall(kernel_asm.PATTERNS[name], ptx))
+                                    for name in ("ld.scalar", "ld.v2", "ld.v4", "st.scalar", "st.v2", "st.v4")))
 """
+
+
+# The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
+# each pool reading one slice and writing the next
+SPPF_POOL_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """
+buffer = torch.zeros(32, 384, 10, 10, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+max_pool_nhwc(buffer[:, 96:192], (5, 5), (1, 1), (2, 2), (1, 1), (10, 10), out=buffer[:, 192:288], tile=SMALL_POOL_TILE)
+assert launched["kwargs"]["CODE_WORDS"]
+""", sm90={"PACKED_MAX": True})
 
 
 def test_int8_sppf_pool_over_24_words_loads_vectors():
@@ -503,9 +514,26 @@ def test_int8_sppf_pool_over_24_words_loads_vectors():
     factor in 24, so the channel mask split every load into single words (50 a thread, against 25
     16-byte loads for FP16's 96 halves); told 8 (CH_ALIGN, from the wrapper's own launch), each tap
     is one vector load."""
-    words, align, scalar_loads, vector_loads = _compile_in_child(SPPF_POOL_CHILD).split()
-    assert words == "True" and align == "8"
-    assert scalar_loads == "0" and int(vector_loads) == 25  # one per tap of the 5 × 5 window
+    align, scalar_loads, v2_loads, v4_loads, *_ = _compile_in_child(SPPF_POOL_CHILD).split()
+    assert align == "8" and scalar_loads == "0"
+    assert int(v2_loads) + int(v4_loads) == 25  # one per tap of the 5 × 5 window
+
+
+# A neck's ×2 upsample of 40 FP16 channels at 20 × 20, batch 32, into the first 40 channels of a
+# 120-channel Concat buffer (MobileNet- and EfficientNet-width necks have 24, 40 and 112)
+RESIZE_CHILD = recorded_launch_child("sartor.kernels.pointwise.resize", "_upsample_nearest_nhwc_kernel", """
+x = torch.zeros(32, 40, 20, 20, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+buffer = torch.zeros(32, 120, 40, 40, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+upsample_nearest_nhwc(x, (2, 2), out=buffer[:, :40])
+""")
+
+
+def test_upsample_of_40_channels_into_a_concat_slice_moves_vectors():
+    """Told that 40 channels and the 120-channel buffer's pixel stride are multiples of 8
+    (CH_ALIGN), the upsample loads and stores 16-byte vectors; untold, each half went alone."""
+    align, scalar_loads, _, v4_loads, scalar_stores, _, v4_stores = _compile_in_child(RESIZE_CHILD).split()
+    assert align == "8" and scalar_loads == "0" and scalar_stores == "0"
+    assert int(v4_loads) > 0 and int(v4_stores) > 0
 
 
 ELEMENTWISE_EPILOGUE_CHILD = r"""

@@ -68,6 +68,21 @@ def test_kernel_reads_and_writes_channel_slices(factors, dtype):
     assert bool((buffer[:, :5] == 7).all()) and bool((buffer[:, 15:] == 7).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16])
+@pytest.mark.parametrize("channels, width, offset", [(40, 120, 40), (24, 72, 48)])
+def test_kernel_told_a_slice_alignment_of_8_keeps_every_value(dtype, channels, width, offset):
+    """40 or 24 channels upsampled into a slice of a 120- or 72-channel buffer: the kernel is told
+    the counts and strides are multiples of 8 (CH_ALIGN) and rewrites them as such, which a wrong
+    factor would shrink; every value is the definition's, the other channels untouched."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randint(-128, 128, (2, channels, 4, 5), generator=generator).to(dtype)
+    x = x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+    buffer = torch.full((2, width, 8, 10), 7, dtype=dtype, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    upsample_nearest_nhwc(x, (2, 2), out=buffer[:, offset:offset + channels])
+    assert torch.equal(buffer[:, offset:offset + channels], _by_definition(x, (2, 2)))
+    assert bool((buffer[:, :offset] == 7).all()) and bool((buffer[:, offset + channels:] == 7).all())
+
+
 def test_kernel_refuses_an_out_it_cannot_fill():
     x = _channels_last(1, 4, 3, 3)
     with pytest.raises(ValueError, match="cannot hold"):

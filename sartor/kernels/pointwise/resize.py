@@ -16,17 +16,24 @@ from __future__ import annotations
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from .epilogue import channels_last_output, pixel_stride, triton
+from .epilogue import channels_last_output, pixel_stride, told_alignment, triton
 
 if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import pixel_coords
+    from .epilogue import told_multiple
 
     @triton.jit
     def _upsample_nearest_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, y_row, sxn, sxh, sxw,
                                       FH: tl.constexpr, FW: tl.constexpr,
-                                      BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+                                      BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
+        # CH_ALIGN: a power of two dividing C and the strides (`told_alignment`): vectors at 24 or 40 channels
+        C = told_multiple(C, CH_ALIGN)
+        y_row = told_multiple(y_row, CH_ALIGN)
+        sxn = told_multiple(sxn, CH_ALIGN)
+        sxh = told_multiple(sxh, CH_ALIGN)
+        sxw = told_multiple(sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (offs_p < P)[:, None] & (offs_c < C)[None, :]
@@ -73,8 +80,10 @@ def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.
     # of two: tl.arange takes no other size, so a product of 3 is taken as 4.)
     block_p = max(16, 4096 // block_c // triton.next_power_of_2(min(fh * fw, 4)))
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
-    _upsample_nearest_nhwc_kernel[grid](_as_moved(x), _as_moved(y), pixels, c, h, w, pixel_stride(y), sxn, sxh, sxw,
-                                        FH=fh, FW=fw, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+    y_row = pixel_stride(y)
+    _upsample_nearest_nhwc_kernel[grid](_as_moved(x), _as_moved(y), pixels, c, h, w, y_row, sxn, sxh, sxw,
+                                        FH=fh, FW=fw, BLOCK_P=block_p, BLOCK_C=block_c,
+                                        CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=4)
     return y
 
 
