@@ -9,11 +9,38 @@
 #   c: issue 30: JPEG files and 8 NVDEC streams → boxes with the engine fenced into part of the SMs
 #      by a CUDA green context, the decoders on the rest (bench/green_context_decode.py; "all" is
 #      today's way).
-#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session47.sh a|b|c
+#   d: issue 33: where YOLO11n's INT8 loses at batch 32 (1.39x FP16, bar 1.5x): both engines built
+#      at effort 1 by profile_engine.py, the builder's per-layer times compared by family and by
+#      excess over FP16 / 1.5 (compare_layers.py), then each engine timed whole, alternating.
+#   Order by worth: a (the H200 bar), c (the JPEG bar's experiment), d, b.
+#   carry [".whl/nvdec"]; OUT=$OUT bash bench/h200_session47.sh a|b|c|d
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, b or c}
+part=${1:?say a, b, c or d}
 cd "$(dirname "$0")/.."
+if [ "$part" = d ]; then
+  SECONDS=0
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  ONNX_DIR=$(mktemp -d)
+  ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+  for precision in int8 fp16; do
+    left=$(( 480 - SECONDS ))
+    [ "$left" -gt 40 ] || break
+    timeout "$left" python bench/profile_engine.py --model yolo11n --batch 32 --onnx-dir "$ONNX_DIR" \
+      --precision $precision --effort 1 --rows 5 --layers-out "/tmp/y11_layers_$precision.json" \
+      > "/tmp/y11_$precision.log" 2>&1
+    echo "profile yolo11n $precision exit $? at ${SECONDS}s"
+  done
+  [ -f /tmp/y11_layers_int8.json ] && [ -f /tmp/y11_layers_fp16.json ] && \
+    python bench/compare_layers.py /tmp/y11_layers_fp16.json /tmp/y11_layers_int8.json --rows 25
+  for precision in fp16 int8; do
+    plan=/tmp/sartor_profile/yolo11n_${precision}_b32.plan
+    [ -f $plan ] && timeout 40 python -m sartor bench $plan --shapes images:32x3x640x640 --iterations 300 2>&1 \
+      | grep "^device only\\|rror" | sed "s/^/$precision: /"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 if [ "$part" = a ]; then
   # the slice tests now slice on the device (review mend of session 46): first run on a GPU
   timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_igemm.py \
