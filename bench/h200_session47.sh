@@ -3,7 +3,8 @@
 #   a: the igemm and depthwise slice tests on the GPU; issue 33 on the bar's card (an H200; say which card came): the sample detector INT8 against
 #      FP16 at batch 32, default effort, whole engines alternating (as h200_session46.sh e), then the
 #      C2f layers' A/B with the kernel given the Split half's own pointer (--unaligned, for the input
-#      and the residual alike) against the aligned one.
+#      and the residual alike) against the aligned one; last, which of the two engines' kernels still
+#      move memory in words or bytes (engine_sass_audit.py; d does the same for YOLO11n).
 #   b: issue 30: how much of the interpreter NVDEC decoder threads leave to Python
 #      (nvdec_decode_only.py --gil-probe at 1 and 8 streams), then 8 streams to boxes as in 46 c.
 #   c: issue 30: JPEG files and 8 NVDEC streams → boxes with the engine fenced into part of the SMs
@@ -37,6 +38,7 @@ if [ "$part" = d ]; then
     plan=/tmp/sartor_profile/yolo11n_${precision}_b32.plan
     [ -f $plan ] && timeout 40 python -m sartor bench $plan --shapes images:32x3x640x640 --iterations 300 2>&1 \
       | grep "^device only\\|rror" | sed "s/^/$precision: /"
+    [ -f $plan ] && python bench/engine_sass_audit.py $plan --rows 12 2>&1 | head -14
   done
   echo "done at ${SECONDS}s"
   exit 0
@@ -49,6 +51,9 @@ if [ "$part" = a ]; then
   for way in --unaligned ""; do
     timeout 150 python bench/layer_candidates.py --shape 32x40x40x40 --shape 32x24x80x80 --context c2f \
       --precisions int8 --rows 2 $way 2>&1 | grep "^==\|^  \|rror" | sed "s/^/${way:-aligned}: /"
+  done
+  for precision in int8 fp16; do  # which kernels still move memory in words or bytes
+    python bench/engine_sass_audit.py /tmp/sartor_profile/detector_${precision}_b32.plan --rows 12 2>&1 | head -14
   done
   exit 0
 fi
