@@ -34,7 +34,7 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import quantize_operand, pixel_coords, store_epilogue
-    from ..pointwise.epilogue import told_multiple
+    from ..pointwise.epilogue import told_multiple, told_pixel_strides
 
     @triton.jit
     def _depthwise_nhwc_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
@@ -48,11 +48,7 @@ if triton is not None:
         # Channel counts and strides multiples of 8 that Triton cannot see (MobileNet's 24, 40, 72,
         # 120 channels): told, each pixel's channels, the taps' channel vectors and the stores go as
         # vectors.
-        C = told_multiple(C, CH_ALIGN)
-        y_row = told_multiple(y_row, CH_ALIGN)
-        sxn = told_multiple(sxn, CH_ALIGN)
-        sxh = told_multiple(sxh, CH_ALIGN)
-        sxw = told_multiple(sxw, CH_ALIGN)
+        C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         swh = told_multiple(swh, CH_ALIGN)
         sww = told_multiple(sww, CH_ALIGN)
         srn = told_multiple(srn, CH_ALIGN)

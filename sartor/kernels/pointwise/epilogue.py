@@ -59,6 +59,13 @@ if triton is not None:
         return value
 
     @triton.jit
+    def told_pixel_strides(C, y_row, sxn, sxh, sxw, ALIGN: tl.constexpr):
+        """`told_multiple` of a channels-last kernel's channel count, output pixel stride and input
+        image, row and pixel strides, which one `told_alignment` of them all divides."""
+        return (told_multiple(C, ALIGN), told_multiple(y_row, ALIGN), told_multiple(sxn, ALIGN),
+                told_multiple(sxh, ALIGN), told_multiple(sxw, ALIGN))
+
+    @triton.jit
     def activate(y, ACT: tl.constexpr, alpha, beta):
         if ACT == 1:
             y = tl.maximum(y, 0.0)

@@ -22,18 +22,14 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import pixel_coords
-    from .epilogue import told_multiple
+    from .epilogue import told_pixel_strides
 
     @triton.jit
     def _upsample_nearest_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, y_row, sxn, sxh, sxw,
                                       FH: tl.constexpr, FW: tl.constexpr,
                                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
         # CH_ALIGN: a power of two dividing C and the strides (`told_alignment`): vectors at 24 or 40 channels
-        C = told_multiple(C, CH_ALIGN)
-        y_row = told_multiple(y_row, CH_ALIGN)
-        sxn = told_multiple(sxn, CH_ALIGN)
-        sxh = told_multiple(sxh, CH_ALIGN)
-        sxw = told_multiple(sxw, CH_ALIGN)
+        C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (offs_p < P)[:, None] & (offs_c < C)[None, :]

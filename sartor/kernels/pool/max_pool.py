@@ -25,7 +25,7 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.tile_steps import pixel_coords
-    from ..pointwise.epilogue import told_multiple
+    from ..pointwise.epilogue import told_pixel_strides
 
     @triton.jit
     def _max_pool_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, OH, OW, y_row, sxn, sxh, sxw, pad_h, pad_w,
@@ -37,11 +37,7 @@ if triton is not None:
         C, BLOCK_C and the strides count words (`_word_max`); PACKED_MAX: the device has the
         packed 16-bit maximum (sm_90 on). CH_ALIGN: a power of two dividing C and the strides
         (`told_alignment`), so that a channel mask of 24 words still loads vectors."""
-        C = told_multiple(C, CH_ALIGN)
-        y_row = told_multiple(y_row, CH_ALIGN)
-        sxn = told_multiple(sxn, CH_ALIGN)
-        sxh = told_multiple(sxh, CH_ALIGN)
-        sxw = told_multiple(sxw, CH_ALIGN)
+        C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         p_ok = offs_p < P
