@@ -9,7 +9,14 @@ device is idle. Ways of taking the frames:
 - `rgb+clone`: as the pipeline does (`video_nvdec._frames`): each frame cloned on the thread's
   current stream (torch's default), one event recorded per call;
 - `rgb+own stream`: the decoder given a stream of the thread's own (PyNvVideoCodec's default is
-  stream 0, the legacy default stream) and the clones made on it.
+  stream 0, the legacy default stream) and the clones made on it;
+- `rgb+dlpack`: each frame taken by `torch.from_dlpack`, not copied (which of the pipeline's two
+  per-frame calls hands the GIL over);
+- `rgb+cai+clone`: each frame taken through its `__cuda_array_interface__` (`torch.as_tensor`),
+  then cloned;
+- `rgb+stack`: a call's frames taken by `torch.from_dlpack` and copied by one `torch.stack`, then
+  unbound into frames: two torch calls a batch where the clones made one a frame (each torch call
+  releases the GIL and must take it back).
 
 CPU s per wall s says how many cores the threads kept busy; near 1 with many threads means they
 take turns on the GIL. `--gil-probe` adds a thread that counts in a loop of pure Python beside the
@@ -27,7 +34,7 @@ import time
 
 import torch
 
-MODES = ("native", "rgb", "rgb+clone", "rgb+own stream")
+MODES = ("native", "rgb", "rgb+clone", "rgb+own stream", "rgb+dlpack", "rgb+cai+clone", "rgb+stack")
 
 
 def python_rate(seconds: float, stop: threading.Event | None = None) -> float:
@@ -61,6 +68,15 @@ def run(path: str, streams: int, mode: str, per_call: int, probe: bool = False) 
                         return
                     if mode in ("rgb+clone", "rgb+own stream"):
                         copies = [torch.from_dlpack(frame).clone() for frame in frames]
+                        torch.cuda.Event().record(torch.cuda.current_stream(copies[0].device))
+                    elif mode == "rgb+dlpack":
+                        views = [torch.from_dlpack(frame) for frame in frames]
+                        torch.cuda.Event().record(torch.cuda.current_stream(views[0].device))
+                    elif mode == "rgb+stack":
+                        copies = torch.stack([torch.from_dlpack(frame) for frame in frames]).unbind(0)
+                        torch.cuda.Event().record(torch.cuda.current_stream(copies[0].device))
+                    elif mode == "rgb+cai+clone":
+                        copies = [torch.as_tensor(frame, device="cuda").clone() for frame in frames]
                         torch.cuda.Event().record(torch.cuda.current_stream(copies[0].device))
                     counts[k] += len(frames)
         except BaseException as exc:  # noqa: BLE001 - reported in the row

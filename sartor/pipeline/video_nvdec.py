@@ -77,7 +77,7 @@ def _frames(decoder, label: str, rate: float | None, total: int | None, per_call
             return
         # The decoder reuses its surfaces: keep copies on the device, not views of them. They are
         # made on this thread's stream, which the pipeline's streams do not follow: it waits for `ready`.
-        copies = [torch.from_dlpack(frame).clone() for frame in batch]  # H×W×3 uint8 (interleaved RGB)
+        copies = copied_frames(batch)  # H×W×3 uint8 (interleaved RGB)
         ready = None
         if copies[0].is_cuda:
             ready = torch.cuda.Event()
@@ -85,3 +85,15 @@ def _frames(decoder, label: str, rate: float | None, total: int | None, per_call
         for pixels in copies:
             yield FrameSource(frame_name(label, index, index / rate if rate else None), frame=pixels, ready=ready)
             index += 1
+
+
+def copied_frames(batch: list) -> list[torch.Tensor]:
+    """Device copies of a call's decoded frames, made by one torch call where they share a shape.
+    Every torch call releases the GIL and must take it back, which beside a thread running Python
+    waits up to the switch interval; a clone a frame paid that wait a frame (decoder threads beside
+    a busy Python thread: bench/nvdec_decode_only.py --gil-probe, figures in BENCHMARKS.md)."""
+    views = [torch.from_dlpack(frame) for frame in batch]
+    if all(v.shape == views[0].shape for v in views):
+        return list(torch.stack(views).unbind(0))
+    return [v.clone() for v in views]  # a resolution change inside the call
+

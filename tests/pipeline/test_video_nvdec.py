@@ -146,3 +146,16 @@ def test_a_frame_written_on_another_threads_stream_is_read_once_it_is_whole():
         seen = decoded.pixels.clone()
     reader.synchronize()
     assert (seen == 7).all()
+
+
+def test_a_calls_frames_are_copied_off_the_decoders_surfaces_in_one_stack():
+    """The decoder reuses its surfaces: each frame handed on is a copy, whichever way it was made
+    (one stack for frames of one shape, a clone each where a call's frames differ in size)."""
+    same = [torch.full((2, 3, 3), i, dtype=torch.uint8) for i in range(3)]
+    mixed = [torch.full((2, 3, 3), 1, dtype=torch.uint8), torch.full((4, 5, 3), 2, dtype=torch.uint8)]
+    for surfaces in (same, mixed):
+        copies = video_nvdec.copied_frames(surfaces)
+        for surface in surfaces:
+            surface.fill_(255)
+        assert [c.shape for c in copies] == [s.shape for s in surfaces]
+        assert all(bool((c == k).all()) for c, k in zip(copies, ([0, 1, 2] if surfaces is same else [1, 2])))
