@@ -83,6 +83,38 @@ def _compile_in_child(code: str) -> str:
     return done.stdout
 
 
+def recorded_launch_child(module: str, kernel: str, call: str, sm90: dict | None = None,
+                          told: str = "CH_ALIGN") -> str:
+    """A child that runs `call` (a wrapper of `module`) with `kernel` replaced by a recorder, then
+    compiles the real kernel for sm_90 with the arguments the wrapper launched it with (tensors as
+    16-byte aligned pointers of their dtype; `sm90`: constexprs as a Hopper launch would set them)
+    and prints the alignment it was told (the constexpr `told`), then its scalar and vector global
+    loads and stores."""
+    return f"""
+import re, sys
+sys.path.insert(0, "bench")
+import torch, kernel_asm
+from triton.backends.compiler import GPUTarget
+from {module} import *
+import {module} as module
+launched = {{}}
+class Recorder:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launched.update(args=args, kwargs=kwargs)
+kernel, module.{kernel} = module.{kernel}, Recorder()
+{call}
+pointer = {{torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.float16: "*fp16", torch.float32: "*fp32"}}
+values = {{name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v
+          for name, v in zip(kernel.arg_names, launched["args"])}}
+constexprs = {{k: v for k, v in launched["kwargs"].items() if k in kernel.arg_names}} | {sm90 or {}!r}
+options = launched["kwargs"]  # num_warps, num_stages and the like
+ptx = kernel_asm.compile_for(kernel, values, constexprs, options.get("num_warps", 4), options.get("num_stages", 1),
+                             GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(constexprs.get("{told}"), *(len(re.findall(kernel_asm.PATTERNS[name], ptx))
+                                    for name in ("ld.scalar", "ld.v2", "ld.v4", "st.scalar", "st.v2", "st.v4")))
+"""
+
+
 def test_int8_rounding_survives_compilation_for_sm90():
     rounding, separate, clamped, residual, decoded, conversions, hopper = _compile_in_child(CHILD).split()
     assert int(rounding) > 0 and separate == "0"  # one fused multiply-add rounds, no add on its own
@@ -389,33 +421,39 @@ import torch
 sys.path.insert(0, "bench")
 import kernel_asm
 from triton.backends.compiler import GPUTarget
-from sartor.kernels.conv.igemm import ConvGeometry, row_alignment
-C, HW = 24, 80  # the sample detector's stage1 C2f: its 3x3 reads the second half of 48 channels
-wide = torch.empty(32, 2 * C, HW, HW, dtype=torch.int8, device="meta").contiguous(memory_format=torch.channels_last)
-half, shift = wide[:, C:], C % 16  # the wrapper's view from the boundary before it (aligned_start)
+from sartor.kernels.conv.igemm import ConvGeometry, aligned_start, residual_arguments, row_alignment
+# The sample detector's stage1 C2f: its Concat buffer holds 72 channels (the Split's two halves of 24
+# and the bottleneck's output); the 3x3 reads the second half, and the second 3x3 adds it back
+C, HW = 24, 80
+wide = torch.empty(32, 3 * C, HW, HW, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+half = wide[:, C:2 * C]
+_, shift = aligned_start(half)  # the wrapper's views from the boundary before it
 align = row_alignment(half, ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (HW, HW)), shift)
+_, res_strides, res_shift, res_align = residual_arguments(half, half)
 seen = set()
 for label, fn, values, constexprs, warps, stages in kernel_asm.layer_cases("detector.c24"):
     walk = label.rsplit(".", 1)[-1]
     if walk in ("row-taps", "padded-taps") and ".halves" not in label and walk not in seen:
         seen.add(walk)
-        # ... and the second 3x3's residual, the same half (RES_SHIFT)
         values = dict(values, sxn=half.stride(0), sxh=half.stride(2), sxw=half.stride(3), x_shift=shift,
-                      srn=half.stride(0), srh=half.stride(2), srw=half.stride(3))
-        constexprs = dict(constexprs, ROW_ALIGN=align, HAS_RES=True, RES_QUANT=True, RES_SHIFT=shift)
+                      srn=res_strides[0], srh=res_strides[2], srw=res_strides[3])
+        constexprs = dict(constexprs, ROW_ALIGN=align, HAS_RES=True, RES_QUANT=True, RES_SHIFT=res_shift,
+                          RES_ALIGN=res_align)
         ptx = kernel_asm.compile_for(fn, values, constexprs, warps, stages, GPUTarget("cuda", 90, 32)).asm["ptx"]
-        print(walk, align, len(re.findall(r"ld\.global(?:\.\w+)*\.b8\s", ptx)))
+        print(walk, align, res_shift, res_align, len(re.findall(r"ld\.global(?:\.\w+)*\.b8\s", ptx)))
 """
 
 
 def test_a_split_half_off_a_16_byte_boundary_loads_vectors():
     """A Split's second half of 24 INT8 channels starts 8 bytes past a 16-byte boundary. Given the
     boundary as its pointer and the 8 as a shift its row alignment counts (decision 0061), each walk
-    loads the input 8 bytes at a time, and the residual (the same half, RES_SHIFT) too: no byte loads
-    (with ROW_ALIGN 1 there are 16 a tile)."""
+    loads the input 8 bytes at a time, and the residual (the same half, RES_SHIFT) too, its strides
+    of the 72-channel Concat buffer told as multiples of 8 (RES_ALIGN): no byte loads (with ROW_ALIGN
+    1, or RES_ALIGN 1, there are 16 a tile)."""
     lines = [line.split() for line in _compile_in_child(SPLIT_HALF_CHILD).splitlines()]
-    assert {walk for walk, _, _ in lines} == {"row-taps", "padded-taps"}
-    assert all(align == "8" and byte_loads == "0" for _, align, byte_loads in lines)
+    assert {walk for walk, *_ in lines} == {"row-taps", "padded-taps"}
+    assert all(align == "8" and shift == "8" and res_align == "8" and byte_loads == "0"
+               for _, align, shift, res_align, byte_loads in lines)
 
 
 EIGHT_CHANNELS_CHILD = r"""
@@ -436,6 +474,25 @@ def test_resident_gemm_over_72_channels_copies_vectors():
     copies, where they were 128 byte loads a row tile."""
     byte_loads, copies = _compile_in_child(EIGHT_CHANNELS_CHILD).split()
     assert byte_loads == "0" and int(copies) > 0
+
+
+# MobileNetV2's projection with its shortcut, batch 32 at 28 x 28: 1x1, 144 -> 24 INT8 channels,
+# the 24-channel block input added back (a whole tensor, 24 bytes a pixel)
+RESIDENT_RESIDUAL_CHILD = recorded_launch_child("sartor.kernels.gemm.resident", "_resident_gemm_kernel", """
+from sartor.kernels.conv.igemm import pack_weight
+x = torch.zeros(32, 144, 28, 28, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+shortcut = torch.zeros(32, 24, 28, 28, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+weight = pack_weight(torch.zeros(24, 144, 1, 1, dtype=torch.int8))
+resident_gemm(x, weight, torch.zeros(24, dtype=torch.int32), RESIDENT_TILES[0], dequant_scale=torch.ones(24),
+              residual=shortcut, residual_scale=0.05, input_inv_scale=10.0, output_inv_scale=10.0)
+""", told="RES_ALIGN")
+
+
+def test_resident_gemm_adds_a_24_channel_shortcut_in_vectors():
+    """The residual's strides of 24 codes a pixel, told as multiples of 8 (RES_ALIGN): the shortcut
+    is read without a load narrower than a vector (untold, a byte at a time)."""
+    align, scalar_loads, *_ = _compile_in_child(RESIDENT_RESIDUAL_CHILD).split()
+    assert align == "8" and scalar_loads == "0"
 
 
 
@@ -469,35 +526,6 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     lines = [line.split() for line in _compile_in_child(DEPTHWISE_CHILD).splitlines()]
     assert [int8 for int8, _, _ in lines] == ["True", "False"]
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
-
-
-def recorded_launch_child(module: str, kernel: str, call: str, sm90: dict | None = None) -> str:
-    """A child that runs `call` (a wrapper of `module`) with `kernel` replaced by a recorder, then
-    compiles the real kernel for sm_90 with the arguments the wrapper launched it with (tensors as
-    16-byte aligned pointers of their dtype; `sm90`: constexprs as a Hopper launch would set them)
-    and prints its scalar and vector global loads and stores."""
-    return f"""
-import re, sys
-sys.path.insert(0, "bench")
-import torch, kernel_asm
-from triton.backends.compiler import GPUTarget
-from {module} import *
-import {module} as module
-launched = {{}}
-class Recorder:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: launched.update(args=args, kwargs=kwargs)
-kernel, module.{kernel} = module.{kernel}, Recorder()
-{call}
-pointer = {{torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.float16: "*fp16"}}
-values = {{name: pointer[v.dtype] if isinstance(v, torch.Tensor) else v
-          for name, v in zip(kernel.arg_names, launched["args"])}}
-constexprs = dict(launched["kwargs"], **{sm90 or {}!r})
-warps = constexprs.pop("num_warps")
-ptx = kernel_asm.compile_for(kernel, values, constexprs, warps, 1, GPUTarget("cuda", 90, 32)).asm["ptx"]
-print(constexprs.get("CH_ALIGN"), *(len(re.findall(kernel_asm.PATTERNS[name], ptx))
-                                    for name in ("ld.scalar", "ld.v2", "ld.v4", "st.scalar", "st.v2", "st.v4")))
-"""
 
 
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,

@@ -728,18 +728,19 @@ def test_a_split_half_off_a_16_byte_boundary_equals_the_emulation(walk):
                                   TileConfig(16, 32, 32, 1, 1, split_k=2)],
                          ids=["padded-taps", "halves-residual-early", "split-k"])
 def test_a_residual_that_is_a_split_half_off_a_boundary_equals_the_emulation(tile):
-    """The bottleneck's shortcut: its second 3×3 adds the Split half its first one read (40 of 80
-    channels of codes, 8 bytes past a 16-byte boundary). The kernel reads the residual from the
-    boundary before it (RES_SHIFT); the split-K epilogue kernel from its own start. Bit for bit the
-    emulation."""
+    """The bottleneck's shortcut: its second 3×3 adds the Split half its first one read (channels
+    40–79 of codes in the C2f's 120-channel Concat buffer, 8 bytes past a 16-byte boundary). The
+    kernel and the split-K epilogue kernel read the residual from the boundary before it
+    (RES_SHIFT), its strides told as multiples of 8 (RES_ALIGN), which a wrong factor would shrink.
+    Bit for bit the emulation."""
     assert tile.invalid() is None
     generator = torch.Generator().manual_seed(17)
     attrs = dict(_attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), input_inv_scale=9.0, residual_scale=0.04,
                  activation="SiLU", qmin=-127, output_inv_scale=5.0, residual_after_activation=True)
     x = torch.randint(-127, 128, (2, 40, 7, 9), dtype=torch.int8, generator=generator)
-    wide = torch.randint(-127, 128, (2, 80, 7, 9), dtype=torch.int8, generator=generator)
-    residual = wide.contiguous(memory_format=torch.channels_last)[:, 40:]
-    assert residual.data_ptr() % 16 == 8
+    wide = torch.randint(-127, 128, (2, 120, 7, 9), dtype=torch.int8, generator=generator)
+    residual = wide.contiguous(memory_format=torch.channels_last)[:, 40:80]
+    assert residual.data_ptr() % 16 == 8 and residual.stride()[2:] == (9 * 120, 120)
     _assert_int8_conv_is_the_emulation(x.contiguous(memory_format=torch.channels_last), (3, 3), attrs, 40, tile,
                                        generator, residual=residual)
 

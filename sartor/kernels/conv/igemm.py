@@ -73,14 +73,15 @@ if triton is not None:
             WEIGHT_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, PDL: tl.constexpr = False, ROW_TAPS: tl.constexpr = 0,
             OUT_ALIGN: tl.constexpr = 1, ONE_COLUMN: tl.constexpr = False, LAST_REDUCES: tl.constexpr = False,
-            RES_SHIFT: tl.constexpr = 0):
+            RES_SHIFT: tl.constexpr = 0, RES_ALIGN: tl.constexpr = 1):
         # Outputs and pixel stride multiples of 8 that Triton cannot see (24 or 40 channels): told,
         # the epilogue's bias and scale loads and its stores go as vectors, not a word or a byte at a time.
         COUT = told_multiple(COUT, OUT_ALIGN)
         y_row = told_multiple(y_row, OUT_ALIGN)
         # The residual starts RES_SHIFT elements past the aligned pointer given (`aligned_start`): a
-        # constant, so its loads keep the alignment the two share.
+        # constant, so its loads keep the alignment the two share; its strides are told (RES_ALIGN).
         res_ptr = res_ptr + RES_SHIFT
+        srn, srh, srw = told_multiple(srn, RES_ALIGN), told_multiple(srh, RES_ALIGN), told_multiple(srw, RES_ALIGN)
         pid_m, pid_n = grouped_tile(tl.program_id(0), M, COUT, BLOCK_M, BLOCK_N, GROUP_M, ONE_COLUMN)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -281,8 +282,12 @@ if triton is not None:
             res_scale, out_inv_scale, qmin, alpha, beta,
             INT8: tl.constexpr, FP8: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
             RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
-            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """The shares of a split-K convolution added (int32: exactly), then the layer's epilogue."""
+            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RES_SHIFT: tl.constexpr = 0,
+            RES_ALIGN: tl.constexpr = 1):
+        """The shares of a split-K convolution added (int32: exactly), then the layer's epilogue; the
+        residual as `_conv_igemm_kernel` takes it (RES_SHIFT, RES_ALIGN)."""
+        res_ptr = res_ptr + RES_SHIFT
+        srn, srh, srw = told_multiple(srn, RES_ALIGN), told_multiple(srh, RES_ALIGN), told_multiple(srw, RES_ALIGN)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = offs_m < M
@@ -630,15 +635,29 @@ def as_nchw_view(x: torch.Tensor) -> torch.Tensor:
 SPLIT_K_EPILOGUE_TILE = (16, 64)
 
 
+def residual_arguments(res4: torch.Tensor | None, y: torch.Tensor) -> tuple[torch.Tensor, tuple, int, int]:
+    """How the kernels take a residual [N, C, H, W] view (None: none, `y` standing in for the
+    pointer): the pointer at the 16-byte boundary before it, its strides, RES_SHIFT (its start past
+    that pointer, `aligned_start`) and RES_ALIGN (what divides its image, row and pixel strides:
+    a Split half of a 72-channel Concat buffer is read in 8-byte vectors, not bytes)."""
+    if res4 is None:
+        return y, (0, 0, 0, 0), 0, 1
+    base, shift = aligned_start(res4)
+    strides = res4.stride()
+    return base, strides, shift, told_alignment(strides[0], strides[2], strides[3])
+
+
 def _accumulators_to_output(workspace: torch.Tensor, shares: int, bias_arg: torch.Tensor, scale_arg: torch.Tensor,
-                            res_arg: torch.Tensor, residual_strides: tuple, y: torch.Tensor, m: int, cout: int,
+                            res4: torch.Tensor | None, y: torch.Tensor, m: int, cout: int,
                             out_hw: tuple[int, int], scalars: tuple, flags: dict, block_m: int, block_n: int,
                             fusion: bool) -> None:
     """`_splitk_epilogue_kernel`: the `shares` [M, Cout] partial sums in `workspace` added, then the
     epilogue, stored into `y`."""
+    res_base, res_strides, res_shift, res_align = residual_arguments(res4, y)
     _splitk_epilogue_kernel[(triton.cdiv(m, block_m), triton.cdiv(cout, block_n))](
-        workspace, bias_arg, scale_arg, res_arg, y, m, cout, *out_hw, pixel_stride(y), *residual_strides, *scalars,
-        SPLIT_K=shares, **flags, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=fusion)
+        workspace, bias_arg, scale_arg, res_base, y, m, cout, *out_hw, pixel_stride(y), *res_strides, *scalars,
+        SPLIT_K=shares, **flags, BLOCK_M=block_m, BLOCK_N=block_n, RES_SHIFT=res_shift, RES_ALIGN=res_align,
+        num_warps=4, enable_fp_fusion=fusion)
 
 
 def weight_tma_applies(w_packed_shape: tuple, element_size: int, block_k: int) -> bool:
@@ -704,7 +723,7 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     shape = (n, cout, oh, ow) if x.dim() == 4 else (n, cout)
     y = channels_last_output(shape, out_dtype, x.device, out, "conv_igemm")
     res4 = as_nchw_view(residual) if residual is not None else None
-    rs = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    res_base, rs, res_shift, res_align = residual_arguments(res4, y)
     m = n * oh * ow
     many_taps = geometry.kernel[0] * geometry.kernel[1] > MAX_BLOCKED_TAPS
     row_taps = c if tile.row_taps else 0
@@ -723,8 +742,6 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
     arrivals = take_counters(tiles, x.device) if last_reduces else workspace
     bias_arg = bias if bias is not None else w_packed
     scale_arg = dequant_scale if quantized else w_packed
-    res_arg = res4 if res4 is not None else y
-    res_base, res_shift = aligned_start(res4) if res4 is not None else (y, 0)
     scalars, epilogue = epilogue_arguments(
         quantized=quantized, fp8=fp8, bias=bias, residual=residual, activation=activation, alpha=alpha, beta=beta,
         residual_after_activation=residual_after_activation, residual_scale=residual_scale,
@@ -748,12 +765,12 @@ def conv_igemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | Non
         CHANNEL_TAIL=channel_tail, WEIGHT_TMA=tile.weight_tma, **epilogue,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=GROUP_M, PDL=pdl, ROW_TAPS=row_taps,
         OUT_ALIGN=told_alignment(cout, pixel_stride(y)), ONE_COLUMN=cout <= tile.block_n, LAST_REDUCES=last_reduces,
-        RES_SHIFT=res_shift,
+        RES_SHIFT=res_shift, RES_ALIGN=res_align,
         num_warps=tile.warps,
         num_stages=tile.stages,
         enable_fp_fusion=fusion, **launch_options(pdl))
     if split_k > 1 and not last_reduces:
-        _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res_arg, rs, y, m, cout, (oh, ow), scalars,
+        _accumulators_to_output(workspace, split_k, bias_arg, scale_arg, res4, y, m, cout, (oh, ow), scalars,
                                 epilogue, *SPLIT_K_EPILOGUE_TILE, fusion)
     return y
 
@@ -783,10 +800,9 @@ def accumulator_epilogue(acc: torch.Tensor, out_shape: tuple, bias: torch.Tensor
         output_inv_scale=output_inv_scale, qmin=qmin,
         accumulator_bound=accumulator_bound)
     # One share; INT8 and FP8 round as the emulation does (see conv_igemm), so no FMA contraction.
-    _accumulators_to_output(acc, 1, bias if bias is not None else acc, dequant_scale,
-                            res4 if res4 is not None else y, res4.stride() if res4 is not None else (0, 0, 0, 0), y,
-                            m, cout, (out_shape[2], out_shape[3]) if len(out_shape) == 4 else (1, 1), scalars, flags,
-                            64, 64, fusion=False)
+    out_hw = (out_shape[2], out_shape[3]) if len(out_shape) == 4 else (1, 1)
+    _accumulators_to_output(acc, 1, bias if bias is not None else acc, dequant_scale, res4, y, m, cout, out_hw,
+                            scalars, flags, 64, 64, fusion=False)
     return y
 
 

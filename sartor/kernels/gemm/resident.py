@@ -105,7 +105,7 @@ if triton is not None:
             PROJ_QUANTIZE_INPUT: tl.constexpr = False, PROJ_HAS_BIAS: tl.constexpr = False,
             BLOCK_PK: tl.constexpr = 32, COLUMNS_LOADED: tl.constexpr = False,
             PROJ_COLUMNS_LOADED: tl.constexpr = False, IN_ALIGN: tl.constexpr = 1, OUT_ALIGN: tl.constexpr = 1,
-            BALANCED: tl.constexpr = False):
+            BALANCED: tl.constexpr = False, RES_ALIGN: tl.constexpr = 1):
         # Channel counts and strides multiples of 8 that Triton cannot see (24, 40, 72 channels): told,
         # the input rows, the weight's rows and the epilogue's columns load and store as vectors.
         K = told_multiple(K, IN_ALIGN)
@@ -115,6 +115,7 @@ if triton is not None:
         sxw = told_multiple(sxw, IN_ALIGN)
         COUT = told_multiple(COUT, OUT_ALIGN)
         y_row = told_multiple(y_row, OUT_ALIGN)
+        srn, srh, srw = told_multiple(srn, RES_ALIGN), told_multiple(srh, RES_ALIGN), told_multiple(srw, RES_ALIGN)
         row_group, column_tile = program_tiles(COUT, BLOCK_N, N_ADJACENT)
         offs_n = column_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
@@ -510,7 +511,8 @@ def resident_gemm(x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor | 
         PROJ_COLUMNS_LOADED=tile.projection_columns_loaded and projection is not None, **launch_options(pdl),
         IN_ALIGN=told_alignment(k_total, pixel_stride(x), *((xs[0], xs[2] * strides[0], xs[3] * strides[1])
                                                              if strided else ())),
-        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), BALANCED=tile.balanced, num_warps=tile.warps,
+        OUT_ALIGN=told_alignment(cout, pixel_stride(y)), RES_ALIGN=told_alignment(rs[0], rs[2], rs[3]),
+        BALANCED=tile.balanced, num_warps=tile.warps,
         num_stages=tile.stages, enable_fp_fusion=False)  # round as the emulation does (see conv_igemm)
     return y
 
