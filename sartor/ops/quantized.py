@@ -69,7 +69,8 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
-from ..kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, depthwise_codes_supported, depthwise_qconv_nhwc,
+from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
+                                      depthwise_codes_supported, depthwise_qconv_nhwc,
                                       pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import pixel_stride, triton
 from ..kernels.pool.max_pool import POOL_TILES
@@ -236,7 +237,8 @@ def _qlayer_tactics(gemm: bool):
         if projection_inputs(inputs) is not None:
             return names + projected_tactics(inputs, attrs, effort)
         if not gemm and depthwise_int8_geometry(inputs[0], inputs[1], attrs) is not None:
-            return names + [TRITON_DEPTHWISE_INT8]
+            wide = inputs[0].shape[1] > DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8]  # else the same blocks
+            return names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
@@ -407,7 +409,8 @@ def depthwise_int8_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict,
     return depthwise_geometry(x, wq, attrs, require_cuda, supported=depthwise_codes_supported)
 
 
-def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None):
+def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None,
+                      tactic: str = TRITON_DEPTHWISE_INT8):
     geometry = depthwise_int8_geometry(x, wq, attrs, require_cuda=False)
     if geometry is None or (residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1],
                                                                                *geometry.out_hw)):
@@ -415,7 +418,7 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue = _int8_epilogue(attrs)
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                **epilogue)
+                                max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], **epilogue)
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
@@ -425,8 +428,8 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     name = attrs.get("tactic") or REFERENCE
     if name in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
-    if name == TRITON_DEPTHWISE_INT8 and not gemm:
-        return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out)
+    if name in DEPTHWISE_INT8_BLOCK_C and not gemm:
+        return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
     tactic = tactic_for(name)
     run = _KERNEL_RUNNERS.get(type(tactic))
     return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)

@@ -244,11 +244,12 @@ def _int8_layer(channels, kernel, strides, pads, dilations, generator, *, residu
 
 @pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
 @pytest.mark.parametrize("residual,int8_output", [(False, True), (True, True), (False, False)])
-def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, residual, int8_output):
+@pytest.mark.parametrize("tactic", ["triton_depthwise_int8", "triton_depthwise_int8_lines"])
+def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, residual, int8_output, tactic):
     """int32 sums of int8 taps, then the INT8 epilogue: bit for bit the emulation's output, INT8
     codes or float32, with a residual of codes, over every geometry, with 80 channels (two channel
-    blocks, the second ragged); float inputs are quantized on load as the emulation quantizes them."""
-    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    blocks of 64, the second ragged; one ragged block of 128 for the lines tactic); float inputs are
+    quantized on load as the emulation quantizes them."""
     generator = torch.Generator().manual_seed(21)
     qconv, inputs, attrs = _int8_layer(80, kernel, strides, pads, dilations, generator, residual=residual,
                                        int8_output=int8_output)
@@ -257,7 +258,7 @@ def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, r
         expected = qconv(layer, attrs)
         on_device = [t.to(DEVICE) if t is not None else None for t in layer]
         on_device[1] = pack_depthwise_weight(on_device[1])
-        out = qconv(on_device, dict(attrs, tactic=TRITON_DEPTHWISE_INT8))
+        out = qconv(on_device, dict(attrs, tactic=tactic))
         assert out.dtype == (torch.int8 if int8_output else torch.float32)
         assert out.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(out.cpu(), expected), (kernel, strides, x.dtype)
@@ -323,6 +324,29 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
     if DEVICE == "cuda":
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
         assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the depthwise tactics are listed for CUDA tensors")
+def test_the_lines_tactic_is_offered_beside_the_first_above_64_channels_only():
+    """The 128-channel blocks are timed only where they differ from the 64-channel ones."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES
+    qconv_tactics = default_registry()["QConv"].tactics
+    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES]
+    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8]), (128, both)):
+        x = torch.zeros(1, channels, 8, 8, dtype=torch.int8, device="cuda")
+        x = x.contiguous(memory_format=torch.channels_last)
+        layer = [x, torch.zeros(channels, 1, 3, 3, dtype=torch.int8, device="cuda"),
+                 torch.zeros(channels, dtype=torch.int32, device="cuda"), None, torch.ones(channels, device="cuda")]
+        attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), channels, input_inv_scale=1.0, output_inv_scale=1.0)
+        assert qconv_tactics(layer, attrs, 2) == ["torch", *offered]
+
+
+def test_the_lines_tactic_takes_128_channel_blocks():
+    from sartor.kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, LINE_BLOCK_C, TRITON_DEPTHWISE_INT8_LINES,
+                                               _block_sizes)
+    assert DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8_LINES] == LINE_BLOCK_C == 128
+    assert _block_sizes(32 * 20 * 20, 128, 264, LINE_BLOCK_C) == (32, 128)  # YOLO11n's attention pe
+    assert _block_sizes(32 * 20 * 20, 128, 264) == (64, 64)
 
 
 def test_int8_depthwise_refuses_what_it_cannot_run():

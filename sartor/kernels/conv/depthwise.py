@@ -96,6 +96,8 @@ MAX_TAPS = 81
 # 64 channels of FP16 are one 128-byte line per pixel per tap; a [64, 64] float32 accumulator is 32
 # registers a thread at 4 warps, leaving room for the unrolled 5×5 loads.
 _BLOCK_C = 64
+# 128 INT8 channels are that line of codes (TRITON_DEPTHWISE_INT8_LINES); the builder times both.
+LINE_BLOCK_C = 128
 _BLOCK_ELEMENTS = 4096
 _MIN_BLOCK_P = 16
 
@@ -119,10 +121,10 @@ def pack_depthwise_weight(w: torch.Tensor) -> torch.Tensor:
     return w.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
 
 
-def _block_sizes(pixels: int, channels: int, min_programs: int) -> tuple[int, int]:
+def _block_sizes(pixels: int, channels: int, min_programs: int, max_block_c: int = _BLOCK_C) -> tuple[int, int]:
     """Blocks as large as registers allow, halved along pixels while the grid would leave SMs idle
     (late MobileNet stages hold 7×7 pixels at batch 1)."""
-    block_c = min(_BLOCK_C, max(16, triton.next_power_of_2(channels)))
+    block_c = min(max_block_c, max(16, triton.next_power_of_2(channels)))
     block_p = max(_MIN_BLOCK_P, _BLOCK_ELEMENTS // block_c)
     while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) * triton.cdiv(channels, block_c) < min_programs:
         block_p //= 2
@@ -173,11 +175,12 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, max_block_c: int = _BLOCK_C) -> torch.Tensor:
     """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
     wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
     per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
-    channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation."""
+    channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation.
+    `max_block_c`: the widest channel block a program takes (LINE_BLOCK_C for the lines tactic)."""
     if not depthwise_codes_supported(x, wq):
         raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
@@ -193,12 +196,12 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                                         accumulator_bound=accumulator_bound)
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
-            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False)
+            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False, max_block_c=max_block_c)
     return y
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
-            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool) -> None:
+            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, max_block_c: int = _BLOCK_C) -> None:
     flags = {k: v for k, v in flags.items() if k != "FP8"}  # no FP8 depthwise: its layers keep the emulation
     n, c, h, w_in = x.shape
     oh, ow = geometry.out_hw
@@ -206,7 +209,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
     swc, _, swh, sww = w.stride()
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, _min_programs(x.device))
+    block_p, block_c = _block_sizes(pixels, c, _min_programs(x.device), max_block_c)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _depthwise_nhwc_kernel[grid](
         x, w, bias if bias is not None else w, scale if scale is not None else w,
@@ -228,6 +231,13 @@ TRITON_DEPTHWISE_INT8 = "triton_depthwise_int8"
 fixed_tactic(TRITON_DEPTHWISE_INT8,
              "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
              "INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
+# The same kernel over blocks of up to 128 channels: a 128-byte line of codes per pixel per tap, as
+# the float kernel's 64 halves are; offered where a layer has more than 64 channels.
+TRITON_DEPTHWISE_INT8_LINES = "triton_depthwise_int8_lines"
+fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
+             f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
+             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
+DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C}
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)
