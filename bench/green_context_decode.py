@@ -1,11 +1,12 @@
 """Does fencing the engine into part of the GPU let the decoders run beside it (issue 30)? One device call.
 
-JPEG files → boxes reach 58–62% of nvJPEG's rate alone (BENCHMARKS.md, "Frames to boxes"): with
-the engine replayed in a loop, every decoder fell to half its rate, the hardware JPEG engines' too,
-and a high-priority decode stream changed nothing, since the decoders queue their kernels on
-streams of their own. A CUDA green context runs the work of its streams on a fixed set of SMs, so
-an engine launched on such a stream leaves the rest to everything else (the decoders' kernels
-among them) without any change to the decoders.
+JPEG files → boxes stay well below nvJPEG's rate alone: with the engine replayed in a loop, every
+decoder fell to a fraction of its rate, the hardware JPEG engines' too, and a high-priority decode
+stream changed nothing, since the decoders queue their kernels on streams of their own (figures in
+BENCHMARKS.md, "Frames to boxes"). A CUDA green context runs the work of its streams on a fixed set
+of SMs, so an engine launched on such a stream would leave the rest to everything else (the
+decoders' kernels among them) without any change to the decoders. Session 47 found that sartor's
+Triton kernels do not take the fence (`green_context_probe.py`; BENCHMARKS.md).
 
 This script makes green-context streams through the driver API (ctypes on libcuda: the torch on
 the device may predate `GreenContext.Stream()`), then, for each SM count asked ("all" is an

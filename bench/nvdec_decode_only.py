@@ -1,5 +1,5 @@
-"""NVDEC decoding alone, no engine (issue 30: video streams to boxes stop near 2,000 frames/s from 8
-streams on, while the engine alone runs several times that). Each stream is a thread with its own
+"""NVDEC decoding alone, no engine (issue 30: video streams to boxes stop at a fraction of what the
+engine alone runs, from 8 streams on; figures in BENCHMARKS.md). Each stream is a thread with its own
 PyNvVideoCodec SimpleDecoder over the same clip, as `ConcurrentStreams` runs them; the decoders are
 made before the clock starts, and the clock stops when every thread has its last frame and the
 device is idle. Ways of taking the frames:
