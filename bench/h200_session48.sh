@@ -1,13 +1,37 @@
 #!/usr/bin/env bash
-# Left by session 47 for the next device session (session 47 got H100s only).
+# Left by session 47 for the next device session (session 47 got H100s only); session 48 added b and e.
 #   a: issue 33's sample-detector bar on the bar's card, an H200 (say which card came): whole FP16 and
 #      INT8 engines alternating, the C2f A/B and the SASS audit (h200_session47.sh a).
-#   d: YOLO11n's INT8 against FP16 layer by layer on the H200 (h200_session47.sh d).
-#   OUT=$OUT bash bench/h200_session48.sh a|d
+#   d: YOLO11n's INT8 against FP16 layer by layer (h200_session47.sh d: the 128-channel INT8
+#      depthwise tactic's first timing), then every candidate for the 3×3 16 → 16 channel layer at
+#      160×160 that held YOLO11n's INT8 back (0.0615 → 0.0611 ms on an H100), inside a C2f block.
+#   b: the YOLOv8n and YOLO11n INT8 / FP16 table at batch 32 and 1, the default effort
+#      (as session 44's H200 table), each cell printed as it is timed.
+#   OUT=$OUT bash bench/h200_session48.sh a|d|b
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a or d}
+part=${1:?say a, d or b}
 cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+if [ "$part" = b ]; then
+  SECONDS=0
+  ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+  ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+  ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+  for model in yolov8n yolo11n; do
+    timeout $(( ${BUDGET_S:-570} / 2 )) python bench/h200_table.py --int8 --no-warm-build --no-compile \
+      --onnx-dir "$ONNX_DIR" --models $model --detector-batches 32,1 --out /tmp/t_$model 2>&1 \
+      | python bench/table_cells.py
+    echo "$model at ${SECONDS}s"
+  done
+  exit 0
+fi
+if [ "$part" = d ]; then
+  bash bench/h200_session47.sh d
+  timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --context c2f --rows 6 2>&1 \
+    | grep "^==\|^  \|rror"
+  exit 0
+fi
 exec bash bench/h200_session47.sh "$part"
