@@ -3,7 +3,7 @@
 #   a: issue 33's sample-detector bar on the bar's card, an H200 (say which card came): whole FP16 and
 #      INT8 engines alternating, the C2f A/B and the SASS audit (h200_session47.sh a).
 #   d: YOLO11n's INT8 against FP16 layer by layer (h200_session47.sh d: the 128-channel INT8
-#      depthwise tactic's first timing), then every candidate for the 3×3 16 → 16 channel layer at
+#      depthwise tactic's first timing), then every candidate for the 3×3 16 → 8 channel layer at
 #      160×160 that held YOLO11n's INT8 back (0.0615 → 0.0611 ms on an H100), inside a C2f block.
 #   b: the YOLOv8n and YOLO11n INT8 / FP16 table at batch 32 and 1, the default effort
 #      (as session 44's H200 table), each cell printed as it is timed.
@@ -30,7 +30,7 @@ if [ "$part" = b ]; then
 fi
 if [ "$part" = d ]; then
   bash bench/h200_session47.sh d
-  timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --context c2f --rows 6 2>&1 \
+  timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden 8 --context c2f --rows 6 2>&1 \
     | grep "^==\|^  \|rror"
   exit 0
 fi

@@ -53,21 +53,24 @@ class Graph:
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def conv_chain(channels: int, kernel: int) -> onnx.ModelProto:
+def conv_chain(channels: int, kernel: int, hidden: int | None = None) -> onnx.ModelProto:
+    """Three convolutions of C channels (`hidden` is the c2f block's alone)."""
     g = Graph()
     y = g.conv_silu("first", "input", channels, channels, kernel)
     y = g.conv_silu(TIMED_LAYER, y, channels, channels, kernel)
     return g.model(channels, g.conv_silu("last", y, channels, channels, kernel), channels)
 
 
-def c2f_block(channels: int, kernel: int) -> onnx.ModelProto:
-    """The graph's input has 2C channels; the timed layer reads the second half of a Split."""
+def c2f_block(channels: int, kernel: int, hidden: int | None = None) -> onnx.ModelProto:
+    """The graph's input has 2C channels; the timed layer reads the second half of a Split and
+    writes `hidden` channels (C by default; YOLO11n's C3k2 bottlenecks halve them: 16 → 8 → 16)."""
+    hidden = hidden or channels
     g = Graph()
     y = g.conv_silu("cv1", "input", 2 * channels, 2 * channels, 1)
     g.inits.append(numpy_helper.from_array(np.array([channels, channels], dtype=np.int64), "halves"))
     g.nodes.append(helper.make_node("Split", [y, "halves"], ["a", "b"], name="split", axis=1))
-    m = g.conv_silu(TIMED_LAYER, "b", channels, channels, kernel)
-    m = g.conv_silu("m.cv2", m, channels, channels, kernel)
+    m = g.conv_silu(TIMED_LAYER, "b", channels, hidden, kernel)
+    m = g.conv_silu("m.cv2", m, hidden, channels, kernel)
     g.nodes += [helper.make_node("Add", ["b", m], ["m.out"], name="m.add"),
                 helper.make_node("Concat", ["a", "b", "m.out"], ["cat"], name="concat", axis=1)]
     y = g.conv_silu("cv2", "cat", 3 * channels, 2 * channels, 1)
@@ -92,6 +95,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
     parser.add_argument("--precisions", default="fp16,int8")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="c2f: the channels the timed layer writes (its bottleneck's inner width; C by default)")
     parser.add_argument("--unaligned", action="store_true",
                         help="the implicit-GEMM kernel given its input's and residual's own pointers, as "
                              "before aligned_start (decision 0061): that change's A/B")
@@ -105,7 +110,7 @@ def main() -> None:
         shape = half if context == "chain" else (half[0], 2 * half[1]) + half[2:]
         spec = f"{spec} {context}"
         model = work / f"{context}_{half[1]}.onnx"
-        onnx.save(CONTEXTS[context](half[1], args.kernel), model)
+        onnx.save(CONTEXTS[context](half[1], args.kernel, args.hidden), model)
         np.save(work / "calib.npy", np.random.default_rng(1).standard_normal((16,) + shape[1:]).astype(np.float32))
         best = {}
         for precision in args.precisions.split(","):
