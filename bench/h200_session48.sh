@@ -7,10 +7,13 @@
 #      160×160 that held YOLO11n's INT8 back (0.0615 → 0.0611 ms on an H100), inside a C2f block.
 #   b: the YOLOv8n and YOLO11n INT8 / FP16 table at batch 32 and 1, the default effort
 #      (as session 44's H200 table), each cell printed as it is timed.
-#   OUT=$OUT bash bench/h200_session48.sh a|d|b
+#   j: issue 30: nvJPEG's batched decode through sartor's own binding on a high-priority stream,
+#      alone and beside the engine, and JPEG files → boxes with it (bench/jpeg_priority.py);
+#      carry [".whl/nvdec"] (bash scripts/device_carry.sh nvdec).
+#   OUT=$OUT bash bench/h200_session48.sh a|d|b|j
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, d or b}
+part=${1:?say a, d, b or j}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -26,6 +29,16 @@ if [ "$part" = b ]; then
       | python bench/table_cells.py
     echo "$model at ${SECONDS}s"
   done
+  exit 0
+fi
+if [ "$part" = j ]; then
+  SECONDS=0
+  . bench/y8nms_common.sh
+  timeout 60 python -m pytest -q -p no:cacheprovider tests/pipeline/test_nvjpeg_batched.py 2>&1 | tail -2
+  build_y8nms 150
+  make_jpeg512
+  timeout 360 python bench/jpeg_priority.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds 2 2>&1 | grep -v "^ *warn"
+  echo "done at ${SECONDS}s"
   exit 0
 fi
 if [ "$part" = d ]; then

@@ -1,0 +1,152 @@
+"""nvJPEG's batched decode on a CUDA stream the caller chooses, through ctypes on the library torchvision
+already loads.
+
+`torchvision.io.decode_jpeg(device="cuda")` queues nvJPEG's work on a stream of its own, taken from
+torch's pool of low-priority streams, and waits for it on the host. Beside an engine that keeps every
+SM busy, that work waits for SMs like any other stream's, and the decoders fell to half their rate
+(BENCHMARKS.md, "Frames to boxes"). Here the work goes to the stream given, which may be of high
+priority (the SM scheduler then places its blocks first as the engine's retire), and nothing waits on
+the host: the caller orders later work after it with an event, as for any stream.
+
+Baseline JPEGs decode on the hardware JPEG engines (NVJPEG_BACKEND_HARDWARE, A100/H100/H200; on a
+GPU without them, nvJPEG's default backend); output is interleaved RGB, H×W×3 uint8, one tensor a
+frame. A batch nvJPEG cannot decode (a corrupt or progressive file on the hardware backend) raises
+DataError for the whole batch: the caller decodes its items one at a time to find the bad one.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError, DataError
+
+NVJPEG_MAX_COMPONENT = 4
+BACKEND_DEFAULT, BACKEND_HARDWARE = 0, 3
+OUTPUT_RGBI = 5  # interleaved RGB in channel[0]
+STATUS_ARCH_MISMATCH = 7
+STATUS_NAMES = {1: "not initialized", 2: "invalid parameter", 3: "bad JPEG", 4: "JPEG not supported",
+                5: "allocator failure", 6: "execution failed", 7: "architecture mismatch", 8: "internal error",
+                9: "implementation not supported", 10: "incomplete bitstream"}
+
+
+class NvjpegImage(ctypes.Structure):
+    """nvjpegImage_t: a pointer and a pitch per plane (pitch is size_t since CUDA 11)."""
+    _fields_ = [("channel", ctypes.c_void_p * NVJPEG_MAX_COMPONENT),
+                ("pitch", ctypes.c_size_t * NVJPEG_MAX_COMPONENT)]
+
+
+def library_path() -> str:
+    """The libnvjpeg torchvision's image ops link: the one in this process's memory once torchvision's
+    extension is loaded, else one of the nvidia-* wheels' copies."""
+    try:
+        importlib.import_module("torchvision.io")  # loads its image extension and with it libnvjpeg
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            if "libnvjpeg" in line:
+                return line.split()[-1]
+    except OSError:
+        pass
+    roots = {os.path.dirname(os.path.dirname(torch.__file__))}
+    found = sorted(p for root in roots for p in glob.glob(os.path.join(root, "nvidia", "**", "libnvjpeg.so*"),
+                                                          recursive=True))
+    if not found:
+        raise ConfigError("nvJPEG was not found: torchvision's CUDA build (or an nvidia-nvjpeg wheel) brings it")
+    return found[-1]
+
+
+def _buffer(item) -> tuple[int, int]:
+    """(address, length) of an encoded image's bytes, without a copy."""
+    if isinstance(item, torch.Tensor):
+        if item.device.type != "cpu" or item.dtype != torch.uint8 or not item.is_contiguous():
+            raise ConfigError("nvJPEG reads encoded images from contiguous uint8 CPU tensors or bytes")
+        return item.data_ptr(), item.numel()
+    return ctypes.cast(ctypes.c_char_p(item), ctypes.c_void_p).value, len(item)
+
+
+def _status_text(code: int) -> str:
+    return f"nvJPEG status {code} ({STATUS_NAMES.get(code, 'unknown')})"
+
+
+class NvjpegBatched:
+    """A batched nvJPEG decoder bound to one device. `decode(encoded, stream)` queues the decode of
+    a batch of JPEGs on `stream` and returns their frames (H×W×3 uint8 on the device), valid once
+    the stream's work up to that call is done; the host does not wait."""
+
+    def __init__(self, device: torch.device | str = "cuda", library: str | None = None):
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ConfigError(f"nvJPEG decodes on a CUDA device, not {self.device}")
+        self.lib = ctypes.CDLL(library or library_path())
+        self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
+        with torch.cuda.device(self.device):
+            torch.zeros(1, device=self.device)  # the primary context current on this thread
+            code = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle))
+            self.hardware = code != STATUS_ARCH_MISMATCH  # no JPEG engines on this GPU: the default backend
+            if not self.hardware:
+                code = self.lib.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
+            self._check(code, "nvjpegCreateEx")
+            self._check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
+        self._initialized_for = 0  # the batch size nvjpegDecodeBatchedInitialize was called with
+        # nvJPEG stages each batch's bitstreams in the state's own host buffers: the next batch may
+        # not overwrite them before the last one's work has run (torchvision waits for its stream).
+        self._last: tuple[torch.cuda.Event, list] | None = None
+
+    def _check(self, code: int, call: str) -> None:
+        if code != 0:
+            raise DataError(f"{call}: {_status_text(code)}")
+
+    def image_size(self, address: int, length: int) -> tuple[int, int]:
+        """(H, W) of the JPEG at `address` from its header; DataError when nvJPEG cannot read it."""
+        components, subsampling = ctypes.c_int(), ctypes.c_int()
+        widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
+        self._check(self.lib.nvjpegGetImageInfo(self.handle, ctypes.c_void_p(address), ctypes.c_size_t(length),
+                                                ctypes.byref(components), ctypes.byref(subsampling), widths, heights),
+                    "nvjpegGetImageInfo")
+        return int(heights[0]), int(widths[0])
+
+    def decode(self, encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:
+        """Frames H×W×3 uint8 RGB of `encoded` (bytes, or 1-D uint8 CPU tensors as torchvision's
+        `read_file` gives), allocated on `stream` and written by work queued on it."""
+        if not encoded:
+            return []
+        # bytes-like items become bytes here, kept alive with the batch (below) while nvJPEG reads them
+        encoded = [item if isinstance(item, (bytes, torch.Tensor)) else bytes(item) for item in encoded]
+        addresses, lengths = zip(*(_buffer(item) for item in encoded))
+        sizes = [self.image_size(a, n) for a, n in zip(addresses, lengths)]
+        if self._last is not None:
+            self._last[0].synchronize()  # the previous batch's decode alone, not the stream's later work
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            frames = [torch.empty((h, w, 3), dtype=torch.uint8, device=self.device) for h, w in sizes]
+            if self._initialized_for != len(encoded):
+                self._check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, len(encoded), 1,
+                                                                   OUTPUT_RGBI), "nvjpegDecodeBatchedInitialize")
+                self._initialized_for = len(encoded)
+            images = (NvjpegImage * len(encoded))()
+            for image, frame, (_, w) in zip(images, frames, sizes):
+                image.channel[0], image.pitch[0] = frame.data_ptr(), w * 3
+            data = (ctypes.c_void_p * len(encoded))(*addresses)
+            lengths = (ctypes.c_size_t * len(encoded))(*lengths)
+            code = self.lib.nvjpegDecodeBatched(self.handle, self.state, data, lengths, images,
+                                                ctypes.c_void_p(stream.cuda_stream))
+            if code != 0:
+                self._initialized_for = 0  # a failed batch leaves the state to be initialised again
+                self._check(code, "nvjpegDecodeBatched")
+            done = torch.cuda.Event()
+            done.record(stream)
+        self._last = (done, [data, lengths, images, encoded])
+        return frames
+
+    def close(self) -> None:
+        if self.state:
+            self.lib.nvjpegJpegStateDestroy(self.state)
+            self.state = ctypes.c_void_p()
+        if self.handle:
+            self.lib.nvjpegDestroy(self.handle)
+            self.handle = ctypes.c_void_p()

@@ -1,0 +1,74 @@
+"""sartor's own nvJPEG binding: its struct layout and errors here, its frames against torchvision's on a GPU."""
+from __future__ import annotations
+
+import ctypes
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from sartor.errors import ConfigError, DataError
+from sartor.pipeline.nvjpeg_batched import NvjpegBatched, NvjpegImage, _buffer
+
+
+
+def jpeg_bytes(size: tuple[int, int]) -> bytes:
+    """A baseline JPEG of smooth colour ramps and noise (w, h): made here, so the GPU machine needs no photos."""
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    noise = np.random.default_rng(w + h).integers(0, 40, (h, w, 3))
+    pixels = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], axis=-1) + noise
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def test_the_image_struct_is_nvjpegs_four_pointers_and_four_size_t_pitches():
+    assert ctypes.sizeof(NvjpegImage) == 4 * ctypes.sizeof(ctypes.c_void_p) + 4 * ctypes.sizeof(ctypes.c_size_t)
+    assert NvjpegImage.pitch.offset == 4 * ctypes.sizeof(ctypes.c_void_p)
+
+
+def test_encoded_images_are_read_in_place_from_bytes_and_cpu_tensors():
+    data = jpeg_bytes((64, 48))
+    address, length = _buffer(data)
+    assert length == len(data) and ctypes.string_at(address, length) == data
+    tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    assert _buffer(tensor) == (tensor.data_ptr(), len(data))
+
+
+def test_other_encoded_tensors_are_refused_with_one_line():
+    with pytest.raises(ConfigError, match="contiguous uint8 CPU tensors"):
+        _buffer(torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(ConfigError, match="contiguous uint8 CPU tensors"):
+        _buffer(torch.zeros(8, dtype=torch.uint8)[::2])
+
+
+def test_a_cpu_device_is_refused():
+    with pytest.raises(ConfigError, match="CUDA device"):
+        NvjpegBatched("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+def test_on_a_gpu_its_frames_are_torchvisions_on_any_stream_priority():
+    torchvision_io = pytest.importorskip("torchvision.io")
+    encoded = [jpeg_bytes((1280, 720)), jpeg_bytes((640, 360)), jpeg_bytes((1280, 720))]
+    expected = torchvision_io.decode_jpeg([torch.frombuffer(bytearray(e), dtype=torch.uint8) for e in encoded],
+                                          mode=torchvision_io.ImageReadMode.RGB, device="cuda")
+    decoder = NvjpegBatched("cuda")
+    for priority in (0, -100):
+        stream = torch.cuda.Stream(priority=priority)
+        frames = decoder.decode(encoded, stream)
+        frames_again = decoder.decode(encoded[:2], stream)  # another batch size: initialised again
+        stream.synchronize()
+        assert [tuple(f.shape) for f in frames] == [(720, 1280, 3), (360, 640, 3), (720, 1280, 3)]
+        for frame, reference in zip(frames + frames_again, expected + expected[:2]):
+            assert torch.equal(frame.permute(2, 0, 1), reference)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+def test_on_a_gpu_a_corrupt_file_fails_the_batch_with_one_line():
+    decoder = NvjpegBatched("cuda")
+    with pytest.raises(DataError, match="nvJPEG status"):
+        decoder.decode([jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x00" * 200], torch.cuda.current_stream())
