@@ -70,9 +70,10 @@ from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
 from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
+                                      TRITON_DEPTHWISE_INT8_WORDS,
                                       depthwise_codes_supported, depthwise_qconv_nhwc,
                                       pack_depthwise_weight)
-from ..kernels.pointwise.epilogue import pixel_stride, triton
+from ..kernels.pointwise.epilogue import code_words, pixel_stride, triton
 from ..kernels.pool.max_pool import POOL_TILES
 from ..kernels.conv.tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
@@ -238,7 +239,9 @@ def _qlayer_tactics(gemm: bool):
             return names + projected_tactics(inputs, attrs, effort)
         if not gemm and depthwise_int8_geometry(inputs[0], inputs[1], attrs) is not None:
             wide = inputs[0].shape[1] > DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8]  # else the same blocks
-            return names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
+            words = inputs[0].dtype == torch.int8 and code_words(inputs[0]) is not None
+            return (names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
+                    + ([TRITON_DEPTHWISE_INT8_WORDS] if words else []))
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
@@ -418,7 +421,8 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue = _int8_epilogue(attrs)
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], **epilogue)
+                                max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], words=tactic == TRITON_DEPTHWISE_INT8_WORDS,
+                                **epilogue)
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):

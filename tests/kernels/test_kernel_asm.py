@@ -528,6 +528,27 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
 
 
+# YOLO11n's head depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32, as the words tactic launches it
+DEPTHWISE_WORDS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_int8_words_kernel", """
+x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+wq = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.int8))
+geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80))
+depthwise_qconv_nhwc(x, wq, torch.zeros(64, dtype=torch.int32), geometry, dequant_scale=torch.ones(64),
+                     input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU", words=True)
+""", sm90={"DP4A": True}, told="DP4A") + """
+print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"])
+"""
+
+
+def test_int8_depthwise_words_compile_to_one_dp4a_a_lane_and_tap_in_vector_loads():
+    """The words tactic for sm_90: each tap's input words in vector loads, one dp4a per lane, word
+    and tap (4 lanes × 9 taps × the words a thread holds), no spills."""
+    told, scalar_loads, v2_loads, v4_loads, _, _, _, dp4a, spills = _compile_in_child(DEPTHWISE_WORDS_CHILD).split()
+    assert told == "True" and spills == "0"
+    assert int(v2_loads) + int(v4_loads) > 0 and int(dp4a) > 0 and int(dp4a) % (4 * 9) == 0
+    print(scalar_loads, v2_loads, v4_loads, dp4a)
+
+
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
 # each pool reading one slice and writing the next
 SPPF_POOL_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """

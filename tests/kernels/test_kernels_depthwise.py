@@ -244,12 +244,14 @@ def _int8_layer(channels, kernel, strides, pads, dilations, generator, *, residu
 
 @pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
 @pytest.mark.parametrize("residual,int8_output", [(False, True), (True, True), (False, False)])
-@pytest.mark.parametrize("tactic", ["triton_depthwise_int8", "triton_depthwise_int8_lines"])
+@pytest.mark.parametrize("tactic", ["triton_depthwise_int8", "triton_depthwise_int8_lines",
+                                    "triton_depthwise_int8_words"])
 def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, residual, int8_output, tactic):
     """int32 sums of int8 taps, then the INT8 epilogue: bit for bit the emulation's output, INT8
     codes or float32, with a residual of codes, over every geometry, with 80 channels (two channel
-    blocks of 64, the second ragged; one ragged block of 128 for the lines tactic); float inputs are
-    quantized on load as the emulation quantizes them."""
+    blocks of 64, the second ragged; one ragged block of 128 for the lines and words tactics, the
+    words' lanes summed apart); float inputs are quantized on load as the emulation quantizes them
+    (the words tactic then reads code by code)."""
     generator = torch.Generator().manual_seed(21)
     qconv, inputs, attrs = _int8_layer(80, kernel, strides, pads, dilations, generator, residual=residual,
                                        int8_output=int8_output)
@@ -280,9 +282,9 @@ def test_int8_depthwise_silu_is_within_one_code_of_the_emulation():
     assert (out == expected).float().mean() > 0.99
 
 
-def test_int8_depthwise_reads_and_writes_channel_slices():
+@pytest.mark.parametrize("tactic", ["triton_depthwise_int8", "triton_depthwise_int8_words"])
+def test_int8_depthwise_reads_and_writes_channel_slices(tactic):
     """A Split half in, a Concat's slice out (`write_into`): the same codes as the emulation."""
-    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
     from sartor.ops.quantized import qconv_into
     generator = torch.Generator().manual_seed(22)
     qconv, inputs, attrs = _int8_layer(16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator)
@@ -294,7 +296,7 @@ def test_int8_depthwise_reads_and_writes_channel_slices():
     assert half.stride()[3] == 32
     layer = [half, pack_depthwise_weight(inputs[1].to(DEVICE)), inputs[2].to(DEVICE), None,
              inputs[4].to(DEVICE)]
-    written = qconv_into(layer, dict(attrs, tactic=TRITON_DEPTHWISE_INT8), buffer[:, 8:24])
+    written = qconv_into(layer, dict(attrs, tactic=tactic), buffer[:, 8:24])
     assert written is not None and torch.equal(buffer[:, 8:24].cpu(), expected)
     assert not buffer[:, :8].any() and not buffer[:, 24:].any()
 
@@ -328,11 +330,14 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the depthwise tactics are listed for CUDA tensors")
 def test_the_lines_tactic_is_offered_beside_the_first_above_64_channels_only():
-    """The 128-channel blocks are timed only where they differ from the 64-channel ones."""
-    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES
+    """The 128-channel blocks are timed only where they differ from the 64-channel ones; the words
+    tactic wherever the codes come in words of four channels."""
+    from sartor.kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
+                                               TRITON_DEPTHWISE_INT8_WORDS)
     qconv_tactics = default_registry()["QConv"].tactics
-    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES]
-    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8]), (128, both)):
+    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES, TRITON_DEPTHWISE_INT8_WORDS]
+    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS]), (128, both),
+                              (18, [TRITON_DEPTHWISE_INT8])):
         x = torch.zeros(1, channels, 8, 8, dtype=torch.int8, device="cuda")
         x = x.contiguous(memory_format=torch.channels_last)
         layer = [x, torch.zeros(channels, 1, 3, 3, dtype=torch.int8, device="cuda"),
@@ -347,6 +352,26 @@ def test_the_lines_tactic_takes_128_channel_blocks():
     assert DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8_LINES] == LINE_BLOCK_C == 128
     assert _block_sizes(32 * 20 * 20, 128, 264, LINE_BLOCK_C) == (32, 128)  # YOLO11n's attention pe
     assert _block_sizes(32 * 20 * 20, 128, 264) == (64, 64)
+
+
+def test_the_words_tactic_reads_words_where_it_can_and_codes_where_it_cannot(monkeypatch):
+    """Codes in words of four channels take the dp4a kernel; 18 channels (no whole words) or a slice
+    starting two codes into a pixel take the code-by-code kernel, to the same result."""
+    from sartor.kernels.conv import depthwise
+    launched, launch_words, launch = [], depthwise._launch_words, depthwise._launch
+    monkeypatch.setattr(depthwise, "_launch_words", lambda *a, **k: (launched.append("words"), launch_words(*a, **k)))
+    monkeypatch.setattr(depthwise, "_launch", lambda *a, **k: (launched.append("codes"), launch(*a, **k)))
+    generator = torch.Generator().manual_seed(24)
+    for channels, start, way in ((16, 0, "words"), (18, 0, "codes"), (16, 2, "codes")):
+        qconv, inputs, attrs = _int8_layer(channels, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator)
+        wide = torch.randint(-127, 128, (2, channels + start, 9, 8), dtype=torch.int8, generator=generator)
+        wide = wide.contiguous(memory_format=torch.channels_last)
+        expected = qconv([wide[:, start:].contiguous()] + inputs[1:], attrs)
+        layer = [wide.to(DEVICE)[:, start:], pack_depthwise_weight(inputs[1].to(DEVICE)), inputs[2].to(DEVICE), None,
+                 inputs[4].to(DEVICE)]
+        launched.clear()
+        out = qconv(layer, dict(attrs, tactic="triton_depthwise_int8_words"))
+        assert launched == [way] and torch.equal(out.cpu(), expected), (channels, start)
 
 
 def test_int8_depthwise_refuses_what_it_cannot_run():

@@ -9,7 +9,8 @@ import torch
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.registry import TacticNameError  # noqa: E402
-from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, _code_words, max_pool_nhwc,  # noqa: E402
+from sartor.kernels.pointwise.epilogue import code_words  # noqa: E402
+from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, max_pool_nhwc,  # noqa: E402
                                  max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
@@ -58,7 +59,7 @@ def test_int8_max_pool_compares_codes_as_integers(attrs):
 @pytest.mark.parametrize("channels, offset", [(68, 0), (68, 4), (70, 0), (68, 2), (71, 0)])
 def test_int8_pool_takes_codes_in_words_where_the_layout_allows(channels, offset):
     """Channel counts and offsets that are multiples of four pool as int32 words of four codes
-    (`_code_words`); others code by code. Both give the reference over every code from -128 to 127, in a channel slice
+    (`code_words`); others code by code. Both give the reference over every code from -128 to 127, in a channel slice
     of a wider buffer (a Concat's) at `offset`."""
     attrs = CASES[0]
     generator = torch.Generator().manual_seed(7)
@@ -66,7 +67,7 @@ def test_int8_pool_takes_codes_in_words_where_the_layout_allows(channels, offset
     buffer = torch.zeros(2, channels + 4, 11, 9, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
     buffer[:, offset:offset + channels] = x
     view = buffer.to(DEVICE)[:, offset:offset + channels]
-    assert (_code_words(view) is not None) == (channels % 4 == 0 and offset % 4 == 0)
+    assert (code_words(view) is not None) == (channels % 4 == 0 and offset % 4 == 0)
     kernel, strides, dilations, begin, _, outs = _pool_geometry(view, attrs)
     out = max_pool_nhwc(view, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs))
     assert torch.equal(out.cpu(), max_pool([x], dict(attrs)))

@@ -26,7 +26,7 @@ import torch
 
 from ..common.cache_keys import settle_cache_keys
 from .igemm import ConvGeometry
-from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
+from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..common.tile_steps import epilogue_arguments
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
 
@@ -87,6 +87,73 @@ if triton is not None:
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+
+    @triton.jit
+    def _depthwise_int8_words_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, C, H, W, OH, OW, y_row,
+                                     sxn, sxh, sxw, swh, sww, srn, src, srh, srw, pad_h, pad_w,
+                                     res_scale, out_inv_scale, qmin, alpha, beta,
+                                     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                                     DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                                     HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
+                                     ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr,
+                                     BLOCK_W: tl.constexpr, DP4A: tl.constexpr = False, WORD_ALIGN: tl.constexpr = 1,
+                                     CH_ALIGN: tl.constexpr = 1):
+        """The INT8 depthwise convolution over words of four channels' codes: x and w are int32
+        views (x's strides, w's tap strides and BLOCK_W count words; C, y_row and the residual's
+        strides count channels). Each channel lane of a word has its own int32 accumulator, and a
+        tap adds lane L's product with one dp4a of the input word and the weight word masked to
+        lane L (DP4A; the interpreter shifts the lane out instead): one instruction a value and
+        tap, where widening each code and multiplying took two (docs/decisions/kernel-depthwise-int8.md).
+        WORD_ALIGN / CH_ALIGN: powers of two dividing the word and channel strides (`told_alignment`)."""
+        sxn = told_multiple(sxn, WORD_ALIGN)
+        sxh = told_multiple(sxh, WORD_ALIGN)
+        sxw = told_multiple(sxw, WORD_ALIGN)
+        swh = told_multiple(swh, WORD_ALIGN)
+        sww = told_multiple(sww, WORD_ALIGN)
+        C = told_multiple(C, CH_ALIGN)
+        y_row = told_multiple(y_row, CH_ALIGN)
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        p_ok = offs_p < P
+        w_ok = offs_w < C // 4
+        n, oh, ow = pixel_coords(offs_p, OH, OW)
+        base = n.to(tl.int64) * sxn
+        ih0 = oh * SH - pad_h
+        iw0 = ow * SW - pad_w
+        lane0 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
+        lane1 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
+        lane2 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
+        lane3 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
+        for kh in tl.static_range(KH):
+            ih = ih0 + kh * DH
+            row_ok = p_ok & (ih >= 0) & (ih < H)
+            for kw in tl.static_range(KW):
+                iw = iw0 + kw * DW
+                ok = row_ok & (iw >= 0) & (iw < W)
+                words = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_w[None, :],
+                                mask=ok[:, None] & w_ok[None, :], other=0)
+                taps = tl.load(w_ptr + offs_w + (kh * swh + kw * sww), mask=w_ok, other=0)[None, :]
+                lane0 = _lane_product_sum(words, taps, 0, lane0, DP4A)
+                lane1 = _lane_product_sum(words, taps, 1, lane1, DP4A)
+                lane2 = _lane_product_sum(words, taps, 2, lane2, DP4A)
+                lane3 = _lane_product_sum(words, taps, 3, lane3, DP4A)
+        # channel 4j + L is lane L of word j
+        acc = tl.interleave(tl.interleave(lane0, lane2), tl.interleave(lane1, lane3))
+        offs_c = tl.program_id(1) * (4 * BLOCK_W) + tl.arange(0, 4 * BLOCK_W)
+        store_epilogue(acc, offs_p, offs_c, p_ok, offs_c < C, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
+                        y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
+                        True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
+    def _lane_product_sum(words, taps, LANE: tl.constexpr, acc, DP4A: tl.constexpr):
+        """acc + (byte LANE of `words`) × (byte LANE of `taps`), both signed codes."""
+        if DP4A:
+            # the other lanes' taps zeroed, so are their products (a mask as a tensor: 0xFF << 24 is no int32 literal)
+            lane_taps = taps & (tl.full((1, 1), 0xFF, tl.int32) << (8 * LANE))
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [words, lane_taps, acc],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        return acc + ((words << (24 - 8 * LANE)) >> 24) * ((taps << (24 - 8 * LANE)) >> 24)
 
 
 DEPTHWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -175,12 +242,15 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                         out: torch.Tensor | None = None, max_block_c: int = _BLOCK_C) -> torch.Tensor:
+                         out: torch.Tensor | None = None, max_block_c: int = _BLOCK_C,
+                         words: bool = False) -> torch.Tensor:
     """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
     wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
     per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation.
-    `max_block_c`: the widest channel block a program takes (LINE_BLOCK_C for the lines tactic)."""
+    `max_block_c`: the widest channel block a program takes (LINE_BLOCK_C for the lines tactic).
+    `words`: codes read as words of four channels, a dp4a a lane (the words tactic), where the
+    input's channels, strides and offset allow it (`code_words`); else code by code."""
     if not depthwise_codes_supported(x, wq):
         raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
@@ -194,10 +264,39 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                                         alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
                                         residual_scale=residual_scale, output_inv_scale=output_inv_scale, qmin=qmin,
                                         accumulator_bound=accumulator_bound)
+    x_words = code_words(x) if words else None
+    if x_words is not None:
+        _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, max_block_c)
+        return y
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
             dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False, max_block_c=max_block_c)
     return y
+
+
+def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual, y: torch.Tensor,
+                  geometry: ConvGeometry, scalars: tuple, flags: dict, max_block_c: int) -> None:
+    n, oh, ow = y.shape[0], *geometry.out_hw
+    kh, kw = geometry.kernel
+    c = y.shape[1]
+    # the packed weight's memory is [KH, KW, C] (pack_depthwise_weight): as words of four channels' taps
+    w_words = wq.permute(2, 3, 0, 1).reshape(kh, kw, c).contiguous().view(torch.int32)
+    sxn, sxh, sxw = x_words.stride()[:3]
+    swh, sww = w_words.stride()[:2]
+    rs = residual.stride() if residual is not None else (0, 0, 0, 0)
+    pixels = n * oh * ow
+    block_p, block_c = _block_sizes(pixels, c, _min_programs(y.device), max_block_c)
+    block_w = block_c // WORD_CODES
+    kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
+    grid = (triton.cdiv(pixels, block_p), triton.cdiv(c // WORD_CODES, block_w))
+    _depthwise_int8_words_kernel[grid](
+        x_words, w_words, bias if bias is not None else w_words, scale if scale is not None else w_words,
+        residual if residual is not None else y, y, pixels, c, x_words.shape[1], x_words.shape[2], oh, ow,
+        pixel_stride(y), sxn, sxh, sxw, swh, sww, *rs, geometry.pads[0], geometry.pads[1], *scalars,
+        KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
+        DW=geometry.dilations[1], **{k: flags[k] for k in kept}, BLOCK_P=block_p, BLOCK_W=block_w,
+        DP4A=y.device.type == "cuda", WORD_ALIGN=told_alignment(sxn, sxh, sxw, swh, sww),
+        CH_ALIGN=told_alignment(c, pixel_stride(y), rs[0], rs[2], rs[3]), num_warps=4, enable_fp_fusion=False)
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
@@ -237,7 +336,15 @@ TRITON_DEPTHWISE_INT8_LINES = "triton_depthwise_int8_lines"
 fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
              f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
              "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
-DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C}
+# Codes read as words of four channels, each lane summed by dp4a (`_depthwise_int8_words_kernel`), in
+# blocks of up to 128 channels; offered where the channels are a multiple of four.
+TRITON_DEPTHWISE_INT8_WORDS = "triton_depthwise_int8_words"
+fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
+             f"triton channels-last depthwise conv of int8 codes as words of four channels (a dp4a a lane, int32 "
+             f"accumulate, padding by masks), blocks of up to {LINE_BLOCK_C} channels + fused INT8 epilogue",
+             weight_layout=DEPTHWISE_TAPS)
+DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C,
+                          TRITON_DEPTHWISE_INT8_WORDS: LINE_BLOCK_C}
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

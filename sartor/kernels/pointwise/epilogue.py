@@ -179,6 +179,22 @@ def channels_last_output(shape: tuple, dtype: torch.dtype, device: torch.device,
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+WORD_CODES = 4
+
+
+def code_words(t: torch.Tensor) -> torch.Tensor | None:
+    """An INT8 channels-last tensor as [N, H, W, C/4] int32 words of four channels each, where its
+    channel count, strides and offset allow it; None otherwise (the max pool's and the INT8
+    depthwise kernel's word-wise loads)."""
+    if t.dtype != torch.int8 or t.shape[1] % WORD_CODES or t.stride(1) != 1:
+        return None
+    if any(stride % WORD_CODES for stride in (t.stride(0), t.stride(2), t.stride(3))):
+        return None
+    if t.storage_offset() % WORD_CODES or t.data_ptr() % WORD_CODES:
+        return None
+    return t.permute(0, 2, 3, 1).view(torch.int32)
+
+
 def _channel_fastest(t: torch.Tensor) -> bool:
     if t.dim() == 4:
         return t.is_contiguous(memory_format=torch.channels_last)

@@ -18,7 +18,8 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
-from ..pointwise.epilogue import channels_last_output, pixel_stride, told_alignment, triton
+from ..pointwise.epilogue import (WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment,
+                                  triton)
 from ..registry import LayerFacts, Number, Tactic, register
 
 if triton is not None:
@@ -188,7 +189,7 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
     pixels = n * oh * ow
     tile = tile or POOL_TILES[0]
     block_p, block_c = tile.blocks(c)
-    x_words, y_words = _code_words(x), _code_words(y)
+    x_words, y_words = code_words(x), code_words(y)
     words = x_words is not None and y_words is not None
     if words:  # strides and channels in words of four codes (the kernel's CODE_WORDS)
         x_arg, y_arg, c, block_c = x_words, y_words, c // WORD_CODES, max(1, block_c // WORD_CODES)
@@ -203,21 +204,6 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
                                 PACKED_MAX=words and _has_packed_max(x.device),
                                 CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=tile.warps)
     return y
-
-
-WORD_CODES = 4
-
-
-def _code_words(t: torch.Tensor) -> torch.Tensor | None:
-    """An INT8 channels-last tensor as [N, H, W, C/4] int32 words of four channels each, where its
-    channel count, strides and offset allow it; None otherwise."""
-    if t.dtype != torch.int8 or t.shape[1] % WORD_CODES or t.stride(1) != 1:
-        return None
-    if any(stride % WORD_CODES for stride in (t.stride(0), t.stride(2), t.stride(3))):
-        return None
-    if t.storage_offset() % WORD_CODES or t.data_ptr() % WORD_CODES:
-        return None
-    return t.permute(0, 2, 3, 1).view(torch.int32)
 
 
 def _has_packed_max(device: torch.device) -> bool:
