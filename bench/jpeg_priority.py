@@ -14,7 +14,9 @@ retire). In one process, alternating over rounds:
   normal priority on another thread (each one's rate against its own alone): torchvision, the binding
   on a normal stream, the binding on a high-priority stream;
 - end to end: `end_to_end` (files → boxes, host share 0) with the Pipeline's preparation stream of
-  normal or high priority and torchvision's decode or the binding's on it (patched in here for the A/B).
+  normal or high priority and torchvision's decode or the binding's on it (patched in here for the A/B);
+- batch 1: one JPEG's latency through `Pipeline(batch_size=1, overlap=False)`, frame after frame, with
+  either decoder, against the engine's own at batch 1 (issue 30's bar: within 0.5 ms).
 
     PYTHONPATH=. python bench/jpeg_priority.py ENGINE.plan --images DIR [--rounds 2]
 """
@@ -139,6 +141,16 @@ def main() -> None:
             e2e_rows.setdefault(name, []).append(row)
             print(f"round {round_index + 1}, end to end, {name}: {row}", flush=True)
             time.sleep(0.3)
+    from pipeline_e2e import per_call_ms, summary
+    one = {spec.name: torch.rand((1, *shape[1:]), device="cuda").to(getattr(torch, spec.dtype))}
+    engine_b1 = summary(per_call_ms(lambda: ctx.run(one), 200, warmup=10), 1)["median_ms"]
+    for name, chosen in (("torchvision", None), ("binding", binding)):
+        use_variant(chosen, 0)
+        single = pipeline_module.Pipeline(engine, batch_size=1, overlap=False)
+        frame = [read_frames(Path(args.images))[0]]
+        latency = summary(per_call_ms(lambda: single.run(frame), 200, warmup=10), 1)
+        print(f"batch 1, {name}: JPEG → boxes median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f}; "
+              f"engine alone {engine_b1:.3f} ms; over it {latency['median_ms'] - engine_b1:.3f} ms", flush=True)
     use_variant(None, 0)
     print("| decoder | decode alone | decode beside | decode share | engine share |\n|---|---|---|---|---|")
     for name, rows in beside_rows.items():
