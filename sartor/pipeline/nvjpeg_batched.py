@@ -16,6 +16,7 @@ DataError for the whole batch: the caller decodes its items one at a time to fin
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import glob
 import importlib
 import os
@@ -53,12 +54,15 @@ def library_path() -> str:
                 return line.split()[-1]
     except OSError:
         pass
-    roots = {os.path.dirname(os.path.dirname(torch.__file__))}
-    found = sorted(p for root in roots for p in glob.glob(os.path.join(root, "nvidia", "**", "libnvjpeg.so*"),
-                                                          recursive=True))
-    if not found:
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    patterns = (os.path.join(site, "nvidia", "**", "libnvjpeg.so*"), os.path.join(site, "torchvision.libs", "libnvjpeg*"))
+    found = sorted(p for pattern in patterns for p in glob.glob(pattern, recursive=True))
+    if found:
+        return found[-1]
+    system = ctypes.util.find_library("nvjpeg")
+    if system is None:
         raise ConfigError("nvJPEG was not found: torchvision's CUDA build (or an nvidia-nvjpeg wheel) brings it")
-    return found[-1]
+    return system
 
 
 def _buffer(item) -> tuple[int, int]:
