@@ -14,9 +14,11 @@ retire). In one process, alternating over rounds:
   normal priority on another thread (each one's rate against its own alone): torchvision, the binding
   on a normal stream, the binding on a high-priority stream;
 - end to end: `end_to_end` (files → boxes, host share 0) with the Pipeline's preparation stream of
-  normal or high priority and torchvision's decode or the binding's on it (patched in here for the A/B);
+  normal or high priority and torchvision's decode or the binding's on it (the Pipeline's default since
+  session 48; torchvision's patched in here for the A/B);
 - batch 1: one JPEG's latency through `Pipeline(batch_size=1, overlap=False)`, frame after frame, with
   either decoder, against the engine's own at batch 1 (issue 30's bar: within 0.5 ms).
+What it found (priority changed nothing; the binding's missing host wait did) is in BENCHMARKS.md.
 
     PYTHONPATH=. python bench/jpeg_priority.py ENGINE.plan --images DIR [--rounds 2]
 """
@@ -35,14 +37,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import sartor  # noqa: E402
-from sartor.errors import DataError  # noqa: E402
 from sartor.pipeline import decode as decode_module  # noqa: E402
 from sartor.pipeline import pipeline as pipeline_module  # noqa: E402
 from sartor.pipeline.benchmark import end_to_end, image_files  # noqa: E402
 from sartor.pipeline.nvjpeg_batched import NvjpegBatched  # noqa: E402
 
 HIGH = -100  # torch maps it to the device's greatest priority
-ORIGINAL_GPU_DECODE = decode_module._decode_jpegs_on_gpu
+ORIGINAL_BATCHED = decode_module._batched_decoder
 ORIGINAL_INIT = pipeline_module.Pipeline.__init__
 
 
@@ -52,21 +53,14 @@ def binding_decoder(binding: NvjpegBatched):
     return decode
 
 
-def use_variant(binding: NvjpegBatched | None, priority: int) -> None:
-    """The Pipeline's GPU JPEG decode and its preparation stream's priority, for the next end_to_end."""
-    def decode_on_gpu(sources, device, slots, decoded):
-        try:
-            frames = binding.decode([s.encoded for s in sources], torch.cuda.current_stream(device))
-        except DataError:
-            return ORIGINAL_GPU_DECODE(sources, device, slots, decoded)  # finds the bad file, one by one
-        for slot, source, frame in zip(slots, sources, frames):
-            decoded[slot] = decode_module.DecodedFrame(source.name, frame.permute(2, 0, 1))
-
+def use_variant(binding: bool, priority: int) -> None:
+    """The Pipeline's GPU JPEG decode (sartor's binding, its default, or torchvision's) and its
+    preparation stream's priority, for the next end_to_end."""
     def init(self, *args, **kwargs):
         ORIGINAL_INIT(self, *args, **kwargs)
         if self._side_stream is not None:
             self._side_stream = torch.cuda.Stream(self.device, priority=priority)
-    decode_module._decode_jpegs_on_gpu = decode_on_gpu if binding is not None else ORIGINAL_GPU_DECODE
+    decode_module._batched_decoder = ORIGINAL_BATCHED if binding else (lambda device: None)
     pipeline_module.Pipeline.__init__ = init
 
 
@@ -114,8 +108,8 @@ def main() -> None:
     decoders = {"torchvision": (torchvision_decoder(torch.device("cuda")), normal),
                 "binding, normal stream": (binding_decoder(binding), normal),
                 "binding, high-priority stream": (binding_decoder(binding), fast)}
-    variants = {"torchvision, normal": (None, 0), "torchvision, high": (None, HIGH),
-                "binding, normal": (binding, 0), "binding, high": (binding, HIGH)}
+    variants = {"torchvision, normal": (False, 0), "torchvision, high": (False, HIGH),
+                "binding, normal": (True, 0), "binding, high": (True, HIGH)}
     beside_rows: dict[str, list] = {}
     e2e_rows: dict[str, list] = {}
     for round_index in range(args.rounds):
@@ -144,14 +138,14 @@ def main() -> None:
     from pipeline_e2e import per_call_ms, summary
     one = {spec.name: torch.rand((1, *shape[1:]), device="cuda").to(getattr(torch, spec.dtype))}
     engine_b1 = summary(per_call_ms(lambda: ctx.run(one), 200, warmup=10), 1)["median_ms"]
-    for name, chosen in (("torchvision", None), ("binding", binding)):
+    for name, chosen in (("torchvision", False), ("binding", True)):
         use_variant(chosen, 0)
         single = pipeline_module.Pipeline(engine, batch_size=1, overlap=False)
         frame = [read_frames(Path(args.images))[0]]
         latency = summary(per_call_ms(lambda: single.run(frame), 200, warmup=10), 1)
         print(f"batch 1, {name}: JPEG → boxes median {latency['median_ms']:.3f} ms, p99 {latency['p99_ms']:.3f}; "
               f"engine alone {engine_b1:.3f} ms; over it {latency['median_ms'] - engine_b1:.3f} ms", flush=True)
-    use_variant(None, 0)
+    use_variant(True, 0)
     print("| decoder | decode alone | decode beside | decode share | engine share |\n|---|---|---|---|---|")
     for name, rows in beside_rows.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}

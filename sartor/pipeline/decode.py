@@ -1,8 +1,9 @@
 """Encoded images to uint8 RGB frames on the device that preprocesses them.
 
 Two ways, and `orig_size` keeps the file's own size for the geometry either way:
-- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call (`torchvision.io.decode_jpeg(
-  ..., device="cuda")`; when that call fails, each JPEG is decoded alone, so one corrupt file fails
+- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call, queued on the caller's stream
+  without a host wait (`nvjpeg_batched.py`; torchvision's `decode_jpeg(..., device="cuda")` where
+  that binding cannot load; when that call fails, each JPEG is decoded alone, so one corrupt file fails
   only itself). On the host, a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain
   (libjpeg's scaled IDCT, the scale `Image.draft` picks) when the spec shrinks it at least that
   much, at the smallest such scale still at least the letterbox's size, and torch's resize
@@ -20,6 +21,7 @@ EXIF orientation is not applied, as in `sartor.data.preprocess`."""
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -34,6 +36,7 @@ from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import PreprocessSpec, placement, resize_pixels
 from ..errors import ConfigError, DataError
 from . import turbo_jpeg
+from .nvjpeg_batched import NvjpegBatched
 from .pinned_slots import PinnedSlot, PinnedSlots
 from .sources import FrameSource
 
@@ -294,11 +297,47 @@ def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots
     return frame
 
 
+# One binding per device, shared by the pipelines of a process (torchvision keeps one decoder too);
+# None where it cannot load, and torchvision decodes.
+_BATCHED: dict[torch.device, tuple[NvjpegBatched, threading.Lock] | None] = {}
+_BATCHED_LOCK = threading.Lock()
+
+
+def _batched_decoder(device: torch.device) -> tuple[NvjpegBatched, threading.Lock] | None:
+    key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    with _BATCHED_LOCK:
+        if key not in _BATCHED:
+            try:
+                _BATCHED[key] = (NvjpegBatched(key), threading.Lock())
+            except (ConfigError, DataError, OSError) as exc:
+                warnings.warn(f"nvJPEG's batched decode on the caller's stream is unavailable ({exc}); "
+                              f"JPEGs go through torchvision's decode_jpeg", RuntimeWarning, stacklevel=2)
+                _BATCHED[key] = None
+        return _BATCHED[key]
+
+
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
                          decoded: list) -> None:
+    batched = _batched_decoder(device)
+    if batched is not None:
+        # Queued on the caller's stream, which orders the preprocessing after it; the host does not
+        # wait for the decode (torchvision's does), and its frames are torchvision's to the bit
+        # (BENCHMARKS.md, "Frames to boxes").
+        decoder, lock = batched
+        try:
+            with lock:  # an nvJPEG state decodes one batch at a time
+                stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+                frames = decoder.decode([s.encoded for s in sources], stream)
+        except DataError:
+            frames = None  # one bad file fails the batched call: torchvision finds it, one by one below
+        if frames is not None:
+            for slot, source, frame in zip(slots, sources, frames):
+                decoded[slot] = DecodedFrame(source.name, frame.permute(2, 0, 1))
+            return
     io = _image_io()
     try:
-        frames = io.decode_jpeg([s.encoded for s in sources], mode=io.ImageReadMode.RGB, device=device)
+        frames = None if batched is not None else io.decode_jpeg([s.encoded for s in sources],
+                                                                 mode=io.ImageReadMode.RGB, device=device)
     except RuntimeError:
         frames = None  # one bad file fails the batched call: find it by decoding each alone
     for k, (slot, source) in enumerate(zip(slots, sources)):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ctypes
 import io
+import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ import torch
 from PIL import Image
 
 from sartor.errors import ConfigError, DataError
+from sartor.pipeline import decode as decode_module
+from sartor.pipeline import read_sources
 from sartor.pipeline.nvjpeg_batched import NvjpegBatched, NvjpegImage, _buffer
 
 
@@ -72,3 +76,51 @@ def test_on_a_gpu_a_corrupt_file_fails_the_batch_with_one_line():
     decoder = NvjpegBatched("cuda")
     with pytest.raises(DataError, match="nvJPEG status"):
         decoder.decode([jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x00" * 200], torch.cuda.current_stream())
+
+
+class DecoderStandingIn:
+    """NvjpegBatched's part the pipeline uses: frames H×W×3 (here Pillow's), or DataError for the batch."""
+    def __init__(self, fail: bool = False):
+        self.fail, self.batches = fail, []
+
+    def decode(self, encoded: list, stream) -> list[torch.Tensor]:
+        self.batches.append(len(encoded))
+        if self.fail:
+            raise DataError("nvjpegDecodeBatched: nvJPEG status 3 (bad JPEG)")
+        return [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
+                for e in encoded]
+
+
+def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkeypatch):
+    standing_in = DecoderStandingIn()
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: (standing_in, threading.Lock()))
+    items = [jpeg_bytes((64, 48)), jpeg_bytes((32, 24))]
+    decoded = [None, None]
+    decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
+    assert standing_in.batches == [2]
+    for frame, data in zip(decoded, items):
+        expected = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()).permute(2, 0, 1)
+        assert frame.error is None and torch.equal(frame.pixels, expected)  # channels first, as torchvision's
+
+
+def test_a_batch_the_binding_refuses_is_decoded_one_by_one_so_only_the_bad_file_fails(monkeypatch):
+    pytest.importorskip("torchvision.io")
+    standing_in = DecoderStandingIn(fail=True)
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: (standing_in, threading.Lock()))
+    items = [jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x01" * 300 + b"\xff\xd9"]
+    decoded = [None, None]
+    decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
+    assert decoded[0].error is None and tuple(decoded[0].pixels.shape) == (3, 48, 64)
+    assert decoded[1].pixels is None and decoded[1].name in decoded[1].error
+
+
+def test_without_the_binding_jpegs_go_to_torchvision_and_the_reason_is_said_once(monkeypatch):
+    def unavailable(device):
+        raise ConfigError("nvJPEG was not found")
+    monkeypatch.setattr(decode_module, "NvjpegBatched", unavailable)
+    monkeypatch.setattr(decode_module, "_BATCHED", {})
+    with pytest.warns(RuntimeWarning, match="torchvision's decode_jpeg"):
+        assert decode_module._batched_decoder(torch.device("cuda:0")) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remembered: no second warning
+        assert decode_module._batched_decoder(torch.device("cuda:0")) is None
