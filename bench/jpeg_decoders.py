@@ -135,6 +135,19 @@ def waits_for_other_streams(decode, encoded, sleep_ms: float = 20.0) -> dict:
     return {"alone_ms": round(alone * 1e3, 3), "beside_sleep_ms": round(beside * 1e3, 3), "sleep_ms": sleep_ms}
 
 
+def engine_stepper(ctx, feed: dict):
+    """(step, stream): one engine run on a stream of its own, waited for; warmed up here."""
+    stream = torch.cuda.Stream()
+
+    def step():
+        with torch.cuda.stream(stream):
+            ctx.run(feed)
+        stream.synchronize()
+    for _ in range(5):
+        step()
+    return step, stream
+
+
 def loop_for(seconds: float, step, counter: list, stop: threading.Event) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end and not stop.is_set():
@@ -220,14 +233,7 @@ def main() -> None:
     name = engine.inputs[0].name
     first = [d for d in found["torchvision_nvjpeg"][0](inputs_for("bytes", frames, args.batch), stream)]
     feed = {name: torch.stack([f.permute(1, 2, 0) for f in first]).contiguous()}
-    engine_stream = torch.cuda.Stream()
-
-    def engine_step():
-        with torch.cuda.stream(engine_stream):
-            ctx.run(feed)
-        engine_stream.synchronize()
-    for _ in range(5):
-        engine_step()
+    engine_step, engine_stream = engine_stepper(ctx, feed)
     results["engine_alone"] = rate_alone(lambda e, s: ctx.run(feed), list(range(args.batch)), torch.cuda.current_stream())
     print("engine", json.dumps(results["engine_alone"]), flush=True)
     for label, (decode, form) in found.items():

@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("jpeg_priority.py needs a CUDA device")
-    from jpeg_decoders import inputs_for, rate_alone, side_by_side, torchvision_decoder
+    from jpeg_decoders import engine_stepper, inputs_for, rate_alone, side_by_side, torchvision_decoder
     from pipeline_e2e import read_frames
     low, high = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, HIGH)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
@@ -97,14 +97,7 @@ def main() -> None:
     diff = max(int((r.permute(1, 2, 0).int() - o.int()).abs().max()) for r, o in zip(reference, ours))
     print(f"frames: {len(ours)} of {tuple(ours[0].shape)}; largest difference from torchvision's {diff}", flush=True)
 
-    engine_stream = torch.cuda.Stream()
-
-    def engine_step():
-        with torch.cuda.stream(engine_stream):
-            ctx.run(feed)
-        engine_stream.synchronize()
-    for _ in range(5):
-        engine_step()
+    engine_step, engine_stream = engine_stepper(ctx, feed)
     decoders = {"torchvision": (torchvision_decoder(torch.device("cuda")), normal),
                 "binding, normal stream": (binding_decoder(binding), normal),
                 "binding, high-priority stream": (binding_decoder(binding), fast)}

@@ -68,13 +68,9 @@ if triton is not None:
         else:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
         for kh in tl.static_range(KH):
-            ih = ih0 + kh * DH
-            row_ok = p_ok & (ih >= 0) & (ih < H)
             for kw in tl.static_range(KW):
-                iw = iw0 + kw * DW
-                ok = row_ok & (iw >= 0) & (iw < W)
-                v = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :],
-                            mask=ok[:, None] & c_ok[None, :], other=0.0)
+                pixels, ok = _tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
+                v = tl.load(x_ptr + pixels[:, None] + offs_c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
                 if INT8:
                     if QUANTIZE_INPUT:  # padding loads 0.0, whose code is 0
@@ -126,13 +122,9 @@ if triton is not None:
         lane2 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         lane3 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         for kh in tl.static_range(KH):
-            ih = ih0 + kh * DH
-            row_ok = p_ok & (ih >= 0) & (ih < H)
             for kw in tl.static_range(KW):
-                iw = iw0 + kw * DW
-                ok = row_ok & (iw >= 0) & (iw < W)
-                words = tl.load(x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_w[None, :],
-                                mask=ok[:, None] & w_ok[None, :], other=0)
+                pixels, ok = _tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
+                words = tl.load(x_ptr + pixels[:, None] + offs_w[None, :], mask=ok[:, None] & w_ok[None, :], other=0)
                 taps = tl.load(w_ptr + offs_w + (kh * swh + kw * sww), mask=w_ok, other=0)[None, :]
                 lane0 = _lane_product_sum(words, taps, 0, lane0, DP4A)
                 lane1 = _lane_product_sum(words, taps, 1, lane1, DP4A)
@@ -144,6 +136,12 @@ if triton is not None:
         store_epilogue(acc, offs_p, offs_c, p_ok, offs_c < C, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
+
+    @triton.jit
+    def _tap_pixels(base, ih, iw, p_ok, H, W, sxh, sxw):
+        """A tap's input pixel offsets for the program's output pixels, and which lie inside the
+        image (padding is left out by the mask)."""
+        return base + ih * sxh + iw * sxw, p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
 
     @triton.jit
     def _lane_product_sum(words, taps, LANE: tl.constexpr, acc, DP4A: tl.constexpr):
