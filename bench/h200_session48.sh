@@ -10,10 +10,13 @@
 #   j: issue 30: nvJPEG's batched decode through sartor's own binding on a high-priority stream,
 #      alone and beside the engine, and JPEG files → boxes with it (bench/jpeg_priority.py);
 #      carry [".whl/nvdec"] (bash scripts/device_carry.sh nvdec).
-#   OUT=$OUT bash bench/h200_session48.sh a|d|b|j
+#   c: issue 30: several batched nvJPEG decodes in flight at once (bench/nvjpeg_concurrency.py): the
+#      Pipeline keeps one, and beside the engine the GPU ran both decoder and engine (session 48).
+#   Session 48 ran d and j on an H100; a, b and c are left, a and b for the H200.
+#   OUT=$OUT bash bench/h200_session48.sh a|d|b|j|c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, d, b or j}
+part=${1:?say a, d, b, j or c}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -29,6 +32,11 @@ if [ "$part" = b ]; then
       | python bench/table_cells.py
     echo "$model at ${SECONDS}s"
   done
+  exit 0
+fi
+if [ "$part" = c ]; then
+  mkdir -p /tmp/jpegs && cp .whl/nvdec/frames/*.jpg /tmp/jpegs/
+  timeout 120 python bench/nvjpeg_concurrency.py --images /tmp/jpegs --threads 1,2,3 --rounds 2 2>&1 | tail -8
   exit 0
 fi
 if [ "$part" = j ]; then
