@@ -239,7 +239,7 @@ def _qlayer_tactics(gemm: bool):
             return names + projected_tactics(inputs, attrs, effort)
         if not gemm and depthwise_int8_geometry(inputs[0], inputs[1], attrs) is not None:
             wide = inputs[0].shape[1] > DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8]  # else the same blocks
-            words = inputs[0].dtype == torch.int8 and code_words(inputs[0]) is not None
+            words = code_words(inputs[0]) is not None  # INT8 codes in whole words
             return (names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
                     + ([TRITON_DEPTHWISE_INT8_WORDS] if words else []))
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)

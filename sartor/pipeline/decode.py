@@ -316,34 +316,37 @@ def _batched_decoder(device: torch.device) -> tuple[NvjpegBatched, threading.Loc
         return _BATCHED[key]
 
 
+def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[torch.Tensor] | None:
+    """The sources' frames (3×H×W views) from one batched nvJPEG call, or None when the call fails
+    (one bad file fails it). sartor's binding queues the decode on the caller's stream, which orders
+    the preprocessing after it, and the host does not wait (torchvision's call does); its frames are
+    torchvision's to the bit (decision 0062). torchvision's `decode_jpeg` where the binding cannot load."""
+    encoded = [s.encoded for s in sources]
+    batched = _batched_decoder(device)
+    if batched is None:
+        io = _image_io()
+        try:
+            return io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            return None
+    decoder, lock = batched
+    try:
+        with lock:  # an nvJPEG state decodes one batch at a time
+            frames = decoder.decode(encoded, torch.cuda.current_stream(device) if device.type == "cuda" else None)
+    except DataError:
+        return None
+    return [frame.permute(2, 0, 1) for frame in frames]
+
+
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
                          decoded: list) -> None:
-    batched = _batched_decoder(device)
-    if batched is not None:
-        # Queued on the caller's stream, which orders the preprocessing after it; the host does not
-        # wait for the decode (torchvision's does), and its frames are torchvision's to the bit
-        # (BENCHMARKS.md, "Frames to boxes").
-        decoder, lock = batched
-        try:
-            with lock:  # an nvJPEG state decodes one batch at a time
-                stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-                frames = decoder.decode([s.encoded for s in sources], stream)
-        except DataError:
-            frames = None  # one bad file fails the batched call: torchvision finds it, one by one below
-        if frames is not None:
-            for slot, source, frame in zip(slots, sources, frames):
-                decoded[slot] = DecodedFrame(source.name, frame.permute(2, 0, 1))
-            return
-    io = _image_io()
-    try:
-        frames = None if batched is not None else io.decode_jpeg([s.encoded for s in sources],
-                                                                 mode=io.ImageReadMode.RGB, device=device)
-    except RuntimeError:
-        frames = None  # one bad file fails the batched call: find it by decoding each alone
-    for k, (slot, source) in enumerate(zip(slots, sources)):
-        if frames is not None:
-            decoded[slot] = DecodedFrame(source.name, frames[k])
-            continue
+    frames = _batched_frames(sources, device)
+    if frames is not None:
+        for slot, source, frame in zip(slots, sources, frames):
+            decoded[slot] = DecodedFrame(source.name, frame)
+        return
+    io = _image_io()  # the batched call failed: decoding each alone finds the bad file
+    for slot, source in zip(slots, sources):
         try:
             decoded[slot] = DecodedFrame(source.name, io.decode_jpeg(source.encoded, mode=io.ImageReadMode.RGB,
                                                                      device=device))

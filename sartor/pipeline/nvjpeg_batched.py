@@ -2,11 +2,10 @@
 already loads.
 
 `torchvision.io.decode_jpeg(device="cuda")` queues nvJPEG's work on a stream of its own, taken from
-torch's pool of low-priority streams, and waits for it on the host. Beside an engine that keeps every
-SM busy, that work waits for SMs like any other stream's, and the decoders fell to half their rate
-(BENCHMARKS.md, "Frames to boxes"). Here the work goes to the stream given, which may be of high
-priority (the SM scheduler then places its blocks first as the engine's retire), and nothing waits on
-the host: the caller orders later work after it with an event, as for any stream.
+torch's pool of low-priority streams, and waits for it on the host, so the thread that prepares a
+pipeline's batches stands still for every decode. Here the work goes to the stream given and nothing
+waits on the host: the caller orders later work after it on that stream, or with an event, as for
+any stream. (A high-priority stream was tried and changed nothing; decision 0062.)
 
 Baseline JPEGs decode on the hardware JPEG engines (NVJPEG_BACKEND_HARDWARE, A100/H100/H200; on a
 GPU without them, nvJPEG's default backend); output is interleaved RGB, H×W×3 uint8, one tensor a
@@ -55,7 +54,8 @@ def library_path() -> str:
     except OSError:
         pass
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    patterns = (os.path.join(site, "nvidia", "**", "libnvjpeg.so*"), os.path.join(site, "torchvision.libs", "libnvjpeg*"))
+    patterns = (os.path.join(site, "nvidia", "**", "libnvjpeg.so*"),
+                os.path.join(site, "torchvision.libs", "libnvjpeg*"))
     found = sorted(p for pattern in patterns for p in glob.glob(pattern, recursive=True))
     if found:
         return found[-1]
@@ -146,11 +146,3 @@ class NvjpegBatched:
             done.record(stream)
         self._last = (done, [data, lengths, images, encoded])
         return frames
-
-    def close(self) -> None:
-        if self.state:
-            self.lib.nvjpegJpegStateDestroy(self.state)
-            self.state = ctypes.c_void_p()
-        if self.handle:
-            self.lib.nvjpegDestroy(self.handle)
-            self.handle = ctypes.c_void_p()

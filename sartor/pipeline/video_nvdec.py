@@ -96,4 +96,3 @@ def copied_frames(batch: list) -> list[torch.Tensor]:
     if all(v.shape == views[0].shape for v in views):
         return list(torch.stack(views).unbind(0))
     return [v.clone() for v in views]  # a resolution change inside the call
-
