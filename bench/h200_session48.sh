@@ -4,7 +4,7 @@
 #      INT8 engines alternating, the C2f A/B and the SASS audit (h200_session47.sh a).
 #   d: YOLO11n's INT8 against FP16 layer by layer (h200_session47.sh d: the 128-channel INT8
 #      depthwise tactic's first timing), then every candidate for the 3×3 16 → 8 channel layer at
-#      160×160 that held YOLO11n's INT8 back (0.0615 → 0.0611 ms on an H100), inside a C2f block.
+#      160×160 that gained nothing in INT8 (BENCHMARKS.md), inside a C2f block.
 #   b: the YOLOv8n and YOLO11n INT8 / FP16 table at batch 32 and 1, the default effort
 #      (as session 44's H200 table), each cell printed as it is timed.
 #   j: issue 30: nvJPEG's batched decode through sartor's own binding on a high-priority stream,

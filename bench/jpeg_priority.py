@@ -1,13 +1,12 @@
 """Does nvJPEG keep its rate beside the engine when its work runs on a high-priority stream (issue 30)?
 
 JPEG files → boxes stay near the sum of the decode's and the engine's times, as if the two took turns
-on the GPU: beside the engine replayed in a loop, every decoder fell to half its rate alone, while a
-20 ms kernel queued on another stream did not slow a decode (BENCHMARKS.md, "Frames to boxes"). The
-engine's kernels keep every SM busy, and the decoders' kernels wait behind them; torchvision's nvJPEG
-queues its work on a stream of torch's low-priority pool, so a priority given to the caller's stream
-never reached it. `sartor.pipeline.nvjpeg_batched` queues nvJPEG's batched decode on the caller's
-stream, so the decode can run at high priority (the SM scheduler places its blocks first as others
-retire). In one process, alternating over rounds:
+on the GPU, and in session 36 the decoders slowed beside the engine replayed in a loop (figures in
+BENCHMARKS.md, "Frames to boxes"). torchvision's nvJPEG queues its work on a stream of torch's
+low-priority pool, so no priority given to the caller's stream ever reached it.
+`sartor.pipeline.nvjpeg_batched` queues nvJPEG's batched decode on the caller's stream, so the decode
+can run at high priority (the SM scheduler places its blocks first as others retire). In one
+process, alternating over rounds:
 
 - frames: the binding's frames against torchvision's (both nvJPEG; the largest difference);
 - alone / beside: each decoder's rate alone, and beside the engine replayed in a loop on a stream of
