@@ -19,6 +19,7 @@ import ctypes.util
 import glob
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -78,17 +79,30 @@ def _status_text(code: int) -> str:
     return f"nvJPEG status {code} ({STATUS_NAMES.get(code, 'unknown')})"
 
 
+@dataclass
+class _State:
+    """One nvJPEG decode state: its staging buffers hold a batch's bitstreams until its work has run."""
+    handle: ctypes.c_void_p
+    initialized_for: int = 0  # the batch size nvjpegDecodeBatchedInitialize was called with
+    # nvJPEG stages a batch's bitstreams in the state's own host buffers: the next batch on this
+    # state may not overwrite them before the last one's work has run (torchvision waits for its stream).
+    last: tuple[torch.cuda.Event, list] | None = None
+
+
 class NvjpegBatched:
     """A batched nvJPEG decoder bound to one device. `decode(encoded, stream)` queues the decode of
     a batch of JPEGs on `stream` and returns their frames (H×W×3 uint8 on the device), valid once
-    the stream's work up to that call is done; the host does not wait."""
+    the stream's work up to that call is done; the host waits only for the decode `states` calls
+    before, whose state (and staging buffers) this call takes over."""
 
-    def __init__(self, device: torch.device | str = "cuda", library: str | None = None):
+    def __init__(self, device: torch.device | str = "cuda", library: str | None = None, states: int = 2):
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ConfigError(f"nvJPEG decodes on a CUDA device, not {self.device}")
+        if states < 1:
+            raise ConfigError(f"states {states} must be at least 1")
         self.lib = ctypes.CDLL(library or library_path())
-        self.handle, self.state = ctypes.c_void_p(), ctypes.c_void_p()
+        self.handle = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # the primary context current on this thread
             code = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle))
@@ -96,11 +110,14 @@ class NvjpegBatched:
             if not self.hardware:
                 code = self.lib.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
             self._check(code, "nvjpegCreateEx")
-            self._check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
-        self._initialized_for = 0  # the batch size nvjpegDecodeBatchedInitialize was called with
-        # nvJPEG stages each batch's bitstreams in the state's own host buffers: the next batch may
-        # not overwrite them before the last one's work has run (torchvision waits for its stream).
-        self._last: tuple[torch.cuda.Event, list] | None = None
+            self._states = [_State(ctypes.c_void_p()) for _ in range(states)]
+            for state in self._states:
+                self._check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state.handle)),
+                            "nvjpegJpegStateCreate")
+        # Batches take the states in turn: a batch waits on the host only for the decode of the one
+        # `states` batches before it, so with two the next batch is handed to nvJPEG while this one
+        # decodes, rather than after it.
+        self._turn = 0
 
     def _check(self, code: int, call: str) -> None:
         if code != 0:
@@ -124,25 +141,27 @@ class NvjpegBatched:
         encoded = [item if isinstance(item, (bytes, torch.Tensor)) else bytes(item) for item in encoded]
         addresses, lengths = zip(*(_buffer(item) for item in encoded))
         sizes = [self.image_size(a, n) for a, n in zip(addresses, lengths)]
-        if self._last is not None:
-            self._last[0].synchronize()  # the previous batch's decode alone, not the stream's later work
+        state = self._states[self._turn]
+        self._turn = (self._turn + 1) % len(self._states)
+        if state.last is not None:
+            state.last[0].synchronize()  # that state's last decode alone, not the stream's later work
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             frames = [torch.empty((h, w, 3), dtype=torch.uint8, device=self.device) for h, w in sizes]
-            if self._initialized_for != len(encoded):
-                self._check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, len(encoded), 1,
+            if state.initialized_for != len(encoded):
+                self._check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, state.handle, len(encoded), 1,
                                                                    OUTPUT_RGBI), "nvjpegDecodeBatchedInitialize")
-                self._initialized_for = len(encoded)
+                state.initialized_for = len(encoded)
             images = (NvjpegImage * len(encoded))()
             for image, frame, (_, w) in zip(images, frames, sizes):
                 image.channel[0], image.pitch[0] = frame.data_ptr(), w * 3
             data = (ctypes.c_void_p * len(encoded))(*addresses)
             lengths = (ctypes.c_size_t * len(encoded))(*lengths)
-            code = self.lib.nvjpegDecodeBatched(self.handle, self.state, data, lengths, images,
+            code = self.lib.nvjpegDecodeBatched(self.handle, state.handle, data, lengths, images,
                                                 ctypes.c_void_p(stream.cuda_stream))
             if code != 0:
-                self._initialized_for = 0  # a failed batch leaves the state to be initialised again
+                state.initialized_for = 0  # a failed batch leaves the state to be initialised again
                 self._check(code, "nvjpegDecodeBatched")
             done = torch.cuda.Event()
             done.record(stream)
-        self._last = (done, [data, lengths, images, encoded])
+        state.last = (done, [data, lengths, images, encoded])
         return frames

@@ -71,6 +71,29 @@ def test_on_a_gpu_its_frames_are_torchvisions_on_any_stream_priority():
             assert torch.equal(frame.permute(2, 0, 1), reference)
 
 
+def test_fewer_than_one_decode_state_is_refused():
+    with pytest.raises(ConfigError, match="states 0 must be at least 1"):
+        NvjpegBatched("cuda", states=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+@pytest.mark.parametrize("states", [1, 2, 3])
+def test_on_a_gpu_batches_queued_back_to_back_on_the_states_in_turn_keep_their_own_frames(states):
+    # Each batch is handed to nvJPEG before the last one has run: a state reused too early would
+    # decode one batch's bitstreams into another's frames.
+    torchvision_io = pytest.importorskip("torchvision.io")
+    batches = [[jpeg_bytes((640 + 64 * k, 360)), jpeg_bytes((320, 240 + 16 * k))] for k in range(5)]
+    decoder = NvjpegBatched("cuda", states=states)
+    stream = torch.cuda.Stream()
+    decoded = [decoder.decode(batch, stream) for batch in batches]
+    stream.synchronize()
+    for batch, frames in zip(batches, decoded):
+        expected = torchvision_io.decode_jpeg([torch.frombuffer(bytearray(e), dtype=torch.uint8) for e in batch],
+                                              mode=torchvision_io.ImageReadMode.RGB, device="cuda")
+        for frame, reference in zip(frames, expected):
+            assert torch.equal(frame.permute(2, 0, 1), reference)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
 def test_on_a_gpu_a_corrupt_file_fails_the_batch_with_one_line():
     decoder = NvjpegBatched("cuda")
