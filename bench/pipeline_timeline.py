@@ -11,10 +11,12 @@ Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its s
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
-Variants: the binding's decode states (`--states 1,2`: 1 waits for the last decode before handing
-the next to nvJPEG, 2 for the one before it).
+Variants (`--variants STATES:STREAM,...`): the binding's decode states (1 waits for the last decode
+before handing the next to nvJPEG, 2 for the one before it) and the stream it decodes on (`caller`:
+the preparation stream, behind the batch before's preprocessing and the wait for a free staging
+buffer; `own`: a stream of the decoder's, the Pipeline's default).
 
-    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--states 1,2] [--passes 3]
+    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 1:caller,2:own]
 """
 from __future__ import annotations
 
@@ -171,7 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine")
     parser.add_argument("--images", required=True)
-    parser.add_argument("--states", default="1,2", help="the binding's decode states, one variant each")
+    parser.add_argument("--variants", default="1:caller,2:caller,2:own",
+                        help="decode states:stream (caller or own), one variant each")
     parser.add_argument("--passes", type=int, default=3, help="passes over the files; the first is warm-up")
     parser.add_argument("--show", type=int, default=3, help="steady batches printed span by span")
     args = parser.parse_args()
@@ -179,8 +182,11 @@ def main() -> None:
     files = image_files(args.images)
     device = torch.device("cuda", torch.cuda.current_device())
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files", flush=True)
-    for states in (int(s) for s in args.states.split(",")):
-        decode_module._BATCHED[device] = (NvjpegBatched(device, states=states), threading.Lock())
+    for variant in args.variants.split(","):
+        states, stream = variant.split(":")
+        decode_module._BATCHED[device] = decode_module.GpuJpegDecoder(
+            NvjpegBatched(device, states=int(states)), threading.Lock(),
+            torch.cuda.Stream(device) if stream == "own" else None)
         recorder = Recorder()
         instrument(recorder)
         pipeline, _, _ = bench_pipeline(engine, None, "auto")
@@ -193,7 +199,7 @@ def main() -> None:
             for _ in pipeline.stream(files):
                 pass
         rate = len(files) * (args.passes - 1) / (time.perf_counter() - start)
-        print(f"== binding with {states} decode state(s): files → boxes {rate:.0f} frames/s, "
+        print(f"== binding with {states} decode state(s), {stream} stream: files → boxes {rate:.0f} frames/s, "
               f"batch {pipeline.batch_size}", flush=True)
         report(recorder.spans_ms(), steady_from, pipeline.batch_size, args.show)
         restore()

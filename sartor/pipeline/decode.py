@@ -1,16 +1,17 @@
 """Encoded images to uint8 RGB frames on the device that preprocesses them.
 
 Two ways, and `orig_size` keeps the file's own size for the geometry either way:
-- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call, queued on the caller's stream
-  without a host wait (`nvjpeg_batched.py`; torchvision's `decode_jpeg(..., device="cuda")` where
-  that binding cannot load; when that call fails, each JPEG is decoded alone, so one corrupt file fails
-  only itself). On the host, a JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain
-  (libjpeg's scaled IDCT, the scale `Image.draft` picks) when the spec shrinks it at least that
-  much, at the smallest such scale still at least the letterbox's size, and torch's resize
-  (`prepare`) does what is left: by libjpeg-turbo through simplejpeg, with the GIL released
-  (`turbo_jpeg.py`), else by Pillow (libjpeg-turbo, libpng), to the same pixels. Its pixels are
-  not the reference's (a DCT low-pass, nvJPEG's IDCT, other rounding):
-  docs/decisions/0025-cpu-fast-decode.md gives the accuracy it costs.
+- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call, queued on a stream of the
+  decoder's own that the caller's stream waits for, without a host wait (`nvjpeg_batched.py`;
+  torchvision's `decode_jpeg(..., device="cuda")` where that binding cannot load; when that call
+  fails, each JPEG is decoded alone, so one corrupt file fails only itself). On the host, a JPEG
+  is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's scaled IDCT, the scale
+  `Image.draft` picks) when the spec shrinks it at least that much, at the smallest such scale
+  still at least the letterbox's size, and torch's resize (`prepare`) does what is left: by
+  libjpeg-turbo through simplejpeg, with the GIL released (`turbo_jpeg.py`), else by Pillow
+  (libjpeg-turbo, libpng), to the same pixels. Its pixels are not the reference's (a DCT
+  low-pass, nvJPEG's IDCT, other rounding): docs/decisions/0025-cpu-fast-decode.md gives the
+  accuracy it costs.
 - exact (`fast=False`), on any device: Pillow's decode and Pillow's bilinear resize to the spec's
   size on the host, the values of `sartor.data.preprocess` exactly, so `sartor validate` scores the
   engine, not a decoder or a resize filter.
@@ -297,20 +298,29 @@ def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots
     return frame
 
 
-# One binding per device, shared by the pipelines of a process (torchvision keeps one decoder too);
-# None where it cannot load, and torchvision decodes.
-_BATCHED: dict[torch.device, tuple[NvjpegBatched, threading.Lock] | None] = {}
+@dataclass
+class GpuJpegDecoder:
+    """The binding of one device, the lock its calls take in turn, and the stream it decodes on
+    (None: the caller's)."""
+    binding: NvjpegBatched
+    lock: threading.Lock
+    stream: torch.cuda.Stream | None = None
+
+
+# One per device, shared by the pipelines of a process (torchvision keeps one decoder too); None
+# where the binding cannot load, and torchvision decodes.
+_BATCHED: dict[torch.device, GpuJpegDecoder | None] = {}
 _BATCHED_LOCK = threading.Lock()
 
 
-def _batched_decoder(device: torch.device) -> tuple[NvjpegBatched, threading.Lock] | None:
+def _batched_decoder(device: torch.device) -> GpuJpegDecoder | None:
     key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     with _BATCHED_LOCK:
         if key not in _BATCHED:
             try:
-                _BATCHED[key] = (NvjpegBatched(key), threading.Lock())
+                _BATCHED[key] = GpuJpegDecoder(NvjpegBatched(key), threading.Lock(), torch.cuda.Stream(key))
             except (ConfigError, DataError, OSError) as exc:
-                warnings.warn(f"nvJPEG's batched decode on the caller's stream is unavailable ({exc}); "
+                warnings.warn(f"sartor's nvJPEG binding is unavailable ({exc}); "
                               f"JPEGs go through torchvision's decode_jpeg", RuntimeWarning, stacklevel=2)
                 _BATCHED[key] = None
         return _BATCHED[key]
@@ -318,23 +328,33 @@ def _batched_decoder(device: torch.device) -> tuple[NvjpegBatched, threading.Loc
 
 def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[torch.Tensor] | None:
     """The sources' frames (3×H×W views) from one batched nvJPEG call, or None when the call fails
-    (one bad file fails it). sartor's binding queues the decode on the caller's stream, which orders
-    the preprocessing after it, and the host does not wait (torchvision's call does); its frames are
-    torchvision's to the bit (decision 0062). torchvision's `decode_jpeg` where the binding cannot load."""
+    (one bad file fails it). sartor's binding queues the decode on the decoder's own stream, which
+    the caller's stream then waits for by an event, and the host does not wait (torchvision's call
+    does); its frames are torchvision's to the bit (decision 0062). On a stream of its own the next
+    batch's decode need not wait behind this batch's preprocessing, nor behind the engine freeing a
+    staging buffer, as it would on the caller's. torchvision's `decode_jpeg` where the binding
+    cannot load."""
     encoded = [s.encoded for s in sources]
-    batched = _batched_decoder(device)
-    if batched is None:
+    gpu = _batched_decoder(device)
+    if gpu is None:
         io = _image_io()
         try:
             return io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device=device)
         except RuntimeError:
             return None
-    decoder, lock = batched
+    caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    stream = gpu.stream or caller
     try:
-        with lock:  # an nvJPEG state decodes one batch at a time
-            frames = decoder.decode(encoded, torch.cuda.current_stream(device) if device.type == "cuda" else None)
+        with gpu.lock:  # the binding's states decode one batch at a time each
+            frames = gpu.binding.decode(encoded, stream)
     except DataError:
         return None
+    if stream is not caller:
+        for frame in frames:  # allocated on the decoder's stream, read on the caller's
+            frame.record_stream(caller)
+        decoded = torch.cuda.Event()
+        decoded.record(stream)
+        caller.wait_event(decoded)
     return [frame.permute(2, 0, 1) for frame in frames]
 
 

@@ -14,6 +14,7 @@ from PIL import Image
 from sartor.errors import ConfigError, DataError
 from sartor.pipeline import decode as decode_module
 from sartor.pipeline import read_sources
+from sartor.pipeline.decode import GpuJpegDecoder
 from sartor.pipeline.nvjpeg_batched import NvjpegBatched, NvjpegImage, _buffer
 
 
@@ -116,7 +117,7 @@ class DecoderStandingIn:
 
 def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkeypatch):
     standing_in = DecoderStandingIn()
-    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: (standing_in, threading.Lock()))
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
     items = [jpeg_bytes((64, 48)), jpeg_bytes((32, 24))]
     decoded = [None, None]
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
@@ -129,7 +130,7 @@ def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkey
 def test_a_batch_the_binding_refuses_is_decoded_one_by_one_so_only_the_bad_file_fails(monkeypatch):
     pytest.importorskip("torchvision.io")
     standing_in = DecoderStandingIn(fail=True)
-    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: (standing_in, threading.Lock()))
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
     items = [jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x01" * 300 + b"\xff\xd9"]
     decoded = [None, None]
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
