@@ -6,8 +6,8 @@ keep 0.8 and 0.88 of their rates (BENCHMARKS.md, "Frames to boxes"): something p
 Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its steps wrapped:
 - host (perf_counter, per thread): the worker's `_prepare`, inside it the binding's wait for an
   earlier decode and its call into nvJPEG; the calling thread's `_launch` and `_finish`;
-- GPU (CUDA events on the stream each runs on): the decode on the preparation stream, and the
-  engine's run on the calling thread's stream.
+- GPU (CUDA events on the stream each runs on): the decode (on the stream the variant gives it),
+  the letterbox on the preparation stream, and the engine's run on the calling thread's stream.
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
@@ -78,6 +78,7 @@ class Recorder:
 def instrument(recorder: Recorder) -> None:
     """Wrap the binding's decode and the Pipeline's prepare, launch and finish with spans."""
     decode = NvjpegBatched.decode
+    prepare_batch = pipeline_module.prepare_batch
     prepare, launch, finish = (pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
                                pipeline_module.Pipeline._finish)
 
@@ -113,7 +114,15 @@ def instrument(recorder: Recorder) -> None:
         recorder.host_span("finish", t0, time.perf_counter())
         return results
 
+    def timed_prepare_batch(*args, **kwargs):
+        stream = torch.cuda.current_stream()
+        start = recorder.event(stream)  # reached once the stream has waited for the decode
+        prepared = prepare_batch(*args, **kwargs)
+        recorder.gpu_span("letterbox", start, recorder.event(stream))
+        return prepared
+
     NvjpegBatched.decode = timed_decode
+    pipeline_module.prepare_batch = timed_prepare_batch
     pipeline_module.Pipeline._prepare = timed_prepare
     pipeline_module.Pipeline._launch = timed_launch
     pipeline_module.Pipeline._finish = timed_finish
@@ -206,12 +215,12 @@ def main() -> None:
 
 
 ORIGINALS = (NvjpegBatched.decode, pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
-             pipeline_module.Pipeline._finish)
+             pipeline_module.Pipeline._finish, pipeline_module.prepare_batch)
 
 
 def restore() -> None:
     (NvjpegBatched.decode, pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
-     pipeline_module.Pipeline._finish) = ORIGINALS
+     pipeline_module.Pipeline._finish, pipeline_module.prepare_batch) = ORIGINALS
 
 
 if __name__ == "__main__":
