@@ -4,11 +4,16 @@
 #      the binding's one decode state and two, on the preparation stream and on its own; the
 #      binding's and the Pipeline's GPU tests first, several nvJPEG decodes
 #      in flight after (h200_session48.sh c). carry [".whl/nvdec"] (bash scripts/device_carry.sh nvdec).
+#   p: issue 30 after t: the Pipeline's GPU tests (failures listed), then the timeline of the
+#      session's start (one decode state, the preparation stream, one batch prepared at a time)
+#      against two states on the decoder's own stream, one and two batches at once; then
+#      `sartor bench --end-to-end` on the files (files → boxes, the decode stage alone, the engine alone).
+#   e: issue 33's sample detector, FP16 and INT8 at batch 32 (h200_session46.sh e) alone.
 #   a, b, c: as h200_session48.sh (a and b for the H200, the bars' card).
-#   OUT=$OUT bash bench/h200_session49.sh t|a|b|c
+#   OUT=$OUT bash bench/h200_session49.sh t|p|e|a|b|c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say t, a, b or c}
+part=${1:?say t, p, e, a, b or c}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 if [ "$part" = t ]; then
@@ -24,5 +29,30 @@ if [ "$part" = t ]; then
   timeout 100 python bench/nvjpeg_concurrency.py --images .whl/nvdec/frames --threads 1,2,3 --rounds 2 2>&1 | tail -7
   echo "done at ${SECONDS}s"
   exit 0
+fi
+if [ "$part" = p ]; then
+  SECONDS=0
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  . bench/y8nms_common.sh
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/pipeline -k "cuda or gpu" -rf --tb=line 2>&1 \
+    | grep -v "^ *warn\|^  /\|Deprecation" | tail -14
+  echo "tests at ${SECONDS}s"
+  build_y8nms 200
+  make_jpeg512
+  timeout 150 python bench/pipeline_timeline.py /tmp/y8nms.plan --images /tmp/jpeg512 --passes 3 --show 2 \
+    --variants 1:caller:1,2:own:1,2:own:2 2>&1 | grep -v "^ *warn"
+  echo "timeline at ${SECONDS}s"
+  for round in 1 2; do
+    timeout 60 python -m sartor bench /tmp/y8nms.plan --end-to-end --images /tmp/jpeg512 --passes 4 --json 2>/dev/null \
+      | python -c "import json,sys; r=json.load(sys.stdin); print('end to end round $round:', {k: r[k] for k in \
+        ('frames_per_s', 'engine_frames_per_s', 'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = e ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+  exec bash bench/h200_session46.sh e
 fi
 exec bash bench/h200_session48.sh "$part"
