@@ -9,11 +9,13 @@
 #      against two states on the decoder's own stream, one and two batches at once; then
 #      `sartor bench --end-to-end` on the files (files → boxes, the decode stage alone, the engine alone).
 #   e: issue 33's sample detector, FP16 and INT8 at batch 32 (h200_session46.sh e) alone.
+#   f: issue 33's table at the default effort, each cell printed as it is timed: the sample
+#      detector at batch 32, then YOLOv8n and YOLO11n at 32 and 1 while BUDGET_S (default 570) lasts.
 #   a, b, c: as h200_session48.sh (a and b for the H200, the bars' card).
-#   OUT=$OUT bash bench/h200_session49.sh t|p|e|a|b|c
+#   OUT=$OUT bash bench/h200_session49.sh t|p|e|f|a|b|c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say t, p, e, a, b or c}
+part=${1:?say t, p, e, f, a, b or c}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD"
 if [ "$part" = t ]; then
@@ -48,6 +50,23 @@ if [ "$part" = p ]; then
         ('frames_per_s', 'engine_frames_per_s', 'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})"
   done
   echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = f ]; then
+  SECONDS=0
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+  ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+  ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+  ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+  for row in detector:32 yolov8n:32 yolo11n:32 yolov8n:1 yolo11n:1; do
+    left=$(( ${BUDGET_S:-570} - SECONDS ))
+    [ "$left" -gt 60 ] || break
+    timeout "$left" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+      --models "${row%%:*}" --detector-batches "${row##*:}" --out "/tmp/t_${row%%:*}_${row##*:}" 2>&1 \
+      | python bench/table_cells.py | grep -v "^|"
+    echo "$row at ${SECONDS}s"
+  done
   exit 0
 fi
 if [ "$part" = e ]; then
