@@ -36,15 +36,15 @@ if [ "$part" = p ]; then
   SECONDS=0
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   . bench/y8nms_common.sh
-  timeout 150 python -m pytest -q -p no:cacheprovider tests/pipeline -k "cuda or gpu" -rf --tb=line 2>&1 \
+  timeout ${TESTS_S:-150} python -m pytest -q -p no:cacheprovider tests/pipeline -k "cuda or gpu" -rf --tb=line 2>&1 \
     | grep -v "^ *warn\|^  /\|Deprecation" | tail -14
   echo "tests at ${SECONDS}s"
   build_y8nms 200
   make_jpeg512
   timeout 150 python bench/pipeline_timeline.py /tmp/y8nms.plan --images /tmp/jpeg512 --passes 3 --show 2 \
-    --variants 1:caller:1,2:own:1,2:own:2 2>&1 | grep -v "^ *warn"
+    --variants ${VARIANTS:-1:caller:1,2:own:1,2:own:2} 2>&1 | grep -v "^ *warn"
   echo "timeline at ${SECONDS}s"
-  for round in 1 2; do
+  for round in $(seq ${E2E_ROUNDS:-2}); do
     timeout 60 python -m sartor bench /tmp/y8nms.plan --end-to-end --images /tmp/jpeg512 --passes 4 --json 2>/dev/null \
       | python -c "import json,sys; r=json.load(sys.stdin); print('end to end round $round:', {k: r[k] for k in \
         ('frames_per_s', 'engine_frames_per_s', 'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})"
