@@ -5,8 +5,8 @@
 #      binding's and the Pipeline's GPU tests first, several nvJPEG decodes
 #      in flight after (h200_session48.sh c). carry [".whl/nvdec"] (bash scripts/device_carry.sh nvdec).
 #   p: issue 30 after t: the Pipeline's GPU tests (failures listed), then the timeline of the
-#      session's start (one decode state, the preparation stream, one batch prepared at a time)
-#      against two states on the decoder's own stream, one and two batches at once; then
+#      session's start (one decode state, the preparation stream) against two states on the
+#      decoder's own stream (call 2 ran it at 6ae74f9, with two batches prepared at once); then
 #      `sartor bench --end-to-end` on the files (files → boxes, the decode stage alone, the engine alone).
 #   e: issue 33's sample detector, FP16 and INT8 at batch 32 (h200_session46.sh e) alone.
 #   f: issue 33's table at the default effort, each cell printed as it is timed: the sample
@@ -42,7 +42,7 @@ if [ "$part" = p ]; then
   build_y8nms 200
   make_jpeg512
   timeout 150 python bench/pipeline_timeline.py /tmp/y8nms.plan --images /tmp/jpeg512 --passes 3 --show 2 \
-    --variants ${VARIANTS:-1:caller:1,2:own:1,2:own:2} 2>&1 | grep -v "^ *warn"
+    --variants ${VARIANTS:-1:caller,2:own} 2>&1 | grep -v "^ *warn"
   echo "timeline at ${SECONDS}s"
   for round in $(seq ${E2E_ROUNDS:-2}); do
     timeout 60 python -m sartor bench /tmp/y8nms.plan --end-to-end --images /tmp/jpeg512 --passes 4 --json 2>/dev/null \

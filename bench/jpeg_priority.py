@@ -57,7 +57,8 @@ def use_variant(binding: bool, priority: int) -> None:
     preparation stream's priority, for the next end_to_end."""
     def init(self, *args, **kwargs):
         ORIGINAL_INIT(self, *args, **kwargs)
-        self.stream_priority = priority
+        if self._side_stream is not None:
+            self._side_stream = torch.cuda.Stream(self.device, priority=priority)
     decode_module._batched_decoder = ORIGINAL_BATCHED if binding else (lambda device: None)
     pipeline_module.Pipeline.__init__ = init
 

@@ -11,13 +11,13 @@ Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its s
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
-Variants (`--variants STATES:STREAM:AHEAD,...`): the binding's decode states (1 waits for the last
-decode before handing the next to nvJPEG, 2 for the one before it), the stream it decodes on
-(`caller`: the preparation stream, behind the batch before's preprocessing and the wait for a free
-staging buffer; `own`: a stream of the decoder's, the Pipeline's default) and the batches prepared
-at once (`pipeline.PREPARE_AHEAD`: 1 as until session 49, 2 the default since).
+Variants (`--variants STATES:STREAM,...`): the binding's decode states (1 waits for the last decode
+before handing the next to nvJPEG, 2 for the one before it) and the stream it decodes on (`caller`:
+the preparation stream, behind the batch before's preprocessing and the wait for a free staging
+buffer; `own`: a stream of the decoder's, the Pipeline's default). Two batches prepared at once on
+two workers, tried in session 49, ran slower (decision 0063); code 6ae74f9 times that variant.
 
-    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 1:caller:1,2:own:2]
+    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 1:caller,2:own]
 """
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine")
     parser.add_argument("--images", required=True)
-    parser.add_argument("--variants", default="1:caller:1,2:own:1,2:own:2",
-                        help="decode states:stream (caller or own):batches prepared at once, one variant each")
+    parser.add_argument("--variants", default="1:caller,2:own",
+                        help="decode states:stream (caller or own), one variant each")
     parser.add_argument("--passes", type=int, default=3, help="passes over the files; the first is warm-up")
     parser.add_argument("--show", type=int, default=3, help="steady batches printed span by span")
     args = parser.parse_args()
@@ -193,8 +193,7 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files", flush=True)
     for variant in args.variants.split(","):
-        states, stream, ahead = variant.split(":")
-        pipeline_module.PREPARE_AHEAD, pipeline_module.STAGING_SLOTS = int(ahead), int(ahead) + 1
+        states, stream = variant.split(":")
         decode_module._BATCHED[device] = decode_module.GpuJpegDecoder(
             NvjpegBatched(device, states=int(states)), threading.Lock(),
             torch.cuda.Stream(device) if stream == "own" else None)
@@ -210,8 +209,7 @@ def main() -> None:
             for _ in pipeline.stream(files):
                 pass
         rate = len(files) * (args.passes - 1) / (time.perf_counter() - start)
-        print(f"== binding with {states} decode state(s), {stream} stream, {ahead} batch(es) prepared at once: "
-              f"files → boxes {rate:.0f} frames/s, "
+        print(f"== binding with {states} decode state(s), {stream} stream: files → boxes {rate:.0f} frames/s, "
               f"batch {pipeline.batch_size}", flush=True)
         report(recorder.spans_ms(), steady_from, pipeline.batch_size, args.show)
         restore()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from importlib.util import find_spec
 
 import numpy as np
 import onnx
@@ -333,6 +334,9 @@ def _images(folder, sizes, seed=0):
 
 
 def test_validate_routes_each_image_and_the_reference_alike(cli, plans, tmp_path):
+    # The GPU machine has no build extra; CI installs it, where this runs on the CPU.
+    if not (find_spec("pycocotools") or find_spec("faster_coco_eval")):
+        pytest.skip("COCO mAP needs the build extra's pycocotools (or faster_coco_eval)")
     data = _images(tmp_path / "images", MIXED)
     result = cli("validate", plans["buckets"], "--data", data, "--json", "--conf", "0.3", "--pseudo-conf", "0.3")
     assert result.code == 0, result
@@ -363,6 +367,8 @@ def test_bench_end_to_end_counts_the_buckets(cli, plans, tmp_path):
 
 def test_serve_image_route_runs_the_bucket_and_refuses_with_400(plans):
     from types import SimpleNamespace
+
+    pytest.importorskip("tritonclient", reason="sartor serve needs the serve extra (CI installs it)")
 
     from sartor.serve.errors import InvalidRequest
     from sartor.serve.image import prepare, respond
