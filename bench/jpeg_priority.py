@@ -13,8 +13,8 @@ process, alternating over rounds:
   normal priority on another thread (each one's rate against its own alone): torchvision, the binding
   on a normal stream, the binding on a high-priority stream;
 - end to end: `end_to_end` (files → boxes, host share 0) with the Pipeline's preparation stream of
-  normal or high priority and torchvision's decode or the binding's on it (the Pipeline's default since
-  session 48; torchvision's patched in here for the A/B);
+  normal or high priority and torchvision's decode or the binding's on it (as in session 48: the
+  Pipeline now decodes on the decoder's own stream, decision 0063);
 - batch 1: one JPEG's latency through `Pipeline(batch_size=1, overlap=False)`, frame after frame, with
   either decoder, against the engine's own at batch 1 (issue 30's bar: within 0.5 ms).
 What it found (priority changed nothing; the binding's missing host wait did) is in BENCHMARKS.md.
@@ -24,6 +24,7 @@ What it found (priority changed nothing; the binding's missing host wait did) is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -52,14 +53,21 @@ def binding_decoder(binding: NvjpegBatched):
     return decode
 
 
+def on_preparation_stream(device: torch.device):
+    """The binding as session 48 ran it: decoding on the caller's (preparation) stream, whose
+    priority the variant sets; the Pipeline decodes on the decoder's own stream since (decision 0063)."""
+    gpu = ORIGINAL_BATCHED(device)
+    return None if gpu is None else dataclasses.replace(gpu, stream=None)
+
+
 def use_variant(binding: bool, priority: int) -> None:
-    """The Pipeline's GPU JPEG decode (sartor's binding, its default, or torchvision's) and its
-    preparation stream's priority, for the next end_to_end."""
+    """The Pipeline's GPU JPEG decode (sartor's binding or torchvision's) and its preparation
+    stream's priority, for the next end_to_end."""
     def init(self, *args, **kwargs):
         ORIGINAL_INIT(self, *args, **kwargs)
         if self._side_stream is not None:
             self._side_stream = torch.cuda.Stream(self.device, priority=priority)
-    decode_module._batched_decoder = ORIGINAL_BATCHED if binding else (lambda device: None)
+    decode_module._batched_decoder = on_preparation_stream if binding else (lambda device: None)
     pipeline_module.Pipeline.__init__ = init
 
 

@@ -2,7 +2,7 @@
 stream's GPU spans, batch by batch, at steady state.
 
 JPEG files → boxes ran near the decode's time plus the engine's, though beside each other the two
-keep 0.8 and 0.88 of their rates (BENCHMARKS.md, "Frames to boxes"): something puts them in turn.
+keep most of their rates (BENCHMARKS.md, "Frames to boxes"): something puts them in turn.
 Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its steps wrapped:
 - host (perf_counter, per thread): the worker's `_prepare`, inside it the binding's wait for an
   earlier decode and its call into nvJPEG; the calling thread's `_launch` and `_finish`;
