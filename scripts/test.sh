@@ -9,4 +9,6 @@ if [ "${1:-}" = --latest ]; then
   export SARTOR_LATEST=1
 fi
 . scripts/setup.sh
-python -m pytest -q -p no:cacheprovider "$@"
+# Two test processes (pytest-xdist): most tests hold one core (Triton's interpreter, Python), and
+# CI has two. SARTOR_TEST_WORKERS=0 runs them in this process; more, on a bigger machine.
+python -m pytest -q -p no:cacheprovider -n "${SARTOR_TEST_WORKERS:-2}" "$@"
