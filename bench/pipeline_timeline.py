@@ -7,15 +7,15 @@ Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its s
 - host (perf_counter, per thread): the worker's `_prepare`, inside it the binding's wait for an
   earlier decode and its call into nvJPEG; the calling thread's `_launch` and `_finish`;
 - GPU (CUDA events on the stream each runs on): the decode (on the stream the variant gives it),
-  the letterbox on the preparation stream, and the engine's run on the calling thread's stream.
+  the letterbox on the stream it is launched on, and the engine's run on the calling thread's stream.
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
 Variants (`--variants STATES:STREAM,...`): the binding's decode states (1 waits for the last decode
 before handing the next to nvJPEG, 2 for the one before it) and the stream it decodes on (`caller`:
-the preparation stream, behind the batch before's preprocessing and the wait for a free staging
-buffer; `own`: a stream of the decoder's, the Pipeline's default). Two batches prepared at once on
-two workers, tried in session 49, ran slower (decision 0063); code 6ae74f9 times that variant.
+the preparation stream; `own`: a stream of the decoder's, the Pipeline's default; `own-high`: that
+stream at high priority). Two batches prepared at once on two workers, tried in session 49, ran
+slower (decision 0063); code 6ae74f9 times that variant.
 
     PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 1:caller,2:own]
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: PYTHONPATH=OLD_CHECKOUT times that checkout's Pipeline
 
 import sartor  # noqa: E402
 from sartor.pipeline import decode as decode_module  # noqa: E402
@@ -78,7 +78,7 @@ class Recorder:
 
 def instrument(recorder: Recorder) -> None:
     """Wrap the binding's decode and the Pipeline's prepare, launch and finish with spans."""
-    decode = NvjpegBatched.decode
+    decode = getattr(NvjpegBatched, DECODE)
     prepare_batch = pipeline_module.prepare_batch
     prepare, launch, finish = (pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
                                pipeline_module.Pipeline._finish)
@@ -90,12 +90,12 @@ def instrument(recorder: Recorder) -> None:
             state.last[0].synchronize()  # what decode would wait for, timed apart (its own wait then returns at once)
         t1 = time.perf_counter()
         start = recorder.event(stream)
-        frames = decode(self, encoded, stream)
+        decoded = decode(self, encoded, stream)
         end = recorder.event(stream)
         recorder.host_span("decode: wait for a state", t0, t1)
         recorder.host_span("decode: call", t1, time.perf_counter())
         recorder.gpu_span("decode", start, end)
-        return frames
+        return decoded
 
     def timed_prepare(self, chunk, slot):
         t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def instrument(recorder: Recorder) -> None:
         recorder.gpu_span("letterbox", start, recorder.event(stream))
         return prepared
 
-    NvjpegBatched.decode = timed_decode
+    setattr(NvjpegBatched, DECODE, timed_decode)
     pipeline_module.prepare_batch = timed_prepare_batch
     pipeline_module.Pipeline._prepare = timed_prepare
     pipeline_module.Pipeline._launch = timed_launch
@@ -191,12 +191,14 @@ def main() -> None:
     engine = sartor.load(args.engine)
     files = image_files(args.images)
     device = torch.device("cuda", torch.cuda.current_device())
-    print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files", flush=True)
+    print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files",
+          f"sartor from {Path(sartor.__file__).parent}", flush=True)
     for variant in args.variants.split(","):
         states, stream = variant.split(":")
         decode_module._BATCHED[device] = decode_module.GpuJpegDecoder(
             NvjpegBatched(device, states=int(states)), threading.Lock(),
-            torch.cuda.Stream(device) if stream == "own" else None)
+            torch.cuda.Stream(device, priority=-1 if stream == "own-high" else 0) if stream.startswith("own")
+            else None)
         recorder = Recorder()
         instrument(recorder)
         pipeline, _, _ = bench_pipeline(engine, None, "auto")
@@ -215,13 +217,16 @@ def main() -> None:
         restore()
 
 
-ORIGINALS = (NvjpegBatched.decode, pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
+# The binding's entry the Pipeline calls (`decode` before it had `decode_batch`).
+DECODE = "decode_batch" if hasattr(NvjpegBatched, "decode_batch") else "decode"
+ORIGINALS = (getattr(NvjpegBatched, DECODE), pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
              pipeline_module.Pipeline._finish, pipeline_module.prepare_batch)
 
 
 def restore() -> None:
-    (NvjpegBatched.decode, pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch,
-     pipeline_module.Pipeline._finish, pipeline_module.prepare_batch) = ORIGINALS
+    decode, pipeline_module.Pipeline._prepare, pipeline_module.Pipeline._launch, \
+        pipeline_module.Pipeline._finish, pipeline_module.prepare_batch = ORIGINALS
+    setattr(NvjpegBatched, DECODE, decode)
 
 
 if __name__ == "__main__":

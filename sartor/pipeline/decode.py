@@ -39,13 +39,7 @@ from ..errors import ConfigError, DataError
 from . import turbo_jpeg
 from .nvjpeg_batched import NvjpegBatched
 from .pinned_slots import PinnedSlot, PinnedSlots
-from .sources import FrameSource
-
-JPEG_MAGIC = b"\xff\xd8\xff"
-JPEG_END = b"\xff\xd9"
-# nvJPEG decodes a truncated file without an error (its missing rows come out grey), so a JPEG
-# for the GPU must hold its end-of-image marker: at the end, or followed by a little padding.
-JPEG_END_SEARCH_BYTES = 1024
+from .sources import JPEG_MAGIC, FrameSource
 
 
 @dataclass
@@ -62,14 +56,6 @@ class DecodedFrame:
     def size(self) -> tuple[int, int]:
         """(H, W) of the image as stored, whatever scale it was decoded at."""
         return self.orig_size or (int(self.pixels.shape[1]), int(self.pixels.shape[2]))
-
-
-def _is_jpeg(encoded: torch.Tensor) -> bool:
-    return bytes(encoded[:3].tolist()) == JPEG_MAGIC
-
-
-def _has_jpeg_end(encoded: torch.Tensor) -> bool:
-    return JPEG_END in encoded[-JPEG_END_SEARCH_BYTES:].numpy().tobytes()
 
 
 def _image_io():
@@ -190,8 +176,7 @@ def _nvjpeg_indices(sources: list[FrameSource], device: torch.device, fast: bool
     """The indices of the sources nvJPEG decodes: whole JPEGs, with `fast`, on CUDA."""
     if not (nvjpeg_decodes(device) and fast):
         return []
-    return [i for i, s in enumerate(sources) if s.error is None and s.frame is None and _is_jpeg(s.encoded)
-            and _has_jpeg_end(s.encoded)]
+    return [i for i, s in enumerate(sources) if s.error is None and s.frame is None and all(s.jpeg_marks())]
 
 
 def decode_frames(sources: list[FrameSource], device: torch.device, spec: PreprocessSpec | Buckets | None = None,
@@ -225,7 +210,7 @@ def decode_frames(sources: list[FrameSource], device: torch.device, spec: Prepro
             if source.ready is not None:  # written on another thread's stream: this one waits for it
                 torch.cuda.current_stream(source.frame.device).wait_event(source.ready)
             decoded[i] = DecodedFrame(source.name, source.frame.to(device, non_blocking=True).permute(2, 0, 1))
-        elif nvjpeg_decodes(device) and fast and _is_jpeg(source.encoded):  # not whole: no end marker
+        elif nvjpeg_decodes(device) and fast and source.jpeg_marks()[0]:  # not whole: no end marker
             decoded[i] = DecodedFrame(source.name, None, f"image {source.name} is corrupt, truncated or not an "
                                                          f"image: no JPEG end-of-image marker (truncated)")
         else:
@@ -346,16 +331,18 @@ def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[to
     stream = gpu.stream or caller
     try:
         with gpu.lock:  # the binding's states decode one batch at a time each
-            frames = gpu.binding.decode(encoded, stream)
+            jpegs = gpu.binding.decode_batch(encoded, stream)
     except DataError:
         return None
     if stream is not caller:
-        for frame in frames:  # allocated on the decoder's stream, read on the caller's
-            frame.record_stream(caller)
+        for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
+            memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
         decoded = torch.cuda.Event()
         decoded.record(stream)
         caller.wait_event(decoded)
-    return [frame.permute(2, 0, 1) for frame in frames]
+    if jpegs.batch is not None:  # views of one tensor, which prepare_batch takes whole again
+        return list(jpegs.batch.permute(0, 3, 1, 2).unbind(0))
+    return [frame.permute(2, 0, 1) for frame in jpegs.frames]
 
 
 def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],

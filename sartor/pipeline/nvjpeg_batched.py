@@ -89,6 +89,13 @@ class _State:
     last: tuple[torch.cuda.Event, list] | None = None
 
 
+@dataclass
+class DecodedJpegs:
+    """A batch's frames, H×W×3 each; `batch`: the N×H×W×3 tensor they are views of, when they share a size."""
+    frames: list[torch.Tensor]
+    batch: torch.Tensor | None = None
+
+
 class NvjpegBatched:
     """A batched nvJPEG decoder bound to one device. `decode(encoded, stream)` queues the decode of
     a batch of JPEGs on `stream` and returns their frames (H×W×3 uint8 on the device), valid once
@@ -135,8 +142,14 @@ class NvjpegBatched:
     def decode(self, encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:
         """Frames H×W×3 uint8 RGB of `encoded` (bytes, or 1-D uint8 CPU tensors as torchvision's
         `read_file` gives), allocated on `stream` and written by work queued on it."""
+        return self.decode_batch(encoded, stream).frames
+
+    def decode_batch(self, encoded: list, stream: torch.cuda.Stream) -> DecodedJpegs:
+        """`decode`'s frames, and when they all have one size, the N×H×W×3 tensor they are views
+        of: a camera's batch is one allocation, and its readers take it whole rather than frame by
+        frame."""
         if not encoded:
-            return []
+            return DecodedJpegs([])
         # bytes-like items become bytes here, kept alive with the batch (below) while nvJPEG reads them
         encoded = [item if isinstance(item, (bytes, torch.Tensor)) else bytes(item) for item in encoded]
         addresses, lengths = zip(*(_buffer(item) for item in encoded))
@@ -146,7 +159,12 @@ class NvjpegBatched:
         if state.last is not None:
             state.last[0].synchronize()  # that state's last decode alone, not the stream's later work
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            frames = [torch.empty((h, w, 3), dtype=torch.uint8, device=self.device) for h, w in sizes]
+            batch = None
+            if len(set(sizes)) == 1:
+                batch = torch.empty((len(sizes), *sizes[0], 3), dtype=torch.uint8, device=self.device)
+                frames = list(batch.unbind(0))
+            else:
+                frames = [torch.empty((h, w, 3), dtype=torch.uint8, device=self.device) for h, w in sizes]
             if state.initialized_for != len(encoded):
                 self._check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, state.handle, len(encoded), 1,
                                                                    OUTPUT_RGBI), "nvjpegDecodeBatchedInitialize")
@@ -164,4 +182,4 @@ class NvjpegBatched:
             done = torch.cuda.Event()
             done.record(stream)
         state.last = (done, [data, lengths, images, encoded])
-        return frames
+        return DecodedJpegs(frames, batch)

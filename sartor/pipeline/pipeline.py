@@ -325,13 +325,21 @@ class Pipeline:
             if self.frames is not None:
                 failures |= wrong_sizes([d.pixels if d.error is None else None for d in decoded], names, self.frames)
             by_bucket: dict[int, list[int]] = {}
+            routes: dict[tuple[int, int], int | BucketRefused] = {}  # a camera's batch has one size
             for i, d in enumerate(decoded):
                 if i in failures:
                     continue
-                try:
-                    by_bucket.setdefault(self.bucket_of(*d.size), []).append(i)
-                except BucketRefused as exc:  # decoded elsewhere than on the host (nvJPEG, raw frames)
-                    failures[i] = f"{names[i]}: {exc}"
+                size = d.size
+                if size not in routes:
+                    try:
+                        routes[size] = self.bucket_of(*size)
+                    except BucketRefused as exc:  # decoded elsewhere than on the host (nvJPEG, raw frames)
+                        routes[size] = exc
+                route = routes[size]
+                if isinstance(route, BucketRefused):
+                    failures[i] = f"{names[i]}: {route}"
+                else:
+                    by_bucket.setdefault(route, []).append(i)
             groups = []
             for k in sorted(by_bucket):
                 group = self._prepare_group(k, by_bucket[k], decoded, names, slot)

@@ -30,6 +30,21 @@ def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torc
     return torch.empty(shape, dtype=NUMPY_TO_TORCH[spec.dtype], device=device)
 
 
+def stack_frames(frames: list[torch.Tensor]) -> torch.Tensor:
+    """Frames of one shape and dtype as one N×… tensor: a view when they are evenly spaced views
+    of one storage (a batched decoder's frames of one size), else a copy (torch.stack)."""
+    first = frames[0]
+    if len(frames) == 1:
+        return first[None]
+    start, step, item = first.data_ptr(), frames[1].data_ptr() - first.data_ptr(), first.element_size()
+    if step > 0 and step % item == 0:
+        shape, strides, storage = first.shape, first.stride(), first.untyped_storage().data_ptr()
+        if all(f.shape == shape and f.stride() == strides and f.data_ptr() == start + i * step
+               and f.untyped_storage().data_ptr() == storage for i, f in enumerate(frames)):
+            return first.as_strided((len(frames), *shape), (step // item, *strides))
+    return torch.stack(frames)
+
+
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
                   out: torch.Tensor | None = None, *, kernel: bool | None = None,
                   orig_sizes: list[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
@@ -72,7 +87,7 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
     metas: list[ImageMeta | None] = [None] * len(frames)
     for (_, (h, w)), members in groups.items():
         place = placement(h, w, spec)
-        stacked = frames[members[0]][None] if len(members) == 1 else torch.stack([frames[i] for i in members])
+        stacked = stack_frames([frames[i] for i in members])
         if members == list(range(members[0], members[-1] + 1)):
             prepare(stacked, "chw", "rgb", spec, place.resized, place.pad, target[members[0]:members[-1] + 1])
         else:  # frames of this size interleaved with others: prepared apart, then placed

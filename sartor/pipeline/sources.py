@@ -9,7 +9,7 @@ the rest of the batch still runs (see `Pipeline`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,6 +17,18 @@ import torch
 from ..errors import ConfigError
 
 FRAME_ORDERS = ("rgb", "bgr")
+JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_END = b"\xff\xd9"
+# nvJPEG decodes a truncated file without an error (its missing rows come out grey), so a JPEG
+# for the GPU must hold its end-of-image marker: at the end, or followed by a little padding.
+JPEG_END_SEARCH_BYTES = 1024
+
+
+def jpeg_marks(data) -> tuple[bool, bool]:
+    """(starts with JPEG's marker, holds its end-of-image marker near the end) of encoded bytes:
+    any buffer, e.g. a bytearray or a 1-D uint8 numpy array."""
+    with memoryview(data) as view:
+        return view[:len(JPEG_MAGIC)].tobytes() == JPEG_MAGIC, JPEG_END in view[-JPEG_END_SEARCH_BYTES:].tobytes()
 
 
 @dataclass
@@ -30,15 +42,20 @@ class FrameSource:
     frame: torch.Tensor | None = None
     error: str | None = None
     ready: torch.cuda.Event | None = None
+    # `jpeg_marks` of `encoded`: looked at where the file is read (a thread that reads ahead), so
+    # that the thread handing batches to the decoder does not; None until looked at.
+    marks: tuple[bool, bool] | None = field(default=None, repr=False)
+
+    def jpeg_marks(self) -> tuple[bool, bool]:
+        """(a JPEG, with its end-of-image marker) for `encoded`; see `jpeg_marks`."""
+        if self.marks is None:
+            self.marks = jpeg_marks(self.encoded.numpy())
+        return self.marks
 
 
 def frame_name(label: str, index: int, seconds: float | None) -> str:
     """A video frame's name: `clip.mp4 frame 12 (0.400 s)`, without the time when it is unknown."""
     return f"{label} frame {index}" + (f" ({seconds:.3f} s)" if seconds is not None else "")
-
-
-def _bytes_tensor(data) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def _read_file(path) -> bytearray:
@@ -75,12 +92,13 @@ def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
             return FrameSource(name, error=f"image {name} cannot be read: {exc.strerror or exc}")
         if not data:
             return FrameSource(name, error=f"image {name} is empty")
-        return FrameSource(name, encoded=torch.frombuffer(data, dtype=torch.uint8))
+        return FrameSource(name, encoded=torch.frombuffer(data, dtype=torch.uint8), marks=jpeg_marks(data))
     name = f"item {index}"
     if isinstance(item, (bytes, bytearray, memoryview)):
         if not len(item):
             return FrameSource(name, error=f"{name} is empty bytes")
-        return FrameSource(name, encoded=_bytes_tensor(item))
+        data = bytearray(item)
+        return FrameSource(name, encoded=torch.frombuffer(data, dtype=torch.uint8), marks=jpeg_marks(data))
     if isinstance(item, np.ndarray):
         item = torch.from_numpy(np.ascontiguousarray(item))
     if isinstance(item, torch.Tensor):

@@ -15,15 +15,16 @@ from sartor.errors import ConfigError, DataError
 from sartor.pipeline import decode as decode_module
 from sartor.pipeline import read_sources
 from sartor.pipeline.decode import GpuJpegDecoder
-from sartor.pipeline.nvjpeg_batched import NvjpegBatched, NvjpegImage, _buffer
+from sartor.pipeline.nvjpeg_batched import DecodedJpegs, NvjpegBatched, NvjpegImage, _buffer
+from sartor.pipeline.prepare import stack_frames
 
 
 
-def jpeg_bytes(size: tuple[int, int]) -> bytes:
+def jpeg_bytes(size: tuple[int, int], seed: int = 0) -> bytes:
     """A baseline JPEG of smooth colour ramps and noise (w, h): made here, so the GPU machine needs no photos."""
     w, h = size
     y, x = np.mgrid[0:h, 0:w]
-    noise = np.random.default_rng(w + h).integers(0, 40, (h, w, 3))
+    noise = np.random.default_rng(w + h + seed).integers(0, 40, (h, w, 3))
     pixels = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], axis=-1) + noise
     buffer = io.BytesIO()
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
@@ -72,6 +73,23 @@ def test_on_a_gpu_its_frames_are_torchvisions_on_any_stream_priority():
             assert torch.equal(frame.permute(2, 0, 1), reference)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+def test_on_a_gpu_frames_of_one_size_are_views_of_one_batch_tensor_and_frames_of_several_are_not():
+    torchvision_io = pytest.importorskip("torchvision.io")
+    decoder = NvjpegBatched("cuda")
+    stream = torch.cuda.Stream()
+    same = [jpeg_bytes((640, 360), seed=k) for k in range(3)]
+    jpegs = decoder.decode_batch(same, stream)
+    mixed = decoder.decode_batch([jpeg_bytes((640, 360)), jpeg_bytes((320, 240))], stream)
+    stream.synchronize()
+    assert tuple(jpegs.batch.shape) == (3, 360, 640, 3) and mixed.batch is None
+    expected = torchvision_io.decode_jpeg([torch.frombuffer(bytearray(e), dtype=torch.uint8) for e in same],
+                                          mode=torchvision_io.ImageReadMode.RGB, device="cuda")
+    for k, (frame, reference) in enumerate(zip(jpegs.frames, expected)):
+        assert frame.data_ptr() == jpegs.batch[k].data_ptr()
+        assert torch.equal(frame.permute(2, 0, 1), reference)
+
+
 def test_fewer_than_one_decode_state_is_refused():
     with pytest.raises(ConfigError, match="states 0 must be at least 1"):
         NvjpegBatched("cuda", states=0)
@@ -107,12 +125,16 @@ class DecoderStandingIn:
     def __init__(self, fail: bool = False):
         self.fail, self.batches = fail, []
 
-    def decode(self, encoded: list, stream) -> list[torch.Tensor]:
+    def decode_batch(self, encoded: list, stream) -> DecodedJpegs:
         self.batches.append(len(encoded))
         if self.fail:
             raise DataError("nvjpegDecodeBatched: nvJPEG status 3 (bad JPEG)")
-        return [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
-                for e in encoded]
+        frames = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
+                  for e in encoded]
+        if len({f.shape for f in frames}) > 1:
+            return DecodedJpegs(frames)
+        batch = torch.stack(frames)  # one allocation, as the binding's for frames of one size
+        return DecodedJpegs(list(batch.unbind(0)), batch)
 
 
 def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkeypatch):
@@ -125,6 +147,20 @@ def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkey
     for frame, data in zip(decoded, items):
         expected = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()).permute(2, 0, 1)
         assert frame.error is None and torch.equal(frame.pixels, expected)  # channels first, as torchvision's
+
+
+def test_a_batch_of_one_size_reaches_preprocessing_as_views_of_the_decoders_one_tensor(monkeypatch):
+    # prepare_batch then reads the frames in place (stack_frames) rather than copying them into a stack.
+    standing_in = DecoderStandingIn()
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
+    items = [jpeg_bytes((64, 48), seed=k) for k in range(3)]
+    decoded = [None] * 3
+    decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1, 2], decoded)
+    stacked = stack_frames([d.pixels for d in decoded])
+    assert stacked.data_ptr() == decoded[0].pixels.data_ptr()  # a view, not a copy
+    for frame, data in zip(stacked, items):
+        expected = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()).permute(2, 0, 1)
+        assert torch.equal(frame, expected)
 
 
 def test_a_batch_the_binding_refuses_is_decoded_one_by_one_so_only_the_bad_file_fails(monkeypatch):

@@ -17,6 +17,8 @@ import sartor
 from sartor.data.preprocess import parse_preprocess, preprocess_image
 from sartor.errors import ConfigError, DataError
 from sartor.pipeline import Pipeline, decode_frames, prepare_batch, read_sources
+from sartor.pipeline.prepare import stack_frames
+from sartor.pipeline.sources import FrameSource
 
 skimage_data = pytest.importorskip("skimage.data")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -74,6 +76,33 @@ def test_frames_of_several_sizes_share_a_batch(device):
     for i, frame in enumerate([a, b, a, b, b]):
         alone, (meta,) = prepare_batch([frame], [metas[i].path], spec)
         assert torch.equal(batch[i], alone[0]) and meta == metas[i]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_frames_evenly_spaced_in_one_tensor_are_stacked_as_a_view_and_others_are_copied(device):
+    batch = torch.from_numpy(np.stack([photo("astronaut")[:64, :80]] * 4)).to(device)  # 4×H×W×3
+    batch += torch.arange(4, dtype=torch.uint8, device=device).view(4, 1, 1, 1)  # four different frames
+    frames = list(batch.permute(0, 3, 1, 2).unbind(0))  # channels first, as the decoders hand them on
+    for chosen in (frames, frames[::2], frames[1:3]):
+        stacked = stack_frames(chosen)
+        assert stacked.data_ptr() == chosen[0].data_ptr() and torch.equal(stacked, torch.stack(chosen))
+    for chosen in ([frames[1], frames[0]], [frames[0], frames[0]], [frames[0], frames[1].clone()],
+                   [frames[0], frames[2], frames[3]]):
+        stacked = stack_frames(chosen)  # out of order, repeated, in two storages, unevenly spaced
+        assert stacked.data_ptr() != chosen[0].data_ptr() and torch.equal(stacked, torch.stack(chosen))
+    spec = parse_preprocess("letterbox=96,mean=0,std=255,rgb,nchw")
+    viewed, metas = prepare_batch(frames, list("abcd"), spec)
+    copied, _ = prepare_batch([f.clone() for f in frames], list("abcd"), spec)
+    assert torch.equal(viewed, copied) and [m.path for m in metas] == list("abcd")
+
+
+def test_jpeg_markers_are_looked_at_when_an_item_is_read_and_once_for_a_source_made_directly():
+    whole = encoded(photo("coffee")[:64, :64])
+    truncated, not_jpeg = whole[:len(whole) // 2], encoded(photo("coffee")[:64, :64], "PNG")
+    sources = read_sources([whole, truncated, not_jpeg])
+    assert [s.marks for s in sources] == [(True, True), (True, False), (False, False)]
+    direct = FrameSource("made", encoded=torch.frombuffer(bytearray(whole + b"\0" * 100), dtype=torch.uint8))
+    assert direct.marks is None and direct.jpeg_marks() == (True, True) and direct.marks == (True, True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
