@@ -24,7 +24,6 @@ What it found (priority changed nothing; the binding's missing host wait did) is
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -53,11 +52,20 @@ def binding_decoder(binding: NvjpegBatched):
     return decode
 
 
+ON_PREPARATION_STREAM: dict = {}
+
+
 def on_preparation_stream(device: torch.device):
     """The binding as session 48 ran it: decoding on the caller's (preparation) stream, whose
-    priority the variant sets; the Pipeline decodes on the decoder's own stream since (decision 0063)."""
-    gpu = ORIGINAL_BATCHED(device)
-    return None if gpu is None else dataclasses.replace(gpu, stream=None)
+    priority the variant sets; the Pipeline decodes on the decoder's own stream since (decision 0063),
+    with two decoders since decision 0064."""
+    if ORIGINAL_BATCHED(device) is None:
+        return None
+    if device not in ON_PREPARATION_STREAM:
+        def make() -> decode_module.GpuJpegDecoder:
+            return decode_module.GpuJpegDecoder(NvjpegBatched(device))
+        ON_PREPARATION_STREAM[device] = decode_module.GpuJpegDecoders(make, make())
+    return ON_PREPARATION_STREAM[device]
 
 
 def use_variant(binding: bool, priority: int) -> None:
@@ -65,8 +73,7 @@ def use_variant(binding: bool, priority: int) -> None:
     stream's priority, for the next end_to_end."""
     def init(self, *args, **kwargs):
         ORIGINAL_INIT(self, *args, **kwargs)
-        if self._side_stream is not None:
-            self._side_stream = torch.cuda.Stream(self.device, priority=priority)
+        self.stream_priority = priority
     decode_module._batched_decoder = on_preparation_stream if binding else (lambda device: None)
     pipeline_module.Pipeline.__init__ = init
 

@@ -11,13 +11,14 @@ Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its s
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
-Variants (`--variants STATES:STREAM,...`): the binding's decode states (1 waits for the last decode
-before handing the next to nvJPEG, 2 for the one before it) and the stream it decodes on (`caller`:
-the preparation stream; `own`: a stream of the decoder's, the Pipeline's default; `own-high`: that
-stream at high priority). Two batches prepared at once on two workers, tried in session 49, ran
-slower (decision 0063); code 6ae74f9 times that variant.
+Variants (`--variants STATES:STREAM:WORKERS:DECODERS,...`): the binding's decode states (1 waits
+for the last decode before handing the next to nvJPEG, 2 for the one before it), the stream it
+decodes on (`caller`: the preparation stream; `own`: a stream of the decoder's, the default;
+`own-high`: that stream at high priority), the batches prepared at once on worker threads
+(`pipeline.PREPARE_AHEAD`) and the nvJPEG decoders they share (`decode.DECODERS_PER_DEVICE`).
+Session 49 tried two workers on one decoder (code 6ae74f9): slower (decision 0063).
 
-    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 1:caller,2:own]
+    PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 2:own:1:1,2:own:2:2]
 """
 from __future__ import annotations
 
@@ -183,8 +184,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine")
     parser.add_argument("--images", required=True)
-    parser.add_argument("--variants", default="1:caller,2:own",
-                        help="decode states:stream (caller or own), one variant each")
+    parser.add_argument("--variants", default="2:own:1:1,2:own:2:1,2:own:2:2",
+                        help="decode states:stream (caller, own or own-high):workers:decoders, one variant each")
     parser.add_argument("--passes", type=int, default=3, help="passes over the files; the first is warm-up")
     parser.add_argument("--show", type=int, default=3, help="steady batches printed span by span")
     args = parser.parse_args()
@@ -194,11 +195,13 @@ def main() -> None:
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files",
           f"sartor from {Path(sartor.__file__).parent}", flush=True)
     for variant in args.variants.split(","):
-        states, stream = variant.split(":")
-        decode_module._BATCHED[device] = decode_module.GpuJpegDecoder(
-            NvjpegBatched(device, states=int(states)), threading.Lock(),
-            torch.cuda.Stream(device, priority=-1 if stream == "own-high" else 0) if stream.startswith("own")
-            else None)
+        states, stream, workers, decoders = variant.split(":")
+        pipeline_module.PREPARE_AHEAD, pipeline_module.STAGING_SLOTS = int(workers), int(workers) + 1
+
+        def make(states=int(states), stream=stream) -> decode_module.GpuJpegDecoder:
+            return decode_module.GpuJpegDecoder(NvjpegBatched(device, states=states), torch.cuda.Stream(
+                device, priority=-1 if stream == "own-high" else 0) if stream.startswith("own") else None)
+        decode_module._BATCHED[device] = decode_module.GpuJpegDecoders(make, make(), limit=int(decoders))
         recorder = Recorder()
         instrument(recorder)
         pipeline, _, _ = bench_pipeline(engine, None, "auto")
@@ -211,8 +214,8 @@ def main() -> None:
             for _ in pipeline.stream(files):
                 pass
         rate = len(files) * (args.passes - 1) / (time.perf_counter() - start)
-        print(f"== binding with {states} decode state(s), {stream} stream: files → boxes {rate:.0f} frames/s, "
-              f"batch {pipeline.batch_size}", flush=True)
+        print(f"== {states} decode state(s), {stream} stream, {workers} worker(s), {decoders} decoder(s): "
+              f"files → boxes {rate:.0f} frames/s, batch {pipeline.batch_size}", flush=True)
         report(recorder.spans_ms(), steady_from, pipeline.batch_size, args.show)
         restore()
 

@@ -1,8 +1,9 @@
 """Encoded images to uint8 RGB frames on the device that preprocesses them.
 
 Two ways, and `orig_size` keeps the file's own size for the geometry either way:
-- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call, queued on a stream of the
-  decoder's own that the caller's stream waits for, without a host wait (`nvjpeg_batched.py`;
+- fast (the default): on CUDA, JPEGs go to nvJPEG in one batched call, to a free one of the
+  device's decoders, queued on that decoder's own stream, which the caller's stream waits for,
+  without a host wait (`nvjpeg_batched.py`;
   torchvision's `decode_jpeg(..., device="cuda")` where that binding cannot load; when that call
   fails, each JPEG is decoded alone, so one corrupt file fails only itself). On the host, a JPEG
   is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's scaled IDCT, the scale
@@ -24,8 +25,9 @@ from __future__ import annotations
 import io
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -283,27 +285,75 @@ def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots
     return frame
 
 
+# nvJPEG decoders a device's pipelines share: one handle's batched calls run one at a time, and the
+# pipeline's two workers each hand a batch to a decoder of their own
+# (docs/decisions/0064-two-workers-two-nvjpeg-decoders.md).
+DECODERS_PER_DEVICE = 2
+
+
 @dataclass
 class GpuJpegDecoder:
-    """The binding of one device, the lock its calls take in turn, and the stream it decodes on
-    (None: the caller's)."""
+    """One nvJPEG decoder of a device: its binding (a handle and its decode states) and the stream it
+    decodes on (None: the caller's)."""
     binding: NvjpegBatched
-    lock: threading.Lock
     stream: torch.cuda.Stream | None = None
 
 
-# One per device, shared by the pipelines of a process (torchvision keeps one decoder too); None
+class GpuJpegDecoders:
+    """The nvJPEG decoders of one device. A batch takes a free one for its call and gives it back
+    after, so batches on several threads decode at once, each on its own decoder; decoders are made
+    on first need, up to `limit` (fewer where making one fails: the batch then waits for a free one)."""
+
+    def __init__(self, make: Callable[[], GpuJpegDecoder], first: GpuJpegDecoder | None = None,
+                 limit: int = DECODERS_PER_DEVICE):
+        self._make, self.limit = make, limit
+        self._free: list[GpuJpegDecoder] = [first] if first is not None else []
+        self.made = len(self._free)
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def take(self) -> Iterator[GpuJpegDecoder]:
+        decoder = self._acquire()
+        try:
+            yield decoder
+        finally:
+            with self._changed:
+                self._free.append(decoder)
+                self._changed.notify()
+
+    def _acquire(self) -> GpuJpegDecoder:
+        while True:
+            with self._changed:
+                while not self._free and self.made >= self.limit:
+                    self._changed.wait()
+                if self._free:
+                    return self._free.pop()  # the one given back last: its buffers are the warmest
+                self.made += 1
+            try:
+                return self._make()
+            except (ConfigError, DataError, OSError, RuntimeError):
+                with self._changed:  # e.g. out of device memory: the decoders made so far are the limit
+                    self.made -= 1
+                    self.limit = self.made
+                    if not self.made:
+                        raise
+                    self._changed.notify_all()
+
+
+# One set per device, shared by the pipelines of a process (torchvision keeps one decoder too); None
 # where the binding cannot load, and torchvision decodes.
-_BATCHED: dict[torch.device, GpuJpegDecoder | None] = {}
+_BATCHED: dict[torch.device, GpuJpegDecoders | None] = {}
 _BATCHED_LOCK = threading.Lock()
 
 
-def _batched_decoder(device: torch.device) -> GpuJpegDecoder | None:
+def _batched_decoder(device: torch.device) -> GpuJpegDecoders | None:
     key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     with _BATCHED_LOCK:
         if key not in _BATCHED:
+            def make() -> GpuJpegDecoder:
+                return GpuJpegDecoder(NvjpegBatched(key), torch.cuda.Stream(key))
             try:
-                _BATCHED[key] = GpuJpegDecoder(NvjpegBatched(key), threading.Lock(), torch.cuda.Stream(key))
+                _BATCHED[key] = GpuJpegDecoders(make, make())
             except (ConfigError, DataError, OSError) as exc:
                 warnings.warn(f"sartor's nvJPEG binding is unavailable ({exc}); "
                               f"JPEGs go through torchvision's decode_jpeg", RuntimeWarning, stacklevel=2)
@@ -320,26 +370,26 @@ def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[to
     staging buffer, as it would on the caller's. torchvision's `decode_jpeg` where the binding
     cannot load."""
     encoded = [s.encoded for s in sources]
-    gpu = _batched_decoder(device)
-    if gpu is None:
+    decoders = _batched_decoder(device)
+    if decoders is None:
         io = _image_io()
         try:
             return io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device=device)
         except RuntimeError:
             return None
     caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    stream = gpu.stream or caller
     try:
-        with gpu.lock:  # the binding's states decode one batch at a time each
-            jpegs = gpu.binding.decode_batch(encoded, stream)
+        with decoders.take() as decoder:
+            stream = decoder.stream or caller
+            jpegs = decoder.binding.decode_batch(encoded, stream)
+            if stream is not caller:  # recorded before another batch can queue on the decoder's stream
+                for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
+                    memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
+                decoded = torch.cuda.Event()
+                decoded.record(stream)
+                caller.wait_event(decoded)
     except DataError:
         return None
-    if stream is not caller:
-        for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
-            memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
-        decoded = torch.cuda.Event()
-        decoded.record(stream)
-        caller.wait_event(decoded)
     if jpegs.batch is not None:  # views of one tensor, which prepare_batch takes whole again
         return list(jpegs.batch.permute(0, 3, 1, 2).unbind(0))
     return [frame.permute(2, 0, 1) for frame in jpegs.frames]

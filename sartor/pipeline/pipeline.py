@@ -1,8 +1,9 @@
 """`Pipeline(engine)`: paths, image bytes or raw frames in; per item its outputs (and detections,
 given a decoder) in original-image coordinates out.
 
-Each batch is read, decoded and preprocessed by a worker thread (on CUDA, on a stream of its own)
-into one of two staging buffers while the engine runs the batch before it; the engine then copies
+Each batch is read, decoded and preprocessed by one of two worker threads (on CUDA, each on a
+stream of its own, its JPEGs on one of the device's two nvJPEG decoders) into one of three staging
+buffers, two batches at once, while the engine runs the batch before them; the engine then copies
 the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
 corrupt, truncated, wrong shape) never stop the items beside them from being decoded; what happens
 to them is `skip_bad`: False (the default) raises one `DataError` naming every failed item of the
@@ -23,9 +24,11 @@ prepared into that bucket's staging buffer and run by the context bound to its p
 come back in input order (docs/decisions/0037-resolution-buckets.md)."""
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -50,6 +53,11 @@ from .streams import ConcurrentStreams
 from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
+# Batches prepared at once on worker threads. nvJPEG's batched call holds its thread for most of the
+# decode: with two workers, each handing its batches to a decoder of its own (decode.py), two decodes
+# run at once, and one batch's Python runs while the other's decode holds its thread (decision 0064).
+PREPARE_AHEAD = 2
+STAGING_SLOTS = PREPARE_AHEAD + 1  # and the batch the engine runs
 
 
 @dataclass
@@ -71,8 +79,8 @@ class _Bucket:
     profile: int
     min_batch: int
     context: object
-    staging: list = field(default_factory=lambda: [None, None])
-    staging_free: list = field(default_factory=lambda: [None, None])
+    staging: list = field(default_factory=lambda: [None] * STAGING_SLOTS)
+    staging_free: list = field(default_factory=lambda: [None] * STAGING_SLOTS)
 
 
 @dataclass
@@ -253,9 +261,11 @@ class Pipeline:
                                                  thread_name_prefix="sartor-host-decode")
             weakref.finalize(self, self.host_pool.shutdown, wait=False)
             self.host_slots = PinnedSlots()  # the page-locked buffers its frames are decoded into
-        # With overlap, batches are prepared on a stream of their own, ordered against the engine's
-        # runs by events; without, on the current stream, in the calling thread.
-        self._side_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and overlap else None
+        # With overlap, batches are prepared on a stream of the preparing thread's own, ordered against
+        # the engine's runs by events; without, on the current stream, in the calling thread.
+        self._prepare_on_streams = self.device.type == "cuda" and overlap
+        self._streams = threading.local()
+        self.stream_priority = 0  # of the preparation streams
         # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
         # host run has finished when it returns, so there is nothing to overlap it with.
         self.launch_ahead = overlap and self.device.type == "cuda"
@@ -292,6 +302,15 @@ class Pipeline:
         return b.spec, b.profile, b.min_batch
 
     # ---- preparing a batch (worker thread) -------------------------------------------------
+    def _preparation_stream(self) -> torch.cuda.Stream | None:
+        """This thread's preparation stream (with overlap on CUDA), made on its first batch."""
+        if not self._prepare_on_streams:
+            return None
+        stream = getattr(self._streams, "stream", None)
+        if stream is None:
+            stream = self._streams.stream = torch.cuda.Stream(self.device, priority=self.stream_priority)
+        return stream
+
     def _buffer(self, bucket: _Bucket, slot: int, rows: int) -> torch.Tensor | None:
         shape = bucket.spec.input_shape(rows)
         if shape is None:
@@ -311,7 +330,7 @@ class Pipeline:
     def _prepare(self, chunk: Chunk, slot: int) -> _Prepared:
         sources = read_sources(chunk.items, self.frame_order, chunk.first)
         names = [s.name for s in sources]
-        stream = self._side_stream
+        stream = self._preparation_stream()
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             for bucket in self._buckets if stream is not None else ():
                 if bucket.staging_free[slot] is not None:
@@ -453,12 +472,13 @@ class Pipeline:
                     yield from self._finish(self._launch(prepared, 0))
                     timer.batch_finished(prepared.host_share, len(prepared.names))
                 return
-            # Batch n+1 is prepared on the worker while n runs, and launched before n's results are
-            # finished, so the device never waits for the host between two batches. A chunk of frames
-            # already on the engine's device has nothing to decode or copy in: it is prepared in the
-            # calling thread once the batch before is launched, as a worker would only contend with
-            # this thread for the interpreter lock (docs/decisions/0051-inline-prepare-of-device-frames.md).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-pipeline") as pool, \
+            # Batches n+1 and n+2 are prepared on the workers while n runs, and n+1 is launched before
+            # n's results are finished, so the device never waits for the host between two batches.
+            # A chunk of frames already on the engine's device has nothing to decode or copy in: it is
+            # prepared in the calling thread once the batch before is launched, as a worker would only
+            # contend with this thread for the interpreter lock
+            # (docs/decisions/0051-inline-prepare-of-device-frames.md).
+            with ThreadPoolExecutor(max_workers=PREPARE_AHEAD, thread_name_prefix="sartor-pipeline") as pool, \
                     ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-read") as reader:
                 # Files are read, and their host share started decoding, batches ahead (read_ahead.py).
                 pooled = self.host_pool is not None
@@ -471,26 +491,38 @@ class Pipeline:
 
     def _overlapped(self, chunks: Iterator[Chunk], pool: ThreadPoolExecutor,
                     timer: BatchTimer) -> Iterator[PipelineResult]:
-        slot = 0
-        chunk = next(chunks, None)
-        pending: Future | None = self._start_prepare(pool, chunk, slot) if chunk is not None else None
+        # The batches started, in order: [chunk, staging slot, its prepare's Future, or None for a
+        # chunk of device frames, prepared in this thread when the batch before is launched]. Batch j
+        # takes slot j mod STAGING_SLOTS and is started once batch j - 3, the slot's last user, is
+        # launched: its prepare waits (on the device) for that run to release the staging buffer.
+        started: deque[list] = deque()
+        slots = (index % STAGING_SLOTS for index in itertools.count())
+
+        def start_more() -> None:
+            while len(started) < PREPARE_AHEAD:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                slot = next(slots)
+                inline = self._on_device(chunk.items)
+                started.append([chunk, slot, None if inline else pool.submit(self._prepare, chunk, slot)])
+
+        start_more()
         running: _Launched | None = None
-        while pending is not None:
-            prepared = pending.result()
-            chunk = next(chunks, None)
-            inline = chunk is not None and self._on_device(chunk.items)
-            following = (pool.submit(self._prepare, chunk, 1 - slot)
-                         if chunk is not None and not inline else None)
+        while started:
+            chunk, slot, pending = started.popleft()
+            prepared = (pending if pending is not None else _prepared_now(self._prepare, chunk, slot)).result()
+            start_more()
             if running is not None and prepared.failures and not self.skip_bad:
                 yield from self._finish(running)  # the batch before is returned, then this one refused
                 running = None
             launched = self._launch(prepared, slot)
-            if inline:
-                following = _prepared_now(self._prepare, chunk, 1 - slot)
+            if started and started[0][2] is None:  # device frames next: prepared now, the engine busy
+                started[0][2] = _prepared_now(self._prepare, started[0][0], started[0][1])
             if running is not None:
                 yield from self._finish(running)
                 timer.batch_finished(prepared.host_share, len(running.prepared.names))
-            running, pending, slot = launched, following, 1 - slot
+            running = launched
             if not self.launch_ahead:
                 yield from self._finish(running)
                 timer.batch_finished(prepared.host_share, len(prepared.names))
@@ -505,11 +537,6 @@ class Pipeline:
             return False
         frames = [item.frame if isinstance(item, FrameSource) else item for item in chunk]
         return all(isinstance(f, torch.Tensor) and f.device == self.device and f.dim() == 3 for f in frames)
-
-    def _start_prepare(self, pool: ThreadPoolExecutor, chunk: Chunk, slot: int) -> Future:
-        if self._on_device(chunk.items):
-            return _prepared_now(self._prepare, chunk, slot)
-        return pool.submit(self._prepare, chunk, slot)
 
     def _frames_of(self, items) -> Iterable:
         if isinstance(items, (str, os.PathLike)):

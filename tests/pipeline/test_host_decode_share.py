@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -154,14 +155,41 @@ def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_fo
         end_to_end(engine, files[:1], batch=4, passes=2, host_decode_share="auto")  # one batch a stream: never timed
 
 
+def test_two_batches_are_decoded_at_once_and_their_results_come_back_in_order(host_standing_in_for_nvjpeg,
+                                                                              letterbox_plan, monkeypatch):
+    # nvJPEG's call holds its thread for most of a decode: a second batch is prepared on another
+    # worker meanwhile. Every call here waits until two are inside at once, which one worker never gets to.
+    decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+    both_inside = threading.Barrier(2, timeout=10)
+
+    def waits_for_another(*args):
+        both_inside.wait()
+        decode_as_nvjpeg_would(*args)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", waits_for_another)
+    engine = sartor.load(letterbox_plan, device="cpu")
+    items = [small_frame_bytes(k) for k in range(4 * 6)]
+    results = Pipeline(engine, batch_size=4).run(items)
+    assert len(host_standing_in_for_nvjpeg) == 6
+    assert [r.name for r in results] == [s.name for s in read_sources(items)]
+    assert all(r.error is None for r in results)
+    monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", decode_as_nvjpeg_would)
+    alone = Pipeline(engine, batch_size=4, overlap=False).run(items)
+    for result, reference in zip(results, alone):
+        for name, value in reference.outputs.items():
+            np.testing.assert_array_equal(result.outputs[name], value)
+
+
 def nvjpeg_pays_per_call(monkeypatch, seconds: float) -> None:
     """The stand-in nvJPEG (already patched in) made to cost `seconds` a call, far above the host's decode
-    of small frames: only a share that sends it nothing avoids that cost."""
+    of small frames: only a share that sends it nothing avoids that cost. As many calls at once as a
+    device has decoders, for the pipeline's workers to take in turn."""
     decode_as_nvjpeg_would = decode_module._decode_jpegs_on_gpu
+    decoders = threading.Semaphore(decode_module.DECODERS_PER_DEVICE)
 
     def slow(*args):
-        time.sleep(seconds)
-        decode_as_nvjpeg_would(*args)
+        with decoders:
+            time.sleep(seconds)
+            decode_as_nvjpeg_would(*args)
     monkeypatch.setattr(decode_module, "_decode_jpegs_on_gpu", slow)
 
 

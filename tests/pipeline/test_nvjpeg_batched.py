@@ -14,7 +14,7 @@ from PIL import Image
 from sartor.errors import ConfigError, DataError
 from sartor.pipeline import decode as decode_module
 from sartor.pipeline import read_sources
-from sartor.pipeline.decode import GpuJpegDecoder
+from sartor.pipeline.decode import GpuJpegDecoder, GpuJpegDecoders
 from sartor.pipeline.nvjpeg_batched import DecodedJpegs, NvjpegBatched, NvjpegImage, _buffer
 from sartor.pipeline.prepare import stack_frames
 
@@ -125,6 +125,10 @@ class DecoderStandingIn:
     def __init__(self, fail: bool = False):
         self.fail, self.batches = fail, []
 
+    def as_decoders(self, device) -> GpuJpegDecoders:
+        """What `_batched_decoder` gives: here one decoder, this, on the caller's stream."""
+        return GpuJpegDecoders(lambda: GpuJpegDecoder(self), GpuJpegDecoder(self), limit=1)
+
     def decode_batch(self, encoded: list, stream) -> DecodedJpegs:
         self.batches.append(len(encoded))
         if self.fail:
@@ -139,7 +143,7 @@ class DecoderStandingIn:
 
 def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkeypatch):
     standing_in = DecoderStandingIn()
-    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
+    monkeypatch.setattr(decode_module, "_batched_decoder", standing_in.as_decoders)
     items = [jpeg_bytes((64, 48)), jpeg_bytes((32, 24))]
     decoded = [None, None]
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
@@ -152,7 +156,7 @@ def test_the_pipeline_decodes_a_batch_of_jpegs_in_one_call_to_the_binding(monkey
 def test_a_batch_of_one_size_reaches_preprocessing_as_views_of_the_decoders_one_tensor(monkeypatch):
     # prepare_batch then reads the frames in place (stack_frames) rather than copying them into a stack.
     standing_in = DecoderStandingIn()
-    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
+    monkeypatch.setattr(decode_module, "_batched_decoder", standing_in.as_decoders)
     items = [jpeg_bytes((64, 48), seed=k) for k in range(3)]
     decoded = [None] * 3
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1, 2], decoded)
@@ -166,12 +170,62 @@ def test_a_batch_of_one_size_reaches_preprocessing_as_views_of_the_decoders_one_
 def test_a_batch_the_binding_refuses_is_decoded_one_by_one_so_only_the_bad_file_fails(monkeypatch):
     pytest.importorskip("torchvision.io")
     standing_in = DecoderStandingIn(fail=True)
-    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: GpuJpegDecoder(standing_in, threading.Lock()))
+    monkeypatch.setattr(decode_module, "_batched_decoder", standing_in.as_decoders)
     items = [jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x01" * 300 + b"\xff\xd9"]
     decoded = [None, None]
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
     assert decoded[0].error is None and tuple(decoded[0].pixels.shape) == (3, 48, 64)
     assert decoded[1].pixels is None and decoded[1].name in decoded[1].error
+
+
+def test_batches_on_two_threads_take_two_decoders_made_on_need_and_a_third_waits_for_one():
+    made = []
+
+    def make():
+        made.append(GpuJpegDecoder(DecoderStandingIn()))
+        return made[-1]
+    decoders = GpuJpegDecoders(make, make(), limit=2)
+    inside, release = threading.Barrier(3, timeout=10), threading.Event()
+    taken, order = [], []
+
+    def batch(name: str) -> None:
+        with decoders.take() as decoder:
+            taken.append(decoder)
+            order.append(name)
+            if name != "third":
+                inside.wait()  # both first batches hold a decoder at once
+                release.wait(10)
+    first, second = (threading.Thread(target=batch, args=(n,)) for n in ("first", "second"))
+    first.start(), second.start()
+    inside.wait()
+    assert len(made) == 2 and taken[0] is not taken[1]  # the second decoder made when first needed
+    third = threading.Thread(target=batch, args=("third",))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive() and order == ["first", "second"]  # no third decoder: it waits
+    release.set()
+    for thread in (first, second, third):
+        thread.join(10)
+    assert order[2] == "third" and taken[2] in taken[:2] and len(made) == 2
+
+
+def test_a_decoder_that_cannot_be_made_leaves_the_batch_to_wait_for_the_one_there_is():
+    calls = []
+
+    def make():
+        calls.append(1)
+        if len(calls) > 1:
+            raise ConfigError("out of device memory")
+        return GpuJpegDecoder(DecoderStandingIn())
+    decoders = GpuJpegDecoders(make, make(), limit=2)
+    with decoders.take() as held:
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(decoders.take().__enter__()))
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and decoders.limit == 1  # tried to make a second, failed, waits
+    waiting.join(10)
+    assert got == [held] and len(calls) == 2
 
 
 def test_without_the_binding_jpegs_go_to_torchvision_and_the_reason_is_said_once(monkeypatch):
