@@ -464,7 +464,8 @@ class Pipeline:
 
     def _batches(self, chunks: Iterator[Chunk]) -> Iterator[PipelineResult]:
         with self._lock:
-            timer = BatchTimer(self.host_share_search)  # "auto" host share: each batch's time to its share
+            # "auto" host share: each batch's time to its share
+            timer = BatchTimer(self.host_share_search, PREPARE_AHEAD if self.overlap else 1)
             if not self.overlap:
                 for chunk in chunks:
                     timer.start()

@@ -65,6 +65,18 @@ def test_a_stream_times_the_gap_between_two_batches_per_frame_and_not_its_first(
     assert search.seconds_per_frame == {0.0: [], 0.5: [pytest.approx(0.1)], 1.0: [pytest.approx(0.3)]}
 
 
+def test_with_two_batches_decoded_at_once_only_gaps_after_two_alike_batches_are_timed(monkeypatch):
+    clock = iter([1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1])
+    monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
+    search = HostShareSearch(CANDIDATES, batches_each=3, times_needed=3)
+    timer = BatchTimer(search, in_flight=2)
+    for share in (0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 0.0):
+        timer.batch_finished(share, 1)
+    # Not timed: the first two (decoded together), the first 1.0 (decoded beside the last 0.5), the 0.0.
+    assert search.seconds_per_frame == {0.0: [], 0.5: [pytest.approx(0.2)],
+                                        1.0: [pytest.approx(0.4), pytest.approx(0.5)]}
+
+
 def test_a_batch_run_alone_is_timed_from_its_start_so_a_stream_of_one_batch_counts(monkeypatch):
     clock = iter([5.0, 5.2])
     monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
