@@ -450,8 +450,8 @@ class Pipeline:
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
-        """Results in item order, batch by batch; with `overlap`, the next batch is prepared on a
-        worker thread while this one runs, else each batch is prepared and run in the calling
+        """Results in item order, batch by batch; with `overlap`, the next two batches are prepared on
+        two worker threads while this one runs, else each batch is prepared and run in the calling
         thread (the lowest latency for one frame at a time). `items` may also be one video's path
         or a `VideoSource`: its frames, decoded on a thread of their own."""
         source = self._frames_of(items)
