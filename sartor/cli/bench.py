@@ -141,6 +141,9 @@ def run_end_to_end(args) -> int:
                          f"pass{'es' if result.passes > 2 else ''}; a batch every {result.batch_ms_p50:.2f} ms "
                          f"(p99 {result.batch_ms_p99:.2f})"),
         ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
+        ("decode alone", f"{result.decode_frames_per_s:.1f} frames/s ({result.decode_workers} batches at once, "
+                         f"as the pipeline's workers decode)"),
+        ("of the lower", f"{result.ceiling_share:.1%} (steady state ÷ the lower of the engine and the decode alone)"),
     ]))
     rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
     rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("read", "decode", "preprocess", "infer", "post")))

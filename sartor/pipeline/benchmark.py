@@ -8,6 +8,10 @@ them, beside each stage alone and the engine alone.
   bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
   (the decoder, and the copy of what it keeps to the host).
 - engine: the engine alone on its own input buffer, at the same batch.
+- decoders: that batch's decode run back to back on as many threads as the pipeline has workers,
+  each on a stream of its own (on CUDA, each thread's batches on an nvJPEG decoder of its own): the
+  decode alone, as the pipeline could feed it; `ceiling_share` is the steady state's frames/s over
+  the lower of that and the engine alone.
 - host_decode_share "auto": the first pass, and more passes until the pipeline has chosen its share
   (`host_share.py`), are the warm-up; the steady state runs at the share chosen.
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,7 +34,7 @@ from ..errors import ConfigError
 from ..runtime.benchmark import synchronize
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
-from .pipeline import Pipeline
+from .pipeline import PREPARE_AHEAD, Pipeline
 from .prepare import prepare_batch
 from .sources import read_sources
 
@@ -79,6 +85,9 @@ class EndToEndResult:
     host_share_chosen: float | None = None  # the share the steady state ran at ("auto" chose it)
     host_share_ms_per_frame: dict = field(default_factory=dict)  # "auto": each candidate's median, warm-up
     host_decode_threads: int | None = None  # the host pool's threads (None: no pool)
+    decode_frames_per_s: float = 0.0  # the decode alone, `decode_workers` batches at once
+    decode_workers: int = 0
+    ceiling_share: float = 0.0  # frames_per_s ÷ the lower of the engine and the decode alone
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -121,6 +130,24 @@ def stages_after_decode(engine, pipeline: Pipeline, post, decoded: list, repeats
         stages["post"] = median_ms(lambda: {k: v.cpu() for k, v in outputs.items()}, device, repeats)
     engine_ms = median_ms(lambda: context.run({pipeline.input_name: prepared}), device, max(repeats, 20))
     return stages, round(len(frames) * 1e3 / engine_ms, 1)
+
+
+def decoders_frames_per_s(decode, frames: int, device: torch.device, workers: int, repeats: int) -> float:
+    """Frames/s of `decode` (one batch of `frames`) run `repeats` times back to back on each of
+    `workers` threads at once, each thread on a stream of its own (CUDA) and waiting for its own work."""
+    def batches() -> None:
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            for _ in range(repeats):
+                decode()
+                if stream is not None:
+                    stream.synchronize()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sartor-bench-decode") as pool:
+        start = time.perf_counter()
+        for future in [pool.submit(batches) for _ in range(workers)]:
+            future.result()  # a decode that raised raises here
+        seconds = time.perf_counter() - start
+    return round(workers * repeats * frames / seconds, 1)
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -179,10 +206,12 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         raise ConfigError(f"--images: {bad[0]}")
     stages = {"read": median_ms(lambda: read_sources(chunk), device, stage_repeats),
               "decode": median_ms(decode, device, stage_repeats)}
+    decode_rate = decoders_frames_per_s(decode, len(sources), device, PREPARE_AHEAD, stage_repeats)
     after, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
                           routed, stage_bucket, pipeline.host_decode_share, share,
                           pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {},
-                          pipeline.host_decode_threads)
+                          pipeline.host_decode_threads, decode_rate, PREPARE_AHEAD,
+                          round(frames_per_s / min(engine_frames_per_s, decode_rate), 3))
