@@ -11,11 +11,12 @@ Here the Pipeline runs the files as `sartor bench --end-to-end` does, with its s
 Host and GPU clocks share an origin (an event recorded on an idle device at a known host time).
 Printed per variant: medians of each span, the period (engine start to engine start), the share of
 the engine's GPU time a decode ran beside, and a few steady batches' spans in time order.
-Variants (`--variants STATES:STREAM:WORKERS:DECODERS,...`): the binding's decode states (1 waits
+Variants (`--variants STATES:STREAM[:WORKERS[:DECODERS]],...`): the binding's decode states (1 waits
 for the last decode before handing the next to nvJPEG, 2 for the one before it), the stream it
 decodes on (`caller`: the preparation stream; `own`: a stream of the decoder's, the default;
 `own-high`: that stream at high priority), the batches prepared at once on worker threads
-(`pipeline.PREPARE_AHEAD`) and the nvJPEG decoders they share (`decode.DECODERS_PER_DEVICE`).
+(`pipeline.PREPARE_AHEAD`) and the nvJPEG decoders they share (`decode.DECODERS_PER_DEVICE`); the
+last two default to the Pipeline's own, so session 49's two-field variants still run.
 Session 49 tried two workers on one decoder (code 6ae74f9): slower (decision 0063).
 
     PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 2:own:1:1,2:own:2:2]
@@ -195,7 +196,9 @@ def main() -> None:
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files",
           f"sartor from {Path(sartor.__file__).parent}", flush=True)
     for variant in args.variants.split(","):
-        states, stream, workers, decoders = variant.split(":")
+        defaults = [str(pipeline_module.PREPARE_AHEAD), str(decode_module.DECODERS_PER_DEVICE)]
+        fields = variant.split(":")
+        states, stream, workers, decoders = fields + defaults[len(fields) - 2:]
         pipeline_module.PREPARE_AHEAD, pipeline_module.STAGING_SLOTS = int(workers), int(workers) + 1
 
         def make(states=int(states), stream=stream) -> decode_module.GpuJpegDecoder:
