@@ -18,6 +18,9 @@ decodes on (`caller`: the preparation stream; `own`: a stream of the decoder's, 
 (`pipeline.PREPARE_AHEAD`) and the nvJPEG decoders they share (`decode.DECODERS_PER_DEVICE`); the
 last two default to the Pipeline's own, so session 49's two-field variants still run.
 Session 49 tried two workers on one decoder (code 6ae74f9): slower (decision 0063).
+`--sources files,bytes` runs each variant from the paths and from the files' bytes held in memory (no
+reads), `--switch-intervals-ms 5,0.5` every variant at each of Python's thread switch intervals: a thread
+back from native code waits up to the interval for the interpreter lock while another runs Python.
 
     PYTHONPATH=. python bench/pipeline_timeline.py ENGINE.plan --images DIR [--variants 2:own:1:1,2:own:2:2]
 """
@@ -133,14 +136,16 @@ def instrument(recorder: Recorder) -> None:
 
 def time_engine_runs(pipeline, recorder: Recorder) -> None:
     """Each bucket context's run as a GPU span on the stream it is queued on, after the waits
-    `_launch` queued before it."""
+    `_launch` queued before it, and as a host span (the rest of `_launch` is staging the outputs)."""
     for bucket in pipeline._buckets:
         run = bucket.context.run
 
         def timed_run(inputs, run=run):
             stream = torch.cuda.current_stream()
             start = recorder.event(stream)
+            t0 = time.perf_counter()
             outputs = run(inputs)
+            recorder.host_span("launch: engine run", t0, time.perf_counter())
             recorder.gpu_span("engine", start, recorder.event(stream))
             return outputs
         bucket.context.run = timed_run
@@ -188,14 +193,23 @@ def main() -> None:
     parser.add_argument("--variants", default="2:own:1:1,2:own:2:1,2:own:2:2",
                         help="decode states:stream (caller, own or own-high):workers:decoders, one variant each")
     parser.add_argument("--passes", type=int, default=3, help="passes over the files; the first is warm-up")
+    parser.add_argument("--switch-intervals-ms", default="",
+                        help="Python's thread switch intervals to run every variant at (default: as the process has it)")
     parser.add_argument("--show", type=int, default=3, help="steady batches printed span by span")
+    parser.add_argument("--sources", default="files",
+                        help="files (paths, read by the Pipeline) and/or bytes (the files' bytes, held in memory)")
     args = parser.parse_args()
     engine = sartor.load(args.engine)
     files = image_files(args.images)
     device = torch.device("cuda", torch.cuda.current_device())
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"{len(files)} files",
           f"sartor from {Path(sartor.__file__).parent}", flush=True)
-    for variant in args.variants.split(","):
+    intervals = [float(ms) / 1e3 for ms in args.switch_intervals_ms.split(",") if ms] or [sys.getswitchinterval()]
+    held = {"files": files, "bytes": [Path(f).read_bytes() for f in files]}
+    for interval, variant, source in ((i, v, k) for i in intervals for v in args.variants.split(",")
+                                      for k in args.sources.split(",")):
+        sys.setswitchinterval(interval)
+        items = held[source]
         defaults = [str(pipeline_module.PREPARE_AHEAD), str(decode_module.DECODERS_PER_DEVICE)]
         fields = variant.split(":")
         states, stream, workers, decoders = fields + defaults[len(fields) - 2:]
@@ -209,15 +223,16 @@ def main() -> None:
         instrument(recorder)
         pipeline, _, _ = bench_pipeline(engine, None, "auto")
         time_engine_runs(pipeline, recorder)
-        for _ in pipeline.stream(files):  # warm-up pass
+        for _ in pipeline.stream(items):  # warm-up pass
             pass
         steady_from = (time.perf_counter() - recorder.origin) * 1e3
         start = time.perf_counter()
         for _ in range(args.passes - 1):
-            for _ in pipeline.stream(files):
+            for _ in pipeline.stream(items):
                 pass
-        rate = len(files) * (args.passes - 1) / (time.perf_counter() - start)
-        print(f"== {states} decode state(s), {stream} stream, {workers} worker(s), {decoders} decoder(s): "
+        rate = len(items) * (args.passes - 1) / (time.perf_counter() - start)
+        print(f"== {states} decode state(s), {stream} stream, {workers} worker(s), {decoders} decoder(s), "
+              f"switch interval {interval * 1e3:g} ms, {source}: "
               f"files → boxes {rate:.0f} frames/s, batch {pipeline.batch_size}", flush=True)
         report(recorder.spans_ms(), steady_from, pipeline.batch_size, args.show)
         restore()
