@@ -138,8 +138,8 @@ def run_end_to_end(args) -> int:
         ("first pass", f"{result.first_pass_s:.2f} s (warm-up: graph capture and kernel loads on a GPU; "
                        f"reported apart)"),
         ("steady state", f"{result.frames_per_s:.1f} frames/s over {result.passes - 1} "
-                         f"pass{'es' if result.passes > 2 else ''}; a batch every {result.batch_ms_p50:.2f} ms "
-                         f"(p99 {result.batch_ms_p99:.2f})"),
+                         f"pass{'es' if result.passes > 2 else ''} as one stream, from its first batch's results; "
+                         f"a batch every {result.batch_ms_p50:.2f} ms (p99 {result.batch_ms_p99:.2f})"),
         ("engine alone", f"{result.engine_frames_per_s:.1f} frames/s (input already in place)"),
         ("decode alone", f"{result.decode_frames_per_s:.1f} frames/s ({result.decode_workers} batches at once, "
                          f"as the pipeline's workers decode)"),

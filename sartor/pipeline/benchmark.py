@@ -3,7 +3,10 @@ them, beside each stage alone and the engine alone.
 
 - passes: the whole list of images run through the pipeline `passes` times; the first pass (CUDA
   graph capture, kernel loads, buffer allocation) is reported apart, the others make the steady
-  state: frames/s and the per-batch takt (median and p99 of one batch's time in the stream).
+  state: frames/s and the per-batch takt (median and p99 of one batch's time in the stream). The
+  steady passes run as one stream, as a camera's frames keep coming, timed from its first batch's
+  results: the pipeline fills once, as it does on a device, and not once a pass (its workers'
+  batches in flight, which a pass of 16 batches would pay again at every start).
 - stages: one batch through each stage alone, synchronised, `stage_repeats` times: read (file
   bytes), decode, preprocess (into the engine's input), infer (the engine on that input), post
   (the decoder, and the copy of what it keeps to the host).
@@ -155,6 +158,21 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def steady_state(pipeline: Pipeline, items: list, batch: int) -> tuple[float, list[float]]:
+    """(frames/s, each batch's ms) of `items` through the pipeline as one stream, timed from the
+    first batch's results (the pipeline filled) to the last; from the stream's start when it is one
+    batch."""
+    start = time.perf_counter()
+    marks = []  # when each batch's last result came out
+    for index, _ in enumerate(pipeline.stream(items)):
+        if (index + 1) % batch == 0 or index + 1 == len(items):
+            marks.append(time.perf_counter())
+    if len(marks) < 2:
+        return len(items) / (marks[0] - start), [(marks[0] - start) * 1e3]
+    batch_times = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+    return (len(items) - min(batch, len(items))) / (marks[-1] - marks[0]), batch_times
+
+
 def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, stage_repeats: int = 10,
                decoder: str = "auto", max_downscale: float | str | None = None,
                host_decode_share: float | str = 0.0, host_decode_threads: int | None = None) -> EndToEndResult:
@@ -175,16 +193,7 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
             pass
     first_pass_s = time.perf_counter() - start
     routed = {size: ran_at.count(size) for size in sorted(set(ran_at))}
-    batch_times, total = [], 0.0
-    for _ in range(passes - 1):
-        start = last = time.perf_counter()
-        for index, _ in enumerate(pipeline.stream(files)):
-            if (index + 1) % batch == 0 or index + 1 == len(files):
-                now = time.perf_counter()
-                batch_times.append((now - last) * 1e3)
-                last = now
-        total += time.perf_counter() - start
-    frames_per_s = len(files) * (passes - 1) / total
+    frames_per_s, batch_times = steady_state(pipeline, files * (passes - 1), batch)
 
     # each stage alone on a batch of the images of the bucket most of them ran in
     stage_bucket = max(routed, key=lambda size: routed[size])

@@ -108,7 +108,11 @@ class NvjpegBatched:
             raise ConfigError(f"nvJPEG decodes on a CUDA device, not {self.device}")
         if states < 1:
             raise ConfigError(f"states {states} must be at least 1")
-        self.lib = ctypes.CDLL(library or library_path())
+        path = library or library_path()
+        self.lib = ctypes.CDLL(path)
+        # The same library, its calls made holding Python's interpreter lock: reading a header takes
+        # microseconds, less than handing the lock to another thread and waiting to get it back.
+        self._lib_holding_lock = ctypes.PyDLL(path)
         self.handle = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # the primary context current on this thread
@@ -134,9 +138,9 @@ class NvjpegBatched:
         """(H, W) of the JPEG at `address` from its header; DataError when nvJPEG cannot read it."""
         components, subsampling = ctypes.c_int(), ctypes.c_int()
         widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
-        self._check(self.lib.nvjpegGetImageInfo(self.handle, ctypes.c_void_p(address), ctypes.c_size_t(length),
-                                                ctypes.byref(components), ctypes.byref(subsampling), widths, heights),
-                    "nvjpegGetImageInfo")
+        self._check(self._lib_holding_lock.nvjpegGetImageInfo(
+            self.handle, ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.byref(components),
+            ctypes.byref(subsampling), widths, heights), "nvjpegGetImageInfo")
         return int(heights[0]), int(widths[0])
 
     def decode(self, encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:

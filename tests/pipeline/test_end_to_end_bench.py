@@ -68,3 +68,38 @@ def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_
     (tmp_path / "bad" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     assert_cli_error(cli("bench", letterbox_plan, "--end-to-end", "--images", tmp_path / "bad"),
                      "image", "broken.jpg", "corrupt")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FillingPipeline:
+    """A stream that takes `fill` s before its first result and `each` s a result after it."""
+
+    def __init__(self, clock: _Clock, fill: float, each: float) -> None:
+        self.clock, self.fill, self.each, self.streams = clock, fill, each, 0
+
+    def stream(self, items):
+        self.streams += 1
+        self.clock.now += self.fill
+        for item in items:
+            self.clock.now += self.each
+            yield item
+
+
+def test_the_steady_state_is_one_stream_timed_from_its_first_batch(monkeypatch):
+    from sartor.pipeline import benchmark
+    clock = _Clock()
+    monkeypatch.setattr(benchmark.time, "perf_counter", clock)
+    pipeline = _FillingPipeline(clock, fill=1.0, each=0.001)
+    rate, batch_times = benchmark.steady_state(pipeline, list(range(96)), batch=32)
+    assert pipeline.streams == 1  # the passes are one stream: the pipeline fills once
+    assert rate == pytest.approx(1000.0)  # 64 frames after the first batch in 64 ms; the fill left out
+    assert batch_times == pytest.approx([32.0, 32.0])
+    rate, batch_times = benchmark.steady_state(_FillingPipeline(clock, 1.0, 0.001), list(range(20)), batch=32)
+    assert rate == pytest.approx(20 / 1.02) and batch_times == pytest.approx([1020.0])  # one batch: from the start
