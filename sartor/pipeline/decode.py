@@ -285,9 +285,9 @@ def _pinned_host_frame(source: FrameSource, spec, fast: bool, slots: PinnedSlots
     return frame
 
 
-# nvJPEG decoders a device's pipelines share: one handle's batched calls run one at a time, and the
-# pipeline's two workers each hand a batch to a decoder of their own
-# (docs/decisions/0064-two-workers-two-nvjpeg-decoders.md).
+# nvJPEG decoders a device's pipelines share: one handle's batched calls run one at a time. Two
+# decodes run at once (docs/decisions/0064-two-workers-two-nvjpeg-decoders.md); the pipeline's third
+# worker takes whichever is given back first (0065).
 DECODERS_PER_DEVICE = 2
 
 

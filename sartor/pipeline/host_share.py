@@ -7,9 +7,10 @@ order, and keeps the one whose batches came out fastest (the median time per fra
 batches' results), as the builder keeps the fastest kernel. The time between batch n's results and
 batch n+1's is charged to the share batch n+2 was decoded with: with the next batch launched before
 the last one's results are read, that interval is the wait for batch n+2's decode (when decode is
-what limits the stream), and otherwise the engine's time, which no share changes. With two batches
-decoded at once (the pipeline's two workers), an interval counts only when batch n+2 and the batch
-before it had the same share, as each candidate's batches come in a row. Without overlap
+what limits the stream), and otherwise the engine's time, which no share changes. With k batches
+prepared at once (the pipeline's workers), an interval counts only when the batches then decoding
+had the same share, as each candidate's batches come in a row; with two decoders an interval spans
+two batches, as the two decode side by side and their results come out close together. Without overlap
 (`Pipeline(overlap=False)`: each batch decoded, run and finished before the next) a batch is timed
 alone, from its decode to its results, so a stream of one batch is timed too."""
 from __future__ import annotations
@@ -20,7 +21,9 @@ import time
 from collections import deque
 
 CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
-BATCHES_EACH = 3  # handed to each candidate in turn
+# Handed to each candidate in turn: its intervals count once the pipeline's three workers and its
+# two decoders' last round hold its batches alone (BatchTimer), two of them in five batches.
+BATCHES_EACH = 5
 TIMES_NEEDED = 2  # a candidate's batches timed before the choice: one may be lost to a stream's start
 
 
@@ -75,21 +78,25 @@ class HostShareSearch:
 
 
 class BatchTimer:
-    """One stream's clock: the time between two batches' results (or from `start`), per frame,
-    charged to a share. With `in_flight` batches decoded at once (the pipeline's workers), an
-    interval is charged only when the last `in_flight` batches had the same share (a fast share's
-    decode overlapping a slow one's would otherwise be charged the slow one's wait, or the slow one
-    the little left of a wait it shared), and not before `in_flight` batches have finished (the
-    first ones were decoded together)."""
+    """One stream's clock: the time between batches' results (or from `start`), per frame, charged
+    to a share. With `in_flight` batches prepared at once (the pipeline's workers), an interval is
+    charged only when the batches then in flight had the same share (a fast share's decode
+    overlapping a slow one's would otherwise be charged the slow one's wait, or the slow one the
+    little left of a wait it shared), and not before `in_flight` batches have finished (the first
+    ones were decoded together). With `window` decoders, batches they decoded side by side come out
+    close together, one interval long and the next short: an interval then spans the last `window`
+    batches, one decoder round."""
 
-    def __init__(self, search: HostShareSearch | None, in_flight: int = 1) -> None:
-        self.search, self._last, self._finished, self._alone = search, None, 0, False
-        self._recent: deque[float] = deque(maxlen=in_flight)
+    def __init__(self, search: HostShareSearch | None, in_flight: int = 1, window: int = 1) -> None:
+        self.search, self._in_flight, self._finished, self._alone = search, in_flight, 0, False
+        self._recent: deque[float] = deque(maxlen=in_flight + window - 1)  # shares of the last batches
+        self._marks: deque[tuple[float, int]] = deque(maxlen=window + 1)  # (time, frames) of the last results
 
     def start(self) -> None:
         """A batch run alone begins (its decode): `batch_finished` times it from here."""
         if self.search is not None:
-            self._last, self._alone = time.perf_counter(), True
+            self._marks.append((time.perf_counter(), 0))
+            self._alone = True
 
     def batch_finished(self, share: float, frames: int) -> None:
         if self.search is None:
@@ -97,8 +104,9 @@ class BatchTimer:
         now = time.perf_counter()
         self._recent.append(share)
         self._finished += 1
+        self._marks.append((now, frames))
         alike = len(self._recent) == self._recent.maxlen and len(set(self._recent)) == 1
-        settled = self._alone or self._finished > self._recent.maxlen  # past the batches decoded together
-        if self._last is not None and frames and alike and settled:
-            self.search.observe(share, (now - self._last) / frames)
-        self._last = now
+        settled = self._alone or self._finished > self._in_flight  # past the batches decoded together
+        spanned = sum(n for _, n in list(self._marks)[1:])
+        if len(self._marks) == self._marks.maxlen and spanned and alike and settled:
+            self.search.observe(share, (now - self._marks[0][0]) / spanned)

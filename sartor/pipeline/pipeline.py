@@ -1,10 +1,10 @@
 """`Pipeline(engine)`: paths, image bytes or raw frames in; per item its outputs (and detections,
 given a decoder) in original-image coordinates out.
 
-Each batch is read, decoded and preprocessed by one of two worker threads (on CUDA, each on a
-stream of its own, its JPEGs on one of the device's two nvJPEG decoders) into one of three staging
-buffers, two batches at once, while the engine runs the batch before them; the engine then copies
-the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
+Each batch is read, decoded and preprocessed by one of three worker threads (on CUDA, each on a
+stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is free) into one of
+four staging buffers, three batches at once, while the engine runs the batch before them; the engine
+then copies the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
 corrupt, truncated, wrong shape) never stop the items beside them from being decoded; what happens
 to them is `skip_bad`: False (the default) raises one `DataError` naming every failed item of the
 batch before that batch runs; True returns them as results with `error` set, in their place, and
@@ -41,7 +41,7 @@ from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_d
 from ..errors import ConfigError, DataError
 from ..runtime.launchers import usable_cpus
 from . import decode
-from .decode import decode_frames, start_host_share
+from .decode import DECODERS_PER_DEVICE, decode_frames, start_host_share
 from .detections import EngineNms, YoloNms
 from .host_share import BatchTimer, HostShareSearch, candidates_for
 from .pinned_slots import PinnedSlots
@@ -54,9 +54,10 @@ from .video import VideoSource, is_video_path
 
 DEFAULT_MAX_BATCH = 32
 # Batches prepared at once on worker threads. nvJPEG's batched call holds its thread for most of the
-# decode: with two workers, each handing its batches to a decoder of its own (decode.py), two decodes
-# run at once, and one batch's Python runs while the other's decode holds its thread (decision 0064).
-PREPARE_AHEAD = 2
+# decode: two decoders (decode.py) run two decodes at once (decision 0064), and a third worker has its
+# batch ready for the first decoder its holder gives back, while that holder runs its batch's Python
+# after the call (decision 0065).
+PREPARE_AHEAD = 3
 STAGING_SLOTS = PREPARE_AHEAD + 1  # and the batch the engine runs
 
 
@@ -450,8 +451,8 @@ class Pipeline:
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
-        """Results in item order, batch by batch; with `overlap`, the next two batches are prepared on
-        two worker threads while this one runs, else each batch is prepared and run in the calling
+        """Results in item order, batch by batch; with `overlap`, the next three batches are prepared on
+        three worker threads while this one runs, else each batch is prepared and run in the calling
         thread (the lowest latency for one frame at a time). `items` may also be one video's path
         or a `VideoSource`: its frames, decoded on a thread of their own."""
         source = self._frames_of(items)
@@ -465,7 +466,8 @@ class Pipeline:
     def _batches(self, chunks: Iterator[Chunk]) -> Iterator[PipelineResult]:
         with self._lock:
             # "auto" host share: each batch's time to its share
-            timer = BatchTimer(self.host_share_search, PREPARE_AHEAD if self.overlap else 1)
+            timer = BatchTimer(self.host_share_search, PREPARE_AHEAD if self.overlap else 1,
+                               DECODERS_PER_DEVICE if self.overlap else 1)
             if not self.overlap:
                 for chunk in chunks:
                     timer.start()
@@ -473,7 +475,7 @@ class Pipeline:
                     yield from self._finish(self._launch(prepared, 0))
                     timer.batch_finished(prepared.host_share, len(prepared.names))
                 return
-            # Batches n+1 and n+2 are prepared on the workers while n runs, and n+1 is launched before
+            # Batches n+1 to n+3 are prepared on the workers while n runs, and n+1 is launched before
             # n's results are finished, so the device never waits for the host between two batches.
             # A chunk of frames already on the engine's device has nothing to decode or copy in: it is
             # prepared in the calling thread once the batch before is launched, as a worker would only
@@ -494,8 +496,8 @@ class Pipeline:
                     timer: BatchTimer) -> Iterator[PipelineResult]:
         # The batches started, in order: [chunk, staging slot, its prepare's Future, or None for a
         # chunk of device frames, prepared in this thread when the batch before is launched]. Batch j
-        # takes slot j mod STAGING_SLOTS and is started once batch j - 3, the slot's last user, is
-        # launched: its prepare waits (on the device) for that run to release the staging buffer.
+        # takes slot j mod STAGING_SLOTS and is started once batch j - STAGING_SLOTS, the slot's last
+        # user, is launched: its prepare waits (on the device) for that run to release the staging buffer.
         started: deque[list] = deque()
         slots = (index % STAGING_SLOTS for index in itertools.count())
 

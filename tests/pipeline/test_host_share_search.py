@@ -77,6 +77,21 @@ def test_with_two_batches_decoded_at_once_only_gaps_after_two_alike_batches_are_
                                         1.0: [pytest.approx(0.4), pytest.approx(0.5)]}
 
 
+def test_with_two_decoders_an_interval_spans_their_round_so_results_in_pairs_time_right(monkeypatch):
+    # Two decoders, three workers: batches come out in pairs 0.01 s apart, a pair every 0.2 s, so a
+    # frame takes 0.1 s. One interval at a time reads 0.19 and 0.01 by turns.
+    times = [1.0, 1.01, 1.2, 1.21, 1.4, 1.41, 1.6, 1.61]
+    for window, expected in ((2, [0.1] * 5), (1, [0.01, 0.19, 0.01, 0.19, 0.01])):
+        clock = iter(times)
+        monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
+        search = HostShareSearch(CANDIDATES, batches_each=8, times_needed=8)
+        timer = BatchTimer(search, in_flight=3, window=window)
+        for _ in times:
+            timer.batch_finished(0.5, 1)
+        # not timed: the first three (decoded together), and until the window holds one share's batches
+        assert search.seconds_per_frame[0.5] == [pytest.approx(t) for t in expected]
+
+
 def test_a_batch_run_alone_is_timed_from_its_start_so_a_stream_of_one_batch_counts(monkeypatch):
     clock = iter([5.0, 5.2])
     monkeypatch.setattr(host_share.time, "perf_counter", lambda: next(clock))
