@@ -9,6 +9,9 @@
 #   p: the build (unless the machine kept it) and the py-spy part alone.
 #   s: the build (unless kept) and the timeline at Python's switch intervals (INTERVALS, ms), from the
 #      files and from their bytes held in memory.
+#   w: the build (unless kept); the timeline of VARIANTS (two workers and two decoders, three workers on
+#      two decoders, three on three), twice; end to end (as sartor bench --end-to-end) at two and three
+#      workers, twice.
 #   OUT=$OUT bash bench/h200_session51.sh j
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -53,6 +56,34 @@ if [ "$part" = s ]; then  # s: the timeline at Python's switch intervals, from f
     timeout 240 python bench/pipeline_timeline.py /tmp/y8nms.plan --images /tmp/jpeg512 --passes 6 --show 0 \
       --variants "${VARIANTS:-2:own:2:2}" --switch-intervals-ms "${INTERVALS:-5,0.5,0.1}" --sources files,bytes 2>&1 \
       | grep -v "^ *warn" | grep "==\|period\|launch\|prepare\|finish\|decode: call" | sed "s/^/[round $round] /"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+# sartor bench --end-to-end's figures with the Pipeline's workers set to $1 (the decoders as they are).
+END_TO_END_WORKERS="import json, sys, sartor
+from sartor.pipeline import pipeline as module, benchmark
+module.PREPARE_AHEAD, module.STAGING_SLOTS = int(sys.argv[1]), int(sys.argv[1]) + 1
+r = benchmark.end_to_end(sartor.load('/tmp/y8nms.plan'), benchmark.image_files('/tmp/jpeg512'), passes=4).to_json()
+print(sys.argv[1], 'workers:', {k: r.get(k) for k in ('frames_per_s', 'engine_frames_per_s', 'decode_frames_per_s',
+      'decode_workers', 'ceiling_share', 'batch_ms_p50', 'batch_ms_p99')})"
+if [ "$part" = w ]; then  # w: workers against decoders: the timeline of VARIANTS and end to end at 2 and 3 workers
+  SECONDS=0
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  for round in 1 2; do
+    timeout 150 python bench/pipeline_timeline.py /tmp/y8nms.plan --images /tmp/jpeg512 --passes 6 --show 0 \
+      --variants "${VARIANTS:-2:own:2:2,2:own:3:2,2:own:3:3}" 2>&1 | grep -v "^ *warn" \
+      | grep "==\|period\|launch\|prepare\|finish\|decode: call\|gpu" | sed "s/^/[round $round] /"
+  done
+  echo "timelines at ${SECONDS}s"
+  for round in 1 2; do
+    for workers in 2 3; do
+      timeout 90 python -c "$END_TO_END_WORKERS" "$workers" 2>&1 | grep workers: | sed "s/^/[round $round] /"
+    done
   done
   echo "done at ${SECONDS}s"
   exit 0
