@@ -37,7 +37,7 @@ from ..errors import ConfigError
 from ..runtime.benchmark import synchronize
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
-from .pipeline import PREPARE_AHEAD, Pipeline
+from .pipeline import Pipeline
 from .prepare import prepare_batch
 from .sources import read_sources
 
@@ -215,12 +215,12 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
         raise ConfigError(f"--images: {bad[0]}")
     stages = {"read": median_ms(lambda: read_sources(chunk), device, stage_repeats),
               "decode": median_ms(decode, device, stage_repeats)}
-    decode_rate = decoders_frames_per_s(decode, len(sources), device, PREPARE_AHEAD, stage_repeats)
+    decode_rate = decoders_frames_per_s(decode, len(sources), device, pipeline.prepare_ahead, stage_repeats)
     after, engine_frames_per_s = stages_after_decode(engine, pipeline, post, decoded, stage_repeats)
     return EndToEndResult(str(device), len(files), batch, passes, decoder, round(first_pass_s, 3),
                           round(frames_per_s, 1), round(statistics.median(batch_times), 3),
                           round(percentile(batch_times, 0.99), 3), engine_frames_per_s, stages | after,
                           routed, stage_bucket, pipeline.host_decode_share, share,
                           pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {},
-                          pipeline.host_decode_threads, decode_rate, PREPARE_AHEAD,
+                          pipeline.host_decode_threads, decode_rate, pipeline.prepare_ahead,
                           round(frames_per_s / min(engine_frames_per_s, decode_rate), 3))

@@ -2,13 +2,13 @@
 given a decoder) in original-image coordinates out.
 
 Each batch is read, decoded and preprocessed by one of three worker threads (on CUDA, each on a
-stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is free) into one of
-four staging buffers, three batches at once, while the engine runs the batch before them; the engine
-then copies the staging buffer into its bound input inside the same stream order. Failed items (unreadable,
-corrupt, truncated, wrong shape) never stop the items beside them from being decoded; what happens
-to them is `skip_bad`: False (the default) raises one `DataError` naming every failed item of the
-batch before that batch runs; True returns them as results with `error` set, in their place, and
-runs the rest.
+stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is free; two workers
+for a CPU engine) into one of four staging buffers, three batches at once, while the engine runs the
+batch before them; the engine then copies the staging buffer into its bound input inside the same
+stream order. Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
+them from being decoded; what happens to them is `skip_bad`: False (the default) raises one
+`DataError` naming every failed item of the batch before that batch runs; True returns them as
+results with `error` set, in their place, and runs the rest.
 
 A last batch smaller than the profile's minimum batch is filled up to it with copies of its first
 frame, whose outputs are dropped.
@@ -56,8 +56,10 @@ DEFAULT_MAX_BATCH = 32
 # Batches prepared at once on worker threads. nvJPEG's batched call holds its thread for most of the
 # decode: two decoders (decode.py) run two decodes at once (decision 0064), and a third worker has its
 # batch ready for the first decoder its holder gives back, while that holder runs its batch's Python
-# after the call (decision 0065).
+# after the call (decision 0065). For a CPU engine, whose workers' decode and letterbox take cores
+# from the engine itself, two.
 PREPARE_AHEAD = 3
+HOST_PREPARE_AHEAD = 2
 STAGING_SLOTS = PREPARE_AHEAD + 1  # and the batch the engine runs
 
 
@@ -270,6 +272,9 @@ class Pipeline:
         # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
         # host run has finished when it returns, so there is nothing to overlap it with.
         self.launch_ahead = overlap and self.device.type == "cuda"
+        # batches prepared at once with overlap, and the staging buffers they and the engine's run take
+        self.prepare_ahead = PREPARE_AHEAD if self.device.type == "cuda" else HOST_PREPARE_AHEAD
+        self.staging_slots = min(self.prepare_ahead + 1, STAGING_SLOTS)
         self._lock = threading.Lock()
 
     @property
@@ -451,9 +456,9 @@ class Pipeline:
         return results
 
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
-        """Results in item order, batch by batch; with `overlap`, the next three batches are prepared on
-        three worker threads while this one runs, else each batch is prepared and run in the calling
-        thread (the lowest latency for one frame at a time). `items` may also be one video's path
+        """Results in item order, batch by batch; with `overlap`, the next three batches (two for a
+        CPU engine) are prepared on worker threads while this one runs, else each batch is prepared
+        and run in the calling thread (the lowest latency for one frame at a time). `items` may also be one video's path
         or a `VideoSource`: its frames, decoded on a thread of their own."""
         source = self._frames_of(items)
         frames = iter(source)
@@ -466,7 +471,7 @@ class Pipeline:
     def _batches(self, chunks: Iterator[Chunk]) -> Iterator[PipelineResult]:
         with self._lock:
             # "auto" host share: each batch's time to its share
-            timer = BatchTimer(self.host_share_search, PREPARE_AHEAD if self.overlap else 1,
+            timer = BatchTimer(self.host_share_search, self.prepare_ahead if self.overlap else 1,
                                DECODERS_PER_DEVICE if self.overlap else 1)
             if not self.overlap:
                 for chunk in chunks:
@@ -481,7 +486,7 @@ class Pipeline:
             # prepared in the calling thread once the batch before is launched, as a worker would only
             # contend with this thread for the interpreter lock
             # (docs/decisions/0051-inline-prepare-of-device-frames.md).
-            with ThreadPoolExecutor(max_workers=PREPARE_AHEAD, thread_name_prefix="sartor-pipeline") as pool, \
+            with ThreadPoolExecutor(max_workers=self.prepare_ahead, thread_name_prefix="sartor-pipeline") as pool, \
                     ThreadPoolExecutor(max_workers=1, thread_name_prefix="sartor-read") as reader:
                 # Files are read, and their host share started decoding, batches ahead (read_ahead.py).
                 pooled = self.host_pool is not None
@@ -496,13 +501,13 @@ class Pipeline:
                     timer: BatchTimer) -> Iterator[PipelineResult]:
         # The batches started, in order: [chunk, staging slot, its prepare's Future, or None for a
         # chunk of device frames, prepared in this thread when the batch before is launched]. Batch j
-        # takes slot j mod STAGING_SLOTS and is started once batch j - STAGING_SLOTS, the slot's last
+        # takes slot j mod staging_slots and is started once batch j - staging_slots, the slot's last
         # user, is launched: its prepare waits (on the device) for that run to release the staging buffer.
         started: deque[list] = deque()
-        slots = (index % STAGING_SLOTS for index in itertools.count())
+        slots = (index % self.staging_slots for index in itertools.count())
 
         def start_more() -> None:
-            while len(started) < PREPARE_AHEAD:
+            while len(started) < self.prepare_ahead:
                 chunk = next(chunks, None)
                 if chunk is None:
                     return

@@ -108,15 +108,18 @@ def test_pipeline_refuses_a_share_or_thread_count_out_of_range_and_a_cpu_engine_
     assert len(pipeline.run([frame_bytes("astronaut")])) == 1
 
 
-def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpeg, letterbox_plan, monkeypatch):
+@pytest.mark.parametrize("workers", [2, 3])  # a CPU engine's, and a CUDA engine's on its two decoders
+def test_auto_times_every_share_and_keeps_the_fastest(host_standing_in_for_nvjpeg, letterbox_plan, monkeypatch,
+                                                      workers):
     # Only the share that sends nvJPEG nothing (1) avoids its cost per call, so auto must keep 1.
     calls = host_standing_in_for_nvjpeg
     nvjpeg_pays_per_call(monkeypatch, 0.1)
+    monkeypatch.setattr(pipeline_module, "HOST_PREPARE_AHEAD", workers)
     engine = sartor.load(letterbox_plan, device="cpu")
     with pytest.raises(ConfigError, match="host_decode_share 'half' must be between 0 and 1, or 'auto'"):
         Pipeline(engine, host_decode_share="half")
     pipeline = Pipeline(engine, batch_size=4, host_decode_share="auto", host_decode_threads=2)
-    assert pipeline.host_share_chosen is None
+    assert pipeline.host_share_chosen is None and pipeline.prepare_ahead == workers
     items = [small_frame_bytes(k) for k in range(4 * 32)]  # five candidates of five batches, and more
     results = pipeline.run(items)
     assert [r.name for r in results] == [s.name for s in read_sources(items)]
@@ -143,8 +146,8 @@ def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_fo
                                                                monkeypatch, tmp_path):
     nvjpeg_pays_per_call(monkeypatch, 0.05)
     files = []
-    # six batches a pass, of which a stream's first three (the workers' batches in flight) are not
-    # timed: the search spans several passes, all of them warm-up
+    # six batches a pass, of which a stream's first (the workers' batches in flight) are not timed:
+    # the search spans several passes, all of them warm-up
     for k in range(24):
         files.append(tmp_path / f"frame{k:02d}.jpg")
         files[-1].write_bytes(small_frame_bytes(k))
