@@ -198,7 +198,7 @@ def main() -> None:
                         help="decode states:stream (caller, own or own-high):workers:decoders, one variant each")
     parser.add_argument("--passes", type=int, default=3, help="passes over the files; the first is warm-up")
     parser.add_argument("--switch-intervals-ms", default="",
-                        help="Python's thread switch intervals to run every variant at (default: as the process has it)")
+                        help="Python's thread switch intervals to run every variant at (default: the process's)")
     parser.add_argument("--show", type=int, default=3, help="steady batches printed span by span")
     parser.add_argument("--sources", default="files",
                         help="files (paths, read by the Pipeline) and/or bytes (the files' bytes, held in memory)")

@@ -21,8 +21,8 @@ import time
 from collections import deque
 
 CANDIDATES = (0.0, 0.25, 0.5, 0.75, 1.0)
-# Handed to each candidate in turn: its intervals count once the pipeline's three workers and its
-# two decoders' last round hold its batches alone (BatchTimer), two of them in five batches.
+# Handed to each candidate in turn: its intervals count once the batches in flight (three on CUDA)
+# and the two decoders' last round are its batches alone (BatchTimer), two of them in five batches.
 BATCHES_EACH = 5
 TIMES_NEEDED = 2  # a candidate's batches timed before the choice: one may be lost to a stream's start
 
