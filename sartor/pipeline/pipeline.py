@@ -410,21 +410,24 @@ class Pipeline:
         for the device: host copies (or, for a decoder of device tensors, device copies) that the
         next batch's run cannot overwrite, so the caller can launch it before finishing this one."""
         self._refuse_failures(prepared)
+        # Few torch calls here: nearly each one lets a worker take the interpreter lock, and this
+        # thread then waits to get it back (decision 0065).
+        current = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         if prepared.ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(prepared.ready)
+            current.wait_event(prepared.ready)
         staged = []
         for group in prepared.groups:  # one run per bucket, results placed back in input order
             bucket = self._buckets[group.bucket]
             outputs = bucket.context.run({self.input_name: group.batch})
-            if self.device.type == "cuda":
+            if current is not None:
                 freed = bucket.staging_free[slot] = torch.cuda.Event()
-                freed.record(torch.cuda.current_stream(self.device))
-            rows = len(group.positions)
-            staged.append({name: self._stage(t.detach()[:rows]) for name, t in outputs.items()})
+                freed.record(current)
+            rows = len(group.positions)  # a whole batch (a camera's) is staged as it is, a short one cut
+            staged.append({name: self._stage(t if t.shape[0] == rows else t[:rows]) for name, t in outputs.items()})
         done = None
-        if self.device.type == "cuda":
+        if current is not None:
             done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(self.device))
+            done.record(current)
         return _Launched(prepared, staged, done)
 
     def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
