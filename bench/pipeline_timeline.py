@@ -210,14 +210,17 @@ def main() -> None:
           f"sartor from {Path(sartor.__file__).parent}", flush=True)
     intervals = [float(ms) / 1e3 for ms in args.switch_intervals_ms.split(",") if ms] or [sys.getswitchinterval()]
     held = {"files": files, "bytes": [Path(f).read_bytes() for f in files]}
+    # the Pipeline's own workers and decoders, for variants that leave them out (set per variant below)
+    defaults = [str(pipeline_module.PREPARE_AHEAD), str(decode_module.DECODERS_PER_DEVICE)]
     for interval, variant, source in ((i, v, k) for i in intervals for v in args.variants.split(",")
                                       for k in args.sources.split(",")):
         sys.setswitchinterval(interval)
         items = held[source]
-        defaults = [str(pipeline_module.PREPARE_AHEAD), str(decode_module.DECODERS_PER_DEVICE)]
         fields = variant.split(":")
         states, stream, workers, decoders = fields + defaults[len(fields) - 2:]
-        pipeline_module.PREPARE_AHEAD, pipeline_module.STAGING_SLOTS = int(workers), int(workers) + 1
+        pipeline_module.PREPARE_AHEAD = int(workers)  # the Pipeline takes a staging buffer more
+        if hasattr(pipeline_module, "STAGING_SLOTS"):  # a checkout from before session 51 sets it apart
+            pipeline_module.STAGING_SLOTS = int(workers) + 1
 
         def make(states=int(states), stream=stream) -> decode_module.GpuJpegDecoder:
             return decode_module.GpuJpegDecoder(NvjpegBatched(device, states=states), torch.cuda.Stream(

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -60,7 +60,6 @@ DEFAULT_MAX_BATCH = 32
 # from the engine itself, two.
 PREPARE_AHEAD = 3
 HOST_PREPARE_AHEAD = 2
-STAGING_SLOTS = PREPARE_AHEAD + 1  # and the batch the engine runs
 
 
 @dataclass
@@ -82,8 +81,12 @@ class _Bucket:
     profile: int
     min_batch: int
     context: object
-    staging: list = field(default_factory=lambda: [None] * STAGING_SLOTS)
-    staging_free: list = field(default_factory=lambda: [None] * STAGING_SLOTS)
+    slots: InitVar[int]
+    staging: list = field(init=False)
+    staging_free: list = field(init=False)
+
+    def __post_init__(self, slots: int) -> None:
+        self.staging, self.staging_free = [None] * slots, [None] * slots
 
 
 @dataclass
@@ -248,10 +251,14 @@ class Pipeline:
             self.batch_size = batch_size or min(max_batch, max(lo, DEFAULT_MAX_BATCH))
             chosen = [(self.batch_size, k, lo)]
         self.buckets, self.spec = buckets, buckets.largest
-        self._buckets = [_Bucket(s, k, lo, engine.context(k)) for s, (_, k, lo) in zip(buckets.specs, chosen)]
+        self.device = torch.device(engine.device)
+        # batches prepared at once with overlap, and the staging buffers they and the engine's run take
+        self.prepare_ahead = PREPARE_AHEAD if self.device.type == "cuda" else HOST_PREPARE_AHEAD
+        self.staging_slots = self.prepare_ahead + 1
+        self._buckets = [_Bucket(s, k, lo, engine.context(k), self.staging_slots)
+                         for s, (_, k, lo) in zip(buckets.specs, chosen)]
         # The largest bucket's, as a pipeline of one size has them.
         self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
-        self.device = torch.device(engine.device)
         self.fast_decode = fast_decode
         shared = decode.nvjpeg_decodes(self.device) and fast_decode  # else every frame is the host's anyway
         self.host_decode_share = host_decode_share if shared else 0.0
@@ -272,9 +279,6 @@ class Pipeline:
         # With overlap on CUDA, batch n+1's run is queued before batch n's results are finished; a
         # host run has finished when it returns, so there is nothing to overlap it with.
         self.launch_ahead = overlap and self.device.type == "cuda"
-        # batches prepared at once with overlap, and the staging buffers they and the engine's run take
-        self.prepare_ahead = PREPARE_AHEAD if self.device.type == "cuda" else HOST_PREPARE_AHEAD
-        self.staging_slots = min(self.prepare_ahead + 1, STAGING_SLOTS)
         self._lock = threading.Lock()
 
     @property
@@ -461,8 +465,8 @@ class Pipeline:
     def stream(self, items: Iterable) -> Iterator[PipelineResult]:
         """Results in item order, batch by batch; with `overlap`, the next three batches (two for a
         CPU engine) are prepared on worker threads while this one runs, else each batch is prepared
-        and run in the calling thread (the lowest latency for one frame at a time). `items` may also be one video's path
-        or a `VideoSource`: its frames, decoded on a thread of their own."""
+        and run in the calling thread (the lowest latency for one frame at a time). `items` may also
+        be one video's path or a `VideoSource`: its frames, decoded on a thread of their own."""
         source = self._frames_of(items)
         frames = iter(source)
         try:
