@@ -68,16 +68,9 @@ def _read_file(path) -> bytearray:
     try:
         status = os.fstat(fd)
         data = bytearray(status.st_size + 1)  # a byte over: a file that grew since fstat fills it
-        filled = 0
-        with memoryview(data) as view:
-            while filled < len(data):
-                n = os.readv(fd, [view[filled:]])
-                filled += n
-                # a regular file reads whole in one call; a pipe or a short read goes round again
-                if not n or (stat.S_ISREG(status.st_mode) and filled < len(data)):
-                    break
+        filled = os.readv(fd, [data])  # a regular file comes whole in one read, short only at its end
         del data[filled:]
-        if filled > status.st_size:  # it grew: the rest as it is now
+        if filled > status.st_size or not stat.S_ISREG(status.st_mode):  # grown, or a pipe: on to its end
             while chunk := os.read(fd, 1 << 20):
                 data += chunk
     finally:
