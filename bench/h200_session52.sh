@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 52's device part (issue 30): is files → boxes held by the Pipeline's host work or by the GPU?
+#   c: the YOLOv8n --nms build (y8nms_common.sh); bench/joint_ceiling.py (the engine and the decode alone,
+#      beside each other, and joined with no bookkeeping, against the Pipeline from files and from
+#      bytes, ROUNDS rounds); `sartor bench --end-to-end --json` twice. carry [".whl/nvdec"]
+#   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
+#   OUT=$OUT bash bench/h200_session52.sh c
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say c or t}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+if [ "$part" = c ]; then
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  timeout 300 python bench/joint_ceiling.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds "${ROUNDS:-3}" \
+    --json "$OUT/joint_ceiling.json" 2>&1 | grep -v "^ *warn"
+  echo "joint ceiling at ${SECONDS}s"
+  for round in 1 2; do
+    timeout 90 python -m sartor bench /tmp/y8nms.plan --end-to-end --images /tmp/jpeg512 --passes 4 --json \
+      > "$OUT/end_to_end_$round.json" 2>/dev/null
+    python -c "import json,sys; r=json.load(open(sys.argv[1])); print('end to end $round:', {k: r.get(k) for k in \
+      ('frames_per_s', 'engine_frames_per_s', 'decode_frames_per_s', 'decode_workers', 'ceiling_share', \
+       'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})" "$OUT/end_to_end_$round.json"
+  done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = t ]; then
+  timeout 560 python -m pytest -q -x -p no:cacheprovider tests/pipeline -k "cuda or gpu" 2>&1 | tail -25
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+echo "unknown part $part" >&2
+exit 2
