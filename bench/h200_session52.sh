@@ -3,6 +3,7 @@
 #   c: the YOLOv8n --nms build (y8nms_common.sh); bench/joint_ceiling.py (the engine and the decode alone,
 #      beside each other, and joined with no bookkeeping, against the Pipeline from files and from
 #      bytes, ROUNDS rounds); `sartor bench --end-to-end --json` twice. carry [".whl/nvdec"]
+#   f: the build (unless kept); bench/nvjpeg_formats.py: nvJPEG alone and beside the engine per output format.
 #   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
 #   OUT=$OUT bash bench/h200_session52.sh c
 set -uo pipefail
@@ -26,6 +27,15 @@ if [ "$part" = c ]; then
       ('frames_per_s', 'engine_frames_per_s', 'decode_frames_per_s', 'decode_workers', 'ceiling_share', \
        'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})" "$OUT/end_to_end_$round.json"
   done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = f ]; then
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  timeout 300 python bench/nvjpeg_formats.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds "${ROUNDS:-2}" 2>&1 \
+    | grep -v "^ *warn"
   echo "done at ${SECONDS}s"
   exit 0
 fi

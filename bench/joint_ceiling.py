@@ -14,6 +14,8 @@ Every figure is frames/s of 720p JPEGs → the engine's outputs, batch B, in one
   rate a Pipeline whose own host work cost nothing would reach;
 - pipeline (files) and pipeline (bytes): `benchmark.steady_state` of the Pipeline over the files,
   and over their bytes held in memory, as `sartor bench --end-to-end` measures it.
+Each of the calling thread's figures runs with its current stream the legacy default stream (what a
+user's thread has) and a stream of its own (`--engine-streams`).
 Rounds alternate the figures, so a machine's drift shows as spread, not as a difference.
 
     PYTHONPATH=. python bench/joint_ceiling.py ENGINE.plan --images DIR [--workers 2,3] [--rounds 3]
@@ -159,7 +161,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine")
     parser.add_argument("--images", required=True)
-    parser.add_argument("--workers", default="2,3")
+    parser.add_argument("--workers", default="2")
+    parser.add_argument("--engine-streams", default="default,own", help="the calling thread's stream: default, own")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=160, help="batches each timed figure runs")
     parser.add_argument("--json", help="write every round's figures here")
@@ -173,12 +176,13 @@ def main() -> None:
     size = tuple(NvjpegBatched(device).decode_batch(encoded[:1], torch.cuda.current_stream()).frames[0].shape[:2])
     context = engine.context(pipeline.bucket_profile(0)[1])
     name = pipeline.input_name
-    feed = input_tensor(spec, batch, device)
-    feed.copy_(torch.rand_like(feed, dtype=torch.float32).to(feed.dtype))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {batch}, frames {size[1]}x{size[0]}, "
           f"{len(files)} files", flush=True)
     workers = [int(w) for w in args.workers.split(",")]
     feeders = {w: [Feeder(device, spec, batch, size) for _ in range(w)] for w in workers}
+    first = feeders[workers[0]][0]
+    first.prepare(encoded, 0).synchronize()
+    feed = first.staging[0].clone()  # the engine alone runs real frames: its NMS keeps what the Pipeline's keeps
     engine_alone(context, name, feed, 20)  # the engine's graph captured before any other thread runs
     for w in workers:  # warm-up: kernels loaded, decoders' buffers sized
         decode_alone(feeders[w], encoded, 4)
@@ -186,17 +190,26 @@ def main() -> None:
     whole = list(files) * 8
     bytes_items = [f.read_bytes() for f in whole]
     steady_state(pipeline, list(files), batch)
+    # The calling thread's engine work on the legacy default stream (a user's thread as it starts), or
+    # on a stream of its own, which does not take part in the default stream's implicit synchronisation.
+    streams = {"default": torch.cuda.default_stream(device), "own": torch.cuda.Stream(device)}
     rounds = []
     for r in range(1, args.rounds + 1):
-        row: dict = {"engine": engine_alone(context, name, feed, args.batches)}
+        row: dict = {}
+        for label in args.engine_streams.split(","):
+            with torch.cuda.stream(streams[label]):
+                row[f"engine ({label})"] = engine_alone(context, name, feed, args.batches)
+                for w in workers:
+                    both = beside(feeders[w], encoded, context, name, feed, 2.0)
+                    row[f"beside w{w} ({label}): engine"] = both["engine"]
+                    row[f"beside w{w} ({label}): decode"] = both["decode"]
+                    row[f"joint w{w} ({label})"] = joint(feeders[w], encoded, context, name, args.batches)
+                row[f"pipeline files ({label})"] = steady_state(pipeline, whole, batch)[0]
+                row[f"pipeline bytes ({label})"] = steady_state(pipeline, bytes_items, batch)[0]
         for w in workers:
             row[f"decode w{w}"] = decode_alone(feeders[w], encoded, args.batches // w)
-            both = beside(feeders[w], encoded, context, name, feed, 2.0)
-            row[f"beside w{w}: engine"], row[f"beside w{w}: decode"] = both["engine"], both["decode"]
-            row[f"joint w{w}"] = joint(feeders[w], encoded, context, name, args.batches)
-        row["pipeline files"] = steady_state(pipeline, whole, batch)[0]
-        row["pipeline bytes"] = steady_state(pipeline, bytes_items, batch)[0]
-        ceiling = min(row["engine"], max(row[f"decode w{w}"] for w in workers))
+        ceiling = min(max(v for k, v in row.items() if k.startswith("engine")),
+                      max(row[f"decode w{w}"] for w in workers))
         row["ceiling"] = ceiling
         rounds.append(row)
         print(f"round {r}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items())

@@ -1,14 +1,13 @@
-"""Does nvJPEG's hardware decode slow beside the engine because of its colour conversion (issue 30)?
+"""Does nvJPEG's hardware decode keep its rate beside the engine when nothing of it runs on the SMs
+(issue 30)? One device call.
 
-In the pipeline the batched decode of 32 720p JPEGs takes longer on the GPU beside the engine than
-alone, and the thread that calls it waits that long (BENCHMARKS.md, "Frames to boxes"). The
-hardware JPEG engines decode to YCbCr; interleaved RGB (what the pipeline asks for) takes a CUDA
-pass more, which competes with the engine's kernels for the SMs. Here one thread decodes batch after
-batch into interleaved RGB, planar RGB and planar YUV (4:2:0 frames: Y at full size, U and V at
-half), alone and beside an engine replaying its CUDA graph back to back on another thread and
-stream; frames/s of the decode, and of the engine beside it.
+Beside the engine replayed back to back, the Pipeline's decoders fall to about a quarter of their
+rate alone (bench/joint_ceiling.py), though the hardware JPEG engines are not the SMs the engine
+runs on. nvJPEG's output format decides what runs after the hardware: interleaved RGB (the
+Pipeline's) needs a colour conversion on the SMs; planar YUV is what the hardware writes. Per format
+(`--formats`): the decode alone on two threads with a decoder each, and beside the engine.
 
-    PYTHONPATH=. python bench/nvjpeg_formats.py --images DIR --engine ENGINE.plan [--formats rgbi,rgb,yuv]
+    PYTHONPATH=. python bench/nvjpeg_formats.py ENGINE.plan --images DIR [--formats rgbi,rgb,yuv,y]
 """
 from __future__ import annotations
 
@@ -23,116 +22,139 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import sartor  # noqa: E402
-from sartor.pipeline.nvjpeg_batched import NvjpegBatched, NvjpegImage, _buffer  # noqa: E402
+from sartor.pipeline.benchmark import bench_pipeline, image_files  # noqa: E402
+from sartor.pipeline.nvjpeg_batched import NVJPEG_MAX_COMPONENT, NvjpegBatched, NvjpegImage, _buffer  # noqa: E402
+from sartor.pipeline.prepare import input_tensor  # noqa: E402
 
-OUTPUT_FORMATS = {"yuv": 1, "rgb": 3, "rgbi": 5}  # nvjpegOutputFormat_t
-
-
-def planes(fmt: str, h: int, w: int) -> list[tuple[int, int]]:
-    """(rows, bytes a row) of each output plane of an h×w 4:2:0 JPEG in `fmt`."""
-    if fmt == "rgbi":
-        return [(h, w * 3)]
-    if fmt == "rgb":
-        return [(h, w)] * 3
-    return [(h, w), ((h + 1) // 2, (w + 1) // 2), ((h + 1) // 2, (w + 1) // 2)]
+FORMATS = {"y": 2, "yuv": 1, "rgb": 3, "rgbi": 5}
 
 
 class FormatDecoder:
-    """The binding's handle and one decode state, initialised for `fmt` and the batch size."""
-    def __init__(self, fmt: str, batch: int):
-        self.binding = NvjpegBatched("cuda", states=1)
-        self.fmt, self.state = fmt, self.binding._states[0]
-        self.binding._check(self.binding.lib.nvjpegDecodeBatchedInitialize(
-            self.binding.handle, self.state.handle, batch, 1, OUTPUT_FORMATS[fmt]), "nvjpegDecodeBatchedInitialize")
+    """A batched nvJPEG decoder (the Pipeline's binding's handle and states) writing `fmt`."""
 
-    def decode(self, encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:
-        lib, binding = self.binding.lib, self.binding
-        addresses, lengths = zip(*(_buffer(e) for e in encoded))
-        sizes = [binding.image_size(a, n) for a, n in zip(addresses, lengths)]
-        images = (NvjpegImage * len(encoded))()
-        outputs = []
-        with torch.cuda.stream(stream):
-            for image, (h, w) in zip(images, sizes):
-                for c, (rows, pitch) in enumerate(planes(self.fmt, h, w)):
-                    plane = torch.empty((rows, pitch), dtype=torch.uint8, device="cuda")
-                    outputs.append(plane)
-                    image.channel[c], image.pitch[c] = plane.data_ptr(), pitch
-            data = (ctypes.c_void_p * len(encoded))(*addresses)
-            counts = (ctypes.c_size_t * len(encoded))(*lengths)
-            binding._check(lib.nvjpegDecodeBatched(binding.handle, self.state.handle, data, counts, images,
-                                                   ctypes.c_void_p(stream.cuda_stream)), "nvjpegDecodeBatched")
-        return outputs
+    def __init__(self, device: torch.device, fmt: str, encoded: list) -> None:
+        self.binding = NvjpegBatched(device, states=2)
+        self.stream = torch.cuda.Stream(device)
+        self.fmt, self.device, self.encoded = fmt, device, encoded
+        lib, handle = self.binding.lib, self.binding.handle
+        self.planes = []  # per image: [(h, w, bytes per row)] of each plane written
+        for item in encoded:
+            address, length = _buffer(item)
+            components, subsampling = ctypes.c_int(), ctypes.c_int()
+            widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
+            lib.nvjpegGetImageInfo(handle, ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.byref(components),
+                                   ctypes.byref(subsampling), widths, heights)
+            h, w = heights[0], widths[0]
+            if fmt == "rgbi":
+                self.planes.append([(h, w * 3)])
+            elif fmt == "rgb":
+                self.planes.append([(h, w)] * 3)
+            elif fmt == "y":
+                self.planes.append([(h, w)])
+            else:
+                self.planes.append([(heights[c], widths[c]) for c in range(components.value)])
+        self.subsampling = subsampling.value
+        self.initialized = [False, False]
+        self.turn = 0
+        self.last: list = [None, None]
+
+    def decode(self) -> torch.cuda.Event:
+        lib, handle = self.binding.lib, self.binding.handle
+        state = self.binding._states[self.turn]
+        turn, self.turn = self.turn, 1 - self.turn
+        if self.last[turn] is not None:
+            self.last[turn][0].synchronize()
+        with torch.cuda.stream(self.stream):
+            if not self.initialized[turn]:
+                code = lib.nvjpegDecodeBatchedInitialize(handle, state.handle, len(self.encoded), 1,
+                                                         FORMATS[self.fmt])
+                assert code == 0, f"initialize {self.fmt}: {code}"
+                self.initialized[turn] = True
+            images = (NvjpegImage * len(self.encoded))()
+            kept = []
+            for image, planes in zip(images, self.planes):
+                for c, (h, w) in enumerate(planes):
+                    plane = torch.empty((h, w), dtype=torch.uint8, device=self.device)
+                    kept.append(plane)
+                    image.channel[c], image.pitch[c] = plane.data_ptr(), w
+            addresses, lengths = zip(*(_buffer(item) for item in self.encoded))
+            data = (ctypes.c_void_p * len(self.encoded))(*addresses)
+            sizes = (ctypes.c_size_t * len(self.encoded))(*lengths)
+            code = lib.nvjpegDecodeBatched(handle, state.handle, data, sizes, images,
+                                           ctypes.c_void_p(self.stream.cuda_stream))
+            assert code == 0, f"decode {self.fmt}: {code}"
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self.last[turn] = (done, [images, data, sizes, kept])
+        return done
 
 
-def engine_loop(context, feeds: dict, stop: threading.Event, count: list) -> None:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        while not stop.is_set():
-            context.run(feeds)
-            stream.synchronize()
-            count[0] += 1
+def decode_rate(decoders: list[FormatDecoder], batches: int, stop: threading.Event | None = None) -> float:
+    counts = [0] * len(decoders)
 
-
-def decode_rate(decoder: FormatDecoder, encoded: list, seconds: float, context=None, feeds=None):
-    """(decoded frames/s, engine runs/s beside it or None)."""
-    stream = torch.cuda.Stream()
-    stop, runs = threading.Event(), [0]
-    beside = threading.Thread(target=engine_loop, args=(context, feeds, stop, runs)) if context else None
-    if beside:
-        beside.start()
-        time.sleep(0.2)  # the engine's loop under way
-        runs[0] = 0
-    decoded, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        decoder.decode(encoded, stream)
-        stream.synchronize()
-        decoded += len(encoded)
-    elapsed = time.perf_counter() - start
-    engine_runs = runs[0] / elapsed if beside else None
-    stop.set()
-    if beside:
-        beside.join()
-    return decoded / elapsed, engine_runs
+    def loop(k: int) -> None:
+        for _ in range(batches):
+            if stop is not None and stop.is_set():
+                break
+            decoders[k].decode()
+            counts[k] += 1
+        decoders[k].stream.synchronize()
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(len(decoders))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) * len(decoders[0].encoded) / (time.perf_counter() - start)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("engine")
     parser.add_argument("--images", required=True)
-    parser.add_argument("--engine", required=True)
-    parser.add_argument("--formats", default="rgbi,rgb,yuv")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=640, help="the engine's input height and width")
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--formats", default="rgbi,rgb,yuv,y")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    from pipeline_e2e import read_frames
-    frames = read_frames(Path(args.images))
-    encoded = (frames * (args.batch // len(frames) + 1))[:args.batch]
     engine = sartor.load(args.engine)
-    context = engine.context()
-    size = args.size
-    feeds = context.input_buffers({"images": (args.batch, 3, size, size)})  # the engine's own input buffer
-    print(torch.cuda.get_device_name(), f"torch {torch.__version__}", f"batch {args.batch}", flush=True)
-    stop, runs = threading.Event(), [0]
-    loop = threading.Thread(target=engine_loop, args=(context, feeds, stop, runs))
-    loop.start()
-    time.sleep(args.seconds)
-    stop.set()
-    loop.join()
-    print(f"engine alone: {runs[0] / args.seconds * args.batch:.0f} frames/s", flush=True)
-    decoders = {fmt: FormatDecoder(fmt, args.batch) for fmt in args.formats.split(",")}
-    for decoder in decoders.values():
-        decoder.decode(encoded, torch.cuda.current_stream())  # warm-up
+    pipeline = bench_pipeline(engine, None, "auto")[0]
+    device, batch = pipeline.device, pipeline.batch_size
+    encoded = [f.read_bytes() for f in image_files(args.images)[:batch]]
+    context = engine.context(pipeline.bucket_profile(0)[1])
+    feed = input_tensor(pipeline.spec, batch, device).fill_(0.5)
+    context.run({pipeline.input_name: feed})
     torch.cuda.synchronize()
-    for round_ in range(1, args.rounds + 1):
-        for fmt, decoder in decoders.items():
-            alone, _ = decode_rate(decoder, encoded, args.seconds)
-            beside, engine_runs = decode_rate(decoder, encoded, args.seconds, context, feeds)
-            print(f"round {round_}: {fmt:5s} decode alone {alone:6.0f} frames/s; beside the engine {beside:6.0f} "
-                  f"frames/s, engine {engine_runs * args.batch:6.0f} frames/s", flush=True)
+    decoders = {}
+    for fmt in args.formats.split(","):
+        try:
+            decoders[fmt] = [FormatDecoder(device, fmt, encoded) for _ in range(args.threads)]
+            decode_rate(decoders[fmt], 3)
+        except AssertionError as exc:
+            print(f"{fmt}: {exc}", flush=True)
+            decoders.pop(fmt, None)
+    print(f"{torch.cuda.get_device_name()}, batch {batch}, subsampling {decoders[next(iter(decoders))][0].subsampling}"
+          if decoders else "no format decoded", flush=True)
+    stream = torch.cuda.current_stream()
+    for r in range(1, args.rounds + 1):
+        for fmt, group in decoders.items():
+            alone = decode_rate(group, 60)
+            stop, beside = threading.Event(), {}
+            thread = threading.Thread(target=lambda: beside.setdefault("fps", decode_rate(group, 10 ** 6, stop)))
+            thread.start()
+            start, runs = time.perf_counter(), 0
+            while time.perf_counter() - start < 2.0:
+                context.run({pipeline.input_name: feed})
+                runs += 1
+                if runs % 8 == 0:
+                    stream.synchronize()
+            stream.synchronize()
+            engine_fps = runs * batch / (time.perf_counter() - start)
+            stop.set()
+            thread.join()
+            print(f"round {r} {fmt}: decode alone {alone:,.0f}, beside the engine {beside['fps']:,.0f} "
+                  f"({beside['fps'] / alone:.2f}); engine beside {engine_fps:,.0f}", flush=True)
 
 
 if __name__ == "__main__":
