@@ -34,7 +34,8 @@ if [ "$part" = f ]; then
   . bench/y8nms_common.sh
   [ -f /tmp/y8nms.plan ] || build_y8nms 220
   [ -d /tmp/jpeg512 ] || make_jpeg512
-  timeout 300 python bench/nvjpeg_formats.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds "${ROUNDS:-2}" 2>&1 \
+  timeout 300 python bench/nvjpeg_formats.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds "${ROUNDS:-2}" \
+    --formats "${FORMATS:-rgbi}" --allocators "${ALLOCATORS:-default,counting,pool}" --depths "${DEPTHS:-1,8}" 2>&1 \
     | grep -v "^ *warn"
   echo "done at ${SECONDS}s"
   exit 0

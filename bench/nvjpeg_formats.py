@@ -29,14 +29,107 @@ from sartor.pipeline.nvjpeg_batched import NVJPEG_MAX_COMPONENT, NvjpegBatched, 
 from sartor.pipeline.prepare import input_tensor  # noqa: E402
 
 FORMATS = {"y": 2, "yuv": 1, "rgb": 3, "rgbi": 5}
+DEV_MALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t)
+DEV_FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+PIN_MALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint)
+PIN_FREE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class DevAllocator(ctypes.Structure):
+    _fields_ = [("dev_malloc", DEV_MALLOC), ("dev_free", DEV_FREE)]
+
+
+class PinnedAllocator(ctypes.Structure):
+    _fields_ = [("pinned_malloc", PIN_MALLOC), ("pinned_free", PIN_FREE)]
+
+
+def cudart() -> ctypes.CDLL:
+    torch.zeros(1, device="cuda")
+    mapped = [line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libcudart" in line]
+    site = Path(torch.__file__).resolve().parents[1]
+    return ctypes.CDLL(mapped[0] if mapped else sorted(site.glob("nvidia/**/libcudart.so*"))[-1])
+
+
+class Allocators:
+    """nvJPEG's device and pinned allocators as Python callbacks over cudart: "counting" counts the
+    calls (cudaFree and cudaFreeHost wait for the whole device); "pool" keeps what nvJPEG frees and
+    hands it out again for the same size once the decoder's stream has passed the free."""
+
+    def __init__(self, how: str, stream: torch.cuda.Stream) -> None:
+        self.rt, self.how, self.stream = cudart(), how, stream
+        self.counts = {"dev_malloc": 0, "dev_free": 0, "pinned_malloc": 0, "pinned_free": 0}
+        self.sizes: dict[int, int] = {}
+        self.pools: dict[tuple[str, int], list] = {}
+        self.dev = DevAllocator(DEV_MALLOC(self._dev_malloc), DEV_FREE(self._dev_free))
+        self.pinned = PinnedAllocator(PIN_MALLOC(self._pinned_malloc), PIN_FREE(self._pinned_free))
+
+    def _reuse(self, kind: str, size: int):
+        pool = self.pools.get((kind, size))
+        if pool and pool[0][1].query():
+            return pool.pop(0)[0]
+        return None
+
+    def _keep(self, kind: str, address: int) -> bool:
+        if self.how != "pool":
+            return False
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        self.pools.setdefault((kind, self.sizes[address]), []).append((address, event))
+        return True
+
+    def _dev_malloc(self, ptr, size):
+        self.counts["dev_malloc"] += 1
+        address = self._reuse("dev", size) if self.how == "pool" else None
+        if address is None:
+            out = ctypes.c_void_p()
+            code = self.rt.cudaMalloc(ctypes.byref(out), ctypes.c_size_t(size))
+            if code:
+                return code
+            address = out.value
+        self.sizes[address] = size
+        ptr[0] = address
+        return 0
+
+    def _dev_free(self, address):
+        self.counts["dev_free"] += 1
+        return 0 if self._keep("dev", address) else self.rt.cudaFree(ctypes.c_void_p(address))
+
+    def _pinned_malloc(self, ptr, size, flags):
+        self.counts["pinned_malloc"] += 1
+        address = self._reuse("pinned", size) if self.how == "pool" else None
+        if address is None:
+            out = ctypes.c_void_p()
+            code = self.rt.cudaHostAlloc(ctypes.byref(out), ctypes.c_size_t(size), ctypes.c_uint(flags))
+            if code:
+                return code
+            address = out.value
+        self.sizes[address] = size
+        ptr[0] = address
+        return 0
+
+    def _pinned_free(self, address):
+        self.counts["pinned_free"] += 1
+        return 0 if self._keep("pinned", address) else self.rt.cudaFreeHost(ctypes.c_void_p(address))
 
 
 class FormatDecoder:
     """A batched nvJPEG decoder (the Pipeline's binding's handle and states) writing `fmt`."""
 
-    def __init__(self, device: torch.device, fmt: str, encoded: list) -> None:
+    def __init__(self, device: torch.device, fmt: str, encoded: list, allocators: str = "default") -> None:
         self.binding = NvjpegBatched(device, states=2)
         self.stream = torch.cuda.Stream(device)
+        self.allocators = None
+        if allocators != "default":  # the binding's handle and states again, made with these allocators
+            self.allocators = Allocators(allocators, self.stream)
+            lib = self.binding.lib
+            handle = ctypes.c_void_p()
+            code = lib.nvjpegCreateEx(3, ctypes.byref(self.allocators.dev), ctypes.byref(self.allocators.pinned), 0,
+                                      ctypes.byref(handle))
+            assert code == 0, f"nvjpegCreateEx with allocators: {code}"
+            self.binding.handle = handle
+            for state in self.binding._states:
+                state.handle = ctypes.c_void_p()
+                assert lib.nvjpegJpegStateCreate(handle, ctypes.byref(state.handle)) == 0
         self.fmt, self.device, self.encoded = fmt, device, encoded
         lib, handle = self.binding.lib, self.binding.handle
         self.planes = []  # per image: [(h, w, bytes per row)] of each plane written
@@ -115,6 +208,8 @@ def main() -> None:
     parser.add_argument("engine")
     parser.add_argument("--images", required=True)
     parser.add_argument("--formats", default="rgbi,rgb,yuv,y")
+    parser.add_argument("--allocators", default="default", help="default, counting, pool (comma-separated)")
+    parser.add_argument("--depths", default="8", help="engine runs queued before the host waits (comma-separated)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
@@ -128,33 +223,41 @@ def main() -> None:
     torch.cuda.synchronize()
     decoders = {}
     for fmt in args.formats.split(","):
-        try:
-            decoders[fmt] = [FormatDecoder(device, fmt, encoded) for _ in range(args.threads)]
-            decode_rate(decoders[fmt], 3)
-        except AssertionError as exc:
-            print(f"{fmt}: {exc}", flush=True)
-            decoders.pop(fmt, None)
+        for how in args.allocators.split(","):
+            label = f"{fmt}/{how}"
+            try:
+                decoders[label] = [FormatDecoder(device, fmt, encoded, how) for _ in range(args.threads)]
+                decode_rate(decoders[label], 3)
+            except AssertionError as exc:
+                print(f"{label}: {exc}", flush=True)
+                decoders.pop(label, None)
     print(f"{torch.cuda.get_device_name()}, batch {batch}, subsampling {decoders[next(iter(decoders))][0].subsampling}"
           if decoders else "no format decoded", flush=True)
     stream = torch.cuda.current_stream()
     for r in range(1, args.rounds + 1):
-        for fmt, group in decoders.items():
+        for label, group in decoders.items():
+            counted = [d.allocators for d in group if d.allocators is not None]
+            before = [dict(a.counts) for a in counted]
             alone = decode_rate(group, 60)
-            stop, beside = threading.Event(), {}
-            thread = threading.Thread(target=lambda: beside.setdefault("fps", decode_rate(group, 10 ** 6, stop)))
-            thread.start()
-            start, runs = time.perf_counter(), 0
-            while time.perf_counter() - start < 2.0:
-                context.run({pipeline.input_name: feed})
-                runs += 1
-                if runs % 8 == 0:
-                    stream.synchronize()
-            stream.synchronize()
-            engine_fps = runs * batch / (time.perf_counter() - start)
-            stop.set()
-            thread.join()
-            print(f"round {r} {fmt}: decode alone {alone:,.0f}, beside the engine {beside['fps']:,.0f} "
-                  f"({beside['fps'] / alone:.2f}); engine beside {engine_fps:,.0f}", flush=True)
+            calls = {k: sum(a.counts[k] - b[k] for a, b in zip(counted, before)) / (60 * len(group))
+                     for k in (counted[0].counts if counted else {})}
+            for depth in (int(d) for d in args.depths.split(",")):
+                stop, beside = threading.Event(), {}
+                thread = threading.Thread(target=lambda: beside.setdefault("fps", decode_rate(group, 10 ** 6, stop)))
+                thread.start()
+                start, runs = time.perf_counter(), 0
+                while time.perf_counter() - start < 2.0:
+                    context.run({pipeline.input_name: feed})
+                    runs += 1
+                    if runs % depth == 0:
+                        stream.synchronize()
+                stream.synchronize()
+                engine_fps = runs * batch / (time.perf_counter() - start)
+                stop.set()
+                thread.join()
+                print(f"round {r} {label}, engine queue {depth}: decode alone {alone:,.0f}, beside the engine "
+                      f"{beside['fps']:,.0f} ({beside['fps'] / alone:.2f}); engine beside {engine_fps:,.0f}"
+                      + (f"; allocator calls per batch {calls}" if calls else ""), flush=True)
 
 
 if __name__ == "__main__":
