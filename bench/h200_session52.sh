@@ -4,6 +4,8 @@
 #      beside each other, and joined with no bookkeeping, against the Pipeline from files and from
 #      bytes, ROUNDS rounds); `sartor bench --end-to-end --json` twice. carry [".whl/nvdec"]
 #   f: the build (unless kept); bench/nvjpeg_formats.py: nvJPEG alone and beside the engine per output format.
+#   m: the build (unless kept); for each of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS: the hardware work
+#      queues streams are spread over), nvjpeg_formats.py (rgbi, engine queues 1 and 8) and joint_ceiling.py.
 #   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
 #   OUT=$OUT bash bench/h200_session52.sh c
 set -uo pipefail
@@ -38,6 +40,20 @@ if [ "$part" = f ]; then
     --formats "${FORMATS:-rgbi}" --allocators "${ALLOCATORS:-default,counting,pool}" --depths "${DEPTHS:-1,8}" 2>&1 \
     | grep -v "^ *warn"
   echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = m ]; then  # m: the decode beside the engine and the Pipeline at each of CONNECTIONS
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  for connections in ${CONNECTIONS:-8 32}; do
+    echo "== CUDA_DEVICE_MAX_CONNECTIONS=$connections"
+    CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 150 python bench/nvjpeg_formats.py /tmp/y8nms.plan \
+      --images /tmp/jpeg512 --rounds 1 --formats rgbi --allocators default --depths 1,8 2>&1 | grep "^round"
+    CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 200 python bench/joint_ceiling.py /tmp/y8nms.plan \
+      --images /tmp/jpeg512 --rounds 2 --engine-streams default 2>&1 | grep "^round"
+    echo "at ${SECONDS}s"
+  done
   exit 0
 fi
 if [ "$part" = t ]; then
