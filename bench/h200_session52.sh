@@ -6,6 +6,11 @@
 #   f: the build (unless kept); bench/nvjpeg_formats.py: nvJPEG alone and beside the engine per output format.
 #   m: the build (unless kept); for each of CONNECTIONS (CUDA_DEVICE_MAX_CONNECTIONS: the hardware work
 #      queues streams are spread over), nvjpeg_formats.py (rgbi, engine queues 1 and 8) and joint_ceiling.py.
+#   e: the build (unless kept); `sartor bench --end-to-end` of VARIANTS CODE:QUEUES (start: the session's start
+#      carried under .carry/start; new: this tree; QUEUES: CUDA_DEVICE_MAX_CONNECTIONS, unset or a number),
+#      ROUNDS rounds; JOINT=1 adds joint_ceiling.py. carry [".whl/nvdec", ".carry/start"]
+#   v: the build (unless kept); video → boxes at STREAMS (8 32) and JPEG files at batch 1, at each of CONNECTIONS
+#      (8 32). carry [".whl/nvdec"]
 #   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
 #   OUT=$OUT bash bench/h200_session52.sh c
 set -uo pipefail
@@ -52,6 +57,52 @@ if [ "$part" = m ]; then  # m: the decode beside the engine and the Pipeline at 
       --images /tmp/jpeg512 --rounds 1 --formats rgbi --allocators default --depths 1,8 2>&1 | grep "^round"
     CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 200 python bench/joint_ceiling.py /tmp/y8nms.plan \
       --images /tmp/jpeg512 --rounds 2 --engine-streams default 2>&1 | grep "^round"
+    echo "at ${SECONDS}s"
+  done
+  exit 0
+fi
+if [ "$part" = e ]; then  # e: sartor bench --end-to-end of each code at each queue setting, ROUNDS rounds
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  for round in $(seq "${ROUNDS:-2}"); do
+    for variant in ${VARIANTS:-start:unset start:32 new:unset}; do
+      code=${variant%%:*}; queues=${variant#*:}
+      path=.; [ "$code" = start ] && path=.carry/start  # python -m puts the working folder first: run there
+      ( [ "$queues" = unset ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$queues
+        cd "$path" && PYTHONPATH=. timeout 100 python -m sartor bench /tmp/y8nms.plan --end-to-end \
+          --images /tmp/jpeg512 --passes 4 --json > "$OUT/e2e_${code}_${queues}_$round.json" 2>/dev/null )
+      python -c "import json,sys; r=json.load(open(sys.argv[1])); print('round $round $code queues $queues:', \
+        {k: r.get(k) for k in ('frames_per_s', 'engine_frames_per_s', 'decode_frames_per_s', 'ceiling_share', \
+         'batch_ms_p50', 'batch_ms_p99', 'hardware_queues')})" "$OUT/e2e_${code}_${queues}_$round.json"
+    done
+  done
+  echo "end to end at ${SECONDS}s"
+  [ -n "${JOINT:-}" ] && timeout 200 python bench/joint_ceiling.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds 2 \
+    --engine-streams default 2>&1 | grep "^round"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = v ]; then  # v: video streams → boxes and one JPEG at a time, at each of CONNECTIONS
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  site=/tmp/nvdec_site
+  mkdir -p $site && tar -xJf .whl/nvdec/pynvvideocodec-cp312.tar.xz -C $site
+  for connections in ${CONNECTIONS:-8 32}; do
+    for streams in ${STREAMS:-8 32}; do
+      CUDA_DEVICE_MAX_CONNECTIONS=$connections PYTHONPATH=$site:. timeout 120 python -m sartor bench /tmp/y8nms.plan \
+        --end-to-end --video .whl/nvdec/clip.mp4 --streams "$streams" --json > "$OUT/video_${connections}_$streams.json" \
+        2>/dev/null
+      python -c "import json,sys; r=json.load(open(sys.argv[1])); print('queues $connections, $streams streams:', \
+        {k: v for k, v in r.items() if not isinstance(v, (dict, list))})" "$OUT/video_${connections}_$streams.json" \
+        | cut -c1-600
+    done
+    CUDA_DEVICE_MAX_CONNECTIONS=$connections timeout 100 python -m sartor bench /tmp/y8nms.plan --end-to-end \
+      --images /tmp/jpeg512 --batch 1 --passes 3 --json > "$OUT/b1_$connections.json" 2>/dev/null
+    python -c "import json,sys; r=json.load(open(sys.argv[1])); print('queues $connections, batch 1:', {k: r.get(k) \
+      for k in ('frames_per_s', 'engine_frames_per_s', 'batch_ms_p50', 'batch_ms_p99', 'stages_ms')})" \
+      "$OUT/b1_$connections.json"
     echo "at ${SECONDS}s"
   done
   exit 0

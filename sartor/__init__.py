@@ -5,7 +5,10 @@ import os
 
 from .errors import MissingExtraError, SartorError
 from .runtime import Engine, ExecutionContext, load
+from .runtime.hardware_queues import request_connections
 from .version import __version__
+
+request_connections()  # before this process starts CUDA, or never (hardware_queues.py)
 
 
 def build(model: str, output: str, *, device: str | None = None, precision: str | None = None,

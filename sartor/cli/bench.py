@@ -144,6 +144,8 @@ def run_end_to_end(args) -> int:
         ("decode alone", f"{result.decode_frames_per_s:.1f} frames/s ({result.decode_workers} batches at once, "
                          f"as the pipeline's workers decode)"),
         ("of the lower", f"{result.ceiling_share:.1%} (steady state ÷ the lower of the engine and the decode alone)"),
+        *([("hardware queues", f"{result.hardware_queues} (CUDA_DEVICE_MAX_CONNECTIONS: the streams' work queues)")]
+          if result.hardware_queues is not None else []),
     ]))
     rows = table("One batch through each stage alone (ms)", "read", "decode", "preprocess", "infer", "post")
     rows.add_row(*(f"{result.stages_ms[k]:.3f}" for k in ("read", "decode", "preprocess", "infer", "post")))

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import ConfigError
 from ..runtime.benchmark import synchronize
+from ..runtime.hardware_queues import in_effect
 from .decode import decode_frames
 from .detections import EngineNms, YoloNms
 from .pipeline import Pipeline
@@ -91,6 +92,7 @@ class EndToEndResult:
     decode_frames_per_s: float = 0.0  # the decode alone, `decode_workers` batches at once
     decode_workers: int = 0
     ceiling_share: float = 0.0  # frames_per_s ÷ the lower of the engine and the decode alone
+    hardware_queues: int | None = None  # CUDA's hardware work queues for this process's streams (CUDA only)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -223,4 +225,5 @@ def end_to_end(engine, files: list, batch: int | None = None, passes: int = 3, s
                           routed, stage_bucket, pipeline.host_decode_share, share,
                           pipeline.host_share_search.medians_ms() if pipeline.host_share_search else {},
                           pipeline.host_decode_threads, decode_rate, pipeline.prepare_ahead,
-                          round(frames_per_s / min(engine_frames_per_s, decode_rate), 3))
+                          round(frames_per_s / min(engine_frames_per_s, decode_rate), 3),
+                          in_effect() if device.type == "cuda" else None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +40,7 @@ import torch
 from ..data.buckets import BucketRefused, Buckets
 from ..data.preprocess import ImageMeta, PreprocessSpec, import_cv2, parse_max_downscale
 from ..errors import ConfigError, DataError
+from ..runtime.hardware_queues import fewer_than_wanted
 from ..runtime.launchers import usable_cpus
 from . import decode
 from .decode import DECODERS_PER_DEVICE, decode_frames, start_host_share
@@ -252,6 +254,8 @@ class Pipeline:
             chosen = [(self.batch_size, k, lo)]
         self.buckets, self.spec = buckets, buckets.largest
         self.device = torch.device(engine.device)
+        if self.device.type == "cuda" and (reason := fewer_than_wanted()) is not None:
+            warnings.warn(reason, RuntimeWarning, stacklevel=2)  # once per place, as warnings go
         # batches prepared at once with overlap, and the staging buffers they and the engine's run take
         self.prepare_ahead = PREPARE_AHEAD if self.device.type == "cuda" else HOST_PREPARE_AHEAD
         self.staging_slots = self.prepare_ahead + 1

@@ -1,0 +1,52 @@
+"""How many hardware work queues CUDA gives this process's streams (CUDA_DEVICE_MAX_CONNECTIONS).
+
+The driver spreads a process's streams over that many queues, 8 unless the variable says otherwise,
+and two streams that share a queue run in turn however independent they are. A pipeline keeps a
+dozen streams busy (the engine's, each worker's, each nvJPEG decoder's): a decode that lands behind
+the engine's queued runs waits for them. Beside the engine replayed back to back, nvJPEG's decoders
+kept a fifth of their rate alone with 8 queues and 0.76–0.98 of it with 32, the most the driver
+gives (docs/decisions/0066-thirty-two-hardware-queues.md). The driver reads the variable once, when
+the process starts CUDA: sartor sets it at import, unless it is set already (the user's value is
+kept) or CUDA has started (too late: `in_effect()` then says 8, and a pipeline warns)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+WANTED_CONNECTIONS = 32
+DRIVER_DEFAULT_CONNECTIONS = 8
+
+_set_too_late = False  # CUDA had started in this process before sartor could ask
+
+
+def request_connections() -> None:
+    """Ask for WANTED_CONNECTIONS queues, if the variable is unset and CUDA has not started yet."""
+    global _set_too_late
+    if CONNECTIONS_ENV in os.environ:
+        return
+    if torch.cuda.is_initialized():
+        _set_too_late = True
+        return
+    os.environ[CONNECTIONS_ENV] = str(WANTED_CONNECTIONS)
+
+
+def in_effect() -> int:
+    """The queues this process's CUDA runs with, as far as the variable tells."""
+    if _set_too_late:
+        return DRIVER_DEFAULT_CONNECTIONS
+    try:
+        return int(os.environ.get(CONNECTIONS_ENV, DRIVER_DEFAULT_CONNECTIONS))
+    except ValueError:
+        return DRIVER_DEFAULT_CONNECTIONS
+
+
+def fewer_than_wanted() -> str | None:
+    """Why this process's streams share fewer queues than sartor asks for, or None."""
+    if _set_too_late:
+        return (f"CUDA started in this process before sartor was imported, so its streams share the driver's "
+                f"{DRIVER_DEFAULT_CONNECTIONS} hardware queues: the JPEG decodes then wait behind the engine's "
+                f"runs. Set {CONNECTIONS_ENV}={WANTED_CONNECTIONS} before the process starts CUDA, or import sartor "
+                f"first")
+    return None
