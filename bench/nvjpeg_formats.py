@@ -77,39 +77,36 @@ class Allocators:
         self.pools.setdefault((kind, self.sizes[address]), []).append((address, event))
         return True
 
-    def _dev_malloc(self, ptr, size):
-        self.counts["dev_malloc"] += 1
-        address = self._reuse("dev", size) if self.how == "pool" else None
+    def _malloc(self, kind: str, ptr, size: int, allocate) -> int:
+        """A pooled buffer of `size` once its last free has passed, else `allocate(out pointer)`'s."""
+        self.counts[f"{kind}_malloc"] += 1
+        address = self._reuse(kind, size) if self.how == "pool" else None
         if address is None:
             out = ctypes.c_void_p()
-            code = self.rt.cudaMalloc(ctypes.byref(out), ctypes.c_size_t(size))
+            code = allocate(ctypes.byref(out))
             if code:
                 return code
             address = out.value
         self.sizes[address] = size
         ptr[0] = address
         return 0
+
+    def _free(self, kind: str, address: int, release) -> int:
+        self.counts[f"{kind}_free"] += 1
+        return 0 if self._keep(kind, address) else release(ctypes.c_void_p(address))
+
+    def _dev_malloc(self, ptr, size):
+        return self._malloc("dev", ptr, size, lambda out: self.rt.cudaMalloc(out, ctypes.c_size_t(size)))
 
     def _dev_free(self, address):
-        self.counts["dev_free"] += 1
-        return 0 if self._keep("dev", address) else self.rt.cudaFree(ctypes.c_void_p(address))
+        return self._free("dev", address, self.rt.cudaFree)
 
     def _pinned_malloc(self, ptr, size, flags):
-        self.counts["pinned_malloc"] += 1
-        address = self._reuse("pinned", size) if self.how == "pool" else None
-        if address is None:
-            out = ctypes.c_void_p()
-            code = self.rt.cudaHostAlloc(ctypes.byref(out), ctypes.c_size_t(size), ctypes.c_uint(flags))
-            if code:
-                return code
-            address = out.value
-        self.sizes[address] = size
-        ptr[0] = address
-        return 0
+        return self._malloc("pinned", ptr, size,
+                            lambda out: self.rt.cudaHostAlloc(out, ctypes.c_size_t(size), ctypes.c_uint(flags)))
 
     def _pinned_free(self, address):
-        self.counts["pinned_free"] += 1
-        return 0 if self._keep("pinned", address) else self.rt.cudaFreeHost(ctypes.c_void_p(address))
+        return self._free("pinned", address, self.rt.cudaFreeHost)
 
 
 class FormatDecoder:
