@@ -11,6 +11,7 @@
 #      ROUNDS rounds; JOINT=1 adds joint_ceiling.py. carry [".whl/nvdec", ".carry/start"]
 #   v: the build (unless kept); video → boxes at STREAMS (8 32) and JPEG files at batch 1, at each of CONNECTIONS
 #      (8 32). carry [".whl/nvdec"]
+#   h: part e (VARIANTS new:unset new:8, ROUNDS 2), then bench/batch1_latency.py. carry [".whl/nvdec"]
 #   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
 #   OUT=$OUT bash bench/h200_session52.sh c
 set -uo pipefail
@@ -105,6 +106,12 @@ if [ "$part" = v ]; then  # v: video streams → boxes and one JPEG at a time, a
       "$OUT/b1_$connections.json"
     echo "at ${SECONDS}s"
   done
+  exit 0
+fi
+if [ "$part" = h ]; then  # h: the bar's figures on whatever card comes: part e's runs, then batch 1
+  OUT=$OUT ROUNDS=${ROUNDS:-2} VARIANTS=${VARIANTS:-"new:unset new:8"} bash "$0" e | grep -v "^NVIDIA\|^torch"
+  timeout 120 python bench/batch1_latency.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds 2 2>&1 | grep -v "^ *warn"
+  echo "done at ${SECONDS}s"
   exit 0
 fi
 if [ "$part" = t ]; then
