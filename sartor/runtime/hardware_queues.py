@@ -7,7 +7,9 @@ the engine's queued runs waits for them. Beside the engine replayed back to back
 kept a fifth of their rate alone with 8 queues and 0.76–0.98 of it with 32, the most the driver
 gives (docs/decisions/0066-thirty-two-hardware-queues.md). The driver reads the variable once, when
 the process starts CUDA: sartor sets it at import, unless it is set already (the user's value is
-kept) or CUDA has started (too late: `in_effect()` then says 8, and a pipeline warns)."""
+kept), CUDA has started (too late: `in_effect()` then says 8, and a pipeline warns), or the machine
+runs NVIDIA's Multi-Process Service: there each client owns its queues out of the server's one pool,
+and 32 a process would leave fewer clients room to connect."""
 from __future__ import annotations
 
 import os
@@ -18,13 +20,23 @@ CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 WANTED_CONNECTIONS = 32
 DRIVER_DEFAULT_CONNECTIONS = 8
 
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_DEFAULT_PIPE = "/tmp/nvidia-mps"  # where the MPS control daemon listens unless told otherwise
+
 _set_too_late = False  # CUDA had started in this process before sartor could ask
 
 
+def mps_in_use() -> bool:
+    """Whether this process's CUDA would connect to an MPS control daemon (its pipe is there)."""
+    pipe = os.environ.get(MPS_PIPE_ENV) or MPS_DEFAULT_PIPE
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
 def request_connections() -> None:
-    """Ask for WANTED_CONNECTIONS queues, if the variable is unset and CUDA has not started yet."""
+    """Ask for WANTED_CONNECTIONS queues, if the variable is unset, CUDA has not started yet and no
+    MPS daemon shares the GPU."""
     global _set_too_late
-    if CONNECTIONS_ENV in os.environ:
+    if CONNECTIONS_ENV in os.environ or mps_in_use():
         return
     if torch.cuda.is_initialized():
         _set_too_late = True

@@ -19,9 +19,10 @@ from sartor.runtime.hardware_queues import CONNECTIONS_ENV, WANTED_CONNECTIONS
 SPEC = "letterbox=16,mean=0,std=255,rgb,nchw"
 
 
-def queues_after_import(value: str | None) -> str:
-    """CUDA_DEVICE_MAX_CONNECTIONS in a fresh process after `import sartor`, started with `value` (None: unset)."""
-    env = {k: v for k, v in os.environ.items() if k != CONNECTIONS_ENV}
+def queues_after_import(value: str | None, more: dict | None = None) -> str:
+    """CUDA_DEVICE_MAX_CONNECTIONS in a fresh process after `import sartor`, started with `value` (None:
+    unset) and the variables `more`."""
+    env = {k: v for k, v in os.environ.items() if k != CONNECTIONS_ENV} | (more or {})
     if value is not None:
         env[CONNECTIONS_ENV] = value
     code = f"import os, sartor; print(os.environ.get({CONNECTIONS_ENV!r}, 'unset'))"
@@ -29,17 +30,25 @@ def queues_after_import(value: str | None) -> str:
                           check=True).stdout.strip()
 
 
-def test_importing_sartor_asks_for_thirty_two_queues():
-    assert queues_after_import(None) == str(WANTED_CONNECTIONS)
+def test_importing_sartor_asks_for_thirty_two_queues(tmp_path):
+    no_mps = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}  # an MPS pipe folder with no daemon in it
+    assert queues_after_import(None, no_mps) == str(WANTED_CONNECTIONS)
 
 
 def test_a_value_the_user_set_is_kept():
     assert queues_after_import("4") == "4"
 
 
+def test_beside_an_mps_daemon_the_driver_keeps_its_default(tmp_path):
+    (tmp_path / "control").write_text("")  # the control daemon's pipe, where CUDA_MPS_PIPE_DIRECTORY says
+    assert queues_after_import(None, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}) == "unset"
+    assert queues_after_import(None, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "none")}) == str(WANTED_CONNECTIONS)
+
+
 @pytest.fixture
-def unset(monkeypatch):
+def unset(monkeypatch, tmp_path):
     monkeypatch.delenv(CONNECTIONS_ENV, raising=False)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))  # no MPS daemon, whatever the machine runs
     monkeypatch.setattr(hardware_queues, "_set_too_late", False)
 
 
