@@ -35,10 +35,11 @@ def test_end_to_end_times_every_stage_and_the_engine(cli, letterbox_plan, image_
     assert data["decode_frames_per_s"] > 0 and data["decode_workers"] == 2  # a CPU engine: two workers
     lower = min(data["engine_frames_per_s"], data["decode_frames_per_s"])
     assert data["ceiling_share"] == pytest.approx(data["frames_per_s"] / lower, abs=1e-3)
+    assert data["hardware_queues"] is None  # CUDA's queues: a CPU engine has none to report
     table = cli("bench", letterbox_plan, "--end-to-end", "--images", image_folder)
     assert table.code == 0, table
     assert "steady state" in table.out and "One batch through each stage alone" in table.out
-    assert "decode alone" in table.out and "of the lower" in table.out
+    assert "decode alone" in table.out and "of the lower" in table.out and "hardware queues" not in table.out
 
 
 def test_end_to_end_refusals_are_one_line(cli, letterbox_plan, tiny_plan, image_folder, tmp_path):

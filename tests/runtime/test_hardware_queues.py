@@ -94,3 +94,16 @@ def test_on_cuda_a_pipeline_warns_when_cuda_started_before_sartor_could_ask(plan
     monkeypatch.setattr(hardware_queues, "_set_too_late", True)
     with pytest.warns(RuntimeWarning, match=f"{CONNECTIONS_ENV}={WANTED_CONNECTIONS}"):
         Pipeline(sartor.load(plans["cuda"], device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_cuda_the_end_to_end_benchmark_reports_the_queues_in_effect(plans, tmp_path):
+    from PIL import Image
+
+    from sartor.pipeline.benchmark import end_to_end
+    files = []
+    for k in range(4):
+        files.append(tmp_path / f"{k}.jpg")
+        Image.new("RGB", (32, 24), (40 * k, 80, 120)).save(files[-1], quality=90)
+    result = end_to_end(sartor.load(plans["cuda"], device="cuda"), files, batch=2, passes=2, stage_repeats=2)
+    assert result.hardware_queues == hardware_queues.in_effect()
