@@ -12,6 +12,7 @@
 #   v: the build (unless kept); video → boxes at STREAMS (8 32) and JPEG files at batch 1, at each of CONNECTIONS
 #      (8 32). carry [".whl/nvdec"]
 #   h: part e (VARIANTS new:unset new:8, ROUNDS 2), then bench/batch1_latency.py. carry [".whl/nvdec"]
+#   b: the build (unless kept); bench/nvjpeg_backends.py (one JPEG's latency per nvJPEG backend). carry [".whl/nvdec"]
 #   t: the Pipeline's GPU tests (tests/pipeline -k "cuda or gpu"), on the machine as it is.
 #   OUT=$OUT bash bench/h200_session52.sh c
 set -uo pipefail
@@ -111,6 +112,14 @@ fi
 if [ "$part" = h ]; then  # h: the bar's figures on whatever card comes: part e's runs, then batch 1
   OUT=$OUT ROUNDS=${ROUNDS:-2} VARIANTS=${VARIANTS:-"new:unset new:8"} bash "$0" e | grep -v "^NVIDIA\|^torch"
   timeout 120 python bench/batch1_latency.py /tmp/y8nms.plan --images /tmp/jpeg512 --rounds 2 2>&1 | grep -v "^ *warn"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = b ]; then  # b: one JPEG's latency per nvJPEG backend (not run in session 52: no device time left)
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  timeout 300 python bench/nvjpeg_backends.py /tmp/y8nms.plan --images /tmp/jpeg512 2>&1 | grep -v "^ *warn"
   echo "done at ${SECONDS}s"
   exit 0
 fi

@@ -28,6 +28,9 @@ from ..errors import ConfigError, DataError
 
 NVJPEG_MAX_COMPONENT = 4
 BACKEND_DEFAULT, BACKEND_HARDWARE = 0, 3
+# nvjpegBackend_t by name: where a batch's Huffman decode and IDCT run (the host's CPU, the SMs, or
+# the hardware JPEG engines of A100/H100/H200)
+BACKENDS = {"default": BACKEND_DEFAULT, "hybrid": 1, "gpu_hybrid": 2, "hardware": BACKEND_HARDWARE}
 OUTPUT_RGBI = 5  # interleaved RGB in channel[0]
 STATUS_ARCH_MISMATCH = 7
 STATUS_NAMES = {1: "not initialized", 2: "invalid parameter", 3: "bad JPEG", 4: "JPEG not supported",
@@ -102,7 +105,12 @@ class NvjpegBatched:
     the stream's work up to that call is done; the host waits only for the decode `states` calls
     before, whose state (and staging buffers) this call takes over."""
 
-    def __init__(self, device: torch.device | str = "cuda", library: str | None = None, states: int = 2):
+    def __init__(self, device: torch.device | str = "cuda", library: str | None = None, states: int = 2,
+                 backend: str | None = None):
+        """`backend` (a name of BACKENDS): None takes the hardware JPEG engines where the GPU has
+        them, else nvJPEG's default."""
+        if backend is not None and backend not in BACKENDS:
+            raise ConfigError(f"nvJPEG backend {backend!r} is not one of {', '.join(BACKENDS)}")
         self.device = torch.device(device)
         if self.device.type != "cuda":
             raise ConfigError(f"nvJPEG decodes on a CUDA device, not {self.device}")
@@ -116,11 +124,11 @@ class NvjpegBatched:
         self.handle = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # the primary context current on this thread
-            code = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle))
-            self.hardware = code != STATUS_ARCH_MISMATCH  # no JPEG engines on this GPU: the default backend
-            if not self.hardware:
+            code = self.lib.nvjpegCreateEx(BACKENDS[backend or "hardware"], None, None, 0, ctypes.byref(self.handle))
+            self.hardware = backend in (None, "hardware") and code != STATUS_ARCH_MISMATCH
+            if backend is None and not self.hardware:  # no JPEG engines on this GPU: the default backend
                 code = self.lib.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
-            self._check(code, "nvjpegCreateEx")
+            self._check(code, f"nvjpegCreateEx ({backend or ('hardware' if self.hardware else 'default')} backend)")
             self._states = [_State(ctypes.c_void_p()) for _ in range(states)]
             for state in self._states:
                 self._check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state.handle)),

@@ -56,6 +56,24 @@ def test_a_cpu_device_is_refused():
         NvjpegBatched("cpu")
 
 
+def test_an_unknown_backend_is_refused_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="nvJPEG backend 'fast' is not one of default, hybrid, gpu_hybrid, hardware"):
+        NvjpegBatched("cuda", backend="fast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
+@pytest.mark.parametrize("backend", ["default", "hybrid", "gpu_hybrid"])
+def test_on_a_gpu_the_other_backends_decode_the_frames_the_hardware_engines_do(backend):
+    encoded = [jpeg_bytes((1280, 720)), jpeg_bytes((640, 360), seed=1)]
+    stream = torch.cuda.Stream()
+    reference = NvjpegBatched("cuda").decode(encoded, stream)
+    frames = NvjpegBatched("cuda", backend=backend).decode(encoded, stream)
+    stream.synchronize()
+    for frame, expected in zip(frames, reference):  # IDCTs may round apart: a level at most on average
+        assert frame.shape == expected.shape
+        assert (frame.float() - expected.float()).abs().mean() <= 1.0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG needs CUDA")
 def test_on_a_gpu_its_frames_are_torchvisions_on_any_stream_priority():
     torchvision_io = pytest.importorskip("torchvision.io")
