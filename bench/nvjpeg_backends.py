@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import sartor  # noqa: E402
+from batch1_latency import engine_alone_ms, one_file_at_a_time_ms  # noqa: E402
 from pipeline_e2e import per_call_ms, summary  # noqa: E402
 from sartor.pipeline import Pipeline  # noqa: E402
 from sartor.pipeline import decode as decode_module  # noqa: E402
@@ -52,11 +53,10 @@ def main() -> None:
     stream = torch.cuda.Stream(device)
     decoders = {b: NvjpegBatched(device, backend=b) for b in args.backends.split(",")}
     single = Pipeline(engine, batch_size=1, overlap=False)
-    single.run([files[0]])
-    prepared = single.context.input_buffers({single.input_name: single.spec.input_shape(1)})
+    single.run([files[0]])  # the engine alone runs this frame, letterboxed into its input
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {len(files)} files", flush=True)
     for r in range(1, args.rounds + 1):
-        engine_ms = summary(per_call_ms(lambda: single.context.run(prepared), args.repeats, warmup=10), 1)
+        engine_ms = engine_alone_ms(single, args.repeats)
         print(f"round {r}: engine alone at batch 1 {engine_ms['median_ms']:.3f} ms (p99 {engine_ms['p99_ms']:.3f})",
               flush=True)
         for backend, decoder in decoders.items():
@@ -70,10 +70,7 @@ def main() -> None:
             alone = summary(per_call_ms(one, args.repeats, warmup=10), 1)
             many = summary(per_call_ms(batch, max(10, args.repeats // 10), warmup=3), len(encoded))
             use_backend(device, backend)
-            pipeline = Pipeline(engine, batch_size=1, overlap=False)
-            k = iter(range(10 ** 9))
-            through = summary(per_call_ms(lambda: pipeline.run([files[next(k) % len(files)]]), args.repeats,
-                                          warmup=10), 1)
+            through = one_file_at_a_time_ms(Pipeline(engine, batch_size=1, overlap=False), files, args.repeats)
             print(f"round {r} {backend}: one JPEG decoded {alone['median_ms']:.3f} ms (p99 {alone['p99_ms']:.3f}); "
                   f"batch {len(encoded)} {many['per_s']:,.0f} frames/s; JPEG file → boxes at batch 1 "
                   f"{through['median_ms']:.3f} ms (p99 {through['p99_ms']:.3f}), "
