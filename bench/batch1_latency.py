@@ -53,7 +53,8 @@ def main() -> None:
         engine_ms = engine_alone_ms(single, args.repeats)
         pipeline_ms = one_file_at_a_time_ms(single, files, args.repeats)
         print(f"round {r}: JPEG file → boxes median {pipeline_ms['median_ms']:.3f} ms "
-              f"(p99 {pipeline_ms['p99_ms']:.3f}); engine alone {engine_ms['median_ms']:.3f} ms (p99 {engine_ms['p99_ms']:.3f}); over it "
+              f"(p99 {pipeline_ms['p99_ms']:.3f}); engine alone {engine_ms['median_ms']:.3f} ms "
+              f"(p99 {engine_ms['p99_ms']:.3f}); over it "
               f"{pipeline_ms['median_ms'] - engine_ms['median_ms']:.3f} ms", flush=True)
 
 
