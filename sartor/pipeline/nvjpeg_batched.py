@@ -124,11 +124,13 @@ class NvjpegBatched:
         self.handle = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # the primary context current on this thread
-            code = self.lib.nvjpegCreateEx(BACKENDS[backend or "hardware"], None, None, 0, ctypes.byref(self.handle))
-            self.hardware = backend in (None, "hardware") and code != STATUS_ARCH_MISMATCH
-            if backend is None and not self.hardware:  # no JPEG engines on this GPU: the default backend
+            chosen = backend or "hardware"
+            code = self.lib.nvjpegCreateEx(BACKENDS[chosen], None, None, 0, ctypes.byref(self.handle))
+            if backend is None and code == STATUS_ARCH_MISMATCH:  # no JPEG engines on this GPU: the default
+                chosen = "default"
                 code = self.lib.nvjpegCreateEx(BACKEND_DEFAULT, None, None, 0, ctypes.byref(self.handle))
-            self._check(code, f"nvjpegCreateEx ({backend or ('hardware' if self.hardware else 'default')} backend)")
+            self._check(code, f"nvjpegCreateEx ({chosen} backend)")
+            self.hardware = chosen == "hardware"
             self._states = [_State(ctypes.c_void_p()) for _ in range(states)]
             for state in self._states:
                 self._check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state.handle)),

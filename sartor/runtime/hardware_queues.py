@@ -3,13 +3,12 @@
 The driver spreads a process's streams over that many queues, 8 unless the variable says otherwise,
 and two streams that share a queue run in turn however independent they are. A pipeline keeps a
 dozen streams busy (the engine's, each worker's, each nvJPEG decoder's): a decode that lands behind
-the engine's queued runs waits for them. Beside the engine replayed back to back, nvJPEG's decoders
-kept a fifth of their rate alone with 8 queues and 0.76–0.98 of it with 32, the most the driver
-gives (docs/decisions/0066-thirty-two-hardware-queues.md). The driver reads the variable once, when
-the process starts CUDA: sartor sets it at import, unless it is set already (the user's value is
-kept), CUDA has started (too late: `in_effect()` then says 8, and a pipeline warns), or the machine
-runs NVIDIA's Multi-Process Service: there each client owns its queues out of the server's one pool,
-and 32 a process would leave fewer clients room to connect."""
+the engine's queued runs waits for them, so sartor asks for 32, the most the driver gives
+(docs/decisions/0066-thirty-two-hardware-queues.md). The driver reads the variable once, when the
+process starts CUDA: sartor sets it at import, unless it is set already (the user's value is kept),
+CUDA has started (too late: `in_effect()` then says 8, and a pipeline warns), or the machine runs
+NVIDIA's Multi-Process Service: there each client owns its queues out of the server's one pool, and
+32 a process would leave fewer clients room to connect."""
 from __future__ import annotations
 
 import os
