@@ -144,8 +144,8 @@ def test_auto_without_overlap_times_each_batch_alone_so_one_frame_a_call_chooses
 
 def test_the_end_to_end_bench_warms_up_until_auto_has_chosen(host_standing_in_for_nvjpeg, letterbox_plan,
                                                                monkeypatch, tmp_path):
-    # Far above what a loaded machine's host takes for a batch of small frames: only share 1 avoids it
-    # (at 0.05 s a call, two busy cores made the search keep 0.25 or 0.75 in three runs of six).
+    # Far above what a loaded machine's host (pytest-xdist on two cores) takes for a batch of small
+    # frames: only share 1 avoids it.
     nvjpeg_pays_per_call(monkeypatch, 0.2)
     files = []
     # six batches a pass, of which a stream's first (the workers' batches in flight) are not timed:
