@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Session 53's device part (issue 30): the GPU tests session 52's code did not get, and the bar on an H200.
+#   a: the GPU tests of tests/runtime/test_hardware_queues.py and tests/pipeline/test_nvjpeg_batched.py;
+#      then h200_session52.sh h (end to end with 32 and 8 queues, ROUNDS rounds, and one JPEG at batch 1);
+#      then h200_session52.sh b (one JPEG's latency per nvJPEG backend). carry [".whl/nvdec"]
+#   p: the build (unless kept); bench/pipeline_workers.py with 2 and 3 preparing workers, ROUNDS rounds; then
+#      with 3 under `py-spy record --gil` (.carry/bin/py-spy, from PyPI's py-spy wheel), summarised by
+#      bench/py_spy_summary.py. carry [".whl/nvdec", ".carry/bin"]
+#   q: part a's tests, h200_session52.sh b, then part p, on whatever card comes. carry [".whl/nvdec", ".carry/bin"]
+#   OUT=$OUT bash bench/h200_session53.sh a
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a, p or q}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
+SECONDS=0
+if [ "$part" = a ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/runtime/test_hardware_queues.py \
+    tests/pipeline/test_nvjpeg_batched.py 2>&1 | tail -8
+  echo "tests at ${SECONDS}s"
+  OUT=$OUT ROUNDS=${ROUNDS:-2} bash bench/h200_session52.sh h | grep -v "^NVIDIA\|^torch"
+  echo "bar at ${SECONDS}s"
+  OUT=$OUT bash bench/h200_session52.sh b | grep -v "^NVIDIA\|^torch"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = q ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/runtime/test_hardware_queues.py \
+    tests/pipeline/test_nvjpeg_batched.py 2>&1 | tail -8
+  echo "tests at ${SECONDS}s"
+  OUT=$OUT bash bench/h200_session52.sh b | grep -v "^NVIDIA\|^torch"
+  echo "backends at ${SECONDS}s"
+  OUT=$OUT bash "$0" p | grep -v "^NVIDIA"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = p ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  timeout 200 python bench/pipeline_workers.py /tmp/y8nms.plan --images /tmp/jpeg512 --workers 2,3 \
+    --rounds "${ROUNDS:-3}" 2>&1 | grep -v "^ *warn"
+  echo "workers at ${SECONDS}s"
+  timeout 150 .carry/bin/py-spy record --gil --threads --format raw -r 250 -o "$OUT/gil.txt" -- \
+    python bench/pipeline_workers.py /tmp/y8nms.plan --images /tmp/jpeg512 --workers 3 --rounds 2 --passes 8 2>&1 \
+    | grep -v "^ *warn\|flamegraph"
+  python bench/py_spy_summary.py "$OUT/gil.txt" --top 25
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+echo "unknown part $part" >&2
+exit 2

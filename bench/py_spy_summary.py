@@ -1,0 +1,71 @@
+"""Where the samples of a `py-spy record --format raw --threads` file went: by thread, by the function
+a sample was in (self), and by each sartor function on the stack (inclusive). With `--gil`, py-spy keeps
+only the samples of the thread holding the interpreter lock, so the shares are who held it.
+
+    python bench/py_spy_summary.py RAW.txt [--top 30]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+
+FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def frames_of(stack: str) -> list[tuple[str, str]]:
+    """(function, file) of each frame, outermost first; the thread's marker frame dropped."""
+    out = []
+    for frame in stack.split(";"):
+        match = FRAME.match(frame)
+        if match and not frame.startswith("thread ("):
+            out.append((match["function"], match["file"]))
+    return out
+
+
+def short(function: str, file: str) -> str:
+    marker = file.rfind("sartor/")
+    where = file[marker:] if marker >= 0 else Path(file).name
+    return f"{function} ({where})"
+
+
+def role(frames: list[tuple[str, str]]) -> str:
+    """The thread's job: its outermost sartor function, or its outermost function."""
+    for function, file in frames:
+        if "sartor/" in file or "/bench/" in file:
+            return short(function, file)
+    return short(*frames[0]) if frames else "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw")
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args()
+    threads, leaves, inclusive, roles = Counter(), Counter(), Counter(), Counter()
+    total = 0
+    for line in Path(args.raw).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        thread = stack.split(";", 1)[0]
+        frames = frames_of(stack)
+        threads[thread] += n
+        roles[role(frames)] += n
+        if frames:
+            leaves[short(*frames[-1])] += n
+        for name in {short(f, p) for f, p in frames if "sartor/" in p}:
+            inclusive[name] += n
+    print(f"{total} samples")
+    for title, counter in (("by thread", threads), ("by the thread's outermost sartor function", roles),
+                           ("self (the innermost frame)", leaves), ("inclusive, sartor functions", inclusive)):
+        print(f"\n{title}:")
+        for name, n in counter.most_common(args.top):
+            print(f"  {n / total:6.1%}  {n:7d}  {name}")
+
+
+if __name__ == "__main__":
+    main()
