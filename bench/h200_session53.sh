@@ -6,11 +6,14 @@
 #   p: the build (unless kept); bench/pipeline_workers.py with 2 and 3 preparing workers, ROUNDS rounds; then
 #      with 3 under `py-spy record --gil` (.carry/bin/py-spy, from PyPI's py-spy wheel), summarised by
 #      bench/py_spy_summary.py. carry [".whl/nvdec", ".carry/bin"]
+#   i: the build (unless kept); bench/pipeline_workers.py with 3 workers, the file read into a zeroed bytearray
+#      and into numpy, ROUNDS rounds; then under `py-spy record --idle` (every thread's every sample: where
+#      each waits), summarised for the calling thread and for the workers. carry [".whl/nvdec", ".carry/bin"]
 #   q: part a's tests, h200_session52.sh b, then part p, on whatever card comes. carry [".whl/nvdec", ".carry/bin"]
 #   OUT=$OUT bash bench/h200_session53.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, p or q}
+part=${1:?say a, i, p or q}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
 if [ "$part" = a ]; then
@@ -21,6 +24,25 @@ if [ "$part" = a ]; then
   OUT=$OUT ROUNDS=${ROUNDS:-2} bash bench/h200_session52.sh h | grep -v "^NVIDIA\|^torch"
   echo "bar at ${SECONDS}s"
   OUT=$OUT bash bench/h200_session52.sh b | grep -v "^NVIDIA\|^torch"
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = i ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  . bench/y8nms_common.sh
+  [ -f /tmp/y8nms.plan ] || build_y8nms 220
+  [ -d /tmp/jpeg512 ] || make_jpeg512
+  timeout 200 python bench/pipeline_workers.py /tmp/y8nms.plan --images /tmp/jpeg512 --workers "${WORKERS:-3}" \
+    --reads bytearray,numpy --rounds "${ROUNDS:-4}" 2>&1 | grep -v "^ *warn"
+  echo "reads at ${SECONDS}s"
+  timeout 150 .carry/bin/py-spy record --idle --threads --format raw -r 250 -o "$OUT/idle.txt" -- \
+    python bench/pipeline_workers.py /tmp/y8nms.plan --images /tmp/jpeg512 --workers 3 --rounds 2 --passes 8 2>&1 \
+    | grep -v "^ *warn\|flamegraph"
+  for thread in MainThread sartor-pipeline sartor-read; do
+    echo "== $thread"
+    python bench/py_spy_summary.py "$OUT/idle.txt" --top 14 --thread $thread --skip "${SKIP:-_call_with_frames_removed,NvjpegBatched.__init__,load,_run_eager}" \
+      | sed -n '/^self/,/^inclusive/p'
+  done
   echo "done at ${SECONDS}s"
   exit 0
 fi

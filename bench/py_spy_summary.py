@@ -1,8 +1,10 @@
 """Where the samples of a `py-spy record --format raw --threads` file went: by thread, by the function
 a sample was in (self), and by each sartor function on the stack (inclusive). With `--gil`, py-spy keeps
-only the samples of the thread holding the interpreter lock, so the shares are who held it.
+only the samples of the thread holding the interpreter lock, so the shares are who held it; with
+`--idle`, every thread's every sample, so a thread's innermost frames say where it waits.
+`--skip` drops the samples of start-up (imports, decoders being made) by a frame's name.
 
-    python bench/py_spy_summary.py RAW.txt [--top 30]
+    python bench/py_spy_summary.py RAW.txt [--top 30] [--thread sartor-pipeline] [--skip NAME,...]
 """
 from __future__ import annotations
 
@@ -38,11 +40,22 @@ def role(frames: list[tuple[str, str]]) -> str:
     return short(*frames[0]) if frames else "?"
 
 
+def innermost(frames: list[tuple[str, str]]) -> str:
+    """The innermost frame, and the innermost sartor frame around it where that is another."""
+    leaf = short(*frames[-1])
+    inside = next((short(f, p) for f, p in reversed(frames) if "sartor/" in p), None)
+    return leaf if inside in (None, leaf) else f"{leaf} in {inside}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--thread", default="", help="only threads whose name starts so")
+    parser.add_argument("--skip", default="_call_with_frames_removed,NvjpegBatched.__init__",
+                        help="drop samples with a frame of one of these names")
     args = parser.parse_args()
+    skipped = [name for name in args.skip.split(",") if name]
     threads, leaves, inclusive, roles = Counter(), Counter(), Counter(), Counter()
     total = 0
     for line in Path(args.raw).read_text().splitlines():
@@ -50,13 +63,15 @@ def main() -> None:
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        total += n
         thread = stack.split(";", 1)[0]
+        if not thread.partition(": ")[2].startswith(args.thread) or any(f"{name} (" in stack for name in skipped):
+            continue
+        total += n
         frames = frames_of(stack)
         threads[thread] += n
         roles[role(frames)] += n
         if frames:
-            leaves[short(*frames[-1])] += n
+            leaves[innermost(frames)] += n
         for name in {short(f, p) for f, p in frames if "sartor/" in p}:
             inclusive[name] += n
     print(f"{total} samples")

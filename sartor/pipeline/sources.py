@@ -59,23 +59,26 @@ def frame_name(label: str, index: int, seconds: float | None) -> str:
     return f"{label} frame {index}" + (f" ({seconds:.3f} s)" if seconds is not None else "")
 
 
-def _read_file(path) -> bytearray:
-    """The file's bytes, read straight into the writable buffer a tensor is made over. Four system
-    calls a file (open, fstat, readv, close): each releases Python's interpreter lock, and a thread
-    back from one waits for it while the pipeline's other threads run Python, so `open()`'s buffered
-    file and its extra calls (lseek, fstat, the read at the end) cost more than the bytes."""
+def _read_file(path) -> np.ndarray:
+    """The file's bytes as a 1-D uint8 array, read straight into it. Four system calls a file (open,
+    fstat, readv, close): each releases Python's interpreter lock, and a thread back from one waits
+    for it while the pipeline's other threads run Python, so `open()`'s buffered file and its extra
+    calls (lseek, fstat, the read at the end) cost more than the bytes. The array is not zeroed
+    first: its fresh pages are then first touched by the read, with the lock released, not by a
+    fill with the lock held."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         status = os.fstat(fd)
-        data = bytearray(status.st_size + 1)  # a byte over: a file that grew since fstat fills it
+        data = np.empty(status.st_size + 1, np.uint8)  # a byte over: a file that grew since fstat fills it
         filled = os.readv(fd, [data])  # a regular file comes whole in one read, short only at its end
-        del data[filled:]
         if filled > status.st_size or not stat.S_ISREG(status.st_mode):  # grown, or a pipe: on to its end
+            pieces = [data[:filled]]
             while chunk := os.read(fd, 1 << 20):
-                data += chunk
+                pieces.append(np.frombuffer(chunk, np.uint8))
+            return np.concatenate(pieces)
     finally:
         os.close(fd)
-    return data
+    return data[:filled]
 
 
 def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
@@ -92,9 +95,9 @@ def read_source(item, index: int, frame_order: str = "rgb") -> FrameSource:
             return FrameSource(name, error=f"image {name} is a directory, not an image file")
         except OSError as exc:
             return FrameSource(name, error=f"image {name} cannot be read: {exc.strerror or exc}")
-        if not data:
+        if not len(data):
             return FrameSource(name, error=f"image {name} is empty")
-        return FrameSource(name, encoded=torch.frombuffer(data, dtype=torch.uint8), marks=jpeg_marks(data))
+        return FrameSource(name, encoded=torch.from_numpy(data), marks=jpeg_marks(data))
     name = f"item {index}"
     if isinstance(item, (bytes, bytearray, memoryview)):
         if not len(item):
