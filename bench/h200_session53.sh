@@ -38,10 +38,10 @@ if [ "$part" = i ]; then
   timeout 150 .carry/bin/py-spy record --idle --threads --format raw -r 250 -o "$OUT/idle.txt" -- \
     python bench/pipeline_workers.py /tmp/y8nms.plan --images /tmp/jpeg512 --workers 3 --rounds 2 --passes 8 2>&1 \
     | grep -v "^ *warn\|flamegraph"
-  for thread in MainThread sartor-pipeline sartor-read; do
-    echo "== $thread"
-    python bench/py_spy_summary.py "$OUT/idle.txt" --top 14 --thread $thread --skip "${SKIP:-_call_with_frames_removed,NvjpegBatched.__init__,load,_run_eager}" \
-      | sed -n '/^self/,/^inclusive/p'
+  for job in steady_state Pipeline._prepare _read; do  # the calling thread, the workers, the reader
+    echo "== $job"
+    python bench/py_spy_summary.py "$OUT/idle.txt" --top 14 --role $job \
+      --skip "${SKIP:-_call_with_frames_removed,NvjpegBatched.__init__,_run_eager}" | sed -n '/^self/,/^inclusive/p'
   done
   echo "done at ${SECONDS}s"
   exit 0

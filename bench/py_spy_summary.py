@@ -2,9 +2,11 @@
 a sample was in (self), and by each sartor function on the stack (inclusive). With `--gil`, py-spy keeps
 only the samples of the thread holding the interpreter lock, so the shares are who held it; with
 `--idle`, every thread's every sample, so a thread's innermost frames say where it waits.
-`--skip` drops the samples of start-up (imports, decoders being made) by a frame's name.
+`--skip` drops the samples of start-up (imports, decoders being made) by a frame's name. Threads
+are told apart by their job, their outermost sartor function: py-spy may name a thread after an
+earlier one of the same id, so its names are not used.
 
-    python bench/py_spy_summary.py RAW.txt [--top 30] [--thread sartor-pipeline] [--skip NAME,...]
+    python bench/py_spy_summary.py RAW.txt [--top 30] [--role Pipeline._prepare] [--skip NAME,...]
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def short(function: str, file: str) -> str:
 def role(frames: list[tuple[str, str]]) -> str:
     """The thread's job: its outermost sartor function, or its outermost function."""
     for function, file in frames:
-        if "sartor/" in file or "/bench/" in file:
+        if "sartor/" in file:
             return short(function, file)
     return short(*frames[0]) if frames else "?"
 
@@ -51,7 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--thread", default="", help="only threads whose name starts so")
+    parser.add_argument("--role", default="", help="only samples whose outermost sartor function's name holds this")
     parser.add_argument("--skip", default="_call_with_frames_removed,NvjpegBatched.__init__",
                         help="drop samples with a frame of one of these names")
     args = parser.parse_args()
@@ -63,19 +65,19 @@ def main() -> None:
         if not stack or not count.isdigit():
             continue
         n = int(count)
-        thread = stack.split(";", 1)[0]
-        if not thread.partition(": ")[2].startswith(args.thread) or any(f"{name} (" in stack for name in skipped):
+        frames = frames_of(stack)
+        job = role(frames)
+        if args.role not in job or any(f"{name} (" in stack for name in skipped):
             continue
         total += n
-        frames = frames_of(stack)
-        threads[thread] += n
-        roles[role(frames)] += n
+        threads[stack.split(";", 1)[0]] += n
+        roles[job] += n
         if frames:
             leaves[innermost(frames)] += n
         for name in {short(f, p) for f, p in frames if "sartor/" in p}:
             inclusive[name] += n
     print(f"{total} samples")
-    for title, counter in (("by thread", threads), ("by the thread's outermost sartor function", roles),
+    for title, counter in (("by thread (py-spy's names)", threads), ("by job (the outermost sartor function)", roles),
                            ("self (the innermost frame)", leaves), ("inclusive, sartor functions", inclusive)):
         print(f"\n{title}:")
         for name, n in counter.most_common(args.top):
