@@ -121,6 +121,10 @@ class NvjpegBatched:
         # The same library, its calls made holding Python's interpreter lock: reading a header takes
         # microseconds, less than handing the lock to another thread and waiting to get it back.
         self._lib_holding_lock = ctypes.PyDLL(path)
+        # nvjpegGetImageInfo's outputs, made once: a decoder decodes one batch at a time, and a header
+        # read is called for every JPEG of it
+        self._info = (ctypes.byref(ctypes.c_int()), ctypes.byref(ctypes.c_int()),
+                      (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)())
         self.handle = ctypes.c_void_p()
         with torch.cuda.device(self.device):
             torch.zeros(1, device=self.device)  # the primary context current on this thread
@@ -146,12 +150,11 @@ class NvjpegBatched:
 
     def image_size(self, address: int, length: int) -> tuple[int, int]:
         """(H, W) of the JPEG at `address` from its header; DataError when nvJPEG cannot read it."""
-        components, subsampling = ctypes.c_int(), ctypes.c_int()
-        widths, heights = (ctypes.c_int * NVJPEG_MAX_COMPONENT)(), (ctypes.c_int * NVJPEG_MAX_COMPONENT)()
+        components, subsampling, widths, heights = self._info
         self._check(self._lib_holding_lock.nvjpegGetImageInfo(
-            self.handle, ctypes.c_void_p(address), ctypes.c_size_t(length), ctypes.byref(components),
-            ctypes.byref(subsampling), widths, heights), "nvjpegGetImageInfo")
-        return int(heights[0]), int(widths[0])
+            self.handle, ctypes.c_void_p(address), ctypes.c_size_t(length), components, subsampling, widths,
+            heights), "nvjpegGetImageInfo")
+        return heights[0], widths[0]
 
     def decode(self, encoded: list, stream: torch.cuda.Stream) -> list[torch.Tensor]:
         """Frames H×W×3 uint8 RGB of `encoded` (bytes, or 1-D uint8 CPU tensors as torchvision's

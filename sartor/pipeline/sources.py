@@ -28,8 +28,10 @@ JPEG_END_SEARCH_BYTES = 1024
 def jpeg_marks(data) -> tuple[bool, bool]:
     """(starts with JPEG's marker, holds its end-of-image marker near the end) of encoded bytes:
     any buffer, e.g. a bytearray or a 1-D uint8 numpy array."""
-    with memoryview(data) as view:
-        return view[:len(JPEG_MAGIC)].tobytes() == JPEG_MAGIC, JPEG_END in view[-JPEG_END_SEARCH_BYTES:].tobytes()
+    with memoryview(data) as view:  # raw bytes compared (tobytes), whatever the buffer's item format
+        ends = view[-len(JPEG_END):].tobytes() == JPEG_END  # most files: no copy of the tail to search
+        return (view[:len(JPEG_MAGIC)].tobytes() == JPEG_MAGIC,
+                ends or JPEG_END in view[-JPEG_END_SEARCH_BYTES:].tobytes())
 
 
 @dataclass

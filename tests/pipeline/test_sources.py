@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from sartor.pipeline import sources
-from sartor.pipeline.sources import read_source
+from sartor.pipeline.sources import jpeg_marks, read_source
 
 JPEG_LIKE = b"\xff\xd8\xff" + bytes(range(256)) * 40 + b"\xff\xd9"
 
@@ -68,3 +69,16 @@ def test_sizes_around_pages_read_exactly(tmp_path, size):
     payload = os.urandom(size)
     path.write_bytes(payload)
     assert bytes(sources._read_file(path)) == payload
+
+
+@pytest.mark.parametrize("data, marks", [
+    (JPEG_LIKE, (True, True)),  # the end-of-image marker last
+    (JPEG_LIKE + b"\0" * 1000, (True, True)),  # followed by a little padding
+    (JPEG_LIKE + b"\0" * 1100, (True, False)),  # too far from the end to be looked for
+    (JPEG_LIKE[:-2], (True, False)),  # truncated
+    (b"\x89PNG\r\n\x1a\n" + bytes(100), (False, False)),
+])
+def test_jpeg_marks_find_the_start_and_an_end_marker_near_the_end(data, marks):
+    assert jpeg_marks(data) == marks
+    assert jpeg_marks(bytearray(data)) == marks
+    assert jpeg_marks(np.frombuffer(data, np.int8)) == marks  # raw bytes compared, whatever the item format
