@@ -10,10 +10,15 @@
 #      and into numpy, ROUNDS rounds; then under `py-spy record --idle` (every thread's every sample: where
 #      each waits), summarised for the calling thread and for the workers. carry [".whl/nvdec", ".carry/bin"]
 #   q: part a's tests, h200_session52.sh b, then part p, on whatever card comes. carry [".whl/nvdec", ".carry/bin"]
+#   k: issue 33, written after the session's last call: the dp4a kernel for few channels
+#      (kernels/conv/direct_words.py) on the GPU: its tests; bench/layer_candidates.py for the first 3×3 of a
+#      C2f bottleneck at 160×160, YOLO11n's (16 → 8) and YOLOv8n's (16 → 16), and 8 → 8 in a chain (near
+#      YOLO11n's second, 8 → 16); then bench/h200_table.py --int8 for YOLOv8n and YOLO11n at batch 32 and 1
+#      (h200_session48.sh b's command).
 #   OUT=$OUT bash bench/h200_session53.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, i, p or q}
+part=${1:?say a, i, k, p or q}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
 if [ "$part" = a ]; then
@@ -43,6 +48,22 @@ if [ "$part" = i ]; then
     python bench/py_spy_summary.py "$OUT/idle.txt" --top 14 --role $job \
       --skip "${SKIP:-_call_with_frames_removed,NvjpegBatched.__init__,_run_eager}" | sed -n '/^self/,/^inclusive/p'
   done
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = k ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_direct_words.py 2>&1 | tail -3
+  echo "tests at ${SECONDS}s"
+  for hidden in 8 16; do  # 16 → hidden, in the block's first 3×3
+    timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden $hidden --context c2f --rows 8 2>&1 \
+      | grep "^==\|^  \|rror"
+  done
+  timeout 150 python bench/layer_candidates.py --shape 32x8x160x160 --hidden 16 --context chain --rows 8 2>&1 \
+    | grep "^==\|^  \|rror"
+  echo "candidates at ${SECONDS}s"
+  BUDGET_S=$(( 560 - SECONDS )) bash bench/h200_session48.sh b | grep -v "^NVIDIA\|^torch"
   echo "done at ${SECONDS}s"
   exit 0
 fi

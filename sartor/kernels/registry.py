@@ -29,6 +29,7 @@ FAMILY_MODULES = (
     "sartor.kernels.gemm.tma",
     "sartor.kernels.pool.max_pool",
     "sartor.kernels.conv.depthwise",
+    "sartor.kernels.conv.direct_words",
     "sartor.ops.conv",
     "sartor.ops.quantized",
     "sartor.ops.quantized_im2col",

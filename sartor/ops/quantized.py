@@ -69,18 +69,19 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
+from ..kernels.conv.direct_words import TRITON_DIRECT_INT8_WORDS, direct_int8_words_conv, direct_words_applies
 from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                       TRITON_DEPTHWISE_INT8_WORDS,
                                       depthwise_codes_supported, depthwise_qconv_nhwc,
                                       pack_depthwise_weight)
-from ..kernels.pointwise.epilogue import code_words, pixel_stride, triton
+from ..kernels.pointwise.epilogue import ACTIVATION_CODES, code_words, pixel_stride, triton
 from ..kernels.pool.max_pool import POOL_TILES
 from ..kernels.conv.tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
 from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window.resident import WindowResidentTile
-from ..kernels.registry import (AS_GIVEN, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline,
+from ..kernels.registry import (AS_GIVEN, CHANNELS_LAST, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline,
                                 LayerFacts, Tactic, register, tactic_for)
 from .conv import conv_nd, depthwise_geometry, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
@@ -264,6 +265,8 @@ def _qlayer_tactics(gemm: bool):
                 names += library_tactics(is_fp8(attrs))
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [Im2colIgemm(tile).name for tile in tiles]
+            if not gemm and direct_words_int8(inputs[0], inputs[1], attrs):
+                names.append(TRITON_DIRECT_INT8_WORDS)
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
@@ -286,6 +289,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         return im2col_weight(wq, chosen.tile)
     if layout == DEPTHWISE_TAPS:
         return pack_depthwise_weight(wq)
+    if layout == CHANNELS_LAST:
+        return wq.contiguous(memory_format=torch.channels_last)
     return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 
@@ -425,6 +430,25 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
                                 **epilogue)
 
 
+def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
+    """Whether the CUDA cores' dp4a kernel runs this dense INT8 QConv (`kernels/conv/direct_words.py`):
+    few channels, codes in whole words, not FP8, an epilogue the kernel knows."""
+    return (not is_fp8(attrs) and attrs.get("group", 1) == 1 and attrs.get("activation") in ACTIVATION_CODES
+            and direct_words_applies(x, wq))
+
+
+def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None):
+    geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
+    if geometry is None or not direct_words_int8(x, wq, attrs) or (
+            residual is not None and tuple(residual.shape) != (x.shape[0], wq.shape[0], *geometry.out_hw)):
+        return None
+    epilogue = _int8_epilogue(attrs)
+    for unused in ("fp8", "input_inv_scale"):  # codes in, never FP8
+        epilogue.pop(unused)
+    return direct_int8_words_conv(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
+                                  **epilogue)
+
+
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
     convolution or a dense GEMM), an implicit-GEMM tile or the depthwise kernel; None for any other
@@ -434,6 +458,8 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
     if name in DEPTHWISE_INT8_BLOCK_C and not gemm:
         return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
+    if name == TRITON_DIRECT_INT8_WORDS and not gemm:
+        return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out)
     tactic = tactic_for(name)
     run = _KERNEL_RUNNERS.get(type(tactic))
     return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)

@@ -549,6 +549,27 @@ def test_int8_depthwise_words_compile_to_one_dp4a_a_lane_and_tap_in_vector_loads
     print(scalar_loads, v2_loads, v4_loads, dp4a)
 
 
+# YOLO11n's C3k2 3×3 of 16 INT8 channels into 8 at 160 × 160, batch 32, SiLU, as its dp4a tactic launches it
+DIRECT_WORDS_CHILD = recorded_launch_child("sartor.kernels.conv.direct_words", "_direct_int8_words_kernel", """
+x = torch.zeros(32, 16, 160, 160, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+wq = torch.zeros(8, 16, 3, 3, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (160, 160))
+direct_int8_words_conv(x, wq, torch.zeros(8, dtype=torch.int32), geometry, dequant_scale=torch.ones(8),
+                       output_inv_scale=20.0, activation="SiLU")
+""", sm90={"DP4A": True}, told="DP4A") + """
+print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"],
+      launched["kwargs"]["BLOCK_P"], launched["kwargs"]["BLOCK_CO"])
+"""
+
+
+def test_int8_direct_words_compile_to_one_dp4a_a_word_tap_and_output():
+    """The dense dp4a tactic for sm_90: one dp4a a word (4 for 16 channels), tap (9) and output pair a
+    thread holds (a [BLOCK_P, BLOCK_CO] accumulator over 128 threads), no spills."""
+    told, *_, dp4a, spills, block_p, block_co = _compile_in_child(DIRECT_WORDS_CHILD).split()
+    assert told == "True" and spills == "0"
+    assert int(dp4a) == 4 * 9 * int(block_p) * int(block_co) // 128
+
+
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
 # each pool reading one slice and writing the next
 SPPF_POOL_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """
