@@ -69,7 +69,7 @@ if triton is not None:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
-                pixels, ok = _tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
+                pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
                 v = tl.load(x_ptr + pixels[:, None] + offs_c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
                 if INT8:
@@ -123,7 +123,7 @@ if triton is not None:
         lane3 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
-                pixels, ok = _tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
+                pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
                 words = tl.load(x_ptr + pixels[:, None] + offs_w[None, :], mask=ok[:, None] & w_ok[None, :], other=0)
                 taps = tl.load(w_ptr + offs_w + (kh * swh + kw * sww), mask=w_ok, other=0)[None, :]
                 lane0 = _lane_product_sum(words, taps, 0, lane0, DP4A)
@@ -138,7 +138,7 @@ if triton is not None:
                         True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
     @triton.jit
-    def _tap_pixels(base, ih, iw, p_ok, H, W, sxh, sxw):
+    def tap_pixels(base, ih, iw, p_ok, H, W, sxh, sxw):
         """A tap's input pixel offsets for the program's output pixels, and which lie inside the
         image (padding is left out by the mask)."""
         return base + ih * sxh + iw * sxw, p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -196,7 +196,7 @@ def _block_sizes(pixels: int, channels: int, min_programs: int, max_block_c: int
     return block_p, block_c
 
 
-def _min_programs(device: torch.device) -> int:
+def min_programs(device: torch.device) -> int:
     # Two programs per SM hide a load's latency behind the other's; the interpreter wants few.
     if device.type != "cuda":
         return 1
@@ -283,7 +283,7 @@ def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual
     swh, sww = w_words.stride()[:2]
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, _min_programs(y.device), max_block_c)
+    block_p, block_c = _block_sizes(pixels, c, min_programs(y.device), max_block_c)
     block_w = block_c // WORD_CODES
     kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c // WORD_CODES, block_w))
@@ -306,7 +306,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
     swc, _, swh, sww = w.stride()
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, _min_programs(x.device), max_block_c)
+    block_p, block_c = _block_sizes(pixels, c, min_programs(x.device), max_block_c)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _depthwise_nhwc_kernel[grid](
         x, w, bias if bias is not None else w, scale if scale is not None else w,

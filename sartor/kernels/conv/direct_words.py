@@ -25,6 +25,7 @@ from ..common.cache_keys import settle_cache_keys
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..registry import CHANNELS_LAST, fixed_tactic
+from .depthwise import min_programs
 from .igemm import ConvGeometry
 
 if triton is not None:
@@ -32,6 +33,7 @@ if triton is not None:
 
     from ..common.tile_steps import pixel_coords, store_epilogue
     from ..pointwise.epilogue import told_multiple
+    from .depthwise import tap_pixels
 
     @triton.jit
     def _direct_int8_words_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, COUT, H, W, OH, OW, y_row,
@@ -61,10 +63,7 @@ if triton is not None:
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
-                ih = ih0 + kh * DH
-                iw = iw0 + kw * DW
-                ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                pixels = base + ih * sxh + iw * sxw
+                pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
                 for j in tl.static_range(WORDS):
                     words = tl.load(x_ptr + pixels + j, mask=ok, other=0)
                     taps = tl.load(w_ptr + offs_c * swo + (kh * swh + kw * sww + j), mask=c_ok, other=0)
@@ -123,13 +122,6 @@ def _block_sizes(pixels: int, channels: int, min_programs: int) -> tuple[int, in
     return block_p, block_co
 
 
-def _min_programs(device: torch.device) -> int:
-    # Two programs per SM hide a load's latency behind the other's; the interpreter wants few.
-    if device.type != "cuda":
-        return 1
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
                            dequant_scale: torch.Tensor, residual: torch.Tensor | None = None,
                            activation: str | None = None, alpha: float | None = None, beta: float | None = None,
@@ -162,7 +154,7 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
     swo, swh, sww = w_words.stride()[:3]
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_co = _block_sizes(pixels, cout, _min_programs(y.device))
+    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device))
     kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
