@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--workers", default="2,3")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passes", type=int, default=6, help="passes over the files each figure times")
-    parser.add_argument("--reads", default="bytearray", help=f"comma-separated, of {', '.join(READS)}")
+    parser.add_argument("--reads", default="numpy", help=f"comma-separated, of {', '.join(READS)} (numpy: the Pipeline's)")
     args = parser.parse_args()
 
     engine = sartor.load(args.engine)
