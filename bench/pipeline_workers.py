@@ -6,8 +6,10 @@ Each figure is `benchmark.steady_state` over the files cycled `--passes` times, 
 made (the batches prepared at once, and the staging buffers one more than that). `--reads` compares
 ways of reading a file: `bytearray` (the Pipeline's up to session 52: a zeroed bytearray, its fresh
 pages touched by the fill, with the interpreter lock held) and `numpy` (the Pipeline's now: an
-uninitialised numpy array, its pages first touched by the read, with the lock released). Rounds alternate the counts and the reads, so drift shows as spread. Nothing else runs: run it under `py-spy record --gil` to see
-which Python holds the lock (`bench/py_spy_summary.py` reads the raw output).
+uninitialised numpy array, its pages first touched by the read, with the lock released). Rounds
+alternate the counts and the reads, so drift shows as spread. Nothing else runs: run it under
+`py-spy record --gil` to see which Python holds the lock (`bench/py_spy_summary.py` reads the raw
+output).
 
     PYTHONPATH=. python bench/pipeline_workers.py ENGINE.plan --images DIR [--workers 2,3] [--rounds 3]
 """
@@ -61,7 +63,8 @@ def main() -> None:
     parser.add_argument("--workers", default="2,3")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passes", type=int, default=6, help="passes over the files each figure times")
-    parser.add_argument("--reads", default="numpy", help=f"comma-separated, of {', '.join(READS)} (numpy: the Pipeline's)")
+    parser.add_argument("--reads", default="numpy",
+                        help=f"comma-separated, of {', '.join(READS)} (numpy: the Pipeline's)")
     args = parser.parse_args()
 
     engine = sartor.load(args.engine)
