@@ -81,8 +81,8 @@ from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma
 from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window.resident import WindowResidentTile
-from ..kernels.registry import (AS_GIVEN, CHANNELS_LAST, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS, REFERENCE, Inline,
-                                LayerFacts, Tactic, register, tactic_for)
+from ..kernels.registry import (AS_GIVEN, CHANNELS_LAST, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS,
+                                REFERENCE, Inline, LayerFacts, Tactic, register, tactic_for)
 from .conv import conv_nd, depthwise_geometry, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -231,8 +231,9 @@ def _qlayer_tactics(gemm: bool):
         """The exact emulation ("torch", the reference) and, on CUDA (FP8: sm_89 and newer), the
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
         TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
-        the library GEMMs, im2col + GEMM and the pixel windows (few-channel convolutions); an INT8
-        depthwise layer, the depthwise kernel. A projected layer: `projected_tactics`."""
+        the library GEMMs, im2col + GEMM, the CUDA cores' dp4a kernel (at most 32 channels in whole
+        words) and the pixel windows (few-channel convolutions); an INT8 depthwise layer, the
+        depthwise kernel. A projected layer: `projected_tactics`."""
         names = [REFERENCE]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -279,8 +280,8 @@ def _qlayer_tactics(gemm: bool):
 def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tensor:
     """The weight in the layout the tactic's family declares: windowed for the pixel windows
     (`quantized_window.window_weight`); packed K-major for the implicit-GEMM tiles, the resident
-    kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); as
-    built for the emulation."""
+    kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); taps
+    outermost for the depthwise kernel; channels-last for the dp4a kernel; as built for the emulation."""
     chosen = tactic_for(tactic)
     layout = chosen.weight_layout if wq.dim() == 4 else AS_GIVEN
     if layout == PIXEL_WINDOWS:
@@ -451,8 +452,9 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
-    convolution or a dense GEMM), an implicit-GEMM tile or the depthwise kernel; None for any other
-    tactic, or where this one does not apply to these inputs (the caller then runs the emulation)."""
+    convolution or a dense GEMM), an implicit-GEMM tile, the depthwise or the dp4a kernel; None for
+    any other tactic, or where this one does not apply to these inputs (the caller then runs the
+    emulation)."""
     name = attrs.get("tactic") or REFERENCE
     if name in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)

@@ -159,7 +159,7 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _direct_int8_words_kernel[grid](
-        x_words, w_words, bias if bias is not None else w_words, dequant_scale if dequant_scale is not None else w_words,
+        x_words, w_words, bias if bias is not None else w_words, dequant_scale,
         residual if residual is not None else y, y, pixels, cout, x_words.shape[1], x_words.shape[2], oh, ow,
         pixel_stride(y), sxn, sxh, sxw, swo, swh, sww, *rs, geometry.pads[0], geometry.pads[1], *scalars,
         WORDS=x_words.shape[3], KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1],
