@@ -15,10 +15,14 @@
 #      C2f bottleneck at 160×160, YOLO11n's (16 → 8) and YOLOv8n's (16 → 16), and 8 → 8 in a chain (near
 #      YOLO11n's second, 8 → 16); then bench/h200_table.py --int8 for YOLOv8n and YOLO11n at batch 32 and 1
 #      (h200_session48.sh b's command).
+#   t: issue 30's table beside its peers, for an H200 (not run: none came): bench/pipeline_e2e.py over the carried
+#      720p JPEGs, the trained YOLOv8n at 640 as plain, --nms and --nms --input-format uint8 engines, JPEG bytes and
+#      raw frames → boxes, batch 1, the CPU PIL path and torchvision's CPU decode. With part a (or
+#      h200_session52.sh h) for JPEG files, the bar's figures in two calls. carry [".whl/nvdec"]
 #   OUT=$OUT bash bench/h200_session53.sh a
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say a, i, k, p or q}
+part=${1:?say a, i, k, p, q or t}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
 if [ "$part" = a ]; then
@@ -65,6 +69,14 @@ if [ "$part" = k ]; then
   echo "candidates at ${SECONDS}s"
   BUDGET_S=$(( 560 - SECONDS )) bash bench/h200_session48.sh b | grep -v "^NVIDIA\|^torch"
   echo "done at ${SECONDS}s"
+  exit 0
+fi
+if [ "$part" = t ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+  timeout 560 python bench/pipeline_e2e.py --frames .whl/nvdec/frames --onnx samples/yolo/yolov8n_scenes.onnx \
+    --skip-sample --variants plain,nms,frames --out "$OUT" > "$OUT/e2e.log" 2>&1; echo "e2e exit $? at ${SECONDS}s"
+  grep -v "^ *File\|^    \|^ *warn" "$OUT/e2e.log" | tail -8 | cut -c1-3000
   exit 0
 fi
 if [ "$part" = q ]; then
