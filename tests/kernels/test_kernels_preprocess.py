@@ -15,6 +15,7 @@ triton = pytest.importorskip("triton")
 
 from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
 from sartor.errors import TacticNameError
+from sartor.kernels.preprocess import letterbox
 from sartor.kernels.preprocess.letterbox import (
     PREPROCESS_TILES,
     InputCodes,
@@ -74,9 +75,11 @@ CASES = [  # (frame H, W, spec): downscale, upscale, odd sizes, both layouts, or
     (40, 61, "resize=32,crop=24,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,rgb,nchw"),  # shorter side, centre crop
     (70, 45, "resize=37,crop=29,mean=0,std=1,bgr,nhwc,dtype=float16"),
 ]
+# 7× down: 15 × 15 taps, past MAX_UNROLLED_TAPS, so the vertical taps are a loop
+LOOPED_CASE = (56, 56, "letterbox=8,mean=0,std=255,rgb,nchw")
 
 
-@pytest.mark.parametrize("h,w,text", CASES)
+@pytest.mark.parametrize("h,w,text", [*CASES, LOOPED_CASE])
 def test_kernel_matches_the_pil_reference_and_the_torch_path(h, w, text):
     spec = parse_preprocess(text)
     pixels = frame(h, w)
@@ -277,3 +280,28 @@ def test_row_tiles_fall_back_to_one_row_where_groups_read_too_many_rows():
     assert row_groups(50, 8, 0, 8, 4) is None
     four_rows = run_kernel(pixels, spec, batch=1, tile=PreprocessTile(64, 2, 4))
     assert torch.equal(four_rows, run_kernel(pixels, spec, batch=1))
+
+
+def test_vertical_taps_looped_equal_them_unrolled(monkeypatch):
+    """A shrink of many taps loops over its input rows instead of unrolling them (the compiler
+    would take minutes): the same products summed in the same order, bit for bit."""
+    spec = parse_preprocess("letterbox=20,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,bgr,nhwc")
+    pixels = frame(36, 60, seed=4)  # 3× down to 12×20: 7 × 7 taps, unrolled
+    looped_taps = len(pillow_taps(LOOPED_CASE[0], 8)[1][0])
+    assert not letterbox.unrolled_rows(looped_taps, looped_taps)  # LOOPED_CASE runs the loop
+    unrolled = run_kernel(pixels, spec, "hwc", "rgb", batch=2)
+    asked = []
+    monkeypatch.setattr(letterbox, "unrolled_rows", lambda ky, kx: asked.append((ky, kx)) and False)
+    assert torch.equal(run_kernel(pixels, spec, "hwc", "rgb", batch=2), unrolled)
+    assert asked == [(len(pillow_taps(36, 12)[1][0]), len(pillow_taps(60, 20)[1][0]))]
+    assert letterbox.MAX_UNROLLED_TAPS >= asked[0][0] * asked[0][1]  # so `unrolled` was the unrolled kernel
+
+
+def test_row_tiles_fall_back_to_the_one_row_kernel_past_the_unrolled_taps(monkeypatch):
+    spec = parse_preprocess("letterbox=20,mean=0,std=255,rgb,nchw,dtype=float16")
+    pixels = frame(36, 60, seed=5)
+    one_row = run_kernel(pixels, spec, batch=1)
+    monkeypatch.setattr(letterbox, "MAX_UNROLLED_TAPS", 0)
+    launched = []
+    monkeypatch.setattr(letterbox, "_letterbox_rows_kernel", launched)  # indexing a list by a grid fails
+    assert torch.equal(run_kernel(pixels, spec, batch=1, tile=PreprocessTile(64, 2, 4)), one_row)

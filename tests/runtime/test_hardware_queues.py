@@ -104,8 +104,6 @@ def test_on_cuda_the_end_to_end_benchmark_reports_the_queues_in_effect(plans, tm
     files = []
     for k in range(4):
         files.append(tmp_path / f"{k}.jpg")
-        # near the letterbox's 16: the resize kernel unrolls its KY × KX taps, and a frame twenty times
-        # the letterbox (some 41 × 41 taps) takes far longer to compile than this test means to run
         Image.new("RGB", (32, 24), (40 * k, 80, 120)).save(files[-1], quality=90)
     result = end_to_end(sartor.load(plans["cuda"], device="cuda"), files, batch=2, passes=2, stage_repeats=2)
     assert result.hardware_queues == hardware_queues.in_effect()

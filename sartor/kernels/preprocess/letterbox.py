@@ -5,7 +5,8 @@ INT8 codes of those values that the INT8 layer reading them would make (its inpu
 
 Each program owns a run of output pixels along one row of one frame, all three channels: the
 row's vertical taps are scalars (a tap of weight 0 is skipped), the tap counts compile-time
-constants (unrolled loops), and a row of a pad band reads nothing. An output pixel inside the
+constants (unrolled loops; past MAX_UNROLLED_TAPS the vertical taps are a loop), and a row of a
+pad band reads nothing. An output pixel inside the
 image sums its vertical taps of horizontally filtered rows, each row sum rounded to uint8 as
 Pillow's first pass stores it, then rounds the vertical sum as its second pass; a pixel in a pad
 band stores the normalised pad value. The frames are read through their strides, so
@@ -77,12 +78,36 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _add_tap_row(v0, v1, v2, frame, row_weight_ptr, col_weight_ptr, iy, i, ky, y0, x0, ix, inside, H, W,
+                     sxh, sxw, sxc, KX: tl.constexpr, BLOCK: tl.constexpr):
+        """An output row's vertical sums plus its i-th vertical tap: that input row filtered
+        horizontally (three channels, rounded to uint8 as Pillow's first pass stores it) at the
+        tap's weight; a tap of weight 0 (past the row's own taps) reads nothing."""
+        wy = tl.load(row_weight_ptr + iy * ky + i)
+        if wy != 0:
+            row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh
+            h0, h1, h2 = _rounded_sums(BLOCK)
+            for j in tl.static_range(KX):
+                wx = tl.load(col_weight_ptr + ix * KX + j)
+                pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
+                h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
+                h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
+                h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
+            v0 += _clip8(h0) * wy
+            v1 += _clip8(h1) * wy
+            v2 += _clip8(h2) * wy
+        return v0, v1, v2
+
+    @triton.jit
     def _letterbox_kernel(x_ptr, y_ptr, row_start_ptr, row_weight_ptr, col_start_ptr, col_weight_ptr,
-                          H, W, new_h, new_w, top, left, OW,
+                          H, W, new_h, new_w, top, left, OW, ky,
                           sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                           mean0, mean1, mean2, std0, std1, std2, pad, inv_scale, qmin,
                           KY: tl.constexpr, KX: tl.constexpr, SWAP: tl.constexpr, IDENTITY: tl.constexpr,
                           LEVELS: tl.constexpr, CODES: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+        """One output row's run of BLOCK pixels. The vertical taps are unrolled (KY of them, = ky)
+        or, with KY = 0, a loop of ky steps: a large shrink's KY × KX unrolled taps would take the
+        compiler minutes (`unrolled_rows`)."""
         n = tl.program_id(2).to(tl.int64)
         oy = tl.program_id(1)
         ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -98,20 +123,14 @@ if triton is not None:
             y0 = tl.load(row_start_ptr + iy)  # the program's one output row: its vertical taps are scalars
             frame = x_ptr + n * sxn
             v0, v1, v2 = _rounded_sums(BLOCK)
-            for i in tl.static_range(KY):
-                wy = tl.load(row_weight_ptr + iy * KY + i)
-                if wy != 0:  # past the row's own taps the weights are 0: nothing to read
-                    row = frame + tl.minimum(y0 + i, H - 1).to(tl.int64) * sxh
-                    h0, h1, h2 = _rounded_sums(BLOCK)
-                    for j in tl.static_range(KX):
-                        wx = tl.load(col_weight_ptr + ix * KX + j)
-                        pixel = row + tl.minimum(x0 + j, W - 1).to(tl.int64) * sxw
-                        h0 += tl.load(pixel, mask=inside, other=0).to(tl.int32) * wx
-                        h1 += tl.load(pixel + sxc, mask=inside, other=0).to(tl.int32) * wx
-                        h2 += tl.load(pixel + 2 * sxc, mask=inside, other=0).to(tl.int32) * wx
-                    v0 += _clip8(h0) * wy
-                    v1 += _clip8(h1) * wy
-                    v2 += _clip8(h2) * wy
+            if KY == 0:
+                for i in range(ky):
+                    v0, v1, v2 = _add_tap_row(v0, v1, v2, frame, row_weight_ptr, col_weight_ptr, iy, i, ky, y0, x0,
+                                              ix, inside, H, W, sxh, sxw, sxc, KX, BLOCK)
+            else:
+                for i in tl.static_range(KY):
+                    v0, v1, v2 = _add_tap_row(v0, v1, v2, frame, row_weight_ptr, col_weight_ptr, iy, i, KY, y0, x0,
+                                              ix, inside, H, W, sxh, sxw, sxc, KX, BLOCK)
         else:  # a row of the pad band: no frame pixel to read, every pixel the pad value
             inside = valid & (ox < 0)
             v0 = tl.zeros((BLOCK,), tl.int32)
@@ -267,6 +286,15 @@ PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTi
 
 FRAME_LAYOUTS = ("chw", "hwc")
 
+# The most taps (input rows × columns) a program unrolls: past it (shrinks beyond about 6×) the
+# compiler would take minutes over one size, so the one-row kernel loops over its vertical taps.
+MAX_UNROLLED_TAPS = 192
+
+
+def unrolled_rows(ky: int, kx: int) -> bool:
+    """Whether the one-row kernel unrolls its ky vertical taps of kx columns each, or loops over them."""
+    return ky * kx <= MAX_UNROLLED_TAPS
+
 
 @dataclass(frozen=True)
 class InputCodes:
@@ -340,7 +368,7 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
     columns = used_taps(int(w), int(new_w))
     groups = (device_row_groups(int(h), int(new_h), body_top - top, body_rows, tile.rows, frames.device)
               if tile.rows > 1 and body_rows > 0 else None)
-    if groups is not None:
+    if groups is not None and groups[3] * columns <= MAX_UNROLLED_TAPS:
         group_row, group_used, group_weight, span = groups
         count = group_row.shape[0]
         grid = (triton.cdiv(ow, tile.pixels), count + triton.cdiv(oh - body_rows, tile.rows), n)
@@ -352,10 +380,10 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
                                      **flags)
         return out
     _letterbox_kernel[grid](frames, out, row_start, row_weight, col_start, col_weight,
-                            h, w, new_h, new_w, top, left, ow,
+                            h, w, new_h, new_w, top, left, ow, ky,
                             sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                             *spec.mean, *spec.std, spec.pad_value, float(inv_scale), float(qmin),
-                            KY=ky, KX=kx, **flags)
+                            KY=ky if unrolled_rows(ky, kx) else 0, KX=kx, **flags)
     return out
 
 
