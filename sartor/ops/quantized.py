@@ -69,7 +69,7 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
-from ..kernels.conv.direct_words import TRITON_DIRECT_INT8_WORDS, direct_int8_words_conv, direct_words_applies
+from ..kernels.conv.direct_words import DIRECT_WORDS_FORMS, direct_int8_words_conv, direct_words_applies
 from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                       TRITON_DEPTHWISE_INT8_WORDS,
                                       depthwise_codes_supported, depthwise_qconv_nhwc,
@@ -267,7 +267,7 @@ def _qlayer_tactics(gemm: bool):
             if not gemm and inputs[1].shape[1] < IM2COL_MAX_CHANNELS and (len(inputs) < 4 or inputs[3] is None):
                 names += [Im2colIgemm(tile).name for tile in tiles]
             if not gemm and direct_words_int8(inputs[0], inputs[1], attrs):
-                names.append(TRITON_DIRECT_INT8_WORDS)
+                names.extend(DIRECT_WORDS_FORMS)
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
@@ -438,7 +438,8 @@ def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
             and direct_words_applies(x, wq))
 
 
-def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None):
+def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None,
+                         tactic: str | None = None):
     geometry = igemm_geometry(x, wq, attrs, require_cuda=False)
     if geometry is None or not direct_words_int8(x, wq, attrs) or (
             residual is not None and tuple(residual.shape) != (x.shape[0], wq.shape[0], *geometry.out_hw)):
@@ -447,7 +448,7 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
     for unused in ("fp8", "input_inv_scale"):  # codes in, never FP8
         epilogue.pop(unused)
     return direct_int8_words_conv(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                  **epilogue)
+                                  tactic=tactic, **epilogue)
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
@@ -460,8 +461,8 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
     if name in DEPTHWISE_INT8_BLOCK_C and not gemm:
         return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
-    if name == TRITON_DIRECT_INT8_WORDS and not gemm:
-        return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out)
+    if name in DIRECT_WORDS_FORMS and not gemm:
+        return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out, name)
     tactic = tactic_for(name)
     run = _KERNEL_RUNNERS.get(type(tactic))
     return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)

@@ -549,25 +549,37 @@ def test_int8_depthwise_words_compile_to_one_dp4a_a_lane_and_tap_in_vector_loads
     print(scalar_loads, v2_loads, v4_loads, dp4a)
 
 
-# YOLO11n's C3k2 3×3 of 16 INT8 channels into 8 at 160 × 160, batch 32, SiLU, as its dp4a tactic launches it
-DIRECT_WORDS_CHILD = recorded_launch_child("sartor.kernels.conv.direct_words", "_direct_int8_words_kernel", """
+# YOLO11n's C3k2 3×3 of 16 INT8 channels into 8 at 160 × 160, batch 32, SiLU, as each dp4a tactic launches it
+def direct_words_child(tactic: str) -> str:
+    return recorded_launch_child("sartor.kernels.conv.direct_words", "_direct_int8_words_kernel", f"""
 x = torch.zeros(32, 16, 160, 160, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
 wq = torch.zeros(8, 16, 3, 3, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
 geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (160, 160))
 direct_int8_words_conv(x, wq, torch.zeros(8, dtype=torch.int32), geometry, dequant_scale=torch.ones(8),
-                       output_inv_scale=20.0, activation="SiLU")
+                       output_inv_scale=20.0, activation="SiLU", tactic={tactic!r})
 """, sm90={"DP4A": True}, told="DP4A") + """
 print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"],
       launched["kwargs"]["BLOCK_P"], launched["kwargs"]["BLOCK_CO"])
 """
 
 
-def test_int8_direct_words_compile_to_one_dp4a_a_word_tap_and_output():
-    """The dense dp4a tactic for sm_90: one dp4a a word (4 for 16 channels), tap (9) and output pair a
-    thread holds (a [BLOCK_P, BLOCK_CO] accumulator over 128 threads), no spills."""
-    told, *_, dp4a, spills, block_p, block_co = _compile_in_child(DIRECT_WORDS_CHILD).split()
+@pytest.mark.parametrize("tactic", ["triton_direct_int8_words", "triton_direct_int8_word_tiles",
+                                    "triton_direct_int8_word_tiles_wide"])
+def test_int8_direct_words_compile_to_one_dp4a_a_word_tap_and_output(tactic):
+    """The dense dp4a tactics for sm_90: one dp4a a word (4 for 16 channels), tap (9) and output pair a
+    thread holds (a [BLOCK_P, BLOCK_CO] accumulator over 128 threads), no spills; a pixel's eight
+    output codes stored as one vector. The tile forms load each tap's words in vectors: fewer scalar
+    loads in all than the word steps (36), where the word-a-load form issues several a step."""
+    told, ld_scalar, _, ld_v4, st_scalar, *_, dp4a, spills, block_p, block_co = _compile_in_child(
+        direct_words_child(tactic)).split()
     assert told == "True" and spills == "0"
     assert int(dp4a) == 4 * 9 * int(block_p) * int(block_co) // 128
+    assert int(st_scalar) == 0
+    if "tiles" in tactic:
+        assert int(ld_scalar) < 36 and int(ld_v4) >= 2 * 9
+    else:
+        assert int(ld_scalar) > 4 * 36
+    print(tactic, ld_scalar, ld_v4, dp4a)
 
 
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,

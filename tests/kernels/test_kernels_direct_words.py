@@ -1,6 +1,7 @@
 """The dense INT8 convolution of few channels on the CUDA cores (`kernels/conv/direct_words.py`, tactic
-`triton_direct_int8_words`): the emulation's numbers through Triton's interpreter on CPU (and natively
-on a GPU), channel slices in and out, where the tactic is offered, and what it refuses."""
+`triton_direct_int8_words` and its forms that load each tap's words as tiles): the emulation's numbers
+through Triton's interpreter on CPU (and natively on a GPU), channel slices in and out, where the
+tactics are offered, and what they refuse."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.conv.direct_words import (  # noqa: E402
-    MAX_IN_CHANNELS, MAX_WORD_STEPS, TRITON_DIRECT_INT8_WORDS, direct_int8_words_conv)
+    DIRECT_WORDS_FORMS, MAX_IN_CHANNELS, MAX_WORD_STEPS, TRITON_DIRECT_INT8_WORDS, direct_int8_words_conv)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.quantized import (  # noqa: E402
@@ -76,7 +77,20 @@ def test_it_equals_the_emulation(kernel, strides, pads, dilations, cin, cout, re
     assert torch.equal(out.cpu(), expected), (kernel, strides, cin, cout)
 
 
-def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch):
+@pytest.mark.parametrize("tactic", [name for name in DIRECT_WORDS_FORMS if DIRECT_WORDS_FORMS[name].tiles])
+@pytest.mark.parametrize("kernel,strides,pads,dilations,cin,cout", [
+    (*geometry, cin, cout) for geometry in GEOMETRIES for cin, cout in ((16, 8), (12, 12), (8, 16))])
+def test_the_tile_forms_equal_the_emulation(tactic, kernel, strides, pads, dilations, cin, cout):
+    """Each tap's words loaded as tiles (three words in a tile of four: the fourth masked) and
+    taken out of them word by word: the same sums, bit for bit, with a residual of codes."""
+    generator = torch.Generator().manual_seed(38)
+    layer, attrs = _layer(cin, cout, kernel, strides, pads, dilations, generator, residual=True)
+    out = qconv(_on_device(layer), dict(attrs, tactic=tactic))
+    assert torch.equal(out.cpu(), qconv(layer, attrs)), (tactic, kernel, strides, cin, cout)
+
+
+@pytest.mark.parametrize("tactic", list(DIRECT_WORDS_FORMS))
+def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch, tactic):
     """The tactic's result comes from the kernel: with the kernel's launch taken away, the layer
     would fail rather than quietly fall back."""
     from sartor.kernels.conv import direct_words
@@ -86,7 +100,7 @@ def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch):
     kernel = direct_words._direct_int8_words_kernel
     monkeypatch.setattr(direct_words, "_direct_int8_words_kernel",
                         type("Spy", (), {"__getitem__": lambda self, grid: (launched.append(grid), kernel[grid])[1]})())
-    out = qconv(_on_device(layer), dict(attrs, tactic=TRITON_DIRECT_INT8_WORDS))
+    out = qconv(_on_device(layer), dict(attrs, tactic=tactic))
     assert launched and torch.equal(out.cpu(), qconv(layer, attrs))
 
 
@@ -148,7 +162,7 @@ def test_the_weight_is_stored_channels_last_once_at_load():
 
 def test_cpu_layers_never_list_the_tactic():
     layer, attrs = _layer(16, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), torch.Generator().manual_seed(35))
-    assert TRITON_DIRECT_INT8_WORDS not in default_registry()["QConv"].tactics(layer, attrs, 2)
+    assert not set(DIRECT_WORDS_FORMS) & set(default_registry()["QConv"].tactics(layer, attrs, 2))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the kernel tactics are listed for CUDA tensors")
@@ -157,7 +171,8 @@ def test_cuda_lists_the_tactic_beside_the_implicit_gemm_where_it_applies():
     for cin, cout, offered in ((16, 8, True), (64, 64, False)):
         layer, attrs = _layer(cin, cout, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), torch.Generator().manual_seed(36))
         names = qconv_tactics([t.cuda() if t is not None else None for t in layer], attrs, 2)
-        assert (TRITON_DIRECT_INT8_WORDS in names) == offered and any(n.startswith("igemm.") for n in names)
+        assert all((name in names) == offered for name in DIRECT_WORDS_FORMS)
+        assert any(n.startswith("igemm.") for n in names)
 
 
 def test_a_layer_it_does_not_take_runs_the_emulation_under_its_name():

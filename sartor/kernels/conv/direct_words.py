@@ -19,6 +19,8 @@ no inline assembly, the four lanes' products are summed by shifts instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..common.cache_keys import settle_cache_keys
@@ -44,18 +46,28 @@ if triton is not None:
                                   HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
                                   ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr,
                                   BLOCK_CO: tl.constexpr, DP4A: tl.constexpr = False, WORD_ALIGN: tl.constexpr = 1,
-                                  CH_ALIGN: tl.constexpr = 1):
+                                  CH_ALIGN: tl.constexpr = 1, TAP_ALIGN: tl.constexpr = 1,
+                                  TILES: tl.constexpr = False, WORDS_P2: tl.constexpr = 1):
         """x and w are int32 views: x's strides and w's strides count words (WORDS a pixel's input
         channels), COUT, y_row and the residual's strides count channels. WORD_ALIGN / CH_ALIGN:
-        powers of two dividing the word and channel strides (`told_alignment`)."""
+        powers of two dividing the input's word strides and the channel strides, TAP_ALIGN the
+        weight's word strides (`told_alignment`). TILES: each tap's
+        words loaded as one [BLOCK_P, WORDS_P2] and one [BLOCK_CO, WORDS_P2] tile (a pixel's and an
+        output channel's words are contiguous: vector loads), each word then taken from its row;
+        else one word at a time."""
         sxn = told_multiple(sxn, WORD_ALIGN)
         sxh = told_multiple(sxh, WORD_ALIGN)
         sxw = told_multiple(sxw, WORD_ALIGN)
+        swo = told_multiple(swo, TAP_ALIGN)
+        swh = told_multiple(swh, TAP_ALIGN)
+        sww = told_multiple(sww, TAP_ALIGN)
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        offs_w = tl.arange(0, WORDS_P2)
         p_ok = offs_p < P
-        c_ok = offs_c < COUT
+        c_ok = offs_c < told_multiple(COUT, CH_ALIGN)  # told: whole vectors of channels stored at once
+        w_ok = offs_w < WORDS
         n, oh, ow = pixel_coords(offs_p, OH, OW)
         base = n.to(tl.int64) * sxn
         ih0 = oh * SH - pad_h
@@ -64,9 +76,18 @@ if triton is not None:
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
                 pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
+                tap = w_ptr + offs_c * swo + (kh * swh + kw * sww)
+                if TILES:
+                    word_tile = tl.load(x_ptr + pixels[:, None] + offs_w[None, :], mask=ok[:, None] & w_ok[None, :],
+                                        other=0)
+                    tap_tile = tl.load(tap[:, None] + offs_w[None, :], mask=c_ok[:, None] & w_ok[None, :], other=0)
                 for j in tl.static_range(WORDS):
-                    words = tl.load(x_ptr + pixels + j, mask=ok, other=0)
-                    taps = tl.load(w_ptr + offs_c * swo + (kh * swh + kw * sww + j), mask=c_ok, other=0)
+                    if TILES:  # the row's j-th word: a sum of one nonzero, within each thread's row
+                        words = tl.sum(tl.where(offs_w[None, :] == j, word_tile, 0), axis=1)
+                        taps = tl.sum(tl.where(offs_w[None, :] == j, tap_tile, 0), axis=1)
+                    else:
+                        words = tl.load(x_ptr + pixels + j, mask=ok, other=0)
+                        taps = tl.load(tap + j, mask=c_ok, other=0)
                     acc = _four_products_sum(tl.broadcast_to(words[:, None], (BLOCK_P, BLOCK_CO)),
                                              tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
@@ -112,11 +133,11 @@ def weight_words(wq: torch.Tensor) -> torch.Tensor:
     return wq.permute(0, 2, 3, 1).contiguous().view(cout, kh, kw, cin).view(torch.int32)
 
 
-def _block_sizes(pixels: int, channels: int, min_programs: int) -> tuple[int, int]:
-    """All the output channels a program, pixels as registers allow, halved while the grid would
-    leave SMs idle."""
+def _block_sizes(pixels: int, channels: int, min_programs: int, block_elements: int) -> tuple[int, int]:
+    """All the output channels a program, pixels as `block_elements` accumulators allow, halved
+    while the grid would leave SMs idle."""
     block_co = max(8, triton.next_power_of_2(channels))
-    block_p = max(_MIN_BLOCK_P, _BLOCK_ELEMENTS // block_co)
+    block_p = max(_MIN_BLOCK_P, block_elements // block_co)
     while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) < min_programs:
         block_p //= 2
     return block_p, block_co
@@ -128,11 +149,13 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
                            residual_after_activation: bool = False, residual_scale: float | None = None,
                            output_inv_scale: float | None = None, qmin: int = -127,
                            accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, tactic: str | None = None) -> torch.Tensor:
     """A dense INT8 QConv of few channels: x int8 codes channels-last in whole words, wq int8
     [Cout, Cin, KH, KW] (stored channels-last it is read in place), bias int32, the per-channel
     `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
-    channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation."""
+    channels-last or into `out`, by one of DIRECT_WORDS_FORMS (`tactic`, the first by default).
+    The arithmetic is conv_igemm's, so it equals the emulation."""
+    form = DIRECT_WORDS_FORMS[tactic or TRITON_DIRECT_INT8_WORDS]
     if not direct_words_applies(x, wq):
         raise ValueError(f"direct_int8_words_conv: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a dense INT8 convolution of at most "
@@ -154,7 +177,7 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
     swo, swh, sww = w_words.stride()[:3]
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device))
+    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
     kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
@@ -165,15 +188,35 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
         WORDS=x_words.shape[3], KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1],
         DH=geometry.dilations[0], DW=geometry.dilations[1], **{k: flags[k] for k in kept}, BLOCK_P=block_p,
         BLOCK_CO=block_co, DP4A=y.device.type == "cuda", WORD_ALIGN=told_alignment(sxn, sxh, sxw),
-        CH_ALIGN=told_alignment(cout, pixel_stride(y), rs[0], rs[2], rs[3]), num_warps=4, enable_fp_fusion=False)
+        CH_ALIGN=told_alignment(cout, pixel_stride(y), rs[0], rs[2], rs[3]), TAP_ALIGN=told_alignment(swo, swh, sww),
+        TILES=form.tiles, WORDS_P2=triton.next_power_of_2(x_words.shape[3]), num_warps=4, enable_fp_fusion=False)
     return y
 
 
+@dataclass(frozen=True)
+class DirectWordsForm:
+    """How a tactic of the kernel loads and blocks: `tiles`, each tap's words as two tiles (vector
+    loads) or one word at a time; `block_elements`, the accumulators a program holds."""
+    tiles: bool
+    block_elements: int
+
+
 TRITON_DIRECT_INT8_WORDS = "triton_direct_int8_words"
-fixed_tactic(TRITON_DIRECT_INT8_WORDS,
-             f"triton channels-last dense conv of int8 codes as words of four channels on the CUDA cores (a dp4a a "
-             f"word, tap and output channel, int32 accumulate, padding by masks; at most {MAX_IN_CHANNELS} channels "
-             f"in and {MAX_OUT_CHANNELS} out) + fused INT8 epilogue", weight_layout=CHANNELS_LAST)
+# Each tap's words as tiles: a pixel's words and an output channel's are 16 contiguous bytes at 16
+# channels, so a thread issues a vector load for each where it issued four word loads; "wide" holds
+# twice the accumulators, each weight word then serving twice the pixels.
+TRITON_DIRECT_INT8_WORD_TILES = "triton_direct_int8_word_tiles"
+TRITON_DIRECT_INT8_WORD_TILES_WIDE = "triton_direct_int8_word_tiles_wide"
+DIRECT_WORDS_FORMS = {TRITON_DIRECT_INT8_WORDS: DirectWordsForm(False, _BLOCK_ELEMENTS),
+                      TRITON_DIRECT_INT8_WORD_TILES: DirectWordsForm(True, _BLOCK_ELEMENTS),
+                      TRITON_DIRECT_INT8_WORD_TILES_WIDE: DirectWordsForm(True, 2 * _BLOCK_ELEMENTS)}
+for _name, _form in DIRECT_WORDS_FORMS.items():
+    _loads = "each tap's words as vector tiles" if _form.tiles else "a word a load"
+    fixed_tactic(_name,
+                 f"triton channels-last dense conv of int8 codes as words of four channels on the CUDA cores (a dp4a "
+                 f"a word, tap and output channel, int32 accumulate, padding by masks; at most {MAX_IN_CHANNELS} "
+                 f"channels in and {MAX_OUT_CHANNELS} out; {_loads}, {_form.block_elements} accumulators a program) "
+                 f"+ fused INT8 epilogue", weight_layout=CHANNELS_LAST)
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)
