@@ -32,9 +32,8 @@ from sartor.pipeline.nvjpeg_batched import NvjpegBatched  # noqa: E402
 
 def use_backend(device: torch.device, backend: str) -> None:
     """The device's shared decoders (what every Pipeline takes) made on `backend` from now on."""
-    key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-    decode_module._BATCHED[key] = decode_module.GpuJpegDecoders(
-        lambda: decode_module.GpuJpegDecoder(NvjpegBatched(key, backend=backend), torch.cuda.Stream(key)))
+    decode_module.set_gpu_jpeg_decoders(device, lambda: decode_module.GpuJpegDecoder(
+        NvjpegBatched(device, backend=backend), torch.cuda.Stream(device)))
 
 
 def main() -> None:

@@ -225,7 +225,10 @@ def main() -> None:
         def make(states=int(states), stream=stream) -> decode_module.GpuJpegDecoder:
             return decode_module.GpuJpegDecoder(NvjpegBatched(device, states=states), torch.cuda.Stream(
                 device, priority=-1 if stream == "own-high" else 0) if stream.startswith("own") else None)
-        decode_module._BATCHED[device] = decode_module.GpuJpegDecoders(make, make(), limit=int(decoders))
+        if hasattr(decode_module, "set_gpu_jpeg_decoders"):
+            decode_module.set_gpu_jpeg_decoders(device, make, limit=int(decoders))
+        else:  # a checkout from before session 54 has no setter
+            decode_module._BATCHED[device] = decode_module.GpuJpegDecoders(make, make(), limit=int(decoders))
         recorder = Recorder()
         instrument(recorder)
         pipeline, _, _ = bench_pipeline(engine, None, "auto")

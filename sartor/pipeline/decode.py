@@ -346,8 +346,22 @@ _BATCHED: dict[torch.device, GpuJpegDecoders | None] = {}
 _BATCHED_LOCK = threading.Lock()
 
 
+def _device_key(device: torch.device) -> torch.device:
+    return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+
+
+def set_gpu_jpeg_decoders(device: torch.device, make: Callable[[], GpuJpegDecoder],
+                          limit: int = DECODERS_PER_DEVICE) -> None:
+    """From now on every pipeline of this process decodes its JPEGs on `device` with decoders that
+    `make` makes (another nvJPEG backend, stream or count of states: what the benchmarks compare),
+    up to `limit` at once. Batches decoding now finish on the decoders they took."""
+    key = _device_key(device)
+    with _BATCHED_LOCK:
+        _BATCHED[key] = GpuJpegDecoders(make, make(), limit=limit)
+
+
 def _batched_decoder(device: torch.device) -> GpuJpegDecoders | None:
-    key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    key = _device_key(device)
     with _BATCHED_LOCK:
         if key not in _BATCHED:
             def make() -> GpuJpegDecoder:

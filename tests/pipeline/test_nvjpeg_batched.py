@@ -256,3 +256,16 @@ def test_without_the_binding_jpegs_go_to_torchvision_and_the_reason_is_said_once
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # remembered: no second warning
         assert decode_module._batched_decoder(torch.device("cuda:0")) is None
+
+
+def test_set_decoders_replace_the_devices_shared_ones(monkeypatch):
+    """What the benchmarks use to compare nvJPEG backends: every pipeline on the device takes the new
+    decoders, made by the given function up to the given count; other devices keep theirs."""
+    monkeypatch.setattr(decode_module, "_BATCHED", {torch.device("cuda:1"): None})
+    made = []
+    decode_module.set_gpu_jpeg_decoders(torch.device("cuda:0"), lambda: made.append(object()) or made[-1], limit=2)
+    decoders = decode_module._batched_decoder(torch.device("cuda:0"))
+    assert decoders.limit == 2 and len(made) == 1  # the first made at once: a backend that cannot load fails here
+    with decoders.take() as first, decoders.take() as second:
+        assert {id(first), id(second)} == {id(d) for d in made} and len(made) == 2
+    assert decode_module._batched_decoder(torch.device("cuda:1")) is None
