@@ -14,7 +14,9 @@
 #      (kernels/conv/direct_words.py) on the GPU: its tests; bench/layer_candidates.py for the first 3×3 of a
 #      C2f bottleneck at 160×160, YOLO11n's (16 → 8) and YOLOv8n's (16 → 16), and 8 → 8 in a chain (near
 #      YOLO11n's second, 8 → 16); then bench/h200_table.py --int8 for YOLOv8n and YOLO11n at batch 32 and 1
-#      (h200_session48.sh b's command).
+#      (h200_session48.sh b's command); with THEN=profile instead YOLO11n at batch 32, effort 1, FP16 against INT8
+#      layer by layer (h200_session47.sh d). Session 54 added the kernel's tile forms: ROWS=10 THEN=profile
+#      shows all three among the candidates.
 #   t: issue 30's table beside its peers, for an H200 (not run: none came): bench/pipeline_e2e.py over the carried
 #      720p JPEGs, the trained YOLOv8n at 640 as plain, --nms and --nms --input-format uint8 engines, JPEG bytes and
 #      raw frames → boxes, batch 1, the CPU PIL path and torchvision's CPU decode. With part a (or
@@ -61,13 +63,18 @@ if [ "$part" = k ]; then
   timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_direct_words.py 2>&1 | tail -3
   echo "tests at ${SECONDS}s"
   for hidden in 8 16; do  # 16 → hidden, in the block's first 3×3
-    timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden $hidden --context c2f --rows 8 2>&1 \
+    timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden $hidden --context c2f --rows "${ROWS:-8}" 2>&1 \
       | grep "^==\|^  \|rror"
   done
-  timeout 150 python bench/layer_candidates.py --shape 32x8x160x160 --hidden 16 --context chain --rows 8 2>&1 \
+  timeout 150 python bench/layer_candidates.py --shape 32x8x160x160 --hidden 16 --context chain --rows "${ROWS:-8}" 2>&1 \
     | grep "^==\|^  \|rror"
   echo "candidates at ${SECONDS}s"
-  BUDGET_S=$(( 560 - SECONDS )) bash bench/h200_session48.sh b | grep -v "^NVIDIA\|^torch"
+  if [ "${THEN:-table}" = profile ]; then  # YOLO11n's per-layer FP16 against INT8, and which layers took the kernel
+    bash bench/h200_session47.sh d 2>&1 | grep -v "^NVIDIA\|^torch" | grep -v "narrow .* wider" | head -45 | cut -c1-200
+    grep -h "direct_int8_word" /tmp/y11_int8.log | head -6 | cut -c1-250
+  else
+    BUDGET_S=$(( 560 - SECONDS )) bash bench/h200_session48.sh b | grep -v "^NVIDIA\|^torch"
+  fi
   echo "done at ${SECONDS}s"
   exit 0
 fi
