@@ -63,10 +63,12 @@ if [ "$part" = k ]; then
   timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_direct_words.py 2>&1 | tail -3
   echo "tests at ${SECONDS}s"
   for hidden in 8 16; do  # 16 → hidden, in the block's first 3×3
-    timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden $hidden --context c2f --rows "${ROWS:-8}" 2>&1 \
+    timeout 150 python bench/layer_candidates.py --shape 32x16x160x160 --hidden $hidden --context c2f \
+      --rows "${ROWS:-8}" 2>&1 \
       | grep "^==\|^  \|rror"
   done
-  timeout 150 python bench/layer_candidates.py --shape 32x8x160x160 --hidden 16 --context chain --rows "${ROWS:-8}" 2>&1 \
+  timeout 150 python bench/layer_candidates.py --shape 32x8x160x160 --hidden 16 --context chain \
+    --rows "${ROWS:-8}" 2>&1 \
     | grep "^==\|^  \|rror"
   echo "candidates at ${SECONDS}s"
   if [ "${THEN:-table}" = profile ]; then  # YOLO11n's per-layer FP16 against INT8, and which layers took the kernel
