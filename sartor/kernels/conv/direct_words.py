@@ -6,9 +6,10 @@ For the layers where the tensor cores have little to do: a 3×3 convolution of 1
 = 144, nine steps of 16; every implicit-GEMM tile ran it no faster in INT8 than in FP16
 (docs/decisions/kernel-direct-int8-words.md). Here each program owns a block of output pixels and
 a block of output channels, with an int32 accumulator for each pair. A tap loads each of its
-pixels' words once ([BLOCK_P] int32 a word, the neighbouring taps hitting in L1) and the
-weight's word for each output channel ([BLOCK_CO] int32, the same for every program); one dp4a
-adds the four products of a word to the accumulator. Padding is done by masks.
+pixels' words once (the neighbouring taps hitting in L1) and the weight's words for each output
+channel (the same for every program), a word at a time or, in the tile forms, a tap's words as
+two tiles of vector loads (DIRECT_WORDS_FORMS, each a tactic the builder times); one dp4a adds
+the four products of a word to the accumulator. Padding is done by masks.
 
 The weight is stored channels-last ([Cout, KH, KW, Cin] in memory, the CHANNELS_LAST layout), so
 the four input channels of a word are one int32. The sums are the exact int32 sums, and the
@@ -49,12 +50,11 @@ if triton is not None:
                                   CH_ALIGN: tl.constexpr = 1, TAP_ALIGN: tl.constexpr = 1,
                                   TILES: tl.constexpr = False, WORDS_P2: tl.constexpr = 1):
         """x and w are int32 views: x's strides and w's strides count words (WORDS a pixel's input
-        channels), COUT, y_row and the residual's strides count channels. WORD_ALIGN / CH_ALIGN:
-        powers of two dividing the input's word strides and the channel strides, TAP_ALIGN the
-        weight's word strides (`told_alignment`). TILES: each tap's
-        words loaded as one [BLOCK_P, WORDS_P2] and one [BLOCK_CO, WORDS_P2] tile (a pixel's and an
-        output channel's words are contiguous: vector loads), each word then taken from its row;
-        else one word at a time."""
+        channels), COUT, y_row and the residual's strides count channels. WORD_ALIGN, CH_ALIGN and
+        TAP_ALIGN: powers of two dividing the input's word strides, the channel strides and the
+        weight's word strides (`told_alignment`). TILES: each tap's words loaded as one [BLOCK_P,
+        WORDS_P2] and one [BLOCK_CO, WORDS_P2] tile (a pixel's and an output channel's words are
+        contiguous: vector loads), each word then taken from its row; else one word at a time."""
         sxn = told_multiple(sxn, WORD_ALIGN)
         sxh = told_multiple(sxh, WORD_ALIGN)
         sxw = told_multiple(sxw, WORD_ALIGN)

@@ -6,12 +6,12 @@ INT8 codes of those values that the INT8 layer reading them would make (its inpu
 Each program owns a run of output pixels along one row of one frame, all three channels: the
 row's vertical taps are scalars (a tap of weight 0 is skipped), the tap counts compile-time
 constants (unrolled loops; past MAX_UNROLLED_TAPS the vertical taps are a loop), and a row of a
-pad band reads nothing. An output pixel inside the
-image sums its vertical taps of horizontally filtered rows, each row sum rounded to uint8 as
-Pillow's first pass stores it, then rounds the vertical sum as its second pass; a pixel in a pad
-band stores the normalised pad value. The frames are read through their strides, so
-3×H×W (decoders) and H×W×3 (cameras, OpenCV) frames are both read in place; the output too, so it
-may be the engine's bound input buffer or a slice of it. The taps live on the device, made once
+pad band reads nothing. An output pixel inside the image sums its vertical taps of horizontally
+filtered rows, each row sum rounded to uint8 as Pillow's first pass stores it, then rounds the
+vertical sum as its second pass; a pixel in a pad band stores the normalised pad value. The
+frames are read through their strides, so 3×H×W (decoders) and H×W×3 (cameras, OpenCV) frames
+are both read in place; the output too, so it may be the engine's bound input buffer or a slice
+of it. The taps live on the device, made once
 per (input size, output size): a batch touches no host data.
 
 One launch rather than a horizontal then a vertical kernel: the two-pass form writes and reads an
