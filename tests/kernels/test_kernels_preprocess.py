@@ -283,8 +283,8 @@ def test_row_tiles_fall_back_to_one_row_where_groups_read_too_many_rows():
 
 
 def test_vertical_taps_looped_equal_them_unrolled(monkeypatch):
-    """A shrink of many taps loops over its input rows instead of unrolling them (the compiler
-    would take minutes): the same products summed in the same order, bit for bit."""
+    """A shrink of many taps loops over its input rows instead of unrolling them (the compile
+    time grows with the taps unrolled): the same products summed in the same order, bit for bit."""
     spec = parse_preprocess("letterbox=20,mean=123.675:116.28:103.53,std=58.395:57.12:57.375,bgr,nhwc")
     pixels = frame(36, 60, seed=4)  # 3× down to 12×20: 7 × 7 taps, unrolled
     looped_taps = len(pillow_taps(LOOPED_CASE[0], 8)[1][0])

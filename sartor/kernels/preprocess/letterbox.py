@@ -106,8 +106,8 @@ if triton is not None:
                           KY: tl.constexpr, KX: tl.constexpr, SWAP: tl.constexpr, IDENTITY: tl.constexpr,
                           LEVELS: tl.constexpr, CODES: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
         """One output row's run of BLOCK pixels. The vertical taps are unrolled (KY of them, = ky)
-        or, with KY = 0, a loop of ky steps: a large shrink's KY × KX unrolled taps would take the
-        compiler minutes (`unrolled_rows`)."""
+        or, with KY = 0, a loop of ky steps: the compile time grows with the KY × KX taps unrolled,
+        and a large shrink has thousands (`unrolled_rows`)."""
         n = tl.program_id(2).to(tl.int64)
         oy = tl.program_id(1)
         ox = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -286,8 +286,8 @@ PREPROCESS_TILES = (PreprocessTile(128, 4), PreprocessTile(256, 4), PreprocessTi
 
 FRAME_LAYOUTS = ("chw", "hwc")
 
-# The most taps (input rows × columns) a program unrolls: past it (shrinks beyond about 6×) the
-# compiler would take minutes over one size, so the one-row kernel loops over its vertical taps.
+# The most taps (input rows × columns) a program unrolls: the compile time grows with them, so past
+# it (shrinks beyond about 6×) the one-row kernel loops over its vertical taps.
 MAX_UNROLLED_TAPS = 192
 
 
