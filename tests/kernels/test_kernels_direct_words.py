@@ -185,7 +185,7 @@ def test_a_layer_it_does_not_take_runs_the_emulation_under_its_name():
 
 def test_it_refuses_what_it_cannot_run():
     """One line each: a float weight, a float input, an input in no whole words; a residual of
-    another shape; an output slice that cannot hold the result."""
+    another shape; an output slice that cannot hold the result; a tactic that is not one of its forms."""
     x = torch.zeros(1, 16, 5, 5, dtype=torch.int8).contiguous(memory_format=torch.channels_last).to(DEVICE)
     wq = torch.zeros(8, 16, 3, 3, dtype=torch.int8, device=DEVICE)
     geometry = igemm_geometry(x, wq, _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)), require_cuda=False)
@@ -200,3 +200,5 @@ def test_it_refuses_what_it_cannot_run():
     wide = torch.empty(1, 16, 5, 5, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="cannot hold"):
         run(x, wq, out=wide.narrow(1, 0, 7))
+    with pytest.raises(ValueError, match="tactic 'igemm.64x16x64' is not one of triton_direct_int8_words, "):
+        run(x, wq, tactic="igemm.64x16x64")

@@ -61,12 +61,13 @@ if triton is not None:
         swo = told_multiple(swo, TAP_ALIGN)
         swh = told_multiple(swh, TAP_ALIGN)
         sww = told_multiple(sww, TAP_ALIGN)
+        COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels stored at once
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
         offs_w = tl.arange(0, WORDS_P2)
         p_ok = offs_p < P
-        c_ok = offs_c < told_multiple(COUT, CH_ALIGN)  # told: whole vectors of channels stored at once
+        c_ok = offs_c < COUT
         w_ok = offs_w < WORDS
         n, oh, ow = pixel_coords(offs_p, OH, OW)
         base = n.to(tl.int64) * sxn
@@ -155,7 +156,9 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
     `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`, by one of DIRECT_WORDS_FORMS (`tactic`, the first by default).
     The arithmetic is conv_igemm's, so it equals the emulation."""
-    form = DIRECT_WORDS_FORMS[tactic or TRITON_DIRECT_INT8_WORDS]
+    form = DIRECT_WORDS_FORMS.get(tactic or TRITON_DIRECT_INT8_WORDS)
+    if form is None:
+        raise ValueError(f"direct_int8_words_conv: tactic {tactic!r} is not one of {', '.join(DIRECT_WORDS_FORMS)}")
     if not direct_words_applies(x, wq):
         raise ValueError(f"direct_int8_words_conv: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a dense INT8 convolution of at most "
