@@ -28,6 +28,7 @@ from ..progress import advance_of
 from ..passes.append_nms import append_nms, yolo_head_output
 from ..passes.bound_accumulators import bound_accumulators
 from ..passes.fuse_projected_residual import fuse_projected_residual
+from ..passes.fuse_conv_chain import chain_pairs
 from ..passes.frame_input import PREPROCESS_LAYER, accept_frames
 from ..passes.fuse_linear_bias import fuse_linear_bias
 from ..passes.fuse_add_layernorm import fuse_add_layernorm
@@ -48,6 +49,7 @@ from ..version import __version__
 from .buckets import bucket_profiles
 from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
 from .aux_streams import choose_aux_streams
+from .conv_chains import choose_conv_chains
 from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
@@ -223,6 +225,28 @@ def _append_nms(config: BuildConfig, graph: Graph, plan, log: list) -> dict:
     return dict(settings.to_json(), head_output=head, classes=classes, outputs=list(node.outputs))
 
 
+def _choose_chains(config: BuildConfig, graph: Graph, weights: dict, selections: list, profiles: list[Profile],
+                   device: torch.device, generator: torch.Generator, plan, cache: TimingCache, on_layer,
+                   log: list) -> None:
+    """Fuse the convolution chains that time faster as one kernel (builder/conv_chains.py), their
+    precision and reason moved to the chain's name; one log line of every chain's times."""
+    reasons = {name: plan.reasons.get(name) for name in plan.layers}
+    feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
+    timings = choose_conv_chains(graph, weights, selections, feeds, device, plan.layers,
+                                 effort=config.builder_effort, cache=cache, time_single=config.time_every_layer,
+                                 exclude=config.exclude_tactics, on_layer=on_layer)
+    for timing in timings:
+        first = timing.name.split("+", 1)[0]
+        if timing.fused and reasons.get(first) is not None:
+            plan.reasons[timing.name] = reasons[first]
+        if timing.fused:
+            for layer in timing.name.split("+", 1):
+                plan.reasons.pop(layer, None)
+    fused = [timing for timing in timings if timing.fused]
+    log.append(f"chains: {len(fused)} of {len(timings)} convolution chain(s) run as one kernel, timed against their "
+               f"two layers (builder/conv_chains.py): " + "; ".join(timing.describe() for timing in timings))
+
+
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
           reproducible: Reproducible | None = None) -> BuildResult:
     """Build the engine file `config` describes. `progress(stage)` is called as each stage starts, and
@@ -377,6 +401,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                        "which no longer quantize it (passes/quantize_in_preprocess.py)")
     stage("tactics")
     selections = [TacticSelection()]
+    # Chains are chosen against the layers' winners: the trial selection reads those from a cache.
+    chains = config.builder_effort > 0 and device.type == "cuda" and bool(chain_pairs(graph, plan.layers))
+    selection_cache = TimingCache() if chains and timing_cache is None else timing_cache
     if config.builder_effort > 0:
         def on_layer(i: int, n: int, name: str) -> None:  # layer i of n reached: i - 1 done
             advance(i - 1, n, f"layer {i} of {n}: {name}")
@@ -386,9 +413,12 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
         selections = select_tactics_by_profile(graph, weights, feeds, device, plan.layers,
                                                channels_last=device.type == "cuda", tf32=config.precision == "tf32",
-                                               effort=config.builder_effort, cache=timing_cache,
+                                               effort=config.builder_effort, cache=selection_cache,
                                                time_single=config.time_every_layer, exclude=config.exclude_tactics,
                                                on_layer=on_layer)
+        if chains:
+            _choose_chains(config, graph, weights, selections, profiles, device, generator, plan, selection_cache,
+                           on_layer, log)
     record_tactics(graph, selections)
     used = set().union(*(s.exclusions_used for s in selections))
     for pattern in config.exclude_tactics if config.builder_effort > 0 else ():

@@ -30,6 +30,7 @@ FAMILY_MODULES = (
     "sartor.kernels.pool.max_pool",
     "sartor.kernels.conv.depthwise",
     "sartor.kernels.conv.direct_words",
+    "sartor.kernels.conv.chain",
     "sartor.ops.conv",
     "sartor.ops.quantized",
     "sartor.ops.quantized_im2col",

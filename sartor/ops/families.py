@@ -10,6 +10,7 @@ def all_tables() -> list[OpTable]:
     from . import (
         attention,
         conv,
+        conv_chain,
         detection,
         detection_head,
         elementwise,
@@ -25,7 +26,7 @@ def all_tables() -> list[OpTable]:
         rows,
         tensor,
     )
-    return [elementwise.OPS, conv.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
+    return [elementwise.OPS, conv.OPS, conv_chain.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
             detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS,
             attention.OPS, rows.OPS]
 

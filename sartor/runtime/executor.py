@@ -27,7 +27,8 @@ HOST_CONSTANT_LIMIT = 4096  # elements; larger constants are data, not shape ari
 # In channels-last engines, the inputs (by position) whose fast kernels read channels-last pixels:
 # data and residual of the convolutions (and a projected QConv's projection input), data of pooling
 # and upsampling.
-CHANNELS_LAST_READS = {"FusedConv": (0, 3), "QConv": (0, 3, 5), "MaxPool": (0,), "Resize": (0,), "Upsample": (0,)}
+CHANNELS_LAST_READS = {"FusedConv": (0, 3), "QConv": (0, 3, 5), "ConvChain": (0,), "MaxPool": (0,), "Resize": (0,),
+                       "Upsample": (0,)}
 # Layers whose every tactic reads its data input in any strides (see Executor._layout_free_feeds),
 # for inputs of fewer channels than this: those run as packed pixels, im2col or the kernel's gather
 # walk, which read NCHW as well as channels-last; wider inputs take the blocked walk's contiguous

@@ -1,0 +1,103 @@
+"""Which convolution chains run as one kernel, chosen at build by timing (`passes/fuse_conv_chain.py`,
+`kernels/conv/chain.py`; docs/decisions/kernel-conv-chain.md).
+
+After the tactics stage has chosen each layer's winner, every chain the graph offers is fused in a
+trial copy and the copy's layers are selected again: unchanged layers come back from the timing
+cache the first selection filled, and each chain's kernel tiles are timed in place, on the inputs
+and into the buffers the engine gives them. A chain is fused in the engine where its winner is one
+of its tiles at every profile and its times, summed over the profiles, are under CHAIN_MARGIN of its
+two layers' winners' summed times. The others stay two layers with their own winners.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from ..ir import Graph
+from ..kernels.conv.chain import ChainTile
+from ..kernels.registry import tactic_for
+from ..passes.fuse_conv_chain import chain_name, chain_pairs, fuse_conv_chain
+from ..tactics import TacticSelection, TimingCache, select_tactics_by_profile
+
+# A chain replaces two measured layers only where it is measurably faster: timing noise must not
+# swap in a kernel that is no better.
+CHAIN_MARGIN = 0.97
+
+
+@dataclass(frozen=True)
+class ChainTiming:
+    """One chain's summed times over the profiles (ms): as one kernel, and as its two layers."""
+    name: str
+    chain_ms: float | None  # None: no tile of it ran (or matched the reference) at some profile
+    apart_ms: float | None  # None: a layer of it was not timed (one candidate)
+
+    @property
+    def fused(self) -> bool:
+        return self.chain_ms is not None and self.apart_ms is not None and self.chain_ms < CHAIN_MARGIN * self.apart_ms
+
+    def describe(self) -> str:
+        chain = "no tile ran" if self.chain_ms is None else f"{self.chain_ms:.4f} ms"
+        apart = "not timed" if self.apart_ms is None else f"{self.apart_ms:.4f} ms"
+        return f"{self.name}: one kernel {chain}, two layers {apart}"
+
+
+def _winner_ms(selection: TacticSelection, name: str) -> tuple[str | None, float | None]:
+    entry = selection.layers.get(name)
+    if entry is None or entry["tactic"] not in entry["timings_ms"]:
+        return None, None
+    return entry["tactic"], entry["timings_ms"][entry["tactic"]]
+
+
+def _summed(values: list) -> float | None:
+    return None if any(value is None for value in values) else round(sum(values), 5)
+
+
+def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelection],
+                       feeds_by_profile: Iterable[dict], device: torch.device, layer_precision: dict, *, effort: int,
+                       cache: TimingCache, time_single: bool = False, exclude: Iterable[str] = (),
+                       on_layer: Callable | None = None) -> list[ChainTiming]:
+    """Fuse the chains that time faster (module docstring) into `graph`, moving their selections into
+    `selections` and their precision into `layer_precision`; returns every chain's timing, fused or
+    not. `cache` must hold the first selection's timings (or the trial times every layer again)."""
+    pairs = chain_pairs(graph, layer_precision)
+    if not pairs:
+        return []
+    trial = graph.copy()
+    trial_precision = dict(layer_precision)
+    by_name = {node.name: node for node in trial.nodes}
+    for first, second in pairs:
+        fuse_conv_chain(trial, by_name[first.name], by_name[second.name])
+        trial_precision[chain_name(first, second)] = layer_precision.get(first.name, "fp32")
+    trial_selections = select_tactics_by_profile(trial, weights, feeds_by_profile, device, trial_precision,
+                                                 channels_last=True, tf32=False, effort=effort, cache=cache,
+                                                 time_single=time_single, exclude=exclude, on_layer=on_layer)
+    for kept, trial_selection in zip(selections, trial_selections):
+        kept.exclusions_used |= trial_selection.exclusions_used  # --exclude-tactic 'chain.*' matched here
+    timings = []
+    for first, second in pairs:
+        name = chain_name(first, second)
+        chain_ms = []
+        for selection in trial_selections:
+            tactic, ms = _winner_ms(selection, name)
+            chain_ms.append(ms if tactic is not None and isinstance(tactic_for(tactic), ChainTile) else None)
+        apart_ms = [sum_or_none(_winner_ms(selection, first.name)[1], _winner_ms(selection, second.name)[1])
+                    for selection in selections]
+        timing = ChainTiming(name, _summed(chain_ms), _summed(apart_ms))
+        timings.append(timing)
+        if not timing.fused:
+            continue
+        fuse_conv_chain(graph, first, second)
+        layer_precision[name] = layer_precision.get(first.name, "fp32")
+        for kept, trial_selection in zip(selections, trial_selections):
+            kept.layers[name] = trial_selection.layers[name]
+            for layer in (first.name, second.name):
+                kept.layers.pop(layer, None)
+        for layer in (first.name, second.name):
+            layer_precision.pop(layer, None)
+    return timings
+
+
+def sum_or_none(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b

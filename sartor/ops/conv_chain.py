@@ -1,0 +1,102 @@
+"""ConvChain: a convolution and the unpadded 1×1 convolution that alone reads it, as one layer.
+
+Made by the builder from two QConv layers (INT8) or two FusedConv layers (FP16/BF16) where one
+kernel for both was timed faster than the two layers' own winners (`builder/conv_chains.py`,
+`passes/fuse_conv_chain.py`). Its inputs are the first layer's, then the second's after its data
+input; its attributes name the layers' op ("layers"), how many inputs are the first's
+("first_inputs") and each layer's own attributes ("first", "second").
+
+The reference runs the two layers one after the other, each by its reference, so a chain computes
+what the two layers computed. The kernel (`kernels/conv/chain.py`) gives the same numbers: INT8 bit
+for bit, floats up to the order of their float32 sums.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.conv.chain import ChainLayer, ChainTile, chain_applies, chain_tiles, conv_chain
+from ..kernels.conv.igemm import pack_weight
+from ..kernels.registry import REFERENCE, tactic_for
+from .conv import fused_conv, igemm_geometry
+from .quantized import ACCUMULATOR_BOUND, qconv, qlayer_output_dtype
+from .registry import OpTable
+
+OPS = OpTable("conv_chain")
+CHAIN = "ConvChain"
+LAYER_IMPLS = {"QConv": qconv, "FusedConv": fused_conv}
+# Per-layer attributes of a chain's layers that belong to how the layer ran on its own.
+OWN_RUN_ATTRS = ("tactic", "tactic_by_profile", "pdl")
+
+
+def chain_parts(inputs: list, attrs: dict) -> tuple[list, list, dict, dict]:
+    """(first layer's inputs, second layer's inputs after its data input, first's and second's attributes)."""
+    split = attrs["first_inputs"]
+    return list(inputs[:split]), list(inputs[split:]), dict(attrs["first"]), dict(attrs["second"])
+
+
+def _input(values: list, index: int) -> torch.Tensor | None:
+    return values[index] if len(values) > index else None
+
+
+def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
+    """A layer's bias, scale and epilogue from its inputs (QConv: x, w, bias, residual, scale;
+    FusedConv: x, w, bias) and attributes."""
+    common = dict(activation=attrs.get("activation"), alpha=attrs.get("activation_alpha"),
+                  beta=attrs.get("activation_beta"))
+    if not quantized:
+        return ChainLayer(_input(values, 2), None, **common)
+    return ChainLayer(_input(values, 2), values[4], **common, input_inv_scale=attrs.get("input_inv_scale"),
+                      output_inv_scale=attrs.get("output_inv_scale"), accumulator_bound=attrs.get(ACCUMULATOR_BOUND))
+
+
+def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: dict, quantized: bool,
+                  tile: ChainTile) -> torch.Tensor | None:
+    """The chain by the kernel, or None where it does not apply to these tensors."""
+    x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
+    geometry = igemm_geometry(x, w1, first, require_cuda=False)
+    if not chain_applies(x, w1, w2, geometry):
+        return None
+    second_values = [None, *second_rest]
+    if quantized:
+        out_dtype = qlayer_output_dtype(second)
+    elif x.dtype in (torch.float16, torch.bfloat16) and w2.dtype == x.dtype:
+        out_dtype = x.dtype
+    else:
+        return None
+    return conv_chain(x, pack_weight(w1), w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
+                      _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
+                      out_dtype=out_dtype)
+
+
+def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
+    """The reference (the two layers in turn) and, on CUDA where the kernel applies, its tiles."""
+    names = [REFERENCE]
+    first_inputs, second_rest, first, _ = chain_parts(inputs, attrs)
+    x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
+    float_chain = attrs["layers"] == "FusedConv"
+    if not x.is_cuda or (float_chain and x.dtype not in (torch.float16, torch.bfloat16)):
+        return names
+    if chain_applies(x, w1, w2, igemm_geometry(x, w1, first)):
+        names += [tile.name for tile in chain_tiles(effort)]
+    return names
+
+
+def chain_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
+    """The first layer's weight as the kernel reads it (packed K-major), as built for the reference."""
+    return pack_weight(w) if isinstance(tactic_for(tactic), ChainTile) and w.dim() == 4 else w
+
+
+@OPS.internal(CHAIN, tactics=chain_tactics, weight_for_tactic=chain_weight_for_tactic)
+def conv_chain_layer(inputs, attrs):
+    """The two layers (module docstring): by the kernel where the tactic is a chain tile and it
+    applies, else one after the other by their references."""
+    first_inputs, second_rest, first, second = chain_parts(inputs, attrs)
+    quantized = attrs["layers"] == "QConv"
+    tactic = tactic_for(attrs.get("tactic"))
+    if isinstance(tactic, ChainTile):
+        y = _chain_kernel(first_inputs, second_rest, first, second, quantized, tactic)
+        if y is not None:
+            return y
+    impl = LAYER_IMPLS[attrs["layers"]]
+    middle = impl(first_inputs, dict(first, tactic=REFERENCE))
+    return impl([middle, *second_rest], dict(second, tactic=REFERENCE))

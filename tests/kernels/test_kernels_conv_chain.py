@@ -1,0 +1,158 @@
+"""The chain kernel (`kernels/conv/chain.py`, op ConvChain in `ops/conv_chain.py`): a convolution and
+the 1×1 convolution that reads it, in one kernel. INT8 chains equal the two layers' emulation bit
+for bit and float chains the two layers within float16 rounding, through Triton's interpreter on
+CPU (natively on a GPU); what the kernel refuses; where the tactics are offered."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+# conftest.py switches Triton to its interpreter when there is no GPU.
+triton = pytest.importorskip("triton")
+
+from sartor.errors import TacticNameError  # noqa: E402
+from sartor.kernels.conv.chain import (  # noqa: E402
+    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width)
+from sartor.kernels.conv.igemm import ConvGeometry  # noqa: E402
+from sartor.kernels.registry import REFERENCE, parse_tactic  # noqa: E402
+from sartor.ops import default_registry  # noqa: E402
+from sartor.ops.conv_chain import CHAIN, chain_tactics, chain_weight_for_tactic, conv_chain_layer  # noqa: E402
+from sartor.ops.quantized import qconv  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name]  # a 64-channel and a 32-channel K block
+
+# (input channels, middle channels, output channels, kernel, stride, pads, dilation):
+# YOLOv8n's 3×3 stride 2 into its C2f's 1×1 (16 channels: the gather walk), a blocked K walk, a 1×1
+# into a 1×1 of a ragged middle (80: padded to 128), the widest middle, asymmetric pads and a dilation
+CASES = [
+    (16, 32, 32, 3, 2, (1, 1, 1, 1), 1),
+    (64, 64, 48, 3, 1, (1, 1, 1, 1), 1),
+    (64, 80, 40, 1, 1, (0, 0, 0, 0), 1),
+    (32, MAX_CHAIN_CHANNELS, 64, 3, 2, (1, 1, 1, 1), 1),
+    (24, 24, 16, 3, 1, (0, 2, 1, 1), 2),
+]
+
+
+def _geometry_attrs(k, stride, pads, dilation) -> dict:
+    return {"kernel_shape": [k, k], "strides": [stride, stride], "pads": list(pads), "dilations": [dilation] * 2,
+            "group": 1}
+
+
+def _int8_chain(cin, cmid, cout, k, stride, pads, dilation, generator, *, float_input=False, float_output=False):
+    """A ConvChain's inputs and attributes of two QConv layers, scaled so that few codes saturate."""
+    x = (torch.randn(2, cin, 9, 11, generator=generator) if float_input else
+         torch.randint(-127, 128, (2, cin, 9, 11), dtype=torch.int8, generator=generator))
+    w1 = torch.randint(-127, 128, (cmid, cin, k, k), dtype=torch.int8, generator=generator)
+    b1 = torch.randint(-3000, 3000, (cmid,), dtype=torch.int32, generator=generator)
+    s1 = (torch.rand(cmid, generator=generator) + 0.5) * 2.0 / (127 * 127 * cin * k * k) ** 0.5 / 40
+    w2 = torch.randint(-127, 128, (cout, cmid, 1, 1), dtype=torch.int8, generator=generator)
+    b2 = torch.randint(-3000, 3000, (cout,), dtype=torch.int32, generator=generator)
+    s2 = (torch.rand(cout, generator=generator) + 0.5) * 2.0 / (127 * 127 * cmid) ** 0.5 / 40
+    first = dict(_geometry_attrs(k, stride, pads, dilation), activation="SiLU", input_inv_scale=40.0,
+                 output_inv_scale=40.0, qmin=-127)
+    second = dict(_geometry_attrs(1, 1, (0, 0, 0, 0), 1), activation="SiLU", input_inv_scale=40.0,
+                  output_inv_scale=None if float_output else 40.0, qmin=-127)
+    inputs = [x.contiguous(memory_format=torch.channels_last), w1, b1, None, s1, w2, b2, None, s2]
+    return inputs, {"layers": "QConv", "first_inputs": 5, "first": first, "second": second}
+
+
+def _on_device(inputs: list, tactic: str) -> list:
+    moved = [t.to(DEVICE) if t is not None else None for t in inputs]
+    moved[1] = chain_weight_for_tactic(moved[1], tactic)
+    return moved
+
+
+def _two_layers(inputs: list, attrs: dict) -> torch.Tensor:
+    """What the graph computed before the chain: the two QConv layers in turn, by the emulation."""
+    split = attrs["first_inputs"]
+    middle = qconv(inputs[:split], dict(attrs["first"], tactic=REFERENCE))
+    return qconv([middle, *inputs[split:]], dict(attrs["second"], tactic=REFERENCE))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "{}-{}-{}-k{}s{}".format(*c[:5]))
+@pytest.mark.parametrize("tactic", TILES)
+def test_int8_chain_equals_the_two_layers_bit_for_bit(case, tactic):
+    generator = torch.Generator().manual_seed(sum(case[:3]))
+    inputs, attrs = _int8_chain(*case, generator)
+    expected = _two_layers(inputs, attrs)
+    saturated = (expected.abs() == 127).float().mean().item()
+    assert saturated < 0.1 and expected.unique().numel() > 50  # the codes tell the arithmetic apart
+    got = conv_chain_layer(_on_device(inputs, tactic), dict(attrs, tactic=tactic))
+    assert got.dtype == torch.int8 and got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("float_input, float_output", [(True, False), (False, True)])
+def test_int8_chain_quantizes_a_float_input_and_writes_a_float_output(float_input, float_output):
+    generator = torch.Generator().manual_seed(3)
+    inputs, attrs = _int8_chain(*CASES[0], generator, float_input=float_input, float_output=float_output)
+    expected = _two_layers(inputs, attrs)
+    got = conv_chain_layer(_on_device(inputs, TILES[0]), dict(attrs, tactic=TILES[0]))
+    assert got.dtype == expected.dtype
+    if float_output:  # the activation's exponential is the kernel's own: float32 steps apart
+        assert torch.allclose(got.cpu(), expected, rtol=1e-5, atol=1e-6) and not torch.equal(expected, 0 * expected)
+    else:
+        assert torch.equal(got.cpu(), expected)
+
+
+def _float_chain(cin, cmid, cout, k, stride, pads, dilation, generator):
+    x = torch.randn(2, cin, 9, 11, generator=generator)
+    w1 = torch.randn(cmid, cin, k, k, generator=generator) / (cin * k * k) ** 0.5
+    b1 = torch.randn(cmid, generator=generator) * 0.1
+    w2 = torch.randn(cout, cmid, 1, 1, generator=generator) / cmid ** 0.5
+    b2 = torch.randn(cout, generator=generator) * 0.1
+    inputs = [t.half() for t in (x.contiguous(memory_format=torch.channels_last), w1, b1, w2, b2)]
+    attrs = {"layers": "FusedConv", "first_inputs": 3, "first": dict(_geometry_attrs(k, stride, pads, dilation),
+                                                                      activation="SiLU"),
+             "second": dict(_geometry_attrs(1, 1, (0, 0, 0, 0), 1), activation="SiLU")}
+    return inputs, attrs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "{}-{}-{}-k{}s{}".format(*c[:5]))
+def test_float16_chain_equals_the_two_layers_within_their_rounding(case):
+    generator = torch.Generator().manual_seed(7)
+    inputs, attrs = _float_chain(*case, generator)
+    expected = conv_chain_layer(inputs, dict(attrs, tactic=REFERENCE)).float()
+    moved = [t.to(DEVICE) for t in inputs]
+    moved[1] = chain_weight_for_tactic(moved[1], TILES[0])
+    got = conv_chain_layer(moved, dict(attrs, tactic=TILES[0]))
+    assert got.dtype == torch.float16
+    # The intermediate is rounded to float16 as the first layer stored it; the sums' order differs.
+    assert torch.allclose(got.cpu().float(), expected, atol=4e-3, rtol=4e-3)
+
+
+def test_refuses_an_unpacked_first_weight_and_a_middle_wider_than_a_tile():
+    generator = torch.Generator().manual_seed(1)
+    inputs, attrs = _int8_chain(*CASES[1], generator)
+    x, w1, b1, _, s1, w2, b2, _, s2 = inputs
+    geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (9, 11))
+    first, second = ChainLayer(b1, s1, input_inv_scale=40.0, output_inv_scale=40.0), ChainLayer(b2, s2)
+    with pytest.raises(ValueError, match="packed by pack_weight"):
+        conv_chain(x, w1.permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3), w2, geometry, first, second,
+                   CHAIN_TILES[0])
+    wide = torch.zeros(MAX_CHAIN_CHANNELS + 8, 64, 1, 1, dtype=torch.int8)
+    with pytest.raises(ValueError, match=f"at most {MAX_CHAIN_CHANNELS}"):
+        conv_chain(x, wide, torch.zeros(8, MAX_CHAIN_CHANNELS + 8, 1, 1, dtype=torch.int8),
+                   ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (9, 11)), first, second, CHAIN_TILES[0])
+    with pytest.raises(ValueError, match="writes codes the second reads"):
+        conv_chain(x, chain_weight_for_tactic(w1, TILES[0]), w2, geometry, ChainLayer(b1, s1), second, CHAIN_TILES[0])
+
+
+def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():
+    for tile in CHAIN_TILES:
+        assert parse_tactic(tile.name) == tile
+    with pytest.raises(TacticNameError):
+        ChainTile.parse("chain.64x24x64.w4.s3")
+    assert len(chain_tiles(1)) < len(chain_tiles(3)) == len(CHAIN_TILES)
+    assert middle_width(80, int8=True) == 128 and middle_width(8, int8=True) == 32 and middle_width(8, int8=False) == 16
+
+
+def test_tactics_offered_on_cuda_only_and_the_op_registered_once():
+    generator = torch.Generator().manual_seed(2)
+    inputs, attrs = _int8_chain(*CASES[0], generator)
+    assert chain_tactics(inputs, attrs) == [REFERENCE]  # CPU tensors: the reference alone
+    assert default_registry()[CHAIN].impl is conv_chain_layer
+    if DEVICE == "cuda":
+        moved = _on_device(inputs, REFERENCE)
+        assert chain_tactics(moved, attrs, effort=2) == [REFERENCE] + [t.name for t in chain_tiles(2)]

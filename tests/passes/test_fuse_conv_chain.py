@@ -1,0 +1,147 @@
+"""passes/fuse_conv_chain.py and builder/conv_chains.py: a convolution and the 1×1 convolution that
+alone reads it become one ConvChain layer. Where it fires the engine computes exactly what the two
+layers computed; where it must not fire nothing is offered; the builder's stage fuses only chains
+whose kernel won its timing, which on the CPU (no chain kernel offered) is none."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from passes_helpers import OnnxBuilder, quantized_graph, run_quantized
+
+from sartor.builder.conv_chains import CHAIN_MARGIN, ChainTiming, choose_conv_chains
+from sartor.ir import verify_graph
+from sartor.ops.conv_chain import CHAIN
+from sartor.ops.util import tensor_from_numpy
+from sartor.passes.fuse_conv_chain import chain_name, chain_pairs, fuse_conv_chain
+from sartor.tactics import TacticSelection, TimingCache
+
+SIZE = 12
+
+
+def _images(seed: int, n: int = 2) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, SIZE, SIZE)).astype(np.float32)
+
+
+def backbone(down_channels: int = 16, reader_k: int = 1, reader_strides=(1, 1), second_reader: bool = False,
+             residual: bool = False):
+    """A YOLO backbone's step in small: stem → 3×3 stride 2 ("down") → 1×1 ("cv1") → 1×1 ("cv2")
+    → head. The keyword arguments break one condition each."""
+    b = OnnxBuilder(seed=3)
+    x = b.input("images", ["batch", 3, SIZE, SIZE])
+    stem = b.node("Relu", [b.conv(x, 3, 8, "stem")], name="stem_act")
+    down = b.node("Relu", [b.conv(stem, 8, down_channels, "down", strides=[2, 2])], name="down_act")
+    cv1 = b.conv(down, down_channels, 16, "cv1", k=reader_k, strides=list(reader_strides))
+    if residual:
+        cv1 = b.node("Add", [cv1, down], name="add")
+    cv1 = b.node("Relu", [cv1], name="cv1_act")
+    cv2 = b.node("Relu", [b.conv(cv1, 16, 16, "cv2", k=1)], name="cv2_act")
+    outputs = [b.conv(cv2, 16, 4, "head", k=3)]
+    if second_reader:
+        outputs.append(b.conv(down, down_channels, 4, "side", k=1))
+    return b.model(outputs)
+
+
+def _quantized(model):
+    return quantized_graph(model, [{"images": _images(10 + k, 4)} for k in range(3)])
+
+
+def _names(pairs) -> list[tuple[str, str]]:
+    return [(first.name, second.name) for first, second in pairs]
+
+
+def test_fires_on_a_strided_3x3_and_its_1x1_reader_and_computes_the_two_layers():
+    graph, layers = _quantized(backbone())
+    pairs = chain_pairs(graph, layers)
+    # cv1 → cv2 would be a chain too, but cv1 is taken by the first: no layer is in two chains
+    assert _names(pairs) == [("down", "cv1")]
+    images = _images(1)
+    expected = run_quantized(graph, layers, {"images": images})
+    chain = fuse_conv_chain(graph, *pairs[0])
+    verify_graph(graph)
+    assert chain.op_type == CHAIN and chain.name == "down+cv1" and chain.attrs["layers"] == "QConv"
+    assert [n.op_type for n in graph.nodes] == ["QConv", CHAIN, "QConv", "FusedConv"]  # the output layer stays float
+    layers[chain.name] = layers["down"]
+    got = run_quantized(graph, layers, {"images": images})
+    assert all(torch.equal(got[name], value) for name, value in expected.items())
+
+
+@pytest.mark.parametrize("broken", [
+    dict(reader_k=3),                    # the reader is no 1×1
+    dict(reader_strides=(2, 2)),         # the reader strides
+    dict(second_reader=True),            # the first layer's output is read twice
+    dict(down_channels=136),             # more channels between the layers than a tile holds
+])
+def test_must_not_fire(broken):
+    graph, layers = _quantized(backbone(**broken))
+    assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
+
+
+def test_must_not_fire_across_a_residual_different_qmin_or_a_float_layer():
+    graph, layers = _quantized(backbone(residual=True))
+    assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
+    graph, layers = _quantized(backbone())
+    nodes = {n.name: n for n in graph.nodes}
+    nodes["cv1"].attrs["qmin"] = -128  # folded from a Q/DQ model
+    assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
+    graph, layers = _quantized(backbone())
+    {n.name: n for n in graph.nodes}["down"].attrs["output_inv_scale"] = None  # writes floats
+    assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
+
+
+def test_the_stem_reading_the_graph_input_opens_no_chain():
+    b = OnnxBuilder(seed=4)
+    x = b.input("images", ["batch", 3, SIZE, SIZE])
+    stem = b.node("Relu", [b.conv(x, 3, 8, "stem")], name="stem_act")
+    model = b.model([b.conv(stem, 8, 4, "head", k=1)])
+    graph, layers = _quantized(model)
+    assert chain_pairs(graph, layers) == []
+
+
+def test_a_chain_is_fused_only_when_its_kernel_won_by_the_margin():
+    assert ChainTiming("a+b", 0.9, 1.0).fused
+    assert not ChainTiming("a+b", CHAIN_MARGIN * 1.0 + 1e-6, 1.0).fused  # within timing noise
+    assert not ChainTiming("a+b", None, 1.0).fused and not ChainTiming("a+b", 0.5, None).fused
+    assert "one kernel 0.9000 ms, two layers 1.0000 ms" in ChainTiming("a+b", 0.9, 1.0).describe()
+
+
+@pytest.mark.parametrize("time_single", [False, True])
+def test_the_builder_stage_on_the_cpu_fuses_nothing(time_single):
+    """No chain kernel is offered for CPU tensors: the trial's chains run their reference, so each
+    stays two layers and the graph and selections are left as they were."""
+    graph, layers = _quantized(backbone())
+    before = [n.name for n in graph.nodes]
+    selections = [TacticSelection()]
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    feeds = [{"images": torch.from_numpy(_images(2))}]
+    timings = choose_conv_chains(graph, weights, selections, feeds, torch.device("cpu"), layers, effort=1,
+                                 cache=TimingCache(), time_single=time_single)
+    assert [t.name for t in timings] == [chain_name(*[n for n in graph.nodes if n.name in ("down", "cv1")])]
+    assert not timings[0].fused and timings[0].chain_ms is None
+    assert [n.name for n in graph.nodes] == before and "down+cv1" not in layers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chain kernel is offered for CUDA tensors")
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_cuda_build_times_its_chains_and_keeps_the_outputs(tmp_path, precision):
+    import onnx
+
+    import sartor
+    onnx.save(backbone(), tmp_path / "m.onnx")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, _images(5, 16))
+    shapes = {"images": (8, 3, SIZE, SIZE)}
+    engines = {}
+    for name, exclude in (("chains", None), ("apart", ["chain.*"])):
+        plan = tmp_path / f"{name}.plan"
+        sartor.build(str(tmp_path / "m.onnx"), str(plan), device="cuda", precision=precision, min_shapes=shapes,
+                     opt_shapes=shapes, max_shapes=shapes, calib=str(calib) if precision == "int8" else None,
+                     builder_effort=1, exclude_tactics=exclude)
+        engines[name] = sartor.load(plan)
+    lines = {name: [line for line in e.header["build_log"] if line.startswith("chains:")]
+             for name, e in engines.items()}
+    assert "down+cv1" in lines["chains"][0] and lines["apart"][0].startswith("chains: 0 of ")
+    images = torch.from_numpy(_images(6, 8)).cuda()
+    got, expected = (engines[name].context().run({"images": images}) for name in ("chains", "apart"))
+    for name, value in expected.items():
+        assert torch.allclose(got[name].float(), value.float(), rtol=2e-2, atol=2e-2)
