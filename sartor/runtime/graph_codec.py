@@ -24,6 +24,8 @@ def _encode_attr(value, key: str, tensors: dict):
         return float(value)
     if isinstance(value, (list, tuple)):
         return [_encode_attr(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
+    if isinstance(value, dict):  # a ConvChain's layers' own attributes
+        return {k: _encode_attr(v, f"{key}/{k}", tensors) for k, v in value.items()}
     return value
 
 
@@ -32,6 +34,8 @@ def _decode_attr(value, tensors: dict):
         return tensor_to_numpy(tensors[value[_TENSOR_KEY]])
     if isinstance(value, list):
         return [_decode_attr(v, tensors) for v in value]
+    if isinstance(value, dict):
+        return {k: _decode_attr(v, tensors) for k, v in value.items()}
     return value
 
 
