@@ -4,6 +4,8 @@ layers computed; where it must not fire nothing is offered; the builder's stage 
 whose kernel won its timing, which on the CPU (no chain kernel offered) is none."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from sartor.ir import verify_graph
 from sartor.ops.conv_chain import CHAIN
 from sartor.ops.util import tensor_from_numpy
 from sartor.passes.fuse_conv_chain import chain_name, chain_pairs, fuse_conv_chain
+from sartor.runtime.graph_codec import decode_graph, encode_graph
 from sartor.tactics import TacticSelection, TimingCache
 
 SIZE = 12
@@ -64,6 +67,17 @@ def test_fires_on_a_strided_3x3_and_its_1x1_reader_and_computes_the_two_layers()
     layers[chain.name] = layers["down"]
     got = run_quantized(graph, layers, {"images": images})
     assert all(torch.equal(got[name], value) for name, value in expected.items())
+
+
+def test_a_chain_travels_through_the_engine_file_with_its_layers_arrays():
+    graph, layers = _quantized(backbone())
+    chain = fuse_conv_chain(graph, *chain_pairs(graph, layers)[0])
+    header, tensors = encode_graph(graph)
+    json.dumps(header)  # the engine's header is JSON: the weight scales went to tensors
+    decoded = {n.name: n for n in decode_graph(header, tensors)[0].nodes}[chain.name]
+    for part in ("first", "second"):
+        assert sorted(decoded.attrs[part]) == sorted(chain.attrs[part])
+        assert np.array_equal(decoded.attrs[part]["weight_scale"], chain.attrs[part]["weight_scale"])
 
 
 @pytest.mark.parametrize("broken", [
