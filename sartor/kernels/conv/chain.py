@@ -60,7 +60,7 @@ if triton is not None:
             KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
             INT8: tl.constexpr, INT8_1: tl.constexpr, INT8_2: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
             HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr, ACT1: tl.constexpr, ACT2: tl.constexpr,
-            OUT_QUANT: tl.constexpr, GATHER: tl.constexpr, MID: tl.constexpr,
+            OUT_QUANT: tl.constexpr, GATHER: tl.constexpr, C_TAPS: tl.constexpr, MID: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -76,8 +76,12 @@ if triton is not None:
             for k0 in range(0, K1, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = offs_k < K1
-                tap = offs_k // C
-                c = offs_k - tap * C
+                if C_TAPS:  # a power-of-two count, told: shifts and masks, and each tap's channels one vector
+                    tap = offs_k // C_TAPS
+                    c = offs_k % C_TAPS
+                else:
+                    tap = offs_k // C
+                    c = offs_k - tap * C
                 kh = tap // KW
                 kw = tap - kh * KW
                 ih = oh[:, None] * STRIDE_H - pad_h + kh[None, :] * dil_h
@@ -239,7 +243,8 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
         KH=geometry.kernel[0], KW=geometry.kernel[1], STRIDE_H=geometry.strides[0], STRIDE_W=geometry.strides[1],
         INT8=int8, INT8_1=flags1["INT8"], INT8_2=flags2["INT8"], QUANTIZE_INPUT=int8 and x.dtype != torch.int8,
         HAS_BIAS1=flags1["HAS_BIAS"], HAS_BIAS2=flags2["HAS_BIAS"], ACT1=flags1["ACT"], ACT2=flags2["ACT"],
-        OUT_QUANT=flags2["OUT_QUANT"], GATHER=gather, MID=middle_width(c_mid, int8),
+        OUT_QUANT=flags2["OUT_QUANT"], GATHER=gather, C_TAPS=c if gather and block_k % c == 0 else 0,
+        MID=middle_width(c_mid, int8),
         BLOCK_M=tile.block_m, BLOCK_K=block_k, BLOCK_N=tile.block_n,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8)
     return y
