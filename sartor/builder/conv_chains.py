@@ -7,6 +7,11 @@ cache the first selection filled, and each chain's kernel tiles are timed in pla
 and into the buffers the engine gives them. A chain is fused in the engine where its winner is one
 of its tiles at every profile and its times, summed over the profiles, are under CHAIN_MARGIN of its
 two layers' winners' summed times. The others stay two layers with their own winners.
+
+A layer timed alone is not the engine: at batch 1 a whole YOLOv8n with chains that each timed faster
+ran slower than without them. So the engine with its chains is then timed against the engine
+without any (`check_chains`, as --pdl's and the auxiliary streams' choices are made), at every
+profile's opt shape, and the chains are kept only where the whole engine is faster.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from ..kernels.conv.chain import ChainTile
 from ..kernels.registry import tactic_for
 from ..passes.fuse_conv_chain import chain_name, chain_pairs, fuse_conv_chain
 from ..tactics import TacticSelection, TimingCache, select_tactics_by_profile
+from .engine_timing import MARGIN, fastest_alternating
 
 # A chain replaces two measured layers only where it is measurably faster: timing noise must not
 # swap in a kernel that is no better.
@@ -101,3 +107,44 @@ def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelec
 
 def sum_or_none(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
+
+
+def chains_win(apart_ms: list[float], chains_ms: list[float], margin: float = MARGIN) -> bool:
+    """Whether the chains are kept: the engine's times with them, summed over the profiles, under
+    `margin` of those without."""
+    return sum(chains_ms) < margin * sum(apart_ms)
+
+
+def check_chains(make_header: Callable[[], tuple], use_chains: Callable[[bool], None], device: torch.device,
+                 opt_feeds: Callable[[int], dict], log: list, warn: Callable[[str], None] | None = None) -> dict:
+    """The engine with its fused chains (the build's state as it comes in) against the engine with
+    every chain two layers (`use_chains(False)` switches the build's graph, tactics, layer precisions
+    and memory plan to that), end to end at every profile's opt shape, replayed as the engine runs
+    (engine_timing.fastest_alternating). Leaves the build with the chains where they win
+    (`chains_win`), else without; returns the header's `chains_check` record. Where the engines
+    cannot be timed, the build goes on without chains, saying why (`warn`)."""
+    from ..runtime.engine import Engine
+    record = {"margin": MARGIN, "profiles": []}
+    try:
+        chained = Engine(*make_header(), device)
+        use_chains(False)
+        apart = Engine(*make_header(), device)
+        for k in range(len(apart.profiles)):
+            times = fastest_alternating({"apart": apart.context(k), "chains": chained.context(k)}, opt_feeds(k),
+                                        device)
+            record["profiles"].append({"profile": k, "apart_ms": round(times["apart"], 5),
+                                       "chains_ms": round(times["chains"], 5)})
+    except Exception as exc:  # noqa: BLE001 - chains are an option the build can do without
+        use_chains(False)
+        line = f"warning: chains: not used, the engine could not be timed with them: {type(exc).__name__}: {exc}"
+        log.append(line.splitlines()[0])
+        if warn is not None:
+            warn(line.splitlines()[0])
+        return dict(record, kept=False, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+    kept = chains_win([p["apart_ms"] for p in record["profiles"]], [p["chains_ms"] for p in record["profiles"]])
+    use_chains(kept)
+    times = "; ".join(f"profile {p['profile']}: {p['apart_ms']:.4g} ms without, {p['chains_ms']:.4g} ms with"
+                      for p in record["profiles"])
+    log.append(f"chains: kept, the engine is faster with them ({times})" if kept else
+               f"chains: not used, the engine was not {1 - MARGIN:.0%} faster with them ({times})")
+    return dict(record, kept=kept)

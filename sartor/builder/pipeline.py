@@ -4,6 +4,7 @@ plan → (CUDA: kernels) → engine file. Each stage is a plain function; this f
 them and records what they did."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +50,7 @@ from ..version import __version__
 from .buckets import bucket_profiles
 from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
 from .aux_streams import choose_aux_streams
-from .conv_chains import choose_conv_chains
+from .conv_chains import check_chains, choose_conv_chains
 from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
@@ -227,9 +228,10 @@ def _append_nms(config: BuildConfig, graph: Graph, plan, log: list) -> dict:
 
 def _choose_chains(config: BuildConfig, graph: Graph, weights: dict, selections: list, profiles: list[Profile],
                    device: torch.device, generator: torch.Generator, plan, cache: TimingCache, on_layer,
-                   log: list) -> None:
+                   log: list) -> int:
     """Fuse the convolution chains that time faster as one kernel (builder/conv_chains.py), their
-    precision and reason moved to the chain's name; one log line of every chain's times."""
+    precision and reason moved to the chain's name; one log line of every chain's times. Returns
+    how many were fused."""
     reasons = {name: plan.reasons.get(name) for name in plan.layers}
     feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
     timings = choose_conv_chains(graph, weights, selections, feeds, device, plan.layers,
@@ -245,6 +247,7 @@ def _choose_chains(config: BuildConfig, graph: Graph, weights: dict, selections:
     fused = [timing for timing in timings if timing.fused]
     log.append(f"chains: {len(fused)} of {len(timings)} convolution chain(s) run as one kernel, timed against their "
                f"two layers (builder/conv_chains.py): " + "; ".join(timing.describe() for timing in timings))
+    return len(fused)
 
 
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
@@ -401,6 +404,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                        "which no longer quantize it (passes/quantize_in_preprocess.py)")
     stage("tactics")
     selections = [TacticSelection()]
+    apart = None  # with chains fused: the build as it was without them
     # Chains are chosen against the layers' winners: the trial selection reads those from a cache.
     chains = config.builder_effort > 0 and device.type == "cuda" and bool(chain_pairs(graph, plan.layers))
     selection_cache = TimingCache() if chains and timing_cache is None else timing_cache
@@ -417,8 +421,11 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                                                time_single=config.time_every_layer, exclude=config.exclude_tactics,
                                                on_layer=on_layer)
         if chains:
-            _choose_chains(config, graph, weights, selections, profiles, device, generator, plan, selection_cache,
-                           on_layer, log)
+            # The build without chains, for the whole engines' comparison after the memory plan.
+            apart = (graph.copy(), copy.deepcopy(selections), dict(plan.layers), dict(plan.reasons))
+            if not _choose_chains(config, graph, weights, selections, profiles, device, generator, plan,
+                                  selection_cache, on_layer, log):
+                apart = None
     record_tactics(graph, selections)
     used = set().union(*(s.exclusions_used for s in selections))
     for pattern in config.exclude_tactics if config.builder_effort > 0 else ():
@@ -488,6 +495,33 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     def opt_feeds(k: int) -> dict:  # random inputs at profile k's opt shapes, for the end-to-end checks below
         return _random_feeds(graph, profiles[k].opt_shapes(), device, generator)
 
+    chains_check = None
+    if apart is not None:
+        stage("chains check")  # before the PDL marks and the kernels: both follow the graph kept
+        chained = (graph, selections, dict(plan.layers), dict(plan.reasons), memory)
+        apart_memory = []
+
+        def use_chains(on: bool) -> None:
+            nonlocal graph, selections, tactics, memory
+            if on:
+                graph, selections, layers, reasons, memory = chained
+            else:
+                graph, selections, layers, reasons = apart
+                if not apart_memory:  # settled as the tactics stage settles the graph it keeps
+                    record_tactics(graph, selections)
+                    if config.pdl:
+                        mark_programmatic_launch(graph)
+                    apart_memory.append(_memory_plan(graph, weights, profiles, device, generator, layers))
+                memory = apart_memory[0]
+            tactics = selections[0].layers
+            plan.layers.clear()
+            plan.layers.update(layers)
+            plan.reasons.clear()
+            plan.reasons.update(reasons)
+
+        chains_check = check_chains(engine_header, use_chains, device, opt_feeds, log, warn_and_keep)
+        done("chains check")
+
     eager = None
     if config.eager_check and config.builder_effort > 0 and device.type in EAGER_CHECK_DEVICES \
             and not any(p in QUANTIZED_PRECISIONS for p in plan.layers.values()):
@@ -523,6 +557,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         header["eager_check"] = eager
     if pdl_check is not None:
         header["pdl_check"] = pdl_check
+    if chains_check is not None:
+        header["chains_check"] = chains_check
     if aux is not None:
         header["aux_streams"] = aux
     if kernels is not None:

@@ -290,6 +290,7 @@ def engine_summary(path: str, trust=None) -> dict:
         "eager_check": _eager_check_summary(header),
         "pdl": _pdl_summary(header),
         "aux_streams": _aux_streams_summary(header),
+        "chains": _chains_summary(header),
         "signature": _signature_summary(engine, store),
     }
 
@@ -352,6 +353,23 @@ def _pdl_summary(header: dict) -> dict:
     return {"check": None, "text": f"off ({why})"}
 
 
+def _chains_summary(header: dict) -> dict:
+    """The convolution chains run as one kernel (builder/conv_chains.py): how many layers, and the
+    whole engines' timing that kept or dropped them."""
+    layers = sum(1 for node in (header.get("graph") or {}).get("nodes", []) if node["op"] == "ConvChain")
+    record = header.get("chains_check")
+    if record is None:
+        return {"layers": layers, "check": None,
+                "text": "none (not timed: a CPU engine, builder effort 0, no chain faster than its two layers, or an "
+                        "older engine)"}
+    if record.get("error"):
+        return {"layers": layers, "check": record, "text": f"none, the build could not time them ({record['error']})"}
+    times = "; ".join(f"profile {p['profile']} {p['chains_ms']:.4g} ms with, {p['apart_ms']:.4g} ms without"
+                      for p in record["profiles"])
+    verdict = f"{layers} layer(s), the engine faster with them" if record["kept"] else "none, the engine not faster"
+    return {"layers": layers, "check": record, "text": f"{verdict} ({times})"}
+
+
 def _aux_streams_summary(header: dict) -> dict:
     """The auxiliary streams the build chose for the contexts (builder/aux_streams.py)."""
     record = header.get("aux_streams")
@@ -391,6 +409,7 @@ def run(args) -> int:
         ("eager check", info["eager_check"]["text"]),
         ("programmatic launch", info["pdl"]["text"]),
         ("auxiliary streams", info["aux_streams"]["text"]),
+        ("convolution chains", info["chains"]["text"]),
         ("signature", info["signature"]["text"]),
         *([("nms", _nms_line(info["nms"]))] if info["nms"] else []),
     ]))

@@ -1,0 +1,60 @@
+"""builder/conv_chains.py's engine-level check: the engine with its chains against the engine without,
+end to end; the chains kept only where the whole engine wins. On the CPU (where no chain is fused) the
+check's mechanics run on a real engine standing for both; the GPU runs are bench/conv_chains_ab.py's."""
+from __future__ import annotations
+
+import torch
+
+from sartor.builder.conv_chains import MARGIN, chains_win, check_chains
+from sartor.runtime.engine_file import read_engine_file
+
+
+def test_chains_are_kept_only_when_the_whole_engine_wins_by_the_margin():
+    assert chains_win([1.0, 2.0], [0.9, 1.8])
+    assert not chains_win([1.0], [MARGIN * 1.0 + 1e-6])  # within run-to-run noise: without them
+    assert not chains_win([1.0, 1.0], [0.5, 1.6])  # summed over the profiles
+
+
+def _feeds(engine_header: dict):
+    def opt_feeds(k: int) -> dict:
+        return {name: torch.rand(*shapes["opt"]) for name, shapes in engine_header["profiles"][k].items()}
+    return opt_feeds
+
+
+def test_times_both_engines_at_every_profile_and_leaves_the_build_as_the_decision_says(tiny_plan):
+    header, tensors = read_engine_file(tiny_plan)
+    switched, log = [], []
+    record = check_chains(lambda: (header, tensors), switched.append, torch.device("cpu"), _feeds(header), log)
+    assert [p["profile"] for p in record["profiles"]] == list(range(len(header["profiles"])))
+    assert all(p["apart_ms"] > 0 and p["chains_ms"] > 0 for p in record["profiles"])
+    kept = chains_win([p["apart_ms"] for p in record["profiles"]], [p["chains_ms"] for p in record["profiles"]])
+    assert record["kept"] is kept and switched == [False, kept]
+    assert log[-1].startswith("chains: kept" if kept else "chains: not used, the engine was not 1% faster")
+
+
+def test_an_engine_that_cannot_be_timed_leaves_the_build_without_chains(tiny_plan):
+    header, tensors = read_engine_file(tiny_plan)
+    calls, switched, log, warnings = [], [], [], []
+
+    def make_header():
+        calls.append(1)
+        if len(calls) == 2:  # the engine without chains fails to load
+            raise RuntimeError("no such kernel")
+        return header, tensors
+    record = check_chains(make_header, switched.append, torch.device("cpu"), _feeds(header), log, warnings.append)
+    assert record["kept"] is False and record["error"] == "RuntimeError: no such kernel"
+    assert switched == [False, False] and warnings == log == [
+        "warning: chains: not used, the engine could not be timed with them: RuntimeError: no such kernel"]
+
+
+def test_inspect_says_how_many_chains_the_engine_runs_and_the_timing_behind_them(tiny_plan):
+    from sartor.cli.inspect import _chains_summary, engine_summary
+    assert engine_summary(str(tiny_plan), None)["chains"]["text"].startswith("none (not timed: a CPU engine")
+    graph = {"nodes": [{"op": "ConvChain"}, {"op": "QConv"}, {"op": "ConvChain"}]}
+    timed = {"margin": MARGIN, "kept": True, "profiles": [{"profile": 0, "apart_ms": 0.25, "chains_ms": 0.24}]}
+    assert _chains_summary({"graph": graph, "chains_check": timed})["text"] == (
+        "2 layer(s), the engine faster with them (profile 0 0.24 ms with, 0.25 ms without)")
+    dropped = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False)}
+    assert _chains_summary(dropped)["text"].startswith("none, the engine not faster")
+    failed = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False, error="RuntimeError: x")}
+    assert _chains_summary(failed)["text"] == "none, the build could not time them (RuntimeError: x)"
