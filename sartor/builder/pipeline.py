@@ -51,7 +51,7 @@ from .buckets import bucket_profiles
 from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
 from .aux_streams import choose_aux_streams
 from .conv_chains import check_chains, choose_conv_chains
-from .pdl import check_pdl_device, check_programmatic_launch, mark_programmatic_launch
+from .pdl import check_pdl_device, check_programmatic_launch, clear_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
 from .kernels import CaptureUnavailable, capture_kernels
@@ -497,9 +497,11 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
 
     chains_check = None
     if apart is not None:
-        stage("chains check")  # before the PDL marks and the kernels: both follow the graph kept
+        stage("chains check")  # before the PDL check and the kernels: both follow the graph kept
         chained = (graph, selections, dict(plan.layers), dict(plan.reasons), memory)
         apart_memory = []
+        # Where the PDL check will time PDL, both engines are timed with it: each may end up so launched.
+        pdl_later = config.pdl is None and config.precision in PDL_PRECISIONS and pdl_available(device)
 
         def use_chains(on: bool) -> None:
             nonlocal graph, selections, tactics, memory
@@ -509,17 +511,22 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                 graph, selections, layers, reasons = apart
                 if not apart_memory:  # settled as the tactics stage settles the graph it keeps
                     record_tactics(graph, selections)
-                    if config.pdl:
-                        mark_programmatic_launch(graph)
                     apart_memory.append(_memory_plan(graph, weights, profiles, device, generator, layers))
                 memory = apart_memory[0]
+            if config.pdl or pdl_later:
+                mark_programmatic_launch(graph)
             tactics = selections[0].layers
             plan.layers.clear()
             plan.layers.update(layers)
             plan.reasons.clear()
             plan.reasons.update(reasons)
 
+        if pdl_later:
+            mark_programmatic_launch(graph)
         chains_check = check_chains(engine_header, use_chains, device, opt_feeds, log, warn_and_keep)
+        if pdl_later:
+            clear_programmatic_launch(graph)  # the PDL check decides
+            chains_check["pdl"] = True
         done("chains check")
 
     eager = None

@@ -24,7 +24,8 @@ from .registry import OpTable
 OPS = OpTable("conv_chain")
 CHAIN = "ConvChain"
 LAYER_IMPLS = {"QConv": qconv, "FusedConv": fused_conv}
-# Per-layer attributes of a chain's layers that belong to how the layer ran on its own.
+# Per-layer attributes of a chain's layers that belong to how the layer ran on its own (the chain has its
+# own tactic and its own programmatic-launch mark).
 OWN_RUN_ATTRS = ("tactic", "tactic_by_profile", "pdl")
 
 
@@ -50,8 +51,9 @@ def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
 
 
 def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: dict, quantized: bool,
-                  tile: ChainTile) -> torch.Tensor | None:
-    """The chain by the kernel, or None where it does not apply to these tensors."""
+                  tile: ChainTile, pdl: bool = False) -> torch.Tensor | None:
+    """The chain by the kernel, or None where it does not apply to these tensors. `pdl`: the chain's
+    mark (builder/pdl.py), on CUDA tensors only (the interpreter has no grid dependency control)."""
     x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
     geometry = igemm_geometry(x, w1, first, require_cuda=False)
     if not chain_applies(x, w1, w2, geometry):
@@ -65,7 +67,7 @@ def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: di
         return None
     return conv_chain(x, pack_weight(w1), w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
                       _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
-                      out_dtype=out_dtype)
+                      out_dtype=out_dtype, pdl=pdl)
 
 
 def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -94,7 +96,8 @@ def conv_chain_layer(inputs, attrs):
     quantized = attrs["layers"] == "QConv"
     tactic = tactic_for(attrs.get("tactic"))
     if isinstance(tactic, ChainTile):
-        y = _chain_kernel(first_inputs, second_rest, first, second, quantized, tactic)
+        y = _chain_kernel(first_inputs, second_rest, first, second, quantized, tactic,
+                          pdl=bool(attrs.get("pdl")) and first_inputs[0].is_cuda)
         if y is not None:
             return y
     impl = LAYER_IMPLS[attrs["layers"]]

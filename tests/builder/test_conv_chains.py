@@ -58,3 +58,14 @@ def test_inspect_says_how_many_chains_the_engine_runs_and_the_timing_behind_them
     assert _chains_summary(dropped)["text"].startswith("none, the engine not faster")
     failed = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False, error="RuntimeError: x")}
     assert _chains_summary(failed)["text"] == "none, the build could not time them (RuntimeError: x)"
+
+
+def test_a_chain_on_its_kernel_is_marked_for_programmatic_launch_and_on_the_reference_not():
+    from sartor.builder.pdl import mark_programmatic_launch
+    from sartor.ir import Graph, Node
+    from sartor.kernels.conv.chain import CHAIN_TILES
+    nodes = [Node("ConvChain", "kernel", ["x"], ["y"], {"tactic": CHAIN_TILES[0].name}),
+             Node("ConvChain", "reference", ["y"], ["z"], {"tactic": "torch"})]
+    graph = Graph(nodes, [], [], {})
+    assert mark_programmatic_launch(graph) == 1
+    assert nodes[0].attrs.get("pdl") is True and "pdl" not in nodes[1].attrs

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
@@ -38,6 +39,7 @@ MAX_CHAIN_CHANNELS = 128
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import COMPILED, accumulate_dot, epilogue_output, pixel_coords, requantize_int8
 
     @triton.jit
@@ -61,7 +63,7 @@ if triton is not None:
             INT8: tl.constexpr, INT8_1: tl.constexpr, INT8_2: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
             HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr, ACT1: tl.constexpr, ACT2: tl.constexpr,
             OUT_QUANT: tl.constexpr, GATHER: tl.constexpr, C_TAPS: tl.constexpr, MID: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
@@ -72,6 +74,7 @@ if triton is not None:
             acc = tl.zeros((BLOCK_M, MID), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, MID), dtype=tl.float32)
+        await_previous_kernel(PDL)  # every load below reads an activation (or follows one)
         if GATHER:
             for k0 in range(0, K1, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -142,6 +145,7 @@ class ChainTile(Tactic):
     FAMILY: ClassVar[str] = "chain"
     SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_k", "block_n")), Number("warps", "w"), Number("stages", "s"))
     WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
     def invalid(self) -> str | None:
         sizes = (self.block_m, self.block_k, self.block_n)
@@ -194,13 +198,14 @@ def chain_applies(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, geometry:
 
 def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geometry: ConvGeometry, first: ChainLayer,
                second: ChainLayer, tile: ChainTile, *, qmin: int = -127, out_dtype: torch.dtype | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Run the chain (module docstring): x [N, C, H, W] any strides; w1_packed [C_MID, C, kh, kw]
     packed by `igemm.pack_weight`; w2 [COUT, C_MID, 1, 1]. INT8 when `first.dequant_scale` is given
     (w1 and w2 int8, biases int32, x int8 codes or floats quantized with `first.input_inv_scale`,
     the intermediate requantized with `first.output_inv_scale`), else float (x, w1, w2 of one float
     dtype, the intermediate rounded to it). The output is channels-last, `out_dtype` (INT8: the
-    codes where `second.output_inv_scale` is given), or `out`."""
+    codes where `second.output_inv_scale` is given), or `out`. `pdl`: launched with programmatic
+    dependent launch (`kernels/common/pdl.py`; CUDA tensors only)."""
     if not is_packed(w1_packed):
         raise ValueError("conv_chain needs the first weight packed by pack_weight")
     int8 = first.dequant_scale is not None
@@ -246,7 +251,7 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
         OUT_QUANT=flags2["OUT_QUANT"], GATHER=gather, C_TAPS=c if gather and block_k % c == 0 else 0,
         MID=middle_width(c_mid, int8),
         BLOCK_M=tile.block_m, BLOCK_K=block_k, BLOCK_N=tile.block_n,
-        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8)
+        PDL=pdl, num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8, **launch_options(pdl))
     return y
 
 
