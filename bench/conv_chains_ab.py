@@ -2,7 +2,8 @@
 
 Each model, batch and precision is built twice from one timing cache: with the builder's chains (the
 default) and with `--exclude-tactic 'chain.*'`, where every chain stays two layers (that build times
-nothing new: its layers come from the cache). The two engines are then timed in turn, ROUNDS times
+nothing new: its layers come from the cache). The first keeps its chains only where its own check found
+the whole engine faster with them (`builder/conv_chains.py` `check_chains`, printed with the PDL check). The two engines are then timed in turn, ROUNDS times
 each, as CUDA-graph replays with the input already in the engine's buffer (median ms of each round;
 `bench/h200_table.py`'s `timed`). INT8 is calibrated on 64 street scenes, as in the table. Prints each
 build's chains line and one row per engine pair.
@@ -42,8 +43,10 @@ def build(onnx: Path, plan: Path, precision: str, shape: tuple, calib: Path, cac
     result = sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes={"images": shape},
                           opt_shapes={"images": shape}, max_shapes={"images": shape}, timing_cache=str(cache),
                           exclude_tactics=exclude, **kwargs)
-    chains = next((line for line in result.header["build_log"] if line.startswith("chains:")), "no chains line")
-    return f"{time.perf_counter() - started:.0f} s; {chains}"
+    chains = " | ".join(line for line in result.header["build_log"] if line.startswith("chains:")) or "no chains line"
+    pdl = result.header.get("pdl_check") or {}
+    return (f"{time.perf_counter() - started:.0f} s; pdl kept {pdl.get('kept')} ({pdl.get('layers')} layers); "
+            f"chains check {result.header.get('chains_check')}; {chains}")
 
 
 def main() -> None:
