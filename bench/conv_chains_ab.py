@@ -3,8 +3,8 @@
 Each model, batch and precision is built twice from one timing cache: with the builder's chains (the
 default) and with `--exclude-tactic 'chain.*'`, where every chain stays two layers (that build times
 nothing new: its layers come from the cache). The first keeps its chains only where its own check found
-the whole engine faster with them (`builder/conv_chains.py` `check_chains`, printed with the PDL check). The two engines are then timed in turn, ROUNDS times
-each, as CUDA-graph replays with the input already in the engine's buffer (median ms of each round;
+the whole engine faster with them (`builder/conv_chains.py` `check_chains`, printed with the PDL check).
+The two engines are then timed in turn, ROUNDS times each, as CUDA-graph replays with the input already in the engine's buffer (median ms of each round;
 `bench/h200_table.py`'s `timed`). INT8 is calibrated on 64 street scenes, as in the table. Prints each
 build's chains line and one row per engine pair.
 
