@@ -4,9 +4,9 @@ Each model, batch and precision is built twice from one timing cache: with the b
 default) and with `--exclude-tactic 'chain.*'`, where every chain stays two layers (that build times
 nothing new: its layers come from the cache). The first keeps its chains only where its own check found
 the whole engine faster with them (`builder/conv_chains.py` `check_chains`, printed with the PDL check).
-The two engines are then timed in turn, ROUNDS times each, as CUDA-graph replays with the input already in the engine's buffer (median ms of each round;
-`bench/h200_table.py`'s `timed`). INT8 is calibrated on 64 street scenes, as in the table. Prints each
-build's chains line and one row per engine pair.
+The two engines are then timed in turn, ROUNDS times each, as CUDA-graph replays with the input already
+in the engine's buffer (median ms of each round; `bench/h200_table.py`'s `timed`). INT8 is calibrated on
+64 street scenes, as in the table. Prints each build's chains lines and one row per engine pair.
 
     PYTHONPATH=. python bench/conv_chains_ab.py --models yolov8n,yolo11n --batches 1,32 --precisions fp16,int8
 """
