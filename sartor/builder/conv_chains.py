@@ -81,6 +81,15 @@ def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelec
                                                  time_single=time_single, exclude=exclude, on_layer=on_layer)
     for kept, trial_selection in zip(selections, trial_selections):
         kept.exclusions_used |= trial_selection.exclusions_used  # --exclude-tactic 'chain.*' matched here
+    return fuse_faster_chains(graph, pairs, selections, trial_selections, layer_precision)
+
+
+def fuse_faster_chains(graph: Graph, pairs: list, selections: list[TacticSelection],
+                       trial_selections: list[TacticSelection], layer_precision: dict) -> list[ChainTiming]:
+    """Each chain's timing from the trial's selections (its winner, where a chain tile) against its two
+    layers' winners in `selections`, per profile; the chains that win are fused into `graph`, their
+    trial selection moved into `selections` and their first layer's precision into `layer_precision`,
+    in place of their two layers'."""
     timings = []
     for first, second in pairs:
         name = chain_name(first, second)

@@ -69,3 +69,48 @@ def test_a_chain_on_its_kernel_is_marked_for_programmatic_launch_and_on_the_refe
     graph = Graph(nodes, [], [], {})
     assert mark_programmatic_launch(graph) == 1
     assert nodes[0].attrs.get("pdl") is True and "pdl" not in nodes[1].attrs
+
+
+def _selection(entries: dict):
+    from sartor.tactics import TacticSelection
+    return TacticSelection(layers={name: {"tactic": tactic, "timings_ms": {tactic: ms}, "rejected": {},
+                                          "source": "timed"} for name, (tactic, ms) in entries.items()})
+
+
+def _backbone_pairs():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "passes"))
+    from test_fuse_conv_chain import _quantized, backbone
+
+    from sartor.passes.fuse_conv_chain import chain_pairs
+    graph, layers = _quantized(backbone())
+    return graph, layers, chain_pairs(graph, layers)
+
+
+def test_a_chain_faster_at_every_profile_replaces_its_layers_in_the_graph_the_selections_and_the_precisions():
+    from sartor.builder.conv_chains import fuse_faster_chains
+    from sartor.kernels.conv.chain import CHAIN_TILES
+    graph, layers, pairs = _backbone_pairs()
+    tile = CHAIN_TILES[0].name
+    selections = [_selection({"down": ("igemm.64x64x64.w4.s4", 0.010), "cv1": ("resident.64x64.t8.w4.s2", 0.008)}),
+                  _selection({"down": ("igemm.64x64x64.w4.s4", 0.030), "cv1": ("resident.64x64.t8.w4.s2", 0.020)})]
+    trial = [_selection({"down+cv1": (tile, 0.012)}), _selection({"down+cv1": (tile, 0.040)})]
+    timings = fuse_faster_chains(graph, pairs, selections, trial, layers)
+    assert timings[0].chain_ms == 0.052 and timings[0].apart_ms == 0.068 and timings[0].fused
+    assert [n.name for n in graph.nodes if n.op_type == "ConvChain"] == ["down+cv1"]
+    for selection in selections:
+        assert "down+cv1" in selection.layers and not {"down", "cv1"} & set(selection.layers)
+    assert layers["down+cv1"] == "int8" and not {"down", "cv1"} & set(layers)
+
+
+def test_a_chain_whose_winner_is_its_reference_at_some_profile_stays_two_layers():
+    from sartor.builder.conv_chains import fuse_faster_chains
+    from sartor.kernels.conv.chain import CHAIN_TILES
+    graph, layers, pairs = _backbone_pairs()
+    before = [n.name for n in graph.nodes]
+    selections = [_selection({"down": ("igemm.64x64x64.w4.s4", 0.010), "cv1": ("resident.64x64.t8.w4.s2", 0.008)})] * 2
+    trial = [_selection({"down+cv1": (CHAIN_TILES[0].name, 0.001)}), _selection({"down+cv1": ("torch", 0.001)})]
+    timings = fuse_faster_chains(graph, pairs, selections, trial, layers)
+    assert not timings[0].fused and timings[0].chain_ms is None
+    assert [n.name for n in graph.nodes] == before and "down+cv1" not in layers
