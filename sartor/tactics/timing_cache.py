@@ -107,6 +107,23 @@ def _input_label(t: torch.Tensor) -> str:
     return _tensor(t)
 
 
+def _chain_signature(args: list, attrs: dict, precision: str, tf32: bool) -> str:
+    """A convolution chain's (ops/conv_chain.py) timing identity: its first layer's conv_signature, then
+    the 1×1 layer's weight, bias, activation and output, e.g.
+    ConvChain QConv x=i8[…] … then w=i8[32x32x1x1]:contiguous b=i32 act=SiLU out=i8"""
+    split = attrs["first_inputs"]
+    first = conv_signature(attrs["layers"], list(args[:split]), attrs["first"], precision, tf32)
+    weight, bias = args[split], args[split + 1] if len(args) > split + 1 else None
+    second = attrs["second"]
+    parts = [f"then w={_tensor(weight)}", f"b={'none' if bias is None else _DTYPES.get(bias.dtype, str(bias.dtype))}",
+             f"act={second.get('activation') or 'none'}"]
+    if "input_inv_scale" in second:
+        parts.append(f"out={'i8' if second.get('output_inv_scale') is not None else 'float'}")
+        if sums_decoded(second.get(ACCUMULATOR_BOUND)):
+            parts.append("sums=decoded")
+    return " ".join(["ConvChain", first, *parts])
+
+
 def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool,
                     into: torch.Tensor | None = None) -> str:
     """The timing identity of any layer with tactics: conv_signature for the convolution and GEMM
@@ -115,6 +132,8 @@ def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32:
     `into`: the Concat slice the layer's output goes to, when it was timed storing there."""
     if op_type in ("FusedConv", "QConv", "QGemm", "Conv"):
         signature = conv_signature(op_type, args, attrs, precision, tf32)
+    elif op_type == "ConvChain":
+        signature = _chain_signature(args, attrs, precision, tf32)
     else:
         tensors = " ".join(f"in={_input_label(a)}" for a in args if isinstance(a, torch.Tensor))
         settings = " ".join(f"{key}={','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"

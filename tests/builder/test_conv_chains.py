@@ -114,3 +114,20 @@ def test_a_chain_whose_winner_is_its_reference_at_some_profile_stays_two_layers(
     timings = fuse_faster_chains(graph, pairs, selections, trial, layers)
     assert not timings[0].fused and timings[0].chain_ms is None
     assert [n.name for n in graph.nodes] == before and "down+cv1" not in layers
+
+
+def test_a_chain_is_timed_under_a_signature_of_its_two_layers_not_of_its_scales():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+    from test_kernels_conv_chain import CASES, _int8_chain
+
+    from sartor.tactics.timing_cache import layer_signature
+    inputs, attrs = _int8_chain(*CASES[0], torch.Generator().manual_seed(1))
+    signature = layer_signature("ConvChain", inputs, attrs, "int8", False)
+    assert signature.startswith("ConvChain QConv x=i8[2x16x9x11]:nhwc w=i8[32x16x3x3]") and "strides=2,2" in signature
+    assert signature.endswith("then w=i8[32x32x1x1]:contiguous b=i32 act=SiLU out=i8")
+    rescaled = dict(attrs, first=dict(attrs["first"], output_inv_scale=12.0))
+    assert layer_signature("ConvChain", inputs, rescaled, "int8", False) == signature
+    floats_out = dict(attrs, second=dict(attrs["second"], output_inv_scale=None))
+    assert layer_signature("ConvChain", inputs, floats_out, "int8", False) != signature
