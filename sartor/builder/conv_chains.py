@@ -25,7 +25,7 @@ from ..kernels.conv.chain import ChainTile
 from ..kernels.registry import tactic_for
 from ..passes.fuse_conv_chain import chain_name, chain_pairs, fuse_conv_chain
 from ..tactics import TacticSelection, TimingCache, select_tactics_by_profile
-from .engine_timing import MARGIN, fastest_alternating
+from .engine_timing import MARGIN, fastest_alternating, untimed_option
 
 # A chain replaces two measured layers only where it is measurably faster: timing noise must not
 # swap in a kernel that is no better.
@@ -145,11 +145,7 @@ def check_chains(make_header: Callable[[], tuple], use_chains: Callable[[bool], 
                                        "chains_ms": round(times["chains"], 5)})
     except Exception as exc:  # noqa: BLE001 - chains are an option the build can do without
         use_chains(False)
-        line = f"warning: chains: not used, the engine could not be timed with them: {type(exc).__name__}: {exc}"
-        log.append(line.splitlines()[0])
-        if warn is not None:
-            warn(line.splitlines()[0])
-        return dict(record, kept=False, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return dict(record, kept=False, error=untimed_option("chains", "them", exc, log, warn))
     kept = chains_win([p["apart_ms"] for p in record["profiles"]], [p["chains_ms"] for p in record["profiles"]])
     use_chains(kept)
     times = "; ".join(f"profile {p['profile']}: {p['apart_ms']:.4g} ms without, {p['chains_ms']:.4g} ms with"

@@ -3,6 +3,8 @@ programmatic dependent launch (pdl.py) and the auxiliary streams (aux_streams.py
 contexts of one shape, and keep a variant only where it wins by more than run-to-run noise."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..tactics.select import time_ms
@@ -12,6 +14,18 @@ ROUNDS = 2
 # One engine's end-to-end timings differ by about a percent between runs: a variant must be faster
 # than this fraction of the plain engine's time to be kept, else the simpler run stays.
 MARGIN = 0.99
+
+
+def untimed_option(option: str, timed_with: str, exc: BaseException, log: list,
+                   warn: Callable[[str], None] | None = None) -> str:
+    """An option the build goes on without, its engine not timed (a kernel that fails to compile or
+    run with it): one line in the log (and to `warn`); returns the error's first line."""
+    error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    line = f"warning: {option}: not used, the engine could not be timed with {timed_with}: {error}"
+    log.append(line)
+    if warn is not None:
+        warn(line)
+    return error
 
 
 def time_context(context, feeds: dict, device: torch.device) -> float:

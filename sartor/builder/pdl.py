@@ -19,7 +19,7 @@ from ..ir import Graph
 from ..ir.dtypes import QUANTIZED_LAYERS
 from ..kernels.common.pdl import MIN_CAPABILITY, pdl_available
 from ..ops.quantized import own_kernel_tactic
-from .engine_timing import MARGIN as PDL_MARGIN, fastest_alternating
+from .engine_timing import MARGIN as PDL_MARGIN, fastest_alternating, untimed_option
 
 
 
@@ -90,12 +90,8 @@ def check_programmatic_launch(graph: Graph, make_header: Callable[[], tuple], de
         record = _time_both_ways(graph, make_header, device, opt_feeds)
     except Exception as exc:  # noqa: BLE001 - PDL is an option the build can do without
         clear_programmatic_launch(graph)
-        line = f"warning: pdl: not used, the engine could not be timed with it: {type(exc).__name__}: {exc}"
-        log.append(line.splitlines()[0])
-        if warn is not None:
-            warn(line.splitlines()[0])
-        return {"margin": PDL_MARGIN, "profiles": [], "kept": False, "layers": 0,
-                "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        error = untimed_option("pdl", "it", exc, log, warn)
+        return {"margin": PDL_MARGIN, "profiles": [], "kept": False, "layers": 0, "error": error}
     kept = pdl_wins([p["without_ms"] for p in record["profiles"]], [p["with_ms"] for p in record["profiles"]])
     record["kept"] = kept
     layers = record["layers"] = mark_programmatic_launch(graph) if kept else 0
