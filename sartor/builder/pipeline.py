@@ -1,6 +1,6 @@
 """The builder: the one place that calls import → passes → profiles → precision → (INT8/FP8:
-calibrate → planner → quantize; FP16/BF16 with an accuracy target: planner) → tactics → memory
-plan → (CUDA: kernels) → engine file. Each stage is a plain function; this file only sequences
+calibrate → planner → quantize; FP16/BF16 with an accuracy target: planner) → tactics (CUDA: and
+the convolution chains) → memory plan → (CUDA: the engine-level checks, kernels) → engine file. Each stage is a plain function; this file only sequences
 them and records what they did."""
 from __future__ import annotations
 
