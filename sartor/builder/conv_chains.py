@@ -62,11 +62,12 @@ def _summed(values: list) -> float | None:
 
 def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelection],
                        feeds_by_profile: Iterable[dict], device: torch.device, layer_precision: dict, *, effort: int,
-                       cache: TimingCache, time_single: bool = False, exclude: Iterable[str] = (),
-                       on_layer: Callable | None = None) -> list[ChainTiming]:
+                       cache: TimingCache, reasons: dict | None = None, time_single: bool = False,
+                       exclude: Iterable[str] = (), on_layer: Callable | None = None) -> list[ChainTiming]:
     """Fuse the chains that time faster (module docstring) into `graph`, moving their selections into
-    `selections` and their precision into `layer_precision`; returns every chain's timing, fused or
-    not. `cache` must hold the first selection's timings (or the trial times every layer again)."""
+    `selections` and their precision (and `reasons`' entry) into `layer_precision`; returns every
+    chain's timing, fused or not. `cache` must hold the first selection's timings (or the trial
+    times every layer again)."""
     pairs = chain_pairs(graph, layer_precision)
     if not pairs:
         return []
@@ -81,15 +82,16 @@ def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelec
                                                  time_single=time_single, exclude=exclude, on_layer=on_layer)
     for kept, trial_selection in zip(selections, trial_selections):
         kept.exclusions_used |= trial_selection.exclusions_used  # --exclude-tactic 'chain.*' matched here
-    return fuse_faster_chains(graph, pairs, selections, trial_selections, layer_precision)
+    return fuse_faster_chains(graph, pairs, selections, trial_selections, layer_precision, reasons)
 
 
 def fuse_faster_chains(graph: Graph, pairs: list, selections: list[TacticSelection],
-                       trial_selections: list[TacticSelection], layer_precision: dict) -> list[ChainTiming]:
+                       trial_selections: list[TacticSelection], layer_precision: dict,
+                       reasons: dict | None = None) -> list[ChainTiming]:
     """Each chain's timing from the trial's selections (its winner, where a chain tile) against its two
-    layers' winners in `selections`, per profile; the chains that win are fused into `graph`, their
-    trial selection moved into `selections` and their first layer's precision into `layer_precision`,
-    in place of their two layers'."""
+    layers' winners in `selections`, summed over the profiles; the chains that win are fused into
+    `graph`, their trial selection moved into `selections` and their first layer's precision into
+    `layer_precision` (and its entry of `reasons`, where given), in place of their two layers'."""
     timings = []
     for first, second in pairs:
         name = chain_name(first, second)
@@ -97,25 +99,26 @@ def fuse_faster_chains(graph: Graph, pairs: list, selections: list[TacticSelecti
         for selection in trial_selections:
             tactic, ms = _winner_ms(selection, name)
             chain_ms.append(ms if tactic is not None and isinstance(tactic_for(tactic), ChainTile) else None)
-        apart_ms = [sum_or_none(_winner_ms(selection, first.name)[1], _winner_ms(selection, second.name)[1])
-                    for selection in selections]
+        apart_ms = [_winner_ms(selection, layer)[1] for selection in selections for layer in (first.name, second.name)]
         timing = ChainTiming(name, _summed(chain_ms), _summed(apart_ms))
         timings.append(timing)
         if not timing.fused:
             continue
         fuse_conv_chain(graph, first, second)
-        layer_precision[name] = layer_precision.get(first.name, "fp32")
         for kept, trial_selection in zip(selections, trial_selections):
-            kept.layers[name] = trial_selection.layers[name]
-            for layer in (first.name, second.name):
-                kept.layers.pop(layer, None)
-        for layer in (first.name, second.name):
-            layer_precision.pop(layer, None)
+            _move_entry(kept.layers, first.name, second.name, name, trial_selection.layers[name])
+        _move_entry(layer_precision, first.name, second.name, name, layer_precision.get(first.name, "fp32"))
+        if reasons is not None:
+            _move_entry(reasons, first.name, second.name, name, reasons.get(first.name))
     return timings
 
 
-def sum_or_none(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a + b
+def _move_entry(entries: dict, first: str, second: str, chain: str, value) -> None:
+    """A fused chain's entry (`value`, none where None) in place of its two layers' in `entries`."""
+    entries.pop(first, None)
+    entries.pop(second, None)
+    if value is not None:
+        entries[chain] = value
 
 
 def chains_win(apart_ms: list[float], chains_ms: list[float], margin: float = MARGIN) -> bool:

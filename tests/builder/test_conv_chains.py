@@ -96,8 +96,10 @@ def test_a_chain_faster_at_every_profile_replaces_its_layers_in_the_graph_the_se
     selections = [_selection({"down": ("igemm.64x64x64.w4.s4", 0.010), "cv1": ("resident.64x64.t8.w4.s2", 0.008)}),
                   _selection({"down": ("igemm.64x64x64.w4.s4", 0.030), "cv1": ("resident.64x64.t8.w4.s2", 0.020)})]
     trial = [_selection({"down+cv1": (tile, 0.012)}), _selection({"down+cv1": (tile, 0.040)})]
-    timings = fuse_faster_chains(graph, pairs, selections, trial, layers)
+    reasons = {"down": "kept INT8", "cv1": "the 1×1's own", "stem": "the stem's"}
+    timings = fuse_faster_chains(graph, pairs, selections, trial, layers, reasons)
     assert timings[0].chain_ms == 0.052 and timings[0].apart_ms == 0.068 and timings[0].fused
+    assert reasons == {"down+cv1": "kept INT8", "stem": "the stem's"}
     assert [n.name for n in graph.nodes if n.op_type == "ConvChain"] == ["down+cv1"]
     for selection in selections:
         assert "down+cv1" in selection.layers and not {"down", "cv1"} & set(selection.layers)
