@@ -1,7 +1,7 @@
 """The builder: the one place that calls import → passes → profiles → precision → (INT8/FP8:
 calibrate → planner → quantize; FP16/BF16 with an accuracy target: planner) → tactics (CUDA: and
-the convolution chains) → memory plan → (CUDA: the engine-level checks, kernels) → engine file. Each stage is a plain function; this file only sequences
-them and records what they did."""
+the convolution chains) → memory plan → (CUDA: the engine-level checks, kernels) → engine file.
+Each stage is a plain function; this file only sequences them and records what they did."""
 from __future__ import annotations
 
 import copy
@@ -232,18 +232,11 @@ def _choose_chains(config: BuildConfig, graph: Graph, weights: dict, selections:
     """Fuse the convolution chains that time faster as one kernel (builder/conv_chains.py), their
     precision and reason moved to the chain's name; one log line of every chain's times. Returns
     how many were fused."""
-    reasons = {name: plan.reasons.get(name) for name in plan.layers}
     feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
     timings = choose_conv_chains(graph, weights, selections, feeds, device, plan.layers,
-                                 effort=config.builder_effort, cache=cache, time_single=config.time_every_layer,
-                                 exclude=config.exclude_tactics, on_layer=on_layer)
-    for timing in timings:
-        first = timing.name.split("+", 1)[0]
-        if timing.fused and reasons.get(first) is not None:
-            plan.reasons[timing.name] = reasons[first]
-        if timing.fused:
-            for layer in timing.name.split("+", 1):
-                plan.reasons.pop(layer, None)
+                                 effort=config.builder_effort, cache=cache, reasons=plan.reasons,
+                                 time_single=config.time_every_layer, exclude=config.exclude_tactics,
+                                 on_layer=on_layer)
     fused = [timing for timing in timings if timing.fused]
     log.append(f"chains: {len(fused)} of {len(timings)} convolution chain(s) run as one kernel, timed against their "
                f"two layers (builder/conv_chains.py): " + "; ".join(timing.describe() for timing in timings))
@@ -495,13 +488,14 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     def opt_feeds(k: int) -> dict:  # random inputs at profile k's opt shapes, for the end-to-end checks below
         return _random_feeds(graph, profiles[k].opt_shapes(), device, generator)
 
+    # The default: the engine timed with PDL and without, PDL kept where it wins (the PDL check below).
+    pdl_timed = config.pdl is None and config.builder_effort > 0 and config.precision in PDL_PRECISIONS \
+        and pdl_available(device)
     chains_check = None
     if apart is not None:
         stage("chains check")  # before the PDL check and the kernels: both follow the graph kept
         chained = (graph, selections, dict(plan.layers), dict(plan.reasons), memory)
         apart_memory = []
-        # Where the PDL check will time PDL, both engines are timed with it: each may end up so launched.
-        pdl_later = config.pdl is None and config.precision in PDL_PRECISIONS and pdl_available(device)
 
         def use_chains(on: bool) -> None:
             nonlocal graph, selections, tactics, memory
@@ -513,7 +507,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
                     record_tactics(graph, selections)
                     apart_memory.append(_memory_plan(graph, weights, profiles, device, generator, layers))
                 memory = apart_memory[0]
-            if config.pdl or pdl_later:
+            if config.pdl or pdl_timed:  # where PDL will be timed, both engines are timed with it
                 mark_programmatic_launch(graph)
             tactics = selections[0].layers
             plan.layers.clear()
@@ -521,10 +515,10 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             plan.reasons.clear()
             plan.reasons.update(reasons)
 
-        if pdl_later:
+        if pdl_timed:
             mark_programmatic_launch(graph)
         chains_check = check_chains(engine_header, use_chains, device, opt_feeds, log, warn_and_keep)
-        if pdl_later:
+        if pdl_timed:
             clear_programmatic_launch(graph)  # the PDL check decides
             chains_check["pdl"] = True
         done("chains check")
@@ -537,8 +531,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         done("eager check")
 
     pdl_check = None
-    if config.pdl is None and config.builder_effort > 0 and config.precision in PDL_PRECISIONS \
-            and pdl_available(device):
+    if pdl_timed:
         stage("pdl check")  # before the kernels are embedded: PDL's are other compiled kernels
         pdl_check = check_programmatic_launch(graph, engine_header, device, opt_feeds, log, warn_and_keep)
         done("pdl check")
