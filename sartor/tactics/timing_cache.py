@@ -67,6 +67,15 @@ def _tensor(t: torch.Tensor) -> str:
     return f"{_DTYPES.get(t.dtype, str(t.dtype))}[{'x'.join(map(str, t.shape))}]:{fmt}"
 
 
+def _int8_output(attrs: dict) -> list[str]:
+    """An INT8 layer's output in its signature: whether it writes INT8 or floats, and whether its sums
+    are decoded from their bits (another epilogue: kernels/common/tile_steps.py); nothing for others."""
+    if "input_inv_scale" not in attrs:
+        return []
+    parts = [f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}"]
+    return parts + (["sums=decoded"] if sums_decoded(attrs.get(ACCUMULATOR_BOUND)) else [])
+
+
 def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool) -> str:
     """One FusedConv's timing identity, e.g.
     FusedConv x=f32[2x3x16x16]:contiguous w=f32[8x3x3x3]:contiguous b=f32 strides=1,1 pads=1,1/1,1
@@ -86,10 +95,7 @@ def conv_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: 
              f"dilations={','.join(map(str, dilations))}", f"group={attrs.get('group', 1)}",
              f"act={attrs.get('activation') or 'none'}", f"residual={res}",
              f"precision={precision}", f"tf32={int(bool(tf32))}"]
-    if "input_inv_scale" in attrs:  # INT8 layers: whether they write INT8 or floats
-        parts.append(f"out={'i8' if attrs.get('output_inv_scale') is not None else 'float'}")
-        if sums_decoded(attrs.get(ACCUMULATOR_BOUND)):  # another epilogue (kernels/common/tile_steps.py)
-            parts.append("sums=decoded")
+    parts += _int8_output(attrs)
     pool = max_pool_label(attrs)
     if pool is not None:  # a QConv carrying its max pool (ops/fused_pool.py): another output
         parts.append(f"pool={pool}")
@@ -117,11 +123,7 @@ def _chain_signature(args: list, attrs: dict, precision: str, tf32: bool) -> str
     second = attrs["second"]
     parts = [f"then w={_tensor(weight)}", f"b={'none' if bias is None else _DTYPES.get(bias.dtype, str(bias.dtype))}",
              f"act={second.get('activation') or 'none'}"]
-    if "input_inv_scale" in second:
-        parts.append(f"out={'i8' if second.get('output_inv_scale') is not None else 'float'}")
-        if sums_decoded(second.get(ACCUMULATOR_BOUND)):
-            parts.append("sums=decoded")
-    return " ".join(["ConvChain", first, *parts])
+    return " ".join(["ConvChain", first, *parts, *_int8_output(second)])
 
 
 def layer_signature(op_type: str, args: list, attrs: dict, precision: str, tf32: bool,
