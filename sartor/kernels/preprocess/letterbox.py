@@ -368,7 +368,7 @@ def letterbox_frames(frames: torch.Tensor, frame_layout: str, frame_order: str, 
     columns = used_taps(int(w), int(new_w))
     groups = (device_row_groups(int(h), int(new_h), body_top - top, body_rows, tile.rows, frames.device)
               if tile.rows > 1 and body_rows > 0 else None)
-    if groups is not None and groups[3] * columns <= MAX_UNROLLED_TAPS:
+    if groups is not None and unrolled_rows(groups[3], columns):
         group_row, group_used, group_weight, span = groups
         count = group_row.shape[0]
         grid = (triton.cdiv(ow, tile.pixels), count + triton.cdiv(oh - body_rows, tile.rows), n)
