@@ -8,10 +8,11 @@ and into the buffers the engine gives them. A chain is fused in the engine where
 of its tiles at every profile and its times, summed over the profiles, are under CHAIN_MARGIN of its
 two layers' winners' summed times. The others stay two layers with their own winners.
 
-A layer timed alone is not the engine: at batch 1 a whole YOLOv8n with chains that each timed faster
-ran slower than without them. So the engine with its chains is then timed against the engine
-without any (`check_chains`, as --pdl's and the auxiliary streams' choices are made), at every
-profile's opt shape, and the chains are kept only where the whole engine is faster.
+A layer timed alone is not the engine (a kernel replayed back to back hides latency that the
+engine's sequence shows; the decision record has the measurement). So the engine with its chains is
+then timed against the engine without any (`check_chains`, as --pdl's and the auxiliary streams'
+choices are made), at every profile's opt shape, and the chains are kept only where the whole
+engine is faster.
 """
 from __future__ import annotations
 
