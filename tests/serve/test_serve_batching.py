@@ -669,8 +669,7 @@ class CaptureCostInstance(Instance):
 def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_path, tiny_onnx, monkeypatch):
     """max_batch_size 128 warms powers of two and multiples of 16 only; 16 concurrent clients form
     batches of every size up to 16. Each size's first run used to stall every queued request for the
-    length of a capture (p90 ~0.9 s and p99 ~1.1 s at 16 clients on the H200); batches are now
-    padded up to a warmed size."""
+    length of a capture; batches are now padded up to a warmed size."""
     import sartor
     from sartor.serve import repository
     monkeypatch.setattr(repository, "Instance", CaptureCostInstance)
@@ -683,7 +682,7 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
     pool = [images(1, seed=300 + i) for i in range(8)]
     expected = [reference(plan, x) for x in pool]
     threads_n, per_thread = 16, 12
-    latencies: list = []
+    completed: list = []
     errors: list = []
     with running(root) as server:
         barrier = threading.Barrier(threads_n, timeout=30)
@@ -694,10 +693,9 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
                 barrier.wait()
                 for i in range(per_thread):
                     j = (k + i) % len(pool)
-                    start = time.monotonic()
                     result = grpc_infer(client, pool[j])
-                    latencies.append(time.monotonic() - start)
                     np.testing.assert_allclose(result.as_numpy("logits"), expected[j], rtol=1e-5, atol=1e-6)
+                    completed.append(j)
                 client.close()
             except Exception as exc:  # reported below
                 errors.append(repr(exc))
@@ -705,13 +703,11 @@ def test_concurrent_batching_never_stalls_on_a_batch_size_warm_up_skipped(tmp_pa
         run_threads(client_thread, threads_n, timeout=120)
         histogram = server.metrics.histogram("nv_inference_batch_size", {"model": "tiny", "version": "1"})
     assert not errors, errors[:3]
-    assert len(latencies) == threads_n * per_thread
+    assert len(completed) == threads_n * per_thread
     assert histogram["count"] < threads_n * per_thread  # requests were batched
+    # The stall is a run of a batch size warm-up skipped, and each such run is recorded: the check is the
+    # record, not a latency bound, which a loaded CI machine crossed without any stall.
     assert CaptureCostInstance.cold_runs == []
-    # Not a speed target: a stall costs a whole simulated capture (COLD_RUN_S), so half of one tells a
-    # stall from a loaded machine (a CI run under load measured 326 ms against an earlier 0.3 s bound).
-    p99 = sorted(latencies)[int(0.99 * len(latencies))]
-    assert p99 < CaptureCostInstance.COLD_RUN_S / 2, f"p99 latency {p99 * 1e3:.0f} ms"
 
 
 @pytest.mark.parametrize(("config", "shapes"), [
