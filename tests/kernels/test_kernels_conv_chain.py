@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 
 from sartor.errors import TacticNameError  # noqa: E402
 from sartor.kernels.conv.chain import (  # noqa: E402
-    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width)
+    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width, row_block)
 from sartor.kernels.conv.igemm import ConvGeometry  # noqa: E402
 from sartor.kernels.registry import REFERENCE, parse_tactic  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
@@ -23,14 +23,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name]  # a 64-channel and a 32-channel K block
 
 # (input channels, middle channels, output channels, kernel, stride, pads, dilation):
-# YOLOv8n's 3×3 stride 2 into its C2f's 1×1 (16 channels: the gather walk), a blocked K walk, a 1×1
-# into a 1×1 of a ragged middle (80: padded to 128), the widest middle, asymmetric pads and a dilation
+# YOLOv8n's 3×3 stride 2 into its C2f's 1×1 (16 channels: a filter row a K step), a blocked K walk, a 1×1
+# into a 1×1 of a ragged middle (80: padded to 128), the widest middle (32 channels: rows of 128
+# columns on a 64-column tile, the tap walk on a 32-column one), asymmetric pads and a dilation over
+# 24 channels (rows told their 8-element runs), 80 channels 3×3 (YOLOv8n's class branch: the tap walk,
+# each tap's last channel block masked) and the flat gather: 4 channels (told, as shifts) and 3.
 CASES = [
     (16, 32, 32, 3, 2, (1, 1, 1, 1), 1),
     (64, 64, 48, 3, 1, (1, 1, 1, 1), 1),
     (64, 80, 40, 1, 1, (0, 0, 0, 0), 1),
     (32, MAX_CHAIN_CHANNELS, 64, 3, 2, (1, 1, 1, 1), 1),
     (24, 24, 16, 3, 1, (0, 2, 1, 1), 2),
+    (80, 80, 16, 3, 1, (1, 1, 1, 1), 1),
+    (4, 16, 32, 3, 1, (1, 1, 1, 1), 1),
+    (3, 16, 16, 3, 2, (1, 1, 1, 1), 1),
 ]
 
 
@@ -146,6 +152,32 @@ def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():
         ChainTile.parse("chain.64x24x64.w4.s3")
     assert len(chain_tiles(1)) < len(chain_tiles(3)) == len(CHAIN_TILES)
     assert middle_width(80, int8=True) == 128 and middle_width(8, int8=True) == 32 and middle_width(8, int8=False) == 16
+
+
+def test_a_filter_row_is_one_k_step_for_few_channels_a_multiple_of_8_whose_row_fits_a_block():
+    assert row_block(16, (3, 3), int8=True) == 64 and row_block(32, (3, 3), int8=True) == 128
+    assert row_block(24, (3, 3), int8=True) == 128 and row_block(8, (3, 3), int8=True) == 32
+    assert row_block(8, (3, 3), int8=False) == 32 and row_block(8, (1, 2), int8=False) == 16
+    assert row_block(48, (3, 3), int8=True) == 0  # 144 columns: more than a block
+    assert row_block(12, (3, 3), int8=True) == 0 and row_block(3, (3, 3), int8=True) == 0  # the gather's
+    assert row_block(16, (1, 1), int8=True) == row_block(16, (3, 1), int8=True) == 0  # one tap a row
+
+
+def test_int8_chain_reads_a_split_half_off_a_16_byte_boundary_a_row_at_a_time():
+    """The second 40 of 80 channels of codes, as a C2f's Split hands them on: each pixel's run starts
+    40 bytes in, 8 past a 16-byte boundary, and pixels are 80 codes apart. The kernel reads from the
+    boundary before (`aligned_start`), its rows told 8-element runs; equal to the two layers on the
+    slice made contiguous."""
+    generator = torch.Generator().manual_seed(16)
+    inputs, attrs = _int8_chain(40, 32, 32, 3, 1, (1, 1, 1, 1), 1, generator)
+    wide = torch.randint(-127, 128, (2, 80, 9, 11), dtype=torch.int8, generator=generator)
+    half = wide.contiguous(memory_format=torch.channels_last)[:, 40:]
+    assert half.data_ptr() % 16 == 8 and half.stride()[3] == 80
+    inputs[0] = half
+    expected = _two_layers([half.contiguous(memory_format=torch.channels_last), *inputs[1:]], attrs)
+    assert expected.unique().numel() > 50
+    got = conv_chain_layer(_on_device(inputs, TILES[0]), dict(attrs, tactic=TILES[0]))
+    assert torch.equal(got.cpu(), expected)
 
 
 def test_tactics_offered_on_cuda_only_and_the_op_registered_once():

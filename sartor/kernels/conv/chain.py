@@ -16,7 +16,9 @@ own winners (`builder/conv_chains.py`; docs/decisions/kernel-conv-chain.md).
 
 Both weights are K-major: the first packed by `igemm.pack_weight` ([Cout, kh·kw·C] in memory), the
 1×1's [Cout, C] as built. The first layer's K is walked tap by tap in channel blocks where its
-channel count is a multiple of the K block, else as one flat gather over (kh, kw, c).
+channel count is a multiple of the K block; else a filter row at a time where its row of a multiple of 8
+channels fits one block (`row_block`), each pixel's channels loaded as vectors; else as one flat gather
+over (kh, kw, c).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
-from .igemm import ConvGeometry, as_nchw_view, is_packed
+from .igemm import (ROW_TAPS_MAX_BLOCK_K, ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed,
+                    row_alignment)
 
 # The first layer's output channels a program holds at once, as one tile (padded to a power of two):
 # its accumulators and then its codes stay in registers for the second product.
@@ -57,17 +60,19 @@ if triton is not None:
     def _conv_chain_kernel(
             x_ptr, w1_ptr, b1_ptr, s1_ptr, w2_ptr, b2_ptr, s2_ptr, y_ptr,
             M, C, H, W, OH, OW, C_MID, COUT, K1, y_row,
-            sxn, sxc, sxh, sxw, pad_h, pad_w, dil_h, dil_w,
+            sxn, sxc, sxh, sxw, x_shift, pad_h, pad_w, dil_h, dil_w,
             in_inv_scale, mid_inv_scale, out_inv_scale, qmin, alpha1, beta1, alpha2, beta2,
             KH: tl.constexpr, KW: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
             INT8: tl.constexpr, INT8_1: tl.constexpr, INT8_2: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
             HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr, ACT1: tl.constexpr, ACT2: tl.constexpr,
             OUT_QUANT: tl.constexpr, GATHER: tl.constexpr, C_TAPS: tl.constexpr, MID: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
+            ROW_TAPS: tl.constexpr = 0, ROW_K: tl.constexpr = 0, ROW_ALIGN: tl.constexpr = 1,
+            CHANNEL_TAIL: tl.constexpr = False):
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
-        image = n_idx.to(tl.int64) * sxn
+        image = n_idx.to(tl.int64) * sxn + x_shift  # x_ptr is 16-byte aligned; the input starts x_shift after
         offs_mid = tl.arange(0, MID)
         mid_ok = offs_mid < C_MID
         if INT8:
@@ -75,7 +80,32 @@ if triton is not None:
         else:
             acc = tl.zeros((BLOCK_M, MID), dtype=tl.float32)
         await_previous_kernel(PDL)  # every load below reads an activation (or follows one)
-        if GATHER:
+        if ROW_TAPS > 0:
+            # One K step per filter row, as igemm's row taps: its KW taps' ROW_TAPS (= C, a multiple of 8)
+            # channels side by side in ROW_K columns, each run of C one pixel's contiguous channels, loaded
+            # as vectors where the flat gather loaded an element at a time.
+            offs_r = tl.arange(0, ROW_K)
+            tap_w = offs_r // ROW_TAPS
+            r_ok = offs_r < KW * ROW_TAPS
+            iw = (ow * STRIDE_W - pad_w)[:, None] + (tap_w * dil_w)[None, :]
+            cols_ok = m_ok[:, None] & r_ok[None, :] & (iw >= 0) & (iw < W)
+            cols = image[:, None] + iw * sxw + ((offs_r % ROW_TAPS) * sxc)[None, :]
+            # The weight's rows are KH·KW·C apart as a constant, whose factor 8 Triton sees (not K1).
+            w_rows = offs_mid[None, :] * (KH * KW * ROW_TAPS) + offs_r[:, None]
+            # Pixels whose offsets Triton cannot prove multiples of 16 (24 or 40 channels): told that every
+            # run of ROW_VECTOR columns is contiguous from a multiple of ROW_VECTOR (igemm's ROW_TOLD).
+            ROW_VECTOR: tl.constexpr = ROW_ALIGN if ROW_ALIGN < (ROW_TAPS & -ROW_TAPS) else (ROW_TAPS & -ROW_TAPS)
+            ROW_TOLD: tl.constexpr = ROW_TAPS % 16 != 0 or ROW_TAPS & (ROW_TAPS - 1) != 0 or ROW_ALIGN < 16
+            for tap_h in range(KH):
+                ih = oh * STRIDE_H - pad_h + tap_h * dil_h
+                a_cols = cols + (ih * sxh)[:, None]
+                if ROW_TOLD and ROW_VECTOR > 1:
+                    a_cols = tl.max_contiguous(tl.multiple_of(a_cols, [1, ROW_VECTOR]), [1, ROW_VECTOR])
+                a = tl.load(x_ptr + a_cols, mask=cols_ok & ((ih >= 0) & (ih < H))[:, None], other=0)
+                b = tl.load(w1_ptr + w_rows + tap_h * (KW * ROW_TAPS),
+                            mask=r_ok[:, None] & mid_ok[None, :], other=0)
+                acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, False, QUANTIZE_INPUT, ROW_K)
+        elif GATHER:
             for k0 in range(0, K1, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = offs_k < K1
@@ -95,7 +125,9 @@ if triton is not None:
                             other=0)
                 acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, False, QUANTIZE_INPUT, BLOCK_K)
         else:
-            c_blocks = C // BLOCK_K
+            # Tap by tap in channel blocks; with CHANNEL_TAIL (a multiple of 8 channels that the block does
+            # not divide: YOLOv8n's 80-class branch) a tap's last block is masked, its runs still vectors.
+            c_blocks = tl.cdiv(C, BLOCK_K) if CHANNEL_TAIL else C // BLOCK_K
             for step in range(0, KH * KW * c_blocks):
                 tap = step // c_blocks
                 c0 = (step - tap * c_blocks) * BLOCK_K
@@ -105,10 +137,14 @@ if triton is not None:
                 iw = ow * STRIDE_W - pad_w + kw * dil_w
                 ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
                 offs_c = c0 + tl.arange(0, BLOCK_K)
-                a = tl.load(x_ptr + (image + ih * sxh + iw * sxw)[:, None] + offs_c[None, :] * sxc, mask=ok[:, None],
-                            other=0)
+                a_ok = ok[:, None]
+                b_ok = mid_ok[None, :]
+                if CHANNEL_TAIL:
+                    a_ok = a_ok & (offs_c < C)[None, :]
+                    b_ok = b_ok & (offs_c < C)[:, None]
+                a = tl.load(x_ptr + (image + ih * sxh + iw * sxw)[:, None] + offs_c[None, :] * sxc, mask=a_ok, other=0)
                 offs_k = tap * C + offs_c
-                b = tl.load(w1_ptr + offs_mid[None, :] * K1 + offs_k[:, None], mask=mid_ok[None, :], other=0)
+                b = tl.load(w1_ptr + offs_mid[None, :] * K1 + offs_k[:, None], mask=b_ok, other=0)
                 acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, False, QUANTIZE_INPUT, BLOCK_K)
         middle = epilogue_output(acc, 0.0, offs_mid, mid_ok, b1_ptr, s1_ptr, 1.0, 1.0, qmin, alpha1, beta1,
                                  INT8_1, False, HAS_BIAS1, False, False, False, ACT1, 0)
@@ -174,6 +210,19 @@ def middle_width(channels: int, int8: bool) -> int:
     return max(32 if int8 else 16, 1 << max(0, channels - 1).bit_length())
 
 
+def row_block(channels: int, kernel: tuple[int, int], int8: bool) -> int:
+    """The K columns of one filter row when the first layer's K is walked a row at a time (its KW
+    taps' channels side by side), else 0: for several taps a row over a multiple of 8 channels whose
+    row, rounded up to a power of two of at least the tensor cores' K step, fits ROW_TAPS_MAX_BLOCK_K
+    (16 and 32 channels at 3×3: 64 and 128 columns). Used where the tile's K block does not divide
+    the channels, in place of the flat gather."""
+    kw = kernel[1]
+    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
+        return 0
+    columns = max(32 if int8 else 16, 1 << (kw * channels - 1).bit_length())
+    return columns if columns <= ROW_TAPS_MAX_BLOCK_K else 0
+
+
 @dataclass(frozen=True)
 class ChainLayer:
     """One layer of a chain as the kernel takes it: its bias (None without), its dequant scale (INT8:
@@ -212,6 +261,7 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     if int8 and (first.output_inv_scale is None or second.dequant_scale is None):
         raise ValueError("conv_chain: an INT8 chain's first layer writes codes the second reads")
     x4 = as_nchw_view(x)
+    x_base, x_shift = aligned_start(x4)
     n, c, h, w_in = x4.shape
     c_mid, cout = w1_packed.shape[0], w2.shape[0]
     if c_mid > MAX_CHAIN_CHANNELS or tuple(w2.shape[1:]) != (c_mid, 1, 1):
@@ -224,7 +274,9 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     m = n * oh * ow
     k1 = c * geometry.kernel[0] * geometry.kernel[1]
     block_k = tile.block_k
-    gather = c % block_k != 0
+    row_k = row_block(c, geometry.kernel, int8) if c % block_k else 0
+    channel_tail = c % block_k != 0 and not row_k and c % ROW_TAPS_MIN_CHANNELS == 0
+    gather = c % block_k != 0 and not row_k and not channel_tail
     _, flags1 = epilogue_arguments(quantized=int8, fp8=False, bias=first.bias, residual=None,
                                    activation=first.activation, alpha=first.alpha, beta=first.beta,
                                    residual_after_activation=False, residual_scale=None, output_inv_scale=None,
@@ -237,11 +289,11 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     placeholder = w2  # for absent biases and a float chain's scales: never read
     grid = (triton.cdiv(m, tile.block_m),)
     _conv_chain_kernel[grid](
-        x4, w1_packed, first.bias if first.bias is not None else placeholder,
+        x_base, w1_packed, first.bias if first.bias is not None else placeholder,
         first.dequant_scale if int8 else placeholder, w2,
         second.bias if second.bias is not None else placeholder, second.dequant_scale if int8 else placeholder, y,
         m, c, h, w_in, oh, ow, c_mid, cout, k1, pixel_stride(y),
-        *x4.stride(), geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
+        *x4.stride(), x_shift, geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(first.input_inv_scale or 1.0), float(first.output_inv_scale or 1.0),
         float(second.output_inv_scale or 1.0), float(qmin),
         float(first.alpha or 0.0), float(first.beta or 0.0), float(second.alpha or 0.0), float(second.beta or 0.0),
@@ -251,7 +303,9 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
         OUT_QUANT=flags2["OUT_QUANT"], GATHER=gather, C_TAPS=c if gather and block_k % c == 0 else 0,
         MID=middle_width(c_mid, int8),
         BLOCK_M=tile.block_m, BLOCK_K=block_k, BLOCK_N=tile.block_n,
-        PDL=pdl, num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8, **launch_options(pdl))
+        PDL=pdl, ROW_TAPS=c if row_k else 0, ROW_K=row_k,
+        ROW_ALIGN=row_alignment(x4, geometry, x_shift) if row_k else 1, CHANNEL_TAIL=channel_tail,
+        num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8, **launch_options(pdl))
     return y
 
 
