@@ -12,6 +12,9 @@ the network, in one of two places:
 Calibration is random input (a kernel's speed does not depend on its scales). Printed: the layer's
 timed candidates, fastest first, each precision's winner and the INT8 / FP16 ratio of the winners.
 
+A third context, `stem`, is a detector's first layer reading the graph's float image at stride 2
+(`--shape 32x3x640x640 --context stem`: YOLO's stem at batch 32).
+
     PYTHONPATH=. python bench/layer_candidates.py --shape 32x40x40x40 [--shape 32x24x80x80] [--context chain,c2f]"""
 from __future__ import annotations
 
@@ -35,12 +38,13 @@ class Graph:
         self.nodes, self.inits = [], []
         self.rng = np.random.default_rng(0)
 
-    def conv_silu(self, name: str, x: str, cin: int, cout: int, kernel: int) -> str:
+    def conv_silu(self, name: str, x: str, cin: int, cout: int, kernel: int, stride: int = 1) -> str:
         w = self.rng.standard_normal((cout, cin, kernel, kernel)) / np.sqrt(cin * kernel * kernel)
         self.inits += [numpy_helper.from_array(w.astype(np.float32), f"{name}.w"),
                        numpy_helper.from_array(self.rng.standard_normal(cout).astype(np.float32) * 0.1, f"{name}.b")]
         self.nodes += [helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.c"], name=name,
-                                        kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4),
+                                        kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4,
+                                        strides=[stride, stride]),
                        helper.make_node("Sigmoid", [f"{name}.c"], [f"{name}.s"], name=f"{name}.sigmoid"),
                        helper.make_node("Mul", [f"{name}.c", f"{name}.s"], [f"{name}.y"], name=f"{name}.silu")]
         return f"{name}.y"
@@ -79,7 +83,16 @@ def c2f_block(channels: int, kernel: int, hidden: int | None = None) -> onnx.Mod
     return g.model(2 * channels, g.conv_silu("next", y, 2 * channels, 2 * channels, 1), 2 * channels)
 
 
-CONTEXTS = {"chain": conv_chain, "c2f": c2f_block}
+def stem(channels: int, kernel: int, hidden: int | None = None) -> onnx.ModelProto:
+    """A detector's first layer: the graph's float image of C channels into `hidden` (16 by default)
+    at stride 2, as YOLO's 3 → 16, then one more layer so that it is no output head."""
+    hidden = hidden or 16
+    g = Graph()
+    y = g.conv_silu(TIMED_LAYER, "input", channels, hidden, kernel, stride=2)
+    return g.model(channels, g.conv_silu("next", y, hidden, hidden, kernel), hidden)
+
+
+CONTEXTS = {"chain": conv_chain, "c2f": c2f_block, "stem": stem}
 
 
 def timed_layer(result) -> dict:
@@ -93,10 +106,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12)
     parser.add_argument("--effort", type=int, default=None)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--context", default="chain", help="chain, c2f or both (comma-separated)")
+    parser.add_argument("--context", default="chain", help="chain, c2f or stem, or several (comma-separated)")
     parser.add_argument("--precisions", default="fp16,int8")
     parser.add_argument("--hidden", type=int, default=None,
-                        help="c2f: the channels the timed layer writes (its bottleneck's inner width; C by default)")
+                        help="c2f: the channels the timed layer writes (its bottleneck's inner width; C by "
+                             "default); stem: its output channels (16 by default)")
     parser.add_argument("--unaligned", action="store_true",
                         help="the implicit-GEMM kernel given its input's and residual's own pointers, as "
                              "before aligned_start (decision 0061): that change's A/B")
@@ -107,7 +121,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="layer_candidates_"))
     for spec, context in ((s, c) for s in args.shape for c in args.context.split(",")):
         half = tuple(int(v) for v in spec.split("x"))
-        shape = half if context == "chain" else (half[0], 2 * half[1]) + half[2:]
+        shape = half if context in ("chain", "stem") else (half[0], 2 * half[1]) + half[2:]
         spec = f"{spec} {context}"
         model = work / f"{context}_{half[1]}.onnx"
         onnx.save(CONTEXTS[context](half[1], args.kernel, args.hidden), model)

@@ -53,6 +53,7 @@ CHANNELS_LAST = "channels-last"
 DEPTHWISE_TAPS = "depthwise-taps"  # depthwise.pack_depthwise_weight: taps outermost
 PIXEL_WINDOWS = "pixel-windows"  # quantized_window.window_weight
 IM2COL_ROWS = "im2col-rows"  # [Cout, kh·kw·C] rows, K zero-padded for the GEMM tile
+TAP_WORDS = "tap-words"  # direct_stem.tap_words: int32 words of four taps' codes, [words, Cout]
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
+from ..kernels.conv.direct_stem import DIRECT_STEM_FORMS, direct_stem_applies, direct_stem_conv, tap_words
 from ..kernels.conv.direct_words import DIRECT_WORDS_FORMS, direct_int8_words_conv, direct_words_applies
 from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                       TRITON_DEPTHWISE_INT8_WORDS,
@@ -82,7 +83,7 @@ from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TI
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window.resident import WindowResidentTile
 from ..kernels.registry import (AS_GIVEN, CHANNELS_LAST, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS,
-                                REFERENCE, Inline, LayerFacts, Tactic, register, tactic_for)
+                                REFERENCE, TAP_WORDS, Inline, LayerFacts, Tactic, register, tactic_for)
 from .conv import conv_nd, depthwise_geometry, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -232,8 +233,9 @@ def _qlayer_tactics(gemm: bool):
         implicit-GEMM tiles with their variants, and where they apply the resident kernel, the
         TMA-fed kernels (stride-1 convolutions of 8-bit codes; 1×1 ones and GEMMs as dense GEMMs),
         the library GEMMs, im2col + GEMM, the CUDA cores' dp4a kernel (at most 32 channels in whole
-        words) and the pixel windows (few-channel convolutions); an INT8 depthwise layer, the
-        depthwise kernel. A projected layer: `projected_tactics`."""
+        words), their stem kernel (a float image of few channels) and the pixel windows (few-channel
+        convolutions); an INT8 depthwise layer, the depthwise kernel. A projected layer:
+        `projected_tactics`."""
         names = [REFERENCE]
         if is_fp8(attrs) and not fp8_tensor_cores(inputs[0].device):
             return names
@@ -268,6 +270,8 @@ def _qlayer_tactics(gemm: bool):
                 names += [Im2colIgemm(tile).name for tile in tiles]
             if not gemm and direct_words_int8(inputs[0], inputs[1], attrs):
                 names.extend(DIRECT_WORDS_FORMS)
+            if not gemm and direct_stem_int8(inputs, attrs):
+                names.extend(DIRECT_STEM_FORMS)
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
@@ -281,7 +285,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     """The weight in the layout the tactic's family declares: windowed for the pixel windows
     (`quantized_window.window_weight`); packed K-major for the implicit-GEMM tiles, the resident
     kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); taps
-    outermost for the depthwise kernel; channels-last for the dp4a kernel; as built for the emulation."""
+    outermost for the depthwise kernel; channels-last for the dp4a kernel; words of four taps for the
+    stem kernel (`direct_stem.tap_words`); as built for the emulation."""
     chosen = tactic_for(tactic)
     layout = chosen.weight_layout if wq.dim() == 4 else AS_GIVEN
     if layout == PIXEL_WINDOWS:
@@ -292,6 +297,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         return pack_depthwise_weight(wq)
     if layout == CHANNELS_LAST:
         return wq.contiguous(memory_format=torch.channels_last)
+    if layout == TAP_WORDS:
+        return tap_words(wq)
     return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 
@@ -451,6 +458,29 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
                                   tactic=tactic, **epilogue)
 
 
+def direct_stem_int8(inputs: list, attrs: dict) -> bool:
+    """Whether the CUDA cores' stem kernel runs this dense INT8 QConv (`kernels/conv/direct_stem.py`): a
+    float image of few channels, few outputs, no residual or projection, not FP8, an epilogue it knows."""
+    residual = len(inputs) > 3 and inputs[3] is not None
+    return (not residual and projection_inputs(inputs) is None and not is_fp8(attrs) and attrs.get("group", 1) == 1
+            and attrs.get("activation") in ACTIVATION_CODES and not attrs.get("residual_after_activation")
+            and direct_stem_applies(inputs[0], inputs[1]))
+
+
+def _qlayer_direct_stem(x, w_words, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None,
+                        tactic: str | None = None):
+    """The layer by the stem kernel, its weight stored as TAP_WORDS ([words, Cout])."""
+    full = torch.empty((w_words.shape[-1], x.shape[1], *attrs["kernel_shape"]), dtype=torch.int8, device="meta")
+    geometry = igemm_geometry(x, full, attrs, require_cuda=False)
+    if geometry is None or residual is not None or not direct_stem_int8([x, full, bias, None, dequant_scale], attrs):
+        return None
+    epilogue = _int8_epilogue(attrs)
+    for unused in ("fp8", "residual_scale", "residual_after_activation"):  # no residual, never FP8
+        epilogue.pop(unused)
+    return direct_stem_conv(x, w_words, bias, geometry, dequant_scale=dequant_scale, out=out, tactic=tactic,
+                            **epilogue)
+
+
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
     """The layer by its tactic when that is a library GEMM, the resident kernel, a TMA tile (of a
     convolution or a dense GEMM), an implicit-GEMM tile, the depthwise or the dp4a kernel; None for
@@ -463,6 +493,8 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
         return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
     if name in DIRECT_WORDS_FORMS and not gemm:
         return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out, name)
+    if name in DIRECT_STEM_FORMS and not gemm:
+        return _qlayer_direct_stem(x, wq, bias, residual, dequant_scale, attrs, out, name)
     tactic = tactic_for(name)
     run = _KERNEL_RUNNERS.get(type(tactic))
     return None if run is None else run(x, wq, bias, residual, dequant_scale, attrs, tactic, gemm, out)

@@ -89,14 +89,14 @@ if triton is not None:
                     else:
                         words = tl.load(x_ptr + pixels + j, mask=ok, other=0)
                         taps = tl.load(tap + j, mask=c_ok, other=0)
-                    acc = _four_products_sum(tl.broadcast_to(words[:, None], (BLOCK_P, BLOCK_CO)),
+                    acc = four_products_sum(tl.broadcast_to(words[:, None], (BLOCK_P, BLOCK_CO)),
                                              tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
 
     @triton.jit
-    def _four_products_sum(words, taps, acc, DP4A: tl.constexpr):
+    def four_products_sum(words, taps, acc, DP4A: tl.constexpr):
         """acc + the sum of the four signed byte products of `words` and `taps`."""
         if DP4A:
             return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [words, taps, acc],

@@ -1,0 +1,193 @@
+"""An INT8 stem on the CUDA cores: a convolution of few input channels that reads the float image
+itself, quantizes each value as it is loaded, packs four taps' codes into an int32 word and adds
+their four products to each output channel with one dp4a.
+
+A detector's first layer (3 → 16 channels, 3×3 at stride 2 over a 640×640 float image) has little
+for the tensor cores to do, N = 16 and K = 27, and its other tactics move the image twice: the
+window tactics pack it into INT8 block pixels and then run a GEMM over them, the implicit-GEMM
+tiles gather K from three planes with an index division per element. Here a program owns a block of
+output pixels and all of the output channels; the taps are unrolled (channel, row and column known at
+compile time), so each tap is one load of the program's pixels from the image as it lies (NCHW or
+channels-last, float32, float16 or bfloat16) and one quantization; every four taps' codes make a word
+(27 taps: 7 words, the last one's fourth byte 0), and each word meets the output channels' words of
+the same four taps (the weight stored as TAP_WORDS, [words, Cout], once at load) in a dp4a:
+docs/decisions/kernel-direct-stem.md.
+
+The int32 sums are exact and go through the implicit GEMM's epilogue (`store_epilogue`: bias,
+per-channel dequantization, activation, requantization, one store), so the output equals the
+emulation's bit for bit. A value is quantized as `tile_steps.quantize_int8` rounds it (half to even,
+clamped to [qmin, 127]); padding loads 0, whose code is 0. Under Triton's interpreter, which has no
+inline assembly, the four lanes' products are summed by shifts instead (`direct_words`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..common.cache_keys import settle_cache_keys
+from ..common.tile_steps import epilogue_arguments
+from ..pointwise.epilogue import WORD_CODES, channels_last_output, pixel_stride, told_alignment, triton
+from ..registry import TAP_WORDS, fixed_tactic
+from .depthwise import min_programs
+from .igemm import ConvGeometry
+
+if triton is not None:
+    import triton.language as tl
+
+    from ..common.tile_steps import pixel_coords, store_epilogue
+    from ..pointwise.epilogue import told_multiple
+    from .depthwise import tap_pixels
+    from .direct_words import four_products_sum
+
+    @triton.jit
+    def _code_byte(v, inv_scale, qmin):
+        """quantize_int8's code of v in the low byte of an int32, the other bytes 0."""
+        t = v * inv_scale + 12582912.0
+        t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
+        return t.to(tl.int32, bitcast=True) & 0xFF
+
+    @triton.jit
+    def _direct_stem_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, y_ptr, P, COUT, H, W, OH, OW, y_row,
+                            sxn, sxc, sxh, sxw, pad_h, pad_w,
+                            in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
+                            C: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                            DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                            OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr,
+                            DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1):
+        """x: the float image [N, C, H, W] by its strides; w: the int32 tap words [words, COUT]
+        (`tap_words`). CH_ALIGN: a power of two dividing COUT and the output's pixel stride."""
+        COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels loaded and stored at once
+        y_row = told_multiple(y_row, CH_ALIGN)
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        p_ok = offs_p < P
+        c_ok = offs_c < COUT
+        n, oh, ow = pixel_coords(offs_p, OH, OW)
+        base = n.to(tl.int64) * sxn
+        ih0 = oh * SH - pad_h
+        iw0 = ow * SW - pad_w
+        acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
+        TAPS: tl.constexpr = C * KH * KW
+        for j in tl.static_range((TAPS + 3) // 4):
+            word = tl.zeros((BLOCK_P,), dtype=tl.int32)
+            for lane in tl.static_range(4):
+                if 4 * j + lane < TAPS:  # taps in (channel, row, column) order, as the weight's words
+                    pixels, ok = tap_pixels(base + ((4 * j + lane) // (KH * KW)) * sxc,
+                                            ih0 + ((4 * j + lane) // KW % KH) * DH, iw0 + ((4 * j + lane) % KW) * DW,
+                                            p_ok, H, W, sxh, sxw)
+                    v = tl.load(x_ptr + pixels, mask=ok, other=0.0).to(tl.float32)
+                    word = word | (_code_byte(v, in_inv_scale, qmin) << (8 * lane))
+            taps = tl.load(w_ptr + j * COUT + offs_c, mask=c_ok, other=0)
+            acc = four_products_sum(tl.broadcast_to(word[:, None], (BLOCK_P, BLOCK_CO)),
+                                     tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
+        store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, y_ptr, y_ptr,
+                        y_row, 0, 0, 0, 0, res_scale, out_inv_scale, qmin, alpha, beta,
+                        True, False, HAS_BIAS, False, False, False, ACT, OUT_QUANT)
+
+
+# Where the CUDA cores can be worth timing against the tensor cores: an image's few channels into few
+# outputs, over few taps (the loop is unrolled: YOLO's 27 taps are 7 words).
+MAX_IN_CHANNELS = 4
+MAX_OUT_CHANNELS = 32
+MAX_TAPS = 64
+_MIN_BLOCK_P = 32
+
+
+@dataclass(frozen=True)
+class DirectStemForm:
+    """A tactic's block: `block_elements` int32 accumulators a program (16 registers a thread at 4
+    warps for 2048), all of the output channels, pixels for the rest."""
+    block_elements: int
+
+
+TRITON_DIRECT_STEM_INT8 = "triton_direct_stem_int8"
+# Twice the pixels a program: each word of weights loaded once for twice the products.
+TRITON_DIRECT_STEM_INT8_WIDE = "triton_direct_stem_int8_wide"
+DIRECT_STEM_FORMS = {TRITON_DIRECT_STEM_INT8: DirectStemForm(2048), TRITON_DIRECT_STEM_INT8_WIDE: DirectStemForm(4096)}
+
+
+def direct_stem_applies(x: torch.Tensor, wq: torch.Tensor) -> bool:
+    """Whether the kernel runs this convolution: a float image of at most MAX_IN_CHANNELS channels, an
+    int8 [Cout, Cin, KH, KW] weight (or a stand-in of its shape) of group 1, few outputs, few taps."""
+    if wq.dtype != torch.int8 or wq.dim() != 4 or x.dim() != 4 or wq.shape[1] != x.shape[1]:
+        return False
+    cout, cin, kh, kw = wq.shape
+    return (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and cin <= MAX_IN_CHANNELS
+            and cout <= MAX_OUT_CHANNELS and cin * kh * kw <= MAX_TAPS)
+
+
+def tap_words(wq: torch.Tensor) -> torch.Tensor:
+    """The int8 weight [Cout, C, KH, KW] as int32 words of four taps' codes in (channel, row, column)
+    order, the last word padded with zero codes, one row of Cout words for each four taps: [words, Cout]
+    (TAP_WORDS), so that a word's output channels load as vectors."""
+    cout = wq.shape[0]
+    taps = wq.reshape(cout, -1)
+    padded = torch.zeros((cout, -(-taps.shape[1] // WORD_CODES) * WORD_CODES), dtype=torch.int8, device=wq.device)
+    padded[:, :taps.shape[1]] = taps
+    return padded.view(torch.int32).t().contiguous()
+
+
+def _block_sizes(pixels: int, channels: int, min_programs: int, block_elements: int) -> tuple[int, int]:
+    """All the output channels a program, pixels as `block_elements` accumulators allow, halved
+    while the grid would leave SMs idle."""
+    block_co = max(8, triton.next_power_of_2(channels))
+    block_p = max(_MIN_BLOCK_P, block_elements // block_co)
+    while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) < min_programs:
+        block_p //= 2
+    return block_p, block_co
+
+
+def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
+                     dequant_scale: torch.Tensor, input_inv_scale: float, activation: str | None = None,
+                     alpha: float | None = None, beta: float | None = None, output_inv_scale: float | None = None,
+                     qmin: int = -127, accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
+                     out: torch.Tensor | None = None, tactic: str | None = None) -> torch.Tensor:
+    """An INT8 QConv reading a float image (module docstring): x float [N, C, H, W] any strides,
+    quantized with `input_inv_scale`; w_words the weight's `tap_words`; bias int32; the per-channel
+    `dequant_scale`. The output is int8 codes with `output_inv_scale`, else `float_dtype`,
+    channels-last or into `out`, by one of DIRECT_STEM_FORMS (`tactic`, the first by default)."""
+    form = DIRECT_STEM_FORMS.get(tactic or TRITON_DIRECT_STEM_INT8)
+    if form is None:
+        raise ValueError(f"direct_stem_conv: tactic {tactic!r} is not one of {', '.join(DIRECT_STEM_FORMS)}")
+    n, c, h, w_in = x.shape if x.dim() == 4 else (0, 0, 0, 0)
+    kh, kw = geometry.kernel
+    words = -(-c * kh * kw // WORD_CODES)
+    cout = w_words.shape[-1]
+    weight = torch.empty((cout, c, kh, kw), dtype=torch.int8, device="meta")
+    if not (direct_stem_applies(x, weight) and w_words.dtype == torch.int32 and tuple(w_words.shape) == (words, cout)
+            and w_words.is_contiguous()):
+        raise ValueError(f"direct_stem_conv: input {tuple(x.shape)} {x.dtype} and weight words "
+                         f"{tuple(w_words.shape)} {w_words.dtype} are not a float image of at most {MAX_IN_CHANNELS} "
+                         f"channels and the tap words of at most {MAX_OUT_CHANNELS} outputs over at most {MAX_TAPS} "
+                         f"taps")
+    oh, ow = geometry.out_hw
+    y = channels_last_output((n, cout, oh, ow), torch.int8 if output_inv_scale is not None else float_dtype,
+                             x.device, out, "direct_stem_conv")
+    scalars, flags = epilogue_arguments(quantized=True, fp8=False, bias=bias, residual=None, activation=activation,
+                                        alpha=alpha, beta=beta, residual_after_activation=False, residual_scale=None,
+                                        output_inv_scale=output_inv_scale, qmin=qmin,
+                                        accumulator_bound=accumulator_bound)
+    pixels = n * oh * ow
+    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
+    grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
+    # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
+    _direct_stem_kernel[grid](
+        x, w_words, bias if bias is not None else w_words, dequant_scale, y, pixels, cout, h, w_in, oh, ow,
+        pixel_stride(y), *x.stride(), geometry.pads[0], geometry.pads[1], float(input_inv_scale), *scalars,
+        C=c, KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
+        DW=geometry.dilations[1], HAS_BIAS=flags["HAS_BIAS"], ACT=flags["ACT"], OUT_QUANT=flags["OUT_QUANT"],
+        BLOCK_P=block_p, BLOCK_CO=block_co, DP4A=y.device.type == "cuda",
+        CH_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=4, enable_fp_fusion=False)
+    return y
+
+
+for _name, _form in DIRECT_STEM_FORMS.items():
+    fixed_tactic(_name,
+                 f"triton INT8 stem on the CUDA cores: the float image read as it lies and quantized as loaded, taps "
+                 f"unrolled, four taps' codes a word and a dp4a a word and output channel, int32 accumulate (at most "
+                 f"{MAX_IN_CHANNELS} channels in, {MAX_OUT_CHANNELS} out, {MAX_TAPS} taps; {_form.block_elements} "
+                 f"accumulators a program) + fused INT8 epilogue", weight_layout=TAP_WORDS)
+
+
+settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)
