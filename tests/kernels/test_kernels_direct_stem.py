@@ -99,6 +99,24 @@ def test_codes_at_the_clamp_and_halfway_between_round_as_the_emulation():
     assert torch.equal(out.cpu(), qconv(layer, attrs))
 
 
+@pytest.mark.parametrize("int8_output", [True, False])
+def test_sums_decoded_from_their_bits_where_the_layer_is_bounded(monkeypatch, int8_output):
+    """With the layer's accumulator bound under 2^22 (`passes/bound_accumulators.py`), the epilogue
+    takes the sums from their bits (SUMS_DECODED) rather than converting them: the same outputs."""
+    from sartor.kernels.common.tile_steps import SUMS_DECODED
+    from sartor.kernels.conv import direct_stem
+    from sartor.ops.quantized import ACCUMULATOR_BOUND
+    generator = torch.Generator().manual_seed(47)
+    layer, attrs = _layer(3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), generator, int8_output=int8_output)
+    attrs[ACCUMULATOR_BOUND] = 27 * 128 * 127 + 3000
+    flags = []
+    kernel = direct_stem._direct_stem_kernel
+    monkeypatch.setattr(direct_stem, "_direct_stem_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *args, **kwargs: (flags.append(kwargs["INT8"]), kernel[grid](*args, **kwargs))[1])})())
+    out = qconv(_on_device(layer), dict(attrs, tactic=TRITON_DIRECT_STEM_INT8))
+    assert flags == [SUMS_DECODED] and torch.equal(out.cpu(), qconv(layer, attrs))
+
+
 @pytest.mark.parametrize("tactic", list(DIRECT_STEM_FORMS))
 def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch, tactic):
     """The tactic's result comes from the kernel: with the kernel's launch spied on, it was launched."""

@@ -54,9 +54,11 @@ if triton is not None:
                             C: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                             DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
                             OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr,
-                            DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1):
+                            INT8: tl.constexpr = True, DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1):
         """x: the float image [N, C, H, W] by its strides; w: the int32 tap words [words, COUT]
-        (`tap_words`). CH_ALIGN: a power of two dividing COUT and the output's pixel stride."""
+        (`tap_words`). INT8: the epilogue's form of the sums (`epilogue_arguments`: decoded from their
+        bits where the layer's bound allows). CH_ALIGN: a power of two dividing COUT and the output's
+        pixel stride."""
         COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels loaded and stored at once
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -83,7 +85,7 @@ if triton is not None:
                                      tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, y_ptr, y_ptr,
                         y_row, 0, 0, 0, 0, res_scale, out_inv_scale, qmin, alpha, beta,
-                        True, False, HAS_BIAS, False, False, False, ACT, OUT_QUANT)
+                        INT8, False, HAS_BIAS, False, False, False, ACT, OUT_QUANT)
 
 
 # Where the CUDA cores can be worth timing against the tensor cores: an image's few channels into few
@@ -177,7 +179,7 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
         pixel_stride(y), *x.stride(), geometry.pads[0], geometry.pads[1], float(input_inv_scale), *scalars,
         C=c, KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
         DW=geometry.dilations[1], HAS_BIAS=flags["HAS_BIAS"], ACT=flags["ACT"], OUT_QUANT=flags["OUT_QUANT"],
-        BLOCK_P=block_p, BLOCK_CO=block_co, DP4A=y.device.type == "cuda",
+        BLOCK_P=block_p, BLOCK_CO=block_co, INT8=flags["INT8"], DP4A=y.device.type == "cuda",
         CH_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=4, enable_fp_fusion=False)
     return y
 
