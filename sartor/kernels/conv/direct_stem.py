@@ -30,6 +30,7 @@ from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, pixel_stride, told_alignment, triton
 from ..registry import TAP_WORDS, fixed_tactic
 from .depthwise import min_programs
+from .direct_words import block_sizes
 from .igemm import ConvGeometry
 
 if triton is not None:
@@ -93,7 +94,6 @@ if triton is not None:
 MAX_IN_CHANNELS = 4
 MAX_OUT_CHANNELS = 32
 MAX_TAPS = 64
-_MIN_BLOCK_P = 32
 
 
 @dataclass(frozen=True)
@@ -130,16 +130,6 @@ def tap_words(wq: torch.Tensor) -> torch.Tensor:
     return padded.view(torch.int32).t().contiguous()
 
 
-def _block_sizes(pixels: int, channels: int, min_programs: int, block_elements: int) -> tuple[int, int]:
-    """All the output channels a program, pixels as `block_elements` accumulators allow, halved
-    while the grid would leave SMs idle."""
-    block_co = max(8, triton.next_power_of_2(channels))
-    block_p = max(_MIN_BLOCK_P, block_elements // block_co)
-    while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) < min_programs:
-        block_p //= 2
-    return block_p, block_co
-
-
 def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
                      dequant_scale: torch.Tensor, input_inv_scale: float, activation: str | None = None,
                      alpha: float | None = None, beta: float | None = None, output_inv_scale: float | None = None,
@@ -171,7 +161,7 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
                                         output_inv_scale=output_inv_scale, qmin=qmin,
                                         accumulator_bound=accumulator_bound)
     pixels = n * oh * ow
-    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
+    block_p, block_co = block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _direct_stem_kernel[grid](

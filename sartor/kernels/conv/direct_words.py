@@ -134,7 +134,7 @@ def weight_words(wq: torch.Tensor) -> torch.Tensor:
     return wq.permute(0, 2, 3, 1).contiguous().view(cout, kh, kw, cin).view(torch.int32)
 
 
-def _block_sizes(pixels: int, channels: int, min_programs: int, block_elements: int) -> tuple[int, int]:
+def block_sizes(pixels: int, channels: int, min_programs: int, block_elements: int) -> tuple[int, int]:
     """All the output channels a program, pixels as `block_elements` accumulators allow, halved
     while the grid would leave SMs idle."""
     block_co = max(8, triton.next_power_of_2(channels))
@@ -180,7 +180,7 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
     swo, swh, sww = w_words.stride()[:3]
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_co = _block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
+    block_p, block_co = block_sizes(pixels, cout, min_programs(y.device), form.block_elements)
     kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(cout, block_co))
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
