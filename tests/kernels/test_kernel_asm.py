@@ -582,6 +582,65 @@ def test_int8_direct_words_compile_to_one_dp4a_a_word_tap_and_output(tactic):
     print(tactic, ld_scalar, ld_v4, dp4a)
 
 
+# YOLO's stem at batch 32 (a float32 image 3 × 640 × 640 into 16 INT8 channels, 3×3 at stride 2), as each stem
+# tactic launches it on a GPU: min_programs asks the device, so the grid is left as the wrapper makes it on CPU
+def direct_stem_child(tactic: str) -> str:
+    return recorded_launch_child("sartor.kernels.conv.direct_stem", "_direct_stem_kernel", f"""
+x = torch.zeros(32, 3, 640, 640)
+words = tap_words(torch.zeros(16, 3, 3, 3, dtype=torch.int8))
+geometry = ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (320, 320))
+direct_stem_conv(x, words, torch.zeros(16, dtype=torch.int32), geometry, dequant_scale=torch.ones(16),
+                 input_inv_scale=50.0, output_inv_scale=20.0, activation="SiLU", tactic={tactic!r})
+""", sm90={"DP4A": True}, told="DP4A") + """
+print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"],
+      launched["kwargs"]["BLOCK_P"], launched["kwargs"]["BLOCK_CO"])
+"""
+
+
+@pytest.mark.parametrize("tactic", ["triton_direct_stem_int8", "triton_direct_stem_int8_wide"])
+def test_int8_stem_compiles_to_one_dp4a_a_word_of_taps_and_output(tactic):
+    """The stem tactics for sm_90: 27 taps are 7 words, one dp4a a word and output pair a thread holds
+    ([BLOCK_P, 16] accumulators over 128 threads), no spills; the weight's words loaded as vectors
+    (each word's 16 output channels: four 16-byte loads), a pixel's 16 codes stored as one."""
+    told, ld_scalar, _, ld_v4, st_scalar, *_, dp4a, spills, block_p, block_co = _compile_in_child(
+        direct_stem_child(tactic)).split()
+    assert told == "True" and spills == "0" and block_co == "16"
+    pixels_a_thread = int(block_p) * int(block_co) // 128 // 16
+    assert int(dp4a) == 7 * int(block_p) * int(block_co) // 128
+    assert int(ld_v4) >= 7 * 4 and int(ld_scalar) == 27 * pixels_a_thread  # the image's taps: one a pixel
+    assert int(st_scalar) == 0
+    print(tactic, ld_scalar, ld_v4, dp4a)
+
+
+# A chain's first layer over 24 INT8 channels (3×3, 24 → 32 → 32, batch 32 at 80 × 80) on a tile whose 64-column K
+# block does not divide them: the K walk a filter row a step (row_block)
+CHAIN_ROWS_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """
+from sartor.kernels.conv.igemm import pack_weight
+x = torch.zeros(32, 24, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+w1 = pack_weight(torch.zeros(32, 24, 3, 3, dtype=torch.int8))
+first = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", input_inv_scale=1.0,
+                   output_inv_scale=20.0)
+second = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", output_inv_scale=20.0)
+conv_chain(x, w1, torch.zeros(32, 32, 1, 1, dtype=torch.int8), ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)),
+           first, second, CHAIN_TILES[0])
+assert launched["kwargs"]["ROW_TAPS"] == 24 and not launched["kwargs"]["GATHER"]
+""", told="ROW_ALIGN") + """
+print(*(len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*, 0x%d[,;]" % size, ptx)) for size in (4, 8, 16)),
+      kernel_asm.ptxas_report(ptx, 90)["spill_bytes"])
+"""
+
+
+def test_chain_rows_of_24_channels_load_8_byte_runs():
+    """A chain whose first layer has 24 INT8 channels walks K a filter row a step, told that each
+    pixel's run of channels is 8-byte aligned (ROW_ALIGN 8): its activation and weight loads go as
+    8-byte asynchronous copies, none a byte or a word at a time, without spills (the flat gather it
+    replaced loaded bytes, in 165 registers)."""
+    told, ld_scalar, *_, copies_4, copies_8, copies_16, spills = _compile_in_child(CHAIN_ROWS_CHILD).split()
+    assert told == "8" and spills == "0"
+    assert int(ld_scalar) == 0 and int(copies_4) == 0 and int(copies_8) > 0
+    print(ld_scalar, copies_4, copies_8, copies_16)
+
+
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
 # each pool reading one slice and writing the next
 SPPF_POOL_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """
