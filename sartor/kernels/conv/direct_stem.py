@@ -36,7 +36,7 @@ from .igemm import ConvGeometry
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import pixel_coords, store_epilogue
+    from ..common.tile_steps import pixel_coords, quantize_int8, store_epilogue
     from ..pointwise.epilogue import told_multiple
     from .depthwise import tap_pixels
     from .direct_words import four_products_sum
@@ -44,9 +44,7 @@ if triton is not None:
     @triton.jit
     def _code_byte(v, inv_scale, qmin):
         """quantize_int8's code of v in the low byte of an int32, the other bytes 0."""
-        t = v * inv_scale + 12582912.0
-        t = tl.minimum(tl.maximum(t, 12582912.0 + qmin), 12583039.0)
-        return t.to(tl.int32, bitcast=True) & 0xFF
+        return quantize_int8(v, inv_scale, qmin).to(tl.int32) & 0xFF
 
     @triton.jit
     def _direct_stem_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, y_ptr, P, COUT, H, W, OH, OW, y_row,
@@ -83,7 +81,7 @@ if triton is not None:
                     word = word | (_code_byte(v, in_inv_scale, qmin) << (8 * lane))
             taps = tl.load(w_ptr + j * COUT + offs_c, mask=c_ok, other=0)
             acc = four_products_sum(tl.broadcast_to(word[:, None], (BLOCK_P, BLOCK_CO)),
-                                     tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
+                                    tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, y_ptr, y_ptr,
                         y_row, 0, 0, 0, 0, res_scale, out_inv_scale, qmin, alpha, beta,
                         INT8, False, HAS_BIAS, False, False, False, ACT, OUT_QUANT)

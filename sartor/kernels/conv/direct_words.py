@@ -90,7 +90,7 @@ if triton is not None:
                         words = tl.load(x_ptr + pixels + j, mask=ok, other=0)
                         taps = tl.load(tap + j, mask=c_ok, other=0)
                     acc = four_products_sum(tl.broadcast_to(words[:, None], (BLOCK_P, BLOCK_CO)),
-                                             tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
+                                            tl.broadcast_to(taps[None, :], (BLOCK_P, BLOCK_CO)), acc, DP4A)
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
