@@ -2,7 +2,7 @@
 # Session 56's device part (issue 33), written without a GPU (none was lent that session): the chain kernel's
 # row walks and channel tails (kernels/conv/chain.py) and the INT8 stem on the CUDA cores (kernels/conv/direct_stem.py).
 #   s: the stem's and the chains' tests on the GPU; every candidate for YOLO's stem at batch 32, FP16 and INT8
-#      (bench/layer_candidates.py --context stem); then h200_session48.sh b for YOLOv8n at batch 32 and 1 (the table,
+#      (bench/layer_candidates.py --context stem), and the sample detector's (3 -> 24 at 320); then h200_session48.sh b for YOLOv8n at batch 32 and 1 (the table,
 #      with the stem the build chose and its chains line).
 #   a: h200_session55.sh a (the chains A/B at batch 1 and 32), for the next call.
 #   OUT=$OUT bash bench/h200_session56.sh s|a
@@ -19,6 +19,8 @@ if [ "$part" = s ]; then
   echo "tests at ${SECONDS}s"
   timeout 200 python bench/layer_candidates.py --shape 32x3x640x640 --context stem --rows 8 2>&1 \
     | grep -v "^ *warn"
+  timeout 90 python bench/layer_candidates.py --shape 32x3x320x320 --hidden 24 --context stem --rows 4 2>&1 \
+    | grep -v "^ *warn"  # the sample detector's stem, 3 -> 24
   echo "stem candidates at ${SECONDS}s"
   ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
   ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
