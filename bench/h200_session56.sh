@@ -2,8 +2,8 @@
 # Session 56's device part (issue 33), written without a GPU (none was lent that session): the chain kernel's
 # row walks and channel tails (kernels/conv/chain.py) and the INT8 stem on the CUDA cores (kernels/conv/direct_stem.py).
 #   s: the stem's and the chains' tests on the GPU; every candidate for YOLO's stem at batch 32, FP16 and INT8
-#      (bench/layer_candidates.py --context stem), and the sample detector's (3 -> 24 at 320); then h200_session48.sh b for YOLOv8n at batch 32 and 1 (the table,
-#      with the stem the build chose and its chains line).
+#      (bench/layer_candidates.py --context stem), and the sample detector's (3 -> 24 at 320); then
+#      h200_session48.sh b for YOLOv8n at batch 32 and 1 (the table, with the stem the build chose and its chains line).
 #   a: h200_session55.sh a (the chains A/B at batch 1 and 32), for the next call.
 #   OUT=$OUT bash bench/h200_session56.sh s|a
 set -uo pipefail
