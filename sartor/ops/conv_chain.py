@@ -52,8 +52,9 @@ def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
 
 def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: dict, quantized: bool,
                   tile: ChainTile, pdl: bool = False) -> torch.Tensor | None:
-    """The chain by the kernel, or None where it does not apply to these tensors. `pdl`: the chain's
-    mark (builder/pdl.py), on CUDA tensors only (the interpreter has no grid dependency control)."""
+    """The chain by the kernel, or None where it does not apply to these tensors; the first weight as
+    stored for the tile (`chain_weight_for_tactic`). `pdl`: the chain's mark (builder/pdl.py), on CUDA
+    tensors only (the interpreter has no grid dependency control)."""
     x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
     geometry = igemm_geometry(x, w1, first, require_cuda=False)
     if not chain_applies(x, w1, w2, geometry):
@@ -65,7 +66,7 @@ def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: di
         out_dtype = x.dtype
     else:
         return None
-    return conv_chain(x, pack_weight(w1), w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
+    return conv_chain(x, w1, w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
                       _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
                       out_dtype=out_dtype, pdl=pdl)
 
