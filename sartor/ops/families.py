@@ -26,8 +26,8 @@ def all_tables() -> list[OpTable]:
         rows,
         tensor,
     )
-    return [elementwise.OPS, conv.OPS, conv_chain.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS, resize.OPS,
-            detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS,
+    return [elementwise.OPS, conv.OPS, conv_chain.OPS, pool.OPS, norm.OPS, linalg.OPS, reduce.OPS, tensor.OPS,
+            resize.OPS, detection.OPS, detection_head.OPS, nms.OPS, quantized.OPS, qdq.OPS, preprocess.OPS,
             attention.OPS, rows.OPS]
 
 
