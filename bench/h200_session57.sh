@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Session 57's device part (issue 33). Device time was short and starts were refused, so each call holds
+# one table and the checks it needs (session 56's part s had no room left for the table after its candidates).
+#   t: the INT8 stem's and the chains' tests on the GPU, then the YOLOv8n FP16 / INT8 table at batch 32 and 1
+#      (h200_table.py, default effort), each build's stem tactic with its fastest timings and its chains line.
+#   u: the same table for YOLO11n at batch 32 and 1, then the sample detector at batch 32.
+#   OUT=$OUT bash bench/h200_session57.sh t|u
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say t or u}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
+git log -1 --format='code %h' 2>/dev/null || true
+
+print_plans() {  # each plan's stem tactic, its four fastest timed tactics and the chains line of its build log
+  for plan in "$@"; do
+    [ -f "$plan" ] || continue
+    python - "$plan" <<'PY'
+import sys
+from sartor.runtime.engine_file import read_engine_file
+header = read_engine_file(sys.argv[1])[0]
+layers = header.get("layers", [])
+stem = next((layer for layer in layers if "/model.0/" in layer.get("name", "") or "stem" in layer.get("name", "")), {})
+timed = sorted((stem.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])[:4]
+print(sys.argv[1], "stem", stem.get("name"), stem.get("tactic"), timed)
+lines = [line for line in header.get("build_log", []) if line.startswith("chains:")]
+print("  ", lines[0][:800] if lines else "no chains line")
+PY
+  done
+}
+
+table() {  # model, batches, seconds
+  timeout "$3" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+    --models "$1" --detector-batches "$2" --out "/tmp/t_$1" 2>&1 | python bench/table_cells.py
+  echo "$1 at ${SECONDS}s"
+}
+
+ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+if [ "$part" = t ]; then
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_direct_stem.py \
+    tests/kernels/test_kernels_conv_chain.py 2>&1 | tail -4
+  echo "tests at ${SECONDS}s"
+  table yolov8n 32,1 $(( 570 - SECONDS ))
+  print_plans /tmp/t_yolov8n/*.plan /tmp/sartor_table/*.plan
+  exit 0
+fi
+if [ "$part" = u ]; then
+  table yolo11n 32,1 330
+  table detector 32 $(( 560 - SECONDS ))
+  print_plans /tmp/t_yolo11n/*.plan /tmp/t_detector/*.plan /tmp/sartor_table/*.plan
+  exit 0
+fi
+echo "unknown part $part" >&2
+exit 2
