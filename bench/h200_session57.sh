@@ -4,10 +4,12 @@
 #   t: the INT8 stem's and the chains' tests on the GPU, then the YOLOv8n FP16 / INT8 table at batch 32 and 1
 #      (h200_table.py, default effort), each build's stem tactic with its fastest timings and its chains line.
 #   u: the same table for YOLO11n at batch 32 and 1, then the sample detector at batch 32.
-#   OUT=$OUT bash bench/h200_session57.sh t|u
+#   c: the chain writing into a Concat's buffer: its tests on the GPU, then bench/conv_chains_ab.py for YOLOv8n at
+#      batch 1 (BUDGET_S seconds in all, 300 unless told).
+#   OUT=$OUT bash bench/h200_session57.sh t|u|c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say t or u}
+part=${1:?say t, u or c}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -52,6 +54,16 @@ if [ "$part" = u ]; then
   table yolo11n 32,1 330
   table detector 32 $(( 560 - SECONDS ))
   print_plans /tmp/t_yolo11n/*.plan /tmp/t_detector/*.plan /tmp/sartor_table/*.plan
+  exit 0
+fi
+if [ "$part" = c ]; then  # after the chain learnt to write into a Concat's buffer (ops/conv_chain.py, conv_chain_into)
+  timeout 90 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
+    tests/passes/test_fuse_conv_chain.py -k "slice or concat or cuda_build" 2>&1 | tail -2
+  echo "tests at ${SECONDS}s"
+  timeout $(( ${BUDGET_S:-300} - SECONDS )) python bench/conv_chains_ab.py --models yolov8n --batches 1 \
+    --precisions int8,fp16 > "$OUT/ab_b1.txt" 2>&1
+  grep "ROW\|rror" "$OUT/ab_b1.txt"; grep -o "chains: not used.*\|chains check {[^}]*}[^;]*" "$OUT/ab_b1.txt" | cut -c1-300
+  echo "done at ${SECONDS}s"
   exit 0
 fi
 echo "unknown part $part" >&2

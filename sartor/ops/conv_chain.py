@@ -16,6 +16,7 @@ import torch
 
 from ..kernels.conv.chain import ChainLayer, ChainTile, chain_applies, chain_tiles, conv_chain
 from ..kernels.conv.igemm import pack_weight
+from ..kernels.pointwise.epilogue import pixel_stride
 from ..kernels.registry import REFERENCE, tactic_for
 from .conv import fused_conv, igemm_geometry
 from .quantized import ACCUMULATOR_BOUND, qconv, qlayer_output_dtype
@@ -51,10 +52,11 @@ def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
 
 
 def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: dict, quantized: bool,
-                  tile: ChainTile, pdl: bool = False) -> torch.Tensor | None:
-    """The chain by the kernel, or None where it does not apply to these tensors; the first weight as
-    stored for the tile (`chain_weight_for_tactic`). `pdl`: the chain's mark (builder/pdl.py), on CUDA
-    tensors only (the interpreter has no grid dependency control)."""
+                  tile: ChainTile, pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The chain by the kernel, or None where it does not apply to these tensors (or `out`, where
+    given, is not of the dtype the chain writes); the first weight as stored for the tile
+    (`chain_weight_for_tactic`). `pdl`: the chain's mark (builder/pdl.py), on CUDA tensors only (the
+    interpreter has no grid dependency control)."""
     x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
     geometry = igemm_geometry(x, w1, first, require_cuda=False)
     if not chain_applies(x, w1, w2, geometry):
@@ -66,9 +68,11 @@ def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: di
         out_dtype = x.dtype
     else:
         return None
+    if out is not None and out.dtype != out_dtype:
+        return None
     return conv_chain(x, w1, w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
                       _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
-                      out_dtype=out_dtype, pdl=pdl)
+                      out_dtype=out_dtype, out=out, pdl=pdl)
 
 
 def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -89,7 +93,20 @@ def chain_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor
     return pack_weight(w) if isinstance(tactic_for(tactic), ChainTile) and w.dim() == 4 else w
 
 
-@OPS.internal(CHAIN, tactics=chain_tactics, weight_for_tactic=chain_weight_for_tactic)
+def conv_chain_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
+    """The chain written straight into `out` (a channel slice of a Concat's buffer, e.g. a C2f's cv1
+    output under its Split) by the kernel, which stores any pixel stride, as its second layer alone
+    would have been. None for the reference and where the kernel does not apply: the layer then runs
+    as usual and the Concat copies its result (a copy kernel the two layers did not need)."""
+    tactic = tactic_for(attrs.get("tactic"))
+    if not isinstance(tactic, ChainTile) or pixel_stride(out) is None:
+        return None
+    first_inputs, second_rest, first, second = chain_parts(inputs, attrs)
+    return _chain_kernel(first_inputs, second_rest, first, second, attrs["layers"] == "QConv", tactic,
+                         pdl=bool(attrs.get("pdl")) and first_inputs[0].is_cuda, out=out)
+
+
+@OPS.internal(CHAIN, tactics=chain_tactics, weight_for_tactic=chain_weight_for_tactic, write_into=conv_chain_into)
 def conv_chain_layer(inputs, attrs):
     """The two layers (module docstring): by the kernel where the tactic is a chain tile and it
     applies, else one after the other by their references."""

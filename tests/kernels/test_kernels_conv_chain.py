@@ -16,7 +16,8 @@ from sartor.kernels.conv.chain import (  # noqa: E402
 from sartor.kernels.conv.igemm import ConvGeometry  # noqa: E402
 from sartor.kernels.registry import REFERENCE, parse_tactic  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
-from sartor.ops.conv_chain import CHAIN, chain_tactics, chain_weight_for_tactic, conv_chain_layer  # noqa: E402
+from sartor.ops.conv_chain import (  # noqa: E402
+    CHAIN, chain_tactics, chain_weight_for_tactic, conv_chain_into, conv_chain_layer)
 from sartor.ops.quantized import qconv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -188,3 +189,46 @@ def test_tactics_offered_on_cuda_only_and_the_op_registered_once():
     if DEVICE == "cuda":
         moved = _on_device(inputs, REFERENCE)
         assert chain_tactics(moved, attrs, effort=2) == [REFERENCE] + [t.name for t in chain_tiles(2)]
+
+
+def _concat_buffer(like: torch.Tensor, channels_before: int, channels_after: int) -> torch.Tensor:
+    """A channels-last buffer with `like`'s channels between others, filled with a sentinel."""
+    n, c, h, w = like.shape
+    buffer = torch.empty(n, channels_before + c + channels_after, h, w, dtype=like.dtype, device=DEVICE,
+                         memory_format=torch.channels_last)
+    return buffer.fill_(-5 if like.dtype == torch.int8 else -5.0)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_a_chain_writes_into_a_channel_slice_of_a_concat_buffer(precision):
+    """Under a C2f's Split the chain's output lies in the Concat's buffer (runtime/concat_plan.py):
+    the kernel stores it there at the buffer's pixel stride, equal to the layer's own output, and
+    leaves the buffer's other channels alone."""
+    generator = torch.Generator().manual_seed(21)
+    if precision == "int8":
+        inputs, attrs = _int8_chain(*CASES[0], generator)
+    else:
+        inputs, attrs = _float_chain(*CASES[0], generator)
+    moved = _on_device(inputs, TILES[0])
+    attrs = dict(attrs, tactic=TILES[0])
+    expected = conv_chain_layer(moved, attrs)
+    buffer = _concat_buffer(expected, 8, 16)
+    target = buffer[:, 8:8 + expected.shape[1]]
+    assert conv_chain_into(moved, attrs, target) is target
+    assert torch.equal(target.cpu(), expected.cpu())
+    outside = torch.cat([buffer[:, :8], buffer[:, 8 + expected.shape[1]:]], dim=1)
+    assert bool((outside.cpu() == -5).all())
+
+
+def test_a_chain_leaves_a_slice_it_cannot_write_to_the_concat():
+    """The reference (two layers in turn), an output of another dtype and a tensor whose pixels are
+    not evenly spaced channel runs: None, and the executor copies the layer's result instead."""
+    generator = torch.Generator().manual_seed(22)
+    inputs, attrs = _int8_chain(*CASES[0], generator)
+    moved = _on_device(inputs, TILES[0])
+    expected = conv_chain_layer(moved, dict(attrs, tactic=TILES[0]))
+    slot = _concat_buffer(expected, 0, 8)[:, :expected.shape[1]]
+    assert conv_chain_into(_on_device(inputs, REFERENCE), dict(attrs, tactic=REFERENCE), slot) is None
+    assert conv_chain_into(moved, dict(attrs, tactic=TILES[0]), slot.float()) is None
+    assert conv_chain_into(moved, dict(attrs, tactic=TILES[0]), torch.empty_like(expected).contiguous()) is None
+    assert bool((slot.cpu() == -5).all())

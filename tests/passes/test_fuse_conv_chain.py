@@ -91,6 +91,57 @@ def test_must_not_fire(broken):
     assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
 
 
+def c2f_step():
+    """A C2f's opening in small: stem → 3×3 stride 2 ("down") → 1×1 ("cv1") → Split in halves →
+    bottleneck on the second half → Concat of both halves and the bottleneck → 1×1 ("cv2")."""
+    b = OnnxBuilder(seed=5)
+    x = b.input("images", ["batch", 3, SIZE, SIZE])
+    stem = b.node("Relu", [b.conv(x, 3, 8, "stem")], name="stem_act")
+    down = b.node("Relu", [b.conv(stem, 8, 16, "down", strides=[2, 2])], name="down_act")
+    cv1 = b.node("Relu", [b.conv(down, 16, 16, "cv1", k=1)], name="cv1_act")
+    a, h = b.node("Split", [cv1, b.const("sizes", np.array([8, 8], dtype=np.int64))], name="split", axis=1, outputs=2)
+    m = b.node("Relu", [b.conv(h, 8, 8, "m")], name="m_act")
+    cat = b.node("Concat", [a, h, m], name="cat", axis=1)
+    cv2 = b.node("Relu", [b.conv(cat, 24, 16, "cv2", k=1)], name="cv2_act")
+    return b.model([b.conv(cv2, 16, 4, "head", k=3)])
+
+
+def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outputs(monkeypatch):
+    """The chain down+cv1 on its kernel (Triton's interpreter here) is placed in the Concat's buffer as
+    cv1 was (runtime/concat_plan.py: the Split's halves are then views already in place), is stored
+    there by the kernel, and the engine computes what the two layers computed, run after run."""
+    from sartor.kernels.conv.chain import CHAIN_TILES
+    from sartor.ops import conv_chain as conv_chain_op
+    from sartor.runtime.concat_plan import ShapeMemo, SliceTarget
+    from sartor.runtime.executor import Executor
+
+    graph, layers = _quantized(c2f_step())
+    images = _images(6)
+    expected = run_quantized(graph, layers, {"images": images})
+    pairs = [pair for pair in chain_pairs(graph, layers) if (pair[0].name, pair[1].name) == ("down", "cv1")]
+    chain = fuse_conv_chain(graph, *pairs[0])
+    chain.attrs["tactic"] = CHAIN_TILES[0].name
+    layers[chain.name] = layers["down"]
+    # The bottleneck on an implicit-GEMM tile too: its output, and so the Concat's, is channels-last, as
+    # on a GPU (the emulation's are not, and a buffer in NCHW gets no slices).
+    next(n for n in graph.nodes if n.name == "m").attrs["tactic"] = "igemm.32x32x32.w4.s1"
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    executor = Executor(graph, weights, torch.device("cpu"), layers)
+    concat = next(n for n in graph.nodes if n.op_type == "Concat")
+    assert executor.concat_plan.targets[chain.outputs[0]] == SliceTarget(concat.outputs[0], 0)
+
+    stores = []
+    kernel = conv_chain_op.conv_chain
+    monkeypatch.setattr(conv_chain_op, "conv_chain", lambda *args, **kwargs: stores.append(
+        kwargs.get("out") is not None) or kernel(*args, **kwargs))
+    memo = ShapeMemo()  # what an engine context keeps per input shape
+    with torch.inference_mode():
+        for _ in range(3):
+            got = executor.run({"images": torch.from_numpy(images)}, memo)
+            assert all(torch.equal(got[name], value) for name, value in expected.items())
+    assert stores == [False, True, True]  # the first run records shapes, the next two store in place
+
+
 def test_must_not_fire_across_a_residual_different_qmin_or_a_float_layer():
     graph, layers = _quantized(backbone(residual=True))
     assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
