@@ -16,19 +16,22 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'Triton', triton.__version__)"
 git log -1 --format='code %h' 2>/dev/null || true
 
-print_plans() {  # each plan's stem tactic, its four fastest timed tactics and the chains line of its build log
+print_plans() {  # each plan's stem tactic and its chains and PDL checks, one line; the build's chains line to $OUT
   for plan in "$@"; do
     [ -f "$plan" ] || continue
-    python - "$plan" <<'PY'
+    python - "$plan" "$OUT/plans.txt" <<'PY'
 import sys
 from sartor.runtime.engine_file import read_engine_file
 header = read_engine_file(sys.argv[1])[0]
 layers = header.get("layers", [])
 stem = next((layer for layer in layers if "/model.0/" in layer.get("name", "") or "stem" in layer.get("name", "")), {})
-timed = sorted((stem.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])[:4]
-print(sys.argv[1], "stem", stem.get("name"), stem.get("tactic"), timed)
+timed = sorted((stem.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])[:2]
+chains, pdl = header.get("chains_check") or {}, header.get("pdl_check") or {}
+print(sys.argv[1].rsplit("/", 1)[-1], "stem", (stem.get("tactic") or "")[:32], timed,
+      "| chains kept", chains.get("kept"), chains.get("profiles"), "| pdl kept", pdl.get("kept"))
 lines = [line for line in header.get("build_log", []) if line.startswith("chains:")]
-print("  ", lines[0][:800] if lines else "no chains line")
+with open(sys.argv[2], "a") as log:
+    print(sys.argv[1], lines[0] if lines else "no chains line", file=log)
 PY
   done
 }
@@ -36,6 +39,7 @@ PY
 table() {  # model, batches, seconds
   timeout "$3" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
     --models "$1" --detector-batches "$2" --out "/tmp/t_$1" 2>&1 | python bench/table_cells.py
+  cp "/tmp/t_$1/table.md" "$OUT/table_$1.md" 2>/dev/null
   echo "$1 at ${SECONDS}s"
 }
 
