@@ -170,7 +170,8 @@ def main_loop_mix(sass: str) -> tuple[int, dict[str, int]]:
     return len(body), dict(Counter(body).most_common())
 
 
-def ptxas_report(ptx: str, arch: int) -> dict:
+def assemble(ptx: str, arch: int) -> tuple[str, str]:
+    """(ptxas's -v report, the SASS cuobjdump prints) of `ptx` for sm_`arch`a, by the tools Triton's wheel ships."""
     ptxas = Path(triton.backends.nvidia.__file__).parent / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "k.ptx"
@@ -179,6 +180,22 @@ def ptxas_report(ptx: str, arch: int) -> dict:
                              capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([str(ptxas.parent / "cuobjdump"), "-sass", str(Path(tmp) / "k.o")],
                               capture_output=True, text=True, check=True).stdout
+    return out, sass
+
+
+def loads_before(sass: str, opcodes: tuple[str, ...]) -> int:
+    """How many global loads the SASS issues before its first instruction of `opcodes` (e.g. a max
+    pool's first maximum): how many loads are in flight before the first one's value is needed."""
+    loads = 0
+    for _, opcode, _ in sass_instructions(sass):
+        if opcode in opcodes:
+            return loads
+        loads += opcode == "LDG"
+    return loads
+
+
+def ptxas_report(ptx: str, arch: int) -> dict:
+    out, sass = assemble(ptx, arch)
     return {"registers": int(re.search(r"Used (\d+) registers", out).group(1)),
             "spill_bytes": int(re.search(r"(\d+) bytes spill stores", out).group(1)),
             "conversions": {name: len(re.findall(pattern, sass)) for name, pattern in SASS_CONVERSIONS.items()},

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels.pointwise.epilogue import pixel_stride
+from ..kernels.pointwise.epilogue import code_words, pixel_stride
 from ..kernels.pool.max_pool import PoolTile, max_pool_nhwc, max_pool_nhwc_supported, pool_tactics
 from ..kernels.registry import tactic_for
 from .conv import resolve_padding
@@ -74,7 +74,7 @@ def max_pool_tactics(inputs, attrs, effort: int = 2) -> list[str]:
         *_, outs = _pool_geometry(x, attrs)
         output_elements = x.shape[0] * x.shape[1] * math.prod(outs)
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        return ["torch", *pool_tactics(effort, output_elements, sms)]
+        return ["torch", *pool_tactics(effort, output_elements, sms, int8_words=code_words(x) is not None)]
     return ["torch"]
 
 

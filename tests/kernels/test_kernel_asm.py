@@ -660,6 +660,50 @@ def test_int8_sppf_pool_over_24_words_loads_vectors():
     assert int(v2_loads) + int(v4_loads) == 25  # one per tap of the 5 × 5 window
 
 
+
+# YOLO's SPPF at batch 1: 128 INT8 channels (32 words) of a 512-channel Concat buffer at 20 × 20, the
+# first pool reading one slice and writing the next, by the small-pool tile as Hopper launches it
+# (the packed maximum) and by its loads-first form.
+SPPF_LOAD_ORDER_CHILD = """
+import sys
+sys.path.insert(0, "bench")
+import torch, kernel_asm
+from triton.backends.compiler import GPUTarget
+import sartor.kernels.pool.max_pool as module
+from sartor.kernels.pool.max_pool import SMALL_POOL_LOADS_FIRST, SMALL_POOL_TILE, max_pool_nhwc
+launches = []
+class Recorder:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launches.append((args, kwargs))
+kernel, module._max_pool_nhwc_kernel = module._max_pool_nhwc_kernel, Recorder()
+module._has_packed_max = lambda device: True  # as on sm_90: the wrapper decides each tile's PACKED_MAX
+buffer = torch.zeros(1, 512, 20, 20, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+for tile in (SMALL_POOL_TILE, SMALL_POOL_LOADS_FIRST):
+    max_pool_nhwc(buffer[:, :128], (5, 5), (1, 1), (2, 2), (1, 1), (20, 20), out=buffer[:, 128:256], tile=tile)
+for args, kwargs in launches:
+    values = {name: "*i32" if isinstance(v, torch.Tensor) else v for name, v in zip(kernel.arg_names, args)}
+    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names}
+    assert constexprs["CODE_WORDS"]
+    target = GPUTarget("cuda", 90, 32)
+    ptx = kernel_asm.compile_for(kernel, values, constexprs, kwargs["num_warps"], 1, target).asm["ptx"]
+    report, sass = kernel_asm.assemble(ptx, 90)
+    loads = sum(op == "LDG" for _, op, _ in kernel_asm.sass_instructions(sass))
+    print(kernel_asm.loads_before(sass, ("VIMNMX", "VIMNMX3")), loads,
+          "spill" if " 0 bytes spill stores" not in report else "no-spill")
+"""
+
+
+def test_the_loads_first_pool_tile_issues_every_tap_before_its_first_maximum():
+    """YOLO's SPPF pool at batch 1 runs 50 programs for 132 SMs: each thread's 25 taps are all the
+    latency hiding it has. With PTX's packed 16-bit maximum (inline assembly) the compiler keeps each
+    load beside its maximum, a few loads in flight; the loads-first tile compares the lanes in plain
+    integer steps, and the compiler issues nearly every load before the first maximum, still without
+    spills. (On Triton 3.6 and 3.9: 3 against 24 of 25.)"""
+    (packed_first, packed_loads, packed_spill), (plain_first, plain_loads, plain_spill) = (
+        line.split() for line in _compile_in_child(SPPF_LOAD_ORDER_CHILD).split("\n") if line)
+    assert packed_loads == plain_loads == "25" and packed_spill == plain_spill == "no-spill"
+    assert int(packed_first) <= 5 and int(plain_first) >= 20
+
 # A neck's ×2 upsample of 40 FP16 channels at 20 × 20, batch 32, into the first 40 channels of a
 # 120-channel Concat buffer (MobileNet- and EfficientNet-width necks have 24, 40 and 112)
 RESIZE_CHILD = recorded_launch_child("sartor.kernels.pointwise.resize", "_upsample_nearest_nhwc_kernel", """

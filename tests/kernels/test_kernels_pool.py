@@ -10,8 +10,8 @@ triton = pytest.importorskip("triton")
 
 from sartor.kernels.registry import TacticNameError  # noqa: E402
 from sartor.kernels.pointwise.epilogue import code_words  # noqa: E402
-from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_TILE, PoolTile, max_pool_nhwc,  # noqa: E402
-                                 max_pool_nhwc_supported, pool_tactics)
+from sartor.kernels.pool.max_pool import (POOL_TILES, SMALL_POOL_LOADS_FIRST, SMALL_POOL_TILE, PoolTile,  # noqa: E402
+                                 max_pool_nhwc, max_pool_nhwc_supported, pool_tactics)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.pool import _pool_geometry, max_pool  # noqa: E402
 from pool_helpers import SPPF_POOL, assert_sppf_chain_in_one_buffer  # noqa: E402
@@ -99,10 +99,12 @@ def test_pool_of_a_concat_slice_told_its_alignment_keeps_the_numbers(dtype, chan
     assert torch.equal(source.cpu(), x) and not buffer[:, :offset].cpu().any()
 
 
-@pytest.mark.parametrize("tile", POOL_TILES[1:], ids=lambda tile: tile.name)
+@pytest.mark.parametrize("tile", [*POOL_TILES[1:], SMALL_POOL_LOADS_FIRST], ids=lambda tile: tile.name)
 def test_every_pool_tile_matches_reference(tile):
     """The tiles the builder times besides the first: the stem pool over INT8 codes and a float
-    tensor whose channels are not a power of two (partial channel blocks)."""
+    tensor whose channels are not a power of two (partial channel blocks). The loads-first tile's
+    plain lane maximum is what the interpreter runs for every tile; on sm_90 the others take the
+    packed instruction."""
     attrs = CASES[0]
     generator = torch.Generator().manual_seed(3)
     for x in (torch.randint(-127, 128, (2, 24, 11, 9), generator=generator, dtype=torch.int8),
@@ -133,6 +135,12 @@ def test_pool_tile_names_round_trip_and_bad_names_are_refused():
     assert pool_tactics(1, stem, 132) == pool_tactics(1) + [SMALL_POOL_TILE.name]
     assert pool_tactics(1, 8 * stem, 132) == pool_tactics(1) and pool_tactics(0, stem, 132) == pool_tactics(0)
     assert pool_tactics(5, stem, 132) == pool_tactics(5)  # already among them
+    # Over INT8 codes in words, that small tile with its loads first as well; not where the first tile fills the SMs.
+    assert SMALL_POOL_LOADS_FIRST.name == "max_pool.elements1024.channels64.w4.loads-first"
+    assert PoolTile.parse(SMALL_POOL_LOADS_FIRST.name) == SMALL_POOL_LOADS_FIRST
+    assert pool_tactics(1, stem, 132, int8_words=True) == pool_tactics(1, stem, 132) + [SMALL_POOL_LOADS_FIRST.name]
+    assert pool_tactics(1, 8 * stem, 132, int8_words=True) == pool_tactics(1)
+    assert pool_tactics(0, stem, 132, int8_words=True) == pool_tactics(0)
 
 
 def test_inspect_describes_each_pool_tile_and_keeps_resize_apart():
@@ -157,6 +165,8 @@ def test_max_pool_tactics():
         # A 200-element output leaves SMs idle under the first tile, so the smallest tile is timed too.
         assert tactics([x_cl], {"kernel_shape": [2, 2]}, 1) == ["torch", *pool_tactics(1), SMALL_POOL_TILE.name]
         assert tactics([x_cl], {"kernel_shape": [2, 2], "_with_indices": 1}) == ["torch"]
+        codes = torch.zeros(1, 8, 6, 6, dtype=torch.int8, device="cuda").contiguous(memory_format=torch.channels_last)
+        assert tactics([codes], {"kernel_shape": [2, 2]}, 1)[-2:] == [SMALL_POOL_TILE.name, SMALL_POOL_LOADS_FIRST.name]
 
 
 def test_the_chosen_tactic_reaches_the_executor():

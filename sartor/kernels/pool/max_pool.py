@@ -20,7 +20,7 @@ import torch
 from ..common.cache_keys import settle_cache_keys
 from ..pointwise.epilogue import (WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment,
                                   triton)
-from ..registry import LayerFacts, Number, Tactic, register
+from ..registry import Flag, LayerFacts, Number, Tactic, register
 
 if triton is not None:
     import triton.language as tl
@@ -36,8 +36,9 @@ if triton is not None:
                               CH_ALIGN: tl.constexpr = 1):
         """With CODE_WORDS, x and y are INT8 codes seen as int32 words of four channels each, and
         C, BLOCK_C and the strides count words (`_word_max`); PACKED_MAX: the device has the
-        packed 16-bit maximum (sm_90 on). CH_ALIGN: a power of two dividing C and the strides
-        (`told_alignment`), so that a channel mask of 24 words still loads vectors."""
+        packed 16-bit maximum (sm_90 on) and the tile takes it (not loads_first). CH_ALIGN: a power
+        of two dividing C and the strides (`told_alignment`), so that a channel mask of 24 words
+        still loads vectors."""
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -124,21 +125,28 @@ POOLED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch
 class PoolTile(Tactic):
     """MaxPool's Triton tactic: elements (pixels × channels) per program, the widest channel block,
     warps. Named e.g. "max_pool.elements4096.channels64.w4"; the first of POOL_TILES is what runs
-    a pool that was not timed (a QConv's carried pool)."""
+    a pool that was not timed (a QConv's carried pool). `loads_first` ("loads-first"): INT8 words
+    take the maximum of their 16-bit lanes as plain integer operations rather than PTX's packed
+    instruction, which the compiler does not move loads across: on sm_90 the packed form issues
+    each tap's load just before its maximum, one or two loads in flight, and a small pool's few
+    programs wait out each load's latency in turn (docs/decisions/kernel-max-pool-tiles.md)."""
     elements: int
     max_block_c: int
     warps: int
+    loads_first: bool = False
 
     FAMILY: ClassVar[str] = "max_pool"
-    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels"), Number("warps", "w"))
+    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels"), Number("warps", "w"),
+                               Flag("loads_first", "loads-first"))
 
     def invalid(self) -> str | None:
         powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.max_block_c, self.warps))
         return None if powers and self.elements >= self.max_block_c else "sizes are powers of 2, elements ≥ channels"
 
     def describe(self, layer: LayerFacts) -> str:
+        loads = ", INT8 lanes compared in plain steps, every tap's load issued first" if self.loads_first else ""
         return (f"triton channels-last max pool (padding by masks), {self.elements} elements of up to "
-                f"{self.max_block_c} channels per program, {self.warps} warps")
+                f"{self.max_block_c} channels per program, {self.warps} warps{loads}")
 
     def blocks(self, channels: int) -> tuple[int, int]:
         """(pixels, channels) per program for a tensor of `channels`."""
@@ -159,15 +167,22 @@ POOL_TILES_PER_EFFORT = {0: 1, 1: 3, 2: 3}
 # tile is timed for it as well.
 SMALL_POOL_TILE = POOL_TILES[-1]
 SMALL_POOL_WAVES = 2
+# For such a pool over INT8 words, the smallest tile with every tap's load issued first as well: there
+# the programs are too few to hide a load's latency behind another's (YOLO's SPPF at batch 1: 50).
+SMALL_POOL_LOADS_FIRST = PoolTile(SMALL_POOL_TILE.elements, SMALL_POOL_TILE.max_block_c, SMALL_POOL_TILE.warps,
+                                  loads_first=True)
 
 
-def pool_tactics(effort: int, output_elements: int = 0, sms: int = 0) -> list[str]:
+def pool_tactics(effort: int, output_elements: int = 0, sms: int = 0, int8_words: bool = False) -> list[str]:
     """The tiles the builder times at this effort; for an output of `output_elements` on a device of
-    `sms` multiprocessors that the first tile would not fill, the smallest tile too."""
+    `sms` multiprocessors that the first tile would not fill, the smallest tile too, and where the
+    input is INT8 codes in whole words (`int8_words`), that tile with its loads first."""
     tiles = list(POOL_TILES[:POOL_TILES_PER_EFFORT.get(effort, len(POOL_TILES))])
     small = output_elements and output_elements < SMALL_POOL_WAVES * sms * POOL_TILES[0].elements
     if effort >= 1 and small and SMALL_POOL_TILE not in tiles:
         tiles.append(SMALL_POOL_TILE)
+    if effort >= 1 and small and int8_words:
+        tiles.append(SMALL_POOL_LOADS_FIRST)
     return [tile.name for tile in tiles]
 
 
@@ -201,7 +216,7 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
     _max_pool_nhwc_kernel[grid](x_arg, y_arg, pixels, c, h, w, oh, ow, y_row, sxn, sxh, sxw, pads[0], pads[1],
                                 KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
                                 DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, CODE_WORDS=words,
-                                PACKED_MAX=words and _has_packed_max(x.device),
+                                PACKED_MAX=words and _has_packed_max(x.device) and not tile.loads_first,
                                 CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=tile.warps)
     return y
 
