@@ -4,8 +4,9 @@
 #   t: the INT8 stem's and the chains' tests on the GPU, then the YOLOv8n FP16 / INT8 table at batch 32 and 1
 #      (h200_table.py, default effort), each build's stem tactic with its fastest timings and its chains line.
 #   u: the same table for YOLO11n at batch 32 and 1, then the sample detector at batch 32.
-#   c: the chain writing into a Concat's buffer: its tests on the GPU, then bench/conv_chains_ab.py for YOLOv8n at
-#      batch 1 (BUDGET_S seconds in all, 300 unless told).
+#   c: the chain writing into a Concat's buffer and the loads-first pool tile: their tests on the GPU, then
+#      bench/conv_chains_ab.py for YOLOv8n at batch 1 (BUDGET_S seconds in all, 300 unless told).
+#   t and u print each plan's stem, chains and PDL checks and its first max pool's two fastest tiles.
 #   OUT=$OUT bash bench/h200_session57.sh t|u|c
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -27,8 +28,10 @@ layers = header.get("layers", [])
 stem = next((layer for layer in layers if "/model.0/" in layer.get("name", "") or "stem" in layer.get("name", "")), {})
 timed = sorted((stem.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])[:2]
 chains, pdl = header.get("chains_check") or {}, header.get("pdl_check") or {}
+pool = next((layer for layer in layers if layer.get("op") == "MaxPool"), {})
+pools = sorted((pool.get("tactic_timings_ms") or {}).items(), key=lambda kv: kv[1])[:2]
 print(sys.argv[1].rsplit("/", 1)[-1], "stem", (stem.get("tactic") or "")[:32], timed,
-      "| chains kept", chains.get("kept"), chains.get("profiles"), "| pdl kept", pdl.get("kept"))
+      "| chains kept", chains.get("kept"), chains.get("profiles"), "| pdl kept", pdl.get("kept"), "| pool", pools)
 lines = [line for line in header.get("build_log", []) if line.startswith("chains:")]
 with open(sys.argv[2], "a") as log:
     print(sys.argv[1], lines[0] if lines else "no chains line", file=log)
@@ -62,7 +65,8 @@ if [ "$part" = u ]; then
 fi
 if [ "$part" = c ]; then  # after the chain learnt to write into a Concat's buffer (ops/conv_chain.py, conv_chain_into)
   timeout 90 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
-    tests/passes/test_fuse_conv_chain.py -k "slice or concat or cuda_build" 2>&1 | tail -2
+    tests/passes/test_fuse_conv_chain.py tests/kernels/test_kernels_pool.py -k "slice or concat or cuda_build or pool" \
+    2>&1 | tail -2
   echo "tests at ${SECONDS}s"
   timeout $(( ${BUDGET_S:-300} - SECONDS )) python bench/conv_chains_ab.py --models yolov8n --batches 1 \
     --precisions int8,fp16 > "$OUT/ab_b1.txt" 2>&1
