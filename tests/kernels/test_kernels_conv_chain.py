@@ -12,8 +12,8 @@ triton = pytest.importorskip("triton")
 
 from sartor.errors import TacticNameError  # noqa: E402
 from sartor.kernels.conv.chain import (  # noqa: E402
-    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width, row_block)
-from sartor.kernels.conv.igemm import ConvGeometry  # noqa: E402
+    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width)
+from sartor.kernels.conv.igemm import ConvGeometry, row_block  # noqa: E402
 from sartor.kernels.registry import REFERENCE, parse_tactic  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv_chain import (  # noqa: E402
@@ -156,12 +156,12 @@ def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():
 
 
 def test_a_filter_row_is_one_k_step_for_few_channels_a_multiple_of_8_whose_row_fits_a_block():
-    assert row_block(16, (3, 3), int8=True) == 64 and row_block(32, (3, 3), int8=True) == 128
-    assert row_block(24, (3, 3), int8=True) == 128 and row_block(8, (3, 3), int8=True) == 32
-    assert row_block(8, (3, 3), int8=False) == 32 and row_block(8, (1, 2), int8=False) == 16
-    assert row_block(48, (3, 3), int8=True) == 0  # 144 columns: more than a block
-    assert row_block(12, (3, 3), int8=True) == 0 and row_block(3, (3, 3), int8=True) == 0  # the gather's
-    assert row_block(16, (1, 1), int8=True) == row_block(16, (3, 1), int8=True) == 0  # one tap a row
+    assert row_block(16, (3, 3), eight_bit=True) == 64 and row_block(32, (3, 3), eight_bit=True) == 128
+    assert row_block(24, (3, 3), eight_bit=True) == 128 and row_block(8, (3, 3), eight_bit=True) == 32
+    assert row_block(8, (3, 3), eight_bit=False) == 32 and row_block(8, (1, 2), eight_bit=False) == 16
+    assert row_block(48, (3, 3), eight_bit=True) == 0  # 144 columns: more than a block
+    assert row_block(12, (3, 3), eight_bit=True) == 0 and row_block(3, (3, 3), eight_bit=True) == 0  # the gather's
+    assert row_block(16, (1, 1), eight_bit=True) == row_block(16, (3, 1), eight_bit=True) == 0  # one tap a row
 
 
 def test_int8_chain_reads_a_split_half_off_a_16_byte_boundary_a_row_at_a_time():

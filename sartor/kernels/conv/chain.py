@@ -17,7 +17,7 @@ own winners (`builder/conv_chains.py`; docs/decisions/kernel-conv-chain.md).
 Both weights are K-major: the first packed by `igemm.pack_weight` ([Cout, kh·kw·C] in memory), the
 1×1's [Cout, C] as built. The first layer's K is walked tap by tap in channel blocks where its
 channel count is a multiple of the K block; else a filter row at a time where its row of a multiple of 8
-channels fits one block (`row_block`), each pixel's channels loaded as vectors; else as one flat gather
+channels fits one block (`igemm.row_block`), each pixel's channels loaded as vectors; else as one flat gather
 over (kh, kw, c).
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
-from .igemm import (ROW_TAPS_MAX_BLOCK_K, ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed,
-                    row_alignment)
+from .igemm import (ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed, row_alignment,
+                    row_block)
 
 # The first layer's output channels a program holds at once, as one tile (padded to a power of two):
 # its accumulators and then its codes stay in registers for the second product.
@@ -208,19 +208,6 @@ def middle_width(channels: int, int8: bool) -> int:
     """The first layer's output channels as the kernel holds them: a power of two, at least the
     tensor cores' K step of the second product (32 bytes of INT8 codes, 16 elements of floats)."""
     return max(32 if int8 else 16, 1 << max(0, channels - 1).bit_length())
-
-
-def row_block(channels: int, kernel: tuple[int, int], int8: bool) -> int:
-    """The K columns of one filter row when the first layer's K is walked a row at a time (its KW
-    taps' channels side by side), else 0: for several taps a row over a multiple of 8 channels whose
-    row, rounded up to a power of two of at least the tensor cores' K step, fits ROW_TAPS_MAX_BLOCK_K
-    (16 and 32 channels at 3×3: 64 and 128 columns). Used where the tile's K block does not divide
-    the channels, in place of the flat gather."""
-    kw = kernel[1]
-    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
-        return 0
-    columns = max(32 if int8 else 16, 1 << (kw * channels - 1).bit_length())
-    return columns if columns <= ROW_TAPS_MAX_BLOCK_K else 0
 
 
 @dataclass(frozen=True)

@@ -498,6 +498,18 @@ ROW_TAPS_MIN_CHANNELS = 8  # C a multiple of this: each 8 of a pixel's channels 
 ROW_TAPS_MAX_BLOCK_K = 128
 
 
+def row_block(channels: int, kernel: tuple[int, int], eight_bit: bool) -> int:
+    """The K columns of one filter row when K is walked a row at a time (its KW taps' channels side by
+    side), else 0: for several taps a row over a multiple of 8 channels whose row, rounded up to a
+    power of two of at least the tensor cores' K step, fits ROW_TAPS_MAX_BLOCK_K (16 and 32 channels
+    at 3×3: 64 and 128 columns in 8 bits)."""
+    kw = kernel[1]
+    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
+        return 0
+    columns = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
+    return columns if columns <= ROW_TAPS_MAX_BLOCK_K else 0
+
+
 def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int], cout: int,
                   eight_bit: bool) -> list[TileConfig]:
     """Variants of `tiles` whose K steps are whole filter rows (`row_taps`), for a convolution of
@@ -508,11 +520,8 @@ def row_tap_tiles(tiles: list[TileConfig], channels: int, kernel: tuple[int, int
     ROW_TAPS_MAX_BLOCK_K (so not 48 channels a 3-tap row: 144 columns); the N block no wider than
     the outputs need (`narrowed_variants`: also with taller rows). Only candidates, timed against
     the tap walks."""
-    kh, kw = kernel
-    if kw < 2 or channels < ROW_TAPS_MIN_CHANNELS or channels % ROW_TAPS_MIN_CHANNELS:
-        return []
-    block_k = max(32 if eight_bit else 16, 1 << (kw * channels - 1).bit_length())
-    if block_k > ROW_TAPS_MAX_BLOCK_K:
+    block_k = row_block(channels, kernel, eight_bit)
+    if not block_k:
         return []
     variants = []
     for tile in tiles:

@@ -12,7 +12,7 @@ dtype needs an encoding of -inf (e4m3fn has none) and padding never wins the max
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -169,8 +169,7 @@ SMALL_POOL_TILE = POOL_TILES[-1]
 SMALL_POOL_WAVES = 2
 # For such a pool over INT8 words, the smallest tile with every tap's load issued first as well: there
 # the programs are too few to hide a load's latency behind another's (YOLO's SPPF at batch 1: 50).
-SMALL_POOL_LOADS_FIRST = PoolTile(SMALL_POOL_TILE.elements, SMALL_POOL_TILE.max_block_c, SMALL_POOL_TILE.warps,
-                                  loads_first=True)
+SMALL_POOL_LOADS_FIRST = replace(SMALL_POOL_TILE, loads_first=True)
 
 
 def pool_tactics(effort: int, output_elements: int = 0, sms: int = 0, int8_words: bool = False) -> list[str]:
