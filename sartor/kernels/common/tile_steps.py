@@ -72,6 +72,29 @@ if triton is not None:
         return n, oh, rem - oh * OW
 
     @triton.jit
+    def pixel_channel_tile(P, C, OH, OW, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+        """A program's block of output pixels (grid axis 0) and channels (axis 1) of a channels-last
+        tensor: their offsets, their masks and each pixel's (n, oh, ow)."""
+        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        p_ok = offs_p < P
+        c_ok = offs_c < C
+        n, oh, ow = pixel_coords(offs_p, OH, OW)
+        return offs_p, offs_c, p_ok, c_ok, n, oh, ow
+
+    @triton.jit
+    def window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w):
+        """Each output pixel's input image offset (sxn: the image stride) and its window's first input
+        row and column, negative in the padding."""
+        return n.to(tl.int64) * sxn, oh * SH - pad_h, ow * SW - pad_w
+
+    @triton.jit
+    def tap_pixels(base, ih, iw, p_ok, H, W, sxh, sxw):
+        """A tap's input pixel offsets for the program's output pixels, and which lie inside the
+        image (padding is left out by the mask)."""
+        return base + ih * sxh + iw * sxw, p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+
+    @triton.jit
     def grouped_tile(pid, M, COUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
                      ONE_COLUMN: tl.constexpr = False):
         """(row tile, column tile) of program `pid` in grouped order: GROUP_M row tiles walk the

@@ -33,7 +33,7 @@ from ..registry import DEPTHWISE_TAPS, fixed_tactic
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import quantize_operand, pixel_coords, store_epilogue
+    from ..common.tile_steps import quantize_operand, store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple, told_pixel_strides
 
     @triton.jit
@@ -54,14 +54,8 @@ if triton is not None:
         srn = told_multiple(srn, CH_ALIGN)
         srh = told_multiple(srh, CH_ALIGN)
         srw = told_multiple(srw, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_ok = offs_p < P
-        c_ok = offs_c < C
-        n, oh, ow = pixel_coords(offs_p, OH, OW)
-        base = n.to(tl.int64) * sxn
-        ih0 = oh * SH - pad_h
-        iw0 = ow * SW - pad_w
+        offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, C, OH, OW, BLOCK_P, BLOCK_C)
+        base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         w_col = offs_c * swc
         if INT8:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
@@ -109,14 +103,8 @@ if triton is not None:
         sww = told_multiple(sww, WORD_ALIGN)
         C = told_multiple(C, CH_ALIGN)
         y_row = told_multiple(y_row, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_w = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-        p_ok = offs_p < P
-        w_ok = offs_w < C // 4
-        n, oh, ow = pixel_coords(offs_p, OH, OW)
-        base = n.to(tl.int64) * sxn
-        ih0 = oh * SH - pad_h
-        iw0 = ow * SW - pad_w
+        offs_p, offs_w, p_ok, w_ok, n, oh, ow = pixel_channel_tile(P, C // 4, OH, OW, BLOCK_P, BLOCK_W)
+        base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         lane0 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         lane1 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         lane2 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
@@ -136,12 +124,6 @@ if triton is not None:
         store_epilogue(acc, offs_p, offs_c, p_ok, offs_c < C, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
                         y_row, srn, src, srh, srw, res_scale, out_inv_scale, qmin, alpha, beta,
                         True, False, HAS_BIAS, HAS_RES, RES_QUANT, RES_AFTER, ACT, OUT_QUANT)
-
-    @triton.jit
-    def tap_pixels(base, ih, iw, p_ok, H, W, sxh, sxw):
-        """A tap's input pixel offsets for the program's output pixels, and which lie inside the
-        image (padding is left out by the mask)."""
-        return base + ih * sxh + iw * sxw, p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
 
     @triton.jit
     def _lane_product_sum(words, taps, LANE: tl.constexpr, acc, DP4A: tl.constexpr):

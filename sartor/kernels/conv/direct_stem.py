@@ -36,9 +36,8 @@ from .igemm import ConvGeometry
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import pixel_coords, quantize_int8, store_epilogue
+    from ..common.tile_steps import quantize_int8, store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple
-    from .depthwise import tap_pixels
     from .direct_words import four_products_sum
 
     @triton.jit
@@ -60,14 +59,8 @@ if triton is not None:
         pixel stride."""
         COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels loaded and stored at once
         y_row = told_multiple(y_row, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-        p_ok = offs_p < P
-        c_ok = offs_c < COUT
-        n, oh, ow = pixel_coords(offs_p, OH, OW)
-        base = n.to(tl.int64) * sxn
-        ih0 = oh * SH - pad_h
-        iw0 = ow * SW - pad_w
+        offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, COUT, OH, OW, BLOCK_P, BLOCK_CO)
+        base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
         TAPS: tl.constexpr = C * KH * KW
         for j in tl.static_range((TAPS + 3) // 4):

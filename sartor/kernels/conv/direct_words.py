@@ -34,9 +34,8 @@ from .igemm import ConvGeometry
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import pixel_coords, store_epilogue
+    from ..common.tile_steps import store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple
-    from .depthwise import tap_pixels
 
     @triton.jit
     def _direct_int8_words_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, res_ptr, y_ptr, P, COUT, H, W, OH, OW, y_row,
@@ -63,16 +62,10 @@ if triton is not None:
         sww = told_multiple(sww, TAP_ALIGN)
         COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels stored at once
         y_row = told_multiple(y_row, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_c = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, COUT, OH, OW, BLOCK_P, BLOCK_CO)
+        base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         offs_w = tl.arange(0, WORDS_P2)
-        p_ok = offs_p < P
-        c_ok = offs_c < COUT
         w_ok = offs_w < WORDS
-        n, oh, ow = pixel_coords(offs_p, OH, OW)
-        base = n.to(tl.int64) * sxn
-        ih0 = oh * SH - pad_h
-        iw0 = ow * SW - pad_w
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):

@@ -25,7 +25,7 @@ from ..registry import Flag, LayerFacts, Number, Tactic, register
 if triton is not None:
     import triton.language as tl
 
-    from ..common.tile_steps import pixel_coords
+    from ..common.tile_steps import pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_pixel_strides
 
     @triton.jit
@@ -40,12 +40,8 @@ if triton is not None:
         of two dividing C and the strides (`told_alignment`), so that a channel mask of 24 words
         still loads vectors."""
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        p_ok = offs_p < P
-        c_ok = offs_c < C
-        n, oh, ow = pixel_coords(offs_p, OH, OW)
-        base = n.to(tl.int64) * sxn
+        offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, C, OH, OW, BLOCK_P, BLOCK_C)
+        base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         # INT8 codes are compared as integers: converting each tap to float32 and back is bound by
         # Hopper's conversion rate (16 values per clock per SM; docs/decisions/kernel-max-pool-tiles.md).
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
@@ -66,11 +62,9 @@ if triton is not None:
             acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=tl.float32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
-                ih = oh * SH - pad_h + kh * DH
-                iw = ow * SW - pad_w + kw * DW
-                ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
                 tap_ok = ok[:, None] & c_ok[None, :]
-                taps = x_ptr + (base + ih * sxh + iw * sxw)[:, None] + offs_c[None, :]
+                taps = x_ptr + pixels[:, None] + offs_c[None, :]
                 if CODE_WORDS:
                     even, odd = _word_max(even, odd, tl.load(taps, mask=tap_ok, other=WORD_BIAS), PACKED_MAX)
                 elif INTEGER:
