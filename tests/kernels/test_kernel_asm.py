@@ -661,6 +661,27 @@ def test_int8_sppf_pool_over_24_words_loads_vectors():
 
 
 
+# ResNet's stem pool (3×3, stride 2, padding 1) over 70 INT8 channels: codes pooled one by one (70 is no
+# multiple of four), two to a 16-bit load as the channel alignment allows
+POOL_CODES_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """
+x = torch.zeros(2, 70, 11, 9, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+max_pool_nhwc(x, (3, 3), (2, 2), (1, 1), (1, 1), (6, 5))
+assert not launched["kwargs"]["CODE_WORDS"]
+""") + """
+presets = re.findall(r"mov\\.u(16|32) %\\w+, (\\S+);\\s*@!?%p\\d+ ld\\.global\\.b(?:16|32)", ptx)
+print(len(presets), *sorted({value for _, value in presets}))
+"""
+
+
+def test_int8_pool_masked_lanes_read_the_lowest_code_in_every_lane():
+    """A masked tap must read -128 in every code of a vector load. Triton spreads a constant `other` over
+    a load's lanes sign-extended, so other=-128 preset 16-bit loads with 0xFF80: the second code read -1
+    and beat every negative code at a padded border (the GPU tests failed; the interpreter loads each code
+    alone). The kernel's lowest code is computed, so each preset is a register holding 0x8080."""
+    loads, *presets = _compile_in_child(POOL_CODES_CHILD).splitlines()[-1].split()
+    assert int(loads) > 0
+    assert all(value.startswith("%") for value in presets), presets
+
 # YOLO's SPPF at batch 1: 128 INT8 channels (32 words) of a 512-channel Concat buffer at 20 × 20, the
 # first pool reading one slice and writing the next, by the small-pool tile as Hopper launches it
 # (the packed maximum) and by its loads-first form.

@@ -107,9 +107,10 @@ def c2f_step():
 
 
 def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outputs(monkeypatch):
-    """The chain down+cv1 on its kernel (Triton's interpreter here) is placed in the Concat's buffer as
-    cv1 was (runtime/concat_plan.py: the Split's halves are then views already in place), is stored
-    there by the kernel, and the engine computes what the two layers computed, run after run."""
+    """The chain down+cv1 on its kernel (on the GPU where there is one, else in Triton's interpreter) is
+    placed in the Concat's buffer as cv1 was (runtime/concat_plan.py: the Split's halves are then views
+    already in place), is stored there by the kernel, and the engine computes what the two layers
+    computed, run after run."""
     from sartor.kernels.conv.chain import CHAIN_TILES
     from sartor.ops import conv_chain as conv_chain_op
     from sartor.runtime.concat_plan import ShapeMemo, SliceTarget
@@ -126,7 +127,8 @@ def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outpu
     # on a GPU (the emulation's are not, and a buffer in NCHW gets no slices).
     next(n for n in graph.nodes if n.name == "m").attrs["tactic"] = "igemm.32x32x32.w4.s1"
     weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
-    executor = Executor(graph, weights, torch.device("cpu"), layers)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels take CUDA tensors
+    executor = Executor(graph, weights, device, layers)
     concat = next(n for n in graph.nodes if n.op_type == "Concat")
     assert executor.concat_plan.targets[chain.outputs[0]] == SliceTarget(concat.outputs[0], 0)
 
@@ -137,8 +139,8 @@ def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outpu
     memo = ShapeMemo()  # what an engine context keeps per input shape
     with torch.inference_mode():
         for _ in range(3):
-            got = executor.run({"images": torch.from_numpy(images)}, memo)
-            assert all(torch.equal(got[name], value) for name, value in expected.items())
+            got = executor.run({"images": torch.from_numpy(images).to(device)}, memo)
+            assert all(torch.equal(got[name].cpu(), value) for name, value in expected.items())
     assert stores == [False, True, True]  # the first run records shapes, the next two store in place
 
 

@@ -56,6 +56,9 @@ if triton is not None:
             odd = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
         elif INTEGER:
             acc = tl.full((BLOCK_P, BLOCK_C), -128, dtype=tl.int8)
+            # -128 for masked taps, computed rather than constant: Triton spreads a constant `other` over a
+            # vector load's lanes sign-extended (0xFF80 for two codes), so the second lane read -1.
+            lowest_code = ((P < 0).to(tl.int32) - 128).to(tl.int8)
         elif NATIVE:
             acc = tl.full((BLOCK_P, BLOCK_C), float("-inf"), dtype=x_ptr.dtype.element_ty)
         else:
@@ -68,7 +71,7 @@ if triton is not None:
                 if CODE_WORDS:
                     even, odd = _word_max(even, odd, tl.load(taps, mask=tap_ok, other=WORD_BIAS), PACKED_MAX)
                 elif INTEGER:
-                    acc = tl.maximum(acc, tl.load(taps, mask=tap_ok, other=-128))
+                    acc = tl.maximum(acc, tl.load(taps, mask=tap_ok, other=lowest_code))
                 elif NATIVE:
                     acc = tl.maximum(acc, tl.load(taps, mask=tap_ok, other=float("-inf")),
                                      propagate_nan=tl.PropagateNan.ALL)
