@@ -3,6 +3,7 @@ each (`bench/profile_engine.py --layers-out`), side by side, where one engine ga
 where it does not.
 
     python bench/compare_layers.py yolov8n_layers_fp16.json yolov8n_layers_int8.json [--rows 30]
+    python bench/compare_layers.py /tmp/sartor_table/yolov8n_fp16_b1.plan /tmp/sartor_table/yolov8n_int8_b1.plan
 
 Layers are matched by name (an INT8 engine's QConv is the FP16 engine's FusedConv of the same
 node). Printed: the totals, the time by the second engine's tactic family, and the layers by how
@@ -16,13 +17,31 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sartor, for a .plan's header
+
+
+def header_layers(header: dict) -> list[dict]:
+    """An engine header's layers as `--layers-out` writes them: op, the chosen tactic's description, the
+    fastest tactic the builder timed and its time (the builder picks the fastest it timed), every timing."""
+    return [{"name": layer["name"], "op": layer.get("op"), "tactic": layer.get("tactic"),
+             "fastest": min(timings, key=timings.get) if timings else None,
+             "ms": min(timings.values()) if timings else None, "timed_ms": timings}
+            for layer in header["layers"] for timings in [layer.get("tactic_timings_ms") or {}]]
 
 
 def load_layers(path: Path) -> dict[str, dict]:
-    """name → {"op", "tactic", "ms"} of the layers with a builder time."""
+    """name → {"op", "tactic", "ms"} of the layers with a builder time, from a layers JSON or from an
+    engine file's header (a `.plan`, as the table's builds keep them)."""
+    if Path(path).suffix == ".plan":
+        from sartor.runtime.engine_file import read_engine_file
+        layers = header_layers(read_engine_file(path)[0])
+    else:
+        layers = json.loads(Path(path).read_text())
     return {layer["name"]: {"op": layer.get("op"), "tactic": layer.get("fastest") or "", "ms": layer["ms"]}
-            for layer in json.loads(Path(path).read_text()) if layer.get("ms") is not None}
+            for layer in layers if layer.get("ms") is not None}
 
 
 def family(tactic: str) -> str:
@@ -55,8 +74,8 @@ def compare(first: dict[str, dict], second: dict[str, dict], target: float) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("first", type=Path, help="layers JSON of the engine compared against (e.g. FP16)")
-    parser.add_argument("second", type=Path, help="layers JSON of the engine compared (e.g. INT8)")
+    parser.add_argument("first", type=Path, help="layers JSON or .plan of the engine compared against (e.g. FP16)")
+    parser.add_argument("second", type=Path, help="layers JSON or .plan of the engine compared (e.g. INT8)")
     parser.add_argument("--target", type=float, default=1.5, help="the speed ratio aimed at (first ÷ second)")
     parser.add_argument("--rows", type=int, default=30)
     args = parser.parse_args()

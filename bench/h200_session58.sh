@@ -6,11 +6,26 @@
 #   k: every test of tests/kernels, tests/ops and tests/passes on the GPU (BUDGET_S seconds, 540 unless told), the
 #      failures' names to $OUT/failures.txt: the interpreter runs each element alone, so faults of compiled
 #      vector code (session 58's) show only here.
-#   Then `h200_session57.sh u` (YOLO11n and the sample detector's table) and issue 30's table.
-#   OUT=$OUT bash bench/h200_session58.sh v|k
+#   t, u: h200_session57.sh t (YOLOv8n) or u (YOLO11n and the sample detector), then each model's FP16 and INT8
+#      builds compared layer by layer (bench/compare_layers.py on the plans: batch 1 against 1.3, batch 32
+#      against 1.5), to $OUT/layers_*.txt, the head of each printed: where INT8 holds the ratio back.
+#   Then issue 30's table.
+#   OUT=$OUT bash bench/h200_session58.sh v|k|t|u
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say v or k}
+part=${1:?say v, k, t or u}
+if [ "$part" = t ] || [ "$part" = u ]; then
+  bash bench/h200_session57.sh "$part"
+  for plan in /tmp/sartor_table/*_fp16_b*.plan; do
+    int8=${plan/_fp16_/_int8_}
+    [ -f "$int8" ] || continue
+    name=$(basename "${plan/_fp16_/_}" .plan)
+    case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
+    PYTHONPATH=. python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
+    echo "== $name"; head -1 "$OUT/layers_$name.txt"; grep -A 6 "^== layers" "$OUT/layers_$name.txt" | cut -c1-170
+  done
+  exit 0
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

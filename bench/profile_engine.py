@@ -177,12 +177,8 @@ def main() -> None:
     layers = {layer["name"]: layer for layer in result.header["layers"]}
     if args.layers_out is not None:  # the builder's own timing of each chosen tactic: no launch gaps
         import json
-        # The header names the chosen tactic by its description; the builder picks the fastest it timed.
-        chosen = [{"name": layer["name"], "op": layer.get("op"), "tactic": layer.get("tactic"),
-                   "fastest": min(timings, key=timings.get) if timings else None,
-                   "ms": min(timings.values()) if timings else None, "timed_ms": timings}
-                  for layer in result.header["layers"] for timings in [layer.get("tactic_timings_ms") or {}]]
-        args.layers_out.write_text(json.dumps(chosen, indent=1))
+        from compare_layers import header_layers
+        args.layers_out.write_text(json.dumps(header_layers(result.header), indent=1))
     engine = sartor.load(str(plan))
     ctx = ExecutionContext(engine, use_cuda_graphs=False)
     x = torch.rand(shape, device="cuda")

@@ -49,3 +49,26 @@ def test_the_command_prints_totals_families_and_layers(engines):
     assert "only_first: gone" in done.stdout and "only_second: new" in done.stdout
     layer_lines = done.stdout.split("== layers by excess")[1].strip().splitlines()[1:]
     assert len(layer_lines) == 2 and "c3" in layer_lines[0]
+
+
+def test_a_plan_is_read_from_its_header_as_the_layers_json_would_have_it(tiny_plan, tmp_path):
+    """An engine file gives each timed layer its fastest tactic and time (the table's builds keep plans,
+    not layers JSON); layers the builder did not time are left out, as from the JSON."""
+    from compare_layers import header_layers
+    from sartor.runtime.engine_file import read_engine_file
+
+    header = read_engine_file(tiny_plan)[0]
+    timed = {layer["name"]: layer["tactic_timings_ms"] for layer in header["layers"] if layer.get("tactic_timings_ms")}
+    assert timed  # the CPU build times its convolutions' tactics
+    layers = load_layers(tiny_plan)
+    assert set(layers) == set(timed)
+    for name, timings in timed.items():
+        assert layers[name]["ms"] == min(timings.values())
+        assert layers[name]["tactic"] == min(timings, key=timings.get)
+    as_json = tmp_path / "layers.json"
+    as_json.write_text(json.dumps(header_layers(header)))
+    assert load_layers(as_json) == layers
+    done = subprocess.run([sys.executable, str(BENCH / "compare_layers.py"), str(tiny_plan), str(as_json)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"shared layers: {len(timed)};" in done.stdout and "ratio 1.00" in done.stdout
