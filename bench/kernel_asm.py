@@ -171,7 +171,7 @@ def main_loop_mix(sass: str) -> tuple[int, dict[str, int]]:
 
 
 def assemble(ptx: str, arch: int) -> tuple[str, str]:
-    """(ptxas's -v report, the SASS cuobjdump prints) of `ptx` for sm_`arch`a, by the tools Triton's wheel ships."""
+    """(ptxas's -v report, the SASS cuobjdump prints) of `ptx` for sm_`arch`, by the tools Triton's wheel ships."""
     ptxas = Path(triton.backends.nvidia.__file__).parent / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "k.ptx"

@@ -51,12 +51,16 @@ def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
                       output_inv_scale=attrs.get("output_inv_scale"), accumulator_bound=attrs.get(ACCUMULATOR_BOUND))
 
 
-def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: dict, quantized: bool,
-                  tile: ChainTile, pdl: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The chain by the kernel, or None where it does not apply to these tensors (or `out`, where
-    given, is not of the dtype the chain writes); the first weight as stored for the tile
-    (`chain_weight_for_tactic`). `pdl`: the chain's mark (builder/pdl.py), on CUDA tensors only (the
-    interpreter has no grid dependency control)."""
+def _chain_kernel(inputs: list, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The chain by the kernel where its tactic is a chain tile, or None: for the reference, and where
+    the kernel does not apply to these tensors (or `out`, where given, is not of the dtype the chain
+    writes). The first weight comes as stored for the tile (`chain_weight_for_tactic`); the chain's PDL
+    mark (builder/pdl.py) holds on CUDA tensors only (the interpreter has no grid dependency control)."""
+    tile = tactic_for(attrs.get("tactic"))
+    if not isinstance(tile, ChainTile):
+        return None
+    first_inputs, second_rest, first, second = chain_parts(inputs, attrs)
+    quantized = attrs["layers"] == "QConv"
     x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
     geometry = igemm_geometry(x, w1, first, require_cuda=False)
     if not chain_applies(x, w1, w2, geometry):
@@ -72,7 +76,7 @@ def _chain_kernel(first_inputs: list, second_rest: list, first: dict, second: di
         return None
     return conv_chain(x, w1, w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
                       _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
-                      out_dtype=out_dtype, out=out, pdl=pdl)
+                      out_dtype=out_dtype, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda)
 
 
 def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
@@ -98,26 +102,17 @@ def conv_chain_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     output under its Split) by the kernel, which stores any pixel stride, as its second layer alone
     would have been. None for the reference and where the kernel does not apply: the layer then runs
     as usual and the Concat copies its result (a copy kernel the two layers did not need)."""
-    tactic = tactic_for(attrs.get("tactic"))
-    if not isinstance(tactic, ChainTile) or pixel_stride(out) is None:
-        return None
-    first_inputs, second_rest, first, second = chain_parts(inputs, attrs)
-    return _chain_kernel(first_inputs, second_rest, first, second, attrs["layers"] == "QConv", tactic,
-                         pdl=bool(attrs.get("pdl")) and first_inputs[0].is_cuda, out=out)
+    return None if pixel_stride(out) is None else _chain_kernel(inputs, attrs, out)
 
 
 @OPS.internal(CHAIN, tactics=chain_tactics, weight_for_tactic=chain_weight_for_tactic, write_into=conv_chain_into)
 def conv_chain_layer(inputs, attrs):
     """The two layers (module docstring): by the kernel where the tactic is a chain tile and it
     applies, else one after the other by their references."""
+    y = _chain_kernel(inputs, attrs)
+    if y is not None:
+        return y
     first_inputs, second_rest, first, second = chain_parts(inputs, attrs)
-    quantized = attrs["layers"] == "QConv"
-    tactic = tactic_for(attrs.get("tactic"))
-    if isinstance(tactic, ChainTile):
-        y = _chain_kernel(first_inputs, second_rest, first, second, quantized, tactic,
-                          pdl=bool(attrs.get("pdl")) and first_inputs[0].is_cuda)
-        if y is not None:
-            return y
     impl = LAYER_IMPLS[attrs["layers"]]
     middle = impl(first_inputs, dict(first, tactic=REFERENCE))
     return impl([middle, *second_rest], dict(second, tactic=REFERENCE))
