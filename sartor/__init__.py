@@ -58,7 +58,8 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
     - `fallback_where_faster=True`: INT8 (FP8) layers whose best kernel is faster at the fallback
       precision run there, if the whole engine gets faster.
     - `pdl=True` (INT8/FP8/FP16/BF16 on compute capability 9.0+): sartor's own kernels (the
-      quantized layers', the float convolutions' implicit GEMM) are launched with programmatic
+      quantized layers', the float convolutions' implicit GEMM and depthwise kernel, max pools and
+      nearest upsamples) are launched with programmatic
       dependent launch; `pdl=False`: never; left out, where the engine measures faster with it at
       the build (timed end to end, recorded in the header's `pdl_check`).
     - `max_aux_streams` (CUDA): the engine is timed with 0 to this many auxiliary streams for its

@@ -1,9 +1,11 @@
 """--pdl: the layers whose kernel takes part in programmatic dependent launch
 (`kernels/common/pdl.py`) are marked to be launched with it: INT8 (FP8) layers on sartor's own
 kernels (for the resident-window tiles, their GEMM after the pixel packing), FP16 (BF16)
-convolutions on the implicit GEMM and convolution chains on their kernel. The layers that run
-another tactic (the emulation, cuDNN, cuBLAS, im2col, the pixel windows' implicit-GEMM tiles:
-kernels that do not wait for their predecessor as PDL requires) keep the ordinary launch.
+convolutions on the implicit GEMM or the depthwise kernel, convolution chains on their kernel, and max
+pools and nearest upsamples on theirs: a kernel that does not take part ends the overlap on both of its
+sides. The layers that run another tactic (the emulation, cuDNN, cuBLAS, im2col, the pixel windows'
+implicit-GEMM tiles: kernels that do not wait for their predecessor as PDL requires) keep the ordinary
+launch.
 
 Without the flag (`BuildConfig.pdl` None) a quantized build on such a device times the engine both
 ways and keeps PDL where it wins (`check_programmatic_launch`; docs/decisions/0055); `--no-pdl`
@@ -24,8 +26,9 @@ from .engine_timing import MARGIN as PDL_MARGIN, fastest_alternating, untimed_op
 
 
 # The ops whose tactics may be kernels that take part (own_kernel_tactic): the quantized layers, the
-# float convolution, whose implicit-GEMM tiles are the INT8 layers' kernel, and the convolution chains.
-PDL_LAYERS = frozenset(QUANTIZED_LAYERS) | {"FusedConv", "ConvChain"}
+# float convolution, whose implicit-GEMM tiles are the INT8 layers' kernel, the convolution chains, and
+# the max pools and nearest upsamples between them (a detector's SPPF and neck).
+PDL_LAYERS = frozenset(QUANTIZED_LAYERS) | {"FusedConv", "ConvChain", "MaxPool", "Resize", "Upsample"}
 
 
 def check_pdl_device(device: torch.device) -> None:

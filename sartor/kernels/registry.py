@@ -297,11 +297,14 @@ def tactic_for(name: str | None) -> Tactic:
     return parse_tactic(name or REFERENCE)
 
 
-def fixed_tactic(word: str, describe: Callable[[LayerFacts], str] | str, weight_layout: str = AS_GIVEN) -> type:
-    """Registers a family of one tactic without fields, named `word` ("cudnn_fused")."""
+def fixed_tactic(word: str, describe: Callable[[LayerFacts], str] | str, weight_layout: str = AS_GIVEN,
+                 programmatic_launch: bool = False) -> type:
+    """Registers a family of one tactic without fields, named `word` ("cudnn_fused"); `programmatic_launch`:
+    its PROGRAMMATIC_LAUNCH."""
     words = describe if callable(describe) else (lambda layer: describe)
     cls = dataclass(frozen=True)(type(f"Fixed_{word}", (Tactic,), {
-        "FAMILY": word, "WEIGHT_LAYOUT": weight_layout, "describe": lambda self, layer: words(layer),
+        "FAMILY": word, "WEIGHT_LAYOUT": weight_layout, "PROGRAMMATIC_LAUNCH": programmatic_launch,
+        "describe": lambda self, layer: words(layer),
         "__module__": __name__}))
     return register(cls)
 

@@ -183,7 +183,8 @@ def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, r
         return None
     if residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1], *geometry.out_hw):
         return None  # a broadcast residual: torch's epilogue handles it
-    return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, **igemm_epilogue(attrs))
+    return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda,
+                               **igemm_epilogue(attrs))
 
 
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:

@@ -85,8 +85,9 @@ def _triton_max_pool(x: torch.Tensor, attrs: dict, out: torch.Tensor | None = No
     if not isinstance(tile, PoolTile) or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
+    # Marked by the builder (builder/pdl.py); CUDA only: the interpreter has no grid dependency control.
     return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out,
-                         tile=tile)
+                         tile=tile, pdl=bool(attrs.get("pdl")) and x.is_cuda)
 
 
 def max_pool_into(inputs, attrs, out):

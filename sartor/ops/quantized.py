@@ -435,7 +435,7 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
                                 max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], words=tactic == TRITON_DEPTHWISE_INT8_WORDS,
-                                **epilogue)
+                                pdl=_programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
@@ -455,7 +455,7 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
     for unused in ("fp8", "input_inv_scale"):  # codes in, never FP8
         epilogue.pop(unused)
     return direct_int8_words_conv(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                  tactic=tactic, **epilogue)
+                                  tactic=tactic, pdl=_programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_stem_int8(inputs: list, attrs: dict) -> bool:
@@ -478,7 +478,7 @@ def _qlayer_direct_stem(x, w_words, bias, residual, dequant_scale, attrs, out: t
     for unused in ("fp8", "residual_scale", "residual_after_activation"):  # no residual, never FP8
         epilogue.pop(unused)
     return direct_stem_conv(x, w_words, bias, geometry, dequant_scale=dequant_scale, out=out, tactic=tactic,
-                            **epilogue)
+                            pdl=_programmatic_launch(x, attrs), **epilogue)
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):

@@ -207,7 +207,7 @@ def _nearest_factors(x, axes, sizes, scales, attrs) -> tuple[int, int] | None:
 
 # ---- the ops: a request is (x, sizes, scales, roi, axes, Resize attributes) ----------------------
 TRITON_NEAREST = "triton_nhwc"
-fixed_tactic(TRITON_NEAREST, "triton channels-last nearest upsample")
+fixed_tactic(TRITON_NEAREST, "triton channels-last nearest upsample", programmatic_launch=True)
 
 
 def _resize_request(inputs: list, attrs: dict) -> tuple:
@@ -244,24 +244,28 @@ def _nearest_tactics(request: tuple) -> list[str]:
     return ["torch"]
 
 
-def _triton_nearest(request: tuple, tactic: str | None, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The Triton tactic's result, new or in `out`; None where it is not the tactic or does not apply."""
+def _triton_nearest(request: tuple, tactic: str | None, out: torch.Tensor | None = None,
+                    pdl: bool = False) -> torch.Tensor | None:
+    """The Triton tactic's result, new or in `out`; None where it is not the tactic or does not apply.
+    `pdl`: the layer's mark (builder/pdl.py), taken on CUDA only (the interpreter has no grid dependency
+    control)."""
     if tactic != TRITON_NEAREST:
         return None
     factors = _triton_factors(request)
-    return None if factors is None else upsample_nearest_nhwc(request[0], factors, out=out)
+    x = request[0]
+    return None if factors is None else upsample_nearest_nhwc(x, factors, out=out, pdl=pdl and x.is_cuda)
 
 
-def _nearest_into(request: tuple, tactic: str | None, out: torch.Tensor) -> torch.Tensor | None:
+def _nearest_into(request: tuple, tactic: str | None, out: torch.Tensor, pdl: bool) -> torch.Tensor | None:
     """The Triton tactic's result stored straight into `out` (a channel slice of a Concat's buffer,
     as in YOLO's necks); None for PyTorch's kernel."""
     if out.dtype != request[0].dtype or pixel_stride(out) is None:
         return None
-    return _triton_nearest(request, tactic, out)
+    return _triton_nearest(request, tactic, out, pdl)
 
 
-def _run_request(request: tuple, tactic: str | None) -> torch.Tensor:
-    computed = _triton_nearest(request, tactic)
+def _run_request(request: tuple, tactic: str | None, pdl: bool) -> torch.Tensor:
+    computed = _triton_nearest(request, tactic, pdl=pdl)
     if computed is not None:
         return computed
     x, sizes, scales, roi, axes, attrs = request
@@ -273,13 +277,13 @@ def resize_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
 
 
 def resize_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
-    return _nearest_into(_resize_request(inputs, attrs), attrs.get("tactic"), out)
+    return _nearest_into(_resize_request(inputs, attrs), attrs.get("tactic"), out, bool(attrs.get("pdl")))
 
 
 @OPS.op("Resize", attrs=dict(RESIZE_ATTRS), host_inputs=(1, 2, 3), check=_resize_check, tactics=resize_tactics,
         write_into=resize_into)
 def resize(inputs, attrs):
-    return _run_request(_resize_request(inputs, attrs), attrs.get("tactic"))
+    return _run_request(_resize_request(inputs, attrs), attrs.get("tactic"), bool(attrs.get("pdl")))
 
 
 def upsample_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
@@ -287,13 +291,13 @@ def upsample_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
 
 
 def upsample_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
-    return _nearest_into(_upsample_request(inputs, attrs), attrs.get("tactic"), out)
+    return _nearest_into(_upsample_request(inputs, attrs), attrs.get("tactic"), out, bool(attrs.get("pdl")))
 
 
 @OPS.op("Upsample", attrs={"mode": "nearest", "scales": None}, host_inputs=(1,), tactics=upsample_tactics,
         write_into=upsample_into)
 def upsample(inputs, attrs):
-    return _run_request(_upsample_request(inputs, attrs), attrs.get("tactic"))
+    return _run_request(_upsample_request(inputs, attrs), attrs.get("tactic"), bool(attrs.get("pdl")))
 
 
 @OPS.op("Pad", attrs={"mode": "constant", "pads": None, "value": 0.0}, host_inputs=(1, 2, 3))

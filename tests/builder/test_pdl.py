@@ -38,11 +38,20 @@ def test_only_layers_whose_kernels_wait_are_marked():
                               tactic_by_profile=["torch", "igemm.64x64x64.w4.s4"]),
                          node("FusedConv", "float", tactic="igemm.64x64x32.w4.s4"),
                          node("FusedConv", "cudnn", tactic="cudnn_fused"),
-                         node("FusedConv", "depthwise", tactic="triton_depthwise")],
+                         node("FusedConv", "depthwise", tactic="triton_depthwise"),
+                         node("QConv", "depthwise_int8", tactic="triton_depthwise_int8_words"),
+                         node("QConv", "stem", tactic="triton_direct_stem_int8"),
+                         node("QConv", "dp4a", tactic="triton_direct_int8_word_tiles"),
+                         node("MaxPool", "pool", tactic="max_pool.elements1024.channels64.w4.loads-first"),
+                         node("MaxPool", "torch_pool", tactic="torch"),
+                         node("Resize", "upsample", tactic="triton_nhwc"),
+                         node("Upsample", "torch_upsample", tactic="torch"),
+                         node("DetectionHead", "decode", tactic="triton")],
                   inputs=[], outputs=[], initializers={})
-    assert mark_programmatic_launch(graph) == 6
-    assert [n.name for n in graph.nodes if n.attrs.get("pdl")] == ["igemm", "resident", "tma", "fc",
-                                                                   "one_profile_kernel", "float"]
+    assert mark_programmatic_launch(graph) == 12
+    assert [n.name for n in graph.nodes if n.attrs.get("pdl")] == [
+        "igemm", "resident", "tma", "fc", "one_profile_kernel", "float", "depthwise", "depthwise_int8", "stem", "dp4a",
+        "pool", "upsample"]
     assert not own_kernel_tactic(None) and not own_kernel_tactic("")
     assert own_kernel_tactic("igemm.64x64x64.w4.s4.padded-taps")
 
@@ -216,6 +225,61 @@ def test_pdl_kernels_equal_the_others_chained_in_a_cuda_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)
+
+
+@pytest.mark.skipif(not _hopper(), reason="programmatic dependent launch needs a CUDA device of compute capability 9.0+")
+def test_pool_upsample_stem_dp4a_and_depthwise_kernels_under_pdl_equal_the_others_in_a_cuda_graph():
+    """A detector's small kernels in a row, each reading the one before: the INT8 stem on the CUDA cores, a
+    dp4a convolution, a max pool into half of a Concat buffer, a ×2 upsample, the INT8 depthwise in words and
+    code by code, and on FP16 the depthwise, pool and upsample; launched with PDL inside one CUDA graph,
+    replayed: the same values as the ordinary launches."""
+    from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, depthwise_qconv_nhwc, pack_depthwise_weight
+    from sartor.kernels.conv.direct_stem import direct_stem_conv, tap_words
+    from sartor.kernels.conv.direct_words import direct_int8_words_conv
+    from sartor.kernels.conv.igemm import ConvGeometry
+    from sartor.kernels.pointwise.resize import upsample_nearest_nhwc
+    from sartor.kernels.pool.max_pool import SMALL_POOL_LOADS_FIRST, max_pool_nhwc
+    generator = torch.Generator(device="cuda").manual_seed(6)
+
+    def codes(*shape):
+        return torch.randint(-127, 128, shape, dtype=torch.int8, device="cuda", generator=generator)
+    image = torch.rand((2, 3, 64, 64), device="cuda", generator=generator)
+    nhwc = torch.channels_last
+    w_stem, w_dense = tap_words(codes(16, 3, 3, 3)), codes(16, 16, 3, 3).contiguous(memory_format=nhwc)
+    w_depth = pack_depthwise_weight(codes(32, 1, 3, 3))
+    w_half = pack_depthwise_weight((torch.randn((16, 1, 3, 3), device="cuda", generator=generator) / 100).half())
+    bias16, bias32 = (torch.randint(-500, 500, (c,), dtype=torch.int32, device="cuda", generator=generator)
+                      for c in (16, 32))
+    half_bias = torch.randn((16,), device="cuda", generator=generator).half()
+    stride2 = ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (32, 32))
+    at32, at64 = (ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (s, s)) for s in (32, 64))
+
+    def chain(pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        def int8(c):
+            return dict(dequant_scale=torch.full((c,), 1e-3, device="cuda"), output_inv_scale=8.0, activation="SiLU",
+                        pdl=pdl)
+        a = direct_stem_conv(image, w_stem, bias16, stride2, input_inv_scale=100.0, **int8(16))
+        b = direct_int8_words_conv(a, w_dense, bias16, at32, tactic="triton_direct_int8_word_tiles", **int8(16))
+        buffer = torch.empty((2, 32, 32, 32), dtype=torch.int8, device="cuda").contiguous(memory_format=nhwc)
+        buffer[:, :16] = b
+        max_pool_nhwc(b, (5, 5), (1, 1), (2, 2), (1, 1), (32, 32), out=buffer[:, 16:], tile=SMALL_POOL_LOADS_FIRST,
+                      pdl=pdl)
+        c = upsample_nearest_nhwc(buffer, (2, 2), pdl=pdl)
+        d = depthwise_qconv_nhwc(c, w_depth, bias32, at64, input_inv_scale=1.0, words=True, **int8(32))
+        e = depthwise_qconv_nhwc(d, w_depth, bias32, at64, input_inv_scale=1.0, **int8(32))
+        f = depthwise_conv_nhwc(b.half(), w_half, half_bias, at32, activation="SiLU", pdl=pdl)
+        g = max_pool_nhwc(f, (3, 3), (1, 1), (1, 1), (1, 1), (32, 32), pdl=pdl)
+        return e, upsample_nearest_nhwc(g, (2, 2), pdl=pdl)
+    expected = chain(False)
+    assert all(torch.equal(got, want) for got, want in zip(chain(True), expected))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(True)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(got, want) for got, want in zip(captured, expected))
+    assert expected[0].abs().sum() > 0 and expected[1].abs().sum() > 0  # not a chain of zeros
 
 
 @pytest.mark.skipif(not _hopper(), reason="programmatic dependent launch needs a CUDA device of compute capability 9.0+")

@@ -742,6 +742,76 @@ def test_upsample_of_40_channels_into_a_concat_slice_moves_vectors():
     assert int(v4_loads) > 0 and int(v4_stores) > 0
 
 
+
+# The kernels between a detector's convolutions and its few-channel convolutions, each as its wrapper
+# launches it with pdl=True: YOLO's SPPF pool (INT8 words; FP16), its neck's ×2 upsample, the INT8 stem on
+# the CUDA cores, the dp4a convolution of 16 channels, the INT8 depthwise code by code and in words, and the
+# float depthwise.
+PDL_SMALL_KERNELS_CHILD = r"""
+import re, sys
+sys.path.insert(0, "bench")
+import torch, kernel_asm
+from triton.backends.compiler import GPUTarget
+import sartor.kernels.pool.max_pool as pool, sartor.kernels.pointwise.resize as resize
+import sartor.kernels.conv.direct_stem as stem, sartor.kernels.conv.direct_words as words
+import sartor.kernels.conv.depthwise as depthwise
+from sartor.kernels.conv.igemm import ConvGeometry
+launches = []
+def record(module, name):
+    kernel = getattr(module, name)
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((name, kernel, args, kwargs))
+    setattr(module, name, Recorder())
+for module, name in ((pool, "_max_pool_nhwc_kernel"), (resize, "_upsample_nearest_nhwc_kernel"),
+                     (stem, "_direct_stem_kernel"), (words, "_direct_int8_words_kernel"),
+                     (depthwise, "_depthwise_nhwc_kernel"), (depthwise, "_depthwise_int8_words_kernel")):
+    record(module, name)
+def nhwc(*shape, dtype=torch.int8):
+    return torch.zeros(*shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+codes, halves = nhwc(1, 128, 20, 20), nhwc(1, 128, 20, 20, dtype=torch.float16)
+pool.max_pool_nhwc(codes, (5, 5), (1, 1), (2, 2), (1, 1), (20, 20), pdl=True)
+pool.max_pool_nhwc(halves, (5, 5), (1, 1), (2, 2), (1, 1), (20, 20), pdl=True)
+resize.upsample_nearest_nhwc(codes, (2, 2), pdl=True)
+same = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (20, 20))
+epilogue = dict(dequant_scale=torch.ones(16), output_inv_scale=20.0, activation="SiLU", pdl=True)
+stem.direct_stem_conv(torch.zeros(1, 3, 40, 40), stem.tap_words(torch.zeros(16, 3, 3, 3, dtype=torch.int8)),
+                      torch.zeros(16, dtype=torch.int32), ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (20, 20)),
+                      input_inv_scale=50.0, **epilogue)
+words.direct_int8_words_conv(nhwc(1, 16, 20, 20), nhwc(16, 16, 3, 3), torch.zeros(16, dtype=torch.int32), same,
+                             tactic="triton_direct_int8_word_tiles", **epilogue)
+wq = depthwise.pack_depthwise_weight(torch.zeros(16, 1, 3, 3, dtype=torch.int8))
+for in_words in (False, True):
+    depthwise.depthwise_qconv_nhwc(nhwc(1, 16, 20, 20), wq, torch.zeros(16, dtype=torch.int32), same,
+                                   input_inv_scale=1.0, words=in_words, **epilogue)
+depthwise.depthwise_conv_nhwc(nhwc(1, 16, 20, 20, dtype=torch.float16),
+                              depthwise.pack_depthwise_weight(torch.zeros(16, 1, 3, 3, dtype=torch.float16)),
+                              torch.zeros(16, dtype=torch.float16), same, activation="SiLU", pdl=True)
+pointer = {torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.float16: "*fp16", torch.float32: "*fp32"}
+GLOBAL = re.compile(r"\b(ld\.global|st\.global|cp\.async|atom\.global|red\.global)")
+for name, kernel, args, kwargs in launches:
+    values = {n: pointer[v.dtype] if isinstance(v, torch.Tensor) else v for n, v in zip(kernel.arg_names, args)}
+    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names}
+    ptx = kernel_asm.compile_for(kernel, values, constexprs, kwargs.get("num_warps", 4), 1, GPUTarget("cuda", 90, 32),
+                                 pdl=kwargs.get("launch_pdl", False)).asm["ptx"]
+    waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", ptx)]
+    triggers = len(re.findall(r"griddepcontrol\.launch_dependents", ptx))
+    print(name, constexprs.get("PDL"), len(waits), triggers, len(GLOBAL.findall(ptx[:waits[0]] if waits else ptx)))
+"""
+
+
+def test_pool_upsample_stem_dp4a_and_depthwise_kernels_wait_before_touching_memory_under_pdl():
+    """Asked for programmatic dependent launch, each of these wrappers launches its kernel with it (PDL
+    and the launch option), and the compiled sm_90 kernel waits once for the kernel before it, then lets
+    the next one launch, before any global load or store: an overlap never reads an activation early."""
+    lines = [line.split() for line in _compile_in_child(PDL_SMALL_KERNELS_CHILD).splitlines()]
+    assert [name for name, *_ in lines] == [
+        "_max_pool_nhwc_kernel", "_max_pool_nhwc_kernel", "_upsample_nearest_nhwc_kernel", "_direct_stem_kernel",
+        "_direct_int8_words_kernel", "_depthwise_nhwc_kernel", "_depthwise_int8_words_kernel",
+        "_depthwise_nhwc_kernel"]
+    assert all(rest == ["True", "1", "1", "0"] for _, *rest in lines), lines
+
+
 ELEMENTWISE_EPILOGUE_CHILD = r"""
 import re, sys
 sys.path.insert(0, "bench")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from .igemm import ConvGeometry
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..common.tile_steps import epilogue_arguments
@@ -33,6 +34,7 @@ from ..registry import DEPTHWISE_TAPS, fixed_tactic
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import quantize_operand, store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple, told_pixel_strides
 
@@ -44,10 +46,11 @@ if triton is not None:
                                DH: tl.constexpr, DW: tl.constexpr, INT8: tl.constexpr, QUANTIZE_INPUT: tl.constexpr,
                                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                                RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
-                               BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
+                               BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1,
+                               PDL: tl.constexpr = False):
         # Channel counts and strides multiples of 8 that Triton cannot see (MobileNet's 24, 40, 72,
         # 120 channels): told, each pixel's channels, the taps' channel vectors and the stores go as
-        # vectors.
+        # vectors. PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`).
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         swh = told_multiple(swh, CH_ALIGN)
         sww = told_multiple(sww, CH_ALIGN)
@@ -57,6 +60,7 @@ if triton is not None:
         offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, C, OH, OW, BLOCK_P, BLOCK_C)
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         w_col = offs_c * swc
+        await_previous_kernel(PDL)  # every tap's pixels below are an activation's
         if INT8:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
         else:
@@ -88,14 +92,15 @@ if triton is not None:
                                      HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr, RES_AFTER: tl.constexpr,
                                      ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr,
                                      BLOCK_W: tl.constexpr, DP4A: tl.constexpr = False, WORD_ALIGN: tl.constexpr = 1,
-                                     CH_ALIGN: tl.constexpr = 1):
+                                     CH_ALIGN: tl.constexpr = 1, PDL: tl.constexpr = False):
         """The INT8 depthwise convolution over words of four channels' codes: x and w are int32
         views (x's strides, w's tap strides and BLOCK_W count words; C, y_row and the residual's
         strides count channels). Each channel lane of a word has its own int32 accumulator, and a
         tap adds lane L's product with one dp4a of the input word and the weight word masked to
         lane L (DP4A; the interpreter shifts the lane out instead): one instruction a value and
         tap, where widening each code and multiplying took two (docs/decisions/kernel-depthwise-int8.md).
-        WORD_ALIGN / CH_ALIGN: powers of two dividing the word and channel strides (`told_alignment`)."""
+        WORD_ALIGN / CH_ALIGN: powers of two dividing the word and channel strides (`told_alignment`). PDL:
+        launched with programmatic dependent launch (`kernels/common/pdl.py`)."""
         sxn = told_multiple(sxn, WORD_ALIGN)
         sxh = told_multiple(sxh, WORD_ALIGN)
         sxw = told_multiple(sxw, WORD_ALIGN)
@@ -105,6 +110,7 @@ if triton is not None:
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_p, offs_w, p_ok, w_ok, n, oh, ow = pixel_channel_tile(P, C // 4, OH, OW, BLOCK_P, BLOCK_W)
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
+        await_previous_kernel(PDL)  # every tap's words below are an activation's
         lane0 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         lane1 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
         lane2 = tl.zeros((BLOCK_P, BLOCK_W), dtype=tl.int32)
@@ -188,11 +194,13 @@ def min_programs(device: torch.device) -> int:
 def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, geometry: ConvGeometry, *,
                         residual: torch.Tensor | None = None, activation: str | None = None,
                         alpha: float | None = None, beta: float | None = None,
-                        residual_after_activation: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+                        residual_after_activation: bool = False, out: torch.Tensor | None = None,
+                        pdl: bool = False) -> torch.Tensor:
     """Depthwise convolution of a channels-last [N, C, H, W] tensor (any pixel stride) by a
     [C, 1, KH, KW] weight (any strides; `pack_depthwise_weight`'s layout loads fastest), then
     bias, residual (the output's shape, any strides) and activation. The result has x's dtype:
-    a new channels-last tensor, or `out` (a channel slice of a Concat's buffer)."""
+    a new channels-last tensor, or `out` (a channel slice of a Concat's buffer). `pdl`: launched with
+    programmatic dependent launch (CUDA tensors only)."""
     if not depthwise_supported(x, w):
         raise ValueError(f"depthwise_conv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(w.shape)} are not a channels-last depthwise convolution")
@@ -205,7 +213,8 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     scalars, flags = epilogue_arguments(quantized=False, fp8=False, bias=bias, residual=residual, activation=activation,
                                         alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
                                         residual_scale=None, output_inv_scale=None, qmin=-127.0)
-    _launch(x, w, bias, None, residual, y, geometry, 1.0, scalars, dict(flags, QUANTIZE_INPUT=False), fusion=True)
+    _launch(x, w, bias, None, residual, y, geometry, 1.0, scalars, dict(flags, QUANTIZE_INPUT=False), fusion=True,
+            pdl=pdl)
     return y
 
 
@@ -223,14 +232,15 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
                          out: torch.Tensor | None = None, max_block_c: int = _BLOCK_C,
-                         words: bool = False) -> torch.Tensor:
+                         words: bool = False, pdl: bool = False) -> torch.Tensor:
     """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
     wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
     per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation.
     `max_block_c`: the widest channel block a program takes (LINE_BLOCK_C for the lines tactic).
     `words`: codes read as words of four channels, a dp4a a lane (the words tactic), where the
-    input's channels, strides and offset allow it (`code_words`); else code by code."""
+    input's channels, strides and offset allow it (`code_words`); else code by code. `pdl`: launched with
+    programmatic dependent launch (CUDA tensors only)."""
     if not depthwise_codes_supported(x, wq):
         raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
@@ -246,16 +256,16 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                                         accumulator_bound=accumulator_bound)
     x_words = code_words(x) if words else None
     if x_words is not None:
-        _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, max_block_c)
+        _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, max_block_c, pdl)
         return y
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
-            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False, max_block_c=max_block_c)
+            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False, max_block_c=max_block_c, pdl=pdl)
     return y
 
 
 def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual, y: torch.Tensor,
-                  geometry: ConvGeometry, scalars: tuple, flags: dict, max_block_c: int) -> None:
+                  geometry: ConvGeometry, scalars: tuple, flags: dict, max_block_c: int, pdl: bool) -> None:
     n, oh, ow = y.shape[0], *geometry.out_hw
     kh, kw = geometry.kernel
     c = y.shape[1]
@@ -276,11 +286,13 @@ def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual
         KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
         DW=geometry.dilations[1], **{k: flags[k] for k in kept}, BLOCK_P=block_p, BLOCK_W=block_w,
         DP4A=y.device.type == "cuda", WORD_ALIGN=told_alignment(sxn, sxh, sxw, swh, sww),
-        CH_ALIGN=told_alignment(c, pixel_stride(y), rs[0], rs[2], rs[3]), num_warps=4, enable_fp_fusion=False)
+        CH_ALIGN=told_alignment(c, pixel_stride(y), rs[0], rs[2], rs[3]), PDL=pdl, num_warps=4,
+        enable_fp_fusion=False, **launch_options(pdl))
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
-            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, max_block_c: int = _BLOCK_C) -> None:
+            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, max_block_c: int = _BLOCK_C,
+            pdl: bool = False) -> None:
     flags = {k: v for k, v in flags.items() if k != "FP8"}  # no FP8 depthwise: its layers keep the emulation
     n, c, h, w_in = x.shape
     oh, ow = geometry.out_hw
@@ -298,31 +310,32 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
         KH=geometry.kernel[0], KW=geometry.kernel[1], SH=geometry.strides[0], SW=geometry.strides[1],
         DH=geometry.dilations[0], DW=geometry.dilations[1], **flags,
         BLOCK_P=block_p, BLOCK_C=block_c,
-        CH_ALIGN=told_alignment(c, sxn, sxh, sxw, pixel_stride(y), swh, sww, rs[0], rs[2], rs[3]), num_warps=4,
-        enable_fp_fusion=fusion)
+        CH_ALIGN=told_alignment(c, sxn, sxh, sxw, pixel_stride(y), swh, sww, rs[0], rs[2], rs[3]), PDL=pdl,
+        num_warps=4, enable_fp_fusion=fusion, **launch_options(pdl))
 
 
 TRITON_DEPTHWISE = "triton_depthwise"
 fixed_tactic(TRITON_DEPTHWISE,
              "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
-             weight_layout=DEPTHWISE_TAPS)
+             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
 TRITON_DEPTHWISE_INT8 = "triton_depthwise_int8"
 fixed_tactic(TRITON_DEPTHWISE_INT8,
              "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
-             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
+             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
 # The same kernel over blocks of up to 128 channels: a 128-byte line of codes per pixel per tap, as
 # the float kernel's 64 halves are; offered where a layer has more than 64 channels.
 TRITON_DEPTHWISE_INT8_LINES = "triton_depthwise_int8_lines"
 fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
              f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
-             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS)
+             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS,
+             programmatic_launch=True)
 # Codes read as words of four channels, each lane summed by dp4a (`_depthwise_int8_words_kernel`), in
 # blocks of up to 128 channels; offered where the channels are a multiple of four.
 TRITON_DEPTHWISE_INT8_WORDS = "triton_depthwise_int8_words"
 fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
              f"triton channels-last depthwise conv of int8 codes as words of four channels (a dp4a a lane, int32 "
              f"accumulate, padding by masks), blocks of up to {LINE_BLOCK_C} channels + fused INT8 epilogue",
-             weight_layout=DEPTHWISE_TAPS)
+             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
 DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C,
                           TRITON_DEPTHWISE_INT8_WORDS: LINE_BLOCK_C}
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, pixel_stride, told_alignment, triton
 from ..registry import TAP_WORDS, fixed_tactic
@@ -36,6 +37,7 @@ from .igemm import ConvGeometry
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import quantize_int8, store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple
     from .direct_words import four_products_sum
@@ -52,15 +54,17 @@ if triton is not None:
                             C: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                             DH: tl.constexpr, DW: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
                             OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr,
-                            INT8: tl.constexpr = True, DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1):
+                            INT8: tl.constexpr = True, DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1,
+                            PDL: tl.constexpr = False):
         """x: the float image [N, C, H, W] by its strides; w: the int32 tap words [words, COUT]
         (`tap_words`). INT8: the epilogue's form of the sums (`epilogue_arguments`: decoded from their
         bits where the layer's bound allows). CH_ALIGN: a power of two dividing COUT and the output's
-        pixel stride."""
+        pixel stride. PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`)."""
         COUT = told_multiple(COUT, CH_ALIGN)  # whole vectors of channels loaded and stored at once
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, COUT, OH, OW, BLOCK_P, BLOCK_CO)
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
+        await_previous_kernel(PDL)  # the image is an activation (a preprocessing kernel's output)
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
         TAPS: tl.constexpr = C * KH * KW
         for j in tl.static_range((TAPS + 3) // 4):
@@ -125,11 +129,12 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
                      dequant_scale: torch.Tensor, input_inv_scale: float, activation: str | None = None,
                      alpha: float | None = None, beta: float | None = None, output_inv_scale: float | None = None,
                      qmin: int = -127, accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                     out: torch.Tensor | None = None, tactic: str | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, tactic: str | None = None, pdl: bool = False) -> torch.Tensor:
     """An INT8 QConv reading a float image (module docstring): x float [N, C, H, W] any strides,
     quantized with `input_inv_scale`; w_words the weight's `tap_words`; bias int32; the per-channel
     `dequant_scale`. The output is int8 codes with `output_inv_scale`, else `float_dtype`,
-    channels-last or into `out`, by one of DIRECT_STEM_FORMS (`tactic`, the first by default)."""
+    channels-last or into `out`, by one of DIRECT_STEM_FORMS (`tactic`, the first by default); `pdl`:
+    launched with programmatic dependent launch (CUDA tensors only)."""
     form = DIRECT_STEM_FORMS.get(tactic or TRITON_DIRECT_STEM_INT8)
     if form is None:
         raise ValueError(f"direct_stem_conv: tactic {tactic!r} is not one of {', '.join(DIRECT_STEM_FORMS)}")
@@ -161,7 +166,8 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
         C=c, KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
         DW=geometry.dilations[1], HAS_BIAS=flags["HAS_BIAS"], ACT=flags["ACT"], OUT_QUANT=flags["OUT_QUANT"],
         BLOCK_P=block_p, BLOCK_CO=block_co, INT8=flags["INT8"], DP4A=y.device.type == "cuda",
-        CH_ALIGN=told_alignment(cout, pixel_stride(y)), num_warps=4, enable_fp_fusion=False)
+        CH_ALIGN=told_alignment(cout, pixel_stride(y)), PDL=pdl, num_warps=4, enable_fp_fusion=False,
+        **launch_options(pdl))
     return y
 
 
@@ -170,7 +176,7 @@ for _name, _form in DIRECT_STEM_FORMS.items():
                  f"triton INT8 stem on the CUDA cores: the float image read as it lies and quantized as loaded, taps "
                  f"unrolled, four taps' codes a word and a dp4a a word and output channel, int32 accumulate (at most "
                  f"{MAX_IN_CHANNELS} channels in, {MAX_OUT_CHANNELS} out, {MAX_TAPS} taps; {_form.block_elements} "
-                 f"accumulators a program) + fused INT8 epilogue", weight_layout=TAP_WORDS)
+                 f"accumulators a program) + fused INT8 epilogue", weight_layout=TAP_WORDS, programmatic_launch=True)
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

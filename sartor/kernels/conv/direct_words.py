@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..registry import CHANNELS_LAST, fixed_tactic
@@ -34,6 +35,7 @@ from .igemm import ConvGeometry
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import store_epilogue, pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_multiple
 
@@ -47,13 +49,15 @@ if triton is not None:
                                   ACT: tl.constexpr, OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr,
                                   BLOCK_CO: tl.constexpr, DP4A: tl.constexpr = False, WORD_ALIGN: tl.constexpr = 1,
                                   CH_ALIGN: tl.constexpr = 1, TAP_ALIGN: tl.constexpr = 1,
-                                  TILES: tl.constexpr = False, WORDS_P2: tl.constexpr = 1):
+                                  TILES: tl.constexpr = False, WORDS_P2: tl.constexpr = 1,
+                                  PDL: tl.constexpr = False):
         """x and w are int32 views: x's strides and w's strides count words (WORDS a pixel's input
         channels), COUT, y_row and the residual's strides count channels. WORD_ALIGN, CH_ALIGN and
         TAP_ALIGN: powers of two dividing the input's word strides, the channel strides and the
         weight's word strides (`told_alignment`). TILES: each tap's words loaded as one [BLOCK_P,
         WORDS_P2] and one [BLOCK_CO, WORDS_P2] tile (a pixel's and an output channel's words are
-        contiguous: vector loads), each word then taken from its row; else one word at a time."""
+        contiguous: vector loads), each word then taken from its row; else one word at a time. PDL:
+        launched with programmatic dependent launch (`kernels/common/pdl.py`)."""
         sxn = told_multiple(sxn, WORD_ALIGN)
         sxh = told_multiple(sxh, WORD_ALIGN)
         sxw = told_multiple(sxw, WORD_ALIGN)
@@ -66,6 +70,7 @@ if triton is not None:
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         offs_w = tl.arange(0, WORDS_P2)
         w_ok = offs_w < WORDS
+        await_previous_kernel(PDL)  # every tap's words below are an activation's
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.int32)
         for kh in tl.static_range(KH):
             for kw in tl.static_range(KW):
@@ -143,12 +148,14 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
                            residual_after_activation: bool = False, residual_scale: float | None = None,
                            output_inv_scale: float | None = None, qmin: int = -127,
                            accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                           out: torch.Tensor | None = None, tactic: str | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, tactic: str | None = None,
+                           pdl: bool = False) -> torch.Tensor:
     """A dense INT8 QConv of few channels: x int8 codes channels-last in whole words, wq int8
     [Cout, Cin, KH, KW] (stored channels-last it is read in place), bias int32, the per-channel
     `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`, by one of DIRECT_WORDS_FORMS (`tactic`, the first by default).
-    The arithmetic is conv_igemm's, so it equals the emulation."""
+    The arithmetic is conv_igemm's, so it equals the emulation. `pdl`: launched with programmatic dependent
+    launch (CUDA tensors only)."""
     form = DIRECT_WORDS_FORMS.get(tactic or TRITON_DIRECT_INT8_WORDS)
     if form is None:
         raise ValueError(f"direct_int8_words_conv: tactic {tactic!r} is not one of {', '.join(DIRECT_WORDS_FORMS)}")
@@ -185,7 +192,8 @@ def direct_int8_words_conv(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor
         DH=geometry.dilations[0], DW=geometry.dilations[1], **{k: flags[k] for k in kept}, BLOCK_P=block_p,
         BLOCK_CO=block_co, DP4A=y.device.type == "cuda", WORD_ALIGN=told_alignment(sxn, sxh, sxw),
         CH_ALIGN=told_alignment(cout, pixel_stride(y), rs[0], rs[2], rs[3]), TAP_ALIGN=told_alignment(swo, swh, sww),
-        TILES=form.tiles, WORDS_P2=triton.next_power_of_2(x_words.shape[3]), num_warps=4, enable_fp_fusion=False)
+        TILES=form.tiles, WORDS_P2=triton.next_power_of_2(x_words.shape[3]), PDL=pdl, num_warps=4,
+        enable_fp_fusion=False, **launch_options(pdl))
     return y
 
 
@@ -212,7 +220,7 @@ for _name, _form in DIRECT_WORDS_FORMS.items():
                  f"triton channels-last dense conv of int8 codes as words of four channels on the CUDA cores (a dp4a "
                  f"a word, tap and output channel, int32 accumulate, padding by masks; at most {MAX_IN_CHANNELS} "
                  f"channels in and {MAX_OUT_CHANNELS} out; {_loads}, {_form.block_elements} accumulators a program) "
-                 f"+ fused INT8 epilogue", weight_layout=CHANNELS_LAST)
+                 f"+ fused INT8 epilogue", weight_layout=CHANNELS_LAST, programmatic_launch=True)
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)

@@ -16,25 +16,30 @@ from __future__ import annotations
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from .epilogue import channels_last_output, pixel_stride, told_alignment, triton
 
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import pixel_coords
     from .epilogue import told_pixel_strides
 
     @triton.jit
     def _upsample_nearest_nhwc_kernel(x_ptr, y_ptr, P, C, H, W, y_row, sxn, sxh, sxw,
                                       FH: tl.constexpr, FW: tl.constexpr,
-                                      BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1):
-        # CH_ALIGN: a power of two dividing C and the strides (`told_alignment`): vectors at 24 or 40 channels
+                                      BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1,
+                                      PDL: tl.constexpr = False):
+        # CH_ALIGN: a power of two dividing C and the strides (`told_alignment`): vectors at 24 or 40 channels.
+        # PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`).
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (offs_p < P)[:, None] & (offs_c < C)[None, :]
         n, ih, iw = pixel_coords(offs_p, H, W)
         n = n.to(tl.int64)
+        await_previous_kernel(PDL)  # the load and the stores below touch activations
         v = tl.load(x_ptr + (n * sxn + ih * sxh + iw * sxw)[:, None] + offs_c[None, :], mask=mask)
         ow_base = iw * FW
         for dh in tl.static_range(FH):
@@ -56,10 +61,12 @@ def _as_moved(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
-def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.Tensor | None = None) -> torch.Tensor:
+def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.Tensor | None = None,
+                          pdl: bool = False) -> torch.Tensor:
     """y[n, c, i, j] = x[n, c, i // fh, j // fw] for a channels-last [N, C, H, W] tensor and integer
     factors (fh, fw) >= 1. `out`, when given, receives the result (a channel slice of a Concat's
-    buffer); otherwise a new channels-last tensor does."""
+    buffer); otherwise a new channels-last tensor does. `pdl`: launched with programmatic dependent launch
+    (CUDA tensors only)."""
     fh, fw = (int(f) for f in factors)
     if fh < 1 or fw < 1 or (fh, fw) != tuple(factors):
         raise ValueError(f"upsample_nearest_nhwc: factors {factors} are not integers >= 1")
@@ -79,7 +86,8 @@ def upsample_nearest_nhwc(x: torch.Tensor, factors: tuple[int, int], out: torch.
     y_row = pixel_stride(y)
     _upsample_nearest_nhwc_kernel[grid](_as_moved(x), _as_moved(y), pixels, c, h, w, y_row, sxn, sxh, sxw,
                                         FH=fh, FW=fw, BLOCK_P=block_p, BLOCK_C=block_c,
-                                        CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=4)
+                                        CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), PDL=pdl, num_warps=4,
+                                        **launch_options(pdl))
     return y
 
 

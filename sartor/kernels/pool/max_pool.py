@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from ..common.cache_keys import settle_cache_keys
+from ..common.pdl import launch_options
 from ..pointwise.epilogue import (WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment,
                                   triton)
 from ..registry import Flag, LayerFacts, Number, Tactic, register
@@ -25,6 +26,7 @@ from ..registry import Flag, LayerFacts, Number, Tactic, register
 if triton is not None:
     import triton.language as tl
 
+    from ..common.pdl import await_previous_kernel
     from ..common.tile_steps import pixel_channel_tile, tap_pixels, window_origin
     from ..pointwise.epilogue import told_pixel_strides
 
@@ -33,15 +35,16 @@ if triton is not None:
                               KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                               DH: tl.constexpr, DW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
                               CODE_WORDS: tl.constexpr = False, PACKED_MAX: tl.constexpr = False,
-                              CH_ALIGN: tl.constexpr = 1):
+                              CH_ALIGN: tl.constexpr = 1, PDL: tl.constexpr = False):
         """With CODE_WORDS, x and y are INT8 codes seen as int32 words of four channels each, and
         C, BLOCK_C and the strides count words (`_word_max`); PACKED_MAX: the device has the
         packed 16-bit maximum (sm_90 on) and the tile takes it (not loads_first). CH_ALIGN: a power
         of two dividing C and the strides (`told_alignment`), so that a channel mask of 24 words
-        still loads vectors."""
+        still loads vectors. PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`)."""
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
         offs_p, offs_c, p_ok, c_ok, n, oh, ow = pixel_channel_tile(P, C, OH, OW, BLOCK_P, BLOCK_C)
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
+        await_previous_kernel(PDL)  # every load below reads an activation
         # INT8 codes are compared as integers: converting each tap to float32 and back is bound by
         # Hopper's conversion rate (16 values per clock per SM; docs/decisions/kernel-max-pool-tiles.md).
         INTEGER: tl.constexpr = x_ptr.dtype.element_ty == tl.int8
@@ -133,6 +136,7 @@ class PoolTile(Tactic):
     loads_first: bool = False
 
     FAMILY: ClassVar[str] = "max_pool"
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
     SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels"), Number("warps", "w"),
                                Flag("loads_first", "loads-first"))
 
@@ -190,10 +194,11 @@ def max_pool_nhwc_supported(x: torch.Tensor) -> bool:
 
 def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, int],
                   dilations: tuple[int, int], out_hw: tuple[int, int], out: torch.Tensor | None = None,
-                  tile: PoolTile | None = None) -> torch.Tensor:
+                  tile: PoolTile | None = None, pdl: bool = False) -> torch.Tensor:
     """Max pool of a channels-last [N, C, H, W] tensor; `pads` are the top/left pads, `out_hw` the
     output size (which already accounts for bottom/right pads and ceil mode). `out`, when given,
-    receives the result (a channel slice of a Concat's buffer). `tile`: POOL_TILES[0] by default."""
+    receives the result (a channel slice of a Concat's buffer). `tile`: POOL_TILES[0] by default. `pdl`:
+    launched with programmatic dependent launch (CUDA tensors only)."""
     n, c, h, w = x.shape
     oh, ow = out_hw
     y = channels_last_output((n, c, oh, ow), x.dtype, x.device, out, "max_pool_nhwc")
@@ -213,7 +218,8 @@ def max_pool_nhwc(x: torch.Tensor, kernel: tuple[int, int], strides: tuple[int, 
                                 KH=kernel[0], KW=kernel[1], SH=strides[0], SW=strides[1], DH=dilations[0],
                                 DW=dilations[1], BLOCK_P=block_p, BLOCK_C=block_c, CODE_WORDS=words,
                                 PACKED_MAX=words and _has_packed_max(x.device) and not tile.loads_first,
-                                CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), num_warps=tile.warps)
+                                CH_ALIGN=told_alignment(c, y_row, sxn, sxh, sxw), PDL=pdl, num_warps=tile.warps,
+                                **launch_options(pdl))
     return y
 
 
