@@ -140,7 +140,10 @@ def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outpu
     with torch.inference_mode():
         for _ in range(3):
             got = executor.run({"images": torch.from_numpy(images).to(device)}, memo)
-            assert all(torch.equal(got[name].cpu(), value) for name, value in expected.items())
+            for name, value in expected.items():
+                # The float head's convolution reads the Concat's channels-last codes where the reference's
+                # are NCHW: the library may sum in another order (a few ulps, by CPU), so floats are close.
+                torch.testing.assert_close(got[name].cpu(), value, rtol=1e-5, atol=1e-5)
     assert stores == [False, True, True]  # the first run records shapes, the next two store in place
 
 
