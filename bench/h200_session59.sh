@@ -5,7 +5,8 @@
 #      (tests/builder/test_pdl.py), then h200_session58.sh t: the YOLOv8n FP16 / INT8 table at batch 32 and 1,
 #      each plan's PDL check (how many layers marked, both times), then the builds compared layer by layer.
 #   u: h200_session58.sh u (YOLO11n and the sample detector, then layer by layer).
-#   OUT=$OUT bash bench/h200_session59.sh t|u
+#   y: the chain test after a CUDA build in one process, then YOLO11n's table alone (TABLE_S, 330) and its plans.
+#   OUT=$OUT bash bench/h200_session59.sh t|u|y
 set -uo pipefail
 : "${OUT:?set OUT}"
 part=${1:?say t or u}
@@ -21,5 +22,34 @@ if [ "$part" = t ]; then
   exit 0
 fi
 [ "$part" = u ] && { bash bench/h200_session58.sh u; exit 0; }
+if [ "$part" = y ]; then  # y: the chain test after a CUDA build in one process (it failed so in part t), then YOLO11n alone
+  P=tests/builder/test_pdl.py::test_a_default_int8_build_on_hopper_records_both_times_and_runs_as_the_cpu_engine
+  timeout 60 python -m pytest -q -p no:cacheprovider $P \
+    tests/passes/test_fuse_conv_chain.py::test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outputs \
+    2>&1 | grep -E "^E  |passed|failed" | head -6
+  ONNX_DIR=$(mktemp -d)
+  ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+  timeout "${TABLE_S:-330}" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+    --models yolo11n --detector-batches 32,1 --out /tmp/t_yolo11n 2>&1 | python bench/table_cells.py
+  for plan in /tmp/sartor_table/*_fp16_b*.plan; do
+    int8=${plan/_fp16_/_int8_}
+    [ -f "$int8" ] || continue
+    name=$(basename "${plan/_fp16_/_}" .plan)
+    case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
+    python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
+    echo "== $name"; head -1 "$OUT/layers_$name.txt"
+  done
+  python - /tmp/sartor_table/*.plan <<'PY'
+import sys
+from sartor.runtime.engine_file import read_engine_file
+for path in sys.argv[1:]:
+    header = read_engine_file(path)[0]
+    pdl, chains = header.get("pdl_check") or {}, header.get("chains_check") or {}
+    print(path.rsplit("/", 1)[-1], "pdl", pdl.get("kept"), pdl.get("layers"), pdl.get("profiles"), "| chains",
+          chains.get("kept"), chains.get("profiles"))
+PY
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 echo "unknown part $part" >&2
 exit 2
