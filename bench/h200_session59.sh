@@ -5,7 +5,7 @@
 #      (tests/builder/test_pdl.py), then h200_session58.sh t: the YOLOv8n FP16 / INT8 table at batch 32 and 1,
 #      each plan's PDL check (how many layers marked, both times), then the builds compared layer by layer.
 #   u: h200_session58.sh u (YOLO11n and the sample detector, then layer by layer).
-#   y: the chain test after a CUDA build in one process, then YOLO11n's table alone (TABLE_S, 330) and its plans.
+#   y: the chain test after a CUDA build in one process, then YOLO11n's table alone (TABLE_S, 330; BATCHES, 32,1) and its plans.
 #   OUT=$OUT bash bench/h200_session59.sh t|u|y
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -30,7 +30,7 @@ if [ "$part" = y ]; then  # y: the chain test after a CUDA build in one process 
   ONNX_DIR=$(mktemp -d)
   ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
   timeout "${TABLE_S:-330}" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
-    --models yolo11n --detector-batches 32,1 --out /tmp/t_yolo11n 2>&1 | python bench/table_cells.py
+    --models yolo11n --detector-batches "${BATCHES:-32,1}" --out /tmp/t_yolo11n 2>&1 | python bench/table_cells.py
   for plan in /tmp/sartor_table/*_fp16_b*.plan; do
     int8=${plan/_fp16_/_int8_}
     [ -f "$int8" ] || continue
