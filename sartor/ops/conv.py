@@ -15,7 +15,7 @@ from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, R
 from .elementwise import apply_activation
 from .registry import OpTable
 from ..ir.dtypes import FLOAT_DTYPES
-from .util import device_table, only_dtypes
+from .util import device_table, only_dtypes, programmatic_launch
 
 OPS = OpTable("conv")
 
@@ -170,8 +170,7 @@ def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig, out: torch.Tensor | 
     geometry = igemm_geometry(x, w, attrs)
     if geometry is None:
         return None
-    # Marked by the builder (builder/pdl.py); CUDA only: the interpreter has no grid dependency control.
-    return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda,
+    return conv_igemm(x, w, b, geometry, tile, residual=residual, out=out, pdl=programmatic_launch(x, attrs),
                       **igemm_epilogue(attrs))
 
 
@@ -183,7 +182,7 @@ def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, r
         return None
     if residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1], *geometry.out_hw):
         return None  # a broadcast residual: torch's epilogue handles it
-    return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda,
+    return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, pdl=programmatic_launch(x, attrs),
                                **igemm_epilogue(attrs))
 
 

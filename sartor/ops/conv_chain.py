@@ -21,6 +21,7 @@ from ..kernels.registry import REFERENCE, tactic_for
 from .conv import fused_conv, igemm_geometry
 from .quantized import ACCUMULATOR_BOUND, qconv, qlayer_output_dtype
 from .registry import OpTable
+from .util import programmatic_launch
 
 OPS = OpTable("conv_chain")
 CHAIN = "ConvChain"
@@ -54,8 +55,7 @@ def _chain_layer(values: list, attrs: dict, quantized: bool) -> ChainLayer:
 def _chain_kernel(inputs: list, attrs: dict, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """The chain by the kernel where its tactic is a chain tile, or None: for the reference, and where
     the kernel does not apply to these tensors (or `out`, where given, is not of the dtype the chain
-    writes). The first weight comes as stored for the tile (`chain_weight_for_tactic`); the chain's PDL
-    mark (builder/pdl.py) holds on CUDA tensors only (the interpreter has no grid dependency control)."""
+    writes). The first weight comes as stored for the tile (`chain_weight_for_tactic`)."""
     tile = tactic_for(attrs.get("tactic"))
     if not isinstance(tile, ChainTile):
         return None
@@ -76,7 +76,7 @@ def _chain_kernel(inputs: list, attrs: dict, out: torch.Tensor | None = None) ->
         return None
     return conv_chain(x, w1, w2.contiguous(), geometry, _chain_layer(first_inputs, first, quantized),
                       _chain_layer(second_values, second, quantized), tile, qmin=first.get("qmin", -127),
-                      out_dtype=out_dtype, out=out, pdl=bool(attrs.get("pdl")) and x.is_cuda)
+                      out_dtype=out_dtype, out=out, pdl=programmatic_launch(x, attrs))
 
 
 def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:

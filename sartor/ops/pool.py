@@ -12,7 +12,7 @@ from ..kernels.registry import tactic_for
 from .conv import resolve_padding
 from .registry import REQUIRED, OpTable
 from ..ir.dtypes import FLOAT_DTYPES
-from .util import only_dtypes
+from .util import only_dtypes, programmatic_launch
 
 OPS = OpTable("pool")
 
@@ -85,9 +85,8 @@ def _triton_max_pool(x: torch.Tensor, attrs: dict, out: torch.Tensor | None = No
     if not isinstance(tile, PoolTile) or attrs.get("_with_indices") or not max_pool_nhwc_supported(x):
         return None
     kernel, strides, dilations, begin, _, outs = _pool_geometry(x, attrs)
-    # Marked by the builder (builder/pdl.py); CUDA only: the interpreter has no grid dependency control.
     return max_pool_nhwc(x, tuple(kernel), tuple(strides), tuple(begin), tuple(dilations), tuple(outs), out=out,
-                         tile=tile, pdl=bool(attrs.get("pdl")) and x.is_cuda)
+                         tile=tile, pdl=programmatic_launch(x, attrs))
 
 
 def max_pool_into(inputs, attrs, out):

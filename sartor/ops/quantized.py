@@ -96,7 +96,7 @@ from .quantized_window import (WINDOW_TACTICS, WindowResident, space_to_depth_ap
                                window_tactics, window_weight)
 from .pool import max_pool
 from .registry import OpTable, stored_float_dtype
-from .util import exact_integer_math
+from .util import exact_integer_math, programmatic_launch
 
 OPS = OpTable("quantized")
 
@@ -321,13 +321,6 @@ def _int8_epilogue(attrs: dict) -> dict:
                 accumulator_bound=attrs.get(ACCUMULATOR_BOUND), float_dtype=float_output_dtype(attrs))
 
 
-def _programmatic_launch(x: torch.Tensor, attrs: dict) -> bool:
-    """Whether the layer's kernel is launched with programmatic dependent launch: the builder's
-    `--pdl` marks the layers (`builder/pdl.py`), and only CUDA tensors take it (the interpreter
-    has no grid dependency control)."""
-    return bool(attrs.get("pdl")) and x.is_cuda
-
-
 def _unpacked_weight_shape(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> torch.Tensor:
     """A stand-in (no data) for the [Cout, C, kh, kw] weight that a tactic stored in another layout
     (im2col's flat rows, the windows'), for the geometry and applicability checks that read it."""
@@ -352,7 +345,7 @@ def _window_conv(x, w_window, bias, residual, dequant_scale, attrs, tile: TileCo
     if geometry is None or not (space_to_depth_applies if space_to_depth else window_applies)(x, full, attrs):
         return None
     return window_conv(x, w_window, bias, residual, dequant_scale, geometry, tile, code_dtype(attrs),
-                       _int8_epilogue(attrs), pdl=_programmatic_launch(x, attrs), space_to_depth=space_to_depth)
+                       _int8_epilogue(attrs), pdl=programmatic_launch(x, attrs), space_to_depth=space_to_depth)
 
 
 def _any_device_geometry(x, wq, attrs, gemm: bool) -> ConvGeometry | None:
@@ -381,7 +374,7 @@ def _qlayer_resident(x, wq, bias, residual, dequant_scale, attrs, tile: Resident
     if geometry is None or not resident_applies(x, wq.shape[1], geometry):
         return None
     return resident_gemm(x, wq, bias, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                         pdl=_programmatic_launch(x, attrs), strides=tuple(geometry.strides), **_int8_epilogue(attrs))
+                         pdl=programmatic_launch(x, attrs), strides=tuple(geometry.strides), **_int8_epilogue(attrs))
 
 
 def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, gemm: bool,
@@ -393,7 +386,7 @@ def _qlayer_tma(x, wq, bias, residual, dequant_scale, attrs, tile: TmaTile, gemm
     if not tma_applies(x, tuple(wq.shape), geometry, tile.block_k) or x.dtype != code_dtype(attrs):
         return None
     return conv_tma(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                    pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
+                    pdl=programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, tile: GemmTmaTile, gemm: bool,
@@ -403,7 +396,7 @@ def _qlayer_gemm_tma(x, wq, bias, residual, dequant_scale, attrs, tile: GemmTmaT
     if not gemm_tma_applies(x, tuple(wq.shape), geometry) or x.dtype != code_dtype(attrs):
         return None
     return gemm_tma(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                    pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
+                    pdl=programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig, gemm: bool,
@@ -412,7 +405,7 @@ def _qlayer_igemm(x, wq, bias, residual, dequant_scale, attrs, tile: TileConfig,
     if geometry is None:
         return None
     return conv_igemm(x, wq, bias, geometry, tile, dequant_scale=dequant_scale, residual=residual, out=out,
-                      pdl=_programmatic_launch(x, attrs), **_int8_epilogue(attrs))
+                      pdl=programmatic_launch(x, attrs), **_int8_epilogue(attrs))
 
 
 def depthwise_int8_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict,
@@ -435,7 +428,7 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
                                 max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], words=tactic == TRITON_DEPTHWISE_INT8_WORDS,
-                                pdl=_programmatic_launch(x, attrs), **epilogue)
+                                pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
@@ -455,7 +448,7 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
     for unused in ("fp8", "input_inv_scale"):  # codes in, never FP8
         epilogue.pop(unused)
     return direct_int8_words_conv(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                  tactic=tactic, pdl=_programmatic_launch(x, attrs), **epilogue)
+                                  tactic=tactic, pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_stem_int8(inputs: list, attrs: dict) -> bool:
@@ -478,7 +471,7 @@ def _qlayer_direct_stem(x, w_words, bias, residual, dequant_scale, attrs, out: t
     for unused in ("fp8", "residual_scale", "residual_after_activation"):  # no residual, never FP8
         epilogue.pop(unused)
     return direct_stem_conv(x, w_words, bias, geometry, dequant_scale=dequant_scale, out=out, tactic=tactic,
-                            pdl=_programmatic_launch(x, attrs), **epilogue)
+                            pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out: torch.Tensor | None = None):
@@ -627,9 +620,9 @@ def _projected_kernel(inputs, attrs: dict, out: torch.Tensor | None = None) -> t
                                  dequant_scale=projection.dequant_scale, input_inv_scale=projection.input_inv_scale,
                                  qmin=epilogue["qmin"], fp8=epilogue["fp8"], strides=projection.strides)
         return resident_gemm(x, wq, bias, tile, dequant_scale=scale, residual=residual, out=out,
-                             pdl=_programmatic_launch(x, attrs), **epilogue)
+                             pdl=programmatic_launch(x, attrs), **epilogue)
     return resident_gemm(x, wq, bias, tile, dequant_scale=scale, projection=projection, out=out,
-                         pdl=_programmatic_launch(x, attrs), **epilogue)
+                         pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def qconv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from ..kernels.pointwise.epilogue import pixel_stride
 from ..kernels.registry import fixed_tactic
 from ..kernels.pointwise.resize import upsample_nearest_nhwc, upsample_nearest_nhwc_supported
 from .registry import OpTable
-from .util import floats, ints, norm_axis, only_dtypes
+from .util import floats, ints, norm_axis, only_dtypes, programmatic_launch
 
 OPS = OpTable("resize")
 
@@ -247,13 +247,12 @@ def _nearest_tactics(request: tuple) -> list[str]:
 def _triton_nearest(request: tuple, tactic: str | None, out: torch.Tensor | None = None,
                     pdl: bool = False) -> torch.Tensor | None:
     """The Triton tactic's result, new or in `out`; None where it is not the tactic or does not apply.
-    `pdl`: the layer's mark (builder/pdl.py), taken on CUDA only (the interpreter has no grid dependency
-    control)."""
+    `pdl`: launched with programmatic dependent launch (`programmatic_launch` of the layer: an Upsample's
+    request carries Resize attributes of its own)."""
     if tactic != TRITON_NEAREST:
         return None
     factors = _triton_factors(request)
-    x = request[0]
-    return None if factors is None else upsample_nearest_nhwc(x, factors, out=out, pdl=pdl and x.is_cuda)
+    return None if factors is None else upsample_nearest_nhwc(request[0], factors, out=out, pdl=pdl)
 
 
 def _nearest_into(request: tuple, tactic: str | None, out: torch.Tensor, pdl: bool) -> torch.Tensor | None:
@@ -277,13 +276,14 @@ def resize_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
 
 
 def resize_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
-    return _nearest_into(_resize_request(inputs, attrs), attrs.get("tactic"), out, bool(attrs.get("pdl")))
+    return _nearest_into(_resize_request(inputs, attrs), attrs.get("tactic"), out,
+                         programmatic_launch(inputs[0], attrs))
 
 
 @OPS.op("Resize", attrs=dict(RESIZE_ATTRS), host_inputs=(1, 2, 3), check=_resize_check, tactics=resize_tactics,
         write_into=resize_into)
 def resize(inputs, attrs):
-    return _run_request(_resize_request(inputs, attrs), attrs.get("tactic"), bool(attrs.get("pdl")))
+    return _run_request(_resize_request(inputs, attrs), attrs.get("tactic"), programmatic_launch(inputs[0], attrs))
 
 
 def upsample_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
@@ -291,13 +291,14 @@ def upsample_tactics(inputs: list, attrs: dict, effort: int = 2) -> list[str]:
 
 
 def upsample_into(inputs: list, attrs: dict, out: torch.Tensor) -> torch.Tensor | None:
-    return _nearest_into(_upsample_request(inputs, attrs), attrs.get("tactic"), out, bool(attrs.get("pdl")))
+    return _nearest_into(_upsample_request(inputs, attrs), attrs.get("tactic"), out,
+                         programmatic_launch(inputs[0], attrs))
 
 
 @OPS.op("Upsample", attrs={"mode": "nearest", "scales": None}, host_inputs=(1,), tactics=upsample_tactics,
         write_into=upsample_into)
 def upsample(inputs, attrs):
-    return _run_request(_upsample_request(inputs, attrs), attrs.get("tactic"), bool(attrs.get("pdl")))
+    return _run_request(_upsample_request(inputs, attrs), attrs.get("tactic"), programmatic_launch(inputs[0], attrs))
 
 
 @OPS.op("Pad", attrs={"mode": "constant", "pads": None, "value": 0.0}, host_inputs=(1, 2, 3))

@@ -104,6 +104,13 @@ def device_scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.full((), value.item(), dtype=value.dtype, device=device)
 
 
+def programmatic_launch(x: torch.Tensor, attrs: dict) -> bool:
+    """Whether the layer's kernel is launched with programmatic dependent launch: the builder marks the
+    layers (`builder/pdl.py`), and only CUDA tensors take it (the interpreter has no grid dependency
+    control)."""
+    return bool(attrs.get("pdl")) and x.is_cuda
+
+
 def is_float(t: torch.Tensor) -> bool:
     return t.is_floating_point()
 
