@@ -23,7 +23,7 @@ if triton is not None:
     import triton.language as tl
 
     from ..common.pdl import await_previous_kernel
-    from ..common.tile_steps import pixel_coords
+    from ..common.tile_steps import pixel_channel_tile
     from .epilogue import told_pixel_strides
 
     @triton.jit
@@ -34,10 +34,9 @@ if triton is not None:
         # CH_ALIGN: a power of two dividing C and the strides (`told_alignment`): vectors at 24 or 40 channels.
         # PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`).
         C, y_row, sxn, sxh, sxw = told_pixel_strides(C, y_row, sxn, sxh, sxw, CH_ALIGN)
-        offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask = (offs_p < P)[:, None] & (offs_c < C)[None, :]
-        n, ih, iw = pixel_coords(offs_p, H, W)
+        # a program's input pixels (each stored FH × FW times) and channels
+        offs_p, offs_c, p_ok, c_ok, n, ih, iw = pixel_channel_tile(P, C, H, W, BLOCK_P, BLOCK_C)
+        mask = p_ok[:, None] & c_ok[None, :]
         n = n.to(tl.int64)
         await_previous_kernel(PDL)  # the load and the stores below touch activations
         v = tl.load(x_ptr + (n * sxn + ih * sxh + iw * sxw)[:, None] + offs_c[None, :], mask=mask)
