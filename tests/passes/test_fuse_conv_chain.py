@@ -139,7 +139,7 @@ def test_a_chain_under_a_split_writes_into_the_concat_buffer_and_keeps_the_outpu
         kwargs.get("out") is not None) or kernel(*args, **kwargs))
     memo = ShapeMemo()  # what an engine context keeps per input shape
     # FP32 without TF32, as an engine context runs an FP32 layer: once a context has turned cuDNN's
-    # benchmark on, the float head's convolution may otherwise run on TF32 tensor cores (1% off).
+    # benchmark on, the float head's convolution may otherwise pick a TF32 algorithm.
     with torch.inference_mode(), matmul_precision(False):
         for _ in range(3):
             got = executor.run({"images": torch.from_numpy(images).to(device)}, memo)
