@@ -13,6 +13,11 @@ yolov8n and yolo11n (640, ONNX from --onnx-dir; PyTorch peer from Ultralytics' y
 Detectors take --detector-batches (1, 8, 32 unless told). Writes table.json and table.md; a device
 call has 10 minutes, so give a few models per call.
 
+Each cell is timed after its own build, minutes from the row's other cells; on a shared machine batch-1
+figures moved between such timings by more than FP16 and INT8 differ (the session-60 device history). So once a row's cells are built, its sartor engines are timed
+again in turns (--paired-rounds, 5 unless told): the `paired` figures and their FP16 ÷ INT8 table compare
+engines over one stretch of time.
+
 A max-autotune compile longer than one call is resumed across calls: with --inductor-cache DIR the
 compile's results land in DIR (bench/inductor_cache.py exports them after a killed call), and
 --autotune-resume ARCHIVE puts an earlier call's exported results back into DIR before compiling.
@@ -112,14 +117,15 @@ def pinned_variants(specs: list[str]) -> dict[str, dict[str, str]]:
 def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: Path, iterations: int,
                calib: Path | None, effort: int | None = None, warm_build: bool = True,
                imagenet: bool = True, pdl: bool = False, layer_precision: dict | None = None,
-               pinned_name: str = "", aux_streams: int = 0) -> dict:
+               pinned_name: str = "", aux_streams: int = 0, keep: dict | None = None) -> dict:
     """Cold build, warm-cache build (unless `warm_build` is off), load, first inference, steady
     state, device memory. `pdl`: built with --pdl (quantized precisions). `layer_precision`: built
     with these --layer-precision pins (`pinned_name`: the variant's name in file names).
     `aux_streams`: the same engine timed again in a second context running its independent
     branches on that many more streams (runtime/branch_streams.py), its outputs checked against
     the first context's. The first context runs what a user's gets: the count the build chose
-    (`Engine.aux_streams`, recorded in the row's `aux_streams_chosen` with every count's time)."""
+    (`Engine.aux_streams`, recorded in the row's `aux_streams_chosen` with every count's time).
+    `keep`: given, receives the two timed calls ("copied", "bound") for `paired_timings`."""
     shapes = {input_name: shape}
     variant = precision + ("_pdl" if pdl else "") + (f"_pinned_{pinned_name}" if layer_precision else "")
     cache = work / f"timing_{onnx.stem}_{variant}_b{shape[0]}.json"  # one per engine: kept for reading
@@ -155,6 +161,8 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     bound = ctx.input_buffers({input_name: shape})
     bound[input_name].copy_(x)
     row["bound_input"] = timed(lambda: ctx.run(bound), shape[0], iterations)
+    if keep is not None:
+        keep.update(copied=lambda: ctx.run({input_name: x}), bound=lambda: ctx.run(bound))
     if aux_streams:
         branched = engine.context(aux_streams=aux_streams)
         expected = {k: v.clone() for k, v in ctx.run({input_name: x}).items()}
@@ -180,6 +188,29 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
                pdl_check=result.header.get("pdl_check"),  # the build's PDL timing (default flags)
                aux_streams_chosen=result.header.get("aux_streams"))  # and its streams' (the contexts' default)
     return row
+
+
+def paired_timings(runners: dict, batch: int, iterations: int, rounds: int, device: str = "cuda") -> dict:
+    """The row's sartor engines timed again in turns, `rounds` times `iterations` calls each way (input
+    copied in, input in place), after all of them are built: a slow spell of the shared machine then
+    falls on every engine alike, where each cell's own timing came minutes apart, after its build.
+    {key: timed()'s figures over all rounds' calls, with each round's median}."""
+    samples = {key: {way: [] for way in fns} for key, fns in runners.items()}
+    round_medians = {key: {way: [] for way in fns} for key, fns in runners.items()}
+    for _ in range(rounds):
+        for key, fns in runners.items():
+            for way, fn in fns.items():
+                taken = timing_samples_ms(fn, torch.device(device), iterations, 5)
+                samples[key][way] += taken
+                round_medians[key][way].append(round(statistics.median(taken), 4))
+    paired = {}
+    for key, ways in samples.items():
+        figures = {way: {"median_ms": round(statistics.median(taken), 4),
+                         "p99_ms": round(float(np.percentile(taken, 99)), 4),
+                         "img_s": round(batch / statistics.median(taken) * 1e3, 1),
+                         "round_medians_ms": round_medians[key][way]} for way, taken in ways.items()}
+        paired[key] = dict(figures["copied"], bound_input=figures["bound"], rounds=rounds)
+    return paired
 
 
 def layers_of_note(layers: list[dict], slowest: int = 5) -> dict:
@@ -288,6 +319,9 @@ def main() -> None:
     parser.add_argument("--effort", type=int, default=None, help="sartor's --builder-effort (its default unless told)")
     parser.add_argument("--aux-streams", type=int, default=0,
                         help="also time each sartor engine running its branches on this many more streams")
+    parser.add_argument("--paired-rounds", type=int, default=5,
+                        help="after a row's cells, time its sartor engines again in turns, this many rounds of "
+                             "--iterations calls each (0: not): the FP16 / INT8 ratio from one stretch of time")
     parser.add_argument("--no-warm-build", action="store_true",
                         help="skip the second (warm timing cache) build of each engine: saves device time")
     args = parser.parse_args()
@@ -334,8 +368,11 @@ def main() -> None:
                 break
             shape = (batch, 3, size, size)
             row = {"model": name, "batch": batch, "input": "x".join(map(str, shape))}
+            runners: dict[str, dict] = {}  # each sartor cell's timed calls, for paired_timings
+            build_kept = lambda key: dict(build, keep=runners.setdefault(key, {}))  # noqa: E731
             jobs = [("sartor_fp16", lambda: sartor_row(onnx_path(name, work, args.onnx_dir), input_name, shape,
-                                                       "fp16", work, args.iterations, None, **build))]
+                                                       "fp16", work, args.iterations, None,
+                                                       **build_kept("sartor_fp16")))]
             # Classifiers read ImageNet-normalised pixels, the detectors pixels in 0..1.
             imagenet = name in CLASSIFIERS
             for quantized in [p for p, wanted in (("int8", args.int8), ("fp8", args.fp8)) if wanted]:
@@ -344,12 +381,12 @@ def main() -> None:
                                  lambda quantized=quantized, pdl=pdl: sartor_row(
                                      onnx_path(name, work, args.onnx_dir), input_name, shape, quantized, work,
                                      args.iterations, calibration(size, imagenet), imagenet=imagenet, pdl=pdl,
-                                     **build)))
+                                     **build_kept(f"sartor_{quantized}" + ("_pdl" if pdl else "")))))
             for variant, pins in (pinned_variants(args.int8_pinned) if args.int8 else {}).items():
                 jobs.append((f"sartor_int8_pinned_{variant}", lambda variant=variant, pins=pins: sartor_row(
                     onnx_path(name, work, args.onnx_dir), input_name, shape, "int8", work, args.iterations,
                     calibration(size, imagenet), imagenet=imagenet, layer_precision=pins, pinned_name=variant,
-                    **build)))
+                    **build_kept(f"sartor_int8_pinned_{variant}"))))
             if model is not None:
                 x = torch.rand(*shape, device="cuda").half().contiguous(memory_format=torch.channels_last)
                 jobs.append(("eager_fp16_cuda_graph", lambda: timed(graph_runner(model, x), batch, args.iterations)))
@@ -380,6 +417,15 @@ def main() -> None:
                 print(json.dumps({key: row.get(key)}), flush=True)
                 results["partial"] = row  # a call cut off mid-row still brings its finished cells back
                 save()
+            timed_runners = {key: fns for key, fns in runners.items() if fns and key in row}
+            if args.paired_rounds > 0 and len(timed_runners) >= 2 and not context_lost:
+                try:
+                    row["paired"] = paired_timings(timed_runners, batch, args.iterations, args.paired_rounds)
+                    print(json.dumps({f"paired_{key}": value for key, value in row["paired"].items()}), flush=True)
+                except Exception as exc:  # noqa: BLE001 - the row's own cells stand
+                    results["errors"][f"{name} b{batch} paired"] = f"{type(exc).__name__}: {exc}"[:600]
+                    traceback.print_exc()
+            runners.clear()  # the engines go with their contexts before the next row's builds
             peers = [row[k]["median_ms"] for k in ("eager_fp16_cuda_graph", "torch_compile_reduce_overhead",
                                                     "torch_compile_max_autotune") if k in row]
             if "sartor_fp16" in row and peers:
@@ -421,6 +467,24 @@ def main() -> None:
                   "|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {streams(r, 'sartor_fp16')} | "
                   f"{cell(r, 'sartor_int8')} | {streams(r, 'sartor_int8')} |" for r in results["rows"]]
+    paired_rows = [r for r in results["rows"] if "sartor_fp16" in r.get("paired", {})]
+    if paired_rows:
+        def paired(r: dict, k: str) -> str:
+            timing = r["paired"].get(k)
+            return f"{timing['median_ms']:.3f} / {timing['bound_input']['median_ms']:.3f}" if timing else "–"
+
+        def ratio(r: dict, k: str) -> str:
+            first, second = r["paired"]["sartor_fp16"], r["paired"].get(k)
+            if not second:
+                return "–"
+            return (f"{first['median_ms'] / second['median_ms']:.2f}× / "
+                    f"{first['bound_input']['median_ms'] / second['bound_input']['median_ms']:.2f}×")
+        lines += ["", f"The sartor engines timed again in turns after the row's builds ({args.paired_rounds} rounds of "
+                  f"{args.iterations} calls each way; ms, input copied / in place):", "",
+                  "| model | batch | FP16 | INT8 | FP16 ÷ INT8 | FP8 | FP16 ÷ FP8 |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['batch']} | {paired(r, 'sartor_fp16')} | {paired(r, 'sartor_int8')} | "
+                  f"{ratio(r, 'sartor_int8')} | {paired(r, 'sartor_fp8')} | {ratio(r, 'sartor_fp8')} |"
+                  for r in paired_rows]
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
     lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
               "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]
