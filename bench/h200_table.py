@@ -14,9 +14,9 @@ Detectors take --detector-batches (1, 8, 32 unless told). Writes table.json and 
 call has 10 minutes, so give a few models per call.
 
 Each cell is timed after its own build, minutes from the row's other cells; on a shared machine batch-1
-figures moved between such timings by more than FP16 and INT8 differ (the session-60 device history). So once a row's cells are built, its sartor engines are timed
-again in turns (--paired-rounds, 5 unless told): the `paired` figures and their FP16 ÷ INT8 table compare
-engines over one stretch of time.
+figures moved between such timings by more than FP16 and INT8 differ (the session-60 device history). So
+once a row's cells are built, its sartor engines are timed again in turns (--paired-rounds, 5 unless told):
+the `paired` figures and their FP16 ÷ INT8 table compare engines over one stretch of time.
 
 A max-autotune compile longer than one call is resumed across calls: with --inductor-cache DIR the
 compile's results land in DIR (bench/inductor_cache.py exports them after a killed call), and
