@@ -76,7 +76,7 @@ def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelec
     trial_precision = dict(layer_precision)
     by_name = {node.name: node for node in trial.nodes}
     for first, second in pairs:
-        fuse_conv_chain(trial, by_name[first.name], by_name[second.name])
+        fuse_conv_chain(trial, by_name[first.name], by_name[second.name], trial_precision)
         trial_precision[chain_name(first, second)] = layer_precision.get(first.name, "fp32")
     trial_selections = select_tactics_by_profile(trial, weights, feeds_by_profile, device, trial_precision,
                                                  channels_last=True, tf32=False, effort=effort, cache=cache,
@@ -105,7 +105,7 @@ def fuse_faster_chains(graph: Graph, pairs: list, selections: list[TacticSelecti
         timings.append(timing)
         if not timing.fused:
             continue
-        fuse_conv_chain(graph, first, second)
+        fuse_conv_chain(graph, first, second, layer_precision)
         for kept, trial_selection in zip(selections, trial_selections):
             _move_entry(kept.layers, first.name, second.name, name, trial_selection.layers[name])
         _move_entry(layer_precision, first.name, second.name, name, layer_precision.get(first.name, "fp32"))

@@ -64,6 +64,9 @@ class OpDef:
     # the weight (input 1) in the layout that tactic reads, stored so once at load.
     tactics: Optional[Callable[[list, dict, int], list]] = None
     weight_for_tactic: Optional[Callable[[Any, Optional[str]], Any]] = None
+    # `constant_dtype(position, attrs, compute_dtype)`: the float dtype a constant input is stored in,
+    # None to keep its own, where not every constant takes the layer's compute dtype (a mixed chain).
+    constant_dtype: Optional[Callable[[int, dict, Any], Any]] = None
     # `write_into(inputs, attrs, out)`: the op's one output stored straight into `out` (a channel
     # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
     # tactic cannot: the op then runs as usual and the Concat copies its result.
@@ -113,7 +116,8 @@ class OpTable:
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            capturable: bool = True, domain: str = "", tactics: Callable | None = None,
            weight_for_tactic: Callable | None = None, write_into: Callable | None = None,
-           eager_tactic: str | None = None, stores_any_float: bool = False) -> Callable[[Impl], Impl]:
+           eager_tactic: str | None = None, stores_any_float: bool = False,
+           constant_dtype: Callable | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -126,7 +130,7 @@ class OpTable:
                                        capturable=capturable, domain=domain,
                                        tactics=tactics, weight_for_tactic=weight_for_tactic,
                                        write_into=write_into, eager_tactic=eager_tactic,
-                                       stores_any_float=stores_any_float)
+                                       stores_any_float=stores_any_float, constant_dtype=constant_dtype)
             return impl
         return register
 

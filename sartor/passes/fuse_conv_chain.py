@@ -3,7 +3,9 @@ ConvChain layer with it (`ops/conv_chain.py`): its output is then never stored.
 
 Both layers are QConv (INT8, each writing codes) or both FusedConv of one float precision: in a
 YOLO backbone each stride-2 3×3 and the 1×1 that opens the next C2f block; in its head the box
-and class branches' last 3×3 and 1×1. The first layer is dense (group 1), of at most
+and class branches' last 3×3 and 1×1. Or the first is a QConv writing float and the second an
+FP16/BF16 FusedConv (a mixed chain): an INT8 layer before a float output head, where the head's
+last 1×1 stays float (docs/decisions/0045-int8-placement-rules.md). The first layer is dense (group 1), of at most
 MAX_CHAIN_CHANNELS output channels, reading no graph input, with no residual, projection or
 carried max pool; the second is a 1×1 at stride 1, unpadded, with neither either. FP8 layers, and
 INT8 layers of different qmin, are left apart. Where a layer could be the second of one chain and
@@ -23,6 +25,8 @@ from ..ops.quantized import PROJECTION_FIRST_INPUT
 from .base import single_consumer
 
 CHAIN_LAYERS = ("QConv", "FusedConv")
+MIXED_CHAIN = ("QConv", "FusedConv")  # an INT8 layer writing float, then the float layer reading it
+FLOAT_CHAIN_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 RESIDUAL_INPUT = 3
 
 
@@ -58,7 +62,12 @@ def _chain_opener(graph: Graph, node: Node) -> bool:
 
 
 def _same_numbers(first: Node, second: Node, layer_precision: dict) -> bool:
-    """INT8 layers that hand on codes with one qmin; float layers of one precision."""
+    """INT8 layers that hand on codes with one qmin; float layers of one precision; or an INT8 layer
+    that writes float to an FP16/BF16 layer (mixed)."""
+    if (first.op_type, second.op_type) == MIXED_CHAIN:
+        return first.attrs.get("output_inv_scale") is None and layer_precision.get(second.name) in FLOAT_CHAIN_DTYPES
+    if first.op_type != second.op_type:
+        return False
     if first.op_type == "QConv":
         return (first.attrs.get("output_inv_scale") is not None and second.attrs.get("output_inv_scale") is not None
                 and first.attrs.get("qmin", -127) == second.attrs.get("qmin", -127))
@@ -74,7 +83,7 @@ def chain_pairs(graph: Graph, layer_precision: dict) -> list[tuple[Node, Node]]:
         if first.op_type not in CHAIN_LAYERS or first.name in taken or not _chain_opener(graph, first):
             continue
         second = single_consumer(graph, first.outputs[0], consumers)
-        if second is None or second.op_type != first.op_type or second.inputs[0] != first.outputs[0]:
+        if second is None or second.inputs[0] != first.outputs[0]:
             continue
         if producers.get(second.inputs[0]) is not first or not _chain_reader(graph, second):
             continue
@@ -93,13 +102,18 @@ def _own_attrs(node: Node) -> dict:
     return {key: value for key, value in node.attrs.items() if key not in OWN_RUN_ATTRS}
 
 
-def fuse_conv_chain(graph: Graph, first: Node, second: Node) -> Node:
-    """Replace the two layers by their ConvChain, where the first stood; returns it."""
+def fuse_conv_chain(graph: Graph, first: Node, second: Node, layer_precision: dict | None = None) -> Node:
+    """Replace the two layers by their ConvChain, where the first stood; returns it. A mixed chain
+    records its second layer's op and float (from `layer_precision`, which it then needs)."""
+    attrs = {"layers": first.op_type, "first_inputs": len(first.inputs), "first": _own_attrs(first),
+             "second": _own_attrs(second)}
+    if first.op_type != second.op_type:
+        precision = (layer_precision or {}).get(second.name)
+        if precision not in FLOAT_CHAIN_DTYPES:
+            raise ValueError(f"a mixed chain's float layer {second.name!r} runs FP16 or BF16, not {precision}")
+        attrs.update(second_layers=second.op_type, second_dtype=FLOAT_CHAIN_DTYPES[precision])
     chain = Node(CHAIN, chain_name(first, second), inputs=list(first.inputs) + list(second.inputs[1:]),
-                 outputs=list(second.outputs),
-                 attrs={"layers": first.op_type, "first_inputs": len(first.inputs), "first": _own_attrs(first),
-                        "second": _own_attrs(second)},
-                 origin=first.origin + second.origin)
+                 outputs=list(second.outputs), attrs=attrs, origin=first.origin + second.origin)
     graph.nodes[graph.nodes.index(first)] = chain
     graph.nodes.remove(second)
     graph.value_info.pop(first.outputs[0], None)

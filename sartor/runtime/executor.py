@@ -56,6 +56,7 @@ class Step:
     capturable: bool = True  # OpDef.capturable
     data_dependent_shape: bool = False  # OpDef.data_dependent_shape
     stores_any_float: bool = False  # OpDef.stores_any_float
+    constant_dtype: Any = None  # OpDef.constant_dtype
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Executor:
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
                         frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into,
                         capturable=opdef.capturable, data_dependent_shape=opdef.data_dependent_shape,
-                        stores_any_float=opdef.stores_any_float)
+                        stores_any_float=opdef.stores_any_float, constant_dtype=opdef.constant_dtype)
             for position, name in enumerate(node.inputs):
                 if name in weights:
                     step.constants[position] = self._prepare_constant(weights[name], step, position, node)
@@ -147,8 +148,11 @@ class Executor:
         if step.on_host or position in step.host_positions:
             return tensor.cpu()
         tensor = tensor.to(self.device)
-        if step.compute_dtype is not None and tensor.is_floating_point():
-            tensor = tensor.to(step.compute_dtype)
+        dtype = step.compute_dtype
+        if step.constant_dtype is not None:
+            dtype = step.constant_dtype(position, attrs, dtype)
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
         if self.channels_last and tensor.dim() == 4 and node.op_type in ("Conv", "FusedConv") and position == 1:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         if step.weight_for_tactic is not None and position == 1:

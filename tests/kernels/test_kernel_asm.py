@@ -641,6 +641,32 @@ def test_chain_rows_of_24_channels_load_8_byte_runs():
     print(ld_scalar, copies_4, copies_8, copies_16)
 
 
+# A mixed chain: a YOLO box branch's INT8 3×3 (64 → 64 channels, batch 32 at 80 × 80) writing float16 for its
+# output head's 1×1 (64 → 64), which stays float
+MIXED_CHAIN_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """
+from sartor.kernels.conv.igemm import pack_weight
+x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+w1 = pack_weight(torch.zeros(64, 64, 3, 3, dtype=torch.int8))
+first = ChainLayer(torch.zeros(64, dtype=torch.int32), torch.ones(64), "SiLU", input_inv_scale=1.0)
+second = ChainLayer(torch.zeros(64, dtype=torch.float16), None)
+conv_chain(x, w1, torch.zeros(64, 64, 1, 1, dtype=torch.float16),
+           ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)), first, second, CHAIN_TILES[0])
+assert launched["kwargs"]["SECOND_FLOAT"] and launched["kwargs"]["INT8"]
+""") + """
+print(len(re.findall(r"mma[^;]*\\.s8\\.s8", ptx)), len(re.findall(r"mma[^;]*\\.f16\\.f16", ptx)),
+      kernel_asm.ptxas_report(ptx, 90)["spill_bytes"])
+"""
+
+
+def test_mixed_chain_multiplies_int8_codes_then_float16_on_the_tensor_cores():
+    """A mixed chain's first product runs on INT8 codes and its second on float16, both on the tensor
+    cores, without spills: the INT8 layer's speed for the 3×3 that holds most of a branch's work,
+    the float head's numbers for its 1×1."""
+    *_, int8_products, float16_products, spills = _compile_in_child(MIXED_CHAIN_CHILD).split()
+    assert int(int8_products) > 0 and int(float16_products) > 0 and spills == "0"
+    print(int8_products, float16_products)
+
+
 # The sample detector's SPPF, batch 32: 96 INT8 channels of a 384-channel Concat buffer at 10 x 10,
 # each pool reading one slice and writing the next
 SPPF_POOL_CHILD = recorded_launch_child("sartor.kernels.pool.max_pool", "_max_pool_nhwc_kernel", """

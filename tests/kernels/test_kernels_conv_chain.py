@@ -129,6 +129,40 @@ def test_float16_chain_equals_the_two_layers_within_their_rounding(case):
     assert torch.allclose(got.cpu().float(), expected, atol=4e-3, rtol=4e-3)
 
 
+def _mixed_chain(cin, cmid, cout, k, stride, pads, dilation, generator, *, float_input=False):
+    """A mixed ConvChain's inputs and attributes: a QConv writing float, then a 1×1 FusedConv in float16
+    reading it (an INT8 layer before a float output head)."""
+    inputs, attrs = _int8_chain(cin, cmid, cout, k, stride, pads, dilation, generator, float_input=float_input)
+    first = dict(attrs["first"], output_inv_scale=None)
+    w2 = (torch.randn(cout, cmid, 1, 1, generator=generator) / cmid ** 0.5).half()
+    b2 = (torch.randn(cout, generator=generator) * 0.1).half()
+    second = dict(_geometry_attrs(1, 1, (0, 0, 0, 0), 1), activation="SiLU")
+    return inputs[:5] + [w2, b2], {"layers": "QConv", "second_layers": "FusedConv", "second_dtype": "float16",
+                                   "first_inputs": 5, "first": first, "second": second}
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[5]], ids=lambda c: "{}-{}-{}-k{}s{}".format(*c[:5]))
+@pytest.mark.parametrize("float_input", [False, True])
+def test_mixed_chain_equals_the_int8_layer_then_the_float16_layer(case, float_input):
+    """The INT8 layer's float output rounded to float16 as its reader takes it, then the float16 product:
+    what the reference (the two layers in turn) computes, up to the order of float32 sums."""
+    generator = torch.Generator().manual_seed(11)
+    inputs, attrs = _mixed_chain(*case, generator, float_input=float_input)
+    split = attrs["first_inputs"]
+    middle = qconv(inputs[:split], dict(attrs["first"], tactic=REFERENCE))
+    assert middle.dtype == torch.float32 and middle.abs().max() > 1  # the INT8 layer's float output
+    expected = conv_chain_layer(inputs, dict(attrs, tactic=REFERENCE))
+    assert expected.dtype == torch.float16
+    got = conv_chain_layer(_on_device(inputs, TILES[0]), dict(attrs, tactic=TILES[0]))
+    assert got.dtype == torch.float16 and got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(got.cpu().float(), expected.float(), atol=4e-3, rtol=4e-3)
+    # The intermediate is not the codes an INT8 second layer would read: skipping the float16 rounding
+    # of it, or quantizing it, gives other numbers.
+    unrounded = torch.nn.functional.conv2d(middle, inputs[5].float(), inputs[6].float())
+    unrounded = torch.nn.functional.silu(unrounded)
+    assert not torch.equal(unrounded.half(), expected)
+
+
 def test_refuses_an_unpacked_first_weight_and_a_middle_wider_than_a_tile():
     generator = torch.Generator().manual_seed(1)
     inputs, attrs = _int8_chain(*CASES[1], generator)
@@ -144,6 +178,9 @@ def test_refuses_an_unpacked_first_weight_and_a_middle_wider_than_a_tile():
                    ConvGeometry((1, 1), (1, 1), (0, 0), (1, 1), (9, 11)), first, second, CHAIN_TILES[0])
     with pytest.raises(ValueError, match="writes codes the second reads"):
         conv_chain(x, chain_weight_for_tactic(w1, TILES[0]), w2, geometry, ChainLayer(b1, s1), second, CHAIN_TILES[0])
+    with pytest.raises(ValueError, match="mixed chain's INT8 layer writes the float16 or bfloat16"):
+        conv_chain(x, chain_weight_for_tactic(w1, TILES[0]), w2.float(), geometry, ChainLayer(b1, s1),
+                   ChainLayer(b2, None), CHAIN_TILES[0])
 
 
 def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():

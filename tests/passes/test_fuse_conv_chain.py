@@ -27,7 +27,7 @@ def _images(seed: int, n: int = 2) -> np.ndarray:
 
 
 def backbone(down_channels: int = 16, reader_k: int = 1, reader_strides=(1, 1), second_reader: bool = False,
-             residual: bool = False):
+             residual: bool = False, head_k: int = 3):
     """A YOLO backbone's step in small: stem → 3×3 stride 2 ("down") → 1×1 ("cv1") → 1×1 ("cv2")
     → head. The keyword arguments break one condition each."""
     b = OnnxBuilder(seed=3)
@@ -39,7 +39,7 @@ def backbone(down_channels: int = 16, reader_k: int = 1, reader_strides=(1, 1), 
         cv1 = b.node("Add", [cv1, down], name="add")
     cv1 = b.node("Relu", [cv1], name="cv1_act")
     cv2 = b.node("Relu", [b.conv(cv1, 16, 16, "cv2", k=1)], name="cv2_act")
-    outputs = [b.conv(cv2, 16, 4, "head", k=3)]
+    outputs = [b.conv(cv2, 16, 4, "head", k=head_k)]
     if second_reader:
         outputs.append(b.conv(down, down_channels, 4, "side", k=1))
     return b.model(outputs)
@@ -162,6 +162,37 @@ def test_must_not_fire_across_a_residual_different_qmin_or_a_float_layer():
     assert ("down", "cv1") not in _names(chain_pairs(graph, layers))
 
 
+def test_fires_on_an_int8_layer_and_its_float16_1x1_head_and_computes_the_two_layers():
+    """A mixed chain: cv2 (INT8, writing float for the head) and the 1×1 output head, which stays float
+    (FP16 on a GPU). Its constants are stored as the two layers' were: the head's weight in float16,
+    the INT8 layer's scale in float32; the engine computes what the two layers computed."""
+    from sartor.runtime.executor import Executor
+    graph, layers = _quantized(backbone(head_k=1))
+    assert ("cv2", "head") not in _names(chain_pairs(graph, layers))  # the CPU's float head is FP32
+    layers["head"] = "fp16"
+    pairs = [pair for pair in chain_pairs(graph, layers) if _names([pair]) == [("cv2", "head")]]
+    assert pairs and pairs[0][0].attrs["output_inv_scale"] is None
+    images = _images(3)
+    expected = run_quantized(graph, layers, {"images": images})
+    with pytest.raises(ValueError, match="float layer 'head' runs FP16 or BF16"):
+        fuse_conv_chain(graph.copy(), *pairs[0])
+    chain = fuse_conv_chain(graph, *pairs[0], layers)
+    verify_graph(graph)
+    assert (chain.attrs["layers"], chain.attrs["second_layers"], chain.attrs["second_dtype"]) == (
+        "QConv", "FusedConv", "float16")
+    layers[chain.name] = layers["cv2"]
+    weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
+    step = next(s for s in Executor(graph, weights, torch.device("cpu"), layers).steps if s.node is chain)
+    split = chain.attrs["first_inputs"]
+    assert step.constants[split].dtype == torch.float16 and step.constants[1].dtype == torch.int8
+    assert step.constants[4].dtype == torch.float32  # the INT8 layer's dequant scale, not rounded
+    got = run_quantized(graph, layers, {"images": images})
+    assert all(torch.equal(got[name], value) for name, value in expected.items())
+    header, tensors = encode_graph(graph)
+    decoded = {n.name: n for n in decode_graph(header, tensors)[0].nodes}[chain.name]
+    assert decoded.attrs["second_dtype"] == "float16" and decoded.attrs["second_layers"] == "FusedConv"
+
+
 def test_the_stem_reading_the_graph_input_opens_no_chain():
     b = OnnxBuilder(seed=4)
     x = b.input("images", ["batch", 3, SIZE, SIZE])
@@ -195,12 +226,13 @@ def test_the_builder_stage_on_the_cpu_fuses_nothing(time_single):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the chain kernel is offered for CUDA tensors")
-@pytest.mark.parametrize("precision", ["fp16", "int8"])
-def test_a_cuda_build_times_its_chains_and_keeps_the_outputs(tmp_path, precision):
+@pytest.mark.parametrize("precision, head_k", [("fp16", 3), ("int8", 3), ("int8", 1)])
+def test_a_cuda_build_times_its_chains_and_keeps_the_outputs(tmp_path, precision, head_k):
+    """With a 1×1 head, the INT8 build also times the mixed chain of cv2 and the FP16 head."""
     import onnx
 
     import sartor
-    onnx.save(backbone(), tmp_path / "m.onnx")
+    onnx.save(backbone(head_k=head_k), tmp_path / "m.onnx")
     calib = tmp_path / "calib.npy"
     np.save(calib, _images(5, 16))
     shapes = {"images": (8, 3, SIZE, SIZE)}
@@ -214,6 +246,7 @@ def test_a_cuda_build_times_its_chains_and_keeps_the_outputs(tmp_path, precision
     lines = {name: [line for line in e.header["build_log"] if line.startswith("chains:")]
              for name, e in engines.items()}
     assert "down+cv1" in lines["chains"][0] and lines["apart"][0].startswith("chains: 0 of ")
+    assert ("cv2+head" in lines["chains"][0]) == (head_k == 1 and precision == "int8")
     images = torch.from_numpy(_images(6, 8)).cuda()
     got, expected = (engines[name].context().run({"images": images}) for name in ("chains", "apart"))
     for name, value in expected.items():

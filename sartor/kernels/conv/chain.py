@@ -6,6 +6,10 @@ layer's epilogue (bias, dequantization, activation and, for INT8, the requantiza
 the second layer reads), and multiplies that tile, still in registers, by the 1×1 layer's weight,
 a block of its output channels at a time, each with the second layer's epilogue and one store.
 
+An INT8 first layer may also hand a float second layer its output as the float that layer reads
+(a "mixed" chain: a QConv writing float, then an FP16/BF16 FusedConv): the intermediate is rounded to
+the second weight's dtype and the second product runs in that float, as the two layers would.
+
 The first layer's output is never written: at batch 1 one launch is saved (the layers of a small
 detector are launch-bound there), at large batches the intermediate's write and read. The numbers
 are those of the two layers run one after the other: the intermediate is rounded as it would have
@@ -68,7 +72,9 @@ if triton is not None:
             OUT_QUANT: tl.constexpr, GATHER: tl.constexpr, C_TAPS: tl.constexpr, MID: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
             ROW_TAPS: tl.constexpr = 0, ROW_K: tl.constexpr = 0, ROW_ALIGN: tl.constexpr = 1,
-            CHANNEL_TAIL: tl.constexpr = False):
+            CHANNEL_TAIL: tl.constexpr = False, SECOND_FLOAT: tl.constexpr = False):
+        # INT8: the first product on INT8 codes; SECOND_FLOAT: the second layer is a float one (a
+        # mixed chain), whose product runs in its weight's dtype.
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         n_idx, oh, ow = pixel_coords(offs_m, OH, OW)
@@ -148,9 +154,9 @@ if triton is not None:
                 acc = accumulate_dot(acc, a, b, in_inv_scale, qmin, INT8, False, QUANTIZE_INPUT, BLOCK_K)
         middle = epilogue_output(acc, 0.0, offs_mid, mid_ok, b1_ptr, s1_ptr, 1.0, 1.0, qmin, alpha1, beta1,
                                  INT8_1, False, HAS_BIAS1, False, False, False, ACT1, 0)
-        if INT8:
+        if INT8 and not SECOND_FLOAT:
             middle = _middle_codes(middle, mid_inv_scale, qmin)
-        else:  # rounded as the first layer would have stored it
+        else:  # rounded as the first layer would have stored it for its float reader
             middle = middle.to(w2_ptr.dtype.element_ty)
         rows = offs_m.to(tl.int64)[:, None] * y_row
         for n0 in range(0, COUT, BLOCK_N):
@@ -158,7 +164,7 @@ if triton is not None:
             n_ok = offs_n < COUT
             w2 = tl.load(w2_ptr + offs_n[None, :] * C_MID + offs_mid[:, None], mask=mid_ok[:, None] & n_ok[None, :],
                          other=0)
-            if INT8:
+            if INT8 and not SECOND_FLOAT:
                 acc2 = tl.dot(middle, w2, out_dtype=tl.int32)
             else:
                 acc2 = tl.dot(middle, w2)
@@ -237,16 +243,21 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Run the chain (module docstring): x [N, C, H, W] any strides; w1_packed [C_MID, C, kh, kw]
     packed by `igemm.pack_weight`; w2 [COUT, C_MID, 1, 1]. INT8 when `first.dequant_scale` is given
-    (w1 and w2 int8, biases int32, x int8 codes or floats quantized with `first.input_inv_scale`,
-    the intermediate requantized with `first.output_inv_scale`), else float (x, w1, w2 of one float
-    dtype, the intermediate rounded to it). The output is channels-last, `out_dtype` (INT8: the
-    codes where `second.output_inv_scale` is given), or `out`. `pdl`: launched with programmatic
-    dependent launch (`kernels/common/pdl.py`; CUDA tensors only)."""
+    (w1 int8, its bias int32, x int8 codes or floats quantized with `first.input_inv_scale`): with
+    `second.dequant_scale` too, w2 int8 and the intermediate requantized with `first.output_inv_scale`;
+    without (mixed), w2 and its bias float16 or bfloat16 and the intermediate that float. Else float
+    (x, w1, w2 of one float dtype, the intermediate rounded to it). The output is channels-last,
+    `out_dtype` (INT8: the codes where `second.output_inv_scale` is given), or `out`. `pdl`: launched
+    with programmatic dependent launch (`kernels/common/pdl.py`; CUDA tensors only)."""
     if not is_packed(w1_packed):
         raise ValueError("conv_chain needs the first weight packed by pack_weight")
     int8 = first.dequant_scale is not None
-    if int8 and (first.output_inv_scale is None or second.dequant_scale is None):
+    second_float = int8 and second.dequant_scale is None
+    if int8 and not second_float and first.output_inv_scale is None:
         raise ValueError("conv_chain: an INT8 chain's first layer writes codes the second reads")
+    if second_float and (first.output_inv_scale is not None or w2.dtype not in (torch.float16, torch.bfloat16)):
+        raise ValueError("conv_chain: a mixed chain's INT8 layer writes the float16 or bfloat16 its second layer "
+                         f"reads, not codes for a {w2.dtype} weight")
     x4 = as_nchw_view(x)
     x_base, x_shift = aligned_start(x4)
     n, c, h, w_in = x4.shape
@@ -256,7 +267,10 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
                          f"1×1 second weight over them, not {tuple(w2.shape)}")
     oh, ow = geometry.out_hw
     if out_dtype is None:
-        out_dtype = (torch.int8 if second.output_inv_scale is not None else torch.float32) if int8 else x.dtype
+        if second_float:
+            out_dtype = w2.dtype
+        else:
+            out_dtype = (torch.int8 if second.output_inv_scale is not None else torch.float32) if int8 else x.dtype
     y = channels_last_output((n, cout, oh, ow), out_dtype, x.device, out, "conv_chain")
     m = n * oh * ow
     k1 = c * geometry.kernel[0] * geometry.kernel[1]
@@ -268,7 +282,7 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
                                    activation=first.activation, alpha=first.alpha, beta=first.beta,
                                    residual_after_activation=False, residual_scale=None, output_inv_scale=None,
                                    qmin=qmin, accumulator_bound=first.accumulator_bound)
-    _, flags2 = epilogue_arguments(quantized=int8, fp8=False, bias=second.bias, residual=None,
+    _, flags2 = epilogue_arguments(quantized=int8 and not second_float, fp8=False, bias=second.bias, residual=None,
                                    activation=second.activation, alpha=second.alpha, beta=second.beta,
                                    residual_after_activation=False, residual_scale=None,
                                    output_inv_scale=second.output_inv_scale, qmin=qmin,
@@ -278,7 +292,8 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     _conv_chain_kernel[grid](
         x_base, w1_packed, first.bias if first.bias is not None else placeholder,
         first.dequant_scale if int8 else placeholder, w2,
-        second.bias if second.bias is not None else placeholder, second.dequant_scale if int8 else placeholder, y,
+        second.bias if second.bias is not None else placeholder,
+        second.dequant_scale if second.dequant_scale is not None else placeholder, y,
         m, c, h, w_in, oh, ow, c_mid, cout, k1, pixel_stride(y),
         *x4.stride(), x_shift, geometry.pads[0], geometry.pads[1], geometry.dilations[0], geometry.dilations[1],
         float(first.input_inv_scale or 1.0), float(first.output_inv_scale or 1.0),
@@ -292,6 +307,7 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
         BLOCK_M=tile.block_m, BLOCK_K=block_k, BLOCK_N=tile.block_n,
         PDL=pdl, ROW_TAPS=c if row_k else 0, ROW_K=row_k,
         ROW_ALIGN=row_alignment(x4, geometry, x_shift) if row_k else 1, CHANNEL_TAIL=channel_tail,
+        SECOND_FLOAT=second_float,
         num_warps=tile.warps, num_stages=tile.stages, enable_fp_fusion=not int8, **launch_options(pdl))
     return y
 
