@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Session 60's device part, for the next session (issue 33; ask for the H200, say which card came).
+#   a: the GPU tests of the mixed chain (an INT8 layer writing float16 for its 1×1 output head, one kernel):
+#      the kernel against the two layers in turn, the sm_90 compile, the CUDA build timing it.
+#   p MODEL BATCH [PINS]: MODEL's (yolov8n, yolo11n, detector) FP16 and INT8 engines and an INT8 engine with
+#      its head's branch layers pinned INT8 (PINS: box, the default, the box branches' last 3×3; classes, the
+#      class branches'; all: both), at BATCH, timed again in turns after the builds (h200_table's paired
+#      figures); then each plan's chains line: which mixed chains ran as one kernel (decision 0045's A/B).
+#   OUT=$OUT bash bench/h200_session60.sh a | p MODEL BATCH [PINS]
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a or p}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$part" = a ]; then
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
+    tests/passes/test_fuse_conv_chain.py tests/kernels/test_kernel_asm.py -k "mixed or cuda_build or float16_1x1_head" -rf \
+    2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+[ "$part" = p ] || { echo "unknown part $part" >&2; exit 2; }
+model=${2:?say the model}
+batch=${3:?say the batch}
+pins=${4:-box}
+case "$model:$pins" in
+  yolov8n:box) pattern="/model.22/cv2.?/cv2.?.1/conv/Conv=int8" ;;
+  yolov8n:classes) pattern="/model.22/cv3.?/cv3.?.1/conv/Conv=int8" ;;
+  yolov8n:all) pattern="/model.22/cv?.?/cv?.?.1/conv/Conv=int8" ;;
+  yolo11n:box) pattern="/model.23/cv2.?/cv2.?.1/conv/Conv=int8" ;;
+  yolo11n:classes) pattern="/model.23/cv3.*/conv/Conv=int8" ;;
+  yolo11n:all) pattern="/model.23/*/conv/Conv=int8" ;;
+  detector:box) pattern="/head/*/*.?.1/conv/Conv=int8" ;;
+  *) echo "no pins $pins for $model" >&2; exit 2 ;;
+esac
+ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+rm -f /tmp/sartor_table/*.plan
+timeout "${TABLE_S:-560}" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
+  --models "$model" --detector-batches "$batch" --int8-pinned "$pins:$pattern" --out "/tmp/t_p" 2>&1 \
+  | python bench/table_cells.py
+cp /tmp/t_p/table.md "$OUT/table_${model}_b${batch}_${pins}.md" 2>/dev/null
+for plan in /tmp/sartor_table/*.plan; do
+  python - "$plan" <<'PY'
+import sys
+from sartor.runtime.engine_file import read_engine_file
+header = read_engine_file(sys.argv[1])[0]
+chains = header.get("chains_check") or {}
+mixed = [n["name"] for n in (header.get("graph") or {}).get("nodes", [])
+         if n.get("op") == "ConvChain" and "second_layers" in str(n.get("attrs", ""))]
+line = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
+print(sys.argv[1].rsplit("/", 1)[-1], "| chains kept", chains.get("kept"), chains.get("profiles"),
+      "| mixed chains in the engine:", len(mixed), "|", line[:900])
+PY
+done
+echo "done at ${SECONDS}s"
