@@ -1,6 +1,7 @@
 """Reads bench/h200_table.py's output on stdin and prints each timed cell as one line the moment it
-is done (model, batch, engine, median ms with the input copied / in the engine's buffer, build s),
-and its table lines: a call cut off mid-run still shows every cell it finished."""
+is done (model, batch, engine, median ms with the input copied / in the engine's buffer, build s, the
+auxiliary streams and PDL the build chose), and its table lines: a call cut off mid-run still shows
+every cell it finished."""
 from __future__ import annotations
 
 import json
@@ -28,5 +29,12 @@ for line in sys.stdin:
             continue
         bound = timing.get("bound_input", {}).get("median_ms")
         extra = {k: timing[k] for k in ("build_cold_s", "max_abs_diff") if k in timing}
+        # What the build chose that the engine runs with: its auxiliary streams (and each count's time)
+        # and whether it kept programmatic dependent launch.
+        streams = timing.get("aux_streams_chosen") or {}
+        if streams:
+            extra["aux_streams"] = f"{streams.get('streams')} of {streams.get('totals_ms')}"
+        if timing.get("pdl_check"):
+            extra["pdl_kept"] = timing["pdl_check"].get("kept")
         print(f"cell {key}: {timing['median_ms']:.3f} / {bound if bound is None else f'{bound:.3f}'} ms {extra}",
               flush=True)
