@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 60's device part, for the next session (issue 33; ask for the H200, say which card came).
 #   a: the GPU tests of the mixed chain (an INT8 layer writing float16 for its 1×1 output head, one kernel):
-#      the kernel against the two layers in turn, the sm_90 compile, the CUDA build timing it.
+#      the kernel against the two layers in turn, the sm_90 compile, the CUDA build timing it; then the INT8
+#      depthwise tests (a float input's codes now summed in float32).
 #   p MODEL BATCH [PINS]: MODEL's (yolov8n, yolo11n, detector) FP16 and INT8 engines and an INT8 engine with
 #      its head's branch layers pinned INT8 (PINS: box, the default, the box branches' last 3×3; classes, the
 #      class branches'; all: both), at BATCH, timed again in turns after the builds (h200_table's paired
@@ -17,6 +18,9 @@ if [ "$part" = a ]; then
   timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
     tests/passes/test_fuse_conv_chain.py tests/kernels/test_kernel_asm.py -k "mixed or cuda_build or float16_1x1_head" -rf \
     2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
+  # the INT8 depthwise's float-input codes summed in float32, against the emulation bit for bit
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_depthwise.py -k "int8" -rf 2>&1 \
+    | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
   echo "done at ${SECONDS}s"
   exit 0
 fi

@@ -549,6 +549,31 @@ def test_int8_depthwise_words_compile_to_one_dp4a_a_lane_and_tap_in_vector_loads
     print(scalar_loads, v2_loads, v4_loads, dp4a)
 
 
+# YOLO11n's C2PSA positional conv (`attn.pe`, depthwise 3×3 over 128 channels at 20 × 20, batch 32) as INT8: its
+# input is the attention's value, float16, quantized on load; a float16 residual, codes out
+def depthwise_float_input_child(float_sums: bool) -> str:
+    return recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_nhwc_kernel", """
+x = torch.zeros(32, 128, 20, 20, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+wq = pack_depthwise_weight(torch.zeros(128, 1, 3, 3, dtype=torch.int8))
+geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (20, 20))
+depthwise_qconv_nhwc(x, wq, torch.zeros(128, dtype=torch.int32), geometry, dequant_scale=torch.ones(128),
+                     input_inv_scale=1.0, output_inv_scale=20.0, residual=torch.zeros_like(x))
+assert launched["kwargs"]["QUANTIZE_INPUT"] and launched["kwargs"]["FLOAT_SUMS"]
+""", sm90={"FLOAT_SUMS": float_sums}) + """
+print(len(re.findall(r"cvt\\.r[nz]i\\.s(?:8|16|32)\\.f32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"])
+"""
+
+
+def test_int8_depthwise_sums_a_float_inputs_codes_without_a_conversion_a_tap():
+    """A float input quantized on load: its codes stay float32 values, summed exactly in float32, and are
+    converted to integers once an output, not once a value and tap (a ninth of the float-to-integer
+    conversions of the int32 sums, each an eighth of Hopper's float32 rate), without spills."""
+    float_sums, spills = _compile_in_child(depthwise_float_input_child(True)).split()[-2:]
+    int_sums = _compile_in_child(depthwise_float_input_child(False)).split()[-2]
+    assert spills == "0" and 0 < int(float_sums) and 3 * int(float_sums) < int(int_sums)
+    print(float_sums, int_sums)
+
+
 # YOLO11n's C3k2 3×3 of 16 INT8 channels into 8 at 160 × 160, batch 32, SiLU, as each dp4a tactic launches it
 def direct_words_child(tactic: str) -> str:
     return recorded_launch_child("sartor.kernels.conv.direct_words", "_direct_int8_words_kernel", f"""

@@ -250,12 +250,13 @@ def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, r
     """int32 sums of int8 taps, then the INT8 epilogue: bit for bit the emulation's output, INT8
     codes or float32, with a residual of codes, over every geometry, with 80 channels (two channel
     blocks of 64, the second ragged; one ragged block of 128 for the lines and words tactics, the
-    words' lanes summed apart); float inputs are quantized on load as the emulation quantizes them
-    (the words tactic then reads code by code)."""
+    words' lanes summed apart); float32 and float16 inputs are quantized on load as the emulation
+    quantizes them, their codes summed in float32 (the words tactic then reads code by code)."""
     generator = torch.Generator().manual_seed(21)
     qconv, inputs, attrs = _int8_layer(80, kernel, strides, pads, dilations, generator, residual=residual,
                                        int8_output=int8_output)
-    for x in (inputs[0], torch.randn(2, 80, 9, 8, generator=generator) * 4):
+    floats = torch.randn(2, 80, 9, 8, generator=generator) * 4
+    for x in (inputs[0], floats, floats.half()):
         layer = [x.contiguous(memory_format=torch.channels_last)] + inputs[1:]
         expected = qconv(layer, attrs)
         on_device = [t.to(DEVICE) if t is not None else None for t in layer]

@@ -196,8 +196,14 @@ if triton is not None:
         quantize_int8's low bytes read wrong codes (every code came out -1; the builder's output
         check rejected those tactics), while the same codes stored by an epilogue or a packing
         kernel were right (docs/decisions/kernel-tile-steps-rounding.md)."""
+        return float_codes(v, inv_scale, qmin).to(tl.int8)
+
+    @triton.jit
+    def float_codes(v, inv_scale, qmin):
+        """quantize_operand's codes left as float32 values (exact integers): for sums kept in float32,
+        with no float → int conversion."""
         q = (v * inv_scale + 12582912.0) - 12582912.0
-        return tl.minimum(tl.maximum(q, qmin), 127.0).to(tl.int8)
+        return tl.minimum(tl.maximum(q, qmin), 127.0)
 
     # 0x4B400000 is the bits of the float 1.5·2^23, whose float32 neighbours are 1 apart: an int32 i
     # with |i| < 2^22 added to it gives, as bits, the float 1.5·2^23 + i exactly.

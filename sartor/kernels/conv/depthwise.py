@@ -18,7 +18,11 @@ tensor or a channel slice of a wider one.
 INT8 (a QConv's codes, `depthwise_qconv_nhwc`): int8 × int8 taps summed in int32, which is exact
 (81 taps of 127 · 127 stay far below 2^31), then the implicit GEMM's INT8 epilogue (bias,
 per-channel dequantization, residual, activation, requantization), so the output equals the
-emulation's bit for bit; float inputs are quantized as they are loaded.
+emulation's bit for bit; float inputs are quantized as they are loaded. Quantized so, a tap's codes
+stay float32 values (rounded by adding 1.5·2^23, not converted) and are summed in float32, which holds
+every such sum exactly (FLOAT_SUM_TAPS): each input value is read by every tap over it, and a
+float → int8 and int8 → int32 conversion a value and tap ran at Hopper's conversion rate, an eighth of
+its float32 one; the sums are converted to int32 once, for the epilogue.
 """
 from __future__ import annotations
 
@@ -31,11 +35,16 @@ from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, p
 from ..common.tile_steps import epilogue_arguments
 from ..registry import DEPTHWISE_TAPS, fixed_tactic
 
+# Float32 holds every integer below 2^24 exactly: a sum of this many taps of codes (|code| ≤ 128, |weight|
+# ≤ 127) stays below it in any order, so a float input's codes are summed in float32 (module docstring).
+FLOAT_SUM_TAPS = (1 << 24) // (128 * 127)
+
 if triton is not None:
     import triton.language as tl
 
     from ..common.pdl import await_previous_kernel
-    from ..common.tile_steps import quantize_operand, store_epilogue, pixel_channel_tile, tap_pixels, window_origin
+    from ..common.tile_steps import (float_codes, pixel_channel_tile, quantize_operand, store_epilogue, tap_pixels,
+                                     window_origin)
     from ..pointwise.epilogue import told_multiple, told_pixel_strides
 
     @triton.jit
@@ -47,7 +56,7 @@ if triton is not None:
                                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_QUANT: tl.constexpr,
                                RES_AFTER: tl.constexpr, ACT: tl.constexpr, OUT_QUANT: tl.constexpr,
                                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CH_ALIGN: tl.constexpr = 1,
-                               PDL: tl.constexpr = False):
+                               PDL: tl.constexpr = False, FLOAT_SUMS: tl.constexpr = False):
         # Channel counts and strides multiples of 8 that Triton cannot see (MobileNet's 24, 40, 72,
         # 120 channels): told, each pixel's channels, the taps' channel vectors and the stores go as
         # vectors. PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`).
@@ -61,7 +70,8 @@ if triton is not None:
         base, ih0, iw0 = window_origin(n, oh, ow, sxn, SH, SW, pad_h, pad_w)
         w_col = offs_c * swc
         await_previous_kernel(PDL)  # every tap's pixels below are an activation's
-        if INT8:
+        # FLOAT_SUMS: a float input's codes summed as float32 values, exactly (up to FLOAT_SUM_TAPS taps).
+        if INT8 and not FLOAT_SUMS:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
@@ -70,12 +80,16 @@ if triton is not None:
                 pixels, ok = tap_pixels(base, ih0 + kh * DH, iw0 + kw * DW, p_ok, H, W, sxh, sxw)
                 v = tl.load(x_ptr + pixels[:, None] + offs_c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
                 tap = tl.load(w_ptr + w_col + (kh * swh + kw * sww), mask=c_ok, other=0.0)
-                if INT8:
-                    if QUANTIZE_INPUT:  # padding loads 0.0, whose code is 0
+                if FLOAT_SUMS:  # padding loads 0.0, whose code is 0
+                    acc += float_codes(v.to(tl.float32), in_inv_scale, qmin) * tap.to(tl.float32)[None, :]
+                elif INT8:
+                    if QUANTIZE_INPUT:
                         v = quantize_operand(v.to(tl.float32), in_inv_scale, qmin)
                     acc += v.to(tl.int32) * tap.to(tl.int32)[None, :]
                 else:
                     acc += v.to(tl.float32) * tap.to(tl.float32)[None, :]
+        if FLOAT_SUMS:
+            acc = acc.to(tl.int32)
         # The implicit-GEMM kernel's epilogue: bias, (dequantization,) residual, activation,
         # (requantization,) one store.
         store_epilogue(acc, offs_p, offs_c, p_ok, c_ok, n, oh, ow, bias_ptr, scale_ptr, res_ptr, y_ptr,
@@ -258,9 +272,12 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
     if x_words is not None:
         _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, max_block_c, pdl)
         return y
+    quantize_input = x.dtype != torch.int8
+    float_sums = quantize_input and geometry.kernel[0] * geometry.kernel[1] <= FLOAT_SUM_TAPS
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
-            dict(flags, QUANTIZE_INPUT=x.dtype != torch.int8), fusion=False, max_block_c=max_block_c, pdl=pdl)
+            dict(flags, QUANTIZE_INPUT=quantize_input, FLOAT_SUMS=float_sums), fusion=False, max_block_c=max_block_c,
+            pdl=pdl)
     return y
 
 
