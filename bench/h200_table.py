@@ -162,7 +162,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     bound[input_name].copy_(x)
     row["bound_input"] = timed(lambda: ctx.run(bound), shape[0], iterations)
     if keep is not None:
-        keep.update(copied=lambda: ctx.run({input_name: x}), bound=lambda: ctx.run(bound))
+        keep.update(copied=lambda x=x: ctx.run({input_name: x}), bound=lambda: ctx.run(bound))
     if aux_streams:
         branched = engine.context(aux_streams=aux_streams)
         expected = {k: v.clone() for k, v in ctx.run({input_name: x}).items()}
