@@ -7,7 +7,8 @@
 - Bias: INT32, round_half_even(b / (scale_x · scale_w[c])), saturated to the INT32 range.
 - A tensor is *stored* INT8 (its producer re-quantizes its output) when an INT8 layer produces
   it, it is no graph output, and every reader is an INT8 layer reading it as its data input or
-  as its residual. Otherwise INT8 layers write FP32 and their readers quantize on entry.
+  as its residual (a Shape or Size reader reads no values, and does not count). Otherwise INT8
+  layers write FP32 and their readers quantize on entry.
 
 Layers planned "fp8" become the same QConv/QGemm with `qformat="fp8e4m3"` (`sartor/ops/fp8.py`):
 - Weights: per output channel, scale_c = max|w_c| / 448 (float32), q = e4m3(clamp(w / scale_c,
@@ -39,7 +40,7 @@ from ..errors import ConfigError
 from ..ir import Graph, Node, ValueInfo
 from ..ir.dtypes import INT8_QMAX, INT32_MAX, QUANTIZED_LAYERS, QUANTIZED_PRECISIONS
 from ..ops import fp8
-from .plan import CONV_OPS, int8_positions, quantized_unsupported
+from .plan import CONV_OPS, SHAPE_ONLY_OPS, int8_positions, quantized_unsupported
 # Layers that only select or move values: they can run on INT8 (FP8) codes (module docstring).
 # Resize and Upsample only in nearest mode (`_copies_values`); linear and cubic ones mix values.
 PASS_THROUGH_OPS = ("MaxPool", "Concat", "Split", "Resize", "Upsample")
@@ -110,8 +111,9 @@ def _reads_quantized(reader: Node, value: str, fmt: str, quantized: dict, format
 def _carried(value: str, fmt: str, graph_outputs: set, consumers: dict, quantized: dict, formats: dict,
              passing: dict) -> bool:
     """`value` can be stored as codes of format `fmt`: no graph output, read, and only by layers
-    that take it so."""
-    readers = consumers.get(value, [])
+    that take it so. Shape and Size readers take only its shape, which codes keep (an attention
+    block sizes its reshapes from its input's Shape)."""
+    readers = [r for r in consumers.get(value, []) if r.op_type not in SHAPE_ONLY_OPS]
     return bool(value) and value not in graph_outputs and bool(readers) and all(
         _reads_quantized(r, value, fmt, quantized, formats, passing) for r in readers)
 

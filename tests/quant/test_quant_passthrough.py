@@ -58,10 +58,11 @@ def sppf_block():
     return b.model([b.conv(z, 8, 4, "head")])
 
 
-def c2f_block(float_part: bool = False):
+def c2f_block(float_part: bool = False, shape_reader: bool = False):
     """YOLOv8's C2f in small: conv → Split in halves a, b → bottleneck on b (conv, ReLU, conv, ReLU,
     + b) → Concat(a, b, bottleneck) → conv → head conv. `float_part` feeds the Concat a Sigmoid of
-    the bottleneck instead: one float input."""
+    the bottleneck instead: one float input. `shape_reader`: the output is flattened to the batch of
+    b's Shape, as an attention block sizes its reshapes from its input's Shape (YOLO11's C2PSA)."""
     b = OnnxBuilder(seed=3)
     x = b.input("images", ["batch", 3, SIZE, SIZE])
     y = b.node("Relu", [b.conv(x, 3, 8, "cv1", k=1)], name="cv1_act")
@@ -72,7 +73,13 @@ def c2f_block(float_part: bool = False):
         m = b.node("Sigmoid", [m], name="sig")
     cat = b.node("Concat", [a, h, m], name="cat", axis=1)
     z = b.node("Relu", [b.conv(cat, 12, 8, "cv2", k=1)], name="cv2_act")
-    return b.model([b.conv(z, 8, 4, "head")])
+    out = b.conv(z, 8, 4, "head")
+    if shape_reader:
+        batch = b.node("Gather", [b.node("Shape", [h], name="h_shape"), b.const("first", np.array([0]))],
+                       name="h_batch", axis=0)
+        out = b.node("Reshape", [out, b.node("Concat", [batch, b.const("rest", np.array([-1]))], name="dims",
+                                             axis=0)], name="flat")
+    return b.model([out])
 
 
 def _quantized_runs(model, precision: str = "int8") -> dict:
@@ -143,6 +150,17 @@ def test_c2f_split_and_concat_pass_int8_with_one_scale():
     # A common scale is coarser for the smaller inputs: close to, not equal to, the plain build.
     plain = runs[False][3]
     assert float((out - plain).abs().max()) <= 0.05 * float(plain.abs().max())
+
+
+def test_a_shape_reader_does_not_keep_a_split_half_float():
+    """A Shape reader takes only the shape, which codes keep: the Split half it reads still passes INT8,
+    with the engine's numbers those of the C2f without it."""
+    runs = _quantized_runs(c2f_block(shape_reader=True))
+    report, graph, seen, out = runs[True]
+    assert report["pass_through"] == {"split": "int8", "cat": "int8"}
+    assert seen["split_out1"].dtype == torch.int8 and seen["h_shape_out"].tolist() == [3, 4, SIZE, SIZE]
+    plain = _quantized_runs(c2f_block())[True][3]
+    assert out.shape == (3, 4 * SIZE * SIZE) and torch.equal(out, plain.reshape(3, -1))
 
 
 def int8_engine_run(model, work, seed: int):
