@@ -44,6 +44,13 @@ def load_layers(path: Path) -> dict[str, dict]:
             for layer in layers if layer.get("ms") is not None}
 
 
+def plan_layer_counts(path: Path) -> tuple[int, int]:
+    """An engine file's layers: all of them, and those with a builder time."""
+    from sartor.runtime.engine_file import read_engine_file
+    layers = read_engine_file(path)[0]["layers"]
+    return len(layers), sum(1 for layer in layers if layer.get("tactic_timings_ms"))
+
+
 def family(tactic: str) -> str:
     """A tactic's family: its name's first word ("igemm" of "igemm.128x16x64.w8.s3.row-taps")."""
     return tactic.split(".", 1)[0] or "?"
@@ -83,9 +90,14 @@ def main() -> None:
     print(f"shared layers: {len(result['rows'])}; {args.first.name} {result['first_ms']:.3f} ms, "
           f"{args.second.name} {result['second_ms']:.3f} ms, ratio {result['ratio']:.2f} "
           f"(target {args.target}: {result['first_ms'] / args.target:.3f} ms)")
-    for side in ("only_first", "only_second"):
-        if result[side]:
-            print(f"{side}: {', '.join(result[side])}")
+    engines = {"only_first": load_layers(args.first), "only_second": load_layers(args.second)}
+    for side, layers in engines.items():
+        if result[side]:  # layers one engine runs that the other does not (a chain, or its two layers)
+            print(f"{side}: " + ", ".join(f"{name} {layers[name]['ms']:.4f} ms" for name in result[side]))
+    if args.first.suffix == ".plan" and args.second.suffix == ".plan":
+        print("layers in each engine, all and with a builder time (the untimed run one tactic):",
+              *(f"{path.name} {counts[0]} / {counts[1]}" for path in (args.first, args.second)
+                for counts in [plan_layer_counts(path)]))
     print("== by the second engine's tactic family (layers, first ms, second ms, ratio)")
     for name, entry in sorted(result["families"].items(), key=lambda kv: -kv[1]["second_ms"]):
         ratio = entry["first_ms"] / entry["second_ms"] if entry["second_ms"] else float("nan")
