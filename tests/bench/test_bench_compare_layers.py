@@ -46,7 +46,7 @@ def test_the_command_prints_totals_families_and_layers(engines):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ratio 2.04 (target 1.5: 0.327 ms)" in done.stdout
-    assert "only_first: gone" in done.stdout and "only_second: new" in done.stdout
+    assert "only_first: gone 0.0200 ms" in done.stdout and "only_second: new 0.0100 ms" in done.stdout
     layer_lines = done.stdout.split("== layers by excess")[1].strip().splitlines()[1:]
     assert len(layer_lines) == 2 and "c3" in layer_lines[0]
 
@@ -72,3 +72,8 @@ def test_a_plan_is_read_from_its_header_as_the_layers_json_would_have_it(tiny_pl
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"shared layers: {len(timed)};" in done.stdout and "ratio 1.00" in done.stdout
+    plans = subprocess.run([sys.executable, str(BENCH / "compare_layers.py"), str(tiny_plan), str(tiny_plan)],
+                           capture_output=True, text=True, timeout=60)
+    assert plans.returncode == 0, plans.stderr
+    counts = f"{tiny_plan.name} {len(header['layers'])} / {len(timed)}"
+    assert f"with a builder time (the untimed run one tactic): {counts} {counts}" in plans.stdout

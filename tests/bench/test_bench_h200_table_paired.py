@@ -1,0 +1,34 @@
+"""bench/h200_table.py's paired timing: a row's engines timed again in turns after its builds."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from h200_table import paired_timings  # noqa: E402
+
+
+def test_engines_are_timed_in_turns_each_way_and_their_rounds_kept():
+    calls = []
+
+    def runner(key: str, way: str, seconds: float):
+        def run():
+            calls.append((key, way))
+            time.sleep(seconds)
+        return run
+
+    runners = {"sartor_fp16": {"copied": runner("fp16", "copied", 0.004), "bound": runner("fp16", "bound", 0.002)},
+               "sartor_int8": {"copied": runner("int8", "copied", 0.002), "bound": runner("int8", "bound", 0.001)}}
+    paired = paired_timings(runners, batch=4, iterations=6, rounds=3, device="cpu")
+    # Each round times every engine both ways (5 warm-up calls, then 6 timed), the first engine first.
+    per_round = [("fp16", "copied")] * 11 + [("fp16", "bound")] * 11 + [("int8", "copied")] * 11 \
+        + [("int8", "bound")] * 11
+    assert calls == per_round * 3
+    fp16, int8 = paired["sartor_fp16"], paired["sartor_int8"]
+    assert fp16["rounds"] == 3 and len(fp16["round_medians_ms"]) == 3 and len(int8["bound_input"]["round_medians_ms"]) == 3
+    assert fp16["median_ms"] > int8["median_ms"] > int8["bound_input"]["median_ms"]
+    assert fp16["median_ms"] > fp16["bound_input"]["median_ms"] >= 2.0
+    assert int8["img_s"] == round(4 / int8["median_ms"] * 1e3, 1)
