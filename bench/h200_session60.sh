@@ -35,7 +35,9 @@ case "$model:$pins" in
   yolo11n:box) pattern="/model.23/cv2.?/cv2.?.1/conv/Conv=int8" ;;
   yolo11n:classes) pattern="/model.23/cv3.*/conv/Conv=int8" ;;
   yolo11n:all) pattern="/model.23/*/conv/Conv=int8" ;;
-  detector:box) pattern="/head/*/*.?.1/conv/Conv=int8" ;;
+  detector:box) pattern="/head/box.?/box.?.1/conv/Conv=int8" ;;
+  detector:classes) pattern="/head/cls.?/cls.?.1/conv/Conv=int8" ;;
+  detector:all) pattern="/head/*/*.?.1/conv/Conv=int8" ;;
   *) echo "no pins $pins for $model" >&2; exit 2 ;;
 esac
 ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
