@@ -21,6 +21,8 @@ FLOAT_DTYPES = frozenset({"float32", "float16", "float64", "bfloat16"})
 
 # Layer precisions a build can ask for.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8")
+# The float dtype each float precision computes in (the quantized ones keep each constant's own).
+PRECISION_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Precisions whose layers are calibrated and quantized (sartor/quant): INT8 and FP8 E4M3.
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 # The op types of layers rewritten to run on quantized codes.

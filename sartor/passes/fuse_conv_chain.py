@@ -17,6 +17,7 @@ against its two layers' winners and fuses the chains that were faster.
 from __future__ import annotations
 
 from ..ir import Graph, Node
+from ..ir.dtypes import PRECISION_DTYPES, TORCH_TO_NUMPY
 from ..kernels.conv.chain import MAX_CHAIN_CHANNELS
 from ..ops.conv_chain import CHAIN, OWN_RUN_ATTRS
 from ..ops.fp8 import is_fp8
@@ -26,7 +27,7 @@ from .base import single_consumer
 
 CHAIN_LAYERS = ("QConv", "FusedConv")
 MIXED_CHAIN = ("QConv", "FusedConv")  # an INT8 layer writing float, then the float layer reading it
-FLOAT_CHAIN_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+FLOAT_CHAIN_PRECISIONS = ("fp16", "bf16")  # a float chain's, and a mixed chain's second layer
 RESIDUAL_INPUT = 3
 
 
@@ -65,14 +66,15 @@ def _same_numbers(first: Node, second: Node, layer_precision: dict) -> bool:
     """INT8 layers that hand on codes with one qmin; float layers of one precision; or an INT8 layer
     that writes float to an FP16/BF16 layer (mixed)."""
     if (first.op_type, second.op_type) == MIXED_CHAIN:
-        return first.attrs.get("output_inv_scale") is None and layer_precision.get(second.name) in FLOAT_CHAIN_DTYPES
+        return (first.attrs.get("output_inv_scale") is None
+                and layer_precision.get(second.name) in FLOAT_CHAIN_PRECISIONS)
     if first.op_type != second.op_type:
         return False
     if first.op_type == "QConv":
         return (first.attrs.get("output_inv_scale") is not None and second.attrs.get("output_inv_scale") is not None
                 and first.attrs.get("qmin", -127) == second.attrs.get("qmin", -127))
     return layer_precision.get(first.name, "fp32") == layer_precision.get(second.name, "fp32") \
-        and layer_precision.get(first.name) in ("fp16", "bf16")
+        and layer_precision.get(first.name) in FLOAT_CHAIN_PRECISIONS
 
 
 def chain_pairs(graph: Graph, layer_precision: dict) -> list[tuple[Node, Node]]:
@@ -109,9 +111,9 @@ def fuse_conv_chain(graph: Graph, first: Node, second: Node, layer_precision: di
              "second": _own_attrs(second)}
     if first.op_type != second.op_type:
         precision = (layer_precision or {}).get(second.name)
-        if precision not in FLOAT_CHAIN_DTYPES:
+        if precision not in FLOAT_CHAIN_PRECISIONS:
             raise ValueError(f"a mixed chain's float layer {second.name!r} runs FP16 or BF16, not {precision}")
-        attrs.update(second_layers=second.op_type, second_dtype=FLOAT_CHAIN_DTYPES[precision])
+        attrs.update(second_layers=second.op_type, second_dtype=TORCH_TO_NUMPY[PRECISION_DTYPES[precision]])
     chain = Node(CHAIN, chain_name(first, second), inputs=list(first.inputs) + list(second.inputs[1:]),
                  outputs=list(second.outputs), attrs=attrs, origin=first.origin + second.origin)
     graph.nodes[graph.nodes.index(first)] = chain

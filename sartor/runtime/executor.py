@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..ir import Graph, Node
-from ..ir.dtypes import NUMPY_TO_TORCH
+from ..ir.dtypes import NUMPY_TO_TORCH, PRECISION_DTYPES
 from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.common.arrival_counters import reset_launch_site, set_launch_site
@@ -35,7 +35,6 @@ CHANNELS_LAST_READS = {"FusedConv": (0, 3), "QConv": (0, 3, 5), "ConvChain": (0,
 # channel loads.
 STRIDE_FREE_READERS = frozenset({"QConv"})
 LAYOUT_FREE_MAX_CHANNELS = IM2COL_MAX_CHANNELS
-PRECISION_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
