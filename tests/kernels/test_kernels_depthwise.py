@@ -267,6 +267,25 @@ def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, r
         assert torch.equal(out.cpu(), expected), (kernel, strides, x.dtype)
 
 
+def test_int8_depthwise_sums_a_float_inputs_codes_in_int32_past_the_float32_bound(monkeypatch):
+    """Past FLOAT_SUM_TAPS taps a float input's codes are converted and summed in int32, as before float32
+    sums: the emulation's codes bit for bit too (the bound lowered here, so a 3×3 filter goes past it)."""
+    from sartor.kernels.conv import depthwise
+    generator = torch.Generator().manual_seed(24)
+    qconv, inputs, attrs = _int8_layer(80, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), generator)
+    layer = [(torch.randn(2, 80, 9, 8, generator=generator) * 4).contiguous(memory_format=torch.channels_last)]
+    expected = qconv(layer + inputs[1:], attrs)
+    on_device = [t.to(DEVICE) if t is not None else None for t in layer + inputs[1:]]
+    on_device[1] = pack_depthwise_weight(on_device[1])
+    launched = []
+    launch = depthwise._launch
+    monkeypatch.setattr(depthwise, "_launch", lambda *args, **kwargs: launched.append(args[9]["FLOAT_SUMS"])
+                        or launch(*args, **kwargs))
+    monkeypatch.setattr(depthwise, "FLOAT_SUM_TAPS", 8)
+    out = qconv(on_device, dict(attrs, tactic="triton_depthwise_int8"))
+    assert launched == [False] and torch.equal(out.cpu(), expected)
+
+
 def test_int8_depthwise_silu_is_within_one_code_of_the_emulation():
     """YOLO11's depthwise layers end in SiLU, whose exponential may differ from torch's in its last
     ulp and so move a value across a rounding boundary: held to one code step, as the implicit
