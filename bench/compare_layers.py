@@ -86,12 +86,12 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=1.5, help="the speed ratio aimed at (first ÷ second)")
     parser.add_argument("--rows", type=int, default=30)
     args = parser.parse_args()
-    result = compare(load_layers(args.first), load_layers(args.second), args.target)
+    first, second = load_layers(args.first), load_layers(args.second)
+    result = compare(first, second, args.target)
     print(f"shared layers: {len(result['rows'])}; {args.first.name} {result['first_ms']:.3f} ms, "
           f"{args.second.name} {result['second_ms']:.3f} ms, ratio {result['ratio']:.2f} "
           f"(target {args.target}: {result['first_ms'] / args.target:.3f} ms)")
-    engines = {"only_first": load_layers(args.first), "only_second": load_layers(args.second)}
-    for side, layers in engines.items():
+    for side, layers in (("only_first", first), ("only_second", second)):
         if result[side]:  # layers one engine runs that the other does not (a chain, or its two layers)
             print(f"{side}: " + ", ".join(f"{name} {layers[name]['ms']:.4f} ms" for name in result[side]))
     if args.first.suffix == ".plan" and args.second.suffix == ".plan":
