@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Session 60's device part, for the next session (issue 33; ask for the H200, say which card came).
+# Since session 61 the default plan runs the box branches INT8 (decision 0045); PINS old_rule pins them back
+# to FP16, as the rule before it kept them.
 #   a: the GPU tests of the mixed chain (an INT8 layer writing float16 for its 1×1 output head, one kernel):
 #      the kernel against the two layers in turn, the sm_90 compile, the CUDA build timing it; then the INT8
 #      depthwise tests (a float input's codes now summed in float32).
@@ -29,6 +31,9 @@ model=${2:?say the model}
 batch=${3:?say the batch}
 pins=${4:-box}
 case "$model:$pins" in
+  yolov8n:old_rule) pattern="/model.22/cv2.?/cv2.?.1/conv/Conv=fp16" ;;
+  yolo11n:old_rule) pattern="/model.23/cv2.?/cv2.?.1/conv/Conv=fp16" ;;
+  detector:old_rule) pattern="/head/box.?/box.?.1/conv/Conv=fp16" ;;
   yolov8n:box) pattern="/model.22/cv2.?/cv2.?.1/conv/Conv=int8" ;;
   yolov8n:classes) pattern="/model.22/cv3.?/cv3.?.1/conv/Conv=int8" ;;
   yolov8n:all) pattern="/model.22/cv?.?/cv?.?.1/conv/Conv=int8" ;;

@@ -97,9 +97,11 @@ INT8:
   FP16 on CUDA, FP32 on the CPU (--int8-fallback-precision fp32|fp16|bf16 sets it, e.g. to compare
   CPU and CUDA engines layer for layer). DATA is a .npy (one input: [N, ...] samples) or .npz (one array
   per input) of preprocessed samples, or an image dataset read with --preprocess. The final
-  conv/gemm of each output branch stays out of INT8 unless pinned with --layer-precision NODE=int8;
-  --layer-precision NODE=fp16 keeps any layer out. --calib-cache FILE is written after calibrating
-  and read (skipping calibration) when it exists; delete it to recalibrate.
+  conv/gemm of each output branch stays out of INT8, and so do the layers inside a branch that feeds
+  only one head, unless a decode averages that head (a YOLO box head; decision 0045); pin a layer
+  with --layer-precision NODE=int8; --layer-precision NODE=fp16 keeps any layer out. --calib-cache
+  FILE is written after calibrating and read (skipping calibration) when it exists; delete it to
+  recalibrate.
 
   --bias-correction (off by default): each INT8/FP8 layer's per-channel mean output error against
   FP32 (before its activation, on the --calib samples) is subtracted from its bias. The

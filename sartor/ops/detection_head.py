@@ -17,10 +17,16 @@ from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_supported
 from .registry import OpTable, stored_float_dtype
 
 OPS = OpTable("detection_head")
+YOLO_DECODE = "YoloDecode"
 
 REFERENCE = "torch"
 TRITON = "triton_yolo_decode"
 fixed_tactic(TRITON, "triton one-pass YOLO decode (DFL softmax, boxes, sigmoid)")
+
+
+def box_logit_inputs(node) -> list[str]:
+    """The names of a YoloDecode node's box-logit inputs (its first input per scale)."""
+    return list(node.inputs[:len(node.attrs["strides"])])
 
 
 def _split_inputs(inputs: list, attrs: dict) -> tuple[list, list]:
@@ -69,7 +75,7 @@ def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return [REFERENCE]
 
 
-@OPS.internal("YoloDecode", tactics=yolo_decode_tactics, stores_any_float=True)
+@OPS.internal(YOLO_DECODE, tactics=yolo_decode_tactics, stores_any_float=True)
 def yolo_decode_op(inputs, attrs):
     boxes, classes = _split_inputs(inputs, attrs)
     out_dtype = stored_float_dtype(attrs)

@@ -10,7 +10,8 @@ logits, box offsets and scores that decoding reads directly, where INT8's coarse
 most accuracy. So do the layers inside each head's *output branch*: the conv/gemm layers that
 feed only that head, directly or through one another, back to the last fork, except the branch's
 entry, which reads the shared features (in a YOLO head, the box and class convs after the first
-of each); a plain chain or a residual block before a head is no branch
+of each); a plain chain or a residual block before a head is no branch, and a head whose output a
+decode averages (a YOLO decode's box logits, through the DFL's expectation) has its branch INT8
 (docs/decisions/0045-int8-placement-rules.md). `--layer-precision NAME=int8` quantizes one
 anyway; `--layer-precision NAME=fp16` (or `--op-precision Conv=fp32`) keeps any layer out of INT8.
 Every other layer runs FP16 on CUDA and FP32 on the CPU.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
+from ..ops.detection_head import YOLO_DECODE, box_logit_inputs
 from ..ops.fp8 import FP8_EXACT_K
 from .qdq import explicit_int8_unsupported, is_qdq_model, refuse_asymmetric
 
@@ -203,6 +205,16 @@ def output_branches(graph: Graph, candidates: list[Node], heads: dict[str, str])
     return inside
 
 
+def averaged_heads(graph: Graph, heads: dict[str, str]) -> set[str]:
+    """The output heads whose output a decode averages before anything is ranked: those writing a
+    YoloDecode's box logits, which the DFL turns into an expectation over its bins. Their branch
+    layers run INT8 (decision 0045: measured no less accurate); a head feeding the class logits,
+    which the scores take with nothing after them, keeps its branch float."""
+    producers = graph.producers()
+    box_logits = [name for node in graph.nodes if node.op_type == YOLO_DECODE for name in box_logit_inputs(node)]
+    return {producers[name].name for name in box_logits if name in producers and producers[name].name in heads}
+
+
 def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str, tuple[str, str]]:
     """For an INT8 (FP8) build: layer name → (precision, reason) for every conv/gemm layer.
     Candidates run `precision` (reason ""); output heads, the layers inside their output branches
@@ -213,7 +225,8 @@ def int8_decisions(graph: Graph, base: str, precision: str = "int8") -> dict[str
     word = precision.upper()
     candidates = [node for node in graph.nodes if quantized_unsupported(graph, node, precision) is None]
     heads = output_heads(graph, candidates)
-    branches = output_branches(graph, candidates, heads)
+    averaged = averaged_heads(graph, heads)
+    branches = output_branches(graph, candidates, {h: out for h, out in heads.items() if h not in averaged})
     decisions = {}
     for node in graph.nodes:
         if node.op_type not in INT8_OPS:

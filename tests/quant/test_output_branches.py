@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 import sartor
 from sartor.frontend import import_onnx
+from sartor.ir import Node, ValueInfo
 from sartor.passes import optimize
 from sartor.quant.plan import int8_decisions
 
@@ -76,6 +77,33 @@ def test_inside_a_private_branch_stays_float_with_its_head(tmp_path):
     assert decisions["a2"][1].startswith("output branch") and "'a_out'" in decisions["a2"][1]
     assert "--layer-precision a2=int8" in decisions["a2"][1]
     assert decisions["a_out"][1].startswith("output head") and decisions["a1"][1] == ""
+
+
+def _decoded(model: onnx.ModelProto, tmp_path: Path, box: str) -> dict:
+    """The decisions with outputs "a" and "b" read by a YoloDecode as one scale's box logits (`box`)
+    and class logits (the other): the graph a YOLO head's fused decode leaves."""
+    graph = import_onnx(save(model, tmp_path / "m.onnx")).graph
+    optimize(graph)
+    logits = [box, "b" if box == "a" else "a"]
+    graph.nodes.append(Node("YoloDecode", "decode", logits, ["detections"], {"reg_max": 1, "strides": [8]}))
+    graph.outputs = [ValueInfo("detections", "float32", None)]
+    return int8_decisions(graph, "fp32")
+
+
+def test_a_box_head_s_branch_runs_int8(tmp_path):
+    """a_out writes the decode's box logits, which the DFL averages over its bins: its branch (a2)
+    runs INT8, the head itself stays float."""
+    decisions = _decoded(two_branch_detector(), tmp_path, box="a")
+    assert {name: precision for name, (precision, _) in decisions.items()} == {
+        "trunk": "int8", "neck": "int8", "a1": "int8", "a2": "int8", "a_out": "fp32", "b_out": "fp32"}
+    assert decisions["a_out"][1].startswith("output head")
+
+
+def test_a_class_head_s_branch_stays_float(tmp_path):
+    """a_out writes the class logits, ranked as they are: its branch's inner layer stays float."""
+    decisions = _decoded(two_branch_detector(), tmp_path, box="b")
+    assert decisions["a2"][0] == "fp32" and decisions["a2"][1].startswith("output branch")
+    assert decisions["a1"] == ("int8", "")
 
 
 def test_a_layer_on_the_way_ends_the_branch(tmp_path):
