@@ -11,6 +11,7 @@ import torch.nn.functional as F
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, pack_depthwise_weight  # noqa: E402
+from sartor.kernels.pointwise.epilogue import code_words  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import (  # noqa: E402
     _conv_depthwise, applicable_conv_tactics, conv_weight_for_tactic, depthwise_geometry, fused_conv,
@@ -322,9 +323,10 @@ def test_int8_depthwise_reads_and_writes_channel_slices(tactic):
 
 
 def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
-    """Offered (alone beside the emulation: the implicit GEMM runs no grouped layer) for a depthwise
-    QConv on CUDA; never on the CPU, for a dense or a grouped-but-not-depthwise layer, or FP8."""
-    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8
+    """Offered (beside the emulation, with its word variant where the codes are whole words of four
+    channels: the implicit GEMM runs no grouped layer) for a depthwise QConv on CUDA; never on the
+    CPU, for a dense or a grouped-but-not-depthwise layer, or FP8."""
+    from sartor.kernels.conv.depthwise import TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS
     from sartor.ops.quantized import depthwise_int8_geometry
     qconv_tactics = default_registry()["QConv"].tactics
     x = torch.zeros(1, 16, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
@@ -338,14 +340,22 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
                                    require_cuda=False) is None
     assert depthwise_int8_geometry(x, torch.zeros(16, 2, 3, 3, dtype=torch.int8), dict(attrs, group=8),
                                    require_cuda=False) is None
+    # 15 channels: a depthwise layer whose codes are not whole words of four
+    odd_layer = [torch.zeros(1, 15, 8, 8, dtype=torch.int8).contiguous(memory_format=torch.channels_last),
+                 wq[:15], bias[:15], None, scale[:15]]
+    assert depthwise_int8_geometry(odd_layer[0], odd_layer[1], dict(attrs, group=15), require_cuda=False) is not None
+    assert code_words(odd_layer[0]) is None and code_words(x) is not None
     # The executor stores the weight in the tactic's layout once, at load: [KH, KW, C] in memory.
     from sartor.ops.quantized import qlayer_weight_for_tactic
     codes = torch.randint(-127, 128, (16, 1, 3, 3), dtype=torch.int8)
     stored = qlayer_weight_for_tactic(codes, TRITON_DEPTHWISE_INT8)
     assert torch.equal(stored, codes) and stored.stride() == pack_depthwise_weight(codes).stride() != codes.stride()
     if DEVICE == "cuda":
+        # 16 channels: one block, so no line tactic; INT8 codes in whole words, so the word tactic too
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
-        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8]
+        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS]
+        odd = [t.cuda() if t is not None else None for t in odd_layer]
+        assert qconv_tactics(odd, dict(attrs, group=15), 2) == ["torch", TRITON_DEPTHWISE_INT8]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the depthwise tactics are listed for CUDA tensors")
