@@ -112,7 +112,7 @@ def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     if second_op == "FusedConv" and w2.dtype not in (torch.float16, torch.bfloat16):
         return names
     if chain_applies(x, w1, w2, igemm_geometry(x, w1, first)):
-        names += [tile.name for tile in chain_tiles(effort)]
+        names += [tile.name for tile in chain_tiles(effort, w2.shape[0])]
     return names
 
 

@@ -21,7 +21,8 @@ from sartor.ops.conv_chain import (  # noqa: E402
 from sartor.ops.quantized import qconv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name]  # a 64-channel and a 32-channel K block
+# a 64-channel and a 32-channel K block, and a 16-column N block as narrowed for 16 outputs (chain_tiles)
+TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name, "chain.64x64x16.w4.s3"]
 
 # (input channels, middle channels, output channels, kernel, stride, pads, dilation):
 # YOLOv8n's 3×3 stride 2 into its C2f's 1×1 (16 channels: a filter row a K step), a blocked K walk, a 1×1
@@ -189,6 +190,19 @@ def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():
     with pytest.raises(TacticNameError):
         ChainTile.parse("chain.64x24x64.w4.s3")
     assert len(chain_tiles(1)) < len(chain_tiles(3)) == len(CHAIN_TILES)
+
+
+def test_tiles_narrow_their_n_block_to_the_second_layer_s_outputs():
+    """32 outputs: no tile spends columns past 32 (the 64- and 128-column ones narrowed, their other
+    blocks kept); 5 outputs: 16 columns, the narrowest; 128 or more: the tiles as listed."""
+    narrowed = chain_tiles(3, 32)
+    assert [tile.block_n for tile in narrowed] == [32] * len(narrowed)
+    assert [(tile.block_m, tile.block_k) for tile in narrowed] == [(t.block_m, t.block_k) for t in CHAIN_TILES]
+    assert [tile.block_n for tile in chain_tiles(3, 64)] == [64, 64, 64, 64, 64, 64]
+    assert len(chain_tiles(3, 16)) == len(CHAIN_TILES)
+    assert {tile.block_n for tile in chain_tiles(3, 5)} == {16}
+    assert chain_tiles(3, 128) == chain_tiles(3, 200) == chain_tiles(3)
+    assert all(parse_tactic(tile.name) == tile for tile in narrowed)
     assert middle_width(80, int8=True) == 128 and middle_width(8, int8=True) == 32 and middle_width(8, int8=False) == 16
 
 
@@ -225,7 +239,7 @@ def test_tactics_offered_on_cuda_only_and_the_op_registered_once():
     assert default_registry()[CHAIN].impl is conv_chain_layer
     if DEVICE == "cuda":
         moved = _on_device(inputs, REFERENCE)
-        assert chain_tactics(moved, attrs, effort=2) == [REFERENCE] + [t.name for t in chain_tiles(2)]
+        assert chain_tactics(moved, attrs, effort=2) == [REFERENCE] + [t.name for t in chain_tiles(2, 32)]
 
 
 def _concat_buffer(like: torch.Tensor, channels_before: int, channels_after: int) -> torch.Tensor:

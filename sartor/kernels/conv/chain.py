@@ -26,7 +26,7 @@ over (kh, kw, c).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -36,8 +36,8 @@ from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
 from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
-from .igemm import (ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed, row_alignment,
-                    row_block)
+from .igemm import (ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed, narrow_block_n,
+                    row_alignment, row_block)
 
 # The first layer's output channels a program holds at once, as one tile (padded to a power of two):
 # its accumulators and then its codes stay in registers for the second product.
@@ -206,8 +206,16 @@ CHAIN_TILES = (ChainTile(64, 64, 64, 4, 3), ChainTile(128, 64, 64, 8, 3), ChainT
 CHAIN_TILES_PER_EFFORT = {1: 3, 2: 4, 3: 6}
 
 
-def chain_tiles(effort: int) -> list[ChainTile]:
-    return list(CHAIN_TILES[:CHAIN_TILES_PER_EFFORT.get(effort, len(CHAIN_TILES))])
+def chain_tiles(effort: int, out_channels: int | None = None) -> list[ChainTile]:
+    """The tiles timed at `effort`; with `out_channels` (the second layer's), each one's N block
+    narrowed to hold them as igemm's narrowed tiles are (`igemm.narrow_block_n`): a 32-channel cv1
+    after YOLO's stride-2 3×3, or a class head of a few outputs, spent half or more of the second
+    product and of its epilogue (the SiLU's two special-function operations an element) on columns
+    it masks off."""
+    tiles = list(CHAIN_TILES[:CHAIN_TILES_PER_EFFORT.get(effort, len(CHAIN_TILES))])
+    if out_channels is None:
+        return tiles
+    return [replace(tile, block_n=min(tile.block_n, narrow_block_n(out_channels))) for tile in tiles]
 
 
 def middle_width(channels: int, int8: bool) -> int:
