@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Session 61's device part, for the next session (issue 33; ask for the H200, say which card came).
+#   a: the GPU tests of session 61 (the chain kernel with its N block narrowed to the second layer's outputs,
+#      bit for bit on every chain case; the INT8 depthwise tactics offered), then YOLO11n at batch 32.
+#   m MODELS BATCHES: the FP16 / INT8 table of MODELS (comma-separated: yolov8n, yolo11n, detector) at BATCHES
+#      (comma-separated), the engines timed again in turns (h200_table's paired figures), each plan's chains
+#      line (do the INT8 backbone chains, narrowed, now beat their two layers?), then FP16 against INT8 layer
+#      by layer. YOLO11n at batch 32 is part a's table.
+#   OUT=$OUT bash bench/h200_session61.sh a | m MODELS BATCHES
+set -uo pipefail
+: "${OUT:?set OUT}"
+part=${1:?say a or m}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+models=yolo11n
+batches=32
+if [ "$part" = a ]; then
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
+    tests/kernels/test_kernels_depthwise.py -k "chain or offered" -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" \
+    | cut -c1-220
+  echo "tests at ${SECONDS}s"
+elif [ "$part" = m ]; then
+  models=${2:?say the models}
+  batches=${3:?say the batches}
+else
+  echo "unknown part $part" >&2
+  exit 2
+fi
+ONNX_DIR=$(mktemp -d)  # the names bench/h200_table.py looks for
+ln -s "$PWD/samples/yolo/yolov8n_scenes.onnx" "$ONNX_DIR/yolov8n.onnx"
+ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
+rm -f /tmp/sartor_table/*.plan
+timeout $(( ${TABLE_END_S:-540} - SECONDS )) python bench/h200_table.py --int8 --no-warm-build --no-compile \
+  --onnx-dir "$ONNX_DIR" --models "$models" --detector-batches "$batches" --out /tmp/t_m 2>&1 | python bench/table_cells.py
+cp /tmp/t_m/table.md "$OUT/table_${models//,/_}_b${batches//,/_}.md" 2>/dev/null
+for plan in /tmp/sartor_table/*_fp16_b*.plan; do
+  int8=${plan/_fp16_/_int8_}
+  [ -f "$int8" ] || continue
+  name=$(basename "${plan/_fp16_/_}" .plan)
+  case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
+  python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
+  echo "== $name"; head -1 "$OUT/layers_$name.txt"
+done
+python - /tmp/sartor_table/*.plan <<'PY'
+import sys
+from sartor.runtime.engine_file import read_engine_file
+for path in sys.argv[1:]:
+    header = read_engine_file(path)[0]
+    chains = header.get("chains_check") or {}
+    line = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
+    print(path.rsplit("/", 1)[-1], "| chains kept", chains.get("kept"), chains.get("profiles"), "|", line[:700])
+PY
+echo "done at ${SECONDS}s"
