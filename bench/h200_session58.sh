@@ -16,14 +16,7 @@ set -uo pipefail
 part=${1:?say v, k, t or u}
 if [ "$part" = t ] || [ "$part" = u ]; then
   bash bench/h200_session57.sh "$part"
-  for plan in /tmp/sartor_table/*_fp16_b*.plan; do
-    int8=${plan/_fp16_/_int8_}
-    [ -f "$int8" ] || continue
-    name=$(basename "${plan/_fp16_/_}" .plan)
-    case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
-    PYTHONPATH=. python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
-    echo "== $name"; head -1 "$OUT/layers_$name.txt"; grep -A 6 "^== layers" "$OUT/layers_$name.txt" | cut -c1-170
-  done
+  bash bench/compare_table_plans.sh
   exit 0
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.

@@ -31,14 +31,7 @@ if [ "$part" = y ]; then  # y: the chain test after a CUDA build in one process 
   ln -s "$PWD/samples/yolo/yolo11n_scenes.onnx" "$ONNX_DIR/yolo11n.onnx"
   timeout "${TABLE_S:-330}" python bench/h200_table.py --int8 --no-warm-build --no-compile --onnx-dir "$ONNX_DIR" \
     --models yolo11n --detector-batches "${BATCHES:-32,1}" --out /tmp/t_yolo11n 2>&1 | python bench/table_cells.py
-  for plan in /tmp/sartor_table/*_fp16_b*.plan; do
-    int8=${plan/_fp16_/_int8_}
-    [ -f "$int8" ] || continue
-    name=$(basename "${plan/_fp16_/_}" .plan)
-    case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
-    python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
-    echo "== $name"; head -1 "$OUT/layers_$name.txt"
-  done
+  bash bench/compare_table_plans.sh
   python - /tmp/sartor_table/*.plan <<'PY'
 import sys
 from sartor.runtime.engine_file import read_engine_file

@@ -34,14 +34,7 @@ rm -f /tmp/sartor_table/*.plan
 timeout $(( ${TABLE_END_S:-540} - SECONDS )) python bench/h200_table.py --int8 --no-warm-build --no-compile \
   --onnx-dir "$ONNX_DIR" --models "$models" --detector-batches "$batches" --out /tmp/t_m 2>&1 | python bench/table_cells.py
 cp /tmp/t_m/table.md "$OUT/table_${models//,/_}_b${batches//,/_}.md" 2>/dev/null
-for plan in /tmp/sartor_table/*_fp16_b*.plan; do
-  int8=${plan/_fp16_/_int8_}
-  [ -f "$int8" ] || continue
-  name=$(basename "${plan/_fp16_/_}" .plan)
-  case $name in *_b1) target=1.3 ;; *) target=1.5 ;; esac
-  python bench/compare_layers.py "$plan" "$int8" --target $target --rows 25 > "$OUT/layers_$name.txt" 2>&1
-  echo "== $name"; head -1 "$OUT/layers_$name.txt"
-done
+bash bench/compare_table_plans.sh
 python - /tmp/sartor_table/*.plan <<'PY'
 import sys
 from sartor.runtime.engine_file import read_engine_file
