@@ -6,6 +6,8 @@
 #      (comma-separated), the engines timed again in turns (h200_table's paired figures), each plan's chains
 #      line (do the INT8 backbone chains, narrowed, now beat their two layers?), then FP16 against INT8 layer
 #      by layer. YOLO11n at batch 32 is part a's table.
+#   Then every GPU kernel test: `BUDGET_S=560 bash bench/h200_session58.sh k`, carrying [".whl/xdist"]
+#   (scripts/device_carry.sh xdist): twelve processes compile side by side (one core covered 4% in 420 s).
 #   OUT=$OUT bash bench/h200_session61.sh a | m MODELS BATCHES
 set -uo pipefail
 : "${OUT:?set OUT}"

@@ -17,6 +17,8 @@
 #               simplejpeg's wheel (unzipped on the device, which lacks this dependency): NVDEC
 #               video for bench/video_h200.sh, where PyAV's 35 MB wheel and the tracked tree do not fit
 #               one call
+#   .whl/xdist  pytest-xdist and execnet (pure Python wheels, lock file versions): the GPU test runs
+#               (bench/h200_session58.sh k) compile their kernels in parallel on the machine's cores
 #   .carry      yolov8n.onnx and yolo11n.onnx: Ultralytics' yaml models with random weights, exported
 #               by tests/model_zoo.py (dynamic batch and size; BatchNorm statistics randomised so that
 #               activations do not fade into float16 subnormals)
@@ -129,6 +131,10 @@ for part in "${@:-serve base carry}"; do
         # simplejpeg, a sartor dependency the device lacks: the pool's host JPEG decode (decision 0059)
         ls .whl/nvdec/simplejpeg-*.whl >/dev/null 2>&1 \
           || download .whl/nvdec --no-deps "simplejpeg==$(sed -n 's/^simplejpeg==//p' requirements.lock)" ;;
+      xdist)
+        ls .whl/xdist/pytest_xdist-*.whl >/dev/null 2>&1 || download .whl/xdist --no-deps \
+          "pytest-xdist==$(sed -n 's/^pytest-xdist==//p' requirements.lock)" \
+          "execnet==$(sed -n 's/^execnet==//p' requirements.lock)" ;;
       carry)
         mkdir -p .carry
         for model in yolov8n yolo11n; do
