@@ -666,6 +666,34 @@ def test_chain_rows_of_24_channels_load_8_byte_runs():
     print(ld_scalar, copies_4, copies_8, copies_16)
 
 
+# YOLO's first INT8 chain (16 → 32 channels 3×3 at stride 2, then a 1×1 32 → 32, batch 32 at 160 × 160) on the
+# first tile as listed and as chain_tiles narrows it to the second layer's 32 outputs
+def first_chain_child(tile: str) -> str:
+    return recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", f"""
+from sartor.kernels.conv.igemm import pack_weight
+x = torch.zeros(32, 16, 320, 320, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+w1 = pack_weight(torch.zeros(32, 16, 3, 3, dtype=torch.int8))
+first = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", input_inv_scale=1.0,
+                   output_inv_scale=20.0)
+second = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", output_inv_scale=20.0)
+conv_chain(x, w1, torch.zeros(32, 32, 1, 1, dtype=torch.int8), ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (160, 160)),
+           first, second, {tile})
+""") + """
+report = kernel_asm.ptxas_report(ptx, 90)
+print(launched["kwargs"]["BLOCK_N"], report["registers"], report["spill_bytes"], report["instructions"])
+"""
+
+
+def test_a_chain_tile_narrowed_to_32_outputs_spends_fewer_registers_and_instructions():
+    """The second product and its SiLU epilogue over the 32 outputs alone (chain_tiles' narrowing):
+    fewer registers and instructions than the listed 64-column tile, which masks off half of them."""
+    wide = _compile_in_child(first_chain_child("CHAIN_TILES[0]")).split()[-4:]
+    narrow = _compile_in_child(first_chain_child("chain_tiles(2, 32)[0]")).split()[-4:]
+    assert wide[0] == "64" and narrow[0] == "32" and wide[2] == narrow[2] == "0"
+    assert int(narrow[1]) < int(wide[1]) and int(narrow[3]) < int(wide[3])
+    print(wide, narrow)
+
+
 # A mixed chain: a YOLO box branch's INT8 3×3 (64 → 64 channels, batch 32 at 80 × 80) writing float16 for its
 # output head's 1×1 (64 → 64), which stays float
 MIXED_CHAIN_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """
