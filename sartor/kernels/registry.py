@@ -54,6 +54,7 @@ DEPTHWISE_TAPS = "depthwise-taps"  # depthwise.pack_depthwise_weight: taps outer
 PIXEL_WINDOWS = "pixel-windows"  # quantized_window.window_weight
 IM2COL_ROWS = "im2col-rows"  # [Cout, kh·kw·C] rows, K zero-padded for the GEMM tile
 TAP_WORDS = "tap-words"  # direct_stem.tap_words: int32 words of four taps' codes, [words, Cout]
+ROW_WORDS = "row-words"  # direct_stem.row_words: int32 words of a filter row's codes, [C·KH, Cout]
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ import torch
 from ..ir.dtypes import INT8_QMAX as QMAX
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, halved_epilogue_tiles,
                                   pack_weight, weight_tma_tiles)
-from ..kernels.conv.direct_stem import DIRECT_STEM_FORMS, direct_stem_applies, direct_stem_conv, tap_words
+from ..kernels.conv.direct_stem import (DIRECT_STEM_FORMS, direct_stem_applies, direct_stem_conv, row_words,
+                                        stem_forms, tap_words)
 from ..kernels.conv.direct_words import DIRECT_WORDS_FORMS, direct_int8_words_conv, direct_words_applies
 from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                       TRITON_DEPTHWISE_INT8_WORDS,
@@ -83,7 +84,7 @@ from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TI
                                      resident_applies, resident_gemm, resident_tactics)
 from ..kernels.window.resident import WindowResidentTile
 from ..kernels.registry import (AS_GIVEN, CHANNELS_LAST, DEPTHWISE_TAPS, IM2COL_ROWS, PACKED_K_MAJOR, PIXEL_WINDOWS,
-                                REFERENCE, TAP_WORDS, Inline, LayerFacts, Tactic, register, tactic_for)
+                                REFERENCE, ROW_WORDS, TAP_WORDS, Inline, LayerFacts, Tactic, register, tactic_for)
 from .conv import conv_nd, depthwise_geometry, igemm_epilogue, igemm_geometry, igemm_variant_tiles
 from .elementwise import apply_activation
 from .fp8 import DTYPE as FP8_DTYPE
@@ -271,7 +272,7 @@ def _qlayer_tactics(gemm: bool):
             if not gemm and direct_words_int8(inputs[0], inputs[1], attrs):
                 names.extend(DIRECT_WORDS_FORMS)
             if not gemm and direct_stem_int8(inputs, attrs):
-                names.extend(DIRECT_STEM_FORMS)
+                names.extend(stem_forms(tuple(inputs[1].shape[2:]), attrs.get("dilations", (1, 1))))
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)
@@ -286,7 +287,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
     (`quantized_window.window_weight`); packed K-major for the implicit-GEMM tiles, the resident
     kernel and the library GEMMs; flat rows for im2col (`quantized_im2col.im2col_weight`); taps
     outermost for the depthwise kernel; channels-last for the dp4a kernel; words of four taps for the
-    stem kernel (`direct_stem.tap_words`); as built for the emulation."""
+    stem kernel (`direct_stem.tap_words`), of a filter row for its quads form (`direct_stem.row_words`);
+    as built for the emulation."""
     chosen = tactic_for(tactic)
     layout = chosen.weight_layout if wq.dim() == 4 else AS_GIVEN
     if layout == PIXEL_WINDOWS:
@@ -299,6 +301,8 @@ def qlayer_weight_for_tactic(wq: torch.Tensor, tactic: str | None) -> torch.Tens
         return wq.contiguous(memory_format=torch.channels_last)
     if layout == TAP_WORDS:
         return tap_words(wq)
+    if layout == ROW_WORDS:
+        return row_words(wq)
     return pack_weight(wq) if chosen.weight_layout == PACKED_K_MAJOR else wq
 
 

@@ -637,6 +637,36 @@ def test_int8_stem_compiles_to_one_dp4a_a_word_of_taps_and_output(tactic):
     print(tactic, ld_scalar, ld_v4, dp4a)
 
 
+# YOLO's stem at batch 32 again, by the quads form (2 × 2 output pixels a thread, the weight a word a filter row)
+STEM_QUADS_CHILD = recorded_launch_child("sartor.kernels.conv.direct_stem", "_direct_stem_quads_kernel", """
+x = torch.zeros(32, 3, 640, 640)
+rows = row_words(torch.zeros(16, 3, 3, 3, dtype=torch.int8))
+geometry = ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (320, 320))
+direct_stem_conv(x, rows, torch.zeros(16, dtype=torch.int32), geometry, dequant_scale=torch.ones(16),
+                 input_inv_scale=50.0, output_inv_scale=20.0, activation="SiLU", tactic=TRITON_DIRECT_STEM_INT8_QUADS)
+""", sm90={"DP4A": True}) + """
+report = kernel_asm.ptxas_report(ptx, 90)
+print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), report["spill_bytes"], report["instructions"],
+      launched["kwargs"]["BLOCK_Q"], launched["kwargs"]["BLOCK_CO"])
+"""
+
+
+def test_int8_stem_quads_quantize_each_input_value_of_a_quad_once():
+    """The quads form for sm_90: a thread's quad reads 3 channels × 5 × 5 inputs (each one load and one
+    quantization, against 4 × 27 for its four pixels one by one), a dp4a a filter row, pixel and
+    output channel (4 × 9 × 16), no spills; fewer instructions a pixel than the wide form's."""
+    *_, ld_scalar, _, _, _, _, _, dp4a, spills, instructions, block_q, block_co = _compile_in_child(
+        STEM_QUADS_CHILD).split()
+    assert spills == "0" and block_co == "16" and int(block_q) * 4 * 16 // 128 == 64  # a quad a thread
+    assert int(ld_scalar) == 3 * 5 * 5 and int(dp4a) == 4 * 9 * 16
+    wide = _compile_in_child(direct_stem_child("triton_direct_stem_int8_wide") + """
+print(kernel_asm.ptxas_report(ptx, 90)["instructions"])
+""").split()
+    pixels_a_thread = int(wide[-3]) * int(wide[-2]) // 128 // 16
+    assert int(instructions) / 4 < int(wide[-1]) / pixels_a_thread
+    print(ld_scalar, dp4a, instructions, wide[-1])
+
+
 # A chain's first layer over 24 INT8 channels (3×3, 24 → 32 → 32, batch 32 at 80 × 80) on a tile whose 64-column K
 # block does not divide them: the K walk a filter row a step (row_block)
 CHAIN_ROWS_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """
@@ -843,7 +873,8 @@ def record(module, name):
             return lambda *args, **kwargs: launches.append((name, kernel, args, kwargs))
     setattr(module, name, Recorder())
 for module, name in ((pool, "_max_pool_nhwc_kernel"), (resize, "_upsample_nearest_nhwc_kernel"),
-                     (stem, "_direct_stem_kernel"), (words, "_direct_int8_words_kernel"),
+                     (stem, "_direct_stem_kernel"), (stem, "_direct_stem_quads_kernel"),
+                     (words, "_direct_int8_words_kernel"),
                      (depthwise, "_depthwise_nhwc_kernel"), (depthwise, "_depthwise_int8_words_kernel")):
     record(module, name)
 def nhwc(*shape, dtype=torch.int8):
@@ -857,6 +888,9 @@ epilogue = dict(dequant_scale=torch.ones(16), output_inv_scale=20.0, activation=
 stem.direct_stem_conv(torch.zeros(1, 3, 40, 40), stem.tap_words(torch.zeros(16, 3, 3, 3, dtype=torch.int8)),
                       torch.zeros(16, dtype=torch.int32), ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (20, 20)),
                       input_inv_scale=50.0, **epilogue)
+stem.direct_stem_conv(torch.zeros(1, 3, 40, 40), stem.row_words(torch.zeros(16, 3, 3, 3, dtype=torch.int8)),
+                      torch.zeros(16, dtype=torch.int32), ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (20, 20)),
+                      input_inv_scale=50.0, tactic=stem.TRITON_DIRECT_STEM_INT8_QUADS, **epilogue)
 words.direct_int8_words_conv(nhwc(1, 16, 20, 20), nhwc(16, 16, 3, 3), torch.zeros(16, dtype=torch.int32), same,
                              tactic="triton_direct_int8_word_tiles", **epilogue)
 wq = depthwise.pack_depthwise_weight(torch.zeros(16, 1, 3, 3, dtype=torch.int8))
@@ -886,7 +920,7 @@ def test_pool_upsample_stem_dp4a_and_depthwise_kernels_wait_before_touching_memo
     lines = [line.split() for line in _compile_in_child(PDL_SMALL_KERNELS_CHILD).splitlines()]
     assert [name for name, *_ in lines] == [
         "_max_pool_nhwc_kernel", "_max_pool_nhwc_kernel", "_upsample_nearest_nhwc_kernel", "_direct_stem_kernel",
-        "_direct_int8_words_kernel", "_depthwise_nhwc_kernel", "_depthwise_int8_words_kernel",
+        "_direct_stem_quads_kernel", "_direct_int8_words_kernel", "_depthwise_nhwc_kernel", "_depthwise_int8_words_kernel",
         "_depthwise_nhwc_kernel"]
     assert all(rest == ["True", "1", "1", "0"] for _, *rest in lines), lines
 

@@ -1,5 +1,5 @@
-"""The INT8 stem on the CUDA cores (`kernels/conv/direct_stem.py`, tactics `triton_direct_stem_int8`
-and its wide form): a float image quantized as loaded, four taps' codes a word, equal to the emulation
+"""The INT8 stem on the CUDA cores (`kernels/conv/direct_stem.py`, tactics `triton_direct_stem_int8`,
+its wide form and its quads form): a float image quantized as loaded, four taps' codes a word, equal to the emulation
 through Triton's interpreter on CPU (and natively on a GPU); where the tactics are offered, and
 what they refuse."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 triton = pytest.importorskip("triton")
 
 from sartor.kernels.conv.direct_stem import (  # noqa: E402
-    DIRECT_STEM_FORMS, MAX_IN_CHANNELS, MAX_OUT_CHANNELS, MAX_TAPS, TRITON_DIRECT_STEM_INT8, direct_stem_conv,
-    tap_words)
+    DIRECT_STEM_FORMS, MAX_IN_CHANNELS, MAX_OUT_CHANNELS, MAX_TAPS, TRITON_DIRECT_STEM_INT8,
+    TRITON_DIRECT_STEM_INT8_QUADS, direct_stem_conv, row_words, stem_forms, tap_words)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
 from sartor.ops.quantized import direct_stem_int8, qconv, qlayer_weight_for_tactic  # noqa: E402
@@ -59,15 +59,19 @@ def _on_device(layer: list, tactic: str = TRITON_DIRECT_STEM_INT8) -> list:
 @pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
 @pytest.mark.parametrize("cin,cout", CHANNELS)
 @pytest.mark.parametrize("int8_output", [True, False])
-def test_it_equals_the_emulation(kernel, strides, pads, dilations, cin, cout, int8_output):
+@pytest.mark.parametrize("tactic", [TRITON_DIRECT_STEM_INT8, TRITON_DIRECT_STEM_INT8_QUADS])
+def test_it_equals_the_emulation(kernel, strides, pads, dilations, cin, cout, int8_output, tactic):
     """Quantized as the emulation quantizes, exact int32 sums of four products a word (the last word
-    of 27, 9 or 15 taps padded), then the INT8 epilogue: bit for bit the emulation's output, INT8
-    codes or float32."""
+    of 27, 9 or 15 taps padded; in the quads form a filter row's 3 taps a word, each of a quad's input
+    values quantized once), then the INT8 epilogue: bit for bit the emulation's output, INT8 codes or
+    float32. The outputs' 6 × 5 and 11 × 5 leave quads cut by the edges."""
+    if tactic not in stem_forms(kernel, dilations):
+        pytest.skip("the quads form runs no dilated filter (test_it_refuses_what_it_cannot_run)")
     generator = torch.Generator().manual_seed(41)
     layer, attrs = _layer(cin, cout, kernel, strides, pads, dilations, generator, int8_output=int8_output)
     expected = qconv(layer, attrs)
     assert expected.unique().numel() > 20  # the output tells the arithmetic apart
-    out = qconv(_on_device(layer), dict(attrs, tactic=TRITON_DIRECT_STEM_INT8))
+    out = qconv(_on_device(layer, tactic), dict(attrs, tactic=tactic))
     assert out.dtype == (torch.int8 if int8_output else torch.float32)
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out.cpu(), expected), (kernel, strides, cin, cout)
@@ -124,8 +128,9 @@ def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch, tactic):
     generator = torch.Generator().manual_seed(44)
     layer, attrs = _layer(3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), generator)
     launched = []
-    kernel = direct_stem._direct_stem_kernel
-    monkeypatch.setattr(direct_stem, "_direct_stem_kernel",
+    name = "_direct_stem_quads_kernel" if DIRECT_STEM_FORMS[tactic].quads else "_direct_stem_kernel"
+    kernel = getattr(direct_stem, name)
+    monkeypatch.setattr(direct_stem, name,
                         type("Spy", (), {"__getitem__": lambda self, grid: (launched.append(grid), kernel[grid])[1]})())
     out = qconv(_on_device(layer, tactic), dict(attrs, tactic=tactic))
     assert launched and torch.equal(out.cpu(), qconv(layer, attrs))
@@ -163,6 +168,27 @@ def test_the_weight_is_stored_as_words_of_four_taps_once_at_load():
     assert torch.equal(as_bytes[:, :27], codes.reshape(16, 27)) and not as_bytes[:, 27].any()
 
 
+def test_the_quads_form_stores_a_word_a_filter_row():
+    """[C·KH, Cout] int32: row c·KH + kh holds output channel o's taps (c, kh, 0..KW-1) in bytes 0..KW-1,
+    the bytes past them 0; filters of more than four columns do not fit."""
+    codes = torch.randint(-127, 128, (16, 3, 3, 3), dtype=torch.int8)
+    stored = qlayer_weight_for_tactic(codes, TRITON_DIRECT_STEM_INT8_QUADS)
+    assert stored.dtype == torch.int32 and tuple(stored.shape) == (9, 16) and stored.is_contiguous()
+    assert torch.equal(stored, row_words(codes))
+    as_bytes = stored.t().contiguous().view(torch.int8).reshape(16, 3, 3, 4)
+    assert torch.equal(as_bytes[..., :3], codes) and not as_bytes[..., 3].any()
+    with pytest.raises(ValueError, match="do not fit a word"):
+        row_words(torch.zeros(16, 3, 5, 5, dtype=torch.int8))
+
+
+def test_the_quads_form_is_listed_for_rows_of_at_most_four_taps_without_dilation():
+    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((3, 3), (1, 1))
+    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((7, 4), [1, 1])
+    for kernel, dilations in (((3, 5), (1, 1)), ((3, 3), (1, 2)), ((3, 3), (2, 1))):
+        forms = stem_forms(kernel, dilations)
+        assert TRITON_DIRECT_STEM_INT8_QUADS not in forms and TRITON_DIRECT_STEM_INT8 in forms
+
+
 def test_cpu_layers_never_list_the_tactic():
     layer, attrs = _layer(3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), torch.Generator().manual_seed(45))
     assert not set(DIRECT_STEM_FORMS) & set(default_registry()["QConv"].tactics(layer, attrs, 2))
@@ -195,3 +221,10 @@ def test_it_refuses_what_it_cannot_run():
             run(bad_x, bad_w)
     with pytest.raises(ValueError, match="is not one of"):
         run(x, words, tactic="triton_direct_int8_words")
+    quads = TRITON_DIRECT_STEM_INT8_QUADS
+    with pytest.raises(ValueError, match="row words"):  # tap words for the quads form
+        run(x, words, tactic=quads)
+    dilated = igemm_geometry(x, wq, _attrs((3, 3), (2, 2), (1, 1, 1, 1), (2, 2)), require_cuda=False)
+    with pytest.raises(ValueError, match="without dilation"):
+        direct_stem_conv(x, row_words(wq), None, dilated, dequant_scale=scale, input_inv_scale=1.0,
+                         output_inv_scale=1.0, tactic=quads)
