@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 61's device part, for the next session (issue 33; ask for the H200, say which card came).
 #   a: the GPU tests of session 61 (the chain kernel with its N block narrowed to the second layer's outputs,
-#      bit for bit on every chain case; the INT8 depthwise tactics offered), then YOLO11n at batch 32.
+#      bit for bit on every chain case; the INT8 depthwise tactics offered; the INT8 stem's quads form), then
+#      YOLO11n at batch 32 (its layers file says which stem form won: compare_layers' tactic column).
 #   m MODELS BATCHES: the FP16 / INT8 table of MODELS (comma-separated: yolov8n, yolo11n, detector) at BATCHES
 #      (comma-separated), the engines timed again in turns (h200_table's paired figures), each plan's chains
 #      line (do the INT8 backbone chains, narrowed, now beat their two layers?), then FP16 against INT8 layer
@@ -21,6 +22,9 @@ if [ "$part" = a ]; then
   timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_conv_chain.py \
     tests/kernels/test_kernels_depthwise.py -k "chain or offered" -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" \
     | cut -c1-220
+  # the INT8 stem's quads form, bit for bit against the emulation with dp4a compiled
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_direct_stem.py -rf 2>&1 \
+    | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
   echo "tests at ${SECONDS}s"
 elif [ "$part" = m ]; then
   models=${2:?say the models}
