@@ -667,17 +667,26 @@ print(kernel_asm.ptxas_report(ptx, 90)["instructions"])
     print(ld_scalar, dp4a, instructions, wide[-1])
 
 
-# A chain's first layer over 24 INT8 channels (3×3, 24 → 32 → 32, batch 32 at 80 × 80) on a tile whose 64-column K
-# block does not divide them: the K walk a filter row a step (row_block)
-CHAIN_ROWS_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """
+def int8_chain_call(channels: int, stride: int, size: int, tile: str) -> str:
+    """A child's call of an INT8 chain at batch 32: a 3×3 of `channels` → 32 at `stride` over `size` × `size`
+    codes, then a 1×1 32 → 32, both with SiLU, on the tile the expression `tile` gives."""
+    return f"""
 from sartor.kernels.conv.igemm import pack_weight
-x = torch.zeros(32, 24, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-w1 = pack_weight(torch.zeros(32, 24, 3, 3, dtype=torch.int8))
+x = torch.zeros(32, {channels}, {size}, {size}, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+w1 = pack_weight(torch.zeros(32, {channels}, 3, 3, dtype=torch.int8))
 first = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", input_inv_scale=1.0,
                    output_inv_scale=20.0)
 second = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", output_inv_scale=20.0)
-conv_chain(x, w1, torch.zeros(32, 32, 1, 1, dtype=torch.int8), ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)),
-           first, second, CHAIN_TILES[0])
+out = {size} // {stride}
+conv_chain(x, w1, torch.zeros(32, 32, 1, 1, dtype=torch.int8),
+           ConvGeometry((3, 3), ({stride}, {stride}), (1, 1), (1, 1), (out, out)), first, second, {tile})
+"""
+
+
+# A chain's first layer over 24 INT8 channels (3×3, 24 → 32 → 32, batch 32 at 80 × 80) on a tile whose 64-column K
+# block does not divide them: the K walk a filter row a step (row_block)
+CHAIN_ROWS_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", int8_chain_call(
+    24, 1, 80, "CHAIN_TILES[0]") + """
 assert launched["kwargs"]["ROW_TAPS"] == 24 and not launched["kwargs"]["GATHER"]
 """, told="ROW_ALIGN") + """
 print(*(len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*, 0x%d[,;]" % size, ptx)) for size in (4, 8, 16)),
@@ -699,16 +708,8 @@ def test_chain_rows_of_24_channels_load_8_byte_runs():
 # YOLO's first INT8 chain (16 → 32 channels 3×3 at stride 2, then a 1×1 32 → 32, batch 32 at 160 × 160) on the
 # first tile as listed and as chain_tiles narrows it to the second layer's 32 outputs
 def first_chain_child(tile: str) -> str:
-    return recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", f"""
-from sartor.kernels.conv.igemm import pack_weight
-x = torch.zeros(32, 16, 320, 320, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-w1 = pack_weight(torch.zeros(32, 16, 3, 3, dtype=torch.int8))
-first = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", input_inv_scale=1.0,
-                   output_inv_scale=20.0)
-second = ChainLayer(torch.zeros(32, dtype=torch.int32), torch.ones(32), "SiLU", output_inv_scale=20.0)
-conv_chain(x, w1, torch.zeros(32, 32, 1, 1, dtype=torch.int8), ConvGeometry((3, 3), (2, 2), (1, 1), (1, 1), (160, 160)),
-           first, second, {tile})
-""") + """
+    return recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel",
+                                 int8_chain_call(16, 2, 320, tile)) + """
 report = kernel_asm.ptxas_report(ptx, 90)
 print(launched["kwargs"]["BLOCK_N"], report["registers"], report["spill_bytes"], report["instructions"])
 """
