@@ -272,7 +272,7 @@ def _qlayer_tactics(gemm: bool):
             if not gemm and direct_words_int8(inputs[0], inputs[1], attrs):
                 names.extend(DIRECT_WORDS_FORMS)
             if not gemm and direct_stem_int8(inputs, attrs):
-                names.extend(stem_forms(tuple(inputs[1].shape[2:]), attrs.get("dilations", (1, 1))))
+                names.extend(stem_forms(tuple(inputs[1].shape[2:]), attrs.get("dilations", (1, 1)), inputs[1].shape[0]))
             if not gemm and window_applies(inputs[0], inputs[1], attrs):
                 pooled = (pool_in_kernel(fused_max_pool(attrs)) and not residual and not is_fp8(attrs)
                           and attrs.get("output_inv_scale") is not None)

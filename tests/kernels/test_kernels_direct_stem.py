@@ -65,8 +65,8 @@ def test_it_equals_the_emulation(kernel, strides, pads, dilations, cin, cout, in
     of 27, 9 or 15 taps padded; in the quads form a filter row's 3 taps a word, each of a quad's input
     values quantized once), then the INT8 epilogue: bit for bit the emulation's output, INT8 codes or
     float32. The outputs' 6 × 5 and 11 × 5 leave quads cut by the edges."""
-    if tactic not in stem_forms(kernel, dilations):
-        pytest.skip("the quads form runs no dilated filter (test_it_refuses_what_it_cannot_run)")
+    if tactic not in stem_forms(kernel, dilations, cout):
+        pytest.skip("the quads form runs no dilated filter and at most 16 outputs (test_it_refuses_what_it_cannot_run)")
     generator = torch.Generator().manual_seed(41)
     layer, attrs = _layer(cin, cout, kernel, strides, pads, dilations, generator, int8_output=int8_output)
     expected = qconv(layer, attrs)
@@ -181,11 +181,12 @@ def test_the_quads_form_stores_a_word_a_filter_row():
         row_words(torch.zeros(16, 3, 5, 5, dtype=torch.int8))
 
 
-def test_the_quads_form_is_listed_for_rows_of_at_most_four_taps_without_dilation():
-    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((3, 3), (1, 1))
-    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((7, 4), [1, 1])
-    for kernel, dilations in (((3, 5), (1, 1)), ((3, 3), (1, 2)), ((3, 3), (2, 1))):
-        forms = stem_forms(kernel, dilations)
+def test_the_quads_form_is_listed_for_rows_of_at_most_four_taps_without_dilation_into_few_outputs():
+    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((3, 3), (1, 1), 16)
+    assert TRITON_DIRECT_STEM_INT8_QUADS in stem_forms((7, 4), [1, 1], 12)
+    for kernel, dilations, cout in (((3, 5), (1, 1), 16), ((3, 3), (1, 2), 16), ((3, 3), (2, 1), 16),
+                                    ((3, 3), (1, 1), 24)):
+        forms = stem_forms(kernel, dilations, cout)
         assert TRITON_DIRECT_STEM_INT8_QUADS not in forms and TRITON_DIRECT_STEM_INT8 in forms
 
 
@@ -228,3 +229,7 @@ def test_it_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="without dilation"):
         direct_stem_conv(x, row_words(wq), None, dilated, dequant_scale=scale, input_inv_scale=1.0,
                          output_inv_scale=1.0, tactic=quads)
+    wide_out = torch.zeros(24, 3, 3, 3, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match="into at most 16 outputs"):
+        direct_stem_conv(x, row_words(wide_out), None, geometry, dequant_scale=torch.ones(24, device=DEVICE),
+                         input_inv_scale=1.0, output_inv_scale=1.0, tactic=quads)

@@ -106,7 +106,8 @@ if triton is not None:
         did so for every tap over it. A filter row's KW (≤ 4) codes make a word; the weight is stored as
         ROW_WORDS ([C·KH, COUT]: the row's KW taps of each output channel, byte i tap i, the rest 0), and
         each input row's words for the quad's left and right pixels meet the rows of the filter they
-        lie under (the top pixels' row r, the bottom ones' row r - SH) in a dp4a. Dilation 1 only."""
+        lie under (the top pixels' row r, the bottom ones' row r - SH) in a dp4a. Dilation 1 only; a
+        thread holds a quad's BLOCK_CO outputs (`quads_apply`)."""
         COUT = told_multiple(COUT, CH_ALIGN)
         y_row = told_multiple(y_row, CH_ALIGN)
         offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -202,6 +203,10 @@ DIRECT_STEM_FORMS = {TRITON_DIRECT_STEM_INT8: DirectStemForm(2048), TRITON_DIREC
                      TRITON_DIRECT_STEM_INT8_QUADS: DirectStemForm(8192, quads=True)}
 # A filter row's taps make one word in the quads form.
 MAX_QUAD_ROW_TAPS = WORD_CODES
+# A thread holds a whole quad's outputs up to this many channels (64 accumulators); past it the program's
+# threads split a quad's channels and each loads and quantizes its inputs again (sm_90, 24 outputs: 50
+# instructions a pixel against the wide form's 35, in 213 registers).
+MAX_QUAD_OUT_CHANNELS = 16
 
 
 def direct_stem_applies(x: torch.Tensor, wq: torch.Tensor) -> bool:
@@ -225,14 +230,16 @@ def tap_words(wq: torch.Tensor) -> torch.Tensor:
     return padded.view(torch.int32).t().contiguous()
 
 
-def quads_apply(kernel: tuple, dilations: tuple) -> bool:
-    """Whether the quads form runs this geometry: a filter row of at most four taps, no dilation."""
-    return kernel[1] <= MAX_QUAD_ROW_TAPS and tuple(dilations) == (1, 1)
+def quads_apply(kernel: tuple, dilations: tuple, out_channels: int) -> bool:
+    """Whether the quads form runs this layer: a filter row of at most four taps, no dilation, at most
+    MAX_QUAD_OUT_CHANNELS outputs."""
+    return kernel[1] <= MAX_QUAD_ROW_TAPS and tuple(dilations) == (1, 1) and out_channels <= MAX_QUAD_OUT_CHANNELS
 
 
-def stem_forms(kernel: tuple, dilations: tuple) -> list[str]:
-    """The forms that run this geometry (the layer itself: `direct_stem_applies`)."""
-    return [name for name, form in DIRECT_STEM_FORMS.items() if not form.quads or quads_apply(kernel, dilations)]
+def stem_forms(kernel: tuple, dilations: tuple, out_channels: int) -> list[str]:
+    """The forms that run this layer (the layer itself: `direct_stem_applies`)."""
+    return [name for name, form in DIRECT_STEM_FORMS.items()
+            if not form.quads or quads_apply(kernel, dilations, out_channels)]
 
 
 def row_words(wq: torch.Tensor) -> torch.Tensor:
@@ -271,9 +278,10 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
                          f"{tuple(w_words.shape)} {w_words.dtype} are not a float image of at most {MAX_IN_CHANNELS} "
                          f"channels and the {'row' if form.quads else 'tap'} words of at most {MAX_OUT_CHANNELS} "
                          f"outputs over at most {MAX_TAPS} taps")
-    if form.quads and not quads_apply(geometry.kernel, geometry.dilations):
+    if form.quads and not quads_apply(geometry.kernel, geometry.dilations, cout):
         raise ValueError(f"direct_stem_conv: the quads form runs filter rows of at most {MAX_QUAD_ROW_TAPS} taps "
-                         f"without dilation, not {geometry.kernel} dilated {geometry.dilations}")
+                         f"without dilation into at most {MAX_QUAD_OUT_CHANNELS} outputs, not {geometry.kernel} "
+                         f"dilated {geometry.dilations} into {cout}")
     oh, ow = geometry.out_hw
     y = channels_last_output((n, cout, oh, ow), torch.int8 if output_inv_scale is not None else float_dtype,
                              x.device, out, "direct_stem_conv")
