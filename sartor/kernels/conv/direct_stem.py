@@ -204,8 +204,8 @@ DIRECT_STEM_FORMS = {TRITON_DIRECT_STEM_INT8: DirectStemForm(2048), TRITON_DIREC
 # A filter row's taps make one word in the quads form.
 MAX_QUAD_ROW_TAPS = WORD_CODES
 # A thread holds a whole quad's outputs up to this many channels (64 accumulators); past it the program's
-# threads split a quad's channels and each loads and quantizes its inputs again (sm_90, 24 outputs: 50
-# instructions a pixel against the wide form's 35, in 213 registers).
+# threads split a quad's channels and each loads and quantizes its inputs again (docs/decisions/
+# kernel-direct-stem.md, "The quads form").
 MAX_QUAD_OUT_CHANNELS = 16
 
 
