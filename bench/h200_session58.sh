@@ -35,15 +35,9 @@ fi
 if [ "$part" = k ]; then
   # Compiling each case's kernels is most of the time, on one core: with .whl/xdist carried
   # (scripts/device_carry.sh xdist) WORKERS processes (12 by default) compile and run them side by side.
-  parallel=()
-  if ls .whl/xdist/*.whl >/dev/null 2>&1; then
-    site=$(mktemp -d)
-    for wheel in .whl/xdist/*.whl; do python -m zipfile -e "$wheel" "$site"; done
-    export PYTHONPATH="$PYTHONPATH:$site"
-    parallel=(-n "${WORKERS:-12}")
-  fi
+  . bench/pytest_workers.sh "${WORKERS:-12}"
   # -v: a line a test as it ends, so a run cut by the time limit still names its failures
-  timeout "${BUDGET_S:-540}" python -m pytest -v -p no:cacheprovider "${parallel[@]}" tests/kernels tests/ops \
+  timeout "${BUDGET_S:-540}" python -m pytest -v -p no:cacheprovider "${workers[@]}" tests/kernels tests/ops \
     tests/passes > "$OUT/kernel_tests.txt" 2>&1
   echo "exit $? at ${SECONDS}s"
   grep -c " PASSED" "$OUT/kernel_tests.txt"
