@@ -85,13 +85,6 @@ if triton is not None:
 
 
     @triton.jit
-    def _word_lane(word, code, LANE: tl.constexpr):
-        """`word` with `code` (a byte in an int32, the other bytes 0) in byte LANE."""
-        if LANE == 0:
-            return word | code
-        return word | (code << (8 * LANE))
-
-    @triton.jit
     def _direct_stem_quads_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, y_ptr, Q, COUT, H, W, OH, OW, QH, QW, y_row,
                                   sxn, sxc, sxh, sxw, pad_h, pad_w,
                                   in_inv_scale, res_scale, out_inv_scale, qmin, alpha, beta,
@@ -141,10 +134,10 @@ if triton is not None:
                     v = tl.load(row + col * sxw, mask=row_ok & (iw >= 0) & (iw < W), other=0.0).to(tl.float32)
                     code = _code_byte(v, in_inv_scale, qmin)
                     if col < KW:
-                        left = _word_lane(left, code, col)
+                        left = left | (code << (8 * col))
                     if col >= SW:
                         if col - SW < KW:
-                            right = _word_lane(right, code, col - SW)
+                            right = right | (code << (8 * (col - SW)))
                 left = tl.broadcast_to(left[:, None], (BLOCK_Q, BLOCK_CO))
                 right = tl.broadcast_to(right[:, None], (BLOCK_Q, BLOCK_CO))
                 if r < KH:  # the top pixels' filter row r
