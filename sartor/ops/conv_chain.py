@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.conv.chain import ChainLayer, ChainTile, chain_applies, chain_tiles, conv_chain
+from ..kernels.conv.chain import (CHAIN_FLOAT_DTYPES, ChainLayer, ChainTile, chain_applies, chain_tiles,
+                                  conv_chain)
 from ..kernels.conv.igemm import pack_weight
 from ..kernels.pointwise.epilogue import pixel_stride
 from ..kernels.registry import REFERENCE, tactic_for
@@ -87,9 +88,9 @@ def _chain_kernel(inputs: list, attrs: dict, out: torch.Tensor | None = None) ->
     second_values = [None, *second_rest]
     if second_quantized:
         out_dtype = qlayer_output_dtype(second)
-    elif quantized and w2.dtype in (torch.float16, torch.bfloat16):  # mixed: the second layer's float
+    elif quantized and w2.dtype in CHAIN_FLOAT_DTYPES:  # mixed: the second layer's float
         out_dtype = w2.dtype
-    elif not quantized and x.dtype in (torch.float16, torch.bfloat16) and w2.dtype == x.dtype:
+    elif not quantized and x.dtype in CHAIN_FLOAT_DTYPES and w2.dtype == x.dtype:
         out_dtype = x.dtype
     else:
         return None
@@ -107,9 +108,9 @@ def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     x, w1, w2 = first_inputs[0], first_inputs[1], second_rest[0]
     first_op, second_op = chain_layers(attrs)
     float_chain = first_op == "FusedConv"
-    if not x.is_cuda or (float_chain and x.dtype not in (torch.float16, torch.bfloat16)):
+    if not x.is_cuda or (float_chain and x.dtype not in CHAIN_FLOAT_DTYPES):
         return names
-    if second_op == "FusedConv" and w2.dtype not in (torch.float16, torch.bfloat16):
+    if second_op == "FusedConv" and w2.dtype not in CHAIN_FLOAT_DTYPES:
         return names
     if chain_applies(x, w1, w2, igemm_geometry(x, w1, first)):
         names += [tile.name for tile in chain_tiles(effort, w2.shape[0])]

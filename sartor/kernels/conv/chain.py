@@ -42,6 +42,8 @@ from .igemm import (ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_
 # The first layer's output channels a program holds at once, as one tile (padded to a power of two):
 # its accumulators and then its codes stay in registers for the second product.
 MAX_CHAIN_CHANNELS = 128
+# The floats a float chain runs in, and a mixed chain's second layer (the tensor cores' 16-bit products).
+CHAIN_FLOAT_DTYPES = (torch.float16, torch.bfloat16)
 
 if triton is not None:
     import triton.language as tl
@@ -263,7 +265,7 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     second_float = int8 and second.dequant_scale is None
     if int8 and not second_float and first.output_inv_scale is None:
         raise ValueError("conv_chain: an INT8 chain's first layer writes codes the second reads")
-    if second_float and (first.output_inv_scale is not None or w2.dtype not in (torch.float16, torch.bfloat16)):
+    if second_float and (first.output_inv_scale is not None or w2.dtype not in CHAIN_FLOAT_DTYPES):
         raise ValueError("conv_chain: a mixed chain's INT8 layer writes the float16 or bfloat16 its second layer "
                          f"reads, not codes for a {w2.dtype} weight")
     x4 = as_nchw_view(x)
