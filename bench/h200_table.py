@@ -98,11 +98,15 @@ def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
     return onnx_dir / f"{name}.onnx"
 
 
-def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
-    samples = timing_samples_ms(fn, torch.device(device), iterations, 20)
+def sample_figures(samples: list[float], batch: int) -> dict:
+    """Median, 99th percentile (ms) and images/s of timed calls' milliseconds."""
     median = statistics.median(samples)
     return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
             "img_s": round(batch / median * 1e3, 1)}
+
+
+def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
+    return sample_figures(timing_samples_ms(fn, torch.device(device), iterations, 20), batch)
 
 
 def pinned_variants(specs: list[str]) -> dict[str, dict[str, str]]:
@@ -205,10 +209,8 @@ def paired_timings(runners: dict, batch: int, iterations: int, rounds: int, devi
                 round_medians[key][way].append(round(statistics.median(taken), 4))
     paired = {}
     for key, ways in samples.items():
-        figures = {way: {"median_ms": round(statistics.median(taken), 4),
-                         "p99_ms": round(float(np.percentile(taken, 99)), 4),
-                         "img_s": round(batch / statistics.median(taken) * 1e3, 1),
-                         "round_medians_ms": round_medians[key][way]} for way, taken in ways.items()}
+        figures = {way: dict(sample_figures(taken, batch), round_medians_ms=round_medians[key][way])
+                   for way, taken in ways.items()}
         paired[key] = dict(figures["copied"], bound_input=figures["bound"], rounds=rounds)
     return paired
 
