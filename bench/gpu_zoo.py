@@ -65,7 +65,6 @@ import math
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -84,7 +83,8 @@ from torch import nn  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from h200_models import graph_runner  # noqa: E402 - eager forward replayed as one CUDA graph, as h200_models times it
+# graph_runner: the eager forward replayed as one CUDA graph, as h200_models times it
+from h200_models import graph_runner, sample_figures  # noqa: E402
 import sartor  # noqa: E402
 from sartor.errors import TacticFaultError  # noqa: E402
 from sartor.tactics.select import gpu_fault, timing_samples_ms  # noqa: E402
@@ -322,10 +322,7 @@ def profiles_for(batches: list[int], size: int) -> list[dict]:
 
 
 def timed(fn, batch: int, device: torch.device, iterations: int, warmup: int) -> dict:
-    samples = timing_samples_ms(fn, device, iterations, warmup)
-    median = statistics.median(samples)
-    return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
-            "img_s": round(batch / median * 1e3, 1)}
+    return sample_figures(timing_samples_ms(fn, device, iterations, warmup), batch)
 
 
 

@@ -47,6 +47,13 @@ def versions() -> dict:
             "cudnn": torch.backends.cudnn.version()}
 
 
+def sample_figures(samples: list[float], batch: int) -> dict:
+    """Median, 99th percentile (ms) and images/s of timed calls' milliseconds."""
+    median = statistics.median(samples)
+    return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
+            "img_s": round(batch / median * 1e3, 1)}
+
+
 def settle_batchnorm(model: torch.nn.Module, batches: int = 4) -> None:
     """Give a randomly initialised model the activation scale of a trained one: re-estimate its
     BatchNorm statistics on random images. Untouched, activations shrink layer by layer (running

@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "samples" / "detector"))
 
 import sartor  # noqa: E402
-from h200_models import compiled_runner, export_classifier, graph_runner, settle_batchnorm, versions  # noqa: E402
+from h200_models import (compiled_runner, export_classifier, graph_runner, sample_figures,  # noqa: E402
+                         settle_batchnorm, versions)
 from inductor_cache import (CacheArchiveError, archive_has_cell, autotune_op_count, earlier_compile_s,  # noqa: E402
                             mark_compile, restore_results)
 from sartor.errors import TacticFaultError  # noqa: E402
@@ -96,13 +97,6 @@ def onnx_path(name: str, work: Path, onnx_dir: Path | None) -> Path:
     if onnx_dir is None:
         raise FileNotFoundError(f"{name} needs --onnx-dir with {name}.onnx")
     return onnx_dir / f"{name}.onnx"
-
-
-def sample_figures(samples: list[float], batch: int) -> dict:
-    """Median, 99th percentile (ms) and images/s of timed calls' milliseconds."""
-    median = statistics.median(samples)
-    return {"median_ms": round(median, 4), "p99_ms": round(float(np.percentile(samples, 99)), 4),
-            "img_s": round(batch / median * 1e3, 1)}
 
 
 def timed(fn, batch: int, iterations: int, device: str = "cuda") -> dict:
