@@ -53,17 +53,5 @@ timeout "${TABLE_S:-560}" python bench/h200_table.py --int8 --no-warm-build --no
   --models "$model" --detector-batches "$batch" --int8-pinned "$pins:$pattern" --out "/tmp/t_p" 2>&1 \
   | python bench/table_cells.py
 cp /tmp/t_p/table.md "$OUT/table_${model}_b${batch}_${pins}.md" 2>/dev/null
-for plan in /tmp/sartor_table/*.plan; do
-  python - "$plan" <<'PY'
-import sys
-from sartor.runtime.engine_file import read_engine_file
-header = read_engine_file(sys.argv[1])[0]
-chains = header.get("chains_check") or {}
-mixed = [n["name"] for n in (header.get("graph") or {}).get("nodes", [])
-         if n.get("op") == "ConvChain" and "second_layers" in str(n.get("attrs", ""))]
-line = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
-print(sys.argv[1].rsplit("/", 1)[-1], "| chains kept", chains.get("kept"), chains.get("profiles"),
-      "| mixed chains in the engine:", len(mixed), "|", line[:900])
-PY
-done
+python bench/plan_chains.py /tmp/sartor_table/*.plan
 echo "done at ${SECONDS}s"

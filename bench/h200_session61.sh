@@ -36,13 +36,5 @@ timeout $(( ${TABLE_END_S:-540} - SECONDS )) python bench/h200_table.py --int8 -
   --onnx-dir "$ONNX_DIR" --models "$models" --detector-batches "$batches" --out /tmp/t_m 2>&1 | python bench/table_cells.py
 cp /tmp/t_m/table.md "$OUT/table_${models//,/_}_b${batches//,/_}.md" 2>/dev/null
 bash bench/compare_table_plans.sh
-python - /tmp/sartor_table/*.plan <<'PY'
-import sys
-from sartor.runtime.engine_file import read_engine_file
-for path in sys.argv[1:]:
-    header = read_engine_file(path)[0]
-    chains = header.get("chains_check") or {}
-    line = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
-    print(path.rsplit("/", 1)[-1], "| chains kept", chains.get("kept"), chains.get("profiles"), "|", line[:700])
-PY
+python bench/plan_chains.py /tmp/sartor_table/*.plan
 echo "done at ${SECONDS}s"

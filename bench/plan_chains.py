@@ -1,0 +1,25 @@
+"""Each engine file's convolution chains: whether the build's engine check kept them (with its timings per
+profile), how many mixed (INT8 then float) chains the engine runs, and the build log's `chains:` line.
+
+    PYTHONPATH=. python bench/plan_chains.py /tmp/sartor_table/*.plan
+"""
+from __future__ import annotations
+
+import sys
+
+from sartor.runtime.engine_file import read_engine_file
+
+
+def chains_line(path: str, width: int = 900) -> str:
+    header = read_engine_file(path)[0]
+    check = header.get("chains_check") or {}
+    mixed = [node["name"] for node in (header.get("graph") or {}).get("nodes", [])
+             if node.get("op") == "ConvChain" and "second_layers" in (node.get("attrs") or {})]
+    log = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
+    return (f"{path.rsplit('/', 1)[-1]} | chains kept {check.get('kept')} {check.get('profiles')} | mixed chains in "
+            f"the engine: {len(mixed)} | {log[:width]}")
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        print(chains_line(path))
