@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, int8_codes, stream_like_resident  # noqa: E402
-from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm  # noqa: E402
+from sartor.kernels.conv.chain import ChainLayer, conv_chain  # noqa: E402
+from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
 from sartor.kernels.conv.tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool.max_pool import PoolTile, max_pool_nhwc  # noqa: E402
 from sartor.kernels.gemm.resident import Projection, ResidentTile, resident_gemm  # noqa: E402
@@ -97,6 +98,28 @@ def traffic_case(batch: int, tactic: str):
     return lambda: stream_like_resident(case["x"], case["residual"], ResidentTile.parse(tactic))
 
 
+def chain_case(batch: int, cin: int, cmid: int, cout: int, hw: int, stride: int, tactic: str, int8: bool = True,
+               activation: str | None = "SiLU"):
+    """A 3×3 convolution and the 1×1 reading it in one kernel (kernels/conv/chain.py), `activation`
+    after each; INT8 codes in and out, or float16."""
+    out_hw = (hw + 2 - 3) // stride + 1
+    geometry = ConvGeometry((3, 3), (stride, stride), (1, 1), (1, 1), (out_hw, out_hw))
+    if int8:
+        x, w1, w2 = int8_codes(batch, cin, hw, hw, channels_last=True), int8_codes(cmid, cin, 3, 3), int8_codes(
+            cout, cmid, 1, 1)
+        layers = [ChainLayer(torch.randint(-1000, 1000, (c,), dtype=torch.int32, device="cuda"),
+                             torch.full((c,), 1e-3, device="cuda"), activation=activation, output_inv_scale=20.0)
+                  for c in (cmid, cout)]
+    else:
+        x = torch.randn(batch, cin, hw, hw, device="cuda").half().contiguous(memory_format=torch.channels_last)
+        w1, w2 = (torch.randn(cmid, cin, 3, 3, device="cuda") / 12).half(), (torch.randn(
+            cout, cmid, 1, 1, device="cuda") / 6).half()
+        layers = [ChainLayer(torch.zeros(c, device="cuda").half(), None, activation=activation) for c in (cmid, cout)]
+    tile = tactic_for(tactic)
+    w1 = pack_weight(w1)
+    return lambda: conv_chain(x, w1, w2, geometry, layers[0], layers[1], tile)
+
+
 def copy_case(batch: int, channels: int = 256, hw: int = 56):
     source = int8_codes(batch, channels, hw, hw)
     target = torch.empty_like(source)
@@ -146,6 +169,30 @@ def cases(batch: int) -> dict:
                                                  epilogue=SILU_EPILOGUE),
         "yolo.head_3x3_64": lambda: tma_case(32, 64, 64, 80, "tma.8x16x64x64.w4.s4", epilogue=SILU_EPILOGUE),
         "copy.yolo.26MB": lambda: copy_case(32, 32, 160),
+        # The first backbone chain (model.1's stride-2 3×3, 16 → 32 at 320 pixels a side, and model.2's
+        # cv1, 32 → 32): its INT8 kernel is barely faster than its FP16 one, both far above their bytes.
+        "yolo.chain1.int8": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x64x32.w8.s3"),
+        "yolo.chain1.int8_m64": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.64x64x32.w4.s3"),
+        "yolo.chain1.fp16": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x64x32.w8.s3", int8=False),
+        "yolo.chain2.int8": lambda: chain_case(32, 32, 64, 64, 160, 2, "chain.128x64x64.w8.s3"),
+        "copy.yolo.52MB": lambda: copy_case(32, 16, 320),
+        # Other tiles for it: the 64-pixel tile took 1.8× the 128-pixel one's time.
+        **{f"yolo.chain1.int8.{tile}": (lambda tile=tile: chain_case(32, 16, 32, 32, 320, 2, f"chain.{tile}"))
+           for tile in ("256x64x32.w8.s3", "256x64x32.w16.s3", "128x64x32.w4.s3", "128x64x32.w8.s2",
+                        "128x64x32.w8.s4", "256x64x32.w8.s2", "512x64x32.w16.s2", "128x32x32.w8.s3",
+                        "128x32x32.w4.s3", "64x32x32.w4.s3", "128x32x32.w4.s4")},
+        **{f"yolo.chain2.int8.{tile}": (lambda tile=tile: chain_case(32, 32, 64, 64, 160, 2, f"chain.{tile}"))
+           for tile in ("128x64x64.w8.s3", "128x32x64.w8.s3", "128x32x64.w4.s4", "64x32x64.w4.s3", "64x64x64.w4.s3",
+                        "256x32x64.w8.s3")},
+        # Its first layer alone in igemm's tiles (the 1×1 after it is a resident GEMM of 26 MB each way).
+        **{f"yolo.model1.int8.{tile}": (lambda tile=tile: igemm_case(32, 16, 32, 320, 3, 2, f"igemm.{tile}",
+                                                                    epilogue=SILU_EPILOGUE))
+           for tile in ("128x32x64.w8.s3.row-taps", "128x32x32.w4.s3.padded-taps", "128x32x32.w4.s3")},
+        # Without the activations: what the SiLUs' special-function operations cost it.
+        "yolo.chain1.int8.no_activation": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x64x32.w8.s3",
+                                                             activation=None),
+        "yolo.chain1.fp16.no_activation": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x64x32.w8.s3",
+                                                             int8=False, activation=None),
     }
 
 
