@@ -113,7 +113,8 @@ def chain_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     if second_op == "FusedConv" and w2.dtype not in CHAIN_FLOAT_DTYPES:
         return names
     if chain_applies(x, w1, w2, igemm_geometry(x, w1, first)):
-        names += [tile.name for tile in chain_tiles(effort, w2.shape[0])]
+        names += [tile.name for tile in chain_tiles(effort, w2.shape[0], w1.shape[1], tuple(w1.shape[2:]),
+                                                    eight_bit=not float_chain)]
     return names
 
 

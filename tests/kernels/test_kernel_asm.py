@@ -725,6 +725,18 @@ def test_a_chain_tile_narrowed_to_32_outputs_spends_fewer_registers_and_instruct
     print(wide, narrow)
 
 
+def test_yolo_s_first_chain_gathered_loads_its_taps_as_8_byte_copies():
+    """The gathered tile at YOLO's first chain (16 channels a tap, two taps a 32-column K step, told as a
+    power of two) loads its activations as 8-byte asynchronous copies, none narrower, without spills."""
+    report = _compile_in_child(first_chain_child("chain_tiles(2, 32, 16, (3, 3))[-1]") + """
+assert launched["kwargs"]["GATHER"] and launched["kwargs"]["C_TAPS"] == 16
+print(*(len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global[^;]*, 0x%d[,;]" % size, ptx)) for size in (4, 8, 16)))
+""").split()
+    block_n, registers, spills, instructions, copies_4, copies_8, copies_16 = report[-7:]
+    assert block_n == "32" and spills == "0" and copies_4 == "0" and int(copies_8) > 0
+    print(registers, instructions, copies_16)
+
+
 # A mixed chain: a YOLO box branch's INT8 3×3 (64 → 64 channels, batch 32 at 80 × 80) writing float16 for its
 # output head's 1×1 (64 → 64), which stays float
 MIXED_CHAIN_CHILD = recorded_launch_child("sartor.kernels.conv.chain", "_conv_chain_kernel", """

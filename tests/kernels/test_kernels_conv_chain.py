@@ -4,6 +4,8 @@ for bit and float chains the two layers within float16 rounding, through Triton'
 CPU (natively on a GPU); what the kernel refuses; where the tactics are offered."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,7 +14,8 @@ triton = pytest.importorskip("triton")
 
 from sartor.errors import TacticNameError  # noqa: E402
 from sartor.kernels.conv.chain import (  # noqa: E402
-    CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain, middle_width)
+    CHAIN_TILES, GATHERED_CHAIN_TILES, MAX_CHAIN_CHANNELS, ChainLayer, ChainTile, chain_tiles, conv_chain,
+    gathered_walk_applies, middle_width)
 from sartor.kernels.conv.igemm import ConvGeometry, row_block  # noqa: E402
 from sartor.kernels.registry import REFERENCE, parse_tactic  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
@@ -21,8 +24,9 @@ from sartor.ops.conv_chain import (  # noqa: E402
 from sartor.ops.quantized import qconv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# a 64-channel and a 32-channel K block, and a 16-column N block as narrowed for 16 outputs (chain_tiles)
-TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name, "chain.64x64x16.w4.s3"]
+# a 64-channel and a 32-channel K block, a 16-column N block as narrowed for 16 outputs (chain_tiles), and a
+# gathered tile (whole taps gathered where the row walk would run; elsewhere its walk is the others')
+TILES = [CHAIN_TILES[0].name, CHAIN_TILES[3].name, "chain.64x64x16.w4.s3", GATHERED_CHAIN_TILES[0].name]
 
 # (input channels, middle channels, output channels, kernel, stride, pads, dilation):
 # YOLOv8n's 3×3 stride 2 into its C2f's 1×1 (16 channels: a filter row a K step), a blocked K walk, a 1×1
@@ -118,13 +122,14 @@ def _float_chain(cin, cmid, cout, k, stride, pads, dilation, generator):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "{}-{}-{}-k{}s{}".format(*c[:5]))
-def test_float16_chain_equals_the_two_layers_within_their_rounding(case):
+@pytest.mark.parametrize("tactic", [TILES[0], GATHERED_CHAIN_TILES[0].name])
+def test_float16_chain_equals_the_two_layers_within_their_rounding(case, tactic):
     generator = torch.Generator().manual_seed(7)
     inputs, attrs = _float_chain(*case, generator)
     expected = conv_chain_layer(inputs, dict(attrs, tactic=REFERENCE)).float()
     moved = [t.to(DEVICE) for t in inputs]
-    moved[1] = chain_weight_for_tactic(moved[1], TILES[0])
-    got = conv_chain_layer(moved, dict(attrs, tactic=TILES[0]))
+    moved[1] = chain_weight_for_tactic(moved[1], tactic)
+    got = conv_chain_layer(moved, dict(attrs, tactic=tactic))
     assert got.dtype == torch.float16
     # The intermediate is rounded to float16 as the first layer stored it; the sums' order differs.
     assert torch.allclose(got.cpu().float(), expected, atol=4e-3, rtol=4e-3)
@@ -185,8 +190,9 @@ def test_refuses_an_unpacked_first_weight_and_a_middle_wider_than_a_tile():
 
 
 def test_tile_names_parse_and_a_block_that_is_no_tensor_core_tile_is_refused():
-    for tile in CHAIN_TILES:
+    for tile in CHAIN_TILES + GATHERED_CHAIN_TILES:
         assert parse_tactic(tile.name) == tile
+    assert GATHERED_CHAIN_TILES[0].name == "chain.128x32x64.w4.s4.gathered"
     with pytest.raises(TacticNameError):
         ChainTile.parse("chain.64x24x64.w4.s3")
     assert len(chain_tiles(1)) < len(chain_tiles(3)) == len(CHAIN_TILES)
@@ -204,6 +210,50 @@ def test_tiles_narrow_their_n_block_to_the_second_layer_s_outputs():
     assert chain_tiles(3, 128) == chain_tiles(3, 200) == chain_tiles(3)
     assert all(parse_tactic(tile.name) == tile for tile in narrowed)
     assert middle_width(80, int8=True) == 128 and middle_width(8, int8=True) == 32 and middle_width(8, int8=False) == 16
+
+
+def test_gathered_tiles_are_offered_where_the_row_walk_would_run_over_whole_taps_of_a_block():
+    """16 channels at 3×3 (YOLO's first backbone chain), INT8 or float: the row walk's place, each tap's
+    channels half a 32-column block. Not at 32 channels (the tap walk fills the block), 24 (no power of
+    two: an element gather), 48 (no row walk), nor a 1×1."""
+    for eight_bit in (True, False):
+        tiles = chain_tiles(2, 32, 16, (3, 3), eight_bit=eight_bit)
+        assert tiles[:len(chain_tiles(2, 32))] == chain_tiles(2, 32)
+        assert [t for t in tiles if t.gathered] == [replace(GATHERED_CHAIN_TILES[0], block_n=32)]
+    assert len([t for t in chain_tiles(3, 64, 16, (3, 3)) if t.gathered]) == len(GATHERED_CHAIN_TILES)
+    for channels, kernel in ((32, (3, 3)), (24, (3, 3)), (48, (3, 3)), (16, (1, 1)), (3, (3, 3))):
+        assert not any(t.gathered for t in chain_tiles(3, 32, channels, kernel)), (channels, kernel)
+    assert gathered_walk_applies(8, (3, 3), 32, eight_bit=True) and not gathered_walk_applies(16, (3, 3), 16, True)
+
+
+class _LaunchRecorder:
+    """Stands in for the kernel: records the walk's compile-time choices of one launch."""
+
+    def __init__(self):
+        self.walk = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.walk = {name: meta[name] for name in ("GATHER", "C_TAPS", "ROW_K", "CHANNEL_TAIL")}
+        return launch
+
+
+@pytest.mark.parametrize("gathered", [False, True])
+def test_a_gathered_tile_launches_the_gather_of_whole_taps_where_its_twin_walks_rows(monkeypatch, gathered):
+    """YOLO's first chain (16 channels, 3×3 stride 2): the tile walks filter rows of 64 columns, its
+    gathered twin gathers two taps of 16 channels a 32-column step, told as a power of two."""
+    import sartor.kernels.conv.chain as chain_module
+
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(chain_module, "_conv_chain_kernel", recorder)
+    generator = torch.Generator().manual_seed(5)
+    inputs, attrs = _int8_chain(*CASES[0], generator)
+    tactic = replace(GATHERED_CHAIN_TILES[0], gathered=gathered).name
+    conv_chain_layer(_on_device(inputs, tactic), dict(attrs, tactic=tactic))
+    if gathered:
+        assert recorder.walk == {"GATHER": True, "C_TAPS": 16, "ROW_K": 0, "CHANNEL_TAIL": False}
+    else:
+        assert recorder.walk == {"GATHER": False, "C_TAPS": 0, "ROW_K": 64, "CHANNEL_TAIL": False}
 
 
 def test_a_filter_row_is_one_k_step_for_few_channels_a_multiple_of_8_whose_row_fits_a_block():
@@ -239,7 +289,9 @@ def test_tactics_offered_on_cuda_only_and_the_op_registered_once():
     assert default_registry()[CHAIN].impl is conv_chain_layer
     if DEVICE == "cuda":
         moved = _on_device(inputs, REFERENCE)
-        assert chain_tactics(moved, attrs, effort=2) == [REFERENCE] + [t.name for t in chain_tiles(2, 32)]
+        offered = chain_tactics(moved, attrs, effort=2)
+        assert offered == [REFERENCE] + [t.name for t in chain_tiles(2, 32, 16, (3, 3))]
+        assert any(parse_tactic(name).gathered for name in offered[1:])
 
 
 def _concat_buffer(like: torch.Tensor, channels_before: int, channels_after: int) -> torch.Tensor:

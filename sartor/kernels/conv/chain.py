@@ -21,8 +21,9 @@ own winners (`builder/conv_chains.py`; docs/decisions/kernel-conv-chain.md).
 Both weights are K-major: the first packed by `igemm.pack_weight` ([Cout, kh·kw·C] in memory), the
 1×1's [Cout, C] as built. The first layer's K is walked tap by tap in channel blocks where its
 channel count is a multiple of the K block; else a filter row at a time where its row of a multiple of 8
-channels fits one block (`igemm.row_block`), each pixel's channels loaded as vectors; else as one flat gather
-over (kh, kw, c).
+channels fits one block (`igemm.row_block`), each pixel's channels loaded as vectors, unless the tile is
+`gathered`; else as one flat gather over (kh, kw, c). The gathered tiles (GATHERED_CHAIN_TILES) take that
+gather where the row walk would run, their K block holding whole taps of a power-of-two channel count.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from ..common.cache_keys import settle_cache_keys
 from ..common.pdl import launch_options
 from ..common.tile_steps import epilogue_arguments
 from ..pointwise.epilogue import channels_last_output, pixel_stride, triton
-from ..registry import PACKED_K_MAJOR, Dims, LayerFacts, Number, Tactic, register
+from ..registry import PACKED_K_MAJOR, Dims, Flag, LayerFacts, Number, Tactic, register
 from .igemm import (ROW_TAPS_MIN_CHANNELS, ConvGeometry, aligned_start, as_nchw_view, is_packed, narrow_block_n,
                     row_alignment, row_block)
 
@@ -179,15 +180,19 @@ if triton is not None:
 @dataclass(frozen=True)
 class ChainTile(Tactic):
     """A chain kernel's tile: output pixels a program, the first product's K block, the second
-    product's block of output channels, warps and pipeline stages. Named e.g. "chain.64x64x64.w4.s3"."""
+    product's block of output channels, warps and pipeline stages; `gathered`: the first layer's K
+    walked as a gather of whole taps where the row walk would run. Named e.g. "chain.64x64x64.w4.s3",
+    "chain.128x32x32.w4.s4.gathered"."""
     block_m: int
     block_k: int
     block_n: int
     warps: int
     stages: int
+    gathered: bool = False
 
     FAMILY: ClassVar[str] = "chain"
-    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_k", "block_n")), Number("warps", "w"), Number("stages", "s"))
+    SCHEME: ClassVar[tuple] = (Dims(("block_m", "block_k", "block_n")), Number("warps", "w"), Number("stages", "s"),
+                               Flag("gathered", "gathered"))
     WEIGHT_LAYOUT: ClassVar[str] = PACKED_K_MAJOR
     PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
 
@@ -198,23 +203,42 @@ class ChainTile(Tactic):
         return None
 
     def describe(self, layer: LayerFacts) -> str:
+        walk = ", the first layer's taps gathered" if self.gathered else ""
         return (f"triton chain {self.fields_text}: a layer and the 1×1 layer reading it in one kernel on the tensor "
-                f"cores, the intermediate kept in registers, both epilogues fused")
+                f"cores, the intermediate kept in registers, both epilogues fused{walk}")
 
 
 # Candidates, best guesses first; the builder times the first CHAIN_TILES_PER_EFFORT[effort].
 CHAIN_TILES = (ChainTile(64, 64, 64, 4, 3), ChainTile(128, 64, 64, 8, 3), ChainTile(32, 64, 64, 4, 3),
                ChainTile(64, 32, 128, 4, 2), ChainTile(128, 32, 128, 8, 2), ChainTile(32, 32, 64, 2, 3))
 CHAIN_TILES_PER_EFFORT = {1: 3, 2: 4, 3: 6}
+# Tiles whose first layer gathers whole taps where the row walk would run (16 channels at 3×3: YOLO's first
+# backbone chain), timed beside the others there; four warps, where the row walk wants eight
+# (docs/decisions/kernel-conv-chain.md, "The gathered walk").
+GATHERED_CHAIN_TILES = (ChainTile(128, 32, 64, 4, 4, gathered=True), ChainTile(64, 32, 64, 4, 3, gathered=True))
+GATHERED_CHAIN_TILES_PER_EFFORT = {1: 1, 2: 1, 3: 2}
 
 
-def chain_tiles(effort: int, out_channels: int | None = None) -> list[ChainTile]:
+def gathered_walk_applies(channels: int, kernel: tuple[int, int], block_k: int, eight_bit: bool) -> bool:
+    """Whether a tile of `block_k` gathers whole taps where it would otherwise walk filter rows: the
+    row walk applies (`igemm.row_block`), the channels do not fill the K block and divide it (a power
+    of two, each tap's channels one vector)."""
+    return (row_block(channels, kernel, eight_bit) > 0 and channels % block_k != 0
+            and block_k % channels == 0)
+
+
+def chain_tiles(effort: int, out_channels: int | None = None, channels: int | None = None,
+                kernel: tuple[int, int] | None = None, eight_bit: bool = True) -> list[ChainTile]:
     """The tiles timed at `effort`; with `out_channels` (the second layer's), each one's N block
     narrowed to hold them as igemm's narrowed tiles are (`igemm.narrow_block_n`): a 32-channel cv1
     after YOLO's stride-2 3×3, or a class head of a few outputs, spent half or more of the second
     product and of its epilogue (the SiLU's two special-function operations an element) on columns
-    it masks off."""
+    it masks off. With the first layer's `channels` and `kernel`, the gathered tiles too where their
+    walk applies (`gathered_walk_applies`)."""
     tiles = list(CHAIN_TILES[:CHAIN_TILES_PER_EFFORT.get(effort, len(CHAIN_TILES))])
+    if channels is not None and kernel is not None:
+        tiles += [tile for tile in GATHERED_CHAIN_TILES[:GATHERED_CHAIN_TILES_PER_EFFORT.get(effort, 2)]
+                  if gathered_walk_applies(channels, kernel, tile.block_k, eight_bit)]
     if out_channels is None:
         return tiles
     return [replace(tile, block_n=min(tile.block_n, narrow_block_n(out_channels))) for tile in tiles]
@@ -285,8 +309,8 @@ def conv_chain(x: torch.Tensor, w1_packed: torch.Tensor, w2: torch.Tensor, geome
     m = n * oh * ow
     k1 = c * geometry.kernel[0] * geometry.kernel[1]
     block_k = tile.block_k
-    row_k = row_block(c, geometry.kernel, int8) if c % block_k else 0
-    channel_tail = c % block_k != 0 and not row_k and c % ROW_TAPS_MIN_CHANNELS == 0
+    row_k = row_block(c, geometry.kernel, int8) if c % block_k and not tile.gathered else 0
+    channel_tail = c % block_k != 0 and not row_k and not tile.gathered and c % ROW_TAPS_MIN_CHANNELS == 0
     gather = c % block_k != 0 and not row_k and not channel_tail
     _, flags1 = epilogue_arguments(quantized=int8, fp8=False, bias=first.bias, residual=None,
                                    activation=first.activation, alpha=first.alpha, beta=first.beta,
