@@ -207,6 +207,10 @@ def cases(batch: int) -> dict:
         **{f"yolo.chain2.int8.{tile}": (lambda tile=tile: chain_case(32, 32, 64, 64, 160, 2, f"chain.{tile}"))
            for tile in ("128x64x64.w8.s3", "128x32x64.w8.s3", "128x32x64.w4.s4", "64x32x64.w4.s3", "64x64x64.w4.s3",
                         "256x32x64.w8.s3")},
+        # The gathered walk (chain_tiles' GATHERED_CHAIN_TILES, narrowed as the builds narrow it), INT8 and FP16.
+        "yolo.chain1.int8.gathered": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x32x32.w4.s4.gathered"),
+        "yolo.chain1.fp16.gathered": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x32x32.w4.s4.gathered",
+                                                        int8=False),
         # Its first layer alone in igemm's tiles (the 1×1 after it is a resident GEMM of 26 MB each way).
         **{f"yolo.model1.int8.{tile}": (lambda tile=tile: igemm_case(32, 16, 32, 320, 3, 2, f"igemm.{tile}",
                                                                     epilogue=SILU_EPILOGUE))
