@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, conv_igemm, multiprocessors, pack_weight,
                                   padded_tap_tiles, row_tap_tiles, single_pass_tiles, split_k_tiles)
-from ..kernels.conv.depthwise import TRITON_DEPTHWISE, depthwise_conv_nhwc, depthwise_supported, pack_depthwise_weight
+from ..kernels.conv.depthwise import (TRITON_DEPTHWISE, DepthwiseTile, depthwise_conv_nhwc, depthwise_supported,
+                                      depthwise_tile_for, depthwise_tiles, pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import ACTIVATION_CODES, epilogue_supported, fused_epilogue, pixel_stride, triton
 from ..kernels.registry import (CHANNELS_LAST, DEPTHWISE_TAPS, PACKED_K_MAJOR, REFERENCE, fixed_tactic,
                                 tactic_for)
@@ -174,16 +175,17 @@ def _conv_igemm(x, w, b, residual, attrs, tile: TileConfig, out: torch.Tensor | 
                       **igemm_epilogue(attrs))
 
 
-def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, require_cuda: bool = True):
-    """The Triton depthwise kernel with the whole epilogue, its result new or in `out`; None where
-    the kernel does not apply (then the layer runs as "torch" does)."""
+def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, require_cuda: bool = True,
+                    tile: DepthwiseTile | None = None):
+    """The Triton depthwise kernel with the whole epilogue (in `tile`'s blocks, else TRITON_DEPTHWISE's),
+    its result new or in `out`; None where the kernel does not apply (then the layer runs as "torch" does)."""
     geometry = depthwise_geometry(x, w, attrs, require_cuda)
     if geometry is None:
         return None
     if residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1], *geometry.out_hw):
         return None  # a broadcast residual: torch's epilogue handles it
     return depthwise_conv_nhwc(x, w, b, geometry, residual=residual, out=out, pdl=programmatic_launch(x, attrs),
-                               **igemm_epilogue(attrs))
+                               tile=tile, **igemm_epilogue(attrs))
 
 
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
@@ -211,8 +213,9 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     tile = tactic_for(tactic)
     if isinstance(tile, TileConfig):
         return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
-    if tactic == TRITON_DEPTHWISE:
-        return _conv_depthwise(x, w, b, residual, attrs, out=out)
+    depthwise_tile = depthwise_tile_for(tactic)
+    if depthwise_tile is not None:
+        return _conv_depthwise(x, w, b, residual, attrs, out=out, tile=depthwise_tile)
     if tactic == TRITON_EPILOGUE and x.is_cuda:
         return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
     return None
@@ -220,7 +223,7 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
 
 # Implementations of one fused conv that the builder times against each other (tactics): on CUDA
 # the library ones, the implicit-GEMM tiles ("igemm.…") and, for depthwise convs, the Triton
-# depthwise kernel; on the CPU "torch" and "channels_last". "torch" is the reference.
+# depthwise kernel in its blocks ("depthwise.…"); on the CPU "torch" and "channels_last". "torch" is the reference.
 TRITON_EPILOGUE = "triton_epilogue"
 CUDNN_FUSED = "cudnn_fused"
 CHANNELS_LAST_TACTIC = "channels_last"
@@ -228,7 +231,8 @@ fixed_tactic(TRITON_EPILOGUE, lambda layer: f"torch.conv ({layer.library}) + tri
 fixed_tactic(CUDNN_FUSED, "cudnn conv+bias(+add)+relu fused")
 fixed_tactic(CHANNELS_LAST_TACTIC, lambda layer: f"torch.conv channels-last ({layer.library}) + torch epilogue",
              weight_layout=CHANNELS_LAST)
-FUSED_CONV_TACTICS = (REFERENCE, TRITON_EPILOGUE, CUDNN_FUSED, CHANNELS_LAST_TACTIC, "igemm.*", TRITON_DEPTHWISE)
+FUSED_CONV_TACTICS = (REFERENCE, TRITON_EPILOGUE, CUDNN_FUSED, CHANNELS_LAST_TACTIC, "igemm.*", TRITON_DEPTHWISE,
+                      "depthwise.*")
 
 
 def igemm_variant_tiles(tiles: list[TileConfig], x: torch.Tensor, w: torch.Tensor,
@@ -266,7 +270,7 @@ def applicable_conv_tactics(inputs, attrs, effort: int = 2) -> list[str]:
             tiles = candidate_tiles(int8=False, effort=effort)
             tactics += [tile.name for tile in tiles + igemm_variant_tiles(tiles, x, w, geometry)]
         if depthwise_geometry(x, w, attrs) is not None:
-            tactics.append(TRITON_DEPTHWISE)
+            tactics += [TRITON_DEPTHWISE] + [tile.name for tile in depthwise_tiles(effort)]
     return tactics
 
 
@@ -286,8 +290,9 @@ def fused_conv(inputs, attrs):
             return y
     if tactic == CHANNELS_LAST_TACTIC and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
-    if tactic == TRITON_DEPTHWISE:
-        y = _conv_depthwise(x, w, b, residual, attrs)
+    depthwise_tile = depthwise_tile_for(tactic)
+    if depthwise_tile is not None:
+        y = _conv_depthwise(x, w, b, residual, attrs, tile=depthwise_tile)
         if y is not None:
             return y
     tile = tactic_for(tactic)

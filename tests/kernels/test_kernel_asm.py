@@ -528,6 +528,40 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
 
 
+# YOLO11n's class-branch depthwise 3×3 over 64 FP16 channels at 80 × 80, batch 32 (float in its INT8 engine too), in
+# the original blocks and each of DEPTHWISE_TILES, as the FusedConv tactic launches them
+DEPTHWISE_BLOCKS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_nhwc_kernel", """
+from sartor.kernels.conv.igemm import ConvGeometry
+x = torch.zeros(32, 64, 80, 80, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+w = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.float16))
+pointers = {torch.float16: "*fp16", torch.float32: "*fp32"}
+for tile in (ORIGINAL_DEPTHWISE_TILE,) + DEPTHWISE_TILES:
+    depthwise_conv_nhwc(x, w, torch.zeros(64, dtype=torch.float16),
+                        ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)), activation="SiLU", tile=tile)
+    kwargs = launched["kwargs"]
+    values = {name: pointers[v.dtype] if isinstance(v, torch.Tensor) else v
+              for name, v in zip(kernel.arg_names, launched["args"])}
+    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names}
+    report = kernel_asm.ptxas_report(kernel_asm.compile_for(kernel, values, constexprs, kwargs["num_warps"], 1,
+                                                            GPUTarget("cuda", 90, 32)).asm["ptx"], 90)
+    print("tile", tile.elements, tile.warps, kwargs["BLOCK_P"] * kwargs["BLOCK_C"], kwargs["num_warps"],
+          report["registers"], report["spill_bytes"])
+""")
+
+
+def test_depthwise_block_tiles_launch_their_blocks_in_fewer_registers_than_the_original():
+    """Each of DEPTHWISE_TILES launches its elements and warps and holds fewer registers a thread than the
+    original blocks' 32 elements a thread, without spills: more warps an SM for a kernel that waits on loads."""
+    rows = [list(map(int, line.split()[1:])) for line in _compile_in_child(DEPTHWISE_BLOCKS_CHILD).splitlines()
+            if line.startswith("tile ")]
+    assert len(rows) == 4
+    (_, _, _, _, original_registers, _), *tiles = rows
+    for elements, warps, launched_elements, launched_warps, registers, spills in rows:
+        assert launched_elements == elements and launched_warps == warps and spills == 0
+    assert all(registers < original_registers for *_, registers, _ in tiles)
+    print(rows)
+
+
 # YOLO11n's head depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32, as the words tactic launches it
 DEPTHWISE_WORDS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_int8_words_kernel", """
 x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)

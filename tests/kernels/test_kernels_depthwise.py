@@ -10,7 +10,11 @@ import torch.nn.functional as F
 # conftest.py switches Triton to its interpreter when there is no GPU.
 triton = pytest.importorskip("triton")
 
-from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, pack_depthwise_weight  # noqa: E402
+from sartor.errors import TacticNameError  # noqa: E402
+from sartor.kernels.conv.depthwise import (  # noqa: E402
+    DEPTHWISE_TILES, ORIGINAL_DEPTHWISE_TILE, DepthwiseTile, depthwise_conv_nhwc, depthwise_tile_for, depthwise_tiles,
+    pack_depthwise_weight)
+from sartor.kernels.registry import parse_tactic  # noqa: E402
 from sartor.kernels.pointwise.epilogue import code_words  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import (  # noqa: E402
@@ -129,12 +133,41 @@ def test_channel_slice_input_and_output():
     assert (buffer[:, :20] == 7).all() and (buffer[:, 44:] == 7).all()
 
 
+@pytest.mark.parametrize("tile", DEPTHWISE_TILES, ids=lambda tile: tile.name)
+def test_every_block_tile_equals_the_original_bit_for_bit(tile):
+    """Other elements a program and warps change which program sums an output, not the order of its taps:
+    two images of 64 FP16 channels at 11 × 13 (ragged pixel blocks), SiLU after a residual."""
+    generator = torch.Generator().manual_seed(11)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 64, activation="SiLU")
+    x, w, b, residual = _inputs(64, (3, 3), attrs, torch.float16, generator, residual=True, size=(11, 13))
+    packed = pack_depthwise_weight(w)
+    original = _conv_depthwise(x, packed, b, residual, attrs, require_cuda=False)
+    out = _conv_depthwise(x, packed, b, residual, attrs, require_cuda=False, tile=tile)
+    assert torch.equal(out, original)
+    _check(out, x, w, b, residual, attrs)
+
+
+def test_block_tiles_are_named_parsed_and_offered_by_effort():
+    for tile in DEPTHWISE_TILES + (ORIGINAL_DEPTHWISE_TILE,):
+        assert parse_tactic(tile.name) == tile and depthwise_tile_for(tile.name) == tile
+    assert DEPTHWISE_TILES[1].name == "depthwise.elements2048.w8"
+    assert depthwise_tile_for("triton_depthwise") == ORIGINAL_DEPTHWISE_TILE == DepthwiseTile(4096, 4)
+    assert depthwise_tile_for("triton_epilogue") is None and depthwise_tile_for(None) is None
+    with pytest.raises(TacticNameError):
+        DepthwiseTile.parse("depthwise.elements3000.w8")
+    assert len(depthwise_tiles(1)) < len(depthwise_tiles(2)) < len(depthwise_tiles(3)) == len(DEPTHWISE_TILES)
+    w = torch.randn(12, 1, 3, 3)
+    assert torch.equal(conv_weight_for_tactic(w, DEPTHWISE_TILES[0].name), pack_depthwise_weight(w))
+    assert conv_weight_for_tactic(w, DEPTHWISE_TILES[0].name).permute(2, 3, 0, 1).is_contiguous()
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="the tactic runs the kernel on CUDA tensors only")
-def test_the_tactic_runs_through_fused_conv_and_into_a_slice():
+@pytest.mark.parametrize("tactic", ["triton_depthwise", DEPTHWISE_TILES[1].name])
+def test_the_tactic_runs_through_fused_conv_and_into_a_slice(tactic):
     generator = torch.Generator().manual_seed(5)
-    attrs = _attrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 32, activation="Relu", tactic="triton_depthwise")
+    attrs = _attrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 32, activation="Relu", tactic=tactic)
     x, w, b, _ = _inputs(32, (3, 3), attrs, torch.float16, generator, size=(12, 12))
-    stored = conv_weight_for_tactic(w, "triton_depthwise")
+    stored = conv_weight_for_tactic(w, tactic)
     _check(fused_conv([x, stored, b], attrs), x, w, b, None, attrs)
     buffer = torch.zeros(2, 48, 6, 6, dtype=x.dtype, device=DEVICE).contiguous(memory_format=torch.channels_last)
     assert fused_conv_into([x, stored, b], attrs, buffer[:, 16:]) is not None
@@ -193,6 +226,7 @@ def test_cuda_lists_the_tactic_for_depthwise_convs_only():
     attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16)
     w = torch.zeros(16, 1, 3, 3, device="cuda", dtype=torch.float16)
     assert "triton_depthwise" in applicable_conv_tactics([x, w], attrs)
+    assert set(t.name for t in depthwise_tiles(2)) < set(applicable_conv_tactics([x, w], attrs, effort=2))
     assert "triton_depthwise" in applicable_conv_tactics([x[:, :8], w[:8]], dict(attrs, group=8))  # a Split half
     assert "triton_depthwise" not in applicable_conv_tactics([x, torch.zeros(16, 16, 3, 3, device="cuda", dtype=torch.float16)],
                                                              dict(attrs, group=1))

@@ -26,6 +26,9 @@ its float32 one; the sums are converted to int32 once, for the epilogue.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from ..common.cache_keys import settle_cache_keys
@@ -33,7 +36,7 @@ from ..common.pdl import launch_options
 from .igemm import ConvGeometry
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..common.tile_steps import epilogue_arguments
-from ..registry import DEPTHWISE_TAPS, fixed_tactic
+from ..registry import DEPTHWISE_TAPS, LayerFacts, Number, Tactic, fixed_tactic, register, tactic_for
 
 # Float32 holds every integer below 2^24 exactly: a sum of this many taps of codes (|code| ≤ 128, |weight|
 # ≤ 127) stays below it in any order, so a float input's codes are summed in float32 (module docstring).
@@ -188,11 +191,12 @@ def pack_depthwise_weight(w: torch.Tensor) -> torch.Tensor:
     return w.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
 
 
-def _block_sizes(pixels: int, channels: int, min_programs: int, max_block_c: int = _BLOCK_C) -> tuple[int, int]:
-    """Blocks as large as registers allow, halved along pixels while the grid would leave SMs idle
+def _block_sizes(pixels: int, channels: int, min_programs: int, max_block_c: int = _BLOCK_C,
+                 elements: int = _BLOCK_ELEMENTS) -> tuple[int, int]:
+    """Blocks of `elements` (pixels × channels), halved along pixels while the grid would leave SMs idle
     (late MobileNet stages hold 7×7 pixels at batch 1)."""
     block_c = min(max_block_c, max(16, triton.next_power_of_2(channels)))
-    block_p = max(_MIN_BLOCK_P, _BLOCK_ELEMENTS // block_c)
+    block_p = max(_MIN_BLOCK_P, elements // block_c)
     while block_p > _MIN_BLOCK_P and triton.cdiv(pixels, block_p) * triton.cdiv(channels, block_c) < min_programs:
         block_p //= 2
     return block_p, block_c
@@ -209,12 +213,13 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
                         residual: torch.Tensor | None = None, activation: str | None = None,
                         alpha: float | None = None, beta: float | None = None,
                         residual_after_activation: bool = False, out: torch.Tensor | None = None,
-                        pdl: bool = False) -> torch.Tensor:
+                        pdl: bool = False, tile: "DepthwiseTile | None" = None) -> torch.Tensor:
     """Depthwise convolution of a channels-last [N, C, H, W] tensor (any pixel stride) by a
     [C, 1, KH, KW] weight (any strides; `pack_depthwise_weight`'s layout loads fastest), then
     bias, residual (the output's shape, any strides) and activation. The result has x's dtype:
     a new channels-last tensor, or `out` (a channel slice of a Concat's buffer). `pdl`: launched with
-    programmatic dependent launch (CUDA tensors only)."""
+    programmatic dependent launch (CUDA tensors only). `tile`: the elements a program and its warps
+    (default: TRITON_DEPTHWISE's); every tile sums each output's taps in the same order."""
     if not depthwise_supported(x, w):
         raise ValueError(f"depthwise_conv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(w.shape)} are not a channels-last depthwise convolution")
@@ -228,7 +233,7 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
                                         alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
                                         residual_scale=None, output_inv_scale=None, qmin=-127.0)
     _launch(x, w, bias, None, residual, y, geometry, 1.0, scalars, dict(flags, QUANTIZE_INPUT=False), fusion=True,
-            pdl=pdl)
+            pdl=pdl, tile=tile or ORIGINAL_DEPTHWISE_TILE)
     return y
 
 
@@ -309,7 +314,8 @@ def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
             in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, max_block_c: int = _BLOCK_C,
-            pdl: bool = False) -> None:
+            pdl: bool = False, tile: "DepthwiseTile | None" = None) -> None:
+    tile = tile or ORIGINAL_DEPTHWISE_TILE
     flags = {k: v for k, v in flags.items() if k != "FP8"}  # no FP8 depthwise: its layers keep the emulation
     n, c, h, w_in = x.shape
     oh, ow = geometry.out_hw
@@ -317,7 +323,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
     swc, _, swh, sww = w.stride()
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, min_programs(x.device), max_block_c)
+    block_p, block_c = _block_sizes(pixels, c, min_programs(x.device), max_block_c, tile.elements)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _depthwise_nhwc_kernel[grid](
         x, w, bias if bias is not None else w, scale if scale is not None else w,
@@ -328,7 +334,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
         DH=geometry.dilations[0], DW=geometry.dilations[1], **flags,
         BLOCK_P=block_p, BLOCK_C=block_c,
         CH_ALIGN=told_alignment(c, sxn, sxh, sxw, pixel_stride(y), swh, sww, rs[0], rs[2], rs[3]), PDL=pdl,
-        num_warps=4, enable_fp_fusion=fusion, **launch_options(pdl))
+        num_warps=tile.warps, enable_fp_fusion=fusion, **launch_options(pdl))
 
 
 TRITON_DEPTHWISE = "triton_depthwise"
@@ -355,6 +361,49 @@ fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
              weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
 DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C,
                           TRITON_DEPTHWISE_INT8_WORDS: LINE_BLOCK_C}
+
+
+@register
+@dataclass(frozen=True)
+class DepthwiseTile(Tactic):
+    """The float depthwise kernel's blocks: elements (pixels × channels) a program and its warps. Named
+    e.g. "depthwise.elements2048.w8". TRITON_DEPTHWISE runs ORIGINAL_DEPTHWISE_TILE; these are its
+    other blocks, timed beside it (docs/decisions/kernel-depthwise-blocks.md)."""
+    elements: int
+    warps: int
+
+    FAMILY: ClassVar[str] = "depthwise"
+    WEIGHT_LAYOUT: ClassVar[str] = DEPTHWISE_TAPS
+    PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
+    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("warps", "w"))
+
+    def invalid(self) -> str | None:
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.warps))
+        return None if powers and self.elements >= _MIN_BLOCK_P * 16 else "sizes are powers of 2, elements ≥ 256"
+
+    def describe(self, layer: LayerFacts) -> str:
+        return (f"triton channels-last depthwise conv (fp32 accumulate, padding by masks), {self.elements} elements "
+                f"a program, {self.warps} warps + fused epilogue")
+
+
+ORIGINAL_DEPTHWISE_TILE = DepthwiseTile(_BLOCK_ELEMENTS, 4)
+# Fewer elements a thread than the original: its registers left few warps an SM to a kernel that waits on its
+# loads (docs/decisions/kernel-depthwise-blocks.md).
+DEPTHWISE_TILES = (DepthwiseTile(2048, 4), DepthwiseTile(2048, 8), DepthwiseTile(1024, 8))
+DEPTHWISE_TILES_PER_EFFORT = {1: 1, 2: 2, 3: 3}
+
+
+def depthwise_tiles(effort: int) -> list[DepthwiseTile]:
+    """The float depthwise blocks timed at `effort`, beside TRITON_DEPTHWISE."""
+    return list(DEPTHWISE_TILES[:DEPTHWISE_TILES_PER_EFFORT.get(effort, len(DEPTHWISE_TILES))])
+
+
+def depthwise_tile_for(tactic: str | None) -> DepthwiseTile | None:
+    """The blocks a float layer's tactic runs the depthwise kernel in, or None for another kernel."""
+    if tactic == TRITON_DEPTHWISE:
+        return ORIGINAL_DEPTHWISE_TILE
+    chosen = tactic_for(tactic)
+    return chosen if isinstance(chosen, DepthwiseTile) else None
 
 
 settle_cache_keys(globals())  # last, once every Triton function above exists (common/cache_keys.py)
