@@ -22,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from int8_kernel_probe import conv_case, int8_codes, stream_like_resident  # noqa: E402
 from sartor.kernels.conv.chain import ChainLayer, conv_chain  # noqa: E402
-from sartor.kernels.conv.depthwise import (DEPTHWISE_TILES, LINE_BLOCK_C, depthwise_conv_nhwc,  # noqa: E402
-                                           depthwise_qconv_nhwc, pack_depthwise_weight)
+from sartor.kernels.conv.depthwise import (DEPTHWISE_TILES, DEPTHWISE_WORDS_TILES, TRITON_DEPTHWISE,  # noqa: E402
+                                           TRITON_DEPTHWISE_INT8_WORDS,
+                                           depthwise_conv_nhwc, depthwise_qconv_nhwc, depthwise_tile_for,
+                                           pack_depthwise_weight)
 from sartor.kernels.conv.igemm import ConvGeometry, TileConfig, conv_igemm, pack_weight  # noqa: E402
 from sartor.kernels.conv.tma import TmaTile, conv_tma  # noqa: E402
 from sartor.kernels.pool.max_pool import PoolTile, max_pool_nhwc  # noqa: E402
@@ -124,24 +126,25 @@ def chain_case(batch: int, cin: int, cmid: int, cout: int, hw: int, stride: int,
 
 def depthwise_case(batch: int, channels: int, hw: int, form: str):
     """A 3×3 depthwise convolution (stride 1, SiLU) over channels-last activations, as YOLO11n's DWConv:
-    `triton` (FP16, kernels/conv/depthwise.py, triton_depthwise's blocks), a DepthwiseTile's name (FP16, its
-    blocks), `cudnn` (FP16, torch's convolution alone: the triton_epilogue tactic's first kernel),
-    `int8_words` (INT8 codes a word of four channels)."""
+    `triton` (FP16, kernels/conv/depthwise.py, triton_depthwise's blocks), `cudnn` (FP16, torch's convolution
+    alone: the triton_epilogue tactic's first kernel), `int8_words` (INT8 codes a word of four channels), or a
+    DepthwiseTile's name (in its blocks: FP16, or INT8 words for a words tile)."""
     geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (hw, hw))
-    if form == "int8_words":
+    named = {"triton": TRITON_DEPTHWISE, "int8_words": TRITON_DEPTHWISE_INT8_WORDS}
+    tile = None if form == "cudnn" else depthwise_tile_for(named.get(form, form))
+    if tile is not None and tile.words:
         x = int8_codes(batch, channels, hw, hw, channels_last=True)
         w = pack_depthwise_weight(int8_codes(channels, 1, 3, 3))
         bias = torch.randint(-1000, 1000, (channels,), dtype=torch.int32, device="cuda")
         scale = torch.full((channels,), 1e-3, device="cuda")
         return lambda: depthwise_qconv_nhwc(x, w, bias, geometry, dequant_scale=scale, input_inv_scale=1.0,
-                                            max_block_c=LINE_BLOCK_C, words=True, **SILU_EPILOGUE)
+                                            tile=tile, **SILU_EPILOGUE)
     x = torch.randn(batch, channels, hw, hw, device="cuda").half().contiguous(memory_format=torch.channels_last)
     w = (torch.randn(channels, 1, 3, 3, device="cuda") / 3).half()
     bias = torch.zeros(channels, device="cuda").half()
     if form == "cudnn":
         return lambda: torch.nn.functional.conv2d(x, w, bias, padding=1, groups=channels)
     w = pack_depthwise_weight(w)
-    tile = None if form == "triton" else tactic_for(form)
     return lambda: depthwise_conv_nhwc(x, w, bias, geometry, activation="SiLU", tile=tile)
 
 
@@ -221,7 +224,8 @@ def cases(batch: int) -> dict:
         # INT8 engine (decision 0045), where cuDNN and an epilogue (0.0386 ms) beat the Triton kernel: 2.2 times
         # a copy of its 26 MB (copy.yolo.26MB).
         **{f"yolo11n.cv3_dw.{form}": (lambda form=form: depthwise_case(32, 64, 80, form))
-           for form in ("triton", "cudnn", "int8_words") + tuple(tile.name for tile in DEPTHWISE_TILES)},
+           for form in ("triton", "cudnn", "int8_words")
+           + tuple(tile.name for tile in DEPTHWISE_TILES + DEPTHWISE_WORDS_TILES)},
         # Without the activations: what the SiLUs' special-function operations cost it.
         "yolo.chain1.int8.no_activation": lambda: chain_case(32, 16, 32, 32, 320, 2, "chain.128x64x32.w8.s3",
                                                              activation=None),

@@ -214,7 +214,7 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     if isinstance(tile, TileConfig):
         return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
     depthwise_tile = depthwise_tile_for(tactic)
-    if depthwise_tile is not None:
+    if depthwise_tile is not None and not depthwise_tile.words:
         return _conv_depthwise(x, w, b, residual, attrs, out=out, tile=depthwise_tile)
     if tactic == TRITON_EPILOGUE and x.is_cuda:
         return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
@@ -291,7 +291,7 @@ def fused_conv(inputs, attrs):
     if tactic == CHANNELS_LAST_TACTIC and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
     depthwise_tile = depthwise_tile_for(tactic)
-    if depthwise_tile is not None:
+    if depthwise_tile is not None and not depthwise_tile.words:  # words: INT8 codes, which a float layer has not
         y = _conv_depthwise(x, w, b, residual, attrs, tile=depthwise_tile)
         if y is not None:
             return y

@@ -72,8 +72,8 @@ from ..kernels.conv.igemm import (ConvGeometry, TileConfig, candidate_tiles, con
 from ..kernels.conv.direct_stem import (DIRECT_STEM_FORMS, direct_stem_applies, direct_stem_conv, row_words,
                                         stem_forms, tap_words)
 from ..kernels.conv.direct_words import DIRECT_WORDS_FORMS, direct_int8_words_conv, direct_words_applies
-from ..kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
-                                      TRITON_DEPTHWISE_INT8_WORDS,
+from ..kernels.conv.depthwise import (NAMED_DEPTHWISE_TILES, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
+                                      TRITON_DEPTHWISE_INT8_WORDS, depthwise_tile_for, depthwise_tiles,
                                       depthwise_codes_supported, depthwise_qconv_nhwc,
                                       pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import ACTIVATION_CODES, code_words, pixel_stride, triton
@@ -243,10 +243,12 @@ def _qlayer_tactics(gemm: bool):
         if projection_inputs(inputs) is not None:
             return names + projected_tactics(inputs, attrs, effort)
         if not gemm and depthwise_int8_geometry(inputs[0], inputs[1], attrs) is not None:
-            wide = inputs[0].shape[1] > DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8]  # else the same blocks
+            # 128-channel blocks only where they differ from the 64-channel ones
+            wide = inputs[0].shape[1] > NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8].max_block_c
             words = code_words(inputs[0]) is not None  # INT8 codes in whole words
             return (names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
-                    + ([TRITON_DEPTHWISE_INT8_WORDS] if words else []))
+                    + ([TRITON_DEPTHWISE_INT8_WORDS] + [t.name for t in depthwise_tiles(effort, words=True)]
+                       if words else []))
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)
         if geometry is not None:
             tiles = candidate_tiles(int8=True, effort=effort)
@@ -424,6 +426,7 @@ def depthwise_int8_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict,
 
 def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None,
                       tactic: str = TRITON_DEPTHWISE_INT8):
+    """The INT8 depthwise kernels in the blocks `tactic` names (`depthwise_tile_for`)."""
     geometry = depthwise_int8_geometry(x, wq, attrs, require_cuda=False)
     if geometry is None or (residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1],
                                                                                *geometry.out_hw)):
@@ -431,8 +434,7 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue = _int8_epilogue(attrs)
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                max_block_c=DEPTHWISE_INT8_BLOCK_C[tactic], words=tactic == TRITON_DEPTHWISE_INT8_WORDS,
-                                pdl=programmatic_launch(x, attrs), **epilogue)
+                                tile=depthwise_tile_for(tactic), pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
@@ -486,7 +488,7 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     name = attrs.get("tactic") or REFERENCE
     if name in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
-    if name in DEPTHWISE_INT8_BLOCK_C and not gemm:
+    if depthwise_tile_for(name) is not None and not gemm:
         return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
     if name in DIRECT_WORDS_FORMS and not gemm:
         return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out, name)

@@ -233,7 +233,8 @@ def test_pool_upsample_stem_dp4a_and_depthwise_kernels_under_pdl_equal_the_other
     dp4a convolution, a max pool into half of a Concat buffer, a ×2 upsample, the INT8 depthwise in words and
     code by code, and on FP16 the depthwise, pool and upsample; launched with PDL inside one CUDA graph,
     replayed: the same values as the ordinary launches."""
-    from sartor.kernels.conv.depthwise import depthwise_conv_nhwc, depthwise_qconv_nhwc, pack_depthwise_weight
+    from sartor.kernels.conv.depthwise import (depthwise_conv_nhwc, depthwise_qconv_nhwc, depthwise_tile_for,
+                                               pack_depthwise_weight)
     from sartor.kernels.conv.direct_stem import direct_stem_conv, tap_words
     from sartor.kernels.conv.direct_words import direct_int8_words_conv
     from sartor.kernels.conv.igemm import ConvGeometry
@@ -265,7 +266,8 @@ def test_pool_upsample_stem_dp4a_and_depthwise_kernels_under_pdl_equal_the_other
         max_pool_nhwc(b, (5, 5), (1, 1), (2, 2), (1, 1), (32, 32), out=buffer[:, 16:], tile=SMALL_POOL_LOADS_FIRST,
                       pdl=pdl)
         c = upsample_nearest_nhwc(buffer, (2, 2), pdl=pdl)
-        d = depthwise_qconv_nhwc(c, w_depth, bias32, at64, input_inv_scale=1.0, words=True, **int8(32))
+        d = depthwise_qconv_nhwc(c, w_depth, bias32, at64, input_inv_scale=1.0,
+                                 tile=depthwise_tile_for("triton_depthwise_int8_words"), **int8(32))
         e = depthwise_qconv_nhwc(d, w_depth, bias32, at64, input_inv_scale=1.0, **int8(32))
         f = depthwise_conv_nhwc(b.half(), w_half, half_bias, at32, activation="SiLU", pdl=pdl)
         g = max_pool_nhwc(f, (3, 3), (1, 1), (1, 1), (1, 1), (32, 32), pdl=pdl)

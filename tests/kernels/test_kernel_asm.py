@@ -562,13 +562,48 @@ def test_depthwise_block_tiles_launch_their_blocks_in_fewer_registers_than_the_o
     print(rows)
 
 
+# YOLO11n's class-branch entry (depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32) as the words tactic and
+# each of DEPTHWISE_WORDS_TILES launch it
+DEPTHWISE_WORDS_BLOCKS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_int8_words_kernel", """
+x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
+wq = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.int8))
+pointers = {torch.int8: "*i8", torch.int32: "*i32", torch.float32: "*fp32"}
+for tile in (NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8_WORDS],) + DEPTHWISE_WORDS_TILES:
+    depthwise_qconv_nhwc(x, wq, torch.zeros(64, dtype=torch.int32), ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)),
+                         dequant_scale=torch.ones(64), input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU",
+                         tile=tile)
+    kwargs = launched["kwargs"]
+    values = {name: pointers[v.dtype] if isinstance(v, torch.Tensor) else v
+              for name, v in zip(kernel.arg_names, launched["args"])}
+    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names} | {"DP4A": True}
+    report = kernel_asm.ptxas_report(kernel_asm.compile_for(kernel, values, constexprs, kwargs["num_warps"], 1,
+                                                            GPUTarget("cuda", 90, 32)).asm["ptx"], 90)
+    print("tile", tile.elements, tile.warps, kwargs["BLOCK_P"] * kwargs["BLOCK_W"] * 4, kwargs["num_warps"],
+          report["registers"], report["spill_bytes"])
+""")
+
+
+def test_depthwise_words_tiles_launch_their_blocks_in_fewer_registers_than_the_words_tactic():
+    """Each of DEPTHWISE_WORDS_TILES launches its elements and warps (64 channels: one block of 64 of its 128) and
+    holds fewer registers a thread than the words tactic's blocks, without spills."""
+    rows = [list(map(int, line.split()[1:])) for line in _compile_in_child(DEPTHWISE_WORDS_BLOCKS_CHILD).splitlines()
+            if line.startswith("tile ")]
+    assert len(rows) == 3
+    (_, _, _, _, named_registers, _), *tiles = rows
+    for elements, warps, launched_elements, launched_warps, registers, spills in rows:
+        assert launched_elements == elements and launched_warps == warps and spills == 0
+    assert all(registers < named_registers for *_, registers, _ in tiles)
+    print(rows)
+
+
 # YOLO11n's head depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32, as the words tactic launches it
 DEPTHWISE_WORDS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_int8_words_kernel", """
 x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
 wq = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.int8))
 geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80))
 depthwise_qconv_nhwc(x, wq, torch.zeros(64, dtype=torch.int32), geometry, dequant_scale=torch.ones(64),
-                     input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU", words=True)
+                     input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU",
+                     tile=NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8_WORDS])
 """, sm90={"DP4A": True}, told="DP4A") + """
 print(len(re.findall(r"dp4a\\.s32\\.s32", ptx)), kernel_asm.ptxas_report(ptx, 90)["spill_bytes"])
 """
@@ -943,7 +978,8 @@ words.direct_int8_words_conv(nhwc(1, 16, 20, 20), nhwc(16, 16, 3, 3), torch.zero
 wq = depthwise.pack_depthwise_weight(torch.zeros(16, 1, 3, 3, dtype=torch.int8))
 for in_words in (False, True):
     depthwise.depthwise_qconv_nhwc(nhwc(1, 16, 20, 20), wq, torch.zeros(16, dtype=torch.int32), same,
-                                   input_inv_scale=1.0, words=in_words, **epilogue)
+                                   input_inv_scale=1.0, **epilogue,
+                                   tile=depthwise.depthwise_tile_for("triton_depthwise_int8_words" if in_words else None))
 depthwise.depthwise_conv_nhwc(nhwc(1, 16, 20, 20, dtype=torch.float16),
                               depthwise.pack_depthwise_weight(torch.zeros(16, 1, 3, 3, dtype=torch.float16)),
                               torch.zeros(16, dtype=torch.float16), same, activation="SiLU", pdl=True)

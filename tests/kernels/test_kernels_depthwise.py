@@ -12,8 +12,8 @@ triton = pytest.importorskip("triton")
 
 from sartor.errors import TacticNameError  # noqa: E402
 from sartor.kernels.conv.depthwise import (  # noqa: E402
-    DEPTHWISE_TILES, ORIGINAL_DEPTHWISE_TILE, DepthwiseTile, depthwise_conv_nhwc, depthwise_tile_for, depthwise_tiles,
-    pack_depthwise_weight)
+    DEPTHWISE_TILES, DEPTHWISE_WORDS_TILES, NAMED_DEPTHWISE_TILES, ORIGINAL_DEPTHWISE_TILE, DepthwiseTile,
+    depthwise_conv_nhwc, depthwise_tile_for, depthwise_tiles, pack_depthwise_weight)
 from sartor.kernels.registry import parse_tactic  # noqa: E402
 from sartor.kernels.pointwise.epilogue import code_words  # noqa: E402
 from sartor.ops import default_registry  # noqa: E402
@@ -148,14 +148,20 @@ def test_every_block_tile_equals_the_original_bit_for_bit(tile):
 
 
 def test_block_tiles_are_named_parsed_and_offered_by_effort():
-    for tile in DEPTHWISE_TILES + (ORIGINAL_DEPTHWISE_TILE,):
+    for tile in DEPTHWISE_TILES + DEPTHWISE_WORDS_TILES + (ORIGINAL_DEPTHWISE_TILE,):
         assert parse_tactic(tile.name) == tile and depthwise_tile_for(tile.name) == tile
     assert DEPTHWISE_TILES[1].name == "depthwise.elements2048.w8"
+    assert DEPTHWISE_WORDS_TILES[0].name == "depthwise.elements2048.channels128.w8.words"
     assert depthwise_tile_for("triton_depthwise") == ORIGINAL_DEPTHWISE_TILE == DepthwiseTile(4096, 4)
+    assert depthwise_tile_for("triton_depthwise_int8_words") == DepthwiseTile(4096, 4, 128, words=True)
+    assert set(NAMED_DEPTHWISE_TILES) == {"triton_depthwise", "triton_depthwise_int8", "triton_depthwise_int8_lines",
+                                          "triton_depthwise_int8_words"}
     assert depthwise_tile_for("triton_epilogue") is None and depthwise_tile_for(None) is None
-    with pytest.raises(TacticNameError):
-        DepthwiseTile.parse("depthwise.elements3000.w8")
+    for bad in ("depthwise.elements3000.w8", "depthwise.elements1024.channels128.w8"):  # 8 pixels of 128 channels
+        with pytest.raises(TacticNameError):
+            DepthwiseTile.parse(bad)
     assert len(depthwise_tiles(1)) < len(depthwise_tiles(2)) < len(depthwise_tiles(3)) == len(DEPTHWISE_TILES)
+    assert len(depthwise_tiles(1, words=True)) < len(depthwise_tiles(2, words=True)) == len(DEPTHWISE_WORDS_TILES)
     w = torch.randn(12, 1, 3, 3)
     assert torch.equal(conv_weight_for_tactic(w, DEPTHWISE_TILES[0].name), pack_depthwise_weight(w))
     assert conv_weight_for_tactic(w, DEPTHWISE_TILES[0].name).permute(2, 3, 0, 1).is_contiguous()
@@ -181,6 +187,19 @@ def test_packed_weight_keeps_its_shape_and_orders_taps_outermost():
     assert packed.permute(2, 3, 0, 1).is_contiguous()
     dense = torch.randn(8, 4, 3, 3)
     assert conv_weight_for_tactic(dense, "triton_depthwise") is dense  # not a depthwise weight
+
+
+def test_a_float_layer_never_runs_a_words_tile():
+    """Words are INT8 codes: the FusedConv runs torch's conv for such a tactic, the kernel refuses it."""
+    generator = torch.Generator().manual_seed(12)
+    attrs = _attrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 16, activation="Relu")
+    x, w, b, _ = _inputs(16, (3, 3), attrs, torch.float32, generator, size=(5, 6))
+    words = DEPTHWISE_WORDS_TILES[0]
+    out = torch.empty(2, 16, 5, 6, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    assert fused_conv_into([x, pack_depthwise_weight(w), b], dict(attrs, tactic=words.name), out) is None
+    with pytest.raises(ValueError, match="reads INT8 codes as words; a float layer has none"):
+        depthwise_conv_nhwc(x, pack_depthwise_weight(w), b, depthwise_geometry(x, w, attrs, require_cuda=False),
+                            tile=words)
 
 
 def test_the_tactic_falls_back_to_torch_where_the_kernel_does_not_apply():
@@ -280,13 +299,15 @@ def _int8_layer(channels, kernel, strides, pads, dilations, generator, *, residu
 @pytest.mark.parametrize("kernel,strides,pads,dilations", GEOMETRIES)
 @pytest.mark.parametrize("residual,int8_output", [(False, True), (True, True), (False, False)])
 @pytest.mark.parametrize("tactic", ["triton_depthwise_int8", "triton_depthwise_int8_lines",
-                                    "triton_depthwise_int8_words"])
+                                    "triton_depthwise_int8_words", DEPTHWISE_WORDS_TILES[0].name,
+                                    DEPTHWISE_TILES[1].name])
 def test_int8_depthwise_equals_the_emulation(kernel, strides, pads, dilations, residual, int8_output, tactic):
     """int32 sums of int8 taps, then the INT8 epilogue: bit for bit the emulation's output, INT8
     codes or float32, with a residual of codes, over every geometry, with 80 channels (two channel
     blocks of 64, the second ragged; one ragged block of 128 for the lines and words tactics, the
     words' lanes summed apart); float32 and float16 inputs are quantized on load as the emulation
-    quantizes them, their codes summed in float32 (the words tactic then reads code by code)."""
+    quantizes them, their codes summed in float32 (the words tactic then reads code by code). The
+    other blocks (DepthwiseTile: words, and the float layers' blocks run on codes) too."""
     generator = torch.Generator().manual_seed(21)
     qconv, inputs, attrs = _int8_layer(80, kernel, strides, pads, dilations, generator, residual=residual,
                                        int8_output=int8_output)
@@ -387,7 +408,8 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
     if DEVICE == "cuda":
         # 16 channels: one block, so no line tactic; INT8 codes in whole words, so the word tactic too
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
-        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS]
+        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS,
+                                               *(t.name for t in depthwise_tiles(2, words=True))]
         odd = [t.cuda() if t is not None else None for t in odd_layer]
         assert qconv_tactics(odd, dict(attrs, group=15), 2) == ["torch", TRITON_DEPTHWISE_INT8]
 
@@ -399,9 +421,9 @@ def test_the_lines_tactic_is_offered_beside_the_first_above_64_channels_only():
     from sartor.kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                                TRITON_DEPTHWISE_INT8_WORDS)
     qconv_tactics = default_registry()["QConv"].tactics
-    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES, TRITON_DEPTHWISE_INT8_WORDS]
-    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS]), (128, both),
-                              (18, [TRITON_DEPTHWISE_INT8])):
+    words = [TRITON_DEPTHWISE_INT8_WORDS] + [t.name for t in depthwise_tiles(2, words=True)]
+    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES, *words]
+    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8, *words]), (128, both), (18, [TRITON_DEPTHWISE_INT8])):
         x = torch.zeros(1, channels, 8, 8, dtype=torch.int8, device="cuda")
         x = x.contiguous(memory_format=torch.channels_last)
         layer = [x, torch.zeros(channels, 1, 3, 3, dtype=torch.int8, device="cuda"),
@@ -411,9 +433,9 @@ def test_the_lines_tactic_is_offered_beside_the_first_above_64_channels_only():
 
 
 def test_the_lines_tactic_takes_128_channel_blocks():
-    from sartor.kernels.conv.depthwise import (DEPTHWISE_INT8_BLOCK_C, LINE_BLOCK_C, TRITON_DEPTHWISE_INT8_LINES,
+    from sartor.kernels.conv.depthwise import (LINE_BLOCK_C, NAMED_DEPTHWISE_TILES, TRITON_DEPTHWISE_INT8_LINES,
                                                _block_sizes)
-    assert DEPTHWISE_INT8_BLOCK_C[TRITON_DEPTHWISE_INT8_LINES] == LINE_BLOCK_C == 128
+    assert NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8_LINES].max_block_c == LINE_BLOCK_C == 128
     assert _block_sizes(32 * 20 * 20, 128, 264, LINE_BLOCK_C) == (32, 128)  # YOLO11n's attention pe
     assert _block_sizes(32 * 20 * 20, 128, 264) == (64, 64)
 

@@ -36,7 +36,7 @@ from ..common.pdl import launch_options
 from .igemm import ConvGeometry
 from ..pointwise.epilogue import WORD_CODES, channels_last_output, code_words, pixel_stride, told_alignment, triton
 from ..common.tile_steps import epilogue_arguments
-from ..registry import DEPTHWISE_TAPS, LayerFacts, Number, Tactic, fixed_tactic, register, tactic_for
+from ..registry import DEPTHWISE_TAPS, Flag, LayerFacts, Number, Tactic, fixed_tactic, register, tactic_for
 
 # Float32 holds every integer below 2^24 exactly: a sum of this many taps of codes (|code| ≤ 128, |weight|
 # ≤ 127) stays below it in any order, so a float input's codes are summed in float32 (module docstring).
@@ -218,8 +218,11 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     [C, 1, KH, KW] weight (any strides; `pack_depthwise_weight`'s layout loads fastest), then
     bias, residual (the output's shape, any strides) and activation. The result has x's dtype:
     a new channels-last tensor, or `out` (a channel slice of a Concat's buffer). `pdl`: launched with
-    programmatic dependent launch (CUDA tensors only). `tile`: the elements a program and its warps
-    (default: TRITON_DEPTHWISE's); every tile sums each output's taps in the same order."""
+    programmatic dependent launch (CUDA tensors only). `tile`: the elements a program, the widest channel
+    block and the warps (default: TRITON_DEPTHWISE's); every tile sums each output's taps in the same order."""
+    tile = tile or ORIGINAL_DEPTHWISE_TILE
+    if tile.words:
+        raise ValueError(f"depthwise_conv_nhwc: {tile.name} reads INT8 codes as words; a float layer has none")
     if not depthwise_supported(x, w):
         raise ValueError(f"depthwise_conv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(w.shape)} are not a channels-last depthwise convolution")
@@ -233,7 +236,7 @@ def depthwise_conv_nhwc(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
                                         alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
                                         residual_scale=None, output_inv_scale=None, qmin=-127.0)
     _launch(x, w, bias, None, residual, y, geometry, 1.0, scalars, dict(flags, QUANTIZE_INPUT=False), fusion=True,
-            pdl=pdl, tile=tile or ORIGINAL_DEPTHWISE_TILE)
+            pdl=pdl, tile=tile)
     return y
 
 
@@ -250,16 +253,17 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                          residual_after_activation: bool = False, residual_scale: float | None = None,
                          output_inv_scale: float | None = None, qmin: int = -127,
                          accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
-                         out: torch.Tensor | None = None, max_block_c: int = _BLOCK_C,
-                         words: bool = False, pdl: bool = False) -> torch.Tensor:
+                         out: torch.Tensor | None = None, tile: "DepthwiseTile | None" = None,
+                         pdl: bool = False) -> torch.Tensor:
     """An INT8 depthwise QConv: x int8 codes (or float, quantized with `input_inv_scale` on load),
     wq int8 [C, 1, KH, KW] (`pack_depthwise_weight`'s layout loads fastest), bias int32, the
     per-channel `dequant_scale`; the output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`. The arithmetic is conv_igemm's, so it equals the emulation.
-    `max_block_c`: the widest channel block a program takes (LINE_BLOCK_C for the lines tactic).
-    `words`: codes read as words of four channels, a dp4a a lane (the words tactic), where the
-    input's channels, strides and offset allow it (`code_words`); else code by code. `pdl`: launched with
+    `tile`: the blocks (default: TRITON_DEPTHWISE_INT8's): elements a program, the widest channel block,
+    warps, and whether codes are read as words of four channels, a dp4a a lane, where the input's
+    channels, strides and offset allow it (`code_words`; else code by code). `pdl`: launched with
     programmatic dependent launch (CUDA tensors only)."""
+    tile = tile or ORIGINAL_DEPTHWISE_TILE
     if not depthwise_codes_supported(x, wq):
         raise ValueError(f"depthwise_qconv_nhwc: input {tuple(x.shape)} {x.dtype} strides {x.stride()} and weight "
                          f"{tuple(wq.shape)} {wq.dtype} are not a channels-last INT8 depthwise convolution")
@@ -273,21 +277,20 @@ def depthwise_qconv_nhwc(x: torch.Tensor, wq: torch.Tensor, bias: torch.Tensor |
                                         alpha=alpha, beta=beta, residual_after_activation=residual_after_activation,
                                         residual_scale=residual_scale, output_inv_scale=output_inv_scale, qmin=qmin,
                                         accumulator_bound=accumulator_bound)
-    x_words = code_words(x) if words else None
+    x_words = code_words(x) if tile.words else None
     if x_words is not None:
-        _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, max_block_c, pdl)
+        _launch_words(x_words, wq, bias, dequant_scale, residual, y, geometry, scalars, flags, tile, pdl)
         return y
     quantize_input = x.dtype != torch.int8
     float_sums = quantize_input and geometry.kernel[0] * geometry.kernel[1] <= FLOAT_SUM_TAPS
     # No fused multiply-adds: the epilogue must round as the emulation does (see conv_igemm).
     _launch(x, wq, bias, dequant_scale, residual, y, geometry, float(input_inv_scale), scalars,
-            dict(flags, QUANTIZE_INPUT=quantize_input, FLOAT_SUMS=float_sums), fusion=False, max_block_c=max_block_c,
-            pdl=pdl)
+            dict(flags, QUANTIZE_INPUT=quantize_input, FLOAT_SUMS=float_sums), fusion=False, pdl=pdl, tile=tile)
     return y
 
 
 def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual, y: torch.Tensor,
-                  geometry: ConvGeometry, scalars: tuple, flags: dict, max_block_c: int, pdl: bool) -> None:
+                  geometry: ConvGeometry, scalars: tuple, flags: dict, tile: "DepthwiseTile", pdl: bool) -> None:
     n, oh, ow = y.shape[0], *geometry.out_hw
     kh, kw = geometry.kernel
     c = y.shape[1]
@@ -297,7 +300,7 @@ def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual
     swh, sww = w_words.stride()[:2]
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, min_programs(y.device), max_block_c)
+    block_p, block_c = _block_sizes(pixels, c, min_programs(y.device), tile.max_block_c, tile.elements)
     block_w = block_c // WORD_CODES
     kept = ("HAS_BIAS", "HAS_RES", "RES_QUANT", "RES_AFTER", "ACT", "OUT_QUANT")
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c // WORD_CODES, block_w))
@@ -308,14 +311,13 @@ def _launch_words(x_words: torch.Tensor, wq: torch.Tensor, bias, scale, residual
         KH=kh, KW=kw, SH=geometry.strides[0], SW=geometry.strides[1], DH=geometry.dilations[0],
         DW=geometry.dilations[1], **{k: flags[k] for k in kept}, BLOCK_P=block_p, BLOCK_W=block_w,
         DP4A=y.device.type == "cuda", WORD_ALIGN=told_alignment(sxn, sxh, sxw, swh, sww),
-        CH_ALIGN=told_alignment(c, pixel_stride(y), rs[0], rs[2], rs[3]), PDL=pdl, num_warps=4,
+        CH_ALIGN=told_alignment(c, pixel_stride(y), rs[0], rs[2], rs[3]), PDL=pdl, num_warps=tile.warps,
         enable_fp_fusion=False, **launch_options(pdl))
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Tensor, geometry: ConvGeometry,
-            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, max_block_c: int = _BLOCK_C,
-            pdl: bool = False, tile: "DepthwiseTile | None" = None) -> None:
-    tile = tile or ORIGINAL_DEPTHWISE_TILE
+            in_inv_scale: float, scalars: tuple, flags: dict, fusion: bool, pdl: bool,
+            tile: "DepthwiseTile") -> None:
     flags = {k: v for k, v in flags.items() if k != "FP8"}  # no FP8 depthwise: its layers keep the emulation
     n, c, h, w_in = x.shape
     oh, ow = geometry.out_hw
@@ -323,7 +325,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
     swc, _, swh, sww = w.stride()
     rs = residual.stride() if residual is not None else (0, 0, 0, 0)
     pixels = n * oh * ow
-    block_p, block_c = _block_sizes(pixels, c, min_programs(x.device), max_block_c, tile.elements)
+    block_p, block_c = _block_sizes(pixels, c, min_programs(x.device), tile.max_block_c, tile.elements)
     grid = (triton.cdiv(pixels, block_p), triton.cdiv(c, block_c))
     _depthwise_nhwc_kernel[grid](
         x, w, bias if bias is not None else w, scale if scale is not None else w,
@@ -337,71 +339,92 @@ def _launch(x: torch.Tensor, w: torch.Tensor, bias, scale, residual, y: torch.Te
         num_warps=tile.warps, enable_fp_fusion=fusion, **launch_options(pdl))
 
 
-TRITON_DEPTHWISE = "triton_depthwise"
-fixed_tactic(TRITON_DEPTHWISE,
-             "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
-             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
-TRITON_DEPTHWISE_INT8 = "triton_depthwise_int8"
-fixed_tactic(TRITON_DEPTHWISE_INT8,
-             "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
-             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
-# The same kernel over blocks of up to 128 channels: a 128-byte line of codes per pixel per tap, as
-# the float kernel's 64 halves are; offered where a layer has more than 64 channels.
-TRITON_DEPTHWISE_INT8_LINES = "triton_depthwise_int8_lines"
-fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
-             f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
-             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS,
-             programmatic_launch=True)
-# Codes read as words of four channels, each lane summed by dp4a (`_depthwise_int8_words_kernel`), in
-# blocks of up to 128 channels; offered where the channels are a multiple of four.
-TRITON_DEPTHWISE_INT8_WORDS = "triton_depthwise_int8_words"
-fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
-             f"triton channels-last depthwise conv of int8 codes as words of four channels (a dp4a a lane, int32 "
-             f"accumulate, padding by masks), blocks of up to {LINE_BLOCK_C} channels + fused INT8 epilogue",
-             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
-DEPTHWISE_INT8_BLOCK_C = {TRITON_DEPTHWISE_INT8: _BLOCK_C, TRITON_DEPTHWISE_INT8_LINES: LINE_BLOCK_C,
-                          TRITON_DEPTHWISE_INT8_WORDS: LINE_BLOCK_C}
-
-
 @register
 @dataclass(frozen=True)
 class DepthwiseTile(Tactic):
-    """The float depthwise kernel's blocks: elements (pixels × channels) a program and its warps. Named
-    e.g. "depthwise.elements2048.w8". TRITON_DEPTHWISE runs ORIGINAL_DEPTHWISE_TILE; these are its
-    other blocks, timed beside it (docs/decisions/kernel-depthwise-blocks.md)."""
+    """The depthwise kernels' blocks: elements (pixels × channels) a program, the widest channel block,
+    warps and, for INT8 codes, whether they are read as words of four channels (a dp4a a lane). Named e.g.
+    "depthwise.elements2048.w8" (64-channel blocks), "depthwise.elements2048.channels128.w8.words". The
+    fixed names below are the original blocks; these are the others, timed beside them
+    (docs/decisions/kernel-depthwise-blocks.md). A float layer runs the float kernel in them, an INT8
+    layer the codes' kernels."""
     elements: int
     warps: int
+    max_block_c: int = _BLOCK_C
+    words: bool = False
 
     FAMILY: ClassVar[str] = "depthwise"
     WEIGHT_LAYOUT: ClassVar[str] = DEPTHWISE_TAPS
     PROGRAMMATIC_LAUNCH: ClassVar[bool] = True
-    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("warps", "w"))
+    SCHEME: ClassVar[tuple] = (Number("elements", "elements"), Number("max_block_c", "channels", omit=_BLOCK_C),
+                               Number("warps", "w"), Flag("words", "words"))
 
     def invalid(self) -> str | None:
-        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.warps))
-        return None if powers and self.elements >= _MIN_BLOCK_P * 16 else "sizes are powers of 2, elements ≥ 256"
+        powers = all(v > 0 and v & (v - 1) == 0 for v in (self.elements, self.warps, self.max_block_c))
+        if not powers or self.elements < _MIN_BLOCK_P * self.max_block_c:
+            return f"sizes are powers of 2, elements at least {_MIN_BLOCK_P} pixels of the channel block"
+        return None
 
     def describe(self, layer: LayerFacts) -> str:
-        return (f"triton channels-last depthwise conv (fp32 accumulate, padding by masks), {self.elements} elements "
-                f"a program, {self.warps} warps + fused epilogue")
+        if self.words:
+            codes = "int8 codes as words of four channels (a dp4a a lane, int32 accumulate"
+        elif layer.op_type == "QConv":
+            codes = "int8 codes (int32 accumulate"
+        else:
+            codes = "fp32 accumulate"
+        return (f"triton channels-last depthwise conv ({codes}, padding by masks), {self.elements} elements of up "
+                f"to {self.max_block_c} channels a program, {self.warps} warps + fused epilogue")
 
 
 ORIGINAL_DEPTHWISE_TILE = DepthwiseTile(_BLOCK_ELEMENTS, 4)
-# Fewer elements a thread than the original: its registers left few warps an SM to a kernel that waits on its
-# loads (docs/decisions/kernel-depthwise-blocks.md).
+# The original blocks, under the names engines already carry: the float kernel; the INT8 one in 64-channel
+# blocks, in 128-channel ones (a 128-byte line of codes per pixel per tap, as the float kernel's 64 halves
+# are; offered where a layer has more than 64 channels), and reading words of four channels (offered where
+# the channels are a multiple of four).
+TRITON_DEPTHWISE = "triton_depthwise"
+TRITON_DEPTHWISE_INT8 = "triton_depthwise_int8"
+TRITON_DEPTHWISE_INT8_LINES = "triton_depthwise_int8_lines"
+TRITON_DEPTHWISE_INT8_WORDS = "triton_depthwise_int8_words"
+NAMED_DEPTHWISE_TILES = {
+    TRITON_DEPTHWISE: ORIGINAL_DEPTHWISE_TILE,
+    TRITON_DEPTHWISE_INT8: ORIGINAL_DEPTHWISE_TILE,
+    TRITON_DEPTHWISE_INT8_LINES: DepthwiseTile(_BLOCK_ELEMENTS, 4, LINE_BLOCK_C),
+    TRITON_DEPTHWISE_INT8_WORDS: DepthwiseTile(_BLOCK_ELEMENTS, 4, LINE_BLOCK_C, words=True),
+}
+fixed_tactic(TRITON_DEPTHWISE,
+             "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
+             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
+fixed_tactic(TRITON_DEPTHWISE_INT8,
+             "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
+             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
+fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
+             f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
+             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS,
+             programmatic_launch=True)
+fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
+             f"triton channels-last depthwise conv of int8 codes as words of four channels (a dp4a a lane, int32 "
+             f"accumulate, padding by masks), blocks of up to {LINE_BLOCK_C} channels + fused INT8 epilogue",
+             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
+
+# Fewer elements a thread than the original blocks: their registers left few warps an SM to a kernel that
+# waits on its loads (docs/decisions/kernel-depthwise-blocks.md). Float layers, then INT8 codes in words.
 DEPTHWISE_TILES = (DepthwiseTile(2048, 4), DepthwiseTile(2048, 8), DepthwiseTile(1024, 8))
+DEPTHWISE_WORDS_TILES = (DepthwiseTile(2048, 8, LINE_BLOCK_C, words=True),
+                         DepthwiseTile(4096, 8, LINE_BLOCK_C, words=True))
 DEPTHWISE_TILES_PER_EFFORT = {1: 1, 2: 2, 3: 3}
 
 
-def depthwise_tiles(effort: int) -> list[DepthwiseTile]:
-    """The float depthwise blocks timed at `effort`, beside TRITON_DEPTHWISE."""
-    return list(DEPTHWISE_TILES[:DEPTHWISE_TILES_PER_EFFORT.get(effort, len(DEPTHWISE_TILES))])
+def depthwise_tiles(effort: int, words: bool = False) -> list[DepthwiseTile]:
+    """The blocks timed at `effort` beside the named ones: a float layer's, or (`words`) those of INT8
+    codes read as words."""
+    tiles = DEPTHWISE_WORDS_TILES if words else DEPTHWISE_TILES
+    return list(tiles[:DEPTHWISE_TILES_PER_EFFORT.get(effort, len(tiles))])
 
 
 def depthwise_tile_for(tactic: str | None) -> DepthwiseTile | None:
-    """The blocks a float layer's tactic runs the depthwise kernel in, or None for another kernel."""
-    if tactic == TRITON_DEPTHWISE:
-        return ORIGINAL_DEPTHWISE_TILE
+    """The blocks a layer's tactic runs a depthwise kernel in, or None for another kernel."""
+    if tactic in NAMED_DEPTHWISE_TILES:
+        return NAMED_DEPTHWISE_TILES[tactic]
     chosen = tactic_for(tactic)
     return chosen if isinstance(chosen, DepthwiseTile) else None
 
