@@ -366,14 +366,13 @@ class DepthwiseTile(Tactic):
         return None
 
     def describe(self, layer: LayerFacts) -> str:
+        int8 = self.words or layer.op_type == "QConv"
         if self.words:
-            codes = "int8 codes as words of four channels (a dp4a a lane, int32 accumulate"
-        elif layer.op_type == "QConv":
-            codes = "int8 codes (int32 accumulate"
+            codes = " of int8 codes as words of four channels, a dp4a a lane, int32 accumulate"
         else:
-            codes = "fp32 accumulate"
-        return (f"triton channels-last depthwise conv ({codes}, padding by masks), {self.elements} elements of up "
-                f"to {self.max_block_c} channels a program, {self.warps} warps + fused epilogue")
+            codes = " of int8 codes, int32 accumulate" if int8 else ", fp32 accumulate"
+        return (f"triton channels-last depthwise conv{codes}, padding by masks, {self.elements} elements of up to "
+                f"{self.max_block_c} channels a program, {self.warps} warps + fused {'INT8 ' if int8 else ''}epilogue")
 
 
 ORIGINAL_DEPTHWISE_TILE = DepthwiseTile(_BLOCK_ELEMENTS, 4)
@@ -391,20 +390,8 @@ NAMED_DEPTHWISE_TILES = {
     TRITON_DEPTHWISE_INT8_LINES: DepthwiseTile(_BLOCK_ELEMENTS, 4, LINE_BLOCK_C),
     TRITON_DEPTHWISE_INT8_WORDS: DepthwiseTile(_BLOCK_ELEMENTS, 4, LINE_BLOCK_C, words=True),
 }
-fixed_tactic(TRITON_DEPTHWISE,
-             "triton channels-last depthwise conv (fp32 accumulate, padding by masks) + fused epilogue",
-             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
-fixed_tactic(TRITON_DEPTHWISE_INT8,
-             "triton channels-last depthwise conv of int8 codes (int32 accumulate, padding by masks) + fused "
-             "INT8 epilogue", weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
-fixed_tactic(TRITON_DEPTHWISE_INT8_LINES,
-             f"triton channels-last depthwise conv of int8 codes in blocks of up to {LINE_BLOCK_C} channels "
-             "(int32 accumulate, padding by masks) + fused INT8 epilogue", weight_layout=DEPTHWISE_TAPS,
-             programmatic_launch=True)
-fixed_tactic(TRITON_DEPTHWISE_INT8_WORDS,
-             f"triton channels-last depthwise conv of int8 codes as words of four channels (a dp4a a lane, int32 "
-             f"accumulate, padding by masks), blocks of up to {LINE_BLOCK_C} channels + fused INT8 epilogue",
-             weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
+for _name, _tile in NAMED_DEPTHWISE_TILES.items():  # described as their blocks are
+    fixed_tactic(_name, _tile.describe, weight_layout=DEPTHWISE_TAPS, programmatic_launch=True)
 
 # Fewer elements a thread than the original blocks: their registers left few warps an SM to a kernel that
 # waits on its loads (docs/decisions/kernel-depthwise-blocks.md). Float layers, then INT8 codes in words.
