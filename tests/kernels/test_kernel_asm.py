@@ -528,72 +528,61 @@ def test_depthwise_kernel_over_24_channels_loads_vectors_without_spills():
     assert all(spills == "0" and scalar_loads == "0" for _, spills, scalar_loads in lines)
 
 
-# YOLO11n's class-branch depthwise 3×3 over 64 FP16 channels at 80 × 80, batch 32 (float in its INT8 engine too), in
-# the original blocks and each of DEPTHWISE_TILES, as the FusedConv tactic launches them
-DEPTHWISE_BLOCKS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_nhwc_kernel", """
-from sartor.kernels.conv.igemm import ConvGeometry
-x = torch.zeros(32, 64, 80, 80, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-w = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.float16))
-pointers = {torch.float16: "*fp16", torch.float32: "*fp32"}
-for tile in (ORIGINAL_DEPTHWISE_TILE,) + DEPTHWISE_TILES:
-    depthwise_conv_nhwc(x, w, torch.zeros(64, dtype=torch.float16),
-                        ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)), activation="SiLU", tile=tile)
+def depthwise_blocks_child(kernel: str, dtype: str, first_tile: str, tiles: str, launch: str,
+                           sm90: dict | None = None) -> str:
+    """A child that launches YOLO11n's class-branch depthwise 3×3 (64 channels of `dtype` at 80 × 80, batch 32,
+    SiLU) in `first_tile`'s blocks and each of `tiles`' by `launch` (an expression of x, w, geometry and tile),
+    compiles `kernel` for sm_90 as each launched it, and prints a line a tile: its elements and warps, the
+    elements and warps launched, registers and spilled bytes."""
+    return recorded_launch_child("sartor.kernels.conv.depthwise", kernel, f"""
+x = torch.zeros(32, 64, 80, 80, dtype=torch.{dtype}).contiguous(memory_format=torch.channels_last)
+w = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.{dtype}))
+geometry = ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80))
+pointers = {{torch.int8: "*i8", torch.int32: "*i32", torch.float16: "*fp16", torch.float32: "*fp32"}}
+for tile in ({first_tile},) + {tiles}:
+    {launch}
     kwargs = launched["kwargs"]
-    values = {name: pointers[v.dtype] if isinstance(v, torch.Tensor) else v
-              for name, v in zip(kernel.arg_names, launched["args"])}
-    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names}
+    values = {{name: pointers[v.dtype] if isinstance(v, torch.Tensor) else v
+              for name, v in zip(kernel.arg_names, launched["args"])}}
+    constexprs = {{k: v for k, v in kwargs.items() if k in kernel.arg_names}} | {sm90 or {}!r}
     report = kernel_asm.ptxas_report(kernel_asm.compile_for(kernel, values, constexprs, kwargs["num_warps"], 1,
                                                             GPUTarget("cuda", 90, 32)).asm["ptx"], 90)
-    print("tile", tile.elements, tile.warps, kwargs["BLOCK_P"] * kwargs["BLOCK_C"], kwargs["num_warps"],
-          report["registers"], report["spill_bytes"])
+    blocks = kwargs["BLOCK_P"] * (kwargs["BLOCK_C"] if "BLOCK_C" in kwargs else 4 * kwargs["BLOCK_W"])
+    print("tile", tile.elements, tile.warps, blocks, kwargs["num_warps"], report["registers"], report["spill_bytes"])
 """)
+
+
+def _tiles_in_fewer_registers_than_the_first(child: str, count: int) -> list:
+    """Every tile of the child launched its own blocks and warps, without spills, the later ones in fewer
+    registers a thread than the first."""
+    rows = [list(map(int, line.split()[1:])) for line in _compile_in_child(child).splitlines()
+            if line.startswith("tile ")]
+    assert len(rows) == count
+    (_, _, _, _, first_registers, _), *tiles = rows
+    for elements, warps, launched_elements, launched_warps, registers, spills in rows:
+        assert launched_elements == elements and launched_warps == warps and spills == 0
+    assert all(registers < first_registers for *_, registers, _ in tiles)
+    return rows
 
 
 def test_depthwise_block_tiles_launch_their_blocks_in_fewer_registers_than_the_original():
-    """Each of DEPTHWISE_TILES launches its elements and warps and holds fewer registers a thread than the
-    original blocks' 32 elements a thread, without spills: more warps an SM for a kernel that waits on loads."""
-    rows = [list(map(int, line.split()[1:])) for line in _compile_in_child(DEPTHWISE_BLOCKS_CHILD).splitlines()
-            if line.startswith("tile ")]
-    assert len(rows) == 4
-    (_, _, _, _, original_registers, _), *tiles = rows
-    for elements, warps, launched_elements, launched_warps, registers, spills in rows:
-        assert launched_elements == elements and launched_warps == warps and spills == 0
-    assert all(registers < original_registers for *_, registers, _ in tiles)
-    print(rows)
-
-
-# YOLO11n's class-branch entry (depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32) as the words tactic and
-# each of DEPTHWISE_WORDS_TILES launch it
-DEPTHWISE_WORDS_BLOCKS_CHILD = recorded_launch_child("sartor.kernels.conv.depthwise", "_depthwise_int8_words_kernel", """
-x = torch.zeros(32, 64, 80, 80, dtype=torch.int8).contiguous(memory_format=torch.channels_last)
-wq = pack_depthwise_weight(torch.zeros(64, 1, 3, 3, dtype=torch.int8))
-pointers = {torch.int8: "*i8", torch.int32: "*i32", torch.float32: "*fp32"}
-for tile in (NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8_WORDS],) + DEPTHWISE_WORDS_TILES:
-    depthwise_qconv_nhwc(x, wq, torch.zeros(64, dtype=torch.int32), ConvGeometry((3, 3), (1, 1), (1, 1), (1, 1), (80, 80)),
-                         dequant_scale=torch.ones(64), input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU",
-                         tile=tile)
-    kwargs = launched["kwargs"]
-    values = {name: pointers[v.dtype] if isinstance(v, torch.Tensor) else v
-              for name, v in zip(kernel.arg_names, launched["args"])}
-    constexprs = {k: v for k, v in kwargs.items() if k in kernel.arg_names} | {"DP4A": True}
-    report = kernel_asm.ptxas_report(kernel_asm.compile_for(kernel, values, constexprs, kwargs["num_warps"], 1,
-                                                            GPUTarget("cuda", 90, 32)).asm["ptx"], 90)
-    print("tile", tile.elements, tile.warps, kwargs["BLOCK_P"] * kwargs["BLOCK_W"] * 4, kwargs["num_warps"],
-          report["registers"], report["spill_bytes"])
-""")
+    """Each of DEPTHWISE_TILES (FP16, the class branch stays float in YOLO11n's INT8 engine too) in fewer
+    registers a thread than the original blocks' 32 elements a thread: more warps an SM for a kernel that waits
+    on loads."""
+    print(_tiles_in_fewer_registers_than_the_first(depthwise_blocks_child(
+        "_depthwise_nhwc_kernel", "float16", "ORIGINAL_DEPTHWISE_TILE", "DEPTHWISE_TILES",
+        'depthwise_conv_nhwc(x, w, torch.zeros(64, dtype=torch.float16), geometry, activation="SiLU", tile=tile)'),
+        1 + 3))
 
 
 def test_depthwise_words_tiles_launch_their_blocks_in_fewer_registers_than_the_words_tactic():
-    """Each of DEPTHWISE_WORDS_TILES launches its elements and warps (64 channels: one block of 64 of its 128) and
-    holds fewer registers a thread than the words tactic's blocks, without spills."""
-    rows = [list(map(int, line.split()[1:])) for line in _compile_in_child(DEPTHWISE_WORDS_BLOCKS_CHILD).splitlines()
-            if line.startswith("tile ")]
-    assert len(rows) == 3
-    (_, _, _, _, named_registers, _), *tiles = rows
-    for elements, warps, launched_elements, launched_warps, registers, spills in rows:
-        assert launched_elements == elements and launched_warps == warps and spills == 0
-    assert all(registers < named_registers for *_, registers, _ in tiles)
-    print(rows)
+    """Each of DEPTHWISE_WORDS_TILES (INT8 codes as words: the class branch's entry) in fewer registers a thread
+    than the words tactic's blocks (64 channels: one block of 64 of its 128)."""
+    print(_tiles_in_fewer_registers_than_the_first(depthwise_blocks_child(
+        "_depthwise_int8_words_kernel", "int8", "NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8_WORDS]",
+        "DEPTHWISE_WORDS_TILES",
+        'depthwise_qconv_nhwc(x, w, torch.zeros(64, dtype=torch.int32), geometry, dequant_scale=torch.ones(64), '
+        'input_inv_scale=1.0, output_inv_scale=20.0, activation="SiLU", tile=tile)', sm90={"DP4A": True}), 1 + 2))
 
 
 # YOLO11n's head depthwise 3×3 over 64 INT8 channels at 80 × 80, batch 32, as the words tactic launches it
