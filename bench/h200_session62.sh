@@ -5,7 +5,8 @@
 #      times a copy of its bytes, beside the copy; then the first backbone chain's row walk against its gathered
 #      tile, both timed.
 #   The tables: `bash bench/h200_session61.sh m yolo11n 32`, then `m yolov8n,detector 32`, `m yolov8n,yolo11n 1`.
-#      Their plan_chains lines now name the tiles the chains run on: did the builds choose the gathered walk?
+#      Their plan_chains lines now name the tiles the chains run on: did the builds choose the gathered walk? Their
+#      layer comparisons name each layer's tactic: did the depthwise layers choose the new blocks (depthwise.*)?
 #   OUT=$OUT bash bench/h200_session62.sh d
 set -uo pipefail
 : "${OUT:?set OUT}"
