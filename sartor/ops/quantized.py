@@ -247,6 +247,7 @@ def _qlayer_tactics(gemm: bool):
             wide = inputs[0].shape[1] > NAMED_DEPTHWISE_TILES[TRITON_DEPTHWISE_INT8].max_block_c
             words = code_words(inputs[0]) is not None  # INT8 codes in whole words
             return (names + [TRITON_DEPTHWISE_INT8] + ([TRITON_DEPTHWISE_INT8_LINES] if wide else [])
+                    + [t.name for t in depthwise_tiles(effort)]  # code by code in smaller blocks
                     + ([TRITON_DEPTHWISE_INT8_WORDS] + [t.name for t in depthwise_tiles(effort, words=True)]
                        if words else []))
         geometry = _igemm_geometry(inputs[0], inputs[1], attrs, gemm)

@@ -408,10 +408,12 @@ def test_int8_depthwise_tactic_is_offered_for_cuda_depthwise_qconvs_only():
     if DEVICE == "cuda":
         # 16 channels: one block, so no line tactic; INT8 codes in whole words, so the word tactic too
         on = [t.cuda() if t is not None else None for t in (x, wq, bias, None, scale)]
-        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_WORDS,
+        assert qconv_tactics(on, attrs, 2) == ["torch", TRITON_DEPTHWISE_INT8, *(t.name for t in depthwise_tiles(2)),
+                                               TRITON_DEPTHWISE_INT8_WORDS,
                                                *(t.name for t in depthwise_tiles(2, words=True))]
         odd = [t.cuda() if t is not None else None for t in odd_layer]
-        assert qconv_tactics(odd, dict(attrs, group=15), 2) == ["torch", TRITON_DEPTHWISE_INT8]
+        assert qconv_tactics(odd, dict(attrs, group=15), 2) == ["torch", TRITON_DEPTHWISE_INT8,
+                                                                *(t.name for t in depthwise_tiles(2))]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the depthwise tactics are listed for CUDA tensors")
@@ -421,9 +423,11 @@ def test_the_lines_tactic_is_offered_beside_the_first_above_64_channels_only():
     from sartor.kernels.conv.depthwise import (TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
                                                TRITON_DEPTHWISE_INT8_WORDS)
     qconv_tactics = default_registry()["QConv"].tactics
+    blocks = [t.name for t in depthwise_tiles(2)]
     words = [TRITON_DEPTHWISE_INT8_WORDS] + [t.name for t in depthwise_tiles(2, words=True)]
-    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES, *words]
-    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8, *words]), (128, both), (18, [TRITON_DEPTHWISE_INT8])):
+    both = [TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES, *blocks, *words]
+    for channels, offered in ((64, [TRITON_DEPTHWISE_INT8, *blocks, *words]), (128, both),
+                              (18, [TRITON_DEPTHWISE_INT8, *blocks])):
         x = torch.zeros(1, channels, 8, 8, dtype=torch.int8, device="cuda")
         x = x.contiguous(memory_format=torch.channels_last)
         layer = [x, torch.zeros(channels, 1, 3, 3, dtype=torch.int8, device="cuda"),
