@@ -188,6 +188,13 @@ def _conv_depthwise(x, w, b, residual, attrs, out: torch.Tensor | None = None, r
                                tile=tile, **igemm_epilogue(attrs))
 
 
+def _float_depthwise_tile(tactic: str | None) -> DepthwiseTile | None:
+    """The blocks a FusedConv's tactic runs the float depthwise kernel in; None for another kernel and for
+    a words tile (INT8 codes, which a float layer has not)."""
+    tile = depthwise_tile_for(tactic)
+    return tile if tile is not None and not tile.words else None
+
+
 def conv_weight_for_tactic(w: torch.Tensor, tactic: str | None) -> torch.Tensor:
     """A FusedConv weight in the layout its tactic reads (the executor stores it so once, at load)."""
     layout = tactic_for(tactic).weight_layout
@@ -213,8 +220,8 @@ def fused_conv_into(inputs, attrs, out: torch.Tensor) -> torch.Tensor | None:
     tile = tactic_for(tactic)
     if isinstance(tile, TileConfig):
         return _conv_igemm(x, w, b, residual, attrs, tile, out=out)
-    depthwise_tile = depthwise_tile_for(tactic)
-    if depthwise_tile is not None and not depthwise_tile.words:
+    depthwise_tile = _float_depthwise_tile(tactic)
+    if depthwise_tile is not None:
         return _conv_depthwise(x, w, b, residual, attrs, out=out, tile=depthwise_tile)
     if tactic == TRITON_EPILOGUE and x.is_cuda:
         return _conv_triton_epilogue(x, w, b, residual, attrs, out=out)
@@ -290,8 +297,8 @@ def fused_conv(inputs, attrs):
             return y
     if tactic == CHANNELS_LAST_TACTIC and not x.is_cuda and x.dim() == 4:
         return _conv_channels_last(x, w, b, residual, attrs)
-    depthwise_tile = depthwise_tile_for(tactic)
-    if depthwise_tile is not None and not depthwise_tile.words:  # words: INT8 codes, which a float layer has not
+    depthwise_tile = _float_depthwise_tile(tactic)
+    if depthwise_tile is not None:
         y = _conv_depthwise(x, w, b, residual, attrs, tile=depthwise_tile)
         if y is not None:
             return y

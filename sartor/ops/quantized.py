@@ -73,7 +73,7 @@ from ..kernels.conv.direct_stem import (DIRECT_STEM_FORMS, direct_stem_applies, 
                                         stem_forms, tap_words)
 from ..kernels.conv.direct_words import DIRECT_WORDS_FORMS, direct_int8_words_conv, direct_words_applies
 from ..kernels.conv.depthwise import (NAMED_DEPTHWISE_TILES, TRITON_DEPTHWISE_INT8, TRITON_DEPTHWISE_INT8_LINES,
-                                      TRITON_DEPTHWISE_INT8_WORDS, depthwise_tile_for, depthwise_tiles,
+                                      TRITON_DEPTHWISE_INT8_WORDS, DepthwiseTile, depthwise_tile_for, depthwise_tiles,
                                       depthwise_codes_supported, depthwise_qconv_nhwc,
                                       pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import ACTIVATION_CODES, code_words, pixel_stride, triton
@@ -425,9 +425,9 @@ def depthwise_int8_geometry(x: torch.Tensor, wq: torch.Tensor, attrs: dict,
     return depthwise_geometry(x, wq, attrs, require_cuda, supported=depthwise_codes_supported)
 
 
-def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None = None,
-                      tactic: str = TRITON_DEPTHWISE_INT8):
-    """The INT8 depthwise kernels in the blocks `tactic` names (`depthwise_tile_for`)."""
+def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Tensor | None,
+                      tile: DepthwiseTile):
+    """The INT8 depthwise kernels in `tile`'s blocks (the layer's tactic, `depthwise_tile_for`)."""
     geometry = depthwise_int8_geometry(x, wq, attrs, require_cuda=False)
     if geometry is None or (residual is not None and tuple(residual.shape) != (x.shape[0], x.shape[1],
                                                                                *geometry.out_hw)):
@@ -435,7 +435,7 @@ def _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out: torch.Te
     epilogue = _int8_epilogue(attrs)
     epilogue.pop("fp8")
     return depthwise_qconv_nhwc(x, wq, bias, geometry, dequant_scale=dequant_scale, residual=residual, out=out,
-                                tile=depthwise_tile_for(tactic), pdl=programmatic_launch(x, attrs), **epilogue)
+                                tile=tile, pdl=programmatic_launch(x, attrs), **epilogue)
 
 
 def direct_words_int8(x: torch.Tensor, wq: torch.Tensor, attrs: dict) -> bool:
@@ -489,8 +489,9 @@ def _kernel_tactic(x, wq, bias, residual, dequant_scale, attrs, gemm: bool, out:
     name = attrs.get("tactic") or REFERENCE
     if name in LIBRARY_TACTICS:
         return _qlayer_library(x, wq, bias, residual, dequant_scale, attrs, name, gemm, out)
-    if depthwise_tile_for(name) is not None and not gemm:
-        return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, name)
+    depthwise_tile = depthwise_tile_for(name)
+    if depthwise_tile is not None and not gemm:
+        return _qlayer_depthwise(x, wq, bias, residual, dequant_scale, attrs, out, depthwise_tile)
     if name in DIRECT_WORDS_FORMS and not gemm:
         return _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out, name)
     if name in DIRECT_STEM_FORMS and not gemm:
