@@ -237,8 +237,8 @@ def chain_tiles(effort: int, out_channels: int | None = None, channels: int | No
     walk applies (`gathered_walk_applies`)."""
     tiles = list(CHAIN_TILES[:CHAIN_TILES_PER_EFFORT.get(effort, len(CHAIN_TILES))])
     if channels is not None and kernel is not None:
-        tiles += [tile for tile in GATHERED_CHAIN_TILES[:GATHERED_CHAIN_TILES_PER_EFFORT.get(effort, 2)]
-                  if gathered_walk_applies(channels, kernel, tile.block_k, eight_bit)]
+        gathered = GATHERED_CHAIN_TILES[:GATHERED_CHAIN_TILES_PER_EFFORT.get(effort, len(GATHERED_CHAIN_TILES))]
+        tiles += [tile for tile in gathered if gathered_walk_applies(channels, kernel, tile.block_k, eight_bit)]
     if out_channels is None:
         return tiles
     return [replace(tile, block_n=min(tile.block_n, narrow_block_n(out_channels))) for tile in tiles]
