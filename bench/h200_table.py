@@ -160,7 +160,10 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     bound[input_name].copy_(x)
     row["bound_input"] = timed(lambda: ctx.run(bound), shape[0], iterations)
     if keep is not None:
-        keep.update(copied=lambda x=x: ctx.run({input_name: x}), bound=lambda: ctx.run(bound))
+        # "plain": a plain copy into the engine's own buffer, then its graph: a copied run's work before the
+        # copy wrote the input as its readers take it (docs/decisions/0068), timed beside it.
+        keep.update(copied=lambda x=x: ctx.run({input_name: x}), bound=lambda: ctx.run(bound),
+                    plain=lambda x=x: (bound[input_name].copy_(x), ctx.run(bound)))
     if aux_streams:
         branched = engine.context(aux_streams=aux_streams)
         expected = {k: v.clone() for k, v in ctx.run({input_name: x}).items()}
@@ -206,6 +209,8 @@ def paired_timings(runners: dict, batch: int, iterations: int, rounds: int, devi
         figures = {way: dict(sample_figures(taken, batch), round_medians_ms=round_medians[key][way])
                    for way, taken in ways.items()}
         paired[key] = dict(figures["copied"], bound_input=figures["bound"], rounds=rounds)
+        if "plain" in figures:
+            paired[key]["plain_copy"] = figures["plain"]
     return paired
 
 
@@ -481,6 +486,19 @@ def main() -> None:
         lines += [f"| {r['model']} | {r['batch']} | {paired(r, 'sartor_fp16')} | {paired(r, 'sartor_int8')} | "
                   f"{ratio(r, 'sartor_int8')} | {paired(r, 'sartor_fp8')} | {ratio(r, 'sartor_fp8')} |"
                   for r in paired_rows]
+
+        def plain(r: dict, k: str) -> str:
+            timing = r["paired"].get(k, {}).get("plain_copy")
+            return f"{timing['median_ms']:.3f}" if timing else "–"
+        lines += ["", "In the same rounds, a plain copy of the input into the engine's own buffer and then its graph "
+                  "(a copied run's work before the copy wrote what the readers take, decision 0068; ms):", "",
+                  "| model | batch | FP16 | INT8 | FP16 ÷ INT8 |", "|---|---|---|---|---|"]
+        for r in paired_rows:
+            first, second = r["paired"]["sartor_fp16"].get("plain_copy"), r["paired"].get("sartor_int8", {}).get(
+                "plain_copy")
+            share = f"{first['median_ms'] / second['median_ms']:.2f}×" if first and second else "–"
+            lines.append(f"| {r['model']} | {r['batch']} | {plain(r, 'sartor_fp16')} | {plain(r, 'sartor_int8')} | "
+                         f"{share} |")
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
     lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
               "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]

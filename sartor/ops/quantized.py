@@ -78,6 +78,7 @@ from ..kernels.conv.depthwise import (NAMED_DEPTHWISE_TILES, TRITON_DEPTHWISE_IN
                                       pack_depthwise_weight)
 from ..kernels.pointwise.epilogue import ACTIVATION_CODES, code_words, pixel_stride, triton
 from ..kernels.pool.max_pool import POOL_TILES
+from ..kernels.pointwise.quantize import quantize_kernel_applies, quantize_kernel_into
 from ..kernels.conv.tma import TmaTile, conv_tma, tma_applies, tma_tactics
 from ..kernels.gemm.tma import GemmTmaTile, gemm_tma, gemm_tma_applies, gemm_tma_tactics
 from ..kernels.gemm.resident import (PROJECTION_COLUMNS_MAX_BLOCK_N, RESIDENT_TILES, Projection, ResidentTile,
@@ -110,6 +111,17 @@ def quantize(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tens
     """Symmetric INT8: clamp(round_half_even(x * inv_scale), qmin, 127) as int8 (qmin -127, or
     -128 for layers folded from Q/DQ)."""
     return torch.round(x.float() * inv_scale).clamp_(qmin, QMAX).to(torch.int8)
+
+
+def quantize_into(x: torch.Tensor, out: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
+    """`out` (int8, `x`'s shape) set to `quantize(x, inv_scale, qmin)`: on CUDA by one kernel that reads
+    `x` once and writes the codes (`kernels/pointwise/quantize.py`), where both share one layout."""
+    if x.shape != out.shape or out.dtype != torch.int8:
+        raise ValueError(f"quantize_into writes int8 codes of shape {tuple(x.shape)}; got a {out.dtype} buffer "
+                         f"of shape {tuple(out.shape)}")
+    if quantize_kernel_applies(x, out):
+        return quantize_kernel_into(x, out, inv_scale, qmin)
+    return out.copy_(quantize(x, inv_scale, qmin))
 
 
 def as_int8(x: torch.Tensor, inv_scale: float, qmin: int = -QMAX) -> torch.Tensor:
@@ -460,7 +472,8 @@ def _qlayer_direct_words(x, wq, bias, residual, dequant_scale, attrs, out: torch
 
 def direct_stem_int8(inputs: list, attrs: dict) -> bool:
     """Whether the CUDA cores' stem kernel runs this dense INT8 QConv (`kernels/conv/direct_stem.py`): a
-    float image of few channels, few outputs, no residual or projection, not FP8, an epilogue it knows."""
+    float image (or its INT8 codes) of few channels, few outputs, no residual or projection, not FP8, an
+    epilogue it knows."""
     residual = len(inputs) > 3 and inputs[3] is not None
     return (not residual and projection_inputs(inputs) is None and not is_fp8(attrs) and attrs.get("group", 1) == 1
             and attrs.get("activation") in ACTIVATION_CODES and not attrs.get("residual_after_activation")

@@ -44,14 +44,21 @@ def _reader_quantization(reader: Node, value: str) -> tuple | None:
     return float(scale), float(inv_scale), int(reader.attrs.get("qmin", -INT8_QMAX))
 
 
+def shared_quantization(readers: list[Node], value: str) -> tuple | None:
+    """The one input quantization (scale, inv_scale, qmin) every one of `readers` applies to `value`,
+    where each is an INT8 layer reading it as its data input only; else None. Also read by the
+    runtime, whose copy of such a graph input writes these codes (`runtime/executor.py` `staged_form`)."""
+    found = {_reader_quantization(reader, value) for reader in readers}
+    return found.pop() if len(found) == 1 and None not in found else None
+
+
 def _shared_quantization(graph: Graph, layer: Node, consumers: dict) -> tuple | None:
     """The one input quantization every reader of `layer`'s image applies, or None."""
     image = layer.outputs[0]
     readers = consumers.get(image, [])
     if not readers or image in graph.output_names():
         return None
-    found = {_reader_quantization(reader, image) for reader in readers}
-    return found.pop() if len(found) == 1 and None not in found else None
+    return shared_quantization(readers, image)
 
 
 def quantize_in_preprocess(graph: Graph) -> int:

@@ -14,9 +14,11 @@ import torch
 from ..errors import ConfigError, InputError, ProfileError
 from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
 from ..kernels.common.arrival_counters import ArrivalCounters, bound
+from ..ops.quantized import quantize_into
 from .branch_streams import MAX_AUX_STREAMS, BranchStreams
 from .capture import CaptureFailed, EagerLayer, PiecewiseGraph, capture_pieces, first_line
 from .concat_plan import ShapeMemo
+from .executor import StagedForm
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -30,6 +32,8 @@ WARMUP_RUNS_BEFORE_CAPTURE = 2
 # again a pause later, when those threads have moved on.
 CAPTURE_TRIES = 3
 WHOLE_CAPTURE_PAUSE_S = 0.2
+# The key suffix of a shape's graph captured from inputs in their staged forms (_run_graph).
+STAGED = (("staged", ()),)
 MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
 
 
@@ -70,7 +74,8 @@ class ExecutionContext:
         # outputs there). Without them each warmed batch size kept its own activations, inputs and
         # outputs, many times what the engine declares (BENCHMARKS.md, "sharing a GPU").
         self._graph_pool = None
-        self._input_store: dict[str, torch.Tensor] = {}
+        self._input_store: dict[tuple, torch.Tensor] = {}  # (input name, dtype) -> buffer
+        self._forms: dict[tuple, dict] = {}  # input shapes -> the inputs' staged forms (_staged_forms)
         self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
         # The kernels' arrival counters (split-K reduced in the kernel), this context's own: another
@@ -176,17 +181,41 @@ class ExecutionContext:
             return out
 
     def _run_graph(self, tensors: dict, shapes: dict, profile: int = 0) -> dict:
-        captured = self._captured_for(tensors, tuple(sorted(shapes.items())), profile)
+        key = tuple(sorted(shapes.items()))
+        forms = {}
+        captured = self._captured.get(key)
+        if captured is None or any(t.data_ptr() != captured.inputs[name].data_ptr() for name, t in tensors.items()):
+            # Not the graph's own buffers (input_buffers): the inputs are copied in, and where their
+            # readers take them in another form the copy writes that, for a graph captured so.
+            forms = self._staged_forms(key, tensors)
+            if not forms:
+                captured = self._captured_for(tensors, key, profile)
+            else:
+                captured = self._captured.get(key + STAGED)
+                if captured is None:
+                    captured = self._captured_for(_staged(tensors, forms), key + STAGED, profile)
         current = torch.cuda.current_stream(self.engine.device)
         self.stream.wait_stream(current)
         with torch.cuda.stream(self.stream):
             for name, t in tensors.items():
                 bound = captured.inputs[name]
-                if t.data_ptr() != bound.data_ptr():  # not the graph's own buffer (input_buffers)
-                    bound.copy_(t, non_blocking=True)
+                if t.data_ptr() != bound.data_ptr():
+                    _copy_in(t, bound, forms.get(name))
             outputs = captured.replay(self.engine.executor, profile)
         current.wait_stream(self.stream)
         return outputs
+
+    def _staged_forms(self, key: tuple, tensors: dict) -> dict:
+        """{input name: StagedForm} of the inputs a copy writes in another form than they come in
+        (Executor.staged_form; docs/decisions/0068), for this input shape; {} when none."""
+        forms = self._forms.get(key)
+        if forms is None:
+            executor = self.engine.executor
+            forms = {name: form for name, t in tensors.items()
+                     if (form := executor.staged_form(name, t)) is not None}
+            if len(self._forms) < MAX_REMEMBERED_SHAPES:
+                self._forms[key] = forms
+        return forms
 
     def input_buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
         """The buffers the engine reads its inputs of these shapes from, on its device, as
@@ -268,14 +297,17 @@ class ExecutionContext:
         return max(int(r.max[0]) for p in self.engine.profiles for r in p.shapes.values() if len(r.max))
 
     def _shared_input(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """`t` copied into this context's buffer for input `name`, as a view of `t`'s shape."""
-        store = self._input_store.get(name)
+        """`t` copied into this context's buffer for input `name` in `t`'s dtype, as a view of `t`'s
+        shape (channels-last where `t` is: a staged copy's form)."""
+        store = self._input_store.get((name, t.dtype))
         if store is None:
             count = max(math.prod(p.shapes[name].max) for p in self.engine.profiles if name in p.shapes)
-            store = self._input_store[name] = torch.empty(count, dtype=t.dtype, device=t.device)
-        if store.dtype != t.dtype or store.numel() < t.numel():
+            store = self._input_store[(name, t.dtype)] = torch.empty(count, dtype=t.dtype, device=t.device)
+        if store.numel() < t.numel():
             return t.clone()
-        view = store[:t.numel()].view(t.shape)
+        flat = store[:t.numel()]
+        channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+        view = flat.as_strided(t.shape, t.stride()) if channels_last else flat.view(t.shape)
         view.copy_(t)
         return view
 
@@ -337,6 +369,26 @@ class ExecutionContext:
                     self.run(feeds)
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
+
+
+def _staged(tensors: dict, forms: dict) -> dict:
+    """The inputs in the forms a staged copy writes (the tensors a staged graph is captured from)."""
+    staged = dict(tensors)
+    for name, form in forms.items():
+        t = tensors[name]
+        layout = torch.channels_last if form.channels_last else torch.contiguous_format
+        staged[name] = torch.empty(t.shape, dtype=form.dtype, device=t.device, memory_format=layout)
+        _copy_in(t, staged[name], form)
+    return staged
+
+
+def _copy_in(t: torch.Tensor, bound: torch.Tensor, form: StagedForm | None) -> None:
+    """`t` written into the graph's input buffer `bound`: as the INT8 codes of the form, or converted
+    to `bound`'s dtype and layout, in one pass."""
+    if form is not None and form.codes is not None:
+        quantize_into(t, bound, *form.codes)
+    else:
+        bound.copy_(t, non_blocking=True)
 
 
 def frames_differ(shape: tuple | None, size: tuple[int, int]) -> bool:

@@ -18,6 +18,7 @@ from ..ops import OpRegistry, default_registry
 from ..ops.quantized import IM2COL_MAX_CHANNELS
 from ..kernels.common.arrival_counters import reset_launch_site, set_launch_site
 from ..kernels.pointwise.epilogue import pixel_stride
+from ..passes.quantize_in_preprocess import shared_quantization
 from .branch_streams import BranchPlan, BranchStreams, mark_used_by, plan_branches
 from .concat_plan import ConcatBuffers, ShapeMemo, plan_concats, value_meta
 from .float_outputs import plan_float_outputs
@@ -69,6 +70,16 @@ class RunState:
     current: int | None = None
 
 
+@dataclass(frozen=True)
+class StagedForm:
+    """A graph input as its readers take it, which a copy of it into the engine's buffer can write in
+    the same pass (`Executor.staged_form`): `dtype` in channels-last pixels where `begin` would convert
+    it so, or, with `codes` (inv_scale, qmin), the INT8 codes its INT8 readers would quantize it to."""
+    dtype: torch.dtype
+    channels_last: bool = False
+    codes: tuple[float, int] | None = None
+
+
 @dataclass
 class ProfileVariant:
     """How a layer runs in one profile whose tactic differs from profile 0's: its attributes with that
@@ -115,6 +126,7 @@ class Executor:
         feed_readers = self._feed_readers()
         self.feed_dtypes = self._feed_dtypes(feed_readers)
         self.layout_free_feeds = self._layout_free_feeds(feed_readers)
+        self.feed_codes = self._feed_codes(feed_readers)
         self.constant_outputs = {v.name: weights[v.name] for v in graph.outputs if v.name in weights}
         self._plan_releases()
         self.float_outputs = plan_float_outputs(self.steps, self.output_dtypes)
@@ -224,6 +236,38 @@ class Executor:
                          if steps and all(not step.on_host and step.node.op_type in STRIDE_FREE_READERS
                                           for step in steps))
 
+    def _feed_codes(self, feed_readers: dict[str, list[Step]]) -> dict[str, tuple[float, int]]:
+        """Graph inputs whose every reader is a device INT8 layer quantizing it alike as its data
+        input: {name: (inv_scale, qmin)} of their quantization (passes/quantize_in_preprocess.py)."""
+        codes = {}
+        for name, steps in feed_readers.items():
+            if not steps or name in self.output_dtypes or any(step.on_host for step in steps):
+                continue
+            found = shared_quantization([step.node for step in steps], name)
+            if found is not None:
+                codes[name] = (found[1], found[2])
+        return codes
+
+    def _converted_form(self, name: str, tensor: torch.Tensor) -> StagedForm | None:
+        """The dtype and layout `begin` converts a feed to before its readers read it, or None where
+        they read it as it arrives. Integer feeds (raw uint8 frames, N×H×W×3) are not images in NCHW;
+        few-channel inputs of layers that read any strides stay NCHW (`_layout_free_feeds`)."""
+        if not (self.channels_last and tensor.dim() == 4 and tensor.is_cuda and tensor.is_floating_point()):
+            return None
+        if name in self.layout_free_feeds and tensor.shape[1] < LAYOUT_FREE_MAX_CHANNELS:
+            return None
+        return StagedForm(self.feed_dtypes.get(name) or tensor.dtype, channels_last=True)
+
+    def staged_form(self, name: str, tensor: torch.Tensor) -> StagedForm | None:
+        """What a copy of the feed `tensor` into the engine's own buffer should write so that the run
+        reads it as it is (docs/decisions/0068): the INT8 codes its readers quantize it to, where they
+        would read the float values as they arrive, else the form `begin` converts it to; None where
+        the readers take the feed as it is."""
+        converted = self._converted_form(name, tensor)
+        if converted is None and name in self.feed_codes and tensor.is_floating_point():
+            return StagedForm(torch.int8, codes=self.feed_codes[name])
+        return converted
+
     def _plan_releases(self) -> None:
         last_reader: dict[str, int] = {}
         for index, step in enumerate(self.steps):
@@ -260,11 +304,9 @@ class Executor:
         recorded = {} if memo.value_meta is None and self.concat_plan.concats else None
         env: dict[str, torch.Tensor] = {}
         for name, tensor in feeds.items():
-            # Integer feeds (raw uint8 frames, N×H×W×3) are not images in NCHW: left as given.
-            if self.channels_last and tensor.dim() == 4 and tensor.is_cuda and tensor.is_floating_point() and not (
-                    name in self.layout_free_feeds and tensor.shape[1] < LAYOUT_FREE_MAX_CHANNELS):
-                dtype = self.feed_dtypes.get(name)
-                tensor = tensor.to(dtype=dtype or tensor.dtype, memory_format=torch.channels_last)
+            form = self._converted_form(name, tensor)
+            if form is not None:  # a no-op for a feed already so (the context's staged copy)
+                tensor = tensor.to(dtype=form.dtype, memory_format=torch.channels_last)
             env[name] = tensor
         return RunState(env, memo, in_place, recorded)
 

@@ -36,3 +36,16 @@ def test_engines_are_timed_in_turns_each_way_and_their_rounds_kept():
     assert fp16["median_ms"] > fp16["bound_input"]["median_ms"] >= 2.0
     # from the median before its rounding to 0.1 µs: equal to that of the rounded one within 1e-4
     assert int8["img_s"] == pytest.approx(4 / int8["median_ms"] * 1e3, rel=1e-4)
+
+
+def test_a_plain_copy_is_timed_beside_them_where_the_row_keeps_one():
+    """The third way, a plain copy into the engine's buffer and then its graph (decision 0068), comes
+    back as the engine's `plain_copy` figures; a runner without it has none."""
+    def runner(seconds: float):
+        return lambda: time.sleep(seconds)
+    runners = {"sartor_fp16": {"copied": runner(0.002), "bound": runner(0.001), "plain": runner(0.003)},
+               "sartor_int8": {"copied": runner(0.002), "bound": runner(0.001)}}
+    paired = paired_timings(runners, batch=2, iterations=3, rounds=2, device="cpu")
+    plain = paired["sartor_fp16"]["plain_copy"]
+    assert len(plain["round_medians_ms"]) == 2 and plain["median_ms"] > paired["sartor_fp16"]["median_ms"]
+    assert "plain_copy" not in paired["sartor_int8"]

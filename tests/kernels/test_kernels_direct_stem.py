@@ -15,7 +15,7 @@ from sartor.kernels.conv.direct_stem import (  # noqa: E402
     TRITON_DIRECT_STEM_INT8_QUADS, direct_stem_conv, row_words, stem_forms, tap_words)
 from sartor.ops import default_registry  # noqa: E402
 from sartor.ops.conv import igemm_geometry  # noqa: E402
-from sartor.ops.quantized import direct_stem_int8, qconv, qlayer_weight_for_tactic  # noqa: E402
+from sartor.ops.quantized import direct_stem_int8, qconv, qlayer_weight_for_tactic, quantize  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -92,6 +92,22 @@ def test_each_form_reads_each_image_dtype_and_layout(tactic, dtype, channels_las
     assert (out == expected).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("tactic", list(DIRECT_STEM_FORMS))
+def test_each_form_reads_an_image_of_codes_as_they_are(tactic):
+    """An image that arrives as its INT8 codes (the engine's copy of its input quantized it,
+    docs/decisions/0068): the same output, bit for bit, as from the float image, codes at the clamp
+    and padding (code 0) included, and the emulation's."""
+    generator = torch.Generator().manual_seed(44)
+    layer, attrs = _layer(3, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), generator, size=(13, 9))
+    expected = qconv(layer, attrs)
+    codes = list(layer)
+    codes[0] = quantize(layer[0], attrs["input_inv_scale"], attrs["qmin"])
+    assert codes[0].abs().max() == 127 and (codes[0] == 0).any()
+    from_codes = qconv(_on_device(codes, tactic), dict(attrs, tactic=tactic)).cpu()
+    from_floats = qconv(_on_device(layer, tactic), dict(attrs, tactic=tactic)).cpu()
+    assert torch.equal(from_codes, expected) and torch.equal(from_floats, expected)
+
+
 def test_codes_at_the_clamp_and_halfway_between_round_as_the_emulation():
     """Values far beyond the codes' range saturate; values exactly halfway between two codes round to
     the even one. An image made of just those: any other rounding changes the sums."""
@@ -137,8 +153,9 @@ def test_it_ran_the_kernel_and_not_the_emulation(monkeypatch, tactic):
 
 
 def test_which_layers_it_takes():
-    """A float image of at most 4 channels into at most 32 INT8 outputs, at most 64 taps, with an
-    epilogue the kernel knows; not INT8 codes in, wide layers, many taps, groups, a residual or FP8."""
+    """A float image (or its INT8 codes, which the engine's staged copy writes) of at most 4 channels
+    into at most 32 INT8 outputs, at most 64 taps, with an epilogue the kernel knows; not wide layers,
+    many taps, groups, a residual or FP8."""
     def inputs(cin=3, cout=16, kernel=(3, 3), dtype=torch.float32, residual=False):
         return [torch.zeros(1, cin, 8, 8, dtype=dtype), torch.zeros(cout, cin, *kernel, dtype=torch.int8), None,
                 torch.zeros(1, cout, 8, 8, dtype=torch.int8) if residual else None, None]
@@ -146,7 +163,8 @@ def test_which_layers_it_takes():
     assert direct_stem_int8(inputs(), attrs)
     assert direct_stem_int8(inputs(dtype=torch.float16), attrs)
     assert direct_stem_int8(inputs(MAX_IN_CHANNELS, MAX_OUT_CHANNELS), attrs)
-    assert not direct_stem_int8(inputs(dtype=torch.int8), attrs)  # codes: the dp4a kernel's
+    assert direct_stem_int8(inputs(dtype=torch.int8), attrs)
+    assert not direct_stem_int8(inputs(dtype=torch.int32), attrs)
     assert not direct_stem_int8(inputs(MAX_IN_CHANNELS + 1), attrs)
     assert not direct_stem_int8(inputs(cout=MAX_OUT_CHANNELS + 1), attrs)
     assert not direct_stem_int8(inputs(kernel=(7, 7)), attrs)  # 147 taps: ResNet's stem
@@ -207,8 +225,8 @@ def test_cuda_lists_the_tactic_beside_the_windows_where_it_applies():
 
 
 def test_it_refuses_what_it_cannot_run():
-    """One line each: INT8 codes in, a weight not in tap words (as built, or words of another
-    geometry), too many channels; a tactic that is not one of its forms."""
+    """One line each: an integer image that is not INT8 codes, a weight not in tap words (as built, or
+    words of another geometry), too many channels; a tactic that is not one of its forms."""
     x = torch.zeros(1, 3, 6, 6, device=DEVICE)
     wq = torch.zeros(16, 3, 3, 3, dtype=torch.int8, device=DEVICE)
     geometry = igemm_geometry(x, wq, _attrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), require_cuda=False)
@@ -217,8 +235,8 @@ def test_it_refuses_what_it_cannot_run():
                                               input_inv_scale=1.0, output_inv_scale=1.0, **kw)
     words = tap_words(wq)
     wide = torch.zeros(1, 8, 6, 6, device=DEVICE), tap_words(torch.zeros(16, 8, 3, 3, dtype=torch.int8))
-    for bad_x, bad_w in ((x.to(torch.int8), words), (x, wq), (x, words[:6]), wide):
-        with pytest.raises(ValueError, match="not a float image of at most"):
+    for bad_x, bad_w in ((x.to(torch.int32), words), (x, wq), (x, words[:6]), wide):
+        with pytest.raises(ValueError, match=r"not an image \(float or codes\) of at most"):
             run(bad_x, bad_w)
     with pytest.raises(ValueError, match="is not one of"):
         run(x, words, tactic="triton_direct_int8_words")

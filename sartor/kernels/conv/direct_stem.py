@@ -8,7 +8,8 @@ window tactics pack it into INT8 block pixels and then run a GEMM over them, the
 tiles gather K from three planes with an index division per element. Here a program owns a block of
 output pixels and all of the output channels; the taps are unrolled (channel, row and column known at
 compile time), so each tap is one load of the program's pixels from the image as it lies (NCHW or
-channels-last, float32, float16 or bfloat16) and one quantization; every four taps' codes make a word
+channels-last, float32, float16 or bfloat16) and one quantization (or none: an image that arrives as
+INT8 codes, which the engine's copy of its input wrote, docs/decisions/0068); every four taps' codes make a word
 (27 taps: 7 words, the last one's fourth byte 0), and each word meets the output channels' words of
 the same four taps (the weight stored as TAP_WORDS, [words, Cout], once at load) in a dp4a:
 docs/decisions/kernel-direct-stem.md.
@@ -44,8 +45,12 @@ if triton is not None:
 
     @triton.jit
     def _code_byte(v, inv_scale, qmin):
-        """quantize_int8's code of v in the low byte of an int32, the other bytes 0."""
-        return quantize_int8(v, inv_scale, qmin).to(tl.int32) & 0xFF
+        """The INT8 code of an image value in the low byte of an int32, the other bytes 0: quantize_int8's
+        code of a float value; an int8 value is the code already (an image its copy into the engine
+        quantized, docs/decisions/0068)."""
+        if v.dtype == tl.int8:
+            return v.to(tl.int32) & 0xFF
+        return quantize_int8(v.to(tl.float32), inv_scale, qmin).to(tl.int32) & 0xFF
 
     @triton.jit
     def _direct_stem_kernel(x_ptr, w_ptr, bias_ptr, scale_ptr, y_ptr, P, COUT, H, W, OH, OW, y_row,
@@ -56,7 +61,7 @@ if triton is not None:
                             OUT_QUANT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr,
                             INT8: tl.constexpr = True, DP4A: tl.constexpr = False, CH_ALIGN: tl.constexpr = 1,
                             PDL: tl.constexpr = False):
-        """x: the float image [N, C, H, W] by its strides; w: the int32 tap words [words, COUT]
+        """x: the float image [N, C, H, W] (or its int8 codes) by its strides; w: the int32 tap words [words, COUT]
         (`tap_words`). INT8: the epilogue's form of the sums (`epilogue_arguments`: decoded from their
         bits where the layer's bound allows). CH_ALIGN: a power of two dividing COUT and the output's
         pixel stride. PDL: launched with programmatic dependent launch (`kernels/common/pdl.py`)."""
@@ -74,7 +79,7 @@ if triton is not None:
                     pixels, ok = tap_pixels(base + ((4 * j + lane) // (KH * KW)) * sxc,
                                             ih0 + ((4 * j + lane) // KW % KH) * DH, iw0 + ((4 * j + lane) % KW) * DW,
                                             p_ok, H, W, sxh, sxw)
-                    v = tl.load(x_ptr + pixels, mask=ok, other=0.0).to(tl.float32)
+                    v = tl.load(x_ptr + pixels, mask=ok, other=0)
                     word = word | (_code_byte(v, in_inv_scale, qmin) << (8 * lane))
             taps = tl.load(w_ptr + j * COUT + offs_c, mask=c_ok, other=0)
             acc = four_products_sum(tl.broadcast_to(word[:, None], (BLOCK_P, BLOCK_CO)),
@@ -131,7 +136,7 @@ if triton is not None:
                 right = tl.zeros((BLOCK_Q,), dtype=tl.int32)  # the right pixels': columns SW..SW+KW-1
                 for col in tl.static_range(SW + KW):
                     iw = iw0 + col
-                    v = tl.load(row + col * sxw, mask=row_ok & (iw >= 0) & (iw < W), other=0.0).to(tl.float32)
+                    v = tl.load(row + col * sxw, mask=row_ok & (iw >= 0) & (iw < W), other=0)
                     code = _code_byte(v, in_inv_scale, qmin)
                     if col < KW:
                         left = left | (code << (8 * col))
@@ -203,12 +208,13 @@ MAX_QUAD_OUT_CHANNELS = 16
 
 
 def direct_stem_applies(x: torch.Tensor, wq: torch.Tensor) -> bool:
-    """Whether the kernel runs this convolution: a float image of at most MAX_IN_CHANNELS channels, an
-    int8 [Cout, Cin, KH, KW] weight (or a stand-in of its shape) of group 1, few outputs, few taps."""
+    """Whether the kernel runs this convolution: a float image (or its INT8 codes) of at most
+    MAX_IN_CHANNELS channels, an int8 [Cout, Cin, KH, KW] weight (or a stand-in of its shape) of group 1,
+    few outputs, few taps."""
     if wq.dtype != torch.int8 or wq.dim() != 4 or x.dim() != 4 or wq.shape[1] != x.shape[1]:
         return False
     cout, cin, kh, kw = wq.shape
-    return (x.dtype in (torch.float32, torch.float16, torch.bfloat16) and cin <= MAX_IN_CHANNELS
+    return (x.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int8) and cin <= MAX_IN_CHANNELS
             and cout <= MAX_OUT_CHANNELS and cin * kh * kw <= MAX_TAPS)
 
 
@@ -253,8 +259,8 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
                      qmin: int = -127, accumulator_bound: int | None = None, float_dtype: torch.dtype = torch.float32,
                      out: torch.Tensor | None = None, tactic: str | None = None, pdl: bool = False) -> torch.Tensor:
     """An INT8 QConv reading a float image (module docstring): x float [N, C, H, W] any strides,
-    quantized with `input_inv_scale`; w_words the weight's `tap_words`; bias int32; the per-channel
-    `dequant_scale`. The output is int8 codes with `output_inv_scale`, else `float_dtype`,
+    quantized with `input_inv_scale` (or its int8 codes, read as they are); w_words the weight's
+    `tap_words`; bias int32; the per-channel `dequant_scale`. The output is int8 codes with `output_inv_scale`, else `float_dtype`,
     channels-last or into `out`, by one of DIRECT_STEM_FORMS (`tactic`, the first by default); `pdl`:
     launched with programmatic dependent launch (CUDA tensors only)."""
     form = DIRECT_STEM_FORMS.get(tactic or TRITON_DIRECT_STEM_INT8)
@@ -268,8 +274,8 @@ def direct_stem_conv(x: torch.Tensor, w_words: torch.Tensor, bias: torch.Tensor 
     if not (direct_stem_applies(x, weight) and w_words.dtype == torch.int32 and tuple(w_words.shape) == (words, cout)
             and w_words.is_contiguous()):
         raise ValueError(f"direct_stem_conv: input {tuple(x.shape)} {x.dtype} and weight words "
-                         f"{tuple(w_words.shape)} {w_words.dtype} are not a float image of at most {MAX_IN_CHANNELS} "
-                         f"channels and the {'row' if form.quads else 'tap'} words of at most {MAX_OUT_CHANNELS} "
+                         f"{tuple(w_words.shape)} {w_words.dtype} are not an image (float or codes) of at most "
+                         f"{MAX_IN_CHANNELS} channels and the {'row' if form.quads else 'tap'} words of at most {MAX_OUT_CHANNELS} "
                          f"outputs over at most {MAX_TAPS} taps")
     if form.quads and not quads_apply(geometry.kernel, geometry.dilations, cout):
         raise ValueError(f"direct_stem_conv: the quads form runs filter rows of at most {MAX_QUAD_ROW_TAPS} taps "

@@ -1,0 +1,86 @@
+"""An input copied into the engine is written as its readers take it (docs/decisions/0068): the INT8
+codes an INT8 stem would quantize it to, or the dtype and channels-last layout the run would convert
+it to. `Executor.staged_form` says which; on CUDA the context's copy writes that form into the buffer
+of a graph captured from it, and the engine's own buffers (`input_buffers`) keep the declared form.
+The numbers do not change."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
+
+import sartor
+from sartor.ops.quantized import quantize
+
+SHAPE = OPT_SHAPES["images"]
+
+
+def _build(tiny_onnx, path, device: str, precision: str, **flags):
+    if precision in ("int8", "fp8"):
+        calib = path.parent / "calib.npy"
+        np.save(calib, np.random.default_rng(0).standard_normal((8, 3, IMAGE, IMAGE)).astype(np.float32))
+        flags = dict(flags, calib=str(calib))
+    sartor.build(tiny_onnx, path, device=device, precision=precision, min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES,
+                 max_shapes=MAX_SHAPES, builder_effort=0, **flags)
+    return sartor.load(path, device=device)
+
+
+def test_an_input_only_int8_layers_read_is_staged_as_their_codes(tiny_onnx, tmp_path, images):
+    """The tiny classifier's first convolution is its input's only reader: INT8, so the input's staged
+    form is that layer's codes, and a run fed those codes gives the float input's outputs exactly."""
+    engine = _build(tiny_onnx, tmp_path / "int8.plan", "cpu", "int8")
+    executor = engine.executor
+    x = torch.from_numpy(images)
+    form = executor.staged_form("images", x)
+    stem = next(step for step in executor.steps if step.node.inputs[0] == "images")
+    assert stem.node.op_type == "QConv"
+    assert form is not None and form.dtype == torch.int8 and not form.channels_last
+    assert form.codes == (stem.node.attrs["input_inv_scale"], stem.node.attrs.get("qmin", -127))
+    codes = quantize(x, *form.codes)
+    assert codes.unique().numel() > 50  # the image spans many codes
+    from_floats = executor.run({"images": x})["logits"]
+    assert torch.equal(executor.run({"images": codes})["logits"], from_floats)
+
+
+@pytest.mark.parametrize("precision,pins", [("fp32", None), ("int8", {"conv1": "fp32"})])
+def test_an_input_a_float_layer_reads_is_not_staged_on_the_cpu(tiny_onnx, tmp_path, images, precision, pins):
+    """No INT8 reader (an FP32 engine, or the stem pinned to FP32), and on the CPU the run converts no
+    input: the input is copied as it comes."""
+    engine = _build(tiny_onnx, tmp_path / f"{precision}.plan", "cpu", precision, layer_precision=pins)
+    assert engine.executor.feed_codes == {}
+    assert engine.executor.staged_form("images", torch.from_numpy(images)) is None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the staged copy feeds CUDA graphs")
+
+
+@cuda
+@pytest.mark.parametrize("precision,form", [("int8", (torch.int8, False)), ("fp16", (torch.float16, True)),
+                                            ("fp32", (torch.float32, True))])
+def test_a_copied_input_runs_the_staged_graph_with_the_outputs_of_the_engines_own_buffers(
+        tiny_onnx, tmp_path, images, precision, form):
+    """On CUDA: INT8 codes for the INT8 engine, float16 channels-last pixels for the FP16 one,
+    channels-last float32 for the FP32 one. A copied input replays the graph captured from its staged
+    form; the engine's own buffers replay the graph of the declared form; both give the same
+    outputs, bit for bit, and a copied run leaves the engine's buffers as they were."""
+    engine = _build(tiny_onnx, tmp_path / f"{precision}.plan", "cuda", precision)
+    ctx = engine.context()
+    x = torch.from_numpy(images).cuda()
+    copied = ctx.run({"images": x})["logits"].clone()
+    staged = [g for key, g in ctx._captured.items() if key[-1] == ("staged", ())]
+    assert len(staged) == 1
+    buffer = staged[0].inputs["images"]
+    assert (buffer.dtype, buffer.is_contiguous(memory_format=torch.channels_last) and not buffer.is_contiguous()) \
+        == form
+    buffers = ctx.input_buffers({"images": SHAPE})
+    assert buffers["images"].dtype == torch.float32 and buffers["images"].data_ptr() != buffer.data_ptr()
+    buffers["images"].copy_(x)
+    assert torch.equal(ctx.run(buffers)["logits"], copied)
+    flipped = ctx.run({"images": x.flip(0).contiguous()})["logits"].clone()
+    assert torch.equal(buffers["images"], x)  # a copied run wrote the staged buffer, not this one
+    assert torch.equal(flipped, copied.flip(0))
+    if precision == "int8":
+        stem = next(step for step in engine.executor.steps if step.node.inputs[0] == "images")
+        assert torch.equal(buffer, quantize(x.flip(0), stem.node.attrs["input_inv_scale"],
+                                            stem.node.attrs.get("qmin", -127)))
