@@ -74,7 +74,7 @@ class ExecutionContext:
         # outputs there). Without them each warmed batch size kept its own activations, inputs and
         # outputs, many times what the engine declares (BENCHMARKS.md, "sharing a GPU").
         self._graph_pool = None
-        self._input_store: dict[tuple, torch.Tensor] = {}  # (input name, dtype) -> buffer
+        self._input_store: dict[tuple, torch.Tensor] = {}  # (input name, staged) -> buffer (_shared_input)
         self._forms: dict[tuple, dict] = {}  # input shapes -> the inputs' staged forms (_staged_forms)
         self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
@@ -250,7 +250,8 @@ class ExecutionContext:
         every context of the engine, with one warning naming it."""
         executor = self.engine.executor
         device = self.engine.device
-        static_in = {name: self._shared_input(name, t) for name, t in tensors.items()}
+        staged = key[-len(STAGED):] == STAGED
+        static_in = {name: self._shared_input(name, t, staged) for name, t in tensors.items()}
         memo = self.memo_for(key)
         # The first shape's outputs stay where its graph wrote them (no copy); the others' go to the
         # shared output buffers, so that outputs, like activations, are held once.
@@ -296,14 +297,15 @@ class ExecutionContext:
     def _largest_batch(self) -> int:
         return max(int(r.max[0]) for p in self.engine.profiles for r in p.shapes.values() if len(r.max))
 
-    def _shared_input(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """`t` copied into this context's buffer for input `name` in `t`'s dtype, as a view of `t`'s
-        shape (channels-last where `t` is: a staged copy's form)."""
-        store = self._input_store.get((name, t.dtype))
+    def _shared_input(self, name: str, t: torch.Tensor, staged: bool = False) -> torch.Tensor:
+        """`t` copied into this context's buffer for input `name`, as a view of `t`'s shape (channels-last
+        where `t` is). The graphs of copied inputs in their staged form (`staged`) share a buffer of
+        their own: a copied run never writes the buffer of the engine's own (`input_buffers`)."""
+        store = self._input_store.get((name, staged))
         if store is None:
             count = max(math.prod(p.shapes[name].max) for p in self.engine.profiles if name in p.shapes)
-            store = self._input_store[(name, t.dtype)] = torch.empty(count, dtype=t.dtype, device=t.device)
-        if store.numel() < t.numel():
+            store = self._input_store[(name, staged)] = torch.empty(count, dtype=t.dtype, device=t.device)
+        if store.dtype != t.dtype or store.numel() < t.numel():
             return t.clone()
         flat = store[:t.numel()]
         channels_last = t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
