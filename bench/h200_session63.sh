@@ -13,7 +13,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 SECONDS=0
 [ "$part" = s ] || { echo "unknown part $part" >&2; exit 2; }
 timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/test_staged_inputs.py \
-  tests/runtime/test_input_buffers.py tests/kernels/test_kernels_quantize.py tests/kernels/test_kernels_direct_stem.py \
+  tests/runtime/test_input_buffers.py tests/runtime/test_capture.py tests/kernels/test_kernels_quantize.py \
+  tests/kernels/test_kernels_direct_stem.py \
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
 TABLE_END_S=$(( ${TABLE_END_S:-550} - SECONDS )) bash bench/h200_session61.sh m "${2:?say the models}" "${3:?say the batches}"
