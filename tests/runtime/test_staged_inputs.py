@@ -52,6 +52,22 @@ def test_an_input_a_float_layer_reads_is_not_staged_on_the_cpu(tiny_onnx, tmp_pa
     assert engine.executor.staged_form("images", torch.from_numpy(images)) is None
 
 
+def test_staged_inputs_keep_a_buffer_of_their_own_in_their_layout(tiny_engine, images):
+    """The buffers graphs are captured from: a staged float32 channels-last input (the declared dtype)
+    gets a buffer apart from the declared one, so a copied run never writes what a caller put in
+    the engine's own buffer, viewed in the staged layout; each is shared by every shape."""
+    ctx = tiny_engine.context()
+    x = torch.from_numpy(images)
+    declared = ctx._shared_input("images", x)
+    staged = ctx._shared_input("images", x.contiguous(memory_format=torch.channels_last), staged=True)
+    assert torch.equal(declared, x) and torch.equal(staged, x)
+    assert declared.is_contiguous() and staged.is_contiguous(memory_format=torch.channels_last)
+    assert staged.untyped_storage().data_ptr() != declared.untyped_storage().data_ptr()
+    smaller = ctx._shared_input("images", x[:1].contiguous(memory_format=torch.channels_last), staged=True)
+    assert smaller.data_ptr() == staged.data_ptr() and smaller.stride() == x[:1].contiguous(
+        memory_format=torch.channels_last).stride()
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the staged copy feeds CUDA graphs")
 
 
