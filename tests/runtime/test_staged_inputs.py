@@ -68,6 +68,22 @@ def test_staged_inputs_keep_a_buffer_of_their_own_in_their_layout(tiny_engine, i
         memory_format=torch.channels_last).stride()
 
 
+def test_the_staged_copy_writes_each_form(images):
+    """What a graph is captured from and what each copied run writes: the INT8 codes of the form's
+    quantization, a float16 channels-last copy, or the tensor as it comes where it has no form."""
+    from sartor.runtime.context import _copy_in, _staged
+    from sartor.runtime.executor import StagedForm
+    x = torch.from_numpy(images)
+    forms = {"codes": StagedForm(torch.int8, codes=(20.0, -128)), "half": StagedForm(torch.float16, channels_last=True)}
+    staged = _staged({"codes": x, "half": x, "plain": x}, forms)
+    assert torch.equal(staged["codes"], quantize(x, 20.0, -128)) and staged["codes"].is_contiguous()
+    assert torch.equal(staged["half"], x.half()) and staged["half"].is_contiguous(memory_format=torch.channels_last)
+    assert staged["plain"] is x
+    flipped = x.flip(0).contiguous()
+    _copy_in(flipped, staged["codes"], forms["codes"])
+    assert torch.equal(staged["codes"], quantize(flipped, 20.0, -128))
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the staged copy feeds CUDA graphs")
 
 
