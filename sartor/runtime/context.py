@@ -221,9 +221,11 @@ class ExecutionContext:
         """The buffers the engine reads its inputs of these shapes from, on its device, as
         TensorRT's bound input buffers: fill them in place (a preprocessing kernel can write its
         output there) and `run` them, and no copy precedes the run. With CUDA graphs these are the
-        captured graph's own inputs (captured now if this shape has not run yet, from zeros); without
-        them, new tensors that `run` reads as any other input. The gate applies: unknown names,
-        missing inputs and shapes outside the profiles are refused as `run` refuses them."""
+        inputs, in the declared dtype and layout, of the graph captured from them (now, from zeros,
+        if it was not yet: a copied run of the shape captures a graph of its staged inputs instead,
+        decision 0068, so call this at setup, as `warmup` is); without them, new tensors that `run`
+        reads as any other input. The gate applies: unknown names, missing inputs and shapes outside
+        the profiles are refused as `run` refuses them."""
         # An unknown name gets no tensor: check_inputs refuses it before it reads any value.
         feeds = {name: torch.zeros(tuple(int(d) for d in shape), dtype=NUMPY_TO_TORCH[self._declared[name].dtype],
                                    device=self.engine.device) if name in self._declared else None
