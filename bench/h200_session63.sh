@@ -5,17 +5,27 @@
 #      then the table of MODELS at BATCHES (h200_session61.sh m: FP16 / INT8 paired, input copied / in place, and
 #      now a plain copy into the engine's buffer beside them, the copied run's work before).
 #      In order: s yolo11n 32; s yolov8n,detector 32; s yolov8n,yolo11n 1. Then h200_session62.sh d.
-#   OUT=$OUT bash bench/h200_session63.sh s MODELS BATCHES
+#   c: the same GPU tests, then bench/staged_copy.py on YOLO11n at batch 32, FP16 and INT8 built at effort EFFORT
+#      (0 unless told: quick builds for a short call): a copied run against a plain copy and a run from the engine's
+#      buffer, and that buffer alone, in turns.
+#   OUT=$OUT bash bench/h200_session63.sh s MODELS BATCHES | c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say s}
+part=${1:?say s or c}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 SECONDS=0
-[ "$part" = s ] || { echo "unknown part $part" >&2; exit 2; }
+case "$part" in s|c) ;; *) echo "unknown part $part" >&2; exit 2 ;; esac
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/test_staged_inputs.py \
   tests/runtime/test_input_buffers.py tests/runtime/test_capture.py tests/kernels/test_kernels_quantize.py \
   tests/kernels/test_kernels_direct_stem.py \
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
+if [ "$part" = c ]; then
+  timeout $(( ${END_S:-330} - SECONDS )) python bench/staged_copy.py --onnx samples/yolo/yolo11n_scenes.onnx \
+    --batch 32 --size 640 --precisions fp16,int8 --effort "${EFFORT:-0}" --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
 TABLE_END_S=$(( ${TABLE_END_S:-550} - SECONDS )) bash bench/h200_session61.sh m "${2:?say the models}" "${3:?say the batches}"
 echo "done at ${SECONDS}s"
