@@ -53,14 +53,32 @@ def test_the_codes_of_an_unround_scale_round_the_float32_product():
     assert torch.equal(out.cpu(), quantize(x.cpu(), inv_scale, -127))
 
 
+@pytest.mark.parametrize("source", ["channels_last", "sliced"])
+def test_the_kernel_reads_any_4d_source_by_its_strides_into_nchw(source):
+    """A channels-last image (a camera's interleaved frames seen as NCHW) and a cut of a wider one
+    (gaps between its rows) into a contiguous NCHW buffer: the codes at their places."""
+    generator = torch.Generator().manual_seed(53)
+    if source == "channels_last":
+        on_device = _values((2, 3, 11, 13), 4.0, generator).to(DEVICE).contiguous(memory_format=torch.channels_last)
+    else:
+        on_device = _values((2, 3, 11, 20), 4.0, generator).to(DEVICE)[..., 3:16]
+    x = on_device.cpu()
+    out = torch.empty(on_device.shape, dtype=torch.int8, device=DEVICE)
+    assert kernel.quantize_kernel_applies(on_device, out) and not kernel.same_layout(on_device, out)
+    assert torch.equal(quantize_into(on_device, out, 4.0, -127).cpu(), quantize(x, 4.0, -127))
+
+
 def test_other_layouts_and_devices_take_pytorchs_ops(monkeypatch):
-    """A channels-last source into an NCHW buffer (the layouts differ), and a source on the CPU
-    without the interpreter: `quantize`'s codes all the same, by PyTorch's ops."""
+    """A buffer in another layout than the kernel writes (channels-last codes of an NCHW source), a
+    source that is not 4-D in another layout, and a source on the CPU without the interpreter:
+    `quantize`'s codes all the same, by PyTorch's ops."""
     generator = torch.Generator().manual_seed(52)
-    x = _values((2, 3, 8, 8), 4.0, generator).contiguous(memory_format=torch.channels_last).to(DEVICE)
-    out = torch.empty(x.shape, dtype=torch.int8, device=DEVICE)
+    x = _values((2, 3, 8, 8), 4.0, generator).to(DEVICE)
+    out = torch.empty(x.shape, dtype=torch.int8, device=DEVICE).contiguous(memory_format=torch.channels_last)
     assert not kernel.quantize_kernel_applies(x, out)
     assert torch.equal(quantize_into(x, out, 4.0).cpu(), quantize(x.cpu(), 4.0))
+    flat = x.reshape(6, 64).t()
+    assert not kernel.quantize_kernel_applies(flat, torch.empty(flat.shape, dtype=torch.int8, device=DEVICE))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     cpu = x.cpu().contiguous()
     assert not kernel.quantize_kernel_applies(cpu, torch.empty_like(cpu, dtype=torch.int8))

@@ -28,10 +28,20 @@ if triton is not None:
     from ..common.tile_steps import quantize_int8
 
     @triton.jit
-    def _quantize_kernel(x_ptr, y_ptr, count, inv_scale, qmin, BLOCK: tl.constexpr):
+    def _quantize_kernel(x_ptr, y_ptr, count, inv_scale, qmin, C, H, W, sxn, sxc, sxh, sxw,
+                         BLOCK: tl.constexpr, GATHER: tl.constexpr):
+        """y's values in their storage order; x's at the same place (GATHER off: one layout), or, for an
+        NCHW y, at its strides (sxn, sxc, sxh, sxw): a channels-last or any other 4-D source."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < count
-        v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        if GATHER:
+            w = offs % W
+            h = offs // W % H
+            c = offs // (W * H) % C
+            n = offs // (W * H * C)
+            v = tl.load(x_ptr + (n * sxn + c * sxc + h * sxh + w * sxw), mask=ok, other=0.0).to(tl.float32)
+        else:
+            v = tl.load(x_ptr + offs, mask=ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs, quantize_int8(v, inv_scale, qmin), mask=ok)
 
 
@@ -42,20 +52,28 @@ def same_layout(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x.shape == y.shape and x.stride() == y.stride() and dense
 
 
+def _gathers(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether the kernel reads `x` by its strides into a contiguous 4-D `y` of its shape."""
+    return x.dim() == 4 and x.shape == y.shape and y.is_contiguous() and not same_layout(x, y)
+
+
 def quantize_kernel_applies(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Whether the kernel writes `y`'s codes of `x`: both on one device it runs on (`kernel_runs_on`),
-    `x` float and `y` int8 in the same dense layout, and Triton present."""
+    `x` float and `y` int8, in the same dense layout or `y` contiguous NCHW (`x` read by its strides),
+    and Triton present."""
     return (triton is not None and kernel_runs_on(x) and y.device == x.device and x.dtype in FLOATS
-            and y.dtype == torch.int8 and same_layout(x, y))
+            and y.dtype == torch.int8 and (same_layout(x, y) or _gathers(x, y)))
 
 
 def quantize_kernel_into(x: torch.Tensor, y: torch.Tensor, inv_scale: float, qmin: int) -> torch.Tensor:
     """`y` set to the INT8 codes of `x`, clamp(round_half_even(x · inv_scale), qmin, 127), by the kernel
     (where `quantize_kernel_applies`; `ops/quantized.py` `quantize_into` chooses)."""
     count = x.numel()
+    gather = _gathers(x, y)
+    dims, strides = (x.shape[1:], x.stride()) if gather else ((1, 1, 1), (0, 0, 0, 0))
     if count:
-        _quantize_kernel[(triton.cdiv(count, BLOCK),)](x, y, count, inv_scale, qmin, BLOCK=BLOCK, num_warps=WARPS,
-                                                       enable_fp_fusion=False)
+        _quantize_kernel[(triton.cdiv(count, BLOCK),)](x, y, count, inv_scale, qmin, *dims, *strides, BLOCK=BLOCK,
+                                                       GATHER=gather, num_warps=WARPS, enable_fp_fusion=False)
     return y
 
 
