@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -21,9 +20,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sartor  # noqa: E402
-from sartor.tactics.select import timing_samples_ms  # noqa: E402
+from h200_table import paired_timings  # noqa: E402
 
 WAYS = ("staged", "plain", "in_place")
 
@@ -39,21 +39,19 @@ def engine_ways(plan: Path, device: str, shape: tuple) -> dict:
     first = {k: v.clone() for k, v in ctx.run({name: x}).items()}
     again = ctx.run(bound)
     same = all(torch.equal(first[k], again[k]) for k in first)
+    # paired_timings' names: a copied run (staged), the engine's own buffer, a plain copy into it
     return {"same_outputs": same, "ways": {
-        "staged": lambda: ctx.run({name: x}),
-        "plain": lambda: (bound[name].copy_(x), ctx.run(bound)),
-        "in_place": lambda: ctx.run(bound)}}
+        "copied": lambda: ctx.run({name: x}),
+        "bound": lambda: ctx.run(bound),
+        "plain": lambda: (bound[name].copy_(x), ctx.run(bound))}}
 
 
-def timed_in_turns(engines: dict, device: str, rounds: int, iterations: int) -> dict:
-    """{engine: {way: median ms over all rounds}}: each round times every engine every way."""
-    samples = {key: {way: [] for way in WAYS} for key in engines}
-    for _ in range(rounds):
-        for key, entry in engines.items():
-            for way in WAYS:
-                samples[key][way] += timing_samples_ms(entry["ways"][way], torch.device(device), iterations, 5)
-    return {key: {way: round(statistics.median(taken), 4) for way, taken in ways.items()}
-            for key, ways in samples.items()}
+def timed_in_turns(engines: dict, batch: int, device: str, rounds: int, iterations: int) -> dict:
+    """{engine: {way: median ms over all rounds}}: each round times every engine every way
+    (h200_table's paired_timings)."""
+    paired = paired_timings({key: entry["ways"] for key, entry in engines.items()}, batch, iterations, rounds, device)
+    return {key: {"staged": figures["median_ms"], "plain": figures["plain_copy"]["median_ms"],
+                  "in_place": figures["bound_input"]["median_ms"]} for key, figures in paired.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         sartor.build(args.onnx, str(plan), device=args.device, precision=precision, min_shapes=shapes,
                      opt_shapes=shapes, max_shapes=shapes, **flags)
         engines[precision] = engine_ways(plan, args.device, shape)
-    medians = timed_in_turns(engines, args.device, args.rounds, args.iterations)
+    medians = timed_in_turns(engines, args.batch, args.device, args.rounds, args.iterations)
     result = {"onnx": args.onnx, "shape": list(shape), "rounds": args.rounds, "iterations": args.iterations,
               "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
               "engines": {key: dict(medians[key], same_outputs=engines[key]["same_outputs"]) for key in engines}}
