@@ -7,7 +7,8 @@
 #      In order: s yolo11n 32; s yolov8n,detector 32; s yolov8n,yolo11n 1. Then h200_session62.sh d.
 #   c: the same GPU tests, then bench/staged_copy.py on YOLO11n at batch 32, FP16 and INT8 built at effort EFFORT
 #      (0 unless told: quick builds for a short call): a copied run against a plain copy and a run from the engine's
-#      buffer, and that buffer alone, in turns.
+#      buffer, and that buffer alone, in turns; then bench/staged_pipeline.py (raw frames → boxes, the Pipeline's
+#      batches staged against float batches) on the same model, until PIPE_END_S.
 #   OUT=$OUT bash bench/h200_session63.sh s MODELS BATCHES | c
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -18,12 +19,15 @@ case "$part" in s|c) ;; *) echo "unknown part $part" >&2; exit 2 ;; esac
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/test_staged_inputs.py \
   tests/runtime/test_input_buffers.py tests/runtime/test_capture.py tests/kernels/test_kernels_quantize.py \
-  tests/kernels/test_kernels_direct_stem.py \
+  tests/kernels/test_kernels_direct_stem.py tests/pipeline/test_staged_preparation.py \
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
 if [ "$part" = c ]; then
   timeout $(( ${END_S:-330} - SECONDS )) python bench/staged_copy.py --onnx samples/yolo/yolo11n_scenes.onnx \
     --batch 32 --size 640 --precisions fp16,int8 --effort "${EFFORT:-0}" --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
+  echo "staged_copy done at ${SECONDS}s"
+  timeout $(( ${PIPE_END_S:-560} - SECONDS )) python bench/staged_pipeline.py --onnx samples/yolo/yolo11n_scenes.onnx \
+    --batch 32 --precisions fp16,int8 --effort "${EFFORT:-0}" --count 512 --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
   echo "done at ${SECONDS}s"
   exit 0
 fi

@@ -5,7 +5,8 @@ Each batch is read, decoded and preprocessed by one of three worker threads (on 
 stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is free; two workers
 for a CPU engine) into one of four staging buffers, three batches at once, while the engine runs the
 batch before them; the engine then copies the staging buffer into its bound input inside the same
-stream order. Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
+stream order. On CUDA a batch is prepared in the form the engine's copy writes (an INT8 stem's codes,
+channels-last float16: `staging_for`, decision 0068), so that copy moves it as it is. Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
 them from being decoded; what happens to them is `skip_bad`: False (the default) raises one
 `DataError` naming every failed item of the batch before that batch runs; True returns them as
 results with `error` set, in their place, and runs the rest.
@@ -47,7 +48,7 @@ from .decode import DECODERS_PER_DEVICE, decode_frames, start_host_share
 from .detections import EngineNms, YoloNms
 from .host_share import BatchTimer, HostShareSearch, candidates_for
 from .pinned_slots import PinnedSlots
-from .prepare import input_tensor, prepare_batch
+from .prepare import Staging, input_tensor, prepare_batch, staging_for
 from .raw_frames import frames_batch_range, frames_tensor, lay_out_frames, wrong_sizes
 from .read_ahead import Chunk, chunks_of, read_ahead
 from .sources import FRAME_ORDERS, FrameSource, read_sources
@@ -78,12 +79,14 @@ class PipelineResult:
 @dataclass
 class _Bucket:
     """One resolution bucket as the pipeline runs it: its spec, the profile and the context bound to
-    it, its minimum batch, and a staging buffer per batch in flight, with the event that frees it."""
+    it, its minimum batch, and a staging buffer per batch in flight, with the event that frees it.
+    `staged`: the form the engine takes its input in, which the batches are prepared in, or None."""
     spec: PreprocessSpec
     profile: int
     min_batch: int
     context: object
     slots: InitVar[int]
+    staged: Staging | None = None
     staging: list = field(init=False)
     staging_free: list = field(init=False)
 
@@ -261,6 +264,14 @@ class Pipeline:
         self.staging_slots = self.prepare_ahead + 1
         self._buckets = [_Bucket(s, k, lo, engine.context(k), self.staging_slots)
                          for s, (_, k, lo) in zip(buckets.specs, chosen)]
+        if self.frames is None:
+            # Prepared as the engine's copy would write them (an INT8 stem's codes, channels-last
+            # float16), the batches are copied in as they are: fewer bytes written, then moved.
+            for bucket in self._buckets:
+                shape = bucket.spec.input_shape(max(self.batch_size, bucket.min_batch))
+                if shape is not None:
+                    forms = bucket.context.staged_forms({image.name: shape})
+                    bucket.staged = staging_for(bucket.spec, forms.get(image.name), self.device)
         # The largest bucket's, as a pipeline of one size has them.
         self.profile, self.min_batch, self.context = chosen[-1][1], chosen[-1][2], self._buckets[-1].context
         self.fast_decode = fast_decode
@@ -333,8 +344,9 @@ class Pipeline:
         if buffer is None or buffer.shape[0] < rows:
             capacity = max(self.batch_size, bucket.min_batch)
             buffer = bucket.staging[slot] = (
-                input_tensor(bucket.spec, capacity, self.device) if self.frames is None
-                else frames_tensor(self.frames, capacity, self.device))
+                frames_tensor(self.frames, capacity, self.device) if self.frames is not None
+                else bucket.staged.tensor(capacity, self.device) if bucket.staged is not None
+                else input_tensor(bucket.spec, capacity, self.device))
         return buffer[:rows]
 
     @property
@@ -398,8 +410,10 @@ class Pipeline:
         frame_names += [frame_names[0]] * (rows - len(frame_names))
         sizes += [sizes[0]] * (rows - len(sizes))
         try:
+            staged = bucket.staged
             batch, metas = (
-                prepare_batch(frames, frame_names, bucket.spec, self._buffer(bucket, slot, rows), orig_sizes=sizes)
+                prepare_batch(frames, frame_names, staged.spec if staged else bucket.spec,
+                              self._buffer(bucket, slot, rows), orig_sizes=sizes, codes=staged and staged.codes)
                 if self.frames is None
                 else lay_out_frames(frames, frame_names, bucket.spec, self.frames, self._buffer(bucket, slot, rows)))
         except DataError as exc:
@@ -426,7 +440,7 @@ class Pipeline:
         staged = []
         for group in prepared.groups:  # one run per bucket, results placed back in input order
             bucket = self._buckets[group.bucket]
-            outputs = bucket.context.run({self.input_name: group.batch})
+            outputs = bucket.context.run({self.input_name: group.batch}, staged=bucket.staged is not None)
             if current is not None:
                 freed = bucket.staging_free[slot] = torch.cuda.Event()
                 freed.record(current)

@@ -7,13 +7,17 @@ Pillow's pixels); elsewhere torch ops (`kernels/preprocess/torch_path.py`: uint8
 rounded to levels on CUDA)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from functools import partial
+
 import torch
 
-from ..data.preprocess import ImageMeta, PreprocessSpec, placement
+from ..data.preprocess import DTYPES, ImageMeta, PreprocessSpec, placement
 from ..errors import ConfigError, DataError
-from ..ir.dtypes import NUMPY_TO_TORCH
-from ..kernels.preprocess.letterbox import kernel_supports, letterbox_frames, preprocess_kernel_available
+from ..ir.dtypes import NUMPY_TO_TORCH, TORCH_TO_NUMPY
+from ..kernels.preprocess.letterbox import InputCodes, kernel_supports, letterbox_frames, preprocess_kernel_available
 from ..kernels.preprocess.torch_path import letterbox_torch
+from ..runtime.executor import StagedForm
 
 
 def uses_kernel(device: torch.device, spec: PreprocessSpec | None = None) -> bool:
@@ -28,6 +32,36 @@ def input_tensor(spec: PreprocessSpec, batch: int, device: torch.device) -> torc
     if shape is None:
         raise DataError("preprocess 'none' keeps each image's size: there is no fixed input shape")
     return torch.empty(shape, dtype=NUMPY_TO_TORCH[spec.dtype], device=device)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How a batch is prepared for an engine that takes it in a staged form (`ExecutionContext.
+    staged_forms`, docs/decisions/0068): the spec with that form's dtype, the INT8 codes to write
+    (or None), and whether the buffer is channels-last."""
+    spec: PreprocessSpec
+    codes: InputCodes | None
+    channels_last: bool
+
+    def tensor(self, batch: int, device: torch.device) -> torch.Tensor:
+        """A new buffer of this form for `batch` images."""
+        dtype = torch.int8 if self.codes is not None else NUMPY_TO_TORCH[self.spec.dtype]
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        return torch.empty(self.spec.input_shape(batch), dtype=dtype, device=device, memory_format=layout)
+
+
+def staging_for(spec: PreprocessSpec, form: StagedForm | None, device: torch.device) -> Staging | None:
+    """The Staging the preprocessing kernel writes `form` in, or None where the batch is prepared as
+    `spec` says: no form, no kernel on `device` for `spec`, or a form it does not write (a dtype
+    `--preprocess` has no name for)."""
+    if form is None or spec.resize == "none" or not uses_kernel(device, spec):
+        return None
+    if form.codes is not None:
+        return Staging(spec, InputCodes(*form.codes), channels_last=False)
+    dtype = TORCH_TO_NUMPY.get(form.dtype)
+    if dtype not in DTYPES or (form.channels_last and spec.layout != "nchw"):
+        return None
+    return Staging(replace(spec, dtype=dtype), None, form.channels_last)
 
 
 def stack_frames(frames: list[torch.Tensor]) -> torch.Tensor:
@@ -47,14 +81,17 @@ def stack_frames(frames: list[torch.Tensor]) -> torch.Tensor:
 
 def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: PreprocessSpec,
                   out: torch.Tensor | None = None, *, kernel: bool | None = None,
-                  orig_sizes: list[tuple[int, int] | None] | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
+                  orig_sizes: list[tuple[int, int] | None] | None = None,
+                  codes: InputCodes | None = None) -> tuple[torch.Tensor, list[ImageMeta]]:
     """3×H×W uint8 RGB frames → (the batch as `spec` says, one ImageMeta each). `out` (e.g. the
     engine's bound input buffer, `ExecutionContext.input_buffers`) receives it in place when given;
     it must have the spec's shape for len(frames) images, dtype and the frames' device. Frames of
     one size are prepared together: a camera's batch is one kernel launch (`kernel`: None picks
     the Triton kernel on CUDA with Triton, else torch ops; True or False forces one). `orig_sizes`
     gives the (H, W) of frames decoded at a reduced scale (`DecodedFrame.orig_size`): the geometry
-    and the metas follow the image's own size."""
+    and the metas follow the image's own size. With `codes` (the Triton kernel only), `out` is int8 and
+    receives the INT8 codes the layer reading the batch would quantize it to (an engine's staged
+    form, `ExecutionContext.staged_forms`)."""
     if not frames:
         raise DataError("prepare_batch got no frames")
     device = frames[0].device
@@ -73,14 +110,20 @@ def prepare_batch(frames: list[torch.Tensor], names: list[str], spec: Preprocess
         shape = (len(frames), 3, h, w) if spec.layout == "nchw" else (len(frames), h, w, 3)
     else:
         shape = spec.input_shape(len(frames))
-    target = out if out is not None else torch.empty(shape, dtype=NUMPY_TO_TORCH[spec.dtype], device=device)
-    if tuple(target.shape) != tuple(shape) or target.dtype != NUMPY_TO_TORCH[spec.dtype] or target.device != device:
+    dtype = torch.int8 if codes is not None else NUMPY_TO_TORCH[spec.dtype]
+    target = out if out is not None else torch.empty(shape, dtype=dtype, device=device)
+    if tuple(target.shape) != tuple(shape) or target.dtype != dtype or target.device != device:
         raise DataError(f"preprocess output buffer is {tuple(target.shape)} {target.dtype} on {target.device}; "
-                        f"{spec.describe()!r} makes {tuple(shape)} {NUMPY_TO_TORCH[spec.dtype]} on {device}")
-    if kernel and not kernel_supports(spec):
+                        f"{spec.describe()!r} makes {tuple(shape)} {dtype}{' codes' if codes else ''} on {device}")
+    if (kernel or codes is not None) and not kernel_supports(spec):
         raise ConfigError(f"preprocess {spec.describe()!r}: the fused preprocessing kernel resamples with Pillow's "
-                          f"filter only; leave kernel= unset to run resampler=cv2 through torch ops")
-    prepare = letterbox_frames if (uses_kernel(device, spec) if kernel is None else kernel) else letterbox_torch
+                          f"filter only; leave kernel= unset (and codes= out) to run resampler=cv2 through torch ops")
+    use_kernel = uses_kernel(device, spec) if kernel is None else kernel
+    if codes is not None and not use_kernel:
+        raise ConfigError("prepare_batch: INT8 codes are written by the fused preprocessing kernel only "
+                          "(kernel=False, or no Triton)")
+    prepare = (partial(letterbox_frames, codes=codes) if codes is not None else letterbox_frames) if use_kernel \
+        else letterbox_torch
     groups: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(sizes, originals)):
         groups.setdefault(key, []).append(i)

@@ -76,6 +76,7 @@ class ExecutionContext:
         self._graph_pool = None
         self._input_store: dict[tuple, torch.Tensor] = {}  # (input name, staged) -> buffer (_shared_input)
         self._forms: dict[tuple, dict] = {}  # input shapes -> the inputs' staged forms (_staged_forms)
+        self._scalars: dict[str, torch.Tensor] | None = None  # per input, what _declared_like expands
         self._output_store: dict[str, torch.Tensor] = {}
         self.stream = torch.cuda.Stream(engine.device) if engine.device.type == "cuda" else None
         # The kernels' arrival counters (split-K reduced in the kernel), this context's own: another
@@ -141,12 +142,17 @@ class ExecutionContext:
         raise ProfileError(f"input shape(s) {described} outside the allowed ranges ({self._profiles_text()})")
 
     # ---- running ------------------------------------------------------------------------
-    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: dict[str, Any], *, staged: bool = False) -> dict[str, Any]:
         """Run once. numpy in → numpy out (copies); torch in → torch tensors on the engine's device.
+        `staged`: the inputs that have a staged form (`staged_forms`) come in it, as a preprocessing
+        kernel wrote them (an INT8 stem's codes, channels-last float16), and are copied in as they are.
 
         On CUDA the returned tensors are this context's output buffers: valid until its next run.
         """
-        shapes = self.check_inputs(feeds)
+        if staged:
+            shapes, forms = self._check_staged(feeds)
+        else:
+            shapes, forms = self.check_inputs(feeds), None
         profile = self.select_profile(shapes)  # its tactics run these inputs
         as_numpy = any(isinstance(v, np.ndarray) for v in feeds.values())
         device = self.engine.device
@@ -155,7 +161,7 @@ class ExecutionContext:
         tensors = {name: t.to(device, non_blocking=True) if t.device != device else t for name, t in tensors.items()}
         with bound(self.arrival_counters):
             if self.use_cuda_graphs:
-                outputs = self._run_graph(tensors, shapes, profile)
+                outputs = self._run_graph(tensors, shapes, profile, forms)
             else:
                 with matmul_precision(self.engine.precision == "tf32"):
                     outputs = self._run_eager(tensors, shapes, profile)
@@ -180,11 +186,14 @@ class ExecutionContext:
             torch.cuda.current_stream(self.engine.device).wait_stream(self.stream)
             return out
 
-    def _run_graph(self, tensors: dict, shapes: dict, profile: int = 0) -> dict:
+    def _run_graph(self, tensors: dict, shapes: dict, profile: int = 0, staged: dict | None = None) -> dict:
+        """`staged`: the staged forms the inputs already come in (`run(staged=True)`), or None."""
         key = tuple(sorted(shapes.items()))
         forms = {}
         captured = self._captured.get(key)
-        if captured is None or any(t.data_ptr() != captured.inputs[name].data_ptr() for name, t in tensors.items()):
+        if staged:  # already as the staged graph reads them: a plain copy into its buffers
+            captured = self._captured_for(tensors, key + STAGED, profile)
+        elif captured is None or any(t.data_ptr() != captured.inputs[name].data_ptr() for name, t in tensors.items()):
             # Not the graph's own buffers (input_buffers): the inputs are copied in, and where their
             # readers take them in another form the copy writes that, for a graph captured so.
             forms = self._staged_forms(key, tensors)
@@ -216,6 +225,47 @@ class ExecutionContext:
             if len(self._forms) < MAX_REMEMBERED_SHAPES:
                 self._forms[key] = forms
         return forms
+
+    def staged_forms(self, shapes: dict[str, tuple]) -> dict[str, StagedForm]:
+        """{input name: StagedForm} for inputs of these shapes in the declared dtypes: the form a copy
+        into the engine writes them in (the INT8 codes its INT8 readers take, or the dtype and layout
+        the run converts them to; docs/decisions/0068). A caller that prepares its inputs can write
+        them so, and `run(feeds, staged=True)` copies them in as they are; inputs not listed come as
+        declared. The gate applies as in `run`."""
+        stand_ins = self._declared_like(shapes)
+        checked = self.check_inputs(stand_ins)
+        self.select_profile(checked)
+        return self._staged_forms(tuple(sorted(checked.items())), stand_ins)
+
+    def _declared_like(self, shapes: dict[str, tuple]) -> dict[str, Any]:
+        """Stand-ins of these shapes in the declared dtypes on the engine's device, holding no memory
+        of their own (what a staged form depends on); None for an unknown name, which the gate refuses."""
+        if self._scalars is None:
+            self._scalars = {name: torch.empty((), dtype=NUMPY_TO_TORCH[v.dtype], device=self.engine.device)
+                             for name, v in self._declared.items()}
+        return {name: self._scalars[name].expand(tuple(int(d) for d in shape)) if name in self._scalars else None
+                for name, shape in shapes.items()}
+
+    def _check_staged(self, feeds: dict[str, Any]) -> tuple[dict, dict]:
+        """The gate of `run(staged=True)`: names and shapes as `check_inputs` checks them, each input
+        with a staged form in that form's dtype and the others in the declared one. Returns the
+        shapes and the forms."""
+        if not isinstance(feeds, dict):
+            raise InputError("inputs must be a dict of {name: array}")
+        stand_ins = self._declared_like({name: tuple(v.shape) for name, v in feeds.items()
+                                         if isinstance(v, (np.ndarray, torch.Tensor))})
+        shapes = self.check_inputs({name: stand_ins.get(name, value) for name, value in feeds.items()})
+        forms = self._staged_forms(tuple(sorted(shapes.items())), stand_ins)
+        for name, value in feeds.items():
+            form = forms.get(name)
+            want = form.dtype if form is not None else NUMPY_TO_TORCH[self._declared[name].dtype]
+            got = value.dtype if isinstance(value, torch.Tensor) else NUMPY_TO_TORCH.get(str(value.dtype))
+            if got != want:
+                held = (f"its staged form, {_describe_form(form)}" if form is not None
+                        else f"{TORCH_TO_NUMPY[want]}, as declared (it has no staged form)")
+                raise InputError(f"input {name!r} has dtype {TORCH_TO_NUMPY.get(got, got)}; run(staged=True) "
+                                 f"takes {held}")
+        return shapes, forms
 
     def input_buffers(self, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
         """The buffers the engine reads its inputs of these shapes from, on its device, as
@@ -384,6 +434,12 @@ def _staged(tensors: dict, forms: dict) -> dict:
         staged[name] = torch.empty(t.shape, dtype=form.dtype, device=t.device, memory_format=layout)
         _copy_in(t, staged[name], form)
     return staged
+
+
+def _describe_form(form: StagedForm) -> str:
+    if form.codes is not None:
+        return f"int8 codes (inv_scale {form.codes[0]:g}, qmin {form.codes[1]})"
+    return f"{TORCH_TO_NUMPY[form.dtype]}{' channels-last' if form.channels_last else ''}"
 
 
 def _copy_in(t: torch.Tensor, bound: torch.Tensor, form: StagedForm | None) -> None:

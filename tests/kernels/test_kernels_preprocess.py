@@ -5,6 +5,8 @@ quantization of its values bit for bit; its taps against Pillow's one-axis resiz
 several rows per program equal to the one-row tile bit for bit; its tactics by name."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from PIL import Image
 triton = pytest.importorskip("triton")
 
 from sartor.data.preprocess import parse_preprocess, placement, preprocess_image
-from sartor.errors import TacticNameError
+from sartor.errors import ConfigError, DataError, TacticNameError
 from sartor.kernels.preprocess import letterbox
 from sartor.kernels.preprocess.letterbox import (
     PREPROCESS_TILES,
@@ -305,3 +307,25 @@ def test_row_tiles_fall_back_to_the_one_row_kernel_past_the_unrolled_taps(monkey
     launched = []
     monkeypatch.setattr(letterbox, "_letterbox_rows_kernel", launched)  # indexing a list by a grid fails
     assert torch.equal(run_kernel(pixels, spec, batch=1, tile=PreprocessTile(64, 2, 4)), one_row)
+
+
+def test_prepare_batch_writes_an_engines_staged_forms_bit_for_bit():
+    """What a Pipeline prepares for an engine that takes its input staged (decision 0068): the INT8
+    codes of the float batch, and a float16 channels-last batch equal to the float32 one rounded,
+    both from the kernel in one pass; codes are refused where the kernel does not run."""
+    spec = parse_preprocess("letterbox=32,mean=0,std=255,rgb,nchw")
+    a, b = (torch.from_numpy(frame(*size, seed=k)).permute(2, 0, 1).to(DEVICE)
+            for k, size in enumerate([(37, 53), (29, 19)]))
+    floats, metas = prepare_batch([a, b, a], list("xyz"), spec, kernel=True)
+    codes = InputCodes(97.5, -128)
+    written, code_metas = prepare_batch([a, b, a], list("xyz"), spec, kernel=True, codes=codes)
+    assert code_metas == metas and written.dtype == torch.int8
+    assert torch.equal(written, quantize(floats, codes.inv_scale, codes.qmin))
+    assert written.unique().numel() > 50
+    half = torch.empty((3, 3, 32, 32), dtype=torch.float16, device=DEVICE, memory_format=torch.channels_last)
+    prepare_batch([a, b, a], list("xyz"), replace(spec, dtype="float16"), out=half, kernel=True)
+    assert torch.equal(half, floats.half()) and half.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ConfigError, match="INT8 codes are written by the fused preprocessing kernel only"):
+        prepare_batch([a], ["x"], spec, kernel=False, codes=codes)
+    with pytest.raises(DataError, match=r"makes \(1, 3, 32, 32\) torch.int8 codes"):
+        prepare_batch([a], ["x"], spec, out=torch.empty((1, 3, 32, 32), device=DEVICE), kernel=True, codes=codes)

@@ -11,7 +11,9 @@ import torch
 from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 
 import sartor
+from sartor.errors import InputError, ProfileError
 from sartor.ops.quantized import quantize
+from sartor.runtime.context import _staged
 
 SHAPE = OPT_SHAPES["images"]
 
@@ -71,7 +73,7 @@ def test_staged_inputs_keep_a_buffer_of_their_own_in_their_layout(tiny_engine, i
 def test_the_staged_copy_writes_each_form(images):
     """What a graph is captured from and what each copied run writes: the INT8 codes of the form's
     quantization, a float16 channels-last copy, or the tensor as it comes where it has no form."""
-    from sartor.runtime.context import _copy_in, _staged
+    from sartor.runtime.context import _copy_in
     from sartor.runtime.executor import StagedForm
     x = torch.from_numpy(images)
     forms = {"codes": StagedForm(torch.int8, codes=(20.0, -128)), "half": StagedForm(torch.float16, channels_last=True)}
@@ -116,3 +118,72 @@ def test_a_copied_input_runs_the_staged_graph_with_the_outputs_of_the_engines_ow
         stem = next(step for step in engine.executor.steps if step.node.inputs[0] == "images")
         assert torch.equal(buffer, quantize(x.flip(0), stem.node.attrs["input_inv_scale"],
                                             stem.node.attrs.get("qmin", -127)))
+
+
+def test_run_takes_inputs_already_in_their_staged_form(tiny_onnx, tmp_path, images):
+    """A caller that prepares its inputs (the Pipeline) asks `staged_forms` and writes them so: fed the
+    INT8 stem's codes, `run(staged=True)` gives the float input's outputs exactly. Each gate names
+    the dtype the other one takes."""
+    engine = _build(tiny_onnx, tmp_path / "int8.plan", "cpu", "int8")
+    ctx = engine.context()
+    forms = ctx.staged_forms({"images": SHAPE})
+    assert set(forms) == {"images"} and forms["images"] == engine.executor.staged_form("images", torch.zeros(SHAPE))
+    x = torch.from_numpy(images)
+    codes = quantize(x, *forms["images"].codes)
+    expected = ctx.run({"images": x})["logits"].clone()
+    assert torch.equal(ctx.run({"images": codes}, staged=True)["logits"], expected)
+    assert np.array_equal(ctx.run({"images": codes.numpy()}, staged=True)["logits"], expected.numpy())
+    with pytest.raises(InputError, match=r"input 'images' has dtype float32; run\(staged=True\) takes its staged "
+                                         r"form, int8 codes \(inv_scale [0-9.e+-]+, qmin -12[78]\)"):
+        ctx.run({"images": x}, staged=True)
+    with pytest.raises(InputError, match="has dtype int8; the engine expects float32"):
+        ctx.run({"images": codes})
+
+
+def test_an_input_without_a_staged_form_comes_to_a_staged_run_as_declared(tiny_engine, images):
+    ctx = tiny_engine.context()
+    assert ctx.staged_forms({"images": SHAPE}) == {}
+    x = torch.from_numpy(images)
+    expected = ctx.run({"images": x})["logits"].clone()
+    assert torch.equal(ctx.run({"images": x}, staged=True)["logits"], expected)
+    with pytest.raises(InputError, match=r"has dtype int8; run\(staged=True\) takes float32, as declared \(it has "
+                                         r"no staged form\)"):
+        ctx.run({"images": x.to(torch.int8)}, staged=True)
+
+
+def test_the_staged_gate_refuses_what_run_refuses(tiny_engine, images):
+    ctx = tiny_engine.context()
+    x = torch.from_numpy(images)
+    with pytest.raises(InputError, match="unknown input name.*pixels"):
+        ctx.staged_forms({"pixels": SHAPE})
+    with pytest.raises(ProfileError, match="outside the allowed ranges"):
+        ctx.staged_forms({"images": (9, *SHAPE[1:])})
+    with pytest.raises(ProfileError, match="outside the allowed ranges"):
+        ctx.run({"images": torch.zeros((9, *SHAPE[1:]))}, staged=True)
+    with pytest.raises(InputError, match="missing input"):
+        ctx.run({}, staged=True)
+    with pytest.raises(InputError, match="unknown input name.*pixels"):
+        ctx.run({"images": x, "pixels": x}, staged=True)
+    with pytest.raises(InputError, match="must be a numpy array or torch tensor, not list"):
+        ctx.run({"images": [1.0]}, staged=True)
+    with pytest.raises(InputError, match="has rank 3"):
+        ctx.run({"images": x[0]}, staged=True)
+    with pytest.raises(InputError, match="inputs must be a dict"):
+        ctx.run([x], staged=True)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["int8", "fp16", "fp32"])
+def test_a_staged_run_on_cuda_replays_the_copied_runs_graph_with_its_outputs(tiny_onnx, tmp_path, images, precision):
+    """Inputs already in their staged form are copied in as they are, into the graph a copied run
+    captured: the same outputs bit for bit, and no second graph."""
+    engine = _build(tiny_onnx, tmp_path / f"{precision}.plan", "cuda", precision)
+    ctx = engine.context()
+    form = ctx.staged_forms({"images": SHAPE})["images"]
+    x = torch.from_numpy(images).cuda()
+    expected = ctx.run({"images": x})["logits"].clone()
+    ready = _staged({"images": x}, {"images": form})["images"]
+    assert torch.equal(ctx.run({"images": ready}, staged=True)["logits"], expected)
+    assert len(ctx._captured) == 1 and next(iter(ctx._captured))[-1] == ("staged", ())
+    flipped = _staged({"images": x.flip(0).contiguous()}, {"images": form})["images"]
+    assert torch.equal(ctx.run({"images": flipped}, staged=True)["logits"], expected.flip(0))
