@@ -54,17 +54,23 @@ def timed_in_turns(engines: dict, batch: int, device: str, rounds: int, iteratio
                   "in_place": figures["bound_input"]["median_ms"]} for key, figures in paired.items()}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def engine_arguments(parser: argparse.ArgumentParser, rounds: int) -> argparse.ArgumentParser:
+    """The options of the benches that build one model's engines in several precisions and time them
+    in turns: --onnx, --batch, --size, --precisions, --effort, --rounds, --device, --out."""
     parser.add_argument("--onnx", required=True)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=640)
     parser.add_argument("--precisions", default="fp16,int8")
     parser.add_argument("--effort", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=100)
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--device", default="cuda", help="cpu: a check of the script")
     parser.add_argument("--out", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = engine_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]), rounds=5)
+    parser.add_argument("--iterations", type=int, default=100)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="staged_copy_"))
     import onnx

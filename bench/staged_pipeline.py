@@ -33,6 +33,7 @@ import sartor  # noqa: E402
 from pipeline_e2e import NMS, cycled, device_frames, per_call_ms, read_frames, summary  # noqa: E402
 from sartor.data.preprocess import parse_preprocess  # noqa: E402
 from sartor.pipeline import Pipeline, prepare_batch  # noqa: E402
+from staged_copy import engine_arguments  # noqa: E402
 
 WAYS = ("staged", "float")
 
@@ -66,16 +67,8 @@ def boxes(results) -> list:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--onnx", required=True)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=640)
-    parser.add_argument("--precisions", default="fp16,int8")
-    parser.add_argument("--effort", type=int, default=None)
+    parser = engine_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]), rounds=3)
     parser.add_argument("--count", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--device", default="cuda", help="cpu: a check of the script (nothing is staged there)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="staged_pipeline_"))
     subprocess.run([sys.executable, str(ROOT / "bench" / "make_frames.py"), str(work / "frames"), "--count", "32"],
