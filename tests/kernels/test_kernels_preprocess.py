@@ -329,3 +329,5 @@ def test_prepare_batch_writes_an_engines_staged_forms_bit_for_bit():
         prepare_batch([a], ["x"], spec, kernel=False, codes=codes)
     with pytest.raises(DataError, match=r"makes \(1, 3, 32, 32\) torch.int8 codes"):
         prepare_batch([a], ["x"], spec, out=torch.empty((1, 3, 32, 32), device=DEVICE), kernel=True, codes=codes)
+    with pytest.raises(ConfigError, match=r"Pillow's filter only; leave kernel= unset \(and codes= out\)"):
+        prepare_batch([a], ["x"], replace(spec, resampler="cv2"), codes=codes)
