@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     np.save(work / "calib.npy", images.cpu().numpy())
     items = cycled(raw, args.count)
     result = {"onnx": args.onnx, "batch": args.batch, "size": args.size, "count": args.count, "rounds": args.rounds,
-              "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__, "engines": {}}
+              "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "engines": {}}
     for precision in args.precisions.split(","):
         engine = sartor.load(build(args.onnx, precision, args.batch, args.size, spec_text, work / "calib.npy",
                                    args.effort, work, args.device), device=args.device)

@@ -6,7 +6,9 @@ stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is
 for a CPU engine) into one of four staging buffers, three batches at once, while the engine runs the
 batch before them; the engine then copies the staging buffer into its bound input inside the same
 stream order. On CUDA a batch is prepared in the form the engine's copy writes (an INT8 stem's codes,
-channels-last float16: `staging_for`, decision 0068), so that copy moves it as it is. Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
+channels-last float16: `staging_for`, decision 0068), so that copy moves it as it is.
+
+Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
 them from being decoded; what happens to them is `skip_bad`: False (the default) raises one
 `DataError` naming every failed item of the batch before that batch runs; True returns them as
 results with `error` set, in their place, and runs the rest.
