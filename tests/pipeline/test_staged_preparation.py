@@ -61,6 +61,8 @@ def int8_engine(tiny_onnx, tmp_path_factory):
     return sartor.load(folder / "int8.plan", device="cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton runs CPU tensors only in its interpreter, which "
+                    "conftest.py turns on where there is no GPU; the CUDA test below covers the GPU")
 def test_an_int8_engines_batches_are_prepared_as_its_stems_codes_with_the_float_batches_results(
         int8_engine, monkeypatch):
     """With the kernel forced on the CPU, the INT8 engine's batches are staged as its stem's codes:
