@@ -5,10 +5,8 @@
 #      then the table of MODELS at BATCHES (h200_session61.sh m: FP16 / INT8 paired, input copied / in place, and
 #      now a plain copy into the engine's buffer beside them, the copied run's work before).
 #      In order: s yolo11n 32; s yolov8n,detector 32; s yolov8n,yolo11n 1. Then h200_session62.sh d.
-#   c: the same GPU tests, then bench/staged_copy.py on YOLO11n at batch 32, FP16 and INT8 built at effort EFFORT
-#      (0 unless told: quick builds for a short call): a copied run against a plain copy and a run from the engine's
-#      buffer, and that buffer alone, in turns; then bench/staged_pipeline.py (raw frames → boxes, the Pipeline's
-#      batches staged against float batches) on the same model, until PIPE_END_S.
+#   c: the same GPU tests, then bench/staged_pipeline.py on YOLO11n at batch 32 (raw frames → boxes, the Pipeline's
+#      batches staged against float batches, in turns), FP16 and INT8 at the default effort, until PIPE_END_S.
 #   OUT=$OUT bash bench/h200_session63.sh s MODELS BATCHES | c
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -23,11 +21,9 @@ timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
 if [ "$part" = c ]; then
-  timeout $(( ${END_S:-330} - SECONDS )) python bench/staged_copy.py --onnx samples/yolo/yolo11n_scenes.onnx \
-    --batch 32 --size 640 --precisions fp16,int8 --effort "${EFFORT:-0}" --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
-  echo "staged_copy done at ${SECONDS}s"
+  # The builder's default effort: at effort 0 the engines' kernels are untimed and hide the preparation (session 64).
   timeout $(( ${PIPE_END_S:-560} - SECONDS )) python bench/staged_pipeline.py --onnx samples/yolo/yolo11n_scenes.onnx \
-    --batch 32 --precisions fp16,int8 --effort "${EFFORT:-0}" --count 512 --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
+    --batch 32 --precisions fp16,int8 --count 512 --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
   echo "done at ${SECONDS}s"
   exit 0
 fi
