@@ -18,6 +18,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/test_staged_inputs.py \
   tests/runtime/test_input_buffers.py tests/runtime/test_capture.py tests/kernels/test_kernels_quantize.py \
   tests/kernels/test_kernels_direct_stem.py tests/pipeline/test_staged_preparation.py \
+  tests/runtime/test_bound_inputs.py \
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
 if [ "$part" = c ]; then

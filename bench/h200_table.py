@@ -146,6 +146,7 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     engine = sartor.load(str(plan))
     load_s = time.perf_counter() - t0
     ctx = engine.context()
+    ctx._addresses.limit = 0  # copied runs are copies: a reused tensor is not bound (decision 0069), timed apart
     x = torch.rand(*shape, device="cuda")
     t0 = time.perf_counter()
     ctx.run({input_name: x})
@@ -162,8 +163,11 @@ def sartor_row(onnx: Path, input_name: str, shape: tuple, precision: str, work: 
     if keep is not None:
         # "plain": a plain copy into the engine's own buffer, then its graph: a copied run's work before the
         # copy wrote the input as its readers take it (docs/decisions/0068), timed beside it.
+        # "reused": the caller's one tensor in a context that binds it (decision 0069).
+        binding = engine.context()
         keep.update(copied=lambda x=x: ctx.run({input_name: x}), bound=lambda: ctx.run(bound),
-                    plain=lambda x=x: (bound[input_name].copy_(x), ctx.run(bound)))
+                    plain=lambda x=x: (bound[input_name].copy_(x), ctx.run(bound)),
+                    reused=lambda x=x: binding.run({input_name: x}))
     if aux_streams:
         branched = engine.context(aux_streams=aux_streams)
         expected = {k: v.clone() for k, v in ctx.run({input_name: x}).items()}
@@ -211,6 +215,8 @@ def paired_timings(runners: dict, batch: int, iterations: int, rounds: int, devi
         paired[key] = dict(figures["copied"], bound_input=figures["bound"], rounds=rounds)
         if "plain" in figures:
             paired[key]["plain_copy"] = figures["plain"]
+        if "reused" in figures:
+            paired[key]["reused_buffer"] = figures["reused"]
     return paired
 
 
@@ -487,18 +493,22 @@ def main() -> None:
                   f"{ratio(r, 'sartor_int8')} | {paired(r, 'sartor_fp8')} | {ratio(r, 'sartor_fp8')} |"
                   for r in paired_rows]
 
-        def plain(r: dict, k: str) -> str:
-            timing = r["paired"].get(k, {}).get("plain_copy")
-            return f"{timing['median_ms']:.3f}" if timing else "–"
-        lines += ["", "In the same rounds, a plain copy of the input into the engine's own buffer and then its graph "
-                  "(a copied run's work before the copy wrote what the readers take, decision 0068; ms):", "",
-                  "| model | batch | FP16 | INT8 | FP16 ÷ INT8 |", "|---|---|---|---|---|"]
-        for r in paired_rows:
-            first, second = r["paired"]["sartor_fp16"].get("plain_copy"), r["paired"].get("sartor_int8", {}).get(
-                "plain_copy")
-            share = f"{first['median_ms'] / second['median_ms']:.2f}×" if first and second else "–"
-            lines.append(f"| {r['model']} | {r['batch']} | {plain(r, 'sartor_fp16')} | {plain(r, 'sartor_int8')} | "
-                         f"{share} |")
+        extra_ways = [("plain_copy", "a plain copy of the input into the engine's own buffer and then its graph (a "
+                       "copied run's work before the copy wrote what the readers take, decision 0068)"),
+                      ("reused_buffer", "a run from the caller's one reused tensor in a context that binds it (a graph "
+                       "reading it where it is, decision 0069); the copied runs above come from a context that never "
+                       "binds")]
+        for way, said in extra_ways:
+            def cell(r: dict, k: str, way=way) -> str:
+                timing = r["paired"].get(k, {}).get(way)
+                return f"{timing['median_ms']:.3f}" if timing else "–"
+            lines += ["", f"In the same rounds, {said}; ms:", "",
+                      "| model | batch | FP16 | INT8 | FP16 ÷ INT8 |", "|---|---|---|---|---|"]
+            for r in paired_rows:
+                first, second = (r["paired"].get(k, {}).get(way) for k in ("sartor_fp16", "sartor_int8"))
+                share = f"{first['median_ms'] / second['median_ms']:.2f}×" if first and second else "–"
+                lines.append(f"| {r['model']} | {r['batch']} | {cell(r, 'sartor_fp16')} | {cell(r, 'sartor_int8')} | "
+                             f"{share} |")
     bound = lambda r, k: f"{r[k]['bound_input']['median_ms']:.3f}" if "bound_input" in r.get(k, {}) else "–"  # noqa: E731
     lines += ["", "The same engines with the input in their own buffer (no input copy before the graph):", "",
               "| model | batch | sartor FP16 ms | INT8 ms | FP8 ms |", "|---|---|---|---|---|"]

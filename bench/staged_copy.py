@@ -1,6 +1,7 @@
 """Decision 0068 measured: an engine run from a tensor of the caller's (the copy writes the input as its
 readers take it) against a plain copy into the engine's own buffer and a run from it (the copied run's
-work before), and against a run from that buffer with nothing copied, timed in turns over one stretch.
+work before), against a run from that buffer with nothing copied, and against the caller's one reused tensor
+in a context that binds it (decision 0069: read where it is), timed in turns over one stretch.
 
     PYTHONPATH=. python bench/staged_copy.py --onnx samples/yolo/yolo11n_scenes.onnx --batch 32 --size 640 \\
         --precisions fp16,int8 [--effort 0] [--rounds 5] [--iterations 100] [--device cuda] [--out DIR]
@@ -25,13 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sartor  # noqa: E402
 from h200_table import paired_timings  # noqa: E402
 
-WAYS = ("staged", "plain", "in_place")
+WAYS = ("staged", "plain", "in_place", "reused")
 
 
 def engine_ways(plan: Path, device: str, shape: tuple) -> dict:
     """The three timed calls of one engine, on one input tensor, checked to give the same outputs."""
     engine = sartor.load(str(plan), device=device)
     ctx = engine.context()
+    ctx._addresses.limit = 0  # its copied runs are copies: a reused tensor is not bound (decision 0069)
+    binding = engine.context()
     name = engine.inputs[0].name
     x = torch.rand(*shape, device=device)
     bound = ctx.input_buffers({name: shape})
@@ -43,7 +46,8 @@ def engine_ways(plan: Path, device: str, shape: tuple) -> dict:
     return {"same_outputs": same, "ways": {
         "copied": lambda: ctx.run({name: x}),
         "bound": lambda: ctx.run(bound),
-        "plain": lambda: (bound[name].copy_(x), ctx.run(bound))}}
+        "plain": lambda: (bound[name].copy_(x), ctx.run(bound)),
+        "reused": lambda: binding.run({name: x})}}
 
 
 def timed_in_turns(engines: dict, batch: int, device: str, rounds: int, iterations: int) -> dict:
@@ -51,7 +55,8 @@ def timed_in_turns(engines: dict, batch: int, device: str, rounds: int, iteratio
     (h200_table's paired_timings)."""
     paired = paired_timings({key: entry["ways"] for key, entry in engines.items()}, batch, iterations, rounds, device)
     return {key: {"staged": figures["median_ms"], "plain": figures["plain_copy"]["median_ms"],
-                  "in_place": figures["bound_input"]["median_ms"]} for key, figures in paired.items()}
+                  "in_place": figures["bound_input"]["median_ms"], "reused": figures["reused_buffer"]["median_ms"]}
+            for key, figures in paired.items()}
 
 
 def engine_arguments(parser: argparse.ArgumentParser, rounds: int) -> argparse.ArgumentParser:
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
               "engines": {key: dict(medians[key], same_outputs=engines[key]["same_outputs"]) for key in engines}}
     for key, figures in result["engines"].items():
         print(f"{Path(args.onnx).stem} {key} b{args.batch}: staged copy {figures['staged']:.4f} ms, plain copy + run "
-              f"{figures['plain']:.4f}, in place {figures['in_place']:.4f}; same outputs {figures['same_outputs']}")
+              f"{figures['plain']:.4f}, in place {figures['in_place']:.4f}, reused and bound {figures['reused']:.4f}; "
+              f"same outputs {figures['same_outputs']}")
     if "fp16" in medians and "int8" in medians:
         print("FP16 ÷ INT8: " + ", ".join(f"{way} {medians['fp16'][way] / medians['int8'][way]:.3f}" for way in WAYS))
     if args.out:

@@ -6,6 +6,7 @@ import contextlib
 import math
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +35,10 @@ CAPTURE_TRIES = 3
 WHOLE_CAPTURE_PAUSE_S = 0.2
 # The key suffix of a shape's graph captured from inputs in their staged forms (_run_graph).
 STAGED = (("staged", ()),)
+# The key item of a graph that reads its inputs at the caller's addresses (BoundAddresses), and how many
+# such graphs a context keeps: a Pipeline's staging slots, a camera's ring of buffers.
+AT = "at"
+MAX_BOUND_GRAPHS = 8
 MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
 
 
@@ -67,6 +72,7 @@ class ExecutionContext:
         self._frames = engine.input_format  # raw frames of one size (--input-format), or None
         self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
         self._captured: dict[tuple, PiecewiseGraph] = {}
+        self._addresses = BoundAddresses(MAX_BOUND_GRAPHS)  # input addresses that recur (_run_graph)
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
         # What every captured shape of this context shares, as a TensorRT context's one device
         # memory region: the graphs' memory pool, one buffer per input at the profiles' largest
@@ -191,9 +197,16 @@ class ExecutionContext:
         key = tuple(sorted(shapes.items()))
         forms = {}
         captured = self._captured.get(key)
-        if staged:  # already as the staged graph reads them: a plain copy into its buffers
+        own = captured is not None and all(t.data_ptr() == captured.inputs[name].data_ptr()
+                                           for name, t in tensors.items())
+        at_key = None if own or not all(map(_dense, tensors.values())) else \
+            key + (STAGED if staged else ()) + ((AT, address_of(tensors)),)
+        if at_key is not None and (at_key in self._captured or self._addresses.recurs(at_key, tensors)):
+            # A buffer the caller reuses: a graph of its own reads the inputs where they are, no copy.
+            captured = self._captured_for(tensors, at_key, profile)
+        elif staged:  # already as the staged graph reads them: a plain copy into its buffers
             captured = self._captured_for(tensors, key + STAGED, profile)
-        elif captured is None or any(t.data_ptr() != captured.inputs[name].data_ptr() for name, t in tensors.items()):
+        elif not own:
             # Not the graph's own buffers (input_buffers): the inputs are copied in, and where their
             # readers take them in another form the copy writes that, for a graph captured so.
             forms = self._staged_forms(key, tensors)
@@ -302,8 +315,11 @@ class ExecutionContext:
         every context of the engine, with one warning naming it."""
         executor = self.engine.executor
         device = self.engine.device
-        staged = key[-len(STAGED):] == STAGED
-        static_in = {name: self._shared_input(name, t, staged) for name, t in tensors.items()}
+        if key[-1][0] == AT:  # the graph reads the caller's tensors where they are
+            static_in = dict(tensors)
+        else:
+            staged = key[-len(STAGED):] == STAGED
+            static_in = {name: self._shared_input(name, t, staged) for name, t in tensors.items()}
         memo = self.memo_for(key)
         # The first shape's outputs stay where its graph wrote them (no copy); the others' go to the
         # shared output buffers, so that outputs, like activations, are held once.
@@ -423,6 +439,47 @@ class ExecutionContext:
                     self.run(feeds)
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
+
+
+class BoundAddresses:
+    """Which copied inputs get a graph of their own that reads them at the caller's address, as
+    TensorRT reads the address given to setTensorAddress (docs/decisions/0069): buffers the caller
+    reuses, seen a second time at the same address, layout and shape while still alive, up to `limit`
+    graphs. A tensor made afresh for each call never qualifies (its memory would be held by the graph),
+    nor do inputs once `limit` graphs are bound: those are copied into the graph's buffer. The last
+    SIGHTINGS first sightings are remembered."""
+    SIGHTINGS = 64
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bound = 0
+        self._seen: dict[tuple, tuple] = {}  # key -> weak references to the inputs' base tensors
+
+    def recurs(self, key: tuple, tensors: dict) -> bool:
+        """Whether the inputs of `key` (shapes and addresses) should now get a graph of their own:
+        True at the second sighting of the same live buffers, while fewer than `limit` were bound."""
+        if self.bound >= self.limit:
+            return False
+        bases = [t if t._base is None else t._base for _, t in sorted(tensors.items())]
+        seen = self._seen.pop(key, None)
+        if seen is not None and all(ref() is base for ref, base in zip(seen, bases)):
+            self.bound += 1
+            return True
+        if len(self._seen) >= self.SIGHTINGS:
+            del self._seen[next(iter(self._seen))]
+        self._seen[key] = tuple(weakref.ref(base) for base in bases)
+        return False
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """In a layout the graph's own input buffers take (contiguous, or channels-last for 4-D)."""
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+
+
+def address_of(tensors: dict) -> tuple:
+    """What a graph bound to these inputs depends on: each one's address, strides and dtype (the
+    shapes are in the graph's key already)."""
+    return tuple((name, t.data_ptr(), tuple(t.stride()), str(t.dtype)) for name, t in sorted(tensors.items()))
 
 
 def _staged(tensors: dict, forms: dict) -> dict:

@@ -43,9 +43,12 @@ def test_a_plain_copy_is_timed_beside_them_where_the_row_keeps_one():
     back as the engine's `plain_copy` figures; a runner without it has none."""
     def runner(seconds: float):
         return lambda: time.sleep(seconds)
-    runners = {"sartor_fp16": {"copied": runner(0.002), "bound": runner(0.001), "plain": runner(0.003)},
+    runners = {"sartor_fp16": {"copied": runner(0.002), "bound": runner(0.001), "plain": runner(0.003),
+                               "reused": runner(0.0015)},
                "sartor_int8": {"copied": runner(0.002), "bound": runner(0.001)}}
     paired = paired_timings(runners, batch=2, iterations=3, rounds=2, device="cpu")
     plain = paired["sartor_fp16"]["plain_copy"]
     assert len(plain["round_medians_ms"]) == 2 and plain["median_ms"] > paired["sartor_fp16"]["median_ms"]
-    assert "plain_copy" not in paired["sartor_int8"]
+    reused = paired["sartor_fp16"]["reused_buffer"]  # a bound reused tensor (decision 0069)
+    assert paired["sartor_fp16"]["median_ms"] > reused["median_ms"] > paired["sartor_fp16"]["bound_input"]["median_ms"]
+    assert "plain_copy" not in paired["sartor_int8"] and "reused_buffer" not in paired["sartor_int8"]
