@@ -33,11 +33,20 @@ WARMUP_RUNS_BEFORE_CAPTURE = 2
 # again a pause later, when those threads have moved on.
 CAPTURE_TRIES = 3
 WHOLE_CAPTURE_PAUSE_S = 0.2
+class _Marker:
+    """A graph key's item that no input's (name, shape) can equal: names are strings."""
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 # The key suffix of a shape's graph captured from inputs in their staged forms (_run_graph).
-STAGED = (("staged", ()),)
-# The key item of a graph that reads its inputs at the caller's addresses (BoundAddresses), and how many
-# such graphs a context keeps: a Pipeline's staging slots, a camera's ring of buffers.
-AT = "at"
+STAGED = ((_Marker("staged"), ()),)
+# The key item's first part of a graph that reads its inputs at the caller's addresses (BoundAddresses),
+# and how many such graphs a context keeps: a Pipeline's staging slots, a camera's ring of buffers.
+AT = _Marker("at")
 MAX_BOUND_GRAPHS = 8
 MAX_REMEMBERED_SHAPES = 1024  # input shapes whose profile a context remembers (a dynamic-shape caller may send many)
 
@@ -315,7 +324,7 @@ class ExecutionContext:
         every context of the engine, with one warning naming it."""
         executor = self.engine.executor
         device = self.engine.device
-        if key[-1][0] == AT:  # the graph reads the caller's tensors where they are
+        if key[-1][0] is AT:  # the graph reads the caller's tensors where they are
             static_in = dict(tensors)
         else:
             staged = key[-len(STAGED):] == STAGED

@@ -64,7 +64,7 @@ def _engine(tiny_onnx, path, precision):
 
 
 def _bound_keys(ctx) -> list:
-    return [key for key in ctx._captured if key[-1][0] == AT]
+    return [key for key in ctx._captured if key[-1][0] is AT]
 
 
 @cuda
@@ -113,3 +113,9 @@ def test_a_reused_buffer_of_staged_codes_is_read_where_it_is(tiny_onnx, tmp_path
         assert torch.equal(ctx.run({"images": slot}, staged=True)["logits"], expected)
     (key,) = _bound_keys(ctx)
     assert STAGED[0] in key
+
+
+def test_graph_key_markers_equal_no_input_name():
+    """An input named "staged" or "at" must not read as the markers a graph's key ends with."""
+    assert STAGED[0] != ("staged", ()) and AT != "at"
+    assert (AT, ()) != ("at", ())

@@ -13,7 +13,7 @@ from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 import sartor
 from sartor.errors import InputError, ProfileError
 from sartor.ops.quantized import quantize
-from sartor.runtime.context import _staged
+from sartor.runtime.context import STAGED, _staged
 
 SHAPE = OPT_SHAPES["images"]
 
@@ -102,7 +102,7 @@ def test_a_copied_input_runs_the_staged_graph_with_the_outputs_of_the_engines_ow
     ctx = engine.context()
     x = torch.from_numpy(images).cuda()
     copied = ctx.run({"images": x})["logits"].clone()
-    staged = [g for key, g in ctx._captured.items() if key[-1] == ("staged", ())]
+    staged = [g for key, g in ctx._captured.items() if key[-len(STAGED):] == STAGED]
     assert len(staged) == 1
     buffer = staged[0].inputs["images"]
     assert (buffer.dtype, buffer.is_contiguous(memory_format=torch.channels_last) and not buffer.is_contiguous()) \
@@ -184,6 +184,6 @@ def test_a_staged_run_on_cuda_replays_the_copied_runs_graph_with_its_outputs(tin
     expected = ctx.run({"images": x})["logits"].clone()
     ready = _staged({"images": x}, {"images": form})["images"]
     assert torch.equal(ctx.run({"images": ready}, staged=True)["logits"], expected)
-    assert len(ctx._captured) == 1 and next(iter(ctx._captured))[-1] == ("staged", ())
+    assert len(ctx._captured) == 1 and next(iter(ctx._captured))[-len(STAGED):] == STAGED
     flipped = _staged({"images": x.flip(0).contiguous()}, {"images": form})["images"]
     assert torch.equal(ctx.run({"images": flipped}, staged=True)["logits"], expected.flip(0))
