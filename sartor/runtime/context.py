@@ -212,7 +212,7 @@ class ExecutionContext:
             key + (STAGED if staged else ()) + ((AT, address_of(tensors)),)
         if at_key is not None and (at_key in self._captured or self._addresses.recurs(at_key, tensors)):
             # A buffer the caller reuses: a graph of its own reads the inputs where they are, no copy.
-            captured = self._captured_for(tensors, at_key, profile)
+            captured = self._captured.get(at_key) or self._bind(tensors, at_key, profile)
         elif staged:  # already as the staged graph reads them: a plain copy into its buffers
             captured = self._captured_for(tensors, key + STAGED, profile)
         elif not own:
@@ -307,6 +307,19 @@ class ExecutionContext:
         if not self.use_cuda_graphs:
             return feeds
         return dict(self._captured_for(feeds, tuple(sorted(checked.items())), profile).inputs)
+
+    def _bind(self, tensors: dict, key: tuple, profile: int) -> PiecewiseGraph:
+        """A graph that reads `tensors` where they are (decision 0069). A whole graph keeps only their
+        addresses, so the caller's buffers are not held: when one is freed, the graph goes with it
+        and its place among the context's bound graphs is free again. A graph in pieces runs its
+        first eager piece from the tensors, so it keeps them for the context's life."""
+        captured = self._captured_for(tensors, key, profile)
+        if captured.whole:
+            captured.inputs = {name: _Address(t.data_ptr()) for name, t in tensors.items()}
+            this = weakref.ref(self)
+            for t in tensors.values():
+                weakref.finalize(t if t._base is None else t._base, _unbind, this, key)
+        return captured
 
     def _captured_for(self, tensors: dict, key: tuple, profile: int) -> PiecewiseGraph:
         """The graph of this input shape, captured from `tensors` on first use. The library
@@ -442,10 +455,9 @@ class ExecutionContext:
             profile = self.engine.profiles[k]
             declared = {v.name: v.dtype for v in self.engine.inputs}
             for pick in ("max", "opt", "min"):
-                feeds = {name: _random_input(getattr(r, pick), declared[name], self.engine.device)
-                         for name, r in profile.shapes.items()}
-                for _ in range(iterations):
-                    self.run(feeds)
+                for _ in range(iterations):  # new tensors each time: nothing here is a buffer to bind (0069)
+                    self.run({name: _random_input(getattr(r, pick), declared[name], self.engine.device)
+                              for name, r in profile.shapes.items()})
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
 
@@ -478,6 +490,23 @@ class BoundAddresses:
             del self._seen[next(iter(self._seen))]
         self._seen[key] = tuple(weakref.ref(base) for base in bases)
         return False
+
+
+class _Address:
+    """Where a bound graph reads an input (its `inputs` entry): the address alone, holding no memory."""
+    def __init__(self, pointer: int) -> None:
+        self.pointer = pointer
+
+    def data_ptr(self) -> int:
+        return self.pointer
+
+
+def _unbind(context_ref, key: tuple) -> None:
+    """A bound graph's input was freed: the graph goes, and so does its place (weakref.finalize)."""
+    context = context_ref()
+    if context is not None and context._captured.pop(key, None) is not None:
+        context._memos.pop(key, None)
+        context._addresses.bound -= 1
 
 
 def _dense(t: torch.Tensor) -> bool:

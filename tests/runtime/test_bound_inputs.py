@@ -119,3 +119,45 @@ def test_graph_key_markers_equal_no_input_name():
     """An input named "staged" or "at" must not read as the markers a graph's key ends with."""
     assert STAGED[0] != ("staged", ()) and AT != "at"
     assert (AT, ()) != ("at", ())
+
+
+def test_a_freed_buffers_graph_goes_and_frees_its_place(tiny_engine):
+    """What weakref.finalize calls when a bound buffer is freed: the graph, its memo and its place go;
+    a context already gone, or a key already dropped, is left alone."""
+    import weakref
+
+    from sartor.runtime.context import _unbind
+    ctx = tiny_engine.context()
+    key = ("images", (AT, ()))
+    ctx._captured[key], ctx._addresses.bound = object(), 1
+    ctx.memo_for(key)
+    _unbind(weakref.ref(ctx), key)
+    assert key not in ctx._captured and key not in ctx._memos and ctx._addresses.bound == 0
+    _unbind(weakref.ref(ctx), key)
+    assert ctx._addresses.bound == 0
+
+
+@cuda
+def test_a_bound_graph_holds_no_buffer_and_goes_when_it_is_freed(tiny_onnx, tmp_path, images):
+    import gc
+    ctx = _engine(tiny_onnx, tmp_path / "fp16.plan", "fp16").context()
+    x = torch.from_numpy(images).cuda()
+    expected = ctx.run({"images": x})["logits"].clone()
+    slot = x.clone()
+    for _ in range(2):
+        ctx.run({"images": slot})
+    assert len(_bound_keys(ctx)) == 1 and ctx._addresses.bound == 1
+    del slot
+    gc.collect()
+    assert _bound_keys(ctx) == [] and ctx._addresses.bound == 0
+    again = x.clone()
+    for _ in range(2):
+        assert torch.equal(ctx.run({"images": again})["logits"], expected)
+    assert len(_bound_keys(ctx)) == 1
+
+
+@cuda
+def test_warmup_binds_nothing(tiny_onnx, tmp_path):
+    ctx = _engine(tiny_onnx, tmp_path / "fp16.plan", "fp16").context()
+    ctx.warmup(iterations=3)
+    assert _bound_keys(ctx) == [] and ctx._addresses.bound == 0
