@@ -22,7 +22,7 @@ timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/
   -rf 2>&1 | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests done at ${SECONDS}s"
 if [ "$part" = c ]; then
-  # The builder's default effort: at effort 0 the engines' kernels are untimed and hide the preparation (session 64).
+  # The builder's default effort: at effort 0 the engines' kernels are untimed and hide the preparation.
   timeout $(( ${PIPE_END_S:-560} - SECONDS )) python bench/staged_pipeline.py --onnx samples/yolo/yolo11n_scenes.onnx \
     --batch 32 --precisions fp16,int8 --count 512 --rounds 3 --out "$OUT" 2>&1 | grep -v Warning
   echo "done at ${SECONDS}s"

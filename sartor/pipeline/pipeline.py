@@ -4,9 +4,10 @@ given a decoder) in original-image coordinates out.
 Each batch is read, decoded and preprocessed by one of three worker threads (on CUDA, each on a
 stream of its own, its JPEGs on whichever of the device's two nvJPEG decoders is free; two workers
 for a CPU engine) into one of four staging buffers, three batches at once, while the engine runs the
-batch before them; the engine then copies the staging buffer into its bound input inside the same
-stream order. On CUDA a batch is prepared in the form the engine's copy writes (an INT8 stem's codes,
-channels-last float16: `staging_for`, decision 0068), so that copy moves it as it is.
+batch before them; the engine then reads the staging buffer inside the same stream order: copied
+into its bound input at a buffer's first run, read where it is from its second (decision 0069). On
+CUDA a batch is prepared in the form the engine reads (an INT8 stem's codes, channels-last float16:
+`staging_for`, decision 0068).
 
 Failed items (unreadable, corrupt, truncated, wrong shape) never stop the items beside
 them from being decoded; what happens to them is `skip_bad`: False (the default) raises one

@@ -33,6 +33,8 @@ WARMUP_RUNS_BEFORE_CAPTURE = 2
 # again a pause later, when those threads have moved on.
 CAPTURE_TRIES = 3
 WHOLE_CAPTURE_PAUSE_S = 0.2
+
+
 class _Marker:
     """A graph key's item that no input's (name, shape) can equal: names are strings."""
     def __init__(self, name: str) -> None:
@@ -210,9 +212,12 @@ class ExecutionContext:
                                            for name, t in tensors.items())
         at_key = None if own or not all(map(_dense, tensors.values())) else \
             key + (STAGED if staged else ()) + ((AT, address_of(tensors)),)
-        if at_key is not None and (at_key in self._captured or self._addresses.recurs(at_key, tensors)):
-            # A buffer the caller reuses: a graph of its own reads the inputs where they are, no copy.
-            captured = self._captured.get(at_key) or self._bind(tensors, at_key, profile)
+        # A buffer the caller reuses: a graph of its own reads the inputs where they are, no copy.
+        bound_graph = None if at_key is None else self._captured.get(at_key)
+        if bound_graph is None and at_key is not None and self._addresses.recurs(at_key, tensors):
+            bound_graph = self._bind(tensors, at_key, profile)
+        if bound_graph is not None:
+            captured = bound_graph
         elif staged:  # already as the staged graph reads them: a plain copy into its buffers
             captured = self._captured_for(tensors, key + STAGED, profile)
         elif not own:
@@ -466,9 +471,9 @@ class BoundAddresses:
     """Which copied inputs get a graph of their own that reads them at the caller's address, as
     TensorRT reads the address given to setTensorAddress (docs/decisions/0069): buffers the caller
     reuses, seen a second time at the same address, layout and shape while still alive, up to `limit`
-    graphs. A tensor made afresh for each call never qualifies (its memory would be held by the graph),
-    nor do inputs once `limit` graphs are bound: those are copied into the graph's buffer. The last
-    SIGHTINGS first sightings are remembered."""
+    graphs. A tensor made afresh for each call never qualifies (a capture spent on memory gone by the
+    next call), nor do inputs once `limit` graphs are bound: those are copied into the graph's buffer.
+    The last SIGHTINGS first sightings are remembered."""
     SIGHTINGS = 64
 
     def __init__(self, limit: int) -> None:
