@@ -383,27 +383,37 @@ def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[to
     batch's decode need not wait behind this batch's preprocessing, nor behind the engine freeing a
     staging buffer, as it would on the caller's. torchvision's `decode_jpeg` where the binding
     cannot load."""
-    encoded = [s.encoded for s in sources]
-    decoders = _batched_decoder(device)
-    if decoders is None:
-        io = _image_io()
-        try:
-            return io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device=device)
-        except RuntimeError:
-            return None
-    caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
     try:
-        with decoders.take() as decoder:
-            stream = decoder.stream or caller
-            jpegs = decoder.binding.decode_batch(encoded, stream)
-            if stream is not caller:  # recorded before another batch can queue on the decoder's stream
-                for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
-                    memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
-                decoded = torch.cuda.Event()
-                decoded.record(stream)
-                caller.wait_event(decoded)
+        return _decoded([s.encoded for s in sources], device, _batched_decoder(device))
     except DataError:
         return None
+
+
+def _decoded(encoded: list, device: torch.device, decoders: GpuJpegDecoders | None) -> list[torch.Tensor]:
+    """`encoded` decoded in one call: by the binding's `decoders`, or torchvision's where it cannot load.
+    DataError when a file cannot be decoded."""
+    if decoders is not None:
+        return _binding_frames(decoders, encoded, device)
+    io = _image_io()
+    try:
+        return io.decode_jpeg(encoded, mode=io.ImageReadMode.RGB, device=device)
+    except RuntimeError as exc:  # torchvision's way of saying a file is bad
+        raise DataError(str(exc)) from exc
+
+
+def _binding_frames(decoders: GpuJpegDecoders, encoded: list, device: torch.device) -> list[torch.Tensor]:
+    """`encoded` decoded by one call on a free decoder of the binding, as 3×H×W views; DataError when
+    the call fails."""
+    caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    with decoders.take() as decoder:
+        stream = decoder.stream or caller
+        jpegs = decoder.binding.decode_batch(encoded, stream)
+        if stream is not caller:  # recorded before another batch can queue on the decoder's stream
+            for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
+                memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
+            decoded = torch.cuda.Event()
+            decoded.record(stream)
+            caller.wait_event(decoded)
     if jpegs.batch is not None:  # views of one tensor, which prepare_batch takes whole again
         return list(jpegs.batch.permute(0, 3, 1, 2).unbind(0))
     return [frame.permute(2, 0, 1) for frame in jpegs.frames]
@@ -416,10 +426,13 @@ def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots
         for slot, source, frame in zip(slots, sources, frames):
             decoded[slot] = DecodedFrame(source.name, frame)
         return
-    io = _image_io()  # the batched call failed: decoding each alone finds the bad file
+    # The batched call failed: decoding each alone finds the bad file. The binding's decoder where it
+    # loads, so no frame comes from torchvision's decoders (deprecated since torchvision 0.29).
+    decoders = _batched_decoder(device)
     for slot, source in zip(slots, sources):
         try:
-            decoded[slot] = DecodedFrame(source.name, io.decode_jpeg(source.encoded, mode=io.ImageReadMode.RGB,
-                                                                     device=device))
-        except RuntimeError as exc:
+            frame = _decoded([source.encoded], device, decoders)[0]
+        except DataError as exc:
             decoded[slot] = _failure(source, exc)
+            continue
+        decoded[slot] = DecodedFrame(source.name, frame)

@@ -5,6 +5,7 @@ import ctypes
 import io
 import threading
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -139,7 +140,8 @@ def test_on_a_gpu_a_corrupt_file_fails_the_batch_with_one_line():
 
 
 class DecoderStandingIn:
-    """NvjpegBatched's part the pipeline uses: frames H×W×3 (here Pillow's), or DataError for the batch."""
+    """NvjpegBatched's part the pipeline uses: frames H×W×3 (here Pillow's), or DataError for the batch
+    when `fail` or when one of its files is not an image, as nvjpegDecodeBatched fails the whole call."""
     def __init__(self, fail: bool = False):
         self.fail, self.batches = fail, []
 
@@ -151,8 +153,11 @@ class DecoderStandingIn:
         self.batches.append(len(encoded))
         if self.fail:
             raise DataError("nvjpegDecodeBatched: nvJPEG status 3 (bad JPEG)")
-        frames = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
-                  for e in encoded]
+        try:
+            frames = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
+                      for e in encoded]
+        except (OSError, ValueError) as exc:
+            raise DataError(f"nvjpegDecodeBatched: nvJPEG status 3 ({exc})") from None
         if len({f.shape for f in frames}) > 1:
             return DecodedJpegs(frames)
         batch = torch.stack(frames)  # one allocation, as the binding's for frames of one size
@@ -185,15 +190,37 @@ def test_a_batch_of_one_size_reaches_preprocessing_as_views_of_the_decoders_one_
         assert torch.equal(frame, expected)
 
 
-def test_a_batch_the_binding_refuses_is_decoded_one_by_one_so_only_the_bad_file_fails(monkeypatch):
-    pytest.importorskip("torchvision.io")
-    standing_in = DecoderStandingIn(fail=True)
+def test_a_batch_the_binding_refuses_is_decoded_one_by_one_by_the_binding_so_only_the_bad_file_fails(monkeypatch):
+    standing_in = DecoderStandingIn()
     monkeypatch.setattr(decode_module, "_batched_decoder", standing_in.as_decoders)
+    monkeypatch.setattr(decode_module, "_image_io", None)  # torchvision's decoders take no part
+    items = [jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x01" * 300 + b"\xff\xd9", jpeg_bytes((32, 24))]
+    decoded = [None, None, None]
+    decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1, 2], decoded)
+    assert standing_in.batches == [3, 1, 1, 1]
+    for frame, data in zip([decoded[0], decoded[2]], [items[0], items[2]]):
+        expected = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).copy()).permute(2, 0, 1)
+        assert frame.error is None and torch.equal(frame.pixels, expected)
+    assert decoded[1].pixels is None
+    assert decoded[1].error.startswith(f"image {decoded[1].name} is corrupt") and "nvJPEG status 3" in decoded[1].error
+
+
+def test_without_the_binding_a_batch_torchvision_refuses_is_decoded_one_by_one_by_it(monkeypatch):
+    torchvision_io = pytest.importorskip("torchvision.io")
+    calls = []
+
+    def counted(encoded, **kwargs):
+        calls.append(len(encoded) if isinstance(encoded, list) else 1)
+        return torchvision_io.decode_jpeg(encoded, **kwargs)
+    monkeypatch.setattr(decode_module, "_batched_decoder", lambda device: None)
+    monkeypatch.setattr(decode_module, "_image_io", lambda: SimpleNamespace(decode_jpeg=counted,
+                                                                            ImageReadMode=torchvision_io.ImageReadMode))
     items = [jpeg_bytes((64, 48)), b"\xff\xd8\xff" + b"\x01" * 300 + b"\xff\xd9"]
     decoded = [None, None]
     decode_module._decode_jpegs_on_gpu(read_sources(items), torch.device("cpu"), [0, 1], decoded)
+    assert calls == [2, 1, 1]
     assert decoded[0].error is None and tuple(decoded[0].pixels.shape) == (3, 48, 64)
-    assert decoded[1].pixels is None and decoded[1].name in decoded[1].error
+    assert decoded[1].pixels is None and decoded[1].error.startswith(f"image {decoded[1].name} is corrupt")
 
 
 def test_batches_on_two_threads_take_two_decoders_made_on_need_and_a_third_waits_for_one():
