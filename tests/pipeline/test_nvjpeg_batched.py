@@ -156,7 +156,7 @@ class DecoderStandingIn:
         try:
             frames = [torch.from_numpy(np.asarray(Image.open(io.BytesIO(e.numpy().tobytes())).convert("RGB")).copy())
                       for e in encoded]
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # Pillow's refusal, or what a plugin patched into Image.open raises instead
             raise DataError(f"nvjpegDecodeBatched: nvJPEG status 3 ({exc})") from None
         if len({f.shape for f in frames}) > 1:
             return DecodedJpegs(frames)
