@@ -375,21 +375,33 @@ def _batched_decoder(device: torch.device) -> GpuJpegDecoders | None:
         return _BATCHED[key]
 
 
-def _batched_frames(sources: list[FrameSource], device: torch.device) -> list[torch.Tensor] | None:
-    """The sources' frames (3×H×W views) from one batched nvJPEG call, or None when the call fails
-    (one bad file fails it). sartor's binding queues the decode on the decoder's own stream, which
-    the caller's stream then waits for by an event, and the host does not wait (torchvision's call
-    does); its frames are torchvision's to the bit (decision 0062). On a stream of its own the next
-    batch's decode need not wait behind this batch's preprocessing, nor behind the engine freeing a
-    staging buffer, as it would on the caller's. torchvision's `decode_jpeg` where the binding
-    cannot load."""
+def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
+                         decoded: list) -> None:
+    """The sources' frames (3×H×W views) from one batched nvJPEG call into `decoded[slots]`. sartor's
+    binding queues the decode on the decoder's own stream, which the caller's stream then waits for
+    by an event, and the host does not wait (torchvision's call does); its frames are torchvision's
+    to the bit (decision 0062). On a stream of its own the next batch's decode need not wait behind
+    this batch's preprocessing, nor behind the engine freeing a staging buffer, as it would on the
+    caller's. torchvision's `decode_jpeg` where the binding cannot load. One bad file fails the
+    call: then each file is decoded alone by the same decoder, so it fails only itself (and no frame
+    comes from torchvision's decoders, deprecated since torchvision 0.29, where the binding loads)."""
+    decoders = _batched_decoder(device)
     try:
-        return _decoded([s.encoded for s in sources], device, _batched_decoder(device))
+        frames = _decode_in_one_call([s.encoded for s in sources], device, decoders)
     except DataError:
-        return None
+        for slot, source in zip(slots, sources):
+            try:
+                (frame,) = _decode_in_one_call([source.encoded], device, decoders)
+            except DataError as exc:
+                decoded[slot] = _failure(source, exc)
+                continue
+            decoded[slot] = DecodedFrame(source.name, frame)
+        return
+    for slot, source, frame in zip(slots, sources, frames):
+        decoded[slot] = DecodedFrame(source.name, frame)
 
 
-def _decoded(encoded: list, device: torch.device, decoders: GpuJpegDecoders | None) -> list[torch.Tensor]:
+def _decode_in_one_call(encoded: list, device: torch.device, decoders: GpuJpegDecoders | None) -> list[torch.Tensor]:
     """`encoded` decoded in one call: by the binding's `decoders`, or torchvision's where it cannot load.
     DataError when a file cannot be decoded."""
     if decoders is not None:
@@ -411,28 +423,9 @@ def _binding_frames(decoders: GpuJpegDecoders, encoded: list, device: torch.devi
         if stream is not caller:  # recorded before another batch can queue on the decoder's stream
             for memory in [jpegs.batch] if jpegs.batch is not None else jpegs.frames:
                 memory.record_stream(caller)  # allocated on the decoder's stream, read on the caller's
-            decoded = torch.cuda.Event()
-            decoded.record(stream)
-            caller.wait_event(decoded)
+            done = torch.cuda.Event()
+            done.record(stream)
+            caller.wait_event(done)
     if jpegs.batch is not None:  # views of one tensor, which prepare_batch takes whole again
         return list(jpegs.batch.permute(0, 3, 1, 2).unbind(0))
     return [frame.permute(2, 0, 1) for frame in jpegs.frames]
-
-
-def _decode_jpegs_on_gpu(sources: list[FrameSource], device: torch.device, slots: list[int],
-                         decoded: list) -> None:
-    frames = _batched_frames(sources, device)
-    if frames is not None:
-        for slot, source, frame in zip(slots, sources, frames):
-            decoded[slot] = DecodedFrame(source.name, frame)
-        return
-    # The batched call failed: decoding each alone finds the bad file. The binding's decoder where it
-    # loads, so no frame comes from torchvision's decoders (deprecated since torchvision 0.29).
-    decoders = _batched_decoder(device)
-    for slot, source in zip(slots, sources):
-        try:
-            frame = _decoded([source.encoded], device, decoders)[0]
-        except DataError as exc:
-            decoded[slot] = _failure(source, exc)
-            continue
-        decoded[slot] = DecodedFrame(source.name, frame)
