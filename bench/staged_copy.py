@@ -32,8 +32,7 @@ WAYS = ("staged", "plain", "in_place", "reused")
 def engine_ways(plan: Path, device: str, shape: tuple) -> dict:
     """The three timed calls of one engine, on one input tensor, checked to give the same outputs."""
     engine = sartor.load(str(plan), device=device)
-    ctx = engine.context()
-    ctx._addresses.limit = 0  # its copied runs are copies: a reused tensor is not bound (decision 0069)
+    ctx = engine.context(bound_graphs=0)  # its copied runs are copies: a reused tensor is not bound (0069)
     binding = engine.context()
     name = engine.inputs[0].name
     x = torch.rand(*shape, device=device)

@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     shapes = {"images": shape}
     sartor.build(args.onnx, str(work / "e.plan"), device=args.device, precision=args.precision, min_shapes=shapes,
                  opt_shapes=shapes, max_shapes=shapes, calib=str(work / "calib.npy"), calib_size=32)
-    ctx = sartor.load(str(work / "e.plan"), device=args.device).context()
-    ctx._addresses.limit = 0  # the copied way copies (decision 0069 would bind its one tensor)
+    ctx = sartor.load(str(work / "e.plan"), device=args.device).context(bound_graphs=0)  # the copied way copies
     x = torch.rand(shape, device=args.device)
     bound = ctx.input_buffers(shapes)
     bound["images"].copy_(x)

@@ -67,14 +67,18 @@ def matmul_precision(tf32: bool):
 
 class ExecutionContext:
     def __init__(self, engine: "Engine", profile: int | None = None, use_cuda_graphs: bool = True,
-                 aux_streams: int = 0) -> None:
+                 aux_streams: int = 0, bound_graphs: int = MAX_BOUND_GRAPHS) -> None:
         """`aux_streams`: run the engine's independent branches on this many more CUDA streams
-        (branch_streams.py; CUDA engines only, ignored on the CPU)."""
+        (branch_streams.py; CUDA engines only, ignored on the CPU). `bound_graphs`: how many buffers the
+        caller reuses get a graph that reads them where they are (BoundAddresses); 0 copies every input
+        into the engine's own buffers."""
         if profile is not None and not 0 <= profile < len(engine.profiles):
             raise ProfileError(f"profile {profile} does not exist; the engine has {len(engine.profiles)} "
                                f"profile(s) (0..{len(engine.profiles) - 1})")
         if not isinstance(aux_streams, int) or isinstance(aux_streams, bool) or not 0 <= aux_streams <= MAX_AUX_STREAMS:
             raise ConfigError(f"aux_streams must be a whole number from 0 to {MAX_AUX_STREAMS}; got {aux_streams!r}")
+        if not isinstance(bound_graphs, int) or isinstance(bound_graphs, bool) or bound_graphs < 0:
+            raise ConfigError(f"bound_graphs must be a whole number, 0 or more; got {bound_graphs!r}")
         self.engine = engine
         self.profile = profile
         self.aux_streams = aux_streams  # as asked; `branches` is None where it does not apply (the CPU)
@@ -83,7 +87,7 @@ class ExecutionContext:
         self._frames = engine.input_format  # raw frames of one size (--input-format), or None
         self._profile_of: dict[tuple, int] = {}  # input shapes -> the profile that admits them
         self._captured: dict[tuple, PiecewiseGraph] = {}
-        self._addresses = BoundAddresses(MAX_BOUND_GRAPHS)  # input addresses that recur (_run_graph)
+        self._addresses = BoundAddresses(bound_graphs)  # input addresses that recur (_run_graph)
         self._memos: dict[tuple, ShapeMemo] = {}  # per input shape (see Executor.run)
         # What every captured shape of this context shares, as a TensorRT context's one device
         # memory region: the graphs' memory pool, one buffer per input at the profiles' largest

@@ -10,7 +10,7 @@ import torch
 from ..errors import EngineFileError
 from .capture import EagerLayer, static_eager_layers
 from .branch_streams import DEFAULT_MAX_TIMED
-from .context import ExecutionContext
+from .context import MAX_BOUND_GRAPHS, ExecutionContext
 from .engine_file import read_engine
 from .engine_signature import trust_store
 from .executor import Executor
@@ -138,11 +138,15 @@ class Engine:
         `aux_streams`, builder/aux_streams.py); 0 for an engine built without that choice."""
         return int((self.header.get("aux_streams") or {}).get("streams", 0))
 
-    def context(self, profile: int | None = None, aux_streams: int | None = None) -> ExecutionContext:
+    def context(self, profile: int | None = None, aux_streams: int | None = None,
+                bound_graphs: int = MAX_BOUND_GRAPHS) -> ExecutionContext:
         """A context bound to profile `profile`, or (None) to the first profile admitting each run;
         `aux_streams`: CUDA streams beside its own for the engine's independent branches
-        (runtime/branch_streams.py), by default the count the build chose (`Engine.aux_streams`)."""
-        ctx = ExecutionContext(self, profile, aux_streams=self.aux_streams if aux_streams is None else aux_streams)
+        (runtime/branch_streams.py), by default the count the build chose (`Engine.aux_streams`);
+        `bound_graphs`: how many reused input buffers are read where they are rather than copied in
+        (docs/decisions/0069; 0 copies every input)."""
+        ctx = ExecutionContext(self, profile, aux_streams=self.aux_streams if aux_streams is None else aux_streams,
+                               bound_graphs=bound_graphs)
         self._contexts.add(ctx)
         return ctx
 

@@ -10,6 +10,7 @@ import torch
 from conftest import IMAGE, MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 
 import sartor
+from sartor.errors import ConfigError
 from sartor.runtime.context import AT, MAX_BOUND_GRAPHS, STAGED, BoundAddresses, _staged
 
 SHAPE = OPT_SHAPES["images"]
@@ -99,6 +100,24 @@ def test_past_the_limit_reused_buffers_are_copied(tiny_onnx, tmp_path, images):
         outputs = [ctx.run({"images": slot})["logits"].clone() for slot in slots]
     assert all(torch.equal(o, expected) for o in outputs)
     assert len(_bound_keys(ctx)) == MAX_BOUND_GRAPHS
+
+
+@cuda
+def test_a_context_asked_for_no_bound_graphs_copies_every_input(tiny_onnx, tmp_path, images):
+    ctx = _engine(tiny_onnx, tmp_path / "fp16.plan", "fp16").context(bound_graphs=0)
+    slot = torch.from_numpy(images).cuda()
+    expected = ctx.run({"images": slot})["logits"].clone()
+    for _ in range(3):
+        assert torch.equal(ctx.run({"images": slot})["logits"], expected)
+    assert _bound_keys(ctx) == []
+
+
+def test_the_bound_graph_count_is_a_whole_number(tiny_engine):
+    assert BoundAddresses(limit=0).recurs(("k",), {"x": torch.zeros(1)}) is False
+    for wrong in (-1, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match="bound_graphs must be a whole number"):
+            tiny_engine.context(bound_graphs=wrong)
+    assert tiny_engine.context(bound_graphs=0) is not None
 
 
 @cuda
