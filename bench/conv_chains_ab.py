@@ -1,12 +1,13 @@
 """Convolution chains on and off, timed in one process (issue 33; builder/conv_chains.py).
 
-Each model, batch and precision is built twice from one timing cache: with the builder's chains (the
-default) and with `--exclude-tactic 'chain.*'`, where every chain stays two layers (that build times
-nothing new: its layers come from the cache). The first keeps its chains only where its own check found
-the whole engine faster with them (`builder/conv_chains.py` `check_chains`, printed with the PDL check).
-The two engines are then timed in turn, ROUNDS times each, as CUDA-graph replays with the input already
+Each model, batch and precision is built three times from one timing cache: by default (its chains kept
+only where its own check found the whole engine faster with them: `builder/conv_chains.py`
+`check_chains`, printed with the PDL check), with `--conv-chains` (every chain that timed faster than its
+two layers, no whole-engine check) and with `--no-conv-chains` (every chain two layers). The builds after
+the first time nothing new: their layers come from the cache. The last two engines are then timed in turn, ROUNDS times each, as CUDA-graph replays with the input already
 in the engine's buffer (median ms of each round; `bench/h200_table.py`'s `timed`). INT8 is calibrated on
-64 street scenes, as in the table. Prints each build's chains lines and one row per engine pair.
+64 street scenes, as in the table. Prints each build's chains lines and one row per engine pair: whether
+the default build's check kept the chains, and whether they pay when timed apart from it.
 
     PYTHONPATH=. python bench/conv_chains_ab.py --models yolov8n,yolo11n --batches 1,32 --precisions fp16,int8
 """
@@ -35,15 +36,15 @@ SIZE = {"yolov8n": 640, "yolo11n": 640, "detector": 320}
 
 
 def build(onnx: Path, plan: Path, precision: str, shape: tuple, calib: Path, cache: Path, effort: int | None,
-          exclude: list | None) -> str:
+          conv_chains: bool | None) -> str:
     started = time.perf_counter()
     kwargs = {"calib": str(calib), "calib_size": 64} if precision == "int8" else {}
     if effort is not None:
         kwargs["builder_effort"] = effort
     result = sartor.build(str(onnx), str(plan), device="cuda", precision=precision, min_shapes={"images": shape},
                           opt_shapes={"images": shape}, max_shapes={"images": shape}, timing_cache=str(cache),
-                          exclude_tactics=exclude, **kwargs)
-    chains = " | ".join(line for line in result.header["build_log"] if line.startswith("chains:")) or "no chains line"
+                          conv_chains=conv_chains, **kwargs)
+    chains = " | ".join(line for line in result.header["build_log"] if line.startswith("chains")) or "no chains line"
     pdl = result.header.get("pdl_check") or {}
     return (f"{time.perf_counter() - started:.0f} s; pdl kept {pdl.get('kept')} ({pdl.get('layers')} layers); "
             f"chains check {result.header.get('chains_check')}; {chains}")
@@ -73,10 +74,11 @@ def main() -> None:
                 cache = work / f"timing_{model}_{precision}_b{batch}.json"
                 cache.unlink(missing_ok=True)
                 plans = {}
-                for variant, exclude in (("chains", None), ("apart", ["chain.*"])):
+                for variant, asked in (("default", None), ("chains", True), ("apart", False)):
                     plans[variant] = work / f"{model}_{precision}_b{batch}_{variant}.plan"
-                    line = build(ONNX[model], plans[variant], precision, shape, calib, cache, args.effort, exclude)
+                    line = build(ONNX[model], plans[variant], precision, shape, calib, cache, args.effort, asked)
                     print(f"{model} {precision} b{batch} {variant}: {line[:2400]}", flush=True)
+                default = sartor.load(str(plans.pop("default"))).header.get("chains_check") or {}
                 engines = {variant: sartor.load(str(plan)) for variant, plan in plans.items()}
                 contexts = {variant: engine.context() for variant, engine in engines.items()}
                 x = torch.rand(*shape, device="cuda")
@@ -93,7 +95,8 @@ def main() -> None:
                 chains, apart = (statistics.median(medians[v]) for v in ("chains", "apart"))
                 layers = {v: sum(1 for n in e.graph.nodes if n.op_type == "ConvChain") for v, e in engines.items()}
                 print(f"ROW {model} {precision} b{batch}: chains {chains:.4f} ms ({layers['chains']} chain layers) "
-                      f"apart {apart:.4f} ms; rounds {medians}", flush=True)
+                      f"apart {apart:.4f} ms; the default build's check kept them: {default.get('kept')}; "
+                      f"rounds {medians}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
           int8_fallback_precision: str | None = None, min_cosine: float | None = None,
           cosine_samples: int | None = None, embed_kernels: bool | None = None, min_snr: float | None = None,
           decoder: str | None = None, bias_correction: bool | None = None,
-          fallback_where_faster: bool | None = None, pdl: bool | None = None,
+          fallback_where_faster: bool | None = None, pdl: bool | None = None, conv_chains: bool | None = None,
           exclude_tactics: list | None = None, bundle: str | None = None, sign_key: str | None = None,
           nms: str | None = None, eager_check: bool | None = None, max_aux_streams: int | None = None):
     """Build an engine file, as `sartor build` does; returns the BuildResult.
@@ -62,6 +62,9 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
       nearest upsamples) are launched with programmatic
       dependent launch; `pdl=False`: never; left out, where the engine measures faster with it at
       the build (timed end to end, recorded in the header's `pdl_check`).
+    - `conv_chains=True` (CUDA, builder effort 1+): every two convolutions in a row that time faster as
+      one kernel run as one; `conv_chains=False`: never; left out, those chains are kept where the
+      whole engine also measures faster with them (recorded in the header's `chains_check`).
     - `max_aux_streams` (CUDA): the engine is timed with 0 to this many auxiliary streams for its
       independent branches and its contexts run the fastest count (`Engine.aux_streams`).
     - `exclude_tactics` is `--exclude-tactic`, as a list of globs over tactic names the builder
@@ -104,6 +107,7 @@ def build(model: str, output: str, *, device: str | None = None, precision: str 
         "int8_fallback_precision": int8_fallback_precision, "min_cosine": min_cosine,
         "cosine_samples": cosine_samples, "embed_kernels": embed_kernels, "min_snr": min_snr, "decoder": decoder,
         "bias_correction": bias_correction, "fallback_where_faster": fallback_where_faster, "pdl": pdl,
+        "conv_chains": conv_chains,
         "exclude_tactics": None if exclude_tactics is None else list(exclude_tactics),
         "sign_key": as_text(sign_key), "eager_check": eager_check, "max_aux_streams": max_aux_streams,
     }

@@ -90,6 +90,10 @@ class BuildConfig:
     # that each may start while the one before it ends. True: always; False: never; None (default):
     # where the engine measures faster with it, at the build (docs/decisions/0055).
     pdl: bool | None = None
+    # CUDA builds that time tactics: two convolutions fused into one kernel where it times faster than
+    # the two layers (builder/conv_chains.py). True: every such chain, without the whole-engine check;
+    # False: none; None (default): kept where the whole engine also measures faster with them.
+    conv_chains: bool | None = None
     # CUDA builds: the auxiliary streams its contexts run independent branches on, timed from 0 up to
     # this many (builder/aux_streams.py; 0: one stream, as before; docs/decisions/0056).
     max_aux_streams: int = DEFAULT_MAX_TIMED
@@ -139,6 +143,9 @@ class BuildConfig:
             raise ConfigError(f"--pdl launches sartor's own kernels of the INT8 (FP8) layers and of FP16 (BF16) "
                               f"convolutions with programmatic dependent launch: it needs --precision "
                               f"{', '.join(PDL_PRECISIONS)}, not {self.precision}")
+        if self.conv_chains and self.builder_effort < 1:
+            raise ConfigError("--conv-chains fuses the chains that time faster than their two layers: it needs "
+                              "--builder-effort 1 or more, not 0 (which times nothing)")
         if self.fallback_where_faster and self.builder_effort < 1:
             raise ConfigError("--fallback-where-faster compares the builder's timings: it needs --builder-effort 1 "
                               "or more, not 0 (which times nothing)")

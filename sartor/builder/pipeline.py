@@ -277,6 +277,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     device = parse_device(config.device)
     if config.pdl:
         check_pdl_device(device)
+    if config.conv_chains and device.type != "cuda":
+        raise ConfigError(f"--conv-chains fuses convolutions into sartor's CUDA kernels; {device} is not a CUDA device")
     started = time.perf_counter()
     stage_seconds: dict[str, float] = {}
     log: list[str] = []
@@ -399,7 +401,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     selections = [TacticSelection()]
     apart = None  # with chains fused: the build as it was without them
     # Chains are chosen against the layers' winners: the trial selection reads those from a cache.
-    chains = config.builder_effort > 0 and device.type == "cuda" and bool(chain_pairs(graph, plan.layers))
+    chains = config.conv_chains is not False and config.builder_effort > 0 and device.type == "cuda" \
+        and bool(chain_pairs(graph, plan.layers))
     selection_cache = TimingCache() if chains and timing_cache is None else timing_cache
     if config.builder_effort > 0:
         def on_layer(i: int, n: int, name: str) -> None:  # layer i of n reached: i - 1 done
@@ -419,6 +422,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
             if not _choose_chains(config, graph, weights, selections, profiles, device, generator, plan,
                                   selection_cache, on_layer, log):
                 apart = None
+            elif config.conv_chains:  # asked for: kept without the whole engines' comparison
+                apart = None
+                log.append("chains check: not run, --conv-chains keeps every chain that timed faster")
     record_tactics(graph, selections)
     used = set().union(*(s.exclusions_used for s in selections))
     for pattern in config.exclude_tactics if config.builder_effort > 0 else ():

@@ -227,6 +227,10 @@ def add_parser(subparsers, parents) -> None:
                         "convolutions on the implicit GEMM) with programmatic dependent launch, each starting while "
                         "the one before it ends (--no-pdl: never; default: where the whole engine measures faster "
                         "with it, timed at the build)")
+    p.add_argument("--conv-chains", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA: run two convolutions in a row as one kernel where that times faster than the two "
+                        "layers (--no-conv-chains: never; default: those, kept where the whole engine also "
+                        "measures faster with them, timed at the build)")
     p.add_argument("--max-aux-streams", type=int, default=BuildConfig.max_aux_streams, metavar="N",
                    help=f"CUDA: time the engine with 0 to N auxiliary streams for its independent branches and "
                         f"keep the fastest as its contexts' default (trtexec's --maxAuxStreams; 0: one stream; "
@@ -330,7 +334,8 @@ def config_from_args(args) -> BuildConfig:
         accuracy_budget=args.accuracy_budget, classes=read_class_names(args.classes),
         min_cosine=args.min_cosine, cosine_samples=args.cosine_samples, embed_kernels=not args.no_embed_kernels,
         min_snr=args.min_snr, decoder=args.decoder, bias_correction=args.bias_correction,
-        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl, max_aux_streams=args.max_aux_streams,
+        fallback_where_faster=args.fallback_where_faster, pdl=args.pdl, conv_chains=args.conv_chains,
+        max_aux_streams=args.max_aux_streams,
         exclude_tactics=args.exclude_tactic,
         sign_key=args.sign_key)
 

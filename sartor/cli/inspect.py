@@ -358,6 +358,11 @@ def _chains_summary(header: dict) -> dict:
     whole engines' timing that kept or dropped them."""
     layers = sum(1 for node in (header.get("graph") or {}).get("nodes", []) if node["op"] == "ConvChain")
     record = header.get("chains_check")
+    asked = (header.get("build_config") or {}).get("conv_chains")
+    if record is None and asked is not None:
+        text = (f"{layers} layer(s), each faster than its two layers (--conv-chains: the whole engine not timed)"
+                if asked else "none (--no-conv-chains)")
+        return {"layers": layers, "check": None, "text": text}
     if record is None:
         return {"layers": layers, "check": None,
                 "text": "none (not timed: a CPU engine, builder effort 0, no chain faster than its two layers, or an "

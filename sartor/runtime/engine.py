@@ -192,6 +192,8 @@ def rebuild_command(header: dict) -> str:
         args.append("--pdl")
     elif config.get("pdl") is False:  # off, where the default measures it (before 0055: the default)
         args.append("--no-pdl")
+    if config.get("conv_chains") is not None:
+        args.append("--conv-chains" if config["conv_chains"] else "--no-conv-chains")
     if config.get("max_aux_streams") not in (None, DEFAULT_MAX_TIMED):
         args += ["--max-aux-streams", str(config["max_aux_streams"])]
     return " ".join(shlex.quote(a) for a in args) + " --device <this device>"

@@ -3,7 +3,11 @@ end to end; the chains kept only where the whole engine wins. On the CPU (where 
 check's mechanics run on a real engine standing for both; the GPU runs are bench/conv_chains_ab.py's."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
+from conftest import MAX_SHAPES, MIN_SHAPES, OPT_SHAPES
 
 from sartor.builder.conv_chains import MARGIN, chains_win, check_chains
 from sartor.runtime.engine_file import read_engine_file
@@ -58,6 +62,40 @@ def test_inspect_says_how_many_chains_the_engine_runs_and_the_timing_behind_them
     assert _chains_summary(dropped)["text"].startswith("none, the engine not faster")
     failed = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False, error="RuntimeError: x")}
     assert _chains_summary(failed)["text"] == "none, the build could not time them (RuntimeError: x)"
+    asked = {"graph": graph, "build_config": {"conv_chains": True}}
+    assert _chains_summary(asked)["text"].startswith("2 layer(s), each faster than its two layers (--conv-chains")
+    refused = {"graph": {"nodes": []}, "build_config": {"conv_chains": False}}
+    assert _chains_summary(refused)["text"] == "none (--no-conv-chains)"
+
+
+def test_the_cli_flag_reaches_the_config_and_the_rebuild_command():
+    """--conv-chains: every chain that times faster; --no-conv-chains: none; neither: also checked
+    against the whole engine (None)."""
+    from sartor.cli.build import config_from_args
+    from sartor.cli.main import make_parser
+    from sartor.runtime.engine import rebuild_command
+
+    def config(*flags):
+        return config_from_args(make_parser().parse_args(["build", "m.onnx", "-o", "m.plan", *flags]))
+    assert config("--conv-chains").conv_chains is True and config("--no-conv-chains").conv_chains is False
+    assert config().conv_chains is None
+    for asked, flags in ((True, ["--conv-chains"]), (False, ["--no-conv-chains"]), (None, [])):
+        words = rebuild_command({"build_config": config().to_json() | {"conv_chains": asked}}).split()
+        assert [w for w in words if w.endswith("conv-chains")] == flags
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"builder_effort": 0}, "--conv-chains fuses the chains that time faster than their two layers: it needs "
+                            "--builder-effort 1 or more"),
+    ({"device": "cpu"}, "--conv-chains fuses convolutions into sartor's CUDA kernels; cpu is not a CUDA device"),
+])
+def test_asking_for_chains_where_none_can_be_timed_is_refused(tiny_onnx, tmp_path, kwargs, message):
+    import sartor
+    from sartor.errors import ConfigError
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        sartor.build(tiny_onnx, tmp_path / "m.plan", conv_chains=True, min_shapes=MIN_SHAPES, opt_shapes=OPT_SHAPES,
+                     max_shapes=MAX_SHAPES, **dict({"device": "cpu", "builder_effort": 1}, **kwargs))
+    assert not (tmp_path / "m.plan").exists()
 
 
 def test_a_chain_on_its_kernel_is_marked_for_programmatic_launch_and_on_the_reference_not():

@@ -251,3 +251,28 @@ def test_a_cuda_build_times_its_chains_and_keeps_the_outputs(tmp_path, precision
     got, expected = (engines[name].context().run({"images": images}) for name in ("chains", "apart"))
     for name, value in expected.items():
         assert torch.allclose(got[name].float(), value.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chain kernel is offered for CUDA tensors")
+def test_asked_chains_skip_the_whole_engine_check_and_refused_chains_are_not_timed(tmp_path):
+    """--conv-chains keeps every chain that timed faster than its two layers, without the engines'
+    comparison; --no-conv-chains times none."""
+    import onnx
+
+    import sartor
+    onnx.save(backbone(), tmp_path / "m.onnx")
+    np.save(tmp_path / "calib.npy", _images(5, 16))
+    shapes = {"images": (8, 3, SIZE, SIZE)}
+    built = {}
+    for asked in (True, False):
+        built[asked] = sartor.build(str(tmp_path / "m.onnx"), str(tmp_path / f"{asked}.plan"), device="cuda",
+                                    precision="int8", min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
+                                    calib=str(tmp_path / "calib.npy"), builder_effort=1, conv_chains=asked).header
+    log = built[True]["build_log"]
+    (timed,) = [line for line in log if line.startswith("chains: ")]
+    fused = int(timed.split()[1])
+    assert "chains_check" not in built[True]
+    assert "chains check: not run, --conv-chains keeps every chain that timed faster" in log
+    assert sum(node["op"] == CHAIN for node in built[True]["graph"]["nodes"]) == fused
+    assert "chains_check" not in built[False] and not any(line.startswith("chains") for line in built[False]["build_log"])
+    assert not any(node["op"] == CHAIN for node in built[False]["graph"]["nodes"])
