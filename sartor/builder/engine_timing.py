@@ -9,8 +9,11 @@ import torch
 
 from ..tactics.select import time_ms
 
-RUNS = {"cuda": (10, 50), "cpu": (1, 5)}  # (warm-up, timed) per measurement
-ROUNDS = 2
+# (warm-up, timed) runs per measurement, and rounds in turn: on CUDA as the benches pair engines (five rounds of a
+# hundred), since a whole engine's choice (chains, PDL, streams) rides on a percent or two, and a round costs
+# milliseconds beside the build's minutes.
+RUNS = {"cuda": (10, 100), "cpu": (1, 5)}
+ROUNDS = {"cuda": 5, "cpu": 2}
 # One engine's end-to-end timings differ by about a percent between runs: a variant must be faster
 # than this fraction of the plain engine's time to be kept, else the simpler run stays.
 MARGIN = 0.99
@@ -38,7 +41,7 @@ def fastest_alternating(contexts: dict, feeds: dict, device: torch.device) -> di
     """Each context's fastest of ROUNDS timings, taken in turn (the first, the second, …, the first
     again), so that a slow spell of the machine falls on all of them: {key: ms}."""
     times = {key: float("inf") for key in contexts}
-    for _ in range(ROUNDS):
+    for _ in range(ROUNDS["cuda" if device.type == "cuda" else "cpu"]):
         for key, context in contexts.items():
             times[key] = min(times[key], time_context(context, feeds, device))
     return times
