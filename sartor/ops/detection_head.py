@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.registry import fixed_tactic
-from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_supported
+from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_shape, yolo_decode_supported
 from .registry import OpTable, stored_float_dtype
 
 OPS = OpTable("detection_head")
@@ -75,7 +75,19 @@ def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return [REFERENCE]
 
 
-@OPS.internal(YOLO_DECODE, tactics=yolo_decode_tactics, stores_any_float=True)
+def yolo_decode_into(inputs, attrs, outs):
+    """The decode written into `outs[0]` (the context's shared output buffer), returned; None where
+    the tactic is the reference or the buffer is not the output as the kernel writes it."""
+    boxes, classes = _split_inputs(inputs, attrs)
+    (out,) = outs
+    if attrs.get("tactic") != TRITON or not yolo_decode_supported(boxes, classes, attrs["reg_max"]) \
+            or out is None or tuple(out.shape) != yolo_decode_shape(boxes, classes) or not out.is_contiguous() \
+            or out.dtype != (stored_float_dtype(attrs) or boxes[0].dtype) or out.device != boxes[0].device:
+        return None
+    return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out=out)
+
+
+@OPS.internal(YOLO_DECODE, tactics=yolo_decode_tactics, stores_any_float=True, write_outputs=yolo_decode_into)
 def yolo_decode_op(inputs, attrs):
     boxes, classes = _split_inputs(inputs, attrs)
     out_dtype = stored_float_dtype(attrs)

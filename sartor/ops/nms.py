@@ -32,6 +32,7 @@ from ..kernels.detection.greedy_nms import (
     float32_threshold,
     greedy_nms,
     greedy_nms_supported,
+    nms_outputs_fit,
 )
 from ..kernels.detection.nms_candidates import (
     INDEX_BITS,
@@ -297,8 +298,28 @@ def batched_nms_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return [REFERENCE, TWO_LEVEL]
 
 
-@OPS.internal("BatchedNms", tactics=batched_nms_tactics)
-def batched_nms_op(inputs, attrs):
+def _greedy_kernel_runs(pred: torch.Tensor, settings: NmsSettings, tactic: str | None) -> bool:
+    """Whether the tactic ends in the greedy NMS kernel for this head (which can write given outputs)."""
+    k = candidate_count(pred, settings)
+    if tactic == FUSED_TRITON:
+        return select_candidates_supported(pred, k)
+    return tactic in (TRITON, TWO_LEVEL_TRITON) and greedy_nms_supported(torch.empty((1, k, 4), device="meta"))
+
+
+def batched_nms_into(inputs, attrs, outs):
+    """The four outputs written into `outs` (the context's shared output buffers, whatever they held:
+    the kernel writes every slot), returned; None where the tactic does not end in the greedy kernel."""
+    pred = inputs[0]
+    settings = settings_of(attrs)
+    if not _greedy_kernel_runs(pred, settings, attrs.get("tactic")) \
+            or not nms_outputs_fit(outs, pred.shape[0], settings.max_det):
+        return None
+    return batched_nms_op(inputs, attrs, out=tuple(outs))
+
+
+@OPS.internal("BatchedNms", tactics=batched_nms_tactics, write_outputs=batched_nms_into)
+def batched_nms_op(inputs, attrs, out: tuple | None = None):
+    """`out`: the greedy kernel's outputs (greedy_nms), where the tactic ends in it."""
     settings = settings_of(attrs)
     tactic = attrs.get("tactic")
     two_level = tactic in TWO_LEVEL_TACTICS
@@ -308,11 +329,11 @@ def batched_nms_op(inputs, attrs):
         if select_candidates_supported(pred, k):
             boxes, scores, classes, count = select_candidates(pred, threshold_in(settings.conf, pred.dtype), k)
             groups = torch.zeros_like(classes) if settings.agnostic else classes
-            return greedy_nms(boxes, scores, groups, classes, count, settings.iou, settings.max_det)
+            return greedy_nms(boxes, scores, groups, classes, count, settings.iou, settings.max_det, out)
         two_level = True  # the same candidates by torch where the kernels cannot take the head
     if tactic in (TRITON, TWO_LEVEL_TRITON):
         boxes, scores, classes, valid = nms_candidates(inputs[0], settings, two_level)
         if greedy_nms_supported(boxes):
             groups = torch.zeros_like(classes) if settings.agnostic else classes
-            return greedy_nms(boxes, scores, groups, classes, valid.sum(1), settings.iou, settings.max_det)
+            return greedy_nms(boxes, scores, groups, classes, valid.sum(1), settings.iou, settings.max_det, out)
     return batched_nms_reference(inputs[0], settings, two_level)

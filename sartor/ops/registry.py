@@ -71,6 +71,11 @@ class OpDef:
     # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
     # tactic cannot: the op then runs as usual and the Concat copies its result.
     write_into: Optional[Callable[[list, dict, Any], Any]] = None
+    # `write_outputs(inputs, attrs, outs)`: the op's outputs written straight into `outs` (graph outputs:
+    # a context's shared output buffers, contiguous, each of the shape and dtype its run made before,
+    # holding the last run's values), returning them; None where the chosen tactic cannot, and the
+    # context then copies its outputs there (runtime/context.py).
+    write_outputs: Optional[Callable[[list, dict, list], Any]] = None
     # The tactic that runs what PyTorch eager runs for this op, where that is not the reference
     # (attention: SDPA); the build's eager check times the engine against these (builder/eager_check.py).
     eager_tactic: Optional[str] = None
@@ -116,8 +121,8 @@ class OpTable:
            shape_arith: bool = False, check: Check | None = None, data_dependent_shape: bool = False,
            capturable: bool = True, domain: str = "", tactics: Callable | None = None,
            weight_for_tactic: Callable | None = None, write_into: Callable | None = None,
-           eager_tactic: str | None = None, stores_any_float: bool = False,
-           constant_dtype: Callable | None = None) -> Callable[[Impl], Impl]:
+           write_outputs: Callable | None = None, eager_tactic: str | None = None,
+           stores_any_float: bool = False, constant_dtype: Callable | None = None) -> Callable[[Impl], Impl]:
         def register(impl: Impl) -> Impl:
             for name in names:
                 key = (domain, name)
@@ -129,7 +134,8 @@ class OpTable:
                                        check=check, data_dependent_shape=data_dependent_shape,
                                        capturable=capturable, domain=domain,
                                        tactics=tactics, weight_for_tactic=weight_for_tactic,
-                                       write_into=write_into, eager_tactic=eager_tactic,
+                                       write_into=write_into, write_outputs=write_outputs,
+                                       eager_tactic=eager_tactic,
                                        stores_any_float=stores_any_float, constant_dtype=constant_dtype)
             return impl
         return register

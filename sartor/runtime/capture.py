@@ -151,11 +151,14 @@ class PiecewiseGraph:
 
 
 def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eager: set[int],
-                   stream: torch.cuda.Stream, pool=None, outputs_into=None, branches=None) -> PiecewiseGraph:
+                   stream: torch.cuda.Stream, pool=None, outputs_into=None, branches=None,
+                   output_targets: dict | None = None) -> PiecewiseGraph:
     """Capture a run of `static_in` with the layers in `eager` outside the graphs. Raises
     CaptureFailed naming the layer whose capture failed. `pool`: the memory pool of graphs this one
     may share (never replayed at the same time); `outputs_into(outputs)`, called inside the last
-    graph, returns the tensors the outputs are copied to (kept outside the pool), or None.
+    graph, returns the tensors the outputs are copied to (kept outside the pool), or None;
+    `output_targets`: those tensors by output name, which the last graph's layers write into where
+    their ops can (Executor.begin), so that `outputs_into` finds them there.
     `branches`: the context's auxiliary streams (branch_streams.py), forked from `stream` and
     joined back inside each piece, so a captured piece is one graph with parallel branches."""
     pieces = plan_pieces(len(executor.steps), eager)
@@ -172,6 +175,8 @@ def capture_pieces(executor: Executor, static_in: dict, memo, profile: int, eage
                     with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                         if state is None:
                             state = executor.begin(static_in, memo)
+                        if last:
+                            state.output_targets = output_targets or None
                         executor.run_steps(state, piece.start, piece.stop, profile=profile, branches=branches)
                         if last:
                             outputs = executor.finish(state)

@@ -354,20 +354,25 @@ class ExecutionContext:
         memo = self.memo_for(key)
         # The first shape's outputs stay where its graph wrote them (no copy); the others' go to the
         # shared output buffers, so that outputs, like activations, are held once.
+        # Their layers write them there where their ops can (OpDef.write_outputs): no copy.
         outputs_into = self._shared_outputs if self._captured else None
         with torch.inference_mode():
             self.stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(self.stream):
                 for _ in range(WARMUP_RUNS_BEFORE_CAPTURE):
-                    executor.run(static_in, memo, profile=profile, branches=self.branches)
+                    warm = executor.run(static_in, memo, profile=profile, branches=self.branches)
             self.stream.synchronize()
+            targets = None
+            if outputs_into is not None:
+                targets = {name: view for name, value in warm.items()
+                           if (view := self._shared_view(name, value)) is not None}
             failures: dict[int | None, int] = {}  # the layer a capture failed at (None: outside any) -> times
             while True:
                 eager = {layer.index for layer in self.engine.eager_layers}
                 before = torch.cuda.current_stream(device)
                 try:
                     captured = capture_pieces(executor, static_in, memo, profile, eager, self.stream,
-                                              self._graph_pool, outputs_into, self.branches)
+                                              self._graph_pool, outputs_into, self.branches, targets)
                 except CaptureFailed as failed:
                     torch.cuda.set_stream(before)  # a failed capture may leave its stream current
                     site = None if self._outside_any_layer(failed, eager) else failed.index
@@ -421,16 +426,26 @@ class ExecutionContext:
                 count = value.numel() // value.shape[0] * largest
                 self._output_store[name] = torch.empty(count, dtype=value.dtype, device=value.device)
 
+    def _shared_view(self, name: str, value: torch.Tensor) -> torch.Tensor | None:
+        """Output `name`'s place in its shared buffer, shaped as `value`, where it fits; else None."""
+        store = self._output_store.get(name)
+        if store is None or store.dtype != value.dtype or store.numel() < value.numel():
+            return None
+        return store[:value.numel()].view(value.shape)
+
     def _shared_outputs(self, outputs: dict) -> dict:
-        """Inside a graph's capture: each output copied into its shared buffer where it fits."""
+        """Inside a graph's capture: each output in its shared buffer where it fits, copied there
+        unless its layer wrote it there (a write_outputs op given the buffer)."""
         shared = {}
         for name, value in outputs.items():
-            store = self._output_store.get(name)
-            if store is None or store.dtype != value.dtype or store.numel() < value.numel():
+            view = self._shared_view(name, value)
+            if view is None:
                 shared[name] = value
-                continue
-            shared[name] = store[:value.numel()].view(value.shape)
-            shared[name].copy_(value)
+            elif view.data_ptr() == value.data_ptr() and view.stride() == value.stride():
+                shared[name] = value
+            else:
+                shared[name] = view
+                view.copy_(value)
         return shared
 
     def _outside_any_layer(self, failed: CaptureFailed, eager: set) -> bool:

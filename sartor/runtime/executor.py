@@ -48,6 +48,7 @@ class Step:
     compute_dtype: torch.dtype | None
     weight_for_tactic: Any = None  # the op's weight layout per tactic (OpDef.weight_for_tactic)
     write_into: Any = None  # stores the output into a given slice (OpDef.write_into)
+    write_outputs: Any = None  # writes its graph outputs into given buffers (OpDef.write_outputs)
     constants: dict = field(default_factory=dict)  # input position -> prepared tensor
     release: list = field(default_factory=list)  # values whose last reader is this step
     # Profiles whose builder-chosen tactic is not `attrs["tactic"]` (profile 0's): profile ->
@@ -68,6 +69,7 @@ class RunState:
     in_place: Any = None
     recorded: dict | None = None
     current: int | None = None
+    output_targets: dict | None = None  # graph output -> the buffer its layer writes it into, where it can
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class Executor:
             dtype = None if on_host else PRECISION_DTYPES.get(layer_precision.get(node.name, "fp32"))
             step = Step(node, opdef.impl, opdef.fill_attrs(node.attrs), on_host,
                         frozenset(opdef.host_inputs), dtype, opdef.weight_for_tactic, opdef.write_into,
-                        capturable=opdef.capturable, data_dependent_shape=opdef.data_dependent_shape,
+                        write_outputs=opdef.write_outputs, capturable=opdef.capturable,
+                        data_dependent_shape=opdef.data_dependent_shape,
                         stores_any_float=opdef.stores_any_float, constant_dtype=opdef.constant_dtype)
             for position, name in enumerate(node.inputs):
                 if name in weights:
@@ -294,10 +297,12 @@ class Executor:
         self.run_steps(state, 0, len(self.steps), observe, before, profile, branches)
         return self.finish(state)
 
-    def begin(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None) -> RunState:
+    def begin(self, feeds: dict[str, torch.Tensor], memo: ShapeMemo | None = None,
+              output_targets: dict | None = None) -> RunState:
         """A run's start: the feeds in the layout and dtype their readers take. `run` is `begin`,
         `run_steps` over every layer, `finish`; a piecewise CUDA graph (runtime/capture.py) captures
-        the parts apart."""
+        the parts apart. `output_targets`: {graph output: tensor} its layer writes it into where the op
+        can (OpDef.write_outputs), else the output is made as usual."""
         memo = ShapeMemo() if memo is None else memo
         in_place = ConcatBuffers(self.concat_plan, memo.value_meta, self.device) \
             if memo.value_meta is not None and self.concat_plan.concats else None
@@ -308,7 +313,7 @@ class Executor:
             if form is not None:  # a no-op for a feed already so (the context's staged copy)
                 tensor = tensor.to(dtype=form.dtype, memory_format=torch.channels_last)
             env[name] = tensor
-        return RunState(env, memo, in_place, recorded)
+        return RunState(env, memo, in_place, recorded, output_targets=output_targets or None)
 
     def run_steps(self, state: RunState, start: int, stop: int, observe=None, before=None,
                   profile: int = 0, branches: BranchStreams | None = None) -> None:
@@ -352,7 +357,9 @@ class Executor:
             before(index, step, args)
         site = set_launch_site(index)  # the layer's own arrival counters in a context's (arrival_counters.py)
         try:
-            result = self._run_step(step, args, in_place, attrs)
+            result = self._write_outputs(step, args, attrs, state.output_targets)
+            if result is None:
+                result = self._run_step(step, args, in_place, attrs)
         finally:
             reset_launch_site(site)
         results = result if isinstance(result, (tuple, list)) else (result,)
@@ -374,6 +381,15 @@ class Executor:
             state.memo.value_meta = state.recorded  # each value's value_meta, taken as it was made
             state.recorded = None
         return {v.name: self._finish_output(v.name, state.env, state.memo.copies) for v in self.graph.outputs}
+
+    @staticmethod
+    def _write_outputs(step: Step, args: list, attrs: dict, targets: dict | None):
+        """The layer's outputs written into their targets (RunState.output_targets), or None where it
+        has none or its op cannot write there."""
+        if not targets or step.write_outputs is None:
+            return None
+        outs = [targets.get(name) if name else None for name in step.node.outputs]
+        return step.write_outputs(args, attrs, outs) if any(out is not None for out in outs) else None
 
     @staticmethod
     def _run_step(step: Step, args: list, in_place: ConcatBuffers | None, attrs: dict):

@@ -79,3 +79,23 @@ def test_float32_threshold_makes_the_float_test_the_double_one():
         assert float(t32) <= threshold < float(np.nextafter(t32, np.float32(np.inf)))
         around = t32 + np.arange(-3, 4, dtype=np.float32) * np.spacing(t32)
         assert np.array_equal(around > t32, around.astype(np.float64) > threshold)
+
+
+@pytest.mark.parametrize("max_det", [20, 300])  # 300: the zeroing walks its slots in two blocks
+def test_kernel_writes_into_given_outputs_whatever_they_held(max_det):
+    """The context's shared output buffers hold the last run's boxes: every slot past an image's count
+    comes back zero, and the given tensors are the ones returned."""
+    pred = grid_head(13, batch=3, classes=4, anchors=80, levels=10, size=16)
+    pred[2, 4:] = 0.0  # an image without candidates
+    settings = NmsSettings(conf=0.5, iou=0.45, max_det=max_det, topk=320)
+    boxes, scores, classes, valid = nms_candidates(pred.to(DEVICE), settings)
+    out = (torch.full((3,), 7, dtype=torch.int32), torch.full((3, max_det, 4), 7.0),
+           torch.full((3, max_det), 7.0), torch.full((3, max_det), 7, dtype=torch.int32))
+    out = tuple(t.to(DEVICE) for t in out)
+    got = greedy_nms(boxes, scores, classes, classes, valid.sum(1), settings.iou, max_det, out=out)
+    assert all(g is o for g, o in zip(got, out))
+    for g, e in zip(got, batched_nms_reference(pred, settings)):
+        assert torch.equal(g.cpu(), e)
+    assert int(got[0][2]) == 0 and (max_det == 20 or int(got[0].max()) < max_det)  # slots past the kept zeroed
+    with pytest.raises(ValueError, match="`out` must be"):
+        greedy_nms(boxes, scores, classes, classes, valid.sum(1), settings.iou, max_det, out=out[:3])

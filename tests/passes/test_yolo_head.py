@@ -280,3 +280,19 @@ def test_tactics_and_refusals():
         opdef.impl(boxes + [classes[1], classes[0], classes[2]], attrs)
     with pytest.raises(ValueError, match="5 inputs for 3 scales"):
         opdef.impl(boxes + classes[:2], attrs)
+
+
+def test_triton_decode_writes_into_a_given_output_and_the_reference_declines():
+    """OpDef.write_outputs: a later graph's decode stored straight into the context's shared output
+    buffer, whatever it held; the reference tactic, another dtype or another shape leave it to a copy."""
+    pytest.importorskip("triton")
+    boxes, classes = _logits("channels_last", torch.float16, DEVICE)
+    strides = [s for _, _, s in SCALES]
+    opdef = default_registry()["YoloDecode"]
+    attrs = {"reg_max": BINS, "strides": strides, "tactic": TRITON, FLOAT_OUTPUT: "float32"}
+    expected = opdef.impl(boxes + classes, attrs)
+    out = torch.full(expected.shape, 7.0, device=DEVICE)
+    assert opdef.write_outputs(boxes + classes, attrs, [out]) is out and torch.equal(out, expected)
+    for declined_attrs, declined_out in ((dict(attrs, tactic="torch"), out), (attrs, out.half()),
+                                         (attrs, out[:, :, :-1].contiguous()), (attrs, None)):
+        assert opdef.write_outputs(boxes + classes, declined_attrs, [declined_out]) is None

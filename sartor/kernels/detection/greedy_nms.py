@@ -28,7 +28,7 @@ if triton is not None:
     @triton.jit
     def _greedy_nms_kernel(boxes_ptr, scores_ptr, groups_ptr, classes_ptr, count_ptr,
                            out_boxes_ptr, out_scores_ptr, out_classes_ptr, out_count_ptr,
-                           K, max_det, threshold, BLOCK_K: tl.constexpr):
+                           K, max_det, threshold, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
         image = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_K)
         inside = offs < K
@@ -67,6 +67,17 @@ if triton is not None:
                 kept += 1
             i += 1
         tl.store(out_count_ptr + image, kept)
+        # The slots past the kept boxes are zeroed here, not by a fill before the launch: the outputs
+        # may be buffers the last run wrote (the context's shared outputs), and a fill is a launch.
+        for start in range(0, max_det, BLOCK_D):
+            slots = start + tl.arange(0, BLOCK_D)
+            empty = (slots >= kept) & (slots < max_det)
+            slot = image * max_det + slots
+            zeros = tl.zeros([BLOCK_D], dtype=tl.float32)
+            tl.store(out_scores_ptr + slot, zeros, mask=empty)
+            tl.store(out_classes_ptr + slot, zeros.to(tl.int32), mask=empty)
+            for corner in tl.static_range(4):
+                tl.store(out_boxes_ptr + slot * 4 + corner, zeros, mask=empty)
 
 
 def float32_threshold(threshold: float) -> float:
@@ -81,23 +92,39 @@ def greedy_nms_supported(boxes: torch.Tensor) -> bool:
     return triton is not None and boxes.dim() == 3 and boxes.shape[1] <= MAX_CANDIDATES and boxes.dtype == torch.float32
 
 
+def nms_outputs_fit(outs, batch: int, max_det: int) -> bool:
+    """Whether `outs` can take greedy_nms's outputs as they are: (count [B] int32, boxes [B, max_det, 4],
+    scores [B, max_det] float32, classes [B, max_det] int32), contiguous, on one device."""
+    shapes = ((batch,), (batch, max_det, 4), (batch, max_det), (batch, max_det))
+    dtypes = (torch.int32, torch.float32, torch.float32, torch.int32)
+    return (len(outs) == 4 and all(t is not None and tuple(t.shape) == shape and t.dtype == dtype and t.is_contiguous()
+                                   and t.device == outs[0].device for t, shape, dtype in zip(outs, shapes, dtypes)))
+
+
 def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, classes: torch.Tensor,
-               count: torch.Tensor, iou_threshold: float, max_det: int) -> tuple:
+               count: torch.Tensor, iou_threshold: float, max_det: int, out: tuple | None = None) -> tuple:
     """(count [B] int32, boxes [B, max_det, 4], scores [B, max_det], classes [B, max_det] int32) kept
     from the sorted candidates `boxes` [B, K, 4] (float32), `scores`, `groups` and `classes` [B, K],
-    `count` [B] valid ones first. Slots past an image's count are zero."""
+    `count` [B] valid ones first. Slots past an image's count are zero. `out`: the four tensors to
+    write (`nms_outputs_fit`), whatever they held."""
     batch, k = boxes.shape[:2]
     device = boxes.device
-    out_boxes = torch.zeros((batch, max_det, 4), dtype=torch.float32, device=device)
-    out_scores = torch.zeros((batch, max_det), dtype=torch.float32, device=device)
-    out_classes = torch.zeros((batch, max_det), dtype=torch.int32, device=device)
-    out_count = torch.zeros((batch,), dtype=torch.int32, device=device)
+    if out is None:
+        out = (torch.empty((batch,), dtype=torch.int32, device=device),
+               torch.empty((batch, max_det, 4), dtype=torch.float32, device=device),
+               torch.empty((batch, max_det), dtype=torch.float32, device=device),
+               torch.empty((batch, max_det), dtype=torch.int32, device=device))
+    elif not nms_outputs_fit(out, batch, max_det):
+        raise ValueError("greedy_nms: `out` must be (count [B] int32, boxes [B, max_det, 4] float32, "
+                         "scores [B, max_det] float32, classes [B, max_det] int32), contiguous")
+    out_count, out_boxes, out_scores, out_classes = out
     block = max(16, triton.next_power_of_2(k))
     _greedy_nms_kernel[(batch,)](
         boxes.contiguous(), scores.float().contiguous(), groups.to(torch.int32).contiguous(),
         classes.to(torch.int32).contiguous(), count.to(torch.int32).contiguous(),
         out_boxes, out_scores, out_classes, out_count, k, max_det, float32_threshold(iou_threshold),
-        BLOCK_K=block, num_warps=4 if block <= 1024 else 8, enable_fp_fusion=False)
+        BLOCK_K=block, BLOCK_D=min(256, max(16, triton.next_power_of_2(max_det))),
+        num_warps=4 if block <= 1024 else 8, enable_fp_fusion=False)
     return out_count, out_boxes, out_scores, out_classes
 
 

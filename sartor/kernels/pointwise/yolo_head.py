@@ -96,15 +96,25 @@ def yolo_decode_supported(boxes: list[torch.Tensor], classes: list[torch.Tensor]
             and all(t.dim() == 4 and t.is_floating_point() and t.device == tensors[0].device for t in tensors))
 
 
+def yolo_decode_shape(boxes: list[torch.Tensor], classes: list[torch.Tensor]) -> tuple[int, int, int]:
+    """The decode's output shape: [B, 4 + NC, Σ H_i W_i]."""
+    return boxes[0].shape[0], 4 + classes[0].shape[1], sum(b.shape[2] * b.shape[3] for b in boxes)
+
+
 def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max: int,
-                strides: list[float], out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                strides: list[float], out_dtype: torch.dtype | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """[B, 4 + NC, Σ H_i W_i] in `out_dtype` (by default the inputs' dtype), computed in FP32:
     boxes[i] is [B, 4·reg_max, H_i, W_i] and classes[i] [B, NC, H_i, W_i] of scale i, any strides;
-    one launch per three scales (a head's P3–P5 in one: at batch 1 a launch costs more than a scale)."""
-    batch = boxes[0].shape[0]
-    num_classes = classes[0].shape[1]
-    anchors = sum(b.shape[2] * b.shape[3] for b in boxes)
-    out = torch.empty((batch, 4 + num_classes, anchors), dtype=out_dtype or boxes[0].dtype, device=boxes[0].device)
+    one launch per three scales (a head's P3–P5 in one: at batch 1 a launch costs more than a scale).
+    `out`: a contiguous tensor of that shape to write (its dtype the output's)."""
+    batch, channels, anchors = yolo_decode_shape(boxes, classes)
+    num_classes = channels - 4
+    if out is None:
+        out = torch.empty((batch, channels, anchors), dtype=out_dtype or boxes[0].dtype, device=boxes[0].device)
+    elif tuple(out.shape) != (batch, channels, anchors) or not out.is_contiguous():
+        raise ValueError(f"yolo_decode: `out` must be a contiguous {[batch, channels, anchors]} tensor, "
+                         f"not {list(out.shape)}")
     block_a = 64
     block_c = min(32, triton.next_power_of_2(max(num_classes, 1)))
     scales = list(zip(boxes, classes, strides))
