@@ -1,13 +1,14 @@
 """Convolution chains on and off, timed in one process (issue 33; builder/conv_chains.py).
 
-Each model, batch and precision is built three times from one timing cache: by default (its chains kept
-only where its own check found the whole engine faster with them: `builder/conv_chains.py`
-`check_chains`, printed with the PDL check), with `--conv-chains` (every chain that timed faster than its
-two layers, no whole-engine check) and with `--no-conv-chains` (every chain two layers). The builds after
-the first time nothing new: their layers come from the cache. The last two engines are then timed in
-turn, ROUNDS times each, as CUDA-graph replays with the input already in the engine's buffer (median ms of
-each round; `bench/h200_table.py`'s `timed`). INT8 is calibrated on 64 street scenes, as in the table. Prints each build's chains lines and one row per engine pair: whether
-the default build's check kept the chains, and whether they pay when timed apart from it.
+Each model, batch and precision is built three times from one timing cache: by default (its chains kept only
+where its own check found the whole engine faster with them: `builder/conv_chains.py` `check_chains`, printed
+with the PDL check), with `--conv-chains` (every chain that timed faster than its two layers, no whole-engine
+check) and with `--no-conv-chains` (every chain two layers). The builds after the first time nothing new:
+their layers come from the cache. The last two engines are then timed in turn, ROUNDS times each, as
+CUDA-graph replays with the input already in the engine's buffer (median ms of each round;
+`bench/h200_table.py`'s `timed`). INT8 is calibrated on 64 street scenes, as in the table. Prints each build's
+chains lines and one row per engine pair: whether the default build's check kept the chains, and whether they
+pay when timed apart from it.
 
     PYTHONPATH=. python bench/conv_chains_ab.py --models yolov8n,yolo11n --batches 1,32 --precisions fp16,int8
 """
