@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.registry import fixed_tactic
-from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_shape, yolo_decode_supported
+from ..kernels.pointwise.yolo_head import yolo_decode, yolo_decode_out_fits, yolo_decode_supported
 from .registry import OpTable, stored_float_dtype
 
 OPS = OpTable("detection_head")
@@ -76,21 +76,20 @@ def yolo_decode_tactics(inputs, attrs, effort: int = 2) -> list[str]:
 
 
 def yolo_decode_into(inputs, attrs, outs):
-    """The decode written into `outs[0]` (the context's shared output buffer), returned; None where
-    the tactic is the reference or the buffer is not the output as the kernel writes it."""
+    """The decode run with `outs[0]` (the context's shared output buffer) given to the Triton tactic,
+    which writes it there; None where the buffer is not the output as the op makes it."""
     boxes, classes = _split_inputs(inputs, attrs)
     (out,) = outs
-    if attrs.get("tactic") != TRITON or not yolo_decode_supported(boxes, classes, attrs["reg_max"]) \
-            or out is None or tuple(out.shape) != yolo_decode_shape(boxes, classes) or not out.is_contiguous() \
-            or out.dtype != (stored_float_dtype(attrs) or boxes[0].dtype) or out.device != boxes[0].device:
+    if not yolo_decode_out_fits(out, boxes, classes, stored_float_dtype(attrs, boxes[0].dtype)):
         return None
-    return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out=out)
+    return yolo_decode_op(inputs, attrs, out=out)
 
 
 @OPS.internal(YOLO_DECODE, tactics=yolo_decode_tactics, stores_any_float=True, write_outputs=yolo_decode_into)
-def yolo_decode_op(inputs, attrs):
+def yolo_decode_op(inputs, attrs, out: torch.Tensor | None = None):
+    """`out`: where the Triton tactic writes the decode (yolo_decode); the reference makes its own."""
     boxes, classes = _split_inputs(inputs, attrs)
     out_dtype = stored_float_dtype(attrs)
     if attrs.get("tactic") == TRITON and yolo_decode_supported(boxes, classes, attrs["reg_max"]):
-        return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)
+        return yolo_decode(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype, out)
     return yolo_decode_reference(boxes, classes, attrs["reg_max"], attrs["strides"], out_dtype)

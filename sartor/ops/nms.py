@@ -298,21 +298,11 @@ def batched_nms_tactics(inputs, attrs, effort: int = 2) -> list[str]:
     return [REFERENCE, TWO_LEVEL]
 
 
-def _greedy_kernel_runs(pred: torch.Tensor, settings: NmsSettings, tactic: str | None) -> bool:
-    """Whether the tactic ends in the greedy NMS kernel for this head (which can write given outputs)."""
-    k = candidate_count(pred, settings)
-    if tactic == FUSED_TRITON:
-        return select_candidates_supported(pred, k)
-    return tactic in (TRITON, TWO_LEVEL_TRITON) and greedy_nms_supported(torch.empty((1, k, 4), device="meta"))
-
-
 def batched_nms_into(inputs, attrs, outs):
-    """The four outputs written into `outs` (the context's shared output buffers, whatever they held:
-    the kernel writes every slot), returned; None where the tactic does not end in the greedy kernel."""
-    pred = inputs[0]
-    settings = settings_of(attrs)
-    if not _greedy_kernel_runs(pred, settings, attrs.get("tactic")) \
-            or not nms_outputs_fit(outs, pred.shape[0], settings.max_det):
+    """The NMS run with `outs` (the context's shared output buffers, whatever they held: the kernel
+    writes every slot) given to the greedy kernel, which writes the four outputs there where the
+    tactic ends in it; None where the buffers are not the outputs as the kernel writes them."""
+    if not nms_outputs_fit(outs, inputs[0].shape[0], settings_of(attrs).max_det):
         return None
     return batched_nms_op(inputs, attrs, out=tuple(outs))
 

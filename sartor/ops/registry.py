@@ -71,10 +71,11 @@ class OpDef:
     # slice of a Concat's buffer, see runtime/concat_plan.py), returning it; None where the chosen
     # tactic cannot: the op then runs as usual and the Concat copies its result.
     write_into: Optional[Callable[[list, dict, Any], Any]] = None
-    # `write_outputs(inputs, attrs, outs)`: the op's outputs written straight into `outs` (graph outputs:
-    # a context's shared output buffers, contiguous, each of the shape and dtype its run made before,
-    # holding the last run's values), returning them; None where the chosen tactic cannot, and the
-    # context then copies its outputs there (runtime/context.py).
+    # `write_outputs(inputs, attrs, outs)`: the op run with `outs` (graph outputs: a context's shared
+    # output buffers, contiguous, each of the shape and dtype its run made before, holding the last
+    # run's values), returning its outputs: written into `outs` where the chosen tactic can, else made
+    # as usual, and the context then copies them there (runtime/context.py); None where `outs` does not
+    # fit, and the op runs as usual.
     write_outputs: Optional[Callable[[list, dict, list], Any]] = None
     # The tactic that runs what PyTorch eager runs for this op, where that is not the reference
     # (attention: SDPA); the build's eager check times the engine against these (builder/eager_check.py).

@@ -384,8 +384,9 @@ class Executor:
 
     @staticmethod
     def _write_outputs(step: Step, args: list, attrs: dict, targets: dict | None):
-        """The layer's outputs written into their targets (RunState.output_targets), or None where it
-        has none or its op cannot write there."""
+        """The layer's outputs from its op's write_outputs given their targets (RunState.output_targets):
+        in the targets where its tactic can write there; None where it has no targets, its op no
+        write_outputs, or the targets do not fit (the layer then runs as usual)."""
         if not targets or step.write_outputs is None:
             return None
         outs = [targets.get(name) if name else None for name in step.node.outputs]

@@ -284,8 +284,10 @@ def test_tactics_and_refusals():
 
 def test_triton_decode_writes_into_a_given_output_and_the_reference_declines():
     """OpDef.write_outputs: a later graph's decode stored straight into the context's shared output
-    buffer, whatever it held; the reference tactic, another dtype or another shape leave it to a copy."""
+    buffer, whatever it held; the reference tactic makes its own output (left to a copy), and another
+    dtype, another shape or no buffer is not given to the op at all."""
     pytest.importorskip("triton")
+    from sartor.kernels.pointwise.yolo_head import yolo_decode
     boxes, classes = _logits("channels_last", torch.float16, DEVICE)
     strides = [s for _, _, s in SCALES]
     opdef = default_registry()["YoloDecode"]
@@ -293,6 +295,11 @@ def test_triton_decode_writes_into_a_given_output_and_the_reference_declines():
     expected = opdef.impl(boxes + classes, attrs)
     out = torch.full(expected.shape, 7.0, device=DEVICE)
     assert opdef.write_outputs(boxes + classes, attrs, [out]) is out and torch.equal(out, expected)
-    for declined_attrs, declined_out in ((dict(attrs, tactic="torch"), out), (attrs, out.half()),
-                                         (attrs, out[:, :, :-1].contiguous()), (attrs, None)):
-        assert opdef.write_outputs(boxes + classes, declined_attrs, [declined_out]) is None
+    out.fill_(7.0)
+    made = opdef.write_outputs(boxes + classes, dict(attrs, tactic="torch"), [out])
+    assert made is not out and (out == 7.0).all()
+    torch.testing.assert_close(made, expected, rtol=1e-5, atol=1e-5)
+    for declined_out in (out.half(), out[:, :, :-1].contiguous(), None):
+        assert opdef.write_outputs(boxes + classes, attrs, [declined_out]) is None
+    with pytest.raises(ValueError, match="`out` must be a contiguous"):
+        yolo_decode(boxes, classes, BINS, strides, out=out[:, :, :-1])

@@ -101,6 +101,14 @@ def yolo_decode_shape(boxes: list[torch.Tensor], classes: list[torch.Tensor]) ->
     return boxes[0].shape[0], 4 + classes[0].shape[1], sum(b.shape[2] * b.shape[3] for b in boxes)
 
 
+def yolo_decode_out_fits(out: torch.Tensor | None, boxes: list[torch.Tensor], classes: list[torch.Tensor],
+                         dtype: torch.dtype | None = None) -> bool:
+    """Whether yolo_decode can write into `out`: contiguous, of the decode's shape, on the inputs' device
+    (and of `dtype`, where given)."""
+    return (out is not None and tuple(out.shape) == yolo_decode_shape(boxes, classes) and out.is_contiguous()
+            and out.device == boxes[0].device and (dtype is None or out.dtype == dtype))
+
+
 def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max: int,
                 strides: list[float], out_dtype: torch.dtype | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,9 +120,9 @@ def yolo_decode(boxes: list[torch.Tensor], classes: list[torch.Tensor], reg_max:
     num_classes = channels - 4
     if out is None:
         out = torch.empty((batch, channels, anchors), dtype=out_dtype or boxes[0].dtype, device=boxes[0].device)
-    elif tuple(out.shape) != (batch, channels, anchors) or not out.is_contiguous():
-        raise ValueError(f"yolo_decode: `out` must be a contiguous {[batch, channels, anchors]} tensor, "
-                         f"not {list(out.shape)}")
+    elif not yolo_decode_out_fits(out, boxes, classes):
+        raise ValueError(f"yolo_decode: `out` must be a contiguous {[batch, channels, anchors]} tensor on "
+                         f"{boxes[0].device}, not {list(out.shape)} on {out.device}")
     block_a = 64
     block_c = min(32, triton.next_power_of_2(max(num_classes, 1)))
     scales = list(zip(boxes, classes, strides))
