@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 67's first device call (issues 33 and 30), one call whichever card comes, then the rest in order:
-#   f: the GPU tests of decisions 0070 and --conv-chains (landed, their CUDA paths not yet run), then on the
-#      H200 the FP16 / INT8 table of both YOLOs at batch 32 (h200_session64.sh m, the bars' card, nothing run
-#      there since session 44); on another card bench/output_targets_ab.py (0070 written against copied, FP16
-#      then INT8, batches 1 and 32, in turns). Ends by END_S seconds (570 unless told).
+#   f: the GPU tests of decision 0070, --conv-chains and the chains check's halves (landed, their CUDA paths
+#      not yet run), then on the H200 the FP16 / INT8 table of both YOLOs at batch 32 (h200_session64.sh m,
+#      the bars' card, nothing run there since session 44); on another card bench/output_targets_ab.py (0070
+#      written against copied, FP16 then INT8, batches 1 and 32, in turns). Ends by END_S seconds (570 unless
+#      told).
 #   OUT=$OUT bash bench/h200_session67.sh f
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -17,6 +18,7 @@ echo "$card"
 timeout "${TESTS_S:-150}" python -m pytest -q -p no:cacheprovider tests/runtime/test_output_targets.py \
   tests/kernels/test_kernels_greedy_nms.py tests/builder/test_conv_chains.py \
   "tests/passes/test_fuse_conv_chain.py::test_asked_chains_skip_the_whole_engine_check_and_refused_chains_are_not_timed" \
+  "tests/passes/test_fuse_conv_chain.py::test_where_every_chain_loses_the_engine_keeps_the_half_that_wins" \
   -rf 2>&1 \
   | grep "passed\|failed\|FAILED\|Error" | cut -c1-220
 echo "tests at ${SECONDS}s"

@@ -20,8 +20,10 @@ def chains_line(path: str, width: int = 900) -> str:
     mixed = [attrs for attrs in chains if "second_layers" in attrs]
     tiles = ", ".join(f"{tile} ×{count}" for tile, count in Counter(attrs.get("tactic") for attrs in chains).items())
     log = next((line for line in header.get("build_log", []) if line.startswith("chains:")), "no chains line")
-    return (f"{path.rsplit('/', 1)[-1]} | chains kept {check.get('kept')} {check.get('profiles')} | mixed chains in "
-            f"the engine: {len(mixed)} | tiles: {tiles or 'none'} | {log[:width]}")
+    halves = " | halves " + "; ".join(f"{entry['chains']} {entry['profiles']}" for entry in check["subsets"]) \
+        + f" | kept {check.get('kept_chains')}" if check.get("subsets") else ""
+    return (f"{path.rsplit('/', 1)[-1]} | chains kept {check.get('kept')} {check.get('profiles')}{halves} | mixed "
+            f"chains in the engine: {len(mixed)} | tiles: {tiles or 'none'} | {log[:width]}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ A layer timed alone is not the engine (a kernel replayed back to back hides late
 engine's sequence shows; the decision record has the measurement). So the engine with its chains is
 then timed against the engine without any (`check_chains`, as --pdl's and the auxiliary streams'
 choices are made), at every profile's opt shape, and the chains are kept only where the whole
-engine is faster.
+engine is faster. Where it is not, the engines with each half of the chains (in graph order: a
+detector's backbone chains, then its head's; `chain_halves`) are timed against the engine without
+any in the same way, and the faster half that wins is kept: one chain that costs the engine more
+than it saved alone no longer takes the others with it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,28 @@ from .engine_timing import MARGIN, fastest_alternating, untimed_option
 # A chain replaces two measured layers only where it is measurably faster: timing noise must not
 # swap in a kernel that is no better.
 CHAIN_MARGIN = 0.97
+
+
+@dataclass(frozen=True)
+class ChainChoice:
+    """The chains the builder timed: each one's timing, and the trial's selections (each chain's
+    winner per profile), from which any of the chains that won can be fused into a copy of the
+    graph without them (`fuse_only`)."""
+    timings: list
+    trial_selections: list
+
+    @property
+    def fused(self) -> list[str]:
+        """The chains that timed faster than their two layers, in graph order."""
+        return [timing.name for timing in self.timings if timing.fused]
+
+    def fuse_only(self, graph: Graph, selections: list[TacticSelection], layer_precision: dict,
+                  reasons: dict | None, names: Iterable[str]) -> None:
+        """Fuse the chains named (of those that timed faster) into `graph`, which has none fused, as
+        `fuse_faster_chains` fused them all into the build's graph."""
+        names = set(names)
+        pairs = [pair for pair in chain_pairs(graph, layer_precision) if chain_name(*pair) in names]
+        fuse_faster_chains(graph, pairs, selections, self.trial_selections, layer_precision, reasons)
 
 
 @dataclass(frozen=True)
@@ -64,14 +89,14 @@ def _summed(values: list) -> float | None:
 def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelection],
                        feeds_by_profile: Iterable[dict], device: torch.device, layer_precision: dict, *, effort: int,
                        cache: TimingCache, reasons: dict | None = None, time_single: bool = False,
-                       exclude: Iterable[str] = (), on_layer: Callable | None = None) -> list[ChainTiming]:
+                       exclude: Iterable[str] = (), on_layer: Callable | None = None) -> ChainChoice:
     """Fuse the chains that time faster (module docstring) into `graph`, moving their selections into
     `selections` and their precision (and `reasons`' entry) into `layer_precision`; returns every
-    chain's timing, fused or not. `cache` must hold the first selection's timings (or the trial
-    times every layer again)."""
+    chain's timing, fused or not, with the trial's selections. `cache` must hold the first selection's
+    timings (or the trial times every layer again)."""
     pairs = chain_pairs(graph, layer_precision)
     if not pairs:
-        return []
+        return ChainChoice([], [])
     trial = graph.copy()
     trial_precision = dict(layer_precision)
     by_name = {node.name: node for node in trial.nodes}
@@ -83,7 +108,8 @@ def choose_conv_chains(graph: Graph, weights: dict, selections: list[TacticSelec
                                                  time_single=time_single, exclude=exclude, on_layer=on_layer)
     for kept, trial_selection in zip(selections, trial_selections):
         kept.exclusions_used |= trial_selection.exclusions_used  # --exclude-tactic 'chain.*' matched here
-    return fuse_faster_chains(graph, pairs, selections, trial_selections, layer_precision, reasons)
+    timings = fuse_faster_chains(graph, pairs, selections, trial_selections, layer_precision, reasons)
+    return ChainChoice(timings, trial_selections)
 
 
 def fuse_faster_chains(graph: Graph, pairs: list, selections: list[TacticSelection],
@@ -128,32 +154,88 @@ def chains_win(apart_ms: list[float], chains_ms: list[float], margin: float = MA
     return sum(chains_ms) < margin * sum(apart_ms)
 
 
-def check_chains(make_header: Callable[[], tuple], use_chains: Callable[[bool], None], device: torch.device,
-                 opt_feeds: Callable[[int], dict], log: list, warn: Callable[[str], None] | None = None) -> dict:
+def chain_halves(names: list[str]) -> list[tuple[str, ...]]:
+    """The two halves of the chains, in graph order (the first takes the odd one): the subsets the
+    engine check times where the engine with every chain does not win; none for fewer than two."""
+    if len(names) < 2:
+        return []
+    middle = -(-len(names) // 2)
+    return [tuple(names[:middle]), tuple(names[middle:])]
+
+
+def _sums(profiles: list[dict]) -> tuple[list[float], list[float]]:
+    return [p["apart_ms"] for p in profiles], [p["chains_ms"] for p in profiles]
+
+
+def _times_text(profiles: list[dict]) -> str:
+    return "; ".join(f"profile {p['profile']}: {p['apart_ms']:.4g} ms without, {p['chains_ms']:.4g} ms with"
+                     for p in profiles)
+
+
+def _time_against_apart(apart, engines: list, device: torch.device, opt_feeds: Callable[[int], dict]) -> list[list]:
+    """Each engine of `engines` against `apart`, in turns with it, at every profile: per engine, its
+    profiles' {"profile", "apart_ms", "chains_ms"} (the apart figure of the same turns)."""
+    profiles = [[] for _ in engines]
+    for k in range(len(apart.profiles)):
+        contexts = {"apart": apart.context(k), **{i: engine.context(k) for i, engine in enumerate(engines)}}
+        times = fastest_alternating(contexts, opt_feeds(k), device)
+        for i in range(len(engines)):
+            profiles[i].append({"profile": k, "apart_ms": round(times["apart"], 5), "chains_ms": round(times[i], 5)})
+    return profiles
+
+
+def check_chains(make_header: Callable[[], tuple], use_chains: Callable, device: torch.device,
+                 opt_feeds: Callable[[int], dict], log: list, warn: Callable[[str], None] | None = None,
+                 subsets: list[tuple[str, ...]] = ()) -> dict:
     """The engine with its fused chains (the build's state as it comes in) against the engine with
-    every chain two layers (`use_chains(False)` switches the build's graph, tactics, layer precisions
-    and memory plan to that), end to end at every profile's opt shape, replayed as the engine runs
-    (engine_timing.fastest_alternating). Leaves the build with the chains where they win
-    (`chains_win`), else without; returns the header's `chains_check` record. Where the engines
-    cannot be timed, the build goes on without chains, saying why (`warn`)."""
+    every chain two layers, end to end at every profile's opt shape, replayed as the engine runs
+    (engine_timing.fastest_alternating). `use_chains(kept)` switches the build's graph, tactics, layer
+    precisions and memory plan: True to every chain fused, False to none, a tuple of chain names to those.
+    Leaves the build with the chains where they win (`chains_win`); else each of `subsets` (chain_halves)
+    is timed against the engine without chains in the same way, and the fastest that wins is kept, else
+    none. Returns the header's `chains_check` record: `profiles` (every chain against none), `kept`, and
+    where subsets were timed `subsets` (each one's `chains` and `profiles`) and `kept_chains`. Where the
+    engines cannot be timed, the build goes on without chains, saying why (`warn`)."""
     from ..runtime.engine import Engine
     record = {"margin": MARGIN, "profiles": []}
     try:
         chained = Engine(*make_header(), device)
         use_chains(False)
         apart = Engine(*make_header(), device)
-        for k in range(len(apart.profiles)):
-            times = fastest_alternating({"apart": apart.context(k), "chains": chained.context(k)}, opt_feeds(k),
-                                        device)
-            record["profiles"].append({"profile": k, "apart_ms": round(times["apart"], 5),
-                                       "chains_ms": round(times["chains"], 5)})
+        record["profiles"] = _time_against_apart(apart, [chained], device, opt_feeds)[0]
     except Exception as exc:  # noqa: BLE001 - chains are an option the build can do without
         use_chains(False)
         return dict(record, kept=False, error=untimed_option("chains", "them", exc, log, warn))
-    kept = chains_win([p["apart_ms"] for p in record["profiles"]], [p["chains_ms"] for p in record["profiles"]])
-    use_chains(kept)
-    times = "; ".join(f"profile {p['profile']}: {p['apart_ms']:.4g} ms without, {p['chains_ms']:.4g} ms with"
-                      for p in record["profiles"])
-    log.append(f"chains: kept, the engine is faster with them ({times})" if kept else
-               f"chains: not used, the engine was not {1 - MARGIN:.0%} faster with them ({times})")
-    return dict(record, kept=kept)
+    times = _times_text(record["profiles"])
+    if chains_win(*_sums(record["profiles"])):
+        use_chains(True)
+        log.append(f"chains: kept, the engine is faster with them ({times})")
+        return dict(record, kept=True)
+    if not subsets:
+        use_chains(False)
+        log.append(f"chains: not used, the engine was not {1 - MARGIN:.0%} faster with them ({times})")
+        return dict(record, kept=False)
+    del chained  # its memory, before the subsets' engines
+    log.append(f"chains: not all, the engine was not {1 - MARGIN:.0%} faster with every chain ({times}); "
+               f"timing {len(subsets)} halves of them")
+    try:
+        engines = []
+        for subset in subsets:
+            use_chains(subset)
+            engines.append(Engine(*make_header(), device))
+        timed = _time_against_apart(apart, engines, device, opt_feeds)
+    except Exception as exc:  # noqa: BLE001 - as above
+        use_chains(False)
+        return dict(record, kept=False, error=untimed_option("chains", "half of them", exc, log, warn))
+    record["subsets"] = [{"chains": list(subset), "profiles": profiles} for subset, profiles in zip(subsets, timed)]
+    winners = [entry for entry in record["subsets"] if chains_win(*_sums(entry["profiles"]))]
+    if not winners:
+        use_chains(False)
+        log.append(f"chains: not used, no half of them made the engine {1 - MARGIN:.0%} faster (" + " | ".join(
+            f"{len(entry['chains'])} chain(s): {_times_text(entry['profiles'])}" for entry in record["subsets"]) + ")")
+        return dict(record, kept=False)
+    best = min(winners, key=lambda entry: sum(_sums(entry["profiles"])[1]))
+    use_chains(tuple(best["chains"]))
+    log.append(f"chains: kept {len(best['chains'])} of {sum(len(subset) for subset in subsets)}, the engine is faster "
+               f"with them ({_times_text(best['profiles'])}): {', '.join(best['chains'])}")
+    return dict(record, kept=True, kept_chains=best["chains"])

@@ -50,7 +50,7 @@ from ..version import __version__
 from .buckets import bucket_profiles
 from .config import PDL_PRECISIONS, BuildConfig, check_preprocess
 from .aux_streams import choose_aux_streams
-from .conv_chains import check_chains, choose_conv_chains
+from .conv_chains import ChainChoice, chain_halves, check_chains, choose_conv_chains
 from .pdl import check_pdl_device, check_programmatic_launch, clear_programmatic_launch, mark_programmatic_launch
 from .capture_check import check_capture
 from .eager_check import check_against_eager
@@ -228,19 +228,19 @@ def _append_nms(config: BuildConfig, graph: Graph, plan, log: list) -> dict:
 
 def _choose_chains(config: BuildConfig, graph: Graph, weights: dict, selections: list, profiles: list[Profile],
                    device: torch.device, generator: torch.Generator, plan, cache: TimingCache, on_layer,
-                   log: list) -> int:
+                   log: list) -> ChainChoice:
     """Fuse the convolution chains that time faster as one kernel (builder/conv_chains.py), their
     precision and reason moved to the chain's name; one log line of every chain's times. Returns
-    how many were fused."""
+    the choice (its `fused`: the chains fused)."""
     feeds = (_random_feeds(graph, p.opt_shapes(), device, generator) for p in profiles)
-    timings = choose_conv_chains(graph, weights, selections, feeds, device, plan.layers,
-                                 effort=config.builder_effort, cache=cache, reasons=plan.reasons,
-                                 time_single=config.time_every_layer, exclude=config.exclude_tactics,
-                                 on_layer=on_layer)
-    fused = [timing for timing in timings if timing.fused]
-    log.append(f"chains: {len(fused)} of {len(timings)} convolution chain(s) run as one kernel, timed against their "
-               f"two layers (builder/conv_chains.py): " + "; ".join(timing.describe() for timing in timings))
-    return len(fused)
+    choice = choose_conv_chains(graph, weights, selections, feeds, device, plan.layers,
+                                effort=config.builder_effort, cache=cache, reasons=plan.reasons,
+                                time_single=config.time_every_layer, exclude=config.exclude_tactics,
+                                on_layer=on_layer)
+    log.append(f"chains: {len(choice.fused)} of {len(choice.timings)} convolution chain(s) run as one kernel, timed "
+               f"against their two layers (builder/conv_chains.py): "
+               + "; ".join(timing.describe() for timing in choice.timings))
+    return choice
 
 
 def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[[str], None] | None = None,
@@ -400,6 +400,7 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     stage("tactics")
     selections = [TacticSelection()]
     apart = None  # with chains fused: the build as it was without them
+    choice = None  # the chains timed, where some were fused
     # Chains are chosen against the layers' winners: the trial selection reads those from a cache.
     chains = config.conv_chains is not False and config.builder_effort > 0 and device.type == "cuda" \
         and bool(chain_pairs(graph, plan.layers))
@@ -419,8 +420,9 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
         if chains:
             # The build without chains, for the whole engines' comparison after the memory plan.
             apart = (graph.copy(), copy.deepcopy(selections), dict(plan.layers), dict(plan.reasons))
-            if not _choose_chains(config, graph, weights, selections, profiles, device, generator, plan,
-                                  selection_cache, on_layer, log):
+            choice = _choose_chains(config, graph, weights, selections, profiles, device, generator, plan,
+                                    selection_cache, on_layer, log)
+            if not choice.fused:
                 apart = None
             elif config.conv_chains:  # asked for: kept without the whole engines' comparison
                 apart = None
@@ -500,19 +502,24 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
     chains_check = None
     if apart is not None:
         stage("chains check")  # before the PDL check and the kernels: both follow the graph kept
-        chained = (graph, selections, dict(plan.layers), dict(plan.reasons), memory)
-        apart_memory = []
+        states = {True: (graph, selections, dict(plan.layers), dict(plan.reasons), memory)}
 
-        def use_chains(on: bool) -> None:
+        def state_with(kept) -> tuple:
+            """The build with no chain fused (False) or only those named (a tuple), settled as the tactics
+            stage settles the graph it keeps; made once each."""
+            if kept not in states:
+                if kept is False:
+                    g, sel, layers, reasons = apart
+                else:  # a copy of the build without chains, then the chains named fused into it
+                    g, sel, layers, reasons = apart[0].copy(), copy.deepcopy(apart[1]), dict(apart[2]), dict(apart[3])
+                    choice.fuse_only(g, sel, layers, reasons, kept)
+                record_tactics(g, sel)
+                states[kept] = (g, sel, layers, reasons, _memory_plan(g, weights, profiles, device, generator, layers))
+            return states[kept]
+
+        def use_chains(kept) -> None:
             nonlocal graph, selections, tactics, memory
-            if on:
-                graph, selections, layers, reasons, memory = chained
-            else:
-                graph, selections, layers, reasons = apart
-                if not apart_memory:  # settled as the tactics stage settles the graph it keeps
-                    record_tactics(graph, selections)
-                    apart_memory.append(_memory_plan(graph, weights, profiles, device, generator, layers))
-                memory = apart_memory[0]
+            graph, selections, layers, reasons, memory = state_with(kept)
             if config.pdl or pdl_timed:  # where PDL will be timed, both engines are timed with it
                 mark_programmatic_launch(graph)
             tactics = selections[0].layers
@@ -523,7 +530,8 @@ def build(config: BuildConfig, progress: Progress | None = None, warn: Callable[
 
         if pdl_timed:
             mark_programmatic_launch(graph)
-        chains_check = check_chains(engine_header, use_chains, device, opt_feeds, log, warn_and_keep)
+        chains_check = check_chains(engine_header, use_chains, device, opt_feeds, log, warn_and_keep,
+                                    chain_halves(choice.fused))
         if pdl_timed:
             clear_programmatic_launch(graph)  # the PDL check decides
             chains_check["pdl"] = True

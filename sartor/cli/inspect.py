@@ -369,10 +369,20 @@ def _chains_summary(header: dict) -> dict:
                         "older engine)"}
     if record.get("error"):
         return {"layers": layers, "check": record, "text": f"none, the build could not time them ({record['error']})"}
-    times = "; ".join(f"profile {p['profile']} {p['chains_ms']:.4g} ms with, {p['apart_ms']:.4g} ms without"
-                      for p in record["profiles"])
+    def times(profiles: list[dict]) -> str:
+        return "; ".join(f"profile {p['profile']} {p['chains_ms']:.4g} ms with, {p['apart_ms']:.4g} ms without"
+                         for p in profiles)
+    halves = record.get("subsets") or []
+    if record.get("kept_chains"):
+        (kept,) = [entry for entry in halves if entry["chains"] == record["kept_chains"]]
+        return {"layers": layers, "check": record,
+                "text": f"{layers} layer(s), the engine faster with them ({times(kept['profiles'])}); with all "
+                        f"{sum(len(entry['chains']) for entry in halves)} it was not ({times(record['profiles'])})"}
     verdict = f"{layers} layer(s), the engine faster with them" if record["kept"] else "none, the engine not faster"
-    return {"layers": layers, "check": record, "text": f"{verdict} ({times})"}
+    text = f"{verdict} ({times(record['profiles'])})"
+    if halves:
+        text += "; nor with either half of them (" + " | ".join(times(entry["profiles"]) for entry in halves) + ")"
+    return {"layers": layers, "check": record, "text": text}
 
 
 def _aux_streams_summary(header: dict) -> dict:

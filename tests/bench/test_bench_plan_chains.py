@@ -25,6 +25,9 @@ def test_the_line_counts_mixed_chains_and_tiles_and_quotes_the_build_log(monkeyp
     line = plan_chains.chains_line("/tmp/x/yolo_int8_b1.plan", width=9)
     assert line == ("yolo_int8_b1.plan | chains kept True [{'apart_ms': 1.2, 'chains_ms': 1.1}] | "
                     f"mixed chains in the engine: 1 | tiles: {gathered} ×2 | chains: 2")
+    halves = [{"chains": ["a+b"], "profiles": [1]}, {"chains": ["c+d"], "profiles": [2]}]
+    header["chains_check"].update(subsets=halves, kept_chains=["c+d"])
+    assert " | halves ['a+b'] [1]; ['c+d'] [2] | kept ['c+d'] | mixed" in plan_chains.chains_line("h.plan")
     monkeypatch.setattr(plan_chains, "read_engine_file", lambda path: ({"build_log": []}, {}))
     assert plan_chains.chains_line("e.plan") == ("e.plan | chains kept None None | mixed chains in the engine: 0 | "
                                                  "tiles: none | no chains line")

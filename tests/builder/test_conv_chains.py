@@ -51,6 +51,75 @@ def test_an_engine_that_cannot_be_timed_leaves_the_build_without_chains(tiny_pla
         "warning: chains: not used, the engine could not be timed with them: RuntimeError: no such kernel"]
 
 
+def test_the_halves_split_the_chains_in_graph_order_the_first_taking_the_odd_one():
+    from sartor.builder.conv_chains import chain_halves
+    assert chain_halves([]) == chain_halves(["a"]) == []
+    assert chain_halves(["a", "b"]) == [("a",), ("b",)]
+    assert chain_halves(["a", "b", "c"]) == [("a", "b"), ("c",)]
+
+
+def _scripted_times(monkeypatch, rounds: list[dict]):
+    """check_chains' timings, one scripted {key: ms} per call of fastest_alternating ("apart", then the
+    engines it is timed against, 0, 1, …; they are real, built from the tiny plan; which is faster is what
+    the script says)."""
+    from sartor.builder import conv_chains
+    calls = iter(rounds)
+    monkeypatch.setattr(conv_chains, "fastest_alternating", lambda contexts, feeds, device: {
+        key: ms for key, ms in next(calls).items() if key in contexts})
+
+
+HALVES = [("a", "b"), ("c",)]
+
+
+@pytest.mark.parametrize("rounds, switched, kept_chains", [
+    # every chain wins: no half is timed
+    ([{"apart": 1.0, 0: 0.9}], [False, True], None),
+    # every chain loses, the first half loses, the second wins
+    ([{"apart": 1.0, 0: 1.0}, {"apart": 1.0, 0: 1.0, 1: 0.95}], [False, HALVES[0], HALVES[1], HALVES[1]],
+     ["c"]),
+    # both halves win: the faster is kept
+    ([{"apart": 1.0, 0: 1.2}, {"apart": 1.0, 0: 0.9, 1: 0.95}], [False, HALVES[0], HALVES[1], HALVES[0]],
+     ["a", "b"]),
+    # neither wins: none
+    ([{"apart": 1.0, 0: 1.2}, {"apart": 1.0, 0: 0.995, 1: 1.1}], [False, HALVES[0], HALVES[1], False], None),
+])
+def test_where_every_chain_loses_each_half_is_timed_and_the_faster_half_that_wins_is_kept(
+        tiny_plan, monkeypatch, rounds, switched, kept_chains):
+    header, tensors = read_engine_file(tiny_plan)
+    _scripted_times(monkeypatch, [dict(r) for r in rounds for _ in header["profiles"]])
+    calls, log = [], []
+    record = check_chains(lambda: (header, tensors), calls.append, torch.device("cpu"), _feeds(header), log,
+                          subsets=HALVES)
+    assert calls == switched
+    assert record["kept"] is (switched[-1] is not False) and record.get("kept_chains") == kept_chains
+    if len(rounds) == 1:
+        assert "subsets" not in record and log == [log[-1]] and log[-1].startswith("chains: kept, the engine")
+        return
+    assert [entry["chains"] for entry in record["subsets"]] == [list(half) for half in HALVES]
+    assert [p["chains_ms"] for p in record["subsets"][1]["profiles"]] == [rounds[1][1]] * len(header["profiles"])
+    assert log[0].startswith("chains: not all, the engine was not 1% faster with every chain")
+    assert log[1].startswith(f"chains: kept {len(kept_chains)} of 3" if kept_chains else
+                             "chains: not used, no half of them made the engine 1% faster")
+
+
+def test_a_half_that_cannot_be_timed_leaves_the_build_without_chains(tiny_plan, monkeypatch):
+    header, tensors = read_engine_file(tiny_plan)
+    _scripted_times(monkeypatch, [{"apart": 1.0, 0: 1.1}] * len(header["profiles"]))
+    calls, switched, log, warnings = [], [], [], []
+
+    def make_header():
+        calls.append(1)
+        if len(calls) == 4:  # the second half's engine fails to load
+            raise RuntimeError("no such kernel")
+        return header, tensors
+    record = check_chains(make_header, switched.append, torch.device("cpu"), _feeds(header), log, warnings.append,
+                          subsets=HALVES)
+    assert record["kept"] is False and record["error"] == "RuntimeError: no such kernel"
+    assert switched == [False, HALVES[0], HALVES[1], False]
+    assert warnings == [log[-1]] == [
+        "warning: chains: not used, the engine could not be timed with half of them: RuntimeError: no such kernel"]
+
+
 def test_inspect_says_how_many_chains_the_engine_runs_and_the_timing_behind_them(tiny_plan):
     from sartor.cli.inspect import _chains_summary, engine_summary
     assert engine_summary(str(tiny_plan), None)["chains"]["text"].startswith("none (not timed: a CPU engine")
@@ -62,6 +131,15 @@ def test_inspect_says_how_many_chains_the_engine_runs_and_the_timing_behind_them
     assert _chains_summary(dropped)["text"].startswith("none, the engine not faster")
     failed = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False, error="RuntimeError: x")}
     assert _chains_summary(failed)["text"] == "none, the build could not time them (RuntimeError: x)"
+    halves = [{"chains": ["a", "b"], "profiles": [{"profile": 0, "apart_ms": 0.25, "chains_ms": 0.26}]},
+              {"chains": ["c"], "profiles": [{"profile": 0, "apart_ms": 0.25, "chains_ms": 0.23}]}]
+    half = {"graph": {"nodes": [{"op": "ConvChain"}]}, "chains_check": dict(timed, subsets=halves, kept_chains=["c"])}
+    assert _chains_summary(half)["text"] == ("1 layer(s), the engine faster with them (profile 0 0.23 ms with, 0.25 ms "
+                                             "without); with all 3 it was not (profile 0 0.24 ms with, 0.25 ms without)")
+    neither = {"graph": {"nodes": []}, "chains_check": dict(timed, kept=False, subsets=halves)}
+    assert _chains_summary(neither)["text"].endswith(
+        "; nor with either half of them (profile 0 0.26 ms with, 0.25 ms without | profile 0 0.23 ms with, 0.25 ms "
+        "without)")
     asked = {"graph": graph, "build_config": {"conv_chains": True}}
     assert _chains_summary(asked)["text"].startswith("2 layer(s), each faster than its two layers (--conv-chains")
     refused = {"graph": {"nodes": []}, "build_config": {"conv_chains": False}}
@@ -142,6 +220,27 @@ def test_a_chain_faster_at_every_profile_replaces_its_layers_in_the_graph_the_se
     for selection in selections:
         assert "down+cv1" in selection.layers and not {"down", "cv1"} & set(selection.layers)
     assert layers["down+cv1"] == "int8" and not {"down", "cv1"} & set(layers)
+
+
+def test_a_choice_fuses_only_the_chains_named_into_a_graph_without_them():
+    """What the engine check's halves are built from: the build without chains, a copy, and the
+    chains of one half fused into it from the trial's selections."""
+    import copy
+
+    from sartor.builder.conv_chains import ChainChoice, ChainTiming
+    from sartor.kernels.conv.chain import CHAIN_TILES
+    graph, layers, _ = _backbone_pairs()
+    selections = [_selection({"down": ("igemm.64x64x64.w4.s4", 0.010), "cv1": ("resident.64x64.t8.w4.s2", 0.008)})]
+    choice = ChainChoice([ChainTiming("down+cv1", 0.012, 0.018)], [_selection({"down+cv1": (CHAIN_TILES[0].name,
+                                                                                             0.012)})])
+    assert choice.fused == ["down+cv1"]
+    none_named = graph.copy()
+    choice.fuse_only(none_named, copy.deepcopy(selections), dict(layers), None, [])
+    assert not any(n.op_type == "ConvChain" for n in none_named.nodes)
+    choice.fuse_only(graph, selections, layers, None, ["down+cv1"])
+    assert [n.name for n in graph.nodes if n.op_type == "ConvChain"] == ["down+cv1"]
+    assert selections[0].layers["down+cv1"]["tactic"] == CHAIN_TILES[0].name and "down" not in selections[0].layers
+    assert layers["down+cv1"] == "int8" and "cv1" not in layers
 
 
 def test_a_chain_whose_winner_is_its_reference_at_some_profile_stays_two_layers():

@@ -218,8 +218,10 @@ def test_the_builder_stage_on_the_cpu_fuses_nothing(time_single):
     selections = [TacticSelection()]
     weights = {k: tensor_from_numpy(v) for k, v in graph.initializers.items()}
     feeds = [{"images": torch.from_numpy(_images(2))}]
-    timings = choose_conv_chains(graph, weights, selections, feeds, torch.device("cpu"), layers, effort=1,
-                                 cache=TimingCache(), time_single=time_single)
+    choice = choose_conv_chains(graph, weights, selections, feeds, torch.device("cpu"), layers, effort=1,
+                                cache=TimingCache(), time_single=time_single)
+    timings = choice.timings
+    assert choice.fused == []
     assert [t.name for t in timings] == [chain_name(*[n for n in graph.nodes if n.name in ("down", "cv1")])]
     assert not timings[0].fused and timings[0].chain_ms is None
     assert [n.name for n in graph.nodes] == before and "down+cv1" not in layers
@@ -277,3 +279,35 @@ def test_asked_chains_skip_the_whole_engine_check_and_refused_chains_are_not_tim
     assert "chains_check" not in built[False]
     assert not any(line.startswith("chains") for line in built[False]["build_log"])
     assert not any(node["op"] == CHAIN for node in built[False]["graph"]["nodes"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chain kernel is offered for CUDA tensors")
+def test_where_every_chain_loses_the_engine_keeps_the_half_that_wins(tmp_path, monkeypatch):
+    """The engine check's halves, made to decide: every chain fused (whatever its timing), the engine with
+    both slower, with the first half slower, with the second faster. The engine runs the second half's chain
+    alone, its header says so, and it computes what the engine without chains computes."""
+    import onnx
+
+    import sartor
+    from sartor.builder import conv_chains
+    onnx.save(backbone(head_k=1), tmp_path / "m.onnx")
+    np.save(tmp_path / "calib.npy", _images(5, 16))
+    shapes = {"images": (8, 3, SIZE, SIZE)}
+    monkeypatch.setattr(conv_chains, "CHAIN_MARGIN", 1e9)
+    verdicts = iter([False, False, True])  # every chain, the first half, the second half
+    monkeypatch.setattr(conv_chains, "chains_win", lambda apart, chains: next(verdicts))
+    kwargs = dict(device="cuda", precision="int8", min_shapes=shapes, opt_shapes=shapes, max_shapes=shapes,
+                  calib=str(tmp_path / "calib.npy"), builder_effort=1)
+    header = sartor.build(str(tmp_path / "m.onnx"), str(tmp_path / "half.plan"), **kwargs).header
+    check = header["chains_check"]
+    assert [entry["chains"] for entry in check["subsets"]] == [["down+cv1"], ["cv2+head"]]
+    assert check["kept"] is True and check["kept_chains"] == ["cv2+head"]
+    assert [node["name"] for node in header["graph"]["nodes"] if node["op"] == CHAIN] == ["cv2+head"]
+    assert {"down", "cv1", "cv2+head"} <= {layer["name"] for layer in header["layers"]}
+    assert any(line.startswith("chains: kept 1 of 2") for line in header["build_log"])
+    sartor.build(str(tmp_path / "m.onnx"), str(tmp_path / "apart.plan"), conv_chains=False, **kwargs)
+    images = torch.from_numpy(_images(6, 8)).cuda()
+    got, expected = (sartor.load(tmp_path / f"{name}.plan").context().run({"images": images})
+                     for name in ("half", "apart"))
+    for name, value in expected.items():
+        assert torch.allclose(got[name].float(), value.float(), rtol=2e-2, atol=2e-2)
