@@ -5,13 +5,22 @@
 #      the bars' card, nothing run there since session 44); on another card bench/output_targets_ab.py (0070
 #      written against copied, FP16 then INT8, batches 1 and 32, in turns). Ends by END_S seconds (570 unless
 #      told).
-#   OUT=$OUT bash bench/h200_session67.sh f
+#   c: bench/copy_in_latency.py (the sample detector and YOLO11n, FP16 and INT8, batches 1 and 32): how much of
+#      a copied run's time over an in-place run is the host's (the INT8 quantizing copy is a Triton launch, the
+#      FP16 one a torch copy), for CL_S seconds (400 unless told).
+#   OUT=$OUT bash bench/h200_session67.sh f | c
 set -uo pipefail
 : "${OUT:?set OUT}"
-part=${1:?say f}
-[ "$part" = f ] || { echo "unknown part $part" >&2; exit 2; }
+part=${1:?say f or c}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=.
 SECONDS=0
+if [ "$part" = c ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout "${CL_S:-400}" python bench/copy_in_latency.py --out "$OUT" 2>&1 | grep -v Warning | cut -c1-600
+  echo "done at ${SECONDS}s"
+  exit 0
+fi
+[ "$part" = f ] || { echo "unknown part $part" >&2; exit 2; }
 end=${END_S:-570}
 card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)
 echo "$card"
