@@ -60,7 +60,8 @@ def measure(model: str, batch: int, precision: str, work: Path) -> dict:
     kwargs = {}
     if precision == "int8":
         calib = work / f"calib_{size}.npy"
-        np.save(calib, np.random.default_rng(0).random((32, 3, size, size), dtype=np.float32))
+        if not calib.exists():  # one set a size, for every batch
+            np.save(calib, np.random.default_rng(0).random((32, 3, size, size), dtype=np.float32))
         kwargs = {"calib": str(calib), "calib_size": 32}
     sartor.build(str(ONNX[model]), str(plan), device="cuda", precision=precision, min_shapes={"images": shape},
                  opt_shapes={"images": shape}, max_shapes={"images": shape}, **kwargs)
